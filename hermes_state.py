@@ -1,0 +1,227 @@
+"""hermes-state: the `SessionDB` facade over one SQLite file per profile.
+
+Owns: opening and closing the one WAL connection of a handle, choosing each write's patience
+and running it through the retrying writer, and delegating every public method to the
+sibling modules in a line or two. It holds no SQL. Re-exports the public names.
+
+Transaction contract: every write method is exactly one BEGIN IMMEDIATE transaction
+(`self._write(patience)`); reads run under the handle's lock. See docs/architecture.md.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import sqlite3
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import hermes_state_common as common
+import hermes_state_schema as schema
+import hermes_state_sessions as sessions
+from hermes_state_common import SCHEMA_VERSION, RetryPolicy, Writer
+from hermes_state_errors import (HermesStateError, OwnershipReadError, ProfileNotFoundError,  # noqa: F401
+                                 ReadOnlyError, ReceiptDigestError, ReceiptOrderError, SessionBusyError,
+                                 SessionCompressionInProgressError, SessionNotFoundError,
+                                 SessionPersistenceError, StaleEpochError, StateDbBusyError,
+                                 StateDbCorruptError, StateDbIncompatibleError, StateDbUninitializedError,
+                                 StoreUnavailableError, TitleConflictError, classify_persistence_error,
+                                 is_sqlite_lock_error)
+from hermes_state_home import (check_db_path_allowed, child_env, display_hermes_home,  # noqa: F401
+                               get_hermes_home, hermes_home_override, profile_home)
+from hermes_state_lockowners import log_write_lock_holders
+
+__all__ = ["SessionDB", "AsyncSessionDB", "SCHEMA_VERSION", "get_hermes_home", "hermes_home_override",
+           "profile_home", "child_env", "display_hermes_home", "HermesStateError", "SessionPersistenceError",
+           "StateDbCorruptError", "StateDbIncompatibleError", "StateDbUninitializedError", "StateDbBusyError",
+           "StoreUnavailableError", "ReadOnlyError", "SessionNotFoundError", "TitleConflictError",
+           "SessionBusyError", "SessionCompressionInProgressError", "StaleEpochError", "ReceiptOrderError",
+           "ReceiptDigestError", "OwnershipReadError", "ProfileNotFoundError", "is_sqlite_lock_error",
+           "classify_persistence_error"]
+
+logger = logging.getLogger("hermes_state")
+
+
+class SessionDB:
+    """One profile's session store: a WAL connection shared by every sibling module."""
+
+    # Timing policy, read at call time so an application or a test can tune it on the class
+    # or on one instance (SPEC R-WRITE-3).
+    _WRITE_PATIENCE_S = common._WRITE_PATIENCE_S
+    _TRANSCRIPT_WRITE_PATIENCE_S = common._TRANSCRIPT_WRITE_PATIENCE_S
+    _ACTIVITY_WRITE_PATIENCE_S = common._ACTIVITY_WRITE_PATIENCE_S
+    _WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S = common._WRITE_RETRY_MIN_S, common._WRITE_RETRY_MAX_S
+    _WRITE_RETRY_SLOW_MIN_S = common._WRITE_RETRY_SLOW_MIN_S
+    _WRITE_RETRY_SLOW_MAX_S = common._WRITE_RETRY_SLOW_MAX_S
+    _CHECKPOINT_EVERY_N_WRITES = common._CHECKPOINT_EVERY_N_WRITES
+    _READ_BUSY_TIMEOUT_S = common._READ_BUSY_TIMEOUT_S
+
+    _shared: dict[str, list[Any]] = {}
+    _shared_lock = threading.Lock()
+
+    def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False):
+        self.profile_home = get_hermes_home()
+        self.db_path = Path(db_path).expanduser() if db_path is not None else self.profile_home / "state.db"
+        self.read_only = read_only
+        self.schema_version: int | None = None
+        self._closed = False
+        check_db_path_allowed(self.db_path)  # before any directory, file or pragma
+        self._writer = Writer(self._connect(), on_give_up=self._log_lock_holders)
+        self._writer.after_commit.append(self._upkeep)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        path = self.db_path
+        if self.read_only:
+            if not path.is_file() or path.stat().st_size == 0:
+                raise StateDbUninitializedError(f"{path} does not exist yet")
+        else:
+            schema.prepare_file(path)
+        conn = schema.connect(path, read_only=self.read_only)
+        try:
+            if self.read_only:
+                self.schema_version = schema.check_read_only(conn, path)
+            else:
+                self.schema_version = self._set_up(conn)
+        except sqlite3.DatabaseError as exc:
+            conn.close()
+            if schema.is_corruption(exc):
+                raise schema.corrupt_error(path, exc) from exc
+            raise
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _set_up(self, conn: sqlite3.Connection) -> int:
+        schema.enable_wal(conn, self._WRITE_PATIENCE_S, self._policy())
+        schema.tighten_side_files(self.db_path)
+        if not schema.needs_migration(conn):
+            return schema.read_version(conn)
+        writer = Writer(conn, on_give_up=self._log_lock_holders)
+        found = schema.migrate(writer, self._WRITE_PATIENCE_S, self._policy())
+        if found > SCHEMA_VERSION:
+            logger.warning("%s has schema version %s, newer than %s: writes are refused",
+                           self.db_path, found, SCHEMA_VERSION)
+        return max(found, SCHEMA_VERSION)
+
+    def close(self) -> None:
+        """Checkpoint (PASSIVE) and close the connection; calling it twice is harmless."""
+        if self._closed:
+            return
+        with self._writer.lock:
+            self._closed = True
+            if not self.read_only:
+                common.passive_checkpoint(self._writer.conn)
+            self._writer.conn.close()
+
+    def __enter__(self) -> "SessionDB":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @classmethod
+    def shared(cls, db_path: str | os.PathLike | None = None) -> "SessionDB":
+        """Return the process-wide handle for a path, counting one more user of it."""
+        path = Path(db_path).expanduser() if db_path is not None else get_hermes_home() / "state.db"
+        key = os.path.abspath(path)
+        with cls._shared_lock:
+            entry = cls._shared.get(key)
+            if entry is None or entry[0]._closed:
+                entry = cls._shared[key] = [cls(path), 0]
+            entry[1] += 1
+            return entry[0]
+
+    def release(self) -> None:
+        """Give back one use of a shared handle; the last release closes it."""
+        key = os.path.abspath(self.db_path)
+        with self._shared_lock:
+            entry = self._shared.get(key)
+            if entry is None or entry[0] is not self:
+                return
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del self._shared[key]
+        self.close()
+
+    # --- the write/read choke points -----------------------------------------------------------
+
+    def _policy(self) -> RetryPolicy:
+        return RetryPolicy(self._WRITE_RETRY_MIN_S, self._WRITE_RETRY_MAX_S,
+                           self._WRITE_RETRY_SLOW_MIN_S, self._WRITE_RETRY_SLOW_MAX_S)
+
+    def _log_lock_holders(self, patience_s: float) -> None:
+        log_write_lock_holders(self.db_path, patience_s)
+
+    def _upkeep(self, conn: sqlite3.Connection, writes: int) -> None:
+        if writes % self._CHECKPOINT_EVERY_N_WRITES == 0:
+            common.passive_checkpoint(conn)
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise HermesStateError(f"SessionDB for {self.db_path} is closed")
+        if self.read_only:
+            raise ReadOnlyError(f"{self.db_path} was opened read-only; open it without read_only to write")
+        if self.schema_version is not None and self.schema_version > SCHEMA_VERSION:
+            raise StateDbIncompatibleError(
+                f"{self.db_path} has schema version {self.schema_version}, newer than this library's "
+                f"{SCHEMA_VERSION}; writes are refused so nothing is downgraded. Upgrade hermes-state.")
+
+    @contextmanager
+    def _write(self, patience_s: float | None = None) -> Iterator[sqlite3.Connection]:
+        self._check_writable()
+        with self._writer.transaction(self._WRITE_PATIENCE_S if patience_s is None else patience_s,
+                                      self._policy()) as conn:
+            yield conn
+
+    @contextmanager
+    def _read(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
+        if self._closed:
+            raise HermesStateError(f"SessionDB for {self.db_path} is closed")
+        with self._writer.reading(snapshot) as conn:
+            yield conn
+
+    # --- sessions ------------------------------------------------------------------------------
+
+    def create_session(self, session_id: str, source: str, model: str | None = None, *,
+                       model_config: Any = None, system_prompt: str | None = None, user_id: str | None = None,
+                       parent_session_id: str | None = None, **columns: Any) -> str:
+        """Create a session row; a duplicate id or unknown column raises ValueError."""
+        columns.update(model=model, model_config=model_config, system_prompt=system_prompt, user_id=user_id,
+                       parent_session_id=parent_session_id)
+        with self._write() as conn:
+            return sessions.create_session(conn, session_id, source, columns)
+
+    def get_session(self, session_id: str) -> dict[str, Any] | None:
+        """Return the session row, or None when there is none."""
+        with self._read() as conn:
+            return sessions.get_session(conn, session_id)
+
+
+class AsyncSessionDB:
+    """The SessionDB API as coroutines; each call runs on a worker thread."""
+
+    def __init__(self, db: SessionDB):
+        self.db = db
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.db, name)
+        if not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return await asyncio.to_thread(attr, *args, **kwargs)
+        return call
+
+    async def __aenter__(self) -> "AsyncSessionDB":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.db.close)

@@ -1,0 +1,446 @@
+"""Shared ground of hermes-state: the declared schema, constants, JSON helpers and the writer.
+
+Owns: `SCHEMA_SQL` (the declared shape of every table created at open), `SCHEMA_VERSION`,
+the column lists, the timing constants' default values, JSON/text helpers, `escape_like`, and
+`Writer`, the one place that says BEGIN IMMEDIATE / COMMIT / ROLLBACK.
+Does not own: migrations (hermes_state_schema), FTS objects (hermes_state_fts), any query.
+
+Transaction contract: `Writer.transaction()` retries only the BEGIN, with jittered sleeps
+taken while NOT holding the Python lock, runs its body exactly once, commits or rolls back,
+and raises `SessionPersistenceError(code="session_persistence_failed:locked")` from the
+SQLite error when patience runs out. Imports only hermes_state_errors.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from hermes_state_errors import SessionPersistenceError, is_sqlite_lock_error
+
+SCHEMA_VERSION = 31
+
+# Default values of the timing policy. SessionDB copies them as class attributes and reads
+# them at call time, so applications and tests tune them there, not here.
+_WRITE_PATIENCE_S, _TRANSCRIPT_WRITE_PATIENCE_S, _ACTIVITY_WRITE_PATIENCE_S = 20.0, 60.0, 0.5
+_WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S = 0.020, 0.150
+_WRITE_RETRY_SLOW_MIN_S, _WRITE_RETRY_SLOW_MAX_S = 0.250, 1.000
+_WRITE_RETRY_FAST_WINDOW_S = 2.0
+_CHECKPOINT_EVERY_N_WRITES = 50
+_READ_BUSY_TIMEOUT_S = 5.0
+_SQLITE_BUSY_TIMEOUT_S = 1.0
+
+# --- declared schema -------------------------------------------------------------------------
+# Each table is (name, columns, constraints). Columns are (name, declaration). The same lists
+# build SCHEMA_SQL and drive _reconcile_columns(), so a new column is added in one place.
+
+SESSIONS_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("id", "TEXT PRIMARY KEY"),
+    ("source", "TEXT NOT NULL"),
+    ("user_id", "TEXT"),
+    ("model", "TEXT"),
+    ("model_config", "TEXT"),
+    ("system_prompt", "TEXT"),
+    ("parent_session_id", "TEXT REFERENCES sessions(id)"),
+    ("started_at", "REAL NOT NULL"),
+    ("ended_at", "REAL"),
+    ("end_reason", "TEXT"),
+    ("message_count", "INTEGER DEFAULT 0"),
+    ("tool_call_count", "INTEGER DEFAULT 0"),
+    ("input_tokens", "INTEGER DEFAULT 0"),
+    ("output_tokens", "INTEGER DEFAULT 0"),
+    ("cache_read_tokens", "INTEGER DEFAULT 0"),
+    ("cache_write_tokens", "INTEGER DEFAULT 0"),
+    ("reasoning_tokens", "INTEGER DEFAULT 0"),
+    ("billing_provider", "TEXT"),
+    ("billing_base_url", "TEXT"),
+    ("billing_mode", "TEXT"),
+    ("estimated_cost_usd", "REAL"),
+    ("actual_cost_usd", "REAL"),
+    ("cost_status", "TEXT"),
+    ("cost_source", "TEXT"),
+    ("pricing_version", "TEXT"),
+    ("title", "TEXT"),
+    ("api_call_count", "INTEGER DEFAULT 0"),
+    ("session_key", "TEXT"),
+    ("chat_id", "TEXT"),
+    ("chat_type", "TEXT"),
+    ("thread_id", "TEXT"),
+    ("display_name", "TEXT"),
+    ("origin_json", "TEXT"),
+    ("expiry_finalized", "INTEGER DEFAULT 0"),
+    ("cwd", "TEXT"),
+    ("git_branch", "TEXT"),
+    ("git_repo_root", "TEXT"),
+    ("handoff_state", "TEXT"),
+    ("handoff_platform", "TEXT"),
+    ("handoff_error", "TEXT"),
+    ("compression_failure_cooldown_until", "REAL"),
+    ("compression_failure_error", "TEXT"),
+    ("profile_name", "TEXT"),
+    ("transport_profile", "TEXT"),
+    ("rewind_count", "INTEGER DEFAULT 0"),
+    ("archived", "INTEGER DEFAULT 0"),
+    ("auto_archived", "INTEGER DEFAULT 0"),
+    ("pinned", "INTEGER DEFAULT 0"),
+    ("title_source", "TEXT"),
+    ("last_activity_at", "REAL"),
+)
+
+MESSAGES_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("id", "INTEGER PRIMARY KEY AUTOINCREMENT"),
+    ("session_id", "TEXT NOT NULL REFERENCES sessions(id)"),
+    ("role", "TEXT NOT NULL"),
+    ("content", "TEXT"),
+    ("tool_call_id", "TEXT"),
+    ("tool_calls", "TEXT"),
+    ("tool_name", "TEXT"),
+    ("timestamp", "REAL NOT NULL"),
+    ("token_count", "INTEGER"),
+    ("finish_reason", "TEXT"),
+    ("reasoning", "TEXT"),
+    ("reasoning_content", "TEXT"),
+    ("reasoning_details", "TEXT"),
+    ("codex_reasoning_items", "TEXT"),
+    ("codex_message_items", "TEXT"),
+    ("effect_disposition", "TEXT"),
+    ("platform_message_id", "TEXT"),
+    ("observed", "INTEGER DEFAULT 0"),
+    ("active", "INTEGER DEFAULT 1"),
+    ("compacted", "INTEGER DEFAULT 0"),
+    ("api_content", "TEXT"),
+    ("display_kind", "TEXT"),
+    ("display_metadata", "TEXT"),
+    ("message_uid", "TEXT"),
+    ("absorbed_message_uids", "TEXT"),
+    ("tool_call_uids", "TEXT"),
+    ("tool_call_uid", "TEXT"),
+)
+
+TABLES: tuple[tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]], ...] = (
+    ("sessions", SESSIONS_COLUMNS, ()),
+    ("messages", MESSAGES_COLUMNS, ()),
+    ("session_model_usage", (
+        ("session_id", "TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE"),
+        ("model", "TEXT NOT NULL"),
+        ("task", "TEXT NOT NULL DEFAULT ''"),
+        ("input_tokens", "INTEGER DEFAULT 0"),
+        ("output_tokens", "INTEGER DEFAULT 0"),
+        ("cache_read_tokens", "INTEGER DEFAULT 0"),
+        ("cache_write_tokens", "INTEGER DEFAULT 0"),
+        ("reasoning_tokens", "INTEGER DEFAULT 0"),
+        ("estimated_cost_usd", "REAL DEFAULT 0"),
+        ("api_call_count", "INTEGER DEFAULT 0"),
+        ("updated_at", "REAL"),
+    ), ("PRIMARY KEY (session_id, model, task)",)),
+    ("state_meta", (
+        ("key", "TEXT PRIMARY KEY"),
+        ("value", "TEXT"),
+    ), ()),
+    ("gateway_routing", (
+        ("scope", "TEXT NOT NULL"),
+        ("session_key", "TEXT NOT NULL"),
+        ("entry_json", "TEXT NOT NULL"),
+        ("updated_at", "REAL"),
+    ), ("PRIMARY KEY (scope, session_key)",)),
+    ("compression_locks", (
+        ("session_id", "TEXT PRIMARY KEY"),
+        ("holder", "TEXT NOT NULL"),
+        ("acquired_at", "REAL NOT NULL"),
+        ("expires_at", "REAL NOT NULL"),
+    ), ()),
+    ("async_delegations", (
+        ("id", "TEXT PRIMARY KEY"),
+        ("origin_session_id", "TEXT NOT NULL"),
+        ("target", "TEXT"),
+        ("state", "TEXT NOT NULL DEFAULT 'pending'"),
+        ("payload_json", "TEXT"),
+        ("result_json", "TEXT"),
+        ("created_at", "REAL"),
+        ("updated_at", "REAL"),
+    ), ()),
+    ("runtime_epoch", (
+        ("id", "INTEGER PRIMARY KEY CHECK (id = 1)"),
+        ("epoch", "INTEGER NOT NULL"),
+        ("instance_id", "TEXT"),
+        ("pid", "INTEGER"),
+        ("started_at", "REAL"),
+    ), ()),
+    ("session_admissions", (
+        ("id", "INTEGER PRIMARY KEY AUTOINCREMENT"),
+        ("session_id", "TEXT NOT NULL REFERENCES sessions(id) ON DELETE RESTRICT"),
+        ("admission_key", "TEXT"),
+        ("payload_json", "TEXT"),
+        ("state", "TEXT NOT NULL DEFAULT 'queued'"),
+        ("epoch", "INTEGER"),
+        ("resolution", "TEXT"),
+        ("created_at", "REAL"),
+        ("started_at", "REAL"),
+        ("finished_at", "REAL"),
+    ), ()),
+    ("worker_executions", (
+        ("id", "INTEGER PRIMARY KEY AUTOINCREMENT"),
+        ("session_id", "TEXT NOT NULL REFERENCES sessions(id) ON DELETE RESTRICT"),
+        ("kind", "TEXT NOT NULL"),
+        ("state", "TEXT NOT NULL DEFAULT 'running'"),
+        ("epoch", "INTEGER"),
+        ("started_at", "REAL"),
+        ("finished_at", "REAL"),
+    ), ()),
+    ("worker_receipts", (
+        ("execution_id", "INTEGER NOT NULL REFERENCES worker_executions(id) ON DELETE RESTRICT"),
+        ("session_id", "TEXT NOT NULL REFERENCES sessions(id) ON DELETE RESTRICT"),
+        ("seq", "INTEGER NOT NULL"),
+        ("payload_json", "TEXT NOT NULL"),
+        ("digest", "TEXT NOT NULL"),
+        ("recorded_at", "REAL"),
+    ), ("PRIMARY KEY (execution_id, seq)",)),
+    ("schema_version", (
+        ("version", "INTEGER NOT NULL"),
+    ), ()),
+)
+
+INDEX_SQL: tuple[str, ...] = (
+    "CREATE INDEX IF NOT EXISTS idx_sessions_source ON sessions(source)",
+    "CREATE INDEX IF NOT EXISTS idx_sessions_parent ON sessions(parent_session_id)",
+    "CREATE INDEX IF NOT EXISTS idx_sessions_started ON sessions(started_at DESC)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS idx_sessions_title_unique ON sessions(title) WHERE title IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS idx_sessions_key ON sessions(session_key, started_at DESC)",
+    "CREATE INDEX IF NOT EXISTS idx_messages_session ON messages(session_id, timestamp)",
+    "CREATE INDEX IF NOT EXISTS idx_messages_session_id ON messages(session_id, id)",
+    "CREATE INDEX IF NOT EXISTS idx_messages_session_active ON messages(session_id, active, timestamp)",
+    "CREATE INDEX IF NOT EXISTS idx_messages_uid ON messages(message_uid)",
+    "CREATE INDEX IF NOT EXISTS idx_admissions_session ON session_admissions(session_id, id)",
+    "CREATE UNIQUE INDEX IF NOT EXISTS idx_admissions_key ON session_admissions(session_id, admission_key)"
+    " WHERE admission_key IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS idx_executions_session ON worker_executions(session_id, state)",
+    "CREATE INDEX IF NOT EXISTS idx_receipts_session ON worker_receipts(session_id)",
+    "CREATE INDEX IF NOT EXISTS idx_delegations_origin ON async_delegations(origin_session_id)",
+)
+
+# The gateway outbox: created by hermes_state_gateway on first use, never at open.
+DELIVERY_OBLIGATIONS_SQL = """CREATE TABLE IF NOT EXISTS delivery_obligations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    session_id TEXT NOT NULL,
+    obligation_key TEXT UNIQUE,
+    payload_json TEXT NOT NULL,
+    platform TEXT,
+    chat_id TEXT,
+    thread_id TEXT,
+    state TEXT NOT NULL DEFAULT 'pending',
+    attempts INTEGER NOT NULL DEFAULT 0,
+    fence INTEGER NOT NULL DEFAULT 0,
+    recovered INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    created_at REAL,
+    updated_at REAL
+)"""
+
+
+def table_sql(name: str, columns: tuple[tuple[str, str], ...], constraints: tuple[str, ...] = ()) -> str:
+    """Return the CREATE TABLE IF NOT EXISTS statement for one declared table."""
+    body = ",\n    ".join([f"{c} {d}" for c, d in columns] + list(constraints))
+    return f"CREATE TABLE IF NOT EXISTS {name} (\n    {body}\n)"
+
+
+TABLE_SQL: tuple[str, ...] = tuple(table_sql(*t) for t in TABLES)
+SCHEMA_SQL = ";\n\n".join(TABLE_SQL + INDEX_SQL) + ";\n"
+TABLE_COLUMNS: dict[str, tuple[str, ...]] = {name: tuple(c for c, _ in cols) for name, cols, _ in TABLES}
+SESSION_COLUMN_NAMES = frozenset(TABLE_COLUMNS["sessions"])
+MESSAGE_COLUMN_NAMES = frozenset(TABLE_COLUMNS["messages"])
+JSON_MESSAGE_FIELDS = ("tool_calls", "reasoning_details", "codex_reasoning_items", "codex_message_items",
+                       "display_metadata", "absorbed_message_uids", "tool_call_uids")
+
+
+# --- text and JSON helpers --------------------------------------------------------------------
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def strip_surrogates(text: str | None) -> str | None:
+    """Remove lone surrogates (sqlite3 cannot bind them); leave everything else byte for byte."""
+    if text is None or not isinstance(text, str):
+        return text
+    return _SURROGATES.sub("", text) if _SURROGATES.search(text) else text
+
+
+def encode_json(value: Any, field: str) -> str | None:
+    """Serialise `value` for a JSON column; raise ValueError naming `field` when it cannot be."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return strip_surrogates(value)
+    try:
+        return strip_surrogates(json.dumps(value, ensure_ascii=False))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{field} is not JSON-serialisable: {exc}") from exc
+
+
+def decode_json(text: Any) -> Any:
+    """Decode a JSON column; return the text itself when it is not valid JSON."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def escape_like(text: str, escape: str = "\\") -> str:
+    """Escape `%`, `_` and the escape character for a LIKE pattern using ESCAPE `escape`."""
+    return text.replace(escape, escape * 2).replace("%", escape + "%").replace("_", escape + "_")
+
+
+def split_sql(script: str) -> list[str]:
+    """Split an SQL script into complete statements (never use executescript inside a transaction)."""
+    out, buf = [], ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            if buf.strip().strip(";").strip():
+                out.append(buf.strip())
+            buf = ""
+    if buf.strip():
+        out.append(buf.strip())
+    return out
+
+
+# --- the writer -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Jittered retry timing for a lock conflict at BEGIN."""
+
+    min_s: float = _WRITE_RETRY_MIN_S
+    max_s: float = _WRITE_RETRY_MAX_S
+    slow_min_s: float = _WRITE_RETRY_SLOW_MIN_S
+    slow_max_s: float = _WRITE_RETRY_SLOW_MAX_S
+    fast_window_s: float = _WRITE_RETRY_FAST_WINDOW_S
+
+    def delay(self, elapsed_s: float, rng: random.Random) -> float:
+        """Return the next sleep: short jitter in the first window, then the slow band."""
+        if elapsed_s < self.fast_window_s:
+            return rng.uniform(self.min_s, self.max_s)
+        return rng.uniform(self.slow_min_s, self.slow_max_s)
+
+
+def retry_on_lock(attempt: Callable[[], Any], patience_s: float, policy: RetryPolicy, *,
+                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                  rng: random.Random | None = None, before_attempt: Callable[[float], None] | None = None,
+                  on_give_up: Callable[[], None] | None = None) -> Any:
+    """Call `attempt()` until it stops failing with a lock error or `patience_s` runs out.
+
+    Raises SessionPersistenceError (code ...:locked) from the last lock error; any other
+    error propagates untouched. `before_attempt(remaining_s)` lets the caller cap SQLite's
+    own busy wait so the total never overshoots the deadline.
+    """
+    rng = rng or random.Random()
+    start = clock()
+    deadline = start + patience_s
+    while True:
+        remaining = deadline - clock()
+        if before_attempt is not None:
+            before_attempt(max(remaining, 0.0))
+        try:
+            return attempt()
+        except sqlite3.OperationalError as exc:
+            if not is_sqlite_lock_error(exc):
+                raise
+            now = clock()
+            if now >= deadline:
+                if on_give_up is not None:
+                    on_give_up()
+                raise SessionPersistenceError(
+                    f"database is locked: gave up after {patience_s:.1f}s of retries; another process "
+                    "holds the write lock (see the WARNING naming it)",
+                    code="session_persistence_failed:locked") from exc
+            sleep(min(policy.delay(now - start, rng), max(deadline - now, 0.0)))
+
+
+class Writer:
+    """The shared connection, its lock, and the retrying BEGIN IMMEDIATE transaction."""
+
+    def __init__(self, conn: sqlite3.Connection, *, on_give_up: Callable[[float], None] | None = None):
+        self.conn = conn
+        self.lock = threading.RLock()
+        self.on_give_up = on_give_up
+        self.clock: Callable[[], float] = time.monotonic
+        self.sleep: Callable[[float], None] = time.sleep
+        self.rng = random.Random()
+        self.writes = 0
+        # Called with the running write count after every successful COMMIT, under the lock;
+        # they do periodic upkeep (PASSIVE checkpoint, FTS merge) and must not raise.
+        self.after_commit: list[Callable[[sqlite3.Connection, int], None]] = []
+        self._busy_ms = int(_SQLITE_BUSY_TIMEOUT_S * 1000)
+        self._txn_thread: int | None = None
+
+    def _cap_busy_timeout(self, remaining_s: float) -> None:
+        # SQLite's own busy wait is 1 s, but never longer than the patience left, so a
+        # 0.5 s activity write cannot block for a whole second.
+        want = max(0, min(int(_SQLITE_BUSY_TIMEOUT_S * 1000), int(remaining_s * 1000)))
+        if want != self._busy_ms:
+            self.conn.execute(f"PRAGMA busy_timeout = {want}")
+            self._busy_ms = want
+
+    def _begin(self) -> None:
+        self.lock.acquire()
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+            self._txn_thread = threading.get_ident()
+        except BaseException:
+            self.lock.release()  # never sleep between retries holding the Python lock
+            raise
+
+    @contextmanager
+    def transaction(self, patience_s: float, policy: RetryPolicy | None = None) -> Iterator[sqlite3.Connection]:
+        """Run the body once inside BEGIN IMMEDIATE ... COMMIT, retrying only the BEGIN."""
+        give_up = (lambda: self.on_give_up(patience_s)) if self.on_give_up else None
+        if self._txn_thread == threading.get_ident():
+            # A nested call from inside a transaction joins it: one all-or-nothing unit.
+            yield self.conn
+            return
+        retry_on_lock(self._begin, patience_s, policy or RetryPolicy(), clock=self.clock, sleep=self.sleep,
+                      rng=self.rng, before_attempt=self._cap_busy_timeout, on_give_up=give_up)
+        try:
+            try:
+                yield self.conn
+                self.conn.execute("COMMIT")
+            except BaseException:
+                if self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
+                raise
+            self.writes += 1
+            for hook in self.after_commit:
+                hook(self.conn, self.writes)
+        finally:
+            self._txn_thread = None
+            self.lock.release()
+
+    @contextmanager
+    def reading(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
+        """Hold the lock for reads; with `snapshot`, inside one short read transaction."""
+        with self.lock:
+            if not snapshot or self.conn.in_transaction:
+                yield self.conn
+                return
+            self.conn.execute("BEGIN")
+            try:
+                yield self.conn
+            finally:
+                if self.conn.in_transaction:
+                    self.conn.execute("COMMIT")
+
+
+def passive_checkpoint(conn: sqlite3.Connection) -> None:
+    """Run a PASSIVE WAL checkpoint; log a failure, never raise (it is upkeep, not the write)."""
+    try:
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+    except sqlite3.Error as exc:
+        logging.getLogger("hermes_state").info("PASSIVE checkpoint skipped: %s", exc)

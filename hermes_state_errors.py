@@ -1,0 +1,148 @@
+"""Exception types of hermes-state and the SQLite error classifiers.
+
+Owns: the one root `HermesStateError` and every typed error the library raises, plus
+`is_sqlite_lock_error` and `classify_persistence_error`. Imports nothing of ours.
+
+Every error says what happened and what to do next. SQLite errors are classified by their
+result code (`sqlite_errorcode & 0xFF`), and only by message text when no code exists.
+"""
+from __future__ import annotations
+
+import sqlite3
+
+SQLITE_BUSY = 5
+SQLITE_LOCKED = 6
+SQLITE_IOERR = 10
+SQLITE_CORRUPT = 11
+SQLITE_FULL = 13
+SQLITE_NOTADB = 26
+
+_LOCK_CODES = frozenset({SQLITE_BUSY, SQLITE_LOCKED})
+_LOCK_TEXTS = ("database is locked", "database table is locked", "database schema is locked")
+
+
+class HermesStateError(Exception):
+    """Root of every error raised by hermes-state."""
+
+
+class SessionPersistenceError(HermesStateError):
+    """A write could not be made durable; `.code` says why (e.g. `session_persistence_failed:locked`)."""
+
+    def __init__(self, message: str, code: str = "session_persistence_failed:unknown"):
+        super().__init__(message)
+        self.code = code
+
+
+class StateDbCorruptError(HermesStateError):
+    """The database file is not a database, or its schema or pages are malformed."""
+
+
+class StoreUnavailableError(HermesStateError):
+    """The store cannot serve requests now; maps to HTTP 503 with a guidance sentence."""
+
+    http_status = 503
+    guidance = "Start the profile's owner (gateway) or run `hermes-state recover`."
+
+
+class StateDbIncompatibleError(StoreUnavailableError):
+    """The schema is unknown, too old to read without migrating, or newer than this library."""
+
+    guidance = "Upgrade hermes-state, or let the profile's owner migrate the database."
+
+
+class StateDbUninitializedError(StoreUnavailableError):
+    """The database does not exist yet (missing or empty file)."""
+
+    guidance = "Start the profile's owner once so it creates the database."
+
+
+class StateDbBusyError(StoreUnavailableError):
+    """The database stayed locked longer than a read-only open waits."""
+
+    guidance = "Retry shortly; a writer holds the database."
+
+
+class ReadOnlyError(HermesStateError):
+    """A write was attempted on a handle opened with read_only=True."""
+
+
+class SessionNotFoundError(HermesStateError, KeyError):
+    """No session has that id."""
+
+    def __str__(self) -> str:  # KeyError would quote the message; keep it readable.
+        return str(self.args[0]) if self.args else "session not found"
+
+
+class TitleConflictError(HermesStateError, ValueError):
+    """Another session already carries that title."""
+
+
+class SessionBusyError(HermesStateError):
+    """Delete/prune refused: ledger work for the session is still live."""
+
+
+class SessionCompressionInProgressError(HermesStateError):
+    """Another holder is compressing the session; retry once it finishes."""
+
+
+class StaleEpochError(HermesStateError):
+    """The caller's runtime epoch is older than the current one (a newer owner took over)."""
+
+
+class ReceiptOrderError(HermesStateError):
+    """A worker receipt arrived out of order (a gap in `seq`)."""
+
+
+class ReceiptDigestError(HermesStateError):
+    """A worker receipt's digest does not match its payload."""
+
+
+class OwnershipReadError(HermesStateError):
+    """The input-ownership lookup failed, so nothing was appended."""
+
+
+class ProfileNotFoundError(HermesStateError):
+    """An explicitly named profile does not exist."""
+
+
+def _primary_code(exc: BaseException) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF
+
+
+def is_sqlite_lock_error(exc: BaseException) -> bool:
+    """Return True when `exc` is SQLite reporting a lock conflict (SQLITE_BUSY/SQLITE_LOCKED)."""
+    if not isinstance(exc, sqlite3.Error):
+        return False
+    code = _primary_code(exc)
+    if code is not None:
+        # An FTS5 constructor losing its lock under a rollback journal arrives as
+        # "vtable constructor failed" with SQLITE_BUSY: the code alone settles it.
+        return code in _LOCK_CODES
+    text = str(exc).lower()
+    return any(t in text for t in _LOCK_TEXTS)
+
+
+def classify_persistence_error(exc: BaseException) -> str:
+    """Name the class of a persistence failure: locked, compression, corrupt, fts_index, disk, session_row_missing or unknown."""
+    if isinstance(exc, SessionPersistenceError):
+        return exc.code.rsplit(":", 1)[-1] if ":" in exc.code else "unknown"
+    if isinstance(exc, SessionCompressionInProgressError):
+        return "compression"
+    if isinstance(exc, StateDbCorruptError):
+        return "corrupt"
+    if isinstance(exc, SessionNotFoundError):
+        return "session_row_missing"
+    if is_sqlite_lock_error(exc):
+        return "locked"
+    code = _primary_code(exc)
+    text = str(exc).lower()
+    if isinstance(exc, sqlite3.Error) and ("fts5" in text or "messages_fts" in text):
+        return "fts_index"
+    if code in (SQLITE_CORRUPT, SQLITE_NOTADB):
+        return "corrupt"
+    if code in (SQLITE_IOERR, SQLITE_FULL) or isinstance(exc, OSError):
+        return "disk"
+    if isinstance(exc, sqlite3.IntegrityError) and "foreign key" in text:
+        return "session_row_missing"
+    return "unknown"

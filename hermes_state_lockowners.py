@@ -1,0 +1,200 @@
+"""Name the processes holding SQLite write-class locks on a state database (Linux only).
+
+Owns: decoding `/proc/locks` for the three files of one database (`state.db`, `-wal`, `-shm`),
+turning each WRITE lock into a readable sentence with the owner's command line, logging that once
+when a writer gives up ("database is locked"), and the `configure_error_log(home)` helper that
+routes those warnings to `<home>/logs/errors.log`.
+
+Does not own: retrying, timeouts or transactions (the caller decides when patience ran out and calls
+`log_write_lock_holders` once), nor any SQL. It never opens the database files: closing any
+descriptor on a file drops every POSIX lock this process holds on it, so files are only stat()ed.
+
+Everything here is best effort and never raises: off Linux, or when `/proc/locks` cannot be read,
+the answer is an empty list.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+LOGGER_NAME = "hermes_state"
+
+# Byte offsets SQLite's unix VFS locks in the shared-memory index (see sqlite3.c, WAL_*_LOCK).
+_SHM_LOCKS = {
+    120: "WAL write lock",
+    121: "WAL checkpoint lock",
+    122: "WAL recover lock",
+    **{123 + slot: f"WAL read slot {slot} lock" for slot in range(5)},
+    128: "WAL DMS lock",
+}
+_PENDING_BYTE = 0x40000000
+_SHARED_FIRST = _PENDING_BYTE + 2
+_SHARED_SIZE = 510
+_CMDLINE_MAX = 200
+
+# Only byte-range (fcntl) locks can block SQLite; flock(2), leases and delegations live in a
+# separate namespace on Linux, so their lines are skipped.
+_RANGE_LOCK_TYPES = {"POSIX": False, "OFDLCK": True}
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """One WRITE lock on one of the database's files."""
+
+    pid: int
+    file: str
+    what: str
+    ofd: bool
+
+
+def _describe_offset(file: str, start: int) -> str:
+    if file.endswith("-shm"):
+        return _SHM_LOCKS.get(start, f"lock at offset {start}")
+    if file.endswith("-wal"):
+        return f"lock at offset {start}"
+    if start == _PENDING_BYTE:
+        return "PENDING lock"
+    if start == _PENDING_BYTE + 1:
+        return "RESERVED lock"
+    # A WRITE lock on the SHARED range is how SQLite spells EXCLUSIVE on the main file.
+    if _SHARED_FIRST <= start < _SHARED_FIRST + _SHARED_SIZE:
+        return "SHARED lock"
+    return f"lock at offset {start}"
+
+
+def _parse_line(line: str, inodes: Mapping[tuple[int, int], str]) -> LockHolder | None:
+    fields = line.split()
+    # Blocked waiters are printed as "N: -> TYPE ..."; they hold nothing yet.
+    if len(fields) < 8 or fields[1] == "->":
+        return None
+    kind, access, pid_text, dev_ino, start_text = fields[1], fields[3], fields[4], fields[5], fields[6]
+    if kind not in _RANGE_LOCK_TYPES or access != "WRITE":
+        return None
+    try:
+        major, minor, ino = dev_ino.split(":")
+        key = (os.makedev(int(major, 16), int(minor, 16)), int(ino))
+        pid, start = int(pid_text), int(start_text)
+    except ValueError:
+        return None
+    file = inodes.get(key)
+    if file is None:
+        return None
+    return LockHolder(pid=pid, file=file, what=_describe_offset(file, start),
+                      ofd=_RANGE_LOCK_TYPES[kind])
+
+
+def parse_proc_locks(text: str, inodes: Mapping[tuple[int, int], str]) -> list[LockHolder]:
+    """Decode the WRITE locks in `/proc/locks` text that sit on the files named in `inodes`.
+
+    `inodes` maps `(st_dev, st_ino)` to a base name. Lines that do not parse are skipped.
+    """
+    holders = []
+    for line in text.splitlines():
+        holder = _parse_line(line, inodes)
+        if holder is not None:
+            holders.append(holder)
+    return holders
+
+
+def describe(holder: LockHolder, cmdline: str | None) -> str:
+    """Render one holder as `PID <pid> (<cmdline>) holds <what> on <file>`."""
+    if holder.ofd:
+        # OFD locks belong to an open file description, which may be shared by several processes.
+        who = "an OFD lock (no owning pid)"
+    elif holder.pid <= 0:
+        # The kernel prints 0 when the owner lives in a PID namespace we cannot see.
+        who = "a process outside this PID namespace"
+    else:
+        who = f"PID {holder.pid} ({cmdline or '?'})"
+    return f"{who} holds {holder.what} on {holder.file}"
+
+
+def _read_cmdline(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    # Arguments may contain newlines; one log record must stay one line, and bounded.
+    text = " ".join(raw.replace(b"\0", b" ").decode("utf-8", "replace").split())
+    if len(text) > _CMDLINE_MAX:
+        text = text[:_CMDLINE_MAX - 3] + "..."
+    return text or None
+
+
+def _database_inodes(db_path: str | os.PathLike) -> dict[tuple[int, int], str]:
+    base = os.fspath(db_path)
+    inodes = {}
+    for path in (base, base + "-wal", base + "-shm"):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        inodes[(st.st_dev, st.st_ino)] = os.path.basename(path)
+    return inodes
+
+
+def write_lock_holders(db_path: str | os.PathLike) -> list[str]:
+    """List who holds WRITE locks on the database's files, one sentence each, without duplicates.
+
+    Returns `[]` off Linux, when no file exists, or when `/proc/locks` cannot be read.
+    """
+    if not sys.platform.startswith("linux"):
+        return []
+    try:
+        inodes = _database_inodes(db_path)
+        if not inodes:
+            return []
+        with open("/proc/locks", encoding="ascii", errors="replace") as fh:
+            text = fh.read()
+        holders = parse_proc_locks(text, inodes)
+        cmdlines = {h.pid: _read_cmdline(h.pid) for h in holders if h.pid > 0 and not h.ofd}
+        described = [describe(h, cmdlines.get(h.pid)) for h in holders]
+    except (OSError, ValueError):
+        return []
+    return list(dict.fromkeys(described))
+
+
+def log_write_lock_holders(
+    db_path: str | os.PathLike,
+    patience_s: float,
+    logger: logging.Logger | None = None,
+) -> list[str]:
+    """Log one WARNING naming the write-lock holders of `db_path` and return them.
+
+    Meant to be called once, right before raising a "database is locked" error. Never raises.
+    """
+    try:
+        holders = write_lock_holders(db_path)
+        detail = "; ".join(holders) if holders else "no holder visible in /proc/locks"
+        name = os.path.basename(os.fspath(db_path))
+        (logger or logging.getLogger(LOGGER_NAME)).warning(
+            "%s write lock still held after %.1fs: %s", name, patience_s, detail)
+        return holders
+    except Exception:  # a diagnostic must never replace the error the caller is about to raise
+        return []
+
+
+def configure_error_log(home: str | os.PathLike) -> logging.Handler:
+    """Send the `hermes_state` logger's warnings to `<home>/logs/errors.log`.
+
+    Idempotent: a second call for the same file returns the handler already attached.
+    """
+    logs_dir = os.path.join(os.path.abspath(os.fspath(home)), "logs")
+    path = os.path.join(logs_dir, "errors.log")
+    logger = logging.getLogger(LOGGER_NAME)
+    for handler in logger.handlers:
+        if isinstance(handler, logging.FileHandler) and handler.baseFilename == path:
+            return handler
+    os.makedirs(logs_dir, mode=0o700, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    # With an unconfigured root logger above WARNING the records would be dropped before any handler.
+    if logger.getEffectiveLevel() > logging.WARNING:
+        logger.setLevel(logging.WARNING)
+    return handler

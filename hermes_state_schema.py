@@ -1,0 +1,267 @@
+"""Schema setup: connect, create, reconcile columns, run the versioned ladder, check versions.
+
+Owns: opening the SQLite connection with the library's pragmas, mapping open-time SQLite
+failures to typed errors, `_reconcile_columns()` (declarative ADD COLUMN), the versioned
+migration ladder for data/index changes, and the read-only compatibility check.
+Does not own: the FTS tables (hermes_state_fts) or any session/message query.
+
+Transaction contract: `migrate()` opens its own write transactions through the Writer
+(one for tables + columns, one per ladder step with its version bump, one for indexes),
+re-reading the state under the lock each time because another process may have migrated
+first. An up-to-date database is detected with a few catalogue reads and takes no write lock,
+so opening costs the same for any number of rows.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+import stat
+import uuid
+from pathlib import Path
+from typing import Callable
+
+from hermes_state_common import (INDEX_SQL, SCHEMA_VERSION, TABLE_SQL, TABLES, RetryPolicy, Writer,
+                                  _READ_BUSY_TIMEOUT_S, _SQLITE_BUSY_TIMEOUT_S, retry_on_lock)
+from hermes_state_errors import (SQLITE_CORRUPT, SQLITE_NOTADB, StateDbBusyError, StateDbCorruptError,
+                                 StateDbIncompatibleError, StateDbUninitializedError, is_sqlite_lock_error)
+
+_SIDE_FILES = ("-wal", "-shm")
+
+
+# --- files and connections --------------------------------------------------------------------
+
+def _tighten(path: Path) -> None:
+    # chmod by path (never through a descriptor: closing one would drop this process's
+    # fcntl locks on the database); a symlink is left alone rather than followed.
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) & 0o077:
+        os.chmod(path, 0o600)
+
+
+def prepare_file(path: Path) -> None:
+    """Create the database file 0600 if it does not exist yet and tighten existing files."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if os.name != "posix":
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        os.close(fd)  # a brand-new file: nobody holds locks on it yet
+    except FileExistsError:
+        _tighten(path)
+    for suffix in _SIDE_FILES:
+        _tighten(Path(str(path) + suffix))
+
+
+def tighten_side_files(path: Path) -> None:
+    """Make the -wal and -shm files 0600 once SQLite has created them."""
+    if os.name == "posix":
+        for suffix in _SIDE_FILES:
+            _tighten(Path(str(path) + suffix))
+
+
+def is_corruption(exc: BaseException) -> bool:
+    """Return True for SQLite's "not a database" and "malformed" errors."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB)
+    text = str(exc).lower()
+    return "not a database" in text or "malformed" in text
+
+
+def corrupt_error(path: Path, exc: BaseException) -> StateDbCorruptError:
+    """Build the typed error for an unreadable database file."""
+    return StateDbCorruptError(
+        f"{path} is not a usable SQLite database ({exc}). The file was left untouched; "
+        f"run `hermes-state recover {path} <new path>` to salvage what is readable.")
+
+
+def connect(path: Path, *, read_only: bool = False) -> sqlite3.Connection:
+    """Open the connection with explicit transactions, foreign keys and a short busy timeout."""
+    if read_only:
+        target, uri = Path(os.path.abspath(path)).as_uri() + "?mode=ro", True
+    else:
+        target, uri = str(path), False
+    conn = sqlite3.connect(target, uri=uri, isolation_level=None, check_same_thread=False,
+                           timeout=_READ_BUSY_TIMEOUT_S if read_only else _SQLITE_BUSY_TIMEOUT_S)
+    conn.execute("PRAGMA foreign_keys = ON")
+    return conn
+
+
+def enable_wal(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> None:
+    """Switch to WAL with synchronous=NORMAL, waiting out other openers within patience."""
+    def attempt() -> None:
+        if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            conn.execute("PRAGMA journal_mode = WAL").fetchone()
+    retry_on_lock(attempt, patience_s, policy)
+    conn.execute("PRAGMA synchronous = NORMAL")
+
+
+# --- reading the current shape ------------------------------------------------------------------
+
+def read_version(conn: sqlite3.Connection) -> int | None:
+    """Return the stored schema version, or None when there is no schema_version table."""
+    has = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'").fetchone()
+    if not has:
+        return None
+    row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+    return row[0] if row and row[0] is not None else 0
+
+
+def _table_columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    return {r[1] for r in conn.execute(f"PRAGMA table_xinfo({table})")}
+
+
+def missing_columns(conn: sqlite3.Connection) -> dict[str, list[tuple[str, str]]]:
+    """Return {table: [(column, declaration), ...]} for declared columns the file lacks."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for name, columns, _ in TABLES:
+        have = _table_columns(conn, name)
+        lacking = [(c, d) for c, d in columns if c not in have]
+        if lacking:
+            out[name] = lacking
+    return out
+
+
+def _missing_indexes(conn: sqlite3.Connection) -> bool:
+    have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    return any(sql.split(" IF NOT EXISTS ")[1].split()[0] not in have for sql in INDEX_SQL)
+
+
+def needs_migration(conn: sqlite3.Connection) -> bool:
+    """Tell, from catalogue reads only, whether open must take the write lock."""
+    version = read_version(conn)
+    if version is None or version < SCHEMA_VERSION:
+        return True
+    if version > SCHEMA_VERSION:
+        return False
+    return bool(missing_columns(conn)) or _missing_indexes(conn)
+
+
+# --- reconciling columns --------------------------------------------------------------------------
+
+def _addable(declaration: str) -> str:
+    # ALTER TABLE ADD COLUMN refuses PRIMARY KEY/UNIQUE and NOT NULL without a default;
+    # a column added to old rows cannot promise either, so the added form drops them.
+    decl = declaration.replace("PRIMARY KEY AUTOINCREMENT", "").replace("PRIMARY KEY", "").replace("UNIQUE", "")
+    if "NOT NULL" in decl and "DEFAULT" not in decl:
+        decl = decl.replace("NOT NULL", "")
+    return " ".join(decl.split())
+
+
+def _reconcile_columns(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+    """Add every declared column the tables lack; return the (table, column) pairs added.
+
+    Idempotent: a "duplicate column" from a racing opener is tolerated. Runs inside the
+    caller's write transaction.
+    """
+    added = []
+    for table, lacking in missing_columns(conn).items():
+        for column, declaration in lacking:
+            try:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {_addable(declaration)}")
+            except sqlite3.OperationalError as exc:
+                if "duplicate column" not in str(exc).lower():
+                    raise
+                continue
+            added.append((table, column))
+    return added
+
+
+def _backfill_message_uids(conn: sqlite3.Connection) -> None:
+    # Rows written before message_uid existed get one now, once, as a fresh insert would.
+    ids = [r[0] for r in conn.execute("SELECT id FROM messages WHERE message_uid IS NULL")]
+    conn.executemany("UPDATE messages SET message_uid = ? WHERE id = ?", [(uuid.uuid4().hex, i) for i in ids])
+
+
+def _backfill_counters(conn: sqlite3.Connection) -> None:
+    # Old layouts had no counters: derive them from the rows they summarise.
+    conn.execute(
+        "UPDATE sessions SET message_count = (SELECT COUNT(*) FROM messages m WHERE m.session_id = sessions.id)")
+
+
+# A column that arrives in an old file with rows already present gets its meaning back here,
+# in the same transaction as the ADD COLUMN.
+_BACKFILL_ON_ADD: dict[tuple[str, str], Callable[[sqlite3.Connection], None]] = {
+    ("messages", "message_uid"): _backfill_message_uids,
+    ("sessions", "message_count"): _backfill_counters,
+}
+
+
+# --- the versioned ladder --------------------------------------------------------------------------
+
+def v27_unique_titles(conn: sqlite3.Connection) -> None:
+    """Number duplicate titles (`T`, `T #2`, ...) so the unique-title index can be built."""
+    dupes = conn.execute(
+        "SELECT title FROM sessions WHERE title IS NOT NULL GROUP BY title HAVING COUNT(*) > 1").fetchall()
+    for (title,) in dupes:
+        rows = conn.execute("SELECT id FROM sessions WHERE title = ? ORDER BY started_at, id", (title,)).fetchall()
+        n = 2
+        for (sid,) in rows[1:]:
+            while conn.execute("SELECT 1 FROM sessions WHERE title = ?", (f"{title} #{n}",)).fetchone():
+                n += 1
+            conn.execute("UPDATE sessions SET title = ? WHERE id = ?", (f"{title} #{n}", sid))
+            n += 1
+
+
+# (version reached, step). Released steps are never edited; fix forward with a new one.
+LADDER: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
+    (27, v27_unique_titles),
+]
+
+
+def _set_version(conn: sqlite3.Connection, version: int) -> None:
+    conn.execute("DELETE FROM schema_version")
+    conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+
+
+def migrate(writer: Writer, patience_s: float, policy: RetryPolicy) -> int:
+    """Bring the database up to SCHEMA_VERSION; return the version it had before.
+
+    A newer-than-known version is returned untouched (the caller refuses writes).
+    """
+    conn = writer.conn
+    with writer.transaction(patience_s, policy):
+        found = read_version(conn)
+        if found is not None and found > SCHEMA_VERSION:
+            return found
+        fresh = found is None and not conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='sessions'").fetchone()
+        for sql in TABLE_SQL:
+            conn.execute(sql)
+        for key in _reconcile_columns(conn):
+            if key in _BACKFILL_ON_ADD:
+                _BACKFILL_ON_ADD[key](conn)
+        if fresh:
+            _set_version(conn, SCHEMA_VERSION)
+        elif found is None:
+            _set_version(conn, 0)
+    for target, step in ([] if fresh else LADDER):
+        with writer.transaction(patience_s, policy):
+            if read_version(conn) < target:
+                step(conn)
+                _set_version(conn, target)
+    with writer.transaction(patience_s, policy):
+        for sql in INDEX_SQL:
+            conn.execute(sql)
+        if read_version(conn) < SCHEMA_VERSION:
+            _set_version(conn, SCHEMA_VERSION)
+    return SCHEMA_VERSION if fresh else (found or 0)
+
+
+def check_read_only(conn: sqlite3.Connection, path: Path) -> int:
+    """Verify a read-only handle can serve reads; return the version or raise a 503-class error."""
+    try:
+        version = read_version(conn)
+    except sqlite3.OperationalError as exc:
+        if is_sqlite_lock_error(exc):
+            raise StateDbBusyError(f"{path} stayed locked for {_READ_BUSY_TIMEOUT_S:.0f}s") from exc
+        raise
+    if version is None:
+        raise StateDbUninitializedError(f"{path} has no hermes-state schema yet")
+    if version != SCHEMA_VERSION or missing_columns(conn):
+        raise StateDbIncompatibleError(
+            f"{path} has schema version {version}; this library reads version {SCHEMA_VERSION} read-only")
+    return version
