@@ -203,6 +203,14 @@ class SessionDB:
         with self._read() as conn:
             return sessions.get_session(conn, session_id)
 
+    # --- session records, messages, conversation (issue 3: hermes_state_sessions) -------------
+
+    # --- titles, lineage, listings, statistics, archive (issue 3: hermes_state_search) --------
+
+    # --- full-text search (issue 4: hermes_state_fts / hermes_state_search) --------------------
+
+    # --- compression generations and locks (issue 5: hermes_state_compression) ---------------
+
 
 class AsyncSessionDB:
     """The SessionDB API as coroutines; each call runs on a worker thread."""
