@@ -15,7 +15,9 @@ import time
 from typing import Any
 
 from hermes_state_common import SESSION_COLUMN_NAMES, encode_json, strip_surrogates
-from hermes_state_errors import SessionNotFoundError
+from hermes_state_errors import SessionNotFoundError, TitleConflictError
+
+TITLE_MAX_CHARS = 100
 
 # Columns the library maintains itself; callers may not set them through **columns.
 _MANAGED_SESSION_COLUMNS = frozenset({"id", "message_count", "tool_call_count"})
@@ -35,6 +37,27 @@ def _session_values(columns: dict[str, Any]) -> dict[str, Any]:
             value = encode_json(value, name)
         out[name] = strip_surrogates(value) if isinstance(value, str) else value
     return out
+
+
+def normalize_title(title: str | None) -> str | None:
+    """Strip a title; None or blank clears it; over 100 characters raises ValueError."""
+    if title is None:
+        return None
+    if not isinstance(title, str):
+        raise ValueError("title must be a string or None")
+    title = strip_surrogates(title).strip()
+    if len(title) > TITLE_MAX_CHARS:
+        raise ValueError(f"title is {len(title)} characters; the limit is {TITLE_MAX_CHARS}")
+    return title or None
+
+
+def check_title_free(conn: sqlite3.Connection, title: str | None, session_id: str) -> None:
+    """Raise TitleConflictError when another session already carries `title`."""
+    if title is None:
+        return
+    row = conn.execute("SELECT id FROM sessions WHERE title = ? AND id != ?", (title, session_id)).fetchone()
+    if row is not None:
+        raise TitleConflictError(f"title {title!r} is already used by session {row[0]!r}")
 
 
 def session_exists(conn: sqlite3.Connection, session_id: str) -> bool:
@@ -58,6 +81,9 @@ def create_session(conn: sqlite3.Connection, session_id: str, source: str, colum
     values.setdefault("started_at", time.time())
     if session_exists(conn, session_id):
         raise ValueError(f"session {session_id!r} already exists (use ensure_session for the idempotent form)")
+    if "title" in values:
+        values["title"] = normalize_title(values["title"])
+        check_title_free(conn, values["title"], session_id)
     parent = values.get("parent_session_id")
     if parent is not None:
         require_session(conn, parent)
