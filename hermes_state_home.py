@@ -1,0 +1,294 @@
+"""Where Hermes keeps its state: the home directory, named profiles and the test isolation guard.
+
+Owns: resolving the home (`get_hermes_home`: context override, then `HERMES_HOME`, then the platform
+default), profile names and directories, the CLI's `_apply_profile_override`, the environment handed to
+child processes, and the guard that stops a test process from opening a production database.
+
+Does not own: opening anything. Nothing here creates a directory or opens a database; the one write is
+`os.environ["HERMES_HOME"]` in `_apply_profile_override`. Every answer is computed at call time from the
+environment and the file system, never cached at import, so tests may change `HOME`/`HERMES_HOME` freely.
+
+Transaction contract: none; this module never touches SQLite.
+"""
+from __future__ import annotations
+
+import contextvars
+import os
+import re
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Mapping, MutableSequence
+
+from hermes_state_errors import ProfileNotFoundError
+
+DEFAULT_PROFILE = "default"
+ACTIVE_PROFILE_FILE = "active_profile"
+GUARD_BYPASS_ENV = "HERMES_STATE_DB_GUARD_BYPASS"
+TEST_CONTEXT_ENVS = ("PYTEST_CURRENT_TEST", "PYTEST_VERSION", "HERMES_TEST_ISOLATION")
+
+_PROFILE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# pytest launched as a script: pytest, py.test, pytest-3, pytest3.11, pytest.exe ...
+_PYTEST_SCRIPT_RE = re.compile(r"py\.?test(-?[0-9][0-9.]*)?(\.exe)?")
+_MAX_ANCESTORS = 64
+
+_home_override: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
+    "hermes_home_override", default=None
+)
+# The in-process bypass is a process-wide counter rather than a ContextVar: the marker covers a whole
+# test, and a test may reach the database from threads it starts (executors do not copy contexts).
+_bypass_lock = threading.Lock()
+_bypass_depth = 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Home and profiles
+
+def default_hermes_root() -> Path:
+    """Return the platform default root, ignoring `HERMES_HOME` and any override."""
+    if sys.platform == "win32":
+        local = os.environ.get("LOCALAPPDATA")
+        if local:
+            return Path(local) / "hermes"
+        import platformdirs  # imported lazily: only Windows needs it, and only without LOCALAPPDATA
+
+        return Path(platformdirs.user_data_dir("hermes", appauthor=False, roaming=False))
+    return Path(os.path.expanduser("~")) / ".hermes"
+
+
+def get_hermes_home() -> Path:
+    """Return the Hermes home: context override, then env `HERMES_HOME`, then the platform default."""
+    override = _home_override.get()
+    if override is not None:
+        return override
+    env = os.environ.get("HERMES_HOME")
+    if env:
+        return Path(env).expanduser()
+    return default_hermes_root()
+
+
+@contextmanager
+def hermes_home_override(path: str | os.PathLike[str] | None) -> Iterator[Path]:
+    """Resolve the home to `path` for the current context only (not other threads or tasks).
+
+    `None` lifts any outer override for the block, so resolution falls back to env and default.
+    """
+    home = None if path is None else Path(path).expanduser()
+    token = _home_override.set(home)
+    try:
+        yield get_hermes_home()
+    finally:
+        _home_override.reset(token)
+
+
+def validate_profile_name(name: str) -> str:
+    """Return `name` unchanged if it is a valid profile name, else raise ValueError."""
+    if not isinstance(name, str) or not _PROFILE_NAME_RE.fullmatch(name) or name in (".", ".."):
+        raise ValueError(
+            f"invalid profile name {name!r}: use 1-64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def profile_home(name: str) -> Path:
+    """Return the directory of profile `name` (which need not exist); "default" is the default root."""
+    validate_profile_name(name)
+    root = default_hermes_root()
+    return root if name == DEFAULT_PROFILE else root / "profiles" / name
+
+
+def _pop_profile_flag(argv: MutableSequence[str]) -> tuple[str | None, list[int]]:
+    """Find `--profile NAME`, `-p NAME` or `--profile=NAME`; return the name and argv indexes to drop."""
+    name: str | None = None
+    drop: list[int] = []
+    i = 1  # argv[0] is the program
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":  # everything after belongs to the command, not to us
+            break
+        if arg in ("--profile", "-p"):
+            if i + 1 >= len(argv):
+                raise ValueError(f"{arg} needs a profile name")
+            name, drop = argv[i + 1], drop + [i, i + 1]  # the last flag wins, as with argparse
+            i += 2
+            continue
+        if arg.startswith("--profile="):
+            name, drop = arg.split("=", 1)[1], drop + [i]
+        i += 1
+    return name, drop
+
+
+def _active_profile_home(root: Path) -> Path | None:
+    """Return the home of the profile named in `<root>/active_profile`, if valid and existing."""
+    try:
+        name = (root / ACTIVE_PROFILE_FILE).read_text(encoding="utf-8").strip()
+        validate_profile_name(name)
+    except (OSError, UnicodeError, ValueError):
+        return None
+    if name == DEFAULT_PROFILE:
+        return None
+    home = root / "profiles" / name
+    return home if home.is_dir() else None
+
+
+def _apply_profile_override(argv: MutableSequence[str] | None = None) -> Path | None:
+    """Select the profile from argv (edited in place) or the active profile; export it as `HERMES_HOME`.
+
+    Returns the directory written to `HERMES_HOME`, or None when nothing was changed. An explicit
+    profile that does not exist raises ProfileNotFoundError before anything is read or written.
+    """
+    if argv is None:
+        argv = sys.argv
+    name, drop = _pop_profile_flag(argv)
+    if name is not None:
+        home = profile_home(name)
+        # The default root may not exist yet on a fresh install; a named profile must.
+        if name != DEFAULT_PROFILE and not home.is_dir():
+            raise ProfileNotFoundError(
+                f"profile {name!r} does not exist (no directory {home}); create it first or pick "
+                "another profile"
+            )
+        for i in reversed(drop):
+            del argv[i]
+    elif os.environ.get("HERMES_HOME"):
+        return None  # a profile-specific home chosen by whoever started us wins
+    else:
+        home = _active_profile_home(default_hermes_root())
+        if home is None:
+            return None
+    os.environ["HERMES_HOME"] = str(home)
+    return home
+
+
+def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Return an environment for a subprocess with `HERMES_HOME` set to the resolved home."""
+    env = dict(os.environ if base is None else base)
+    # Absolute, so a child that changes directory still lands in the same home.
+    env["HERMES_HOME"] = os.path.abspath(get_hermes_home())
+    return env
+
+
+def display_hermes_home(path: str | os.PathLike[str] | None = None) -> str:
+    """Return the home (or `path`) for people to read, as `~/...` when under the user's home."""
+    target = os.path.abspath(os.path.expanduser(get_hermes_home() if path is None else path))
+    user = os.path.expanduser("~")
+    if user and user != "~" and os.path.dirname(user) != user:  # "/" as home would say nothing
+        try:
+            rel = os.path.relpath(target, user)
+        except ValueError:  # another drive on Windows
+            return target
+        if rel == os.curdir:
+            return "~"
+        if rel != os.pardir and not rel.startswith(os.pardir + os.sep):
+            return os.path.join("~", rel)
+    return target
+
+
+# ------------------------------------------------------------------------------------------------
+# Test isolation guard
+
+def _cmdline_runs_pytest(args: list[str]) -> bool:
+    """Tell whether a process argv runs pytest (as a script or with `-m pytest`)."""
+    for i, arg in enumerate(args):
+        # Split on both separators: a Windows-style path may show up in a Linux cmdline (Wine, WSL).
+        if _PYTEST_SCRIPT_RE.fullmatch(re.split(r"[\\/]", arg)[-1].lower()):
+            return True
+        if arg == "-m" and i + 1 < len(args) and args[i + 1] in ("pytest", "py.test"):
+            return True
+        if arg in ("-mpytest", "-mpy.test"):
+            return True
+    return False
+
+
+def _ancestor_runs_pytest(pid: int | None = None, proc_root: str = "/proc") -> bool:
+    """Walk this process and its ancestors in /proc; True if one runs pytest. Never raises."""
+    pid = os.getpid() if pid is None else pid
+    seen: set[int] = set()
+    for _ in range(_MAX_ANCESTORS):
+        if pid <= 0 or pid in seen:
+            return False
+        seen.add(pid)
+        try:
+            with open(os.path.join(proc_root, str(pid), "cmdline"), "rb") as f:
+                raw = f.read()
+            args = raw.decode("utf-8", "replace").split("\0")
+            if _cmdline_runs_pytest([a for a in args if a]):
+                return True
+            if pid == 1:
+                return False
+            with open(os.path.join(proc_root, str(pid), "stat"), "rb") as f:
+                stat = f.read().decode("utf-8", "replace")
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so cut at the last ")".
+            pid = int(stat.rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+def is_test_context() -> bool:
+    """Tell whether this process runs under a test (pytest env vars, or a pytest ancestor on Linux)."""
+    if any(os.environ.get(name) for name in TEST_CONTEXT_ENVS):
+        return True
+    return sys.platform.startswith("linux") and _ancestor_runs_pytest()
+
+
+def _norm(path: str) -> str:
+    return os.path.normcase(os.path.normpath(path))
+
+
+def is_production_db(path: str | os.PathLike[str]) -> bool:
+    """Tell whether `path` is a file directly in the real Hermes root or in one of its profiles.
+
+    The real root comes from the user's home directory, never from `HERMES_HOME`. Symlinks in the
+    path, the root or the file itself are seen through. Nothing is created or opened.
+    """
+    raw = os.fspath(path)
+    if raw in ("", ":memory:") or raw.startswith("file:"):
+        return False
+    lexical = os.path.abspath(os.path.expanduser(raw))
+    parent, leaf = os.path.split(lexical)
+    candidates = {_norm(lexical), _norm(os.path.join(os.path.realpath(parent), leaf)),
+                  _norm(os.path.realpath(lexical))}
+    root = os.path.abspath(default_hermes_root())
+    roots = {_norm(root), _norm(os.path.realpath(root))}
+    profiles = os.path.join(root, "profiles")
+    profile_parents = {_norm(profiles), _norm(os.path.realpath(profiles))}
+    for candidate in candidates:
+        directory = os.path.dirname(candidate)
+        if directory in roots or os.path.dirname(directory) in profile_parents:
+            return True
+    return False
+
+
+@contextmanager
+def live_system_guard_bypass() -> Iterator[None]:
+    """Let this process open production databases while the block runs (tests only)."""
+    global _bypass_depth
+    with _bypass_lock:
+        _bypass_depth += 1
+    try:
+        yield
+    finally:
+        with _bypass_lock:
+            _bypass_depth -= 1
+
+
+def guard_bypassed() -> bool:
+    """Tell whether the guard is off: env `HERMES_STATE_DB_GUARD_BYPASS=1` or an active in-process bypass."""
+    return os.environ.get(GUARD_BYPASS_ENV) == "1" or _bypass_depth > 0
+
+
+def check_db_path_allowed(path: str | os.PathLike[str]) -> None:
+    """Raise RuntimeError if a test process is about to open a production database; else do nothing."""
+    # The path test is cheap and almost always False, so the /proc walk rarely runs.
+    if not is_production_db(path) or not is_test_context() or guard_bypassed():
+        return
+    raise RuntimeError(
+        f"refusing to open the production database {os.fspath(path)} from a test: it lies in the real "
+        f"Hermes root {default_hermes_root()}. Point HERMES_HOME at a temporary directory (the "
+        "`hermes_home` fixture does) or pass a temporary database path. If a test truly must touch "
+        "the live database, mark it @pytest.mark.live_system_guard_bypass (in-process) or set "
+        f"{GUARD_BYPASS_ENV}=1 in the environment of a child process."
+    )
