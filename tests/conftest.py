@@ -28,7 +28,7 @@ def db(hermes_home):
 
 @pytest.fixture
 def rival(db):
-    conn = sqlite3.connect(db.db_path, isolation_level=None, timeout=0.1)
+    conn = sqlite3.connect(db.db_path, isolation_level=None, timeout=0.1, check_same_thread=False)
     conn.row_factory = sqlite3.Row
     yield conn
     if conn.in_transaction:

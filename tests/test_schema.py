@@ -1,0 +1,248 @@
+"""Opening, creating and upgrading the database; versions, corruption, files and read-only opens."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import sqlite3
+import stat
+import time
+
+import pytest
+
+import hermes_state_schema as schema
+from hermes_state import (ReadOnlyError, SessionDB, StateDbCorruptError, StateDbIncompatibleError,
+                          StateDbUninitializedError, StoreUnavailableError)
+from hermes_state_common import INDEX_SQL, SCHEMA_VERSION, TABLE_COLUMNS
+
+EXPECTED_TABLES = {"sessions", "messages", "session_model_usage", "state_meta", "gateway_routing",
+                   "compression_locks", "async_delegations", "runtime_epoch", "session_admissions",
+                   "worker_executions", "worker_receipts", "schema_version"}
+
+
+def _tables(conn) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def test_fresh_database_has_the_declared_shape(db, rival):
+    tables = _tables(rival)
+    assert EXPECTED_TABLES <= tables
+    assert "delivery_obligations" not in tables  # created lazily by the gateway, never at open
+    assert [tuple(r) for r in rival.execute("SELECT version FROM schema_version")] == [(SCHEMA_VERSION,)]
+    for table, columns in TABLE_COLUMNS.items():
+        have = [r[1] for r in rival.execute(f"PRAGMA table_info({table})")]
+        assert have == list(columns), table
+    indexes = {r[0] for r in rival.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    for sql in INDEX_SQL:
+        assert sql.split(" IF NOT EXISTS ")[1].split()[0] in indexes
+    title_index = rival.execute("SELECT sql FROM sqlite_master WHERE name='idx_sessions_title_unique'").fetchone()[0]
+    assert "UNIQUE" in title_index and "WHERE title IS NOT NULL" in title_index
+    for ledger in ("session_admissions", "worker_executions", "worker_receipts"):
+        fks = [r for r in rival.execute(f"PRAGMA foreign_key_list({ledger})") if r[2] == "sessions"]
+        assert fks and fks[0][6] == "RESTRICT", ledger
+    assert rival.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db._writer.conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+    assert db._writer.conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+
+
+def test_ledger_rows_restrict_session_delete(db, rival):
+    db.create_session("s", "cli")
+    rival.execute("INSERT INTO session_admissions (session_id, state) VALUES ('s', 'queued')")
+    with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
+        db._writer.conn.execute("DELETE FROM sessions WHERE id='s'")
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+def test_files_are_private(db):
+    db.create_session("s", "cli")
+    for suffix in ("", "-wal", "-shm"):
+        path = str(db.db_path) + suffix
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+def test_existing_loose_file_is_tightened(tmp_path):
+    path = tmp_path / "loose.db"
+    sqlite3.connect(path).close()
+    os.chmod(path, 0o644)
+    SessionDB(path).close()
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+def _old_layout(path) -> None:
+    conn = sqlite3.connect(path)
+    conn.executescript("""
+        CREATE TABLE schema_version (version INTEGER NOT NULL);
+        INSERT INTO schema_version VALUES (1);
+        CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, model TEXT,
+                               started_at REAL NOT NULL, ended_at REAL);
+        CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL,
+                               role TEXT NOT NULL, content TEXT, timestamp REAL NOT NULL);
+        INSERT INTO sessions VALUES ('old1', 'cli', 'gpt-4', 1000.0, NULL);
+        INSERT INTO sessions VALUES ('old2', 'telegram', NULL, 2000.0, 2100.0);
+        INSERT INTO messages (session_id, role, content, timestamp) VALUES ('old1', 'user', 'hello', 1001.0);
+        INSERT INTO messages (session_id, role, content, timestamp) VALUES ('old1', 'assistant', 'hi', 1002.0);
+        INSERT INTO messages (session_id, role, content, timestamp) VALUES ('old2', 'user', '東京', 2001.0);
+    """)
+    conn.close()
+
+
+def test_upgrade_from_old_layout_keeps_every_row(tmp_path):
+    path = tmp_path / "old.db"
+    _old_layout(path)
+    with SessionDB(path) as db:
+        assert db.schema_version == SCHEMA_VERSION
+        old1 = db.get_session("old1")
+        assert old1["model"] == "gpt-4" and old1["started_at"] == 1000.0
+        assert old1["message_count"] == 2 and old1["archived"] == 0
+        db.create_session("new", "cli")  # the upgraded file takes new writes
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+    rows = conn.execute("SELECT session_id, role, content, timestamp, active, compacted, message_uid "
+                        "FROM messages ORDER BY id").fetchall()
+    assert [r[:4] for r in rows] == [("old1", "user", "hello", 1001.0), ("old1", "assistant", "hi", 1002.0),
+                                     ("old2", "user", "東京", 2001.0)]
+    assert all(r[4] == 1 and r[5] == 0 for r in rows)
+    uids = [r[6] for r in rows]
+    assert all(re.fullmatch(r"[0-9a-f]{32}", u) for u in uids) and len(set(uids)) == 3
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
+
+
+def test_upgrade_numbers_duplicate_titles_before_the_unique_index(tmp_path):
+    path = tmp_path / "dupes.db"
+    conn = sqlite3.connect(path)
+    conn.executescript("""
+        CREATE TABLE schema_version (version INTEGER NOT NULL);
+        INSERT INTO schema_version VALUES (20);
+        CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, started_at REAL NOT NULL, title TEXT);
+        INSERT INTO sessions VALUES ('a', 'cli', 1, 'Fix bug'), ('b', 'cli', 2, 'Fix bug'),
+                                    ('c', 'cli', 3, 'Fix bug #2'), ('d', 'cli', 4, 'Fix bug');
+    """)
+    conn.close()
+    with SessionDB(path) as db:
+        titles = {sid: db.get_session(sid)["title"] for sid in "abcd"}
+    assert titles["a"] == "Fix bug" and titles["c"] == "Fix bug #2"
+    assert len(set(titles.values())) == 4
+
+
+def test_open_of_current_database_takes_no_write_lock_and_scans_nothing(db, rival, monkeypatch):
+    db.create_session("s", "cli")
+    statements: list[str] = []
+    real_connect = schema.connect
+
+    def traced(path, **kw):
+        conn = real_connect(path, **kw)
+        conn.set_trace_callback(statements.append)
+        return conn
+
+    monkeypatch.setattr(schema, "connect", traced)
+    monkeypatch.setattr(SessionDB, "_WRITE_PATIENCE_S", 0.2)
+    rival.execute("BEGIN IMMEDIATE")  # a writer elsewhere does not block a current open
+    try:
+        other = SessionDB(db.db_path)
+    finally:
+        rival.execute("ROLLBACK")
+    other.close()
+    opened = [s for s in statements if "checkpoint" not in s]
+    assert not any("BEGIN" in s for s in opened)
+    for s in opened:
+        # only catalogue reads: no statement reads the data tables
+        assert not re.search(r"FROM\s+(sessions|messages)\b", s, re.I), s
+
+
+def _open_and_write(path: str, tag: str) -> None:
+    with SessionDB(path) as db:
+        db.create_session(tag, "cli")
+
+
+def test_two_processes_opening_a_fresh_file_at_once(tmp_path):
+    path = str(tmp_path / "race.db")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_open_and_write, args=(path, f"p{i}")) for i in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    conn = sqlite3.connect(path)
+    assert sorted(r[0] for r in conn.execute("SELECT id FROM sessions")) == ["p0", "p1"]
+    assert conn.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == 1
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
+
+
+def test_newer_version_is_opened_but_writes_are_refused(db, rival):
+    db.create_session("s", "cli")
+    db.close()
+    rival.execute("UPDATE schema_version SET version = 99")
+    with SessionDB(db.db_path) as newer:
+        assert newer.get_session("s")["id"] == "s"  # reads still work
+        with pytest.raises(StateDbIncompatibleError, match="newer"):
+            newer.create_session("t", "cli")
+    assert rival.execute("SELECT version FROM schema_version").fetchone()[0] == 99
+    assert rival.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 1
+    with pytest.raises(StateDbIncompatibleError) as info:
+        SessionDB(db.db_path, read_only=True)
+    assert isinstance(info.value, StoreUnavailableError) and info.value.http_status == 503
+
+
+def test_not_a_database_raises_corrupt_and_leaves_the_file_alone(tmp_path):
+    path = tmp_path / "state.db"
+    garbage = b"this is my novel, not a database" * 200
+    path.write_bytes(garbage)
+    with pytest.raises(StateDbCorruptError, match="not a usable SQLite database"):
+        SessionDB(path)
+    assert path.read_bytes() == garbage
+
+
+def test_malformed_schema_raises_corrupt(tmp_path):
+    path = tmp_path / "state.db"
+    SessionDB(path).close()
+    data = bytearray(path.read_bytes())
+    data[100:4096] = b"\xff" * (4096 - 100)  # page 1 holds sqlite_master: ruin it
+    path.write_bytes(bytes(data))
+    with pytest.raises(StateDbCorruptError):
+        SessionDB(path)
+
+
+def test_read_only_opens(tmp_path):
+    missing = tmp_path / "missing.db"
+    with pytest.raises(StateDbUninitializedError):
+        SessionDB(missing, read_only=True)
+    assert not missing.exists()
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    with pytest.raises(StateDbUninitializedError):
+        SessionDB(empty, read_only=True)
+    assert empty.read_bytes() == b""
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+    with SessionDB(path, read_only=True) as ro:
+        assert ro.get_session("s")["source"] == "cli"
+        with pytest.raises(ReadOnlyError):
+            ro.create_session("t", "cli")
+    old = tmp_path / "old.db"
+    _old_layout(old)
+    with pytest.raises(StateDbIncompatibleError):
+        SessionDB(old, read_only=True)
+    assert sqlite3.connect(old).execute("SELECT version FROM schema_version").fetchone()[0] == 1
+
+
+def test_read_only_open_waits_then_reports_busy(tmp_path, monkeypatch):
+    path = tmp_path / "state.db"
+    SessionDB(path).close()
+    monkeypatch.setattr(schema, "_READ_BUSY_TIMEOUT_S", 0.2)
+    locker = sqlite3.connect(path, isolation_level=None)
+    locker.execute("PRAGMA journal_mode=DELETE")  # an exclusive lock blocks readers only without WAL
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        from hermes_state import StateDbBusyError
+        t0 = time.monotonic()
+        with pytest.raises(StateDbBusyError):
+            SessionDB(path, read_only=True)
+        assert time.monotonic() - t0 < 10
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
