@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 import hermes_state_common as common
 import hermes_state_schema as schema
+import hermes_state_search as search
 import hermes_state_sessions as sessions
 from hermes_state_common import SCHEMA_VERSION, RetryPolicy, Writer
 from hermes_state_errors import (HermesStateError, OwnershipReadError, ProfileNotFoundError,  # noqa: F401
@@ -206,6 +207,52 @@ class SessionDB:
     # --- session records, messages, conversation (issue 3: hermes_state_sessions) -------------
 
     # --- titles, lineage, listings, statistics, archive (issue 3: hermes_state_search) --------
+
+    def set_session_title(self, session_id: str, title: str | None) -> str | None:
+        """Set or clear (None/blank) a session's title; return the stored, stripped title."""
+        with self._write() as conn:
+            return search.set_session_title(conn, session_id, title)
+
+    def get_session_title(self, session_id: str) -> str | None:
+        """Return the session's title, or None."""
+        with self._read() as conn:
+            return search.get_session_title(conn, session_id)
+
+    def resolve_session_by_title(self, title: str) -> str | None:
+        """Return the id of the newest session of the title's lineage ("T", "T #2", ...), or None."""
+        with self._read() as conn:
+            return search.resolve_session_by_title(conn, title)
+
+    def get_next_title_in_lineage(self, title: str) -> str:
+        """Return the next free title of the lineage: "T" -> "T #2" -> "T #3"."""
+        with self._read() as conn:
+            return search.get_next_title_in_lineage(conn, title)
+
+    def get_lineage(self, session_id: str) -> list[dict[str, Any]]:
+        """Return the session's ancestors oldest first, ending with the session itself."""
+        with self._read() as conn:
+            return search.get_lineage(conn, session_id)
+
+    def get_descendants(self, session_id: str) -> list[dict[str, Any]]:
+        """Return the session's descendants breadth-first (not the session itself)."""
+        with self._read() as conn:
+            return search.get_descendants(conn, session_id)
+
+    def list_sessions(self, source: str | None = None, limit: int = 20, offset: int = 0,
+                      include_archived: bool = False) -> list[dict[str, Any]]:
+        """Return sessions newest first, each with `preview` and `last_active`."""
+        with self._read() as conn:
+            return search.list_sessions(conn, source, limit, offset, include_archived)
+
+    def usage_by_model(self) -> list[dict[str, Any]]:
+        """Return sessions, tokens and estimated cost per model, costliest first."""
+        with self._read() as conn:
+            return search.usage_by_model(conn)
+
+    def top_sessions_by_tokens(self, limit: int = 10) -> list[dict[str, Any]]:
+        """Return the sessions with the most input + output tokens."""
+        with self._read() as conn:
+            return search.top_sessions_by_tokens(conn, limit)
 
     # --- full-text search (issue 4: hermes_state_fts / hermes_state_search) --------------------
 
