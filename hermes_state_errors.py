@@ -85,6 +85,17 @@ class SessionCompressionInProgressError(HermesStateError):
     """Another holder is compressing the session; retry once it finishes."""
 
 
+class SessionClosedByCompressionError(SessionPersistenceError):
+    """The session was closed by compression rotation; write to its live continuation instead."""
+
+    def __init__(self, session_id: str, successor_id: str | None):
+        where = f"its live continuation is {successor_id!r}" if successor_id else "it has no live continuation"
+        super().__init__(f"session {session_id!r} was closed by compression; {where}",
+                         code="session_persistence_failed:compression")
+        self.session_id = session_id
+        self.successor_id = successor_id
+
+
 class StaleEpochError(HermesStateError):
     """The caller's runtime epoch is older than the current one (a newer owner took over)."""
 

@@ -1,0 +1,75 @@
+"""The error hierarchy and the SQLite error classifiers."""
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+import hermes_state_errors as errors
+
+
+def _err(cls, text, code=None):
+    exc = cls(text)
+    if code is not None:
+        exc.sqlite_errorcode = code
+    return exc
+
+
+@pytest.mark.parametrize("exc, expected", [
+    (_err(sqlite3.OperationalError, "database is locked", 5), True),
+    (_err(sqlite3.OperationalError, "database table is locked", 6), True),
+    (_err(sqlite3.OperationalError, "database is locked", 5 | (1 << 8)), True),  # SQLITE_BUSY_RECOVERY
+    (_err(sqlite3.OperationalError, "vtable constructor failed: messages_fts", 5), True),
+    (_err(sqlite3.OperationalError, "database is locked", 1), False),  # the code wins over the text
+    (_err(sqlite3.OperationalError, "database is locked"), True),  # no code: fall back to text
+    (_err(sqlite3.OperationalError, "no such table: x"), False),
+    (ValueError("database is locked"), False),
+])
+def test_is_sqlite_lock_error(exc, expected):
+    assert errors.is_sqlite_lock_error(exc) is expected
+
+
+def test_real_busy_error_is_recognised(tmp_path):
+    path = tmp_path / "x.db"
+    a = sqlite3.connect(path, isolation_level=None, timeout=0)
+    b = sqlite3.connect(path, isolation_level=None, timeout=0)
+    a.execute("CREATE TABLE t (x)")
+    a.execute("BEGIN IMMEDIATE")
+    with pytest.raises(sqlite3.OperationalError) as info:
+        b.execute("BEGIN IMMEDIATE")
+    a.execute("ROLLBACK")
+    assert errors.is_sqlite_lock_error(info.value)
+    assert errors.classify_persistence_error(info.value) == "locked"
+
+
+@pytest.mark.parametrize("exc, kind", [
+    (errors.SessionPersistenceError("x", code="session_persistence_failed:locked"), "locked"),
+    (errors.SessionCompressionInProgressError("x"), "compression"),
+    (errors.SessionClosedByCompressionError("a", "b"), "compression"),
+    (errors.StateDbCorruptError("x"), "corrupt"),
+    (_err(sqlite3.DatabaseError, "file is not a database", 26), "corrupt"),
+    (_err(sqlite3.DatabaseError, "database disk image is malformed", 11), "corrupt"),
+    (_err(sqlite3.OperationalError, "disk I/O error", 10), "disk"),
+    (_err(sqlite3.OperationalError, "database or disk is full", 13), "disk"),
+    (_err(sqlite3.DatabaseError, "fts5: corruption found in messages_fts", 267), "fts_index"),
+    (errors.SessionNotFoundError("s"), "session_row_missing"),
+    (_err(sqlite3.IntegrityError, "FOREIGN KEY constraint failed", 787), "session_row_missing"),
+    (RuntimeError("?"), "unknown"),
+])
+def test_classify_persistence_error(exc, kind):
+    assert errors.classify_persistence_error(exc) == kind
+
+
+def test_hierarchy():
+    for name in ("SessionPersistenceError", "StateDbCorruptError", "StateDbIncompatibleError", "ReadOnlyError",
+                 "SessionNotFoundError", "TitleConflictError", "SessionBusyError", "StaleEpochError",
+                 "ReceiptOrderError", "ReceiptDigestError", "OwnershipReadError", "ProfileNotFoundError",
+                 "SessionCompressionInProgressError", "StateDbUninitializedError", "StateDbBusyError"):
+        assert issubclass(getattr(errors, name), errors.HermesStateError)
+    assert issubclass(errors.SessionNotFoundError, KeyError)
+    assert issubclass(errors.TitleConflictError, ValueError)
+    for name in ("StateDbIncompatibleError", "StateDbUninitializedError", "StateDbBusyError"):
+        cls = getattr(errors, name)
+        assert issubclass(cls, errors.StoreUnavailableError) and cls.http_status == 503 and cls.guidance
+    assert str(errors.SessionNotFoundError("session 'x' not found")) == "session 'x' not found"
+    assert errors.SessionClosedByCompressionError("a", "b").successor_id == "b"
