@@ -239,13 +239,17 @@ def usage_by_model(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """Return per-model totals (sessions, input/output tokens, estimated cost), costliest first.
 
     Sessions without a model are left out; a model whose sessions carry no cost estimate has
-    `estimated_cost_usd` None and sorts after every priced model.
+    `estimated_cost_usd` None and sorts after every priced model. The seed's column names
+    (`total_input`, `total_output`, `total_cost`) are present too, so its callers keep working.
     """
     return _dicts(conn.execute(
         """SELECT model, COUNT(*) AS session_count,
                   COALESCE(SUM(input_tokens), 0) AS input_tokens,
                   COALESCE(SUM(output_tokens), 0) AS output_tokens,
-                  SUM(estimated_cost_usd) AS estimated_cost_usd
+                  SUM(estimated_cost_usd) AS estimated_cost_usd,
+                  COALESCE(SUM(input_tokens), 0) AS total_input,
+                  COALESCE(SUM(output_tokens), 0) AS total_output,
+                  SUM(estimated_cost_usd) AS total_cost
              FROM sessions WHERE model IS NOT NULL
             GROUP BY model
             ORDER BY estimated_cost_usd IS NULL, estimated_cost_usd DESC, model"""))

@@ -286,7 +286,9 @@ def test_usage_by_model(db):
     db.create_session("b1", "cli", model="beta", input_tokens=1000, output_tokens=100, estimated_cost_usd=2.0)
     db.create_session("c1", "cli", model="gamma", input_tokens=7, output_tokens=3)
     db.create_session("none", "cli", input_tokens=999)
-    assert db.usage_by_model() == [
+    keys = ("model", "session_count", "input_tokens", "output_tokens", "estimated_cost_usd")
+    usage = db.usage_by_model()
+    assert [{k: r[k] for k in keys} for r in usage] == [
         {"model": "beta", "session_count": 1, "input_tokens": 1000, "output_tokens": 100,
          "estimated_cost_usd": 2.0},
         {"model": "alpha", "session_count": 2, "input_tokens": 150, "output_tokens": 15,
@@ -294,6 +296,9 @@ def test_usage_by_model(db):
         {"model": "gamma", "session_count": 1, "input_tokens": 7, "output_tokens": 3,
          "estimated_cost_usd": None},
     ]
+    # the seed's names for the same totals
+    assert [(r["total_input"], r["total_output"], r["total_cost"]) for r in usage] == [
+        (1000, 100, 2.0), (150, 15, 0.75), (7, 3, None)]
 
 
 def test_top_sessions_by_tokens(db, rival):
