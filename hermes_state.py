@@ -20,28 +20,32 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import hermes_state_common as common
+import hermes_state_compression as compression
 import hermes_state_schema as schema
 import hermes_state_search as search
 import hermes_state_sessions as sessions
+from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
 from hermes_state_common import SCHEMA_VERSION, RetryPolicy, Writer
 from hermes_state_errors import (HermesStateError, OwnershipReadError, ProfileNotFoundError,  # noqa: F401
                                  ReadOnlyError, ReceiptDigestError, ReceiptOrderError, SessionBusyError,
-                                 SessionCompressionInProgressError, SessionNotFoundError,
+                                 SessionClosedByCompressionError, SessionCompressionInProgressError,
+                                 SessionNotFoundError,
                                  SessionPersistenceError, StaleEpochError, StateDbBusyError,
                                  StateDbCorruptError, StateDbIncompatibleError, StateDbUninitializedError,
                                  StoreUnavailableError, TitleConflictError, classify_persistence_error,
                                  is_sqlite_lock_error)
 from hermes_state_home import (check_db_path_allowed, child_env, display_hermes_home,  # noqa: F401
                                get_hermes_home, hermes_home_override, profile_home)
-from hermes_state_lockowners import log_write_lock_holders
+from hermes_state_lockowners import configure_error_log, log_write_lock_holders
 
 __all__ = ["SessionDB", "AsyncSessionDB", "SCHEMA_VERSION", "get_hermes_home", "hermes_home_override",
            "profile_home", "child_env", "display_hermes_home", "HermesStateError", "SessionPersistenceError",
            "StateDbCorruptError", "StateDbIncompatibleError", "StateDbUninitializedError", "StateDbBusyError",
            "StoreUnavailableError", "ReadOnlyError", "SessionNotFoundError", "TitleConflictError",
-           "SessionBusyError", "SessionCompressionInProgressError", "StaleEpochError", "ReceiptOrderError",
+           "SessionBusyError", "SessionCompressionInProgressError", "SessionClosedByCompressionError", "StaleEpochError", "ReceiptOrderError",
            "ReceiptDigestError", "OwnershipReadError", "ProfileNotFoundError", "is_sqlite_lock_error",
-           "classify_persistence_error"]
+           "classify_persistence_error", "configure_error_log",
+           "ReasoningFieldMemory", "to_provider_messages"]
 
 logger = logging.getLogger("hermes_state")
 
@@ -206,6 +210,103 @@ class SessionDB:
 
     # --- session records, messages, conversation (issue 3: hermes_state_sessions) -------------
 
+    def ensure_session(self, session_id: str, source: str, model: str | None = None, *,
+                       model_config: Any = None, system_prompt: str | None = None, user_id: str | None = None,
+                       parent_session_id: str | None = None, **columns: Any) -> str:
+        """Create the session unless it exists (an existing row is left as it is); return the id."""
+        columns.update(model=model, model_config=model_config, system_prompt=system_prompt, user_id=user_id,
+                       parent_session_id=parent_session_id)
+        with self._write() as conn:
+            return sessions.ensure_session(conn, session_id, source, columns)
+
+    def end_session(self, session_id: str, end_reason: str) -> None:
+        """End a session; the first end wins."""
+        with self._write() as conn:
+            sessions.end_session(conn, session_id, end_reason)
+
+    def reopen_session(self, session_id: str) -> None:
+        """Clear ended_at/end_reason (and an archive only the idle sweep made)."""
+        with self._write() as conn:
+            sessions.reopen_session(conn, session_id)
+
+    def update_session(self, session_id: str, **columns: Any) -> None:
+        """Set session columns; unknown column -> ValueError, taken title -> TitleConflictError."""
+        with self._write() as conn:
+            sessions.update_session(conn, session_id, columns)
+
+    def update_token_counts(self, session_id: str, input_tokens: int = 0, output_tokens: int = 0,
+                            cache_read_tokens: int = 0, cache_write_tokens: int = 0, reasoning_tokens: int = 0, *,
+                            estimated_cost_usd: float | None = None, api_call_count: int = 0,
+                            model: str | None = None, absolute: bool = False) -> None:
+        """Add to (or set, with `absolute`) the token counters and the per-model usage row."""
+        with self._write() as conn:
+            sessions.update_token_counts(conn, session_id, input_tokens, output_tokens, cache_read_tokens,
+                                         cache_write_tokens, reasoning_tokens, estimated_cost_usd=estimated_cost_usd,
+                                         api_call_count=api_call_count, model=model, absolute=absolute)
+
+    def archive_session(self, session_id: str) -> None:
+        """Archive a session deliberately."""
+        with self._write() as conn:
+            sessions.archive_session(conn, session_id)
+
+    def unarchive_session(self, session_id: str) -> None:
+        """Clear a session's archive."""
+        with self._write() as conn:
+            sessions.unarchive_session(conn, session_id)
+
+    def pin_session(self, session_id: str, pinned: bool = True) -> None:
+        """Pin or unpin a session (pinned sessions are never auto-archived)."""
+        with self._write() as conn:
+            sessions.pin_session(conn, session_id, pinned)
+
+    def auto_archive(self, idle_days: float) -> int:
+        """Archive unpinned sessions idle for more than `idle_days`; return how many."""
+        with self._write() as conn:
+            return sessions.auto_archive(conn, idle_days)
+
+    def append_message(self, session_id: str, role: str, content: str | None = None, *,
+                       tool_call_id: str | None = None, tool_calls: Any = None, tool_name: str | None = None,
+                       token_count: int | None = None, finish_reason: str | None = None,
+                       reasoning: str | None = None, reasoning_content: str | None = None,
+                       reasoning_details: Any = None, codex_reasoning_items: Any = None,
+                       codex_message_items: Any = None, api_content: str | None = None,
+                       display_kind: str | None = None, display_metadata: Any = None,
+                       platform_message_id: str | None = None, observed: bool = False,
+                       effect_disposition: str | None = None, timestamp: float | None = None) -> int:
+        """Append a message (transcript patience) and return its row id; unknown session -> SessionNotFoundError."""
+        fields = locals()  # exactly the parameters above; the module validates and maps them
+        del fields["self"], fields["session_id"]
+        with self._write(self._TRANSCRIPT_WRITE_PATIENCE_S) as conn:
+            return sessions.insert_message(conn, session_id, fields)
+
+    def merge_messages(self, session_id: str, row_ids: list[int]) -> int:
+        """Fold same-role active rows into the first (their uids recorded as absorbed); return its id."""
+        with self._write(self._TRANSCRIPT_WRITE_PATIENCE_S) as conn:
+            return sessions.merge_messages(conn, session_id, row_ids)
+
+    def get_messages(self, session_id: str, include_inactive: bool = False) -> list[dict[str, Any]]:
+        """Return raw rows (all columns, JSON decoded) ordered by id; active only unless asked."""
+        with self._read() as conn:
+            return sessions.get_messages(conn, session_id, include_inactive)
+
+    def replace_messages(self, session_id: str, messages: list[dict[str, Any]]) -> int:
+        """Rewrite the active transcript in one transaction, keeping uids; return how many rows."""
+        with self._write(self._TRANSCRIPT_WRITE_PATIENCE_S) as conn:
+            return sessions.replace_messages(conn, session_id, messages)
+
+    def clear_messages(self, session_id: str) -> int:
+        """Delete the session's messages (every generation), keep the session; return how many."""
+        with self._write(self._TRANSCRIPT_WRITE_PATIENCE_S) as conn:
+            return sessions.clear_messages(conn, session_id)
+
+    def get_messages_as_conversation(self, session_id: str, include_ancestors: bool = False,
+                                     with_row_ids: bool = False) -> list[dict[str, Any]]:
+        """Return the active transcript as OpenAI-format dicts (compression ancestors first if asked)."""
+        with self._read(snapshot=True) as conn:
+            return sessions.get_messages_as_conversation(conn, session_id, include_ancestors, with_row_ids)
+
+    to_provider_messages = staticmethod(to_provider_messages)
+
     # --- titles, lineage, listings, statistics, archive (issue 3: hermes_state_search) --------
 
     def set_session_title(self, session_id: str, title: str | None) -> str | None:
@@ -257,6 +358,41 @@ class SessionDB:
     # --- full-text search (issue 4: hermes_state_fts / hermes_state_search) --------------------
 
     # --- compression generations and locks (issue 5: hermes_state_compression) ---------------
+
+    # Transcript writes wait this long for another holder's compression (R-COMP-3).
+    _COMPRESSION_WAIT_S = compression.COMPRESSION_WAIT_S
+
+    def compress_in_place(self, session_id: str, kept_messages: list[dict[str, Any]], *,
+                          holder: str | None = None) -> list[int]:
+        """Archive the live rows and make `kept_messages` the live generation; return the new row ids."""
+        with self._write(self._TRANSCRIPT_WRITE_PATIENCE_S) as conn:
+            return compression.compress_in_place(conn, session_id, kept_messages, holder=holder)
+
+    def rotate_session(self, parent_id: str, child_id: str, kept_messages: list[dict[str, Any]], *,
+                       holder: str | None = None, **child_columns: Any) -> str:
+        """Continue a session in a compression child holding `kept_messages`; end the parent; return the child id."""
+        with self._write(self._TRANSCRIPT_WRITE_PATIENCE_S) as conn:
+            return compression.rotate_session(conn, parent_id, child_id, kept_messages, child_columns, holder=holder)
+
+    def get_compression_successor(self, session_id: str) -> str | None:
+        """Return the live tip of the session's compression chain (itself when none; None when unknown)."""
+        with self._read() as conn:
+            return compression.get_compression_successor(conn, session_id)
+
+    def get_compression_ancestors(self, session_id: str) -> list[str]:
+        """Return the session's compression ancestors' ids, oldest first."""
+        with self._read() as conn:
+            return compression.get_compression_ancestors(conn, session_id)
+
+    def acquire_compression_lock(self, session_id: str, ttl_s: float = compression.DEFAULT_LOCK_TTL_S) -> str | None:
+        """Take the session's compression lock; return the holder string, or None when another holds it."""
+        with self._write() as conn:
+            return compression.acquire_compression_lock(conn, session_id, ttl_s)
+
+    def release_compression_lock(self, session_id: str, holder: str) -> bool:
+        """Release the compression lock `holder` holds; return whether one was released."""
+        with self._write() as conn:
+            return compression.release_compression_lock(conn, session_id, holder)
 
 
 class AsyncSessionDB:

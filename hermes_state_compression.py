@@ -1,0 +1,358 @@
+"""Compression generations, rotation lineage and compression locks (SPEC R-COMP-1..3).
+
+Owns: compressing a transcript in place (the current rows become the archive, the kept context
+is re-inserted as the live generation with its message_uids), rotating a session into a
+compression child, resolving the live tip (`get_compression_successor`) and the ancestors, the
+cross-process `compression_locks` rows, and the checks transcript writes make against them.
+Does not own: the message rows themselves (hermes_state_sessions.insert_message writes them and
+keeps the counters), the conversation projection, lineage listings (hermes_state_search).
+
+Transaction contract: every function taking `conn` runs inside the caller's transaction (the
+facade opens one BEGIN IMMEDIATE per public write) and never opens or commits one itself; an
+exception part-way leaves the rollback to the caller, so a write is all or nothing.
+`wait_for_compression` is the exception: it polls through short reads between sleeps and must
+be called OUTSIDE any write transaction, so the compressor it waits for can commit.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import re
+import socket
+import sqlite3
+import time
+import uuid
+from contextlib import AbstractContextManager
+from typing import Any, Callable, Iterable
+
+import hermes_state_sessions as sessions
+from hermes_state_errors import (SessionClosedByCompressionError, SessionCompressionInProgressError,
+                                 SessionNotFoundError)
+
+logger = logging.getLogger("hermes_state")
+
+COMPRESSION_END_REASON = "compression"
+DEFAULT_LOCK_TTL_S = 300.0
+# How long a transcript write waits for another holder's compression before giving up.
+COMPRESSION_WAIT_S = 5.0
+_POLL_MIN_S, _POLL_MAX_S = 0.05, 0.10
+_WALK_CAP = 10_000
+
+# Columns a rotation child takes from its parent unless the caller overrides them: who the
+# conversation belongs to, where the gateway routes it, and the workspace it runs in. Titles
+# (unique), prompts, billing and counters are per session and start fresh.
+INHERITED_COLUMNS = ("source", "model", "model_config", "user_id", "session_key", "chat_id", "chat_type",
+                     "thread_id", "display_name", "origin_json", "cwd", "git_branch", "git_repo_root",
+                     "profile_name", "transport_profile")
+
+_PID = re.compile(r"(?:^|\s)pid=(\d+)(?:\s|$)")
+_HOST = re.compile(r"(?:^|\s)host=(\S+)")
+
+
+# --- holders and liveness ------------------------------------------------------------------------
+
+def new_holder() -> str:
+    """Return a fresh holder string for this process: `pid=<n> host=<name> token=<hex>`."""
+    return f"pid={os.getpid()} host={socket.gethostname()} token={uuid.uuid4().hex}"
+
+
+def parse_holder(holder: str) -> tuple[int | None, str | None]:
+    """Return (pid, host) named by a holder string; either is None when absent or malformed."""
+    pid = _PID.search(holder or "")
+    host = _HOST.search(holder or "")
+    return (int(pid.group(1)) if pid else None), (host.group(1) if host else None)
+
+
+def holder_is_gone(holder: str) -> bool:
+    """Return True only when the holder's process is provably gone: same host, and no such pid.
+
+    Any doubt counts as alive: another host, a missing or zero pid, a pid we may not signal
+    (PermissionError: it exists), a recycled pid that is alive again, or a platform where
+    signal 0 is not a harmless probe (on Windows os.kill would terminate the process).
+    """
+    pid, host = parse_holder(holder)
+    if os.name != "posix" or pid is None or pid <= 0 or host != socket.gethostname():
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def _lock_is_live(holder: str, expires_at: float, now: float) -> bool:
+    return expires_at > now and not holder_is_gone(holder)
+
+
+def foreign_lock_holder(conn: sqlite3.Connection, session_id: str, holder: str | None = None, *,
+                        now: float | None = None) -> str | None:
+    """Return the holder of a live compression lock on the session that is not `holder`, else None.
+
+    Expired locks and locks whose holder process is provably gone do not count.
+    """
+    row = conn.execute("SELECT holder, expires_at FROM compression_locks WHERE session_id = ?",
+                       (session_id,)).fetchone()
+    if row is None or row[0] == holder:
+        return None
+    return row[0] if _lock_is_live(row[0], row[1], time.time() if now is None else now) else None
+
+
+# --- compression locks -----------------------------------------------------------------------------
+
+def _check_ttl(ttl_s: Any) -> float:
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not math.isfinite(ttl_s) or ttl_s <= 0:
+        raise ValueError(f"ttl_s must be a positive number of seconds, not {ttl_s!r}")
+    return float(ttl_s)
+
+
+def acquire_compression_lock(conn: sqlite3.Connection, session_id: str, ttl_s: float = DEFAULT_LOCK_TTL_S, *,
+                             now: float | None = None) -> str | None:
+    """Take the session's compression lock for `ttl_s` seconds; return the new holder, or None if held.
+
+    A lock that expired, or whose holder process on this host is provably gone, is reclaimed
+    in the same transaction. Each call issues a new holder, so a second acquire by the same
+    process gets None while the first is live (locks are not re-entrant).
+    """
+    ttl_s = _check_ttl(ttl_s)
+    now = time.time() if now is None else now
+    _require_open(conn, session_id)
+    row = conn.execute("SELECT holder, expires_at FROM compression_locks WHERE session_id = ?",
+                       (session_id,)).fetchone()
+    if row is not None:
+        if _lock_is_live(row[0], row[1], now):
+            return None
+        logger.info("reclaiming compression lock of session %r from %s (%s)", session_id, row[0],
+                    "expired" if row[1] <= now else "holder process is gone")
+    holder = new_holder()
+    conn.execute("INSERT INTO compression_locks (session_id, holder, acquired_at, expires_at) VALUES (?, ?, ?, ?) "
+                 "ON CONFLICT (session_id) DO UPDATE SET holder = excluded.holder, "
+                 "acquired_at = excluded.acquired_at, expires_at = excluded.expires_at",
+                 (session_id, holder, now, now + ttl_s))
+    return holder
+
+
+def release_compression_lock(conn: sqlite3.Connection, session_id: str, holder: str) -> bool:
+    """Release the lock if `holder` still holds it; return whether a lock was released."""
+    if not isinstance(holder, str) or not holder:
+        raise ValueError("holder must be the non-empty string acquire_compression_lock returned")
+    return conn.execute("DELETE FROM compression_locks WHERE session_id = ? AND holder = ?",
+                        (session_id, holder)).rowcount == 1
+
+
+def _check_holder(conn: sqlite3.Connection, session_id: str, holder: str | None, now: float) -> None:
+    """Raise SessionCompressionInProgressError unless the caller may compress the session now.
+
+    Without a holder: no other live lock may exist. With one: it must be the session's
+    current, unexpired lock (an expired or released lock may have let someone else in, so
+    the kept context the caller computed can be stale).
+    """
+    row = conn.execute("SELECT holder, expires_at FROM compression_locks WHERE session_id = ?",
+                       (session_id,)).fetchone()
+    if holder is None:
+        if row is not None and _lock_is_live(row[0], row[1], now):
+            raise SessionCompressionInProgressError(
+                f"session {session_id!r} is being compressed by {row[0]}; nothing was written, "
+                "retry after it finishes")
+        return
+    if row is None or row[0] != holder or row[1] <= now:
+        why = ("it is held by " + row[0]) if row is not None and row[0] != holder else "it expired or was released"
+        raise SessionCompressionInProgressError(
+            f"{holder} does not hold the compression lock of session {session_id!r} ({why}); nothing was "
+            "written: acquire the lock again and recompute the kept context")
+
+
+# --- successor and ancestors -----------------------------------------------------------------------
+
+# The compression child of a session that compression ended: its newest child. Ties on
+# started_at (a rotation stamps the parent's end and the child's start alike) go to the row
+# inserted last.
+_NEXT_SQL = ("CASE WHEN p.end_reason = 'compression' THEN (SELECT c.id FROM sessions c "
+             "WHERE c.parent_session_id = p.id ORDER BY c.started_at DESC, c.rowid DESC LIMIT 1) END")
+
+
+def get_compression_successor(conn: sqlite3.Connection, session_id: str) -> str | None:
+    """Return the live tip of the session's compression chain: the id itself when nothing follows it.
+
+    Follows, from each session that compression ended, its newest child. An unknown id gives
+    None. A parent_session_id cycle planted by bad data ends the walk at the last new session.
+    """
+    # UNION (not UNION ALL) queues each id once, so a cycle cannot loop; the path order is
+    # rebuilt in Python from the (id, next) links.
+    rows = conn.execute(
+        f"""WITH RECURSIVE walk(id) AS (
+                SELECT id FROM sessions WHERE id = ?
+                UNION
+                SELECT {_NEXT_SQL} FROM walk w JOIN sessions p ON p.id = w.id
+                 WHERE p.end_reason = 'compression'
+                LIMIT {_WALK_CAP}
+            )
+            SELECT p.id, {_NEXT_SQL} FROM walk w JOIN sessions p ON p.id = w.id""", (session_id,)).fetchall()
+    links = dict(rows)
+    if session_id not in links:
+        return None
+    current, seen = session_id, {session_id}
+    while links.get(current) is not None and links[current] in links and links[current] not in seen:
+        current = links[current]
+        seen.add(current)
+    return current
+
+
+def get_compression_ancestors(conn: sqlite3.Connection, session_id: str) -> list[str]:
+    """Return the compression ancestors' ids oldest first, without the session itself ([] when none)."""
+    return sessions.compression_ancestor_ids(conn, session_id)
+
+
+def live_continuation(conn: sqlite3.Connection, session_id: str) -> str | None:
+    """Return the live tip that continues a session compression closed, or None when it has none."""
+    tip = get_compression_successor(conn, session_id)
+    return None if tip == session_id else tip
+
+
+# --- transcript write checks -----------------------------------------------------------------------
+
+def _closed_error(conn: sqlite3.Connection, session_id: str) -> SessionClosedByCompressionError:
+    return SessionClosedByCompressionError(session_id, live_continuation(conn, session_id))
+
+
+def _require_open(conn: sqlite3.Connection, session_id: str) -> dict[str, Any]:
+    row = sessions.get_session(conn, session_id)
+    if row is None:
+        raise SessionNotFoundError(f"session {session_id!r} not found")
+    if row["end_reason"] == COMPRESSION_END_REASON:
+        raise _closed_error(conn, session_id)
+    return row
+
+
+def check_transcript_writable(conn: sqlite3.Connection, session_id: str, holder: str | None = None, *,
+                              now: float | None = None) -> None:
+    """Refuse a transcript write to a session compression closed or another holder is compressing.
+
+    Raises SessionClosedByCompressionError (naming the live continuation) or
+    SessionCompressionInProgressError; call it first inside the write transaction. An unknown
+    session passes: the write itself reports it.
+    """
+    row = conn.execute(
+        "SELECT s.end_reason, l.holder, l.expires_at FROM sessions s "
+        "LEFT JOIN compression_locks l ON l.session_id = s.id WHERE s.id = ?", (session_id,)).fetchone()
+    if row is None:
+        return
+    if row[0] == COMPRESSION_END_REASON:
+        raise _closed_error(conn, session_id)
+    if row[1] is not None and row[1] != holder and _lock_is_live(row[1], row[2], time.time() if now is None else now):
+        raise SessionCompressionInProgressError(
+            f"session {session_id!r} is being compressed by {row[1]}; the transcript write was not made, "
+            "retry after the compression finishes")
+
+
+def wait_for_compression(read: Callable[[], AbstractContextManager[sqlite3.Connection]], session_id: str, *,
+                         holder: str | None = None, timeout_s: float = COMPRESSION_WAIT_S,
+                         clock: Callable[[], float] = time.monotonic,
+                         sleep: Callable[[float], None] = time.sleep) -> None:
+    """Wait up to `timeout_s` until no other holder's live lock is on the session, else raise.
+
+    `read()` opens a short read (the facade's `_read`); each poll is one SELECT, and the
+    sleeps between polls hold no lock at all. Raises SessionCompressionInProgressError when
+    time runs out, and at once when called inside a write transaction of this thread
+    (sleeping there would hold the write lock the compressor needs to finish).
+    """
+    deadline = clock() + timeout_s
+    while True:
+        with read() as conn:
+            nested = conn.in_transaction
+            blocker = foreign_lock_holder(conn, session_id, holder)
+        if blocker is None:
+            return
+        remaining = deadline - clock()
+        if nested or remaining <= 0:
+            raise SessionCompressionInProgressError(
+                f"session {session_id!r} is being compressed by {blocker}; waited {max(timeout_s, 0):.1f}s, "
+                "the transcript write was not made: retry after the compression finishes")
+        sleep(min(random.uniform(_POLL_MIN_S, _POLL_MAX_S), remaining))
+
+
+# --- generations ---------------------------------------------------------------------------------
+
+def _kept_list(kept_messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    if isinstance(kept_messages, (str, bytes, dict)) or not isinstance(kept_messages, Iterable):
+        raise ValueError("kept_messages must be a list of message dicts")
+    kept = list(kept_messages)
+    for index, message in enumerate(kept):
+        if not isinstance(message, dict):
+            raise ValueError(f"kept message {index} is not a dict")
+    return kept
+
+
+def _insert_kept(conn: sqlite3.Connection, session_id: str, kept: list[dict[str, Any]]) -> list[int]:
+    ids = []
+    for index, message in enumerate(kept):
+        try:
+            ids.append(sessions.insert_message(conn, session_id, message))
+        except ValueError as exc:
+            # The caller's transaction rolls back everything written so far.
+            raise ValueError(f"kept message {index}: {exc}") from exc
+    return ids
+
+
+def compress_in_place(conn: sqlite3.Connection, session_id: str, kept_messages: Iterable[dict[str, Any]], *,
+                      holder: str | None = None, now: float | None = None) -> list[int]:
+    """Archive the session's live rows and re-insert `kept_messages` as the live generation; return their ids.
+
+    The current active rows become the archive (active=0, compacted=1); each kept message
+    becomes a new active row keeping its message_uid (a fresh one when absent) and its
+    timestamp when given. A message kept from the old generation therefore exists in both,
+    same uid and content: that is correct, never a duplicate to remove. message_count and
+    tool_call_count then describe the kept rows only, and an archive only the idle sweep made
+    is lifted. Must run inside one write transaction; on any error the caller rolls back.
+    """
+    kept = _kept_list(kept_messages)
+    now = time.time() if now is None else now
+    _require_open(conn, session_id)
+    _check_holder(conn, session_id, holder, now)
+    conn.execute("UPDATE messages SET active = 0, compacted = 1 WHERE session_id = ? AND active = 1", (session_id,))
+    # The live generation is empty now; insert_message counts the kept rows back in.
+    conn.execute("UPDATE sessions SET message_count = 0, tool_call_count = 0, "
+                 "last_activity_at = MAX(COALESCE(last_activity_at, 0), ?), "
+                 "archived = CASE WHEN auto_archived = 1 THEN 0 ELSE archived END, auto_archived = 0 "
+                 "WHERE id = ?", (now, session_id))
+    return _insert_kept(conn, session_id, kept)
+
+
+def rotate_session(conn: sqlite3.Connection, parent_id: str, child_id: str, kept_messages: Iterable[dict[str, Any]],
+                   child_columns: dict[str, Any] | None = None, *, holder: str | None = None,
+                   now: float | None = None) -> str:
+    """Continue the parent in a new child session holding `kept_messages`; return the child id.
+
+    The child gets parent_session_id = parent and the parent's INHERITED_COLUMNS (routing,
+    owner, workspace) unless `child_columns` overrides them (None clears one); the parent is
+    ended with end_reason='compression'; kept messages are copied with their uids. A parent
+    compression already closed raises SessionClosedByCompressionError naming its live
+    continuation; a parent ended for another reason raises ValueError (reopen it first).
+    The lock rules of compress_in_place apply to the parent. Must run inside one write transaction.
+    """
+    kept = _kept_list(kept_messages)
+    columns = dict(child_columns or {})
+    if "parent_session_id" in columns:
+        raise ValueError("parent_session_id of a rotation child is always the parent; do not pass it")
+    now = time.time() if now is None else now
+    parent = _require_open(conn, parent_id)
+    if parent["ended_at"] is not None:
+        raise ValueError(f"session {parent_id!r} already ended (end_reason={parent['end_reason']!r}); "
+                         "reopen it before continuing it by compression")
+    _check_holder(conn, parent_id, holder, now)
+    values = {name: parent[name] for name in INHERITED_COLUMNS}
+    values.update(columns)
+    values["parent_session_id"] = parent_id
+    values.setdefault("started_at", now)
+    source = values.pop("source")
+    # create_session validates the id (duplicate, empty), the columns and the title before it
+    # inserts; the parent is ended only after that succeeded.
+    sessions.create_session(conn, child_id, source, values)
+    sessions.end_session(conn, parent_id, COMPRESSION_END_REASON, now=now)
+    _insert_kept(conn, child_id, kept)
+    return child_id

@@ -1,0 +1,186 @@
+"""Provider wire format: which reasoning fields each chat-completions route reads (R-MSG-10).
+
+Owns: `to_provider_messages` (stored conversation -> request messages), the per-route
+reasoning carriers (`reasoning_carriers`), and `ReasoningFieldMemory`, the per-session record
+of fields a route rejected by name.
+Does not own: reading or writing rows (hermes_state_sessions builds the conversation).
+
+Transaction contract: none. Pure functions over dicts; the input conversation (the history)
+is never modified, every output dict is a new one. Imports nothing of ours.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any, Iterable
+from urllib.parse import urlparse
+
+REASONING_FIELDS = ("reasoning_content", "reasoning", "reasoning_details")
+# Stored beside a turn but never sent on a chat-completions wire.
+_NON_WIRE = frozenset({"message_uid", "codex_reasoning_items", "codex_message_items", *REASONING_FIELDS})
+
+_DEFAULT = ("reasoning_content",)
+_GATEWAY = ("reasoning_content", "reasoning", "reasoning_details")
+_DETAILS = ("reasoning_content", "reasoning_details")
+_LOCAL = ("reasoning_content", "reasoning")
+_STRICT: tuple[str, ...] = ()
+
+# Provider names (normalised: lower case, "_"/" " as "-") -> carriers.
+_BY_NAME: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("openrouter", "kilo", "kilocode", "kilo-code", "vercel", "vercel-ai-gateway", "ai-gateway",
+                     "nous", "nous-portal", "nousresearch"), _GATEWAY),
+    **dict.fromkeys(("novita", "tokenhub"), _DETAILS),
+    **dict.fromkeys(("local", "ollama", "upstage", "lmstudio", "lm-studio", "llamacpp", "llama.cpp", "llama-cpp",
+                     "vllm", "sglang"), _LOCAL),
+    **dict.fromkeys(("mistral", "groq", "cerebras", "sambanova"), _STRICT),
+    **dict.fromkeys(("fireworks", "fireworks-ai"), _DEFAULT),
+}
+# Host suffixes -> carriers, for a custom provider name pointed at a known endpoint.
+_BY_HOST: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("openrouter.ai", _GATEWAY), ("kilocode.ai", _GATEWAY), ("kilo.ai", _GATEWAY),
+    ("ai-gateway.vercel.sh", _GATEWAY), ("nousresearch.com", _GATEWAY),
+    ("novita.ai", _DETAILS), ("tokenhub.ai", _DETAILS),
+    ("upstage.ai", _LOCAL),
+    ("mistral.ai", _STRICT), ("groq.com", _STRICT), ("cerebras.ai", _STRICT), ("sambanova.ai", _STRICT),
+    ("fireworks.ai", _DEFAULT),
+)
+_MINIMAX_NAMES = frozenset({"minimax", "minimaxi"})
+_MINIMAX_HOSTS = ("minimax.io", "minimaxi.com", "minimax.chat")
+# Their APIs reject a tool-call turn without reasoning while thinking is on, so it is padded.
+_PAD_NAMES = frozenset({"deepseek", "kimi", "kimi-coding", "moonshot", "moonshotai", "mimo", "xiaomi",
+                        "xiaomi-mimo"})
+_PAD_HOSTS = ("deepseek.com", "moonshot.ai", "moonshot.cn", "kimi.com", "xiaomimimo.com")
+
+
+def _name(provider: str | None) -> str:
+    return re.sub(r"[\s_]+", "-", (provider or "").strip().lower())
+
+
+def _host(base_url: str | None) -> tuple[str, int | None, str]:
+    if not base_url:
+        return "", None, ""
+    parsed = urlparse(base_url if "://" in base_url else "http://" + base_url)
+    try:
+        port = parsed.port
+    except ValueError:
+        port = None
+    return (parsed.hostname or "").lower(), port, parsed.path.rstrip("/")
+
+
+def _on(host: str, suffixes: Iterable[str]) -> bool:
+    return any(host == s or host.endswith("." + s) for s in suffixes)
+
+
+def _is_local(host: str, port: int | None) -> bool:
+    if host in ("localhost", "host.docker.internal") or host.endswith((".local", ".localhost", ".internal")):
+        return True
+    if port == 11434 or "ollama" in host:
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return ip.is_loopback or ip.is_private or ip.is_unspecified or ip.is_link_local
+
+
+def reasoning_carriers(provider: str | None = None, base_url: str | None = None) -> tuple[str, ...]:
+    """Return the fields that carry stored reasoning on this route (empty for strict schemas).
+
+    The provider name decides when it is known; otherwise the base URL's host does. The
+    default is `reasoning_content` alone.
+    """
+    name = _name(provider)
+    host, port, path = _host(base_url)
+    if name in _BY_NAME:
+        return _BY_NAME[name]
+    if name in _MINIMAX_NAMES or (name not in _PAD_NAMES and _on(host, _MINIMAX_HOSTS)):
+        # Only MiniMax's OpenAI-style /v1 endpoint reads reasoning_details.
+        return _DETAILS if not path or path.endswith("/v1") else _DEFAULT
+    if name in _PAD_NAMES:
+        return _DEFAULT
+    for suffix, carriers in _BY_HOST:
+        if _on(host, (suffix,)):
+            return carriers
+    if host and _is_local(host, port):
+        return _LOCAL
+    return _DEFAULT
+
+
+def pads_tool_call_turns(provider: str | None = None, base_url: str | None = None) -> bool:
+    """Tell whether the route needs `reasoning_content=" "` on a tool-call turn without reasoning."""
+    return _name(provider) in _PAD_NAMES or _on(_host(base_url)[0], _PAD_HOSTS)
+
+
+def to_provider_messages(conversation: Iterable[dict[str, Any]], provider: str | None = None,
+                         base_url: str | None = None, model: str | None = None) -> list[dict[str, Any]]:
+    """Return request messages: non-wire keys stripped, stored reasoning routed to the route's fields.
+
+    Strips `message_uid`, every `_`-prefixed runtime key and the codex item lists; an
+    assistant turn's reasoning goes to the fields `reasoning_carriers` names. `model` is
+    accepted for symmetry with ReasoningFieldMemory; routing is by provider and host.
+    """
+    carriers = reasoning_carriers(provider, base_url)
+    pad = pads_tool_call_turns(provider, base_url)
+    out = []
+    for msg in conversation:
+        wire = {k: v for k, v in msg.items() if k not in _NON_WIRE and not k.startswith("_")}
+        if msg.get("role") == "assistant":
+            text = msg.get("reasoning_content")
+            raw = msg.get("reasoning")
+            stored = {"reasoning_content": text if text is not None else raw,
+                      "reasoning": raw if raw is not None else text,
+                      "reasoning_details": msg.get("reasoning_details")}
+            for field in carriers:
+                if stored[field] is not None:
+                    wire[field] = stored[field]
+            if pad and msg.get("tool_calls") and not wire.get("reasoning_content"):
+                wire["reasoning_content"] = " "
+        out.append(wire)
+    return out
+
+
+_REJECTED_FIELD = re.compile(r"messages(?:\[\d+\]|\.\d+)\.([A-Za-z_]+)")
+_REJECTION_WORDS = ("not permitted", "extra", "unrecognized", "unrecognised", "unknown", "not allowed",
+                    "unexpected", "additional properties")
+
+
+class ReasoningFieldMemory:
+    """Reasoning fields each (provider, host, model) rejected, for the life of one session.
+
+    On a rejection such as "Extra inputs are not permitted, field: messages[3].reasoning_details"
+    call `record()`; when it returns the field, retry once with `filter()` applied. A second
+    rejection of the same field returns None: do not retry again. History is never modified.
+    """
+
+    def __init__(self) -> None:
+        self._rejected: dict[tuple[str, str, str], set[str]] = {}
+
+    @staticmethod
+    def _key(provider: str | None, base_url: str | None, model: str | None) -> tuple[str, str, str]:
+        return _name(provider), _host(base_url)[0], (model or "").strip().lower()
+
+    def record(self, error: BaseException | str, *, provider: str | None = None, base_url: str | None = None,
+               model: str | None = None) -> str | None:
+        """Remember the reasoning field a route rejected; return it if this is news (retry once)."""
+        text = str(error)
+        if not any(word in text.lower() for word in _REJECTION_WORDS):
+            return None
+        fields = [f for f in _REJECTED_FIELD.findall(text) if f in REASONING_FIELDS]
+        if not fields:
+            return None
+        known = self._rejected.setdefault(self._key(provider, base_url, model), set())
+        if fields[0] in known:
+            return None
+        known.add(fields[0])
+        return fields[0]
+
+    def rejected(self, provider: str | None = None, base_url: str | None = None,
+                 model: str | None = None) -> frozenset[str]:
+        """Return the fields this route has rejected so far."""
+        return frozenset(self._rejected.get(self._key(provider, base_url, model), ()))
+
+    def filter(self, messages: Iterable[dict[str, Any]], *, provider: str | None = None,
+               base_url: str | None = None, model: str | None = None) -> list[dict[str, Any]]:
+        """Return copies of request messages without the fields this route rejected."""
+        drop = self.rejected(provider, base_url, model)
+        return [{k: v for k, v in m.items() if k not in drop} for m in messages]

@@ -1,0 +1,654 @@
+"""Compression generations, rotation lineage and compression locks (R-COMP-1..3, R-MSG-4).
+
+Writes go through the SessionDB facade (or the module with the bare `conn` fixture for the
+lock and transcript-check functions); what persisted is checked from `rival`, a second
+connection. Multi-process races use spawn, as a real second agent process would.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+import sqlite3
+import time
+from contextlib import contextmanager
+
+import pytest
+
+import hermes_state_compression as compression
+from hermes_state import (SessionClosedByCompressionError, SessionCompressionInProgressError, SessionDB,
+                          SessionNotFoundError)
+
+UID_HEX = set("0123456789abcdef")
+
+
+def fill(db: SessionDB, sid: str, n: int = 6, t0: float = 1000.0) -> list[dict]:
+    """Append a small transcript with one tool round trip; return its rows."""
+    db.ensure_session(sid, "cli", "m")
+    script = [("user", "hello"), ("assistant", None), ("tool", "42"), ("assistant", "the answer is 42"),
+              ("user", "thanks"), ("assistant", "you're welcome")]
+    for i in range(n):
+        role, content = script[i % len(script)]
+        extra = {}
+        if role == "assistant" and content is None:
+            extra["tool_calls"] = [{"id": f"call_{i}", "type": "function",
+                                    "function": {"name": "calc", "arguments": "{}"}}]
+        if role == "tool":
+            extra.update(tool_call_id=f"call_{i - 1}", tool_name="calc")
+        db.append_message(sid, role, content, timestamp=t0 + i, **extra)
+    return db.get_messages(sid)
+
+
+def rows(rival: sqlite3.Connection, sid: str, where: str = "1") -> list[sqlite3.Row]:
+    return rival.execute(f"SELECT * FROM messages WHERE session_id = ? AND {where} ORDER BY id", (sid,)).fetchall()
+
+
+def session_row(rival: sqlite3.Connection, sid: str) -> sqlite3.Row:
+    return rival.execute("SELECT * FROM sessions WHERE id = ?", (sid,)).fetchone()
+
+
+def plant_lock(rival: sqlite3.Connection, sid: str, holder: str, expires_in_s: float = 300.0) -> None:
+    now = time.time()
+    rival.execute("INSERT OR REPLACE INTO compression_locks (session_id, holder, acquired_at, expires_at) "
+                  "VALUES (?, ?, ?, ?)", (sid, holder, now, now + expires_in_s))
+
+
+def exited_pid() -> int:
+    """Return the pid of a process that has run, exited and been reaped."""
+    proc = multiprocessing.get_context("spawn").Process(target=int)
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
+    return proc.pid
+
+
+def snapshot(rival: sqlite3.Connection, sid: str) -> tuple:
+    msgs = [tuple(r) for r in rows(rival, sid)]
+    s = session_row(rival, sid)
+    return msgs, s["message_count"], s["tool_call_count"], s["ended_at"], s["end_reason"]
+
+
+# --- in-place generations ---------------------------------------------------------------------------
+
+def test_generation_counts_uids_and_flags(db, rival):
+    old = fill(db, "s")
+    summary = {"role": "user", "content": "[summary of the first turns]"}
+    kept = [summary, old[4], old[5]]
+    ids = db.compress_in_place("s", kept)
+
+    live = rows(rival, "s", "active = 1")
+    archive = rows(rival, "s", "active = 0")
+    assert [r["id"] for r in live] == ids
+    assert len(live) == 3 and len(archive) == 6
+    assert all(r["compacted"] == 1 for r in archive) and all(r["compacted"] == 0 for r in live)
+    # Every old row is archived under its own uid; the live rows keep the protected uids.
+    assert [r["message_uid"] for r in archive] == [m["message_uid"] for m in old]
+    fresh = live[0]["message_uid"]
+    assert len(fresh) == 32 and set(fresh) <= UID_HEX and fresh not in {m["message_uid"] for m in old}
+    assert [r["message_uid"] for r in live[1:]] == [old[4]["message_uid"], old[5]["message_uid"]]
+    # The same protected message is in both generations: same uid, content and timestamp.
+    for kept_row in live[1:]:
+        twin = [r for r in archive if r["message_uid"] == kept_row["message_uid"]]
+        assert len(twin) == 1
+        assert (twin[0]["content"], twin[0]["timestamp"], twin[0]["role"]) == \
+               (kept_row["content"], kept_row["timestamp"], kept_row["role"])
+    s = session_row(rival, "s")
+    assert s["message_count"] == 3 and s["tool_call_count"] == 0
+
+
+def test_readers_see_only_the_live_generation_and_the_archive_stays(db, rival):
+    old = fill(db, "s")
+    db.compress_in_place("s", [old[5]])
+    conversation = db.get_messages_as_conversation("s")
+    assert [m["message_uid"] for m in conversation] == [old[5]["message_uid"]]
+    assert [m["message_uid"] for m in db.get_messages("s")] == [old[5]["message_uid"]]
+    everything = db.get_messages("s", include_inactive=True)
+    assert len(everything) == 7
+    assert [m["message_uid"] for m in everything if m["active"] == 0] == [m["message_uid"] for m in old]
+
+
+def test_a_message_protected_twice_is_in_three_generations(db, rival):
+    old = fill(db, "s")
+    db.compress_in_place("s", [old[0], old[5]])
+    db.append_message("s", "user", "more", timestamp=2000.0)
+    live = db.get_messages("s")
+    db.compress_in_place("s", [live[0], live[2]])
+    uid = old[0]["message_uid"]
+    copies = rival.execute("SELECT active, compacted, content, timestamp FROM messages WHERE message_uid = ? "
+                           "ORDER BY id", (uid,)).fetchall()
+    assert [tuple(c) for c in copies] == [(0, 1, "hello", 1000.0), (0, 1, "hello", 1000.0), (1, 0, "hello", 1000.0)]
+    assert len(rows(rival, "s", "active = 0")) == 6 + 3
+    assert [r["content"] for r in rows(rival, "s", "active = 1")] == ["hello", "more"]
+    assert session_row(rival, "s")["message_count"] == 2
+
+
+def test_kept_conversation_dicts_round_trip_with_tool_pairing(db, rival):
+    fill(db, "s")
+    before = db.get_messages_as_conversation("s")
+    kept = before[1:4]  # assistant tool call, tool result, assistant answer
+    db.compress_in_place("s", kept)
+    after = db.get_messages_as_conversation("s")
+    assert after == kept
+    assert after[1]["_tool_call_uid"] == after[0]["_tool_call_uids"]["call_1"]
+    s = session_row(rival, "s")
+    assert s["message_count"] == 3 and s["tool_call_count"] == 1
+
+
+def test_kept_timestamp_is_kept_when_given_and_now_otherwise(db, rival):
+    old = fill(db, "s", 2)
+    before = time.time()
+    db.compress_in_place("s", [old[1], {"role": "user", "content": "summary"}])
+    live = rows(rival, "s", "active = 1")
+    assert live[0]["timestamp"] == old[1]["timestamp"]
+    assert live[1]["timestamp"] >= before
+
+
+def test_compressing_to_nothing_leaves_an_empty_live_generation(db, rival):
+    fill(db, "s", 3)
+    assert db.compress_in_place("s", []) == []
+    assert rows(rival, "s", "active = 1") == []
+    assert len(rows(rival, "s", "active = 0 AND compacted = 1")) == 3
+    assert session_row(rival, "s")["message_count"] == 0
+
+
+def test_compression_lifts_only_an_idle_sweep_archive(db, rival):
+    fill(db, "idle", 2)
+    fill(db, "kept", 2)
+    rival.execute("UPDATE sessions SET archived = 1, auto_archived = 1 WHERE id = 'idle'")
+    db.archive_session("kept")
+    db.compress_in_place("idle", [])
+    db.compress_in_place("kept", [])
+    assert (session_row(rival, "idle")["archived"], session_row(rival, "idle")["auto_archived"]) == (0, 0)
+    assert session_row(rival, "kept")["archived"] == 1
+
+
+def test_unknown_session_raises_not_found(db, rival):
+    with pytest.raises(SessionNotFoundError):
+        db.compress_in_place("nope", [{"role": "user", "content": "x"}])
+    assert rival.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0
+
+
+@pytest.mark.parametrize("bad", [
+    [{"role": "user", "content": "ok"}, {"role": "assistant", "tool_calls": {1, 2}}],   # not JSON
+    [{"role": "user", "content": "ok"}, {"role": "", "content": "x"}],                 # empty role
+    [{"role": "user", "content": "ok"}, {"role": "user", "message_uid": "not-a-uid"}],
+    [{"role": "user", "content": "ok"}, "not a dict"],
+    "a string is not a list",
+])
+def test_a_bad_kept_message_writes_nothing(db, rival, bad):
+    fill(db, "s")
+    before = snapshot(rival, "s")
+    with pytest.raises(ValueError):
+        db.compress_in_place("s", bad)
+    assert snapshot(rival, "s") == before
+    assert rows(rival, "s", "compacted = 1") == []
+
+
+def test_compress_respects_the_compression_lock(db, rival):
+    old = fill(db, "s")
+    before = snapshot(rival, "s")
+    plant_lock(rival, "s", f"pid={os.getpid()} host={socket.gethostname()} token=other")
+    with pytest.raises(SessionCompressionInProgressError):
+        db.compress_in_place("s", [old[5]])
+    with pytest.raises(SessionCompressionInProgressError):
+        db.compress_in_place("s", [old[5]], holder="pid=1 host=x token=mine")
+    assert snapshot(rival, "s") == before
+    # The holder itself may compress.
+    rival.execute("DELETE FROM compression_locks")
+    holder = db.acquire_compression_lock("s")
+    db.compress_in_place("s", [old[5]], holder=holder)
+    assert len(rows(rival, "s", "active = 1")) == 1
+
+
+def test_a_holder_whose_lock_expired_or_was_released_may_not_compress(db, rival):
+    old = fill(db, "s")
+    holder = db.acquire_compression_lock("s")
+    rival.execute("UPDATE compression_locks SET expires_at = ?", (time.time() - 1,))
+    before = snapshot(rival, "s")
+    with pytest.raises(SessionCompressionInProgressError, match="expired or was released"):
+        db.compress_in_place("s", [old[5]], holder=holder)
+    assert db.release_compression_lock("s", holder) is True
+    with pytest.raises(SessionCompressionInProgressError):
+        db.compress_in_place("s", [old[5]], holder=holder)
+    assert snapshot(rival, "s") == before
+
+
+def test_expired_and_dead_holder_locks_do_not_block_a_lockless_compress(db, rival):
+    old = fill(db, "s")
+    plant_lock(rival, "s", f"pid={os.getpid()} host={socket.gethostname()} token=t", expires_in_s=-1)
+    db.compress_in_place("s", [old[5]])
+    plant_lock(rival, "s", f"pid={exited_pid()} host={socket.gethostname()} token=t")
+    db.compress_in_place("s", [old[5]])
+    assert len(rows(rival, "s", "active = 0")) == 7
+
+
+def test_compressing_a_session_closed_by_rotation_names_its_continuation(db, rival):
+    old = fill(db, "a")
+    db.rotate_session("a", "b", [old[5]])
+    db.rotate_session("b", "c", [])
+    with pytest.raises(SessionClosedByCompressionError) as info:
+        db.compress_in_place("a", [])
+    assert info.value.successor_id == "c" and "'c'" in str(info.value)
+    assert len(rows(rival, "a", "active = 1")) == 6
+
+
+# --- rotation ------------------------------------------------------------------------------------------
+
+def test_rotation_creates_the_child_ends_the_parent_and_copies_uids(db, rival):
+    db.create_session("p", "telegram", "gpt-x", user_id="u1", session_key="agent:main:telegram:dm:7",
+                      chat_id="7", chat_type="dm", thread_id="th", profile_name="coder", transport_profile="bot2",
+                      title="Trip", system_prompt="be brief")
+    old = fill(db, "p")
+    assert db.rotate_session("p", "c", old[4:], title="Trip #2") == "c"
+
+    parent, child = session_row(rival, "p"), session_row(rival, "c")
+    assert parent["end_reason"] == "compression" and parent["ended_at"] is not None
+    assert child["parent_session_id"] == "p" and child["ended_at"] is None
+    for name in ("source", "model", "user_id", "session_key", "chat_id", "chat_type", "thread_id",
+                 "profile_name", "transport_profile"):
+        assert child[name] == parent[name], name
+    assert child["title"] == "Trip #2" and child["system_prompt"] is None
+    assert child["message_count"] == 2
+    assert [r["message_uid"] for r in rows(rival, "c")] == [m["message_uid"] for m in old[4:]]
+    assert [r["timestamp"] for r in rows(rival, "c")] == [m["timestamp"] for m in old[4:]]
+    # The parent's transcript is untouched: still its own live generation.
+    assert [r["message_uid"] for r in rows(rival, "p", "active = 1")] == [m["message_uid"] for m in old]
+
+
+def test_rotation_overrides_and_clears_inherited_columns(db, rival):
+    db.create_session("p", "telegram", "old-model", user_id="u1", chat_id="7")
+    db.rotate_session("p", "c", [], model="new-model", chat_id=None)
+    child = session_row(rival, "c")
+    assert (child["model"], child["chat_id"], child["user_id"]) == ("new-model", None, "u1")
+
+
+def test_rotation_refusals_write_nothing(db, rival):
+    db.create_session("p", "cli", title="Taken")
+    old = fill(db, "p", 2)
+    db.create_session("other", "cli")
+    before = snapshot(rival, "p")
+    count = rival.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
+    with pytest.raises(ValueError, match="already exists"):
+        db.rotate_session("p", "other", old)
+    with pytest.raises(ValueError, match="already exists"):
+        db.rotate_session("p", "p", old)
+    with pytest.raises(ValueError, match="parent_session_id"):
+        db.rotate_session("p", "c", old, parent_session_id="other")
+    with pytest.raises(ValueError, match="unknown session column"):
+        db.rotate_session("p", "c", old, colour="red")
+    with pytest.raises(ValueError):
+        db.rotate_session("p", "c", old, title="Taken")
+    with pytest.raises(ValueError, match="kept message 1"):
+        db.rotate_session("p", "c", [old[0], {"role": "user", "display_metadata": object()}])
+    with pytest.raises(SessionNotFoundError):
+        db.rotate_session("missing", "c", old)
+    assert snapshot(rival, "p") == before
+    assert rival.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == count
+    assert session_row(rival, "c") is None
+
+
+def test_rotating_an_ended_parent_is_refused(db, rival):
+    fill(db, "p", 1)
+    db.end_session("p", "user_exit")
+    with pytest.raises(ValueError, match="reopen it"):
+        db.rotate_session("p", "c", [])
+    db.reopen_session("p")
+    db.rotate_session("p", "c", [])
+    with pytest.raises(SessionClosedByCompressionError) as info:
+        db.rotate_session("p", "c2", [])
+    assert info.value.successor_id == "c"
+    assert session_row(rival, "c2") is None
+
+
+def test_rotation_respects_the_compression_lock(db, rival):
+    fill(db, "p", 2)
+    plant_lock(rival, "p", f"pid={os.getpid()} host={socket.gethostname()} token=other")
+    with pytest.raises(SessionCompressionInProgressError):
+        db.rotate_session("p", "c", [])
+    assert session_row(rival, "c") is None and session_row(rival, "p")["ended_at"] is None
+    rival.execute("DELETE FROM compression_locks")
+    holder = db.acquire_compression_lock("p")
+    db.rotate_session("p", "c", [], holder=holder)
+    assert db.release_compression_lock("p", holder)
+    assert db.get_compression_successor("p") == "c"
+
+
+def test_include_ancestors_follows_compression_edges_only(db, rival):
+    a = fill(db, "a", 2)
+    db.rotate_session("a", "b", [a[1]])
+    db.append_message("b", "user", "in b", timestamp=3000.0)
+    db.end_session("b", "reset")
+    db.create_session("r", "cli", parent_session_id="b")
+    db.append_message("r", "user", "after reset", timestamp=4000.0)
+
+    with_ancestors = db.get_messages_as_conversation("b", include_ancestors=True)
+    assert [m["content"] for m in with_ancestors] == ["hello", None, "in b"]
+    uids = [m["message_uid"] for m in with_ancestors]
+    assert uids[:2] == [a[0]["message_uid"], a[1]["message_uid"]] and len(uids) == len(set(uids)) == 3
+    assert [m["content"] for m in db.get_messages_as_conversation("r", include_ancestors=True)] == ["after reset"]
+    assert db.get_compression_ancestors("r") == []
+    assert db.get_compression_ancestors("b") == ["a"]
+    assert db.get_compression_successor("b") == "b"  # a reset child is not a continuation
+    assert db.get_compression_successor("a") == "b"
+
+
+def test_successor_prefers_the_newest_compression_child(db, rival):
+    db.create_session("p", "cli")
+    db.rotate_session("p", "c1", [])
+    # A second child planted later (say, a rotation retried after a crash) is the live tip.
+    db.create_session("c2", "cli", parent_session_id="p", started_at=time.time() + 10)
+    assert db.get_compression_successor("p") == "c2"
+    assert db.get_compression_successor("c1") == "c1"
+    assert db.get_compression_ancestors("c2") == ["p"]
+
+
+def test_unknown_ids_for_successor_and_ancestors(db):
+    assert db.get_compression_successor("nope") is None
+    assert db.get_compression_ancestors("nope") == []
+    db.create_session("alone", "cli")
+    assert db.get_compression_successor("alone") == "alone"
+    assert db.get_compression_ancestors("alone") == []
+
+
+def test_a_chain_of_fifty_rotations(db, rival):
+    ids = [f"s{i:02d}" for i in range(50)]
+    first = fill(db, ids[0], 2)
+    protected = first[1]
+    for parent, child in zip(ids, ids[1:]):
+        db.rotate_session(parent, child, [protected])
+    for i, sid in enumerate(ids):
+        assert db.get_compression_successor(sid) == ids[-1]
+        assert db.get_compression_ancestors(sid) == ids[:i]
+    # The protected message is in every session of the chain, once per session, same uid.
+    assert rival.execute("SELECT COUNT(DISTINCT session_id) FROM messages WHERE message_uid = ?",
+                         (protected["message_uid"],)).fetchone()[0] == 50
+    conversation = db.get_messages_as_conversation(ids[-1], include_ancestors=True)
+    assert [m["message_uid"] for m in conversation] == [m["message_uid"] for m in first]
+    with pytest.raises(SessionClosedByCompressionError) as info:
+        db.compress_in_place(ids[10], [])
+    assert info.value.successor_id == ids[-1]
+
+
+def test_a_planted_cycle_does_not_hang(db, rival):
+    ids = [f"s{i:02d}" for i in range(50)]
+    db.create_session(ids[0], "cli")
+    for parent, child in zip(ids, ids[1:]):
+        db.rotate_session(parent, child, [])
+    # Bad data: the tip ends by compression and points back at the root.
+    rival.execute("UPDATE sessions SET parent_session_id = ?, end_reason = 'compression', ended_at = 1 "
+                  "WHERE id = ?", (ids[-1], ids[0]))
+    rival.execute("UPDATE sessions SET end_reason = 'compression', ended_at = 1 WHERE id = ?", (ids[-1],))
+    for sid in (ids[0], ids[25], ids[-1]):
+        tip = db.get_compression_successor(sid)
+        assert tip in ids
+        ancestors = db.get_compression_ancestors(sid)
+        assert len(ancestors) == len(set(ancestors)) <= 49 and sid not in ancestors
+    assert db.get_compression_successor(ids[25]) == ids[24]  # the walk stops before revisiting
+    assert len(db.get_messages_as_conversation(ids[25], include_ancestors=True)) == 0
+    with pytest.raises(SessionClosedByCompressionError):
+        db.compress_in_place(ids[25], [])
+
+
+# --- compression locks ---------------------------------------------------------------------------------
+
+def test_acquire_and_release(db, rival):
+    db.create_session("s", "cli")
+    holder = db.acquire_compression_lock("s", ttl_s=60)
+    pid, host = compression.parse_holder(holder)
+    assert (pid, host) == (os.getpid(), socket.gethostname()) and "token=" in holder
+    row = rival.execute("SELECT * FROM compression_locks WHERE session_id = 's'").fetchone()
+    assert row["holder"] == holder and 59 <= row["expires_at"] - row["acquired_at"] <= 61
+    assert db.acquire_compression_lock("s") is None  # not re-entrant, even for this process
+    assert db.release_compression_lock("s", "pid=1 host=x token=y") is False
+    assert rival.execute("SELECT holder FROM compression_locks").fetchone()[0] == holder
+    assert db.release_compression_lock("s", holder) is True
+    assert db.release_compression_lock("s", holder) is False
+    assert rival.execute("SELECT COUNT(*) FROM compression_locks").fetchone()[0] == 0
+    second = db.acquire_compression_lock("s")
+    assert second is not None and second != holder
+
+
+@pytest.mark.parametrize("ttl", [0, -5, float("nan"), float("inf"), True, "300"])
+def test_bad_ttl_raises(db, ttl):
+    db.create_session("s", "cli")
+    with pytest.raises(ValueError):
+        db.acquire_compression_lock("s", ttl_s=ttl)
+
+
+def test_acquire_on_unknown_or_closed_session(db, rival):
+    with pytest.raises(SessionNotFoundError):
+        db.acquire_compression_lock("nope")
+    db.create_session("p", "cli")
+    db.rotate_session("p", "c", [])
+    with pytest.raises(SessionClosedByCompressionError):
+        db.acquire_compression_lock("p")
+    assert rival.execute("SELECT COUNT(*) FROM compression_locks").fetchone()[0] == 0
+
+
+def test_dead_holder_on_this_host_is_reclaimed(db, rival):
+    db.create_session("s", "cli")
+    dead = f"pid={exited_pid()} host={socket.gethostname()} token=gone"
+    plant_lock(rival, "s", dead)
+    holder = db.acquire_compression_lock("s")
+    assert holder is not None and holder != dead
+    assert rival.execute("SELECT holder FROM compression_locks").fetchone()[0] == holder
+
+
+@pytest.mark.parametrize("pid", [os.getpid(), 1])
+def test_a_live_holder_is_not_robbed(db, rival, pid):
+    # pid 1 always exists; as a normal user signalling it raises PermissionError: still alive.
+    db.create_session("s", "cli")
+    live = f"pid={pid} host={socket.gethostname()} token=other"
+    plant_lock(rival, "s", live)
+    assert db.acquire_compression_lock("s") is None
+    assert rival.execute("SELECT holder FROM compression_locks").fetchone()[0] == live
+
+
+def test_an_expired_lock_is_reclaimed_even_from_a_live_holder(db, rival):
+    db.create_session("s", "cli")
+    plant_lock(rival, "s", f"pid={os.getpid()} host={socket.gethostname()} token=old", expires_in_s=-0.5)
+    assert db.acquire_compression_lock("s") is not None
+
+
+def test_another_hosts_dead_pid_is_never_reclaimed_before_ttl(db, rival):
+    db.create_session("s", "cli")
+    elsewhere = f"pid={exited_pid()} host=not-{socket.gethostname()} token=t"
+    plant_lock(rival, "s", elsewhere)
+    assert db.acquire_compression_lock("s") is None
+    rival.execute("UPDATE compression_locks SET expires_at = ?", (time.time() - 1,))
+    assert db.acquire_compression_lock("s") is not None
+
+
+@pytest.mark.parametrize("holder", ["", "who knows", "pid=abc host={host}", "pid=0 host={host}",
+                                    "pid=-1 host={host}", "host={host}", "pid={dead}"])
+def test_doubtful_holders_are_treated_as_alive(db, rival, holder):
+    db.create_session("s", "cli")
+    holder = holder.format(host=socket.gethostname(), dead=exited_pid() if "{dead}" in holder else 0)
+    plant_lock(rival, "s", holder or "x")
+    assert db.acquire_compression_lock("s") is None
+
+
+def test_holder_parsing():
+    assert compression.parse_holder("pid=12 host=box token=ab") == (12, "box")
+    assert compression.parse_holder("host=box pid=7") == (7, "box")
+    assert compression.parse_holder("mypid=12 host=box") == (None, "box")
+    assert compression.parse_holder("") == (None, None)
+    assert compression.holder_is_gone(compression.new_holder()) is False
+
+
+# --- transcript write checks (module level) ------------------------------------------------------------
+
+def test_check_transcript_writable(db, conn, rival):
+    fill(db, "s", 1)
+    compression.check_transcript_writable(conn, "s")
+    compression.check_transcript_writable(conn, "unknown")  # the write itself reports it
+    other = f"pid={os.getpid()} host={socket.gethostname()} token=other"
+    plant_lock(rival, "s", other)
+    with pytest.raises(SessionCompressionInProgressError, match="token=other"):
+        compression.check_transcript_writable(conn, "s")
+    compression.check_transcript_writable(conn, "s", other)  # the holder itself writes
+    plant_lock(rival, "s", other, expires_in_s=-1)
+    compression.check_transcript_writable(conn, "s")
+    plant_lock(rival, "s", f"pid={exited_pid()} host={socket.gethostname()} token=dead")
+    compression.check_transcript_writable(conn, "s")
+
+    db.rotate_session("s", "t", [])
+    with pytest.raises(SessionClosedByCompressionError) as info:
+        compression.check_transcript_writable(conn, "s")
+    assert info.value.successor_id == "t" and info.value.code == "session_persistence_failed:compression"
+
+
+def test_closed_without_a_live_child_names_no_continuation(db, conn, rival):
+    db.create_session("s", "cli")
+    rival.execute("UPDATE sessions SET ended_at = 1, end_reason = 'compression' WHERE id = 's'")
+    with pytest.raises(SessionClosedByCompressionError) as info:
+        compression.check_transcript_writable(conn, "s")
+    assert info.value.successor_id is None and "no live continuation" in str(info.value)
+
+
+class FakeClock:
+    """Injected clock and sleep: no real waiting in unit tests."""
+
+    def __init__(self, on_sleep=None):
+        self.t, self.sleeps, self.on_sleep = 0.0, [], on_sleep
+
+    def clock(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        self.t += s
+        if self.on_sleep:
+            self.on_sleep(len(self.sleeps))
+
+
+def reader(conn):
+    @contextmanager
+    def read():
+        yield conn
+    return read
+
+
+def test_wait_returns_at_once_without_a_lock(db, conn):
+    db.create_session("s", "cli")
+    fake = FakeClock()
+    compression.wait_for_compression(reader(conn), "s", clock=fake.clock, sleep=fake.sleep)
+    assert fake.sleeps == []
+
+
+def test_wait_polls_until_the_holder_releases(db, conn, rival):
+    db.create_session("s", "cli")
+    plant_lock(rival, "s", f"pid={os.getpid()} host={socket.gethostname()} token=other")
+    fake = FakeClock(on_sleep=lambda n: n == 3 and rival.execute("DELETE FROM compression_locks"))
+    compression.wait_for_compression(reader(conn), "s", clock=fake.clock, sleep=fake.sleep)
+    assert len(fake.sleeps) == 3
+    assert all(compression._POLL_MIN_S <= s <= compression._POLL_MAX_S for s in fake.sleeps)
+
+
+def test_wait_gives_up_after_the_timeout(db, conn, rival):
+    db.create_session("s", "cli")
+    plant_lock(rival, "s", f"pid={os.getpid()} host={socket.gethostname()} token=other")
+    fake = FakeClock()
+    with pytest.raises(SessionCompressionInProgressError, match="waited 5.0s"):
+        compression.wait_for_compression(reader(conn), "s", clock=fake.clock, sleep=fake.sleep)
+    assert fake.t == pytest.approx(5.0)  # never sleeps past the deadline
+    assert len(fake.sleeps) >= 5000 / (compression._POLL_MAX_S * 1000)
+
+
+def test_wait_inside_a_write_transaction_raises_without_sleeping(db, conn, rival):
+    db.create_session("s", "cli")
+    plant_lock(rival, "s", f"pid={os.getpid()} host={socket.gethostname()} token=other")
+    fake = FakeClock()
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(SessionCompressionInProgressError):
+            compression.wait_for_compression(reader(conn), "s", clock=fake.clock, sleep=fake.sleep)
+    finally:
+        conn.execute("ROLLBACK")
+    assert fake.sleeps == []
+
+
+# --- two processes -------------------------------------------------------------------------------------
+
+def _compress_with_lock(path: str, sid: str, keep: int, start, after_try, results) -> None:
+    with SessionDB(path) as db:
+        start.wait()
+        holder = db.acquire_compression_lock(sid)
+        after_try.wait()  # the winner keeps the lock until the loser has tried
+        if holder is None:
+            results.put(("none", None))
+            return
+        kept = db.get_messages(sid)[-keep:]
+        ids = db.compress_in_place(sid, kept, holder=holder)
+        db.release_compression_lock(sid, holder)
+        results.put(("won", ids))
+
+
+def _compress_without_lock(path: str, sid: str, keep: int, start, results) -> None:
+    with SessionDB(path) as db:
+        kept = db.get_messages(sid)[-keep:]
+        start.wait()
+        try:
+            results.put(("won", db.compress_in_place(sid, kept)))
+        except SessionCompressionInProgressError:
+            results.put(("busy", None))
+
+
+def _run(ctx, target, args, n=2):
+    procs = [ctx.Process(target=target, args=args) for _ in range(n)]
+    for p in procs:
+        p.start()
+    return procs
+
+
+def _check_consistent(path: str, sid: str, original: list[dict], keep: int, generations: int) -> None:
+    check = sqlite3.connect(path)
+    live = check.execute("SELECT message_uid FROM messages WHERE session_id = ? AND active = 1 ORDER BY id",
+                         (sid,)).fetchall()
+    assert [r[0] for r in live] == [m["message_uid"] for m in original[-keep:]]
+    archived = check.execute("SELECT COUNT(*) FROM messages WHERE session_id = ? AND active = 0 AND compacted = 1",
+                             (sid,)).fetchone()[0]
+    assert archived == len(original) + (generations - 1) * keep
+    assert check.execute("SELECT message_count FROM sessions WHERE id = ?", (sid,)).fetchone()[0] == keep
+    assert check.execute("SELECT COUNT(*) FROM compression_locks").fetchone()[0] == 0
+    assert check.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    check.close()
+
+
+def test_two_processes_racing_with_the_lock_exactly_one_wins(db):
+    original = fill(db, "s", 12)
+    ctx = multiprocessing.get_context("spawn")
+    start, after_try, results = ctx.Barrier(2), ctx.Barrier(2), ctx.Queue()
+    procs = _run(ctx, _compress_with_lock, (str(db.db_path), "s", 3, start, after_try, results))
+    outcomes = sorted(results.get(timeout=120)[0] for _ in procs)
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert outcomes == ["none", "won"]
+    _check_consistent(str(db.db_path), "s", original, 3, generations=1)
+
+
+def test_two_processes_compressing_without_the_lock_stay_consistent(db):
+    original = fill(db, "s", 12)
+    ctx = multiprocessing.get_context("spawn")
+    start, results = ctx.Barrier(2), ctx.Queue()
+    procs = _run(ctx, _compress_without_lock, (str(db.db_path), "s", 3, start, results))
+    outcomes = [results.get(timeout=120)[0] for _ in procs]
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    # BEGIN IMMEDIATE serialises them: both generations are whole, one after the other.
+    assert outcomes == ["won", "won"]
+    _check_consistent(str(db.db_path), "s", original, 3, generations=2)
+
+
+def test_a_lockless_compress_while_another_process_holds_the_lock(db, rival):
+    original = fill(db, "s")
+    with SessionDB(db.db_path) as other:
+        holder = other.acquire_compression_lock("s")
+        with pytest.raises(SessionCompressionInProgressError):
+            db.compress_in_place("s", original[-1:])
+        assert db.acquire_compression_lock("s") is None
+        other.compress_in_place("s", original[-2:], holder=holder)
+        assert other.release_compression_lock("s", holder)
+    assert [r["message_uid"] for r in rows(rival, "s", "active = 1")] == [m["message_uid"] for m in original[-2:]]
