@@ -17,10 +17,11 @@ import sqlite3
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import hermes_state_common as common
 import hermes_state_compression as compression
+import hermes_state_fts as fts
 import hermes_state_schema as schema
 import hermes_state_search as search
 import hermes_state_sessions as sessions
@@ -63,6 +64,8 @@ class SessionDB:
     _WRITE_RETRY_SLOW_MAX_S = common._WRITE_RETRY_SLOW_MAX_S
     _CHECKPOINT_EVERY_N_WRITES = common._CHECKPOINT_EVERY_N_WRITES
     _READ_BUSY_TIMEOUT_S = common._READ_BUSY_TIMEOUT_S
+    # Transcript writes wait this long for another holder's compression (R-COMP-3).
+    _COMPRESSION_WAIT_S = compression.COMPRESSION_WAIT_S
 
     _shared: dict[str, list[Any]] = {}
     _shared_lock = threading.Lock()
@@ -76,6 +79,7 @@ class SessionDB:
         check_db_path_allowed(self.db_path)  # before any directory, file or pragma
         self._writer = Writer(self._connect(), on_give_up=self._log_lock_holders)
         self._writer.after_commit.append(self._upkeep)
+        self._open_fts()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -118,6 +122,7 @@ class SessionDB:
         """Checkpoint (PASSIVE) and close the connection; calling it twice is harmless."""
         if self._closed:
             return
+        self._stop_fts_worker()
         with self._writer.lock:
             self._closed = True
             if not self.read_only:
@@ -167,6 +172,7 @@ class SessionDB:
     def _upkeep(self, conn: sqlite3.Connection, writes: int) -> None:
         if writes % self._CHECKPOINT_EVERY_N_WRITES == 0:
             common.passive_checkpoint(conn)
+        fts.upkeep(conn, writes)  # a bounded FTS merge every 1,000 writes
 
     def _check_writable(self) -> None:
         if self._closed:
@@ -181,9 +187,26 @@ class SessionDB:
     @contextmanager
     def _write(self, patience_s: float | None = None) -> Iterator[sqlite3.Connection]:
         self._check_writable()
+        if not self._fts_write_ready:
+            self._prepare_fts_writes()
         with self._writer.transaction(self._WRITE_PATIENCE_S if patience_s is None else patience_s,
                                       self._policy()) as conn:
             yield conn
+
+    def _transcript_write(self, session_id: str, body: Callable[[sqlite3.Connection], Any]) -> Any:
+        # The common case costs one indexed lookup inside the transaction. Only when another
+        # holder is compressing do we leave the transaction, wait (holding no lock) up to
+        # _COMPRESSION_WAIT_S, and try once more.
+        self._check_writable()
+        try:
+            with self._write(self._TRANSCRIPT_WRITE_PATIENCE_S) as conn:
+                compression.check_transcript_writable(conn, session_id)
+                return body(conn)
+        except SessionCompressionInProgressError:
+            compression.wait_for_compression(self._read, session_id, timeout_s=self._COMPRESSION_WAIT_S)
+        with self._write(self._TRANSCRIPT_WRITE_PATIENCE_S) as conn:
+            compression.check_transcript_writable(conn, session_id)
+            return body(conn)
 
     @contextmanager
     def _read(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
@@ -276,13 +299,11 @@ class SessionDB:
         """Append a message (transcript patience) and return its row id; unknown session -> SessionNotFoundError."""
         fields = locals()  # exactly the parameters above; the module validates and maps them
         del fields["self"], fields["session_id"]
-        with self._write(self._TRANSCRIPT_WRITE_PATIENCE_S) as conn:
-            return sessions.insert_message(conn, session_id, fields)
+        return self._transcript_write(session_id, lambda conn: sessions.insert_message(conn, session_id, fields))
 
     def merge_messages(self, session_id: str, row_ids: list[int]) -> int:
         """Fold same-role active rows into the first (their uids recorded as absorbed); return its id."""
-        with self._write(self._TRANSCRIPT_WRITE_PATIENCE_S) as conn:
-            return sessions.merge_messages(conn, session_id, row_ids)
+        return self._transcript_write(session_id, lambda conn: sessions.merge_messages(conn, session_id, row_ids))
 
     def get_messages(self, session_id: str, include_inactive: bool = False) -> list[dict[str, Any]]:
         """Return raw rows (all columns, JSON decoded) ordered by id; active only unless asked."""
@@ -291,13 +312,12 @@ class SessionDB:
 
     def replace_messages(self, session_id: str, messages: list[dict[str, Any]]) -> int:
         """Rewrite the active transcript in one transaction, keeping uids; return how many rows."""
-        with self._write(self._TRANSCRIPT_WRITE_PATIENCE_S) as conn:
-            return sessions.replace_messages(conn, session_id, messages)
+        return self._transcript_write(session_id,
+                                      lambda conn: sessions.replace_messages(conn, session_id, messages))
 
     def clear_messages(self, session_id: str) -> int:
         """Delete the session's messages (every generation), keep the session; return how many."""
-        with self._write(self._TRANSCRIPT_WRITE_PATIENCE_S) as conn:
-            return sessions.clear_messages(conn, session_id)
+        return self._transcript_write(session_id, lambda conn: sessions.clear_messages(conn, session_id))
 
     def get_messages_as_conversation(self, session_id: str, include_ancestors: bool = False,
                                      with_row_ids: bool = False) -> list[dict[str, Any]]:
@@ -357,10 +377,63 @@ class SessionDB:
 
     # --- full-text search (issue 4: hermes_state_fts / hermes_state_search) --------------------
 
-    # --- compression generations and locks (issue 5: hermes_state_compression) ---------------
+    # Rows per rebuild/catch-up transaction, and whether open leaves a pending rebuild to a
+    # background thread (tests switch it off to drive the rebuild by hand).
+    _FTS_REBUILD_CHUNK_ROWS = fts.REBUILD_CHUNK_ROWS
+    _FTS_REBUILD_IN_BACKGROUND = True
 
-    # Transcript writes wait this long for another holder's compression (R-COMP-3).
-    _COMPRESSION_WAIT_S = compression.COMPRESSION_WAIT_S
+    def _open_fts(self) -> None:
+        # Build missing FTS objects and catch up a short CJK queue now; a rebuild (after an
+        # upgrade) runs on a background thread, one short transaction per chunk.
+        self._fts_stop, self._fts_worker, self._fts_write_ready = threading.Event(), None, False
+        writable = not self.read_only and (self.schema_version or 0) <= SCHEMA_VERSION
+        try:
+            pending = fts.ensure_fts(self._writer, self._WRITE_PATIENCE_S, self._policy(), writable=writable)
+        except BaseException:
+            self._writer.conn.close()
+            raise
+        if pending and self._FTS_REBUILD_IN_BACKGROUND:
+            self._fts_worker = threading.Thread(
+                target=fts.background_worker, name="hermes-state-fts", daemon=True,
+                args=(self._writer, self._WRITE_PATIENCE_S, self._policy(), self._FTS_REBUILD_CHUNK_ROWS,
+                      self._fts_stop))
+            self._fts_worker.start()
+
+    def _stop_fts_worker(self) -> None:
+        self._fts_stop.set()
+        if self._fts_worker is not None:
+            self._fts_worker.join(5.0)  # a chunk is short; a worker stuck on a lock just fails later
+
+    def _prepare_fts_writes(self) -> None:
+        # The TEMP trigger that feeds the CJK index goes in before the handle's first write
+        # (not at open, which stays a pure catalogue read); never inside a transaction, where a
+        # rollback would take it away again.
+        with self._writer.lock:
+            if not self._writer.conn.in_transaction:
+                fts.install_write_triggers(self._writer.conn)
+                self._fts_write_ready = True
+
+    def search_messages(self, query: str, source_filter: list[str] | None = None,
+                        exclude_sources: list[str] | None = None, role_filter: list[str] | None = None,
+                        session_id: str | None = None, limit: int = 20, offset: int = 0,
+                        include_inactive: bool = False) -> list[dict[str, Any]]:
+        """Search message text (word, CJK and substring indexes), best match first, with snippet and context."""
+        with self._read(snapshot=True) as conn:
+            return search.search_messages(conn, query, source_filter, exclude_sources, role_filter, session_id,
+                                          limit, offset, include_inactive)
+
+    def fts_rebuild_status(self) -> dict[str, Any]:
+        """Return {pending, total, indexed, percent, in_progress, cjk_pending} for the FTS indexes."""
+        with self._read() as conn:
+            return fts.rebuild_status(conn)
+
+    def rebuild_fts(self) -> dict[str, Any]:
+        """Rebuild the FTS indexes to the end in short chunks (resuming one under way); return the status."""
+        self._check_writable()  # one transaction per chunk, by design: other writers get turns
+        fts.rebuild(self._writer, self._WRITE_PATIENCE_S, self._policy(), self._FTS_REBUILD_CHUNK_ROWS)
+        return self.fts_rebuild_status()
+
+    # --- compression generations and locks (issue 5: hermes_state_compression) ---------------
 
     def compress_in_place(self, session_id: str, kept_messages: list[dict[str, Any]], *,
                           holder: str | None = None) -> list[int]:

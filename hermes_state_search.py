@@ -10,11 +10,15 @@ the caller's write transaction and never commit; readers run under the caller's 
 """
 from __future__ import annotations
 
+import json
+import logging
 import re
 import sqlite3
 from collections import defaultdict
 from typing import Any
 
+import hermes_state_fts as fts
+from hermes_state_common import escape_like
 from hermes_state_errors import TitleConflictError
 from hermes_state_sessions import check_title_free, normalize_title, require_session
 
@@ -265,3 +269,311 @@ def top_sessions_by_tokens(conn: sqlite3.Connection, limit: int = 10) -> list[di
              FROM sessions
             ORDER BY total_tokens DESC, started_at DESC, id
             LIMIT ?""", (limit,)))
+
+
+# --- full-text search (issue 4) --------------------------------------------------------------
+# Routing (docs/search.md): a query holding CJK goes to messages_fts_cjk (bigrams), any other to
+# the word index. A word query that finds nothing falls back to the trigram index (substrings of
+# >= 3 characters, user/assistant text), then to a LIKE scan of the newest messages. Rows that an
+# index does not cover yet (a rebuild under way, CJK rows queued by a writer without our SQL
+# function) are scanned with LIKE, so they are never missing from results.
+
+_RANK_WINDOW = 1000       # bm25 ranks the newest matches first; see "Ranking" in docs/search.md
+_WINDOW_GROWTH = 16
+_LIKE_SCAN_ROWS = 20_000  # the most rows any LIKE scan reads
+_CONTEXT_CHARS = 200
+_SNIPPET_ARGS = "'>>>', '<<<', '...', 16"
+_SNIPPET_CHARS = 120
+_MAX_ROWID = 2 ** 63 - 1
+_logger = logging.getLogger("hermes_state")
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        _logger.warning(message)
+
+
+def _name_list(name: str, value: Any) -> list[str]:
+    if value is None:
+        return []
+    values = [value] if isinstance(value, str) else value
+    if not isinstance(values, (list, tuple, set, frozenset)) or not all(isinstance(v, str) for v in values):
+        raise ValueError(f"{name} must be a list of strings or None, not {value!r}")
+    return list(values)
+
+
+class _Filters:
+    """The WHERE conditions every route applies: `m` is the message row, `s` its session."""
+
+    def __init__(self, source_filter: Any, exclude_sources: Any, role_filter: Any, session_id: Any,
+                 include_inactive: bool):
+        if session_id is not None and not isinstance(session_id, str):
+            raise ValueError(f"session_id must be a string or None, not {session_id!r}")
+        sources = _name_list("source_filter", source_filter)
+        excluded = _name_list("exclude_sources", exclude_sources)
+        roles = _name_list("role_filter", role_filter)
+        where: list[str] = []
+        params: list[Any] = []
+        if not include_inactive:
+            where.append("m.active = 1")
+        for column, values, op in (("m.role", roles, "IN"), ("s.source", sources, "IN"),
+                                   ("s.source", excluded, "NOT IN")):
+            if values:
+                where.append(f"{column} {op} ({', '.join('?' * len(values))})")
+                params.extend(values)
+        if session_id is not None:
+            where.append("m.session_id = ?")
+            params.append(session_id)
+        self.session_id = session_id
+        self.sql = "".join(f" AND {w}" for w in where)
+        self.params = tuple(params)
+        self.join = " JOIN sessions s ON s.id = m.session_id" if sources or excluded else ""
+
+
+def _is_query_error(exc: sqlite3.OperationalError) -> bool:
+    # The sanitizer makes these unreachable; this is the belt to its braces (R-SEARCH-2).
+    text = str(exc)
+    return text.startswith("fts5:") or "unterminated string" in text or "no such column" in text
+
+
+def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: int, high: int,
+            need: int, skip_queued: bool = False) -> list[tuple[int, float]]:
+    """Return up to `need` (id, bm25) of `table`'s matches passing the filters, best first.
+
+    bm25 needs every candidate's document length, so ranking all matches of a common word costs
+    a lookup per matching row. Only the newest `_RANK_WINDOW` matches are ranked (a seek from
+    the end of the doclists); when the filters leave too few of them the window grows.
+    `skip_queued` leaves out rows waiting in the CJK queue: their index entry may be stale.
+    """
+    queued = f" AND m.id NOT IN (SELECT id FROM {fts.CJK_PENDING})" if skip_queued else ""
+    rank_sql = (f"SELECT {table}.rowid, bm25({table}) AS score FROM {table} "
+                f"JOIN messages m ON m.id = {table}.rowid{f.join} "
+                f"WHERE {table} MATCH ? AND {table}.rowid BETWEEN ? AND ?{f.sql}{queued} "
+                f"ORDER BY score, {table}.rowid DESC LIMIT ?")
+    window: int | None = _RANK_WINDOW
+    try:
+        while True:
+            floor = low
+            if window is not None:
+                row = conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid BETWEEN ? AND ? "
+                                   "ORDER BY rowid DESC LIMIT 1 OFFSET ?", (expr, low, high, window - 1)).fetchone()
+                if row is None:
+                    window = None  # fewer matches than the window: rank them all
+                else:
+                    floor = row[0]
+            rows = conn.execute(rank_sql, (expr, floor, high, *f.params, need)).fetchall()
+            if len(rows) >= need or window is None:
+                return rows
+            window *= _WINDOW_GROWTH
+    except sqlite3.OperationalError as exc:
+        if not _is_query_error(exc):
+            raise
+        _logger.info("search query %r was refused by %s: %s", expr, table, exc)
+        return []
+
+
+def _like_condition(plan: fts.QueryPlan) -> tuple[str, list[str]]:
+    ors, params = [], []
+    for group in plan.like_groups():
+        ands = []
+        for needle, negated in group:
+            pattern = f"%{escape_like(needle)}%"
+            ands.append(("NOT " if negated else "") +
+                        "(COALESCE(m.content LIKE ? ESCAPE '\\', 0) OR COALESCE(m.tool_calls LIKE ? ESCAPE '\\', 0)"
+                        " OR COALESCE(m.tool_name LIKE ? ESCAPE '\\', 0))")
+            params += [pattern, pattern, pattern]
+        ors.append("(" + " AND ".join(ands) + ")")
+    return "(" + " OR ".join(ors) + ")", params
+
+
+def _like(conn: sqlite3.Connection, plan: fts.QueryPlan, f: _Filters, low: int, high: int, need: int,
+          only_queued: bool = False) -> list[int]:
+    """Return the ids of messages in [low, high] matching the query by LIKE, newest first.
+
+    Reads at most `_LIKE_SCAN_ROWS` rows: the newest of the range, or of the CJK queue.
+    """
+    condition, params = _like_condition(plan)
+    if only_queued:
+        scope = (f" AND m.id IN (SELECT id FROM {fts.CJK_PENDING} WHERE id BETWEEN ? AND ? "
+                 "ORDER BY id DESC LIMIT ?)")
+        scope_params: tuple = (low, high, _LIKE_SCAN_ROWS)
+    else:
+        newest = conn.execute("SELECT MAX(id) FROM messages WHERE id <= ?", (high,)).fetchone()[0] or 0
+        low = max(low, newest - _LIKE_SCAN_ROWS + 1)
+        scope, scope_params = "", ()
+    sql = (f"SELECT m.id FROM messages m{f.join} WHERE m.id BETWEEN ? AND ?{scope} AND {condition}{f.sql} "
+           "ORDER BY m.id DESC LIMIT ?")
+    return [r[0] for r in conn.execute(sql, (low, high, *scope_params, *params, *f.params, need))]
+
+
+def _uncovered(conn: sqlite3.Connection, plan: fts.QueryPlan, f: _Filters, state: fts.FtsState, low: int,
+               high: int, need: int, cjk: bool) -> list[int]:
+    """LIKE-scan the rows the index does not cover yet: (P, H] of a rebuild, queued CJK rows."""
+    found: list[int] = []
+    if state.rebuild is not None:
+        progress, high_water = state.rebuild
+        if max(low, progress + 1) <= min(high, high_water):
+            found += _like(conn, plan, f, max(low, progress + 1), min(high, high_water), need)
+    if cjk and state.cjk_pending:
+        found += _like(conn, plan, f, low, high, need, only_queued=True)
+    return found
+
+
+def _merged(*ranked: list[tuple[int, float, str | None]]) -> list[tuple[int, str | None]]:
+    hits = sorted((h for r in ranked for h in r), key=lambda h: (h[1], -h[0]))
+    return [(i, table) for i, _, table in hits]
+
+
+def _find(conn: sqlite3.Connection, plan: fts.QueryPlan, f: _Filters, low: int, high: int,
+          need: int) -> list[tuple[int, str | None]]:
+    """Route the query (see the comment above) and return (id, snippet table or None) hits, best first."""
+    state = fts.inspect(conn)
+    tables = state.tables
+
+    def ranked(table: str, expr: str, snippet_from: str | None) -> list[tuple[int, float, str | None]]:
+        skip = table == fts.CJK and state.cjk_pending
+        return [(i, score, snippet_from) for i, score in _ranked(conn, table, expr, f, low, high, need, skip)]
+
+    if plan.cjk is not None and fts.CJK in tables:
+        found = _merged(ranked(fts.CJK, plan.cjk, None),
+                        # "東京 OR docker": the Latin branch may match messages without any CJK.
+                        ranked(fts.WORD, plan.word, fts.WORD) if plan.has_or and fts.WORD in tables else [])
+        return found + [(i, None) for i in _uncovered(conn, plan, f, state, low, high, need, cjk=True)]
+    if plan.cjk is not None:
+        _warn_once("cjk", "full-text search: the CJK index is missing, so CJK queries use the trigram index "
+                          "(3+ characters) or a bounded LIKE scan; open the database writable to build it")
+    elif fts.WORD in tables:
+        # Latin glued to CJK ("iPhone16を") is one unicode61 token in the word index; the CJK
+        # index, which splits it, holds every message that has CJK, so it is asked too.
+        found = _merged(ranked(fts.WORD, plan.word, fts.WORD),
+                        ranked(fts.CJK, plan.word, None) if fts.CJK in tables else [])
+        found += [(i, None) for i in _uncovered(conn, plan, f, state, low, high, need, cjk=True)]
+        if found:
+            return found
+    if plan.trigram is not None and fts.TRIGRAM in tables:
+        found = [(i, fts.TRIGRAM) for i, _ in _ranked(conn, fts.TRIGRAM, plan.trigram, f, low, high, need)]
+        found += [(i, None) for i in _uncovered(conn, plan, f, state, low, high, need, cjk=False)]
+        if found:
+            return found
+    if not tables:
+        _warn_once("fts", "full-text search: no FTS index in this database; searching the newest "
+                          f"{_LIKE_SCAN_ROWS} messages with LIKE")
+    _logger.debug("search %r: last resort LIKE scan", plan.word)
+    return [(i, None) for i in _like(conn, plan, f, low, high, need)]
+
+
+def _text_snippet(text: str | None, needles: list[str]) -> str:
+    """Return a window of `text` around the first match with every match wrapped in >>> <<<."""
+    if not text:
+        return ""
+    folded = text.lower()
+    if len(folded) != len(text):  # rare case-folding that changes length: match exact case
+        folded = text
+    needles = [n.lower() if folded is not text else n for n in needles if n]
+    starts = [p for p in (folded.find(n) for n in needles) if p >= 0]
+    first = min(starts) if starts else 0
+    begin = max(0, first - _SNIPPET_CHARS // 3)
+    end = min(len(text), begin + _SNIPPET_CHARS)
+    spans: list[tuple[int, int]] = []
+    for needle in needles:
+        at = folded.find(needle, begin)
+        while 0 <= at < end:
+            spans.append((at, min(at + len(needle), end)))
+            at = folded.find(needle, at + len(needle))
+    out, pos = [], begin
+    for s, e in sorted(spans):
+        if s < pos:
+            continue  # overlapping matches: the first one is marked
+        out += [text[pos:s], ">>>", text[s:e], "<<<"]
+        pos = e
+    out.append(text[pos:end])
+    return ("..." if begin else "") + "".join(out) + ("..." if end < len(text) else "")
+
+
+def _snippets(conn: sqlite3.Connection, plan: fts.QueryPlan, hits: list[tuple[int, str | None]]) -> dict[int, str]:
+    """Return {id: snippet}: FTS5 snippet() for word/trigram hits, a text window for the others."""
+    out: dict[int, str] = {}
+    exprs = {fts.WORD: (plan.word, -1), fts.TRIGRAM: (plan.trigram, 0)}
+    for table, (expr, column) in exprs.items():
+        ids = [i for i, t in hits if t == table]
+        if ids:
+            out.update(conn.execute(
+                f"SELECT rowid, snippet({table}, {column}, {_SNIPPET_ARGS}) FROM {table} "
+                f"WHERE {table} MATCH ? AND rowid IN (SELECT value FROM json_each(?))", (expr, json.dumps(ids))))
+    rest = [i for i, _ in hits if ">>>" not in (out.get(i) or "")]
+    if rest:
+        needles = [needle for group in plan.like_groups() for needle, negated in group if not negated]
+        for i, content, calls in conn.execute("SELECT id, content, tool_calls FROM messages "
+                                              "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(rest),)):
+            text = content
+            if calls and not any(n.lower() in (content or "").lower() for n in needles):
+                text = calls
+            out[i] = _text_snippet(text, needles)
+    return out
+
+
+# Previous and next message of the same session and generation (active or archived), for every
+# hit in one statement; `+active` keeps the planner on the (session_id, id) index.
+_CONTEXT_SQL = f"""
+SELECT h.id, c.id, c.role, substr(c.content, 1, {_CONTEXT_CHARS})
+  FROM messages h JOIN messages c ON c.id = (
+       SELECT p.id FROM messages p WHERE p.session_id = h.session_id AND p.id < h.id AND +p.active IS h.active
+        ORDER BY p.id DESC LIMIT 1)
+ WHERE h.id IN (SELECT value FROM json_each(?1))
+UNION ALL
+SELECT h.id, c.id, c.role, substr(c.content, 1, {_CONTEXT_CHARS})
+  FROM messages h JOIN messages c ON c.id = (
+       SELECT n.id FROM messages n WHERE n.session_id = h.session_id AND n.id > h.id AND +n.active IS h.active
+        ORDER BY n.id LIMIT 1)
+ WHERE h.id IN (SELECT value FROM json_each(?1))"""
+
+
+def _present(conn: sqlite3.Connection, plan: fts.QueryPlan, hits: list[tuple[int, str | None]]) -> list[dict[str, Any]]:
+    batch = json.dumps([i for i, _ in hits])
+    rows = {r[0]: r for r in conn.execute(
+        "SELECT m.id, m.session_id, m.role, m.timestamp, m.tool_name, s.source, s.model, s.started_at "
+        "FROM messages m LEFT JOIN sessions s ON s.id = m.session_id "
+        "WHERE m.id IN (SELECT value FROM json_each(?))", (batch,))}
+    snippets = _snippets(conn, plan, hits)
+    context: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for hit, cid, role, content in sorted(conn.execute(_CONTEXT_SQL, (batch,)), key=lambda r: (r[0], r[1])):
+        context[hit].append({"id": cid, "role": role, "content": content})
+    out = []
+    for hit, _ in hits:
+        row = rows.get(hit)
+        if row is None:
+            continue
+        out.append({"id": row[0], "session_id": row[1], "role": row[2], "timestamp": row[3], "tool_name": row[4],
+                    "snippet": snippets.get(hit, ""), "context": context.get(hit, []),
+                    "source": row[5], "model": row[6], "session_started": row[7]})
+    return out
+
+
+def search_messages(conn: sqlite3.Connection, query: Any, source_filter: Any = None, exclude_sources: Any = None,
+                    role_filter: Any = None, session_id: str | None = None, limit: int = 20, offset: int = 0,
+                    include_inactive: bool = False) -> list[dict[str, Any]]:
+    """Search message text, best match first; any query text is accepted and never raises.
+
+    Each hit: id, session_id, role, timestamp, tool_name, snippet (matches in >>> <<<), context
+    (previous/next message of the session, content cut to 200 characters), source, model,
+    session_started. Active rows only unless `include_inactive`. Bad limit/offset or filter
+    types raise ValueError. Run it in one read snapshot (the facade does).
+    """
+    limit, offset = _check_count("limit", limit), _check_count("offset", offset)
+    f = _Filters(source_filter, exclude_sources, role_filter, session_id, include_inactive)
+    plan = fts.plan_query(query)
+    if plan is None or limit == 0:
+        return []
+    low, high = 0, _MAX_ROWID
+    if session_id is not None:
+        # A session's rows sit in a narrow id range; the FTS seek is bounded to it.
+        low, high = conn.execute("SELECT MIN(id), MAX(id) FROM messages WHERE session_id = ?",
+                                 (session_id,)).fetchone()
+        if low is None:
+            return []
+    seen: set[int] = set()
+    unique = [(i, t) for i, t in _find(conn, plan, f, low, high, offset + limit) if not (i in seen or seen.add(i))]
+    page = unique[offset:offset + limit]
+    return _present(conn, plan, page) if page else []

@@ -311,6 +311,10 @@ def _prepare(fields: dict[str, Any]) -> tuple[dict[str, Any], list | None]:
     return row, calls if isinstance(calls, list) else None
 
 
+def _call_count(calls: Any) -> int:
+    return len(calls) if isinstance(calls, list) else 0
+
+
 def _call_ids(calls: Iterable[Any] | None) -> list[str]:
     return [c["id"] for c in calls or () if isinstance(c, dict) and isinstance(c.get("id"), str)]
 
@@ -374,7 +378,7 @@ def _write_row(conn: sqlite3.Connection, session_id: str, row: dict[str, Any], c
     role = row["role"]
     row.setdefault("timestamp", time.time())
     if active:
-        tool_calls = len(calls) if calls is not None and role == "assistant" else 0
+        tool_calls = _call_count(calls) if role == "assistant" else 0
         _updated_or_missing(conn.execute(_COUNT_SQL, (1, tool_calls, row["timestamp"], session_id)), session_id)
     else:
         require_session(conn, session_id)
@@ -403,13 +407,6 @@ def insert_message(conn: sqlite3.Connection, session_id: str, fields: dict[str, 
     """
     row, calls = _prepare(fields)
     return _write_row(conn, session_id, row, calls, 1 if active else 0, 1 if compacted else 0)
-
-
-def append_message(conn: sqlite3.Connection, session_id: str, role: str, content: str | None = None,
-                   **fields: Any) -> int:
-    """Append one active message to the session and return its row id (R-MSG-1)."""
-    fields["role"], fields["content"] = role, content
-    return insert_message(conn, session_id, fields)
 
 
 def _row_dict(names: list[str], row: tuple) -> dict[str, Any]:
@@ -462,6 +459,7 @@ def merge_tool_call_uids(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def _merged_values(rows: list[dict[str, Any]]) -> dict[str, Any]:
     first, rest = rows[0], rows[1:]
+
     def first_of(name: str) -> Any:
         return next((r[name] for r in rows if r[name] is not None), None)
     api = None
@@ -501,7 +499,7 @@ def merge_messages(conn: sqlite3.Connection, session_id: str, row_ids: Iterable[
     The merged row keeps its own message_uid and lists the others' uids (and what they had
     absorbed) in absorbed_message_uids; the other rows are deleted and message_count drops.
     """
-    ids = list(row_ids) if not isinstance(row_ids, (str, bytes)) else []
+    ids = [] if isinstance(row_ids, (str, bytes)) or not isinstance(row_ids, Iterable) else list(row_ids)
     if len(ids) < 2 or any(isinstance(i, bool) or not isinstance(i, int) for i in ids) or len(set(ids)) != len(ids):
         raise ValueError("row_ids must be at least two distinct integer row ids")
     require_session(conn, session_id)
@@ -516,12 +514,17 @@ def merge_messages(conn: sqlite3.Connection, session_id: str, row_ids: Iterable[
     if len(roles) != 1 or roles & {"user", "assistant"} != roles:
         raise ValueError(f"only user/user or assistant/assistant rows merge, not {sorted(roles)}")
     values = _merged_values(rows)
+    calls_delta = 0
+    if roles == {"assistant"}:
+        # Normally zero (the calls move to the merged row); non-list tool_calls text changes it.
+        calls_delta = _call_count(decode_json(values["tool_calls"])) - sum(_call_count(r["tool_calls"]) for r in rows)
     conn.execute(f"UPDATE messages SET {', '.join(f'{n} = ?' for n in values)} WHERE id = ?",
                  [*values.values(), rows[0]["id"]])
     conn.execute(f"DELETE FROM messages WHERE id IN ({', '.join('?' * (len(rows) - 1))})",
                  [r["id"] for r in rows[1:]])
-    conn.execute("UPDATE sessions SET message_count = COALESCE(message_count, 0) - ? WHERE id = ?",
-                 (len(rows) - 1, session_id))
+    conn.execute("UPDATE sessions SET message_count = COALESCE(message_count, 0) - ?, "
+                 "tool_call_count = COALESCE(tool_call_count, 0) + ? WHERE id = ?",
+                 (len(rows) - 1, calls_delta, session_id))
     return rows[0]["id"]
 
 
@@ -579,8 +582,6 @@ _CONVERSATION_SQL = ("SELECT id, role, content, api_content, tool_calls, tool_ca
                      "reasoning_content, reasoning_details, codex_reasoning_items, codex_message_items, "
                      "message_uid, absorbed_message_uids, tool_call_uids, tool_call_uid FROM messages "
                      "WHERE session_id = ? AND active = 1 ORDER BY id")
-_ASSISTANT_TEXT = ("reasoning", "reasoning_content")
-_ASSISTANT_JSON = ("reasoning_details", "codex_reasoning_items", "codex_message_items")
 
 
 class _Projector:

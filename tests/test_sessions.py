@@ -140,7 +140,8 @@ def test_update_token_counts_increments_backfills_model_and_upserts_usage(db, ri
     assert r["model"] == "gpt-x"  # backfilled once, never overwritten
     usage = {u["model"]: dict(u) for u in rival.execute("SELECT * FROM session_model_usage WHERE session_id = 's'")}
     assert set(usage) == {"gpt-x", "other"}
-    assert (usage["gpt-x"]["task"], usage["gpt-x"]["input_tokens"], usage["gpt-x"]["estimated_cost_usd"]) == ("", 100, 0.5)
+    gpt = usage["gpt-x"]
+    assert (gpt["task"], gpt["input_tokens"], gpt["estimated_cost_usd"]) == ("", 100, 0.5)
     assert (usage["other"]["input_tokens"], usage["other"]["api_call_count"]) == (10, 1)
     # Without a model the session's model keys the usage row.
     db.update_token_counts("s", 1)
@@ -375,9 +376,21 @@ def test_merge_assistant_rows_joins_reasoning_and_replay_bytes(db, rival):
                           finish_reason="stop", tool_calls=[call("c")])
     db.merge_messages("s", [b, a])  # order of the ids given does not matter
     got = db.get_messages("s")[0]
-    assert (got["content"], got["api_content"], got["reasoning_content"]) == ("answer", "think\n\nanswer", "think\n\nmore")
+    assert (got["content"], got["api_content"]) == ("answer", "think\n\nanswer")
+    assert got["reasoning_content"] == "think\n\nmore"
     assert got["reasoning_details"] == [{"n": 1}, {"n": 2}] and got["finish_reason"] == "stop"
     assert row(rival, "s")["tool_call_count"] == 1
+
+
+def test_merge_keeps_tool_call_count_equal_to_stored_calls_even_for_odd_tool_calls(db, rival):
+    db.create_session("s", "cli")
+    a = db.append_message("s", "assistant", "a", tool_calls='{"id": "lonely"}')  # not a list: counts 0
+    b = db.append_message("s", "assistant", "b", tool_calls=[call("c")])
+    assert row(rival, "s")["tool_call_count"] == 1
+    db.merge_messages("s", [a, b])
+    merged = json.loads(rows(rival, "s")[0]["tool_calls"])
+    assert merged == [{"id": "lonely"}, call("c")]
+    assert row(rival, "s")["tool_call_count"] == len(merged)
 
 
 def test_merge_refuses_bad_row_sets_and_writes_nothing(db, rival, conn):
@@ -391,7 +404,7 @@ def test_merge_refuses_bad_row_sets_and_writes_nothing(db, rival, conn):
     other = db.append_message("t", "user", "elsewhere")
     inactive = in_txn(conn, sessions.insert_message, "s", {"role": "user", "content": "old"}, active=0)
     before = [dict(m) for m in rows(rival, "s")]
-    for bad in ([u1], [u1, u1], [u1, a1], [t1, t2], [u1, other], [u1, inactive], [u1, 999_999], "12", [u1, True]):
+    for bad in ([u1], [u1, u1], [u1, a1], [t1, t2], [u1, other], [u1, inactive], [u1, 999_999], "12", 12, [u1, True]):
         with pytest.raises(ValueError):
             db.merge_messages("s", bad)
     assert [dict(m) for m in rows(rival, "s")] == before
@@ -578,7 +591,7 @@ def test_include_ancestors_ignores_branch_parents(db):
 
 _OPS = st.lists(st.one_of(
     st.tuples(st.just("append"), st.sampled_from(["user", "assistant", "tool"]), st.integers(0, 3)),
-    st.tuples(st.just("merge"), st.integers(0, 50), st.integers(2, 4)),
+    st.tuples(st.just("merge"), st.sampled_from(["user", "assistant"]), st.integers(0, 50), st.integers(2, 4)),
 ), max_size=25)
 
 
@@ -599,12 +612,13 @@ def test_counters_match_active_rows_and_uids_stay_hex(tmp_path_factory):
                 calls = [call(f"c{i % 2}") for i in range(n_calls)] if role == "assistant" else None
                 db.append_message(sid, role, "text", tool_calls=calls, tool_call_id="c0" if role == "tool" else None)
             else:
-                _, start, width = op
-                live = check.execute("SELECT id, role FROM messages WHERE session_id = ? AND active = 1 ORDER BY id",
-                                     (sid,)).fetchall()
+                _, role, start, width = op
+                live = [r[0] for r in check.execute(
+                    "SELECT id FROM messages WHERE session_id = ? AND active = 1 AND role = ? ORDER BY id",
+                    (sid, role))]
                 window = live[start % max(len(live), 1):][:width]
-                if len(window) >= 2 and len({r[1] for r in window}) == 1 and window[0][1] != "tool":
-                    db.merge_messages(sid, [r[0] for r in window])
+                if len(window) >= 2:
+                    db.merge_messages(sid, window)
         count, tool_calls = check.execute("SELECT message_count, tool_call_count FROM sessions WHERE id = ?",
                                           (sid,)).fetchone()
         active = check.execute("SELECT COUNT(*) FROM messages WHERE session_id = ? AND active = 1",

@@ -1,0 +1,159 @@
+"""Search latency and index size: SessionDB.search_messages on N messages (R-BAR-1: p50 < 25 ms at 1M).
+
+    python bench/search.py [-n 200000] [--corpus-dir DIR] [--seed 1] [--db PATH] [--queries 150]
+
+Builds (or reuses, with --db pointing at an existing file) a database of N messages from the shared
+corpus (shared/bench/corpus.py), written through the library's own insert path, one transaction per
+session, so every trigger and the CJK queue run as in production. Then it times search_messages
+(limit 20, snippets and context included) for the corpus's three query kinds -- common words, a rare
+word plus a common one, 2-character CJK terms -- plus substrings of words (served by the trigram
+index) and a few filtered queries; each query runs once to warm the cache, then is timed. It prints
+p50/p95 per kind, the build time, and the database size divided by the raw text size (content,
+tool_calls and tool_name bytes), with the bytes of each index from dbstat.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import hermes_state_sessions as sessions  # noqa: E402
+from hermes_state import SessionDB  # noqa: E402
+
+
+def load_corpus(corpus_dir: Path):
+    sys.path.insert(0, str(corpus_dir))
+    import corpus  # noqa: PLC0415  (found through --corpus-dir)
+    return corpus
+
+
+def build(path: Path, corpus, n: int, seed: int) -> dict:
+    """Write N corpus messages through the library; return build time and raw text bytes."""
+    raw = 0
+    count = 0
+    t0 = time.perf_counter()
+    with SessionDB(path) as db:
+        for sid, source, msgs in corpus.sessions(n_messages=n, seed=seed):
+            db.create_session(sid, source, model=random.Random(sid).choice(["gpt-x", "claude-y", "local-z"]))
+            with db._write() as conn:
+                for m in msgs:
+                    fields = {k: v for k, v in m.items() if v is not None}
+                    sessions.insert_message(conn, sid, fields)
+                    calls = json.dumps(m["tool_calls"], ensure_ascii=False) if m.get("tool_calls") else ""
+                    raw += len((m.get("content") or "").encode()) + len(calls.encode()) + len((m.get("tool_name") or "").encode())
+            count += len(msgs)
+            if count % 50_000 < len(msgs):
+                print(f"  {count:,} messages, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        assert db.fts_rebuild_status()["cjk_pending"] == 0
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return {"messages": count, "build_s": time.perf_counter() - t0, "raw_text_bytes": raw}
+
+
+def raw_text_bytes(path: Path) -> int:
+    conn = sqlite3.connect(path)
+    total = conn.execute("SELECT SUM(COALESCE(length(CAST(content AS BLOB)), 0) + COALESCE(length(CAST(tool_calls AS BLOB)), 0)"
+                         " + COALESCE(length(CAST(tool_name AS BLOB)), 0)) FROM messages").fetchone()[0]
+    conn.close()
+    return total or 0
+
+
+def sizes(path: Path) -> dict[str, int]:
+    """Bytes per object group (messages, each FTS index with its shadow tables, the rest)."""
+    conn = sqlite3.connect(path)
+    groups: dict[str, int] = {}
+    for name, size in conn.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name"):
+        key = next((t for t in ("messages_fts_trigram", "messages_fts_cjk", "messages_fts") if name.startswith(t)),
+                   "messages" if name == "messages" else "indexes and other tables")
+        groups[key] = groups.get(key, 0) + size
+    conn.close()
+    return groups
+
+
+def queries(corpus, seed: int, n: int) -> dict[str, list[tuple[str, dict]]]:
+    out: dict[str, list[tuple[str, dict]]] = {"common word": [], "rare + common word": [], "2-char CJK": []}
+    names = list(out)
+    for i, q in enumerate(corpus.sample_queries(seed=seed, n=n)):
+        out[names[i % 3]].append((q, {}))
+    rng = random.Random(seed)
+    vocab = [w for w in corpus._vocab(random.Random(seed)) if len(w) >= 7][:400]
+    out["substring (trigram)"] = [(w[2:6], {}) for w in rng.sample(vocab, 40)]
+    common = [q for q, _ in out["common word"]]
+    out["common word + filters"] = [(q, {"source_filter": ["telegram"], "role_filter": ["user"]}) for q in common[:25]]
+    out["common word, one session"] = [(q, {"session_id": f"bench_{seed}_{rng.randint(1, 1000):07d}"})
+                                       for q in common[:25]]
+    out["common word, page 5"] = [(q, {"offset": 80}) for q in common[:25]]
+    return out
+
+
+def time_queries(db: SessionDB, kinds: dict[str, list[tuple[str, dict]]]) -> dict[str, dict]:
+    results = {}
+    for kind, items in kinds.items():
+        for q, kw in items:  # warm-up pass: the benchmark measures a warm page cache
+            db.search_messages(q, **kw)
+        times, empty = [], 0
+        for q, kw in items:
+            t0 = time.perf_counter()
+            hits = db.search_messages(q, **kw)
+            times.append((time.perf_counter() - t0) * 1000)
+            empty += not hits
+        times.sort()
+        results[kind] = {"queries": len(times), "p50_ms": round(statistics.median(times), 2),
+                         "p95_ms": round(times[min(len(times) - 1, int(0.95 * len(times)))], 2),
+                         "max_ms": round(times[-1], 2), "no_hits": empty}
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-n", type=int, default=200_000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--queries", type=int, default=150)
+    parser.add_argument("--corpus-dir", type=Path, default=REPO.parent / "shared" / "bench")
+    parser.add_argument("--db", type=Path, help="database file to build (or reuse when it exists)")
+    args = parser.parse_args()
+    corpus = load_corpus(args.corpus_dir)
+    tmp = None
+    if args.db is None:
+        tmp = tempfile.TemporaryDirectory(prefix="hermes-bench-")
+        args.db = Path(tmp.name) / "state.db"
+    os.environ.setdefault("HERMES_HOME", str(args.db.parent))
+    report: dict = {"n": args.n, "sqlite": sqlite3.sqlite_version}
+    if args.db.exists():
+        report.update(messages=None, build_s=None, raw_text_bytes=raw_text_bytes(args.db))
+    else:
+        report.update(build(args.db, corpus, args.n, args.seed))
+    db_bytes = args.db.stat().st_size
+    report.update(db_bytes=db_bytes, ratio_db_to_raw=round(db_bytes / report["raw_text_bytes"], 3),
+                  sizes=sizes(args.db))
+    t0 = time.perf_counter()
+    db = SessionDB(args.db, read_only=True)
+    report["open_ms"] = round((time.perf_counter() - t0) * 1000, 2)
+    report["search"] = time_queries(db, queries(corpus, args.seed, args.queries))
+    db.close()
+    print(json.dumps(report, indent=2))
+    mb = 1 << 20
+    print(f"\n{args.n:,} messages; built in {report['build_s'] or 0:.0f} s; raw text {report['raw_text_bytes'] / mb:.0f} MB; "
+          f"database {db_bytes / mb:.0f} MB = {report['ratio_db_to_raw']:.2f}x raw", file=sys.stderr)
+    for group, size in sorted(report["sizes"].items(), key=lambda kv: -kv[1]):
+        print(f"  {group:28s} {size / mb:8.0f} MB  {size / report['raw_text_bytes']:.2f}x raw", file=sys.stderr)
+    for kind, r in report["search"].items():
+        print(f"  {kind:28s} p50 {r['p50_ms']:7.2f} ms   p95 {r['p95_ms']:7.2f} ms   ({r['queries']} queries, "
+              f"{r['no_hits']} without hits)", file=sys.stderr)
+    if tmp is not None:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,637 @@
+"""Full-text indexes over messages: the three FTS5 tables, their triggers, rebuild markers and queries.
+
+Owns: `messages_fts` (unicode61 words over content, tool_name, tool_calls), `messages_fts_trigram`
+(substrings of user/assistant content), `messages_fts_cjk` (CJK runs as bigrams, see `cjk_index_text`)
+with its work queue `messages_fts_cjk_pending`, the triggers that keep them in sync, the rebuild
+markers `fts_rebuild_high_water`/`fts_rebuild_progress`, the chunked resumable rebuild, the periodic
+merge, `_sanitize_fts5_query()` and the query plans `search_messages` routes with.
+Does not own: running searches (hermes_state_search) or writing message rows (hermes_state_sessions).
+
+Transaction contract: functions taking a connection run inside the caller's write transaction (or
+read under its lock) and never commit. `ensure_fts`, `run_pending` and `rebuild` take the Writer and
+open their own short write transactions, one per chunk. `upkeep` runs after a COMMIT and never raises.
+Persistent triggers use plain SQL only, so a sqlite3 shell can read and write (DELETE too) the file;
+the CJK terms come from a Python function that only this library's connections register.
+See docs/search.md for the design and its trade-offs.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sqlite3
+import threading
+from dataclasses import dataclass
+from typing import Callable, Union
+
+from hermes_state_common import RetryPolicy, Writer, strip_surrogates
+from hermes_state_errors import StateDbIncompatibleError
+
+logger = logging.getLogger("hermes_state")
+
+WORD, TRIGRAM, CJK = "messages_fts", "messages_fts_trigram", "messages_fts_cjk"
+CJK_PENDING = "messages_fts_cjk_pending"
+FTS_TABLES = (WORD, TRIGRAM, CJK)
+HIGH_WATER, PROGRESS = "fts_rebuild_high_water", "fts_rebuild_progress"
+
+MERGE_EVERY_N_WRITES = 1000
+MERGE_PAGES = 200            # bounded work per merge: a few milliseconds, never a full optimize
+REBUILD_CHUNK_ROWS = 2000    # messages per rebuild transaction (tens of milliseconds of lock)
+OPEN_CATCH_UP_ROWS = 2000    # queued CJK rows an open indexes before returning; the rest go background
+MAX_QUERY_CHARS = 2048
+MAX_QUERY_TERMS = 32
+
+# --- CJK terms -------------------------------------------------------------------------------------
+# Letters and numbers of the CJK scripts (Han, kana, Hangul, Bopomofo, their extensions and the
+# halfwidth forms). Punctuation such as 、。「」・ is left out on purpose: it separates words.
+_CJK_CHARS = ("\u1100-\u11ff\u3005-\u3007\u3021-\u3029\u3031-\u3035\u303b\u303c\u3041-\u3096"
+              "\u309d-\u309f\u30a1-\u30fa\u30fc-\u30ff\u3105-\u312f\u3131-\u318e\u31a0-\u31bf"
+              "\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\ua960-\ua97c\uac00-\ud7a3\ud7b0-\ud7fb"
+              "\uf900-\ufaff\uff66-\uff9f\uffa0-\uffdc\U0001b000-\U0001b16f\U00020000-\U0003134f")
+_CJK_RUN = re.compile(f"[{_CJK_CHARS}]+")
+
+
+def has_cjk(text: str | None) -> bool:
+    """Tell whether `text` holds at least one CJK letter."""
+    return bool(text) and not text.isascii() and _CJK_RUN.search(text) is not None
+
+
+def _run_terms(run: str, last_unigram: bool = True) -> list[str]:
+    # Overlapping bigrams, then the run's last character alone, so that every character of
+    # the run starts some token: a one-character query is then a prefix query (`東*`).
+    if len(run) == 1:
+        return [run]
+    terms = [run[i:i + 2] for i in range(len(run) - 1)]
+    return terms + [run[-1]] if last_unigram else terms
+
+
+def cjk_index_text(text: str) -> str:
+    """Return `text` with every maximal CJK run re-emitted as space-separated bigrams (cjk_unicode61).
+
+    "iPhone16を買った" -> "iPhone16 を買 買っ った た": Latin stays for unicode61 to tokenize, a
+    run of n > 1 characters becomes its n-1 bigrams plus its last character, a lone character stays.
+    """
+    pieces, pos = [], 0
+    for match in _CJK_RUN.finditer(text):
+        pieces.append(text[pos:match.start()].strip())
+        pieces.extend(_run_terms(match.group()))
+        pos = match.end()
+    pieces.append(text[pos:].strip())
+    return " ".join(p for p in pieces if p)
+
+
+def cjk_query_text(text: str) -> tuple[str, bool]:
+    """Return (phrase text, prefix) that finds `text` as a substring in `messages_fts_cjk`.
+
+    Same transform as the index, except at the end of the term: a final run keeps its bigrams
+    only (the document may continue the run), and a final lone character becomes a prefix.
+    """
+    runs = list(_CJK_RUN.finditer(text))
+    pieces, pos, prefix = [], 0, False
+    for index, match in enumerate(runs):
+        pieces.append(text[pos:match.start()])
+        run = match.group()
+        at_end = index == len(runs) - 1 and not any(ch.isalnum() for ch in text[match.end():])
+        pieces.extend(_run_terms(run, last_unigram=not at_end))
+        prefix = at_end and len(run) == 1
+        pos = match.end()
+    pieces.append(text[pos:])
+    return " ".join(" ".join(p for p in pieces if p).split()), prefix
+
+
+def cjk_terms(content: object, tool_calls: object = None) -> str | None:
+    """Return the CJK index text of a message, or None when it holds no CJK (the SQL function).
+
+    Never raises: it runs inside triggers, where an exception would fail the user's write.
+    """
+    try:
+        texts = [v if isinstance(v, str) else str(v) for v in (content, tool_calls) if v is not None]
+        if not any(has_cjk(t) for t in texts):
+            return None
+        return "\n".join(cjk_index_text(t) for t in texts)
+    except Exception:  # noqa: BLE001 - see docstring
+        logger.exception("hermes_cjk_terms failed; the row is left out of the CJK index")
+        return None
+
+
+def register_functions(conn: sqlite3.Connection) -> None:
+    """Register `hermes_cjk_terms(content, tool_calls)` on this connection (read-only handles too)."""
+    conn.create_function("hermes_cjk_terms", 2, cjk_terms, deterministic=True)
+
+
+# --- the declared FTS objects ----------------------------------------------------------------------
+
+def _gate(row_id: str) -> str:
+    # R-FTS-4: a row is indexed by triggers iff no rebuild is under way, or it is at or below
+    # the progress marker (already rebuilt), or above the high-water mark (newer than the
+    # rebuild). Rows in (P, H] are left to the rebuild, so none is indexed twice or missed.
+    return (f"(NOT EXISTS (SELECT 1 FROM state_meta WHERE key = '{HIGH_WATER}')"
+            f" OR {row_id} > (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = '{HIGH_WATER}')"
+            f" OR {row_id} <= (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = '{PROGRESS}'))")
+
+
+def _wide(row: str) -> str:
+    # Non-ASCII text (fewer characters than bytes) may hold CJK. Plain SQL, so it runs in any shell.
+    return (f"(length({row}.content) < length(CAST({row}.content AS BLOB))"
+            f" OR length({row}.tool_calls) < length(CAST({row}.tool_calls AS BLOB)))")
+
+
+_TRIGRAM_ROLES = "('user', 'assistant')"
+_CJK_TABLE_SQL = f"CREATE VIRTUAL TABLE {CJK} USING fts5(terms)"
+
+# (type, name, sql). The sql is what sqlite_master stores; open compares it to decide whether
+# anything must be (re)built, so an up-to-date file costs one catalogue read.
+OBJECTS: tuple[tuple[str, str, str], ...] = (
+    ("table", WORD, f"CREATE VIRTUAL TABLE {WORD} USING fts5(content, tool_name, tool_calls, "
+                    "content='messages', content_rowid='id')"),
+    ("view", "messages_fts_trigram_source",
+     f"CREATE VIEW messages_fts_trigram_source AS SELECT id, content FROM messages WHERE role IN {_TRIGRAM_ROLES}"),
+    ("table", TRIGRAM, f"CREATE VIRTUAL TABLE {TRIGRAM} USING fts5(content, content='messages_fts_trigram_source', "
+                       "content_rowid='id', tokenize='trigram')"),
+    ("table", CJK, _CJK_TABLE_SQL),
+    ("table", CJK_PENDING, f"CREATE TABLE {CJK_PENDING} (id INTEGER PRIMARY KEY)"),
+    ("trigger", "messages_fts_insert",
+     f"CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages WHEN {_gate('new.id')} BEGIN "
+     f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
+     f"VALUES (new.id, new.content, new.tool_name, new.tool_calls); "
+     f"INSERT INTO {TRIGRAM}(rowid, content) SELECT new.id, new.content WHERE new.role IN {_TRIGRAM_ROLES}; "
+     "END"),
+    ("trigger", "messages_fts_delete",
+     f"CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages WHEN {_gate('old.id')} BEGIN "
+     f"INSERT INTO {WORD}({WORD}, rowid, content, tool_name, tool_calls) "
+     f"VALUES ('delete', old.id, old.content, old.tool_name, old.tool_calls); "
+     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, content) SELECT 'delete', old.id, old.content "
+     f"WHERE old.role IN {_TRIGRAM_ROLES}; "
+     "END"),
+    ("trigger", "messages_fts_update",
+     "CREATE TRIGGER messages_fts_update AFTER UPDATE OF id, role, content, tool_name, tool_calls ON messages "
+     "BEGIN "
+     f"INSERT INTO {WORD}({WORD}, rowid, content, tool_name, tool_calls) "
+     f"SELECT 'delete', old.id, old.content, old.tool_name, old.tool_calls WHERE {_gate('old.id')}; "
+     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, content) SELECT 'delete', old.id, old.content "
+     f"WHERE old.role IN {_TRIGRAM_ROLES} AND {_gate('old.id')}; "
+     f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
+     f"SELECT new.id, new.content, new.tool_name, new.tool_calls WHERE {_gate('new.id')}; "
+     f"INSERT INTO {TRIGRAM}(rowid, content) SELECT new.id, new.content "
+     f"WHERE new.role IN {_TRIGRAM_ROLES} AND {_gate('new.id')}; "
+     "END"),
+    # The CJK index cannot be fed by persistent triggers (they would need our function, and a
+    # plain shell has none), so persistent triggers only queue possibly-CJK rows; this library's
+    # connections drain the queue at once through a TEMP trigger, other writers leave it for the
+    # next open. Deleted and updated rows are queued too, so their stale terms are removed.
+    ("trigger", "messages_fts_cjk_insert",
+     f"CREATE TRIGGER messages_fts_cjk_insert AFTER INSERT ON messages WHEN {_wide('new')} BEGIN "
+     f"INSERT OR REPLACE INTO {CJK_PENDING}(id) VALUES (new.id); "
+     "END"),
+    ("trigger", "messages_fts_cjk_delete",
+     f"CREATE TRIGGER messages_fts_cjk_delete AFTER DELETE ON messages WHEN {_wide('old')} BEGIN "
+     f"INSERT OR REPLACE INTO {CJK_PENDING}(id) VALUES (old.id); "
+     "END"),
+    ("trigger", "messages_fts_cjk_update",
+     "CREATE TRIGGER messages_fts_cjk_update AFTER UPDATE OF id, content, tool_calls ON messages "
+     f"WHEN {_wide('old')} OR {_wide('new')} BEGIN "
+     f"INSERT OR REPLACE INTO {CJK_PENDING}(id) SELECT old.id WHERE old.id IS NOT new.id; "
+     f"INSERT OR REPLACE INTO {CJK_PENDING}(id) VALUES (new.id); "
+     "END"),
+)
+_OBJECT_NAMES = frozenset(name for _, name, _ in OBJECTS)
+
+# Per connection, created before the handle's first write. REPLACE re-fires it for a queued id.
+_DRAIN_TRIGGER_SQL = (
+    f"CREATE TEMP TRIGGER IF NOT EXISTS hermes_fts_cjk_drain AFTER INSERT ON {CJK_PENDING} BEGIN "
+    f"DELETE FROM {CJK} WHERE rowid = new.id; "
+    f"INSERT INTO {CJK}(rowid, terms) SELECT id, t FROM "
+    f"(SELECT id, hermes_cjk_terms(content, tool_calls) AS t FROM messages WHERE id = new.id) "
+    "WHERE t IS NOT NULL; "
+    f"DELETE FROM {CJK_PENDING} WHERE id = new.id; "
+    "END")
+
+
+def _normalized(sql: str | None) -> str:
+    return " ".join((sql or "").split())
+
+
+@dataclass(frozen=True)
+class FtsState:
+    """What open learned from the catalogue and the markers (no data table is read)."""
+
+    declared: bool                    # every object present exactly as declared, nothing foreign
+    tables: frozenset[str]            # which of the FTS tables exist at all
+    rebuild: tuple[int, int] | None   # (progress, high water) while a rebuild is under way
+    cjk_pending: bool                 # rows wait in the CJK queue
+
+    @property
+    def work_pending(self) -> bool:
+        return self.rebuild is not None or self.cjk_pending
+
+
+def _markers(conn: sqlite3.Connection) -> tuple[int, int] | None:
+    values = dict(conn.execute("SELECT key, value FROM state_meta WHERE key IN (?, ?)", (HIGH_WATER, PROGRESS)))
+    if values.get(HIGH_WATER) is None:
+        return None
+    return int(values.get(PROGRESS) or 0), int(values[HIGH_WATER])
+
+
+def inspect(conn: sqlite3.Connection) -> FtsState:
+    """Read the FTS objects, markers and queue state from the catalogue; never scans messages."""
+    found: dict[str, str] = {}
+    foreign = False
+    for kind, name, table, sql in conn.execute(
+            "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE type IN ('table', 'view', 'trigger') "
+            "AND (name LIKE 'messages\\_fts%' ESCAPE '\\' OR (type = 'trigger' AND tbl_name = 'messages'))"):
+        if name in _OBJECT_NAMES:
+            found[name] = _normalized(sql)
+        elif kind == "trigger" and "messages_fts" in (sql or ""):
+            foreign = True  # an older layout's trigger writing our tables would double-index rows
+    declared = not foreign and all(found.get(name) == _normalized(sql) for _, name, sql in OBJECTS)
+    tables = frozenset(t for t in FTS_TABLES if t in found)
+    pending = CJK_PENDING in found and conn.execute(f"SELECT EXISTS (SELECT 1 FROM {CJK_PENDING})").fetchone()[0]
+    return FtsState(declared, tables, _markers(conn), bool(pending))
+
+
+# --- creating, rebuilding, catching up ------------------------------------------------------------
+
+def fts5_available(conn: sqlite3.Connection) -> bool:
+    """Tell whether this SQLite has FTS5 with the trigram tokenizer (3.34+)."""
+    if sqlite3.sqlite_version_info < (3, 34, 0):
+        return False
+    try:
+        conn.execute("SELECT fts5_source_id()").fetchone()
+    except sqlite3.OperationalError:
+        return False
+    return True
+
+
+def _drop_fts_objects(conn: sqlite3.Connection) -> None:
+    rows = conn.execute("SELECT type, name, sql FROM sqlite_master WHERE type IN ('trigger', 'view', 'table') "
+                        "AND (name IN (SELECT value FROM json_each(?)) OR (type = 'trigger' AND tbl_name = 'messages' "
+                        "AND sql LIKE '%messages_fts%'))", (_json_list(sorted(_OBJECT_NAMES)),)).fetchall()
+    order = {"trigger": 0, "view": 1, "table": 2}  # triggers first: they name the tables
+    for kind, name, _ in sorted(rows, key=lambda r: order[r[0]]):
+        conn.execute(f'DROP {kind.upper()} IF EXISTS "{name}"')
+
+
+def create_fts(conn: sqlite3.Connection) -> None:
+    """(Re)create every FTS object and, when messages exist, start a rebuild of them.
+
+    Must run inside the caller's write transaction. Objects that are missing, differ from the
+    declared SQL or come from an older layout are dropped first, so the result is exact.
+    """
+    _drop_fts_objects(conn)
+    for _, _, sql in OBJECTS:
+        conn.execute(sql)
+    _set_markers(conn, conn.execute("SELECT MAX(id) FROM messages").fetchone()[0])
+
+
+def _set_markers(conn: sqlite3.Connection, high_water: int | None, progress: int = 0) -> None:
+    if high_water is None or progress >= high_water:
+        conn.execute("DELETE FROM state_meta WHERE key IN (?, ?)", (HIGH_WATER, PROGRESS))
+        return
+    conn.executemany("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, ?)",
+                     [(HIGH_WATER, str(high_water)), (PROGRESS, str(progress))])
+
+
+def start_rebuild(conn: sqlite3.Connection) -> None:
+    """Empty the three indexes and set the markers so every existing row is rebuilt in chunks.
+
+    Must run inside the caller's write transaction. Does nothing while a rebuild is under way
+    (that one is resumed instead).
+    """
+    if _markers(conn) is not None:
+        return
+    conn.execute(f"INSERT INTO {WORD}({WORD}) VALUES ('delete-all')")
+    conn.execute(f"INSERT INTO {TRIGRAM}({TRIGRAM}) VALUES ('delete-all')")
+    # The CJK table keeps its own text (it is small); dropping it is cheaper than deleting rows.
+    conn.execute(f"DROP TABLE {CJK}")
+    conn.execute(_CJK_TABLE_SQL)
+    conn.execute(f"DELETE FROM {CJK_PENDING}")
+    _set_markers(conn, conn.execute("SELECT MAX(id) FROM messages").fetchone()[0])
+
+
+def _index_range(conn: sqlite3.Connection, low: int, high: int) -> None:
+    """Index the messages with low < id <= high into all three tables (none of them is indexed yet)."""
+    conn.execute(f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
+                 "SELECT id, content, tool_name, tool_calls FROM messages WHERE id > ? AND id <= ?", (low, high))
+    conn.execute(f"INSERT INTO {TRIGRAM}(rowid, content) SELECT id, content FROM messages "
+                 f"WHERE id > ? AND id <= ? AND role IN {_TRIGRAM_ROLES}", (low, high))
+    # The CJK table is a plain FTS5 table (rows delete by rowid), so clearing the range first
+    # makes this idempotent with rows the queue already handled.
+    conn.execute(f"DELETE FROM {CJK} WHERE rowid > ? AND rowid <= ?", (low, high))
+    conn.execute(f"INSERT INTO {CJK}(rowid, terms) SELECT id, t FROM (SELECT id, hermes_cjk_terms(content, tool_calls) "
+                 "AS t FROM messages WHERE id > ? AND id <= ?) WHERE t IS NOT NULL", (low, high))
+    conn.execute(f"DELETE FROM {CJK_PENDING} WHERE id > ? AND id <= ?", (low, high))
+
+
+def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS) -> bool:
+    """Index the next chunk of (P, H] and advance P in the same transaction; return whether more remains.
+
+    Must run inside the caller's write transaction; the markers are re-read there, so two
+    processes resuming the same rebuild never index a row twice.
+    """
+    markers = _markers(conn)
+    if markers is None:
+        return False
+    progress, high_water = markers
+    row = conn.execute("SELECT id FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT 1 OFFSET ?",
+                       (progress, high_water, max(chunk_rows, 1) - 1)).fetchone()
+    upper = high_water if row is None else row[0]
+    _index_range(conn, progress, upper)
+    _set_markers(conn, high_water, upper)
+    return upper < high_water
+
+
+def drain_cjk(conn: sqlite3.Connection, limit: int = OPEN_CATCH_UP_ROWS) -> bool:
+    """Index (or un-index) up to `limit` queued CJK rows; return whether more remain queued.
+
+    Must run inside the caller's write transaction. Idempotent per row: the old terms are
+    deleted by rowid, then the row's current text (if it still exists and has CJK) is indexed.
+    """
+    ids = [r[0] for r in conn.execute(f"SELECT id FROM {CJK_PENDING} ORDER BY id LIMIT ?", (limit,))]
+    if not ids:
+        return False
+    batch = _json_list(ids)
+    conn.execute(f"DELETE FROM {CJK} WHERE rowid IN (SELECT value FROM json_each(?))", (batch,))
+    conn.execute(f"INSERT INTO {CJK}(rowid, terms) SELECT id, t FROM (SELECT id, hermes_cjk_terms(content, tool_calls) "
+                 "AS t FROM messages WHERE id IN (SELECT value FROM json_each(?))) WHERE t IS NOT NULL", (batch,))
+    conn.execute(f"DELETE FROM {CJK_PENDING} WHERE id IN (SELECT value FROM json_each(?))", (batch,))
+    return len(ids) == limit
+
+
+def advance(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS) -> bool:
+    """Do one bounded unit of pending work (rebuild chunk, else CJK queue); return whether more remains."""
+    if rebuild_step(conn, chunk_rows):
+        return True
+    drain_cjk(conn, chunk_rows)
+    return conn.execute(f"SELECT EXISTS (SELECT 1 FROM {CJK_PENDING})").fetchone()[0] == 1
+
+
+def install_write_triggers(conn: sqlite3.Connection) -> None:
+    """Create this connection's TEMP trigger that drains the CJK queue as rows are written.
+
+    Run outside any transaction, before the connection's first write; it touches only the
+    connection's temp schema (no lock on the database file). Idempotent.
+    """
+    register_functions(conn)
+    conn.execute(_DRAIN_TRIGGER_SQL)
+
+
+def ensure_fts(writer: Writer, patience_s: float, policy: RetryPolicy, *, writable: bool) -> bool:
+    """Make the FTS objects exist and catch up a short CJK queue; return whether work remains.
+
+    Opens its own write transactions, and only when something is missing or queued: an
+    up-to-date file costs a few catalogue reads. A read-only (or newer-schema) handle only
+    registers the SQL function. Raises StateDbIncompatibleError when SQLite lacks FTS5.
+    """
+    conn = writer.conn
+    register_functions(conn)
+    if not writable:
+        return False
+    if not fts5_available(conn):
+        raise StateDbIncompatibleError(
+            f"this SQLite ({sqlite3.sqlite_version}) lacks FTS5 with the trigram tokenizer (3.34+), which "
+            "hermes-state needs to index messages; use a Python whose sqlite3 has FTS5, or open read-only.")
+    state = inspect(conn)
+    if not state.declared:
+        with writer.transaction(patience_s, policy):
+            if not inspect(conn).declared:  # another process may have built them meanwhile
+                create_fts(conn)
+        state = inspect(conn)
+    if state.cjk_pending:
+        with writer.transaction(patience_s, policy):
+            drain_cjk(conn, OPEN_CATCH_UP_ROWS)
+        state = inspect(conn)
+    return state.work_pending
+
+
+def run_pending(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_rows: int = REBUILD_CHUNK_ROWS,
+                stop: threading.Event | None = None, pause_s: float = 0.0) -> bool:
+    """Run rebuild chunks and CJK catch-up, one write transaction each, until done or `stop` is set.
+
+    Returns True when nothing is pending any more. Between chunks it pauses `pause_s` without
+    holding any lock, so other writers get their turn.
+    """
+    while stop is None or not stop.is_set():
+        with writer.transaction(patience_s, policy) as conn:
+            more = advance(conn, chunk_rows)
+        if not more:
+            return True
+        if stop is not None and pause_s:
+            stop.wait(pause_s)
+    return False
+
+
+def background_worker(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_rows: int,
+                      stop: threading.Event, pause_s: float = 0.02) -> None:
+    """Thread body: finish pending FTS work in the background; log (never raise) on failure."""
+    try:
+        if run_pending(writer, patience_s, policy, chunk_rows, stop, pause_s):
+            logger.info("full-text index is up to date")
+    except Exception as exc:  # noqa: BLE001 - a background thread has nobody to raise to
+        if not stop.is_set():
+            logger.warning("background full-text rebuild stopped (%s); it resumes at the next open "
+                           "or with rebuild_fts()", exc)
+
+
+def rebuild(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_rows: int = REBUILD_CHUNK_ROWS) -> None:
+    """Rebuild every FTS index to the end: resume the rebuild under way, else start a full one.
+
+    Opens its own write transactions (one to start, one per chunk); safe to interrupt at any
+    point and to resume from another process.
+    """
+    with writer.transaction(patience_s, policy) as conn:
+        if not inspect(conn).declared:
+            create_fts(conn)
+        start_rebuild(conn)
+    run_pending(writer, patience_s, policy, chunk_rows)
+
+
+def rebuild_status(conn: sqlite3.Connection) -> dict[str, object]:
+    """Return {pending, total, indexed, percent, in_progress, cjk_pending} for the FTS indexes."""
+    state = inspect(conn)
+    cjk_pending = conn.execute(f"SELECT COUNT(*) FROM {CJK_PENDING}").fetchone()[0] if state.cjk_pending else 0
+    if state.rebuild is not None:
+        progress, high_water = state.rebuild
+        total = conn.execute("SELECT COUNT(*) FROM messages WHERE id <= ?", (high_water,)).fetchone()[0]
+        pending = conn.execute("SELECT COUNT(*) FROM messages WHERE id > ? AND id <= ?",
+                               (progress, high_water)).fetchone()[0]
+    else:
+        total = conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+        pending = 0 if state.tables == frozenset(FTS_TABLES) else total
+    indexed = total - pending
+    return {"pending": pending, "total": total, "indexed": indexed,
+            "percent": round(100.0 * indexed / total, 1) if total else 100.0,
+            "in_progress": state.rebuild is not None, "cjk_pending": cjk_pending}
+
+
+def _json_list(values: list) -> str:
+    return json.dumps(values)
+
+
+def upkeep(conn: sqlite3.Connection, writes: int) -> None:
+    """Every 1,000 writes run a bounded incremental FTS5 merge on each index; log, never raise.
+
+    Runs after COMMIT (outside any transaction). `optimize` is never run here: it rewrites the
+    whole index and belongs to maintenance, not the hot path.
+    """
+    if writes % MERGE_EVERY_N_WRITES:
+        return
+    for table in FTS_TABLES:
+        try:
+            conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (MERGE_PAGES,))
+        except sqlite3.Error as exc:
+            logger.info("FTS merge of %s skipped: %s", table, exc)
+
+
+# --- queries: the sanitizer and the plans ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class Term:
+    """One search term: its text, whether it is a quoted phrase, whether it is a prefix (`word*`)."""
+
+    text: str
+    quoted: bool = False
+    prefix: bool = False
+
+
+Item = Union[Term, str]  # a str item is an operator: "AND", "OR" or "NOT"
+_OPERATORS = frozenset({"AND", "OR", "NOT"})
+_KEYWORDS = _OPERATORS | {"NEAR"}
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _strip_edges(chunk: str) -> str:
+    start, end = 0, len(chunk)
+    while start < end and not chunk[start].isalnum():
+        start += 1
+    while end > start and not chunk[end - 1].isalnum():
+        end -= 1
+    return chunk[start:end]
+
+
+def _bare(text: str) -> bool:
+    # FTS5 barewords are letters, digits and non-ASCII; anything else (-, ., /, @, ', _ ...) is
+    # quoted, which makes unicode61 read it as a phrase: "chat-send" finds "chat send".
+    return all(ch.isalnum() for ch in text) and text not in _KEYWORDS
+
+
+def _render_term(term: Term) -> str:
+    body = term.text if not term.quoted and _bare(term.text) else f'"{term.text}"'
+    return body + ("*" if term.prefix else "")
+
+
+def _normalize(items: list[Item]) -> list[Item]:
+    out: list[Item] = []
+    terms = 0
+    for item in items:
+        if isinstance(item, str):
+            if not out:
+                continue                 # a leading operator has nothing on its left
+            if isinstance(out[-1], str):
+                out[-1] = item           # "a AND NOT b": the last operator of a run wins
+            else:
+                out.append(item)
+        elif terms < MAX_QUERY_TERMS:
+            out.append(item)
+            terms += 1
+    while out and isinstance(out[-1], str):
+        out.pop()                        # a trailing operator has nothing on its right
+    return out
+
+
+def parse_query(query: object) -> list[Item]:
+    """Parse user input into terms and operators; any input is accepted, nothing raises.
+
+    Balanced "phrases" are kept, an unmatched quote is dropped, special characters at a word's
+    edges are dropped (#123 -> 123, 50% -> 50), a word with inner punctuation becomes a phrase
+    (chat-send, src/main.py, don't), AND/OR/NOT at either end are dropped, and a trailing `*`
+    stays a prefix query. At most 32 terms and 2,048 characters.
+    """
+    if not isinstance(query, str):
+        return []
+    text = _CONTROL.sub(" ", strip_surrogates(query[:MAX_QUERY_CHARS]))
+    if text.count('"') % 2:
+        cut = text.rfind('"')
+        text = text[:cut] + " " + text[cut + 1:]
+    parts = text.split('"')
+    items: list[Item] = []
+    for index, part in enumerate(parts):
+        if index % 2:
+            phrase = " ".join(part.split())
+            if any(ch.isalnum() for ch in phrase):
+                items.append(Term(phrase, quoted=True, prefix=parts[index + 1].startswith("*")))
+            continue
+        for chunk in part.split():
+            if chunk in _OPERATORS:
+                items.append(chunk)
+                continue
+            core = _strip_edges(chunk)
+            if core:
+                items.append(Term(core, quoted=not _bare(core), prefix=chunk.endswith("*")))
+    items = _normalize(items)
+    while items and len(render(items, _render_term)) > MAX_QUERY_CHARS:
+        items = _normalize(items[:-1])
+    return items
+
+
+def render(items: list[Item], term: Callable[[Term], str]) -> str:
+    """Render parsed items as an FTS5 expression, each term through `term`."""
+    return " ".join(item if isinstance(item, str) else term(item) for item in items)
+
+
+def _sanitize_fts5_query(query: object) -> str:
+    """Return an FTS5 expression for `query` that MATCH always accepts ('' when nothing is left).
+
+    Idempotent: sanitizing its own output returns it unchanged.
+    """
+    return render(parse_query(query), _render_term)
+
+
+def _cjk_term(term: Term) -> str:
+    if not has_cjk(term.text):
+        return _render_term(term)
+    text, prefix = cjk_query_text(term.text)
+    return f'"{text}"' + ("*" if prefix or term.prefix else "")
+
+
+def _trigram_term(term: Term) -> str:
+    return f'"{term.text}"'
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """A sanitized query rendered for each index; search_messages picks the route."""
+
+    items: tuple[Item, ...]
+    word: str                    # for messages_fts
+    cjk: str | None              # for messages_fts_cjk, when some term has CJK
+    trigram: str | None          # for messages_fts_trigram, when every term has >= 3 characters
+    has_or: bool
+
+    @property
+    def terms(self) -> list[Term]:
+        return [i for i in self.items if isinstance(i, Term)]
+
+    def like_groups(self) -> list[list[tuple[str, bool]]]:
+        """Return the query as OR-of-AND groups of (needle, negated) for a LIKE scan."""
+        groups: list[list[tuple[str, bool]]] = [[]]
+        negate = False
+        for item in self.items:
+            if item == "OR":
+                groups.append([])
+            elif item == "NOT":
+                negate = True
+            elif isinstance(item, Term):
+                groups[-1].append((item.text, negate))
+                negate = False
+        return [g for g in groups if g]
+
+
+def plan_query(query: object) -> QueryPlan | None:
+    """Sanitize `query` and render it for every index; None when nothing searchable is left."""
+    items = parse_query(query)
+    if not items:
+        return None
+    terms = [i for i in items if isinstance(i, Term)]
+    cjk = render(items, _cjk_term) if any(has_cjk(t.text) for t in terms) else None
+    trigram = render(items, _trigram_term) if all(len(t.text) >= 3 for t in terms) else None
+    return QueryPlan(tuple(items), render(items, _render_term), cjk, trigram, "OR" in items)

@@ -1,0 +1,164 @@
+"""The public write contract of SessionDB, method by method (sessions and messages).
+
+For every write method: a good call leaves no transaction open and its effect is visible from a
+second connection; a bad call raises a typed error and leaves both tables exactly as they were;
+a read-only handle refuses the call with ReadOnlyError before any SQL.
+"""
+from __future__ import annotations
+
+import sqlite3
+import time
+from typing import Any, Callable
+
+import pytest
+
+from hermes_state import ReadOnlyError, SessionDB, SessionNotFoundError, TitleConflictError
+
+
+def seed(db: SessionDB) -> dict[str, Any]:
+    """Two sessions, one idle for a long time, with a few messages; returns the row ids."""
+    db.create_session("s", "cli", model="m", title="Taken")
+    db.create_session("old", "cli", started_at=time.time() - 90 * 86400)
+    ids = [db.append_message("s", "user", "one"), db.append_message("s", "user", "two"),
+           db.append_message("s", "assistant", "three")]
+    db.end_session("old", "user_exit")
+    return {"ids": ids}
+
+
+def snapshot(rival: sqlite3.Connection) -> tuple:
+    return (
+        [tuple(r) for r in rival.execute("SELECT * FROM sessions ORDER BY id")],
+        [tuple(r) for r in rival.execute("SELECT * FROM messages ORDER BY id")],
+        [tuple(r) for r in rival.execute("SELECT * FROM session_model_usage ORDER BY session_id, model")],
+    )
+
+
+def scalar(rival: sqlite3.Connection, sql: str, *args: Any) -> Any:
+    return rival.execute(sql, args).fetchone()[0]
+
+
+Good = Callable[[SessionDB, dict], Any]
+Check = Callable[[sqlite3.Connection], bool]
+
+# (method, good call, what the rival sees afterwards, bad call, the error the bad call raises)
+CASES: list[tuple[str, Good, Check, Good, type[Exception]]] = [
+    ("ensure_session",
+     lambda db, s: db.ensure_session("new", "cli"),
+     lambda r: scalar(r, "SELECT COUNT(*) FROM sessions WHERE id = 'new'") == 1,
+     lambda db, s: db.ensure_session("new", "cli", bogus=1), ValueError),
+    ("end_session",
+     lambda db, s: db.end_session("s", "done"),
+     lambda r: scalar(r, "SELECT end_reason FROM sessions WHERE id = 's'") == "done",
+     lambda db, s: db.end_session("nope", "done"), SessionNotFoundError),
+    ("reopen_session",
+     lambda db, s: db.reopen_session("old"),
+     lambda r: scalar(r, "SELECT ended_at FROM sessions WHERE id = 'old'") is None,
+     lambda db, s: db.reopen_session("nope"), SessionNotFoundError),
+    ("update_session",
+     lambda db, s: db.update_session("s", cwd="/srv", title="Fresh"),
+     lambda r: tuple(r.execute("SELECT cwd, title FROM sessions WHERE id = 's'").fetchone()) == ("/srv", "Fresh"),
+     lambda db, s: db.update_session("old", cwd="/srv", title="Taken"), TitleConflictError),
+    ("update_token_counts",
+     lambda db, s: db.update_token_counts("s", 10, 5, model="m2"),
+     lambda r: scalar(r, "SELECT input_tokens FROM session_model_usage WHERE model = 'm2'") == 10
+     and scalar(r, "SELECT model FROM sessions WHERE id = 's'") == "m",
+     lambda db, s: db.update_token_counts("s", -10), ValueError),
+    ("archive_session",
+     lambda db, s: db.archive_session("s"),
+     lambda r: scalar(r, "SELECT archived FROM sessions WHERE id = 's'") == 1,
+     lambda db, s: db.archive_session("nope"), SessionNotFoundError),
+    ("unarchive_session",
+     lambda db, s: (db.archive_session("s"), db.unarchive_session("s")),
+     lambda r: scalar(r, "SELECT archived FROM sessions WHERE id = 's'") == 0,
+     lambda db, s: db.unarchive_session("nope"), SessionNotFoundError),
+    ("pin_session",
+     lambda db, s: db.pin_session("s"),
+     lambda r: scalar(r, "SELECT pinned FROM sessions WHERE id = 's'") == 1,
+     lambda db, s: db.pin_session("nope"), SessionNotFoundError),
+    ("auto_archive",
+     lambda db, s: db.auto_archive(30),
+     lambda r: scalar(r, "SELECT auto_archived FROM sessions WHERE id = 'old'") == 1,
+     lambda db, s: db.auto_archive("thirty"), ValueError),
+    ("append_message",
+     lambda db, s: db.append_message("s", "user", "four"),
+     lambda r: scalar(r, "SELECT message_count FROM sessions WHERE id = 's'") == 4,
+     lambda db, s: db.append_message("s", "assistant", "x", tool_calls=[{"id": object()}]), ValueError),
+    ("merge_messages",
+     lambda db, s: db.merge_messages("s", s["ids"][:2]),
+     lambda r: scalar(r, "SELECT COUNT(*) FROM messages WHERE session_id = 's'") == 2,
+     lambda db, s: db.merge_messages("s", s["ids"]), ValueError),
+    ("replace_messages",
+     lambda db, s: db.replace_messages("s", [{"role": "user", "content": "only"}]),
+     lambda r: scalar(r, "SELECT group_concat(content) FROM messages WHERE session_id = 's'") == "only",
+     lambda db, s: db.replace_messages("s", [{"role": "user", "content": "ok"}, {"role": ""}]), ValueError),
+    ("clear_messages",
+     lambda db, s: db.clear_messages("s"),
+     lambda r: scalar(r, "SELECT COUNT(*) FROM messages") == 0,
+     lambda db, s: db.clear_messages("nope"), SessionNotFoundError),
+]
+IDS = [c[0] for c in CASES]
+
+
+@pytest.mark.parametrize("method, good, check, bad, error", CASES, ids=IDS)
+def test_good_write_commits_and_is_visible_elsewhere(db, rival, method, good, check, bad, error):
+    state = seed(db)
+    good(db, state)
+    assert db._writer.conn.in_transaction is False
+    assert check(rival)
+
+
+@pytest.mark.parametrize("method, good, check, bad, error", CASES, ids=IDS)
+def test_bad_write_raises_typed_error_and_writes_nothing(db, rival, method, good, check, bad, error):
+    state = seed(db)
+    before = snapshot(rival)
+    with pytest.raises(error):
+        bad(db, state)
+    assert db._writer.conn.in_transaction is False
+    assert snapshot(rival) == before
+    good(db, state)  # the handle is still usable
+    assert check(rival)
+
+
+@pytest.mark.parametrize("method, good, check, bad, error", CASES, ids=IDS)
+def test_read_only_handle_refuses_every_write(db, rival, method, good, check, bad, error):
+    state = seed(db)
+    before = snapshot(rival)
+    reader = SessionDB(db.db_path, read_only=True)
+    try:
+        with pytest.raises(ReadOnlyError):
+            good(reader, state)
+        assert reader._writer.conn.in_transaction is False
+    finally:
+        reader.close()
+    assert snapshot(rival) == before
+
+
+def test_reads_work_on_a_read_only_handle(db):
+    seed(db)
+    with SessionDB(db.db_path, read_only=True) as reader:
+        assert [m["content"] for m in reader.get_messages("s")] == ["one", "two", "three"]
+        assert [m["role"] for m in reader.get_messages_as_conversation("s", include_ancestors=True)] == \
+            ["user", "user", "assistant"]
+        assert reader.get_session("s")["message_count"] == 3
+
+
+def test_every_public_method_of_this_feature_exists_with_its_spec_signature():
+    import inspect
+    spec = {
+        "append_message": ["self", "session_id", "role", "content", "tool_call_id", "tool_calls", "tool_name",
+                           "token_count", "finish_reason", "reasoning", "reasoning_content", "reasoning_details",
+                           "codex_reasoning_items", "codex_message_items", "api_content", "display_kind",
+                           "display_metadata", "platform_message_id", "observed", "effect_disposition", "timestamp"],
+        "update_token_counts": ["self", "session_id", "input_tokens", "output_tokens", "cache_read_tokens",
+                                "cache_write_tokens", "reasoning_tokens", "estimated_cost_usd", "api_call_count",
+                                "model", "absolute"],
+        "get_messages_as_conversation": ["self", "session_id", "include_ancestors", "with_row_ids"],
+        "get_messages": ["self", "session_id", "include_inactive"],
+        "merge_messages": ["self", "session_id", "row_ids"],
+        "pin_session": ["self", "session_id", "pinned"],
+        "auto_archive": ["self", "idle_days"],
+    }
+    for name, params in spec.items():
+        assert list(inspect.signature(getattr(SessionDB, name)).parameters) == params, name
+    assert list(inspect.signature(SessionDB.to_provider_messages).parameters) == ["conversation", "provider",
+                                                                                  "base_url", "model"]

@@ -1,0 +1,473 @@
+"""The FTS indexes: objects, triggers, the CJK queue, rebuild markers, catch-up, merge (R-FTS-1..6).
+
+State is checked from a second connection (`rival`, or a plain sqlite3 connection/shell that
+has no hermes function) as well as through the handle.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import re
+import shutil
+import sqlite3
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hermes_state_fts as fts
+from hermes_state import SessionDB, StateDbIncompatibleError, StoreUnavailableError
+
+ALL = fts.FTS_TABLES
+
+
+def integrity(conn) -> None:
+    for table in ALL:
+        conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
+
+
+def ids(conn, table: str, expr: str) -> list[int]:
+    return sorted(r[0] for r in conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ?", (expr,)))
+
+
+def indexed_counts(conn) -> tuple[int, int, int]:
+    """(rows in the word index, in the trigram index, in the CJK index): one docsize row per indexed message."""
+    return tuple(conn.execute(f"SELECT COUNT(*) FROM {t}_docsize").fetchone()[0] for t in ALL)
+
+
+def expected_counts(conn) -> tuple[int, int, int]:
+    assert_exact(conn)
+    rows = conn.execute("SELECT role, content, tool_calls FROM messages").fetchall()
+    return (len(rows), sum(r[0] in ("user", "assistant") for r in rows),
+            sum(fts.cjk_terms(r[1], r[2]) is not None for r in rows))
+
+
+def assert_exact(conn) -> None:
+    """Every index holds exactly the current text: same (term, rows, occurrences) as a fresh index.
+
+    integrity-check of an external-content table only checks the index's own structure; a row
+    indexed twice, or stale terms, show up here instead.
+    """
+    for table, columns, where, options in (
+            (fts.WORD, "content, tool_name, tool_calls", "", ""),
+            (fts.TRIGRAM, "content", "WHERE role IN ('user', 'assistant')", ", tokenize='trigram'")):
+        conn.execute(f"CREATE VIRTUAL TABLE temp.ref USING fts5({columns}{options})")
+        conn.execute(f"INSERT INTO temp.ref(rowid, {columns}) SELECT id, {columns} FROM messages {where}")
+        conn.execute("CREATE VIRTUAL TABLE temp.v_ref USING fts5vocab(temp, ref, 'row')")
+        conn.execute(f"CREATE VIRTUAL TABLE temp.v_got USING fts5vocab(main, {table}, 'row')")
+        try:
+            want = set(conn.execute("SELECT term, doc, cnt FROM temp.v_ref"))
+            got = set(conn.execute("SELECT term, doc, cnt FROM temp.v_got"))
+            assert got == want, (table, sorted(got ^ want)[:5])
+        finally:
+            for name in ("v_got", "v_ref", "ref"):
+                conn.execute(f"DROP TABLE temp.{name}")
+    terms = dict(conn.execute(f"SELECT rowid, terms FROM {fts.CJK}"))
+    for row_id, content, calls in conn.execute("SELECT id, content, tool_calls FROM messages"):
+        assert terms.pop(row_id, None) == fts.cjk_terms(content, calls), row_id
+    assert not terms, f"CJK rows of deleted messages: {sorted(terms)}"
+
+
+def plain(path) -> sqlite3.Connection:
+    """A connection without the hermes SQL function or TEMP triggers, like any other program."""
+    return sqlite3.connect(path, isolation_level=None, timeout=5)
+
+
+def insert_raw(conn, session_id: str, role: str, content: str) -> int:
+    return conn.execute("INSERT INTO messages (session_id, role, content, timestamp, message_uid, active) "
+                        "VALUES (?, ?, ?, 1.0, lower(hex(randomblob(16))), 1)", (session_id, role, content)).lastrowid
+
+
+@pytest.fixture
+def manual(monkeypatch):
+    """Rebuilds are driven by hand in these tests: no background thread."""
+    monkeypatch.setattr(SessionDB, "_FTS_REBUILD_IN_BACKGROUND", False)
+
+
+# --- objects and triggers ----------------------------------------------------------------------
+
+def test_fresh_database_has_every_fts_object_and_no_rebuild(db, rival):
+    names = {r[0] for r in rival.execute("SELECT name FROM sqlite_master")}
+    assert {name for _, name, _ in fts.OBJECTS} <= names
+    vt = {r[0]: r[1] for r in rival.execute("SELECT name, sql FROM sqlite_master WHERE name IN (?, ?, ?)", ALL)}
+    assert "content='messages'" in vt["messages_fts"] and "tool_calls" in vt["messages_fts"]
+    assert "tokenize='trigram'" in vt["messages_fts_trigram"]
+    assert rival.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE 'fts_rebuild%'").fetchone()[0] == 0
+    # persistent triggers never call a function a plain shell lacks
+    for (sql,) in rival.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger'"):
+        assert "hermes_" not in sql
+    assert db.fts_rebuild_status() == {"pending": 0, "total": 0, "indexed": 0, "percent": 100.0,
+                                       "in_progress": False, "cjk_pending": 0}
+
+
+def test_triggers_follow_insert_update_delete_from_any_connection(db, rival):
+    db.create_session("s", "cli")
+    user = db.append_message("s", "user", "alpha bravo")
+    tool = db.append_message("s", "tool", "alpha charlie output", tool_name="terminal")
+    other = insert_raw(rival, "s", "assistant", "delta echo")  # a writer without our function
+    assert ids(rival, "messages_fts", "alpha") == [user, tool]
+    assert ids(rival, "messages_fts", "terminal") == [tool]
+    assert ids(rival, "messages_fts_trigram", '"lph"') == [user]  # tool output stays out of trigram
+    assert ids(rival, "messages_fts_trigram", '"elta ec"') == [other]
+    rival.execute("UPDATE messages SET content = 'foxtrot' WHERE id = ?", (user,))
+    rival.execute("UPDATE messages SET role = 'tool' WHERE id = ?", (other,))
+    assert ids(rival, "messages_fts", "alpha") == [tool]
+    assert ids(rival, "messages_fts", "foxtrot") == [user]
+    assert ids(rival, "messages_fts_trigram", '"elta"') == []
+    rival.execute("DELETE FROM messages WHERE id = ?", (tool,))
+    assert ids(rival, "messages_fts", "alpha OR terminal") == []
+    integrity(rival)
+    assert indexed_counts(rival) == expected_counts(rival)
+
+
+def test_updates_that_do_not_touch_text_leave_the_indexes_alone(db, rival):
+    db.create_session("s", "cli")
+    row = db.append_message("s", "user", "東京 alpha")
+    traced: list[str] = []
+    rival.set_trace_callback(traced.append)
+    rival.execute("UPDATE messages SET active = 0, compacted = 1 WHERE id = ?", (row,))
+    assert not [s for s in traced if "messages_fts" in s and "INSERT" in s]
+    assert rival.execute("SELECT COUNT(*) FROM messages_fts_cjk_pending").fetchone()[0] == 0
+
+
+def test_library_writes_feed_the_cjk_index_at_once(db, rival):
+    db.create_session("s", "cli")
+    cjk = db.append_message("s", "user", "iPhone16を買った")
+    db.append_message("s", "user", "café au lait, plain latin")
+    calls = db.append_message("s", "assistant", "", tool_calls=[{"id": "c1", "function": {"name": "web_search",
+                                                                                          "arguments": '{"q": "天気"}'}}])
+    rows = dict(rival.execute("SELECT rowid, terms FROM messages_fts_cjk"))
+    assert sorted(rows) == [cjk, calls]
+    assert rows[cjk] == "iPhone16 を買 買っ った た"
+    assert rival.execute("SELECT COUNT(*) FROM messages_fts_cjk_pending").fetchone()[0] == 0
+    db.merge_messages("s", [cjk, db.append_message("s", "user", "東京")])
+    assert ids(rival, "messages_fts_cjk", '"東京"') == [cjk]
+    integrity(rival)
+
+
+def test_cjk_index_text_and_query_text():
+    assert fts.cjk_index_text("東京都に行く") == "東京 京都 都に に行 行く く"
+    assert fts.cjk_index_text("a 東 b") == "a 東 b"
+    assert fts.cjk_index_text("구글 검색") == "구글 글 검색 색"
+    assert fts.cjk_index_text("「東京」。") == "「 東京 京 」。"
+    assert fts.cjk_query_text("東京都") == ("東京 京都", False)
+    assert fts.cjk_query_text("東") == ("東", True)
+    assert fts.cjk_query_text("東京X") == ("東京 京 X", False)
+    assert fts.cjk_query_text("iPhone16を") == ("iPhone16 を", True)
+    assert fts.cjk_terms("plain ascii") is None and fts.cjk_terms("café naïve") is None
+    assert fts.cjk_terms(None, '{"q": "検索"}') == '{"q": " 検索 索 "}'
+    assert fts.cjk_terms(b"\xe6\x9d\xb1", 3) is None  # odd types never raise inside a trigger
+
+
+# --- writers without the tokenizer ---------------------------------------------------------------
+
+def test_plain_sqlite3_writes_are_caught_up_at_the_next_open(tmp_path, manual):
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+        kept = db.append_message("s", "user", "大阪の天気")
+        gone = db.append_message("s", "user", "名古屋の天気")
+        tool = db.append_message("s", "tool", "日本語のログ", tool_name="terminal")
+    shell = plain(path)
+    new = insert_raw(shell, "s", "user", "新しい項目です")
+    shell.execute("UPDATE messages SET content = '福岡に変更' WHERE id = ?", (kept,))
+    shell.execute("DELETE FROM messages WHERE id = ?", (gone,))
+    shell.execute("UPDATE messages SET content = 'ascii now' WHERE id = ?", (tool,))
+    assert sorted(r[0] for r in shell.execute("SELECT id FROM messages_fts_cjk_pending")) == [kept, gone, tool, new]
+    integrity(shell)
+    with SessionDB(path, read_only=True) as ro:  # before any catch-up: queued rows are still found
+        assert [h["id"] for h in ro.search_messages("項目")] == [new]
+        assert [h["id"] for h in ro.search_messages("福岡")] == [kept]
+        assert ro.search_messages("名古屋") == [] and ro.search_messages("ログ") == []
+    assert shell.execute("SELECT COUNT(*) FROM messages_fts_cjk_pending").fetchone()[0] == 4  # ro wrote nothing
+    with SessionDB(path) as db:
+        assert db.fts_rebuild_status()["cjk_pending"] == 0
+        assert ids(shell, "messages_fts_cjk", '"項目"') == [new]
+        assert ids(shell, "messages_fts_cjk", '"福岡"') == [kept]
+        assert ids(shell, "messages_fts_cjk", '"大阪" OR "名古屋" OR "ログ"') == []
+        assert [h["id"] for h in db.search_messages("項目")] == [new]
+    integrity(shell)
+    assert indexed_counts(shell) == expected_counts(shell)
+    shell.close()
+
+
+def test_delete_from_a_plain_sqlite3_shell(db, rival):
+    db.create_session("s", "cli")
+    doomed = db.append_message("s", "user", "東京 delete me")
+    kept = db.append_message("s", "user", "東京 keep me")
+    db.close()
+    sql = f"DELETE FROM messages WHERE id = {doomed};"
+    cli = shutil.which("sqlite3")
+    if cli:  # the real shell, as an operator would use it
+        done = subprocess.run([cli, str(db.db_path), sql], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+    else:  # no shell binary on this machine: the same statement from a function-less connection
+        plain(db.db_path).execute(sql)
+    assert ids(rival, "messages_fts", "delete") == []
+    assert ids(rival, "messages_fts", "keep") == [kept]
+    integrity(rival)
+    with SessionDB(db.db_path) as again:
+        assert [h["id"] for h in again.search_messages("東京")] == [kept]
+    assert ids(rival, "messages_fts_cjk", '"東京"') == [kept]
+
+
+# --- rebuild markers -----------------------------------------------------------------------------
+
+def _drop_fts(path) -> None:
+    conn = plain(path)
+    for kind, name in conn.execute("SELECT type, name FROM sqlite_master WHERE type IN ('trigger', 'view') "
+                                   "AND name LIKE 'messages_fts%'").fetchall():
+        conn.execute(f"DROP {kind} {name}")
+    for name in (*ALL, fts.CJK_PENDING):
+        conn.execute(f"DROP TABLE {name}")
+    conn.close()
+
+
+def _fill(path, n: int) -> list[int]:
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+        db.create_session("t", "telegram")
+        return [db.append_message("s" if i % 2 else "t", ("user", "assistant", "tool")[i % 3],
+                                  f"word{i} common" + (" 検索の語" if i % 4 == 0 else ""))
+                for i in range(n)]
+
+
+def test_a_database_without_fts_is_rebuilt_in_chunks_never_twice(tmp_path, manual):
+    path = tmp_path / "state.db"
+    rows = _fill(path, 40)
+    _drop_fts(path)
+    traced: list[str] = []
+    real = fts.ensure_fts
+
+    def spy(writer, *a, **kw):
+        writer.conn.set_trace_callback(traced.append)
+        try:
+            return real(writer, *a, **kw)
+        finally:
+            writer.conn.set_trace_callback(None)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fts, "ensure_fts", spy)
+        db = SessionDB(path)
+    rival = plain(path)
+    # open created the objects and markers, but indexed nothing: no scan of the rows
+    assert not [s for s in traced if s.startswith("INSERT INTO messages_fts")]
+    assert [s for s in traced if re.search(r"FROM\s+messages\b", s) and not s.startswith("CREATE")] == [
+        "SELECT MAX(id) FROM messages"]
+    markers = dict(rival.execute("SELECT key, value FROM state_meta WHERE key LIKE 'fts_rebuild%'"))
+    assert markers == {fts.HIGH_WATER: str(rows[-1]), fts.PROGRESS: "0"}
+    assert db.fts_rebuild_status() == {"pending": 40, "total": 40, "indexed": 0, "percent": 0.0,
+                                       "in_progress": True, "cjk_pending": 0}
+    step = lambda n: db._writer.transaction(5, db._policy())  # noqa: E731
+    with step(0) as conn:
+        assert fts.rebuild_step(conn, 10)
+    # writes while the rebuild runs: above H (trigger), inside (P, H] (left to the rebuild), below P (trigger)
+    fresh = db.append_message("s", "user", "fresh 検索")
+    db._writer.conn.execute("UPDATE messages SET content = 'changed 語彙' WHERE id = ?", (rows[30],))
+    db._writer.conn.execute("DELETE FROM messages WHERE id = ?", (rows[31],))
+    db._writer.conn.execute("INSERT INTO messages (id, session_id, role, content, timestamp) "
+                            "VALUES (?, 's', 'user', 'reborn', 1.0)", (rows[31],))  # an explicit id in (P, H]
+    db._writer.conn.execute("UPDATE messages SET content = 'renewed' WHERE id = ?", (rows[31],))
+    db._writer.conn.execute("UPDATE messages SET content = 'early 語彙' WHERE id = ?", (rows[2],))
+    assert db.fts_rebuild_status()["indexed"] == 10
+    assert [h["id"] for h in db.search_messages("changed")] == [rows[30]]  # found while not indexed yet
+    while True:
+        with step(0) as conn:
+            if not fts.rebuild_step(conn, 10):
+                break
+    assert rival.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE 'fts_rebuild%'").fetchone()[0] == 0
+    integrity(rival)
+    assert indexed_counts(rival) == expected_counts(rival)
+    assert ids(rival, "messages_fts", "changed") == [rows[30]] and ids(rival, "messages_fts", "word31") == []
+    assert ids(rival, "messages_fts", "reborn") == [] and ids(rival, "messages_fts", "renewed") == [rows[31]]
+    assert ids(rival, "messages_fts", "early") == [rows[2]] and ids(rival, "messages_fts", "word2") == []
+    assert ids(rival, "messages_fts", "fresh") == [fresh]
+    assert ids(rival, "messages_fts_cjk", '"語彙"') == sorted([rows[2], rows[30]])
+    assert db.fts_rebuild_status()["percent"] == 100.0
+    db.close()
+    rival.close()
+
+
+def _partial_rebuild(path: str, chunks: int) -> None:
+    SessionDB._FTS_REBUILD_IN_BACKGROUND = False
+    db = SessionDB(path)
+    with db._writer.transaction(5, db._policy()) as conn:
+        fts.start_rebuild(conn)
+    for _ in range(chunks):
+        with db._writer.transaction(5, db._policy()) as conn:
+            fts.rebuild_step(conn, 25)
+    db._writer.conn.close()  # stop here, as a killed process would: no tidy-up
+
+
+def _finish_rebuild(path: str) -> None:
+    SessionDB._FTS_REBUILD_IN_BACKGROUND = False
+    with SessionDB(path) as db:
+        assert db.fts_rebuild_status()["in_progress"]
+        db.append_message("s", "user", "written by the resumer 再開")
+        assert db.rebuild_fts()["percent"] == 100.0
+
+
+def test_a_rebuild_interrupted_halfway_resumes_in_another_process(tmp_path):
+    path = tmp_path / "state.db"
+    rows = _fill(path, 120)
+    ctx = multiprocessing.get_context("spawn")
+    first = ctx.Process(target=_partial_rebuild, args=(str(path), 2))
+    first.start()
+    first.join(60)
+    assert first.exitcode == 0
+    conn = plain(path)
+    assert dict(conn.execute("SELECT key, value FROM state_meta WHERE key LIKE 'fts_rebuild%'")) == {
+        fts.HIGH_WATER: str(rows[-1]), fts.PROGRESS: str(rows[49])}
+    second = ctx.Process(target=_finish_rebuild, args=(str(path),))
+    second.start()
+    second.join(60)
+    assert second.exitcode == 0
+    assert conn.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE 'fts_rebuild%'").fetchone()[0] == 0
+    integrity(conn)
+    assert indexed_counts(conn) == expected_counts(conn)
+    assert ids(conn, "messages_fts", "word0 OR word119") == [rows[0], rows[119]]
+    assert len(ids(conn, "messages_fts_cjk", '"検索"')) == 30
+    conn.close()
+
+
+def test_rebuild_fts_rebuilds_an_up_to_date_index_from_scratch(db, rival):
+    db.create_session("s", "cli")
+    rows = [db.append_message("s", "user", f"item{i} 項目{i}") for i in range(30)]
+    before = indexed_counts(rival)
+    status = db.rebuild_fts()
+    assert status == {"pending": 0, "total": 30, "indexed": 30, "percent": 100.0, "in_progress": False,
+                      "cjk_pending": 0}
+    assert indexed_counts(rival) == before == expected_counts(rival)
+    integrity(rival)
+    assert [h["id"] for h in db.search_messages("item7")] == [rows[7]]
+
+
+def test_the_background_thread_finishes_a_rebuild(tmp_path):
+    path = tmp_path / "state.db"
+    _fill(path, 60)
+    _drop_fts(path)
+    with SessionDB(path) as db:
+        db._fts_worker.join(30)
+        assert not db._fts_worker.is_alive()
+        assert db.fts_rebuild_status()["percent"] == 100.0
+    conn = plain(path)
+    assert indexed_counts(conn) == expected_counts(conn)
+    conn.close()
+
+
+def test_close_stops_the_background_thread(tmp_path, monkeypatch):
+    path = tmp_path / "state.db"
+    _fill(path, 60)
+    _drop_fts(path)
+    monkeypatch.setattr(SessionDB, "_FTS_REBUILD_CHUNK_ROWS", 1)
+    db = SessionDB(path)
+    db.close()
+    assert not db._fts_worker.is_alive()
+    with SessionDB(path, read_only=True) as ro:  # what it did not finish is still marked pending
+        status = ro.fts_rebuild_status()
+    assert status["in_progress"] is (status["pending"] > 0)
+
+
+def test_an_older_layouts_trigger_is_replaced_not_doubled(tmp_path, manual):
+    path = tmp_path / "state.db"
+    _fill(path, 6)
+    conn = plain(path)
+    conn.execute("CREATE TRIGGER messages_ai AFTER INSERT ON messages BEGIN "
+                 "INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END")
+    with SessionDB(path) as db:
+        assert conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'messages_ai'").fetchone()[0] == 0
+        db.rebuild_fts()
+        db.append_message("s", "user", "after the upgrade")
+    integrity(conn)
+    assert indexed_counts(conn) == expected_counts(conn)
+    conn.close()
+
+
+def test_sqlite_without_fts5_is_a_clear_incompatible_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(fts, "fts5_available", lambda conn: False)
+    with pytest.raises(StateDbIncompatibleError, match="FTS5") as info:
+        SessionDB(tmp_path / "state.db")
+    assert isinstance(info.value, StoreUnavailableError)
+
+
+def test_open_of_a_current_database_writes_nothing_and_triggers_come_before_the_first_write(db):
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "東京")
+    db.close()
+    again = SessionDB(db.db_path)
+    temp = "SELECT COUNT(*) FROM sqlite_temp_master WHERE type = 'trigger'"
+    assert again._writer.conn.execute(temp).fetchone()[0] == 0
+    assert again._fts_worker is None
+    again.append_message("s", "user", "大阪")
+    assert again._writer.conn.execute(temp).fetchone()[0] == 1
+    assert [h["content"] for h in again.search_messages("大阪")[0]["context"]] == ["東京"]
+    again.close()
+
+
+# --- merge upkeep ------------------------------------------------------------------------------------
+
+def test_a_bounded_merge_runs_every_1000_writes(db):
+    db.create_session("s", "cli")
+    traced: list[str] = []
+    db._writer.conn.set_trace_callback(traced.append)
+    db._writer.writes = 998
+    db.append_message("s", "user", "one")
+    assert not [s for s in traced if "'merge'" in s]
+    db.append_message("s", "user", "two")  # the 1,000th write
+    merges = [s for s in traced if "'merge'" in s]
+    assert len(merges) == 3 and all(t in " ".join(merges) for t in ALL)
+    assert not [s for s in traced if "optimize" in s]
+    integrity(db._writer.conn)
+
+
+def test_upkeep_logs_instead_of_raising(caplog):
+    conn = sqlite3.connect(":memory:")
+    with caplog.at_level(logging.INFO, logger="hermes_state"):
+        fts.upkeep(conn, fts.MERGE_EVERY_N_WRITES)
+    assert "merge of messages_fts skipped" in caplog.text
+
+
+# --- R-FTS-6: integrity after any sequence ----------------------------------------------------------
+
+_TEXT = st.text(alphabet=st.sampled_from(list("ab c東京検索 구글é-")), max_size=12)
+_OPS = st.lists(st.one_of(
+    st.tuples(st.just("insert"), st.sampled_from(["user", "assistant", "tool"]), _TEXT, st.booleans()),
+    st.tuples(st.just("update"), st.integers(0, 30), _TEXT, st.booleans()),
+    st.tuples(st.just("role"), st.integers(0, 30), st.sampled_from(["user", "tool"]), st.booleans()),
+    st.tuples(st.just("delete"), st.integers(0, 30), st.none(), st.booleans()),
+), max_size=25)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=_OPS)
+def test_every_index_stays_consistent_after_random_writes(ops):
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "state.db"
+        db = SessionDB(path)
+        db.create_session("s", "cli")
+        shell = plain(path)
+        for op, arg, text, by_shell in ops:
+            conn = shell if by_shell else db._writer.conn
+            if not by_shell:
+                db._prepare_fts_writes()
+            existing = [r[0] for r in shell.execute("SELECT id FROM messages ORDER BY id")]
+            if op == "insert":
+                insert_raw(conn, "s", arg, text)
+            elif existing:
+                target = existing[arg % len(existing)]
+                if op == "update":
+                    conn.execute("UPDATE messages SET content = ? WHERE id = ?", (text, target))
+                elif op == "role":
+                    conn.execute("UPDATE messages SET role = ? WHERE id = ?", (text, target))
+                else:
+                    conn.execute("DELETE FROM messages WHERE id = ?", (target,))
+        integrity(shell)
+        db.close()
+        with SessionDB(path):  # catches up what the shell wrote
+            pass
+        integrity(shell)
+        assert indexed_counts(shell) == expected_counts(shell)
+        shell.close()

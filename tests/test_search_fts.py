@@ -1,0 +1,321 @@
+"""search_messages and the query sanitizer (R-SEARCH-1..4): what people type is found, nothing raises."""
+from __future__ import annotations
+
+import logging
+import sqlite3
+import string
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import hermes_state_fts as fts
+import hermes_state_search as search
+from hermes_state import SessionDB
+from hermes_state_fts import _sanitize_fts5_query
+
+FIELDS = {"id", "session_id", "role", "timestamp", "tool_name", "snippet", "context", "source", "model",
+          "session_started"}
+
+# (query, text of the message it must find). Every example of issue #4.
+EXAMPLES = [
+    ("東京", "明日は東京へ行きます"),
+    ("项目", "这个项目的进度怎么样"),
+    ("구글", "구글에서 검색해 보세요"),
+    ("検索", "全文検索の設定"),
+    ("東", "東へ"),                                   # one CJK character
+    ("iPhone16", "昨日iPhone16を買った"),              # Latin glued to CJK
+    ("iPhone16を", "昨日iPhone16を買った"),
+    ("#123", "see issue #123 for details"),
+    ("src/main.py", "the traceback points at src/main.py line 40"),
+    ("alice@example.com", "mail alice@example.com about it"),
+    ("50%", "the upload is at 50% now"),
+    ("don't", "I don't think so"),
+    ("chat-send", "the chat-send handler failed"),
+    ("Jean-Luc", "Jean-Luc Picard approved"),
+    ("my-app.config.ts", "edit my-app.config.ts first"),
+    ("snake_case_name", "rename snake_case_name please"),
+]
+
+
+@pytest.fixture
+def corpus(db):
+    """A handle with one session holding every example and some filler; returns {text: id}."""
+    db.create_session("s", "cli", model="m-1")
+    db.create_session("t", "telegram", model="m-2")
+    ids = {}
+    for index, (_, text) in enumerate(EXAMPLES):
+        ids[text] = db.append_message("s" if index % 2 else "t", "user" if index % 3 else "assistant", text)
+        db.append_message("s" if index % 2 else "t", "tool", f"filler output {index}", tool_name="terminal")
+    return ids
+
+
+@pytest.mark.parametrize("query,text", EXAMPLES, ids=[q for q, _ in EXAMPLES])
+def test_every_example_from_the_issue_is_found(db, corpus, query, text):
+    hits = db.search_messages(query)
+    assert corpus[text] in [h["id"] for h in hits]
+    hit = next(h for h in hits if h["id"] == corpus[text])
+    assert ">>>" in hit["snippet"] and "<<<" in hit["snippet"]
+
+
+def test_examples_are_found_in_tool_output_too(db):
+    db.create_session("s", "cli")
+    rows = {q: db.append_message("s", "tool", f"log: {text}", tool_name="terminal") for q, text in EXAMPLES}
+    for query, _ in EXAMPLES:
+        assert rows[query] in [h["id"] for h in db.search_messages(query)], query
+
+
+def test_or_of_short_cjk_terms(db, corpus):
+    hits = {h["id"] for h in db.search_messages("東京 OR 项目 OR 구글")}
+    assert {corpus["明日は東京へ行きます"], corpus["这个项目的进度怎么样"], corpus["구글에서 검색해 보세요"]} <= hits
+    mixed = {h["id"] for h in db.search_messages("東京 OR chat-send")}
+    assert {corpus["明日は東京へ行きます"], corpus["the chat-send handler failed"]} <= mixed
+
+
+def test_cjk_phrases_match_substrings_not_scattered_characters(db):
+    db.create_session("s", "cli")
+    together = db.append_message("s", "user", "東京都庁")
+    db.append_message("s", "user", "京都と東の都")  # every character, never "東京都" in a row
+    assert [h["id"] for h in db.search_messages("東京都")] == [together]
+    assert [h["id"] for h in db.search_messages("都東京")] == []
+    assert [h["id"] for h in db.search_messages("都庁")] == [together]
+
+
+def test_a_hit_carries_every_field_with_context(db):
+    db.create_session("s", "cli", model="gpt-x")
+    first = db.append_message("s", "user", "x" * 300)
+    hit_id = db.append_message("s", "assistant", "the answer mentions kubernetes")
+    last = db.append_message("s", "tool", "tool says hi", tool_name="terminal")
+    (hit,) = db.search_messages("kubernetes")
+    assert set(hit) == FIELDS
+    session = db.get_session("s")
+    assert (hit["id"], hit["session_id"], hit["role"], hit["tool_name"]) == (hit_id, "s", "assistant", None)
+    assert (hit["source"], hit["model"], hit["session_started"]) == ("cli", "gpt-x", session["started_at"])
+    assert hit["snippet"] == "the answer mentions >>>kubernetes<<<"
+    assert hit["context"] == [{"id": first, "role": "user", "content": "x" * 200},
+                              {"id": last, "role": "tool", "content": "tool says hi"}]
+    (edge,) = db.search_messages("hi")
+    assert [c["id"] for c in edge["context"]] == [hit_id]  # the last message has no next one
+
+
+def test_context_rows_come_from_one_query_for_all_hits(db):
+    db.create_session("s", "cli")
+    for i in range(15):
+        db.append_message("s", "user", f"needle number {i}")
+        db.append_message("s", "assistant", f"reply {i}")
+    counts = {}
+    for limit in (1, 15):
+        traced: list[str] = []
+        db._writer.conn.set_trace_callback(traced.append)
+        hits = db.search_messages("needle", limit=limit)
+        db._writer.conn.set_trace_callback(None)
+        assert len(hits) == limit and all(len(h["context"]) in (1, 2) for h in hits)
+        counts[limit] = len([s for s in traced if not s.startswith("--")])  # "--": inside FTS5 itself
+    assert counts[1] == counts[15]  # the statement count does not grow with the hits
+
+
+def test_best_match_first(db):
+    db.create_session("s", "cli")
+    weak = db.append_message("s", "user", "docker and many other words that dilute the single mention here")
+    strong = db.append_message("s", "user", "docker docker docker")
+    assert [h["id"] for h in db.search_messages("docker")] == [strong, weak]
+
+
+def test_archived_generations_only_when_asked(db, rival):
+    db.create_session("s", "cli")
+    old = db.append_message("s", "user", "archived 会話 row")
+    live = db.append_message("s", "user", "live 会話 row")
+    rival.execute("UPDATE messages SET active = 0 WHERE id = ?", (old,))
+    for query in ("row", "会話", "rchiv", "ive r"):
+        assert old not in [h["id"] for h in db.search_messages(query)], query
+    assert {h["id"] for h in db.search_messages("会話", include_inactive=True)} == {old, live}
+    assert [h["id"] for h in db.search_messages("archived", include_inactive=True)] == [old]
+
+
+@pytest.mark.parametrize("query", ["deploy", "配置", "eploymen", "pl"], ids=["word", "cjk", "trigram", "like"])
+def test_filters_combine_with_every_route(db, query):
+    db.create_session("c", "cli")
+    db.create_session("t", "telegram")
+    db.create_session("d", "discord")
+    rows = {}
+    for sid in ("c", "t", "d"):
+        for role in ("user", "assistant"):
+            rows[sid, role] = db.append_message(sid, role, f"deployment 配置 {sid} {role}")
+
+    def found(**filters):
+        return {key for key, value in rows.items() if value in {h["id"] for h in db.search_messages(query, **filters)}}
+
+    assert found() == set(rows)
+    assert found(source_filter=["cli"]) == {("c", "user"), ("c", "assistant")}
+    assert found(exclude_sources=["telegram", "discord"]) == {("c", "user"), ("c", "assistant")}
+    assert found(role_filter=["user"]) == {("c", "user"), ("t", "user"), ("d", "user")}
+    assert found(session_id="t") == {("t", "user"), ("t", "assistant")}
+    assert found(session_id="t", role_filter=["assistant"], source_filter=["telegram"]) == {("t", "assistant")}
+    assert found(session_id="nope") == set()
+
+
+def test_pagination_is_disjoint_and_complete(db, monkeypatch):
+    monkeypatch.setattr(search, "_RANK_WINDOW", 3)  # force the ranking window to grow
+    db.create_session("s", "cli")
+    db.create_session("t", "discord")
+    want = {db.append_message("s" if i % 5 else "t", "user", f"common term {'pad ' * (i % 7)}") for i in range(40)}
+    pages = [db.search_messages("common", limit=7, offset=o) for o in range(0, 42, 7)]
+    got = [h["id"] for page in pages for h in page]
+    assert len(got) == len(set(got)) == 40 and set(got) == want
+    assert len(db.search_messages("common", source_filter=["discord"], limit=50)) == 8
+    assert db.search_messages("common", limit=0) == []
+
+
+@pytest.mark.parametrize("bad", [{"limit": -1}, {"offset": -5}, {"limit": "10"}, {"limit": True},
+                                 {"role_filter": 3}, {"source_filter": [1]}, {"session_id": 7}])
+def test_bad_paging_or_filters_raise_value_error(db, bad):
+    with pytest.raises(ValueError):
+        db.search_messages("x", **bad)
+
+
+def test_search_while_a_rebuild_runs_finds_rows_not_indexed_yet(tmp_path, monkeypatch):
+    monkeypatch.setattr(SessionDB, "_FTS_REBUILD_IN_BACKGROUND", False)
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+        rows = [db.append_message("s", "user", f"rebuild{i} 再構築") for i in range(10)]
+        with db._writer.transaction(5, db._policy()) as conn:
+            fts.start_rebuild(conn)
+            fts.rebuild_step(conn, 4)
+        assert db.fts_rebuild_status()["pending"] == 6
+        for i in (1, 8):
+            assert [h["id"] for h in db.search_messages(f"rebuild{i}")] == [rows[i]]
+        assert {h["id"] for h in db.search_messages("再構築", limit=50)} == set(rows)
+
+
+def test_a_read_only_handle_on_a_database_without_fts_degrades_and_says_so(tmp_path, caplog):
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+        latin = db.append_message("s", "user", "hello there")
+        cjk = db.append_message("s", "user", "東京タワー")
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("DROP VIEW messages_fts_trigram_source")
+    for name in fts.FTS_TABLES:
+        conn.execute(f"DROP TABLE {name}")
+    conn.close()
+    search._warned.clear()
+    with caplog.at_level(logging.WARNING, logger="hermes_state"), SessionDB(path, read_only=True) as ro:
+        assert [h["id"] for h in ro.search_messages("hello")] == [latin]
+        assert [h["id"] for h in ro.search_messages("東京")] == [cjk]
+        assert ro.search_messages("東京")[0]["snippet"] == ">>>東京<<<タワー"
+        assert ro.fts_rebuild_status()["pending"] == 2
+    assert "CJK index is missing" in caplog.text
+
+
+def test_cjk_falls_back_to_trigram_when_the_cjk_index_is_missing(tmp_path, caplog):
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+        row = db.append_message("s", "user", "東京タワー")
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("DROP TABLE messages_fts_cjk")
+    conn.close()
+    search._warned.clear()
+    with caplog.at_level(logging.WARNING, logger="hermes_state"), SessionDB(path, read_only=True) as ro:
+        (hit,) = ro.search_messages("東京タ")
+        assert hit["id"] == row and hit["snippet"] == ">>>東京タ<<<ワー"  # trigram's own snippet
+        assert [h["id"] for h in ro.search_messages("東京")] == [row]  # 2 characters: bounded LIKE
+    assert "trigram" in caplog.text
+
+
+# --- the sanitizer ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("query,expected", [
+    ("hello AND", "hello"), ("OR hello", "hello"), ("a AND NOT b", "a NOT b"), ("NOT", ""),
+    ("chat-send", '"chat-send"'), ("my-app.config.ts", '"my-app.config.ts"'), ("under_score", '"under_score"'),
+    ('say "hello world', "say hello world"), ('"exact phrase" rest', '"exact phrase" rest'),
+    ("deploy*", "deploy*"), ('"foo bar"*', '"foo bar"*'), ("#123", "123"), ("50%", "50"),
+    ("NEAR(a b, 3)", '"NEAR(a" b 3'), ("col:term", '"col:term"'), ("^start", "start"), ("((x))", "x"),
+    ("", ""), ("   ", ""), ("***", ""), ('""', ""), ("東京", "東京"), ("a\x00b", "a b"),
+])
+def test_sanitizer_examples(query, expected):
+    assert _sanitize_fts5_query(query) == expected
+
+
+def test_sanitizer_caps_length_and_terms():
+    out = _sanitize_fts5_query("a-b " * 2000)
+    assert len(out) <= fts.MAX_QUERY_CHARS and out.count('"a-b"') == fts.MAX_QUERY_TERMS
+    assert _sanitize_fts5_query(None) == "" and _sanitize_fts5_query(42) == ""
+
+
+@pytest.fixture(scope="module")
+def match_conn():
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE VIRTUAL TABLE w USING fts5(content, tool_name, tool_calls)")
+    conn.execute("CREATE VIRTUAL TABLE t USING fts5(content, tokenize='trigram')")
+    conn.execute("CREATE VIRTUAL TABLE c USING fts5(terms)")
+    conn.execute("INSERT INTO w VALUES ('alpha beta', 'terminal', NULL)")
+    conn.execute("INSERT INTO t VALUES ('alpha beta 東京都')")
+    conn.execute("INSERT INTO c VALUES ('東京 京都 都')")
+    yield conn
+    conn.close()
+
+
+_NASTY = st.text(alphabet=st.sampled_from(list('ab 東京구글"*^:()-+.,/_@#%\'\\\x00AND OR NOT NEAR{}[]')), max_size=40)
+_ANY = st.one_of(st.text(max_size=60), _NASTY)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(query=_ANY)
+def test_any_input_gives_an_expression_match_accepts_and_sanitizing_is_idempotent(match_conn, query):
+    clean = _sanitize_fts5_query(query)
+    assert _sanitize_fts5_query(clean) == clean
+    assert len(clean) <= fts.MAX_QUERY_CHARS
+    plan = fts.plan_query(query)
+    if plan is None:
+        assert clean == ""
+        return
+    match_conn.execute("SELECT rowid FROM w WHERE w MATCH ?", (plan.word,)).fetchall()
+    if plan.trigram is not None:
+        match_conn.execute("SELECT rowid FROM t WHERE t MATCH ?", (plan.trigram,)).fetchall()
+    if plan.cjk is not None:
+        match_conn.execute("SELECT rowid FROM c WHERE c MATCH ?", (plan.cjk,)).fetchall()
+        match_conn.execute("SELECT rowid FROM w WHERE w MATCH ?", (plan.cjk,)).fetchall()
+
+
+@pytest.fixture(scope="module")
+def shared_db(tmp_path_factory):
+    handle = SessionDB(tmp_path_factory.mktemp("fuzz") / "state.db")
+    handle.create_session("s", "cli")
+    handle.append_message("s", "user", "alpha beta 東京都 chat-send x")
+    yield handle
+    handle.close()
+
+
+@settings(max_examples=300, deadline=None)
+@given(query=_ANY, role=st.sampled_from([None, ["user"]]), inactive=st.booleans())
+def test_search_never_raises_on_any_text(shared_db, query, role, inactive):
+    for hit in shared_db.search_messages(query, role_filter=role, include_inactive=inactive):
+        assert set(hit) == FIELDS
+
+
+# --- R-SEARCH-4: a random word inserted is found ---------------------------------------------------
+
+_LATIN = st.text(alphabet=string.ascii_lowercase + string.digits, min_size=3, max_size=10)
+_CJK_TEXT = st.text(alphabet=st.sampled_from(list("東京都検索日本語全文会話記录项目数据库구글검색결과")), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(word=_LATIN, before=st.lists(_LATIN, max_size=4), after=st.lists(_LATIN, max_size=4),
+       role=st.sampled_from(["user", "assistant", "tool"]))
+def test_a_random_latin_word_is_found(shared_db, word, before, after, role):
+    row = shared_db.append_message("s", role, " ".join([*before, word.upper(), *after]))
+    assert row in [h["id"] for h in shared_db.search_messages(word, session_id="s", limit=1000)]
+
+
+@settings(max_examples=80, deadline=None)
+@given(text=_CJK_TEXT, data=st.data(), latin=st.sampled_from(["", "abc", "v2 "]),
+       role=st.sampled_from(["user", "tool"]))
+def test_a_random_cjk_substring_is_found(shared_db, text, data, latin, role):
+    start = data.draw(st.integers(0, len(text) - 1))
+    end = data.draw(st.integers(start + 1, min(len(text), start + 4)))
+    assume(text[start:end].strip())
+    row = shared_db.append_message("s", role, f"前置き{latin}{text}。")
+    hits = shared_db.search_messages(text[start:end], session_id="s", limit=1000)
+    assert row in [h["id"] for h in hits]
