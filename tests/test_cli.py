@@ -1,0 +1,51 @@
+"""The hermes-state command line: demo, sessions commands, --json, exit codes, one-line errors."""
+from __future__ import annotations
+
+import json
+
+from hermes_state import SessionDB
+from hermes_state_cli import main
+
+
+def test_demo_shows_listing_lineage_conversation_and_search(capsys, hermes_home):
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "Fix Docker Build #2" in out and "ended: compression" in out
+    assert ">>>東京<<<" in out and ">>>alice@example.com<<<" in out
+    assert not (hermes_home / "state.db").exists()  # the demo used a throw-away home
+
+
+def test_sessions_commands(capsys, hermes_home):
+    with SessionDB() as db:
+        db.create_session("s1", "cli", "m", input_tokens=10, output_tokens=5)
+        db.append_message("s1", "user", "deploy the kanban board")
+        db.create_session("s2", "telegram")
+    assert main(["--json", "sessions", "list"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in rows] == ["s2", "s1"] and rows[1]["preview"] == "deploy the kanban board"
+    assert main(["sessions", "list", "--source", "cli"]) == 0
+    out = capsys.readouterr().out
+    assert "s1" in out and "s2" not in out
+    assert main(["sessions", "rename", "s1", "Kanban deploy"]) == 0
+    capsys.readouterr()
+    assert main(["--json", "sessions", "show", "s1"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["session"]["title"] == "Kanban deploy" and shown["messages"][0]["content"].startswith("deploy")
+    assert main(["--json", "sessions", "search", "kanban"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["session_id"] == "s1"
+    assert main(["--json", "sessions", "stats"]) == 0
+    assert json.loads(capsys.readouterr().out)["top_sessions"][0]["id"] == "s1"
+    assert main(["--json", "fts", "status"]) == 0
+    assert "pending" in json.loads(capsys.readouterr().out)
+
+
+def test_errors_are_one_line_with_exit_codes(capsys, hermes_home):
+    SessionDB().close()
+    assert main(["sessions", "show", "missing"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing" in err and "Traceback" not in err
+    assert main(["--profile", "nope", "sessions", "list"]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert main(["--db", str(hermes_home / "absent.db"), "sessions", "list"]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    assert not (hermes_home / "absent.db").exists()
