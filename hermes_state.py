@@ -187,8 +187,6 @@ class SessionDB:
     @contextmanager
     def _write(self, patience_s: float | None = None) -> Iterator[sqlite3.Connection]:
         self._check_writable()
-        if not self._fts_write_ready:
-            self._prepare_fts_writes()
         with self._writer.transaction(self._WRITE_PATIENCE_S if patience_s is None else patience_s,
                                       self._policy()) as conn:
             yield conn
@@ -385,10 +383,14 @@ class SessionDB:
     def _open_fts(self) -> None:
         # Build missing FTS objects and catch up a short CJK queue now; a rebuild (after an
         # upgrade) runs on a background thread, one short transaction per chunk.
-        self._fts_stop, self._fts_worker, self._fts_write_ready = threading.Event(), None, False
+        self._fts_stop, self._fts_worker = threading.Event(), None
         writable = not self.read_only and (self.schema_version or 0) <= SCHEMA_VERSION
         try:
             pending = fts.ensure_fts(self._writer, self._WRITE_PATIENCE_S, self._policy(), writable=writable)
+            if writable:
+                # This connection's TEMP trigger feeds the CJK index; it lives in the temp
+                # schema only, so it takes no lock on the file and costs open nothing.
+                fts.install_write_triggers(self._writer.conn)
         except BaseException:
             self._writer.conn.close()
             raise
@@ -403,15 +405,6 @@ class SessionDB:
         self._fts_stop.set()
         if self._fts_worker is not None:
             self._fts_worker.join(5.0)  # a chunk is short; a worker stuck on a lock just fails later
-
-    def _prepare_fts_writes(self) -> None:
-        # The TEMP trigger that feeds the CJK index goes in before the handle's first write
-        # (not at open, which stays a pure catalogue read); never inside a transaction, where a
-        # rollback would take it away again.
-        with self._writer.lock:
-            if not self._writer.conn.in_transaction:
-                fts.install_write_triggers(self._writer.conn)
-                self._fts_write_ready = True
 
     def search_messages(self, query: str, source_filter: list[str] | None = None,
                         exclude_sources: list[str] | None = None, role_filter: list[str] | None = None,

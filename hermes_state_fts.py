@@ -265,7 +265,7 @@ def fts5_available(conn: sqlite3.Connection) -> bool:
 def _drop_fts_objects(conn: sqlite3.Connection) -> None:
     rows = conn.execute("SELECT type, name, sql FROM sqlite_master WHERE type IN ('trigger', 'view', 'table') "
                         "AND (name IN (SELECT value FROM json_each(?)) OR (type = 'trigger' AND tbl_name = 'messages' "
-                        "AND sql LIKE '%messages_fts%'))", (_json_list(sorted(_OBJECT_NAMES)),)).fetchall()
+                        "AND sql LIKE '%messages_fts%'))", (json.dumps(sorted(_OBJECT_NAMES)),)).fetchall()
     order = {"trigger": 0, "view": 1, "table": 2}  # triggers first: they name the tables
     for kind, name, _ in sorted(rows, key=lambda r: order[r[0]]):
         conn.execute(f'DROP {kind.upper()} IF EXISTS "{name}"')
@@ -349,7 +349,7 @@ def drain_cjk(conn: sqlite3.Connection, limit: int = OPEN_CATCH_UP_ROWS) -> bool
     ids = [r[0] for r in conn.execute(f"SELECT id FROM {CJK_PENDING} ORDER BY id LIMIT ?", (limit,))]
     if not ids:
         return False
-    batch = _json_list(ids)
+    batch = json.dumps(ids)
     conn.execute(f"DELETE FROM {CJK} WHERE rowid IN (SELECT value FROM json_each(?))", (batch,))
     conn.execute(f"INSERT INTO {CJK}(rowid, terms) SELECT id, t FROM (SELECT id, hermes_cjk_terms(content, tool_calls) "
                  "AS t FROM messages WHERE id IN (SELECT value FROM json_each(?))) WHERE t IS NOT NULL", (batch,))
@@ -461,10 +461,6 @@ def rebuild_status(conn: sqlite3.Connection) -> dict[str, object]:
     return {"pending": pending, "total": total, "indexed": indexed,
             "percent": round(100.0 * indexed / total, 1) if total else 100.0,
             "in_progress": state.rebuild is not None, "cjk_pending": cjk_pending}
-
-
-def _json_list(values: list) -> str:
-    return json.dumps(values)
 
 
 def upkeep(conn: sqlite3.Connection, writes: int) -> None:
@@ -606,10 +602,6 @@ class QueryPlan:
     cjk: str | None              # for messages_fts_cjk, when some term has CJK
     trigram: str | None          # for messages_fts_trigram, when every term has >= 3 characters
     has_or: bool
-
-    @property
-    def terms(self) -> list[Term]:
-        return [i for i in self.items if isinstance(i, Term)]
 
     def like_groups(self) -> list[list[tuple[str, bool]]]:
         """Return the query as OR-of-AND groups of (needle, negated) for a LIKE scan."""

@@ -326,7 +326,6 @@ class _Filters:
         if session_id is not None:
             where.append("m.session_id = ?")
             params.append(session_id)
-        self.session_id = session_id
         self.sql = "".join(f" AND {w}" for w in where)
         self.params = tuple(params)
         self.join = " JOIN sessions s ON s.id = m.session_id" if sources or excluded else ""

@@ -393,16 +393,15 @@ def test_sqlite_without_fts5_is_a_clear_incompatible_error(tmp_path, monkeypatch
     assert isinstance(info.value, StoreUnavailableError)
 
 
-def test_open_of_a_current_database_writes_nothing_and_triggers_come_before_the_first_write(db):
+def test_open_of_a_current_database_starts_no_worker_and_installs_the_temp_trigger(db):
     db.create_session("s", "cli")
     db.append_message("s", "user", "東京")
     db.close()
     again = SessionDB(db.db_path)
     temp = "SELECT COUNT(*) FROM sqlite_temp_master WHERE type = 'trigger'"
-    assert again._writer.conn.execute(temp).fetchone()[0] == 0
+    assert again._writer.conn.execute(temp).fetchone()[0] == 1
     assert again._fts_worker is None
     again.append_message("s", "user", "大阪")
-    assert again._writer.conn.execute(temp).fetchone()[0] == 1
     assert [h["content"] for h in again.search_messages("大阪")[0]["context"]] == ["東京"]
     again.close()
 
@@ -451,8 +450,6 @@ def test_every_index_stays_consistent_after_random_writes(ops):
         shell = plain(path)
         for op, arg, text, by_shell in ops:
             conn = shell if by_shell else db._writer.conn
-            if not by_shell:
-                db._prepare_fts_writes()
             existing = [r[0] for r in shell.execute("SELECT id FROM messages ORDER BY id")]
             if op == "insert":
                 insert_raw(conn, "s", arg, text)

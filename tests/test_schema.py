@@ -144,7 +144,8 @@ def test_open_of_current_database_takes_no_write_lock_and_scans_nothing(db, riva
     finally:
         rival.execute("ROLLBACK")
     other.close()
-    opened = [s for s in statements if "checkpoint" not in s]
+    # A TEMP trigger lives in the connection's temp schema: no lock on the file.
+    opened = [s for s in statements if "checkpoint" not in s and not s.startswith("CREATE TEMP TRIGGER")]
     assert not any("BEGIN" in s for s in opened)
     for s in opened:
         # only catalogue reads: no statement reads the data tables
