@@ -652,3 +652,17 @@ def test_a_lockless_compress_while_another_process_holds_the_lock(db, rival):
         other.compress_in_place("s", original[-2:], holder=holder)
         assert other.release_compression_lock("s", holder)
     assert [r["message_uid"] for r in rows(rival, "s", "active = 1")] == [m["message_uid"] for m in original[-2:]]
+
+
+def test_search_sees_only_the_live_generation_unless_asked(db):
+    db.create_session("gen", "cli")
+    db.append_message("gen", "user", "please deploy the zeppelin service")
+    db.append_message("gen", "assistant", "deploying zeppelin now; 東京 region")
+    kept = db.get_messages_as_conversation("gen")[-1:]
+    new_ids = db.compress_in_place("gen", kept)
+    live = db.search_messages("zeppelin")
+    assert [h["id"] for h in live] == new_ids
+    everything = db.search_messages("zeppelin", include_inactive=True)
+    assert len(everything) == 3  # two archived rows and the kept copy
+    assert {h["id"] for h in db.search_messages("東京", include_inactive=True)} > set(new_ids)
+    assert [h["id"] for h in db.search_messages("東京")] == new_ids
