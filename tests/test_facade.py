@@ -30,6 +30,7 @@ def snapshot(rival: sqlite3.Connection) -> tuple:
         [tuple(r) for r in rival.execute("SELECT * FROM sessions ORDER BY id")],
         [tuple(r) for r in rival.execute("SELECT * FROM messages ORDER BY id")],
         [tuple(r) for r in rival.execute("SELECT * FROM session_model_usage ORDER BY session_id, model")],
+        [tuple(r) for r in rival.execute("SELECT * FROM compression_locks ORDER BY session_id")],
     )
 
 
@@ -95,6 +96,33 @@ CASES: list[tuple[str, Good, Check, Good, type[Exception]]] = [
      lambda db, s: db.clear_messages("s"),
      lambda r: scalar(r, "SELECT COUNT(*) FROM messages") == 0,
      lambda db, s: db.clear_messages("nope"), SessionNotFoundError),
+    # The other features' writes follow the same contract.
+    ("create_session",
+     lambda db, s: db.create_session("fresh", "cli", "m", user_id="basic:alice"),
+     lambda r: scalar(r, "SELECT user_id FROM sessions WHERE id = 'fresh'") == "basic:alice",
+     lambda db, s: db.create_session("s", "cli"), ValueError),
+    ("set_session_title",
+     lambda db, s: db.set_session_title("old", "  Renamed  "),
+     lambda r: scalar(r, "SELECT title FROM sessions WHERE id = 'old'") == "Renamed",
+     lambda db, s: db.set_session_title("old", "Taken"), TitleConflictError),
+    ("compress_in_place",
+     lambda db, s: db.compress_in_place("s", db.get_messages_as_conversation("s")[-1:]),
+     lambda r: scalar(r, "SELECT COUNT(*) FROM messages WHERE session_id = 's' AND active = 1") == 1
+     and scalar(r, "SELECT COUNT(*) FROM messages WHERE session_id = 's' AND compacted = 1") == 3,
+     lambda db, s: db.compress_in_place("s", [{"role": "user", "content": "ok"}, "not a dict"]), ValueError),
+    ("rotate_session",
+     lambda db, s: db.rotate_session("s", "child", db.get_messages_as_conversation("s")[-1:]),
+     lambda r: scalar(r, "SELECT end_reason FROM sessions WHERE id = 's'") == "compression"
+     and scalar(r, "SELECT COUNT(*) FROM messages WHERE session_id = 'child'") == 1,
+     lambda db, s: db.rotate_session("s", "old", []), ValueError),
+    ("acquire_compression_lock",
+     lambda db, s: db.acquire_compression_lock("s"),
+     lambda r: "pid=" in scalar(r, "SELECT holder FROM compression_locks WHERE session_id = 's'"),
+     lambda db, s: db.acquire_compression_lock("nope"), SessionNotFoundError),
+    ("release_compression_lock",
+     lambda db, s: db.release_compression_lock("s", db.acquire_compression_lock("s")),
+     lambda r: scalar(r, "SELECT COUNT(*) FROM compression_locks") == 0,
+     lambda db, s: db.acquire_compression_lock("nope"), SessionNotFoundError),
 ]
 IDS = [c[0] for c in CASES]
 
