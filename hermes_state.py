@@ -35,20 +35,30 @@ from hermes_state_errors import (HermesStateError, OwnershipReadError, ProfileNo
                                  StateDbCorruptError, StateDbIncompatibleError, StateDbUninitializedError,
                                  StoreUnavailableError, TitleConflictError, classify_persistence_error,
                                  is_sqlite_lock_error)
-from hermes_state_home import (check_db_path_allowed, child_env, display_hermes_home,  # noqa: F401
-                               get_hermes_home, hermes_home_override, profile_home)
+from hermes_state_home import (check_db_path_allowed, child_env, default_hermes_root,  # noqa: F401
+                               display_hermes_home, get_hermes_home, hermes_home_override, profile_home)
 from hermes_state_lockowners import configure_error_log, log_write_lock_holders
 
-__all__ = ["SessionDB", "AsyncSessionDB", "SCHEMA_VERSION", "get_hermes_home", "hermes_home_override",
-           "profile_home", "child_env", "display_hermes_home", "HermesStateError", "SessionPersistenceError",
-           "StateDbCorruptError", "StateDbIncompatibleError", "StateDbUninitializedError", "StateDbBusyError",
-           "StoreUnavailableError", "ReadOnlyError", "SessionNotFoundError", "TitleConflictError",
-           "SessionBusyError", "SessionCompressionInProgressError", "SessionClosedByCompressionError", "StaleEpochError", "ReceiptOrderError",
-           "ReceiptDigestError", "OwnershipReadError", "ProfileNotFoundError", "is_sqlite_lock_error",
-           "classify_persistence_error", "configure_error_log",
-           "ReasoningFieldMemory", "to_provider_messages"]
+__all__ = [
+    "SessionDB", "AsyncSessionDB", "SCHEMA_VERSION", "list_sessions_across_profiles",
+    "get_hermes_home", "hermes_home_override", "profile_home", "child_env", "display_hermes_home",
+    "ReasoningFieldMemory", "to_provider_messages", "configure_error_log",
+    "HermesStateError", "SessionPersistenceError", "StateDbCorruptError", "StateDbIncompatibleError",
+    "StateDbUninitializedError", "StateDbBusyError", "StoreUnavailableError", "ReadOnlyError",
+    "SessionNotFoundError", "TitleConflictError", "SessionBusyError", "SessionCompressionInProgressError",
+    "SessionClosedByCompressionError", "StaleEpochError", "ReceiptOrderError", "ReceiptDigestError",
+    "OwnershipReadError", "ProfileNotFoundError", "is_sqlite_lock_error", "classify_persistence_error",
+]
 
 logger = logging.getLogger("hermes_state")
+
+
+def _resolve_path(db_path: str | os.PathLike | None, home: Path) -> Path:
+    if db_path is None:
+        return home / "state.db"
+    if str(db_path) == ":memory:":
+        return Path(":memory:")
+    return Path(db_path).expanduser().absolute()
 
 
 class SessionDB:
@@ -68,11 +78,13 @@ class SessionDB:
     _COMPRESSION_WAIT_S = compression.COMPRESSION_WAIT_S
 
     _shared: dict[str, list[Any]] = {}
+    _shared_key: str | None = None  # set on handles handed out by shared()
     _shared_lock = threading.Lock()
 
     def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False):
-        self.profile_home = get_hermes_home()
-        self.db_path = Path(db_path).expanduser() if db_path is not None else self.profile_home / "state.db"
+        # Absolute, so a later chdir or HERMES_HOME change cannot move this handle (R-HOME-7).
+        self.profile_home = get_hermes_home().absolute()
+        self.db_path = _resolve_path(db_path, self.profile_home)
         self.read_only = read_only
         self.schema_version: int | None = None
         self._closed = False
@@ -90,10 +102,10 @@ class SessionDB:
                 raise StateDbUninitializedError(f"{path} does not exist yet")
         else:
             schema.prepare_file(path)
-        conn = schema.connect(path, read_only=self.read_only)
+        conn = schema.connect(path, read_only=self.read_only, read_busy_s=self._READ_BUSY_TIMEOUT_S)
         try:
             if self.read_only:
-                self.schema_version = schema.check_read_only(conn, path)
+                self.schema_version = schema.check_read_only(conn, path, self._READ_BUSY_TIMEOUT_S)
             else:
                 self.schema_version = self._set_up(conn)
         except sqlite3.DatabaseError as exc:
@@ -119,12 +131,22 @@ class SessionDB:
         return max(found, SCHEMA_VERSION)
 
     def close(self) -> None:
-        """Checkpoint (PASSIVE) and close the connection; calling it twice is harmless."""
+        """Checkpoint (PASSIVE) and close the connection; calling it twice is harmless.
+
+        On a handle from `shared()` this gives back one use, like `release()`: a retiring
+        owner never closes the handle its successor took over.
+        """
+        if self._shared_key is not None:
+            self.release()
+            return
+        self._close_now()
+
+    def _close_now(self) -> None:
         if self._closed:
             return
         self._stop_fts_worker()
         with self._writer.lock:
-            self._closed = True
+            self._closed = self._writer.closed = True
             if not self.read_only:
                 common.passive_checkpoint(self._writer.conn)
             self._writer.conn.close()
@@ -138,27 +160,26 @@ class SessionDB:
     @classmethod
     def shared(cls, db_path: str | os.PathLike | None = None) -> "SessionDB":
         """Return the process-wide handle for a path, counting one more user of it."""
-        path = Path(db_path).expanduser() if db_path is not None else get_hermes_home() / "state.db"
-        key = os.path.abspath(path)
+        path = _resolve_path(db_path, get_hermes_home().absolute())
+        key = os.path.realpath(path)
         with cls._shared_lock:
             entry = cls._shared.get(key)
             if entry is None or entry[0]._closed:
                 entry = cls._shared[key] = [cls(path), 0]
+                entry[0]._shared_key = key
             entry[1] += 1
             return entry[0]
 
     def release(self) -> None:
         """Give back one use of a shared handle; the last release closes it."""
-        key = os.path.abspath(self.db_path)
         with self._shared_lock:
-            entry = self._shared.get(key)
-            if entry is None or entry[0] is not self:
-                return
-            entry[1] -= 1
-            if entry[1] > 0:
-                return
-            del self._shared[key]
-        self.close()
+            entry = self._shared.get(self._shared_key) if self._shared_key else None
+            if entry is not None and entry[0] is self:
+                entry[1] -= 1
+                if entry[1] > 0:
+                    return
+                del self._shared[self._shared_key]
+        self._close_now()
 
     # --- the write/read choke points -----------------------------------------------------------
 
@@ -187,8 +208,8 @@ class SessionDB:
     @contextmanager
     def _write(self, patience_s: float | None = None) -> Iterator[sqlite3.Connection]:
         self._check_writable()
-        with self._writer.transaction(self._WRITE_PATIENCE_S if patience_s is None else patience_s,
-                                      self._policy()) as conn:
+        with schema.typed_errors(self.db_path), self._writer.transaction(
+                self._WRITE_PATIENCE_S if patience_s is None else patience_s, self._policy()) as conn:
             yield conn
 
     def _transcript_write(self, session_id: str, body: Callable[[sqlite3.Connection], Any]) -> Any:
@@ -210,7 +231,7 @@ class SessionDB:
     def _read(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
         if self._closed:
             raise HermesStateError(f"SessionDB for {self.db_path} is closed")
-        with self._writer.reading(snapshot) as conn:
+        with schema.typed_errors(self.db_path), self._writer.reading(snapshot) as conn:
             yield conn
 
     # --- sessions ------------------------------------------------------------------------------
@@ -459,6 +480,32 @@ class SessionDB:
         """Release the compression lock `holder` holds; return whether one was released."""
         with self._write() as conn:
             return compression.release_compression_lock(conn, session_id, holder)
+
+
+def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:
+    """List sessions of every profile under `root`, read-only; one profile's failure does not fail the rest.
+
+    Returns {"sessions": [...], "errors": [{"profile", "error"}]}: each session carries its
+    `profile` ("default" for the root's own state.db), newest first across profiles, cut to
+    `limit` (default 20). A profile whose store is missing, locked, corrupt or of another
+    schema version is reported in `errors` with the reason.
+    """
+    base = Path(root).expanduser() if root is not None else default_hermes_root()
+    homes = [("default", base)]
+    profiles_dir = base / "profiles"
+    if profiles_dir.is_dir():
+        homes += sorted((p.name, p) for p in profiles_dir.iterdir() if p.is_dir())
+    limit = filters.get("limit", 20)
+    found: list[dict[str, Any]] = []
+    errors: list[dict[str, str]] = []
+    for name, home in homes:
+        try:
+            with SessionDB(home / "state.db", read_only=True) as db:
+                found += [dict(row, profile=name) for row in db.list_sessions(**filters)]
+        except (HermesStateError, sqlite3.Error, OSError) as exc:
+            errors.append({"profile": name, "error": f"{type(exc).__name__}: {exc}"})
+    found.sort(key=lambda row: row["started_at"], reverse=True)
+    return {"sessions": found[:limit], "errors": errors}
 
 
 class AsyncSessionDB:

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from hermes_state_errors import SessionPersistenceError, is_sqlite_lock_error
+from hermes_state_errors import HermesStateError, SessionPersistenceError, is_sqlite_lock_error
 
 SCHEMA_VERSION = 31
 
@@ -271,11 +271,24 @@ def strip_surrogates(text: str | None) -> str | None:
     return _SURROGATES.sub("", text) if _SURROGATES.search(text) else text
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not standard JSON")
+
+
 def encode_json(value: Any, field: str) -> str | None:
-    """Serialise `value` for a JSON column; raise ValueError naming `field` when it cannot be."""
+    """Serialise `value` for a JSON column; raise ValueError naming `field` when it cannot be.
+
+    A str that parses as (standard) JSON is taken as already serialised and stored as it is,
+    since callers pass provider payloads pre-encoded; so "123" reads back as the int 123. Any
+    other str is encoded as a JSON string, so it reads back as that same str.
+    """
     if value is None:
         return None
     if isinstance(value, str):
+        try:
+            json.loads(value, parse_constant=_reject_constant)  # NaN/Infinity are not JSON text
+        except ValueError:
+            return strip_surrogates(json.dumps(value, ensure_ascii=False))
         return strip_surrogates(value)
     try:
         return strip_surrogates(json.dumps(value, ensure_ascii=False))
@@ -380,18 +393,31 @@ class Writer:
         self.after_commit: list[Callable[[sqlite3.Connection, int], None]] = []
         self._busy_ms = int(_SQLITE_BUSY_TIMEOUT_S * 1000)
         self._txn_thread: int | None = None
+        self.closed = False  # set under the lock by SessionDB.close()
 
     def _cap_busy_timeout(self, remaining_s: float) -> None:
         # SQLite's own busy wait is 1 s, but never longer than the patience left, so a
-        # 0.5 s activity write cannot block for a whole second.
+        # 0.5 s activity write cannot block for a whole second. Runs under the lock.
         want = max(0, min(int(_SQLITE_BUSY_TIMEOUT_S * 1000), int(remaining_s * 1000)))
         if want != self._busy_ms:
             self.conn.execute(f"PRAGMA busy_timeout = {want}")
             self._busy_ms = want
 
-    def _begin(self) -> None:
-        self.lock.acquire()
+    def _check_open(self) -> None:
+        if self.closed:
+            raise HermesStateError("this SessionDB is closed; open a new one")
+
+    def _begin(self, remaining_s: float) -> None:
+        # Another thread of this process may hold the connection; waiting for it counts
+        # against this write's patience like waiting for another process does.
+        started = self.clock()
+        if not self.lock.acquire(timeout=max(remaining_s, 0.0)):
+            busy = sqlite3.OperationalError("database is locked (another thread of this process is writing)")
+            busy.sqlite_errorcode = 5  # type: ignore[attr-defined]
+            raise busy
         try:
+            self._check_open()
+            self._cap_busy_timeout(remaining_s - (self.clock() - started))
             self.conn.execute("BEGIN IMMEDIATE")
             self._txn_thread = threading.get_ident()
         except BaseException:
@@ -406,8 +432,13 @@ class Writer:
             # A nested call from inside a transaction joins it: one all-or-nothing unit.
             yield self.conn
             return
-        retry_on_lock(self._begin, patience_s, policy or RetryPolicy(), clock=self.clock, sleep=self.sleep,
-                      rng=self.rng, before_attempt=self._cap_busy_timeout, on_give_up=give_up)
+        remaining = [patience_s]
+
+        def note_remaining(seconds: float) -> None:
+            remaining[0] = seconds
+
+        retry_on_lock(lambda: self._begin(remaining[0]), patience_s, policy or RetryPolicy(), clock=self.clock,
+                      sleep=self.sleep, rng=self.rng, before_attempt=note_remaining, on_give_up=give_up)
         try:
             try:
                 yield self.conn
@@ -427,6 +458,7 @@ class Writer:
     def reading(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
         """Hold the lock for reads; with `snapshot`, inside one short read transaction."""
         with self.lock:
+            self._check_open()
             if not snapshot or self.conn.in_transaction:
                 yield self.conn
                 return

@@ -17,8 +17,9 @@ import os
 import sqlite3
 import stat
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from hermes_state_common import (INDEX_SQL, SCHEMA_VERSION, TABLE_SQL, TABLES, RetryPolicy, Writer,
                                   _READ_BUSY_TIMEOUT_S, _SQLITE_BUSY_TIMEOUT_S, retry_on_lock)
@@ -43,6 +44,8 @@ def _tighten(path: Path) -> None:
 
 def prepare_file(path: Path) -> None:
     """Create the database file 0600 if it does not exist yet and tighten existing files."""
+    if str(path) == ":memory:":
+        return  # SQLite's in-memory database: there is no file to create or protect
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     if os.name != "posix":
         return
@@ -57,7 +60,7 @@ def prepare_file(path: Path) -> None:
 
 def tighten_side_files(path: Path) -> None:
     """Make the -wal and -shm files 0600 once SQLite has created them."""
-    if os.name == "posix":
+    if os.name == "posix" and str(path) != ":memory:":
         for suffix in _SIDE_FILES:
             _tighten(Path(str(path) + suffix))
 
@@ -78,14 +81,40 @@ def corrupt_error(path: Path, exc: BaseException) -> StateDbCorruptError:
         f"run `hermes-state recover {path} <new path>` to salvage what is readable.")
 
 
-def connect(path: Path, *, read_only: bool = False) -> sqlite3.Connection:
-    """Open the connection with explicit transactions, foreign keys and a short busy timeout."""
+@contextmanager
+def typed_errors(path: Path) -> Iterator[None]:
+    """Re-raise SQLite failures that mean bad data or bad input as the library's typed errors.
+
+    A malformed file becomes StateDbCorruptError; a value SQLite cannot bind (a list, an int
+    past 64 bits) becomes ValueError. Every other sqlite3 error propagates untouched.
+    """
+    try:
+        yield
+    except (sqlite3.ProgrammingError, sqlite3.InterfaceError) as exc:
+        text = str(exc).lower()
+        if "binding parameter" in text or "not supported" in text:
+            raise ValueError(f"a value cannot be stored or looked up in SQLite: {exc}") from exc
+        raise
+    except OverflowError as exc:
+        raise ValueError(f"an integer is out of SQLite's 64-bit range: {exc}") from exc
+    except sqlite3.DatabaseError as exc:
+        if is_corruption(exc):
+            raise corrupt_error(path, exc) from exc
+        raise
+
+
+def connect(path: Path, *, read_only: bool = False, read_busy_s: float = _READ_BUSY_TIMEOUT_S) -> sqlite3.Connection:
+    """Open the connection with explicit transactions, foreign keys and a short busy timeout.
+
+    A read-only handle waits `read_busy_s` once for locks; a writable one 1 s per attempt
+    (its writer retries at application level).
+    """
     if read_only:
         target, uri = Path(os.path.abspath(path)).as_uri() + "?mode=ro", True
     else:
         target, uri = str(path), False
     conn = sqlite3.connect(target, uri=uri, isolation_level=None, check_same_thread=False,
-                           timeout=_READ_BUSY_TIMEOUT_S if read_only else _SQLITE_BUSY_TIMEOUT_S)
+                           timeout=read_busy_s if read_only else _SQLITE_BUSY_TIMEOUT_S)
     conn.execute("PRAGMA foreign_keys = ON")
     return conn
 
@@ -251,13 +280,13 @@ def migrate(writer: Writer, patience_s: float, policy: RetryPolicy) -> int:
     return SCHEMA_VERSION if fresh else (found or 0)
 
 
-def check_read_only(conn: sqlite3.Connection, path: Path) -> int:
+def check_read_only(conn: sqlite3.Connection, path: Path, read_busy_s: float = _READ_BUSY_TIMEOUT_S) -> int:
     """Verify a read-only handle can serve reads; return the version or raise a 503-class error."""
     try:
         version = read_version(conn)
     except sqlite3.OperationalError as exc:
         if is_sqlite_lock_error(exc):
-            raise StateDbBusyError(f"{path} stayed locked for {_READ_BUSY_TIMEOUT_S:.0f}s") from exc
+            raise StateDbBusyError(f"{path} stayed locked for {read_busy_s:.1f}s") from exc
         raise
     if version is None:
         raise StateDbUninitializedError(f"{path} has no hermes-state schema yet")

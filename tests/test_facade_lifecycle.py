@@ -90,3 +90,153 @@ def test_async_facade(db):
     row = asyncio.run(run())
     assert row["id"] == "a1" and row["model"] == "m"
     assert AsyncSessionDB(db).db_path == db.db_path
+
+
+def test_closing_a_shared_handle_gives_back_one_use(hermes_home):
+    first = SessionDB.shared()
+    with SessionDB.shared() as second:  # a successor that leaves through `with`
+        assert second is first
+    first.create_session("still_usable", "cli")  # the first owner's handle survived
+    first.close()  # the last use: now it really closes
+    assert first._closed
+    with pytest.raises(HermesStateError, match="closed"):
+        first.get_session("still_usable")
+
+
+def test_shared_key_survives_a_chdir(hermes_home, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    handle = SessionDB.shared("relative.db")
+    monkeypatch.chdir(hermes_home)
+    handle.release()
+    assert handle._closed and handle.db_path == tmp_path / "relative.db"
+
+
+def test_close_while_other_threads_use_the_handle_gives_typed_errors(db):
+    import threading
+    db.create_session("s", "cli")
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def worker(k: int) -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                db.append_message("s", "user", f"{k}-{i}")
+                db.get_session("s")
+            except BaseException as exc:  # noqa: BLE001 - collected and checked below
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    import time
+    time.sleep(0.2)
+    db.close()
+    stop.set()
+    for t in threads:
+        t.join(10)
+    assert errors, "the workers should have seen the close"
+    assert all(isinstance(e, HermesStateError) and "closed" in str(e) for e in errors), errors
+
+
+def test_bad_argument_types_are_value_errors_not_sqlite_tracebacks(db, rival):
+    db.create_session("s", "cli")
+    with pytest.raises(ValueError):
+        db.get_session(["s"])
+    with pytest.raises(ValueError):
+        db.get_messages({"s": 1})
+    with pytest.raises(ValueError):
+        db.end_session(["s"], "done")
+    with pytest.raises(ValueError):
+        db.create_session("s\ud800", "cli")
+    assert rival.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 1
+    assert not db._writer.conn.in_transaction
+
+
+def test_corrupt_pages_give_a_typed_error_at_open_or_at_read(tmp_path):
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+        for i in range(300):
+            db.append_message("s", "user", f"message {i} " + "x" * 400)
+    data = bytearray(path.read_bytes())
+    page = 4096
+    for n in range(6, len(data) // page - 2):  # leave page 1 (the schema) readable
+        data[n * page + 8: n * page + 200] = b"\x13" * 192
+    path.write_bytes(bytes(data))
+    from hermes_state import StateDbCorruptError
+    with pytest.raises(StateDbCorruptError):
+        with SessionDB(path) as db:
+            db.get_messages("s")
+            db.search_messages("message")
+
+
+def test_every_read_and_write_maps_corruption_to_the_typed_error(tmp_path):
+    import sqlite3
+    import hermes_state_schema as schema
+    from hermes_state import StateDbCorruptError
+    malformed = sqlite3.DatabaseError("database disk image is malformed")
+    malformed.sqlite_errorcode = 11
+    with pytest.raises(StateDbCorruptError) as info:
+        with schema.typed_errors(tmp_path / "x.db"):
+            raise malformed
+    assert info.value.__cause__ is malformed
+    other = sqlite3.OperationalError("no such table: nope")
+    with pytest.raises(sqlite3.OperationalError):  # unexpected SQLite errors propagate untouched
+        with schema.typed_errors(tmp_path / "x.db"):
+            raise other
+
+
+def test_memory_database_leaves_no_file(tmp_path, monkeypatch):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    with SessionDB(":memory:") as db:
+        db.create_session("s", "cli")
+        assert db.get_session("s")["id"] == "s"
+    assert list(cwd.iterdir()) == []
+
+
+def test_write_patience_counts_time_waiting_for_another_thread(db):
+    import threading
+    import time
+    from hermes_state import SessionPersistenceError
+    db.create_session("s", "cli")
+    holding = threading.Event()
+
+    def long_writer() -> None:
+        with db._write():
+            holding.set()
+            time.sleep(1.5)
+
+    t = threading.Thread(target=long_writer)
+    t.start()
+    holding.wait(5)
+    db._WRITE_PATIENCE_S = 0.3
+    t0 = time.monotonic()
+    with pytest.raises(SessionPersistenceError):
+        db.create_session("late", "cli")
+    waited = time.monotonic() - t0
+    t.join()
+    assert waited < 1.2  # bounded by patience, not by the other thread's 1.5 s transaction
+
+
+def test_list_sessions_across_profiles_reports_each_failure(tmp_path):
+    from hermes_state import list_sessions_across_profiles
+    root = tmp_path / "root"
+    with SessionDB(root / "state.db") as db:
+        db.create_session("d1", "cli", started_at=1.0)
+    with SessionDB(root / "profiles" / "coder" / "state.db") as db:
+        db.create_session("c1", "cli", started_at=2.0)
+    (root / "profiles" / "empty").mkdir()
+    (root / "profiles" / "broken").mkdir()
+    (root / "profiles" / "broken" / "state.db").write_bytes(b"not a database at all" * 100)
+    result = list_sessions_across_profiles(root)
+    assert [(s["id"], s["profile"]) for s in result["sessions"]] == [("c1", "coder"), ("d1", "default")]
+    errors = {e["profile"]: e["error"] for e in result["errors"]}
+    assert set(errors) == {"empty", "broken"}
+    assert "StateDbUninitializedError" in errors["empty"] and "StateDbCorruptError" in errors["broken"]
+    assert not (root / "profiles" / "empty" / "state.db").exists()  # read-only: nothing created
+    assert list_sessions_across_profiles(root, limit=1)["sessions"][0]["id"] == "c1"
