@@ -333,6 +333,7 @@ def rotate_session(conn: sqlite3.Connection, parent_id: str, child_id: str, kept
     ended with end_reason='compression'; kept messages are copied with their uids. A parent
     compression already closed raises SessionClosedByCompressionError naming its live
     continuation; a parent ended for another reason raises ValueError (reopen it first).
+    An archive only the idle sweep made on the parent is lifted; the child inherits no archive.
     The lock rules of compress_in_place apply to the parent. Must run inside one write transaction.
     """
     kept = _kept_list(kept_messages)
@@ -354,5 +355,8 @@ def rotate_session(conn: sqlite3.Connection, parent_id: str, child_id: str, kept
     # inserts; the parent is ended only after that succeeded.
     sessions.create_session(conn, child_id, source, values)
     sessions.end_session(conn, parent_id, COMPRESSION_END_REASON, now=now)
+    # Continuing by compression resumes the conversation (R-SESS-9), as compress_in_place does.
+    conn.execute("UPDATE sessions SET archived = CASE WHEN auto_archived = 1 THEN 0 ELSE archived END, "
+                 "auto_archived = 0 WHERE id = ?", (parent_id,))
     _insert_kept(conn, child_id, kept)
     return child_id

@@ -99,15 +99,27 @@ def profile_home(name: str) -> Path:
     return root if name == DEFAULT_PROFILE else root / "profiles" / name
 
 
+# Leading options of the hermes-state command that take their value as the next token.
+_VALUE_OPTIONS = frozenset({"--db"})
+
+
 def _pop_profile_flag(argv: MutableSequence[str]) -> tuple[str | None, list[int]]:
-    """Find `--profile NAME`, `-p NAME` or `--profile=NAME`; return the name and argv indexes to drop."""
+    """Find `--profile NAME`, `-p NAME` or `--profile=NAME`; return the name and argv indexes to drop.
+
+    Only the leading options count: the scan stops at `--` and at the first token that is not
+    an option (a word not starting with '-' that is not the value of `--profile`, `-p` or
+    `--db`), so a subcommand's own `-p` (`sessions search -p`) is left to the subcommand.
+    """
     name: str | None = None
     drop: list[int] = []
     i = 1  # argv[0] is the program
     while i < len(argv):
         arg = argv[i]
-        if arg == "--":  # everything after belongs to the command, not to us
+        if arg == "--" or not arg.startswith("-"):  # the command starts here; the rest is its own
             break
+        if arg in _VALUE_OPTIONS:
+            i += 2  # its value may not start with '-' and is not the command
+            continue
         if arg in ("--profile", "-p"):
             if i + 1 >= len(argv):
                 raise ValueError(f"{arg} needs a profile name")
@@ -135,6 +147,8 @@ def _active_profile_home(root: Path) -> Path | None:
 
 def _apply_profile_override(argv: MutableSequence[str] | None = None) -> Path | None:
     """Select the profile from argv (edited in place) or the active profile; export it as `HERMES_HOME`.
+
+    The flag is honoured only among the leading options, before the command (see _pop_profile_flag).
 
     Returns the directory written to `HERMES_HOME`, or None when nothing was changed. An explicit
     profile that does not exist raises ProfileNotFoundError before anything is read or written.

@@ -1,9 +1,10 @@
 """Read-side queries over sessions and messages: lineage, titles, listings, statistics, search.
 
 Owns: recursive-CTE lineage walks (cycle-safe), title uniqueness/lineage numbering and
-resolution, `list_sessions` with previews in one query, usage statistics, the idle
-auto-archive sweep, and `search_messages` over the FTS indexes (hermes_state_fts).
-Does not own: writing message rows (hermes_state_sessions) or FTS maintenance.
+resolution, `list_sessions` with previews in one query, usage statistics, and
+`search_messages` over the FTS indexes (hermes_state_fts).
+Does not own: writing session or message rows, archive flags and the idle auto-archive sweep
+(all hermes_state_sessions), or FTS maintenance.
 
 Transaction contract: functions run on the caller's connection; writers among them run inside
 the caller's write transaction and never commit; readers run under the caller's lock.
@@ -20,7 +21,7 @@ from typing import Any
 import hermes_state_fts as fts
 from hermes_state_common import escape_like
 from hermes_state_errors import TitleConflictError
-from hermes_state_sessions import check_title_free, normalize_title, require_session
+from hermes_state_sessions import TITLE_MAX_CHARS, check_title_free, normalize_title, require_session
 
 # --- titles ----------------------------------------------------------------------------------
 # A title lineage is "T", "T #2", "T #3", ...: when a conversation continues in a new session
@@ -116,8 +117,9 @@ def get_next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
 
     A numbered input counts as its base ("T #2" -> base "T"). The result is the highest
     existing number plus one (gaps are not refilled); when no session carries the base or
-    any numbered variant, the base itself is returned unchanged. The result is not checked
-    against the 100-character limit: set_session_title does that when it is stored.
+    any numbered variant, the base itself is returned unchanged. The result always fits the
+    100-character limit: a base too long for its suffix is cut (and stripped), and the number
+    then also passes every title of the cut base's lineage, so the suggestion is free.
     """
     normalized = normalize_title(title)
     if normalized is None:
@@ -126,7 +128,18 @@ def get_next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
     members = _lineage_members(conn, base)
     if not members:
         return base
-    return f"{base} #{max(m[0] for m in members) + 1}"
+    number = max(m[0] for m in members) + 1
+    while True:
+        suffix = f" #{number}"
+        if len(base) + len(suffix) <= TITLE_MAX_CHARS:
+            return base + suffix
+        cut = base[:TITLE_MAX_CHARS - len(suffix)].rstrip()
+        # "cut #n" belongs to the cut base's lineage: step past its numbers so it is not taken.
+        # A longer number may shorten the cut again, hence the loop (it ends: numbers only grow).
+        taken = max((m[0] for m in _lineage_members(conn, cut)), default=0)
+        if taken < number:
+            return cut + suffix
+        number = taken + 1
 
 
 # --- lineage walks ---------------------------------------------------------------------------

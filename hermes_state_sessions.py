@@ -34,6 +34,33 @@ _DAY_S = 86400.0
 # Columns the library maintains itself; callers may not set them through **columns.
 _MANAGED_SESSION_COLUMNS = frozenset({"id", "message_count", "tool_call_count"})
 _JSON_SESSION_COLUMNS = frozenset({"model_config", "origin_json"})
+# Columns update_session refuses, each with the verb that owns it. create_session still takes
+# them, so an import can write a row exactly as it was exported.
+_VERB_SESSION_COLUMNS = {
+    "user_id": "nothing: it is set when the session is created and never changed afterwards (R-SESS-4)",
+    "ended_at": "end_session (the first end wins) or reopen_session",
+    "end_reason": "end_session (the first end wins) or reopen_session",
+    "archived": "archive_session or unarchive_session",
+    "auto_archived": "auto_archive, or unarchive_session to clear it",
+    "pinned": "pin_session",
+}
+# SQLite's INTEGER is a signed 64-bit value; Python ints outside it fail at bind time.
+_INT_MIN, _INT_MAX = -2**63, 2**63 - 1
+
+
+def _scalar(name: str, value: Any) -> Any:
+    """Return `value` if SQLite stores it faithfully (None, str, bool, 64-bit int, non-NaN float)."""
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, int):
+        if not _INT_MIN <= value <= _INT_MAX:
+            raise ValueError(f"{name} = {value} is out of range: SQLite integers are signed 64-bit")
+        return value
+    if isinstance(value, float):
+        if math.isnan(value):
+            raise ValueError(f"{name} cannot be NaN (SQLite would store NULL)")
+        return value
+    raise ValueError(f"{name} must be a str, int, float, bool or None, not {type(value).__name__}")
 
 
 def _session_values(columns: dict[str, Any]) -> dict[str, Any]:
@@ -47,6 +74,7 @@ def _session_values(columns: dict[str, Any]) -> dict[str, Any]:
     for name, value in columns.items():
         if name in _JSON_SESSION_COLUMNS and value is not None and not isinstance(value, str):
             value = encode_json(value, name)
+        value = _scalar(name, value)
         out[name] = strip_surrogates(value) if isinstance(value, str) else value
     return out
 
@@ -114,7 +142,11 @@ def create_session(conn: sqlite3.Connection, session_id: str, source: str, colum
 
 
 def ensure_session(conn: sqlite3.Connection, session_id: str, source: str, columns: dict[str, Any]) -> str:
-    """Create the session unless it exists; an existing row is left exactly as it is."""
+    """Create the session unless it exists; an existing row is left exactly as it is.
+
+    The columns are validated either way, so a bad name or value raises even when nothing is written.
+    """
+    _session_values({k: v for k, v in columns.items() if v is not None})
     if isinstance(session_id, str) and session_id and session_exists(conn, session_id):
         return session_id
     return create_session(conn, session_id, source, columns)
@@ -148,7 +180,15 @@ def reopen_session(conn: sqlite3.Connection, session_id: str) -> None:
 
 
 def update_session(conn: sqlite3.Connection, session_id: str, columns: dict[str, Any]) -> None:
-    """Set the given columns (None clears one); unknown or library-kept columns raise ValueError."""
+    """Set the given columns (None clears one); unknown or library-kept columns raise ValueError.
+
+    Columns another verb owns (user_id, ended_at, end_reason, archived, auto_archived, pinned)
+    raise ValueError naming that verb: going around it would break its rule.
+    """
+    owned = sorted(set(columns) & _VERB_SESSION_COLUMNS.keys())
+    if owned:
+        raise ValueError("update_session cannot set " + "; ".join(
+            f"{name} (use {_VERB_SESSION_COLUMNS[name]})" for name in owned))
     values = _session_values(columns)
     if "title" in values:
         values["title"] = normalize_title(values["title"])
@@ -176,7 +216,17 @@ _TOKEN_COLUMNS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_w
 def _count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be a non-negative integer, not {value!r}")
+    if value > _INT_MAX:
+        raise ValueError(f"{name} = {value} is out of range: SQLite integers are signed 64-bit")
     return value
+
+
+def _finite(value: Any) -> bool:
+    # math.isfinite raises OverflowError for ints too large for a float; those are not finite here.
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def update_token_counts(conn: sqlite3.Connection, session_id: str, input_tokens: int = 0, output_tokens: int = 0,
@@ -193,7 +243,7 @@ def update_token_counts(conn: sqlite3.Connection, session_id: str, input_tokens:
     counts = {name: _count(name, value) for name, value in counts.items()}
     if estimated_cost_usd is not None and (isinstance(estimated_cost_usd, bool)
                                            or not isinstance(estimated_cost_usd, (int, float))
-                                           or not math.isfinite(estimated_cost_usd) or estimated_cost_usd < 0):
+                                           or not _finite(estimated_cost_usd) or estimated_cost_usd < 0):
         raise ValueError(f"estimated_cost_usd must be a non-negative number or None, not {estimated_cost_usd!r}")
     if model is not None and (not isinstance(model, str) or not model.strip()):
         raise ValueError("model must be a non-empty string or None")
@@ -259,7 +309,8 @@ _WRITABLE = frozenset(_INSERT_COLUMNS) - _POSITIONAL
 _ALIASES = {"name": "tool_name", "_tool_call_uids": "tool_call_uids", "_tool_call_uid": "tool_call_uid",
             "_absorbed_message_uids": "absorbed_message_uids"}
 _IGNORED = frozenset({"id", "_row_id"}) | _POSITIONAL
-_ACCEPTED = _WRITABLE | frozenset(_ALIASES) | _IGNORED
+_DISPLAY = "_display_content"  # a conversation dict's stored content when it differs from what was sent
+_ACCEPTED = _WRITABLE | frozenset(_ALIASES) | _IGNORED | {_DISPLAY}
 _TEXT, _JSON, _TIME, _COUNT, _FLAG = range(5)
 _KIND = {**dict.fromkeys(_WRITABLE, _TEXT), **dict.fromkeys(JSON_MESSAGE_FIELDS, _JSON),
          "timestamp": _TIME, "token_count": _COUNT, "observed": _FLAG}
@@ -279,6 +330,14 @@ def _prepare(fields: dict[str, Any]) -> tuple[dict[str, Any], list | None]:
     unknown = fields.keys() - _ACCEPTED
     if unknown:
         raise ValueError(f"unknown message field(s): {', '.join(sorted(unknown))}")
+    if _DISPLAY in fields:
+        # A conversation dict: its content is what was sent (api_content), and the display
+        # text rides in _display_content. Put each back in its column.
+        if fields.get("api_content") is not None:
+            raise ValueError(f"give api_content or {_DISPLAY}, not both")
+        fields = dict(fields)
+        fields["api_content"] = fields.get("content")
+        fields["content"] = fields.pop(_DISPLAY)
     row: dict[str, Any] = {}
     calls = None
     for key, value in fields.items():
@@ -295,7 +354,7 @@ def _prepare(fields: dict[str, Any]) -> tuple[dict[str, Any], list | None]:
                 calls = decode_json(value) if isinstance(value, str) else value
             value = encode_json(value, name)
         elif kind is _TIME:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
                 raise ValueError(f"timestamp must be a finite number of epoch seconds, not {value!r}")
             value = float(value)
         elif kind is _COUNT:
@@ -400,7 +459,8 @@ def insert_message(conn: sqlite3.Connection, session_id: str, fields: dict[str, 
     """Insert one message row and return its id; keeps fields['message_uid'] when given.
 
     `fields` holds message columns (a get_messages row or a conversation dict also works:
-    `name` means tool_name, `_tool_call_uid(s)`/`_absorbed_message_uids` their columns, and
+    `name` means tool_name, `_tool_call_uid(s)`/`_absorbed_message_uids` their columns, a
+    `_display_content` key makes `content` the api_content and itself the content, and
     id/_row_id/session_id/active/compacted are ignored). Issues a uuid4 hex uid and, for an
     assistant turn, tool_call_uids when absent; pairs a tool row's tool_call_uid from the
     nearest preceding assistant row of the same generation. Counters move only for active rows.
@@ -597,6 +657,9 @@ class _Projector:
          reasoning_details, codex_reasoning, codex_message, uid, absorbed, call_uids, call_uid) = r
         # Replay fidelity: the bytes that were sent win over the display text.
         msg: dict[str, Any] = {"role": role, "content": api_content if api_content is not None else content}
+        if api_content is not None and api_content != content:
+            # Runtime-only (never sent): lets replace_messages/compression write both columns back.
+            msg[_DISPLAY] = content
         if tool_calls is not None:
             msg["tool_calls"] = decode_json(tool_calls)
         if tool_call_id is not None:
@@ -637,7 +700,8 @@ def get_messages_as_conversation(conn: sqlite3.Connection, session_id: str, incl
 
     Each dict has role, content (api_content when set), tool_calls/tool_call_id/name when
     present, the assistant's reasoning fields, message_uid, `_row_id` when asked, and the
-    runtime-only `_tool_call_uids`/`_tool_call_uid`/`_absorbed_message_uids` when known.
+    runtime-only `_tool_call_uids`/`_tool_call_uid`/`_absorbed_message_uids` when known, and
+    `_display_content` (the stored content) when api_content differs from it.
     Across a compression seam, copies of messages already replayed (same uid) and a user
     prompt identical to the one just replayed are skipped. Call it inside one read snapshot.
     """

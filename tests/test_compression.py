@@ -134,6 +134,23 @@ def test_kept_conversation_dicts_round_trip_with_tool_pairing(db, rival):
     assert s["message_count"] == 3 and s["tool_call_count"] == 1
 
 
+def test_kept_conversation_dicts_keep_display_text_and_sent_bytes(db, rival):
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "display text", api_content="sent text with memory")
+    db.append_message("s", "assistant", "", reasoning_content="the answer", api_content="the answer")
+    db.append_message("s", "assistant", "same", api_content="same")  # equal: nothing extra to carry
+    kept = db.get_messages_as_conversation("s")
+    assert [m.get("_display_content") for m in kept] == ["display text", "", None]
+    db.compress_in_place("s", kept)
+    live = rows(rival, "s", "active = 1")
+    assert [(r["content"], r["api_content"]) for r in live] == [
+        ("display text", "sent text with memory"), ("", "the answer"), ("same", None)]
+    assert db.get_messages_as_conversation("s") == kept
+    db.rotate_session("s", "c", kept)
+    assert [(r["content"], r["api_content"]) for r in rows(rival, "c")] == [
+        (r["content"], r["api_content"]) for r in live]
+
+
 def test_kept_timestamp_is_kept_when_given_and_now_otherwise(db, rival):
     old = fill(db, "s", 2)
     before = time.time()
@@ -160,6 +177,19 @@ def test_compression_lifts_only_an_idle_sweep_archive(db, rival):
     db.compress_in_place("kept", [])
     assert (session_row(rival, "idle")["archived"], session_row(rival, "idle")["auto_archived"]) == (0, 0)
     assert session_row(rival, "kept")["archived"] == 1
+
+
+def test_rotation_lifts_only_an_idle_sweep_archive_of_the_parent(db, rival):
+    db.create_session("idle", "cli")
+    db.create_session("kept", "cli")
+    rival.execute("UPDATE sessions SET archived = 1, auto_archived = 1 WHERE id = 'idle'")
+    db.archive_session("kept")
+    db.rotate_session("idle", "idle2", [])
+    db.rotate_session("kept", "kept2", [])
+    assert (session_row(rival, "idle")["archived"], session_row(rival, "idle")["auto_archived"]) == (0, 0)
+    assert (session_row(rival, "kept")["archived"], session_row(rival, "kept")["auto_archived"]) == (1, 0)
+    for child in ("idle2", "kept2"):  # a child inherits no archive
+        assert (session_row(rival, child)["archived"], session_row(rival, child)["auto_archived"]) == (0, 0)
 
 
 def test_unknown_session_raises_not_found(db, rival):

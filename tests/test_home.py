@@ -180,11 +180,32 @@ def test_apply_profile_flag_forms(coder: Path, args: list[str]) -> None:
     assert get_hermes_home() == coder
 
 
-def test_apply_profile_flag_after_command_and_last_wins(fake_home: Path, coder: Path) -> None:
+def test_apply_profile_last_leading_flag_wins_and_command_flags_stay(fake_home: Path, coder: Path) -> None:
     (fake_home / ".hermes" / "profiles" / "writer").mkdir()
-    argv = ["hermes", "-p", "writer", "sessions", "--profile=coder", "list", "--", "-p", "x"]
+    argv = ["hermes", "-p", "writer", "--profile=coder", "sessions", "--profile=writer", "list", "--", "-p", "x"]
     assert _apply_profile_override(argv) == coder
-    assert argv == ["hermes", "sessions", "list", "--", "-p", "x"]
+    assert argv == ["hermes", "sessions", "--profile=writer", "list", "--", "-p", "x"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["prog", "sessions", "search", "-p"],
+    ["prog", "sessions", "search", "-p", "coder"],
+    ["prog", "--json", "sessions", "--profile=coder"],
+    ["prog", "--", "-p", "coder"],
+])
+def test_apply_profile_ignores_flags_after_the_command(coder: Path, argv: list[str]) -> None:
+    before = list(argv)
+    assert _apply_profile_override(argv) is None
+    assert argv == before
+    assert "HERMES_HOME" not in os.environ
+
+
+@pytest.mark.parametrize("args", [["--db", "x.db"], ["--db=x.db"], ["--json", "--db", "x.db"]])
+def test_apply_profile_seen_after_other_leading_options(coder: Path, args: list[str]) -> None:
+    argv = ["prog", *args, "-p", "coder", "sessions"]
+    assert _apply_profile_override(argv) == coder
+    assert argv == ["prog", *args, "sessions"]
+    assert os.environ["HERMES_HOME"] == str(coder)
 
 
 def test_apply_profile_defaults_to_sys_argv(coder: Path, monkeypatch) -> None:
@@ -226,7 +247,7 @@ def test_apply_profile_missing_root_raises_and_creates_nothing(fake_home: Path) 
     assert tree(fake_home) == []
 
 
-@pytest.mark.parametrize("argv", [["hermes", "--profile"], ["hermes", "list", "-p"]])
+@pytest.mark.parametrize("argv", [["hermes", "--profile"], ["hermes", "--db", "x.db", "-p"]])
 def test_apply_profile_missing_value(argv: list[str]) -> None:
     with pytest.raises(ValueError):
         _apply_profile_override(argv)
@@ -416,8 +437,12 @@ def test_check_db_path_allowed_refuses_production(fake_home: Path) -> None:
 
 
 def test_check_db_path_allowed_passes_temporary_paths(tmp_path: Path) -> None:
-    check_db_path_allowed(tmp_path / "state.db")
-    check_db_path_allowed(tmp_path / "hermes" / "profiles" / "coder" / "state.db")
+    assert is_test_context()  # the guard is armed, so passing means the paths were judged safe
+    before = tree(tmp_path)
+    for path in (tmp_path / "state.db", tmp_path / "hermes" / "profiles" / "coder" / "state.db"):
+        assert not is_production_db(path)
+        assert check_db_path_allowed(path) is None
+    assert tree(tmp_path) == before
 
 
 def test_check_db_path_allowed_env_bypass(fake_home: Path, monkeypatch) -> None:

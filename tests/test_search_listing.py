@@ -143,6 +143,19 @@ def test_next_title_numbering_with_gaps(db):
         db.get_next_title_in_lineage("   ")
 
 
+def test_next_title_of_a_long_base_fits_the_limit_and_stays_free(db, rival):
+    base = "word " * 19 + "tail"  # 99 characters; "base #2" would be 102
+    db.create_session("v1", "cli", title=base)
+    for n in range(2, 13):  # also crosses to two-digit numbers, which cut the base further
+        suggestion = db.get_next_title_in_lineage(base)
+        assert len(suggestion) <= 100 and suggestion.endswith(f" #{n}")
+        assert suggestion == suggestion.strip() and "  " not in suggestion
+        db.create_session(f"v{n}", "cli")
+        assert db.set_session_title(f"v{n}", suggestion) == suggestion  # accepted: free and short enough
+    titles = [r[0] for r in rival.execute("SELECT title FROM sessions ORDER BY rowid")]
+    assert titles[-1] == (base[:96].rstrip() + " #12") and len(set(titles)) == 12
+
+
 # --- lineage walks ---------------------------------------------------------------------------
 
 def test_lineage_and_descendants(db):

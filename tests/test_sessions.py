@@ -122,11 +122,91 @@ def test_update_session_bad_input_writes_nothing(db, rival, columns, error):
     assert dict(row(rival, "s")) == before
 
 
+@pytest.mark.parametrize("column, value, verb", [
+    ("user_id", "basic:mallory", "created"),
+    ("ended_at", 123.0, "end_session"),
+    ("end_reason", "x", "reopen_session"),
+    ("archived", 1, "archive_session"),
+    ("auto_archived", 0, "auto_archive"),
+    ("pinned", 1, "pin_session"),
+])
+def test_update_session_refuses_columns_another_verb_owns(db, rival, column, value, verb):
+    db.create_session("s", "cli", user_id="basic:alice")
+    db.end_session("s", "user_exit")
+    before = dict(row(rival, "s"))
+    with pytest.raises(ValueError) as info:
+        db.update_session("s", cwd="/srv", **{column: value})
+    assert column in str(info.value) and verb in str(info.value)
+    assert dict(row(rival, "s")) == before
+
+
+def test_create_session_may_set_verb_owned_columns_for_imports(db, rival):
+    db.create_session("s", "cli", user_id="u", ended_at=5.0, end_reason="imported", archived=1, auto_archived=1,
+                      pinned=1)
+    r = row(rival, "s")
+    assert (r["user_id"], r["ended_at"], r["end_reason"], r["archived"], r["auto_archived"], r["pinned"]) == \
+        ("u", 5.0, "imported", 1, 1, 1)
+
+
+def test_ensure_session_validates_columns_even_when_the_row_exists(db, rival):
+    db.create_session("s", "cli")
+    before = dict(row(rival, "s"))
+    for bad in ({"bogus": 1}, {"message_count": 3}, {"input_tokens": 2**63}, {"cwd": ["/a"]}):
+        with pytest.raises(ValueError):
+            db.ensure_session("s", "cli", **bad)
+    assert dict(row(rival, "s")) == before
+
+
+@pytest.mark.parametrize("columns", [
+    {"input_tokens": 2**63}, {"input_tokens": -2**63 - 1}, {"cwd": ["/a"]}, {"cwd": b"/a"},
+    {"started_at": float("nan")}, {"display_name": object()},
+])
+def test_session_columns_must_be_values_sqlite_stores_faithfully(db, rival, columns):
+    (name,) = columns  # the error names the column, not just "a value"
+    with pytest.raises(ValueError, match=name):
+        db.create_session("new", "cli", **columns)
+    assert row(rival, "new") is None
+    db.create_session("s", "cli")
+    before = dict(row(rival, "s"))
+    with pytest.raises(ValueError, match=name):
+        db.update_session("s", **columns)
+    assert dict(row(rival, "s")) == before
+
+
+def test_session_columns_accept_the_64_bit_edges_and_bools(db, rival):
+    db.create_session("s", "cli", input_tokens=2**63 - 1, output_tokens=-2**63, rewind_count=True)
+    r = row(rival, "s")
+    assert (r["input_tokens"], r["output_tokens"], r["rewind_count"]) == (2**63 - 1, -2**63, 1)
+
+
 def test_title_conflict_error_is_also_value_error(db):
     db.create_session("a", "cli", title="T")
     db.create_session("b", "cli")
     with pytest.raises(ValueError):
         db.update_session("b", title=" T ")
+
+
+@pytest.mark.parametrize("kwargs", [{"input_tokens": 2**63}, {"api_call_count": 2**70},
+                                    {"estimated_cost_usd": 10**400}])
+def test_update_token_counts_out_of_range_is_a_value_error(db, rival, kwargs):
+    db.create_session("s", "cli", model="m")
+    before = dict(row(rival, "s"))
+    (name,) = kwargs
+    with pytest.raises(ValueError, match=name):
+        db.update_token_counts("s", **kwargs)
+    assert dict(row(rival, "s")) == before
+    assert rival.execute("SELECT COUNT(*) FROM session_model_usage").fetchone()[0] == 0
+
+
+def test_message_token_count_and_timestamp_out_of_range_are_value_errors(db, rival):
+    db.create_session("s", "cli")
+    for kwargs in ({"token_count": 2**63}, {"timestamp": 10**400}):
+        (name,) = kwargs
+        with pytest.raises(ValueError, match=name):
+            db.append_message("s", "user", "hi", **kwargs)
+    assert rows(rival, "s") == []
+    db.append_message("s", "user", "hi", token_count=2**63 - 1)
+    assert rows(rival, "s")[0]["token_count"] == 2**63 - 1
 
 
 def test_update_token_counts_increments_backfills_model_and_upserts_usage(db, rival):
@@ -254,6 +334,25 @@ def test_append_stores_every_field_and_decodes_json(db, rival):
     assert (got["reasoning"], got["reasoning_content"], got["api_content"]) == ("raw", "rc", "sent")
     assert (got["token_count"], got["finish_reason"], got["effect_disposition"]) == (150, "stop", "revoked")
     assert (got["active"], got["compacted"], got["absorbed_message_uids"]) == (1, 0, None)
+
+
+def test_json_fields_given_as_strings(db, rival):
+    """A str that parses as JSON is taken as already serialised; any other str round-trips as itself."""
+    db.create_session("s", "cli")
+    wire_calls = json.dumps([call("c1")])
+    db.append_message("s", "assistant", "a", tool_calls=wire_calls, display_metadata="123")
+    db.append_message("s", "user", "u", display_metadata="plain note", reasoning_details="NaN")
+    db.append_message("s", "user", "v", display_metadata="", codex_message_items='{"broken": ')
+    stored = rows(rival, "s")
+    assert stored[0]["tool_calls"] == wire_calls and stored[0]["display_metadata"] == "123"
+    for m in stored:  # every stored value is JSON text
+        for name in ("display_metadata", "reasoning_details", "codex_message_items"):
+            if m[name] is not None:
+                json.loads(m[name])
+    got = db.get_messages("s")
+    assert got[0]["tool_calls"] == [call("c1")] and got[0]["display_metadata"] == 123  # the documented trade-off
+    assert (got[1]["display_metadata"], got[1]["reasoning_details"]) == ("plain note", "NaN")
+    assert (got[2]["display_metadata"], got[2]["codex_message_items"]) == ("", '{"broken": ')
 
 
 def test_default_timestamp_is_now(db, rival):
@@ -447,6 +546,25 @@ def test_replace_messages_from_a_conversation_round_trips(db):
     conv = db.get_messages_as_conversation("s")
     db.replace_messages("s", conv)
     assert db.get_messages_as_conversation("s") == conv
+
+
+def test_replace_messages_from_a_conversation_keeps_display_text_and_sent_bytes(db, rival):
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "display text", api_content="sent text with memory")
+    db.append_message("s", "assistant", "", reasoning_content="the answer", api_content="the answer")
+    db.append_message("s", "assistant", None, api_content="only sent")
+    before = [(m["content"], m["api_content"]) for m in rows(rival, "s")]
+    conv = db.get_messages_as_conversation("s")
+    assert [m["content"] for m in conv] == ["sent text with memory", "the answer", "only sent"]
+    db.replace_messages("s", conv)
+    assert [(m["content"], m["api_content"]) for m in rows(rival, "s")] == before
+    assert db.get_messages_as_conversation("s") == conv
+    wire = db.to_provider_messages(conv)
+    assert all(not any(k.startswith("_") for k in m) for m in wire)
+    assert [m["content"] for m in wire] == ["sent text with memory", "the answer", "only sent"]
+    with pytest.raises(ValueError):  # both forms at once are ambiguous
+        db.replace_messages("s", [dict(conv[0], api_content="other")])
+    assert [(m["content"], m["api_content"]) for m in rows(rival, "s")] == before
 
 
 def test_replace_messages_bad_message_writes_nothing(db, rival):
