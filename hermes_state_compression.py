@@ -38,7 +38,6 @@ DEFAULT_LOCK_TTL_S = 300.0
 # How long a transcript write waits for another holder's compression before giving up.
 COMPRESSION_WAIT_S = 5.0
 _POLL_MIN_S, _POLL_MAX_S = 0.05, 0.10
-_WALK_CAP = 10_000
 
 # Columns a rotation child takes from its parent unless the caller overrides them: who the
 # conversation belongs to, where the gateway routes it, and the workspace it runs in. Titles
@@ -49,31 +48,49 @@ INHERITED_COLUMNS = ("source", "model", "model_config", "user_id", "session_key"
 
 _PID = re.compile(r"(?:^|\s)pid=(\d+)(?:\s|$)")
 _HOST = re.compile(r"(?:^|\s)host=(\S+)")
+_PIDNS = re.compile(r"(?:^|\s)pidns=(\S+)")
+# Written when this process cannot read its pid namespace: a pid it names proves nothing here.
+UNKNOWN_PIDNS = "-"
 
 
 # --- holders and liveness ------------------------------------------------------------------------
 
+def own_pidns() -> str:
+    """Return this process's pid-namespace id (the inode of /proc/self/ns/pid), or UNKNOWN_PIDNS."""
+    # Containers with host networking share the host name but not pids: the namespace says
+    # whose pid numbers a holder string uses. Read each time: a fork may sit in a new one.
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except (OSError, ValueError):
+        return UNKNOWN_PIDNS
+
+
 def new_holder() -> str:
-    """Return a fresh holder string for this process: `pid=<n> host=<name> token=<hex>`."""
-    return f"pid={os.getpid()} host={socket.gethostname()} token={uuid.uuid4().hex}"
+    """Return a fresh holder string for this process: `pid=<n> host=<name> pidns=<id|-> token=<hex>`."""
+    return f"pid={os.getpid()} host={socket.gethostname()} pidns={own_pidns()} token={uuid.uuid4().hex}"
 
 
-def parse_holder(holder: str) -> tuple[int | None, str | None]:
-    """Return (pid, host) named by a holder string; either is None when absent or malformed."""
+def parse_holder(holder: str) -> tuple[int | None, str | None, str | None]:
+    """Return (pid, host, pidns) named by a holder string; each is None when absent or malformed."""
     pid = _PID.search(holder or "")
     host = _HOST.search(holder or "")
-    return (int(pid.group(1)) if pid else None), (host.group(1) if host else None)
+    pidns = _PIDNS.search(holder or "")
+    return (int(pid.group(1)) if pid else None), (host.group(1) if host else None), \
+        (pidns.group(1) if pidns else None)
 
 
 def holder_is_gone(holder: str) -> bool:
-    """Return True only when the holder's process is provably gone: same host, and no such pid.
+    """Return True only when the holder's process is provably gone: same host and pid namespace, no such pid.
 
-    Any doubt counts as alive: another host, a missing or zero pid, a pid we may not signal
-    (PermissionError: it exists), a recycled pid that is alive again, or a platform where
-    signal 0 is not a harmless probe (on Windows os.kill would terminate the process).
+    Any doubt counts as alive: another host, another or unknown pid namespace (a container
+    sharing the host name; a holder string without `pidns=`), a missing or zero pid, a pid we
+    may not signal (PermissionError: it exists), a recycled pid that is alive again, or a
+    platform where signal 0 is not a harmless probe (on Windows os.kill would terminate it).
     """
-    pid, host = parse_holder(holder)
+    pid, host, pidns = parse_holder(holder)
     if os.name != "posix" or pid is None or pid <= 0 or host != socket.gethostname():
+        return False
+    if pidns is None or pidns == UNKNOWN_PIDNS or pidns != own_pidns():
         return False
     if pid == os.getpid():
         return False
@@ -169,38 +186,13 @@ def _check_holder(conn: sqlite3.Connection, session_id: str, holder: str | None,
 
 # --- successor and ancestors -----------------------------------------------------------------------
 
-# The compression child of a session that compression ended: its newest child. Ties on
-# started_at (a rotation stamps the parent's end and the child's start alike) go to the row
-# inserted last.
-_NEXT_SQL = ("CASE WHEN p.end_reason = 'compression' THEN (SELECT c.id FROM sessions c "
-             "WHERE c.parent_session_id = p.id ORDER BY c.started_at DESC, c.rowid DESC LIMIT 1) END")
-
+# The compression edge (which child continues a session compression ended) is defined once, in
+# hermes_state_sessions.COMPRESSION_CHILD_SQL; both walks live there so reopen_session can name
+# the continuation too.
 
 def get_compression_successor(conn: sqlite3.Connection, session_id: str) -> str | None:
-    """Return the live tip of the session's compression chain: the id itself when nothing follows it.
-
-    Follows, from each session that compression ended, its newest child. An unknown id gives
-    None. A parent_session_id cycle planted by bad data ends the walk at the last new session.
-    """
-    # UNION (not UNION ALL) queues each id once, so a cycle cannot loop; the path order is
-    # rebuilt in Python from the (id, next) links.
-    rows = conn.execute(
-        f"""WITH RECURSIVE walk(id) AS (
-                SELECT id FROM sessions WHERE id = ?
-                UNION
-                SELECT {_NEXT_SQL} FROM walk w JOIN sessions p ON p.id = w.id
-                 WHERE p.end_reason = 'compression'
-                LIMIT {_WALK_CAP}
-            )
-            SELECT p.id, {_NEXT_SQL} FROM walk w JOIN sessions p ON p.id = w.id""", (session_id,)).fetchall()
-    links = dict(rows)
-    if session_id not in links:
-        return None
-    current, seen = session_id, {session_id}
-    while links.get(current) is not None and links[current] in links and links[current] not in seen:
-        current = links[current]
-        seen.add(current)
-    return current
+    """Return the live tip of the session's compression chain: the id itself when nothing follows it."""
+    return sessions.compression_successor_id(conn, session_id)
 
 
 def get_compression_ancestors(conn: sqlite3.Connection, session_id: str) -> list[str]:
@@ -282,9 +274,19 @@ def _kept_list(kept_messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     if isinstance(kept_messages, (str, bytes, dict)) or not isinstance(kept_messages, Iterable):
         raise ValueError("kept_messages must be a list of message dicts")
     kept = list(kept_messages)
+    first_with: dict[Any, int] = {}
     for index, message in enumerate(kept):
         if not isinstance(message, dict):
             raise ValueError(f"kept message {index} is not a dict")
+        uid = message.get("message_uid")
+        if uid is None:
+            continue
+        # One uid twice would make two live rows of one message; insert_message checks the format.
+        if isinstance(uid, str) and uid in first_with:
+            raise ValueError(f"kept messages {first_with[uid]} and {index} have the same message_uid {uid!r}; "
+                             "a message is kept at most once")
+        if isinstance(uid, str):
+            first_with[uid] = index
     return kept
 
 
@@ -308,7 +310,8 @@ def compress_in_place(conn: sqlite3.Connection, session_id: str, kept_messages: 
     timestamp when given. A message kept from the old generation therefore exists in both,
     same uid and content: that is correct, never a duplicate to remove. message_count and
     tool_call_count then describe the kept rows only, and an archive only the idle sweep made
-    is lifted. Must run inside one write transaction; on any error the caller rolls back.
+    is lifted. One message_uid in two kept messages raises ValueError before any write. Must
+    run inside one write transaction; on any error the caller rolls back.
     """
     kept = _kept_list(kept_messages)
     now = time.time() if now is None else now
@@ -330,7 +333,8 @@ def rotate_session(conn: sqlite3.Connection, parent_id: str, child_id: str, kept
 
     The child gets parent_session_id = parent and the parent's INHERITED_COLUMNS (routing,
     owner, workspace) unless `child_columns` overrides them (None clears one); the parent is
-    ended with end_reason='compression'; kept messages are copied with their uids. A parent
+    ended with end_reason='compression' at the child's started_at (the same float: that is the
+    compression edge, so `started_at` may not be passed); kept messages are copied with their uids. A parent
     compression already closed raises SessionClosedByCompressionError naming its live
     continuation; a parent ended for another reason raises ValueError (reopen it first).
     An archive only the idle sweep made on the parent is lifted; the child inherits no archive.
@@ -340,6 +344,9 @@ def rotate_session(conn: sqlite3.Connection, parent_id: str, child_id: str, kept
     columns = dict(child_columns or {})
     if "parent_session_id" in columns:
         raise ValueError("parent_session_id of a rotation child is always the parent; do not pass it")
+    if "started_at" in columns:
+        # The compression edge is child.started_at == parent.ended_at (sessions.COMPRESSION_CHILD_SQL).
+        raise ValueError("started_at of a rotation child is the moment its parent ends; do not pass it")
     now = time.time() if now is None else now
     parent = _require_open(conn, parent_id)
     if parent["ended_at"] is not None:
@@ -349,7 +356,7 @@ def rotate_session(conn: sqlite3.Connection, parent_id: str, child_id: str, kept
     values = {name: parent[name] for name in INHERITED_COLUMNS}
     values.update(columns)
     values["parent_session_id"] = parent_id
-    values.setdefault("started_at", now)
+    values["started_at"] = now  # the same float as the parent's ended_at: that equality is the edge
     source = values.pop("source")
     # create_session validates the id (duplicate, empty), the columns and the title before it
     # inserts; the parent is ended only after that succeeded.

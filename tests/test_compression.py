@@ -53,6 +53,11 @@ def plant_lock(rival: sqlite3.Connection, sid: str, holder: str, expires_in_s: f
                   "VALUES (?, ?, ?, ?)", (sid, holder, now, now + expires_in_s))
 
 
+def here(pid: int, token: str = "t", pidns: str | None = None) -> str:
+    """Return a holder string for `pid` on this host, in this process's pid namespace unless `pidns` is given."""
+    return f"pid={pid} host={socket.gethostname()} pidns={pidns or compression.own_pidns()} token={token}"
+
+
 def exited_pid() -> int:
     """Return the pid of a process that has run, exited and been reaped."""
     proc = multiprocessing.get_context("spawn").Process(target=int)
@@ -214,6 +219,23 @@ def test_a_bad_kept_message_writes_nothing(db, rival, bad):
     assert rows(rival, "s", "compacted = 1") == []
 
 
+@pytest.mark.parametrize("verb", ["compress_in_place", "rotate_session"])
+def test_one_uid_kept_twice_is_refused_before_writing(db, rival, verb):
+    old = fill(db, "s")
+    before = snapshot(rival, "s")
+    twice = [old[4], {"role": "user", "content": "summary"}, dict(old[5]), {"role": "user", "content": "x"},
+             dict(old[5], content="edited copy")]
+    write = (lambda kept: db.compress_in_place("s", kept)) if verb == "compress_in_place" else \
+        (lambda kept: db.rotate_session("s", "c", kept))
+    with pytest.raises(ValueError, match=r"kept messages 2 and 4 have the same message_uid"):
+        write(twice)
+    assert snapshot(rival, "s") == before and session_row(rival, "c") is None
+    # Messages without a uid (each gets a fresh one) are not duplicates of each other.
+    write([{"role": "user", "content": "a"}, {"role": "user", "content": "a"}, old[5]])
+    live = rows(rival, "c" if verb == "rotate_session" else "s", "active = 1")
+    assert len({r["message_uid"] for r in live}) == len(live) == 3
+
+
 def test_compress_respects_the_compression_lock(db, rival):
     old = fill(db, "s")
     before = snapshot(rival, "s")
@@ -247,7 +269,7 @@ def test_expired_and_dead_holder_locks_do_not_block_a_lockless_compress(db, riva
     old = fill(db, "s")
     plant_lock(rival, "s", f"pid={os.getpid()} host={socket.gethostname()} token=t", expires_in_s=-1)
     db.compress_in_place("s", [old[5]])
-    plant_lock(rival, "s", f"pid={exited_pid()} host={socket.gethostname()} token=t")
+    plant_lock(rival, "s", here(exited_pid()))
     db.compress_in_place("s", [old[5]])
     assert len(rows(rival, "s", "active = 0")) == 7
 
@@ -330,6 +352,31 @@ def test_rotating_an_ended_parent_is_refused(db, rival):
     assert session_row(rival, "c2") is None
 
 
+def test_reopening_a_session_compression_closed_is_refused(db, rival):
+    fill(db, "a", 2)
+    db.rotate_session("a", "b", [])
+    db.rotate_session("b", "c", [])
+    for closed in ("a", "b"):
+        before = tuple(session_row(rival, closed))
+        with pytest.raises(SessionClosedByCompressionError) as info:
+            db.reopen_session(closed)
+        assert info.value.successor_id == "c" and info.value.session_id == closed
+        assert tuple(session_row(rival, closed)) == before
+    assert db.get_compression_ancestors("c") == ["a", "b"]
+    # Closed by compression with no continuation: still refused, naming none.
+    db.create_session("lone", "cli")
+    db.end_session("lone", "compression")
+    with pytest.raises(SessionClosedByCompressionError) as info:
+        db.reopen_session("lone")
+    assert info.value.successor_id is None
+    # Other ends reopen as before; an unknown id is still SessionNotFoundError.
+    db.end_session("c", "user_exit")
+    db.reopen_session("c")
+    assert session_row(rival, "c")["ended_at"] is None
+    with pytest.raises(SessionNotFoundError):
+        db.reopen_session("ghost")
+
+
 def test_rotation_respects_the_compression_lock(db, rival):
     fill(db, "p", 2)
     plant_lock(rival, "p", f"pid={os.getpid()} host={socket.gethostname()} token=other")
@@ -362,14 +409,59 @@ def test_include_ancestors_follows_compression_edges_only(db, rival):
     assert db.get_compression_successor("a") == "b"
 
 
-def test_successor_prefers_the_newest_compression_child(db, rival):
+def test_a_later_child_of_a_compression_closed_session_never_takes_over(db, rival):
+    old = fill(db, "p", 2)
+    db.rotate_session("p", "c1", [old[1]])
+    # A branch of the closed session, made later and ended: it is not the continuation.
+    db.create_session("b", "cli", parent_session_id="p")
+    db.append_message("b", "user", "in the branch", timestamp=5000.0)
+    db.end_session("b", "branch_done")
+    # A child planted later (say, a retried rotation) does not take over either.
+    db.create_session("c2", "cli", parent_session_id="p", started_at=time.time() + 10)
+    assert db.get_compression_successor("p") == "c1"
+    with pytest.raises(SessionClosedByCompressionError) as info:
+        db.compress_in_place("p", [])
+    assert info.value.successor_id == "c1"
+    for later in ("b", "c2"):
+        assert db.get_compression_ancestors(later) == []
+        assert db.get_compression_successor(later) == later
+    assert db.get_compression_ancestors("c1") == ["p"]
+    assert [m["content"] for m in db.get_messages_as_conversation("b", include_ancestors=True)] == ["in the branch"]
+
+
+def test_rotation_stamps_the_edge_and_ties_go_to_the_lowest_rowid(db, rival):
     db.create_session("p", "cli")
     db.rotate_session("p", "c1", [])
-    # A second child planted later (say, a rotation retried after a crash) is the live tip.
-    db.create_session("c2", "cli", parent_session_id="p", started_at=time.time() + 10)
-    assert db.get_compression_successor("p") == "c2"
-    assert db.get_compression_successor("c1") == "c1"
-    assert db.get_compression_ancestors("c2") == ["p"]
+    parent, child = session_row(rival, "p"), session_row(rival, "c1")
+    assert child["started_at"] == parent["ended_at"]  # one float: the compression edge
+    # Another child with the very same start, inserted after the rotation's child, loses the tie.
+    db.create_session("c0", "cli", parent_session_id="p", started_at=parent["ended_at"])
+    assert db.get_compression_successor("p") == "c1"
+    assert db.get_compression_ancestors("c0") == [] and db.get_compression_ancestors("c1") == ["p"]
+    with pytest.raises(ValueError, match="started_at"):
+        db.rotate_session("c1", "c3", [], started_at=1.0)
+    assert session_row(rival, "c3") is None and session_row(rival, "c1")["ended_at"] is None
+
+
+def test_lineage_written_before_the_edge_stamp_falls_back_to_the_oldest_child_near_the_end(db, rival):
+    # Older writers ended the parent, then created the child in a separate write: its start is
+    # a little after the end (or, with clock jitter, a little before).
+    end = 1_000_000.0
+    for parent, children in {"old": [("sub", end - 5.0), ("next", end + 0.4), ("branch", end + 30.0)],
+                             "jit": [("early", end - 0.5), ("late", end + 2.0)],
+                             "mix": [("near", end - 0.5), ("exact", end), ("after", end + 0.1)],
+                             "none": [("before", end - 60.0)]}.items():
+        db.create_session(parent, "cli", started_at=end - 100)
+        for child, started in children:
+            db.create_session(child, "cli", parent_session_id=parent, started_at=started)
+        rival.execute("UPDATE sessions SET ended_at = ?, end_reason = 'compression' WHERE id = ?", (end, parent))
+    expected = {"old": "next", "jit": "early", "mix": "exact", "none": "none"}
+    assert {p: db.get_compression_successor(p) for p in expected} == expected
+    for parent, child in expected.items():
+        if child != parent:
+            assert db.get_compression_ancestors(child) == [parent]
+    for stranger in ("sub", "branch", "late", "near", "after", "before"):
+        assert db.get_compression_ancestors(stranger) == [], stranger
 
 
 def test_unknown_ids_for_successor_and_ancestors(db):
@@ -424,8 +516,8 @@ def test_a_planted_cycle_does_not_hang(db, rival):
 def test_acquire_and_release(db, rival):
     db.create_session("s", "cli")
     holder = db.acquire_compression_lock("s", ttl_s=60)
-    pid, host = compression.parse_holder(holder)
-    assert (pid, host) == (os.getpid(), socket.gethostname()) and "token=" in holder
+    assert compression.parse_holder(holder) == (os.getpid(), socket.gethostname(), compression.own_pidns())
+    assert "token=" in holder
     row = rival.execute("SELECT * FROM compression_locks WHERE session_id = 's'").fetchone()
     assert row["holder"] == holder and 59 <= row["expires_at"] - row["acquired_at"] <= 61
     assert db.acquire_compression_lock("s") is None  # not re-entrant, even for this process
@@ -457,7 +549,7 @@ def test_acquire_on_unknown_or_closed_session(db, rival):
 
 def test_dead_holder_on_this_host_is_reclaimed(db, rival):
     db.create_session("s", "cli")
-    dead = f"pid={exited_pid()} host={socket.gethostname()} token=gone"
+    dead = here(exited_pid(), "gone")
     plant_lock(rival, "s", dead)
     holder = db.acquire_compression_lock("s")
     assert holder is not None and holder != dead
@@ -482,7 +574,7 @@ def test_an_expired_lock_is_reclaimed_even_from_a_live_holder(db, rival):
 
 def test_another_hosts_dead_pid_is_never_reclaimed_before_ttl(db, rival):
     db.create_session("s", "cli")
-    elsewhere = f"pid={exited_pid()} host=not-{socket.gethostname()} token=t"
+    elsewhere = f"pid={exited_pid()} host=not-{socket.gethostname()} pidns={compression.own_pidns()} token=t"
     plant_lock(rival, "s", elsewhere)
     assert db.acquire_compression_lock("s") is None
     rival.execute("UPDATE compression_locks SET expires_at = ?", (time.time() - 1,))
@@ -498,11 +590,51 @@ def test_doubtful_holders_are_treated_as_alive(db, rival, holder):
     assert db.acquire_compression_lock("s") is None
 
 
+def test_a_dead_pid_in_another_pid_namespace_waits_for_the_ttl(db, conn, rival):
+    # A container with host networking shares the host name but numbers its pids apart: a
+    # pid that is gone here may be alive there.
+    db.create_session("s", "cli")
+    foreign = here(exited_pid(), "container", pidns="4026500001")
+    assert foreign.split()[2] != f"pidns={compression.own_pidns()}"
+    plant_lock(rival, "s", foreign)
+    assert db.acquire_compression_lock("s") is None
+    with pytest.raises(SessionCompressionInProgressError):
+        compression.check_transcript_writable(conn, "s")
+    assert rival.execute("SELECT holder FROM compression_locks").fetchone()[0] == foreign
+    rival.execute("UPDATE compression_locks SET expires_at = ?", (time.time() - 1,))
+    assert db.acquire_compression_lock("s") is not None
+
+
+@pytest.mark.parametrize("holder", ["pid={dead} host={host} token=old-format", "pid={dead} host={host} pidns=- token=t"])
+def test_a_dead_pid_without_a_known_pid_namespace_waits_for_the_ttl(db, rival, holder):
+    db.create_session("s", "cli")
+    plant_lock(rival, "s", holder.format(dead=exited_pid(), host=socket.gethostname()))
+    assert db.acquire_compression_lock("s") is None
+
+
+def test_an_unreadable_own_pid_namespace_reclaims_nothing_early(db, rival, monkeypatch):
+    db.create_session("s", "cli")
+    monkeypatch.setattr(compression, "own_pidns", lambda: compression.UNKNOWN_PIDNS)
+    assert " pidns=- " in compression.new_holder()
+    plant_lock(rival, "s", here(exited_pid(), pidns="-"))
+    assert db.acquire_compression_lock("s") is None
+
+
+def test_holders_name_this_process_pid_namespace():
+    try:
+        expected = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        expected = "-"
+    assert compression.own_pidns() == expected
+    assert f" pidns={compression.own_pidns()} " in compression.new_holder()
+
+
 def test_holder_parsing():
-    assert compression.parse_holder("pid=12 host=box token=ab") == (12, "box")
-    assert compression.parse_holder("host=box pid=7") == (7, "box")
-    assert compression.parse_holder("mypid=12 host=box") == (None, "box")
-    assert compression.parse_holder("") == (None, None)
+    assert compression.parse_holder("pid=12 host=box pidns=4026531836 token=ab") == (12, "box", "4026531836")
+    assert compression.parse_holder("pid=12 host=box token=ab") == (12, "box", None)
+    assert compression.parse_holder("host=box pidns=- pid=7") == (7, "box", "-")
+    assert compression.parse_holder("mypid=12 host=box") == (None, "box", None)
+    assert compression.parse_holder("") == (None, None, None)
     assert compression.holder_is_gone(compression.new_holder()) is False
 
 
@@ -519,7 +651,7 @@ def test_check_transcript_writable(db, conn, rival):
     compression.check_transcript_writable(conn, "s", other)  # the holder itself writes
     plant_lock(rival, "s", other, expires_in_s=-1)
     compression.check_transcript_writable(conn, "s")
-    plant_lock(rival, "s", f"pid={exited_pid()} host={socket.gethostname()} token=dead")
+    plant_lock(rival, "s", here(exited_pid(), "dead"))
     compression.check_transcript_writable(conn, "s")
 
     db.rotate_session("s", "t", [])

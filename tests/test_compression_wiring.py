@@ -16,6 +16,7 @@ import time
 import pytest
 
 from hermes_state import SessionClosedByCompressionError, SessionCompressionInProgressError, SessionDB
+from hermes_state_compression import own_pidns
 
 OTHER = f"pid={os.getpid()} host={socket.gethostname()} token=someone-else"
 
@@ -94,7 +95,7 @@ def test_expired_or_dead_locks_do_not_block_writes(quick, rival, holder):
         proc = multiprocessing.get_context("spawn").Process(target=int)
         proc.start()
         proc.join(60)
-        plant_lock(rival, "s", f"pid={proc.pid} host={socket.gethostname()} token=gone")
+        plant_lock(rival, "s", f"pid={proc.pid} host={socket.gethostname()} pidns={own_pidns()} token=gone")
     else:
         plant_lock(rival, "s", holder, expires_in_s=-1)
     quick.append_message("s", "user", "c")
