@@ -196,7 +196,8 @@ OBJECTS: tuple[tuple[str, str, str], ...] = (
 )
 _OBJECT_NAMES = frozenset(name for _, name, _ in OBJECTS)
 
-# Per connection, created before the handle's first write. REPLACE re-fires it for a queued id.
+# Per writable connection, created at open (temp schema only: no lock on the file). REPLACE
+# re-fires it for a queued id.
 _DRAIN_TRIGGER_SQL = (
     f"CREATE TEMP TRIGGER IF NOT EXISTS hermes_fts_cjk_drain AFTER INSERT ON {CJK_PENDING} BEGIN "
     f"DELETE FROM {CJK} WHERE rowid = new.id; "
@@ -368,7 +369,7 @@ def advance(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS) -> b
 def install_write_triggers(conn: sqlite3.Connection) -> None:
     """Create this connection's TEMP trigger that drains the CJK queue as rows are written.
 
-    Run outside any transaction, before the connection's first write; it touches only the
+    Run at open, outside any transaction, before the connection's first write; it touches only the
     connection's temp schema (no lock on the database file). Idempotent.
     """
     register_functions(conn)
@@ -493,6 +494,8 @@ Item = Union[Term, str]  # a str item is an operator: "AND", "OR" or "NOT"
 _OPERATORS = frozenset({"AND", "OR", "NOT"})
 _KEYWORDS = _OPERATORS | {"NEAR"}
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_ZERO_WIDTH = re.compile("[\u200b\u200c\u200d\ufeff]+")
+_CJK_ONLY = re.compile(f"[{_CJK_CHARS}\\s]+")
 
 
 def _strip_edges(chunk: str) -> str:
@@ -534,22 +537,38 @@ def _normalize(items: list[Item]) -> list[Item]:
     return out
 
 
+def _clean(query: str) -> str:
+    return _CONTROL.sub(" ", strip_surrogates(query[:MAX_QUERY_CHARS]))
+
+
+def _drop_zero_width(text: str) -> str:
+    # Zero-width characters typed or pasted into a query ("東\u200b京") would split its term.
+    # ZWNJ and ZWJ are kept unless next to CJK: Persian and Indic words and emoji sequences need
+    # them. A run is judged by its neighbours as a whole, so that a second pass removes nothing.
+    def replace(run: re.Match[str]) -> str:
+        near = text[max(run.start() - 1, 0):run.start()] + text[run.end():run.end() + 1]
+        return "" if _CJK_RUN.search(near) else run.group().replace("\u200b", "").replace("\ufeff", "")
+    return _ZERO_WIDTH.sub(replace, text)
+
+
 def parse_query(query: object) -> list[Item]:
     """Parse user input into terms and operators; any input is accepted, nothing raises.
 
     Balanced "phrases" are kept, an unmatched quote is dropped, special characters at a word's
     edges are dropped (#123 -> 123, 50% -> 50), a word with inner punctuation becomes a phrase
-    (chat-send, src/main.py, don't), AND/OR/NOT at either end are dropped, and a trailing `*`
-    stays a prefix query. At most 32 terms and 2,048 characters.
+    (chat-send, src/main.py, don't), AND/OR/NOT at either end are dropped (a query of operator
+    words only is taken literally), and a trailing `*` stays a prefix query. At most 32 terms
+    and 2,048 characters.
     """
     if not isinstance(query, str):
         return []
-    text = _CONTROL.sub(" ", strip_surrogates(query[:MAX_QUERY_CHARS]))
+    text = _drop_zero_width(_clean(query))
     if text.count('"') % 2:
         cut = text.rfind('"')
         text = text[:cut] + " " + text[cut + 1:]
     parts = text.split('"')
     items: list[Item] = []
+    symbols = False
     for index, part in enumerate(parts):
         if index % 2:
             phrase = " ".join(part.split())
@@ -563,15 +582,96 @@ def parse_query(query: object) -> list[Item]:
             core = _strip_edges(chunk)
             if core:
                 items.append(Term(core, quoted=not _bare(core), prefix=chunk.endswith("*")))
+            else:
+                symbols = True
+    if items and not symbols and all(isinstance(item, str) for item in items):
+        # "AND", "OR NOT": operators with nothing to combine are the words being looked for.
+        items = [Term(item, quoted=True) for item in items]
     items = _normalize(items)
-    while items and len(render(items, _render_term)) > MAX_QUERY_CHARS:
+    while items and len(render_query(items, _render_term)) > MAX_QUERY_CHARS:
         items = _normalize(items[:-1])
     return items
 
 
-def render(items: list[Item], term: Callable[[Term], str]) -> str:
-    """Render parsed items as an FTS5 expression, each term through `term`."""
-    return " ".join(item if isinstance(item, str) else term(item) for item in items)
+@dataclass(frozen=True)
+class Group:
+    """One OR branch of a query: terms that must all match and terms that must not.
+
+    The query is an OR of such groups; `NOT x` excludes the one term x (FTS5 itself would read
+    `a NOT b c` as `a NOT (b c)`, so expressions are always rendered in this canonical form).
+    """
+
+    terms: tuple[Term, ...]
+    excluded: tuple[Term, ...] = ()
+
+    def render(self, term: Callable[[Term], str], terms: tuple[Term, ...] | None = None,
+               excluded: tuple[Term, ...] | None = None) -> str:
+        """Render as `t1 t2 NOT x NOT y`; by default the terms and the excluded terms an index checks."""
+        terms = self.terms if terms is None else terms
+        excluded = self.fts_excluded if excluded is None else excluded
+        return " ".join([term(t) for t in terms] + [f"NOT {term(t)}" for t in excluded])
+
+    @property
+    def like_excluded(self) -> tuple[Term, ...]:
+        """Excluded terms holding CJK: checked by LIKE, since the CJK index holds CJK rows only."""
+        return tuple(t for t in self.excluded if has_cjk(t.text))
+
+    @property
+    def fts_excluded(self) -> tuple[Term, ...]:
+        """Excluded terms the indexes check (`NOT x` in the expression)."""
+        return tuple(t for t in self.excluded if not has_cjk(t.text))
+
+    @property
+    def word(self) -> str:
+        """The expression for messages_fts (and for messages_fts_cjk when no term has CJK)."""
+        return self.render(_render_term)
+
+    @property
+    def cjk(self) -> str | None:
+        """The expression for messages_fts_cjk when some term has CJK, else None."""
+        return self.render(_cjk_term) if any(has_cjk(t.text) for t in self.terms) else None
+
+    @property
+    def cjk_only(self) -> bool:
+        """Whether every term is CJK letters only: the bigram index then answers exactly."""
+        return all(_CJK_ONLY.fullmatch(t.text) for t in self.terms)
+
+    @property
+    def split(self) -> tuple[str, tuple[Term, ...]] | None:
+        """(CJK-index expression of the CJK terms, the other terms) for a group mixing both, else None."""
+        cjk = tuple(t for t in self.terms if has_cjk(t.text))
+        others = tuple(t for t in self.terms if not has_cjk(t.text))
+        return (self.render(_cjk_term, cjk), others) if cjk and others else None
+
+    @property
+    def trigram(self) -> str | None:
+        """The expression for messages_fts_trigram when every term has >= 3 characters, else None."""
+        if all(len(t.text) >= 3 for t in self.terms + self.fts_excluded):
+            return self.render(_trigram_term)
+        return None
+
+
+def _groups(items: list[Item]) -> list[Group]:
+    groups: list[Group] = []
+    terms: list[Term] = []
+    excluded: list[Term] = []
+    negate = False
+    for item in [*items, "OR"]:
+        if item == "OR":
+            if terms:  # never empty after _normalize; a group of exclusions alone has no meaning
+                groups.append(Group(tuple(terms), tuple(excluded)))
+            terms, excluded, negate = [], [], False
+        elif item == "NOT":
+            negate = True
+        elif isinstance(item, Term):
+            (excluded if negate else terms).append(item)
+            negate = False
+    return groups
+
+
+def render_query(items: list[Item], term: Callable[[Term], str]) -> str:
+    """Render parsed items as an FTS5 expression in canonical form, each term through `term`."""
+    return " OR ".join(g.render(term, excluded=g.excluded) for g in _groups(items))
 
 
 def _sanitize_fts5_query(query: object) -> str:
@@ -579,7 +679,7 @@ def _sanitize_fts5_query(query: object) -> str:
 
     Idempotent: sanitizing its own output returns it unchanged.
     """
-    return render(parse_query(query), _render_term)
+    return render_query(parse_query(query), _render_term)
 
 
 def _cjk_term(term: Term) -> str:
@@ -595,35 +695,28 @@ def _trigram_term(term: Term) -> str:
 
 @dataclass(frozen=True)
 class QueryPlan:
-    """A sanitized query rendered for each index; search_messages picks the route."""
+    """A sanitized query as OR groups; search_messages routes each group to an index."""
 
-    items: tuple[Item, ...]
-    word: str                    # for messages_fts
-    cjk: str | None              # for messages_fts_cjk, when some term has CJK
-    trigram: str | None          # for messages_fts_trigram, when every term has >= 3 characters
-    has_or: bool
+    groups: tuple[Group, ...]
+    like_only: bool = False   # symbols only ("🎉", "%%"): no index holds them, a LIKE scan can
 
-    def like_groups(self) -> list[list[tuple[str, bool]]]:
-        """Return the query as OR-of-AND groups of (needle, negated) for a LIKE scan."""
-        groups: list[list[tuple[str, bool]]] = [[]]
-        negate = False
-        for item in self.items:
-            if item == "OR":
-                groups.append([])
-            elif item == "NOT":
-                negate = True
-            elif isinstance(item, Term):
-                groups[-1].append((item.text, negate))
-                negate = False
-        return [g for g in groups if g]
+    @property
+    def needles(self) -> list[str]:
+        """The texts a hit may contain, for highlighting."""
+        return [t.text for g in self.groups for t in g.terms]
 
 
 def plan_query(query: object) -> QueryPlan | None:
-    """Sanitize `query` and render it for every index; None when nothing searchable is left."""
-    items = parse_query(query)
-    if not items:
+    """Sanitize `query` into OR groups; None when nothing searchable is left.
+
+    Text made of symbols only (emoji, `%%`) gives a LIKE-only plan of its whitespace-separated
+    chunks (AND/OR/NOT honoured) instead of nothing.
+    """
+    groups = _groups(parse_query(query))
+    if groups:
+        return QueryPlan(tuple(groups))
+    if not isinstance(query, str):
         return None
-    terms = [i for i in items if isinstance(i, Term)]
-    cjk = render(items, _cjk_term) if any(has_cjk(t.text) for t in terms) else None
-    trigram = render(items, _trigram_term) if all(len(t.text) >= 3 for t in terms) else None
-    return QueryPlan(tuple(items), render(items, _render_term), cjk, trigram, "OR" in items)
+    chunks = _clean(query).replace('"', " ").translate({0x200B: None, 0xFEFF: None}).split()
+    groups = _groups(_normalize([c if c in _OPERATORS else Term(c) for c in chunks]))
+    return QueryPlan(tuple(groups), like_only=True) if groups else None

@@ -285,11 +285,12 @@ def top_sessions_by_tokens(conn: sqlite3.Connection, limit: int = 10) -> list[di
 
 
 # --- full-text search (issue 4) --------------------------------------------------------------
-# Routing (docs/search.md): a query holding CJK goes to messages_fts_cjk (bigrams), any other to
-# the word index. A word query that finds nothing falls back to the trigram index (substrings of
-# >= 3 characters, user/assistant text), then to a LIKE scan of the newest messages. Rows that an
-# index does not cover yet (a rebuild under way, CJK rows queued by a writer without our SQL
-# function) are scanned with LIKE, so they are never missing from results.
+# Routing (docs/search.md): each OR branch of a query is routed on its own. A branch holding CJK
+# goes to messages_fts_cjk (bigrams), any other to the word index; one that finds nothing falls
+# back to its CJK terms from the index with the other terms checked by LIKE (mixed branches), the
+# trigram index (substrings of >= 3 characters, user/assistant text), then a LIKE scan of the
+# newest messages. Rows that an index does not cover yet (a rebuild under way, CJK rows queued by
+# a writer without our SQL function) are scanned with LIKE, so they are never missing.
 
 _RANK_WINDOW = 1000       # bm25 ranks the newest matches first; see "Ranking" in docs/search.md
 _WINDOW_GROWTH = 16
@@ -343,6 +344,12 @@ class _Filters:
         self.params = tuple(params)
         self.join = " JOIN sessions s ON s.id = m.session_id" if sources or excluded else ""
 
+    def plus(self, sql: str, params: list[Any]) -> _Filters:
+        """Return these filters and one more condition on `m` (a LIKE check of terms no index serves)."""
+        out = _Filters.__new__(_Filters)
+        out.sql, out.params, out.join = f"{self.sql} AND {sql}", (*self.params, *params), self.join
+        return out
+
 
 def _is_query_error(exc: sqlite3.OperationalError) -> bool:
     # The sanitizer makes these unreachable; this is the belt to its braces (R-SEARCH-2).
@@ -386,27 +393,36 @@ def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: i
         return []
 
 
-def _like_condition(plan: fts.QueryPlan) -> tuple[str, list[str]]:
-    ors, params = [], []
-    for group in plan.like_groups():
-        ands = []
-        for needle, negated in group:
-            pattern = f"%{escape_like(needle)}%"
-            ands.append(("NOT " if negated else "") +
-                        "(COALESCE(m.content LIKE ? ESCAPE '\\', 0) OR COALESCE(m.tool_calls LIKE ? ESCAPE '\\', 0)"
-                        " OR COALESCE(m.tool_name LIKE ? ESCAPE '\\', 0))")
-            params += [pattern, pattern, pattern]
-        ors.append("(" + " AND ".join(ands) + ")")
-    return "(" + " OR ".join(ors) + ")", params
+_CONTAINS = ("(COALESCE(m.content LIKE ? ESCAPE '\\', 0) OR COALESCE(m.tool_calls LIKE ? ESCAPE '\\', 0)"
+             " OR COALESCE(m.tool_name LIKE ? ESCAPE '\\', 0))")
+
+# A hit while routing: (message id, bm25 score or 0.0 for a LIKE hit, (table, expression) that
+# FTS5 snippet() can highlight it with, or None for a text-window snippet).
+_Hit = tuple[int, float, tuple[str, str] | None]
 
 
-def _like(conn: sqlite3.Connection, plan: fts.QueryPlan, f: _Filters, low: int, high: int, need: int,
+def _like_terms(terms: tuple[fts.Term, ...], excluded: tuple[fts.Term, ...] = ()) -> tuple[str, list[str]]:
+    """Return SQL true when message `m` contains every term and no excluded one (LIKE, substrings)."""
+    parts, params = [], []
+    for term, negated in [(t, False) for t in terms] + [(t, True) for t in excluded]:
+        parts.append(("NOT " if negated else "") + _CONTAINS)
+        params += [f"%{escape_like(term.text)}%"] * 3
+    return "(" + " AND ".join(parts) + ")", params
+
+
+def _like(conn: sqlite3.Connection, groups: tuple[fts.Group, ...], f: _Filters, low: int, high: int, need: int,
           only_queued: bool = False) -> list[int]:
-    """Return the ids of messages in [low, high] matching the query by LIKE, newest first.
+    """Return the ids of messages in [low, high] matching any of `groups` by LIKE, newest first.
 
-    Reads at most `_LIKE_SCAN_ROWS` rows: the newest of the range, or of the CJK queue.
+    Reads at most `_LIKE_SCAN_ROWS` rows: the newest of the range, or of the CJK queue. Excluded
+    CJK terms are not checked here: the caller's filters carry them.
     """
-    condition, params = _like_condition(plan)
+    ors, params = [], []
+    for group in groups:
+        sql, group_params = _like_terms(group.terms, group.fts_excluded)
+        ors.append(sql)
+        params += group_params
+    condition = "(" + " OR ".join(ors) + ")"
     if only_queued:
         scope = (f" AND m.id IN (SELECT id FROM {fts.CJK_PENDING} WHERE id BETWEEN ? AND ? "
                  "ORDER BY id DESC LIMIT ?)")
@@ -420,109 +436,128 @@ def _like(conn: sqlite3.Connection, plan: fts.QueryPlan, f: _Filters, low: int, 
     return [r[0] for r in conn.execute(sql, (low, high, *scope_params, *params, *f.params, need))]
 
 
-def _uncovered(conn: sqlite3.Connection, plan: fts.QueryPlan, f: _Filters, state: fts.FtsState, low: int,
-               high: int, need: int, cjk: bool) -> list[int]:
+def _uncovered(conn: sqlite3.Connection, group: fts.Group, f: _Filters, state: fts.FtsState, low: int,
+               high: int, need: int, cjk: bool) -> list[_Hit]:
     """LIKE-scan the rows the index does not cover yet: (P, H] of a rebuild, queued CJK rows."""
     found: list[int] = []
     if state.rebuild is not None:
         progress, high_water = state.rebuild
         if max(low, progress + 1) <= min(high, high_water):
-            found += _like(conn, plan, f, max(low, progress + 1), min(high, high_water), need)
+            found += _like(conn, (group,), f, max(low, progress + 1), min(high, high_water), need)
     if cjk and state.cjk_pending:
-        found += _like(conn, plan, f, low, high, need, only_queued=True)
-    return found
+        found += _like(conn, (group,), f, low, high, need, only_queued=True)
+    return [(i, 0.0, None) for i in found]
 
 
-def _merged(*ranked: list[tuple[int, float, str | None]]) -> list[tuple[int, str | None]]:
-    hits = sorted((h for r in ranked for h in r), key=lambda h: (h[1], -h[0]))
-    return [(i, table) for i, _, table in hits]
-
-
-def _find(conn: sqlite3.Connection, plan: fts.QueryPlan, f: _Filters, low: int, high: int,
-          need: int) -> list[tuple[int, str | None]]:
-    """Route the query (see the comment above) and return (id, snippet table or None) hits, best first."""
-    state = fts.inspect(conn)
+def _find_group(conn: sqlite3.Connection, g: fts.Group, f: _Filters, state: fts.FtsState, low: int, high: int,
+                need: int) -> list[_Hit]:
+    """Route one OR branch of the query (see the comment above); return its hits in any order."""
     tables = state.tables
+    if g.like_excluded:
+        # "docker NOT 東京": the CJK index holds CJK rows only, so it cannot say which rows lack a
+        # CJK term; checking the candidates' text keeps the rows that have no CJK at all.
+        f = f.plus(*_like_terms((), g.like_excluded))
 
-    def ranked(table: str, expr: str, snippet_from: str | None) -> list[tuple[int, float, str | None]]:
+    def ranked(table: str, expr: str, snippet: bool = False, where: _Filters = f) -> list[_Hit]:
         skip = table == fts.CJK and state.cjk_pending
-        return [(i, score, snippet_from) for i, score in _ranked(conn, table, expr, f, low, high, need, skip)]
+        return [(i, score, (table, expr) if snippet else None)
+                for i, score in _ranked(conn, table, expr, where, low, high, need, skip)]
 
-    if plan.cjk is not None and fts.CJK in tables:
-        found = _merged(ranked(fts.CJK, plan.cjk, None),
-                        # "東京 OR docker": the Latin branch may match messages without any CJK.
-                        ranked(fts.WORD, plan.word, fts.WORD) if plan.has_or and fts.WORD in tables else [])
-        return found + [(i, None) for i in _uncovered(conn, plan, f, state, low, high, need, cjk=True)]
-    if plan.cjk is not None:
+    if g.cjk is not None and fts.CJK in tables:
+        found = ranked(fts.CJK, g.cjk) + _uncovered(conn, g, f, state, low, high, need, cjk=True)
+        if found or g.cjk_only:
+            return found  # for terms of CJK letters only the bigram index is exact: nothing to add
+        if g.split is not None:
+            # A group mixing CJK and other terms that the index cannot serve whole ("東京 ockerfil",
+            # "web_search 検索", "東京 ไทย"): the CJK terms from the index, the others checked on
+            # those rows as substrings of content, tool_calls and tool_name.
+            expr, others = g.split
+            found = ranked(fts.CJK, expr, where=f.plus(*_like_terms(others)))
+            if found:
+                return found
+    elif g.cjk is not None:
         _warn_once("cjk", "full-text search: the CJK index is missing, so CJK queries use the trigram index "
                           "(3+ characters) or a bounded LIKE scan; open the database writable to build it")
     elif fts.WORD in tables:
         # Latin glued to CJK ("iPhone16を") is one unicode61 token in the word index; the CJK
         # index, which splits it, holds every message that has CJK, so it is asked too.
-        found = _merged(ranked(fts.WORD, plan.word, fts.WORD),
-                        ranked(fts.CJK, plan.word, None) if fts.CJK in tables else [])
-        found += [(i, None) for i in _uncovered(conn, plan, f, state, low, high, need, cjk=True)]
+        found = ranked(fts.WORD, g.word, snippet=True) + (ranked(fts.CJK, g.word) if fts.CJK in tables else [])
+        found += _uncovered(conn, g, f, state, low, high, need, cjk=True)
         if found:
             return found
-    if plan.trigram is not None and fts.TRIGRAM in tables:
-        found = [(i, fts.TRIGRAM) for i, _ in _ranked(conn, fts.TRIGRAM, plan.trigram, f, low, high, need)]
-        found += [(i, None) for i in _uncovered(conn, plan, f, state, low, high, need, cjk=False)]
+    if g.trigram is not None and fts.TRIGRAM in tables:
+        found = ranked(fts.TRIGRAM, g.trigram, snippet=True) + _uncovered(conn, g, f, state, low, high, need,
+                                                                          cjk=False)
         if found:
             return found
     if not tables:
         _warn_once("fts", "full-text search: no FTS index in this database; searching the newest "
                           f"{_LIKE_SCAN_ROWS} messages with LIKE")
-    _logger.debug("search %r: last resort LIKE scan", plan.word)
-    return [(i, None) for i in _like(conn, plan, f, low, high, need)]
+    _logger.debug("search %r: last resort LIKE scan", g.word)
+    return [(i, 0.0, None) for i in _like(conn, (g,), f, low, high, need)]
+
+
+def _find(conn: sqlite3.Connection, plan: fts.QueryPlan, f: _Filters, low: int, high: int,
+          need: int) -> list[tuple[int, tuple[str, str] | None]]:
+    """Route every OR branch on its own and merge: (id, snippet source) hits, best first, maybe repeated.
+
+    bm25 scores of different indexes and expressions are merged as if comparable (docs/search.md,
+    "Ranking"); LIKE hits score 0.0, after every indexed hit.
+    """
+    state = fts.inspect(conn)
+    if plan.like_only:
+        found = [(i, 0.0, None) for i in _like(conn, plan.groups, f, low, high, need)]
+    else:
+        found = [hit for group in plan.groups for hit in _find_group(conn, group, f, state, low, high, need)]
+    return [(i, source) for i, _, source in sorted(found, key=lambda h: (h[1], -h[0]))]
+
+
+def _needle_pattern(needles: list[str]) -> re.Pattern[str] | None:
+    # Case-insensitive on the original text: lowercasing first can change the length ("İ" -> "i̇")
+    # and shift every position after it. Longest needles first, so "東京都" beats "東京".
+    needles = sorted({n for n in needles if n}, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, needles)), re.IGNORECASE) if needles else None
 
 
 def _text_snippet(text: str | None, needles: list[str]) -> str:
     """Return a window of `text` around the first match with every match wrapped in >>> <<<."""
     if not text:
         return ""
-    folded = text.lower()
-    if len(folded) != len(text):  # rare case-folding that changes length: match exact case
-        folded = text
-    needles = [n.lower() if folded is not text else n for n in needles if n]
-    starts = [p for p in (folded.find(n) for n in needles) if p >= 0]
-    first = min(starts) if starts else 0
-    begin = max(0, first - _SNIPPET_CHARS // 3)
+    pattern = _needle_pattern(needles)
+    first = pattern.search(text) if pattern else None
+    begin = max(0, (first.start() if first else 0) - _SNIPPET_CHARS // 3)
     end = min(len(text), begin + _SNIPPET_CHARS)
-    spans: list[tuple[int, int]] = []
-    for needle in needles:
-        at = folded.find(needle, begin)
-        while 0 <= at < end:
-            spans.append((at, min(at + len(needle), end)))
-            at = folded.find(needle, at + len(needle))
     out, pos = [], begin
-    for s, e in sorted(spans):
-        if s < pos:
-            continue  # overlapping matches: the first one is marked
-        out += [text[pos:s], ">>>", text[s:e], "<<<"]
-        pos = e
+    for match in pattern.finditer(text, begin, end) if first else ():
+        if match.end() > match.start():
+            out += [text[pos:match.start()], ">>>", match.group(), "<<<"]
+            pos = match.end()
     out.append(text[pos:end])
     return ("..." if begin else "") + "".join(out) + ("..." if end < len(text) else "")
 
 
-def _snippets(conn: sqlite3.Connection, plan: fts.QueryPlan, hits: list[tuple[int, str | None]]) -> dict[int, str]:
+def _snippets(conn: sqlite3.Connection, plan: fts.QueryPlan,
+              hits: list[tuple[int, tuple[str, str] | None]]) -> dict[int, str]:
     """Return {id: snippet}: FTS5 snippet() for word/trigram hits, a text window for the others."""
     out: dict[int, str] = {}
-    exprs = {fts.WORD: (plan.word, -1), fts.TRIGRAM: (plan.trigram, 0)}
-    for table, (expr, column) in exprs.items():
-        ids = [i for i, t in hits if t == table]
-        if ids:
-            out.update(conn.execute(
-                f"SELECT rowid, snippet({table}, {column}, {_SNIPPET_ARGS}) FROM {table} "
-                f"WHERE {table} MATCH ? AND rowid IN (SELECT value FROM json_each(?))", (expr, json.dumps(ids))))
+    by_source: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, source in hits:
+        if source is not None:
+            by_source[source].append(i)
+    for (table, expr), ids in by_source.items():  # one statement per index and OR branch, not per hit
+        column = 0 if table == fts.TRIGRAM else -1
+        out.update(conn.execute(
+            f"SELECT rowid, snippet({table}, {column}, {_SNIPPET_ARGS}) FROM {table} "
+            f"WHERE {table} MATCH ? AND rowid IN (SELECT value FROM json_each(?))", (expr, json.dumps(ids))))
     rest = [i for i, _ in hits if ">>>" not in (out.get(i) or "")]
     if rest:
-        needles = [needle for group in plan.like_groups() for needle, negated in group if not negated]
+        pattern = _needle_pattern(plan.needles)
         for i, content, calls in conn.execute("SELECT id, content, tool_calls FROM messages "
                                               "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(rest),)):
             text = content
-            if calls and not any(n.lower() in (content or "").lower() for n in needles):
+            if calls and (pattern is None or not pattern.search(content or "")):
                 text = calls
-            out[i] = _text_snippet(text, needles)
+            out[i] = _text_snippet(text, plan.needles)
     return out
 
 

@@ -358,17 +358,28 @@ def test_the_background_thread_finishes_a_rebuild(tmp_path):
     conn.close()
 
 
-def test_close_stops_the_background_thread(tmp_path, monkeypatch):
+def test_close_stops_the_background_thread_and_another_open_finishes_its_rebuild(tmp_path, monkeypatch):
     path = tmp_path / "state.db"
     _fill(path, 60)
     _drop_fts(path)
     monkeypatch.setattr(SessionDB, "_FTS_REBUILD_CHUNK_ROWS", 1)
+    # A long pause between chunks makes the interruption deterministic: the worker indexes one
+    # row, then waits on its stop event, which close() sets.
+    worker = fts.background_worker
+    monkeypatch.setattr(fts, "background_worker", lambda *args: worker(*args, pause_s=60.0))
     db = SessionDB(path)
     db.close()
     assert not db._fts_worker.is_alive()
     with SessionDB(path, read_only=True) as ro:  # what it did not finish is still marked pending
         status = ro.fts_rebuild_status()
-    assert status["in_progress"] is (status["pending"] > 0)
+    assert status["in_progress"] is True and 0 < status["pending"] < 60
+    monkeypatch.setattr(SessionDB, "_FTS_REBUILD_IN_BACKGROUND", False)
+    with SessionDB(path) as db:
+        assert db.rebuild_fts()["pending"] == 0  # resumes the interrupted rebuild
+    conn = plain(path)
+    assert indexed_counts(conn) == expected_counts(conn) == (60, 40, 15)
+    integrity(conn)
+    conn.close()
 
 
 def test_an_older_layouts_trigger_is_replaced_not_doubled(tmp_path, manual):

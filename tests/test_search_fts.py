@@ -72,6 +72,108 @@ def test_or_of_short_cjk_terms(db, corpus):
     assert {corpus["明日は東京へ行きます"], corpus["the chat-send handler failed"]} <= mixed
 
 
+def _ids(db, query, **filters):
+    return {h["id"] for h in db.search_messages(query, limit=100, **filters)}
+
+
+@pytest.fixture
+def mixed(db):
+    """Messages mixing CJK with Latin, Thai and tool names; returns {name: id}."""
+    db.create_session("s", "cli")
+    rows = {"dockerfile": db.append_message("s", "user", "東京 dockerfile build"),
+            "thai": db.append_message("s", "user", "東京 ภาษาไทย"),
+            "thai_only": db.append_message("s", "user", "ภาษาไทย only"),
+            "tool": db.append_message("s", "tool", "検索結果", tool_name="web_search"),
+            "docker": db.append_message("s", "user", "docker only"),
+            "osaka": db.append_message("s", "user", "docker in 大阪"),
+            "tokyo": db.append_message("s", "assistant", "docker in 東京"),
+            "glued": db.append_message("s", "assistant", "docker東京")}
+    return rows
+
+
+@pytest.mark.parametrize("query,names", [
+    ("東京 dockerf", {"dockerfile"}),             # a Latin prefix, as "dockerf" alone finds it
+    ("東京 ockerfil", {"dockerfile"}),            # a Latin substring (trigram for a Latin-only query)
+    ("ockerfil 東京", {"dockerfile"}),
+    ("東京 ไทย", {"thai"}),                       # Thai inside an unsegmented unicode61 token
+    ("web_search 検索", {"tool"}),                # the Latin term is the tool name
+    ("東京 OR ไทย", {"dockerfile", "thai", "thai_only", "tokyo", "glued"}),
+    ("docker OR ไทย", {"docker", "osaka", "tokyo", "glued", "thai", "thai_only"}),
+    ("東京 docker", {"tokyo", "glued"}),           # exact words found: no substring fallback, like "docker"
+])
+def test_mixed_and_or_queries_fall_back_like_latin_ones(db, mixed, query, names):
+    assert _ids(db, query) == {mixed[n] for n in names}
+
+
+def test_a_mixed_query_finds_substrings_older_than_the_like_scan(db, mixed, monkeypatch):
+    monkeypatch.setattr(search, "_LIKE_SCAN_ROWS", 2)  # the LIKE scan sees the newest 2 rows only
+    for i in range(5):
+        db.append_message("s", "user", f"filler {i}")
+    assert _ids(db, "東京 ockerfil") == {mixed["dockerfile"]}
+    assert _ids(db, "web_search 検索", role_filter=["tool"]) == {mixed["tool"]}
+    assert _ids(db, "web_search 検索", role_filter=["user"]) == set()
+    (hit,) = db.search_messages("東京 ockerfil")
+    assert hit["snippet"] == ">>>東京<<< d>>>ockerfil<<<e build"
+
+
+def test_not_with_a_cjk_term_keeps_rows_without_cjk(db, mixed):
+    assert _ids(db, "docker NOT 東京") == {mixed["docker"], mixed["osaka"]}
+    assert _ids(db, "docker NOT 大阪 NOT 東京") == {mixed["docker"]}
+    assert _ids(db, "ไทย NOT 東京") == {mixed["thai_only"]}
+    assert _ids(db, "docker NOT 東京 OR 検索") == {mixed["docker"], mixed["osaka"], mixed["tool"]}
+    assert _ids(db, "東京 NOT build") == {mixed["thai"], mixed["tokyo"], mixed["glued"]}  # Latin NOT: a word
+
+
+def test_not_excludes_the_one_term_after_it_on_every_route(db):
+    db.create_session("s", "cli")
+    both = db.append_message("s", "user", "alpha beta gamma")
+    no_gamma = db.append_message("s", "user", "alpha beta")
+    for text in ("beta gamma", "alpha gamma", "alpha only"):
+        db.append_message("s", "user", text)
+    # FTS5 alone reads "alpha NOT gamma beta" as "alpha NOT (gamma beta)": the last two would match.
+    assert _ids(db, "alpha NOT gamma beta") == {no_gamma}
+    assert _ids(db, "lph NOT amm eta") == {no_gamma}            # trigram
+    assert _ids(db, "al NOT ga be") == {no_gamma}               # LIKE
+    assert _ids(db, "alpha beta") == {both, no_gamma}
+
+
+def test_text_snippet_highlights_when_lowercasing_changes_the_length():
+    assert search._text_snippet("İİİ docker 東京", ["DOCKER"]) == "İİİ >>>docker<<< 東京"
+    assert search._text_snippet("İstanbul ve İzmir", ["izmir", "İSTANBUL"]) == ">>>İstanbul<<< ve >>>İzmir<<<"
+    assert search._text_snippet("東京都の東京", ["東京", "東京都"]) == ">>>東京都<<<の>>>東京<<<"
+    assert search._text_snippet("a.b a+b", ["a+b"]) == "a.b >>>a+b<<<"
+
+
+def test_operator_words_alone_are_searched_as_words(db):
+    db.create_session("s", "cli")
+    row = db.append_message("s", "user", "salt and pepper, not or")
+    for query in ("AND", "OR", "NOT", "OR NOT", '"AND"'):
+        assert _ids(db, query) == {row}, query
+
+
+def test_symbol_only_queries_use_the_like_scan(db):
+    db.create_session("s", "cli")
+    party = db.append_message("s", "user", "release done 🎉")
+    family = db.append_message("s", "user", "family 👨\u200d👩\u200d👧")
+    db.append_message("s", "user", "nothing here")
+    assert _ids(db, "🎉") == {party}
+    assert _ids(db, "🎉 OR 👨\u200d👩\u200d👧") == {party, family}
+    assert _ids(db, "🎉 NOT 🎉") == set()
+    (hit,) = db.search_messages("🎉")
+    assert hit["snippet"] == "release done >>>🎉<<<"
+    assert db.search_messages("\u200b") == [] and db.search_messages(" \ufeff ") == []
+
+
+def test_zero_width_characters_in_a_query_are_ignored(db):
+    db.create_session("s", "cli")
+    tokyo = db.append_message("s", "user", "東京タワー")
+    word = db.append_message("s", "user", "kubernetes cluster")
+    assert _ids(db, "東\u200b京") == {tokyo}
+    assert _ids(db, "東京\u200dタワー") == {tokyo}
+    assert _ids(db, "kuber\u200bnetes") == {word}
+    assert _ids(db, "\ufeffkubernetes") == {word}
+
+
 def test_cjk_phrases_match_substrings_not_scattered_characters(db):
     db.create_session("s", "cli")
     together = db.append_message("s", "user", "東京都庁")
@@ -227,7 +329,9 @@ def test_cjk_falls_back_to_trigram_when_the_cjk_index_is_missing(tmp_path, caplo
 # --- the sanitizer ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("query,expected", [
-    ("hello AND", "hello"), ("OR hello", "hello"), ("a AND NOT b", "a NOT b"), ("NOT", ""),
+    ("hello AND", "hello"), ("OR hello", "hello"), ("a AND NOT b", "a NOT b"), ("NOT", '"NOT"'),
+    ("AND OR", '"AND" "OR"'), ("a AND b", "a b"), ("b NOT c a", "b a NOT c"), ("a OR b NOT c d", "a OR b d NOT c"),
+    ("🎉", ""), ("AND 🎉", ""), ("東\u200b京", "東京"), ("\ufeffword", "word"), ("東\u200d京", "東京"),
     ("chat-send", '"chat-send"'), ("my-app.config.ts", '"my-app.config.ts"'), ("under_score", '"under_score"'),
     ('say "hello world', "say hello world"), ('"exact phrase" rest', '"exact phrase" rest'),
     ("deploy*", "deploy*"), ('"foo bar"*', '"foo bar"*'), ("#123", "123"), ("50%", "50"),
@@ -257,7 +361,8 @@ def match_conn():
     conn.close()
 
 
-_NASTY = st.text(alphabet=st.sampled_from(list('ab 東京구글"*^:()-+.,/_@#%\'\\\x00AND OR NOT NEAR{}[]')), max_size=40)
+_NASTY = st.text(alphabet=st.sampled_from(list('ab 東京구글"*^:()-+.,/_@#%\'\\\x00AND OR NOT NEAR{}[]🎉\u200b\u200d')),
+                 max_size=40)
 _ANY = st.one_of(st.text(max_size=60), _NASTY)
 
 
@@ -271,12 +376,19 @@ def test_any_input_gives_an_expression_match_accepts_and_sanitizing_is_idempoten
     if plan is None:
         assert clean == ""
         return
-    match_conn.execute("SELECT rowid FROM w WHERE w MATCH ?", (plan.word,)).fetchall()
-    if plan.trigram is not None:
-        match_conn.execute("SELECT rowid FROM t WHERE t MATCH ?", (plan.trigram,)).fetchall()
-    if plan.cjk is not None:
-        match_conn.execute("SELECT rowid FROM c WHERE c MATCH ?", (plan.cjk,)).fetchall()
-        match_conn.execute("SELECT rowid FROM w WHERE w MATCH ?", (plan.cjk,)).fetchall()
+    if plan.like_only:
+        assert clean == "" and plan.needles
+        return
+    for group in plan.groups:
+        assert group.terms
+        match_conn.execute("SELECT rowid FROM w WHERE w MATCH ?", (group.word,)).fetchall()
+        match_conn.execute("SELECT rowid FROM c WHERE c MATCH ?", (group.word,)).fetchall()
+        if group.trigram is not None:
+            match_conn.execute("SELECT rowid FROM t WHERE t MATCH ?", (group.trigram,)).fetchall()
+        if group.cjk is not None:
+            match_conn.execute("SELECT rowid FROM c WHERE c MATCH ?", (group.cjk,)).fetchall()
+        if group.split is not None:
+            match_conn.execute("SELECT rowid FROM c WHERE c MATCH ?", (group.split[0],)).fetchall()
 
 
 @pytest.fixture(scope="module")
