@@ -43,6 +43,8 @@ _VERB_SESSION_COLUMNS = {
     "archived": "archive_session or unarchive_session",
     "auto_archived": "auto_archive, or unarchive_session to clear it",
     "pinned": "pin_session",
+    # The creation time also stamps the compression edge (child started_at = parent ended_at).
+    "started_at": "nothing: it is the creation time, and a rotation child's start marks its compression edge",
 }
 # SQLite's INTEGER is a signed 64-bit value; Python ints outside it fail at bind time.
 _INT_MIN, _INT_MAX = -2**63, 2**63 - 1
@@ -190,7 +192,7 @@ def reopen_session(conn: sqlite3.Connection, session_id: str) -> None:
 def update_session(conn: sqlite3.Connection, session_id: str, columns: dict[str, Any]) -> None:
     """Set the given columns (None clears one); unknown or library-kept columns raise ValueError.
 
-    Columns another verb owns (user_id, ended_at, end_reason, archived, auto_archived, pinned)
+    Columns another verb owns (user_id, started_at, ended_at, end_reason, archived, auto_archived, pinned)
     raise ValueError naming that verb: going around it would break its rule.
     """
     owned = sorted(set(columns) & _VERB_SESSION_COLUMNS.keys())
@@ -200,9 +202,8 @@ def update_session(conn: sqlite3.Connection, session_id: str, columns: dict[str,
     values = _session_values(columns)
     if "title" in values:
         values["title"] = normalize_title(values["title"])
-    for name in ("source", "started_at"):
-        if name in values and values[name] is None:
-            raise ValueError(f"{name} cannot be cleared")
+    if "source" in values and values["source"] is None:
+        raise ValueError("source cannot be cleared")
     if values.get("parent_session_id") == session_id:
         raise ValueError("a session cannot be its own parent")
     if not values:

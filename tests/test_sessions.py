@@ -129,6 +129,7 @@ def test_update_session_bad_input_writes_nothing(db, rival, columns, error):
     ("archived", 1, "archive_session"),
     ("auto_archived", 0, "auto_archive"),
     ("pinned", 1, "pin_session"),
+    ("started_at", 1.0, "creation time"),
 ])
 def test_update_session_refuses_columns_another_verb_owns(db, rival, column, value, verb):
     db.create_session("s", "cli", user_id="basic:alice")
