@@ -104,15 +104,11 @@ class SessionDB:
             schema.prepare_file(path)
         conn = schema.connect(path, read_only=self.read_only, read_busy_s=self._READ_BUSY_TIMEOUT_S)
         try:
-            if self.read_only:
-                self.schema_version = schema.check_read_only(conn, path, self._READ_BUSY_TIMEOUT_S)
-            else:
-                self.schema_version = self._set_up(conn)
-        except sqlite3.DatabaseError as exc:
-            conn.close()
-            if schema.is_corruption(exc):
-                raise schema.corrupt_error(path, exc) from exc
-            raise
+            with schema.typed_errors(path):  # "not a database" at open -> StateDbCorruptError
+                if self.read_only:
+                    self.schema_version = schema.check_read_only(conn, path, self._READ_BUSY_TIMEOUT_S)
+                else:
+                    self.schema_version = self._set_up(conn)
         except BaseException:
             conn.close()
             raise
