@@ -212,16 +212,17 @@ class SessionDB:
         # The common case costs one indexed lookup inside the transaction. Only when another
         # holder is compressing do we leave the transaction, wait (holding no lock) up to
         # _COMPRESSION_WAIT_S, and try once more.
-        self._check_writable()
-        try:
+        def attempt() -> Any:
             with self._write(self._TRANSCRIPT_WRITE_PATIENCE_S) as conn:
                 compression.check_transcript_writable(conn, session_id)
                 return body(conn)
+
+        self._check_writable()
+        try:
+            return attempt()
         except SessionCompressionInProgressError:
             compression.wait_for_compression(self._read, session_id, timeout_s=self._COMPRESSION_WAIT_S)
-        with self._write(self._TRANSCRIPT_WRITE_PATIENCE_S) as conn:
-            compression.check_transcript_writable(conn, session_id)
-            return body(conn)
+        return attempt()
 
     @contextmanager
     def _read(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:

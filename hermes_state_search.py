@@ -21,7 +21,7 @@ from typing import Any
 import hermes_state_fts as fts
 from hermes_state_common import escape_like
 from hermes_state_errors import TitleConflictError
-from hermes_state_sessions import TITLE_MAX_CHARS, check_title_free, normalize_title, require_session
+from hermes_state_sessions import TITLE_MAX_CHARS, check_count, check_title_free, normalize_title, require_session
 
 # --- titles ----------------------------------------------------------------------------------
 # A title lineage is "T", "T #2", "T #3", ...: when a conversation continues in a new session
@@ -35,12 +35,6 @@ _WALK_CAP = 10_000  # rows a lineage walk may visit: bad data is bounded, never 
 def _dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
     names = [d[0] for d in cur.description]
     return [dict(zip(names, row)) for row in cur.fetchall()]
-
-
-def _check_count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, not {value!r}")
-    return value
 
 
 def _split_lineage(title: str) -> str:
@@ -240,7 +234,7 @@ def list_sessions(conn: sqlite3.Connection, source: str | None = None, limit: in
     """
     if source is not None and not isinstance(source, str):
         raise ValueError("source must be a string or None")
-    limit, offset = _check_count("limit", limit), _check_count("offset", offset)
+    limit, offset = check_count("limit", limit), check_count("offset", offset)
     # Filters are spliced in only when given, so the planner can pick idx_sessions_source.
     where, params = ["1"], []
     if source is not None:
@@ -274,7 +268,7 @@ def usage_by_model(conn: sqlite3.Connection) -> list[dict[str, Any]]:
 
 def top_sessions_by_tokens(conn: sqlite3.Connection, limit: int = 10) -> list[dict[str, Any]]:
     """Return the sessions with the most input + output tokens (id, title, model, total_tokens, cost)."""
-    limit = _check_count("limit", limit)
+    limit = check_count("limit", limit)
     return _dicts(conn.execute(
         """SELECT id, title, model,
                   COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0) AS total_tokens,
@@ -608,7 +602,7 @@ def search_messages(conn: sqlite3.Connection, query: Any, source_filter: Any = N
     session_started. Active rows only unless `include_inactive`. Bad limit/offset or filter
     types raise ValueError. Run it in one read snapshot (the facade does).
     """
-    limit, offset = _check_count("limit", limit), _check_count("offset", offset)
+    limit, offset = check_count("limit", limit), check_count("offset", offset)
     f = _Filters(source_filter, exclude_sources, role_filter, session_id, include_inactive)
     plan = fts.plan_query(query)
     if plan is None or limit == 0:

@@ -222,7 +222,8 @@ _TOKEN_COLUMNS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_w
                   "api_call_count")
 
 
-def _count(name: str, value: Any) -> int:
+def check_count(name: str, value: Any) -> int:
+    """Return `value` when it is a non-negative 64-bit integer, else raise ValueError naming `name`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be a non-negative integer, not {value!r}")
     if value > _INT_MAX:
@@ -249,7 +250,7 @@ def update_token_counts(conn: sqlite3.Connection, session_id: str, input_tokens:
     """
     counts = dict(zip(_TOKEN_COLUMNS, (input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
                                        reasoning_tokens, api_call_count)))
-    counts = {name: _count(name, value) for name, value in counts.items()}
+    counts = {name: check_count(name, value) for name, value in counts.items()}
     if estimated_cost_usd is not None and (isinstance(estimated_cost_usd, bool)
                                            or not isinstance(estimated_cost_usd, (int, float))
                                            or not _finite(estimated_cost_usd) or estimated_cost_usd < 0):
@@ -367,7 +368,7 @@ def _prepare(fields: dict[str, Any]) -> tuple[dict[str, Any], list | None]:
                 raise ValueError(f"timestamp must be a finite number of epoch seconds, not {value!r}")
             value = float(value)
         elif kind is _COUNT:
-            value = _count(name, value)
+            value = check_count(name, value)
         else:
             value = 1 if value else 0
         row[name] = value
