@@ -22,11 +22,14 @@ from typing import Any, Callable, Iterator
 import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_fts as fts
+import hermes_state_lineage as lineage
 import hermes_state_schema as schema
 import hermes_state_search as search
 import hermes_state_sessions as sessions
+import hermes_state_writer as writer
 from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
-from hermes_state_common import SCHEMA_VERSION, RetryPolicy, Writer
+from hermes_state_common import SCHEMA_VERSION
+from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import (HermesStateError, OwnershipReadError, ProfileNotFoundError,  # noqa: F401
                                  ReadOnlyError, ReceiptDigestError, ReceiptOrderError, SessionBusyError,
                                  SessionClosedByCompressionError, SessionCompressionInProgressError,
@@ -66,14 +69,14 @@ class SessionDB:
 
     # Timing policy, read at call time so an application or a test can tune it on the class
     # or on one instance (SPEC R-WRITE-3).
-    _WRITE_PATIENCE_S = common._WRITE_PATIENCE_S
-    _TRANSCRIPT_WRITE_PATIENCE_S = common._TRANSCRIPT_WRITE_PATIENCE_S
-    _ACTIVITY_WRITE_PATIENCE_S = common._ACTIVITY_WRITE_PATIENCE_S
-    _WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S = common._WRITE_RETRY_MIN_S, common._WRITE_RETRY_MAX_S
-    _WRITE_RETRY_SLOW_MIN_S = common._WRITE_RETRY_SLOW_MIN_S
-    _WRITE_RETRY_SLOW_MAX_S = common._WRITE_RETRY_SLOW_MAX_S
-    _CHECKPOINT_EVERY_N_WRITES = common._CHECKPOINT_EVERY_N_WRITES
-    _READ_BUSY_TIMEOUT_S = common._READ_BUSY_TIMEOUT_S
+    _WRITE_PATIENCE_S = common.WRITE_PATIENCE_S
+    _TRANSCRIPT_WRITE_PATIENCE_S = common.TRANSCRIPT_WRITE_PATIENCE_S
+    _ACTIVITY_WRITE_PATIENCE_S = common.ACTIVITY_WRITE_PATIENCE_S
+    _WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S = common.WRITE_RETRY_MIN_S, common.WRITE_RETRY_MAX_S
+    _WRITE_RETRY_SLOW_MIN_S = common.WRITE_RETRY_SLOW_MIN_S
+    _WRITE_RETRY_SLOW_MAX_S = common.WRITE_RETRY_SLOW_MAX_S
+    _CHECKPOINT_EVERY_N_WRITES = common.CHECKPOINT_EVERY_N_WRITES
+    _READ_BUSY_TIMEOUT_S = common.READ_BUSY_TIMEOUT_S
     # Transcript writes wait this long for another holder's compression (R-COMP-3).
     _COMPRESSION_WAIT_S = compression.COMPRESSION_WAIT_S
 
@@ -119,8 +122,8 @@ class SessionDB:
         schema.tighten_side_files(self.db_path)
         if not schema.needs_migration(conn):
             return schema.read_version(conn)
-        writer = Writer(conn, on_give_up=self._log_lock_holders)
-        found = schema.migrate(writer, self._WRITE_PATIENCE_S, self._policy())
+        migrator = Writer(conn, on_give_up=self._log_lock_holders)
+        found = schema.migrate(migrator, self._WRITE_PATIENCE_S, self._policy())
         if found > SCHEMA_VERSION:
             logger.warning("%s has schema version %s, newer than %s: writes are refused",
                            self.db_path, found, SCHEMA_VERSION)
@@ -141,11 +144,8 @@ class SessionDB:
         if self._closed:
             return
         self._stop_fts_worker()
-        with self._writer.lock:
-            self._closed = self._writer.closed = True
-            if not self.read_only:
-                common.passive_checkpoint(self._writer.conn)
-            self._writer.conn.close()
+        self._closed = True
+        self._writer.close(checkpoint=not self.read_only)
 
     def __enter__(self) -> "SessionDB":
         return self
@@ -188,7 +188,7 @@ class SessionDB:
 
     def _upkeep(self, conn: sqlite3.Connection, writes: int) -> None:
         if writes % self._CHECKPOINT_EVERY_N_WRITES == 0:
-            common.passive_checkpoint(conn)
+            writer.passive_checkpoint(conn)
         fts.upkeep(conn, writes)  # a bounded FTS merge every 1,000 writes
 
     def _check_writable(self) -> None:
@@ -368,12 +368,12 @@ class SessionDB:
     def get_lineage(self, session_id: str) -> list[dict[str, Any]]:
         """Return the session's ancestors oldest first, ending with the session itself."""
         with self._read() as conn:
-            return search.get_lineage(conn, session_id)
+            return lineage.get_lineage(conn, session_id)
 
     def get_descendants(self, session_id: str) -> list[dict[str, Any]]:
         """Return the session's descendants breadth-first (not the session itself)."""
         with self._read() as conn:
-            return search.get_descendants(conn, session_id)
+            return lineage.get_descendants(conn, session_id)
 
     def list_sessions(self, source: str | None = None, limit: int = 20, offset: int = 0,
                       include_archived: bool = False) -> list[dict[str, Any]]:
@@ -461,12 +461,12 @@ class SessionDB:
     def get_compression_successor(self, session_id: str) -> str | None:
         """Return the live tip of the session's compression chain (itself when none; None when unknown)."""
         with self._read() as conn:
-            return compression.get_compression_successor(conn, session_id)
+            return lineage.compression_successor_id(conn, session_id)
 
     def get_compression_ancestors(self, session_id: str) -> list[str]:
         """Return the session's compression ancestors' ids, oldest first."""
         with self._read() as conn:
-            return compression.get_compression_ancestors(conn, session_id)
+            return lineage.compression_ancestor_ids(conn, session_id)
 
     def acquire_compression_lock(self, session_id: str, ttl_s: float = compression.DEFAULT_LOCK_TTL_S) -> str | None:
         """Take the session's compression lock; return the holder string, or None when another holds it."""

@@ -1,41 +1,35 @@
-"""Shared ground of hermes-state: the declared schema, constants, JSON helpers and the writer.
+"""Shared ground of hermes-state: the declared schema, constants and small text/JSON helpers.
 
 Owns: `SCHEMA_SQL` (the declared shape of every table created at open), `SCHEMA_VERSION`,
-the column lists, the timing constants' default values, JSON/text helpers, `escape_like`, and
-`Writer`, the one place that says BEGIN IMMEDIATE / COMMIT / ROLLBACK.
-Does not own: migrations (hermes_state_schema), FTS objects (hermes_state_fts), any query.
-
-Transaction contract: `Writer.transaction()` retries only the BEGIN, with jittered sleeps
-taken while NOT holding the Python lock, runs its body exactly once, commits or rolls back,
-and raises `SessionPersistenceError(code="session_persistence_failed:locked")` from the
-SQLite error when patience runs out. Imports only hermes_state_errors.
+the column lists, the timing constants' default values, JSON/text helpers, `escape_like`,
+`split_sql` and `row_dicts`.
+Does not own: transactions (hermes_state_writer), migrations (hermes_state_schema), FTS
+objects (hermes_state_fts), any query. Runs no SQL of its own. Imports only hermes_state_errors.
 """
 from __future__ import annotations
 
 import json
 import logging
-import random
 import re
 import sqlite3
-import threading
-import time
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from hermes_state_errors import HermesStateError, SessionPersistenceError, is_sqlite_lock_error
+# The library's one logger; applications route it (see configure_error_log).
+logger = logging.getLogger("hermes_state")
 
 SCHEMA_VERSION = 31
 
 # Default values of the timing policy. SessionDB copies them as class attributes and reads
 # them at call time, so applications and tests tune them there, not here.
-_WRITE_PATIENCE_S, _TRANSCRIPT_WRITE_PATIENCE_S, _ACTIVITY_WRITE_PATIENCE_S = 20.0, 60.0, 0.5
-_WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S = 0.020, 0.150
-_WRITE_RETRY_SLOW_MIN_S, _WRITE_RETRY_SLOW_MAX_S = 0.250, 1.000
-_WRITE_RETRY_FAST_WINDOW_S = 2.0
-_CHECKPOINT_EVERY_N_WRITES = 50
-_READ_BUSY_TIMEOUT_S = 5.0
-_SQLITE_BUSY_TIMEOUT_S = 1.0
+WRITE_PATIENCE_S = 20.0             # ordinary writes
+TRANSCRIPT_WRITE_PATIENCE_S = 60.0  # message appends: a failure ends the agent's turn
+ACTIVITY_WRITE_PATIENCE_S = 0.5     # best-effort bookkeeping that must never stall a turn
+WRITE_RETRY_MIN_S, WRITE_RETRY_MAX_S = 0.020, 0.150             # jitter while the wait is young
+WRITE_RETRY_SLOW_MIN_S, WRITE_RETRY_SLOW_MAX_S = 0.250, 1.000   # jitter after the fast window
+WRITE_RETRY_FAST_WINDOW_S = 2.0
+CHECKPOINT_EVERY_N_WRITES = 50
+READ_BUSY_TIMEOUT_S = 5.0    # a read-only open waits this long once, then reports busy
+SQLITE_BUSY_TIMEOUT_S = 1.0  # SQLite's own wait per attempt; the writer retries above it
 
 # --- declared schema -------------------------------------------------------------------------
 # Each table is (name, columns, constraints). Columns are (name, declaration). The same lists
@@ -325,154 +319,7 @@ def split_sql(script: str) -> list[str]:
     return out
 
 
-# --- the writer -------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Jittered retry timing for a lock conflict at BEGIN."""
-
-    min_s: float = _WRITE_RETRY_MIN_S
-    max_s: float = _WRITE_RETRY_MAX_S
-    slow_min_s: float = _WRITE_RETRY_SLOW_MIN_S
-    slow_max_s: float = _WRITE_RETRY_SLOW_MAX_S
-    fast_window_s: float = _WRITE_RETRY_FAST_WINDOW_S
-
-    def delay(self, elapsed_s: float, rng: random.Random) -> float:
-        """Return the next sleep: short jitter in the first window, then the slow band."""
-        if elapsed_s < self.fast_window_s:
-            return rng.uniform(self.min_s, self.max_s)
-        return rng.uniform(self.slow_min_s, self.slow_max_s)
-
-
-def retry_on_lock(attempt: Callable[[], Any], patience_s: float, policy: RetryPolicy, *,
-                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                  rng: random.Random | None = None, before_attempt: Callable[[float], None] | None = None,
-                  on_give_up: Callable[[], None] | None = None) -> Any:
-    """Call `attempt()` until it stops failing with a lock error or `patience_s` runs out.
-
-    Raises SessionPersistenceError (code ...:locked) from the last lock error; any other
-    error propagates untouched. `before_attempt(remaining_s)` lets the caller cap SQLite's
-    own busy wait so the total never overshoots the deadline.
-    """
-    rng = rng or random.Random()
-    start = clock()
-    deadline = start + patience_s
-    while True:
-        remaining = deadline - clock()
-        if before_attempt is not None:
-            before_attempt(max(remaining, 0.0))
-        try:
-            return attempt()
-        except sqlite3.OperationalError as exc:
-            if not is_sqlite_lock_error(exc):
-                raise
-            now = clock()
-            if now >= deadline:
-                if on_give_up is not None:
-                    on_give_up()
-                raise SessionPersistenceError(
-                    f"database is locked: gave up after {patience_s:.1f}s of retries; another process "
-                    "holds the write lock (see the WARNING naming it)",
-                    code="session_persistence_failed:locked") from exc
-            sleep(min(policy.delay(now - start, rng), max(deadline - now, 0.0)))
-
-
-class Writer:
-    """The shared connection, its lock, and the retrying BEGIN IMMEDIATE transaction."""
-
-    def __init__(self, conn: sqlite3.Connection, *, on_give_up: Callable[[float], None] | None = None):
-        self.conn = conn
-        self.lock = threading.RLock()
-        self.on_give_up = on_give_up
-        self.clock: Callable[[], float] = time.monotonic
-        self.sleep: Callable[[float], None] = time.sleep
-        self.rng = random.Random()
-        self.writes = 0
-        # Called with the running write count after every successful COMMIT, under the lock;
-        # they do periodic upkeep (PASSIVE checkpoint, FTS merge) and must not raise.
-        self.after_commit: list[Callable[[sqlite3.Connection, int], None]] = []
-        self._busy_ms = int(_SQLITE_BUSY_TIMEOUT_S * 1000)
-        self._txn_thread: int | None = None
-        self.closed = False  # set under the lock by SessionDB.close()
-
-    def _cap_busy_timeout(self, remaining_s: float) -> None:
-        # SQLite's own busy wait is 1 s, but never longer than the patience left, so a
-        # 0.5 s activity write cannot block for a whole second. Runs under the lock.
-        want = max(0, min(int(_SQLITE_BUSY_TIMEOUT_S * 1000), int(remaining_s * 1000)))
-        if want != self._busy_ms:
-            self.conn.execute(f"PRAGMA busy_timeout = {want}")
-            self._busy_ms = want
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise HermesStateError("this SessionDB is closed; open a new one")
-
-    def _begin(self, remaining_s: float) -> None:
-        # Another thread of this process may hold the connection; waiting for it counts
-        # against this write's patience like waiting for another process does.
-        started = self.clock()
-        if not self.lock.acquire(timeout=max(remaining_s, 0.0)):
-            busy = sqlite3.OperationalError("database is locked (another thread of this process is writing)")
-            busy.sqlite_errorcode = 5  # type: ignore[attr-defined]
-            raise busy
-        try:
-            self._check_open()
-            self._cap_busy_timeout(remaining_s - (self.clock() - started))
-            self.conn.execute("BEGIN IMMEDIATE")
-            self._txn_thread = threading.get_ident()
-        except BaseException:
-            self.lock.release()  # never sleep between retries holding the Python lock
-            raise
-
-    @contextmanager
-    def transaction(self, patience_s: float, policy: RetryPolicy | None = None) -> Iterator[sqlite3.Connection]:
-        """Run the body once inside BEGIN IMMEDIATE ... COMMIT, retrying only the BEGIN."""
-        give_up = (lambda: self.on_give_up(patience_s)) if self.on_give_up else None
-        if self._txn_thread == threading.get_ident():
-            # A nested call from inside a transaction joins it: one all-or-nothing unit.
-            yield self.conn
-            return
-        remaining = [patience_s]
-
-        def note_remaining(seconds: float) -> None:
-            remaining[0] = seconds
-
-        retry_on_lock(lambda: self._begin(remaining[0]), patience_s, policy or RetryPolicy(), clock=self.clock,
-                      sleep=self.sleep, rng=self.rng, before_attempt=note_remaining, on_give_up=give_up)
-        try:
-            try:
-                yield self.conn
-                self.conn.execute("COMMIT")
-            except BaseException:
-                if self.conn.in_transaction:
-                    self.conn.execute("ROLLBACK")
-                raise
-            self.writes += 1
-            for hook in self.after_commit:
-                hook(self.conn, self.writes)
-        finally:
-            self._txn_thread = None
-            self.lock.release()
-
-    @contextmanager
-    def reading(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
-        """Hold the lock for reads; with `snapshot`, inside one short read transaction."""
-        with self.lock:
-            self._check_open()
-            if not snapshot or self.conn.in_transaction:
-                yield self.conn
-                return
-            self.conn.execute("BEGIN")
-            try:
-                yield self.conn
-            finally:
-                if self.conn.in_transaction:
-                    self.conn.execute("COMMIT")
-
-
-def passive_checkpoint(conn: sqlite3.Connection) -> None:
-    """Run a PASSIVE WAL checkpoint; log a failure, never raise (it is upkeep, not the write)."""
-    try:
-        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-    except sqlite3.Error as exc:
-        logging.getLogger("hermes_state").info("PASSIVE checkpoint skipped: %s", exc)
+def row_dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
+    """Return the cursor's remaining rows as dicts keyed by column name."""
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]

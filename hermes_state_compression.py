@@ -1,11 +1,11 @@
-"""Compression generations, rotation lineage and compression locks (SPEC R-COMP-1..3).
+"""Compression generations, rotation into a compression child, and compression locks.
 
 Owns: compressing a transcript in place (the current rows become the archive, the kept context
 is re-inserted as the live generation with its message_uids), rotating a session into a
-compression child, resolving the live tip (`get_compression_successor`) and the ancestors, the
-cross-process `compression_locks` rows, and the checks transcript writes make against them.
-Does not own: the message rows themselves (hermes_state_sessions.insert_message writes them and
-keeps the counters), the conversation projection, lineage listings (hermes_state_search).
+compression child, the cross-process `compression_locks` rows, and the checks transcript
+writes make against them.
+Does not own: the message rows themselves (hermes_state_messages writes them and keeps the
+counters), the compression edge and its walks (hermes_state_lineage), the conversation.
 
 Transaction contract: every function taking `conn` runs inside the caller's transaction (the
 facade opens one BEGIN IMMEDIATE per public write) and never opens or commits one itself; an
@@ -28,12 +28,12 @@ from contextlib import AbstractContextManager
 from typing import Any, Callable, Iterable
 
 import hermes_state_sessions as sessions
+from hermes_state_lineage import COMPRESSION_END_REASON, live_continuation
 from hermes_state_errors import (SessionClosedByCompressionError, SessionCompressionInProgressError,
                                  SessionNotFoundError)
 
 logger = logging.getLogger("hermes_state")
 
-COMPRESSION_END_REASON = "compression"
 DEFAULT_LOCK_TTL_S = 300.0
 # How long a transcript write waits for another holder's compression before giving up.
 COMPRESSION_WAIT_S = 5.0
@@ -184,28 +184,6 @@ def _check_holder(conn: sqlite3.Connection, session_id: str, holder: str | None,
             "written: acquire the lock again and recompute the kept context")
 
 
-# --- successor and ancestors -----------------------------------------------------------------------
-
-# The compression edge (which child continues a session compression ended) is defined once, in
-# hermes_state_sessions.COMPRESSION_CHILD_SQL; both walks live there so reopen_session can name
-# the continuation too.
-
-def get_compression_successor(conn: sqlite3.Connection, session_id: str) -> str | None:
-    """Return the live tip of the session's compression chain: the id itself when nothing follows it."""
-    return sessions.compression_successor_id(conn, session_id)
-
-
-def get_compression_ancestors(conn: sqlite3.Connection, session_id: str) -> list[str]:
-    """Return the compression ancestors' ids oldest first, without the session itself ([] when none)."""
-    return sessions.compression_ancestor_ids(conn, session_id)
-
-
-def live_continuation(conn: sqlite3.Connection, session_id: str) -> str | None:
-    """Return the live tip that continues a session compression closed, or None when it has none."""
-    tip = get_compression_successor(conn, session_id)
-    return None if tip == session_id else tip
-
-
 # --- transcript write checks -----------------------------------------------------------------------
 
 def _closed_error(conn: sqlite3.Connection, session_id: str) -> SessionClosedByCompressionError:
@@ -345,7 +323,7 @@ def rotate_session(conn: sqlite3.Connection, parent_id: str, child_id: str, kept
     if "parent_session_id" in columns:
         raise ValueError("parent_session_id of a rotation child is always the parent; do not pass it")
     if "started_at" in columns:
-        # The compression edge is child.started_at == parent.ended_at (sessions.COMPRESSION_CHILD_SQL).
+        # The compression edge is child.started_at == parent.ended_at (hermes_state_lineage.COMPRESSION_CHILD_SQL).
         raise ValueError("started_at of a rotation child is the moment its parent ends; do not pass it")
     now = time.time() if now is None else now
     parent = _require_open(conn, parent_id)

@@ -24,7 +24,8 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from hermes_state_common import RetryPolicy, Writer, strip_surrogates
+from hermes_state_common import strip_surrogates
+from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import StateDbIncompatibleError
 
 logger = logging.getLogger("hermes_state")

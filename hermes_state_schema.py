@@ -21,8 +21,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from hermes_state_common import (INDEX_SQL, SCHEMA_VERSION, TABLE_SQL, TABLES, RetryPolicy, Writer,
-                                  _READ_BUSY_TIMEOUT_S, _SQLITE_BUSY_TIMEOUT_S, retry_on_lock)
+from hermes_state_common import (INDEX_SQL, READ_BUSY_TIMEOUT_S, SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL,
+                                 TABLES)
+from hermes_state_writer import RetryPolicy, Writer, retry_on_lock
 from hermes_state_errors import (SQLITE_CORRUPT, SQLITE_NOTADB, StateDbBusyError, StateDbCorruptError,
                                  StateDbIncompatibleError, StateDbUninitializedError, is_sqlite_lock_error)
 
@@ -103,7 +104,7 @@ def typed_errors(path: Path) -> Iterator[None]:
         raise
 
 
-def connect(path: Path, *, read_only: bool = False, read_busy_s: float = _READ_BUSY_TIMEOUT_S) -> sqlite3.Connection:
+def connect(path: Path, *, read_only: bool = False, read_busy_s: float = READ_BUSY_TIMEOUT_S) -> sqlite3.Connection:
     """Open the connection with explicit transactions, foreign keys and a short busy timeout.
 
     A read-only handle waits `read_busy_s` once for locks; a writable one 1 s per attempt
@@ -114,7 +115,7 @@ def connect(path: Path, *, read_only: bool = False, read_busy_s: float = _READ_B
     else:
         target, uri = str(path), False
     conn = sqlite3.connect(target, uri=uri, isolation_level=None, check_same_thread=False,
-                           timeout=read_busy_s if read_only else _SQLITE_BUSY_TIMEOUT_S)
+                           timeout=read_busy_s if read_only else SQLITE_BUSY_TIMEOUT_S)
     conn.execute("PRAGMA foreign_keys = ON")
     return conn
 
@@ -280,7 +281,7 @@ def migrate(writer: Writer, patience_s: float, policy: RetryPolicy) -> int:
     return SCHEMA_VERSION if fresh else (found or 0)
 
 
-def check_read_only(conn: sqlite3.Connection, path: Path, read_busy_s: float = _READ_BUSY_TIMEOUT_S) -> int:
+def check_read_only(conn: sqlite3.Connection, path: Path, read_busy_s: float = READ_BUSY_TIMEOUT_S) -> int:
     """Verify a read-only handle can serve reads; return the version or raise a 503-class error."""
     try:
         version = read_version(conn)

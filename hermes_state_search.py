@@ -29,7 +29,6 @@ from hermes_state_sessions import TITLE_MAX_CHARS, check_count, check_title_free
 # unique while the family stays recognisable.
 
 _LINEAGE_SUFFIX = re.compile(r" #([0-9]+)")  # matched with fullmatch against what follows "T"
-_WALK_CAP = 10_000  # rows a lineage walk may visit: bad data is bounded, never an endless loop
 
 
 def _dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
@@ -134,69 +133,6 @@ def get_next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
         if taken < number:
             return cut + suffix
         number = taken + 1
-
-
-# --- lineage walks ---------------------------------------------------------------------------
-# Both walks collect ids with a recursive CTE using UNION (not UNION ALL): a row already in the
-# result is not queued again, so a parent_session_id cycle planted by bad data ends the walk
-# instead of looping; LIMIT bounds it besides. Order is then rebuilt in Python from the links.
-
-def get_lineage(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
-    """Return the session's ancestors oldest first, ending with the session itself.
-
-    Every row is a full `sessions` row. An unknown session gives []. On a cycle the walk stops
-    at the first repeated session; at most 10,000 sessions are returned.
-    """
-    rows = _dicts(conn.execute(
-        f"""WITH RECURSIVE lineage(id) AS (
-                SELECT id FROM sessions WHERE id = ?
-                UNION
-                SELECT s.parent_session_id FROM sessions s JOIN lineage l ON s.id = l.id
-                 WHERE s.parent_session_id IS NOT NULL
-                LIMIT {_WALK_CAP}
-            )
-            SELECT s.* FROM sessions s JOIN lineage l ON s.id = l.id""", (session_id,)))
-    by_id = {row["id"]: row for row in rows}
-    chain: list[dict[str, Any]] = []
-    current: str | None = session_id
-    while current in by_id:
-        chain.append(by_id.pop(current))  # pop: a cycle cannot revisit a row
-        current = chain[-1]["parent_session_id"]
-    chain.reverse()
-    return chain
-
-
-def get_descendants(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
-    """Return every descendant of the session (not the session itself), breadth-first.
-
-    Siblings come in (started_at, id) order. An unknown session or a leaf gives []. On a cycle
-    each session appears once; at most 10,000 sessions are visited.
-    """
-    rows = _dicts(conn.execute(
-        f"""WITH RECURSIVE descendants(id) AS (
-                SELECT id FROM sessions WHERE id = ?
-                UNION
-                SELECT s.id FROM sessions s JOIN descendants d ON s.parent_session_id = d.id
-                LIMIT {_WALK_CAP}
-            )
-            SELECT s.* FROM sessions s JOIN descendants d ON s.id = d.id
-             WHERE s.id != ? ORDER BY s.started_at, s.id""", (session_id, session_id)))
-    children: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:  # already in (started_at, id) order, so each child list is too
-        children[row["parent_session_id"]].append(row)
-    out: list[dict[str, Any]] = []
-    seen = {session_id}
-    level = [session_id]
-    while level:
-        following = []
-        for parent in level:
-            for row in children.get(parent, ()):
-                if row["id"] not in seen:
-                    seen.add(row["id"])
-                    out.append(row)
-                    following.append(row["id"])
-        level = following
-    return out
 
 
 # --- listings and statistics -----------------------------------------------------------------

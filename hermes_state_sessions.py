@@ -24,6 +24,7 @@ import time
 import uuid
 from typing import Any, Iterable
 
+import hermes_state_lineage as lineage
 from hermes_state_common import (JSON_MESSAGE_FIELDS, SESSION_COLUMN_NAMES, TABLE_COLUMNS, decode_json,
                                  encode_json, strip_surrogates)
 from hermes_state_errors import SessionClosedByCompressionError, SessionNotFoundError, TitleConflictError
@@ -185,8 +186,7 @@ def reopen_session(conn: sqlite3.Connection, session_id: str) -> None:
         "WHERE id = ? AND end_reason IS NOT 'compression'", (session_id,))
     if cur.rowcount == 0:
         require_session(conn, session_id)
-        tip = compression_successor_id(conn, session_id)
-        raise SessionClosedByCompressionError(session_id, None if tip == session_id else tip)
+        raise SessionClosedByCompressionError(session_id, lineage.live_continuation(conn, session_id))
 
 
 def update_session(conn: sqlite3.Connection, session_id: str, columns: dict[str, Any]) -> None:
@@ -629,73 +629,6 @@ def clear_messages(conn: sqlite3.Connection, session_id: str) -> int:
 
 # --- the conversation projection ----------------------------------------------------------------
 
-# The compression edge, as SQL over an outer `sessions` row aliased `p`: the id of p's
-# compression child, or NULL. rotate_session creates that child in the transaction that ends p
-# and stamps child.started_at and p.ended_at with one Python float, so they compare equal
-# exactly; several such children -> the lowest rowid (the one the rotation inserted). Databases
-# written before that stamp (the child created in its own write right after the end) fall back
-# to p's oldest child started no earlier than COMPRESSION_EDGE_SLACK_S before p ended. Branches
-# and other later children are never the edge while an exact child exists. Successor and
-# ancestor walks both use this one fragment, so they always agree.
-COMPRESSION_EDGE_SLACK_S = 1.0
-# Two lookups, not one ORDER BY: SQLite's ORDER BY in a correlated subquery cannot name the outer row.
-COMPRESSION_CHILD_SQL = (
-    "CASE WHEN p.end_reason = 'compression' THEN COALESCE("
-    "(SELECT cc.id FROM sessions cc WHERE cc.parent_session_id = p.id AND cc.started_at = p.ended_at "
-    "ORDER BY cc.rowid LIMIT 1), "
-    "(SELECT cc.id FROM sessions cc WHERE cc.parent_session_id = p.id "
-    f"AND cc.started_at >= p.ended_at - {COMPRESSION_EDGE_SLACK_S!r} ORDER BY cc.started_at, cc.rowid LIMIT 1)) END")
-_WALK_CAP = 10_000
-
-
-def compression_ancestor_ids(conn: sqlite3.Connection, session_id: str) -> list[str]:
-    """Return the compression ancestors' ids, oldest first (not the session itself).
-
-    Steps to the parent only while the session is that parent's compression child
-    (COMPRESSION_CHILD_SQL); reset/branch parents and later children end the walk.
-    Cycle-safe: a session already on the path stops it.
-    """
-    rows = conn.execute(
-        f"""WITH RECURSIVE chain(id, parent, depth, path) AS (
-               SELECT id, parent_session_id, 0, json_array(id) FROM sessions WHERE id = ?
-               UNION ALL
-               SELECT p.id, p.parent_session_id, ch.depth + 1, json_insert(ch.path, '$[#]', p.id)
-               FROM chain ch JOIN sessions p ON p.id = ch.parent
-               WHERE p.end_reason = 'compression' AND {COMPRESSION_CHILD_SQL} = ch.id
-                 AND NOT EXISTS (SELECT 1 FROM json_each(ch.path) WHERE json_each.value = p.id)
-           )
-           SELECT id FROM chain WHERE depth > 0 ORDER BY depth DESC""", (session_id,)).fetchall()
-    return [r[0] for r in rows]
-
-
-def compression_successor_id(conn: sqlite3.Connection, session_id: str) -> str | None:
-    """Return the live tip of the session's compression chain: the id itself when nothing follows it.
-
-    Follows COMPRESSION_CHILD_SQL from each session compression ended. An unknown id gives
-    None. A parent_session_id cycle planted by bad data ends the walk at the last new session.
-    """
-    # UNION (not UNION ALL) queues each id once, so a cycle cannot loop; the path order is
-    # rebuilt in Python from the (id, next) links.
-    rows = conn.execute(
-        f"""WITH RECURSIVE walk(id) AS (
-                SELECT id FROM sessions WHERE id = ?
-                UNION
-                SELECT {COMPRESSION_CHILD_SQL} FROM walk w JOIN sessions p ON p.id = w.id
-                 WHERE p.end_reason = 'compression'
-                LIMIT {_WALK_CAP}
-            )
-            SELECT p.id, {COMPRESSION_CHILD_SQL} FROM walk w JOIN sessions p ON p.id = w.id""",
-        (session_id,)).fetchall()
-    links = dict(rows)
-    if session_id not in links:
-        return None
-    current, seen = session_id, {session_id}
-    while links.get(current) is not None and links[current] in links and links[current] not in seen:
-        current = links[current]
-        seen.add(current)
-    return current
-
-
 _CONVERSATION_SQL = ("SELECT id, role, content, api_content, tool_calls, tool_call_id, tool_name, reasoning, "
                      "reasoning_content, reasoning_details, codex_reasoning_items, codex_message_items, "
                      "message_uid, absorbed_message_uids, tool_call_uids, tool_call_uid FROM messages "
@@ -763,7 +696,7 @@ def get_messages_as_conversation(conn: sqlite3.Connection, session_id: str, incl
     Across a compression seam, copies of messages already replayed (same uid) and a user
     prompt identical to the one just replayed are skipped. Call it inside one read snapshot.
     """
-    chain = [*compression_ancestor_ids(conn, session_id), session_id] if include_ancestors else [session_id]
+    chain = [*lineage.compression_ancestor_ids(conn, session_id), session_id] if include_ancestors else [session_id]
     out: list[dict[str, Any]] = []
     seen: set[str] = set()
     projector = _Projector(with_row_ids)

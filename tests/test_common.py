@@ -11,7 +11,8 @@ import pytest
 
 import hermes_state_common as common
 from hermes_state import SessionDB, SessionPersistenceError
-from hermes_state_common import RetryPolicy, retry_on_lock
+from hermes_state_writer import RetryPolicy, retry_on_lock
+import hermes_state_writer as writer
 from hermes_state_errors import classify_persistence_error
 
 
@@ -140,7 +141,7 @@ def test_failed_body_rolls_back_everything(db, rival):
 
 def test_passive_checkpoint_every_n_writes(db, monkeypatch):
     seen = []
-    monkeypatch.setattr(common, "passive_checkpoint", lambda conn: seen.append(db._writer.writes))
+    monkeypatch.setattr(writer, "passive_checkpoint", lambda conn: seen.append(db._writer.writes))
     db._CHECKPOINT_EVERY_N_WRITES = 5
     for i in range(12):
         db.create_session(f"s{i}", "cli")

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import hermes_state_lineage as lineage
 import hermes_state_sessions as sessions
 from hermes_state import SessionDB, SessionNotFoundError, TitleConflictError
 
@@ -627,13 +628,13 @@ def test_compression_ancestor_ids_follow_compression_parents_only(db, rival, con
     db.end_session("root", "branch")
     db.end_session("a", "compression")
     db.end_session("b", "compression")
-    assert sessions.compression_ancestor_ids(conn, "c") == ["a", "b"]
-    assert sessions.compression_ancestor_ids(conn, "a") == []
-    assert sessions.compression_ancestor_ids(conn, "ghost") == []
+    assert lineage.compression_ancestor_ids(conn, "c") == ["a", "b"]
+    assert lineage.compression_ancestor_ids(conn, "a") == []
+    assert lineage.compression_ancestor_ids(conn, "ghost") == []
     # A cycle left by bad data ends the walk instead of looping.
     rival.execute("UPDATE sessions SET parent_session_id = 'c' WHERE id = 'a'")
     rival.execute("UPDATE sessions SET end_reason = 'compression' WHERE id = 'c'")
-    assert sessions.compression_ancestor_ids(conn, "c") == ["a", "b"]
+    assert lineage.compression_ancestor_ids(conn, "c") == ["a", "b"]
 
 
 # --- the conversation projection ------------------------------------------------------------------------
