@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import os
 import sqlite3
 import threading
@@ -21,14 +20,16 @@ from typing import Any, Callable, Iterator
 
 import hermes_state_common as common
 import hermes_state_compression as compression
+import hermes_state_conversation as conversation
 import hermes_state_fts as fts
 import hermes_state_lineage as lineage
+import hermes_state_messages as message_rows
 import hermes_state_schema as schema
 import hermes_state_search as search
 import hermes_state_sessions as sessions
 import hermes_state_writer as writer
 from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
-from hermes_state_common import SCHEMA_VERSION
+from hermes_state_common import SCHEMA_VERSION, logger
 from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import (HermesStateError, OwnershipReadError, ProfileNotFoundError,  # noqa: F401
                                  ReadOnlyError, ReceiptDigestError, ReceiptOrderError, SessionBusyError,
@@ -37,7 +38,7 @@ from hermes_state_errors import (HermesStateError, OwnershipReadError, ProfileNo
                                  SessionPersistenceError, StaleEpochError, StateDbBusyError,
                                  StateDbCorruptError, StateDbIncompatibleError, StateDbUninitializedError,
                                  StoreUnavailableError, TitleConflictError, classify_persistence_error,
-                                 is_sqlite_lock_error)
+                                 is_sqlite_lock_error, typed_errors)
 from hermes_state_home import (check_db_path_allowed, child_env, default_hermes_root,  # noqa: F401
                                display_hermes_home, get_hermes_home, hermes_home_override, profile_home)
 from hermes_state_lockowners import configure_error_log, log_write_lock_holders
@@ -53,7 +54,6 @@ __all__ = [
     "OwnershipReadError", "ProfileNotFoundError", "is_sqlite_lock_error", "classify_persistence_error",
 ]
 
-logger = logging.getLogger("hermes_state")
 
 
 def _resolve_path(db_path: str | os.PathLike | None, home: Path) -> Path:
@@ -107,7 +107,7 @@ class SessionDB:
             schema.prepare_file(path)
         conn = schema.connect(path, read_only=self.read_only, read_busy_s=self._READ_BUSY_TIMEOUT_S)
         try:
-            with schema.typed_errors(path):  # "not a database" at open -> StateDbCorruptError
+            with typed_errors(path):  # "not a database" at open -> StateDbCorruptError
                 if self.read_only:
                     self.schema_version = schema.check_read_only(conn, path, self._READ_BUSY_TIMEOUT_S)
                 else:
@@ -204,7 +204,7 @@ class SessionDB:
     @contextmanager
     def _write(self, patience_s: float | None = None) -> Iterator[sqlite3.Connection]:
         self._check_writable()
-        with schema.typed_errors(self.db_path), self._writer.transaction(
+        with typed_errors(self.db_path), self._writer.transaction(
                 self._WRITE_PATIENCE_S if patience_s is None else patience_s, self._policy()) as conn:
             yield conn
 
@@ -228,7 +228,7 @@ class SessionDB:
     def _read(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
         if self._closed:
             raise HermesStateError(f"SessionDB for {self.db_path} is closed")
-        with schema.typed_errors(self.db_path), self._writer.reading(snapshot) as conn:
+        with typed_errors(self.db_path), self._writer.reading(snapshot) as conn:
             yield conn
 
     # --- sessions ------------------------------------------------------------------------------
@@ -315,31 +315,31 @@ class SessionDB:
         """Append a message (transcript patience) and return its row id; unknown session -> SessionNotFoundError."""
         fields = locals()  # exactly the parameters above; the module validates and maps them
         del fields["self"], fields["session_id"]
-        return self._transcript_write(session_id, lambda conn: sessions.insert_message(conn, session_id, fields))
+        return self._transcript_write(session_id, lambda conn: message_rows.insert_message(conn, session_id, fields))
 
     def merge_messages(self, session_id: str, row_ids: list[int]) -> int:
         """Fold same-role active rows into the first (their uids recorded as absorbed); return its id."""
-        return self._transcript_write(session_id, lambda conn: sessions.merge_messages(conn, session_id, row_ids))
+        return self._transcript_write(session_id, lambda conn: message_rows.merge_messages(conn, session_id, row_ids))
 
     def get_messages(self, session_id: str, include_inactive: bool = False) -> list[dict[str, Any]]:
         """Return raw rows (all columns, JSON decoded) ordered by id; active only unless asked."""
         with self._read() as conn:
-            return sessions.get_messages(conn, session_id, include_inactive)
+            return message_rows.get_messages(conn, session_id, include_inactive)
 
     def replace_messages(self, session_id: str, messages: list[dict[str, Any]]) -> int:
         """Rewrite the active transcript in one transaction, keeping uids; return how many rows."""
         return self._transcript_write(session_id,
-                                      lambda conn: sessions.replace_messages(conn, session_id, messages))
+                                      lambda conn: message_rows.replace_messages(conn, session_id, messages))
 
     def clear_messages(self, session_id: str) -> int:
         """Delete the session's messages (every generation), keep the session; return how many."""
-        return self._transcript_write(session_id, lambda conn: sessions.clear_messages(conn, session_id))
+        return self._transcript_write(session_id, lambda conn: message_rows.clear_messages(conn, session_id))
 
     def get_messages_as_conversation(self, session_id: str, include_ancestors: bool = False,
                                      with_row_ids: bool = False) -> list[dict[str, Any]]:
         """Return the active transcript as OpenAI-format dicts (compression ancestors first if asked)."""
         with self._read(snapshot=True) as conn:
-            return sessions.get_messages_as_conversation(conn, session_id, include_ancestors, with_row_ids)
+            return conversation.get_messages_as_conversation(conn, session_id, include_ancestors, with_row_ids)
 
     to_provider_messages = staticmethod(to_provider_messages)
 
@@ -348,22 +348,22 @@ class SessionDB:
     def set_session_title(self, session_id: str, title: str | None) -> str | None:
         """Set or clear (None/blank) a session's title; return the stored, stripped title."""
         with self._write() as conn:
-            return search.set_session_title(conn, session_id, title)
+            return sessions.set_session_title(conn, session_id, title)
 
     def get_session_title(self, session_id: str) -> str | None:
         """Return the session's title, or None."""
         with self._read() as conn:
-            return search.get_session_title(conn, session_id)
+            return sessions.get_session_title(conn, session_id)
 
     def resolve_session_by_title(self, title: str) -> str | None:
         """Return the id of the newest session of the title's lineage ("T", "T #2", ...), or None."""
         with self._read() as conn:
-            return search.resolve_session_by_title(conn, title)
+            return sessions.resolve_session_by_title(conn, title)
 
     def get_next_title_in_lineage(self, title: str) -> str:
         """Return the next free title of the lineage: "T" -> "T #2" -> "T #3"."""
         with self._read() as conn:
-            return search.get_next_title_in_lineage(conn, title)
+            return sessions.get_next_title_in_lineage(conn, title)
 
     def get_lineage(self, session_id: str) -> list[dict[str, Any]]:
         """Return the session's ancestors oldest first, ending with the session itself."""

@@ -17,18 +17,16 @@ See docs/search.md for the design and its trade-offs.
 from __future__ import annotations
 
 import json
-import logging
 import re
 import sqlite3
 import threading
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from hermes_state_common import strip_surrogates
+from hermes_state_common import logger, strip_surrogates
 from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import StateDbIncompatibleError
 
-logger = logging.getLogger("hermes_state")
 
 WORD, TRIGRAM, CJK = "messages_fts", "messages_fts_trigram", "messages_fts_cjk"
 CJK_PENDING = "messages_fts_cjk_pending"

@@ -12,128 +12,13 @@ the caller's write transaction and never commit; readers run under the caller's 
 from __future__ import annotations
 
 import json
-import logging
 import re
 import sqlite3
 from collections import defaultdict
 from typing import Any
 
 import hermes_state_fts as fts
-from hermes_state_common import escape_like
-from hermes_state_errors import TitleConflictError
-from hermes_state_sessions import TITLE_MAX_CHARS, check_count, check_title_free, normalize_title, require_session
-
-# --- titles ----------------------------------------------------------------------------------
-# A title lineage is "T", "T #2", "T #3", ...: when a conversation continues in a new session
-# (compression, a resumed topic) the new session takes the next number, so every title stays
-# unique while the family stays recognisable.
-
-_LINEAGE_SUFFIX = re.compile(r" #([0-9]+)")  # matched with fullmatch against what follows "T"
-
-
-def _dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
-
-
-def _split_lineage(title: str) -> str:
-    """Return the base of a lineage title: "T #3" -> "T"; any other title is its own base."""
-    head, sep, tail = title.rpartition(" #")
-    if sep and head and tail.isascii() and tail.isdigit():
-        return head
-    return title
-
-
-def _lineage_members(conn: sqlite3.Connection, base: str) -> list[tuple[int, float, str]]:
-    """Return (number, started_at, id) for "base" (number 1) and every "base #<n>"."""
-    # "base #..." titles sort between "base #" and "base $" ('$' follows '#'), so a range on the
-    # unique title index finds them without LIKE/GLOB metacharacter worries.
-    prefix = base + " #"
-    rows = conn.execute(
-        "SELECT id, title, started_at FROM sessions WHERE title = ? OR (title >= ? AND title < ?)",
-        (base, prefix, base + " $")).fetchall()
-    out = []
-    for session_id, title, started_at in rows:
-        if title == base:
-            out.append((1, started_at or 0.0, session_id))
-            continue
-        match = _LINEAGE_SUFFIX.fullmatch(title, len(base))
-        if match:
-            out.append((int(match.group(1)), started_at or 0.0, session_id))
-    return out
-
-
-def set_session_title(conn: sqlite3.Connection, session_id: str, title: str | None) -> str | None:
-    """Set (or, with None/blank, clear) a session's title and return what was stored.
-
-    Must run inside the caller's write transaction. The title is stripped and at most 100
-    characters (ValueError); another session holding it raises TitleConflictError; an unknown
-    session raises SessionNotFoundError. Nothing is written when any check fails.
-    """
-    title = normalize_title(title)
-    require_session(conn, session_id)
-    check_title_free(conn, title, session_id)
-    try:
-        conn.execute("UPDATE sessions SET title = ? WHERE id = ?", (title, session_id))
-    except sqlite3.IntegrityError as exc:
-        # Only reachable when a writer outside BEGIN IMMEDIATE took the title between the
-        # check and the update; the unique index is the final word.
-        if "title" not in str(exc):
-            raise
-        raise TitleConflictError(f"title {title!r} was just taken by another session") from exc
-    return title
-
-
-def get_session_title(conn: sqlite3.Connection, session_id: str) -> str | None:
-    """Return the session's title, or None when it has none or does not exist."""
-    row = conn.execute("SELECT title FROM sessions WHERE id = ?", (session_id,)).fetchone()
-    return None if row is None else row[0]
-
-
-def resolve_session_by_title(conn: sqlite3.Connection, title: str | None) -> str | None:
-    """Return the id of the newest session titled `title` or "`title` #<n>", or None.
-
-    The title is taken literally as the lineage base: "T" resolves among "T", "T #2", ...;
-    "T #2" resolves among "T #2" and "T #2 #<n>" (an explicit number names that session).
-    Newest means the latest `started_at`, ties going to the higher number.
-    """
-    if title is None or not isinstance(title, str) or not title.strip():
-        return None
-    members = _lineage_members(conn, title.strip())
-    if not members:
-        return None
-    return max(members, key=lambda m: (m[1], m[0]))[2]
-
-
-def get_next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
-    """Return the title a continuation of `title` should take: "T" -> "T #2" -> "T #3" ...
-
-    A numbered input counts as its base ("T #2" -> base "T"). The result is the highest
-    existing number plus one (gaps are not refilled); when no session carries the base or
-    any numbered variant, the base itself is returned unchanged. The result always fits the
-    100-character limit: a base too long for its suffix is cut (and stripped), and the number
-    then also passes every title of the cut base's lineage, so the suggestion is free.
-    """
-    normalized = normalize_title(title)
-    if normalized is None:
-        raise ValueError("title must be a non-blank string")
-    base = _split_lineage(normalized)
-    members = _lineage_members(conn, base)
-    if not members:
-        return base
-    number = max(m[0] for m in members) + 1
-    while True:
-        suffix = f" #{number}"
-        if len(base) + len(suffix) <= TITLE_MAX_CHARS:
-            return base + suffix
-        cut = base[:TITLE_MAX_CHARS - len(suffix)].rstrip()
-        # "cut #n" belongs to the cut base's lineage: step past its numbers so it is not taken.
-        # A longer number may shorten the cut again, hence the loop (it ends: numbers only grow).
-        taken = max((m[0] for m in _lineage_members(conn, cut)), default=0)
-        if taken < number:
-            return cut + suffix
-        number = taken + 1
-
+from hermes_state_common import check_count, escape_like, logger, row_dicts
 
 # --- listings and statistics -----------------------------------------------------------------
 
@@ -179,7 +64,7 @@ def list_sessions(conn: sqlite3.Connection, source: str | None = None, limit: in
     if not include_archived:
         where.append("COALESCE(s.archived, 0) = 0")
     sql = _LIST_SQL.format(where=" AND ".join(where))
-    return _dicts(conn.execute(sql, (*params, limit, offset)))
+    return row_dicts(conn.execute(sql, (*params, limit, offset)))
 
 
 def usage_by_model(conn: sqlite3.Connection) -> list[dict[str, Any]]:
@@ -189,7 +74,7 @@ def usage_by_model(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     `estimated_cost_usd` None and sorts after every priced model. The seed's column names
     (`total_input`, `total_output`, `total_cost`) are present too, so its callers keep working.
     """
-    return _dicts(conn.execute(
+    return row_dicts(conn.execute(
         """SELECT model, COUNT(*) AS session_count,
                   COALESCE(SUM(input_tokens), 0) AS input_tokens,
                   COALESCE(SUM(output_tokens), 0) AS output_tokens,
@@ -205,7 +90,7 @@ def usage_by_model(conn: sqlite3.Connection) -> list[dict[str, Any]]:
 def top_sessions_by_tokens(conn: sqlite3.Connection, limit: int = 10) -> list[dict[str, Any]]:
     """Return the sessions with the most input + output tokens (id, title, model, total_tokens, cost)."""
     limit = check_count("limit", limit)
-    return _dicts(conn.execute(
+    return row_dicts(conn.execute(
         """SELECT id, title, model,
                   COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0) AS total_tokens,
                   estimated_cost_usd
@@ -229,14 +114,13 @@ _CONTEXT_CHARS = 200
 _SNIPPET_ARGS = "'>>>', '<<<', '...', 16"
 _SNIPPET_CHARS = 120
 _MAX_ROWID = 2 ** 63 - 1
-_logger = logging.getLogger("hermes_state")
 _warned: set[str] = set()
 
 
 def _warn_once(key: str, message: str) -> None:
     if key not in _warned:
         _warned.add(key)
-        _logger.warning(message)
+        logger.warning(message)
 
 
 def _name_list(name: str, value: Any) -> list[str]:
@@ -319,7 +203,7 @@ def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: i
     except sqlite3.OperationalError as exc:
         if not _is_query_error(exc):
             raise
-        _logger.info("search query %r was refused by %s: %s", expr, table, exc)
+        logger.info("search query %r was refused by %s: %s", expr, table, exc)
         return []
 
 
@@ -423,7 +307,7 @@ def _find_group(conn: sqlite3.Connection, g: fts.Group, f: _Filters, state: fts.
     if not tables:
         _warn_once("fts", "full-text search: no FTS index in this database; searching the newest "
                           f"{_LIKE_SCAN_ROWS} messages with LIKE")
-    _logger.debug("search %r: last resort LIKE scan", g.word)
+    logger.debug("search %r: last resort LIKE scan", g.word)
     return [(i, 0.0, None) for i in _like(conn, (g,), f, low, high, need)]
 
 

@@ -9,7 +9,7 @@ import sqlite3
 
 import pytest
 
-import hermes_state_search as search
+import hermes_state_sessions as sessions
 from hermes_state import SessionDB, SessionNotFoundError, TitleConflictError
 
 
@@ -84,9 +84,9 @@ def test_unique_index_race_becomes_title_conflict(conn, monkeypatch):
     # index; the module turns that IntegrityError into TitleConflictError.
     conn.execute("INSERT INTO sessions (id, source, started_at, title) VALUES ('a', 'cli', 1, 'T')")
     conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('b', 'cli', 2)")
-    monkeypatch.setattr(search, "check_title_free", lambda *args: None)
+    monkeypatch.setattr(sessions, "check_title_free", lambda *args: None)
     with pytest.raises(TitleConflictError):
-        search.set_session_title(conn, "b", "T")
+        sessions.set_session_title(conn, "b", "T")
     assert conn.execute("SELECT title FROM sessions WHERE id = 'b'").fetchone()[0] is None
 
 
