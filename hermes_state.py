@@ -177,6 +177,20 @@ class SessionDB:
                 del self._shared[self._shared_key]
         self._close_now()
 
+    @property
+    def in_transaction(self) -> bool:
+        """True while this handle holds a transaction open (a write, or a read snapshot)."""
+        return not self._closed and self._writer.conn.in_transaction
+
+    @contextmanager
+    def tracer(self, callback: Callable[[str], None] | None = None) -> Iterator[list[str]]:
+        """Record every SQL statement this handle runs inside the block (and pass each to `callback`).
+
+        Yields the list the statements are appended to; meant for tests and debugging.
+        """
+        with self._writer.tracing(callback) as statements:
+            yield statements
+
     # --- the write/read choke points -----------------------------------------------------------
 
     def _policy(self) -> RetryPolicy:
@@ -313,8 +327,13 @@ class SessionDB:
                        platform_message_id: str | None = None, observed: bool = False,
                        effect_disposition: str | None = None, timestamp: float | None = None) -> int:
         """Append a message (transcript patience) and return its row id; unknown session -> SessionNotFoundError."""
-        fields = locals()  # exactly the parameters above; the module validates and maps them
-        del fields["self"], fields["session_id"]
+        fields = dict(role=role, content=content, tool_call_id=tool_call_id, tool_calls=tool_calls,
+                      tool_name=tool_name, token_count=token_count, finish_reason=finish_reason, reasoning=reasoning,
+                      reasoning_content=reasoning_content, reasoning_details=reasoning_details,
+                      codex_reasoning_items=codex_reasoning_items, codex_message_items=codex_message_items,
+                      api_content=api_content, display_kind=display_kind, display_metadata=display_metadata,
+                      platform_message_id=platform_message_id, observed=observed,
+                      effect_disposition=effect_disposition, timestamp=timestamp)
         return self._transcript_write(session_id, lambda conn: message_rows.insert_message(conn, session_id, fields))
 
     def merge_messages(self, session_id: str, row_ids: list[int]) -> int:
@@ -506,23 +525,48 @@ def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filte
 
 
 class AsyncSessionDB:
-    """The SessionDB API as coroutines; each call runs on a worker thread."""
+    """The SessionDB API as coroutines; each call runs on a worker thread.
+
+    Every public method of SessionDB that touches the database has a coroutine twin here with
+    the same signature; `to_provider_messages` does no I/O and stays a plain function.
+    """
+
+    to_provider_messages = staticmethod(to_provider_messages)
 
     def __init__(self, db: SessionDB):
         self.db = db
 
     def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.db, name)
-        if not callable(attr):
-            return attr
+        # Plain attributes (db_path, read_only, profile_home...) read through; methods are the
+        # coroutine twins defined below, so a private or unknown method is an AttributeError.
+        value = getattr(self.db, name)
+        if callable(value):
+            raise AttributeError(f"AsyncSessionDB has no coroutine {name!r}")
+        return value
 
-        @functools.wraps(attr)
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            return await asyncio.to_thread(attr, *args, **kwargs)
-        return call
+    async def close(self) -> None:
+        """Close the wrapped handle (on a worker thread)."""
+        await asyncio.to_thread(self.db.close)
 
     async def __aenter__(self) -> "AsyncSessionDB":
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await asyncio.to_thread(self.db.close)
+        await self.close()
+
+
+def _coroutine_twin(name: str) -> Callable[..., Any]:
+    method = getattr(SessionDB, name)
+
+    @functools.wraps(method)  # keeps the name, docstring and signature for help() and editors
+    async def call(self: AsyncSessionDB, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(getattr(self.db, name), *args, **kwargs)
+    return call
+
+
+# Public I/O methods only: lifecycle and pure helpers are not database calls.
+_NOT_ASYNC = {"close", "release", "shared", "to_provider_messages", "tracer"}
+for _name, _member in list(vars(SessionDB).items()):
+    if not _name.startswith("_") and _name not in _NOT_ASYNC and callable(_member):
+        setattr(AsyncSessionDB, _name, _coroutine_twin(_name))
+del _name, _member
