@@ -68,7 +68,7 @@ class SessionDB:
     """One profile's session store: a WAL connection shared by every sibling module."""
 
     # Timing policy, read at call time so an application or a test can tune it on the class
-    # or on one instance (SPEC R-WRITE-3).
+    # or on one instance.
     _WRITE_PATIENCE_S = common.WRITE_PATIENCE_S
     _TRANSCRIPT_WRITE_PATIENCE_S = common.TRANSCRIPT_WRITE_PATIENCE_S
     _ACTIVITY_WRITE_PATIENCE_S = common.ACTIVITY_WRITE_PATIENCE_S
@@ -77,7 +77,7 @@ class SessionDB:
     _WRITE_RETRY_SLOW_MAX_S = common.WRITE_RETRY_SLOW_MAX_S
     _CHECKPOINT_EVERY_N_WRITES = common.CHECKPOINT_EVERY_N_WRITES
     _READ_BUSY_TIMEOUT_S = common.READ_BUSY_TIMEOUT_S
-    # Transcript writes wait this long for another holder's compression (R-COMP-3).
+    # Transcript writes wait this long for another holder's compression.
     _COMPRESSION_WAIT_S = compression.COMPRESSION_WAIT_S
 
     _shared: dict[str, list[Any]] = {}
@@ -85,7 +85,7 @@ class SessionDB:
     _shared_lock = threading.Lock()
 
     def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False):
-        # Absolute, so a later chdir or HERMES_HOME change cannot move this handle (R-HOME-7).
+        # Absolute, so a later chdir or HERMES_HOME change cannot move this handle.
         self.profile_home = get_hermes_home().absolute()
         self.db_path = _resolve_path(db_path, self.profile_home)
         self.read_only = read_only
@@ -96,7 +96,7 @@ class SessionDB:
         self._writer.after_commit.append(self._upkeep)
         self._open_fts()
 
-    # --- lifecycle ---------------------------------------------------------------------------
+    # --- lifecycle -----------------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
         path = self.db_path
@@ -245,7 +245,7 @@ class SessionDB:
         with typed_errors(self.db_path), self._writer.reading(snapshot) as conn:
             yield conn
 
-    # --- sessions ------------------------------------------------------------------------------
+    # --- sessions ------------------------------------------------------------------------------------
 
     def create_session(self, session_id: str, source: str, model: str | None = None, *,
                        model_config: Any = None, system_prompt: str | None = None, user_id: str | None = None,
@@ -261,7 +261,7 @@ class SessionDB:
         with self._read() as conn:
             return sessions.get_session(conn, session_id)
 
-    # --- session records, messages, conversation (issue 3: hermes_state_sessions) -------------
+    # --- session records, messages, conversation -----------------------------------------------------
 
     def ensure_session(self, session_id: str, source: str, model: str | None = None, *,
                        model_config: Any = None, system_prompt: str | None = None, user_id: str | None = None,
@@ -362,7 +362,7 @@ class SessionDB:
 
     to_provider_messages = staticmethod(to_provider_messages)
 
-    # --- titles, lineage, listings, statistics, archive (issue 3: hermes_state_search) --------
+    # --- titles, lineage, listings, statistics, archive ----------------------------------------------
 
     def set_session_title(self, session_id: str, title: str | None) -> str | None:
         """Set or clear (None/blank) a session's title; return the stored, stripped title."""
@@ -410,7 +410,7 @@ class SessionDB:
         with self._read() as conn:
             return search.top_sessions_by_tokens(conn, limit)
 
-    # --- full-text search (issue 4: hermes_state_fts / hermes_state_search) --------------------
+    # --- full-text search --------------------
 
     # Rows per rebuild/catch-up transaction, and whether open leaves a pending rebuild to a
     # background thread (tests switch it off to drive the rebuild by hand).
@@ -463,7 +463,7 @@ class SessionDB:
         fts.rebuild(self._writer, self._WRITE_PATIENCE_S, self._policy(), self._FTS_REBUILD_CHUNK_ROWS)
         return self.fts_rebuild_status()
 
-    # --- compression generations and locks (issue 5: hermes_state_compression) ---------------
+    # --- compression generations and locks -----------------------------------------------------------
 
     def compress_in_place(self, session_id: str, kept_messages: list[dict[str, Any]], *,
                           holder: str | None = None) -> list[int]:

@@ -331,7 +331,7 @@ def rotate_session(conn: sqlite3.Connection, parent_id: str, child_id: str, kept
     # inserts; the parent is ended only after that succeeded.
     sessions.create_session(conn, child_id, source, values)
     sessions.end_session(conn, parent_id, COMPRESSION_END_REASON, now=now)
-    # Continuing by compression resumes the conversation (R-SESS-9), as compress_in_place does.
+    # Continuing by compression resumes the conversation, as compress_in_place does.
     sessions.lift_auto_archive(conn, parent_id)
     _insert_kept(conn, child_id, kept)
     return child_id

@@ -121,7 +121,7 @@ def register_functions(conn: sqlite3.Connection) -> None:
 # --- the declared FTS objects ----------------------------------------------------------------------
 
 def _gate(row_id: str) -> str:
-    # R-FTS-4: a row is indexed by triggers iff no rebuild is under way, or it is at or below
+    # A row is indexed by the triggers iff no rebuild is under way, or it is at or below
     # the progress marker (already rebuilt), or above the high-water mark (newer than the
     # rebuild). Rows in (P, H] are left to the rebuild, so none is indexed twice or missed.
     return (f"(NOT EXISTS (SELECT 1 FROM state_meta WHERE key = '{HIGH_WATER}')"

@@ -100,7 +100,7 @@ def top_sessions_by_tokens(conn: sqlite3.Connection, limit: int = 10) -> list[di
             LIMIT ?""", (limit,)))
 
 
-# --- full-text search (issue 4) --------------------------------------------------------------
+# --- full-text search --------------------------------------------------------------
 # Routing (docs/search.md): each OR branch of a query is routed on its own. A branch holding CJK
 # goes to messages_fts_cjk (bigrams), any other to the word index; one that finds nothing falls
 # back to its CJK terms from the index with the other terms checked by LIKE (mixed branches), the
@@ -171,7 +171,7 @@ class _Filters:
 
 
 def _is_query_error(exc: sqlite3.OperationalError) -> bool:
-    # The sanitizer makes these unreachable; this is the belt to its braces (R-SEARCH-2).
+    # The sanitizer makes these unreachable; this is the belt to its braces.
     text = str(exc)
     return text.startswith("fts5:") or "unterminated string" in text or "no such column" in text
 

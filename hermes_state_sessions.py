@@ -38,7 +38,7 @@ _JSON_SESSION_COLUMNS = frozenset({"model_config", "origin_json"})
 # Columns update_session refuses, each with the verb that owns it. create_session still takes
 # them, so an import can write a row exactly as it was exported.
 _VERB_SESSION_COLUMNS = {
-    "user_id": "nothing: it is set when the session is created and never changed afterwards (R-SESS-4)",
+    "user_id": "nothing: it is set when the session is created and never changed afterwards",
     "ended_at": "end_session (the first end wins) or reopen_session",
     "end_reason": "end_session (the first end wins) or reopen_session",
     "archived": "archive_session or unarchive_session",

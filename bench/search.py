@@ -1,4 +1,4 @@
-"""Search latency and index size: SessionDB.search_messages on N messages (R-BAR-1: p50 < 25 ms at 1M).
+"""Search latency and index size: SessionDB.search_messages on N messages (p50 < 25 ms at 1M).
 
     python bench/search.py [-n 200000] [--corpus-dir DIR] [--seed 1] [--db PATH] [--queries 150]
 

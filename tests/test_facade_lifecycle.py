@@ -151,7 +151,7 @@ def test_bad_argument_types_are_value_errors_not_sqlite_tracebacks(db, rival):
     with pytest.raises(ValueError):
         db.create_session("s\ud800", "cli")
     assert rival.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 1
-    assert not db._writer.conn.in_transaction
+    assert not db.in_transaction
 
 
 def test_corrupt_pages_give_a_typed_error_at_open_or_at_read(tmp_path):

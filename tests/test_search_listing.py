@@ -270,12 +270,8 @@ def test_list_sessions_is_one_query(db, rival):
         db.create_session(f"s{i:02}", "cli", started_at=float(i))
         add_message(rival, f"s{i:02}", "user", f"hello {i}", 100.0 + i)
         add_message(rival, f"s{i:02}", "assistant", "hi", 200.0 + i)
-    statements: list[str] = []
-    db._writer.conn.set_trace_callback(statements.append)
-    try:
+    with db.tracer() as statements:
         rows = db.list_sessions(limit=20)
-    finally:
-        db._writer.conn.set_trace_callback(None)
     assert len(rows) == 20 and rows[0]["preview"] == "hello 24" and rows[0]["last_active"] == 224.0
     assert len([s for s in statements if s.lstrip().upper().startswith(("SELECT", "WITH"))]) == 1
     assert len(statements) == 1
