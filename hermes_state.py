@@ -92,7 +92,11 @@ class SessionDB:
         self.schema_version: int | None = None
         self._closed = False
         check_db_path_allowed(self.db_path)  # before any directory, file or pragma
-        self._writer = Writer(self._connect(), on_give_up=self._log_lock_holders)
+        # A writable file gets a second connection for reads (opened on first read); read-only
+        # handles and in-memory databases (a second connection would be another database) do not.
+        separate_reads = not read_only and str(self.db_path) != ":memory:"
+        self._writer = Writer(self._connect(), on_give_up=self._log_lock_holders,
+                              open_reader=(lambda: schema.connect_reader(self.db_path)) if separate_reads else None)
         self._writer.after_commit.append(self._upkeep)
         self._open_fts()
 
@@ -180,7 +184,7 @@ class SessionDB:
     @property
     def in_transaction(self) -> bool:
         """True while this handle holds a transaction open (a write, or a read snapshot)."""
-        return not self._closed and self._writer.conn.in_transaction
+        return not self._closed and self._writer.in_transaction()
 
     @contextmanager
     def tracer(self, callback: Callable[[str], None] | None = None) -> Iterator[list[str]]:

@@ -330,7 +330,7 @@ def rotate_session(conn: sqlite3.Connection, parent_id: str, child_id: str, kept
     # create_session validates the id (duplicate, empty), the columns and the title before it
     # inserts; the parent is ended only after that succeeded.
     sessions.create_session(conn, child_id, source, values)
-    sessions.end_session(conn, parent_id, COMPRESSION_END_REASON, now=now)
+    sessions.close_for_compression(conn, parent_id, now=now)
     # Continuing by compression resumes the conversation, as compress_in_place does.
     sessions.lift_auto_archive(conn, parent_id)
     _insert_kept(conn, child_id, kept)
