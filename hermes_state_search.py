@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import hermes_state_fts as fts
-from hermes_state_common import check_count, escape_like, logger, row_dicts
+from hermes_state_common import check_count, check_id, escape_like, has_surrogate, logger, row_dicts
 
 # --- listings and statistics -----------------------------------------------------------------
 
@@ -131,6 +131,8 @@ def _name_list(name: str, value: Any) -> list[str]:
     values = [value] if isinstance(value, str) else value
     if not isinstance(values, (list, tuple, set, frozenset)) or not all(isinstance(v, str) for v in values):
         raise ValueError(f"{name} must be a list of strings or None, not {value!r}")
+    if any(has_surrogate(v) for v in values):
+        raise ValueError(f"{name} contains a lone surrogate (U+D800..U+DFFF), which no stored value can hold")
     return list(values)
 
 
@@ -146,8 +148,8 @@ class _Filters:
     def build(cls, source_filter: Any, exclude_sources: Any, role_filter: Any, session_id: Any,
               include_inactive: bool) -> _Filters:
         """Validate the caller's filters and return their SQL; bad types raise ValueError."""
-        if session_id is not None and not isinstance(session_id, str):
-            raise ValueError(f"session_id must be a string or None, not {session_id!r}")
+        if session_id is not None:
+            check_id("session_id", session_id)
         sources = _name_list("source_filter", source_filter)
         excluded = _name_list("exclude_sources", exclude_sources)
         roles = _name_list("role_filter", role_filter)
