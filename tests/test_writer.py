@@ -1,4 +1,5 @@
-"""The writer: BEGIN IMMEDIATE retries, patience, rollback, checkpoints; helpers of common."""
+"""The write path (hermes_state_writer, through the facade): BEGIN IMMEDIATE retries, patience,
+rollback, nested transactions and the PASSIVE checkpoint cadence."""
 from __future__ import annotations
 
 import logging
@@ -9,10 +10,8 @@ import time
 
 import pytest
 
-import hermes_state_common as common
 from hermes_state import SessionDB, SessionPersistenceError
 from hermes_state_writer import RetryPolicy, retry_on_lock
-import hermes_state_writer as writer
 from hermes_state_errors import classify_persistence_error
 
 
@@ -93,7 +92,7 @@ def test_write_waits_for_rival_then_succeeds(db, rival):
         timer.join()
     assert waited >= 0.3
     assert rival.execute("SELECT id FROM sessions WHERE id='after_wait'").fetchone() is not None
-    assert not db._writer.conn.in_transaction
+    assert not db.in_transaction
 
 
 def test_write_gives_up_after_patience_with_typed_error_and_warning(db, rival, caplog):
@@ -113,7 +112,7 @@ def test_write_gives_up_after_patience_with_typed_error_and_warning(db, rival, c
     if os.path.exists("/proc/locks"):
         assert f"PID {os.getpid()} (" in warnings[0].getMessage()
         assert "WAL write lock" in warnings[0].getMessage()
-    assert not db._writer.conn.in_transaction
+    assert not db.in_transaction
     assert rival.execute("SELECT COUNT(*) FROM sessions WHERE id='never'").fetchone()[0] == 0
     # the handle stays usable once the rival is gone
     db.create_session("later", "cli")
@@ -121,13 +120,17 @@ def test_write_gives_up_after_patience_with_typed_error_and_warning(db, rival, c
 
 
 def test_patience_is_a_class_attribute_read_at_call_time(db, rival, monkeypatch):
-    monkeypatch.setattr(SessionDB, "_WRITE_PATIENCE_S", 0.2)
+    monkeypatch.setattr(SessionDB, "_WRITE_PATIENCE_S", 0.2)  # after the handle opened
     rival.execute("BEGIN IMMEDIATE")
     try:
+        started = time.monotonic()
         with pytest.raises(SessionPersistenceError):
             db.create_session("x", "cli")
+        waited = time.monotonic() - started
     finally:
         rival.execute("ROLLBACK")
+    # The new class value bounds the wait, not the 20 s default the handle was opened with.
+    assert 0.2 <= waited < 5.0
 
 
 def test_failed_body_rolls_back_everything(db, rival):
@@ -135,17 +138,30 @@ def test_failed_body_rolls_back_everything(db, rival):
         with db._write() as conn:
             conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('half', 'cli', 1)")
             1 / 0
-    assert not db._writer.conn.in_transaction
+    assert not db.in_transaction
     assert rival.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 0
 
 
-def test_passive_checkpoint_every_n_writes(db, monkeypatch):
-    seen = []
-    monkeypatch.setattr(writer, "passive_checkpoint", lambda conn: seen.append(db._writer.writes))
-    db._CHECKPOINT_EVERY_N_WRITES = 5
-    for i in range(12):
-        db.create_session(f"s{i}", "cli")
-    assert seen == [5, 10]
+def test_passive_checkpoint_every_n_writes(db):
+    db.close()
+    # Opening a current database writes nothing, so this handle's write count starts at zero.
+    handle = SessionDB(db.db_path)
+    handle._CHECKPOINT_EVERY_N_WRITES = 5
+    with handle.tracer() as traced:
+        for i in range(12):
+            handle.create_session(f"s{i}", "cli")
+    commits, checkpoints = 0, []
+    for sql in traced:
+        if sql == "COMMIT":
+            commits += 1
+        elif "wal_checkpoint" in sql:
+            checkpoints.append((commits, sql))
+    # Right after the 5th and 10th commit, and PASSIVE: a checkpoint that waits for readers
+    # (FULL, RESTART, TRUNCATE) would stall a write behind another process's long read.
+    assert checkpoints == [(5, "PRAGMA wal_checkpoint(PASSIVE)"), (10, "PRAGMA wal_checkpoint(PASSIVE)")]
+    with handle.tracer() as at_close:
+        handle.close()
+    assert [s for s in at_close if "wal_checkpoint" in s] == ["PRAGMA wal_checkpoint(PASSIVE)"]
 
 
 def test_nested_transaction_joins_the_outer_one(db, rival):
@@ -156,18 +172,3 @@ def test_nested_transaction_joins_the_outer_one(db, rival):
                 inner.execute("INSERT INTO sessions (id, source, started_at) VALUES ('inner', 'cli', 1)")
             raise RuntimeError("abort both")
     assert rival.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 0
-
-
-def test_helpers():
-    assert common.escape_like("50%_a\\b") == "50\\%\\_a\\\\b"
-    assert common.strip_surrogates("a\ud800b\udfffc") == "abc"
-    assert common.strip_surrogates("東京\x00") == "東京\x00"
-    assert common.encode_json({"a": "東"}, "f") == '{"a": "東"}'
-    with pytest.raises(ValueError, match="tool_calls"):
-        common.encode_json({"a": object()}, "tool_calls")
-    assert common.decode_json('[1, 2]') == [1, 2]
-    assert common.decode_json("not json") == "not json"
-    assert common.split_sql("CREATE TABLE a (x);\nINSERT INTO a VALUES (';');") == [
-        "CREATE TABLE a (x);", "INSERT INTO a VALUES (';');"]
-    assert "CREATE TABLE IF NOT EXISTS sessions" in common.SCHEMA_SQL
-    assert common.SCHEMA_VERSION == 31
