@@ -41,15 +41,18 @@ def test_fresh_database_has_the_declared_shape(db, rival):
         fks = [r for r in rival.execute(f"PRAGMA foreign_key_list({ledger})") if r[2] == "sessions"]
         assert fks and fks[0][6] == "RESTRICT", ledger
     assert rival.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert db._writer.conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-    assert db._writer.conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    with db._write() as conn:  # the handle's write connection
+        assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
 
 
 def test_ledger_rows_restrict_session_delete(db, rival):
     db.create_session("s", "cli")
     rival.execute("INSERT INTO session_admissions (session_id, state) VALUES ('s', 'queued')")
     with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
-        db._writer.conn.execute("DELETE FROM sessions WHERE id='s'")
+        with db._write() as conn:
+            conn.execute("DELETE FROM sessions WHERE id='s'")
+    assert rival.execute("SELECT COUNT(*) FROM sessions WHERE id='s'").fetchone()[0] == 1
 
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
