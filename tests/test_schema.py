@@ -214,7 +214,7 @@ def test_malformed_schema_raises_corrupt(tmp_path):
         SessionDB(path)
 
 
-def test_read_only_opens(tmp_path):
+def test_read_only_opens(tmp_path, raw_conn):
     missing = tmp_path / "missing.db"
     with pytest.raises(StateDbUninitializedError):
         SessionDB(missing, read_only=True)
@@ -235,7 +235,7 @@ def test_read_only_opens(tmp_path):
     _old_layout(old)
     with pytest.raises(StateDbIncompatibleError):
         SessionDB(old, read_only=True)
-    assert sqlite3.connect(old).execute("SELECT version FROM schema_version").fetchone()[0] == 1
+    assert raw_conn(old).execute("SELECT version FROM schema_version").fetchone()[0] == 1
 
 
 def test_read_only_open_waits_then_reports_busy(tmp_path, monkeypatch):
