@@ -192,15 +192,17 @@ def typed_errors(path: Path) -> Iterator[None]:
 
     A malformed file becomes StateDbCorruptError; a path SQLite cannot open (a directory, a
     file without permission) StoreUnavailableError; a full disk or a file-size limit
-    SessionPersistenceError with code `session_persistence_failed:disk`; a value SQLite cannot
-    bind (a list, an int past 64 bits, text with a lone surrogate) ValueError. Every other
-    sqlite3 error propagates untouched.
+    SessionPersistenceError with code `session_persistence_failed:disk`;
+    a value SQLite cannot bind (a list, an int past 64 bits, text with a lone surrogate)
+    ValueError. Every other sqlite3 error propagates untouched.
     """
     try:
         yield
     except UnicodeEncodeError as exc:
         raise ValueError("a text argument contains a lone surrogate (U+D800..U+DFFF), which SQLite can "
                          "neither store nor look up") from exc
+    except UnicodeDecodeError as exc:  # SQLite's message quotes a damaged schema name that is not UTF-8
+        raise corrupt_error(path, exc) from exc
     except (sqlite3.ProgrammingError, sqlite3.InterfaceError) as exc:
         text = str(exc).lower()
         if "binding parameter" in text or "not supported" in text:
@@ -209,7 +211,9 @@ def typed_errors(path: Path) -> Iterator[None]:
     except OverflowError as exc:
         raise ValueError(f"an integer is out of SQLite's 64-bit range: {exc}") from exc
     except sqlite3.DatabaseError as exc:
-        if is_corruption(exc):
+        # "unsupported file format" comes with the generic SQLITE_ERROR code: the header's
+        # format bytes are damaged (no SQLite ever wrote them).
+        if is_corruption(exc) or "unsupported file format" in str(exc):
             raise corrupt_error(path, exc) from exc
         if _primary_code(exc) == SQLITE_CANTOPEN:
             raise StoreUnavailableError(f"{path} cannot be opened as a database file ({exc}): is it a "

@@ -182,11 +182,88 @@ def disk_full_writer(path: str, headroom_bytes: int) -> None:
     print(json.dumps(report), flush=True)
 
 
+# --- damaged files: open and read copies, report anything but a typed error ------------------------
+
+def build_sample(path: str) -> None:
+    """Write a small real database: sessions with prose, CJK, tool calls, a title and a compression."""
+    with SessionDB(path) as db:
+        for k in range(6):
+            sid = f"sample-{k}"
+            db.create_session(sid, "cli" if k % 2 else "telegram", model="m")
+            db.set_session_title(sid, f"title {k}")
+            for i in range(40):
+                db.append_message(sid, "user", f"{marker(k, i)} {WORDS[i % len(WORDS)]} " + "text " * (i * 7 % 90))
+                db.append_message(sid, "assistant", None, tool_calls=[{"id": f"c{i}", "type": "function",
+                                  "function": {"name": "terminal", "arguments": "{}"}}])
+                db.append_message(sid, "tool", "ok " * 50, tool_call_id=f"c{i}", tool_name="terminal")
+            if k == 0:
+                db.compress_in_place(sid, [{"role": "user", "content": "summary"}])
+
+
+def damage(src: bytes, rng: random.Random) -> bytes:
+    """Return `src` with random damage: overwritten byte runs, a truncation, or both."""
+    data = bytearray(src)
+    kind = rng.choice(("overwrite", "overwrite", "truncate", "both", "header"))
+    if kind in ("overwrite", "both"):
+        for _ in range(rng.randint(1, 8)):
+            at = rng.randrange(len(data))
+            run = rng.randint(1, 64)
+            data[at:at + run] = rng.randbytes(min(run, len(data) - at))
+    if kind == "header":
+        at = rng.randrange(100)
+        data[at:at + 4] = rng.randbytes(4)
+    if kind in ("truncate", "both"):
+        del data[rng.randrange(len(data)):]
+    return bytes(data)
+
+
+def probe_damaged(path: str) -> str:
+    """Open `path` writable and read-only and read everything; return "ok", the typed error's name, or "RAW: <traceback>"."""
+    import traceback  # noqa: PLC0415
+    outcome = "ok"
+    for read_only in (False, True):
+        try:
+            with SessionDB(path, read_only=read_only) as db:
+                for s in db.list_sessions(limit=100, include_archived=True):
+                    db.get_session(s["id"])
+                    db.get_messages(s["id"], include_inactive=True)
+                    db.get_messages_as_conversation(s["id"])
+                for word in WORDS[:4] + ("w1m0000003", "tex"):
+                    db.search_messages(word)
+                db.fts_rebuild_status()
+        except HermesStateError as exc:
+            outcome = type(exc).__name__
+        except Exception:  # noqa: BLE001  (anything else is the finding)
+            return "RAW: " + traceback.format_exc()
+    return outcome
+
+
+def probe_many(sample: str, copies: int, seed: int, workdir: str) -> dict:
+    """Damage `copies` copies of `sample` and probe each; return counts per outcome and the raw failures."""
+    src = Path(sample).read_bytes()
+    rng = random.Random(seed)
+    outcomes: dict[str, int] = {}
+    raw: list[str] = []
+    for n in range(copies):
+        copy = Path(workdir) / f"damaged-{n}.db"
+        copy.write_bytes(damage(src, rng))
+        result = probe_damaged(str(copy))
+        if result.startswith("RAW"):
+            raw.append(f"copy {n}: {result}")
+            result = "RAW"
+        outcomes[result] = outcomes.get(result, 0) + 1
+        for p in (copy, Path(f"{copy}-wal"), Path(f"{copy}-shm")):
+            p.unlink(missing_ok=True)
+    return {"outcomes": outcomes, "raw": raw}
+
+
 if __name__ == "__main__":
     role, args = sys.argv[1], sys.argv[2:]
     if role == "crash":
         crash_writer(args[0], int(args[1]))
     elif role == "disk-full":
         disk_full_writer(args[0], int(args[1]))
+    elif role == "damaged":
+        print(json.dumps(probe_many(args[0], int(args[1]), int(args[2]), args[3])), flush=True)
     else:
         raise SystemExit(f"unknown role {role!r}")
