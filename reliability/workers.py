@@ -150,6 +150,25 @@ def crash_writer(path: str, run: int) -> None:
                 db.compress_in_place(sid, kept)
 
 
+def steady_writer(path: str, duration_s: float) -> None:
+    """Append for `duration_s` to a few sessions, compressing each every 30 messages; print `<row id> <marker>` per ack."""
+    rng = random.Random(7)
+    with SessionDB(path) as db:
+        sids = [f"steady-{k}" for k in range(3)]
+        for sid in sids:
+            db.ensure_session(sid, "cli")
+        stop = time.monotonic() + duration_s
+        i = 0
+        while time.monotonic() < stop:
+            sid = sids[i % 3]
+            row_id = db.append_message(sid, rng.choice(("user", "assistant")),
+                                       f"{marker(9, i)} {rng.choice(WORDS)} " + "r" * rng.randint(0, 1500))
+            print(row_id, marker(9, i), flush=True)
+            i += 1
+            if i % 30 == 0:
+                db.compress_in_place(sid, [{"role": "user", "content": f"summary after {i} messages"}])
+
+
 # --- disk full: a writer under RLIMIT_FSIZE ----------------------------------------------------------
 
 def disk_full_writer(path: str, headroom_bytes: int) -> None:
@@ -261,6 +280,8 @@ if __name__ == "__main__":
     role, args = sys.argv[1], sys.argv[2:]
     if role == "crash":
         crash_writer(args[0], int(args[1]))
+    elif role == "steady":
+        steady_writer(args[0], float(args[1]))
     elif role == "disk-full":
         disk_full_writer(args[0], int(args[1]))
     elif role == "damaged":
