@@ -190,12 +190,12 @@ def _read_session(path: str, session_id: str) -> dict[str, Any] | None:
         children = [row for row in db.get_descendants(session_id)
                     if row["parent_session_id"] == session_id and row["id"] not in chain]
         messages = [_message_view(m) for m in db.get_messages(session_id)]
-    here = chain.index(session_id) if session_id in chain else None
-    relation = {sid: "earlier" if here is not None and i < here else "continued in" for i, sid in enumerate(chain)}
+    here = chain.index(session_id) if session_id in chain else len(chain)
     parent = session["parent_session_id"]
     parent = parent if parent and parent not in chain else None  # a branch, not a compression parent
     return {"session": session, "messages": messages, "children": children, "parent": parent,
-            "chain": [(sid, relation[sid]) for sid in chain] if len(chain) > 1 else [],
+            "chain": [(sid, "earlier" if i < here else "continued in") for i, sid in enumerate(chain)]
+            if len(chain) > 1 else [],
             "ids": set(chain) | {c["id"] for c in children} | ({parent} if parent else set())}
 
 
@@ -227,20 +227,19 @@ def _message_view(row: dict[str, Any]) -> dict[str, Any]:
                       and row[k].strip()), None)
     return {"id": row["id"], "role": row["role"], "content": _text(row.get("content")),
             "when": _fmt_time(row.get("timestamp")), "tool_name": row.get("tool_name"),
-            "tool_call_id": row.get("tool_call_id"), "reasoning": reasoning,
-            "calls": [_call_view(c) for c in calls]}
+            "reasoning": reasoning, "calls": [_call_view(c) for c in calls]}
 
 
 def _call_view(call: Any) -> dict[str, str]:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict):
-        return {"name": "call", "id": "", "arguments": _text(call)}
+        return {"name": "call", "arguments": _text(call)}
     arguments = function.get("arguments")
     try:  # show JSON arguments indented; anything else exactly as stored
         arguments = json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
     except (TypeError, ValueError):
         arguments = _text(arguments)
-    return {"name": str(function.get("name") or "call"), "id": str(call.get("id") or ""), "arguments": arguments}
+    return {"name": str(function.get("name") or "call"), "arguments": arguments}
 
 
 async def _off_loop(read, *args):
@@ -340,7 +339,7 @@ _STYLE = """<style>
 .hs-text, .hs-msg pre { white-space: pre-wrap; word-break: break-word; font-family: inherit; margin: 0.3em 0; }
 .hs-msg pre { font-family: monospace; font-size: 0.9em; background: #f6f6f6; padding: 0.4em; }
 .hs-msg details summary { cursor: pointer; color: #555; }
-.hs-lineage li.current { font-weight: bold; }
+.hs-lineage li.current { font-weight: bold; } .hs-sessions td.hs-time { white-space: nowrap; }
 mark { background: #fde68a; }
 </style>"""
 
@@ -362,7 +361,7 @@ SESSIONS_HTML = """{% extends "base.html" %}
 <th>Messages</th><th>Tokens in / out</th><th>Cost</th><th>Last activity</th><th>Ended</th></tr></thead><tbody>
 {% for s in sessions %}<tr><td><a href="{{ urls.path(s.link) }}">{{ s.label }}</a></td><td>{{ s.source }}</td>
 <td>{{ s.model or "" }}</td><td>{{ s.message_count or 0 }}</td><td>{{ s.tokens }}</td><td>{{ s.cost }}</td>
-<td>{{ s.last }}</td><td>{{ s.end_reason or "" }}{% if s.archived %} (archived){% endif %}</td></tr>
+<td class="hs-time">{{ s.last }}</td><td>{{ s.end_reason or "" }}{% if s.archived %} (archived){% endif %}</td></tr>
 {% else %}<tr><td colspan="8">No sessions{% if page > 1 %} on this page{% endif %}.</td></tr>{% endfor %}
 </tbody></table>
 <p class="hs-pager">{% if prev_url %}<a href="{{ prev_url }}">&larr; newer</a>{% endif %}

@@ -168,9 +168,33 @@ def test_search_finds_cjk_and_tool_output_with_paging(store, monkeypatch):
     assert "q=space&amp;page=2" in _content(pages[0]) and "page=3" not in _content(pages[1])
 
 
+def test_pages_see_writes_made_while_serving(db):
+    # Datasette opens the file with mode=ro, never immutable: another process keeps writing to it.
+    db.create_session("s_first", "cli")
+
+    async def run():
+        ds = Datasette([str(db.db_path)])
+        await ds.invoke_startup()
+        before = await ds.client.get("/-/hermes/state")
+        db.create_session("s_later", "cli")
+        db.append_message("s_later", "user", "written while serving")
+        return before, await ds.client.get("/-/hermes/state"), await ds.client.get("/-/hermes/state/search?q=serving")
+    before, after, search = asyncio.run(run())
+    assert "s_first" in _content(before) and "s_later" not in _content(before)
+    assert "written while serving" in _content(after) and "session/s_later#m" in _content(search)
+
+
 def test_unknown_session_and_database_are_404(store):
     session, database = _get(store, "/-/hermes/state/session/nope", "/-/hermes/other")
     assert session.status_code == 404 and database.status_code == 404
+
+
+def test_a_store_the_library_cannot_read_is_a_503_page(store):
+    with sqlite3.connect(store) as conn:
+        conn.execute("UPDATE schema_version SET version = 1")  # an older layout: read-only handles refuse it
+    session, search = _get(store, "/-/hermes/state/session/s_build", "/-/hermes/state/search?q=docker")
+    assert session.status_code == search.status_code == 503
+    assert "schema version 1" in session.text and "Upgrade hermes-state" in session.text
 
 
 def test_other_databases_are_left_alone(store, tmp_path):
