@@ -177,8 +177,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # A read-only open first: a missing file is an error (never created), an unknown schema is named.
     with _open(args, read_only=True) as db:
         path = str(db.db_path)
-    # Datasette opens a file it may change with mode=ro; --immutable would let it ignore the
-    # writes another process keeps making, so the file is never passed that way.
+    # Datasette opens a mutable file with mode=ro and sees each committed write. --immutable
+    # would tell SQLite the file never changes while the agent keeps writing it: never used.
     ds = Datasette([path])
     name = next(n for n, d in ds.databases.items() if d.path == path)
     print(f"Serving {display_hermes_home(Path(path))} read-only at "

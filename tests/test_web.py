@@ -184,6 +184,16 @@ def test_pages_see_writes_made_while_serving(db):
     assert "written while serving" in _content(after) and "session/s_later#m" in _content(search)
 
 
+def test_session_ids_with_reserved_characters_link_to_their_page(db):
+    db.create_session("tg:1001/thread 7?x#y", "telegram")
+    db.append_message("tg:1001/thread 7?x#y", "user", "odd id")
+    (listing,) = _get(db.db_path, "/-/hermes/state")
+    link = re.search(r'href="(/-/hermes/state/session/[^"]+)"', _content(listing)).group(1)
+    assert link == "/-/hermes/state/session/tg%3A1001%2Fthread%207%3Fx%23y"
+    (page,) = _get(db.db_path, link)
+    assert "odd id" in _content(page)
+
+
 def test_unknown_session_and_database_are_404(store):
     session, database = _get(store, "/-/hermes/state/session/nope", "/-/hermes/other")
     assert session.status_code == 404 and database.status_code == 404
