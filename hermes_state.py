@@ -427,15 +427,23 @@ class SessionDB:
             return lineage.get_descendants(conn, session_id)
 
     def list_sessions(self, source: str | None = None, limit: int = 20, offset: int = 0,
-                      include_archived: bool = False) -> list[dict[str, Any]]:
-        """Return sessions newest first, each with `preview` and `last_active`."""
+                      include_archived: bool = False, *, model: str | None = None, since: float | None = None,
+                      until: float | None = None, order: str = "started") -> list[dict[str, Any]]:
+        """Return sessions newest first (by start, or by last activity), each with `preview` and `last_active`."""
         with self._read() as conn:
-            return search.list_sessions(conn, source, limit, offset, include_archived)
+            return search.list_sessions(conn, source, limit, offset, include_archived, model=model, since=since,
+                                        until=until, order=order)
 
-    def usage_by_model(self) -> list[dict[str, Any]]:
-        """Return sessions, tokens and estimated cost per model, costliest first."""
+    def count_sessions(self, source: str | None = None, include_archived: bool = False, *,
+                       model: str | None = None, since: float | None = None, until: float | None = None) -> int:
+        """Return how many sessions `list_sessions` with the same filters pages through."""
         with self._read() as conn:
-            return search.usage_by_model(conn)
+            return search.count_sessions(conn, source, include_archived, model=model, since=since, until=until)
+
+    def usage_by_model(self, include_unset: bool = False) -> list[dict[str, Any]]:
+        """Return sessions, tokens and estimated cost per model, costliest first (model None last if asked)."""
+        with self._read() as conn:
+            return search.usage_by_model(conn, include_unset)
 
     def top_sessions_by_tokens(self, limit: int = 10) -> list[dict[str, Any]]:
         """Return the sessions with the most input + output tokens."""
@@ -489,6 +497,20 @@ class SessionDB:
         """Return {pending, total, indexed, percent, in_progress, cjk_pending} for the FTS indexes."""
         with self._read() as conn:
             return fts.rebuild_status(conn)
+
+    def check_integrity(self, full: bool = False) -> dict[str, Any]:
+        """Return {"ok", "problems", "fts"}: SQLite's quick check (full with `full`) and each FTS index's check.
+
+        The FTS checks need a writable handle (FTS5 runs them as write commands, changing
+        nothing); on a read-only handle "fts" is empty.
+        """
+        with self._read() as conn:
+            problems = schema.integrity_problems(conn, full)
+        report: dict[str, str] = {}
+        if not self.read_only:
+            with self._write() as conn:
+                report = fts.integrity_report(conn)
+        return {"ok": not problems and all(v == "ok" for v in report.values()), "problems": problems, "fts": report}
 
     def rebuild_fts(self) -> dict[str, Any]:
         """Rebuild the FTS indexes to the end in short chunks (resuming one under way); return the status."""
