@@ -113,7 +113,10 @@ def _damage_fts(db: SessionDB, where: str) -> None:
         db.append_message("s", "user", f"word{i} " * 40)
     db.close()
     raw = sqlite3.connect(db.db_path)
-    raw.execute(f"UPDATE messages_fts_data SET block = randomblob(length(block)) WHERE {where}")
+    # A fixed pattern, not random bytes: some random bytes decode as a huge size and make
+    # SQLite fail for memory instead of reporting the damage.
+    raw.execute(f"UPDATE messages_fts_data SET block = CAST(replace(hex(zeroblob(length(block))), '00', 'A5') "
+                f"AS BLOB) WHERE {where}")
     raw.commit()
     raw.close()
 
