@@ -26,7 +26,8 @@ import hermes_state_lineage as lineage
 from hermes_state_common import (DELIVERY_OBLIGATIONS_SQL, decode_json, encode_json, escape_like, row_dicts)
 from hermes_state_compression import check_transcript_writable
 from hermes_state_errors import LedgerStateError, OwnershipReadError, SessionNotFoundError
-from hermes_state_sessions import insert_message, require_session
+from hermes_state_messages import insert_message
+from hermes_state_sessions import require_session
 
 # The key of a routing entry that names the session serving a (scope, session_key).
 ROUTE_SESSION_KEY = "session_id"

@@ -106,6 +106,24 @@ class Writer:
                 passive_checkpoint(self.conn)
             self.conn.close()
 
+    @contextmanager
+    def tracing(self, callback: Callable[[str], None] | None = None) -> Iterator[list[str]]:
+        """Collect every statement the connection runs inside the block; pass each to `callback` too."""
+        statements: list[str] = []
+
+        def trace(sql: str) -> None:
+            statements.append(sql)
+            if callback is not None:
+                callback(sql)
+        with self.lock:
+            self.conn.set_trace_callback(trace)
+        try:
+            yield statements
+        finally:
+            with self.lock:
+                if not self.closed:
+                    self.conn.set_trace_callback(None)
+
     def _cap_busy_timeout(self, remaining_s: float) -> None:
         # SQLite's own busy wait is 1 s, but never longer than the patience left, so a
         # 0.5 s activity write cannot block for a whole second. Runs under the lock.

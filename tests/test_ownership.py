@@ -38,7 +38,6 @@ def test_marker_is_stable_per_qualified_message_and_fresh_without_a_key():
         assert input_marker(*other) != input_marker(*base)
     assert input_marker("telegram", "default", "dm", "chat-1", None, None) != \
         input_marker("telegram", "default", "dm", "chat-1", None, None)   # no key: a fresh marker each turn
-    assert SessionDB.input_marker(*base) == input_marker(*base)
 
 
 def test_appends_once_and_the_marker_never_reaches_providers(gw, rival):

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hermes_state_lineage as lineage
-import hermes_state_sessions as sessions
+import hermes_state_messages as messages
 from hermes_state import SessionDB, SessionNotFoundError, TitleConflictError
 
 HEX32 = re.compile(r"[0-9a-f]{32}")
@@ -503,7 +503,7 @@ def test_merge_refuses_bad_row_sets_and_writes_nothing(db, rival, conn):
     t2 = db.append_message("s", "tool", "t2", tool_call_id="c")
     u2 = db.append_message("s", "user", "u2")
     other = db.append_message("t", "user", "elsewhere")
-    inactive = in_txn(conn, sessions.insert_message, "s", {"role": "user", "content": "old"}, active=0)
+    inactive = in_txn(conn, messages.insert_message, "s", {"role": "user", "content": "old"}, active=0)
     before = [dict(m) for m in rows(rival, "s")]
     for bad in ([u1], [u1, u1], [u1, a1], [t1, t2], [u1, other], [u1, inactive], [u1, 999_999], "12", 12, [u1, True]):
         with pytest.raises(ValueError):
@@ -516,7 +516,7 @@ def test_merge_refuses_bad_row_sets_and_writes_nothing(db, rival, conn):
 
 def test_get_messages_active_only_unless_asked(db, conn):
     db.create_session("s", "cli")
-    in_txn(conn, sessions.insert_message, "s", {"role": "user", "content": "archived"}, active=0, compacted=1)
+    in_txn(conn, messages.insert_message, "s", {"role": "user", "content": "archived"}, active=0, compacted=1)
     db.append_message("s", "user", "live")
     assert [m["content"] for m in db.get_messages("s")] == ["live"]
     assert [m["content"] for m in db.get_messages("s", include_inactive=True)] == ["archived", "live"]
@@ -525,7 +525,7 @@ def test_get_messages_active_only_unless_asked(db, conn):
 
 def test_replace_messages_keeps_uids_and_recounts(db, rival, conn):
     db.create_session("s", "cli")
-    in_txn(conn, sessions.insert_message, "s", {"role": "user", "content": "archive"}, active=0, compacted=1)
+    in_txn(conn, messages.insert_message, "s", {"role": "user", "content": "archive"}, active=0, compacted=1)
     db.append_message("s", "user", "q")
     db.append_message("s", "assistant", None, tool_calls=[call("c1"), call("c2")])
     db.append_message("s", "tool", "r", tool_call_id="c1")
@@ -584,7 +584,7 @@ def test_replace_messages_bad_message_writes_nothing(db, rival):
 
 def test_clear_messages_keeps_the_session(db, rival, conn):
     db.create_session("s", "cli", title="Kept")
-    in_txn(conn, sessions.insert_message, "s", {"role": "user", "content": "archive"}, active=0)
+    in_txn(conn, messages.insert_message, "s", {"role": "user", "content": "archive"}, active=0)
     db.append_message("s", "assistant", "a", tool_calls=[call("c")])
     assert db.clear_messages("s") == 2
     assert rows(rival, "s") == []
@@ -597,24 +597,24 @@ def test_clear_messages_keeps_the_session(db, rival, conn):
 def test_insert_message_keeps_a_given_uid_and_counts_only_active_rows(db, rival, conn):
     db.create_session("s", "cli")
     uid = "ab" * 16
-    in_txn(conn, sessions.insert_message, "s", {"role": "user", "content": "x", "message_uid": uid,
+    in_txn(conn, messages.insert_message, "s", {"role": "user", "content": "x", "message_uid": uid,
                                                  "id": 77, "_row_id": 77, "active": 0, "session_id": "zz"})
-    in_txn(conn, sessions.insert_message, "s", {"role": "user", "content": "y", "message_uid": uid},
+    in_txn(conn, messages.insert_message, "s", {"role": "user", "content": "y", "message_uid": uid},
            active=0, compacted=1)
     stored = rows(rival, "s")
     assert [(m["message_uid"], m["active"], m["compacted"]) for m in stored] == [(uid, 1, 0), (uid, 0, 1)]
     assert stored[0]["id"] != 77
     assert row(rival, "s")["message_count"] == 1
     with pytest.raises(ValueError):
-        in_txn(conn, sessions.insert_message, "s", {"role": "user", "message_uid": "XYZ"})
+        in_txn(conn, messages.insert_message, "s", {"role": "user", "message_uid": "XYZ"})
     with pytest.raises(SessionNotFoundError):
-        in_txn(conn, sessions.insert_message, "ghost", {"role": "user"}, active=0)
+        in_txn(conn, messages.insert_message, "ghost", {"role": "user"}, active=0)
 
 
 def test_insert_message_accepts_conversation_keys(db, rival, conn):
     db.create_session("s", "cli")
     uid = "cd" * 16
-    in_txn(conn, sessions.insert_message, "s", {"role": "tool", "content": "r", "tool_call_id": "c", "name": "grep",
+    in_txn(conn, messages.insert_message, "s", {"role": "tool", "content": "r", "tool_call_id": "c", "name": "grep",
                                                  "_tool_call_uid": uid, "_absorbed_message_uids": [uid]})
     m = rows(rival, "s")[0]
     assert (m["tool_name"], m["tool_call_uid"], json.loads(m["absorbed_message_uids"])) == ("grep", uid, [uid])
@@ -664,7 +664,7 @@ def test_conversation_replays_api_content_and_reasoning_only_replies(db, conn):
     db.append_message("s", "assistant", "", reasoning_content="the answer", api_content="the answer",
                       finish_reason="stop")
     db.append_message("s", "assistant", "", codex_message_items=[{"type": "output_text", "text": "final"}])
-    in_txn(conn, sessions.insert_message, "s", {"role": "user", "content": "old generation"}, active=0)
+    in_txn(conn, messages.insert_message, "s", {"role": "user", "content": "old generation"}, active=0)
     conv = db.get_messages_as_conversation("s")
     assert [m["content"] for m in conv] == ["sent text with memory", "the answer", ""]
     assert conv[1]["reasoning_content"] == "the answer"
