@@ -662,8 +662,11 @@ class SessionDB:
 
     def persist_failed_turn_input(self, session_id: str, message: Any, marker: str) -> int | None:
         """Append a failed turn's user input unless a row already owns `marker`; return the row id or None."""
-        with self._write(self._TRANSCRIPT_WRITE_PATIENCE_S) as conn:
-            return routing.persist_failed_turn_input(conn, session_id, message, marker)
+        self._check_writable()
+        with self._read() as conn:  # where it would go, so a compression there is waited out first
+            target = routing.input_target(conn, session_id)
+        return self._transcript_write(target, lambda conn: routing.persist_failed_turn_input(
+            conn, session_id, message, marker))
 
     def delete_session(self, session_id: str) -> None:
         """Delete a session, its messages and ledger rows; SessionBusyError while ledger work is live."""

@@ -25,7 +25,7 @@ import time
 import uuid
 from typing import Any
 
-from hermes_state_common import decode_json, encode_json, logger, row_dicts
+from hermes_state_common import LIVE_ADMISSION_SQL, decode_json, encode_json, logger, row_dicts
 from hermes_state_errors import (LedgerStateError, ReceiptDigestError, ReceiptOrderError, SessionBusyError,
                                  StaleEpochError)
 from hermes_state_sessions import require_session
@@ -128,8 +128,8 @@ def _queue_head(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | N
     # The oldest admission that is not finished: queued, started or unknown. Terminal rows
     # never block, so the head is whatever the queue is waiting on.
     rows = row_dicts(conn.execute(
-        f"SELECT * FROM session_admissions WHERE session_id = ? AND state IN ({_sql_list(LIVE_ADMISSION_STATES)}) "
-        "ORDER BY id LIMIT 1", (session_id,)))
+        f"SELECT * FROM session_admissions WHERE session_id = ? AND {LIVE_ADMISSION_SQL} ORDER BY id LIMIT 1",
+        (session_id,)))
     return rows[0] if rows else None
 
 
@@ -369,7 +369,7 @@ def _has_table(conn: sqlite3.Connection, name: str) -> bool:
 def live_ledger_work(conn: sqlite3.Connection, session_id: str) -> str | None:
     """Describe the session's live ledger work (unfinished admissions or executions), or None."""
     admissions = conn.execute(
-        f"SELECT COUNT(*) FROM session_admissions WHERE session_id = ? AND state IN ({_sql_list(LIVE_ADMISSION_STATES)})",
+        f"SELECT COUNT(*) FROM session_admissions WHERE session_id = ? AND {LIVE_ADMISSION_SQL}",
         (session_id,)).fetchone()[0]
     executions = conn.execute(
         f"SELECT COUNT(*) FROM worker_executions WHERE session_id = ? AND state IN ({_sql_list(LIVE_EXECUTION_STATES)})",

@@ -23,7 +23,7 @@ import uuid
 from typing import Any, Iterable, Sequence
 
 import hermes_state_lineage as lineage
-from hermes_state_common import (DELIVERY_OBLIGATIONS_SQL, decode_json, encode_json, escape_like, row_dicts)
+from hermes_state_common import DELIVERY_OBLIGATIONS_SQL, INPUT_MARKER_SQL, decode_json, encode_json, row_dicts
 from hermes_state_compression import check_transcript_writable
 from hermes_state_errors import LedgerStateError, OwnershipReadError, SessionNotFoundError
 from hermes_state_messages import insert_message
@@ -31,7 +31,7 @@ from hermes_state_sessions import require_session
 
 # The key of a routing entry that names the session serving a (scope, session_key).
 ROUTE_SESSION_KEY = "session_id"
-# The key in a message's display_metadata that carries its input marker.
+# The key in a message's display_metadata that carries its input marker (INPUT_MARKER_SQL reads it).
 MARKER_KEY = "input_marker"
 
 
@@ -377,21 +377,27 @@ def ownership_places(conn: sqlite3.Connection, session_id: str) -> tuple[list[st
     return places, (forwards[0] if forwards else tip)
 
 
+def input_target(conn: sqlite3.Connection, session_id: str) -> str:
+    """Return the live session a missing input of `session_id` goes to (OwnershipReadError if unreadable)."""
+    try:
+        return ownership_places(conn, session_id)[1]
+    except sqlite3.Error as exc:
+        raise OwnershipReadError(f"could not resolve where session {session_id!r} continues ({exc})") from exc
+
+
 def find_input_owner(conn: sqlite3.Connection, session_ids: Iterable[str], marker: str) -> tuple[str, int] | None:
     """Return (session_id, row id) of a row that owns `marker` among those sessions, or None.
 
     Only user rows count, live or in the compression archive; revoked rows, observed inputs
-    (a mirror of someone else's message) and rows of other roles do not. Reads the marker in
-    display_metadata only, never message bodies; the LIKE narrows the rows before any JSON is parsed.
+    (a mirror of someone else's message) and rows of other roles do not. The lookup goes
+    through the marker index, so it touches only the rows carrying that marker, never a
+    session's history or any message body.
     """
     row = conn.execute(
-        "SELECT session_id, id FROM messages "
-        "WHERE session_id IN (SELECT value FROM json_each(?)) AND role = 'user' "
+        f"SELECT session_id, id FROM messages WHERE display_metadata IS NOT NULL AND {INPUT_MARKER_SQL} = ? "
+        "AND session_id IN (SELECT value FROM json_each(?)) AND role = 'user' "
         "AND (active = 1 OR compacted = 1) AND COALESCE(effect_disposition, '') != 'revoked' "
-        "AND COALESCE(observed, 0) = 0 AND display_metadata LIKE ? ESCAPE '\\' "
-        f"AND CASE WHEN json_valid(display_metadata) THEN json_extract(display_metadata, '$.{MARKER_KEY}') END = ? "
-        "ORDER BY id LIMIT 1",
-        (json.dumps(list(session_ids)), "%" + escape_like(marker) + "%", marker)).fetchone()
+        "AND COALESCE(observed, 0) = 0 ORDER BY id LIMIT 1", (marker, json.dumps(list(session_ids)))).fetchone()
     return None if row is None else (row[0], row[1])
 
 

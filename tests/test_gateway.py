@@ -280,3 +280,17 @@ def test_sigkilled_owner_leaves_one_unknown_admission_and_intact_receipts(gw, ri
     assert rival.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert [tuple(r) for r in rival.execute("SELECT id, state FROM session_admissions ORDER BY id")] == [
         (first, "completed"), (head["id"], "started")]
+
+
+def test_the_queue_head_is_found_without_walking_finished_admissions(gw, rival):
+    epoch = gw.claim_runtime()
+    for i in range(20):
+        done = gw.admit_input("s", i)
+        gw.start_admission(done, epoch)
+        gw.finish_admission(done, "completed", epoch)
+    gw.admit_input("s", "next")
+    with gw.tracer() as statements:
+        assert gw.next_admission("s")["payload"] == "next"
+    plans = [" | ".join(r[3] for r in rival.execute("EXPLAIN QUERY PLAN " + s)) for s in statements
+             if "session_admissions" in s]
+    assert plans and all("idx_admissions_live" in p for p in plans), plans

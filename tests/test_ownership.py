@@ -7,7 +7,8 @@ import threading
 import pytest
 
 import hermes_state_routing
-from hermes_state import OwnershipReadError, SessionDB, SessionNotFoundError, input_marker
+from hermes_state import (OwnershipReadError, SessionCompressionInProgressError, SessionDB, SessionNotFoundError,
+                          input_marker)
 from test_gateway import refused, snapshot
 
 
@@ -134,3 +135,33 @@ def test_concurrent_writers_for_one_marker_append_exactly_once(gw, rival):
     finally:
         for h in handles:
             h.close()
+
+
+def test_the_ownership_read_touches_no_history(gw, rival):
+    # A long history and other marked inputs: the lookup must still go straight to the marker.
+    for i in range(50):
+        store(gw, "s", f"im-old-{i}")
+        gw.append_message("s", "assistant", "x" * 2000)
+    with gw.tracer() as statements:
+        gw.persist_failed_turn_input("s", "hello", "im-new")
+    on_messages = [s for s in statements if s.lstrip().upper().startswith("SELECT") and "FROM messages" in s]
+    assert on_messages, statements
+    for sql in on_messages:
+        plan = " | ".join(r[3] for r in rival.execute("EXPLAIN QUERY PLAN " + sql))
+        assert "SCAN messages" not in plan and "idx_messages_input_marker" in plan, plan
+
+
+def test_waits_out_a_compression_of_the_target(gw, rival):
+    other = SessionDB(gw.db_path)
+    try:
+        holder = other.acquire_compression_lock("s")
+        gw._COMPRESSION_WAIT_S = 0.2
+        refused(rival, SessionCompressionInProgressError, gw.persist_failed_turn_input, "s", "hi", "im-c")
+        gw._COMPRESSION_WAIT_S = 10.0
+        releaser = threading.Timer(0.3, other.release_compression_lock, args=("s", holder))
+        releaser.start()
+        assert isinstance(gw.persist_failed_turn_input("s", "hi", "im-c"), int)   # appended once it finished
+        releaser.join()
+        assert marked(rival, "im-c") == [("s", "user", 1)]
+    finally:
+        other.close()
