@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import sqlite3
 import time
 import uuid
 from typing import Any
 
-from hermes_state_common import LIVE_ADMISSION_SQL, decode_json, encode_json, logger, row_dicts
+from hermes_state_common import (LIVE_ADMISSION_SQL, check_count, check_number, decode_json, encode_json, logger,
+                                 row_dicts)
 from hermes_state_errors import (LedgerStateError, ReceiptDigestError, ReceiptOrderError, SessionBusyError,
                                  StaleEpochError)
 from hermes_state_sessions import require_session
@@ -34,12 +34,6 @@ TERMINAL_STATES = ("completed", "failed", "cancelled")
 LIVE_ADMISSION_STATES = ("queued", "started", "unknown")
 LIVE_EXECUTION_STATES = ("running", "unknown")
 _DAY_S = 86400.0
-
-
-def _check_id(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, not {type(value).__name__}")
-    return value
 
 
 def _check_text(name: str, value: Any, *, optional: bool = False) -> str | None:
@@ -98,7 +92,7 @@ def claim_runtime(conn: sqlite3.Connection, instance_id: str | None = None, *, n
 
 def check_epoch(conn: sqlite3.Connection, epoch: Any) -> int:
     """Raise StaleEpochError unless `epoch` is the current runtime epoch (the fence)."""
-    _check_id("epoch", epoch)
+    check_count("epoch", epoch)
     current = current_epoch(conn)
     if current is None:
         raise StaleEpochError(f"epoch {epoch} is not valid: no owner has claimed the runtime; call claim_runtime()")
@@ -117,7 +111,7 @@ def _admission_dict(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _admission(conn: sqlite3.Connection, admission_id: Any) -> dict[str, Any]:
-    _check_id("admission_id", admission_id)
+    check_count("admission_id", admission_id)
     rows = row_dicts(conn.execute("SELECT * FROM session_admissions WHERE id = ?", (admission_id,)))
     if not rows:
         raise LedgerStateError(f"admission {admission_id} does not exist")
@@ -167,7 +161,7 @@ def next_admission(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] 
 
 def get_admission(conn: sqlite3.Connection, admission_id: int) -> dict[str, Any] | None:
     """Return one admission (payload decoded), or None."""
-    _check_id("admission_id", admission_id)
+    check_count("admission_id", admission_id)
     rows = row_dicts(conn.execute("SELECT * FROM session_admissions WHERE id = ?", (admission_id,)))
     return _admission_dict(rows[0]) if rows else None
 
@@ -237,7 +231,7 @@ def resolve_unknown(conn: sqlite3.Connection, admission_id: int, resolution: str
 # --- worker executions and receipts ---------------------------------------------------------------
 
 def _execution(conn: sqlite3.Connection, execution_id: Any) -> dict[str, Any]:
-    _check_id("execution_id", execution_id)
+    check_count("execution_id", execution_id)
     rows = row_dicts(conn.execute("SELECT * FROM worker_executions WHERE id = ?", (execution_id,)))
     if not rows:
         raise LedgerStateError(f"execution {execution_id} does not exist")
@@ -274,7 +268,7 @@ def finish_execution(conn: sqlite3.Connection, execution_id: int, state: str, ep
 
 def get_execution(conn: sqlite3.Connection, execution_id: int) -> dict[str, Any] | None:
     """Return one execution row, or None."""
-    _check_id("execution_id", execution_id)
+    check_count("execution_id", execution_id)
     rows = row_dicts(conn.execute("SELECT * FROM worker_executions WHERE id = ?", (execution_id,)))
     return rows[0] if rows else None
 
@@ -320,7 +314,7 @@ def record_receipt(conn: sqlite3.Connection, execution_id: int, seq: int, payloa
     worker may resend after a crash. New receipts are taken while the execution is running or
     unknown, never after it finished.
     """
-    _check_id("seq", seq)
+    check_count("seq", seq)
     if not isinstance(digest, str):
         raise ValueError("digest must be a hex str")
     computed = receipt_digest(payload)
@@ -352,7 +346,7 @@ def record_receipt(conn: sqlite3.Connection, execution_id: int, seq: int, payloa
 
 def list_receipts(conn: sqlite3.Connection, execution_id: int) -> list[dict[str, Any]]:
     """Return the execution's receipts by seq: {execution_id, session_id, seq, payload, digest, recorded_at}."""
-    _check_id("execution_id", execution_id)
+    check_count("execution_id", execution_id)
     rows = row_dicts(conn.execute("SELECT * FROM worker_receipts WHERE execution_id = ? ORDER BY seq",
                                   (execution_id,)))
     for row in rows:
@@ -421,9 +415,7 @@ def prune_sessions(conn: sqlite3.Connection, older_than_days: float, source: str
     Sessions that are not ended are never pruned; an ended session with live ledger work is
     skipped (and logged) rather than failing the whole prune.
     """
-    if isinstance(older_than_days, bool) or not isinstance(older_than_days, (int, float)) \
-            or not math.isfinite(older_than_days) or older_than_days < 0:
-        raise ValueError(f"older_than_days must be a finite number >= 0, not {older_than_days!r}")
+    check_number("older_than_days", older_than_days)
     _check_text("source", source, optional=True)
     cutoff = (time.time() if now is None else now) - older_than_days * _DAY_S
     sql, args = "SELECT id FROM sessions WHERE ended_at IS NOT NULL AND started_at < ?", [cutoff]

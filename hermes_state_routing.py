@@ -23,7 +23,8 @@ import uuid
 from typing import Any, Iterable, Sequence
 
 import hermes_state_lineage as lineage
-from hermes_state_common import DELIVERY_OBLIGATIONS_SQL, INPUT_MARKER_SQL, decode_json, encode_json, row_dicts
+from hermes_state_common import (DELIVERY_OBLIGATIONS_SQL, INPUT_MARKER_SQL, check_count, check_scalar, decode_json,
+                                 encode_json, row_dicts)
 from hermes_state_compression import check_transcript_writable
 from hermes_state_errors import LedgerStateError, OwnershipReadError, SessionNotFoundError
 from hermes_state_messages import insert_message
@@ -40,12 +41,6 @@ def _check_text(name: str, value: Any, *, optional: bool = False) -> str | None:
         return None
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name} must be a non-empty str")
-    return value
-
-
-def _check_id(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, not {type(value).__name__}")
     return value
 
 
@@ -133,7 +128,7 @@ def outbox_exists(conn: sqlite3.Connection) -> bool:
 
 
 def _obligation(conn: sqlite3.Connection, obligation_id: Any) -> dict[str, Any]:
-    _check_id("obligation_id", obligation_id)
+    check_count("obligation_id", obligation_id)
     ensure_outbox(conn)
     rows = row_dicts(conn.execute("SELECT * FROM delivery_obligations WHERE id = ?", (obligation_id,)))
     if not rows:
@@ -155,6 +150,8 @@ def owe_delivery(conn: sqlite3.Connection, session_id: str, payload: Any, *, pla
     a key recorded for another session raises ValueError.
     """
     _check_text("key", key, optional=True)
+    for name, value in (("platform", platform), ("chat_id", chat_id), ("thread_id", thread_id)):
+        check_scalar(name, value)
     encoded = encode_json(payload, "payload") or "null"
     require_session(conn, session_id)
     ensure_outbox(conn)
@@ -191,7 +188,7 @@ def begin_delivery(conn: sqlite3.Connection, obligation_id: int, *, now: float |
 def _check_fence(row: dict[str, Any], fence: int | None, verb: str) -> None:
     if fence is None:
         return
-    _check_id("fence", fence)
+    check_count("fence", fence)
     if row["state"] != "attempting" or row["fence"] != fence:
         raise LedgerStateError(
             f"delivery obligation {row['id']}: fence {fence} is stale (the row is {row['state']} with fence "
@@ -229,7 +226,7 @@ def recover_deliveries(conn: sqlite3.Connection, max_attempts: int = 3, *, now: 
     `recovered = 1`, so the sender can say the reply may be a duplicate. Attempting or failed
     rows that already used `max_attempts` become `abandoned` (terminal) instead.
     """
-    _check_id("max_attempts", max_attempts)
+    check_count("max_attempts", max_attempts)
     if max_attempts < 1:
         raise ValueError("max_attempts must be >= 1")
     ensure_outbox(conn)
@@ -255,7 +252,7 @@ def list_owed(conn: sqlite3.Connection, session_id: str | None = None) -> list[d
 
 def get_delivery(conn: sqlite3.Connection, obligation_id: int) -> dict[str, Any] | None:
     """Return one obligation (payload decoded), or None."""
-    _check_id("obligation_id", obligation_id)
+    check_count("obligation_id", obligation_id)
     if not outbox_exists(conn):
         return None
     rows = row_dicts(conn.execute("SELECT * FROM delivery_obligations WHERE id = ?", (obligation_id,)))
