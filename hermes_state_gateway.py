@@ -6,8 +6,8 @@ Owns: `runtime_epoch` (claiming the runtime; fencing writes from a replaced owne
 `worker_receipts` (ordered, digest-checked results of managed runs), and `delete_session` /
 `prune_sessions`, which refuse while ledger work is live.
 Does not own: routing, the delivery outbox, async delegations and input ownership
-(hermes_state_routing; deletion removes their rows by table name only), message rows
-(hermes_state_sessions).
+(hermes_state_routing; deletion removes their rows by table name only), session and message
+rows (hermes_state_sessions, hermes_state_messages).
 
 Transaction contract: every write runs inside the caller's BEGIN IMMEDIATE transaction and is a
 compare-and-set: it reads the row, checks the epoch and the state, and only then changes

@@ -6,7 +6,7 @@ Owns: `gateway_routing` (scope, session_key -> an entry naming the session that 
 `async_delegations` (work handed to another agent, by origin session), input markers and
 `persist_failed_turn_input`, and the pure `strip_echoed_user_input`.
 Does not own: the runtime epoch, admissions or receipts (hermes_state_gateway; the outbox is
-fenced per send attempt instead of per epoch), message rows (hermes_state_sessions), lineage
+fenced per send attempt instead of per epoch), message rows (hermes_state_messages), lineage
 walks (hermes_state_lineage).
 
 Transaction contract: writes run inside the caller's BEGIN IMMEDIATE transaction as

@@ -5,6 +5,7 @@ ledgers read the same from a second connection afterwards.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import multiprocessing
@@ -15,7 +16,7 @@ from typing import Any, Callable
 
 import pytest
 
-from hermes_state import (LedgerStateError, ReceiptDigestError, ReceiptOrderError, SessionDB,
+from hermes_state import (AsyncSessionDB, LedgerStateError, ReceiptDigestError, ReceiptOrderError, SessionDB,
                           SessionNotFoundError, StaleEpochError, receipt_digest)
 
 LEDGER_TABLES = ("runtime_epoch", "session_admissions", "worker_executions", "worker_receipts", "sessions",
@@ -294,3 +295,15 @@ def test_the_queue_head_is_found_without_walking_finished_admissions(gw, rival):
     plans = [" | ".join(r[3] for r in rival.execute("EXPLAIN QUERY PLAN " + s)) for s in statements
              if "session_admissions" in s]
     assert plans and all("idx_admissions_live" in p for p in plans), plans
+
+
+def test_ledger_calls_have_coroutine_twins(gw):
+    async def owner_start() -> tuple:
+        adb = AsyncSessionDB(gw)
+        epoch = await adb.claim_runtime("async-owner")
+        admission = await adb.admit_input("s", "hi")
+        await adb.start_admission(admission, epoch)
+        return epoch, await adb.list_admissions(state="started")
+
+    epoch, started = asyncio.run(owner_start())
+    assert epoch == 1 and [a["payload"] for a in started] == ["hi"]
