@@ -116,14 +116,18 @@ def test_upgrade_numbers_duplicate_titles_before_the_unique_index(tmp_path):
         CREATE TABLE schema_version (version INTEGER NOT NULL);
         INSERT INTO schema_version VALUES (20);
         CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, started_at REAL NOT NULL, title TEXT);
-        INSERT INTO sessions VALUES ('a', 'cli', 1, 'Fix bug'), ('b', 'cli', 2, 'Fix bug'),
-                                    ('c', 'cli', 3, 'Fix bug #2'), ('d', 'cli', 4, 'Fix bug');
+        INSERT INTO sessions VALUES ('a', 'cli', 2, 'Fix bug'), ('b', 'cli', 3, 'Fix bug'),
+                                    ('c', 'cli', 4, 'Fix bug #2'), ('d', 'cli', 1, 'Fix bug'),
+                                    ('e', 'cli', 5, 'Notes'), ('f', 'cli', 5, 'Notes'), ('g', 'cli', 6, NULL),
+                                    ('h', 'cli', 7, NULL);
     """)
     conn.close()
     with SessionDB(path) as db:
-        titles = {sid: db.get_session(sid)["title"] for sid in "abcd"}
-    assert titles["a"] == "Fix bug" and titles["c"] == "Fix bug #2"
-    assert len(set(titles.values())) == 4
+        titles = {sid: db.get_session(sid)["title"] for sid in "abcdefgh"}
+    # The oldest keeps the title; later ones are numbered in start order (ties by id), skipping
+    # a number another session already has; no title stays no title.
+    assert titles == {"d": "Fix bug", "a": "Fix bug #3", "b": "Fix bug #4", "c": "Fix bug #2",
+                      "e": "Notes", "f": "Notes #2", "g": None, "h": None}
 
 
 def test_open_of_current_database_takes_no_write_lock_and_scans_nothing(db, rival, monkeypatch):
