@@ -625,9 +625,11 @@ class SessionDB:
             return routing.owe_delivery(conn, session_id, payload, platform=platform, chat_id=chat_id,
                                         thread_id=thread_id, key=key)
 
-    def begin_delivery(self, obligation_id: int) -> int:
+    def begin_delivery(self, obligation_id: int, *, epoch: int | None = None) -> int:
         """Start a send attempt (pending/failed -> attempting); return the attempt's fence. Activity write."""
         with self._write(self._ACTIVITY_WRITE_PATIENCE_S) as conn:
+            if epoch is not None:  # a replaced owner must not start sends
+                gateway.check_epoch(conn, epoch)
             return routing.begin_delivery(conn, obligation_id)
 
     def mark_delivered(self, obligation_id: int, *, fence: int | None = None) -> None:
@@ -640,9 +642,11 @@ class SessionDB:
         with self._write(self._ACTIVITY_WRITE_PATIENCE_S) as conn:
             routing.mark_failed(conn, obligation_id, error, fence=fence)
 
-    def recover_deliveries(self, max_attempts: int = 3) -> dict[str, int]:
+    def recover_deliveries(self, max_attempts: int = 3, *, epoch: int | None = None) -> dict[str, int]:
         """At owner start: attempting -> pending (recovered=1), over the cap -> abandoned; return the counts."""
         with self._write() as conn:
+            if epoch is not None:  # a replaced owner must not pull back its successor's sends
+                gateway.check_epoch(conn, epoch)
             return routing.recover_deliveries(conn, max_attempts)
 
     def list_owed(self, session_id: str | None = None) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ import sqlite3
 import pytest
 
 from hermes_state import (LedgerStateError, ReadOnlyError, SessionDB, SessionNotFoundError, SessionPersistenceError,
-                          strip_echoed_user_input)
+                          StaleEpochError, strip_echoed_user_input)
 from test_gateway import refused, snapshot
 
 
@@ -87,6 +87,18 @@ def test_recover_deliveries_after_the_owner_died_mid_send(gw, rival):
     owed = {o["id"]: o["recovered"] for o in gw.list_owed()}
     assert owed == {in_flight: 1, waiting: 0}   # the sender sees which reply may be a duplicate
     assert gw.recover_deliveries() == {"recovered": 0, "abandoned": 0}
+
+
+def test_an_owner_passing_its_epoch_is_fenced(gw, rival):
+    old = gw.claim_runtime()
+    ob = gw.owe_delivery("s", "a")
+    fence = gw.begin_delivery(ob, epoch=old)
+    new = gw.claim_runtime()
+    refused(rival, StaleEpochError, gw.recover_deliveries, epoch=old)   # cannot pull back live sends
+    assert gw.recover_deliveries(epoch=new) == {"recovered": 1, "abandoned": 0}
+    refused(rival, StaleEpochError, gw.begin_delivery, ob, epoch=old)   # cannot start a send
+    refused(rival, LedgerStateError, gw.mark_delivered, ob, fence=fence)  # its old attempt is void
+    assert gw.begin_delivery(ob, epoch=new) == fence + 1
 
 
 def test_delivery_bookkeeping_is_an_activity_write(gw, rival, monkeypatch):
