@@ -35,9 +35,9 @@ from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
 from hermes_state_routing import input_marker, strip_echoed_user_input
 from hermes_state_common import SCHEMA_VERSION, logger
 from hermes_state_writer import RetryPolicy, Writer
-from hermes_state_errors import (HermesStateError, LedgerStateError, OwnershipReadError, ProfileNotFoundError,  # noqa: F401
-                                 ReadOnlyError, ReceiptDigestError, ReceiptOrderError, SessionBusyError,
-                                 SessionClosedByCompressionError, SessionCompressionInProgressError,
+from hermes_state_errors import (HermesStateError, LedgerStateError, OwnershipReadError,  # noqa: F401
+                                 ProfileNotFoundError, ReadOnlyError, ReceiptDigestError, ReceiptOrderError,
+                                 SessionBusyError, SessionClosedByCompressionError, SessionCompressionInProgressError,
                                  SessionNotFoundError,
                                  SessionPersistenceError, StaleEpochError, StateDbBusyError,
                                  StateDbCorruptError, StateDbIncompatibleError, StateDbUninitializedError,

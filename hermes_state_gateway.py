@@ -33,6 +33,7 @@ from hermes_state_sessions import require_session
 TERMINAL_STATES = ("completed", "failed", "cancelled")
 LIVE_ADMISSION_STATES = ("queued", "started", "unknown")
 LIVE_EXECUTION_STATES = ("running", "unknown")
+_LIVE_EXECUTION_SQL = "state IN ('running', 'unknown')"
 _DAY_S = 86400.0
 
 
@@ -48,10 +49,6 @@ def _check_terminal(state: Any) -> str:
     if state not in TERMINAL_STATES:
         raise ValueError(f"state must be one of {', '.join(TERMINAL_STATES)}, not {state!r}")
     return state
-
-
-def _sql_list(values: tuple[str, ...]) -> str:
-    return ", ".join(f"'{v}'" for v in values)
 
 
 # --- runtime epoch ------------------------------------------------------------------------------
@@ -366,7 +363,7 @@ def live_ledger_work(conn: sqlite3.Connection, session_id: str) -> str | None:
         f"SELECT COUNT(*) FROM session_admissions WHERE session_id = ? AND {LIVE_ADMISSION_SQL}",
         (session_id,)).fetchone()[0]
     executions = conn.execute(
-        f"SELECT COUNT(*) FROM worker_executions WHERE session_id = ? AND state IN ({_sql_list(LIVE_EXECUTION_STATES)})",
+        f"SELECT COUNT(*) FROM worker_executions WHERE session_id = ? AND {_LIVE_EXECUTION_SQL}",
         (session_id,)).fetchone()[0]
     if not admissions and not executions:
         return None

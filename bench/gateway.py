@@ -114,7 +114,8 @@ def ownership(tmp: Path, n: int, history: int) -> None:
     for sid, size in (("long", history), ("short", 100)):
         db.create_session(sid, "bench")
         for i in range(size):
-            db.append_message(sid, "user", f"question {i} " + "x" * 300, display_metadata={"input_marker": f"{sid}-{i}"})
+            db.append_message(sid, "user", f"question {i} " + "x" * 300,
+                              display_metadata={"input_marker": f"{sid}-{i}"})
             db.append_message(sid, "assistant", "answer " + "y" * 1500)
     db.close()
     db = SessionDB(tmp / "own.db")

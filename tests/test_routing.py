@@ -7,7 +7,7 @@ import pytest
 
 from hermes_state import (LedgerStateError, ReadOnlyError, SessionDB, SessionNotFoundError, SessionPersistenceError,
                           StaleEpochError, strip_echoed_user_input)
-from test_gateway import refused, snapshot
+from test_gateway import refused
 
 
 @pytest.fixture
