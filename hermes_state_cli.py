@@ -14,6 +14,7 @@ import time
 import unicodedata
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import quote
 
 from hermes_state_errors import HermesStateError
 from hermes_state_home import _apply_profile_override, display_hermes_home, hermes_home_override
@@ -164,6 +165,28 @@ def cmd_fts(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- serve ----------------------------------------------------------------------------------------
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Browse the database in Datasette on 127.0.0.1, read-only (needs the [web] extra)."""
+    try:
+        import uvicorn
+        from datasette.app import Datasette
+    except ImportError:
+        raise HermesStateError("hermes-state serve needs Datasette: pip install 'hermes-state[web]'") from None
+    # A read-only open first: a missing file is an error (never created), an unknown schema is named.
+    with _open(args, read_only=True) as db:
+        path = str(db.db_path)
+    # Datasette opens a mutable file with mode=ro and sees each committed write. --immutable
+    # would tell SQLite the file never changes while the agent keeps writing it: never used.
+    ds = Datasette([path])
+    name = next(n for n, d in ds.databases.items() if d.path == path)
+    print(f"Serving {display_hermes_home(Path(path))} read-only at "
+          f"http://127.0.0.1:{args.port}/-/hermes/{quote(name, safe='')} (Ctrl-C stops)", flush=True)
+    uvicorn.run(ds.app(), host="127.0.0.1", port=args.port, log_level="warning", lifespan="on", workers=1)
+    return 0
+
+
 # --- entry point -------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -193,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("title")
     p.set_defaults(func=cmd_rename)
     ssub.add_parser("stats", help="usage per model, largest sessions").set_defaults(func=cmd_stats)
+    p = sub.add_parser("serve", help="browse sessions in a web page (Datasette), read-only")
+    p.add_argument("--db", default=argparse.SUPPRESS, help="database file (default: <HERMES_HOME>/state.db)")
+    p.add_argument("--port", type=int, default=8001, help="port on 127.0.0.1 (default 8001)")
+    p.set_defaults(func=cmd_serve)
     p = sub.add_parser("fts", help="full-text index status or rebuild")
     p.add_argument("action", choices=["status", "rebuild"])
     p.set_defaults(func=cmd_fts)

@@ -41,15 +41,18 @@ def test_fresh_database_has_the_declared_shape(db, rival):
         fks = [r for r in rival.execute(f"PRAGMA foreign_key_list({ledger})") if r[2] == "sessions"]
         assert fks and fks[0][6] == "RESTRICT", ledger
     assert rival.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert db._writer.conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-    assert db._writer.conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    with db._write() as conn:  # the handle's write connection
+        assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
 
 
 def test_ledger_rows_restrict_session_delete(db, rival):
     db.create_session("s", "cli")
     rival.execute("INSERT INTO session_admissions (session_id, state) VALUES ('s', 'queued')")
     with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
-        db._writer.conn.execute("DELETE FROM sessions WHERE id='s'")
+        with db._write() as conn:
+            conn.execute("DELETE FROM sessions WHERE id='s'")
+    assert rival.execute("SELECT COUNT(*) FROM sessions WHERE id='s'").fetchone()[0] == 1
 
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
@@ -211,7 +214,7 @@ def test_malformed_schema_raises_corrupt(tmp_path):
         SessionDB(path)
 
 
-def test_read_only_opens(tmp_path):
+def test_read_only_opens(tmp_path, raw_conn):
     missing = tmp_path / "missing.db"
     with pytest.raises(StateDbUninitializedError):
         SessionDB(missing, read_only=True)
@@ -232,7 +235,7 @@ def test_read_only_opens(tmp_path):
     _old_layout(old)
     with pytest.raises(StateDbIncompatibleError):
         SessionDB(old, read_only=True)
-    assert sqlite3.connect(old).execute("SELECT version FROM schema_version").fetchone()[0] == 1
+    assert raw_conn(old).execute("SELECT version FROM schema_version").fetchone()[0] == 1
 
 
 def test_read_only_open_waits_then_reports_busy(tmp_path, monkeypatch):
