@@ -342,6 +342,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     def check(name: str, ok: bool, detail: str) -> None:
         checks.append({"check": name, "ok": ok, "detail": detail})
+    # Before any open: a writable open makes the files 0600 itself, which would hide the problem.
+    modes = [p for p in (_mode_problem(Path(f"{path}{s}")) for s in ("", "-wal", "-shm")) if p]
     try:
         with SessionDB(path, read_only=True) as db:
             version = db.schema_version
@@ -366,7 +368,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     size = wal.stat().st_size if wal.exists() else 0
     check("wal", size < 256 * 2**20, f"{size / 2**20:.1f} MB" + ("" if size < 256 * 2**20 else
                                                                  " (a long reader may block checkpoints)"))
-    modes = [p for p in (_mode_problem(Path(f"{path}{s}")) for s in ("", "-wal", "-shm")) if p]
     check("file modes", not modes, "; ".join(modes) or "0600")
     holders = write_lock_holders(path)
     checks.append({"check": "lock holders", "ok": True, "detail": "; ".join(holders) or "none"})
