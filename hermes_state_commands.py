@@ -133,8 +133,10 @@ def _call_text(call: Any) -> str:
 
 
 def _message_line(m: dict[str, Any], width: int) -> str:
-    role = m["role"] if m["role"] != "tool" else f"tool {m.get('tool_name') or ''}".strip()
+    role = m["role"]
     text = m.get("content") or ""
+    if role == "tool" and m.get("tool_name"):
+        text = f"[{m['tool_name']}] {text}"
     if not text and m.get("tool_calls"):
         text = "→ " + ", ".join(_call_text(c) for c in m["tool_calls"]) if isinstance(m["tool_calls"], list) \
             else f"→ {m['tool_calls']}"
@@ -172,6 +174,10 @@ def _markdown(session: dict[str, Any], messages: list[dict[str, Any]]) -> str:
     return "\n".join(out).strip() + "\n"
 
 
+def _plural(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     """Show one session and its live transcript."""
     from hermes_state import SessionNotFoundError
@@ -196,7 +202,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                  f"started {render.clock_time(s['started_at'])} · "
                  + (f"ended {render.clock_time(s['ended_at'])} ({render.safe(s['end_reason'])})"
                     if s["ended_at"] else "open")
-                 + f" · {s['message_count'] or 0} messages · {s['tool_call_count'] or 0} tool calls",
+                 + f" · {_plural(s['message_count'] or 0, 'message')} · {_plural(s['tool_call_count'] or 0, 'tool call')}",
                  f"tokens in {render.number(s['input_tokens'] or 0)} / out {render.number(s['output_tokens'] or 0)}"
                  + (f" · cost {cost}" if cost else "")]
         if ancestors:
