@@ -85,7 +85,8 @@ class Peer:
 
 def percentiles(times_ms: list[float]) -> dict:
     times = sorted(times_ms)
-    return {"p50_ms": round(statistics.median(times), 3), "p95_ms": round(times[min(len(times) - 1, int(0.95 * len(times)))], 3)}
+    p95 = times[min(len(times) - 1, int(0.95 * len(times)))]
+    return {"p50_ms": round(statistics.median(times), 3), "p95_ms": round(p95, 3)}
 
 
 def floor_match(kind: str, query: str) -> tuple[str, str]:
@@ -191,8 +192,8 @@ def run(n: int, seed: int, n_queries: int, with_peers: bool) -> dict:
                      "db_bytes": sizes[name], "db_to_raw_text": round(sizes[name] / raw_text, 3)}
         if name in searches:
             all_ms = [t for ts, _ in searches[name].values() for t in ts]
-            row["search"] = {"all": percentiles(all_ms),
-                             **{kind: dict(percentiles(ts), no_hits=empty) for kind, (ts, empty) in searches[name].items()}}
+            per_kind = {kind: dict(percentiles(ts), no_hits=empty) for kind, (ts, empty) in searches[name].items()}
+            row["search"] = {"all": percentiles(all_ms), **per_kind}
             row["search_p50_ratio_to_floor"] = round(statistics.median(all_ms) / floor_all, 2)
         else:
             row["search"] = None
@@ -215,7 +216,8 @@ def table(result: dict) -> str:
     lines = [f"{result['n_messages']:,} messages, {sum(result['queries_per_kind'].values())} queries "
              f"({', '.join(result['queries_per_kind'])}); raw text {result['raw_text_bytes'] / 1e6:.1f} MB",
              "",
-             "| system | append msg/s | append time ÷ floor | search p50 / p95 ms | search p50 ÷ floor | DB ÷ raw text |",
+             "| system | append msg/s | append time ÷ floor | search p50 / p95 ms | search p50 ÷ floor "
+             "| DB ÷ raw text |",
              "|---|---|---|---|---|---|"]
     for name, r in result["systems"].items():
         s = r["search"]
@@ -223,12 +225,16 @@ def table(result: dict) -> str:
         ratio_cell = f"{r['search_p50_ratio_to_floor']:.2f}" if s else "-"
         lines.append(f"| {name} | {r['append_per_s']:,.0f} | {r['append_ratio_to_floor']:.2f} | {search_cell} | "
                      f"{ratio_cell} | {r['db_to_raw_text']:.2f} |")
-    lines += ["", "| search p50 / p95 ms by kind (queries without hits) | " + " | ".join(n for n, r in result["systems"].items() if r["search"]) + " |",
-              "|---|" + "---|" * sum(1 for r in result["systems"].values() if r["search"])]
+    searched = [n for n, r in result["systems"].items() if r["search"]]
+    lines += ["", "| search p50 / p95 ms by kind (queries without hits) | " + " | ".join(searched) + " |",
+              "|---|" + "---|" * len(searched)]
     for kind in result["queries_per_kind"]:
         cells = [f"{r['search'][kind]['p50_ms']:.2f} / {r['search'][kind]['p95_ms']:.2f} "
                  f"({r['search'][kind]['no_hits']} empty)" for r in result["systems"].values() if r["search"]]
         lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    ours, systems = result["systems"]["hermes-state"], result["systems"]
+    for peer in (p for p in PEERS if p in systems):
+        lines.append(f"\nhermes-state appends {ours['append_per_s'] / systems[peer]['append_per_s']:.2f}x as fast as {peer}")
     return "\n".join(lines)
 
 
@@ -237,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", type=int, default=5000, help="messages each system appends (default 5000)")
     parser.add_argument("--queries", type=int, default=60, help="corpus queries, split over three kinds (default 60)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--no-peers", action="store_true", help="hermes-state and its floor only (no venvs, no network)")
+    parser.add_argument("--no-peers", action="store_true",
+                        help="hermes-state and its floor only (no venvs, no network)")
     args = parser.parse_args(argv)
     started = datetime.datetime.now(datetime.timezone.utc)
     result = run(args.n, args.seed, args.queries, not args.no_peers)

@@ -24,13 +24,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import workers  # noqa: E402
+import stress_workers as workers  # noqa: E402
 from hermes_state import SessionDB  # noqa: E402
 
 
 def kill_round(path: Path, run: int, rng: random.Random) -> list[tuple[int, str]]:
     env = dict(os.environ, HERMES_HOME=str(path.parent))
-    proc = subprocess.Popen([sys.executable, str(HERE / "workers.py"), "crash", str(path), str(run)],
+    proc = subprocess.Popen([sys.executable, str(HERE / "stress_workers.py"), "crash", str(path), str(run)],
                             stdout=subprocess.PIPE, env=env, text=True)
     acked = []
     target = rng.randint(1, 120)

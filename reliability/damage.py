@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import workers  # noqa: E402
+import stress_workers as workers  # noqa: E402
 
 
 def main() -> int:
@@ -36,8 +36,9 @@ def main() -> int:
         workers.build_sample(str(sample))
         t0 = time.monotonic()
         try:
-            out = subprocess.run([sys.executable, str(HERE / "workers.py"), "damaged", str(sample), str(args.copies),
-                                  str(args.seed), tmp], capture_output=True, text=True, timeout=args.timeout)
+            out = subprocess.run([sys.executable, str(HERE / "stress_workers.py"), "damaged", str(sample),
+                                  str(args.copies), str(args.seed), tmp],
+                                 capture_output=True, text=True, timeout=args.timeout)
         except subprocess.TimeoutExpired:
             print(f"HANG: the probe did not finish {args.copies} copies in {args.timeout:.0f} s")
             return 1

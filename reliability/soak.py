@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import workers  # noqa: E402
+import stress_workers as workers  # noqa: E402
 
 
 def main() -> int:

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+WORKERS = str(REPO / "reliability" / "stress_workers.py")
 sys.path.insert(0, str(REPO / "reliability"))
 
-import workers  # noqa: E402
+import stress_workers as workers  # noqa: E402
 from hermes_state import SessionDB, StateDbCorruptError  # noqa: E402
 
 HOSTILE = [
@@ -53,7 +54,7 @@ def sample(tmp_path_factory) -> Path:
 
 def test_damaged_copies_raise_only_typed_errors_and_never_hang(sample, tmp_path):
     env = dict(os.environ, HERMES_HOME=str(tmp_path))
-    out = subprocess.run([sys.executable, str(REPO / "reliability" / "workers.py"), "damaged", str(sample), "60", "7",
+    out = subprocess.run([sys.executable, WORKERS, "damaged", str(sample), "60", "7",
                           str(tmp_path)], capture_output=True, env=env, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+WORKERS = str(REPO / "reliability" / "stress_workers.py")
 sys.path.insert(0, str(REPO / "reliability"))
 
-import workers  # noqa: E402
+import stress_workers as workers  # noqa: E402
 from hermes_state import SessionDB  # noqa: E402
 
 HEALTHY = {"integrity": [], "fts": [], "counters_off": []}
@@ -46,7 +47,7 @@ def test_soak_two_writers_two_readers_lose_nothing_and_see_no_error(tmp_path):
 
 def _kill_writer_at_random_point(path: Path, run: int, rng: random.Random) -> list[tuple[int, str]]:
     env = dict(os.environ, HERMES_HOME=str(path.parent))
-    proc = subprocess.Popen([sys.executable, str(REPO / "reliability" / "workers.py"), "crash", str(path), str(run)],
+    proc = subprocess.Popen([sys.executable, WORKERS, "crash", str(path), str(run)],
                             stdout=subprocess.PIPE, env=env, text=True)
     acked: list[tuple[int, str]] = []
     target = rng.randint(1, 80)
@@ -90,7 +91,7 @@ def test_disk_full_is_a_typed_disk_error_rolled_back_and_the_file_works_after(tm
     path = tmp_path / "state.db"
     SessionDB(path).close()
     env = dict(os.environ, HERMES_HOME=str(tmp_path))
-    out = subprocess.run([sys.executable, str(REPO / "reliability" / "workers.py"), "disk-full", str(path), "200000"],
+    out = subprocess.run([sys.executable, WORKERS, "disk-full", str(path), "200000"],
                          capture_output=True, env=env, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)

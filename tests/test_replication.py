@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+WORKERS = str(REPO / "reliability" / "stress_workers.py")
 sys.path.insert(0, str(REPO / "reliability"))
 
-import workers  # noqa: E402
+import stress_workers as workers  # noqa: E402
 from hermes_state import SessionDB  # noqa: E402
 
 LITESTREAM = shutil.which("litestream") or shutil.which("litestream", path=str(Path(sys.executable).parent))
@@ -49,7 +50,7 @@ def test_a_replica_taken_under_writes_restores_every_acknowledged_message(tmp_pa
     replicator = subprocess.Popen([LITESTREAM, "replicate", "-config", str(config)], stdout=log, stderr=log)
     try:
         time.sleep(0.5)  # let it take its first snapshot of the empty store
-        writer = subprocess.run([sys.executable, str(REPO / "reliability" / "workers.py"), "steady", str(db_path), "3"],
+        writer = subprocess.run([sys.executable, WORKERS, "steady", str(db_path), "3"],
                                 capture_output=True, env=env, text=True, timeout=60)
         assert writer.returncode == 0, writer.stderr
         acked = [(int(r), m) for r, m in (line.split() for line in writer.stdout.splitlines())]

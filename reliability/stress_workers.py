@@ -1,8 +1,8 @@
 """Child processes and checks shared by the reliability tests (tests/test_reliability_*.py) and the long runs here.
 
 Each worker is a top-level function, so `multiprocessing` with the spawn start method can run
-it, or a `python -m`-free script entry (`python reliability/workers.py <role> ...`) that prints
-one acknowledgement per line, so a parent can kill it and know exactly what was acknowledged.
+it; the writers a parent kills run as scripts (`python reliability/stress_workers.py <role> ...`)
+and print one line per acknowledged write, so the parent knows exactly what was acknowledged.
 `check_file` is the one health check every scenario ends with: SQLite's integrity_check, every
 full-text index's own integrity-check, and each session's counters equal to its live rows.
 """
@@ -45,8 +45,8 @@ def check_file(path: str | os.PathLike) -> dict:
             except sqlite3.Error as exc:
                 fts_errors.append(f"{table}: {exc}")
         counters_off = conn.execute(
-            "SELECT s.id, s.message_count, (SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id AND m.active = 1) "
-            "AS live FROM sessions s WHERE s.message_count != live").fetchall()
+            "SELECT s.id, s.message_count, (SELECT COUNT(*) FROM messages m "
+            "WHERE m.session_id = s.id AND m.active = 1) AS live FROM sessions s WHERE s.message_count != live").fetchall()
     finally:
         conn.close()
     return {"integrity": [] if integrity == ["ok"] else integrity, "fts": fts_errors, "counters_off": counters_off}
@@ -151,7 +151,7 @@ def crash_writer(path: str, run: int) -> None:
 
 
 def steady_writer(path: str, duration_s: float) -> None:
-    """Append for `duration_s` to a few sessions, compressing each every 30 messages; print `<row id> <marker>` per ack."""
+    """Append for `duration_s` to three sessions, compressing each every 30 messages; print `<row id> <marker>` per ack."""
     rng = random.Random(7)
     with SessionDB(path) as db:
         sids = [f"steady-{k}" for k in range(3)]
@@ -237,7 +237,7 @@ def damage(src: bytes, rng: random.Random) -> bytes:
 
 
 def probe_damaged(path: str) -> str:
-    """Open `path` writable and read-only and read everything; return "ok", the typed error's name, or "RAW: <traceback>"."""
+    """Open `path` writable, then read-only, and read everything; return "ok", a typed error's name, or "RAW: ..."."""
     import traceback  # noqa: PLC0415
     outcome = "ok"
     for read_only in (False, True):
