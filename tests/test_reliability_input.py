@@ -113,6 +113,7 @@ def test_injection_shaped_strings_are_stored_and_found_verbatim(db, raw_conn):
         db.search_messages(evil)  # any text is a valid query
         assert db.search_messages(f"token{k}", source_filter=[evil + "x"]) == []
         assert db.search_messages(f"token{k}", role_filter=[evil]) == []
+        assert db.search_messages(f"token{k}", exclude_sources=[evil]) == []
     check = raw_conn()
     assert check.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == len(HOSTILE)
     assert check.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 2 * len(HOSTILE)

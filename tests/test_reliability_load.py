@@ -34,7 +34,7 @@ def test_soak_two_writers_two_readers_lose_nothing_and_see_no_error(tmp_path):
     assert run["exitcodes"] == [0, 0, 0, 0]
     assert [r["errors"] for r in run["writers"] + run["readers"]] == [[]] * 4
     acked = [a for r in run["writers"] for a in r["acked"]]
-    assert all(len(r["acked"]) > 20 for r in run["writers"]), "a writer made no progress"
+    assert all(len(r["acked"]) >= 5 for r in run["writers"]), "a writer made no progress"
     assert all(r["reads"] > 0 for r in run["readers"])
     assert workers.missing_acknowledged(path, acked) == []
     assert workers.check_file(path) == HEALTHY
