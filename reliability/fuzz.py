@@ -47,7 +47,7 @@ def main() -> int:
     args, rest = parser.parse_known_args()
     targets = rest or [str(p) for p in sorted((REPO / "tests").glob("test_*.py")) if "@given" in p.read_text()]
     plugin = ScaleExamples(args.examples)
-    return pytest.main(["-q", "-p", "no:cacheprovider", "--hypothesis-show-statistics", "-k", "not slow",
+    return pytest.main(["-p", "no:cacheprovider", "--hypothesis-show-statistics",
                         "--rootdir", str(REPO), *targets], plugins=[plugin])
 
 
