@@ -8,6 +8,8 @@ reads one JSON command per line on stdin and answers one JSON line on stdout:
 
     {"op": "setup"}                         create every corpus session (untimed)
     {"op": "append", "session": k}          append session k's messages, one call per message -> {"s": seconds}
+                                            (then the session is finished: a store that keeps an object
+                                            per conversation closes it, untimed)
     {"op": "search", "queries": [...]}      run each query once untimed, then once timed -> {"ms": [...], "hits": [...]}
     {"op": "close"}                         close the store -> {"bytes": database + WAL size}
 
@@ -44,6 +46,9 @@ class HermesAgent:
     def search(self, query: str) -> int:
         return len(self.db.search_messages(query, limit=20))
 
+    def finish(self, sid: str) -> None:
+        """Nothing to do: one SessionDB serves every conversation."""
+
     def close(self) -> None:
         self.db.close()
 
@@ -78,11 +83,13 @@ class OpenAIAgents:
     def search(self, query: str) -> int:
         raise NotImplementedError("SQLiteSession has no search")
 
+    def finish(self, sid: str) -> None:
+        """Close the conversation's session object, as an agent does when a conversation ends."""
+        self.sessions.pop(sid).close()
+
     def close(self) -> None:
         for s in self.sessions.values():
-            close = getattr(s, "close", None)
-            if close is not None:
-                close()
+            s.close()
         self.loop.close()
 
 
@@ -109,6 +116,7 @@ def main() -> None:
             for m in msgs:
                 store.append(sid, m)
             reply = {"s": time.perf_counter() - t0}
+            store.finish(sid)  # each session is appended in one go; keeping thousands open costs resources
         elif op == "search":
             if not store.searchable:
                 reply = {"ms": None}

@@ -70,11 +70,14 @@ class Peer:
                                      cwd=path.parent)
 
     def ask(self, **command) -> dict:
-        self.proc.stdin.write(json.dumps(command) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
+        try:
+            self.proc.stdin.write(json.dumps(command) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except OSError:
+            line = ""
         if not line:
-            raise RuntimeError(f"{self.name} driver died; see its log")
+            raise RuntimeError(f"the {self.name} driver died")
         return json.loads(line)
 
     def close(self) -> int:
@@ -146,7 +149,8 @@ def run(n: int, seed: int, n_queries: int, with_peers: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="hermes-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
         os.environ["HERMES_HOME"] = tmp_dir
-        log = (tmp / "peers.log").open("w")
+        log_path = Path(tempfile.gettempdir()) / f"hermes-bench-peers-{os.getpid()}.log"
+        log = log_path.open("w")  # outside the temporary directory: it must survive a failed run
         peers = []
         for name, python in pythons.items():
             (tmp / name).mkdir()
@@ -158,6 +162,7 @@ def run(n: int, seed: int, n_queries: int, with_peers: bool) -> dict:
         for p in peers:
             p.ask(op="setup")
         seconds = {"hermes-state": 0.0, "raw SQL floor": 0.0, **{p.name: 0.0 for p in peers}}
+        failed: dict[str, str] = {}
         for k, (sid, _, msgs) in enumerate(sessions):
             t0 = time.perf_counter()
             for m in msgs:
@@ -168,8 +173,14 @@ def run(n: int, seed: int, n_queries: int, with_peers: bool) -> dict:
                 append.raw_append(raw, sid, m, last_uids)
             seconds["hermes-state"] += t1 - t0
             seconds["raw SQL floor"] += time.perf_counter() - t1
-            for p in peers:
-                seconds[p.name] += p.ask(op="append", session=k)["s"]
+            for p in list(peers):
+                try:
+                    seconds[p.name] += p.ask(op="append", session=k)["s"]
+                except RuntimeError as exc:  # report the others; the peer's row says what happened
+                    print(f"{exc} at session {k} of {len(sessions)}; its stderr is in {log_path}", file=sys.stderr)
+                    peers.remove(p)
+                    failed[p.name] = f"died at session {k} of {len(sessions)}"
+                    del seconds[p.name]
         raw.close()
         lib.close()
         searches = {"hermes-state": time_library(tmp / "library.db", kinds),
@@ -199,7 +210,8 @@ def run(n: int, seed: int, n_queries: int, with_peers: bool) -> dict:
             row["search"] = None
         systems[name] = row
     return {"n_messages": n, "seed": seed, "queries_per_kind": {k: len(v) for k, v in kinds.items()},
-            "raw_text_bytes": raw_text, "systems": systems, "peers": PEERS if with_peers else {}}
+            "raw_text_bytes": raw_text, "systems": systems, "peers": PEERS if with_peers else {},
+            "failed_peers": failed}
 
 
 def machine() -> dict:
@@ -232,6 +244,8 @@ def table(result: dict) -> str:
         cells = [f"{r['search'][kind]['p50_ms']:.2f} / {r['search'][kind]['p95_ms']:.2f} "
                  f"({r['search'][kind]['no_hits']} empty)" for r in result["systems"].values() if r["search"]]
         lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    for peer, why in result.get("failed_peers", {}).items():
+        lines.append(f"\n{peer}: no figures, its driver {why}")
     ours, systems = result["systems"]["hermes-state"], result["systems"]
     for peer in (p for p in PEERS if p in systems):
         lines.append(f"\nhermes-state appends {ours['append_per_s'] / systems[peer]['append_per_s']:.2f}x as fast as {peer}")
