@@ -325,16 +325,23 @@ class SessionDB:
                        codex_message_items: Any = None, api_content: str | None = None,
                        display_kind: str | None = None, display_metadata: Any = None,
                        platform_message_id: str | None = None, observed: bool = False,
-                       effect_disposition: str | None = None, timestamp: float | None = None) -> int:
-        """Append a message (transcript patience) and return its row id; unknown session -> SessionNotFoundError."""
+                       effect_disposition: str | None = None, timestamp: float | None = None,
+                       name: str | None = None, message_uid: str | None = None, **runtime_keys: Any) -> int:
+        """Append a message (transcript patience) and return its row id; unknown session -> SessionNotFoundError.
+
+        `append_message(sid, **msg)` takes a conversation dict back: `name` is `tool_name`,
+        `message_uid` keeps the copy's uid, the `_`-prefixed runtime keys are kept or ignored.
+        """
+        message_rows.check_runtime_keys(runtime_keys)
         fields = dict(role=role, content=content, tool_call_id=tool_call_id, tool_calls=tool_calls,
                       tool_name=tool_name, token_count=token_count, finish_reason=finish_reason, reasoning=reasoning,
                       reasoning_content=reasoning_content, reasoning_details=reasoning_details,
                       codex_reasoning_items=codex_reasoning_items, codex_message_items=codex_message_items,
                       api_content=api_content, display_kind=display_kind, display_metadata=display_metadata,
                       platform_message_id=platform_message_id, observed=observed,
-                      effect_disposition=effect_disposition, timestamp=timestamp)
-        return self._transcript_write(session_id, lambda conn: message_rows.insert_message(conn, session_id, fields))
+                      effect_disposition=effect_disposition, timestamp=timestamp, name=name,
+                      message_uid=message_uid, **runtime_keys)
+        return self._transcript_write(session_id, lambda conn: message_rows.append_message(conn, session_id, fields))
 
     def merge_messages(self, session_id: str, row_ids: list[int]) -> int:
         """Fold same-role active rows into the first (their uids recorded as absorbed); return its id."""
