@@ -15,7 +15,8 @@ import typing
 import openai.types.chat as chat
 import pytest
 import typing_extensions as te
-from openai.types.chat.chat_completion_message_function_tool_call import ChatCompletionMessageFunctionToolCall, Function
+from openai.types.chat import ChatCompletionMessageToolCall
+from openai.types.chat.chat_completion_message_tool_call import Function
 
 from hermes_state import SessionDB, to_provider_messages
 
@@ -174,8 +175,8 @@ def test_name_is_tool_name_and_unknown_keywords_are_type_errors(db, rival):
 
 def test_sdk_objects_are_stored_as_their_json_dump(db, rival):
     db.create_session("s", "cli")
-    call = ChatCompletionMessageFunctionToolCall(id="call_9", type="function",
-                                                 function=Function(name="search", arguments='{"q": "tide"}'))
+    call = ChatCompletionMessageToolCall(id="call_9", type="function",
+                                         function=Function(name="search", arguments='{"q": "tide"}'))
     db.append_message("s", "assistant", None, tool_calls=[call], display_metadata={"sdk": call})
     row = db.get_messages("s")[0]
     dumped = {"id": "call_9", "type": "function", "function": {"name": "search", "arguments": '{"q": "tide"}'}}
