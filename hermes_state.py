@@ -56,6 +56,22 @@ __all__ = [
 
 
 
+def _unknown_if_unstorable(default: Callable[[], Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Make a read by id answer like an unknown id when the id holds a lone surrogate.
+
+    No stored id can hold one (SQLite cannot store it), so the answer is known without asking,
+    and asking would fail to bind it.
+    """
+    def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def read(self: "SessionDB", key: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(key, str) and common.has_surrogate(key):
+                return default()
+            return method(self, key, *args, **kwargs)
+        return read
+    return wrap
+
+
 def _resolve_path(db_path: str | os.PathLike | None, home: Path) -> Path:
     if db_path is None:
         return home / "state.db"
@@ -92,7 +108,11 @@ class SessionDB:
         self.schema_version: int | None = None
         self._closed = False
         check_db_path_allowed(self.db_path)  # before any directory, file or pragma
-        self._writer = Writer(self._connect(), on_give_up=self._log_lock_holders)
+        # A writable file gets a second connection for reads (opened on first read); read-only
+        # handles and in-memory databases (a second connection would be another database) do not.
+        separate_reads = not read_only and str(self.db_path) != ":memory:"
+        self._writer = Writer(self._connect(), on_give_up=self._log_lock_holders,
+                              open_reader=(lambda: schema.connect_reader(self.db_path)) if separate_reads else None)
         self._writer.after_commit.append(self._upkeep)
         self._open_fts()
 
@@ -104,8 +124,12 @@ class SessionDB:
             if not path.is_file() or path.stat().st_size == 0:
                 raise StateDbUninitializedError(f"{path} does not exist yet")
         else:
-            schema.prepare_file(path)
-        conn = schema.connect(path, read_only=self.read_only, read_busy_s=self._READ_BUSY_TIMEOUT_S)
+            try:
+                schema.prepare_file(path)
+            except OSError as exc:
+                raise StoreUnavailableError(f"cannot create or open {path}: {exc}") from exc
+        with typed_errors(path):  # a directory or a path SQLite cannot open -> StoreUnavailableError
+            conn = schema.connect(path, read_only=self.read_only, read_busy_s=self._READ_BUSY_TIMEOUT_S)
         try:
             with typed_errors(path):  # "not a database" at open -> StateDbCorruptError
                 if self.read_only:
@@ -180,7 +204,7 @@ class SessionDB:
     @property
     def in_transaction(self) -> bool:
         """True while this handle holds a transaction open (a write, or a read snapshot)."""
-        return not self._closed and self._writer.conn.in_transaction
+        return not self._closed and self._writer.in_transaction()
 
     @contextmanager
     def tracer(self, callback: Callable[[str], None] | None = None) -> Iterator[list[str]]:
@@ -232,6 +256,7 @@ class SessionDB:
                 return body(conn)
 
         self._check_writable()
+        common.check_id("session_id", session_id)
         try:
             return attempt()
         except SessionCompressionInProgressError:
@@ -256,6 +281,7 @@ class SessionDB:
         with self._write() as conn:
             return sessions.create_session(conn, session_id, source, columns)
 
+    @_unknown_if_unstorable(lambda: None)
     def get_session(self, session_id: str) -> dict[str, Any] | None:
         """Return the session row, or None when there is none."""
         with self._read() as conn:
@@ -347,6 +373,7 @@ class SessionDB:
         """Fold same-role active rows into the first (their uids recorded as absorbed); return its id."""
         return self._transcript_write(session_id, lambda conn: message_rows.merge_messages(conn, session_id, row_ids))
 
+    @_unknown_if_unstorable(list)
     def get_messages(self, session_id: str, include_inactive: bool = False) -> list[dict[str, Any]]:
         """Return raw rows (all columns, JSON decoded) ordered by id; active only unless asked."""
         with self._read() as conn:
@@ -361,6 +388,7 @@ class SessionDB:
         """Delete the session's messages (every generation), keep the session; return how many."""
         return self._transcript_write(session_id, lambda conn: message_rows.clear_messages(conn, session_id))
 
+    @_unknown_if_unstorable(list)
     def get_messages_as_conversation(self, session_id: str, include_ancestors: bool = False,
                                      with_row_ids: bool = False) -> list[dict[str, Any]]:
         """Return the active transcript as OpenAI-format dicts (compression ancestors first if asked)."""
@@ -376,11 +404,13 @@ class SessionDB:
         with self._write() as conn:
             return sessions.set_session_title(conn, session_id, title)
 
+    @_unknown_if_unstorable(lambda: None)
     def get_session_title(self, session_id: str) -> str | None:
         """Return the session's title, or None."""
         with self._read() as conn:
             return sessions.get_session_title(conn, session_id)
 
+    @_unknown_if_unstorable(lambda: None)
     def resolve_session_by_title(self, title: str) -> str | None:
         """Return the id of the newest session of the title's lineage ("T", "T #2", ...), or None."""
         with self._read() as conn:
@@ -391,11 +421,13 @@ class SessionDB:
         with self._read() as conn:
             return sessions.get_next_title_in_lineage(conn, title)
 
+    @_unknown_if_unstorable(list)
     def get_lineage(self, session_id: str) -> list[dict[str, Any]]:
         """Return the session's ancestors oldest first, ending with the session itself."""
         with self._read() as conn:
             return lineage.get_lineage(conn, session_id)
 
+    @_unknown_if_unstorable(list)
     def get_descendants(self, session_id: str) -> list[dict[str, Any]]:
         """Return the session's descendants breadth-first (not the session itself)."""
         with self._read() as conn:
@@ -430,13 +462,14 @@ class SessionDB:
         self._fts_stop, self._fts_worker = threading.Event(), None
         writable = not self.read_only and (self.schema_version or 0) <= SCHEMA_VERSION
         try:
-            pending = fts.ensure_fts(self._writer, self._WRITE_PATIENCE_S, self._policy(), writable=writable)
+            with typed_errors(self.db_path):  # a damaged index page -> StateDbCorruptError
+                pending = fts.ensure_fts(self._writer, self._WRITE_PATIENCE_S, self._policy(), writable=writable)
             if writable:
                 # This connection's TEMP trigger feeds the CJK index; it lives in the temp
                 # schema only, so it takes no lock on the file and costs open nothing.
                 fts.install_write_triggers(self._writer.conn)
         except BaseException:
-            self._writer.conn.close()
+            self._writer.close(checkpoint=False)
             raise
         if pending and self._FTS_REBUILD_IN_BACKGROUND:
             self._fts_worker = threading.Thread(
@@ -467,7 +500,8 @@ class SessionDB:
     def rebuild_fts(self) -> dict[str, Any]:
         """Rebuild the FTS indexes to the end in short chunks (resuming one under way); return the status."""
         self._check_writable()  # one transaction per chunk, by design: other writers get turns
-        fts.rebuild(self._writer, self._WRITE_PATIENCE_S, self._policy(), self._FTS_REBUILD_CHUNK_ROWS)
+        with typed_errors(self.db_path):
+            fts.rebuild(self._writer, self._WRITE_PATIENCE_S, self._policy(), self._FTS_REBUILD_CHUNK_ROWS)
         return self.fts_rebuild_status()
 
     # --- compression generations and locks -----------------------------------------------------------
@@ -484,11 +518,13 @@ class SessionDB:
         with self._write(self._TRANSCRIPT_WRITE_PATIENCE_S) as conn:
             return compression.rotate_session(conn, parent_id, child_id, kept_messages, child_columns, holder=holder)
 
+    @_unknown_if_unstorable(lambda: None)
     def get_compression_successor(self, session_id: str) -> str | None:
         """Return the live tip of the session's compression chain (itself when none; None when unknown)."""
         with self._read() as conn:
             return lineage.compression_successor_id(conn, session_id)
 
+    @_unknown_if_unstorable(list)
     def get_compression_ancestors(self, session_id: str) -> list[str]:
         """Return the session's compression ancestors' ids, oldest first."""
         with self._read() as conn:
@@ -518,17 +554,19 @@ def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filte
     profiles_dir = base / "profiles"
     if profiles_dir.is_dir():
         homes += sorted((p.name, p) for p in profiles_dir.iterdir() if p.is_dir())
-    limit = filters.get("limit", 20)
+    limit = common.check_count("limit", filters.pop("limit", 20))
+    offset = common.check_count("offset", filters.pop("offset", 0))
     found: list[dict[str, Any]] = []
     errors: list[dict[str, str]] = []
     for name, home in homes:
         try:
             with SessionDB(home / "state.db", read_only=True) as db:
-                found += [dict(row, profile=name) for row in db.list_sessions(**filters)]
+                # The page is cut from the merged order, so each profile gives its first offset + limit.
+                found += [dict(row, profile=name) for row in db.list_sessions(limit=offset + limit, **filters)]
         except (HermesStateError, sqlite3.Error, OSError) as exc:
             errors.append({"profile": name, "error": f"{type(exc).__name__}: {exc}"})
-    found.sort(key=lambda row: row["started_at"], reverse=True)
-    return {"sessions": found[:limit], "errors": errors}
+    found.sort(key=lambda row: (row["started_at"], row["profile"], row["id"]), reverse=True)
+    return {"sessions": found[offset:offset + limit], "errors": errors}
 
 
 class AsyncSessionDB:

@@ -289,6 +289,20 @@ def check_number(name: str, value: Any, *, positive: bool = False) -> float:
     return float(value)
 
 
+def has_surrogate(text: str) -> bool:
+    """Return True when `text` holds a lone surrogate (SQLite cannot store or look it up)."""
+    return not text.isascii() and _SURROGATES.search(text) is not None
+
+
+def check_id(name: str, value: Any) -> str:
+    """Return `value` when it is a non-empty string SQLite can store, else raise ValueError naming `name`."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty string, not {value!r}")
+    if has_surrogate(value):
+        raise ValueError(f"{name} contains a lone surrogate (U+D800..U+DFFF), which cannot be stored")
+    return value
+
+
 def check_scalar(name: str, value: Any) -> Any:
     """Return `value` if SQLite stores it faithfully (None, str, bool, 64-bit int, non-NaN float)."""
     if value is None or isinstance(value, (str, bool)):
@@ -345,11 +359,15 @@ def encode_json(value: Any, field: str) -> str | None:
             json.loads(value, parse_constant=_reject_constant)  # NaN/Infinity are not JSON text
         except ValueError:
             return strip_surrogates(json.dumps(value, ensure_ascii=False))
+        except RecursionError as exc:
+            raise ValueError(f"{field} is nested too deeply to store as JSON") from exc
         return strip_surrogates(value)
     try:
         return strip_surrogates(json.dumps(value, ensure_ascii=False, default=_model_dump))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{field} is not JSON-serialisable: {exc}") from exc
+    except RecursionError as exc:
+        raise ValueError(f"{field} is nested too deeply to store as JSON") from exc
 
 
 def decode_json(text: Any) -> Any:
@@ -358,7 +376,7 @@ def decode_json(text: Any) -> Any:
         return text
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past what Python can decode
         return text
 
 

@@ -78,6 +78,27 @@ def connect(path: Path, *, read_only: bool = False, read_busy_s: float = READ_BU
     conn = sqlite3.connect(target, uri=uri, isolation_level=None, check_same_thread=False,
                            timeout=read_busy_s if read_only else SQLITE_BUSY_TIMEOUT_S)
     conn.execute("PRAGMA foreign_keys = ON")
+    conn.text_factory = lenient_text
+    return conn
+
+
+def lenient_text(raw: bytes) -> str:
+    """Decode stored text, replacing bytes that are not UTF-8 with U+FFFD.
+
+    Another client (the sqlite3 shell, a C program) can store any bytes as TEXT; one such row
+    must not make a whole listing or search unreadable.
+    """
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "replace")
+
+
+def connect_reader(path: Path) -> sqlite3.Connection:
+    """Open a handle's second connection, for reads only (it refuses writes), on a writable database."""
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=SQLITE_BUSY_TIMEOUT_S)
+    conn.text_factory = lenient_text
+    conn.execute("PRAGMA query_only = ON")
     return conn
 
 
@@ -173,11 +194,20 @@ def _backfill_counters(conn: sqlite3.Connection) -> None:
         "UPDATE sessions SET message_count = (SELECT COUNT(*) FROM messages m WHERE m.session_id = sessions.id)")
 
 
+def _backfill_tool_call_counts(conn: sqlite3.Connection) -> None:
+    # The tool calls of assistant turns, as append_message counts them (a JSON array's length).
+    conn.execute(
+        "UPDATE sessions SET tool_call_count = (SELECT COALESCE(SUM(json_array_length(m.tool_calls)), 0) "
+        "FROM messages m WHERE m.session_id = sessions.id AND m.role = 'assistant' "
+        "AND json_valid(m.tool_calls) AND json_type(m.tool_calls) = 'array')")
+
+
 # A column that arrives in an old file with rows already present gets its meaning back here,
 # in the same transaction as the ADD COLUMN.
 _BACKFILL_ON_ADD: dict[tuple[str, str], Callable[[sqlite3.Connection], None]] = {
     ("messages", "message_uid"): _backfill_message_uids,
     ("sessions", "message_count"): _backfill_counters,
+    ("sessions", "tool_call_count"): _backfill_tool_call_counts,
 }
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import hermes_state_fts as fts
-from hermes_state_common import check_count, escape_like, logger, row_dicts
+from hermes_state_common import check_count, check_id, escape_like, has_surrogate, logger, row_dicts
 
 # --- listings and statistics -----------------------------------------------------------------
 
@@ -114,6 +114,7 @@ _LIKE_SCAN_ROWS = 20_000  # the most rows any LIKE scan reads
 _CONTEXT_CHARS = 200
 _SNIPPET_ARGS = "'>>>', '<<<', '...', 16"
 _SNIPPET_CHARS = 120
+_FTS_SNIPPET_MAX_CHARS = 16_000  # longer rows get a snippet cut from a window around the first match
 _MAX_ROWID = 2 ** 63 - 1
 _warned: set[str] = set()
 
@@ -130,6 +131,8 @@ def _name_list(name: str, value: Any) -> list[str]:
     values = [value] if isinstance(value, str) else value
     if not isinstance(values, (list, tuple, set, frozenset)) or not all(isinstance(v, str) for v in values):
         raise ValueError(f"{name} must be a list of strings or None, not {value!r}")
+    if any(has_surrogate(v) for v in values):
+        raise ValueError(f"{name} contains a lone surrogate (U+D800..U+DFFF), which no stored value can hold")
     return list(values)
 
 
@@ -145,8 +148,8 @@ class _Filters:
     def build(cls, source_filter: Any, exclude_sources: Any, role_filter: Any, session_id: Any,
               include_inactive: bool) -> _Filters:
         """Validate the caller's filters and return their SQL; bad types raise ValueError."""
-        if session_id is not None and not isinstance(session_id, str):
-            raise ValueError(f"session_id must be a string or None, not {session_id!r}")
+        if session_id is not None:
+            check_id("session_id", session_id)
         sources = _name_list("source_filter", source_filter)
         excluded = _name_list("exclude_sources", exclude_sources)
         roles = _name_list("role_filter", role_filter)
@@ -417,18 +420,58 @@ def _snippets(conn: sqlite3.Connection, plan: fts.QueryPlan,
             by_source[source].append(i)
     for (table, expr), ids in by_source.items():  # one statement per index and OR branch, not per hit
         column = 0 if table == fts.TRIGRAM else -1
+        # FTS5's snippet() re-tokenizes the whole row for every phrase match, so its cost grows
+        # with the square of a long row's size; long rows take the text-window path below.
         out.update(conn.execute(
             f"SELECT rowid, snippet({table}, {column}, {_SNIPPET_ARGS}) FROM {table} "
-            f"WHERE {table} MATCH ? AND rowid IN (SELECT value FROM json_each(?))", (expr, json.dumps(ids))))
+            f"WHERE {table} MATCH ? AND rowid IN (SELECT id FROM messages WHERE id IN "
+            "(SELECT value FROM json_each(?)) AND COALESCE(length(content), 0) + COALESCE(length(tool_calls), 0) "
+            "+ COALESCE(length(tool_name), 0) <= ?)", (expr, json.dumps(ids), _FTS_SNIPPET_MAX_CHARS)))
     rest = [i for i, _ in hits if ">>>" not in (out.get(i) or "")]
     if rest:
-        pattern = _needle_pattern(plan.needles)
-        for i, content, calls in conn.execute("SELECT id, content, tool_calls FROM messages "
-                                              "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(rest),)):
-            text = content
-            if calls and (pattern is None or not pattern.search(content or "")):
-                text = calls
-            out[i] = _text_snippet(text, plan.needles)
+        out.update(_window_snippets(conn, rest, plan.needles))
+    return out
+
+
+# How far before the first match a text window starts, and how long it is: wide enough that
+# _text_snippet can centre its 120 characters on the match.
+_WINDOW_BEFORE, _WINDOW_CHARS = 2 * _SNIPPET_CHARS, 4 * _SNIPPET_CHARS
+
+
+def _first_match(text: str | None, needles: list[str]) -> int:
+    """Return the index of the first case-insensitive occurrence of any needle in `text`, or -1."""
+    if not text or not needles:
+        return -1
+    folded = text.lower()
+    if len(folded) != len(text):  # a few letters change length when lowered: positions would shift
+        match = _needle_pattern(needles).search(text)
+        return match.start() if match else -1
+    found = [i for i in (folded.find(n.lower()) for n in needles) if i >= 0]
+    return min(found, default=-1)
+
+
+def _window_snippets(conn: sqlite3.Connection, ids: list[int], needles: list[str]) -> dict[int, str]:
+    """Return {id: snippet} cut from a window around the first match of content (else tool_calls).
+
+    Finding the match is a C-speed scan (`str.find`) and only a window of a few hundred
+    characters is highlighted, so a hit in a 10 MB tool output costs milliseconds.
+    """
+    out = {}
+    for i, content, calls in conn.execute("SELECT id, content, tool_calls FROM messages "
+                                          "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)):
+        text, at = content, _first_match(content, needles)
+        if at < 0 and calls:
+            in_calls = _first_match(calls, needles)
+            if in_calls >= 0:
+                text, at = calls, in_calls
+        if not text:
+            out[i] = ""
+            continue
+        start = max(0, at - _WINDOW_BEFORE)
+        end = start + _WINDOW_CHARS
+        snippet = _text_snippet(text[start:end], needles)
+        out[i] = ("..." if start and not snippet.startswith("...") else "") + snippet + (
+            "..." if end < len(text) and not snippet.endswith("...") else "")
     return out
 
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import re
 import sqlite3
 import time
-from typing import Any
+from typing import Any, Callable
 
 import hermes_state_lineage as lineage
-from hermes_state_common import (SESSION_COLUMN_NAMES, check_count, check_number, check_scalar, encode_json,
-                                 row_dicts, strip_surrogates)
+from hermes_state_common import (INT_MAX, SESSION_COLUMN_NAMES, SESSIONS_COLUMNS, check_count, check_id,
+                                 check_number, encode_json, row_dicts, strip_surrogates)
 from hermes_state_errors import SessionClosedByCompressionError, SessionNotFoundError, TitleConflictError
 
 # Writing to a session resumes it: an archive only the idle sweep made is lifted, never a
@@ -49,6 +49,42 @@ _VERB_SESSION_COLUMNS = {
 }
 
 
+_FLAG_SESSION_COLUMNS = frozenset({"expiry_finalized", "archived", "auto_archived", "pinned"})
+
+
+def _as_text(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string or None, not {type(value).__name__}")
+    return strip_surrogates(value)
+
+
+def _as_flag(name: str, value: Any) -> int:
+    if value not in (0, 1) or not isinstance(value, (bool, int)):
+        raise ValueError(f"{name} must be a bool (or 0/1), not {value!r}")
+    return int(value)
+
+
+def _as_json_text(name: str, value: Any) -> str:
+    return value if isinstance(value, str) else encode_json(value, name)
+
+
+def _coercion(name: str, declaration: str) -> Callable[[str, Any], Any]:
+    # By the column's declared kind: times and costs are finite non-negative numbers (text there
+    # would break sorting and the idle sweep), counters non-negative 64-bit integers.
+    if name in _JSON_SESSION_COLUMNS:
+        return _as_json_text
+    if name in _FLAG_SESSION_COLUMNS:
+        return _as_flag
+    if declaration.startswith("REAL"):
+        return check_number
+    if declaration.startswith("INTEGER"):
+        return check_count
+    return _as_text
+
+
+_COERCE = {name: _coercion(name, declaration) for name, declaration in SESSIONS_COLUMNS}
+
+
 def _session_values(columns: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(columns) - SESSION_COLUMN_NAMES)
     if unknown:
@@ -56,12 +92,9 @@ def _session_values(columns: dict[str, Any]) -> dict[str, Any]:
     managed = sorted(set(columns) & _MANAGED_SESSION_COLUMNS)
     if managed:
         raise ValueError(f"session column(s) maintained by the library cannot be set: {', '.join(managed)}")
-    out = {}
-    for name, value in columns.items():
-        if name in _JSON_SESSION_COLUMNS and value is not None and not isinstance(value, str):
-            value = encode_json(value, name)
-        value = check_scalar(name, value)
-        out[name] = strip_surrogates(value) if isinstance(value, str) else value
+    out = {name: None if value is None else _COERCE[name](name, value) for name, value in columns.items()}
+    if out.get("parent_session_id") is not None:
+        check_id("parent_session_id", out["parent_session_id"])
     return out
 
 
@@ -107,10 +140,8 @@ def _updated_or_missing(cur: sqlite3.Cursor, session_id: str) -> None:
 
 def create_session(conn: sqlite3.Connection, session_id: str, source: str, columns: dict[str, Any]) -> str:
     """Insert a new session row; raise ValueError for a duplicate id or unknown column."""
-    if not isinstance(session_id, str) or not session_id:
-        raise ValueError("session_id must be a non-empty string")
-    if not isinstance(source, str) or not source:
-        raise ValueError("source must be a non-empty string")
+    check_id("session_id", session_id)
+    check_id("source", source)
     values = _session_values({k: v for k, v in columns.items() if v is not None})
     values.setdefault("started_at", time.time())
     if session_exists(conn, session_id):
@@ -145,9 +176,25 @@ def get_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | N
 
 
 def end_session(conn: sqlite3.Connection, session_id: str, end_reason: str, *, now: float | None = None) -> None:
-    """Mark the session ended; the first end wins and a later call changes nothing."""
-    if not isinstance(end_reason, str) or not end_reason:
-        raise ValueError("end_reason must be a non-empty string")
+    """Mark the session ended; the first end wins and a later call changes nothing.
+
+    The end reason 'compression' is reserved for rotate_session, which creates the
+    continuation in the same transaction: ending a session so by hand would leave it closed
+    with nothing to continue it.
+    """
+    check_id("end_reason", end_reason)
+    if end_reason == lineage.COMPRESSION_END_REASON:
+        raise ValueError(f"end_reason {end_reason!r} is reserved for rotate_session, which also creates the "
+                         "session that continues this one; end it with another reason")
+    _close(conn, session_id, end_reason, now)
+
+
+def close_for_compression(conn: sqlite3.Connection, session_id: str, *, now: float) -> None:
+    """End the session with end_reason 'compression' at `now` (rotate_session's step; nothing else calls it)."""
+    _close(conn, session_id, lineage.COMPRESSION_END_REASON, now)
+
+
+def _close(conn: sqlite3.Connection, session_id: str, end_reason: str, now: float | None) -> None:
     cur = conn.execute("UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL",
                        (time.time() if now is None else now, strip_surrogates(end_reason), session_id))
     if cur.rowcount == 0:
@@ -157,15 +204,21 @@ def end_session(conn: sqlite3.Connection, session_id: str, end_reason: str, *, n
 def reopen_session(conn: sqlite3.Connection, session_id: str) -> None:
     """Clear ended_at/end_reason, and an archive that only the idle sweep made.
 
-    A session compression closed is refused with SessionClosedByCompressionError naming its
-    live continuation: reopening it would fork the conversation and cut the lineage.
+    A session compression closed and continued elsewhere is refused with
+    SessionClosedByCompressionError naming its live continuation: reopening it would fork the
+    conversation. One closed so with no continuation (written by another program) reopens.
     """
     cur = conn.execute(
         f"UPDATE sessions SET ended_at = NULL, end_reason = NULL, {ARCHIVE_LIFT_SQL} "
         f"WHERE id = ? AND end_reason IS NOT '{lineage.COMPRESSION_END_REASON}'", (session_id,))
-    if cur.rowcount == 0:
-        require_session(conn, session_id)
-        raise SessionClosedByCompressionError(session_id, lineage.live_continuation(conn, session_id))
+    if cur.rowcount:
+        return
+    require_session(conn, session_id)
+    tip = lineage.live_continuation(conn, session_id)
+    if tip is not None:
+        raise SessionClosedByCompressionError(session_id, tip)
+    conn.execute(f"UPDATE sessions SET ended_at = NULL, end_reason = NULL, {ARCHIVE_LIFT_SQL} WHERE id = ?",
+                 (session_id,))
 
 
 def update_session(conn: sqlite3.Connection, session_id: str, columns: dict[str, Any]) -> None:
@@ -181,8 +234,8 @@ def update_session(conn: sqlite3.Connection, session_id: str, columns: dict[str,
     values = _session_values(columns)
     if "title" in values:
         values["title"] = normalize_title(values["title"])
-    if "source" in values and values["source"] is None:
-        raise ValueError("source cannot be cleared")
+    if "source" in values:
+        check_id("source", values["source"])  # never cleared or blank: listings group by it
     if values.get("parent_session_id") == session_id:
         raise ValueError("a session cannot be its own parent")
     if not values:
@@ -223,6 +276,7 @@ def update_token_counts(conn: sqlite3.Connection, session_id: str, input_tokens:
     if absolute:
         sets = [f"{name} = ?" for name in counts]
     else:
+        _check_sums_fit(conn, session_id, model, counts)
         sets = [f"{name} = COALESCE({name}, 0) + ?" for name in counts]
     _updated_or_missing(conn.execute(
         f"UPDATE sessions SET {', '.join(sets)}, model = COALESCE(model, ?) WHERE id = ?",
@@ -239,6 +293,19 @@ def update_token_counts(conn: sqlite3.Connection, session_id: str, input_tokens:
         f"VALUES (?, ?, '', {', '.join('?' * len(names))}, ?) "
         f"ON CONFLICT (session_id, model, task) DO UPDATE SET {on_conflict}, updated_at = excluded.updated_at",
         [session_id, model, *counts.values(), time.time() if now is None else now])
+
+
+def _check_sums_fit(conn: sqlite3.Connection, session_id: str, model: str | None, counts: dict[str, Any]) -> None:
+    # SQLite turns an integer sum past 2**63-1 into a float without a word; refuse it instead,
+    # before anything is written. Checked for the session row and its per-model usage rows.
+    integers = [name for name in counts if name != "estimated_cost_usd"]
+    peak = ", ".join(f"MAX(COALESCE({n}, 0))" for n in integers)
+    rows = [conn.execute(f"SELECT {peak} FROM sessions WHERE id = ?", (session_id,)).fetchone(),
+            conn.execute(f"SELECT {peak} FROM session_model_usage WHERE session_id = ?", (session_id,)).fetchone()]
+    for row in rows:
+        for name, current in zip(integers, row or ()):
+            if isinstance(current, int) and current + counts[name] > INT_MAX:
+                raise ValueError(f"{name} would pass SQLite's 64-bit integer range ({current} + {counts[name]})")
 
 
 def reset_counters(conn: sqlite3.Connection, session_id: str, *, resumed_at: float | None = None) -> None:

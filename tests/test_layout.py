@@ -52,8 +52,9 @@ def test_imports_point_down_only():
 ALLOWED_PRIVATE_IMPORTS = {"_apply_profile_override", "_reconcile_columns", "_sanitize_fts5_query"}
 MAX_LINES = 600
 # The FTS module keeps both index maintenance and the query parser (the search module routes,
-# the FTS module parses); together they run a little past the usual size.
-LONGER = {"hermes_state_fts": 750}
+# the FTS module parses); together they run a little past the usual size. The facade is a few
+# lines per public method and grows with the API, never with logic.
+LONGER = {"hermes_state_fts": 750, "hermes_state": 1100}
 
 
 def test_no_module_imports_another_modules_private_names():

@@ -206,6 +206,7 @@ def test_context_rows_come_from_one_query_for_all_hits(db):
         db.append_message("s", "user", f"needle number {i}")
         db.append_message("s", "assistant", f"reply {i}")
     counts = {}
+    db.search_messages("needle")  # a connection's first FTS5 use reads the index's config once
     for limit in (1, 15):
         with db.tracer() as traced:
             hits = db.search_messages("needle", limit=limit)
@@ -279,7 +280,7 @@ def test_search_while_a_rebuild_runs_finds_rows_not_indexed_yet(tmp_path, monkey
     with SessionDB(path) as db:
         db.create_session("s", "cli")
         rows = [db.append_message("s", "user", f"rebuild{i} 再構築") for i in range(10)]
-        with db._writer.transaction(5, db._policy()) as conn:
+        with db._write() as conn:
             fts.start_rebuild(conn)
             fts.rebuild_step(conn, 4)
         assert db.fts_rebuild_status()["pending"] == 6

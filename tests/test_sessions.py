@@ -175,10 +175,25 @@ def test_session_columns_must_be_values_sqlite_stores_faithfully(db, rival, colu
     assert dict(row(rival, "s")) == before
 
 
-def test_session_columns_accept_the_64_bit_edges_and_bools(db, rival):
-    db.create_session("s", "cli", input_tokens=2**63 - 1, output_tokens=-2**63, rewind_count=True)
+def test_session_columns_are_checked_by_their_declared_kind(db, rival):
+    db.create_session("s", "cli", input_tokens=2**63 - 1, rewind_count=0, pinned=True, ended_at=5,
+                      estimated_cost_usd=0.25)
     r = row(rival, "s")
-    assert (r["input_tokens"], r["output_tokens"], r["rewind_count"]) == (2**63 - 1, -2**63, 1)
+    assert (r["input_tokens"], r["rewind_count"], r["pinned"], r["ended_at"]) == (2**63 - 1, 0, 1, 5.0)
+    bad = [{"output_tokens": -1}, {"rewind_count": True}, {"input_tokens": 1.5}, {"started_at": "yesterday"},
+           {"ended_at": float("nan")}, {"estimated_cost_usd": float("inf")}, {"actual_cost_usd": -0.5},
+           {"last_activity_at": "now"}, {"pinned": 2}, {"title": 7}]
+    for columns in bad:
+        with pytest.raises(ValueError, match=next(iter(columns))):
+            db.create_session("t", "cli", **columns)
+        assert row(rival, "t") is None, columns
+    for columns in [{"output_tokens": -1}, {"api_call_count": "3"}, {"source": ""}, {"source": None},
+                    {"compression_failure_cooldown_until": "soon"}]:
+        with pytest.raises(ValueError):
+            db.update_session("s", **columns)
+    with pytest.raises(ValueError, match="source"):
+        db.create_session("t", "")
+    assert tuple(row(rival, "s")) == tuple(r)
 
 
 def test_title_conflict_error_is_also_value_error(db):
@@ -620,14 +635,23 @@ def test_insert_message_accepts_conversation_keys(db, rival, conn):
     assert (m["tool_name"], m["tool_call_uid"], json.loads(m["absorbed_message_uids"])) == ("grep", uid, [uid])
 
 
+def compression_closed(rival, parent: str, *, child: str) -> None:
+    """Close `parent` by compression as a rotation does: ended exactly when `child` started.
+
+    Written as another program (or an older writer) would: end_session refuses this reason.
+    """
+    rival.execute("UPDATE sessions SET end_reason = 'compression', "
+                  "ended_at = (SELECT started_at FROM sessions WHERE id = ?) WHERE id = ?", (child, parent))
+
+
 def test_compression_ancestor_ids_follow_compression_parents_only(db, rival, conn):
     db.create_session("root", "cli")
     db.create_session("a", "cli", parent_session_id="root")
     db.create_session("b", "cli", parent_session_id="a")
     db.create_session("c", "cli", parent_session_id="b")
     db.end_session("root", "branch")
-    db.end_session("a", "compression")
-    db.end_session("b", "compression")
+    compression_closed(rival, "a", child="b")
+    compression_closed(rival, "b", child="c")
     assert lineage.compression_ancestor_ids(conn, "c") == ["a", "b"]
     assert lineage.compression_ancestor_ids(conn, "a") == []
     assert lineage.compression_ancestor_ids(conn, "ghost") == []
@@ -671,14 +695,14 @@ def test_conversation_replays_api_content_and_reasoning_only_replies(db, conn):
     assert [m["content"] for m in db.get_messages("s")[:2]] == ["display text", ""]
 
 
-def test_include_ancestors_replays_compression_lineage_once(db):
+def test_include_ancestors_replays_compression_lineage_once(db, rival):
     db.create_session("p", "cli")
     db.append_message("p", "user", "old question")
     db.append_message("p", "assistant", "old answer")
     db.append_message("p", "user", "latest prompt")
     kept = db.get_messages("p")[1:]
     db.create_session("c", "cli", parent_session_id="p")
-    db.end_session("p", "compression")
+    compression_closed(rival, "p", child="c")
     db.replace_messages("c", kept)  # the rotation copies: same uids
     db.append_message("c", "assistant", "new answer")
     conv = db.get_messages_as_conversation("c", include_ancestors=True)
@@ -687,11 +711,11 @@ def test_include_ancestors_replays_compression_lineage_once(db):
                                                                            "new answer"]
 
 
-def test_include_ancestors_drops_a_repeated_prompt_at_the_seam_only(db):
+def test_include_ancestors_drops_a_repeated_prompt_at_the_seam_only(db, rival):
     db.create_session("p", "cli")
     db.append_message("p", "user", "go on")
     db.create_session("c", "cli", parent_session_id="p")
-    db.end_session("p", "compression")
+    compression_closed(rival, "p", child="c")
     db.append_message("c", "user", "go on")  # re-sent prompt, a new uid
     db.append_message("c", "user", "go on")  # a deliberate repeat inside the child stays
     conv = db.get_messages_as_conversation("c", include_ancestors=True)
