@@ -236,13 +236,15 @@ def append_message(conn: sqlite3.Connection, session_id: str, fields: dict[str, 
     """Insert one live message and return its id; a `message_uid` already live in the session is refused.
 
     A given uid makes the row a copy of that message (another session's, or an archived
-    generation's); one session never holds two live rows with the same uid (ValueError).
+    generation's): like every copy it keeps the stored row's fields the dict does not give
+    (`with_stored_fields`). One session never holds two live rows with the same uid (ValueError).
     """
     uid = fields.get("message_uid")
-    if uid is not None and conn.execute(
-            "SELECT 1 FROM messages WHERE message_uid = ? AND session_id = ? AND active = 1 LIMIT 1",
-            (uid, session_id)).fetchone():
-        raise ValueError(f"message_uid {uid!r} is already a live message of session {session_id!r}")
+    if uid is not None:
+        if conn.execute("SELECT 1 FROM messages WHERE message_uid = ? AND session_id = ? AND active = 1 LIMIT 1",
+                        (uid, session_id)).fetchone():
+            raise ValueError(f"message_uid {uid!r} is already a live message of session {session_id!r}")
+        fields = with_stored_fields(conn, session_id, [fields])[0]
     return insert_message(conn, session_id, fields)
 
 

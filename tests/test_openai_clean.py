@@ -148,6 +148,9 @@ def test_every_conversation_message_appends_back_as_a_copy(db, rival):
                            "ORDER BY id").fetchall()
     assert tuple(stored[3]) == ("terminal", "a.txt", None)
     assert tuple(stored[4]) == (None, "", "Only thinking.")  # both columns come back
+    kept = ("timestamp", "display_kind", "display_metadata", "content", "tool_call_uids", "tool_call_uid")
+    assert ([{k: m[k] for k in kept} for m in db.get_messages("s2")]
+            == [{k: m[k] for k in kept} for m in db.get_messages("s")])  # a copy keeps the stored fields
 
 
 def test_a_live_uid_is_not_appended_twice_to_one_session(db, rival):
