@@ -486,11 +486,11 @@ class SessionDB:
     def search_messages(self, query: str, source_filter: list[str] | None = None,
                         exclude_sources: list[str] | None = None, role_filter: list[str] | None = None,
                         session_id: str | None = None, limit: int = 20, offset: int = 0,
-                        include_inactive: bool = False) -> list[dict[str, Any]]:
+                        include_inactive: bool = False, include_reasoning: bool = False) -> list[dict[str, Any]]:
         """Search message text (word, CJK and substring indexes), best match first, with snippet and context."""
         with self._read(snapshot=True) as conn:
             return search.search_messages(conn, query, source_filter, exclude_sources, role_filter, session_id,
-                                          limit, offset, include_inactive)
+                                          limit, offset, include_inactive, include_reasoning)
 
     def fts_rebuild_status(self) -> dict[str, Any]:
         """Return {pending, total, indexed, percent, in_progress, cjk_pending} for the FTS indexes."""

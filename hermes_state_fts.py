@@ -1,11 +1,11 @@
-"""Full-text indexes over messages: the three FTS5 tables, their triggers, rebuild markers and queries.
+"""Full-text indexes over messages: the FTS5 tables, their triggers, rebuild markers and queries.
 
-Owns: `messages_fts` (unicode61 words over content, tool_name, tool_calls), `messages_fts_trigram`
-(substrings of user/assistant content), `messages_fts_cjk` (CJK runs as bigrams, see `cjk_index_text`)
-with its work queue `messages_fts_cjk_pending`, the triggers that keep them in sync, the rebuild
-markers `fts_rebuild_high_water`/`fts_rebuild_progress`, the chunked resumable rebuild, the periodic
-merge, `_sanitize_fts5_query()` and the query plans `search_messages` routes with.
-Does not own: running searches (hermes_state_search) or writing message rows (hermes_state_sessions).
+Owns: `messages_fts` (unicode61 words of content, tool_name, tool_calls), `messages_fts_trigram`
+(substrings of user/assistant content), `messages_fts_reasoning` (words of reasoning text),
+`messages_fts_cjk` (CJK runs as bigrams, see `cjk_index_text`) with its queue `messages_fts_cjk_pending`,
+the triggers that keep them in sync, the rebuild markers `fts_rebuild_high_water`/`fts_rebuild_progress`,
+the chunked resumable rebuild, the periodic merge, `_sanitize_fts5_query()` and the query plans.
+Does not own: running searches (hermes_state_search) or writing message rows (hermes_state_messages).
 
 Transaction contract: functions taking a connection run inside the caller's write transaction (or
 read under its lock) and never commit. `ensure_fts`, `run_pending` and `rebuild` take the Writer and
@@ -29,8 +29,9 @@ from hermes_state_errors import StateDbIncompatibleError
 
 
 WORD, TRIGRAM, CJK = "messages_fts", "messages_fts_trigram", "messages_fts_cjk"
+REASONING = "messages_fts_reasoning"
 CJK_PENDING = "messages_fts_cjk_pending"
-FTS_TABLES = (WORD, TRIGRAM, CJK)
+FTS_TABLES = (WORD, TRIGRAM, CJK, REASONING)
 HIGH_WATER, PROGRESS = "fts_rebuild_high_water", "fts_rebuild_progress"
 
 MERGE_EVERY_N_WRITES = 1000
@@ -135,6 +136,17 @@ def _wide(row: str) -> str:
             f" OR length({row}.tool_calls) < length(CAST({row}.tool_calls AS BLOB)))")
 
 
+def _reasoning(row: str) -> str:
+    # A row's reasoning text: reasoning and reasoning_content usually hold the same text, indexed once.
+    return (f"CASE WHEN {row}.reasoning_content IS NULL OR {row}.reasoning_content IS {row}.reasoning "
+            f"THEN {row}.reasoning WHEN {row}.reasoning IS NULL THEN {row}.reasoning_content "
+            f"ELSE {row}.reasoning_content || char(10) || {row}.reasoning END")
+
+
+def _reasons(row: str) -> str:
+    return f"({row}.reasoning <> '' OR {row}.reasoning_content <> '')"
+
+
 _TRIGRAM_ROLES = "('user', 'assistant')"
 _CJK_TABLE_SQL = f"CREATE VIRTUAL TABLE {CJK} USING fts5(terms)"
 
@@ -148,12 +160,18 @@ OBJECTS: tuple[tuple[str, str, str], ...] = (
     ("table", TRIGRAM, f"CREATE VIRTUAL TABLE {TRIGRAM} USING fts5(content, content='messages_fts_trigram_source', "
                        "content_rowid='id', tokenize='trigram')"),
     ("table", CJK, _CJK_TABLE_SQL),
+    ("view", "messages_fts_reasoning_source",
+     f"CREATE VIEW messages_fts_reasoning_source AS SELECT id, {_reasoning('messages')} AS reasoning "
+     f"FROM messages WHERE {_reasons('messages')}"),
+    ("table", REASONING, f"CREATE VIRTUAL TABLE {REASONING} USING fts5(reasoning, "
+                         "content='messages_fts_reasoning_source', content_rowid='id')"),
     ("table", CJK_PENDING, f"CREATE TABLE {CJK_PENDING} (id INTEGER PRIMARY KEY)"),
     ("trigger", "messages_fts_insert",
      f"CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages WHEN {_gate('new.id')} BEGIN "
      f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
      f"VALUES (new.id, new.content, new.tool_name, new.tool_calls); "
      f"INSERT INTO {TRIGRAM}(rowid, content) SELECT new.id, new.content WHERE new.role IN {_TRIGRAM_ROLES}; "
+     f"INSERT INTO {REASONING}(rowid, reasoning) SELECT new.id, {_reasoning('new')} WHERE {_reasons('new')}; "
      "END"),
     ("trigger", "messages_fts_delete",
      f"CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages WHEN {_gate('old.id')} BEGIN "
@@ -161,6 +179,8 @@ OBJECTS: tuple[tuple[str, str, str], ...] = (
      f"VALUES ('delete', old.id, old.content, old.tool_name, old.tool_calls); "
      f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, content) SELECT 'delete', old.id, old.content "
      f"WHERE old.role IN {_TRIGRAM_ROLES}; "
+     f"INSERT INTO {REASONING}({REASONING}, rowid, reasoning) SELECT 'delete', old.id, {_reasoning('old')} "
+     f"WHERE {_reasons('old')}; "
      "END"),
     ("trigger", "messages_fts_update",
      "CREATE TRIGGER messages_fts_update AFTER UPDATE OF id, role, content, tool_name, tool_calls ON messages "
@@ -174,6 +194,12 @@ OBJECTS: tuple[tuple[str, str, str], ...] = (
      f"INSERT INTO {TRIGRAM}(rowid, content) SELECT new.id, new.content "
      f"WHERE new.role IN {_TRIGRAM_ROLES} AND {_gate('new.id')}; "
      "END"),
+    ("trigger", "messages_fts_reasoning_update",
+     "CREATE TRIGGER messages_fts_reasoning_update AFTER UPDATE OF id, reasoning, reasoning_content ON messages "
+     f"BEGIN INSERT INTO {REASONING}({REASONING}, rowid, reasoning) SELECT 'delete', old.id, {_reasoning('old')} "
+     f"WHERE {_reasons('old')} AND {_gate('old.id')}; "
+     f"INSERT INTO {REASONING}(rowid, reasoning) SELECT new.id, {_reasoning('new')} "
+     f"WHERE {_reasons('new')} AND {_gate('new.id')}; END"),
     # The CJK index cannot be fed by persistent triggers (they would need our function, and a
     # plain shell has none), so persistent triggers only queue possibly-CJK rows; this library's
     # connections drain the queue at once through a TEMP trigger, other writers leave it for the
@@ -301,6 +327,7 @@ def start_rebuild(conn: sqlite3.Connection) -> None:
         return
     conn.execute(f"INSERT INTO {WORD}({WORD}) VALUES ('delete-all')")
     conn.execute(f"INSERT INTO {TRIGRAM}({TRIGRAM}) VALUES ('delete-all')")
+    conn.execute(f"INSERT INTO {REASONING}({REASONING}) VALUES ('delete-all')")
     # The CJK table keeps its own text (it is small); dropping it is cheaper than deleting rows.
     conn.execute(f"DROP TABLE {CJK}")
     conn.execute(_CJK_TABLE_SQL)
@@ -314,6 +341,8 @@ def _index_range(conn: sqlite3.Connection, low: int, high: int) -> None:
                  "SELECT id, content, tool_name, tool_calls FROM messages WHERE id > ? AND id <= ?", (low, high))
     conn.execute(f"INSERT INTO {TRIGRAM}(rowid, content) SELECT id, content FROM messages "
                  f"WHERE id > ? AND id <= ? AND role IN {_TRIGRAM_ROLES}", (low, high))
+    conn.execute(f"INSERT INTO {REASONING}(rowid, reasoning) SELECT id, reasoning FROM messages_fts_reasoning_source "
+                 "WHERE id > ? AND id <= ?", (low, high))
     # The CJK table is a plain FTS5 table (rows delete by rowid), so clearing the range first
     # makes this idempotent with rows the queue already handled.
     conn.execute(f"DELETE FROM {CJK} WHERE rowid > ? AND rowid <= ?", (low, high))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import unicodedata
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -217,23 +218,25 @@ def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: i
 
 _CONTAINS = ("(COALESCE(m.content LIKE ? ESCAPE '\\', 0) OR COALESCE(m.tool_calls LIKE ? ESCAPE '\\', 0)"
              " OR COALESCE(m.tool_name LIKE ? ESCAPE '\\', 0))")
+_IN_REASONING = ("(COALESCE(m.reasoning LIKE ? ESCAPE '\\', 0) OR COALESCE(m.reasoning_content LIKE ? ESCAPE '\\', 0))")
 
 # A hit while routing: (message id, bm25 score or 0.0 for a LIKE hit, (table, expression) that
 # FTS5 snippet() can highlight it with, or None for a text-window snippet).
 _Hit = tuple[int, float, tuple[str, str] | None]
 
 
-def _like_terms(terms: tuple[fts.Term, ...], excluded: tuple[fts.Term, ...] = ()) -> tuple[str, list[str]]:
+def _like_terms(terms: tuple[fts.Term, ...], excluded: tuple[fts.Term, ...] = (),
+                contains: str = _CONTAINS) -> tuple[str, list[str]]:
     """Return SQL true when message `m` contains every term and no excluded one (LIKE, substrings)."""
     parts, params = [], []
     for term, negated in [(t, False) for t in terms] + [(t, True) for t in excluded]:
-        parts.append(("NOT " if negated else "") + _CONTAINS)
-        params += [f"%{escape_like(term.text)}%"] * 3
+        parts.append(("NOT " if negated else "") + contains)
+        params += [f"%{escape_like(term.text)}%"] * contains.count("?")
     return "(" + " AND ".join(parts) + ")", params
 
 
 def _like(conn: sqlite3.Connection, groups: tuple[fts.Group, ...], f: _Filters, low: int, high: int, need: int,
-          only_queued: bool = False) -> list[int]:
+          only_queued: bool = False, contains: str = _CONTAINS) -> list[int]:
     """Return the ids of messages in [low, high] matching any of `groups` by LIKE, newest first.
 
     Reads at most `_LIKE_SCAN_ROWS` rows: the newest of the range, or of the CJK queue. Excluded
@@ -241,7 +244,7 @@ def _like(conn: sqlite3.Connection, groups: tuple[fts.Group, ...], f: _Filters, 
     """
     ors, params = [], []
     for group in groups:
-        sql, group_params = _like_terms(group.terms, group.fts_excluded)
+        sql, group_params = _like_terms(group.terms, group.fts_excluded, contains)
         ors.append(sql)
         params += group_params
     condition = "(" + " OR ".join(ors) + ")"
@@ -370,8 +373,22 @@ def _find_group(ask: _Ask) -> list[_Hit]:
     return found
 
 
+def _reasoning_hits(a: _Ask) -> list[_Hit]:
+    """Return a branch's hits in reasoning text: its word index, or LIKE for CJK terms and uncovered rows."""
+    def like(low: int, high: int) -> list[_Hit]:
+        return [(i, 0.0, None) for i in _like(a.conn, (a.group,), a.filters, low, high, a.need,
+                                              contains=_IN_REASONING)]
+    if a.group.cjk is not None or not a.has(fts.REASONING):
+        return like(a.low, a.high)  # no bigram index over reasoning: the bounded scan
+    found = a.ranked(fts.REASONING, a.group.word, snippet=True)
+    if a.state.rebuild is not None:  # rows of (P, H] wait for the rebuild
+        low, high = max(a.low, a.state.rebuild[0] + 1), min(a.high, a.state.rebuild[1])
+        found += like(low, high) if low <= high else []
+    return found
+
+
 def _find(conn: sqlite3.Connection, plan: fts.QueryPlan, f: _Filters, low: int, high: int,
-          need: int) -> list[tuple[int, tuple[str, str] | None]]:
+          need: int, include_reasoning: bool = False) -> list[tuple[int, tuple[str, str] | None]]:
     """Route every OR branch on its own and merge: (id, snippet source) hits, best first, maybe repeated.
 
     bm25 scores of different indexes and expressions are merged as if comparable (docs/search.md,
@@ -379,18 +396,39 @@ def _find(conn: sqlite3.Connection, plan: fts.QueryPlan, f: _Filters, low: int, 
     """
     if plan.like_only:
         found = [(i, 0.0, None) for i in _like(conn, plan.groups, f, low, high, need)]
+        if include_reasoning:
+            found += [(i, 0.0, None) for i in _like(conn, plan.groups, f, low, high, need, contains=_IN_REASONING)]
     else:
         state = fts.inspect(conn)
-        found = [hit for group in plan.groups
-                 for hit in _find_group(_Ask(conn, group, f, state, low, high, need))]
+        asks = [_Ask(conn, group, f, state, low, high, need) for group in plan.groups]
+        found = [hit for ask in asks for hit in _find_group(ask)]
+        if include_reasoning:
+            found += [hit for ask in asks for hit in _reasoning_hits(ask)]
     return [(i, source) for i, _, source in sorted(found, key=lambda h: (h[1], -h[0]))]
+
+
+# The word index folds diacritics (unicode61), so "deja" finds "Déjà"; text windows match the
+# same way: a Latin letter of a needle also matches its accented forms (and an accented one its base).
+_ACCENTED: dict[str, str] = defaultdict(str)
+for _ch in map(chr, range(0xC0, 0x250)):
+    _base = unicodedata.normalize("NFD", _ch)[0]
+    if _base != _ch and _base.isascii() and _base.isalpha():
+        _ACCENTED[_base.lower()] += _ch
+
+
+def _folded(needle: str) -> str:
+    bare = "".join(c for c in unicodedata.normalize("NFD", needle) if not unicodedata.combining(c))
+    if len(bare) != len(needle):  # a character without a precomposed base: match it literally
+        bare = needle
+    return "".join(f"[{re.escape(c)}{_ACCENTED[c.lower()]}]" if c.lower() in _ACCENTED else re.escape(c)
+                   for c in bare)
 
 
 def _needle_pattern(needles: list[str]) -> re.Pattern[str] | None:
     # Case-insensitive on the original text: lowercasing first can change the length ("İ" -> "i̇")
     # and shift every position after it. Longest needles first, so "東京都" beats "東京".
     needles = sorted({n for n in needles if n}, key=len, reverse=True)
-    return re.compile("|".join(map(re.escape, needles)), re.IGNORECASE) if needles else None
+    return re.compile("|".join(map(_folded, needles)), re.IGNORECASE) if needles else None
 
 
 def _text_snippet(text: str | None, needles: list[str]) -> str:
@@ -420,13 +458,14 @@ def _snippets(conn: sqlite3.Connection, plan: fts.QueryPlan,
             by_source[source].append(i)
     for (table, expr), ids in by_source.items():  # one statement per index and OR branch, not per hit
         column = 0 if table == fts.TRIGRAM else -1
+        columns = ("reasoning", "reasoning_content") if table == fts.REASONING else ("content", "tool_calls", "tool_name")
         # FTS5's snippet() re-tokenizes the whole row for every phrase match, so its cost grows
         # with the square of a long row's size; long rows take the text-window path below.
         out.update(conn.execute(
             f"SELECT rowid, snippet({table}, {column}, {_SNIPPET_ARGS}) FROM {table} "
-            f"WHERE {table} MATCH ? AND rowid IN (SELECT id FROM messages WHERE id IN "
-            "(SELECT value FROM json_each(?)) AND COALESCE(length(content), 0) + COALESCE(length(tool_calls), 0) "
-            "+ COALESCE(length(tool_name), 0) <= ?)", (expr, json.dumps(ids), _FTS_SNIPPET_MAX_CHARS)))
+            f"WHERE {table} MATCH ? AND rowid IN (SELECT id FROM messages WHERE id IN (SELECT value FROM json_each(?)) "
+            f"AND {' + '.join(f'COALESCE(length({c}), 0)' for c in columns)} <= ?)",
+            (expr, json.dumps(ids), _FTS_SNIPPET_MAX_CHARS)))
     rest = [i for i, _ in hits if ">>>" not in (out.get(i) or "")]
     if rest:
         out.update(_window_snippets(conn, rest, plan.needles))
@@ -443,27 +482,30 @@ def _first_match(text: str | None, needles: list[str]) -> int:
     if not text or not needles:
         return -1
     folded = text.lower()
-    if len(folded) != len(text):  # a few letters change length when lowered: positions would shift
-        match = _needle_pattern(needles).search(text)
-        return match.start() if match else -1
-    found = [i for i in (folded.find(n.lower()) for n in needles) if i >= 0]
-    return min(found, default=-1)
+    found = [i for i in (folded.find(n.lower()) for n in needles) if i >= 0] if len(folded) == len(text) else []
+    if found or (text.isascii() and all(n.isascii() for n in needles)):
+        return min(found, default=-1)
+    # A few letters change length when lowered (positions would shift), and accents fold: the regex.
+    match = _needle_pattern(needles).search(text)
+    return match.start() if match else -1
 
 
 def _window_snippets(conn: sqlite3.Connection, ids: list[int], needles: list[str]) -> dict[int, str]:
-    """Return {id: snippet} cut from a window around the first match of content (else tool_calls).
+    """Return {id: snippet} cut from a window around the first match of content (else tool_calls, reasoning).
 
     Finding the match is a C-speed scan (`str.find`) and only a window of a few hundred
     characters is highlighted, so a hit in a 10 MB tool output costs milliseconds.
     """
     out = {}
-    for i, content, calls in conn.execute("SELECT id, content, tool_calls FROM messages "
-                                          "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)):
+    for i, content, *others in conn.execute(
+            "SELECT id, content, tool_calls, reasoning_content, reasoning FROM messages "
+            "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)):
         text, at = content, _first_match(content, needles)
-        if at < 0 and calls:
-            in_calls = _first_match(calls, needles)
-            if in_calls >= 0:
-                text, at = calls, in_calls
+        for other in others if at < 0 else ():
+            found = _first_match(other, needles)
+            if found >= 0:
+                text, at = other, found
+                break
         if not text:
             out[i] = ""
             continue
@@ -494,7 +536,7 @@ SELECT h.id, c.id, c.role, substr(c.content, 1, {_CONTEXT_CHARS})
 def _present(conn: sqlite3.Connection, plan: fts.QueryPlan, hits: list[tuple[int, str | None]]) -> list[dict[str, Any]]:
     batch = json.dumps([i for i, _ in hits])
     rows = {r[0]: r for r in conn.execute(
-        "SELECT m.id, m.session_id, m.role, m.timestamp, m.tool_name, s.source, s.model, s.started_at "
+        "SELECT m.id, m.session_id, m.role, m.timestamp, m.tool_name, s.source, s.model, s.started_at, s.title "
         "FROM messages m LEFT JOIN sessions s ON s.id = m.session_id "
         "WHERE m.id IN (SELECT value FROM json_each(?))", (batch,))}
     snippets = _snippets(conn, plan, hits)
@@ -508,18 +550,19 @@ def _present(conn: sqlite3.Connection, plan: fts.QueryPlan, hits: list[tuple[int
             continue
         out.append({"id": row[0], "session_id": row[1], "role": row[2], "timestamp": row[3], "tool_name": row[4],
                     "snippet": snippets.get(hit, ""), "context": context.get(hit, []),
-                    "source": row[5], "model": row[6], "session_started": row[7]})
+                    "source": row[5], "model": row[6], "session_started": row[7], "title": row[8]})
     return out
 
 
 def search_messages(conn: sqlite3.Connection, query: Any, source_filter: Any = None, exclude_sources: Any = None,
                     role_filter: Any = None, session_id: str | None = None, limit: int = 20, offset: int = 0,
-                    include_inactive: bool = False) -> list[dict[str, Any]]:
+                    include_inactive: bool = False, include_reasoning: bool = False) -> list[dict[str, Any]]:
     """Search message text, best match first; any query text is accepted and never raises.
 
     Each hit: id, session_id, role, timestamp, tool_name, snippet (matches in >>> <<<), context
     (previous/next message of the session, content cut to 200 characters), source, model,
-    session_started. Active rows only unless `include_inactive`. Bad limit/offset or filter
+    session_started, title (the session's). Active rows only unless `include_inactive`; the
+    reasoning text is searched too with `include_reasoning`. Bad limit/offset or filter
     types raise ValueError. Run it in one read snapshot (the facade does).
     """
     limit, offset = check_count("limit", limit), check_count("offset", offset)
@@ -534,7 +577,11 @@ def search_messages(conn: sqlite3.Connection, query: Any, source_filter: Any = N
                                  (session_id,)).fetchone()
         if low is None:
             return []
-    seen: set[int] = set()
-    unique = [(i, t) for i, t in _find(conn, plan, f, low, high, offset + limit) if not (i in seen or seen.add(i))]
-    page = unique[offset:offset + limit]
+    # Each message once, at its best rank; if any index that found it can highlight it (an FTS5
+    # snippet), that one does: a text window compares text literally and would miss "Déjà" for "deja".
+    unique: dict[int, tuple[str, str] | None] = {}
+    for i, source in _find(conn, plan, f, low, high, offset + limit, bool(include_reasoning)):
+        if unique.get(i) is None:
+            unique[i] = source
+    page = list(unique.items())[offset:offset + limit]
     return _present(conn, plan, page) if page else []
