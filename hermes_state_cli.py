@@ -87,7 +87,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 print(f"  {row['id']:<15} {row['title']!r:<24} ended: {row['end_reason'] or '-'}")
             print("\n== conversation of demo_docker_2, with its compression ancestors")
             for message in db.get_messages_as_conversation("demo_docker_2", include_ancestors=True):
-                text = (message.get("content") or "").replace("\n", " ")
+                text = _shown(message.get("content")).replace("\n", " ")
                 calls = " +tool_calls" if message.get("tool_calls") else ""
                 print(f"  {message['role']:<9} {text[:70]}{calls}")
             for query in ("docker image", "東京", "alice@example.com", "50%"):
@@ -95,6 +95,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 for hit in db.search_messages(query, limit=3):
                     print(f"  {hit['session_id']:<15} {hit['role']:<9} {hit['snippet']}")
     return 0
+
+
+def _shown(content: Any) -> str:
+    # A multimodal message shows its text parts and a [type] mark for each other part.
+    if isinstance(content, list):
+        return " ".join(p.get("text") if isinstance(p.get("text"), str) else f"[{p.get('type', 'part')}]"
+                        for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else ""
 
 
 def _sessions_table(rows: list[dict[str, Any]]) -> str:
@@ -124,7 +132,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         s = d["session"]
         lines = [f"{s['id']}  source={s['source']}  model={s['model']}  title={s['title']!r}",
                  f"started {_fmt_time(s['started_at'])}  ended {_fmt_time(s['ended_at'])} ({s['end_reason'] or '-'})"]
-        lines += [f"  {m['role']:<9} {(m.get('content') or '')[:100]}" for m in d["messages"]]
+        lines += [f"  {m['role']:<9} {_shown(m.get('content'))[:100]}" for m in d["messages"]]
         return "\n".join(lines)
     _emit(args, data, human)
     return 0
