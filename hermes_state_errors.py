@@ -106,6 +106,10 @@ class StaleEpochError(HermesStateError):
     """The caller's runtime epoch is older than the current one (a newer owner took over)."""
 
 
+class LedgerStateError(HermesStateError, ValueError):
+    """A gateway ledger row does not exist or is not in a state that allows this transition."""
+
+
 class ReceiptOrderError(HermesStateError):
     """A worker receipt arrived out of order (a gap in `seq`)."""
 

@@ -2,7 +2,7 @@
 
 Owns: `messages_fts` (unicode61 words of content, tool_name, tool_calls), `messages_fts_trigram`
 (substrings of user/assistant content), `messages_fts_reasoning` (words of reasoning text),
-`messages_fts_cjk` (CJK runs as bigrams, see `cjk_index_text`) with its queue `messages_fts_cjk_pending`,
+`messages_fts_cjk` (CJK runs as bigrams, from hermes_state_cjk) with its queue `messages_fts_cjk_pending`,
 the triggers that keep them in sync, the rebuild markers `fts_rebuild_high_water`/`fts_rebuild_progress`,
 the chunked resumable rebuild, the periodic merge, `_sanitize_fts5_query()` and the query plans.
 Does not own: running searches (hermes_state_search) or writing message rows (hermes_state_messages).
@@ -23,6 +23,8 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Union
 
+from hermes_state_cjk import (CJK_CHARS, CJK_RUN, cjk_index_text, cjk_query_text, cjk_terms,  # noqa: F401
+                               has_cjk, register_functions)
 from hermes_state_common import logger, strip_surrogates
 from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import StateDbIncompatibleError
@@ -40,84 +42,6 @@ REBUILD_CHUNK_ROWS = 2000    # messages per rebuild transaction (tens of millise
 OPEN_CATCH_UP_ROWS = 2000    # queued CJK rows an open indexes before returning; the rest go background
 MAX_QUERY_CHARS = 2048
 MAX_QUERY_TERMS = 32
-
-# --- CJK terms -------------------------------------------------------------------------------------
-# Letters and numbers of the CJK scripts (Han, kana, Hangul, Bopomofo, their extensions and the
-# halfwidth forms). Punctuation such as 、。「」・ is left out on purpose: it separates words.
-_CJK_CHARS = ("\u1100-\u11ff\u3005-\u3007\u3021-\u3029\u3031-\u3035\u303b\u303c\u3041-\u3096"
-              "\u309d-\u309f\u30a1-\u30fa\u30fc-\u30ff\u3105-\u312f\u3131-\u318e\u31a0-\u31bf"
-              "\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\ua960-\ua97c\uac00-\ud7a3\ud7b0-\ud7fb"
-              "\uf900-\ufaff\uff66-\uff9f\uffa0-\uffdc\U0001b000-\U0001b16f\U00020000-\U0003134f")
-_CJK_RUN = re.compile(f"[{_CJK_CHARS}]+")
-
-
-def has_cjk(text: str | None) -> bool:
-    """Tell whether `text` holds at least one CJK letter."""
-    return bool(text) and not text.isascii() and _CJK_RUN.search(text) is not None
-
-
-def _run_terms(run: str, last_unigram: bool = True) -> list[str]:
-    # Overlapping bigrams, then the run's last character alone, so that every character of
-    # the run starts some token: a one-character query is then a prefix query (`東*`).
-    if len(run) == 1:
-        return [run]
-    terms = [run[i:i + 2] for i in range(len(run) - 1)]
-    return terms + [run[-1]] if last_unigram else terms
-
-
-def cjk_index_text(text: str) -> str:
-    """Return `text` with every maximal CJK run re-emitted as space-separated bigrams (cjk_unicode61).
-
-    "iPhone16を買った" -> "iPhone16 を買 買っ った た": Latin stays for unicode61 to tokenize, a
-    run of n > 1 characters becomes its n-1 bigrams plus its last character, a lone character stays.
-    """
-    pieces, pos = [], 0
-    for match in _CJK_RUN.finditer(text):
-        pieces.append(text[pos:match.start()].strip())
-        pieces.extend(_run_terms(match.group()))
-        pos = match.end()
-    pieces.append(text[pos:].strip())
-    return " ".join(p for p in pieces if p)
-
-
-def cjk_query_text(text: str) -> tuple[str, bool]:
-    """Return (phrase text, prefix) that finds `text` as a substring in `messages_fts_cjk`.
-
-    Same transform as the index, except at the end of the term: a final run keeps its bigrams
-    only (the document may continue the run), and a final lone character becomes a prefix.
-    """
-    runs = list(_CJK_RUN.finditer(text))
-    pieces, pos, prefix = [], 0, False
-    for index, match in enumerate(runs):
-        pieces.append(text[pos:match.start()])
-        run = match.group()
-        at_end = index == len(runs) - 1 and not any(ch.isalnum() for ch in text[match.end():])
-        pieces.extend(_run_terms(run, last_unigram=not at_end))
-        prefix = at_end and len(run) == 1
-        pos = match.end()
-    pieces.append(text[pos:])
-    return " ".join(" ".join(p for p in pieces if p).split()), prefix
-
-
-def cjk_terms(content: object, tool_calls: object = None) -> str | None:
-    """Return the CJK index text of a message, or None when it holds no CJK (the SQL function).
-
-    Never raises: it runs inside triggers, where an exception would fail the user's write.
-    """
-    try:
-        texts = [v if isinstance(v, str) else str(v) for v in (content, tool_calls) if v is not None]
-        if not any(has_cjk(t) for t in texts):
-            return None
-        return "\n".join(cjk_index_text(t) for t in texts)
-    except Exception:  # noqa: BLE001 - see docstring
-        logger.exception("hermes_cjk_terms failed; the row is left out of the CJK index")
-        return None
-
-
-def register_functions(conn: sqlite3.Connection) -> None:
-    """Register `hermes_cjk_terms(content, tool_calls)` on this connection (read-only handles too)."""
-    conn.create_function("hermes_cjk_terms", 2, cjk_terms, deterministic=True)
-
 
 # --- the declared FTS objects ----------------------------------------------------------------------
 
@@ -492,6 +416,21 @@ def rebuild_status(conn: sqlite3.Connection) -> dict[str, object]:
             "in_progress": state.rebuild is not None, "cjk_pending": cjk_pending}
 
 
+def integrity_report(conn: sqlite3.Connection) -> dict[str, str]:
+    """Return {table: "ok" or the error} of FTS5's own integrity-check for every index present.
+
+    FTS5 runs the check as a write command, so it needs a writable connection; it changes nothing.
+    """
+    report = {}
+    for table in inspect(conn).tables:
+        try:
+            conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
+            report[table] = "ok"
+        except sqlite3.DatabaseError as exc:
+            report[table] = str(exc)
+    return report
+
+
 def upkeep(conn: sqlite3.Connection, writes: int) -> None:
     """Every 1,000 writes run a bounded incremental FTS5 merge on each index; log, never raise.
 
@@ -523,7 +462,7 @@ _OPERATORS = frozenset({"AND", "OR", "NOT"})
 _KEYWORDS = _OPERATORS | {"NEAR"}
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 _ZERO_WIDTH = re.compile("[\u200b\u200c\u200d\ufeff]+")
-_CJK_ONLY = re.compile(f"[{_CJK_CHARS}\\s]+")
+_CJK_ONLY = re.compile(f"[{CJK_CHARS}\\s]+")
 
 
 def _strip_edges(chunk: str) -> str:
@@ -575,7 +514,7 @@ def _drop_zero_width(text: str) -> str:
     # them. A run is judged by its neighbours as a whole, so that a second pass removes nothing.
     def replace(run: re.Match[str]) -> str:
         near = text[max(run.start() - 1, 0):run.start()] + text[run.end():run.end() + 1]
-        return "" if _CJK_RUN.search(near) else run.group().replace("\u200b", "").replace("\ufeff", "")
+        return "" if CJK_RUN.search(near) else run.group().replace("\u200b", "").replace("\ufeff", "")
     return _ZERO_WIDTH.sub(replace, text)
 
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-import unicodedata
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import hermes_state_fts as fts
-from hermes_state_common import check_count, check_id, escape_like, has_surrogate, logger, row_dicts
+import hermes_state_highlight as highlight
+from hermes_state_common import check_count, check_id, check_number, escape_like, has_surrogate, logger, row_dicts
 
 # --- listings and statistics -----------------------------------------------------------------
 
@@ -42,41 +42,68 @@ SELECT s.*,
                 s.started_at) AS last_active
   FROM sessions s
  WHERE {{where}}
- ORDER BY s.started_at DESC, s.id
+ ORDER BY {{order}}
  LIMIT ? OFFSET ?"""
+_ACTIVITY = "COALESCE(s.last_activity_at, s.started_at)"
+_ORDERS = {"started": "s.started_at DESC, s.id", "activity": f"{_ACTIVITY} DESC, s.id"}
+
+
+def _session_filters(source: Any, include_archived: bool, model: Any, since: Any,
+                     until: Any) -> tuple[str, list[Any]]:
+    """Return the WHERE clause and parameters of a session listing; bad filter types raise ValueError."""
+    for name, value in (("source", source), ("model", model)):
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{name} must be a string or None")
+    # Filters are spliced in only when given, so the planner can pick idx_sessions_source.
+    where, params = ["1"], []
+    for column, value in (("s.source", source), ("s.model", model)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            params.append(value)
+    for op, name, value in ((">=", "since", since), ("<", "until", until)):
+        if value is not None:
+            where.append(f"{_ACTIVITY} {op} ?")
+            params.append(check_number(name, value))
+    if not include_archived:
+        where.append("COALESCE(s.archived, 0) = 0")
+    return " AND ".join(where), params
 
 
 def list_sessions(conn: sqlite3.Connection, source: str | None = None, limit: int = 20, offset: int = 0,
-                  include_archived: bool = False) -> list[dict[str, Any]]:
+                  include_archived: bool = False, *, model: str | None = None, since: float | None = None,
+                  until: float | None = None, order: str = "started") -> list[dict[str, Any]]:
     """Return a page of sessions, newest first, each with `preview` and `last_active`, in one query.
 
     Every `sessions` column is present, plus `preview` (the first active user message, its
     first 63 characters with line breaks as spaces, '' when none) and `last_active` (the latest
-    message time, else `started_at`). Pinned sessions are not moved to the top: ordering is by
-    `started_at` only, so paging stays stable; callers that show pins first do it themselves.
+    message time, else `started_at`). `order` is "started" (by `started_at`, stable for paging)
+    or "activity" (by last activity); pinned sessions are not moved to the top. `since`/`until`
+    (epoch seconds) keep sessions whose last activity is in [since, until).
     """
-    if source is not None and not isinstance(source, str):
-        raise ValueError("source must be a string or None")
+    if order not in _ORDERS:
+        raise ValueError(f"order must be one of {sorted(_ORDERS)}, not {order!r}")
     limit, offset = check_count("limit", limit), check_count("offset", offset)
-    # Filters are spliced in only when given, so the planner can pick idx_sessions_source.
-    where, params = ["1"], []
-    if source is not None:
-        where.append("s.source = ?")
-        params.append(source)
-    if not include_archived:
-        where.append("COALESCE(s.archived, 0) = 0")
-    sql = _LIST_SQL.format(where=" AND ".join(where))
+    where, params = _session_filters(source, include_archived, model, since, until)
+    sql = _LIST_SQL.format(where=where, order=_ORDERS[order])
     return row_dicts(conn.execute(sql, (*params, limit, offset)))
 
 
-def usage_by_model(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+def count_sessions(conn: sqlite3.Connection, source: str | None = None, include_archived: bool = False, *,
+                   model: str | None = None, since: float | None = None, until: float | None = None) -> int:
+    """Return how many sessions a listing with these filters pages through."""
+    where, params = _session_filters(source, include_archived, model, since, until)
+    return conn.execute(f"SELECT COUNT(*) FROM sessions s WHERE {where}", params).fetchone()[0]
+
+
+def usage_by_model(conn: sqlite3.Connection, include_unset: bool = False) -> list[dict[str, Any]]:
     """Return per-model totals (sessions, input/output tokens, estimated cost), costliest first.
 
-    Sessions without a model are left out; a model whose sessions carry no cost estimate has
+    Sessions without a model are left out unless `include_unset`, which adds them as one row
+    with model None (last). A model whose sessions carry no cost estimate has
     `estimated_cost_usd` None and sorts after every priced model. The seed's column names
     (`total_input`, `total_output`, `total_cost`) are present too, so its callers keep working.
     """
-    return row_dicts(conn.execute(
+    rows = row_dicts(conn.execute(
         """SELECT model, COUNT(*) AS session_count,
                   COALESCE(SUM(input_tokens), 0) AS input_tokens,
                   COALESCE(SUM(output_tokens), 0) AS output_tokens,
@@ -84,9 +111,11 @@ def usage_by_model(conn: sqlite3.Connection) -> list[dict[str, Any]]:
                   COALESCE(SUM(input_tokens), 0) AS total_input,
                   COALESCE(SUM(output_tokens), 0) AS total_output,
                   SUM(estimated_cost_usd) AS total_cost
-             FROM sessions WHERE model IS NOT NULL
+             FROM sessions WHERE model IS NOT NULL OR ?
             GROUP BY model
-            ORDER BY estimated_cost_usd IS NULL, estimated_cost_usd DESC, model"""))
+            ORDER BY model IS NULL, estimated_cost_usd IS NULL, estimated_cost_usd DESC, model""",
+        (1 if include_unset else 0,)))
+    return rows
 
 
 def top_sessions_by_tokens(conn: sqlite3.Connection, limit: int = 10) -> list[dict[str, Any]]:
@@ -114,7 +143,6 @@ _WINDOW_GROWTH = 16
 _LIKE_SCAN_ROWS = 20_000  # the most rows any LIKE scan reads
 _CONTEXT_CHARS = 200
 _SNIPPET_ARGS = "'>>>', '<<<', '...', 16"
-_SNIPPET_CHARS = 120
 _FTS_SNIPPET_MAX_CHARS = 16_000  # longer rows get a snippet cut from a window around the first match
 _MAX_ROWID = 2 ** 63 - 1
 _warned: set[str] = set()
@@ -407,47 +435,6 @@ def _find(conn: sqlite3.Connection, plan: fts.QueryPlan, f: _Filters, low: int, 
     return [(i, source) for i, _, source in sorted(found, key=lambda h: (h[1], -h[0]))]
 
 
-# The word index folds diacritics (unicode61), so "deja" finds "Déjà"; text windows match the
-# same way: a Latin letter of a needle also matches its accented forms (and an accented one its base).
-_ACCENTED: dict[str, str] = defaultdict(str)
-for _ch in map(chr, range(0xC0, 0x250)):
-    _base = unicodedata.normalize("NFD", _ch)[0]
-    if _base != _ch and _base.isascii() and _base.isalpha():
-        _ACCENTED[_base.lower()] += _ch
-
-
-def _folded(needle: str) -> str:
-    bare = "".join(c for c in unicodedata.normalize("NFD", needle) if not unicodedata.combining(c))
-    if len(bare) != len(needle):  # a character without a precomposed base: match it literally
-        bare = needle
-    return "".join(f"[{re.escape(c)}{_ACCENTED[c.lower()]}]" if c.lower() in _ACCENTED else re.escape(c)
-                   for c in bare)
-
-
-def _needle_pattern(needles: list[str]) -> re.Pattern[str] | None:
-    # Case-insensitive on the original text: lowercasing first can change the length ("İ" -> "i̇")
-    # and shift every position after it. Longest needles first, so "東京都" beats "東京".
-    needles = sorted({n for n in needles if n}, key=len, reverse=True)
-    return re.compile("|".join(map(_folded, needles)), re.IGNORECASE) if needles else None
-
-
-def _text_snippet(text: str | None, needles: list[str]) -> str:
-    """Return a window of `text` around the first match with every match wrapped in >>> <<<."""
-    if not text:
-        return ""
-    pattern = _needle_pattern(needles)
-    first = pattern.search(text) if pattern else None
-    begin = max(0, (first.start() if first else 0) - _SNIPPET_CHARS // 3)
-    end = min(len(text), begin + _SNIPPET_CHARS)
-    out, pos = [], begin
-    for match in pattern.finditer(text, begin, end) if first else ():
-        if match.end() > match.start():
-            out += [text[pos:match.start()], ">>>", match.group(), "<<<"]
-            pos = match.end()
-    out.append(text[pos:end])
-    return ("..." if begin else "") + "".join(out) + ("..." if end < len(text) else "")
-
-
 def _snippets(conn: sqlite3.Connection, plan: fts.QueryPlan,
               hits: list[tuple[int, tuple[str, str] | None]]) -> dict[int, str]:
     """Return {id: snippet}: FTS5 snippet() for word/trigram hits, a text window for the others."""
@@ -473,21 +460,8 @@ def _snippets(conn: sqlite3.Connection, plan: fts.QueryPlan,
 
 
 # How far before the first match a text window starts, and how long it is: wide enough that
-# _text_snippet can centre its 120 characters on the match.
-_WINDOW_BEFORE, _WINDOW_CHARS = 2 * _SNIPPET_CHARS, 4 * _SNIPPET_CHARS
-
-
-def _first_match(text: str | None, needles: list[str]) -> int:
-    """Return the index of the first case-insensitive occurrence of any needle in `text`, or -1."""
-    if not text or not needles:
-        return -1
-    folded = text.lower()
-    found = [i for i in (folded.find(n.lower()) for n in needles) if i >= 0] if len(folded) == len(text) else []
-    if found or (text.isascii() and all(n.isascii() for n in needles)):
-        return min(found, default=-1)
-    # A few letters change length when lowered (positions would shift), and accents fold: the regex.
-    match = _needle_pattern(needles).search(text)
-    return match.start() if match else -1
+# highlight.text_snippet can centre its 120 characters on the match.
+_WINDOW_BEFORE, _WINDOW_CHARS = 2 * highlight.SNIPPET_CHARS, 4 * highlight.SNIPPET_CHARS
 
 
 def _window_snippets(conn: sqlite3.Connection, ids: list[int], needles: list[str]) -> dict[int, str]:
@@ -500,9 +474,9 @@ def _window_snippets(conn: sqlite3.Connection, ids: list[int], needles: list[str
     for i, content, *others in conn.execute(
             "SELECT id, content, tool_calls, reasoning_content, reasoning FROM messages "
             "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)):
-        text, at = content, _first_match(content, needles)
+        text, at = content, highlight.first_match(content, needles)
         for other in others if at < 0 else ():
-            found = _first_match(other, needles)
+            found = highlight.first_match(other, needles)
             if found >= 0:
                 text, at = other, found
                 break
@@ -511,7 +485,7 @@ def _window_snippets(conn: sqlite3.Connection, ids: list[int], needles: list[str
             continue
         start = max(0, at - _WINDOW_BEFORE)
         end = start + _WINDOW_CHARS
-        snippet = _text_snippet(text[start:end], needles)
+        snippet = highlight.text_snippet(text[start:end], needles)
         out[i] = ("..." if start and not snippet.startswith("...") else "") + snippet + (
             "..." if end < len(text) and not snippet.endswith("...") else "")
     return out

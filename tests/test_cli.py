@@ -57,4 +57,6 @@ def test_show_prints_a_multimodal_message_as_its_text_and_part_marks(capsys, her
         db.append_message("s1", "user", [{"type": "text", "text": "look at this"},
                                          {"type": "image_url", "image_url": {"url": "https://x/y.png"}}])
     assert main(["sessions", "show", "s1"]) == 0
-    assert "user      look at this [image_url]" in capsys.readouterr().out
+    assert "look at this [image_url]" in capsys.readouterr().out
+    assert main(["sessions", "show", "s1", "--full"]) == 0
+    assert "look at this [image_url]" in capsys.readouterr().out

@@ -19,10 +19,6 @@ from hermes_state import (HermesStateError, SessionDB, SessionNotFoundError, Sta
                           StoreUnavailableError, list_sessions_across_profiles)
 
 
-def _raw(db: SessionDB) -> sqlite3.Connection:
-    return sqlite3.connect(db.db_path, isolation_level=None, timeout=5)
-
-
 # --- hangs and unreadable data ------------------------------------------------------------------------
 
 def test_a_hit_in_a_huge_row_gets_a_bounded_snippet(db):
@@ -69,18 +65,16 @@ def test_a_long_read_does_not_hold_the_write_path(db):
     assert results and results[0][0]["snippet"] == ">>>something<<< to find"
 
 
-def _plant_invalid_utf8(db: SessionDB) -> None:
-    raw = _raw(db)
+def _plant_invalid_utf8(raw: sqlite3.Connection) -> None:
     raw.execute("INSERT INTO messages (session_id, role, content, timestamp) "
                 "VALUES ('s', 'user', CAST(X'6F6B20C32820626164' AS TEXT), 5)")
     raw.execute("UPDATE sessions SET title = CAST(X'54C328' AS TEXT) WHERE id = 's'")
-    raw.close()
 
 
-def test_text_that_is_not_utf8_reads_with_replacement_characters(db):
+def test_text_that_is_not_utf8_reads_with_replacement_characters(db, raw_conn):
     db.create_session("s", "cli")
     db.append_message("s", "user", "fine text")
-    _plant_invalid_utf8(db)
+    _plant_invalid_utf8(raw_conn())
     assert [m["content"] for m in db.get_messages("s")] == ["fine text", "ok \ufffd( bad"]
     assert db.get_messages_as_conversation("s")[1]["content"] == "ok \ufffd( bad"
     (row,) = db.list_sessions()
@@ -89,9 +83,9 @@ def test_text_that_is_not_utf8_reads_with_replacement_characters(db):
     assert "\ufffd" in hit["snippet"] and ">>>bad<<<" in hit["snippet"]
 
 
-def test_cli_shows_text_that_is_not_utf8_without_a_traceback(db):
+def test_cli_shows_text_that_is_not_utf8_without_a_traceback(db, raw_conn):
     db.create_session("s", "cli")
-    _plant_invalid_utf8(db)
+    _plant_invalid_utf8(raw_conn())
     db.close()
     out = subprocess.run([sys.executable, "-m", "hermes_state_cli", "--db", str(db.db_path), "sessions", "show", "s"],
                          capture_output=True, text=True, env={**os.environ, "HERMES_STATE_DB_GUARD_BYPASS": "1"},
@@ -119,7 +113,10 @@ def _damage_fts(db: SessionDB, where: str) -> None:
         db.append_message("s", "user", f"word{i} " * 40)
     db.close()
     raw = sqlite3.connect(db.db_path)
-    raw.execute(f"UPDATE messages_fts_data SET block = randomblob(length(block)) WHERE {where}")
+    # A fixed pattern, not random bytes: some random bytes decode as a huge size and make
+    # SQLite fail for memory instead of reporting the damage.
+    raw.execute(f"UPDATE messages_fts_data SET block = CAST(replace(hex(zeroblob(length(block))), '00', 'A5') "
+                f"AS BLOB) WHERE {where}")
     raw.commit()
     raw.close()
 
@@ -180,9 +177,9 @@ def test_kept_conversation_dicts_keep_the_stored_fields(db):
     assert [m["timestamp"] for m in db.get_messages("t")] == [1000.0, 1001.0]
 
 
-def test_rows_without_a_uid_replay_once_across_a_compression_seam(db):
+def test_rows_without_a_uid_replay_once_across_a_compression_seam(db, raw_conn):
     db.create_session("p", "cli")
-    raw = _raw(db)
+    raw = raw_conn()
     for i, text in enumerate(["old one", "old two"]):
         raw.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES ('p', 'user', ?, ?)",
                     (text, 10 + i))
@@ -230,7 +227,7 @@ def test_cross_profile_offset_pages_the_merged_listing(hermes_home):
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="zombies are read from /proc (Linux)")
-def test_a_zombie_lock_holder_counts_as_gone(db):
+def test_a_zombie_lock_holder_counts_as_gone(db, plant_lock):
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # exited but not reaped: a zombie
@@ -242,15 +239,13 @@ def test_a_zombie_lock_holder_counts_as_gone(db):
         holder = f"pid={child.pid} host={os.uname().nodename} pidns={compression.own_pidns()} token=x"
         assert compression.holder_is_gone(holder)
         db.create_session("s", "cli")
-        raw = _raw(db)
-        raw.execute("INSERT INTO compression_locks VALUES ('s', ?, ?, ?)", (holder, time.time(), time.time() + 300))
-        raw.close()
+        plant_lock("s", holder)
         assert db.acquire_compression_lock("s") is not None  # reclaimed at once, not after the TTL
     finally:
         child.wait()
 
 
-def test_deeply_nested_json_is_a_value_error_and_reads_back_as_text(db):
+def test_deeply_nested_json_is_a_value_error_and_reads_back_as_text(db, raw_conn):
     db.create_session("s", "cli")
     deep: list = []
     for _ in range(100_000):
@@ -259,7 +254,7 @@ def test_deeply_nested_json_is_a_value_error_and_reads_back_as_text(db):
         db.append_message("s", "assistant", "x", tool_calls=deep)
     assert db.get_messages("s") == []
     nested_text = "[" * 100_000 + "]" * 100_000
-    raw = _raw(db)
+    raw = raw_conn()
     raw.execute("INSERT INTO messages (session_id, role, content, tool_calls, timestamp) "
                 "VALUES ('s', 'assistant', 'x', ?, 1)", (nested_text,))
     raw.close()

@@ -11,17 +11,19 @@ ROOT = Path(__file__).resolve().parents[1]
 RANKS = {
     "hermes_state_errors": 0,
     "hermes_state_common": 1,
-    "hermes_state_writer": 2, "hermes_state_lockowners": 2, "hermes_state_home": 2, "hermes_state_provider": 2,
+    "hermes_state_writer": 2, "hermes_state_render": 2, "hermes_state_lockowners": 2, "hermes_state_home": 2, "hermes_state_provider": 2,
+    "hermes_state_cjk": 2, "hermes_state_highlight": 2,
     "hermes_state_lineage": 2,
     "hermes_state_schema": 3, "hermes_state_fts": 3,
     "hermes_state_sessions": 4,
     "hermes_state_messages": 5,
     "hermes_state_conversation": 6, "hermes_state_search": 6,
     "hermes_state_compression": 7,
-    "hermes_state_portability": 8, "hermes_state_gateway": 8,
+    "hermes_state_portability": 8, "hermes_state_gateway": 8, "hermes_state_routing": 8,
     "hermes_state": 9,
     # Consumers of the facade, not layers of it.
-    "hermes_state_cli": 10, "hermes_state_pytest": 10,
+    "hermes_state_commands": 10, "hermes_state_pytest": 10, "hermes_state_web": 10,
+    "hermes_state_cli": 11,
 }
 
 

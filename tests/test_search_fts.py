@@ -137,13 +137,6 @@ def test_not_excludes_the_one_term_after_it_on_every_route(db):
     assert _ids(db, "alpha beta") == {both, no_gamma}
 
 
-def test_text_snippet_highlights_when_lowercasing_changes_the_length():
-    assert search._text_snippet("İİİ docker 東京", ["DOCKER"]) == "İİİ >>>docker<<< 東京"
-    assert search._text_snippet("İstanbul ve İzmir", ["izmir", "İSTANBUL"]) == ">>>İstanbul<<< ve >>>İzmir<<<"
-    assert search._text_snippet("東京都の東京", ["東京", "東京都"]) == ">>>東京都<<<の>>>東京<<<"
-    assert search._text_snippet("a.b a+b", ["a+b"]) == "a.b >>>a+b<<<"
-
-
 def test_operator_words_alone_are_searched_as_words(db):
     db.create_session("s", "cli")
     row = db.append_message("s", "user", "salt and pepper, not or")
