@@ -241,6 +241,8 @@ def append_message(conn: sqlite3.Connection, session_id: str, fields: dict[str, 
     """
     uid = fields.get("message_uid")
     if uid is not None:
+        if not isinstance(uid, str) or not _UID.fullmatch(uid):
+            raise ValueError(f"message_uid must be 32 lowercase hex digits, not {uid!r}")
         if conn.execute("SELECT 1 FROM messages WHERE message_uid = ? AND session_id = ? AND active = 1 LIMIT 1",
                         (uid, session_id)).fetchone():
             raise ValueError(f"message_uid {uid!r} is already a live message of session {session_id!r}")

@@ -12,7 +12,6 @@ the caller's write transaction and never commit; readers run under the caller's 
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 from collections import defaultdict
 from dataclasses import dataclass, replace
@@ -445,7 +444,8 @@ def _snippets(conn: sqlite3.Connection, plan: fts.QueryPlan,
             by_source[source].append(i)
     for (table, expr), ids in by_source.items():  # one statement per index and OR branch, not per hit
         column = 0 if table == fts.TRIGRAM else -1
-        columns = ("reasoning", "reasoning_content") if table == fts.REASONING else ("content", "tool_calls", "tool_name")
+        columns = ("reasoning", "reasoning_content") if table == fts.REASONING else (
+            "content", "tool_calls", "tool_name")
         # FTS5's snippet() re-tokenizes the whole row for every phrase match, so its cost grows
         # with the square of a long row's size; long rows take the text-window path below.
         out.update(conn.execute(

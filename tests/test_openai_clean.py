@@ -88,7 +88,8 @@ def _fill(db, sid="s"):
     db.append_message(sid, "assistant", "Done.", display_kind="final", display_metadata={"marker": "m1"})
 
 
-@pytest.mark.parametrize("route", [{"provider": "openai"}, {"provider": "custom", "base_url": "https://api.openai.com/v1"},
+@pytest.mark.parametrize("route", [{"provider": "openai"},
+                                   {"provider": "custom", "base_url": "https://api.openai.com/v1"},
                                    {"provider": "OpenAI", "base_url": "api.openai.com"}])
 def test_openai_route_sends_only_what_the_chat_completions_schema_declares(db, route):
     _fill(db)
@@ -109,8 +110,8 @@ def test_openai_route_repairs_what_the_schema_requires_and_refuses_unknown_roles
     conv = [{"role": "user", "content": None}, {"role": "assistant", "content": None},
             {"role": "assistant", "content": None, "tool_calls": [
                 {"id": "c", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]},
-            {"role": "tool", "content": [{"type": "text", "text": "ok"}, {"type": "image_url", "image_url": {"url": "u"}}],
-             "tool_call_id": "c", "name": "f"}]
+            {"role": "tool", "tool_call_id": "c", "name": "f",
+             "content": [{"type": "text", "text": "ok"}, {"type": "image_url", "image_url": {"url": "u"}}]}]
     wire = to_provider_messages(conv, provider="openai")
     assert [schema_problems(m) for m in wire] == [[]] * 4
     assert wire[0]["content"] == "" and wire[1]["content"] == ""
@@ -159,6 +160,9 @@ def test_a_live_uid_is_not_appended_twice_to_one_session(db, rival):
     msg = db.get_messages_as_conversation("s")[0]
     with pytest.raises(ValueError, match="already a live message"):
         db.append_message("s", **msg)
+    for bad in ("\ud800" * 32, "A" * 32, 7):
+        with pytest.raises(ValueError, match="message_uid"):
+            db.append_message("s", "user", "x", message_uid=bad)
     assert tuple(rival.execute("SELECT COUNT(*), MAX(message_count) FROM messages, sessions").fetchone()) == (1, 1)
 
 
