@@ -311,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--offset", type=non_negative, default=0)
     p.add_argument("--source", action="append", help="only these sources (repeatable)")
     p.add_argument("--role", action="append", help="only these roles (repeatable)")
+    p.add_argument("--reasoning", action="store_true", help="search the models' reasoning too")
     p = _command(ssub, "export", cmd_export, "sessions as JSON Lines (one per line)")
     p.add_argument("session_ids", nargs="*")
     p.add_argument("--source")

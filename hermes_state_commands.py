@@ -219,7 +219,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     """Search every message's text (words, CJK, substrings)."""
     with open_db(args) as db:
         hits = db.search_messages(args.query, source_filter=args.source, role_filter=args.role,
-                                  limit=args.limit, offset=args.offset)
+                                  limit=args.limit, offset=args.offset, include_reasoning=args.reasoning)
     color = sys.stdout.isatty()
 
     def human(_: Any) -> str:
@@ -228,7 +228,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         width = term_width()
         lines = []
         for h in hits:
-            head = f"{render.safe(h['session_id'])}  {h['role']}  {render.relative_time(h['timestamp'])}"
+            title = f"  {render.safe(h['title'])}" if h.get("title") else ""
+            head = f"{render.safe(h['session_id'])}{title}  {h['role']}  {render.relative_time(h['timestamp'])}"
             lines += [render.truncate(head, width), "  " + render.highlight(h["snippet"], color=color)]
         return "\n".join(lines)
     rows = [{k: v for k, v in h.items() if k != "context"} for h in hits] if args.csv else hits

@@ -60,3 +60,15 @@ def test_show_prints_a_multimodal_message_as_its_text_and_part_marks(capsys, her
     assert "look at this [image_url]" in capsys.readouterr().out
     assert main(["sessions", "show", "s1", "--full"]) == 0
     assert "look at this [image_url]" in capsys.readouterr().out
+
+
+def test_search_shows_titles_and_reaches_reasoning_when_asked(capsys, hermes_home):
+    with SessionDB() as db:
+        db.create_session("s1", "cli")
+        db.set_session_title("s1", "Night shift")
+        db.append_message("s1", "assistant", "ok", reasoning_content="consider the pelican route")
+    assert main(["sessions", "search", "pelican"]) == 0
+    assert capsys.readouterr().out.strip() == "no match"
+    assert main(["sessions", "search", "pelican", "--reasoning"]) == 0
+    out = capsys.readouterr().out
+    assert "s1  Night shift  assistant" in out and "pelican" in out
