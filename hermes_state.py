@@ -24,6 +24,7 @@ import hermes_state_conversation as conversation
 import hermes_state_fts as fts
 import hermes_state_gateway as gateway
 import hermes_state_lineage as lineage
+import hermes_state_listings as listings
 import hermes_state_messages as message_rows
 import hermes_state_schema as schema
 import hermes_state_routing as routing
@@ -443,24 +444,24 @@ class SessionDB:
                       until: float | None = None, order: str = "started") -> list[dict[str, Any]]:
         """Return sessions newest first (by start, or by last activity), each with `preview` and `last_active`."""
         with self._read() as conn:
-            return search.list_sessions(conn, source, limit, offset, include_archived, model=model, since=since,
+            return listings.list_sessions(conn, source, limit, offset, include_archived, model=model, since=since,
                                         until=until, order=order)
 
     def count_sessions(self, source: str | None = None, include_archived: bool = False, *,
                        model: str | None = None, since: float | None = None, until: float | None = None) -> int:
         """Return how many sessions `list_sessions` with the same filters pages through."""
         with self._read() as conn:
-            return search.count_sessions(conn, source, include_archived, model=model, since=since, until=until)
+            return listings.count_sessions(conn, source, include_archived, model=model, since=since, until=until)
 
     def usage_by_model(self, include_unset: bool = False) -> list[dict[str, Any]]:
         """Return sessions, tokens and estimated cost per model, costliest first (model None last if asked)."""
         with self._read() as conn:
-            return search.usage_by_model(conn, include_unset)
+            return listings.usage_by_model(conn, include_unset)
 
     def top_sessions_by_tokens(self, limit: int = 10) -> list[dict[str, Any]]:
         """Return the sessions with the most input + output tokens."""
         with self._read() as conn:
-            return search.top_sessions_by_tokens(conn, limit)
+            return listings.top_sessions_by_tokens(conn, limit)
 
     # --- full-text search --------------------
 
@@ -499,8 +500,12 @@ class SessionDB:
     def search_messages(self, query: str, source_filter: list[str] | None = None,
                         exclude_sources: list[str] | None = None, role_filter: list[str] | None = None,
                         session_id: str | None = None, limit: int = 20, offset: int = 0,
-                        include_inactive: bool = False, include_reasoning: bool = False) -> list[dict[str, Any]]:
-        """Search message text (word, CJK and substring indexes), best match first, with snippet and context."""
+                        include_inactive: bool = False, include_reasoning: bool = False) -> search.SearchResults:
+        """Search message text (word, CJK and substring indexes), best match first, with snippet and context.
+
+        The result is a list; its `complete` attribute is False only when a scan (terms too short
+        for every index) stopped before the oldest rows with fewer hits than asked.
+        """
         with self._read(snapshot=True) as conn:
             return search.search_messages(conn, query, source_filter, exclude_sources, role_filter, session_id,
                                           limit, offset, include_inactive, include_reasoning)

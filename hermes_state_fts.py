@@ -1,7 +1,7 @@
 """Full-text indexes over messages: the FTS5 tables, their triggers, rebuild markers and queries.
 
 Owns: `messages_fts` (unicode61 words of content, tool_name, tool_calls), `messages_fts_trigram`
-(substrings of user/assistant content), `messages_fts_reasoning` (words of reasoning text),
+(substrings of every message's content, tool name and tool calls), `messages_fts_reasoning` (words of reasoning text),
 `messages_fts_cjk` (CJK runs as bigrams, from hermes_state_cjk) with its queue `messages_fts_cjk_pending`,
 the triggers that keep them in sync, the rebuild markers `fts_rebuild_high_water`/`fts_rebuild_progress`,
 the chunked resumable rebuild, the periodic merge, `_sanitize_fts5_query()` and the query plans.
@@ -71,7 +71,13 @@ def _reasons(row: str) -> str:
     return f"({row}.reasoning <> '' OR {row}.reasoning_content <> '')"
 
 
-_TRIGRAM_ROLES = "('user', 'assistant')"
+def _searchable(row: str) -> str:
+    # Everything a substring search looks in, every role, tool output included. Newlines keep a
+    # match from spanning two fields in practice (a query holds no newline).
+    return (f"COALESCE({row}.content, '') || char(10) || COALESCE({row}.tool_name, '') || char(10) "
+            f"|| COALESCE({row}.tool_calls, '')")
+
+
 _CJK_TABLE_SQL = f"CREATE VIRTUAL TABLE {CJK} USING fts5(terms)"
 
 # (type, name, sql). The sql is what sqlite_master stores; open compares it to decide whether
@@ -79,10 +85,13 @@ _CJK_TABLE_SQL = f"CREATE VIRTUAL TABLE {CJK} USING fts5(terms)"
 OBJECTS: tuple[tuple[str, str, str], ...] = (
     ("table", WORD, f"CREATE VIRTUAL TABLE {WORD} USING fts5(content, tool_name, tool_calls, "
                     "content='messages', content_rowid='id')"),
+    # Substrings of every message's text: trigrams with detail=none store which rows hold each
+    # trigram but no positions, about half the size of a position-full index over less text.
+    # Queried with LIKE, which FTS5 answers from the index and checks against the row's text.
     ("view", "messages_fts_trigram_source",
-     f"CREATE VIEW messages_fts_trigram_source AS SELECT id, content FROM messages WHERE role IN {_TRIGRAM_ROLES}"),
-    ("table", TRIGRAM, f"CREATE VIRTUAL TABLE {TRIGRAM} USING fts5(content, content='messages_fts_trigram_source', "
-                       "content_rowid='id', tokenize='trigram')"),
+     f"CREATE VIEW messages_fts_trigram_source AS SELECT id, {_searchable('messages')} AS text FROM messages"),
+    ("table", TRIGRAM, f"CREATE VIRTUAL TABLE {TRIGRAM} USING fts5(text, content='messages_fts_trigram_source', "
+                       "content_rowid='id', tokenize='trigram', detail='none')"),
     ("table", CJK, _CJK_TABLE_SQL),
     ("view", "messages_fts_reasoning_source",
      f"CREATE VIEW messages_fts_reasoning_source AS SELECT id, {_reasoning('messages')} AS reasoning "
@@ -94,15 +103,14 @@ OBJECTS: tuple[tuple[str, str, str], ...] = (
      f"CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages WHEN {_gate('new.id')} BEGIN "
      f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
      f"VALUES (new.id, new.content, new.tool_name, new.tool_calls); "
-     f"INSERT INTO {TRIGRAM}(rowid, content) SELECT new.id, new.content WHERE new.role IN {_TRIGRAM_ROLES}; "
+     f"INSERT INTO {TRIGRAM}(rowid, text) VALUES (new.id, {_searchable('new')}); "
      f"INSERT INTO {REASONING}(rowid, reasoning) SELECT new.id, {_reasoning('new')} WHERE {_reasons('new')}; "
      "END"),
     ("trigger", "messages_fts_delete",
      f"CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages WHEN {_gate('old.id')} BEGIN "
      f"INSERT INTO {WORD}({WORD}, rowid, content, tool_name, tool_calls) "
      f"VALUES ('delete', old.id, old.content, old.tool_name, old.tool_calls); "
-     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, content) SELECT 'delete', old.id, old.content "
-     f"WHERE old.role IN {_TRIGRAM_ROLES}; "
+     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, text) VALUES ('delete', old.id, {_searchable('old')}); "
      f"INSERT INTO {REASONING}({REASONING}, rowid, reasoning) SELECT 'delete', old.id, {_reasoning('old')} "
      f"WHERE {_reasons('old')}; "
      "END"),
@@ -111,12 +119,11 @@ OBJECTS: tuple[tuple[str, str, str], ...] = (
      "BEGIN "
      f"INSERT INTO {WORD}({WORD}, rowid, content, tool_name, tool_calls) "
      f"SELECT 'delete', old.id, old.content, old.tool_name, old.tool_calls WHERE {_gate('old.id')}; "
-     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, content) SELECT 'delete', old.id, old.content "
-     f"WHERE old.role IN {_TRIGRAM_ROLES} AND {_gate('old.id')}; "
+     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, text) SELECT 'delete', old.id, {_searchable('old')} "
+     f"WHERE {_gate('old.id')}; "
      f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
      f"SELECT new.id, new.content, new.tool_name, new.tool_calls WHERE {_gate('new.id')}; "
-     f"INSERT INTO {TRIGRAM}(rowid, content) SELECT new.id, new.content "
-     f"WHERE new.role IN {_TRIGRAM_ROLES} AND {_gate('new.id')}; "
+     f"INSERT INTO {TRIGRAM}(rowid, text) SELECT new.id, {_searchable('new')} WHERE {_gate('new.id')}; "
      "END"),
     ("trigger", "messages_fts_reasoning_update",
      "CREATE TRIGGER messages_fts_reasoning_update AFTER UPDATE OF id, reasoning, reasoning_content ON messages "
@@ -263,8 +270,8 @@ def _index_range(conn: sqlite3.Connection, low: int, high: int) -> None:
     """Index the messages with low < id <= high into all three tables (none of them is indexed yet)."""
     conn.execute(f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
                  "SELECT id, content, tool_name, tool_calls FROM messages WHERE id > ? AND id <= ?", (low, high))
-    conn.execute(f"INSERT INTO {TRIGRAM}(rowid, content) SELECT id, content FROM messages "
-                 f"WHERE id > ? AND id <= ? AND role IN {_TRIGRAM_ROLES}", (low, high))
+    conn.execute(f"INSERT INTO {TRIGRAM}(rowid, text) SELECT id, text FROM messages_fts_trigram_source "
+                 "WHERE id > ? AND id <= ?", (low, high))
     conn.execute(f"INSERT INTO {REASONING}(rowid, reasoning) SELECT id, reasoning FROM messages_fts_reasoning_source "
                  "WHERE id > ? AND id <= ?", (low, high))
     # The CJK table is a plain FTS5 table (rows delete by rowid), so clearing the range first
@@ -611,11 +618,27 @@ class Group:
         return (self.render(_cjk_term, cjk), others) if cjk and others else None
 
     @property
-    def trigram(self) -> str | None:
-        """The expression for messages_fts_trigram when every term has >= 3 characters, else None."""
-        if all(len(t.text) >= 3 for t in self.terms + self.fts_excluded):
-            return self.render(_trigram_term)
+    def substrings(self) -> tuple[str, ...] | None:
+        """The terms' texts when the substring index can find them, else None.
+
+        Each term needs a run of >= 3 characters free of LIKE's wildcards `%` and `_`: only such
+        runs are handed to the trigram index (see literal_runs).
+        """
+        if all(literal_runs(t.text) for t in self.terms):
+            return tuple(t.text for t in self.terms)
         return None
+
+
+_WILDCARDS = re.compile("[%_]")
+
+
+def literal_runs(text: str) -> list[str]:
+    """Return the runs of `text` between LIKE wildcards (`%`, `_`) that are >= 3 characters long.
+
+    Only these go into a LIKE the trigram index answers: a pattern with a wildcard between
+    multi-byte characters can crash SQLite 3.40's FTS5, so the whole text is checked separately.
+    """
+    return [run for run in _WILDCARDS.split(text) if len(run) >= 3]
 
 
 def _groups(items: list[Item]) -> list[Group]:
@@ -654,10 +677,6 @@ def _cjk_term(term: Term) -> str:
         return _render_term(term)
     text, prefix = cjk_query_text(term.text)
     return f'"{text}"' + ("*" if prefix or term.prefix else "")
-
-
-def _trigram_term(term: Term) -> str:
-    return f'"{term.text}"'
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,13 @@ for _ch in map(chr, range(0xC0, 0x250)):
 
 
 def _folded(needle: str) -> str:
-    bare = "".join(c for c in unicodedata.normalize("NFD", needle) if not unicodedata.combining(c))
-    if len(bare) != len(needle):  # a character without a precomposed base: match it literally
-        bare = needle
-    return "".join(f"[{re.escape(c)}{_ACCENTED[c.lower()]}]" if c.lower() in _ACCENTED else re.escape(c)
-                   for c in bare)
+    # Only Latin letters fold (as unicode61 does); any other character, a kana with its voicing
+    # mark (デ) say, matches only itself.
+    out = []
+    for c in needle:
+        base = unicodedata.normalize("NFD", c)[0].lower()
+        out.append(f"[{re.escape(c)}{re.escape(base)}{_ACCENTED[base]}]" if base in _ACCENTED else re.escape(c))
+    return "".join(out)
 
 
 def needle_pattern(needles: list[str]) -> re.Pattern[str] | None:

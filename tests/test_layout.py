@@ -17,7 +17,7 @@ RANKS = {
     "hermes_state_schema": 3, "hermes_state_fts": 3,
     "hermes_state_sessions": 4,
     "hermes_state_messages": 5,
-    "hermes_state_conversation": 6, "hermes_state_search": 6,
+    "hermes_state_conversation": 6, "hermes_state_search": 6, "hermes_state_listings": 6,
     "hermes_state_compression": 7,
     "hermes_state_portability": 8, "hermes_state_gateway": 8, "hermes_state_routing": 8,
     "hermes_state": 9,

@@ -344,7 +344,7 @@ def test_sanitizer_caps_length_and_terms():
 def match_conn():
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE VIRTUAL TABLE w USING fts5(content, tool_name, tool_calls)")
-    conn.execute("CREATE VIRTUAL TABLE t USING fts5(content, tokenize='trigram')")
+    conn.execute("CREATE VIRTUAL TABLE t USING fts5(text, tokenize='trigram', detail='none')")
     conn.execute("CREATE VIRTUAL TABLE c USING fts5(terms)")
     conn.execute("INSERT INTO w VALUES ('alpha beta', 'terminal', NULL)")
     conn.execute("INSERT INTO t VALUES ('alpha beta 東京都')")
@@ -375,8 +375,9 @@ def test_any_input_gives_an_expression_match_accepts_and_sanitizing_is_idempoten
         assert group.terms
         match_conn.execute("SELECT rowid FROM w WHERE w MATCH ?", (group.word,)).fetchall()
         match_conn.execute("SELECT rowid FROM c WHERE c MATCH ?", (group.word,)).fetchall()
-        if group.trigram is not None:
-            match_conn.execute("SELECT rowid FROM t WHERE t MATCH ?", (group.trigram,)).fetchall()
+        if group.substrings is not None:
+            sql, params = search._substring_sql(group.substrings, "text")
+            match_conn.execute(f"SELECT rowid FROM t WHERE {sql}", params).fetchall()
         if group.cjk is not None:
             match_conn.execute("SELECT rowid FROM c WHERE c MATCH ?", (group.cjk,)).fetchall()
         if group.split is not None:
