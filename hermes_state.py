@@ -23,14 +23,19 @@ import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_fts as fts
 import hermes_state_lineage as lineage
+import hermes_state_portability as portability
+import hermes_state_recovery as recovery
 import hermes_state_schema as schema
 import hermes_state_search as search
 import hermes_state_sessions as sessions
 import hermes_state_writer as writer
+from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
 from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
+from hermes_state_recovery import RecoveryReport, TableRecovery, recover
 from hermes_state_common import SCHEMA_VERSION
 from hermes_state_writer import RetryPolicy, Writer
-from hermes_state_errors import (HermesStateError, OwnershipReadError, ProfileNotFoundError,  # noqa: F401
+from hermes_state_errors import (HermesStateError, ImportConflictError, ImportValidationError,  # noqa: F401
+                                 OwnershipReadError, ProfileNotFoundError,
                                  ReadOnlyError, ReceiptDigestError, ReceiptOrderError, SessionBusyError,
                                  SessionClosedByCompressionError, SessionCompressionInProgressError,
                                  SessionNotFoundError,
@@ -51,6 +56,8 @@ __all__ = [
     "SessionNotFoundError", "TitleConflictError", "SessionBusyError", "SessionCompressionInProgressError",
     "SessionClosedByCompressionError", "StaleEpochError", "ReceiptOrderError", "ReceiptDigestError",
     "OwnershipReadError", "ProfileNotFoundError", "is_sqlite_lock_error", "classify_persistence_error",
+    "recover", "RecoveryReport", "TableRecovery", "ImportReport", "ImportValidationError", "ImportConflictError",
+    "EXPORT_FORMAT", "EXPORT_VERSION",
 ]
 
 logger = logging.getLogger("hermes_state")
@@ -62,6 +69,13 @@ def _resolve_path(db_path: str | os.PathLike | None, home: Path) -> Path:
     if str(db_path) == ":memory:":
         return Path(":memory:")
     return Path(db_path).expanduser().absolute()
+
+
+def _before_upgrade(conn: sqlite3.Connection) -> None:
+    # An older layout's FTS objects go before any back-fill (their triggers would re-index each
+    # row); the file is then marked so the space they held is given back after the rebuild.
+    fts.drop_fts_objects(conn)
+    recovery.mark_reclaim(conn)
 
 
 class SessionDB:
@@ -84,11 +98,14 @@ class SessionDB:
     _shared_key: str | None = None  # set on handles handed out by shared()
     _shared_lock = threading.Lock()
 
-    def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False):
+    def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False,
+                 backup_before_upgrade: bool = True):
         # Absolute, so a later chdir or HERMES_HOME change cannot move this handle (R-HOME-7).
         self.profile_home = get_hermes_home().absolute()
         self.db_path = _resolve_path(db_path, self.profile_home)
         self.read_only = read_only
+        self.backup_before_upgrade = backup_before_upgrade
+        self.upgrade_backup: Path | None = None  # the copy written before this handle upgraded the file
         self.schema_version: int | None = None
         self._closed = False
         check_db_path_allowed(self.db_path)  # before any directory, file or pragma
@@ -122,8 +139,12 @@ class SessionDB:
         schema.tighten_side_files(self.db_path)
         if not schema.needs_migration(conn):
             return schema.read_version(conn)
+        if self.backup_before_upgrade and str(self.db_path) != ":memory:" and schema.is_older_file(conn):
+            self.upgrade_backup = recovery.backup_to(conn, recovery.upgrade_backup_path(self.db_path))
+            logger.info("upgrading %s to schema version %s; a copy of the file as it was is in %s",
+                        self.db_path, SCHEMA_VERSION, self.upgrade_backup)
         migrator = Writer(conn, on_give_up=self._log_lock_holders)
-        found = schema.migrate(migrator, self._WRITE_PATIENCE_S, self._policy())
+        found = schema.migrate(migrator, self._WRITE_PATIENCE_S, self._policy(), before_upgrade=_before_upgrade)
         if found > SCHEMA_VERSION:
             logger.warning("%s has schema version %s, newer than %s: writes are refused",
                            self.db_path, found, SCHEMA_VERSION)
@@ -414,10 +435,18 @@ class SessionDB:
             raise
         if pending and self._FTS_REBUILD_IN_BACKGROUND:
             self._fts_worker = threading.Thread(
-                target=fts.background_worker, name="hermes-state-fts", daemon=True,
+                target=self._fts_background, name="hermes-state-fts", daemon=True,
                 args=(self._writer, self._WRITE_PATIENCE_S, self._policy(), self._FTS_REBUILD_CHUNK_ROWS,
                       self._fts_stop))
             self._fts_worker.start()
+
+    def _fts_background(self, *args: Any) -> None:
+        fts.background_worker(*args)
+        if not self._fts_stop.is_set():
+            try:
+                self._reclaim_after_upgrade()
+            except Exception as exc:  # noqa: BLE001 - a background thread has nobody to raise to
+                logger.warning("giving back the space an upgrade freed failed (%s); SessionDB.vacuum() does it", exc)
 
     def _stop_fts_worker(self) -> None:
         self._fts_stop.set()
@@ -442,7 +471,12 @@ class SessionDB:
         """Rebuild the FTS indexes to the end in short chunks (resuming one under way); return the status."""
         self._check_writable()  # one transaction per chunk, by design: other writers get turns
         fts.rebuild(self._writer, self._WRITE_PATIENCE_S, self._policy(), self._FTS_REBUILD_CHUNK_ROWS)
+        self._reclaim_after_upgrade()
         return self.fts_rebuild_status()
+
+    def _reclaim_after_upgrade(self) -> None:
+        with self._read() as conn:
+            recovery.reclaim_after_upgrade(conn, self.db_path, self._WRITE_PATIENCE_S, self._policy())
 
     # --- compression generations and locks (issue 5: hermes_state_compression) ---------------
 
@@ -477,6 +511,47 @@ class SessionDB:
         """Release the compression lock `holder` holds; return whether one was released."""
         with self._write() as conn:
             return compression.release_compression_lock(conn, session_id, holder)
+
+    # --- export, import, backup, restore (hermes_state_portability, hermes_state_recovery) -----
+
+    def export_session(self, session_id: str) -> dict[str, Any]:
+        """Return one session as an export document (every column, every generation, usage rows)."""
+        with self._read(snapshot=True) as conn:
+            return portability.export_session(conn, session_id)
+
+    def iter_export(self, source: str | None = None) -> Iterator[dict[str, Any]]:
+        """Yield export documents one session at a time (memory stays flat for any file size)."""
+        return portability.iter_export(self._read, source)
+
+    def export_all(self, source: str | None = None) -> list[dict[str, Any]]:
+        """Return export documents of every session (of `source` when given), by id."""
+        return list(self.iter_export(source))
+
+    def import_sessions(self, data: Any, on_conflict: str = "skip") -> ImportReport:
+        """Import export documents in one transaction after validating all of them; see ImportReport."""
+        with self._write() as conn:
+            return portability.import_sessions(conn, data, on_conflict)
+
+    def backup(self, target_path: str | os.PathLike) -> Path:
+        """Write a consistent copy of the database (ledgers included) to a new file; return its path."""
+        with self._read() as conn:
+            return recovery.backup_to(conn, target_path)
+
+    def vacuum(self) -> dict[str, int]:
+        """Give free pages back to the file system (VACUUM); writers wait while it runs (seconds per GB)."""
+        self._check_writable()
+        with self._read() as conn:
+            return recovery.vacuum(conn, self._WRITE_PATIENCE_S, self._policy())
+
+    def restore(self, source_path: str | os.PathLike) -> None:
+        """Replace the database's content with a checked backup, in one transaction other handles see whole."""
+        self._check_writable()
+        source = recovery.check_restorable(source_path)
+        self._stop_fts_worker()
+        with self._read() as conn:
+            recovery.restore_from(conn, source)
+            self.schema_version = self._set_up(conn)  # an older backup is upgraded like any older file
+        self._open_fts()
 
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:
