@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import os
 import sqlite3
 import threading
@@ -21,8 +20,10 @@ from typing import Any, Callable, Iterator
 
 import hermes_state_common as common
 import hermes_state_compression as compression
+import hermes_state_conversation as conversation
 import hermes_state_fts as fts
 import hermes_state_lineage as lineage
+import hermes_state_messages as message_rows
 import hermes_state_portability as portability
 import hermes_state_recovery as recovery
 import hermes_state_schema as schema
@@ -32,7 +33,7 @@ import hermes_state_writer as writer
 from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
 from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
 from hermes_state_recovery import RecoveryReport, TableRecovery, recover
-from hermes_state_common import SCHEMA_VERSION
+from hermes_state_common import SCHEMA_VERSION, logger
 from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import (HermesStateError, ImportConflictError, ImportValidationError,  # noqa: F401
                                  OwnershipReadError, ProfileNotFoundError,
@@ -42,7 +43,7 @@ from hermes_state_errors import (HermesStateError, ImportConflictError, ImportVa
                                  SessionPersistenceError, StaleEpochError, StateDbBusyError,
                                  StateDbCorruptError, StateDbIncompatibleError, StateDbUninitializedError,
                                  StoreUnavailableError, TitleConflictError, classify_persistence_error,
-                                 is_sqlite_lock_error)
+                                 is_sqlite_lock_error, typed_errors)
 from hermes_state_home import (check_db_path_allowed, child_env, default_hermes_root,  # noqa: F401
                                display_hermes_home, get_hermes_home, hermes_home_override, profile_home)
 from hermes_state_lockowners import configure_error_log, log_write_lock_holders
@@ -60,7 +61,6 @@ __all__ = [
     "EXPORT_FORMAT", "EXPORT_VERSION",
 ]
 
-logger = logging.getLogger("hermes_state")
 
 
 def _resolve_path(db_path: str | os.PathLike | None, home: Path) -> Path:
@@ -71,18 +71,11 @@ def _resolve_path(db_path: str | os.PathLike | None, home: Path) -> Path:
     return Path(db_path).expanduser().absolute()
 
 
-def _before_upgrade(conn: sqlite3.Connection) -> None:
-    # An older layout's FTS objects go before any back-fill (their triggers would re-index each
-    # row); the file is then marked so the space they held is given back after the rebuild.
-    fts.drop_fts_objects(conn)
-    recovery.mark_reclaim(conn)
-
-
 class SessionDB:
     """One profile's session store: a WAL connection shared by every sibling module."""
 
     # Timing policy, read at call time so an application or a test can tune it on the class
-    # or on one instance (SPEC R-WRITE-3).
+    # or on one instance.
     _WRITE_PATIENCE_S = common.WRITE_PATIENCE_S
     _TRANSCRIPT_WRITE_PATIENCE_S = common.TRANSCRIPT_WRITE_PATIENCE_S
     _ACTIVITY_WRITE_PATIENCE_S = common.ACTIVITY_WRITE_PATIENCE_S
@@ -91,7 +84,7 @@ class SessionDB:
     _WRITE_RETRY_SLOW_MAX_S = common.WRITE_RETRY_SLOW_MAX_S
     _CHECKPOINT_EVERY_N_WRITES = common.CHECKPOINT_EVERY_N_WRITES
     _READ_BUSY_TIMEOUT_S = common.READ_BUSY_TIMEOUT_S
-    # Transcript writes wait this long for another holder's compression (R-COMP-3).
+    # Transcript writes wait this long for another holder's compression.
     _COMPRESSION_WAIT_S = compression.COMPRESSION_WAIT_S
 
     _shared: dict[str, list[Any]] = {}
@@ -100,20 +93,23 @@ class SessionDB:
 
     def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False,
                  backup_before_upgrade: bool = True):
-        # Absolute, so a later chdir or HERMES_HOME change cannot move this handle (R-HOME-7).
+        # Absolute, so a later chdir or HERMES_HOME change cannot move this handle.
         self.profile_home = get_hermes_home().absolute()
         self.db_path = _resolve_path(db_path, self.profile_home)
-        self.read_only = read_only
-        self.backup_before_upgrade = backup_before_upgrade
+        self.read_only, self._backup_before_upgrade = read_only, backup_before_upgrade
         self.upgrade_backup: Path | None = None  # the copy written before this handle upgraded the file
         self.schema_version: int | None = None
         self._closed = False
         check_db_path_allowed(self.db_path)  # before any directory, file or pragma
-        self._writer = Writer(self._connect(), on_give_up=self._log_lock_holders)
+        # A writable file gets a second connection for reads (opened on first read); read-only
+        # handles and in-memory databases (a second connection would be another database) do not.
+        separate_reads = not read_only and str(self.db_path) != ":memory:"
+        self._writer = Writer(self._connect(), on_give_up=self._log_lock_holders,
+                              open_reader=(lambda: schema.connect_reader(self.db_path)) if separate_reads else None)
         self._writer.after_commit.append(self._upkeep)
         self._open_fts()
 
-    # --- lifecycle ---------------------------------------------------------------------------
+    # --- lifecycle -----------------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
         path = self.db_path
@@ -124,7 +120,7 @@ class SessionDB:
             schema.prepare_file(path)
         conn = schema.connect(path, read_only=self.read_only, read_busy_s=self._READ_BUSY_TIMEOUT_S)
         try:
-            with schema.typed_errors(path):  # "not a database" at open -> StateDbCorruptError
+            with typed_errors(path):  # "not a database" at open -> StateDbCorruptError
                 if self.read_only:
                     self.schema_version = schema.check_read_only(conn, path, self._READ_BUSY_TIMEOUT_S)
                 else:
@@ -139,12 +135,11 @@ class SessionDB:
         schema.tighten_side_files(self.db_path)
         if not schema.needs_migration(conn):
             return schema.read_version(conn)
-        if self.backup_before_upgrade and str(self.db_path) != ":memory:" and schema.is_older_file(conn):
-            self.upgrade_backup = recovery.backup_to(conn, recovery.upgrade_backup_path(self.db_path))
-            logger.info("upgrading %s to schema version %s; a copy of the file as it was is in %s",
-                        self.db_path, SCHEMA_VERSION, self.upgrade_backup)
+        if self._backup_before_upgrade:
+            self.upgrade_backup = recovery.backup_before_upgrade(conn, self.db_path)
         migrator = Writer(conn, on_give_up=self._log_lock_holders)
-        found = schema.migrate(migrator, self._WRITE_PATIENCE_S, self._policy(), before_upgrade=_before_upgrade)
+        found = schema.migrate(migrator, self._WRITE_PATIENCE_S, self._policy(),
+                               before_upgrade=recovery.prepare_upgrade)
         if found > SCHEMA_VERSION:
             logger.warning("%s has schema version %s, newer than %s: writes are refused",
                            self.db_path, found, SCHEMA_VERSION)
@@ -198,6 +193,20 @@ class SessionDB:
                 del self._shared[self._shared_key]
         self._close_now()
 
+    @property
+    def in_transaction(self) -> bool:
+        """True while this handle holds a transaction open (a write, or a read snapshot)."""
+        return not self._closed and self._writer.in_transaction()
+
+    @contextmanager
+    def tracer(self, callback: Callable[[str], None] | None = None) -> Iterator[list[str]]:
+        """Record every SQL statement this handle runs inside the block (and pass each to `callback`).
+
+        Yields the list the statements are appended to; meant for tests and debugging.
+        """
+        with self._writer.tracing(callback) as statements:
+            yield statements
+
     # --- the write/read choke points -----------------------------------------------------------
 
     def _policy(self) -> RetryPolicy:
@@ -225,7 +234,7 @@ class SessionDB:
     @contextmanager
     def _write(self, patience_s: float | None = None) -> Iterator[sqlite3.Connection]:
         self._check_writable()
-        with schema.typed_errors(self.db_path), self._writer.transaction(
+        with typed_errors(self.db_path), self._writer.transaction(
                 self._WRITE_PATIENCE_S if patience_s is None else patience_s, self._policy()) as conn:
             yield conn
 
@@ -249,10 +258,10 @@ class SessionDB:
     def _read(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
         if self._closed:
             raise HermesStateError(f"SessionDB for {self.db_path} is closed")
-        with schema.typed_errors(self.db_path), self._writer.reading(snapshot) as conn:
+        with typed_errors(self.db_path), self._writer.reading(snapshot) as conn:
             yield conn
 
-    # --- sessions ------------------------------------------------------------------------------
+    # --- sessions ------------------------------------------------------------------------------------
 
     def create_session(self, session_id: str, source: str, model: str | None = None, *,
                        model_config: Any = None, system_prompt: str | None = None, user_id: str | None = None,
@@ -268,7 +277,7 @@ class SessionDB:
         with self._read() as conn:
             return sessions.get_session(conn, session_id)
 
-    # --- session records, messages, conversation (issue 3: hermes_state_sessions) -------------
+    # --- session records, messages, conversation -----------------------------------------------------
 
     def ensure_session(self, session_id: str, source: str, model: str | None = None, *,
                        model_config: Any = None, system_prompt: str | None = None, user_id: str | None = None,
@@ -334,57 +343,62 @@ class SessionDB:
                        platform_message_id: str | None = None, observed: bool = False,
                        effect_disposition: str | None = None, timestamp: float | None = None) -> int:
         """Append a message (transcript patience) and return its row id; unknown session -> SessionNotFoundError."""
-        fields = locals()  # exactly the parameters above; the module validates and maps them
-        del fields["self"], fields["session_id"]
-        return self._transcript_write(session_id, lambda conn: sessions.insert_message(conn, session_id, fields))
+        fields = dict(role=role, content=content, tool_call_id=tool_call_id, tool_calls=tool_calls,
+                      tool_name=tool_name, token_count=token_count, finish_reason=finish_reason, reasoning=reasoning,
+                      reasoning_content=reasoning_content, reasoning_details=reasoning_details,
+                      codex_reasoning_items=codex_reasoning_items, codex_message_items=codex_message_items,
+                      api_content=api_content, display_kind=display_kind, display_metadata=display_metadata,
+                      platform_message_id=platform_message_id, observed=observed,
+                      effect_disposition=effect_disposition, timestamp=timestamp)
+        return self._transcript_write(session_id, lambda conn: message_rows.insert_message(conn, session_id, fields))
 
     def merge_messages(self, session_id: str, row_ids: list[int]) -> int:
         """Fold same-role active rows into the first (their uids recorded as absorbed); return its id."""
-        return self._transcript_write(session_id, lambda conn: sessions.merge_messages(conn, session_id, row_ids))
+        return self._transcript_write(session_id, lambda conn: message_rows.merge_messages(conn, session_id, row_ids))
 
     def get_messages(self, session_id: str, include_inactive: bool = False) -> list[dict[str, Any]]:
         """Return raw rows (all columns, JSON decoded) ordered by id; active only unless asked."""
         with self._read() as conn:
-            return sessions.get_messages(conn, session_id, include_inactive)
+            return message_rows.get_messages(conn, session_id, include_inactive)
 
     def replace_messages(self, session_id: str, messages: list[dict[str, Any]]) -> int:
         """Rewrite the active transcript in one transaction, keeping uids; return how many rows."""
         return self._transcript_write(session_id,
-                                      lambda conn: sessions.replace_messages(conn, session_id, messages))
+                                      lambda conn: message_rows.replace_messages(conn, session_id, messages))
 
     def clear_messages(self, session_id: str) -> int:
         """Delete the session's messages (every generation), keep the session; return how many."""
-        return self._transcript_write(session_id, lambda conn: sessions.clear_messages(conn, session_id))
+        return self._transcript_write(session_id, lambda conn: message_rows.clear_messages(conn, session_id))
 
     def get_messages_as_conversation(self, session_id: str, include_ancestors: bool = False,
                                      with_row_ids: bool = False) -> list[dict[str, Any]]:
         """Return the active transcript as OpenAI-format dicts (compression ancestors first if asked)."""
         with self._read(snapshot=True) as conn:
-            return sessions.get_messages_as_conversation(conn, session_id, include_ancestors, with_row_ids)
+            return conversation.get_messages_as_conversation(conn, session_id, include_ancestors, with_row_ids)
 
     to_provider_messages = staticmethod(to_provider_messages)
 
-    # --- titles, lineage, listings, statistics, archive (issue 3: hermes_state_search) --------
+    # --- titles, lineage, listings, statistics, archive ----------------------------------------------
 
     def set_session_title(self, session_id: str, title: str | None) -> str | None:
         """Set or clear (None/blank) a session's title; return the stored, stripped title."""
         with self._write() as conn:
-            return search.set_session_title(conn, session_id, title)
+            return sessions.set_session_title(conn, session_id, title)
 
     def get_session_title(self, session_id: str) -> str | None:
         """Return the session's title, or None."""
         with self._read() as conn:
-            return search.get_session_title(conn, session_id)
+            return sessions.get_session_title(conn, session_id)
 
     def resolve_session_by_title(self, title: str) -> str | None:
         """Return the id of the newest session of the title's lineage ("T", "T #2", ...), or None."""
         with self._read() as conn:
-            return search.resolve_session_by_title(conn, title)
+            return sessions.resolve_session_by_title(conn, title)
 
     def get_next_title_in_lineage(self, title: str) -> str:
         """Return the next free title of the lineage: "T" -> "T #2" -> "T #3"."""
         with self._read() as conn:
-            return search.get_next_title_in_lineage(conn, title)
+            return sessions.get_next_title_in_lineage(conn, title)
 
     def get_lineage(self, session_id: str) -> list[dict[str, Any]]:
         """Return the session's ancestors oldest first, ending with the session itself."""
@@ -412,7 +426,7 @@ class SessionDB:
         with self._read() as conn:
             return search.top_sessions_by_tokens(conn, limit)
 
-    # --- full-text search (issue 4: hermes_state_fts / hermes_state_search) --------------------
+    # --- full-text search --------------------
 
     # Rows per rebuild/catch-up transaction, and whether open leaves a pending rebuild to a
     # background thread (tests switch it off to drive the rebuild by hand).
@@ -443,10 +457,7 @@ class SessionDB:
     def _fts_background(self, *args: Any) -> None:
         fts.background_worker(*args)
         if not self._fts_stop.is_set():
-            try:
-                self._reclaim_after_upgrade()
-            except Exception as exc:  # noqa: BLE001 - a background thread has nobody to raise to
-                logger.warning("giving back the space an upgrade freed failed (%s); SessionDB.vacuum() does it", exc)
+            self._reclaim_after_upgrade(quiet=True)  # a background thread has nobody to raise to
 
     def _stop_fts_worker(self) -> None:
         self._fts_stop.set()
@@ -474,11 +485,11 @@ class SessionDB:
         self._reclaim_after_upgrade()
         return self.fts_rebuild_status()
 
-    def _reclaim_after_upgrade(self) -> None:
-        with self._read() as conn:
-            recovery.reclaim_after_upgrade(conn, self.db_path, self._WRITE_PATIENCE_S, self._policy())
+    def _reclaim_after_upgrade(self, quiet: bool = False) -> None:
+        with self._writer.exclusive() as conn:
+            recovery.reclaim_after_upgrade(conn, self.db_path, self._WRITE_PATIENCE_S, self._policy(), quiet=quiet)
 
-    # --- compression generations and locks (issue 5: hermes_state_compression) ---------------
+    # --- compression generations and locks -----------------------------------------------------------
 
     def compress_in_place(self, session_id: str, kept_messages: list[dict[str, Any]], *,
                           holder: str | None = None) -> list[int]:
@@ -512,7 +523,7 @@ class SessionDB:
         with self._write() as conn:
             return compression.release_compression_lock(conn, session_id, holder)
 
-    # --- export, import, backup, restore (hermes_state_portability, hermes_state_recovery) -----
+    # --- export, import, backup, restore, vacuum --------------------------------------------------
 
     def export_session(self, session_id: str) -> dict[str, Any]:
         """Return one session as an export document (every column, every generation, usage rows)."""
@@ -520,15 +531,15 @@ class SessionDB:
             return portability.export_session(conn, session_id)
 
     def iter_export(self, source: str | None = None) -> Iterator[dict[str, Any]]:
-        """Yield export documents one session at a time (memory stays flat for any file size)."""
+        """Yield export documents one session at a time, by id (memory stays flat)."""
         return portability.iter_export(self._read, source)
 
     def export_all(self, source: str | None = None) -> list[dict[str, Any]]:
-        """Return export documents of every session (of `source` when given), by id."""
+        """Return the export documents of every session (of `source` when given), by id."""
         return list(self.iter_export(source))
 
     def import_sessions(self, data: Any, on_conflict: str = "skip") -> ImportReport:
-        """Import export documents in one transaction after validating all of them; see ImportReport."""
+        """Validate all export documents, then import them in one transaction; see ImportReport."""
         with self._write() as conn:
             return portability.import_sessions(conn, data, on_conflict)
 
@@ -537,22 +548,20 @@ class SessionDB:
         with self._read() as conn:
             return recovery.backup_to(conn, target_path)
 
-    def vacuum(self) -> dict[str, int]:
-        """Give free pages back to the file system (VACUUM); writers wait while it runs (seconds per GB)."""
-        self._check_writable()
-        with self._read() as conn:
-            return recovery.vacuum(conn, self._WRITE_PATIENCE_S, self._policy())
-
     def restore(self, source_path: str | os.PathLike) -> None:
-        """Replace the database's content with a checked backup, in one transaction other handles see whole."""
+        """Replace the content with a checked backup, in one transaction every handle sees whole."""
         self._check_writable()
         source = recovery.check_restorable(source_path)
         self._stop_fts_worker()
-        with self._read() as conn:
-            recovery.restore_from(conn, source)
-            self.schema_version = self._set_up(conn)  # an older backup is upgraded like any older file
+        with self._writer.exclusive() as conn:
+            self.schema_version = recovery.restore_from(conn, source, self._set_up)
         self._open_fts()
 
+    def vacuum(self) -> dict[str, int]:
+        """Give free pages back to the file system; writers wait while it runs (seconds per GB)."""
+        self._check_writable()
+        with self._writer.exclusive() as conn:
+            return recovery.vacuum(conn, self._WRITE_PATIENCE_S, self._policy())
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:
     """List sessions of every profile under `root`, read-only; one profile's failure does not fail the rest.
@@ -581,23 +590,48 @@ def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filte
 
 
 class AsyncSessionDB:
-    """The SessionDB API as coroutines; each call runs on a worker thread."""
+    """The SessionDB API as coroutines; each call runs on a worker thread.
+
+    Every public method of SessionDB that touches the database has a coroutine twin here with
+    the same signature; `to_provider_messages` does no I/O and stays a plain function.
+    """
+
+    to_provider_messages = staticmethod(to_provider_messages)
 
     def __init__(self, db: SessionDB):
         self.db = db
 
     def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.db, name)
-        if not callable(attr):
-            return attr
+        # Plain attributes (db_path, read_only, profile_home...) read through; methods are the
+        # coroutine twins defined below, so a private or unknown method is an AttributeError.
+        value = getattr(self.db, name)
+        if callable(value):
+            raise AttributeError(f"AsyncSessionDB has no coroutine {name!r}")
+        return value
 
-        @functools.wraps(attr)
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            return await asyncio.to_thread(attr, *args, **kwargs)
-        return call
+    async def close(self) -> None:
+        """Close the wrapped handle (on a worker thread)."""
+        await asyncio.to_thread(self.db.close)
 
     async def __aenter__(self) -> "AsyncSessionDB":
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await asyncio.to_thread(self.db.close)
+        await self.close()
+
+
+def _coroutine_twin(name: str) -> Callable[..., Any]:
+    method = getattr(SessionDB, name)
+
+    @functools.wraps(method)  # keeps the name, docstring and signature for help() and editors
+    async def call(self: AsyncSessionDB, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(getattr(self.db, name), *args, **kwargs)
+    return call
+
+
+# Public I/O methods only: lifecycle and pure helpers are not database calls.
+_NOT_ASYNC = {"close", "release", "shared", "to_provider_messages", "tracer"}
+for _name, _member in list(vars(SessionDB).items()):
+    if not _name.startswith("_") and _name not in _NOT_ASYNC and callable(_member):
+        setattr(AsyncSessionDB, _name, _coroutine_twin(_name))
+del _name, _member

@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     full = ["hermes-state", *(sys.argv[1:] if argv is None else argv)]
     try:
-        _apply_profile_override(full)  # before anything resolves the home (R-HOME-4)
+        _apply_profile_override(full)  # before anything resolves the home
     except (HermesStateError, ValueError) as exc:
         print(f"hermes-state: {exc}", file=sys.stderr)
         return 2

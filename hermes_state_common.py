@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import sqlite3
 from typing import Any
@@ -253,6 +254,69 @@ JSON_MESSAGE_FIELDS = ("tool_calls", "reasoning_details", "codex_reasoning_items
                        "display_metadata", "absorbed_message_uids", "tool_call_uids")
 
 
+# --- value checks ------------------------------------------------------------------------------
+# One small family of validators, so every API refuses the same bad numbers the same way.
+
+# SQLite's INTEGER is a signed 64-bit value; Python ints outside it fail at bind time.
+INT_MIN, INT_MAX = -2**63, 2**63 - 1
+
+
+def is_finite(value: Any) -> bool:
+    """Return True for an int or float that is a finite number (bools are not numbers here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def check_count(name: str, value: Any) -> int:
+    """Return `value` when it is a non-negative 64-bit integer, else raise ValueError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, not {value!r}")
+    if value > INT_MAX:
+        raise ValueError(f"{name} = {value} is out of range: SQLite integers are signed 64-bit")
+    return value
+
+
+def check_number(name: str, value: Any, *, positive: bool = False) -> float:
+    """Return `value` as a float when it is finite and >= 0 (> 0 with `positive`), else raise ValueError."""
+    if not is_finite(value) or value < 0 or (positive and value == 0):
+        kind = "a positive" if positive else "a non-negative"
+        raise ValueError(f"{name} must be {kind} finite number, not {value!r}")
+    return float(value)
+
+
+def has_surrogate(text: str) -> bool:
+    """Return True when `text` holds a lone surrogate (SQLite cannot store or look it up)."""
+    return not text.isascii() and _SURROGATES.search(text) is not None
+
+
+def check_id(name: str, value: Any) -> str:
+    """Return `value` when it is a non-empty string SQLite can store, else raise ValueError naming `name`."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty string, not {value!r}")
+    if has_surrogate(value):
+        raise ValueError(f"{name} contains a lone surrogate (U+D800..U+DFFF), which cannot be stored")
+    return value
+
+
+def check_scalar(name: str, value: Any) -> Any:
+    """Return `value` if SQLite stores it faithfully (None, str, bool, 64-bit int, non-NaN float)."""
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, int):
+        if not INT_MIN <= value <= INT_MAX:
+            raise ValueError(f"{name} = {value} is out of range: SQLite integers are signed 64-bit")
+        return value
+    if isinstance(value, float):
+        if math.isnan(value):
+            raise ValueError(f"{name} cannot be NaN (SQLite would store NULL)")
+        return value
+    raise ValueError(f"{name} must be a str, int, float, bool or None, not {type(value).__name__}")
+
+
 # --- text and JSON helpers --------------------------------------------------------------------
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -283,11 +347,15 @@ def encode_json(value: Any, field: str) -> str | None:
             json.loads(value, parse_constant=_reject_constant)  # NaN/Infinity are not JSON text
         except ValueError:
             return strip_surrogates(json.dumps(value, ensure_ascii=False))
+        except RecursionError as exc:
+            raise ValueError(f"{field} is nested too deeply to store as JSON") from exc
         return strip_surrogates(value)
     try:
         return strip_surrogates(json.dumps(value, ensure_ascii=False))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{field} is not JSON-serialisable: {exc}") from exc
+    except RecursionError as exc:
+        raise ValueError(f"{field} is nested too deeply to store as JSON") from exc
 
 
 def decode_json(text: Any) -> Any:
@@ -296,7 +364,7 @@ def decode_json(text: Any) -> Any:
         return text
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past what Python can decode
         return text
 
 

@@ -15,8 +15,6 @@ be called OUTSIDE any write transaction, so the compressor it waits for can comm
 """
 from __future__ import annotations
 
-import logging
-import math
 import os
 import random
 import re
@@ -27,12 +25,12 @@ import uuid
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Iterable
 
+import hermes_state_messages as messages
 import hermes_state_sessions as sessions
+from hermes_state_common import check_number, logger
 from hermes_state_lineage import COMPRESSION_END_REASON, live_continuation
 from hermes_state_errors import (SessionClosedByCompressionError, SessionCompressionInProgressError,
                                  SessionNotFoundError)
-
-logger = logging.getLogger("hermes_state")
 
 DEFAULT_LOCK_TTL_S = 300.0
 # How long a transcript write waits for another holder's compression before giving up.
@@ -107,26 +105,24 @@ def _lock_is_live(holder: str, expires_at: float, now: float) -> bool:
     return expires_at > now and not holder_is_gone(holder)
 
 
+def _lock_row(conn: sqlite3.Connection, session_id: str) -> tuple[str, float] | None:
+    return conn.execute("SELECT holder, expires_at FROM compression_locks WHERE session_id = ?",
+                        (session_id,)).fetchone()
+
+
 def foreign_lock_holder(conn: sqlite3.Connection, session_id: str, holder: str | None = None, *,
                         now: float | None = None) -> str | None:
     """Return the holder of a live compression lock on the session that is not `holder`, else None.
 
     Expired locks and locks whose holder process is provably gone do not count.
     """
-    row = conn.execute("SELECT holder, expires_at FROM compression_locks WHERE session_id = ?",
-                       (session_id,)).fetchone()
+    row = _lock_row(conn, session_id)
     if row is None or row[0] == holder:
         return None
     return row[0] if _lock_is_live(row[0], row[1], time.time() if now is None else now) else None
 
 
 # --- compression locks -----------------------------------------------------------------------------
-
-def _check_ttl(ttl_s: Any) -> float:
-    if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not math.isfinite(ttl_s) or ttl_s <= 0:
-        raise ValueError(f"ttl_s must be a positive number of seconds, not {ttl_s!r}")
-    return float(ttl_s)
-
 
 def acquire_compression_lock(conn: sqlite3.Connection, session_id: str, ttl_s: float = DEFAULT_LOCK_TTL_S, *,
                              now: float | None = None) -> str | None:
@@ -136,11 +132,10 @@ def acquire_compression_lock(conn: sqlite3.Connection, session_id: str, ttl_s: f
     in the same transaction. Each call issues a new holder, so a second acquire by the same
     process gets None while the first is live (locks are not re-entrant).
     """
-    ttl_s = _check_ttl(ttl_s)
+    ttl_s = check_number("ttl_s", ttl_s, positive=True)
     now = time.time() if now is None else now
     _require_open(conn, session_id)
-    row = conn.execute("SELECT holder, expires_at FROM compression_locks WHERE session_id = ?",
-                       (session_id,)).fetchone()
+    row = _lock_row(conn, session_id)
     if row is not None:
         if _lock_is_live(row[0], row[1], now):
             return None
@@ -169,8 +164,7 @@ def _check_holder(conn: sqlite3.Connection, session_id: str, holder: str | None,
     current, unexpired lock (an expired or released lock may have let someone else in, so
     the kept context the caller computed can be stale).
     """
-    row = conn.execute("SELECT holder, expires_at FROM compression_locks WHERE session_id = ?",
-                       (session_id,)).fetchone()
+    row = _lock_row(conn, session_id)
     if holder is None:
         if row is not None and _lock_is_live(row[0], row[1], now):
             raise SessionCompressionInProgressError(
@@ -272,7 +266,7 @@ def _insert_kept(conn: sqlite3.Connection, session_id: str, kept: list[dict[str,
     ids = []
     for index, message in enumerate(kept):
         try:
-            ids.append(sessions.insert_message(conn, session_id, message))
+            ids.append(messages.insert_message(conn, session_id, message))
         except ValueError as exc:
             # The caller's transaction rolls back everything written so far.
             raise ValueError(f"kept message {index}: {exc}") from exc
@@ -297,10 +291,7 @@ def compress_in_place(conn: sqlite3.Connection, session_id: str, kept_messages: 
     _check_holder(conn, session_id, holder, now)
     conn.execute("UPDATE messages SET active = 0, compacted = 1 WHERE session_id = ? AND active = 1", (session_id,))
     # The live generation is empty now; insert_message counts the kept rows back in.
-    conn.execute("UPDATE sessions SET message_count = 0, tool_call_count = 0, "
-                 "last_activity_at = MAX(COALESCE(last_activity_at, 0), ?), "
-                 "archived = CASE WHEN auto_archived = 1 THEN 0 ELSE archived END, auto_archived = 0 "
-                 "WHERE id = ?", (now, session_id))
+    sessions.reset_counters(conn, session_id, resumed_at=now)
     return _insert_kept(conn, session_id, kept)
 
 
@@ -339,9 +330,8 @@ def rotate_session(conn: sqlite3.Connection, parent_id: str, child_id: str, kept
     # create_session validates the id (duplicate, empty), the columns and the title before it
     # inserts; the parent is ended only after that succeeded.
     sessions.create_session(conn, child_id, source, values)
-    sessions.end_session(conn, parent_id, COMPRESSION_END_REASON, now=now)
-    # Continuing by compression resumes the conversation (R-SESS-9), as compress_in_place does.
-    conn.execute("UPDATE sessions SET archived = CASE WHEN auto_archived = 1 THEN 0 ELSE archived END, "
-                 "auto_archived = 0 WHERE id = ?", (parent_id,))
+    sessions.close_for_compression(conn, parent_id, now=now)
+    # Continuing by compression resumes the conversation, as compress_in_place does.
+    sessions.lift_auto_archive(conn, parent_id)
     _insert_kept(conn, child_id, kept)
     return child_id

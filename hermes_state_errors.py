@@ -1,7 +1,9 @@
-"""Exception types of hermes-state and the SQLite error classifiers.
+"""Exception types of hermes-state, the SQLite error classifiers and the typed-error choke point.
 
-Owns: the one root `HermesStateError` and every typed error the library raises, plus
-`is_sqlite_lock_error` and `classify_persistence_error`. Imports nothing of ours.
+Owns: the one root `HermesStateError` and every typed error the library raises,
+`is_sqlite_lock_error`, `classify_persistence_error`, and `typed_errors`, the context manager
+every read and write runs under so bad data and bad input surface as typed errors. Imports
+nothing of ours.
 
 Every error says what happened and what to do next. SQLite errors are classified by their
 result code (`sqlite_errorcode & 0xFF`), and only by message text when no code exists.
@@ -9,6 +11,9 @@ result code (`sqlite_errorcode & 0xFF`), and only by message text when no code e
 from __future__ import annotations
 
 import sqlite3
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
 
 SQLITE_BUSY = 5
 SQLITE_LOCKED = 6
@@ -171,3 +176,43 @@ def classify_persistence_error(exc: BaseException) -> str:
     if isinstance(exc, sqlite3.IntegrityError) and "foreign key" in text:
         return "session_row_missing"
     return "unknown"
+
+
+# --- the typed-error choke point -------------------------------------------------------------
+
+def is_corruption(exc: BaseException) -> bool:
+    """Return True for SQLite's "not a database" and "malformed" errors."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB)
+    text = str(exc).lower()
+    return "not a database" in text or "malformed" in text
+
+
+def corrupt_error(path: Path, exc: BaseException) -> StateDbCorruptError:
+    """Build the typed error for an unreadable database file."""
+    return StateDbCorruptError(
+        f"{path} is not a usable SQLite database ({exc}). The file was left untouched; "
+        f"run `hermes-state recover {path} <new path>` to salvage what is readable.")
+
+
+@contextmanager
+def typed_errors(path: Path) -> Iterator[None]:
+    """Re-raise SQLite failures that mean bad data or bad input as the library's typed errors.
+
+    A malformed file becomes StateDbCorruptError; a value SQLite cannot bind (a list, an int
+    past 64 bits) becomes ValueError. Every other sqlite3 error propagates untouched.
+    """
+    try:
+        yield
+    except (sqlite3.ProgrammingError, sqlite3.InterfaceError) as exc:
+        text = str(exc).lower()
+        if "binding parameter" in text or "not supported" in text:
+            raise ValueError(f"a value cannot be stored or looked up in SQLite: {exc}") from exc
+        raise
+    except OverflowError as exc:
+        raise ValueError(f"an integer is out of SQLite's 64-bit range: {exc}") from exc
+    except sqlite3.DatabaseError as exc:
+        if is_corruption(exc):
+            raise corrupt_error(path, exc) from exc
+        raise

@@ -17,18 +17,16 @@ See docs/search.md for the design and its trade-offs.
 from __future__ import annotations
 
 import json
-import logging
 import re
 import sqlite3
 import threading
 from dataclasses import dataclass
 from typing import Callable, Union
 
-from hermes_state_common import strip_surrogates
+from hermes_state_common import logger, strip_surrogates
 from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import StateDbIncompatibleError
 
-logger = logging.getLogger("hermes_state")
 
 WORD, TRIGRAM, CJK = "messages_fts", "messages_fts_trigram", "messages_fts_cjk"
 CJK_PENDING = "messages_fts_cjk_pending"
@@ -123,7 +121,7 @@ def register_functions(conn: sqlite3.Connection) -> None:
 # --- the declared FTS objects ----------------------------------------------------------------------
 
 def _gate(row_id: str) -> str:
-    # R-FTS-4: a row is indexed by triggers iff no rebuild is under way, or it is at or below
+    # A row is indexed by the triggers iff no rebuild is under way, or it is at or below
     # the progress marker (already rebuilt), or above the high-water mark (newer than the
     # rebuild). Rows in (P, H] are left to the rebuild, so none is indexed twice or missed.
     return (f"(NOT EXISTS (SELECT 1 FROM state_meta WHERE key = '{HIGH_WATER}')"

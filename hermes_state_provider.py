@@ -1,4 +1,4 @@
-"""Provider wire format: which reasoning fields each chat-completions route reads (R-MSG-10).
+"""Provider wire format: which reasoning fields each chat-completions route reads.
 
 Owns: `to_provider_messages` (stored conversation -> request messages), the per-route
 reasoning carriers (`reasoning_carriers`), and `ReasoningFieldMemory`, the per-session record

@@ -27,7 +27,7 @@ import hermes_state_fts as fts
 import hermes_state_schema as schema
 from hermes_state_common import (DELIVERY_OBLIGATIONS_SQL, INDEX_SQL, SCHEMA_VERSION, TABLE_COLUMNS, TABLE_SQL,
                                  logger)
-from hermes_state_errors import StateDbCorruptError, StateDbIncompatibleError
+from hermes_state_errors import StateDbCorruptError, StateDbIncompatibleError, typed_errors
 from hermes_state_writer import RetryPolicy, retry_on_lock
 
 # Runtime ledgers describe processes of the file they were written in (epochs, running
@@ -102,7 +102,7 @@ def check_restorable(source: str | os.PathLike) -> Path:
         raise FileNotFoundError(f"{path} does not exist or is empty")
     conn = _open_source(path)
     try:
-        with schema.typed_errors(path):
+        with typed_errors(path):
             verdict = [r[0] for r in conn.execute("PRAGMA integrity_check")]
             if verdict != ["ok"]:
                 raise StateDbCorruptError(f"{path} fails integrity_check ({'; '.join(verdict[:3])}); nothing "
@@ -119,11 +119,12 @@ def check_restorable(source: str | os.PathLike) -> Path:
     return path
 
 
-def restore_from(conn: sqlite3.Connection, source: Path) -> None:
-    """Replace the content of `conn`'s database with `source` (already checked) in one transaction.
+def restore_from(conn: sqlite3.Connection, source: Path, set_up: Callable[[sqlite3.Connection], int]) -> int:
+    """Replace the content of `conn`'s database with `source` (already checked); return the schema version.
 
-    The copy goes through SQLite (backup API into the live connection), never a file copy over
-    a database someone has open: every other handle sees the old file or the restored one.
+    The copy goes through SQLite (backup API into the live connection, one write transaction),
+    never a file copy over a database someone has open: every other handle sees the old file or
+    the restored one. `set_up(conn)` then upgrades a backup of an older version like any older file.
     """
     src = _open_source(source)
     try:
@@ -134,6 +135,8 @@ def restore_from(conn: sqlite3.Connection, source: Path) -> None:
             "copy with the same page size") from exc
     finally:
         src.close()
+    logger.info("restored %s from %s", conn.execute("PRAGMA database_list").fetchone()[2], source)
+    return set_up(conn)
 
 
 # --- giving freed pages back -----------------------------------------------------------------------
@@ -145,8 +148,23 @@ RECLAIM_MIN_FREE = 0.10          # reclaim when more than this share of the file
 AUTO_RECLAIM_MAX_BYTES = 1 << 30  # above this, a VACUUM blocks writers too long to run unasked
 
 
-def mark_reclaim(conn: sqlite3.Connection) -> None:
-    """Note (inside the upgrade's transaction) that freed pages should be reclaimed after the rebuild."""
+def backup_before_upgrade(conn: sqlite3.Connection, db_path: Path) -> Path | None:
+    """Copy an older file next to itself before it is upgraded, and say so; return the copy (None: no upgrade due)."""
+    if str(db_path) == ":memory:" or not schema.is_older_file(conn):
+        return None
+    copy = backup_to(conn, upgrade_backup_path(db_path))
+    logger.info("upgrading %s to schema version %s; a copy of the file as it was is in %s",
+                db_path, SCHEMA_VERSION, copy)
+    return copy
+
+
+def prepare_upgrade(conn: sqlite3.Connection) -> None:
+    """Drop an older layout's FTS objects and mark the file for reclaiming the space they held.
+
+    Runs in the upgrade's first transaction, before any back-fill: the old triggers would
+    otherwise re-index every back-filled row one by one. The indexes are rebuilt in the background.
+    """
+    fts.drop_fts_objects(conn)
     conn.execute(next(sql for sql in TABLE_SQL if " state_meta (" in sql))  # an old layout may lack it yet
     conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (RECLAIM_KEY,))
 
@@ -173,12 +191,23 @@ def vacuum(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> 
     return {"bytes_before": before, "bytes_after": size()}
 
 
-def reclaim_after_upgrade(conn: sqlite3.Connection, path: Path, patience_s: float, policy: RetryPolicy) -> bool:
+def reclaim_after_upgrade(conn: sqlite3.Connection, path: Path, patience_s: float, policy: RetryPolicy, *,
+                          quiet: bool = False) -> bool:
     """After an upgrade's index rebuild, VACUUM when much of the file is free; return whether it ran.
 
     Files over 1 GiB are left as they are (with an INFO line saying how to reclaim), since their
-    VACUUM would block writers for long.
+    VACUUM would block writers for long. With `quiet` a failure is logged, not raised.
     """
+    try:
+        return _reclaim(conn, path, patience_s, policy)
+    except Exception as exc:  # noqa: BLE001 - see docstring
+        if not quiet:
+            raise
+        logger.warning("giving back the space an upgrade freed failed (%s); SessionDB.vacuum() does it", exc)
+        return False
+
+
+def _reclaim(conn: sqlite3.Connection, path: Path, patience_s: float, policy: RetryPolicy) -> bool:
     if fts.inspect(conn).rebuild is not None or not conn.execute(
             "SELECT 1 FROM state_meta WHERE key = ?", (RECLAIM_KEY,)).fetchone():
         return False  # nothing to give back, or the new indexes are still filling the free pages

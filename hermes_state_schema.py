@@ -1,8 +1,8 @@
 """Schema setup: connect, create, reconcile columns, run the versioned ladder, check versions.
 
-Owns: opening the SQLite connection with the library's pragmas, mapping open-time SQLite
-failures to typed errors, `_reconcile_columns()` (declarative ADD COLUMN), the versioned
-migration ladder for data/index changes, and the read-only compatibility check.
+Owns: opening the SQLite connection with the library's pragmas, `_reconcile_columns()`
+(declarative ADD COLUMN), the versioned migration ladder for data/index changes, and the
+read-only compatibility check.
 Does not own: the FTS tables (hermes_state_fts) or any session/message query.
 
 Transaction contract: `migrate()` opens its own write transactions through the Writer
@@ -17,15 +17,14 @@ import os
 import sqlite3
 import stat
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from hermes_state_common import (INDEX_SQL, READ_BUSY_TIMEOUT_S, SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL,
                                  TABLES)
 from hermes_state_writer import RetryPolicy, Writer, retry_on_lock
-from hermes_state_errors import (SQLITE_CORRUPT, SQLITE_NOTADB, StateDbBusyError, StateDbCorruptError,
-                                 StateDbIncompatibleError, StateDbUninitializedError, is_sqlite_lock_error)
+from hermes_state_errors import (StateDbBusyError, StateDbIncompatibleError, StateDbUninitializedError,
+                                 is_sqlite_lock_error)
 
 _SIDE_FILES = ("-wal", "-shm")
 
@@ -66,44 +65,6 @@ def tighten_side_files(path: Path) -> None:
             _tighten(Path(str(path) + suffix))
 
 
-def is_corruption(exc: BaseException) -> bool:
-    """Return True for SQLite's "not a database" and "malformed" errors."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB)
-    text = str(exc).lower()
-    return "not a database" in text or "malformed" in text
-
-
-def corrupt_error(path: Path, exc: BaseException) -> StateDbCorruptError:
-    """Build the typed error for an unreadable database file."""
-    return StateDbCorruptError(
-        f"{path} is not a usable SQLite database ({exc}). The file was left untouched; "
-        f"run `hermes-state recover {path} <new path>` to salvage what is readable.")
-
-
-@contextmanager
-def typed_errors(path: Path) -> Iterator[None]:
-    """Re-raise SQLite failures that mean bad data or bad input as the library's typed errors.
-
-    A malformed file becomes StateDbCorruptError; a value SQLite cannot bind (a list, an int
-    past 64 bits) becomes ValueError. Every other sqlite3 error propagates untouched.
-    """
-    try:
-        yield
-    except (sqlite3.ProgrammingError, sqlite3.InterfaceError) as exc:
-        text = str(exc).lower()
-        if "binding parameter" in text or "not supported" in text:
-            raise ValueError(f"a value cannot be stored or looked up in SQLite: {exc}") from exc
-        raise
-    except OverflowError as exc:
-        raise ValueError(f"an integer is out of SQLite's 64-bit range: {exc}") from exc
-    except sqlite3.DatabaseError as exc:
-        if is_corruption(exc):
-            raise corrupt_error(path, exc) from exc
-        raise
-
-
 def connect(path: Path, *, read_only: bool = False, read_busy_s: float = READ_BUSY_TIMEOUT_S) -> sqlite3.Connection:
     """Open the connection with explicit transactions, foreign keys and a short busy timeout.
 
@@ -117,6 +78,27 @@ def connect(path: Path, *, read_only: bool = False, read_busy_s: float = READ_BU
     conn = sqlite3.connect(target, uri=uri, isolation_level=None, check_same_thread=False,
                            timeout=read_busy_s if read_only else SQLITE_BUSY_TIMEOUT_S)
     conn.execute("PRAGMA foreign_keys = ON")
+    conn.text_factory = lenient_text
+    return conn
+
+
+def lenient_text(raw: bytes) -> str:
+    """Decode stored text, replacing bytes that are not UTF-8 with U+FFFD.
+
+    Another client (the sqlite3 shell, a C program) can store any bytes as TEXT; one such row
+    must not make a whole listing or search unreadable.
+    """
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "replace")
+
+
+def connect_reader(path: Path) -> sqlite3.Connection:
+    """Open a handle's second connection, for reads only (it refuses writes), on a writable database."""
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=SQLITE_BUSY_TIMEOUT_S)
+    conn.text_factory = lenient_text
+    conn.execute("PRAGMA query_only = ON")
     return conn
 
 
@@ -216,11 +198,20 @@ def _backfill_counters(conn: sqlite3.Connection) -> None:
         "UPDATE sessions SET message_count = (SELECT COUNT(*) FROM messages m WHERE m.session_id = sessions.id)")
 
 
+def _backfill_tool_call_counts(conn: sqlite3.Connection) -> None:
+    # The tool calls of assistant turns, as append_message counts them (a JSON array's length).
+    conn.execute(
+        "UPDATE sessions SET tool_call_count = (SELECT COALESCE(SUM(json_array_length(m.tool_calls)), 0) "
+        "FROM messages m WHERE m.session_id = sessions.id AND m.role = 'assistant' "
+        "AND json_valid(m.tool_calls) AND json_type(m.tool_calls) = 'array')")
+
+
 # A column that arrives in an old file with rows already present gets its meaning back here,
 # in the same transaction as the ADD COLUMN.
 _BACKFILL_ON_ADD: dict[tuple[str, str], Callable[[sqlite3.Connection], None]] = {
     ("messages", "message_uid"): backfill_message_uids,
     ("sessions", "message_count"): _backfill_counters,
+    ("sessions", "tool_call_count"): _backfill_tool_call_counts,
 }
 
 

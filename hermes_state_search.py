@@ -12,128 +12,14 @@ the caller's write transaction and never commit; readers run under the caller's 
 from __future__ import annotations
 
 import json
-import logging
 import re
 import sqlite3
 from collections import defaultdict
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Callable
 
 import hermes_state_fts as fts
-from hermes_state_common import escape_like
-from hermes_state_errors import TitleConflictError
-from hermes_state_sessions import TITLE_MAX_CHARS, check_count, check_title_free, normalize_title, require_session
-
-# --- titles ----------------------------------------------------------------------------------
-# A title lineage is "T", "T #2", "T #3", ...: when a conversation continues in a new session
-# (compression, a resumed topic) the new session takes the next number, so every title stays
-# unique while the family stays recognisable.
-
-_LINEAGE_SUFFIX = re.compile(r" #([0-9]+)")  # matched with fullmatch against what follows "T"
-
-
-def _dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
-
-
-def _split_lineage(title: str) -> str:
-    """Return the base of a lineage title: "T #3" -> "T"; any other title is its own base."""
-    head, sep, tail = title.rpartition(" #")
-    if sep and head and tail.isascii() and tail.isdigit():
-        return head
-    return title
-
-
-def _lineage_members(conn: sqlite3.Connection, base: str) -> list[tuple[int, float, str]]:
-    """Return (number, started_at, id) for "base" (number 1) and every "base #<n>"."""
-    # "base #..." titles sort between "base #" and "base $" ('$' follows '#'), so a range on the
-    # unique title index finds them without LIKE/GLOB metacharacter worries.
-    prefix = base + " #"
-    rows = conn.execute(
-        "SELECT id, title, started_at FROM sessions WHERE title = ? OR (title >= ? AND title < ?)",
-        (base, prefix, base + " $")).fetchall()
-    out = []
-    for session_id, title, started_at in rows:
-        if title == base:
-            out.append((1, started_at or 0.0, session_id))
-            continue
-        match = _LINEAGE_SUFFIX.fullmatch(title, len(base))
-        if match:
-            out.append((int(match.group(1)), started_at or 0.0, session_id))
-    return out
-
-
-def set_session_title(conn: sqlite3.Connection, session_id: str, title: str | None) -> str | None:
-    """Set (or, with None/blank, clear) a session's title and return what was stored.
-
-    Must run inside the caller's write transaction. The title is stripped and at most 100
-    characters (ValueError); another session holding it raises TitleConflictError; an unknown
-    session raises SessionNotFoundError. Nothing is written when any check fails.
-    """
-    title = normalize_title(title)
-    require_session(conn, session_id)
-    check_title_free(conn, title, session_id)
-    try:
-        conn.execute("UPDATE sessions SET title = ? WHERE id = ?", (title, session_id))
-    except sqlite3.IntegrityError as exc:
-        # Only reachable when a writer outside BEGIN IMMEDIATE took the title between the
-        # check and the update; the unique index is the final word.
-        if "title" not in str(exc):
-            raise
-        raise TitleConflictError(f"title {title!r} was just taken by another session") from exc
-    return title
-
-
-def get_session_title(conn: sqlite3.Connection, session_id: str) -> str | None:
-    """Return the session's title, or None when it has none or does not exist."""
-    row = conn.execute("SELECT title FROM sessions WHERE id = ?", (session_id,)).fetchone()
-    return None if row is None else row[0]
-
-
-def resolve_session_by_title(conn: sqlite3.Connection, title: str | None) -> str | None:
-    """Return the id of the newest session titled `title` or "`title` #<n>", or None.
-
-    The title is taken literally as the lineage base: "T" resolves among "T", "T #2", ...;
-    "T #2" resolves among "T #2" and "T #2 #<n>" (an explicit number names that session).
-    Newest means the latest `started_at`, ties going to the higher number.
-    """
-    if title is None or not isinstance(title, str) or not title.strip():
-        return None
-    members = _lineage_members(conn, title.strip())
-    if not members:
-        return None
-    return max(members, key=lambda m: (m[1], m[0]))[2]
-
-
-def get_next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
-    """Return the title a continuation of `title` should take: "T" -> "T #2" -> "T #3" ...
-
-    A numbered input counts as its base ("T #2" -> base "T"). The result is the highest
-    existing number plus one (gaps are not refilled); when no session carries the base or
-    any numbered variant, the base itself is returned unchanged. The result always fits the
-    100-character limit: a base too long for its suffix is cut (and stripped), and the number
-    then also passes every title of the cut base's lineage, so the suggestion is free.
-    """
-    normalized = normalize_title(title)
-    if normalized is None:
-        raise ValueError("title must be a non-blank string")
-    base = _split_lineage(normalized)
-    members = _lineage_members(conn, base)
-    if not members:
-        return base
-    number = max(m[0] for m in members) + 1
-    while True:
-        suffix = f" #{number}"
-        if len(base) + len(suffix) <= TITLE_MAX_CHARS:
-            return base + suffix
-        cut = base[:TITLE_MAX_CHARS - len(suffix)].rstrip()
-        # "cut #n" belongs to the cut base's lineage: step past its numbers so it is not taken.
-        # A longer number may shorten the cut again, hence the loop (it ends: numbers only grow).
-        taken = max((m[0] for m in _lineage_members(conn, cut)), default=0)
-        if taken < number:
-            return cut + suffix
-        number = taken + 1
-
+from hermes_state_common import check_count, escape_like, logger, row_dicts
 
 # --- listings and statistics -----------------------------------------------------------------
 
@@ -179,7 +65,7 @@ def list_sessions(conn: sqlite3.Connection, source: str | None = None, limit: in
     if not include_archived:
         where.append("COALESCE(s.archived, 0) = 0")
     sql = _LIST_SQL.format(where=" AND ".join(where))
-    return _dicts(conn.execute(sql, (*params, limit, offset)))
+    return row_dicts(conn.execute(sql, (*params, limit, offset)))
 
 
 def usage_by_model(conn: sqlite3.Connection) -> list[dict[str, Any]]:
@@ -189,7 +75,7 @@ def usage_by_model(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     `estimated_cost_usd` None and sorts after every priced model. The seed's column names
     (`total_input`, `total_output`, `total_cost`) are present too, so its callers keep working.
     """
-    return _dicts(conn.execute(
+    return row_dicts(conn.execute(
         """SELECT model, COUNT(*) AS session_count,
                   COALESCE(SUM(input_tokens), 0) AS input_tokens,
                   COALESCE(SUM(output_tokens), 0) AS output_tokens,
@@ -205,7 +91,7 @@ def usage_by_model(conn: sqlite3.Connection) -> list[dict[str, Any]]:
 def top_sessions_by_tokens(conn: sqlite3.Connection, limit: int = 10) -> list[dict[str, Any]]:
     """Return the sessions with the most input + output tokens (id, title, model, total_tokens, cost)."""
     limit = check_count("limit", limit)
-    return _dicts(conn.execute(
+    return row_dicts(conn.execute(
         """SELECT id, title, model,
                   COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0) AS total_tokens,
                   estimated_cost_usd
@@ -214,7 +100,7 @@ def top_sessions_by_tokens(conn: sqlite3.Connection, limit: int = 10) -> list[di
             LIMIT ?""", (limit,)))
 
 
-# --- full-text search (issue 4) --------------------------------------------------------------
+# --- full-text search --------------------------------------------------------------
 # Routing (docs/search.md): each OR branch of a query is routed on its own. A branch holding CJK
 # goes to messages_fts_cjk (bigrams), any other to the word index; one that finds nothing falls
 # back to its CJK terms from the index with the other terms checked by LIKE (mixed branches), the
@@ -228,15 +114,15 @@ _LIKE_SCAN_ROWS = 20_000  # the most rows any LIKE scan reads
 _CONTEXT_CHARS = 200
 _SNIPPET_ARGS = "'>>>', '<<<', '...', 16"
 _SNIPPET_CHARS = 120
+_FTS_SNIPPET_MAX_CHARS = 16_000  # longer rows get a snippet cut from a window around the first match
 _MAX_ROWID = 2 ** 63 - 1
-_logger = logging.getLogger("hermes_state")
 _warned: set[str] = set()
 
 
 def _warn_once(key: str, message: str) -> None:
     if key not in _warned:
         _warned.add(key)
-        _logger.warning(message)
+        logger.warning(message)
 
 
 def _name_list(name: str, value: Any) -> list[str]:
@@ -248,11 +134,18 @@ def _name_list(name: str, value: Any) -> list[str]:
     return list(values)
 
 
+@dataclass(frozen=True)
 class _Filters:
     """The WHERE conditions every route applies: `m` is the message row, `s` its session."""
 
-    def __init__(self, source_filter: Any, exclude_sources: Any, role_filter: Any, session_id: Any,
-                 include_inactive: bool):
+    sql: str = ""
+    params: tuple[Any, ...] = ()
+    join: str = ""
+
+    @classmethod
+    def build(cls, source_filter: Any, exclude_sources: Any, role_filter: Any, session_id: Any,
+              include_inactive: bool) -> _Filters:
+        """Validate the caller's filters and return their SQL; bad types raise ValueError."""
         if session_id is not None and not isinstance(session_id, str):
             raise ValueError(f"session_id must be a string or None, not {session_id!r}")
         sources = _name_list("source_filter", source_filter)
@@ -270,19 +163,16 @@ class _Filters:
         if session_id is not None:
             where.append("m.session_id = ?")
             params.append(session_id)
-        self.sql = "".join(f" AND {w}" for w in where)
-        self.params = tuple(params)
-        self.join = " JOIN sessions s ON s.id = m.session_id" if sources or excluded else ""
+        join = " JOIN sessions s ON s.id = m.session_id" if sources or excluded else ""
+        return cls("".join(f" AND {w}" for w in where), tuple(params), join)
 
     def plus(self, sql: str, params: list[Any]) -> _Filters:
         """Return these filters and one more condition on `m` (a LIKE check of terms no index serves)."""
-        out = _Filters.__new__(_Filters)
-        out.sql, out.params, out.join = f"{self.sql} AND {sql}", (*self.params, *params), self.join
-        return out
+        return replace(self, sql=f"{self.sql} AND {sql}", params=(*self.params, *params))
 
 
 def _is_query_error(exc: sqlite3.OperationalError) -> bool:
-    # The sanitizer makes these unreachable; this is the belt to its braces (R-SEARCH-2).
+    # The sanitizer makes these unreachable; this is the belt to its braces.
     text = str(exc)
     return text.startswith("fts5:") or "unterminated string" in text or "no such column" in text
 
@@ -319,7 +209,7 @@ def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: i
     except sqlite3.OperationalError as exc:
         if not _is_query_error(exc):
             raise
-        _logger.info("search query %r was refused by %s: %s", expr, table, exc)
+        logger.info("search query %r was refused by %s: %s", expr, table, exc)
         return []
 
 
@@ -366,65 +256,116 @@ def _like(conn: sqlite3.Connection, groups: tuple[fts.Group, ...], f: _Filters, 
     return [r[0] for r in conn.execute(sql, (low, high, *scope_params, *params, *f.params, need))]
 
 
-def _uncovered(conn: sqlite3.Connection, group: fts.Group, f: _Filters, state: fts.FtsState, low: int,
-               high: int, need: int, cjk: bool) -> list[_Hit]:
-    """LIKE-scan the rows the index does not cover yet: (P, H] of a rebuild, queued CJK rows."""
-    found: list[int] = []
-    if state.rebuild is not None:
-        progress, high_water = state.rebuild
-        if max(low, progress + 1) <= min(high, high_water):
-            found += _like(conn, (group,), f, max(low, progress + 1), min(high, high_water), need)
-    if cjk and state.cjk_pending:
-        found += _like(conn, (group,), f, low, high, need, only_queued=True)
-    return [(i, 0.0, None) for i in found]
+@dataclass(frozen=True)
+class _Ask:
+    """One OR branch being routed: the branch, where to look, and how many hits are wanted."""
+
+    conn: sqlite3.Connection
+    group: fts.Group
+    filters: _Filters
+    state: fts.FtsState
+    low: int
+    high: int
+    need: int
+
+    def ranked(self, table: str, expr: str, *, snippet: bool = False,
+               filters: _Filters | None = None) -> list[_Hit]:
+        """Return the index's ranked hits; with `snippet`, FTS5 can highlight them from `expr`."""
+        skip = table == fts.CJK and self.state.cjk_pending  # a queued row's entry may be stale
+        return [(i, score, (table, expr) if snippet else None)
+                for i, score in _ranked(self.conn, table, expr, filters or self.filters, self.low, self.high,
+                                        self.need, skip)]
+
+    def uncovered(self, *, cjk: bool) -> list[_Hit]:
+        """LIKE-scan the rows the index does not cover yet: (P, H] of a rebuild, queued CJK rows."""
+        found: list[int] = []
+        if self.state.rebuild is not None:
+            progress, high_water = self.state.rebuild
+            low, high = max(self.low, progress + 1), min(self.high, high_water)
+            if low <= high:
+                found += _like(self.conn, (self.group,), self.filters, low, high, self.need)
+        if cjk and self.state.cjk_pending:
+            found += _like(self.conn, (self.group,), self.filters, self.low, self.high, self.need, only_queued=True)
+        return [(i, 0.0, None) for i in found]
+
+    def has(self, table: str) -> bool:
+        """Return True when the database has this FTS table."""
+        return table in self.state.tables
 
 
-def _find_group(conn: sqlite3.Connection, g: fts.Group, f: _Filters, state: fts.FtsState, low: int, high: int,
-                need: int) -> list[_Hit]:
-    """Route one OR branch of the query (see the comment above); return its hits in any order."""
-    tables = state.tables
+def _cjk_route(a: _Ask) -> list[_Hit]:
+    return a.ranked(fts.CJK, a.group.cjk) + a.uncovered(cjk=True)
+
+
+def _mixed_route(a: _Ask) -> list[_Hit]:
+    # A branch mixing CJK and other terms that the CJK index cannot serve whole ("東京 ockerfil",
+    # "web_search 検索"): the CJK terms from the index, the others checked on those rows as
+    # substrings of content, tool_calls and tool_name.
+    expr, others = a.group.split
+    return a.ranked(fts.CJK, expr, filters=a.filters.plus(*_like_terms(others)))
+
+
+def _word_route(a: _Ask) -> list[_Hit]:
+    # Latin glued to CJK ("iPhone16を") is one unicode61 token in the word index; the CJK index,
+    # which splits it, holds every message that has CJK, so it is asked too.
+    found = a.ranked(fts.WORD, a.group.word, snippet=True)
+    if a.has(fts.CJK):
+        found += a.ranked(fts.CJK, a.group.word)
+    return found + a.uncovered(cjk=True)
+
+
+def _trigram_route(a: _Ask) -> list[_Hit]:
+    return a.ranked(fts.TRIGRAM, a.group.trigram, snippet=True) + a.uncovered(cjk=False)
+
+
+def _scan_route(a: _Ask) -> list[_Hit]:
+    if not a.state.tables:
+        _warn_once("fts", "full-text search: no FTS index in this database; searching the newest "
+                          f"{_LIKE_SCAN_ROWS} messages with LIKE")
+    logger.debug("search %r: last resort LIKE scan", a.group.word)
+    return [(i, 0.0, None) for i in _like(a.conn, (a.group,), a.filters, a.low, a.high, a.need)]
+
+
+@dataclass(frozen=True)
+class _Route:
+    """One way to answer a branch: taken when it `applies`; its hits end the routing when found,
+    or always when `conclusive` says an empty answer is exact."""
+
+    name: str
+    applies: Callable[[_Ask], bool]
+    run: Callable[[_Ask], list[_Hit]]
+    conclusive: Callable[[_Ask], bool] = lambda a: False
+
+
+# The routing order of docs/search.md: each branch takes the first route that applies and
+# finds something; the bounded scan always applies and always answers, so routing always ends.
+ROUTES: tuple[_Route, ...] = (
+    # For terms of CJK letters only the bigram index is exact: an empty answer is the answer.
+    _Route("cjk index", lambda a: a.group.cjk is not None and a.has(fts.CJK), _cjk_route,
+           conclusive=lambda a: a.group.cjk_only),
+    _Route("mixed split", lambda a: a.group.split is not None and a.has(fts.CJK), _mixed_route),
+    _Route("word index", lambda a: a.group.cjk is None and a.has(fts.WORD), _word_route),
+    _Route("trigram index", lambda a: a.group.trigram is not None and a.has(fts.TRIGRAM), _trigram_route),
+    _Route("bounded scan", lambda a: True, _scan_route, conclusive=lambda a: True),
+)
+
+
+def _find_group(ask: _Ask) -> list[_Hit]:
+    """Route one OR branch of the query through ROUTES; return its hits in any order."""
+    g = ask.group
     if g.like_excluded:
         # "docker NOT 東京": the CJK index holds CJK rows only, so it cannot say which rows lack a
         # CJK term; checking the candidates' text keeps the rows that have no CJK at all.
-        f = f.plus(*_like_terms((), g.like_excluded))
-
-    def ranked(table: str, expr: str, snippet: bool = False, where: _Filters = f) -> list[_Hit]:
-        skip = table == fts.CJK and state.cjk_pending
-        return [(i, score, (table, expr) if snippet else None)
-                for i, score in _ranked(conn, table, expr, where, low, high, need, skip)]
-
-    if g.cjk is not None and fts.CJK in tables:
-        found = ranked(fts.CJK, g.cjk) + _uncovered(conn, g, f, state, low, high, need, cjk=True)
-        if found or g.cjk_only:
-            return found  # for terms of CJK letters only the bigram index is exact: nothing to add
-        if g.split is not None:
-            # A group mixing CJK and other terms that the index cannot serve whole ("東京 ockerfil",
-            # "web_search 検索", "東京 ไทย"): the CJK terms from the index, the others checked on
-            # those rows as substrings of content, tool_calls and tool_name.
-            expr, others = g.split
-            found = ranked(fts.CJK, expr, where=f.plus(*_like_terms(others)))
-            if found:
-                return found
-    elif g.cjk is not None:
+        ask = replace(ask, filters=ask.filters.plus(*_like_terms((), g.like_excluded)))
+    if g.cjk is not None and not ask.has(fts.CJK):
         _warn_once("cjk", "full-text search: the CJK index is missing, so CJK queries use the trigram index "
                           "(3+ characters) or a bounded LIKE scan; open the database writable to build it")
-    elif fts.WORD in tables:
-        # Latin glued to CJK ("iPhone16を") is one unicode61 token in the word index; the CJK
-        # index, which splits it, holds every message that has CJK, so it is asked too.
-        found = ranked(fts.WORD, g.word, snippet=True) + (ranked(fts.CJK, g.word) if fts.CJK in tables else [])
-        found += _uncovered(conn, g, f, state, low, high, need, cjk=True)
-        if found:
-            return found
-    if g.trigram is not None and fts.TRIGRAM in tables:
-        found = ranked(fts.TRIGRAM, g.trigram, snippet=True) + _uncovered(conn, g, f, state, low, high, need,
-                                                                          cjk=False)
-        if found:
-            return found
-    if not tables:
-        _warn_once("fts", "full-text search: no FTS index in this database; searching the newest "
-                          f"{_LIKE_SCAN_ROWS} messages with LIKE")
-    _logger.debug("search %r: last resort LIKE scan", g.word)
-    return [(i, 0.0, None) for i in _like(conn, (g,), f, low, high, need)]
+    for route in ROUTES:
+        if route.applies(ask):
+            found = route.run(ask)
+            if found or route.conclusive(ask):
+                break
+    return found
 
 
 def _find(conn: sqlite3.Connection, plan: fts.QueryPlan, f: _Filters, low: int, high: int,
@@ -434,11 +375,12 @@ def _find(conn: sqlite3.Connection, plan: fts.QueryPlan, f: _Filters, low: int, 
     bm25 scores of different indexes and expressions are merged as if comparable (docs/search.md,
     "Ranking"); LIKE hits score 0.0, after every indexed hit.
     """
-    state = fts.inspect(conn)
     if plan.like_only:
         found = [(i, 0.0, None) for i in _like(conn, plan.groups, f, low, high, need)]
     else:
-        found = [hit for group in plan.groups for hit in _find_group(conn, group, f, state, low, high, need)]
+        state = fts.inspect(conn)
+        found = [hit for group in plan.groups
+                 for hit in _find_group(_Ask(conn, group, f, state, low, high, need))]
     return [(i, source) for i, _, source in sorted(found, key=lambda h: (h[1], -h[0]))]
 
 
@@ -476,18 +418,58 @@ def _snippets(conn: sqlite3.Connection, plan: fts.QueryPlan,
             by_source[source].append(i)
     for (table, expr), ids in by_source.items():  # one statement per index and OR branch, not per hit
         column = 0 if table == fts.TRIGRAM else -1
+        # FTS5's snippet() re-tokenizes the whole row for every phrase match, so its cost grows
+        # with the square of a long row's size; long rows take the text-window path below.
         out.update(conn.execute(
             f"SELECT rowid, snippet({table}, {column}, {_SNIPPET_ARGS}) FROM {table} "
-            f"WHERE {table} MATCH ? AND rowid IN (SELECT value FROM json_each(?))", (expr, json.dumps(ids))))
+            f"WHERE {table} MATCH ? AND rowid IN (SELECT id FROM messages WHERE id IN "
+            "(SELECT value FROM json_each(?)) AND COALESCE(length(content), 0) + COALESCE(length(tool_calls), 0) "
+            "+ COALESCE(length(tool_name), 0) <= ?)", (expr, json.dumps(ids), _FTS_SNIPPET_MAX_CHARS)))
     rest = [i for i, _ in hits if ">>>" not in (out.get(i) or "")]
     if rest:
-        pattern = _needle_pattern(plan.needles)
-        for i, content, calls in conn.execute("SELECT id, content, tool_calls FROM messages "
-                                              "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(rest),)):
-            text = content
-            if calls and (pattern is None or not pattern.search(content or "")):
-                text = calls
-            out[i] = _text_snippet(text, plan.needles)
+        out.update(_window_snippets(conn, rest, plan.needles))
+    return out
+
+
+# How far before the first match a text window starts, and how long it is: wide enough that
+# _text_snippet can centre its 120 characters on the match.
+_WINDOW_BEFORE, _WINDOW_CHARS = 2 * _SNIPPET_CHARS, 4 * _SNIPPET_CHARS
+
+
+def _first_match(text: str | None, needles: list[str]) -> int:
+    """Return the index of the first case-insensitive occurrence of any needle in `text`, or -1."""
+    if not text or not needles:
+        return -1
+    folded = text.lower()
+    if len(folded) != len(text):  # a few letters change length when lowered: positions would shift
+        match = _needle_pattern(needles).search(text)
+        return match.start() if match else -1
+    found = [i for i in (folded.find(n.lower()) for n in needles) if i >= 0]
+    return min(found, default=-1)
+
+
+def _window_snippets(conn: sqlite3.Connection, ids: list[int], needles: list[str]) -> dict[int, str]:
+    """Return {id: snippet} cut from a window around the first match of content (else tool_calls).
+
+    Finding the match is a C-speed scan (`str.find`) and only a window of a few hundred
+    characters is highlighted, so a hit in a 10 MB tool output costs milliseconds.
+    """
+    out = {}
+    for i, content, calls in conn.execute("SELECT id, content, tool_calls FROM messages "
+                                          "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)):
+        text, at = content, _first_match(content, needles)
+        if at < 0 and calls:
+            in_calls = _first_match(calls, needles)
+            if in_calls >= 0:
+                text, at = calls, in_calls
+        if not text:
+            out[i] = ""
+            continue
+        start = max(0, at - _WINDOW_BEFORE)
+        end = start + _WINDOW_CHARS
+        snippet = _text_snippet(text[start:end], needles)
+        out[i] = ("..." if start and not snippet.startswith("...") else "") + snippet + (
+            "..." if end < len(text) and not snippet.endswith("...") else "")
     return out
 
 
@@ -539,7 +521,7 @@ def search_messages(conn: sqlite3.Connection, query: Any, source_filter: Any = N
     types raise ValueError. Run it in one read snapshot (the facade does).
     """
     limit, offset = check_count("limit", limit), check_count("offset", offset)
-    f = _Filters(source_filter, exclude_sources, role_filter, session_id, include_inactive)
+    f = _Filters.build(source_filter, exclude_sources, role_filter, session_id, include_inactive)
     plan = fts.plan_query(query)
     if plan is None or limit == 0:
         return []

@@ -81,9 +81,16 @@ class Writer:
 
     def __init__(self, conn: sqlite3.Connection, *, on_give_up: Callable[[float], None] | None = None,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 rng: random.Random | None = None):
+                 rng: random.Random | None = None,
+                 open_reader: Callable[[], sqlite3.Connection] | None = None):
         self.conn = conn
         self.lock = threading.RLock()
+        # Reads go through a second connection opened on first use, under their own lock, so a
+        # long read (a search over a huge row) never holds the write path, and a write waiting
+        # for another process never holds a read. Without `open_reader` reads share `conn`.
+        self._open_reader = open_reader
+        self._reader: sqlite3.Connection | None = None
+        self.read_lock = threading.RLock()
         self.on_give_up = on_give_up
         self.clock = clock
         self.sleep = sleep
@@ -97,14 +104,45 @@ class Writer:
         self._txn_thread: int | None = None
 
     def close(self, *, checkpoint: bool = True) -> None:
-        """Close the connection (after a PASSIVE checkpoint unless told not to); idempotent."""
-        with self.lock:
+        """Close the connections (after a PASSIVE checkpoint unless told not to); idempotent."""
+        with self.lock, self.read_lock:
             if self.closed:
                 return
             self.closed = True
+            if self._reader is not None:
+                self._reader.close()
             if checkpoint:
                 passive_checkpoint(self.conn)
             self.conn.close()
+
+    @contextmanager
+    def tracing(self, callback: Callable[[str], None] | None = None) -> Iterator[list[str]]:
+        """Collect every statement the connection runs inside the block; pass each to `callback` too."""
+        statements: list[str] = []
+
+        def trace(sql: str) -> None:
+            statements.append(sql)
+            if callback is not None:
+                callback(sql)
+        with self.lock, self.read_lock:
+            for conn in self._connections():
+                conn.set_trace_callback(trace)
+        try:
+            yield statements
+        finally:
+            with self.lock, self.read_lock:
+                if not self.closed:
+                    for conn in self._connections():
+                        conn.set_trace_callback(None)
+
+    def _connections(self) -> list[sqlite3.Connection]:
+        return [self.conn] if self._open_reader is None else [self.conn, self._read_conn()]
+
+    def _read_conn(self) -> sqlite3.Connection:
+        # Under read_lock. Opened lazily: a handle that only writes never pays for it.
+        if self._reader is None:
+            self._reader = self._open_reader()
+        return self._reader
 
     def _cap_busy_timeout(self, remaining_s: float) -> None:
         # SQLite's own busy wait is 1 s, but never longer than the patience left, so a
@@ -134,6 +172,10 @@ class Writer:
         except BaseException:
             self.lock.release()  # never sleep between retries holding the Python lock
             raise
+
+    def in_transaction(self) -> bool:
+        """Return True while any of this writer's connections holds a transaction open."""
+        return self.conn.in_transaction or (self._reader is not None and self._reader.in_transaction)
 
     def in_transaction_here(self) -> bool:
         """Return True when the calling thread is inside this writer's transaction."""
@@ -170,19 +212,32 @@ class Writer:
             self.lock.release()
 
     @contextmanager
-    def reading(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
-        """Hold the lock for reads; with `snapshot`, inside one short read transaction."""
+    def exclusive(self) -> Iterator[sqlite3.Connection]:
+        """Lend the write connection under the lock, outside any transaction (VACUUM, a backup into it)."""
         with self.lock:
             self._check_open()
-            if not snapshot or self.conn.in_transaction:
-                yield self.conn
+            yield self.conn
+
+    @contextmanager
+    def reading(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
+        """Lend a connection for reads; with `snapshot`, inside one short read transaction.
+
+        Inside this thread's write transaction the read joins it (it must see what the
+        transaction wrote); otherwise it runs on the read connection when there is one.
+        """
+        separate = self._open_reader is not None and not self.in_transaction_here()
+        with self.read_lock if separate else self.lock:
+            self._check_open()
+            conn = self._read_conn() if separate else self.conn
+            if not snapshot or conn.in_transaction:
+                yield conn
                 return
-            self.conn.execute("BEGIN")
+            conn.execute("BEGIN")
             try:
-                yield self.conn
+                yield conn
             finally:
-                if self.conn.in_transaction:
-                    self.conn.execute("COMMIT")
+                if conn.in_transaction:
+                    conn.execute("COMMIT")
 
 
 def passive_checkpoint(conn: sqlite3.Connection) -> None:

@@ -1,4 +1,4 @@
-"""Append throughput: SessionDB.append_message against the raw-SQL floor (R-BAR-1, target ratio <= 1.25).
+"""Append throughput: SessionDB.append_message against the raw-SQL floor (target ratio <= 1.25).
 
     python bench/append.py [-n 20000] [--corpus-dir DIR] [--seed 1]
 
@@ -10,8 +10,7 @@ as every library handle has), one BEGIN IMMEDIATE transaction per message holdin
 the counter UPDATE, and does in Python the work that makes the rows identical (JSON, uids,
 pairing). The two sides alternate session by session so machine noise hits both alike; only the appends
 are timed. Prints both rates and the ratio (library time / raw time). For attribution it also
-times a third file: the floor plus the library's PASSIVE checkpoint after every 50th commit
-(R-WRITE-4), the one cost of append_message that is policy rather than statements.
+times a third file: the floor plus the library's PASSIVE checkpoint after every 50th commit, the one cost of append_message that is policy rather than statements.
 """
 from __future__ import annotations
 

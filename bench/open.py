@@ -1,4 +1,4 @@
-"""Open cost of an existing database (R-BAR-1: < 50 ms for 1 GB; R-SCHEMA-7: independent of rows).
+"""Open cost of an existing database (< 50 ms for 1 GB; independent of rows).
 
     python bench/open.py PATH [--runs 7]
 

@@ -1,4 +1,4 @@
-"""Search latency and index size: SessionDB.search_messages on N messages (R-BAR-1: p50 < 25 ms at 1M).
+"""Search latency and index size: SessionDB.search_messages on N messages (p50 < 25 ms at 1M).
 
     python bench/search.py [-n 200000] [--corpus-dir DIR] [--seed 1] [--db PATH] [--queries 150]
 
@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import hermes_state_sessions as sessions  # noqa: E402
+import hermes_state_messages as messages  # noqa: E402
 from hermes_state import SessionDB  # noqa: E402
 
 
@@ -48,7 +48,7 @@ def build(path: Path, corpus, n: int, seed: int) -> dict:
             with db._write() as conn:
                 for m in msgs:
                     fields = {k: v for k, v in m.items() if v is not None}
-                    sessions.insert_message(conn, sid, fields)
+                    messages.insert_message(conn, sid, fields)
                     calls = json.dumps(m["tool_calls"], ensure_ascii=False) if m.get("tool_calls") else ""
                     raw += len((m.get("content") or "").encode()) + len(calls.encode()) + len((m.get("tool_name") or "").encode())
             count += len(msgs)

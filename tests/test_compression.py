@@ -47,11 +47,6 @@ def session_row(rival: sqlite3.Connection, sid: str) -> sqlite3.Row:
     return rival.execute("SELECT * FROM sessions WHERE id = ?", (sid,)).fetchone()
 
 
-def plant_lock(rival: sqlite3.Connection, sid: str, holder: str, expires_in_s: float = 300.0) -> None:
-    now = time.time()
-    rival.execute("INSERT OR REPLACE INTO compression_locks (session_id, holder, acquired_at, expires_at) "
-                  "VALUES (?, ?, ?, ?)", (sid, holder, now, now + expires_in_s))
-
 
 def here(pid: int, token: str = "t", pidns: str | None = None) -> str:
     """Return a holder string for `pid` on this host, in this process's pid namespace unless `pidns` is given."""
@@ -236,10 +231,10 @@ def test_one_uid_kept_twice_is_refused_before_writing(db, rival, verb):
     assert len({r["message_uid"] for r in live}) == len(live) == 3
 
 
-def test_compress_respects_the_compression_lock(db, rival):
+def test_compress_respects_the_compression_lock(db, rival, plant_lock):
     old = fill(db, "s")
     before = snapshot(rival, "s")
-    plant_lock(rival, "s", f"pid={os.getpid()} host={socket.gethostname()} token=other")
+    plant_lock("s", f"pid={os.getpid()} host={socket.gethostname()} token=other")
     with pytest.raises(SessionCompressionInProgressError):
         db.compress_in_place("s", [old[5]])
     with pytest.raises(SessionCompressionInProgressError):
@@ -265,11 +260,11 @@ def test_a_holder_whose_lock_expired_or_was_released_may_not_compress(db, rival)
     assert snapshot(rival, "s") == before
 
 
-def test_expired_and_dead_holder_locks_do_not_block_a_lockless_compress(db, rival):
+def test_expired_and_dead_holder_locks_do_not_block_a_lockless_compress(db, rival, plant_lock):
     old = fill(db, "s")
-    plant_lock(rival, "s", f"pid={os.getpid()} host={socket.gethostname()} token=t", expires_in_s=-1)
+    plant_lock("s", f"pid={os.getpid()} host={socket.gethostname()} token=t", expires_in_s=-1)
     db.compress_in_place("s", [old[5]])
-    plant_lock(rival, "s", here(exited_pid()))
+    plant_lock("s", here(exited_pid()))
     db.compress_in_place("s", [old[5]])
     assert len(rows(rival, "s", "active = 0")) == 7
 
@@ -363,12 +358,16 @@ def test_reopening_a_session_compression_closed_is_refused(db, rival):
         assert info.value.successor_id == "c" and info.value.session_id == closed
         assert tuple(session_row(rival, closed)) == before
     assert db.get_compression_ancestors("c") == ["a", "b"]
-    # Closed by compression with no continuation: still refused, naming none.
+    # The end reason is reserved for rotate_session; a session another program closed so,
+    # with no continuation, reopens (nothing else could ever write to it again).
     db.create_session("lone", "cli")
-    db.end_session("lone", "compression")
-    with pytest.raises(SessionClosedByCompressionError) as info:
-        db.reopen_session("lone")
-    assert info.value.successor_id is None
+    with pytest.raises(ValueError, match="reserved for rotate_session"):
+        db.end_session("lone", "compression")
+    assert session_row(rival, "lone")["ended_at"] is None
+    rival.execute("UPDATE sessions SET ended_at = 5, end_reason = 'compression' WHERE id = 'lone'")
+    db.reopen_session("lone")
+    assert (session_row(rival, "lone")["ended_at"], session_row(rival, "lone")["end_reason"]) == (None, None)
+    db.append_message("lone", "user", "usable again")
     # Other ends reopen as before; an unknown id is still SessionNotFoundError.
     db.end_session("c", "user_exit")
     db.reopen_session("c")
@@ -377,9 +376,9 @@ def test_reopening_a_session_compression_closed_is_refused(db, rival):
         db.reopen_session("ghost")
 
 
-def test_rotation_respects_the_compression_lock(db, rival):
+def test_rotation_respects_the_compression_lock(db, rival, plant_lock):
     fill(db, "p", 2)
-    plant_lock(rival, "p", f"pid={os.getpid()} host={socket.gethostname()} token=other")
+    plant_lock("p", f"pid={os.getpid()} host={socket.gethostname()} token=other")
     with pytest.raises(SessionCompressionInProgressError):
         db.rotate_session("p", "c", [])
     assert session_row(rival, "c") is None and session_row(rival, "p")["ended_at"] is None
@@ -547,35 +546,35 @@ def test_acquire_on_unknown_or_closed_session(db, rival):
     assert rival.execute("SELECT COUNT(*) FROM compression_locks").fetchone()[0] == 0
 
 
-def test_dead_holder_on_this_host_is_reclaimed(db, rival):
+def test_dead_holder_on_this_host_is_reclaimed(db, rival, plant_lock):
     db.create_session("s", "cli")
     dead = here(exited_pid(), "gone")
-    plant_lock(rival, "s", dead)
+    plant_lock("s", dead)
     holder = db.acquire_compression_lock("s")
     assert holder is not None and holder != dead
     assert rival.execute("SELECT holder FROM compression_locks").fetchone()[0] == holder
 
 
 @pytest.mark.parametrize("pid", [os.getpid(), 1])
-def test_a_live_holder_is_not_robbed(db, rival, pid):
+def test_a_live_holder_is_not_robbed(db, rival, pid, plant_lock):
     # pid 1 always exists; as a normal user signalling it raises PermissionError: still alive.
     db.create_session("s", "cli")
     live = f"pid={pid} host={socket.gethostname()} token=other"
-    plant_lock(rival, "s", live)
+    plant_lock("s", live)
     assert db.acquire_compression_lock("s") is None
     assert rival.execute("SELECT holder FROM compression_locks").fetchone()[0] == live
 
 
-def test_an_expired_lock_is_reclaimed_even_from_a_live_holder(db, rival):
+def test_an_expired_lock_is_reclaimed_even_from_a_live_holder(db, plant_lock):
     db.create_session("s", "cli")
-    plant_lock(rival, "s", f"pid={os.getpid()} host={socket.gethostname()} token=old", expires_in_s=-0.5)
+    plant_lock("s", f"pid={os.getpid()} host={socket.gethostname()} token=old", expires_in_s=-0.5)
     assert db.acquire_compression_lock("s") is not None
 
 
-def test_another_hosts_dead_pid_is_never_reclaimed_before_ttl(db, rival):
+def test_another_hosts_dead_pid_is_never_reclaimed_before_ttl(db, rival, plant_lock):
     db.create_session("s", "cli")
     elsewhere = f"pid={exited_pid()} host=not-{socket.gethostname()} pidns={compression.own_pidns()} token=t"
-    plant_lock(rival, "s", elsewhere)
+    plant_lock("s", elsewhere)
     assert db.acquire_compression_lock("s") is None
     rival.execute("UPDATE compression_locks SET expires_at = ?", (time.time() - 1,))
     assert db.acquire_compression_lock("s") is not None
@@ -583,20 +582,20 @@ def test_another_hosts_dead_pid_is_never_reclaimed_before_ttl(db, rival):
 
 @pytest.mark.parametrize("holder", ["", "who knows", "pid=abc host={host}", "pid=0 host={host}",
                                     "pid=-1 host={host}", "host={host}", "pid={dead}"])
-def test_doubtful_holders_are_treated_as_alive(db, rival, holder):
+def test_doubtful_holders_are_treated_as_alive(db, holder, plant_lock):
     db.create_session("s", "cli")
     holder = holder.format(host=socket.gethostname(), dead=exited_pid() if "{dead}" in holder else 0)
-    plant_lock(rival, "s", holder or "x")
+    plant_lock("s", holder or "x")
     assert db.acquire_compression_lock("s") is None
 
 
-def test_a_dead_pid_in_another_pid_namespace_waits_for_the_ttl(db, conn, rival):
+def test_a_dead_pid_in_another_pid_namespace_waits_for_the_ttl(db, conn, rival, plant_lock):
     # A container with host networking shares the host name but numbers its pids apart: a
     # pid that is gone here may be alive there.
     db.create_session("s", "cli")
     foreign = here(exited_pid(), "container", pidns="4026500001")
     assert foreign.split()[2] != f"pidns={compression.own_pidns()}"
-    plant_lock(rival, "s", foreign)
+    plant_lock("s", foreign)
     assert db.acquire_compression_lock("s") is None
     with pytest.raises(SessionCompressionInProgressError):
         compression.check_transcript_writable(conn, "s")
@@ -606,17 +605,17 @@ def test_a_dead_pid_in_another_pid_namespace_waits_for_the_ttl(db, conn, rival):
 
 
 @pytest.mark.parametrize("holder", ["pid={dead} host={host} token=old-format", "pid={dead} host={host} pidns=- token=t"])
-def test_a_dead_pid_without_a_known_pid_namespace_waits_for_the_ttl(db, rival, holder):
+def test_a_dead_pid_without_a_known_pid_namespace_waits_for_the_ttl(db, holder, plant_lock):
     db.create_session("s", "cli")
-    plant_lock(rival, "s", holder.format(dead=exited_pid(), host=socket.gethostname()))
+    plant_lock("s", holder.format(dead=exited_pid(), host=socket.gethostname()))
     assert db.acquire_compression_lock("s") is None
 
 
-def test_an_unreadable_own_pid_namespace_reclaims_nothing_early(db, rival, monkeypatch):
+def test_an_unreadable_own_pid_namespace_reclaims_nothing_early(db, monkeypatch, plant_lock):
     db.create_session("s", "cli")
     monkeypatch.setattr(compression, "own_pidns", lambda: compression.UNKNOWN_PIDNS)
     assert " pidns=- " in compression.new_holder()
-    plant_lock(rival, "s", here(exited_pid(), pidns="-"))
+    plant_lock("s", here(exited_pid(), pidns="-"))
     assert db.acquire_compression_lock("s") is None
 
 
@@ -640,18 +639,18 @@ def test_holder_parsing():
 
 # --- transcript write checks (module level) ------------------------------------------------------------
 
-def test_check_transcript_writable(db, conn, rival):
+def test_check_transcript_writable(db, conn, plant_lock):
     fill(db, "s", 1)
     compression.check_transcript_writable(conn, "s")
     compression.check_transcript_writable(conn, "unknown")  # the write itself reports it
     other = f"pid={os.getpid()} host={socket.gethostname()} token=other"
-    plant_lock(rival, "s", other)
+    plant_lock("s", other)
     with pytest.raises(SessionCompressionInProgressError, match="token=other"):
         compression.check_transcript_writable(conn, "s")
     compression.check_transcript_writable(conn, "s", other)  # the holder itself writes
-    plant_lock(rival, "s", other, expires_in_s=-1)
+    plant_lock("s", other, expires_in_s=-1)
     compression.check_transcript_writable(conn, "s")
-    plant_lock(rival, "s", here(exited_pid(), "dead"))
+    plant_lock("s", here(exited_pid(), "dead"))
     compression.check_transcript_writable(conn, "s")
 
     db.rotate_session("s", "t", [])
@@ -698,18 +697,18 @@ def test_wait_returns_at_once_without_a_lock(db, conn):
     assert fake.sleeps == []
 
 
-def test_wait_polls_until_the_holder_releases(db, conn, rival):
+def test_wait_polls_until_the_holder_releases(db, conn, rival, plant_lock):
     db.create_session("s", "cli")
-    plant_lock(rival, "s", f"pid={os.getpid()} host={socket.gethostname()} token=other")
+    plant_lock("s", f"pid={os.getpid()} host={socket.gethostname()} token=other")
     fake = FakeClock(on_sleep=lambda n: n == 3 and rival.execute("DELETE FROM compression_locks"))
     compression.wait_for_compression(reader(conn), "s", clock=fake.clock, sleep=fake.sleep)
     assert len(fake.sleeps) == 3
     assert all(compression._POLL_MIN_S <= s <= compression._POLL_MAX_S for s in fake.sleeps)
 
 
-def test_wait_gives_up_after_the_timeout(db, conn, rival):
+def test_wait_gives_up_after_the_timeout(db, conn, plant_lock):
     db.create_session("s", "cli")
-    plant_lock(rival, "s", f"pid={os.getpid()} host={socket.gethostname()} token=other")
+    plant_lock("s", f"pid={os.getpid()} host={socket.gethostname()} token=other")
     fake = FakeClock()
     with pytest.raises(SessionCompressionInProgressError, match="waited 5.0s"):
         compression.wait_for_compression(reader(conn), "s", clock=fake.clock, sleep=fake.sleep)
@@ -717,9 +716,9 @@ def test_wait_gives_up_after_the_timeout(db, conn, rival):
     assert len(fake.sleeps) >= 5000 / (compression._POLL_MAX_S * 1000)
 
 
-def test_wait_inside_a_write_transaction_raises_without_sleeping(db, conn, rival):
+def test_wait_inside_a_write_transaction_raises_without_sleeping(db, conn, plant_lock):
     db.create_session("s", "cli")
-    plant_lock(rival, "s", f"pid={os.getpid()} host={socket.gethostname()} token=other")
+    plant_lock("s", f"pid={os.getpid()} host={socket.gethostname()} token=other")
     fake = FakeClock()
     conn.execute("BEGIN IMMEDIATE")
     try:

@@ -131,7 +131,7 @@ IDS = [c[0] for c in CASES]
 def test_good_write_commits_and_is_visible_elsewhere(db, rival, method, good, check, bad, error):
     state = seed(db)
     good(db, state)
-    assert db._writer.conn.in_transaction is False
+    assert db.in_transaction is False
     assert check(rival)
 
 
@@ -141,7 +141,7 @@ def test_bad_write_raises_typed_error_and_writes_nothing(db, rival, method, good
     before = snapshot(rival)
     with pytest.raises(error):
         bad(db, state)
-    assert db._writer.conn.in_transaction is False
+    assert db.in_transaction is False
     assert snapshot(rival) == before
     good(db, state)  # the handle is still usable
     assert check(rival)
@@ -155,7 +155,7 @@ def test_read_only_handle_refuses_every_write(db, rival, method, good, check, ba
     try:
         with pytest.raises(ReadOnlyError):
             good(reader, state)
-        assert reader._writer.conn.in_transaction is False
+        assert reader.in_transaction is False
     finally:
         reader.close()
     assert snapshot(rival) == before

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 
@@ -152,7 +151,7 @@ def test_bad_argument_types_are_value_errors_not_sqlite_tracebacks(db, rival):
     with pytest.raises(ValueError):
         db.create_session("s\ud800", "cli")
     assert rival.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 1
-    assert not db._writer.conn.in_transaction
+    assert not db.in_transaction
 
 
 def test_corrupt_pages_give_a_typed_error_at_open_or_at_read(tmp_path):
@@ -175,17 +174,17 @@ def test_corrupt_pages_give_a_typed_error_at_open_or_at_read(tmp_path):
 
 def test_every_read_and_write_maps_corruption_to_the_typed_error(tmp_path):
     import sqlite3
-    import hermes_state_schema as schema
+    from hermes_state_errors import typed_errors
     from hermes_state import StateDbCorruptError
     malformed = sqlite3.DatabaseError("database disk image is malformed")
     malformed.sqlite_errorcode = 11
     with pytest.raises(StateDbCorruptError) as info:
-        with schema.typed_errors(tmp_path / "x.db"):
+        with typed_errors(tmp_path / "x.db"):
             raise malformed
     assert info.value.__cause__ is malformed
     other = sqlite3.OperationalError("no such table: nope")
     with pytest.raises(sqlite3.OperationalError):  # unexpected SQLite errors propagate untouched
-        with schema.typed_errors(tmp_path / "x.db"):
+        with typed_errors(tmp_path / "x.db"):
             raise other
 
 

@@ -1,7 +1,8 @@
-"""The import graph is one-way (STYLE.md): lower modules never import higher ones."""
+"""The layout: a one-way import graph, no reaching into another module's privates, focused modules."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +47,53 @@ def test_imports_point_down_only():
             assert RANKS[target] < RANKS[path.stem], f"{path.stem} imports {target}"
 
 
+# Names with a leading underscore that other modules may import: callers of the original
+# design know them by these names.
+ALLOWED_PRIVATE_IMPORTS = {"_apply_profile_override", "_reconcile_columns", "_sanitize_fts5_query"}
+MAX_LINES = 600
+# The FTS module keeps both index maintenance and the query parser (the search module routes,
+# the FTS module parses); together they run a little past the usual size.
+# The facade is one to five lines per public method, so it grows with the API rather than with
+# any one concern.
+LONGER = {"hermes_state_fts": 750, "hermes_state": 660}
+
+
+def test_no_module_imports_another_modules_private_names():
+    for path in ROOT.glob("hermes_state*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hermes_state"):
+                private = {a.name for a in node.names if a.name.startswith("_")} - ALLOWED_PRIVATE_IMPORTS
+                assert not private, f"{path.stem} imports {sorted(private)} from {node.module}"
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.attr.startswith("_") \
+                    and not node.attr.startswith("__") and node.value.id in _aliases(path):
+                assert node.attr in ALLOWED_PRIVATE_IMPORTS, f"{path.stem} uses {node.value.id}.{node.attr}"
+
+
+def _aliases(path: Path) -> set[str]:
+    """Return the names under which `path` imports sibling modules (`import hermes_state_x as y`)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.asname or a.name for a in node.names if a.name.startswith("hermes_state"))
+    return names
+
+
 def test_modules_stay_focused():
     for path in ROOT.glob("hermes_state*.py"):
-        assert len(path.read_text().splitlines()) <= 900, path.name
+        limit = LONGER.get(path.stem, MAX_LINES)
+        assert len(path.read_text().splitlines()) <= limit, path.name
+
+
+def test_docs_list_exactly_the_modules_that_exist():
+    modules = {p.stem for p in ROOT.glob("hermes_state*.py")}
+    for doc in (ROOT / "README.md", ROOT / "docs" / "architecture.md"):
+        named = set(re.findall(r"\bhermes_state(?:_[a-z]+)*\b", doc.read_text()))
+        named = {n for n in named if not n.endswith("_")}
+        assert named <= modules, f"{doc.name} names modules that do not exist: {sorted(named - modules)}"
+    listed = set(re.findall(r"`(hermes_state(?:_[a-z]+)*)\.py`", (ROOT / "docs" / "architecture.md").read_text()))
+    assert listed == modules, f"docs/architecture.md lists {sorted(listed ^ modules)} wrongly"
+
+
+def test_packaging_ships_every_module():
+    shipped = set(re.findall(r'"(hermes_state[a-z_]*)"', (ROOT / "pyproject.toml").read_text()))
+    assert {p.stem for p in ROOT.glob("hermes_state*.py")} <= shipped

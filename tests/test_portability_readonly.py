@@ -17,7 +17,7 @@ READS = {
     "get_next_title_in_lineage", "get_lineage", "get_descendants", "list_sessions", "usage_by_model",
     "top_sessions_by_tokens", "search_messages", "fts_rebuild_status", "get_compression_successor",
     "get_compression_ancestors", "export_session", "export_all", "iter_export", "backup",
-    "close", "release", "shared", "to_provider_messages",
+    "close", "release", "shared", "to_provider_messages", "tracer",
 }
 
 
@@ -35,13 +35,11 @@ def test_the_write_list_is_not_empty_and_names_the_obvious_ones():
 def test_every_write_method_raises_read_only_before_any_sql(db, name):
     db.create_session("s", "cli")
     reader = SessionDB(db.db_path, read_only=True)
-    statements: list[str] = []
-    reader._writer.conn.set_trace_callback(statements.append)
     try:
         params = [p for p in inspect.signature(getattr(SessionDB, name)).parameters.values()
                   if p.name != "self" and p.default is inspect.Parameter.empty
                   and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        with pytest.raises(ReadOnlyError):
+        with reader.tracer() as statements, pytest.raises(ReadOnlyError):
             getattr(reader, name)(*["s"] * len(params))
         assert statements == []
     finally:

@@ -206,11 +206,10 @@ def test_context_rows_come_from_one_query_for_all_hits(db):
         db.append_message("s", "user", f"needle number {i}")
         db.append_message("s", "assistant", f"reply {i}")
     counts = {}
+    db.search_messages("needle")  # a connection's first FTS5 use reads the index's config once
     for limit in (1, 15):
-        traced: list[str] = []
-        db._writer.conn.set_trace_callback(traced.append)
-        hits = db.search_messages("needle", limit=limit)
-        db._writer.conn.set_trace_callback(None)
+        with db.tracer() as traced:
+            hits = db.search_messages("needle", limit=limit)
         assert len(hits) == limit and all(len(h["context"]) in (1, 2) for h in hits)
         counts[limit] = len([s for s in traced if not s.startswith("--")])  # "--": inside FTS5 itself
     assert counts[1] == counts[15]  # the statement count does not grow with the hits

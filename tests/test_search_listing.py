@@ -9,7 +9,7 @@ import sqlite3
 
 import pytest
 
-import hermes_state_search as search
+import hermes_state_sessions as sessions
 from hermes_state import SessionDB, SessionNotFoundError, TitleConflictError
 
 
@@ -84,9 +84,9 @@ def test_unique_index_race_becomes_title_conflict(conn, monkeypatch):
     # index; the module turns that IntegrityError into TitleConflictError.
     conn.execute("INSERT INTO sessions (id, source, started_at, title) VALUES ('a', 'cli', 1, 'T')")
     conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('b', 'cli', 2)")
-    monkeypatch.setattr(search, "check_title_free", lambda *args: None)
+    monkeypatch.setattr(sessions, "check_title_free", lambda *args: None)
     with pytest.raises(TitleConflictError):
-        search.set_session_title(conn, "b", "T")
+        sessions.set_session_title(conn, "b", "T")
     assert conn.execute("SELECT title FROM sessions WHERE id = 'b'").fetchone()[0] is None
 
 
@@ -270,12 +270,8 @@ def test_list_sessions_is_one_query(db, rival):
         db.create_session(f"s{i:02}", "cli", started_at=float(i))
         add_message(rival, f"s{i:02}", "user", f"hello {i}", 100.0 + i)
         add_message(rival, f"s{i:02}", "assistant", "hi", 200.0 + i)
-    statements: list[str] = []
-    db._writer.conn.set_trace_callback(statements.append)
-    try:
+    with db.tracer() as statements:
         rows = db.list_sessions(limit=20)
-    finally:
-        db._writer.conn.set_trace_callback(None)
     assert len(rows) == 20 and rows[0]["preview"] == "hello 24" and rows[0]["last_active"] == 224.0
     assert len([s for s in statements if s.lstrip().upper().startswith(("SELECT", "WITH"))]) == 1
     assert len(statements) == 1

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hermes_state_lineage as lineage
-import hermes_state_sessions as sessions
+import hermes_state_messages as messages
 from hermes_state import SessionDB, SessionNotFoundError, TitleConflictError
 
 HEX32 = re.compile(r"[0-9a-f]{32}")
@@ -175,10 +175,25 @@ def test_session_columns_must_be_values_sqlite_stores_faithfully(db, rival, colu
     assert dict(row(rival, "s")) == before
 
 
-def test_session_columns_accept_the_64_bit_edges_and_bools(db, rival):
-    db.create_session("s", "cli", input_tokens=2**63 - 1, output_tokens=-2**63, rewind_count=True)
+def test_session_columns_are_checked_by_their_declared_kind(db, rival):
+    db.create_session("s", "cli", input_tokens=2**63 - 1, rewind_count=0, pinned=True, ended_at=5,
+                      estimated_cost_usd=0.25)
     r = row(rival, "s")
-    assert (r["input_tokens"], r["output_tokens"], r["rewind_count"]) == (2**63 - 1, -2**63, 1)
+    assert (r["input_tokens"], r["rewind_count"], r["pinned"], r["ended_at"]) == (2**63 - 1, 0, 1, 5.0)
+    bad = [{"output_tokens": -1}, {"rewind_count": True}, {"input_tokens": 1.5}, {"started_at": "yesterday"},
+           {"ended_at": float("nan")}, {"estimated_cost_usd": float("inf")}, {"actual_cost_usd": -0.5},
+           {"last_activity_at": "now"}, {"pinned": 2}, {"title": 7}]
+    for columns in bad:
+        with pytest.raises(ValueError, match=next(iter(columns))):
+            db.create_session("t", "cli", **columns)
+        assert row(rival, "t") is None, columns
+    for columns in [{"output_tokens": -1}, {"api_call_count": "3"}, {"source": ""}, {"source": None},
+                    {"compression_failure_cooldown_until": "soon"}]:
+        with pytest.raises(ValueError):
+            db.update_session("s", **columns)
+    with pytest.raises(ValueError, match="source"):
+        db.create_session("t", "")
+    assert tuple(row(rival, "s")) == tuple(r)
 
 
 def test_title_conflict_error_is_also_value_error(db):
@@ -503,7 +518,7 @@ def test_merge_refuses_bad_row_sets_and_writes_nothing(db, rival, conn):
     t2 = db.append_message("s", "tool", "t2", tool_call_id="c")
     u2 = db.append_message("s", "user", "u2")
     other = db.append_message("t", "user", "elsewhere")
-    inactive = in_txn(conn, sessions.insert_message, "s", {"role": "user", "content": "old"}, active=0)
+    inactive = in_txn(conn, messages.insert_message, "s", {"role": "user", "content": "old"}, active=0)
     before = [dict(m) for m in rows(rival, "s")]
     for bad in ([u1], [u1, u1], [u1, a1], [t1, t2], [u1, other], [u1, inactive], [u1, 999_999], "12", 12, [u1, True]):
         with pytest.raises(ValueError):
@@ -516,7 +531,7 @@ def test_merge_refuses_bad_row_sets_and_writes_nothing(db, rival, conn):
 
 def test_get_messages_active_only_unless_asked(db, conn):
     db.create_session("s", "cli")
-    in_txn(conn, sessions.insert_message, "s", {"role": "user", "content": "archived"}, active=0, compacted=1)
+    in_txn(conn, messages.insert_message, "s", {"role": "user", "content": "archived"}, active=0, compacted=1)
     db.append_message("s", "user", "live")
     assert [m["content"] for m in db.get_messages("s")] == ["live"]
     assert [m["content"] for m in db.get_messages("s", include_inactive=True)] == ["archived", "live"]
@@ -525,7 +540,7 @@ def test_get_messages_active_only_unless_asked(db, conn):
 
 def test_replace_messages_keeps_uids_and_recounts(db, rival, conn):
     db.create_session("s", "cli")
-    in_txn(conn, sessions.insert_message, "s", {"role": "user", "content": "archive"}, active=0, compacted=1)
+    in_txn(conn, messages.insert_message, "s", {"role": "user", "content": "archive"}, active=0, compacted=1)
     db.append_message("s", "user", "q")
     db.append_message("s", "assistant", None, tool_calls=[call("c1"), call("c2")])
     db.append_message("s", "tool", "r", tool_call_id="c1")
@@ -584,7 +599,7 @@ def test_replace_messages_bad_message_writes_nothing(db, rival):
 
 def test_clear_messages_keeps_the_session(db, rival, conn):
     db.create_session("s", "cli", title="Kept")
-    in_txn(conn, sessions.insert_message, "s", {"role": "user", "content": "archive"}, active=0)
+    in_txn(conn, messages.insert_message, "s", {"role": "user", "content": "archive"}, active=0)
     db.append_message("s", "assistant", "a", tool_calls=[call("c")])
     assert db.clear_messages("s") == 2
     assert rows(rival, "s") == []
@@ -597,27 +612,36 @@ def test_clear_messages_keeps_the_session(db, rival, conn):
 def test_insert_message_keeps_a_given_uid_and_counts_only_active_rows(db, rival, conn):
     db.create_session("s", "cli")
     uid = "ab" * 16
-    in_txn(conn, sessions.insert_message, "s", {"role": "user", "content": "x", "message_uid": uid,
+    in_txn(conn, messages.insert_message, "s", {"role": "user", "content": "x", "message_uid": uid,
                                                  "id": 77, "_row_id": 77, "active": 0, "session_id": "zz"})
-    in_txn(conn, sessions.insert_message, "s", {"role": "user", "content": "y", "message_uid": uid},
+    in_txn(conn, messages.insert_message, "s", {"role": "user", "content": "y", "message_uid": uid},
            active=0, compacted=1)
     stored = rows(rival, "s")
     assert [(m["message_uid"], m["active"], m["compacted"]) for m in stored] == [(uid, 1, 0), (uid, 0, 1)]
     assert stored[0]["id"] != 77
     assert row(rival, "s")["message_count"] == 1
     with pytest.raises(ValueError):
-        in_txn(conn, sessions.insert_message, "s", {"role": "user", "message_uid": "XYZ"})
+        in_txn(conn, messages.insert_message, "s", {"role": "user", "message_uid": "XYZ"})
     with pytest.raises(SessionNotFoundError):
-        in_txn(conn, sessions.insert_message, "ghost", {"role": "user"}, active=0)
+        in_txn(conn, messages.insert_message, "ghost", {"role": "user"}, active=0)
 
 
 def test_insert_message_accepts_conversation_keys(db, rival, conn):
     db.create_session("s", "cli")
     uid = "cd" * 16
-    in_txn(conn, sessions.insert_message, "s", {"role": "tool", "content": "r", "tool_call_id": "c", "name": "grep",
+    in_txn(conn, messages.insert_message, "s", {"role": "tool", "content": "r", "tool_call_id": "c", "name": "grep",
                                                  "_tool_call_uid": uid, "_absorbed_message_uids": [uid]})
     m = rows(rival, "s")[0]
     assert (m["tool_name"], m["tool_call_uid"], json.loads(m["absorbed_message_uids"])) == ("grep", uid, [uid])
+
+
+def compression_closed(rival, parent: str, *, child: str) -> None:
+    """Close `parent` by compression as a rotation does: ended exactly when `child` started.
+
+    Written as another program (or an older writer) would: end_session refuses this reason.
+    """
+    rival.execute("UPDATE sessions SET end_reason = 'compression', "
+                  "ended_at = (SELECT started_at FROM sessions WHERE id = ?) WHERE id = ?", (child, parent))
 
 
 def test_compression_ancestor_ids_follow_compression_parents_only(db, rival, conn):
@@ -626,8 +650,8 @@ def test_compression_ancestor_ids_follow_compression_parents_only(db, rival, con
     db.create_session("b", "cli", parent_session_id="a")
     db.create_session("c", "cli", parent_session_id="b")
     db.end_session("root", "branch")
-    db.end_session("a", "compression")
-    db.end_session("b", "compression")
+    compression_closed(rival, "a", child="b")
+    compression_closed(rival, "b", child="c")
     assert lineage.compression_ancestor_ids(conn, "c") == ["a", "b"]
     assert lineage.compression_ancestor_ids(conn, "a") == []
     assert lineage.compression_ancestor_ids(conn, "ghost") == []
@@ -664,21 +688,21 @@ def test_conversation_replays_api_content_and_reasoning_only_replies(db, conn):
     db.append_message("s", "assistant", "", reasoning_content="the answer", api_content="the answer",
                       finish_reason="stop")
     db.append_message("s", "assistant", "", codex_message_items=[{"type": "output_text", "text": "final"}])
-    in_txn(conn, sessions.insert_message, "s", {"role": "user", "content": "old generation"}, active=0)
+    in_txn(conn, messages.insert_message, "s", {"role": "user", "content": "old generation"}, active=0)
     conv = db.get_messages_as_conversation("s")
     assert [m["content"] for m in conv] == ["sent text with memory", "the answer", ""]
     assert conv[1]["reasoning_content"] == "the answer"
     assert [m["content"] for m in db.get_messages("s")[:2]] == ["display text", ""]
 
 
-def test_include_ancestors_replays_compression_lineage_once(db):
+def test_include_ancestors_replays_compression_lineage_once(db, rival):
     db.create_session("p", "cli")
     db.append_message("p", "user", "old question")
     db.append_message("p", "assistant", "old answer")
     db.append_message("p", "user", "latest prompt")
     kept = db.get_messages("p")[1:]
     db.create_session("c", "cli", parent_session_id="p")
-    db.end_session("p", "compression")
+    compression_closed(rival, "p", child="c")
     db.replace_messages("c", kept)  # the rotation copies: same uids
     db.append_message("c", "assistant", "new answer")
     conv = db.get_messages_as_conversation("c", include_ancestors=True)
@@ -687,11 +711,11 @@ def test_include_ancestors_replays_compression_lineage_once(db):
                                                                            "new answer"]
 
 
-def test_include_ancestors_drops_a_repeated_prompt_at_the_seam_only(db):
+def test_include_ancestors_drops_a_repeated_prompt_at_the_seam_only(db, rival):
     db.create_session("p", "cli")
     db.append_message("p", "user", "go on")
     db.create_session("c", "cli", parent_session_id="p")
-    db.end_session("p", "compression")
+    compression_closed(rival, "p", child="c")
     db.append_message("c", "user", "go on")  # re-sent prompt, a new uid
     db.append_message("c", "user", "go on")  # a deliberate repeat inside the child stays
     conv = db.get_messages_as_conversation("c", include_ancestors=True)

@@ -1,0 +1,361 @@
+"""Message rows: validate, insert, read, merge and rewrite a session's transcript.
+
+Owns: turning caller fields (keyword arguments, a `get_messages` row or a conversation dict)
+into `messages` column values, issuing `message_uid`s and tool-call uids and pairing tool
+results with their call, inserting rows while keeping the session's counters, reading raw rows,
+merging same-role turns, and whole-transcript rewrites.
+Does not own: the session row's rules (hermes_state_sessions), compression generations
+(hermes_state_compression), the conversation projection (hermes_state_conversation).
+
+Counters: `message_count` counts a session's ACTIVE rows and `tool_call_count` the tool calls
+of its active assistant rows; every write here keeps both in the same transaction.
+
+Transaction contract: write functions run inside the caller's write transaction and never
+open or commit one; every message is validated before the first statement that changes
+anything. Read functions run under the caller's lock.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import time
+import uuid
+from typing import Any, Callable, Iterable
+
+from hermes_state_common import (JSON_MESSAGE_FIELDS, TABLE_COLUMNS, check_count, decode_json, encode_json,
+                                 is_finite, row_dicts, strip_surrogates)
+from hermes_state_errors import SessionNotFoundError
+from hermes_state_sessions import ARCHIVE_LIFT_SQL, require_session, reset_counters
+
+# --- preparing values --------------------------------------------------------------------------
+
+_INSERT_COLUMNS = tuple(c for c in TABLE_COLUMNS["messages"] if c != "id")
+# Set by insert_message's arguments, never by the fields themselves.
+_POSITIONAL = frozenset({"session_id", "active", "compacted"})
+_WRITABLE = frozenset(_INSERT_COLUMNS) - _POSITIONAL
+# Keys a conversation dict or a get_messages row may carry: renamed, or decided by the arguments.
+_ALIASES = {"name": "tool_name", "_tool_call_uids": "tool_call_uids", "_tool_call_uid": "tool_call_uid",
+            "_absorbed_message_uids": "absorbed_message_uids"}
+_IGNORED = frozenset({"id", "_row_id"}) | _POSITIONAL
+# A conversation dict's stored (display) content when it differs from what was sent.
+DISPLAY_KEY = "_display_content"
+_ACCEPTED = _WRITABLE | frozenset(_ALIASES) | _IGNORED | {DISPLAY_KEY}
+_UID = re.compile(r"[0-9a-f]{32}")
+
+
+def _as_text(name: str, value: Any) -> str:
+    if type(value) is str and value.isascii():
+        return value  # the common case: a C-speed scan, and only non-ASCII text can hold a lone surrogate
+    if isinstance(value, str):
+        return strip_surrogates(value)
+    if name == "platform_message_id" and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # platforms hand out numeric ids; the column is TEXT
+    raise ValueError(f"{name} must be a string or None, not {type(value).__name__}")
+
+
+def _as_time(name: str, value: Any) -> float:
+    if not is_finite(value):
+        raise ValueError(f"{name} must be a finite number of epoch seconds, not {value!r}")
+    return float(value)
+
+
+def _as_json(name: str, value: Any) -> str | None:
+    return encode_json(value, name)
+
+
+def _as_flag(name: str, value: Any) -> int:
+    return 1 if value else 0
+
+
+# How each column's value is checked and encoded, by the column's kind.
+_COERCE: dict[str, Callable[[str, Any], Any]] = {
+    **dict.fromkeys(_WRITABLE, _as_text), **dict.fromkeys(JSON_MESSAGE_FIELDS, _as_json),
+    "timestamp": _as_time, "token_count": check_count, "observed": _as_flag}
+
+
+def _prepare(fields: dict[str, Any]) -> tuple[dict[str, Any], list | None]:
+    """Validate and encode one message's fields; return (column values, decoded tool_calls)."""
+    unknown = fields.keys() - _ACCEPTED
+    if unknown:
+        raise ValueError(f"unknown message field(s): {', '.join(sorted(unknown))}")
+    if DISPLAY_KEY in fields:
+        # A conversation dict: its content is what was sent (api_content), and the display
+        # text rides in DISPLAY_KEY. Put each back in its column.
+        if fields.get("api_content") is not None:
+            raise ValueError(f"give api_content or {DISPLAY_KEY}, not both")
+        fields = dict(fields)
+        fields["api_content"] = fields.get("content")
+        fields["content"] = fields.pop(DISPLAY_KEY)
+    row: dict[str, Any] = {}
+    for key, value in fields.items():
+        if value is not None and key not in _IGNORED:
+            name = _ALIASES.get(key, key)
+            row[name] = _COERCE[name](name, value)
+    if not isinstance(row.get("role"), str) or not row["role"]:
+        raise ValueError("role must be a non-empty string")
+    uid = row.get("message_uid")
+    if uid is not None and not _UID.fullmatch(uid):
+        raise ValueError(f"message_uid must be 32 lowercase hex digits, not {uid!r}")
+    calls = fields.get("tool_calls")
+    calls = decode_json(calls) if isinstance(calls, str) else calls
+    return row, calls if isinstance(calls, list) else None
+
+
+def _call_count(calls: Any) -> int:
+    return len(calls) if isinstance(calls, list) else 0
+
+
+def _call_ids(calls: Iterable[Any] | None) -> list[str]:
+    return [c["id"] for c in calls or () if isinstance(c, dict) and isinstance(c.get("id"), str)]
+
+
+def issue_tool_call_uids(calls: list | None) -> dict[str, str] | None:
+    """Return {tool_call_id: uid} for an assistant turn; repeats of one id share a uid."""
+    ids = _call_ids(calls)
+    return {cid: uuid.uuid4().hex for cid in dict.fromkeys(ids)} or None
+
+
+def pick_tool_call_uid(value: Any, nth: int) -> str | None:
+    """Return the uid for the `nth` (0-based) result of one id: a list gives its nth uid, a string is shared."""
+    if isinstance(value, list):
+        return value[min(nth, len(value) - 1)] if value else None
+    return value if isinstance(value, str) else None
+
+
+def _pair_tool_call_uid(conn: sqlite3.Connection, session_id: str, tool_call_id: str, active: int) -> str | None:
+    # The nearest preceding assistant row of the same generation answers for this result.
+    found = conn.execute(
+        "SELECT id, tool_call_uids FROM messages WHERE session_id = ? AND active = ? AND role = 'assistant' "
+        "ORDER BY id DESC LIMIT 1", (session_id, active)).fetchone()
+    if found is None or found[1] is None:
+        return None
+    uids = decode_json(found[1])
+    value = uids.get(tool_call_id) if isinstance(uids, dict) else None
+    nth = 0
+    if isinstance(value, list):
+        # Two merged turns both used this provider id: the Nth result gets the Nth uid.
+        nth = conn.execute(
+            "SELECT COUNT(*) FROM messages WHERE session_id = ? AND id > ? AND active = ? AND role = 'tool' "
+            "AND tool_call_id = ?", (session_id, found[0], active, tool_call_id)).fetchone()[0]
+    return pick_tool_call_uid(value, nth)
+
+
+# --- writing rows ----------------------------------------------------------------------------
+
+_COUNT_SQL = ("UPDATE sessions SET message_count = COALESCE(message_count, 0) + ?, "
+              "tool_call_count = COALESCE(tool_call_count, 0) + ?, "
+              f"last_activity_at = MAX(COALESCE(last_activity_at, 0), ?), {ARCHIVE_LIFT_SQL} WHERE id = ?")
+
+
+# INSERT text per set of columns present: binding only those is the cheapest form, and the
+# combinations callers use are few (the connection caches each prepared statement too).
+_INSERT_SQL: dict[tuple[str, ...], str] = {}
+
+
+def _insert_sql(columns: tuple[str, ...]) -> str:
+    sql = _INSERT_SQL.get(columns)
+    if sql is None:
+        sql = _INSERT_SQL[columns] = (f"INSERT INTO messages ({', '.join(columns)}) "
+                                      f"VALUES ({', '.join('?' * len(columns))})")
+    return sql
+
+
+def _write_row(conn: sqlite3.Connection, session_id: str, row: dict[str, Any], calls: list | None,
+               active: int, compacted: int) -> int:
+    role = row["role"]
+    row.setdefault("timestamp", time.time())
+    if active:
+        tool_calls = _call_count(calls) if role == "assistant" else 0
+        if conn.execute(_COUNT_SQL, (1, tool_calls, row["timestamp"], session_id)).rowcount == 0:
+            raise SessionNotFoundError(f"session {session_id!r} not found")
+    else:
+        require_session(conn, session_id)
+    if "message_uid" not in row:
+        row["message_uid"] = uuid.uuid4().hex
+    if calls and role == "assistant" and "tool_call_uids" not in row:
+        issued = issue_tool_call_uids(calls)
+        if issued:
+            row["tool_call_uids"] = json.dumps(issued)
+    elif role == "tool" and "tool_call_uid" not in row and "tool_call_id" in row:
+        row["tool_call_uid"] = _pair_tool_call_uid(conn, session_id, row["tool_call_id"], active)
+    row["session_id"], row["active"], row["compacted"] = session_id, active, compacted
+    row.setdefault("observed", 0)
+    return conn.execute(_insert_sql(tuple(row)), tuple(row.values())).lastrowid
+
+
+def insert_message(conn: sqlite3.Connection, session_id: str, fields: dict[str, Any], *, active: int = 1,
+                   compacted: int = 0) -> int:
+    """Insert one message row and return its id; keeps fields['message_uid'] when given.
+
+    `fields` holds message columns (a get_messages row or a conversation dict also works:
+    `name` means tool_name, `_tool_call_uid(s)`/`_absorbed_message_uids` their columns, a
+    `_display_content` key makes `content` the api_content and itself the content, and
+    id/_row_id/session_id/active/compacted are ignored). Issues a uuid4 hex uid and, for an
+    assistant turn, tool_call_uids when absent; pairs a tool row's tool_call_uid from the
+    nearest preceding assistant row of the same generation. Counters move only for active rows.
+    """
+    row, calls = _prepare(fields)
+    return _write_row(conn, session_id, row, calls, 1 if active else 0, 1 if compacted else 0)
+
+
+def _decoded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    for row in rows:
+        for name in JSON_MESSAGE_FIELDS:
+            if row.get(name) is not None:
+                row[name] = decode_json(row[name])
+    return rows
+
+
+def get_messages(conn: sqlite3.Connection, session_id: str, include_inactive: bool = False) -> list[dict[str, Any]]:
+    """Return the session's rows (active only unless asked), every column, JSON decoded, by id."""
+    return _decoded(row_dicts(conn.execute(
+        "SELECT * FROM messages WHERE session_id = ?" + ("" if include_inactive else " AND active = 1")
+        + " ORDER BY id", (session_id,))))
+
+
+def _join_text(values: list[Any]) -> Any:
+    present = [v for v in values if v is not None]
+    texts = [v for v in present if v != ""]
+    if not texts:
+        return present[0] if present else None
+    return "\n\n".join(texts)
+
+
+def _join_lists(values: list[Any]) -> list | None:
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    return [item for v in present for item in (v if isinstance(v, list) else [v])]
+
+
+def merge_tool_call_uids(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Merge assistant turns' tool_call_uids; an id used by several turns maps to its uids in call order."""
+    occurrences: dict[str, list[tuple[int, str | None]]] = {}
+    for index, row in enumerate(rows):
+        uids = row.get("tool_call_uids") if isinstance(row.get("tool_call_uids"), dict) else {}
+        seen: dict[str, int] = {}
+        for cid in _call_ids(row.get("tool_calls") if isinstance(row.get("tool_calls"), list) else None):
+            if cid in uids:
+                occurrences.setdefault(cid, []).append((index, pick_tool_call_uid(uids[cid], seen.get(cid, 0))))
+                seen[cid] = seen.get(cid, 0) + 1
+    merged: dict[str, Any] = {}
+    for cid, occ in occurrences.items():
+        turns = {index for index, _ in occ}
+        merged[cid] = rows[occ[0][0]]["tool_call_uids"][cid] if len(turns) == 1 else [uid for _, uid in occ]
+    return merged or None
+
+
+def _first(rows: list[dict[str, Any]], name: str) -> Any:
+    return next((r[name] for r in rows if r[name] is not None), None)
+
+
+def _last(rows: list[dict[str, Any]], name: str) -> Any:
+    return _first(rows[::-1], name)
+
+
+def _sum(rows: list[dict[str, Any]], name: str) -> Any:
+    values = [r[name] for r in rows if r[name] is not None]
+    return sum(values) if values else None
+
+
+def _sent_text(rows: list[dict[str, Any]], name: str) -> Any:
+    # The merged turn replays what each part actually sent (its content when it had no api_content).
+    if all(r[name] is None for r in rows):
+        return None
+    return _join_text([r[name] if r[name] is not None else r["content"] for r in rows])
+
+
+def _absorbed(rows: list[dict[str, Any]], name: str) -> list[str] | None:
+    uids = list(rows[0][name] or [])
+    for r in rows[1:]:
+        uids += [r["message_uid"], *(r[name] or [])]
+    return [u for u in uids if u is not None] or None
+
+
+def _texts(rows: list[dict[str, Any]], name: str) -> Any:
+    return _join_text([r[name] for r in rows])
+
+
+def _lists(rows: list[dict[str, Any]], name: str) -> list | None:
+    return _join_lists([r[name] for r in rows])
+
+
+# How a merge folds each column of the constituent rows into the merged row. Columns not
+# listed (role, timestamp, message_uid, tool_call_id, ...) keep the first row's value.
+_MERGE_RULES: dict[str, Callable[[list[dict[str, Any]], str], Any]] = {
+    "content": _texts, "api_content": _sent_text, "reasoning": _texts, "reasoning_content": _texts,
+    "tool_calls": _lists, "reasoning_details": _lists, "codex_reasoning_items": _lists,
+    "codex_message_items": _lists, "tool_call_uids": lambda rows, _: merge_tool_call_uids(rows),
+    "token_count": _sum, "finish_reason": _last, "display_kind": _first, "display_metadata": _first,
+    "platform_message_id": _first, "absorbed_message_uids": _absorbed,
+}
+
+
+def _merged_values(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    values = {name: rule(rows, name) for name, rule in _MERGE_RULES.items()}
+    for name in JSON_MESSAGE_FIELDS:
+        if name in values:
+            values[name] = encode_json(values[name], name)
+    return values
+
+
+def merge_messages(conn: sqlite3.Connection, session_id: str, row_ids: Iterable[int]) -> int:
+    """Fold active same-role (user or assistant) rows into the first; return its id.
+
+    The merged row keeps its own message_uid and lists the others' uids (and what they had
+    absorbed) in absorbed_message_uids; the other rows are deleted and message_count drops.
+    """
+    ids = [] if isinstance(row_ids, (str, bytes)) or not isinstance(row_ids, Iterable) else list(row_ids)
+    if len(ids) < 2 or any(isinstance(i, bool) or not isinstance(i, int) for i in ids) or len(set(ids)) != len(ids):
+        raise ValueError("row_ids must be at least two distinct integer row ids")
+    require_session(conn, session_id)
+    rows = _decoded(row_dicts(conn.execute(
+        f"SELECT * FROM messages WHERE session_id = ? AND active = 1 AND id IN ({', '.join('?' * len(ids))}) "
+        "ORDER BY id", (session_id, *ids))))
+    missing = sorted(set(ids) - {r["id"] for r in rows})
+    if missing:
+        raise ValueError(f"rows {missing} are not active messages of session {session_id!r}")
+    roles = {r["role"] for r in rows}
+    if len(roles) != 1 or roles & {"user", "assistant"} != roles:
+        raise ValueError(f"only user/user or assistant/assistant rows merge, not {sorted(roles)}")
+    values = _merged_values(rows)
+    calls_delta = 0
+    if roles == {"assistant"}:
+        # Normally zero (the calls move to the merged row); non-list tool_calls text changes it.
+        calls_delta = _call_count(decode_json(values["tool_calls"])) - sum(_call_count(r["tool_calls"]) for r in rows)
+    conn.execute(f"UPDATE messages SET {', '.join(f'{n} = ?' for n in values)} WHERE id = ?",
+                 [*values.values(), rows[0]["id"]])
+    conn.execute(f"DELETE FROM messages WHERE id IN ({', '.join('?' * (len(rows) - 1))})",
+                 [r["id"] for r in rows[1:]])
+    conn.execute("UPDATE sessions SET message_count = COALESCE(message_count, 0) - ?, "
+                 "tool_call_count = COALESCE(tool_call_count, 0) + ? WHERE id = ?",
+                 (len(rows) - 1, calls_delta, session_id))
+    return rows[0]["id"]
+
+
+def replace_messages(conn: sqlite3.Connection, session_id: str, messages: Iterable[dict[str, Any]]) -> int:
+    """Rewrite the session's active transcript with `messages` (uids kept); return how many were written.
+
+    Rows of earlier compression generations (active=0) are left alone. Every message is
+    validated before the old rows are deleted.
+    """
+    prepared = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ValueError(f"message {index} is not a dict")
+        try:
+            prepared.append(_prepare(message))
+        except ValueError as exc:
+            raise ValueError(f"message {index}: {exc}") from exc
+    reset_counters(conn, session_id)
+    conn.execute("DELETE FROM messages WHERE session_id = ? AND active = 1", (session_id,))
+    for row, calls in prepared:
+        _write_row(conn, session_id, row, calls, 1, 0)
+    return len(prepared)
+
+
+def clear_messages(conn: sqlite3.Connection, session_id: str) -> int:
+    """Delete every message row of the session (all generations), keep the session; return how many."""
+    reset_counters(conn, session_id)
+    return conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,)).rowcount
