@@ -42,22 +42,23 @@ _UID = re.compile(r"[0-9a-f]{32}")
 _INT_MIN, _INT_MAX = -2**63, 2**63 - 1
 
 
-def _defaults(table: str) -> dict[str, Any]:
-    # A column missing from an imported row gets what a fresh insert would give it.
-    out = {}
+def _declared(table: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """Return ({column: value a fresh insert gives it}, {column: TEXT | INTEGER | REAL}) for a table."""
+    defaults, kinds = {}, {}
     for name, columns, _ in TABLES:
         if name == table:
             for column, decl in columns:
+                kinds[column] = decl.split()[0]
                 match = re.search(r"DEFAULT\s+(\S+)", decl)
-                out[column] = None if match is None else (
+                defaults[column] = None if match is None else (
                     "" if match.group(1) == "''" else float(match.group(1)) if "." in match.group(1)
                     else int(match.group(1)))
-    return out
+    return defaults, kinds
 
 
-_SESSION_DEFAULTS = _defaults("sessions")
-_MESSAGE_DEFAULTS = _defaults("messages")
-_USAGE_DEFAULTS = _defaults("session_model_usage")
+_SESSION_DECLARED = _declared("sessions")
+_MESSAGE_DECLARED = _declared("messages")
+_USAGE_DECLARED = _declared("session_model_usage")
 
 
 # --- export -------------------------------------------------------------------------------------
@@ -142,36 +143,42 @@ def _documents(data: Any) -> list[Any]:
     return list(data)
 
 
-def _value(where: str, name: str, value: Any, problems: list[str]) -> Any:
-    """Check that SQLite stores `value` faithfully; return it (JSON columns encoded when not text)."""
-    if name in JSON_MESSAGE_FIELDS and value is not None and not isinstance(value, str):
+def _value(where: str, name: str, kind: str, value: Any, problems: list[str]) -> Any:
+    """Check that `value` fits its column and SQLite stores it faithfully; return it (JSON encoded if needed)."""
+    if value is None:
+        return None
+    if name in JSON_MESSAGE_FIELDS and not isinstance(value, str):
         try:
             return encode_json(value, name)
         except ValueError as exc:
             problems.append(f"{where}: {exc}")
             return None
-    if value is None or isinstance(value, str):
+    if kind == "TEXT":
+        if not isinstance(value, str):
+            problems.append(f"{where}: {name} must be a string or null, not {type(value).__name__}")
         return value
     if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
+        value = int(value)
+    if isinstance(value, int) and (kind == "INTEGER" or kind == "REAL"):
         if not _INT_MIN <= value <= _INT_MAX:
             problems.append(f"{where}: {name} = {value} is outside SQLite's 64-bit integers")
         return value
-    if isinstance(value, float):
+    if isinstance(value, float) and kind == "REAL":
         if math.isnan(value):
             problems.append(f"{where}: {name} is NaN")
         return value
-    problems.append(f"{where}: {name} must be a string, number or null, not {type(value).__name__}")
+    problems.append(f"{where}: {name} must be {'an integer' if kind == 'INTEGER' else 'a number'} or null, "
+                    f"not {type(value).__name__}")
     return None
 
 
-def _columns(where: str, given: Any, known: tuple[str, ...], defaults: dict[str, Any],
+def _columns(where: str, given: Any, known: tuple[str, ...], declared: tuple[dict[str, Any], dict[str, str]],
              problems: list[str]) -> dict[str, Any]:
     if not isinstance(given, dict):
         problems.append(f"{where} must be an object, not {type(given).__name__}")
         return {}
-    return {c: _value(where, c, given[c], problems) if c in given else defaults.get(c) for c in known}
+    defaults, kinds = declared
+    return {c: _value(where, c, kinds[c], given[c], problems) if c in given else defaults[c] for c in known}
 
 
 def _text_required(where: str, row: dict[str, Any], name: str, problems: list[str]) -> None:
@@ -186,7 +193,7 @@ def _number_required(where: str, row: dict[str, Any], name: str, problems: list[
 
 
 def _check_message(where: str, session_id: Any, given: Any, problems: list[str]) -> dict[str, Any]:
-    row = _columns(where, given, _MESSAGE_COLUMNS, _MESSAGE_DEFAULTS, problems)
+    row = _columns(where, given, _MESSAGE_COLUMNS, _MESSAGE_DECLARED, problems)
     if not row:
         return row
     if given.get("session_id", session_id) != session_id:
@@ -196,8 +203,6 @@ def _check_message(where: str, session_id: Any, given: Any, problems: list[str])
     for flag in ("active", "compacted", "observed"):
         if row[flag] not in (0, 1):
             problems.append(f"{where}: {flag} must be 0 or 1")
-    if row["token_count"] is not None and not isinstance(row["token_count"], int):
-        problems.append(f"{where}: token_count must be an integer or null")
     uid = row["message_uid"]
     if uid is None:
         row["message_uid"] = uuid.uuid4().hex  # hand-written input: issue one, as a fresh insert would
@@ -224,7 +229,7 @@ def _check_document(index: int, document: Any, plan: _Plan, problems: list[str])
                         f"(1..{EXPORT_VERSION}); upgrade hermes-state to import it")
         return
     _note_unknown(plan, "sessions", document.get("session"), _SESSION_COLUMNS, frozenset())
-    session = _columns(f"{where} session", document.get("session"), _SESSION_COLUMNS, _SESSION_DEFAULTS,
+    session = _columns(f"{where} session", document.get("session"), _SESSION_COLUMNS, _SESSION_DECLARED,
                        problems)
     if not session:
         return
@@ -251,7 +256,7 @@ def _check_document(index: int, document: Any, plan: _Plan, problems: list[str])
     usage_rows = []
     for n, given in enumerate(usage):
         _note_unknown(plan, "session_model_usage", given, _USAGE_COLUMNS, frozenset({"session_id"}))
-        row = _columns(f"{where} model_usage {n}", given, _USAGE_COLUMNS, _USAGE_DEFAULTS, problems)
+        row = _columns(f"{where} model_usage {n}", given, _USAGE_COLUMNS, _USAGE_DECLARED, problems)
         if row:
             _text_required(f"{where} model_usage {n}", row, "model", problems)
             usage_rows.append(row)
