@@ -3,7 +3,7 @@
 Owns: the export document (`EXPORT_FORMAT`, `EXPORT_VERSION`), `export_session`, `iter_export`
 (streams one session at a time), and `import_sessions` with its validation and `ImportReport`.
 Does not own: recovery, backups and restores of whole files (hermes_state_recovery), deleting
-sessions, or the session/message write paths used by agents (hermes_state_sessions).
+sessions, or the write paths agents use (hermes_state_sessions, hermes_state_messages).
 
 An export carries every column as it is stored (JSON columns stay JSON text), every message
 generation (the compression archive included) in row order, and the per-model usage rows.

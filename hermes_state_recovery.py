@@ -254,7 +254,7 @@ class RecoveryReport:
     source: Path
     target: Path
     tables: dict[str, TableRecovery] = field(default_factory=dict)
-    excluded: tuple[str, ...] = ()           # runtime ledgers present in the source, not copied
+    excluded: tuple[str, ...] = EXCLUDED_TABLES  # the runtime ledgers, never copied
     rebuilt: tuple[str, ...] = ("schema_version", *fts.FTS_TABLES)
     dropped_columns: dict[str, list[str]] = field(default_factory=dict)  # source columns the schema lacks
     placeholder_sessions: list[str] = field(default_factory=list)  # made for messages whose session was lost
@@ -478,7 +478,7 @@ def _build(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[tuple[
     dst.execute("BEGIN")
     for sql in TABLE_SQL:
         dst.execute(sql)
-    report.excluded = tuple(name for name, _ in tables if name in EXCLUDED_TABLES)
+    report.excluded = EXCLUDED_TABLES  # whether or not the source has them: they are never copied
     for name, sql in tables:
         if name in EXCLUDED_TABLES:
             continue
