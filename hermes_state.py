@@ -22,23 +22,27 @@ import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_conversation as conversation
 import hermes_state_fts as fts
+import hermes_state_gateway as gateway
 import hermes_state_lineage as lineage
 import hermes_state_messages as message_rows
 import hermes_state_portability as portability
 import hermes_state_recovery as recovery
 import hermes_state_schema as schema
+import hermes_state_routing as routing
 import hermes_state_search as search
 import hermes_state_sessions as sessions
 import hermes_state_writer as writer
+from hermes_state_gateway import receipt_digest
 from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
 from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
 from hermes_state_recovery import RecoveryReport, TableRecovery, recover
+from hermes_state_routing import input_marker, strip_echoed_user_input
 from hermes_state_common import SCHEMA_VERSION, logger
 from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import (HermesStateError, ImportConflictError, ImportValidationError,  # noqa: F401
-                                 OwnershipReadError, ProfileNotFoundError,
-                                 ReadOnlyError, ReceiptDigestError, ReceiptOrderError, SessionBusyError,
-                                 SessionClosedByCompressionError, SessionCompressionInProgressError,
+                                 LedgerStateError, OwnershipReadError,
+                                 ProfileNotFoundError, ReadOnlyError, ReceiptDigestError, ReceiptOrderError,
+                                 SessionBusyError, SessionClosedByCompressionError, SessionCompressionInProgressError,
                                  SessionNotFoundError,
                                  SessionPersistenceError, StaleEpochError, StateDbBusyError,
                                  StateDbCorruptError, StateDbIncompatibleError, StateDbUninitializedError,
@@ -59,8 +63,25 @@ __all__ = [
     "OwnershipReadError", "ProfileNotFoundError", "is_sqlite_lock_error", "classify_persistence_error",
     "recover", "RecoveryReport", "TableRecovery", "ImportReport", "ImportValidationError", "ImportConflictError",
     "EXPORT_FORMAT", "EXPORT_VERSION",
+    "LedgerStateError", "receipt_digest", "input_marker", "strip_echoed_user_input",
 ]
 
+
+
+def _unknown_if_unstorable(default: Callable[[], Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Make a read by id answer like an unknown id when the id holds a lone surrogate.
+
+    No stored id can hold one (SQLite cannot store it), so the answer is known without asking,
+    and asking would fail to bind it.
+    """
+    def wrap(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def read(self: "SessionDB", key: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(key, str) and common.has_surrogate(key):
+                return default()
+            return method(self, key, *args, **kwargs)
+        return read
+    return wrap
 
 
 def _resolve_path(db_path: str | os.PathLike | None, home: Path) -> Path:
@@ -117,8 +138,12 @@ class SessionDB:
             if not path.is_file() or path.stat().st_size == 0:
                 raise StateDbUninitializedError(f"{path} does not exist yet")
         else:
-            schema.prepare_file(path)
-        conn = schema.connect(path, read_only=self.read_only, read_busy_s=self._READ_BUSY_TIMEOUT_S)
+            try:
+                schema.prepare_file(path)
+            except OSError as exc:
+                raise StoreUnavailableError(f"cannot create or open {path}: {exc}") from exc
+        with typed_errors(path):  # a directory or a path SQLite cannot open -> StoreUnavailableError
+            conn = schema.connect(path, read_only=self.read_only, read_busy_s=self._READ_BUSY_TIMEOUT_S)
         try:
             with typed_errors(path):  # "not a database" at open -> StateDbCorruptError
                 if self.read_only:
@@ -248,6 +273,7 @@ class SessionDB:
                 return body(conn)
 
         self._check_writable()
+        common.check_id("session_id", session_id)
         try:
             return attempt()
         except SessionCompressionInProgressError:
@@ -272,6 +298,7 @@ class SessionDB:
         with self._write() as conn:
             return sessions.create_session(conn, session_id, source, columns)
 
+    @_unknown_if_unstorable(lambda: None)
     def get_session(self, session_id: str) -> dict[str, Any] | None:
         """Return the session row, or None when there is none."""
         with self._read() as conn:
@@ -356,6 +383,7 @@ class SessionDB:
         """Fold same-role active rows into the first (their uids recorded as absorbed); return its id."""
         return self._transcript_write(session_id, lambda conn: message_rows.merge_messages(conn, session_id, row_ids))
 
+    @_unknown_if_unstorable(list)
     def get_messages(self, session_id: str, include_inactive: bool = False) -> list[dict[str, Any]]:
         """Return raw rows (all columns, JSON decoded) ordered by id; active only unless asked."""
         with self._read() as conn:
@@ -370,6 +398,7 @@ class SessionDB:
         """Delete the session's messages (every generation), keep the session; return how many."""
         return self._transcript_write(session_id, lambda conn: message_rows.clear_messages(conn, session_id))
 
+    @_unknown_if_unstorable(list)
     def get_messages_as_conversation(self, session_id: str, include_ancestors: bool = False,
                                      with_row_ids: bool = False) -> list[dict[str, Any]]:
         """Return the active transcript as OpenAI-format dicts (compression ancestors first if asked)."""
@@ -385,11 +414,13 @@ class SessionDB:
         with self._write() as conn:
             return sessions.set_session_title(conn, session_id, title)
 
+    @_unknown_if_unstorable(lambda: None)
     def get_session_title(self, session_id: str) -> str | None:
         """Return the session's title, or None."""
         with self._read() as conn:
             return sessions.get_session_title(conn, session_id)
 
+    @_unknown_if_unstorable(lambda: None)
     def resolve_session_by_title(self, title: str) -> str | None:
         """Return the id of the newest session of the title's lineage ("T", "T #2", ...), or None."""
         with self._read() as conn:
@@ -400,26 +431,36 @@ class SessionDB:
         with self._read() as conn:
             return sessions.get_next_title_in_lineage(conn, title)
 
+    @_unknown_if_unstorable(list)
     def get_lineage(self, session_id: str) -> list[dict[str, Any]]:
         """Return the session's ancestors oldest first, ending with the session itself."""
         with self._read() as conn:
             return lineage.get_lineage(conn, session_id)
 
+    @_unknown_if_unstorable(list)
     def get_descendants(self, session_id: str) -> list[dict[str, Any]]:
         """Return the session's descendants breadth-first (not the session itself)."""
         with self._read() as conn:
             return lineage.get_descendants(conn, session_id)
 
     def list_sessions(self, source: str | None = None, limit: int = 20, offset: int = 0,
-                      include_archived: bool = False) -> list[dict[str, Any]]:
-        """Return sessions newest first, each with `preview` and `last_active`."""
+                      include_archived: bool = False, *, model: str | None = None, since: float | None = None,
+                      until: float | None = None, order: str = "started") -> list[dict[str, Any]]:
+        """Return sessions newest first (by start, or by last activity), each with `preview` and `last_active`."""
         with self._read() as conn:
-            return search.list_sessions(conn, source, limit, offset, include_archived)
+            return search.list_sessions(conn, source, limit, offset, include_archived, model=model, since=since,
+                                        until=until, order=order)
 
-    def usage_by_model(self) -> list[dict[str, Any]]:
-        """Return sessions, tokens and estimated cost per model, costliest first."""
+    def count_sessions(self, source: str | None = None, include_archived: bool = False, *,
+                       model: str | None = None, since: float | None = None, until: float | None = None) -> int:
+        """Return how many sessions `list_sessions` with the same filters pages through."""
         with self._read() as conn:
-            return search.usage_by_model(conn)
+            return search.count_sessions(conn, source, include_archived, model=model, since=since, until=until)
+
+    def usage_by_model(self, include_unset: bool = False) -> list[dict[str, Any]]:
+        """Return sessions, tokens and estimated cost per model, costliest first (model None last if asked)."""
+        with self._read() as conn:
+            return search.usage_by_model(conn, include_unset)
 
     def top_sessions_by_tokens(self, limit: int = 10) -> list[dict[str, Any]]:
         """Return the sessions with the most input + output tokens."""
@@ -439,13 +480,14 @@ class SessionDB:
         self._fts_stop, self._fts_worker = threading.Event(), None
         writable = not self.read_only and (self.schema_version or 0) <= SCHEMA_VERSION
         try:
-            pending = fts.ensure_fts(self._writer, self._WRITE_PATIENCE_S, self._policy(), writable=writable)
+            with typed_errors(self.db_path):  # a damaged index page -> StateDbCorruptError
+                pending = fts.ensure_fts(self._writer, self._WRITE_PATIENCE_S, self._policy(), writable=writable)
             if writable:
                 # This connection's TEMP trigger feeds the CJK index; it lives in the temp
                 # schema only, so it takes no lock on the file and costs open nothing.
                 fts.install_write_triggers(self._writer.conn)
         except BaseException:
-            self._writer.conn.close()
+            self._writer.close(checkpoint=False)
             raise
         if pending and self._FTS_REBUILD_IN_BACKGROUND:
             self._fts_worker = threading.Thread(
@@ -478,10 +520,25 @@ class SessionDB:
         with self._read() as conn:
             return fts.rebuild_status(conn)
 
+    def check_integrity(self, full: bool = False) -> dict[str, Any]:
+        """Return {"ok", "problems", "fts"}: SQLite's quick check (full with `full`) and each FTS index's check.
+
+        The FTS checks need a writable handle (FTS5 runs them as write commands, changing
+        nothing); on a read-only handle "fts" is empty.
+        """
+        with self._read() as conn:
+            problems = schema.integrity_problems(conn, full)
+        report: dict[str, str] = {}
+        if not self.read_only:
+            with self._write() as conn:
+                report = fts.integrity_report(conn)
+        return {"ok": not problems and all(v == "ok" for v in report.values()), "problems": problems, "fts": report}
+
     def rebuild_fts(self) -> dict[str, Any]:
         """Rebuild the FTS indexes to the end in short chunks (resuming one under way); return the status."""
         self._check_writable()  # one transaction per chunk, by design: other writers get turns
-        fts.rebuild(self._writer, self._WRITE_PATIENCE_S, self._policy(), self._FTS_REBUILD_CHUNK_ROWS)
+        with typed_errors(self.db_path):
+            fts.rebuild(self._writer, self._WRITE_PATIENCE_S, self._policy(), self._FTS_REBUILD_CHUNK_ROWS)
         self._reclaim_after_upgrade()
         return self.fts_rebuild_status()
 
@@ -503,11 +560,13 @@ class SessionDB:
         with self._write(self._TRANSCRIPT_WRITE_PATIENCE_S) as conn:
             return compression.rotate_session(conn, parent_id, child_id, kept_messages, child_columns, holder=holder)
 
+    @_unknown_if_unstorable(lambda: None)
     def get_compression_successor(self, session_id: str) -> str | None:
         """Return the live tip of the session's compression chain (itself when none; None when unknown)."""
         with self._read() as conn:
             return lineage.compression_successor_id(conn, session_id)
 
+    @_unknown_if_unstorable(list)
     def get_compression_ancestors(self, session_id: str) -> list[str]:
         """Return the session's compression ancestors' ids, oldest first."""
         with self._read() as conn:
@@ -522,6 +581,187 @@ class SessionDB:
         """Release the compression lock `holder` holds; return whether one was released."""
         with self._write() as conn:
             return compression.release_compression_lock(conn, session_id, holder)
+
+    # --- gateway ledgers, routing, outbox, input ownership, deletion (hermes_state_gateway,
+    # hermes_state_routing). Delivery bookkeeping around a send is an activity write: it must
+    # never stall a turn, and the outbox's recovery covers a write that gave up.
+
+    def claim_runtime(self, instance_id: str | None = None) -> int:
+        """Become the gateway owner: bump and return the epoch; older started/running work turns unknown."""
+        with self._write() as conn:
+            return gateway.claim_runtime(conn, instance_id)
+
+    def get_runtime(self) -> dict[str, Any] | None:
+        """Return the current owner's {epoch, instance_id, pid, started_at}, or None."""
+        with self._read() as conn:
+            return gateway.get_runtime(conn)
+
+    def admit_input(self, session_id: str, payload: Any, admission_key: str | None = None) -> int:
+        """Queue an inbound input in the session's FIFO (idempotent by key); return its id."""
+        with self._write() as conn:
+            return gateway.admit_input(conn, session_id, payload, admission_key)
+
+    def next_admission(self, session_id: str) -> dict[str, Any] | None:
+        """Return the queued head of the session's FIFO, or None when empty or blocked."""
+        with self._read() as conn:
+            return gateway.next_admission(conn, session_id)
+
+    def start_admission(self, admission_id: int, epoch: int) -> None:
+        """Start the queue's head under `epoch` (StaleEpochError, LedgerStateError)."""
+        with self._write() as conn:
+            gateway.start_admission(conn, admission_id, epoch)
+
+    def finish_admission(self, admission_id: int, state: str, epoch: int) -> None:
+        """Finish a started admission as completed, failed or cancelled (a queued one: cancelled only)."""
+        with self._write() as conn:
+            gateway.finish_admission(conn, admission_id, state, epoch)
+
+    def resolve_unknown(self, admission_id: int, resolution: str, epoch: int | None = None) -> None:
+        """Settle an unknown admission as completed, failed or cancelled; unblocks the queue."""
+        with self._write() as conn:
+            gateway.resolve_unknown(conn, admission_id, resolution, epoch)
+
+    def get_admission(self, admission_id: int) -> dict[str, Any] | None:
+        """Return one admission (payload decoded), or None."""
+        with self._read() as conn:
+            return gateway.get_admission(conn, admission_id)
+
+    def list_admissions(self, session_id: str | None = None, state: str | None = None) -> list[dict[str, Any]]:
+        """Return admissions in queue order, optionally of one session and/or state."""
+        with self._read() as conn:
+            return gateway.list_admissions(conn, session_id, state)
+
+    def start_execution(self, session_id: str, kind: str, epoch: int) -> int:
+        """Record a managed run bound to the session and `epoch`; return its id."""
+        with self._write() as conn:
+            return gateway.start_execution(conn, session_id, kind, epoch)
+
+    def finish_execution(self, execution_id: int, state: str, epoch: int) -> None:
+        """Finish a running (or settle an unknown) execution as completed, failed or cancelled."""
+        with self._write() as conn:
+            gateway.finish_execution(conn, execution_id, state, epoch)
+
+    def get_execution(self, execution_id: int) -> dict[str, Any] | None:
+        """Return one execution row, or None."""
+        with self._read() as conn:
+            return gateway.get_execution(conn, execution_id)
+
+    def list_executions(self, session_id: str | None = None, state: str | None = None) -> list[dict[str, Any]]:
+        """Return executions by id, optionally of one session and/or state."""
+        with self._read() as conn:
+            return gateway.list_executions(conn, session_id, state)
+
+    def record_receipt(self, execution_id: int, seq: int, payload: Any, digest: str, *,
+                       epoch: int | None = None) -> bool:
+        """Record result `seq` (1, 2, ...) with its SHA-256 digest; False for an identical repeat."""
+        with self._write() as conn:
+            return gateway.record_receipt(conn, execution_id, seq, payload, digest, epoch=epoch)
+
+    def list_receipts(self, execution_id: int) -> list[dict[str, Any]]:
+        """Return the execution's receipts in seq order."""
+        with self._read() as conn:
+            return gateway.list_receipts(conn, execution_id)
+
+    def owe_delivery(self, session_id: str, payload: Any, *, platform: str | None = None,
+                     chat_id: str | None = None, thread_id: str | None = None, key: str | None = None) -> int:
+        """Record a reply owed before sending it (pending; idempotent by key); return its id."""
+        with self._write() as conn:
+            return routing.owe_delivery(conn, session_id, payload, platform=platform, chat_id=chat_id,
+                                        thread_id=thread_id, key=key)
+
+    def begin_delivery(self, obligation_id: int, *, epoch: int | None = None) -> int:
+        """Start a send attempt (pending/failed -> attempting); return the attempt's fence. Activity write."""
+        with self._write(self._ACTIVITY_WRITE_PATIENCE_S) as conn:
+            if epoch is not None:  # a replaced owner must not start sends
+                gateway.check_epoch(conn, epoch)
+            return routing.begin_delivery(conn, obligation_id)
+
+    def mark_delivered(self, obligation_id: int, *, fence: int | None = None) -> None:
+        """Mark an obligation delivered (from pending or attempting; fenced when given). Activity write."""
+        with self._write(self._ACTIVITY_WRITE_PATIENCE_S) as conn:
+            routing.mark_delivered(conn, obligation_id, fence=fence)
+
+    def mark_failed(self, obligation_id: int, error: str, *, fence: int | None = None) -> None:
+        """Record a failed attempt (attempting -> failed, still owed). Activity write."""
+        with self._write(self._ACTIVITY_WRITE_PATIENCE_S) as conn:
+            routing.mark_failed(conn, obligation_id, error, fence=fence)
+
+    def recover_deliveries(self, max_attempts: int = 3, *, epoch: int | None = None) -> dict[str, int]:
+        """At owner start: attempting -> pending (recovered=1), over the cap -> abandoned; return the counts."""
+        with self._write() as conn:
+            if epoch is not None:  # a replaced owner must not pull back its successor's sends
+                gateway.check_epoch(conn, epoch)
+            return routing.recover_deliveries(conn, max_attempts)
+
+    def list_owed(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        """Return obligations still owed (pending, attempting, failed), oldest first."""
+        with self._read() as conn:
+            return routing.list_owed(conn, session_id)
+
+    def get_delivery(self, obligation_id: int) -> dict[str, Any] | None:
+        """Return one delivery obligation, or None."""
+        with self._read() as conn:
+            return routing.get_delivery(conn, obligation_id)
+
+    def set_route(self, scope: str, session_key: str, entry: dict[str, Any]) -> None:
+        """Publish the routing entry for (scope, session_key); `entry["session_id"]` names its session."""
+        with self._write() as conn:
+            routing.set_route(conn, scope, session_key, entry)
+
+    def get_route(self, scope: str, session_key: str) -> dict[str, Any] | None:
+        """Return the routing entry for (scope, session_key), or None."""
+        with self._read() as conn:
+            return routing.get_route(conn, scope, session_key)
+
+    def list_routes(self, scope: str | None = None) -> list[dict[str, Any]]:
+        """Return routing rows {scope, session_key, entry, updated_at}."""
+        with self._read() as conn:
+            return routing.list_routes(conn, scope)
+
+    def delete_route(self, scope: str, session_key: str) -> bool:
+        """Remove a routing entry; return whether there was one."""
+        with self._write() as conn:
+            return routing.delete_route(conn, scope, session_key)
+
+    def record_delegation(self, delegation_id: str, origin_session_id: str, *, target: str | None = None,
+                          payload: Any = None) -> bool:
+        """Record work handed off by the origin session (pending); False when the id is already recorded."""
+        with self._write() as conn:
+            return routing.record_delegation(conn, delegation_id, origin_session_id, target=target, payload=payload)
+
+    def update_delegation(self, delegation_id: str, **changes: Any) -> None:
+        """Move a delegation on (`state=`) and/or set its `result=` or `target=`; a finished one is final."""
+        with self._write() as conn:
+            routing.update_delegation(conn, delegation_id, **changes)
+
+    def get_delegation(self, delegation_id: str) -> dict[str, Any] | None:
+        """Return one delegation, or None."""
+        with self._read() as conn:
+            return routing.get_delegation(conn, delegation_id)
+
+    def list_delegations(self, origin_session_id: str, state: str | None = None) -> list[dict[str, Any]]:
+        """Return the origin session's delegations oldest first."""
+        with self._read() as conn:
+            return routing.list_delegations(conn, origin_session_id, state)
+
+    def persist_failed_turn_input(self, session_id: str, message: Any, marker: str) -> int | None:
+        """Append a failed turn's user input unless a row already owns `marker`; return the row id or None."""
+        self._check_writable()
+        with self._read() as conn:  # where it would go, so a compression there is waited out first
+            target = routing.input_target(conn, session_id)
+        return self._transcript_write(target, lambda conn: routing.persist_failed_turn_input(
+            conn, session_id, message, marker))
+
+    def delete_session(self, session_id: str) -> None:
+        """Delete a session, its messages and ledger rows; SessionBusyError while ledger work is live."""
+        with self._write() as conn:
+            gateway.delete_session(conn, session_id)
+
+    def prune_sessions(self, older_than_days: float, source: str | None = None) -> int:
+        """Delete ended sessions started more than `older_than_days` ago (busy ones skipped); return how many."""
+        with self._write() as conn:
+            return gateway.prune_sessions(conn, older_than_days, source)
+
 
     # --- export, import, backup, restore, vacuum --------------------------------------------------
 
@@ -576,17 +816,19 @@ def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filte
     profiles_dir = base / "profiles"
     if profiles_dir.is_dir():
         homes += sorted((p.name, p) for p in profiles_dir.iterdir() if p.is_dir())
-    limit = filters.get("limit", 20)
+    limit = common.check_count("limit", filters.pop("limit", 20))
+    offset = common.check_count("offset", filters.pop("offset", 0))
     found: list[dict[str, Any]] = []
     errors: list[dict[str, str]] = []
     for name, home in homes:
         try:
             with SessionDB(home / "state.db", read_only=True) as db:
-                found += [dict(row, profile=name) for row in db.list_sessions(**filters)]
+                # The page is cut from the merged order, so each profile gives its first offset + limit.
+                found += [dict(row, profile=name) for row in db.list_sessions(limit=offset + limit, **filters)]
         except (HermesStateError, sqlite3.Error, OSError) as exc:
             errors.append({"profile": name, "error": f"{type(exc).__name__}: {exc}"})
-    found.sort(key=lambda row: row["started_at"], reverse=True)
-    return {"sessions": found[:limit], "errors": errors}
+    found.sort(key=lambda row: (row["started_at"], row["profile"], row["id"]), reverse=True)
+    return {"sessions": found[offset:offset + limit], "errors": errors}
 
 
 class AsyncSessionDB:

@@ -1,55 +1,197 @@
-"""The `hermes-state` command line.
+"""The `hermes-state` command: parse the command line, run one command, report how it went.
 
-Owns: argument parsing, human tables and `--json` output, exit codes (0 ok, 1 failure,
-2 usage), one-line errors without a traceback. Every command goes through `SessionDB`;
-this module holds no SQL and opens no transaction itself.
+Owns: global flags accepted anywhere (`--db`, `--profile/-p`, `--json`, `--nl`, `--csv`,
+`--debug`), refusing flags a command would ignore, the commands that move data (`sessions
+export|import|delete|prune`, `recover`, `backup`, `restore`), `demo`, `serve`, and the exit
+codes: 0 ok, 1 the operation failed, 2 the command line is wrong. Errors are one line on
+stderr without a traceback (unless `--debug`); a closed pipe (`| head`) ends quietly.
+Does not own: browsing and health commands or how output is printed (hermes_state_commands).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
+import sqlite3
 import sys
 import tempfile
-import time
-import unicodedata
+import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Iterable
+from urllib.parse import quote
 
-from hermes_state_errors import HermesStateError
-from hermes_state_home import _apply_profile_override, display_hermes_home, hermes_home_override
+import hermes_state_commands as commands
+import hermes_state_render as render
+from hermes_state_commands import emit, non_negative, open_db, parse_when
+from hermes_state_errors import HermesStateError, ProfileNotFoundError
+from hermes_state_home import _apply_profile_override, display_hermes_home, hermes_home_override, profile_home
 
-
-def _open(args: argparse.Namespace, read_only: bool = False):
-    from hermes_state import SessionDB  # imported after the profile override is applied
-    return SessionDB(args.db, read_only=read_only) if args.db else SessionDB(read_only=read_only)
-
-
-def _fmt_time(ts: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts)) if ts else "-"
-
-
-def _width(text: str) -> int:
-    # CJK characters take two terminal columns; padding by len() would skew the table.
-    return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
-
-
-def _pad(text: str, width: int) -> str:
-    return text + " " * (width - _width(text))
+# Global flags, accepted before or after the command (as sqlite-utils and `llm logs` users type them).
+_FLAGS = {"--json": "json", "--nl": "nl", "--csv": "csv", "--debug": "debug"}
+_VALUED = {"--db": "db", "--profile": "profile", "-p": "profile"}
+_FORMATS = ("json", "nl", "csv")
+# What each command does with the global flags; any other given flag is refused, not ignored.
+_NO_DB = {"demo"}
+_FORMATS_OF = {"demo": (), "serve": (), "list": _FORMATS, "search": _FORMATS, "stats": _FORMATS,
+               "doctor": _FORMATS, "export": ("json", "nl")}
 
 
-def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    cells = [[str(r.get(c)) if r.get(c) is not None else "" for c in columns] for r in rows]
-    widths = [max([_width(c)] + [_width(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(_pad(c, w) for c, w in zip(columns, widths))]
-    lines += ["  ".join(_pad(v, w) for v, w in zip(row, widths)) for row in cells]
-    return "\n".join(line.rstrip() for line in lines)
+class UsageError(Exception):
+    """The command line itself is wrong (exit code 2)."""
 
 
-def _emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str]) -> None:
-    print(json.dumps(data, ensure_ascii=False, indent=2, default=str) if args.json else human(data))
+def split_globals(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """Take the global flags out of `argv` wherever they stand (up to `--`); return (flags, the rest)."""
+    found: dict[str, Any] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        name, eq, inline = token.partition("=")
+        if token == "--":
+            rest += argv[i:]
+            break
+        if token in _FLAGS:
+            found[_FLAGS[token]] = True
+        elif eq and name in _VALUED:
+            found[_VALUED[name]] = inline
+        elif token in _VALUED:
+            if i + 1 >= len(argv):
+                raise UsageError(f"{token} needs a value")
+            found[_VALUED[token]] = argv[i + 1]
+            i += 1
+        else:
+            rest.append(token)
+        i += 1
+    if found.get("db") is not None and found.get("profile") is not None:
+        raise UsageError("give --profile or --db, not both")
+    if sum(bool(found.get(f)) for f in _FORMATS) > 1:
+        raise UsageError("give one of --json, --nl, --csv")
+    return found, rest
 
 
-# --- demo ------------------------------------------------------------------------------------
+def apply_profile(name: str) -> Path:
+    """Point HERMES_HOME at profile `name` of the current root (HERMES_HOME's root when it is set)."""
+    target = profile_home(name)  # validates the name (ValueError)
+    home = os.environ.get("HERMES_HOME")
+    if home:
+        root = Path(home).expanduser()
+        if root.parent.name == "profiles":  # HERMES_HOME is itself a profile: its root is two up
+            root = root.parent.parent
+        target = root if name == "default" else root / "profiles" / name
+    if name != "default" and not target.is_dir():
+        raise ProfileNotFoundError(f"profile {name!r} does not exist (no directory {target})")
+    os.environ["HERMES_HOME"] = str(target)
+    return target
+
+
+def _plain(value: Any) -> Any:
+    # A report may be a dataclass or an object with attributes; machines get plain JSON.
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, (dict, list, str, int, float, bool)) or value is None:
+        return value
+    return {k: v for k, v in vars(value).items() if not k.startswith("_")}
+
+
+def _report(args: argparse.Namespace, value: Any, title: str) -> None:
+    data = _plain(value)
+    emit(args, data, lambda d: title + ("" if not isinstance(d, dict) else "\n" + "\n".join(
+        f"  {k}: {render.safe(json.dumps(v, ensure_ascii=False, default=str) if isinstance(v, (dict, list)) else v)}"
+        for k, v in d.items())))
+
+
+# --- moving data: export, import, delete, prune, recover, backup, restore ------------------------
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Export sessions (every column, every generation) as JSON Lines: one session per line."""
+    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    progress = render.Progress("exporting")
+    count = 0
+    try:
+        with open_db(args) as db:
+            stream: Iterable[dict[str, Any]] = ([db.export_session(sid) for sid in args.session_ids]
+                                                if args.session_ids else db.iter_export(source=args.source))
+            if args.json:
+                print(render.as_json(list(stream)), file=out)
+                return 0
+            for count, item in enumerate(stream, 1):
+                out.write(json.dumps(item, ensure_ascii=False, default=str) + "\n")
+                progress.update(count)
+    finally:
+        if args.output:
+            out.close()
+    progress.done(f"{count:,} sessions")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """Import sessions from an export (JSON Lines or one JSON list)."""
+    with open(args.file, encoding="utf-8") if args.file != "-" else sys.stdin as source:
+        text = source.read()
+    try:
+        data = json.loads(text)
+        data = data if isinstance(data, list) else [data]
+    except ValueError:
+        try:
+            data = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except ValueError as exc:
+            raise ValueError(f"{args.file} is neither JSON nor JSON Lines: {exc}") from exc
+    with open_db(args, write=True) as db:
+        report = db.import_sessions(data, on_conflict=args.on_conflict)
+    _report(args, report, f"imported from {args.file}")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    """Delete a session with its messages and finished ledger rows."""
+    with open_db(args, write=True) as db:
+        db.delete_session(args.session_id)
+    emit(args, {"deleted": args.session_id}, lambda d: f"deleted {render.safe(d['deleted'])}")
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    """Delete ended sessions older than N days."""
+    with open_db(args, write=True) as db:
+        count = db.prune_sessions(args.older_than, source=args.source)
+    emit(args, {"deleted": count}, lambda d: f"deleted {d['deleted']} ended sessions")
+    return 0
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    """Copy what is readable of a (damaged) database into a new file; the source is never written."""
+    import hermes_state_recovery as recovery
+    source = Path(args.source)
+    if not source.is_file():
+        raise HermesStateError(f"{source} does not exist or is not a file")
+    report = recovery.recover(source, Path(args.target))
+    _report(args, report, f"recovered {source} into {args.target}")
+    return 0
+
+
+def cmd_backup(args: argparse.Namespace) -> int:
+    """Write a consistent copy of the live database (safe while writers run)."""
+    with open_db(args) as db:
+        result = db.backup(args.target)
+    _report(args, {"target": str(result)}, f"backed up to {result}")
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    """Replace the database with a validated backup (atomically)."""
+    from hermes_state import SessionDB
+    path = commands.db_path(args)
+    if not Path(args.source).is_file():
+        raise HermesStateError(f"{args.source} does not exist or is not a file")
+    with SessionDB(path) as db:
+        result = db.restore(args.source)
+    _report(args, result if result is not None else {"restored": str(path)}, f"restored {path} from {args.source}")
+    return 0
+
+
+# --- demo and serve ----------------------------------------------------------------------------
 
 def _fill_demo(db) -> None:
     db.create_session("demo_docker", "cli", "anthropic/claude-sonnet-4.6", user_id="basic:alice")
@@ -62,6 +204,7 @@ def _fill_demo(db) -> None:
                       tool_call_id="call_1", tool_name="read_file")
     db.append_message("demo_docker", "assistant", "The base image lacks gcc; add build-essential before pip install.",
                       reasoning="The wheel needs compiling, so a compiler is missing.")
+    db.update_token_counts("demo_docker", 5200, 830, estimated_cost_usd=0.0281, api_call_count=2)
     kept = db.get_messages_as_conversation("demo_docker")[-2:]
     db.rotate_session("demo_docker", "demo_docker_2", kept, title=db.get_next_title_in_lineage("Fix Docker Build"))
     db.append_message("demo_docker_2", "user", "That worked, thanks! Now the image is 1.2 GB, can we shrink it?")
@@ -69,6 +212,7 @@ def _fill_demo(db) -> None:
     db.set_session_title("demo_tokyo", "東京旅行の計画")
     db.append_message("demo_tokyo", "user", "来週東京に行きます。おすすめの観光地は？")
     db.append_message("demo_tokyo", "assistant", "浅草寺と上野公園がおすすめです。東京タワーも人気があります。")
+    db.update_token_counts("demo_tokyo", 900, 240, estimated_cost_usd=0.0031, api_call_count=1)
     db.create_session("demo_cron", "cron", "openai/gpt-5-mini")
     db.append_message("demo_cron", "user", "Summarise today's error logs (50% disk alert on alice@example.com's host)")
 
@@ -76,142 +220,175 @@ def _fill_demo(db) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     """Fill a throw-away HERMES_HOME with sample sessions and show what the library holds."""
     from hermes_state import SessionDB
-    with tempfile.TemporaryDirectory(prefix="hermes-demo-") as home, hermes_home_override(home):
-        with SessionDB() as db:
+    home = tempfile.mkdtemp(prefix="hermes-demo-")
+    try:
+        with hermes_home_override(home), SessionDB() as db:
             _fill_demo(db)
             print(f"demo database: {display_hermes_home(Path(home) / 'state.db')} (schema v{db.schema_version})\n")
-            print("== sessions, newest first")
-            print(_sessions_table(db.list_sessions()))
+            print("== sessions, most recently active first")
+            rows = db.list_sessions(order="activity")
+            print(render.table([dict(r, title=r["title"] or r["preview"], messages=r["message_count"])
+                                for r in rows], ["id", "title", "source", "model", "messages"],
+                               numeric={"messages"}))
             print("\n== lineage of", repr(db.resolve_session_by_title("Fix Docker Build")))
             for row in db.get_lineage("demo_docker_2"):
                 print(f"  {row['id']:<15} {row['title']!r:<24} ended: {row['end_reason'] or '-'}")
             print("\n== conversation of demo_docker_2, with its compression ancestors")
             for message in db.get_messages_as_conversation("demo_docker_2", include_ancestors=True):
-                text = (message.get("content") or "").replace("\n", " ")
+                text = render.safe(message.get("content") or "")
                 calls = " +tool_calls" if message.get("tool_calls") else ""
-                print(f"  {message['role']:<9} {text[:70]}{calls}")
+                print(f"  {message['role']:<9} {render.truncate(text, 66)}{calls}")
             for query in ("docker image", "東京", "alice@example.com", "50%"):
                 print(f"\n== search {query!r}")
                 for hit in db.search_messages(query, limit=3):
-                    print(f"  {hit['session_id']:<15} {hit['role']:<9} {hit['snippet']}")
+                    print(f"  {hit['session_id']:<15} {hit['role']:<9} {render.safe(hit['snippet'])}")
+        if args.keep:
+            print(f"\nkept: explore it with  HERMES_HOME={home} hermes-state sessions list")
+    finally:
+        if not args.keep:
+            import shutil
+            shutil.rmtree(home, ignore_errors=True)
     return 0
 
 
-def _sessions_table(rows: list[dict[str, Any]]) -> str:
-    return _table([dict(r, started=_fmt_time(r["started_at"]), msgs=r["message_count"]) for r in rows],
-                  ["id", "source", "title", "msgs", "started", "preview"])
-
-
-# --- sessions commands ---------------------------------------------------------------------------
-
-def cmd_list(args: argparse.Namespace) -> int:
-    """List sessions, newest first."""
-    with _open(args, read_only=True) as db:
-        rows = db.list_sessions(source=args.source, limit=args.limit, include_archived=args.archived)
-    _emit(args, rows, _sessions_table)
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Browse the database in Datasette on 127.0.0.1, read-only (needs the [web] extra)."""
+    try:
+        import uvicorn
+        from datasette.app import Datasette
+    except ImportError:
+        raise HermesStateError("hermes-state serve needs Datasette: pip install 'hermes-state[web]'") from None
+    # A read-only open first: a missing file is an error (never created), an unknown schema is named.
+    with open_db(args) as db:
+        path = str(db.db_path)
+    # Datasette opens a mutable file with mode=ro and sees each committed write. --immutable
+    # would tell SQLite the file never changes while the agent keeps writing it: never used.
+    ds = Datasette([path])
+    name = next(n for n, d in ds.databases.items() if d.path == path)
+    print(f"Serving {display_hermes_home(Path(path))} read-only at "
+          f"http://127.0.0.1:{args.port}/-/hermes/{quote(name, safe='')} (Ctrl-C stops)", flush=True)
+    uvicorn.run(ds.app(), host="127.0.0.1", port=args.port, log_level="warning", lifespan="on", workers=1)
     return 0
 
 
-def cmd_show(args: argparse.Namespace) -> int:
-    """Show one session and its conversation."""
-    with _open(args, read_only=True) as db:
-        session = db.get_session(args.session_id)
-        if session is None:
-            raise KeyError(f"session {args.session_id!r} not found")
-        data = {"session": session, "messages": db.get_messages_as_conversation(args.session_id)}
+# --- the parser --------------------------------------------------------------------------------
 
-    def human(d: dict[str, Any]) -> str:
-        s = d["session"]
-        lines = [f"{s['id']}  source={s['source']}  model={s['model']}  title={s['title']!r}",
-                 f"started {_fmt_time(s['started_at'])}  ended {_fmt_time(s['ended_at'])} ({s['end_reason'] or '-'})"]
-        lines += [f"  {m['role']:<9} {(m.get('content') or '')[:100]}" for m in d["messages"]]
-        return "\n".join(lines)
-    _emit(args, data, human)
-    return 0
+_GLOBALS_HELP = """global options (before or after the command):
+  --db PATH            database file (default: <HERMES_HOME>/state.db)
+  --profile, -p NAME   a named profile of the current root (HERMES_HOME's, else ~/.hermes)
+  --json | --nl | --csv  machine output: JSON, JSON Lines, CSV (where a command has rows)
+  --debug              show the traceback of a failure"""
 
 
-def cmd_search(args: argparse.Namespace) -> int:
-    """Search every message's text."""
-    with _open(args, read_only=True) as db:
-        hits = db.search_messages(args.query, source_filter=args.source, limit=args.limit)
-    _emit(args, hits, lambda rows: _table(rows, ["session_id", "role", "snippet"]) if rows else "no match")
-    return 0
+def _command(sub: Any, name: str, func: Any, help_text: str) -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help=help_text, description=func.__doc__,
+                            epilog=_GLOBALS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(func=func, name=name)
+    return parser
 
-
-def cmd_rename(args: argparse.Namespace) -> int:
-    """Set a session's title."""
-    with _open(args) as db:
-        title = db.set_session_title(args.session_id, args.title)
-    _emit(args, {"id": args.session_id, "title": title}, lambda d: f"{d['id']}: {d['title']!r}")
-    return 0
-
-
-def cmd_stats(args: argparse.Namespace) -> int:
-    """Show token usage per model and the largest sessions."""
-    with _open(args, read_only=True) as db:
-        data = {"by_model": db.usage_by_model(), "top_sessions": db.top_sessions_by_tokens()}
-    _emit(args, data, lambda d: _table(d["by_model"], ["model", "session_count", "input_tokens", "output_tokens",
-                                                       "estimated_cost_usd"]) + "\n\n" +
-          _table(d["top_sessions"], ["id", "title", "model", "total_tokens"]))
-    return 0
-
-
-def cmd_fts(args: argparse.Namespace) -> int:
-    """Show or run the full-text index rebuild."""
-    with _open(args, read_only=args.action == "status") as db:
-        data = db.rebuild_fts() if args.action == "rebuild" else db.fts_rebuild_status()
-    _emit(args, data, lambda d: "  ".join(f"{k}={v}" for k, v in d.items()))
-    return 0
-
-
-# --- entry point -------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
-    """Build the argument parser of every command."""
-    parser = argparse.ArgumentParser(prog="hermes-state", description="Inspect and maintain a hermes-state database.")
-    parser.add_argument("--db", help="database file (default: <HERMES_HOME>/state.db)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="fill a throw-away home with samples and show them").set_defaults(func=cmd_demo)
-    sessions = sub.add_parser("sessions", help="list, show, search, rename sessions; usage stats")
-    ssub = sessions.add_subparsers(dest="action", required=True)
-    p = ssub.add_parser("list", help="sessions, newest first")
+    """Build the argument parser of every command (global flags are taken out before it runs)."""
+    parser = argparse.ArgumentParser(prog="hermes-state", description="Browse, search and maintain a hermes-state "
+                                     "database.", epilog=_GLOBALS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sessions = sub.add_parser("sessions", help="list, show, search, export, import, rename, delete, prune, stats")
+    ssub = sessions.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = _command(ssub, "list", commands.cmd_list, "sessions, most recently active first")
+    p.add_argument("-n", "--limit", type=non_negative, default=20)
+    p.add_argument("--offset", type=non_negative, default=0)
     p.add_argument("--source")
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--model")
+    p.add_argument("--since", type=parse_when, help="active since (7d, 12h, 2026-11-01, epoch seconds)")
+    p.add_argument("--until", type=parse_when, help="active before")
     p.add_argument("--archived", action="store_true", help="include archived sessions")
-    p.set_defaults(func=cmd_list)
-    p = ssub.add_parser("show", help="one session and its conversation")
+    p = _command(ssub, "show", commands.cmd_show, "one session and its transcript")
     p.add_argument("session_id")
-    p.set_defaults(func=cmd_show)
-    p = ssub.add_parser("search", help="full-text search")
+    p.add_argument("--full", action="store_true", help="every message whole, with tool calls and reasoning (Markdown)")
+    p = _command(ssub, "search", commands.cmd_search, "full-text search (words, CJK, substrings)")
     p.add_argument("query")
-    p.add_argument("--source", action="append")
-    p.add_argument("--limit", type=int, default=20)
-    p.set_defaults(func=cmd_search)
-    p = ssub.add_parser("rename", help="set a session's title")
+    p.add_argument("-n", "--limit", type=non_negative, default=20)
+    p.add_argument("--offset", type=non_negative, default=0)
+    p.add_argument("--source", action="append", help="only these sources (repeatable)")
+    p.add_argument("--role", action="append", help="only these roles (repeatable)")
+    p = _command(ssub, "export", cmd_export, "sessions as JSON Lines (one per line)")
+    p.add_argument("session_ids", nargs="*")
+    p.add_argument("--source")
+    p.add_argument("-o", "--output", help="write to a file instead of stdout")
+    p = _command(ssub, "import", cmd_import, "sessions from an export file ('-' for stdin)")
+    p.add_argument("file")
+    p.add_argument("--on-conflict", choices=["skip", "replace", "error"], default="skip")
+    p = _command(ssub, "rename", commands.cmd_rename, "set a session's title ('' clears it)")
     p.add_argument("session_id")
     p.add_argument("title")
-    p.set_defaults(func=cmd_rename)
-    ssub.add_parser("stats", help="usage per model, largest sessions").set_defaults(func=cmd_stats)
-    p = sub.add_parser("fts", help="full-text index status or rebuild")
+    p = _command(ssub, "delete", cmd_delete, "delete a session and its messages")
+    p.add_argument("session_id")
+    p = _command(ssub, "prune", cmd_prune, "delete ended sessions older than N days")
+    p.add_argument("--older-than", type=non_negative, required=True, metavar="DAYS")
+    p.add_argument("--source")
+    _command(ssub, "stats", commands.cmd_stats, "usage and cost per model, largest sessions")
+    p = _command(sub, "recover", cmd_recover, "copy what is readable of a damaged database into a new file")
+    p.add_argument("source")
+    p.add_argument("target")
+    p = _command(sub, "backup", cmd_backup, "a consistent copy of the live database")
+    p.add_argument("target")
+    p = _command(sub, "restore", cmd_restore, "replace the database with a validated backup")
+    p.add_argument("source")
+    p = _command(sub, "doctor", commands.cmd_doctor, "check schema, integrity, indexes, WAL, file modes, locks")
+    p.add_argument("--full", action="store_true", help="the full integrity check (slower) instead of the quick one")
+    p = _command(sub, "fts", commands.cmd_fts, "full-text index status or rebuild")
     p.add_argument("action", choices=["status", "rebuild"])
-    p.set_defaults(func=cmd_fts)
+    _command(sub, "init", commands.cmd_init, "create the database, or bring an older one up to date")
+    p = _command(sub, "demo", cmd_demo, "fill a throw-away home with samples and show them")
+    p.add_argument("--keep", action="store_true", help="keep the demo home to explore it afterwards")
+    p = _command(sub, "serve", cmd_serve, "browse sessions in a web page (Datasette), read-only")
+    p.add_argument("--port", type=non_negative, default=8001, help="port on 127.0.0.1 (default 8001)")
     return parser
+
+
+def _check_flags(args: argparse.Namespace, found: dict[str, Any]) -> None:
+    name = args.name
+    if name in _NO_DB and (found.get("db") or found.get("profile")):
+        raise UsageError(f"{name} works in a throw-away home: --db and --profile do not apply")
+    allowed = _FORMATS_OF.get(name, ("json",))
+    for fmt in _FORMATS:
+        if found.get(fmt) and fmt not in allowed:
+            raise UsageError(f"--{fmt} does not apply to {name}" + (
+                f" (it takes {', '.join('--' + f for f in allowed)})" if allowed else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit code."""
-    full = ["hermes-state", *(sys.argv[1:] if argv is None else argv)]
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
     try:
-        _apply_profile_override(full)  # before anything resolves the home
-    except (HermesStateError, ValueError) as exc:
+        found, rest = split_globals(argv)
+        if found.get("profile") is not None:
+            apply_profile(found["profile"])
+        elif found.get("db") is None:
+            _apply_profile_override(["hermes-state"])  # the active profile, unless HERMES_HOME chose one
+        args = build_parser().parse_args(rest)
+        for key in ("db", "json", "nl", "csv", "debug"):
+            setattr(args, key, found.get(key))
+        _check_flags(args, found)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return int(exc.code or 0)
+    except (UsageError, ValueError, ProfileNotFoundError) as exc:
         print(f"hermes-state: {exc}", file=sys.stderr)
         return 2
-    args = build_parser().parse_args(full[1:])
     try:
         return args.func(args)
-    except (HermesStateError, ValueError, KeyError, OSError) as exc:
-        print(f"hermes-state: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        return 130
+    except (HermesStateError, ValueError, KeyError, OSError, sqlite3.Error) as exc:
+        if debug:
+            traceback.print_exc()
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError quotes its text
+        print(f"hermes-state: {render.safe(message)}", file=sys.stderr)
         return 1
 
 

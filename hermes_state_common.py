@@ -202,6 +202,15 @@ TABLES: tuple[tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]], ...] = (
     ), ()),
 )
 
+# The input marker of a message (see input ownership in docs/gateway.md), as one expression:
+# the index below and every lookup must spell it identically for SQLite to use the index.
+# json_valid first, so a row written with malformed display_metadata is indexed as NULL
+# instead of failing its insert.
+INPUT_MARKER_SQL = ("CASE WHEN json_valid(display_metadata) "
+                    "THEN json_extract(display_metadata, '$.input_marker') END")
+# The states in which an admission still occupies its session's queue.
+LIVE_ADMISSION_SQL = "state IN ('queued', 'started', 'unknown')"
+
 INDEX_SQL: tuple[str, ...] = (
     "CREATE INDEX IF NOT EXISTS idx_sessions_source ON sessions(source)",
     "CREATE INDEX IF NOT EXISTS idx_sessions_parent ON sessions(parent_session_id)",
@@ -218,9 +227,14 @@ INDEX_SQL: tuple[str, ...] = (
     "CREATE INDEX IF NOT EXISTS idx_executions_session ON worker_executions(session_id, state)",
     "CREATE INDEX IF NOT EXISTS idx_receipts_session ON worker_receipts(session_id)",
     "CREATE INDEX IF NOT EXISTS idx_delegations_origin ON async_delegations(origin_session_id)",
+    # A queue's head is found without walking the session's finished admissions.
+    f"CREATE INDEX IF NOT EXISTS idx_admissions_live ON session_admissions(session_id, id) WHERE {LIVE_ADMISSION_SQL}",
+    # The exception-path writer finds an inbound message by its marker alone, reading no bodies.
+    f"CREATE INDEX IF NOT EXISTS idx_messages_input_marker ON messages({INPUT_MARKER_SQL}) "
+    "WHERE display_metadata IS NOT NULL",
 )
 
-# The gateway outbox: created by hermes_state_gateway on first use, never at open.
+# The gateway outbox: created by hermes_state_routing on first use, never at open.
 DELIVERY_OBLIGATIONS_SQL = """CREATE TABLE IF NOT EXISTS delivery_obligations (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     session_id TEXT NOT NULL,

@@ -98,7 +98,20 @@ def holder_is_gone(holder: str) -> bool:
         return True
     except OSError:
         return False
-    return False
+    return _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    # A process that exited but was not reaped yet still answers signal 0, for as long as its
+    # parent lives; /proc says it is dead ('Z' zombie, 'X' dead). Off Linux: no proof, alive.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # The command name in parentheses may hold spaces or ')'; the state follows the last ')'.
+    state = stat[stat.rfind(b")") + 1:].split()[:1]
+    return state in ([b"Z"], [b"X"])
 
 
 def _lock_is_live(holder: str, expires_at: float, now: float) -> bool:
@@ -242,29 +255,9 @@ def wait_for_compression(read: Callable[[], AbstractContextManager[sqlite3.Conne
 
 # --- generations ---------------------------------------------------------------------------------
 
-def _kept_list(kept_messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    if isinstance(kept_messages, (str, bytes, dict)) or not isinstance(kept_messages, Iterable):
-        raise ValueError("kept_messages must be a list of message dicts")
-    kept = list(kept_messages)
-    first_with: dict[Any, int] = {}
-    for index, message in enumerate(kept):
-        if not isinstance(message, dict):
-            raise ValueError(f"kept message {index} is not a dict")
-        uid = message.get("message_uid")
-        if uid is None:
-            continue
-        # One uid twice would make two live rows of one message; insert_message checks the format.
-        if isinstance(uid, str) and uid in first_with:
-            raise ValueError(f"kept messages {first_with[uid]} and {index} have the same message_uid {uid!r}; "
-                             "a message is kept at most once")
-        if isinstance(uid, str):
-            first_with[uid] = index
-    return kept
-
-
 def _insert_kept(conn: sqlite3.Connection, session_id: str, kept: list[dict[str, Any]]) -> list[int]:
     ids = []
-    for index, message in enumerate(kept):
+    for index, message in enumerate(messages.with_stored_fields(conn, session_id, kept)):
         try:
             ids.append(messages.insert_message(conn, session_id, message))
         except ValueError as exc:
@@ -278,14 +271,15 @@ def compress_in_place(conn: sqlite3.Connection, session_id: str, kept_messages: 
     """Archive the session's live rows and re-insert `kept_messages` as the live generation; return their ids.
 
     The current active rows become the archive (active=0, compacted=1); each kept message
-    becomes a new active row keeping its message_uid (a fresh one when absent) and its
-    timestamp when given. A message kept from the old generation therefore exists in both,
+    becomes a new active row keeping its message_uid (a fresh one when absent); fields a
+    conversation dict does not carry (timestamp, observed, display fields, token count, ...)
+    come from the stored row of that uid unless the dict gives them. A message kept from the old generation therefore exists in both,
     same uid and content: that is correct, never a duplicate to remove. message_count and
     tool_call_count then describe the kept rows only, and an archive only the idle sweep made
     is lifted. One message_uid in two kept messages raises ValueError before any write. Must
     run inside one write transaction; on any error the caller rolls back.
     """
-    kept = _kept_list(kept_messages)
+    kept = messages.message_list(kept_messages, "kept message")
     now = time.time() if now is None else now
     _require_open(conn, session_id)
     _check_holder(conn, session_id, holder, now)
@@ -309,7 +303,7 @@ def rotate_session(conn: sqlite3.Connection, parent_id: str, child_id: str, kept
     An archive only the idle sweep made on the parent is lifted; the child inherits no archive.
     The lock rules of compress_in_place apply to the parent. Must run inside one write transaction.
     """
-    kept = _kept_list(kept_messages)
+    kept = messages.message_list(kept_messages, "kept message")
     columns = dict(child_columns or {})
     if "parent_session_id" in columns:
         raise ValueError("parent_session_id of a rotation child is always the parent; do not pass it")

@@ -13,6 +13,7 @@ session are read at the same moment.
 from __future__ import annotations
 
 import sqlite3
+import uuid
 from typing import Any
 
 import hermes_state_lineage as lineage
@@ -21,12 +22,23 @@ from hermes_state_messages import DISPLAY_KEY, pick_tool_call_uid
 
 _CONVERSATION_SQL = ("SELECT id, role, content, api_content, tool_calls, tool_call_id, tool_name, reasoning, "
                      "reasoning_content, reasoning_details, codex_reasoning_items, codex_message_items, "
-                     "message_uid, absorbed_message_uids, tool_call_uids, tool_call_uid FROM messages "
+                     "message_uid, absorbed_message_uids, tool_call_uids, tool_call_uid, session_id FROM messages "
                      "WHERE session_id = ? AND active = 1 ORDER BY id")
 # Reasoning fields an assistant turn carries: plain text ("" too: some routes need the empty
 # field), then JSON ones.
 _REASONING_TEXT = ("reasoning", "reasoning_content")
 _REASONING_JSON = ("reasoning_details", "codex_reasoning_items", "codex_message_items")
+
+
+# Rows written by older programs may lack a message_uid. They get a stable one derived from
+# where they live, so a copy made from the conversation (compression, rotation) keeps naming
+# the same message and replay across a compression seam shows it once.
+_DERIVED_UID_NAMESPACE = uuid.UUID("5b0c3f52-2d7e-4f8a-9a35-7c1e0e6f4a21")
+
+
+def derived_uid(session_id: str, row_id: int) -> str:
+    """Return the stable uid the conversation gives a stored row that has none."""
+    return uuid.uuid5(_DERIVED_UID_NAMESPACE, f"{session_id}/{row_id}").hex
 
 
 class _Projector:
@@ -53,7 +65,7 @@ class _Projector:
             msg["name"] = r["tool_name"]
         if role == "assistant":
             self._assistant(msg, r)
-        msg["message_uid"] = r["message_uid"]
+        msg["message_uid"] = r["message_uid"] or derived_uid(r["session_id"], r["id"])
         if self.with_row_ids:
             msg["_row_id"] = r["id"]
         if role == "assistant" and r["tool_call_uids"] is not None:

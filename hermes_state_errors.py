@@ -19,6 +19,7 @@ SQLITE_BUSY = 5
 SQLITE_LOCKED = 6
 SQLITE_IOERR = 10
 SQLITE_CORRUPT = 11
+SQLITE_CANTOPEN = 14
 SQLITE_FULL = 13
 SQLITE_NOTADB = 26
 
@@ -103,6 +104,10 @@ class SessionClosedByCompressionError(SessionPersistenceError):
 
 class StaleEpochError(HermesStateError):
     """The caller's runtime epoch is older than the current one (a newer owner took over)."""
+
+
+class LedgerStateError(HermesStateError, ValueError):
+    """A gateway ledger row does not exist or is not in a state that allows this transition."""
 
 
 class ReceiptOrderError(HermesStateError):
@@ -200,11 +205,16 @@ def corrupt_error(path: Path, exc: BaseException) -> StateDbCorruptError:
 def typed_errors(path: Path) -> Iterator[None]:
     """Re-raise SQLite failures that mean bad data or bad input as the library's typed errors.
 
-    A malformed file becomes StateDbCorruptError; a value SQLite cannot bind (a list, an int
-    past 64 bits) becomes ValueError. Every other sqlite3 error propagates untouched.
+    A malformed file becomes StateDbCorruptError; a path SQLite cannot open (a directory, a
+    file without permission) StoreUnavailableError; a value SQLite cannot bind (a list, an int
+    past 64 bits, text with a lone surrogate) ValueError. Every other sqlite3 error propagates
+    untouched.
     """
     try:
         yield
+    except UnicodeEncodeError as exc:
+        raise ValueError("a text argument contains a lone surrogate (U+D800..U+DFFF), which SQLite can "
+                         "neither store nor look up") from exc
     except (sqlite3.ProgrammingError, sqlite3.InterfaceError) as exc:
         text = str(exc).lower()
         if "binding parameter" in text or "not supported" in text:
@@ -215,4 +225,7 @@ def typed_errors(path: Path) -> Iterator[None]:
     except sqlite3.DatabaseError as exc:
         if is_corruption(exc):
             raise corrupt_error(path, exc) from exc
+        if _primary_code(exc) == SQLITE_CANTOPEN:
+            raise StoreUnavailableError(f"{path} cannot be opened as a database file ({exc}): is it a "
+                                        "directory, or a file this process may not read and write?") from exc
         raise

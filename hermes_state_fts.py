@@ -468,6 +468,21 @@ def rebuild_status(conn: sqlite3.Connection) -> dict[str, object]:
             "in_progress": state.rebuild is not None, "cjk_pending": cjk_pending}
 
 
+def integrity_report(conn: sqlite3.Connection) -> dict[str, str]:
+    """Return {table: "ok" or the error} of FTS5's own integrity-check for every index present.
+
+    FTS5 runs the check as a write command, so it needs a writable connection; it changes nothing.
+    """
+    report = {}
+    for table in inspect(conn).tables:
+        try:
+            conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
+            report[table] = "ok"
+        except sqlite3.DatabaseError as exc:
+            report[table] = str(exc)
+    return report
+
+
 def upkeep(conn: sqlite3.Connection, writes: int) -> None:
     """Every 1,000 writes run a bounded incremental FTS5 merge on each index; log, never raise.
 

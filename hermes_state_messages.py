@@ -334,16 +334,69 @@ def merge_messages(conn: sqlite3.Connection, session_id: str, row_ids: Iterable[
     return rows[0]["id"]
 
 
+def message_list(messages: Iterable[dict[str, Any]], what: str = "message") -> list[dict[str, Any]]:
+    """Return `messages` as a list of dicts; raise ValueError for anything else or one message_uid twice.
+
+    A uid names one message: two live rows with the same uid would be two copies of it in one
+    generation, which compression and replay cannot tell apart.
+    """
+    if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Iterable):
+        raise ValueError(f"{what}s must be a list of message dicts")
+    out = list(messages)
+    first_with: dict[str, int] = {}
+    for index, message in enumerate(out):
+        if not isinstance(message, dict):
+            raise ValueError(f"{what} {index} is not a dict")
+        uid = message.get("message_uid")
+        if isinstance(uid, str) and uid in first_with:
+            raise ValueError(f"{what}s {first_with[uid]} and {index} have the same message_uid {uid!r}; "
+                             "a message appears at most once in a generation")
+        if isinstance(uid, str):
+            first_with[uid] = index
+    return out
+
+
+# What a stored row knows about a message that its conversation dict does not carry. A copy
+# (compression, rotation) keeps these unless the caller's dict gives its own value.
+_KEPT_FROM_STORED = ("timestamp", "effect_disposition", "observed", "platform_message_id", "display_kind",
+                     "display_metadata", "token_count", "finish_reason")
+
+
+def with_stored_fields(conn: sqlite3.Connection, session_id: str,
+                       messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Return `messages` with the fields a conversation dict drops filled from the stored row of its uid.
+
+    The row is looked up by message_uid (this session's live row first, then its archive,
+    then any other copy); keys the dict already carries (not None) win.
+    """
+    uids = [m["message_uid"] for m in messages if isinstance(m.get("message_uid"), str)]
+    if not uids:
+        return messages
+    stored: dict[str, dict[str, Any]] = {}
+    # Ascending preference: later rows overwrite earlier ones in `stored`.
+    for row in row_dicts(conn.execute(
+            f"SELECT message_uid, {', '.join(_KEPT_FROM_STORED)} FROM messages "
+            "WHERE message_uid IN (SELECT value FROM json_each(?)) "
+            "ORDER BY session_id = ?, active, id", (json.dumps(uids), session_id))):
+        stored[row.pop("message_uid")] = row
+    out = []
+    for message in messages:
+        known = stored.get(message.get("message_uid"))
+        if known:
+            message = {**{k: v for k, v in known.items() if v is not None},
+                       **{k: v for k, v in message.items() if v is not None or k not in known}}
+        out.append(message)
+    return out
+
+
 def replace_messages(conn: sqlite3.Connection, session_id: str, messages: Iterable[dict[str, Any]]) -> int:
     """Rewrite the session's active transcript with `messages` (uids kept); return how many were written.
 
     Rows of earlier compression generations (active=0) are left alone. Every message is
-    validated before the old rows are deleted.
+    validated before the old rows are deleted; one message_uid twice raises ValueError.
     """
     prepared = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise ValueError(f"message {index} is not a dict")
+    for index, message in enumerate(message_list(messages)):
         try:
             prepared.append(_prepare(message))
         except ValueError as exc:

@@ -309,3 +309,9 @@ def check_read_only(conn: sqlite3.Connection, path: Path, read_busy_s: float = R
     # A newer version whose tables hold every column we know is read as it is: a writer of a
     # newer release may upgrade the file while dashboards keep reading it.
     return version
+
+
+def integrity_problems(conn: sqlite3.Connection, full: bool = False) -> list[str]:
+    """Return what SQLite's quick check (the full integrity check with `full`) finds; [] when healthy."""
+    rows = conn.execute("PRAGMA integrity_check" if full else "PRAGMA quick_check").fetchall()
+    return [] if rows == [("ok",)] else [str(r[0]) for r in rows]

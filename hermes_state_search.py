@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import hermes_state_fts as fts
-from hermes_state_common import check_count, escape_like, logger, row_dicts
+from hermes_state_common import check_count, check_id, check_number, escape_like, has_surrogate, logger, row_dicts
 
 # --- listings and statistics -----------------------------------------------------------------
 
@@ -41,41 +41,68 @@ SELECT s.*,
                 s.started_at) AS last_active
   FROM sessions s
  WHERE {{where}}
- ORDER BY s.started_at DESC, s.id
+ ORDER BY {{order}}
  LIMIT ? OFFSET ?"""
+_ACTIVITY = "COALESCE(s.last_activity_at, s.started_at)"
+_ORDERS = {"started": "s.started_at DESC, s.id", "activity": f"{_ACTIVITY} DESC, s.id"}
+
+
+def _session_filters(source: Any, include_archived: bool, model: Any, since: Any,
+                     until: Any) -> tuple[str, list[Any]]:
+    """Return the WHERE clause and parameters of a session listing; bad filter types raise ValueError."""
+    for name, value in (("source", source), ("model", model)):
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{name} must be a string or None")
+    # Filters are spliced in only when given, so the planner can pick idx_sessions_source.
+    where, params = ["1"], []
+    for column, value in (("s.source", source), ("s.model", model)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            params.append(value)
+    for op, name, value in ((">=", "since", since), ("<", "until", until)):
+        if value is not None:
+            where.append(f"{_ACTIVITY} {op} ?")
+            params.append(check_number(name, value))
+    if not include_archived:
+        where.append("COALESCE(s.archived, 0) = 0")
+    return " AND ".join(where), params
 
 
 def list_sessions(conn: sqlite3.Connection, source: str | None = None, limit: int = 20, offset: int = 0,
-                  include_archived: bool = False) -> list[dict[str, Any]]:
+                  include_archived: bool = False, *, model: str | None = None, since: float | None = None,
+                  until: float | None = None, order: str = "started") -> list[dict[str, Any]]:
     """Return a page of sessions, newest first, each with `preview` and `last_active`, in one query.
 
     Every `sessions` column is present, plus `preview` (the first active user message, its
     first 63 characters with line breaks as spaces, '' when none) and `last_active` (the latest
-    message time, else `started_at`). Pinned sessions are not moved to the top: ordering is by
-    `started_at` only, so paging stays stable; callers that show pins first do it themselves.
+    message time, else `started_at`). `order` is "started" (by `started_at`, stable for paging)
+    or "activity" (by last activity); pinned sessions are not moved to the top. `since`/`until`
+    (epoch seconds) keep sessions whose last activity is in [since, until).
     """
-    if source is not None and not isinstance(source, str):
-        raise ValueError("source must be a string or None")
+    if order not in _ORDERS:
+        raise ValueError(f"order must be one of {sorted(_ORDERS)}, not {order!r}")
     limit, offset = check_count("limit", limit), check_count("offset", offset)
-    # Filters are spliced in only when given, so the planner can pick idx_sessions_source.
-    where, params = ["1"], []
-    if source is not None:
-        where.append("s.source = ?")
-        params.append(source)
-    if not include_archived:
-        where.append("COALESCE(s.archived, 0) = 0")
-    sql = _LIST_SQL.format(where=" AND ".join(where))
+    where, params = _session_filters(source, include_archived, model, since, until)
+    sql = _LIST_SQL.format(where=where, order=_ORDERS[order])
     return row_dicts(conn.execute(sql, (*params, limit, offset)))
 
 
-def usage_by_model(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+def count_sessions(conn: sqlite3.Connection, source: str | None = None, include_archived: bool = False, *,
+                   model: str | None = None, since: float | None = None, until: float | None = None) -> int:
+    """Return how many sessions a listing with these filters pages through."""
+    where, params = _session_filters(source, include_archived, model, since, until)
+    return conn.execute(f"SELECT COUNT(*) FROM sessions s WHERE {where}", params).fetchone()[0]
+
+
+def usage_by_model(conn: sqlite3.Connection, include_unset: bool = False) -> list[dict[str, Any]]:
     """Return per-model totals (sessions, input/output tokens, estimated cost), costliest first.
 
-    Sessions without a model are left out; a model whose sessions carry no cost estimate has
+    Sessions without a model are left out unless `include_unset`, which adds them as one row
+    with model None (last). A model whose sessions carry no cost estimate has
     `estimated_cost_usd` None and sorts after every priced model. The seed's column names
     (`total_input`, `total_output`, `total_cost`) are present too, so its callers keep working.
     """
-    return row_dicts(conn.execute(
+    rows = row_dicts(conn.execute(
         """SELECT model, COUNT(*) AS session_count,
                   COALESCE(SUM(input_tokens), 0) AS input_tokens,
                   COALESCE(SUM(output_tokens), 0) AS output_tokens,
@@ -83,9 +110,11 @@ def usage_by_model(conn: sqlite3.Connection) -> list[dict[str, Any]]:
                   COALESCE(SUM(input_tokens), 0) AS total_input,
                   COALESCE(SUM(output_tokens), 0) AS total_output,
                   SUM(estimated_cost_usd) AS total_cost
-             FROM sessions WHERE model IS NOT NULL
+             FROM sessions WHERE model IS NOT NULL OR ?
             GROUP BY model
-            ORDER BY estimated_cost_usd IS NULL, estimated_cost_usd DESC, model"""))
+            ORDER BY model IS NULL, estimated_cost_usd IS NULL, estimated_cost_usd DESC, model""",
+        (1 if include_unset else 0,)))
+    return rows
 
 
 def top_sessions_by_tokens(conn: sqlite3.Connection, limit: int = 10) -> list[dict[str, Any]]:
@@ -131,6 +160,8 @@ def _name_list(name: str, value: Any) -> list[str]:
     values = [value] if isinstance(value, str) else value
     if not isinstance(values, (list, tuple, set, frozenset)) or not all(isinstance(v, str) for v in values):
         raise ValueError(f"{name} must be a list of strings or None, not {value!r}")
+    if any(has_surrogate(v) for v in values):
+        raise ValueError(f"{name} contains a lone surrogate (U+D800..U+DFFF), which no stored value can hold")
     return list(values)
 
 
@@ -146,8 +177,8 @@ class _Filters:
     def build(cls, source_filter: Any, exclude_sources: Any, role_filter: Any, session_id: Any,
               include_inactive: bool) -> _Filters:
         """Validate the caller's filters and return their SQL; bad types raise ValueError."""
-        if session_id is not None and not isinstance(session_id, str):
-            raise ValueError(f"session_id must be a string or None, not {session_id!r}")
+        if session_id is not None:
+            check_id("session_id", session_id)
         sources = _name_list("source_filter", source_filter)
         excluded = _name_list("exclude_sources", exclude_sources)
         roles = _name_list("role_filter", role_filter)

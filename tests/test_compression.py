@@ -529,6 +529,18 @@ def test_acquire_and_release(db, rival):
     assert second is not None and second != holder
 
 
+def test_a_stale_holder_cannot_release_the_lock_its_successor_took(db, rival):
+    db.create_session("s", "cli")
+    stale = db.acquire_compression_lock("s")
+    rival.execute("UPDATE compression_locks SET expires_at = ? WHERE session_id = 's'", (time.time() - 1,))
+    current = db.acquire_compression_lock("s")  # the expired lock is taken over
+    assert current is not None and current != stale
+    assert db.release_compression_lock("s", stale) is False
+    assert [tuple(r) for r in rival.execute("SELECT session_id, holder FROM compression_locks")] == [("s", current)]
+    assert db.release_compression_lock("s", current) is True
+    assert rival.execute("SELECT COUNT(*) FROM compression_locks").fetchone()[0] == 0
+
+
 @pytest.mark.parametrize("ttl", [0, -5, float("nan"), float("inf"), True, "300"])
 def test_bad_ttl_raises(db, ttl):
     db.create_session("s", "cli")

@@ -15,16 +15,11 @@ import time
 
 import pytest
 
-from hermes_state import SessionClosedByCompressionError, SessionCompressionInProgressError, SessionDB
+from hermes_state import SessionClosedByCompressionError, SessionCompressionInProgressError
 from hermes_state_compression import own_pidns
 
 OTHER = f"pid={os.getpid()} host={socket.gethostname()} token=someone-else"
 
-
-def plant_lock(rival, sid: str, holder: str = OTHER, expires_in_s: float = 300.0) -> None:
-    now = time.time()
-    rival.execute("INSERT OR REPLACE INTO compression_locks (session_id, holder, acquired_at, expires_at) "
-                  "VALUES (?, ?, ?, ?)", (sid, holder, now, now + expires_in_s))
 
 
 def transcript(rival, sid: str) -> list[tuple]:
@@ -53,12 +48,16 @@ WRITES = {
 
 
 @pytest.mark.parametrize("write", sorted(WRITES))
-def test_a_transcript_write_waits_then_raises_in_progress(quick, rival, write):
+def test_a_transcript_write_waits_then_raises_in_progress(quick, rival, write, plant_lock):
     ids = two_users(quick)
     before = transcript(rival, "s")
-    plant_lock(rival, "s")
+    plant_lock("s", OTHER)
+    started = time.monotonic()
     with pytest.raises(SessionCompressionInProgressError):
         WRITES[write](quick, ids)
+    waited = time.monotonic() - started
+    # It gave the holder the handle's whole wait (not the 5 s default) before giving up.
+    assert quick._COMPRESSION_WAIT_S <= waited < 3.0
     assert transcript(rival, "s") == before
 
 
@@ -74,14 +73,19 @@ def test_a_transcript_write_to_a_rotated_session_names_its_continuation(db, riva
     assert transcript(rival, "s") == before
 
 
-def test_the_write_goes_through_once_the_holder_releases(db, rival):
+def test_the_write_goes_through_once_the_holder_releases(db, rival, plant_lock):
     two_users(db)
-    holder = db.acquire_compression_lock("s")
-    with SessionDB(db.db_path) as other:
-        releaser = threading.Timer(0.2, db.release_compression_lock, ("s", holder))
-        releaser.start()
-        other.append_message("s", "user", "after the compression")
+    plant_lock("s", OTHER)
+    # The holder (another process, here the rival connection) finishes while the write waits.
+    releaser = threading.Timer(0.3, rival.execute, ("DELETE FROM compression_locks WHERE session_id = 's'",))
+    started = time.monotonic()
+    releaser.start()
+    try:
+        db.append_message("s", "user", "after the compression")
+        waited = time.monotonic() - started
+    finally:
         releaser.join()
+    assert waited >= 0.3  # it waited for the release instead of failing at once
     assert transcript(rival, "s")[-1][2] == "after the compression"
 
 
@@ -89,22 +93,22 @@ def test_the_write_goes_through_once_the_holder_releases(db, rival):
     pytest.param(OTHER, id="expired"),
     pytest.param("dead", id="dead-holder"),
 ])
-def test_expired_or_dead_locks_do_not_block_writes(quick, rival, holder):
+def test_expired_or_dead_locks_do_not_block_writes(quick, rival, holder, plant_lock):
     two_users(quick)
     if holder == "dead":
         proc = multiprocessing.get_context("spawn").Process(target=int)
         proc.start()
         proc.join(60)
-        plant_lock(rival, "s", f"pid={proc.pid} host={socket.gethostname()} pidns={own_pidns()} token=gone")
+        plant_lock("s", f"pid={proc.pid} host={socket.gethostname()} pidns={own_pidns()} token=gone")
     else:
-        plant_lock(rival, "s", holder, expires_in_s=-1)
+        plant_lock("s", holder, expires_in_s=-1)
     quick.append_message("s", "user", "c")
     assert [r[2] for r in transcript(rival, "s")] == ["a", "b", "c"]
 
 
-def test_other_sessions_are_not_held_up(quick, rival):
+def test_other_sessions_are_not_held_up(quick, rival, plant_lock):
     two_users(quick, "s")
     two_users(quick, "t")
-    plant_lock(rival, "s")
+    plant_lock("s", OTHER)
     quick.append_message("t", "user", "c")
     assert [r[2] for r in transcript(rival, "t")] == ["a", "b", "c"]

@@ -29,10 +29,9 @@ def test_is_sqlite_lock_error(exc, expected):
     assert errors.is_sqlite_lock_error(exc) is expected
 
 
-def test_real_busy_error_is_recognised(tmp_path):
+def test_real_busy_error_is_recognised(tmp_path, raw_conn):
     path = tmp_path / "x.db"
-    a = sqlite3.connect(path, isolation_level=None, timeout=0)
-    b = sqlite3.connect(path, isolation_level=None, timeout=0)
+    a, b = raw_conn(path, timeout=0), raw_conn(path, timeout=0)
     a.execute("CREATE TABLE t (x)")
     a.execute("BEGIN IMMEDIATE")
     with pytest.raises(sqlite3.OperationalError) as info:

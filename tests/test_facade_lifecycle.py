@@ -9,41 +9,27 @@ from hermes_state import AsyncSessionDB, HermesStateError, SessionDB
 from hermes_state_home import hermes_home_override
 
 
-def test_guard_refuses_default_home_under_pytest_before_creating_anything(tmp_path, monkeypatch):
-    fake_home = tmp_path / "home"
-    fake_home.mkdir()
-    monkeypatch.setenv("HOME", str(fake_home))
-    monkeypatch.delenv("HERMES_HOME", raising=False)
-    monkeypatch.delenv("HERMES_STATE_DB_GUARD_BYPASS", raising=False)
-    with hermes_home_override(None):  # lift the test's temporary home
-        with pytest.raises(RuntimeError) as info:
-            SessionDB()
-        with pytest.raises(RuntimeError):
-            SessionDB(fake_home / ".hermes" / "profiles" / "coder" / "state.db")
+def test_guard_refuses_default_home_under_pytest_before_creating_anything(fake_home):
+    with pytest.raises(RuntimeError) as info:
+        SessionDB()
+    with pytest.raises(RuntimeError):
+        SessionDB(fake_home / ".hermes" / "profiles" / "coder" / "state.db")
     message = str(info.value)
     assert str(fake_home / ".hermes" / "state.db") in message
     assert "HERMES_STATE_DB_GUARD_BYPASS=1" in message and "live_system_guard_bypass" in message
     assert list(fake_home.iterdir()) == []  # no directory, no file
 
 
-def test_guard_env_bypass_allows_the_open(tmp_path, monkeypatch):
-    fake_home = tmp_path / "home"
-    fake_home.mkdir()
-    monkeypatch.setenv("HOME", str(fake_home))
-    monkeypatch.delenv("HERMES_HOME", raising=False)
+def test_guard_env_bypass_allows_the_open(fake_home, monkeypatch):
     monkeypatch.setenv("HERMES_STATE_DB_GUARD_BYPASS", "1")
-    with hermes_home_override(None), SessionDB() as db:
+    with SessionDB() as db:
         db.create_session("s", "cli")
     assert (fake_home / ".hermes" / "state.db").exists()
 
 
 @pytest.mark.live_system_guard_bypass
-def test_guard_marker_bypass_allows_the_open(tmp_path, monkeypatch):
-    fake_home = tmp_path / "home"
-    fake_home.mkdir()
-    monkeypatch.setenv("HOME", str(fake_home))
-    monkeypatch.delenv("HERMES_HOME", raising=False)
-    with hermes_home_override(None), SessionDB() as db:
+def test_guard_marker_bypass_allows_the_open(fake_home):
+    with SessionDB() as db:
         assert db.db_path == fake_home / ".hermes" / "state.db"
 
 

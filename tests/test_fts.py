@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import re
 import shutil
 import sqlite3
 import subprocess
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -261,21 +263,22 @@ def test_a_database_without_fts_is_rebuilt_in_chunks_never_twice(tmp_path, manua
     assert markers == {fts.HIGH_WATER: str(rows[-1]), fts.PROGRESS: "0"}
     assert db.fts_rebuild_status() == {"pending": 40, "total": 40, "indexed": 0, "percent": 0.0,
                                        "in_progress": True, "cjk_pending": 0}
-    step = lambda n: db._writer.transaction(5, db._policy())  # noqa: E731
-    with step(0) as conn:
+    # The rebuild is driven by hand, one chunk per transaction of the handle's own connection.
+    with db._write() as conn:
         assert fts.rebuild_step(conn, 10)
     # writes while the rebuild runs: above H (trigger), inside (P, H] (left to the rebuild), below P (trigger)
     fresh = db.append_message("s", "user", "fresh 検索")
-    db._writer.conn.execute("UPDATE messages SET content = 'changed 語彙' WHERE id = ?", (rows[30],))
-    db._writer.conn.execute("DELETE FROM messages WHERE id = ?", (rows[31],))
-    db._writer.conn.execute("INSERT INTO messages (id, session_id, role, content, timestamp) "
-                            "VALUES (?, 's', 'user', 'reborn', 1.0)", (rows[31],))  # an explicit id in (P, H]
-    db._writer.conn.execute("UPDATE messages SET content = 'renewed' WHERE id = ?", (rows[31],))
-    db._writer.conn.execute("UPDATE messages SET content = 'early 語彙' WHERE id = ?", (rows[2],))
+    with db._write() as conn:  # raw SQL on the handle's connection, so its TEMP trigger runs too
+        conn.execute("UPDATE messages SET content = 'changed 語彙' WHERE id = ?", (rows[30],))
+        conn.execute("DELETE FROM messages WHERE id = ?", (rows[31],))
+        conn.execute("INSERT INTO messages (id, session_id, role, content, timestamp) "
+                     "VALUES (?, 's', 'user', 'reborn', 1.0)", (rows[31],))  # an explicit id in (P, H]
+        conn.execute("UPDATE messages SET content = 'renewed' WHERE id = ?", (rows[31],))
+        conn.execute("UPDATE messages SET content = 'early 語彙' WHERE id = ?", (rows[2],))
     assert db.fts_rebuild_status()["indexed"] == 10
     assert [h["id"] for h in db.search_messages("changed")] == [rows[30]]  # found while not indexed yet
     while True:
-        with step(0) as conn:
+        with db._write() as conn:
             if not fts.rebuild_step(conn, 10):
                 break
     assert rival.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE 'fts_rebuild%'").fetchone()[0] == 0
@@ -294,12 +297,12 @@ def test_a_database_without_fts_is_rebuilt_in_chunks_never_twice(tmp_path, manua
 def _partial_rebuild(path: str, chunks: int) -> None:
     SessionDB._FTS_REBUILD_IN_BACKGROUND = False
     db = SessionDB(path)
-    with db._writer.transaction(5, db._policy()) as conn:
+    with db._write() as conn:
         fts.start_rebuild(conn)
     for _ in range(chunks):
-        with db._writer.transaction(5, db._policy()) as conn:
+        with db._write() as conn:
             fts.rebuild_step(conn, 25)
-    db._writer.conn.close()  # stop here, as a killed process would: no tidy-up
+    os._exit(0)  # stop here, as a killed process would: no close, no checkpoint, no tidy-up
 
 
 def _finish_rebuild(path: str) -> None:
@@ -404,33 +407,34 @@ def test_sqlite_without_fts5_is_a_clear_incompatible_error(tmp_path, monkeypatch
     assert isinstance(info.value, StoreUnavailableError)
 
 
-def test_open_of_a_current_database_starts_no_worker_and_installs_the_temp_trigger(db):
+def test_open_of_a_current_database_starts_no_worker_and_installs_the_temp_trigger(db, raw_conn):
     db.create_session("s", "cli")
     db.append_message("s", "user", "東京")
     db.close()
     again = SessionDB(db.db_path)
-    temp = "SELECT COUNT(*) FROM sqlite_temp_master WHERE type = 'trigger'"
-    assert again._writer.conn.execute(temp).fetchone()[0] == 1
     assert again._fts_worker is None
-    again.append_message("s", "user", "大阪")
+    osaka = again.append_message("s", "user", "大阪")
+    # The handle's TEMP trigger indexed the CJK row in the write itself: nothing is left queued.
+    shell = raw_conn()
+    assert shell.execute(f"SELECT COUNT(*) FROM {fts.CJK_PENDING}").fetchone()[0] == 0
+    assert ids(shell, fts.CJK, '"大阪"') == [osaka]
     assert [h["content"] for h in again.search_messages("大阪")[0]["context"]] == ["東京"]
     again.close()
 
 
 # --- merge upkeep ------------------------------------------------------------------------------------
 
-def test_a_bounded_merge_runs_every_1000_writes(db):
+def test_a_bounded_merge_runs_every_1000_writes(db, raw_conn):
     db.create_session("s", "cli")
-    traced: list[str] = []
-    db._writer.conn.set_trace_callback(traced.append)
-    db._writer.writes = 998
-    db.append_message("s", "user", "one")
-    assert not [s for s in traced if "'merge'" in s]
-    db.append_message("s", "user", "two")  # the 1,000th write
+    db._writer.writes = 998  # no seam moves the write count: 998 real writes would take seconds
+    with db.tracer() as traced:
+        db.append_message("s", "user", "one")
+        assert not [s for s in traced if "'merge'" in s]
+        db.append_message("s", "user", "two")  # the 1,000th write
     merges = [s for s in traced if "'merge'" in s]
     assert len(merges) == 3 and all(t in " ".join(merges) for t in ALL)
     assert not [s for s in traced if "optimize" in s]
-    integrity(db._writer.conn)
+    integrity(raw_conn())
 
 
 def test_upkeep_logs_instead_of_raising(caplog):
@@ -460,18 +464,19 @@ def test_every_index_stays_consistent_after_random_writes(ops):
         db.create_session("s", "cli")
         shell = plain(path)
         for op, arg, text, by_shell in ops:
-            conn = shell if by_shell else db._writer.conn
             existing = [r[0] for r in shell.execute("SELECT id FROM messages ORDER BY id")]
-            if op == "insert":
-                insert_raw(conn, "s", arg, text)
-            elif existing:
-                target = existing[arg % len(existing)]
-                if op == "update":
-                    conn.execute("UPDATE messages SET content = ? WHERE id = ?", (text, target))
-                elif op == "role":
-                    conn.execute("UPDATE messages SET role = ? WHERE id = ?", (text, target))
-                else:
-                    conn.execute("DELETE FROM messages WHERE id = ?", (target,))
+            # Raw SQL from another program, or on the handle's own connection (its TEMP trigger runs).
+            with nullcontext(shell) if by_shell else db._write() as conn:
+                if op == "insert":
+                    insert_raw(conn, "s", arg, text)
+                elif existing:
+                    target = existing[arg % len(existing)]
+                    if op == "update":
+                        conn.execute("UPDATE messages SET content = ? WHERE id = ?", (text, target))
+                    elif op == "role":
+                        conn.execute("UPDATE messages SET role = ? WHERE id = ?", (text, target))
+                    else:
+                        conn.execute("DELETE FROM messages WHERE id = ?", (target,))
         integrity(shell)
         db.close()
         with SessionDB(path):  # catches up what the shell wrote

@@ -9,7 +9,6 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -35,19 +34,8 @@ from hermes_state_home import (
 # The nested-pytest test below needs `pytester`; a test module may request plugins this way.
 pytest_plugins = ["pytester"]
 
-
-@pytest.fixture(autouse=True)
-def fake_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Give every test a fake user home and no HERMES_HOME / bypass from the outer environment."""
-    user = tmp_path / "user"
-    user.mkdir()
-    monkeypatch.setenv("HOME", str(user))
-    monkeypatch.setenv("USERPROFILE", str(user))
-    monkeypatch.delenv("HERMES_HOME", raising=False)
-    monkeypatch.delenv("HERMES_STATE_DB_GUARD_BYPASS", raising=False)
-    # The project conftest may hold a `hermes_home` override for every test; lift it here.
-    with hermes_home_override(None):
-        yield user
+# Every test here runs in a fake user home (the project fixture), with no HERMES_HOME set.
+pytestmark = pytest.mark.usefixtures("fake_home")
 
 
 def tree(root: Path) -> list[str]:
@@ -499,7 +487,7 @@ def _plugin_loaded(config: pytest.Config) -> bool:
 
 @pytest.mark.live_system_guard_bypass
 def test_marker_bypasses_guard_in_process(fake_home: Path, request: pytest.FixtureRequest) -> None:
-    # The plugin is loaded through its pytest11 entry point once the package is installed.
+    # Loaded once: by its pytest11 entry point when installed, by the conftest's pytest_plugins otherwise.
     assert _plugin_loaded(request.config)
     assert guard_bypassed()
     check_db_path_allowed(fake_home / ".hermes" / "state.db")

@@ -11,17 +11,18 @@ ROOT = Path(__file__).resolve().parents[1]
 RANKS = {
     "hermes_state_errors": 0,
     "hermes_state_common": 1,
-    "hermes_state_writer": 2, "hermes_state_lockowners": 2, "hermes_state_home": 2, "hermes_state_provider": 2,
+    "hermes_state_writer": 2, "hermes_state_render": 2, "hermes_state_lockowners": 2, "hermes_state_home": 2, "hermes_state_provider": 2,
     "hermes_state_lineage": 2,
     "hermes_state_schema": 3, "hermes_state_fts": 3,
     "hermes_state_sessions": 4,
     "hermes_state_messages": 5,
     "hermes_state_conversation": 6, "hermes_state_search": 6,
     "hermes_state_compression": 7,
-    "hermes_state_portability": 8, "hermes_state_recovery": 8, "hermes_state_gateway": 8,
+    "hermes_state_portability": 8, "hermes_state_recovery": 8, "hermes_state_gateway": 8, "hermes_state_routing": 8,
     "hermes_state": 9,
     # Consumers of the facade, not layers of it.
-    "hermes_state_cli": 10, "hermes_state_pytest": 10,
+    "hermes_state_commands": 10, "hermes_state_pytest": 10, "hermes_state_web": 10,
+    "hermes_state_cli": 11,
 }
 
 
@@ -52,10 +53,9 @@ def test_imports_point_down_only():
 ALLOWED_PRIVATE_IMPORTS = {"_apply_profile_override", "_reconcile_columns", "_sanitize_fts5_query"}
 MAX_LINES = 600
 # The FTS module keeps both index maintenance and the query parser (the search module routes,
-# the FTS module parses); together they run a little past the usual size.
-# The facade is one to five lines per public method, so it grows with the API rather than with
-# any one concern.
-LONGER = {"hermes_state_fts": 750, "hermes_state": 660}
+# the FTS module parses); together they run a little past the usual size. The facade is a few
+# lines per public method and grows with the API, never with logic.
+LONGER = {"hermes_state_fts": 750, "hermes_state": 1100}
 
 
 def test_no_module_imports_another_modules_private_names():

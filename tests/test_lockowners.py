@@ -175,7 +175,7 @@ def _our_wal_write(lines: list[str]) -> list[str]:
 
 
 @linux_only
-def test_real_sqlite_write_lock_is_seen_and_released(held_writer):
+def test_real_sqlite_write_lock_is_seen_and_released(held_writer, raw_conn):
     path, conn = held_writer
     holders = write_lock_holders(path)
     assert len(_our_wal_write(holders)) == 1, holders
@@ -183,11 +183,7 @@ def test_real_sqlite_write_lock_is_seen_and_released(held_writer):
     conn.execute("ROLLBACK")
     assert _our_wal_write(write_lock_holders(path)) == []
     # The rolled-back row is gone for a second connection too.
-    rival = sqlite3.connect(path)
-    try:
-        assert rival.execute("SELECT count(*) FROM t").fetchone()[0] == 0
-    finally:
-        rival.close()
+    assert raw_conn(path).execute("SELECT count(*) FROM t").fetchone()[0] == 0
 
 
 @linux_only

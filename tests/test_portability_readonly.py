@@ -18,6 +18,9 @@ READS = {
     "top_sessions_by_tokens", "search_messages", "fts_rebuild_status", "get_compression_successor",
     "get_compression_ancestors", "export_session", "export_all", "iter_export", "backup",
     "close", "release", "shared", "to_provider_messages", "tracer",
+    "count_sessions", "check_integrity", "get_runtime", "next_admission", "get_admission", "list_admissions",
+    "get_execution", "list_executions", "list_receipts", "list_owed", "get_delivery", "get_route", "list_routes",
+    "get_delegation", "list_delegations",
 }
 
 

@@ -41,15 +41,18 @@ def test_fresh_database_has_the_declared_shape(db, rival):
         fks = [r for r in rival.execute(f"PRAGMA foreign_key_list({ledger})") if r[2] == "sessions"]
         assert fks and fks[0][6] == "RESTRICT", ledger
     assert rival.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert db._writer.conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-    assert db._writer.conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    with db._write() as conn:  # the handle's write connection
+        assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
 
 
 def test_ledger_rows_restrict_session_delete(db, rival):
     db.create_session("s", "cli")
     rival.execute("INSERT INTO session_admissions (session_id, state) VALUES ('s', 'queued')")
     with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
-        db._writer.conn.execute("DELETE FROM sessions WHERE id='s'")
+        with db._write() as conn:
+            conn.execute("DELETE FROM sessions WHERE id='s'")
+    assert rival.execute("SELECT COUNT(*) FROM sessions WHERE id='s'").fetchone()[0] == 1
 
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
@@ -116,14 +119,18 @@ def test_upgrade_numbers_duplicate_titles_before_the_unique_index(tmp_path):
         CREATE TABLE schema_version (version INTEGER NOT NULL);
         INSERT INTO schema_version VALUES (20);
         CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, started_at REAL NOT NULL, title TEXT);
-        INSERT INTO sessions VALUES ('a', 'cli', 1, 'Fix bug'), ('b', 'cli', 2, 'Fix bug'),
-                                    ('c', 'cli', 3, 'Fix bug #2'), ('d', 'cli', 4, 'Fix bug');
+        INSERT INTO sessions VALUES ('a', 'cli', 2, 'Fix bug'), ('b', 'cli', 3, 'Fix bug'),
+                                    ('c', 'cli', 4, 'Fix bug #2'), ('d', 'cli', 1, 'Fix bug'),
+                                    ('e', 'cli', 5, 'Notes'), ('f', 'cli', 5, 'Notes'), ('g', 'cli', 6, NULL),
+                                    ('h', 'cli', 7, NULL);
     """)
     conn.close()
     with SessionDB(path) as db:
-        titles = {sid: db.get_session(sid)["title"] for sid in "abcd"}
-    assert titles["a"] == "Fix bug" and titles["c"] == "Fix bug #2"
-    assert len(set(titles.values())) == 4
+        titles = {sid: db.get_session(sid)["title"] for sid in "abcdefgh"}
+    # The oldest keeps the title; later ones are numbered in start order (ties by id), skipping
+    # a number another session already has; no title stays no title.
+    assert titles == {"d": "Fix bug", "a": "Fix bug #3", "b": "Fix bug #4", "c": "Fix bug #2",
+                      "e": "Notes", "f": "Notes #2", "g": None, "h": None}
 
 
 def test_open_of_current_database_takes_no_write_lock_and_scans_nothing(db, rival, monkeypatch):
@@ -210,7 +217,7 @@ def test_malformed_schema_raises_corrupt(tmp_path):
         SessionDB(path)
 
 
-def test_read_only_opens(tmp_path):
+def test_read_only_opens(tmp_path, raw_conn):
     missing = tmp_path / "missing.db"
     with pytest.raises(StateDbUninitializedError):
         SessionDB(missing, read_only=True)
@@ -231,7 +238,7 @@ def test_read_only_opens(tmp_path):
     _old_layout(old)
     with pytest.raises(StateDbIncompatibleError):
         SessionDB(old, read_only=True)
-    assert sqlite3.connect(old).execute("SELECT version FROM schema_version").fetchone()[0] == 1
+    assert raw_conn(old).execute("SELECT version FROM schema_version").fetchone()[0] == 1
 
 
 def test_read_only_open_waits_then_reports_busy(tmp_path, monkeypatch):

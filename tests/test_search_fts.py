@@ -280,7 +280,7 @@ def test_search_while_a_rebuild_runs_finds_rows_not_indexed_yet(tmp_path, monkey
     with SessionDB(path) as db:
         db.create_session("s", "cli")
         rows = [db.append_message("s", "user", f"rebuild{i} 再構築") for i in range(10)]
-        with db._writer.transaction(5, db._policy()) as conn:
+        with db._write() as conn:
             fts.start_rebuild(conn)
             fts.rebuild_step(conn, 4)
         assert db.fts_rebuild_status()["pending"] == 6

@@ -1,0 +1,384 @@
+"""The command line's browsing and health commands, and how every command opens and prints.
+
+Owns: opening the database the way a command needs (read-only to browse; never creating a
+file: only `init` and `demo` create one), printing a result as a human table or as `--json`,
+`--nl` (JSON Lines) or `--csv`, progress for long work, and the commands `sessions
+list|show|search|rename|stats`, `fts`, `init` and `doctor`.
+Does not own: argument parsing and exit codes (hermes_state_cli), rendering (hermes_state_render).
+Every command goes through `SessionDB`; no SQL here.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import stat
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import hermes_state_render as render
+from hermes_state_errors import HermesStateError
+from hermes_state_home import display_hermes_home, get_hermes_home
+
+# --- opening and printing -----------------------------------------------------------------------
+
+def db_path(args: argparse.Namespace) -> Path:
+    """Return the database file a command works on."""
+    return Path(args.db).expanduser() if args.db else get_hermes_home() / "state.db"
+
+
+def existing_db(args: argparse.Namespace) -> Path:
+    """Return the database path, or raise HermesStateError when there is no database file there."""
+    path = db_path(args)
+    if path.is_dir():
+        raise HermesStateError(f"{path} is a directory, not a database file")
+    if not path.exists():
+        raise HermesStateError(f"{path} does not exist yet (`hermes-state init` creates it)")
+    if path.stat().st_size == 0:
+        raise HermesStateError(f"{path} is empty (0 bytes), not a database yet (`hermes-state init` creates one)")
+    return path
+
+
+def open_db(args: argparse.Namespace, *, write: bool = False):
+    """Open an existing database: read-only unless the command must write."""
+    from hermes_state import SessionDB  # after the profile is applied
+    return SessionDB(existing_db(args), read_only=not write)
+
+
+# --- output ---------------------------------------------------------------------------------------
+
+def emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str], *,
+         rows: list[dict[str, Any]] | None = None, columns: list[str] | None = None) -> None:
+    """Print `data` as JSON / JSON Lines / CSV when asked, else its human form."""
+    if args.json:
+        print(render.as_json(data))
+    elif args.nl:
+        for line in render.as_json_lines(rows if rows is not None else [data]):
+            print(line)
+    elif args.csv:
+        print(render.as_csv(rows if rows is not None else [data], columns))
+    else:
+        text = human(data)
+        if text:
+            print(text)
+
+
+def term_width() -> int:
+    """Return the terminal's width, or 80 when output is not a terminal."""
+    if not sys.stdout.isatty():
+        return 80
+    return max(40, os.get_terminal_size(sys.stdout.fileno()).columns)
+
+
+def parse_when(text: str) -> float:
+    """Return epoch seconds for "7d", "12h", "30m", an ISO date or date-time, or epoch seconds."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", text.strip())
+    if match:
+        size = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[match.group(2)]
+        return time.time() - float(match.group(1)) * size
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    from datetime import datetime
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a time: {text!r} (use 7d, 12h, 2026-11-30 or epoch seconds)")
+
+
+def non_negative(text: str) -> int:
+    """Parse a count that must be >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
+# --- sessions: list, show, search, rename, stats ------------------------------------------------
+
+_LIST_COLUMNS = ["id", "title", "source", "model", "messages", "active"]
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """List sessions, most recently active first."""
+    filters = dict(source=args.source, include_archived=args.archived, model=args.model, since=args.since,
+                   until=args.until)
+    with open_db(args) as db:
+        rows = db.list_sessions(limit=args.limit, offset=args.offset, order="activity", **filters)
+        total = db.count_sessions(**filters)
+    shown = [dict(r, title=r["title"] or r["preview"], messages=r["message_count"],
+                  active=render.relative_time(r["last_active"])) for r in rows]
+
+    def human(_: Any) -> str:
+        if not rows:
+            return "no sessions"
+        more = f" (--offset {args.offset + len(rows)} for more)" if args.offset + len(rows) < total else ""
+        return (render.table(shown, _LIST_COLUMNS, numeric={"messages"}, max_width=term_width())
+                + f"\n{args.offset + 1}-{args.offset + len(rows)} of {total} sessions{more}")
+    emit(args, rows, human, rows=rows)
+    return 0
+
+
+def _call_text(call: Any) -> str:
+    fn = call.get("function", {}) if isinstance(call, dict) else {}
+    name = fn.get("name") or (call.get("name") if isinstance(call, dict) else None) or "?"
+    return f"{name}({fn.get('arguments', '')})"
+
+
+def _message_line(m: dict[str, Any], width: int) -> str:
+    role = m["role"]
+    text = m.get("content") or ""
+    if role == "tool" and m.get("tool_name"):
+        text = f"[{m['tool_name']}] {text}"
+    if not text and m.get("tool_calls"):
+        text = "→ " + ", ".join(_call_text(c) for c in m["tool_calls"]) if isinstance(m["tool_calls"], list) \
+            else f"→ {m['tool_calls']}"
+    elif not text and (m.get("reasoning") or m.get("reasoning_content")):
+        text = "(reasoning only)"
+    head = f"{render.clock_time(m.get('timestamp'))[11:]}  {role:<10} "
+    return head + render.truncate(render.safe(text), max(width - render.width(head), 10))
+
+
+def _markdown(session: dict[str, Any], messages: list[dict[str, Any]]) -> str:
+    """Render a session like `llm logs`: a heading per message, tool calls and reasoning spelled out."""
+    out = [f"# {render.safe(session['title'] or session['id'])}", ""]
+    for key in ("id", "source", "model", "user_id", "started_at", "ended_at", "end_reason", "parent_session_id"):
+        value = session.get(key)
+        if value is not None:
+            out.append(f"- {key}: {render.clock_time(value) if key.endswith('_at') else render.safe(value)}")
+    for m in messages:
+        extra = [render.clock_time(m.get("timestamp"))]
+        if m.get("token_count") is not None:
+            extra.append(f"{m['token_count']} tokens")
+        name = f" `{render.safe(m['tool_name'])}`" if m.get("tool_name") else ""
+        out += ["", f"## {m['role']}{name} · {' · '.join(extra)}", ""]
+        reasoning = m.get("reasoning") or m.get("reasoning_content")
+        if reasoning:
+            out += ["### reasoning", ""] + [f"> {line}" for line in render.safe(reasoning, keep_newlines=True)
+                                            .splitlines()] + [""]
+        if m.get("content"):
+            fence = "```" if m["role"] == "tool" else ""
+            out += [fence, render.safe(m["content"], keep_newlines=True), fence] if fence else \
+                [render.safe(m["content"], keep_newlines=True)]
+        if m.get("tool_calls"):
+            out += ["", "### tool calls", ""]
+            for call in m["tool_calls"] if isinstance(m["tool_calls"], list) else [m["tool_calls"]]:
+                out.append(f"- `{render.safe(_call_text(call))}`")
+    return "\n".join(out).strip() + "\n"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """Show one session and its live transcript."""
+    from hermes_state import SessionNotFoundError
+    with open_db(args) as db:
+        session = db.get_session(args.session_id)
+        if session is None:
+            raise SessionNotFoundError(f"session {args.session_id!r} not found")
+        messages = db.get_messages(args.session_id)
+        successor = db.get_compression_successor(args.session_id)
+        ancestors = db.get_compression_ancestors(args.session_id)
+    data = {"session": session, "messages": messages}
+
+    def human(_: Any) -> str:
+        if args.full:
+            return _markdown(session, messages)
+        s = session
+        cost = render.money(s.get("actual_cost_usd") or s.get("estimated_cost_usd"))
+        lines = [render.safe(s["title"] or "(untitled)") + f"  ({render.safe(s['id'])})",
+                 " · ".join(p for p in (f"source {render.safe(s['source'])}",
+                                        s["model"] and f"model {render.safe(s['model'])}",
+                                        s["user_id"] and f"user {render.safe(s['user_id'])}") if p),
+                 f"started {render.clock_time(s['started_at'])} · "
+                 + (f"ended {render.clock_time(s['ended_at'])} ({render.safe(s['end_reason'])})"
+                    if s["ended_at"] else "open")
+                 + f" · {_plural(s['message_count'] or 0, 'message')} · {_plural(s['tool_call_count'] or 0, 'tool call')}",
+                 f"tokens in {render.number(s['input_tokens'] or 0)} / out {render.number(s['output_tokens'] or 0)}"
+                 + (f" · cost {cost}" if cost else "")]
+        if ancestors:
+            lines.append("continues " + " → ".join(map(render.safe, ancestors)))
+        if successor and successor != s["id"]:
+            lines.append(f"continued in {render.safe(successor)}")
+        width = term_width()
+        return "\n".join(lines + [""] + [_message_line(m, width) for m in messages])
+    emit(args, data, human)
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    """Search every message's text (words, CJK, substrings)."""
+    with open_db(args) as db:
+        hits = db.search_messages(args.query, source_filter=args.source, role_filter=args.role,
+                                  limit=args.limit, offset=args.offset)
+    color = sys.stdout.isatty()
+
+    def human(_: Any) -> str:
+        if not hits:
+            return "no match"
+        width = term_width()
+        lines = []
+        for h in hits:
+            head = f"{render.safe(h['session_id'])}  {h['role']}  {render.relative_time(h['timestamp'])}"
+            lines += [render.truncate(head, width), "  " + render.highlight(h["snippet"], color=color)]
+        return "\n".join(lines)
+    rows = [{k: v for k, v in h.items() if k != "context"} for h in hits] if args.csv else hits
+    emit(args, hits, human, rows=rows)
+    return 0
+
+
+def cmd_rename(args: argparse.Namespace) -> int:
+    """Set (or clear, with "") a session's title."""
+    with open_db(args, write=True) as db:
+        title = db.set_session_title(args.session_id, args.title)
+    emit(args, {"id": args.session_id, "title": title},
+         lambda d: f"{render.safe(d['id'])}: {render.safe(d['title']) if d['title'] else '(title cleared)'}")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """Show token usage and cost per model (with totals) and the largest sessions."""
+    with open_db(args) as db:
+        data = {"by_model": db.usage_by_model(include_unset=True), "top_sessions": db.top_sessions_by_tokens()}
+    models = data["by_model"]
+    totals = {"model": "total", "session_count": sum(r["session_count"] for r in models),
+              "input_tokens": sum(r["input_tokens"] for r in models),
+              "output_tokens": sum(r["output_tokens"] for r in models),
+              "estimated_cost_usd": sum(r["estimated_cost_usd"] or 0 for r in models)}
+
+    def pretty(r: dict[str, Any]) -> dict[str, Any]:
+        return dict(r, model=r["model"] if r["model"] is not None else "(no model)",
+                    session_count=render.number(r["session_count"]), input_tokens=render.number(r["input_tokens"]),
+                    output_tokens=render.number(r["output_tokens"]), estimated_cost_usd=render.money(
+                        r["estimated_cost_usd"]))
+
+    def human(_: Any) -> str:
+        width = term_width()
+        by_model = render.table([pretty(r) for r in models] + [pretty(totals)],
+                                ["model", "session_count", "input_tokens", "output_tokens", "estimated_cost_usd"],
+                                numeric={"session_count", "input_tokens", "output_tokens", "estimated_cost_usd"},
+                                headers={"session_count": "sessions", "input_tokens": "input",
+                                         "output_tokens": "output", "estimated_cost_usd": "cost"}, max_width=width)
+        top = render.table([dict(r, total_tokens=render.number(r["total_tokens"])) for r in data["top_sessions"]],
+                           ["id", "title", "model", "total_tokens"], numeric={"total_tokens"},
+                           headers={"total_tokens": "tokens"}, max_width=width)
+        return f"{by_model}\n\nlargest sessions\n{top}"
+    emit(args, data, human, rows=models)
+    return 0
+
+
+# --- writes and maintenance ---------------------------------------------------------------------
+
+def cmd_fts(args: argparse.Namespace) -> int:
+    """Show the full-text index status, or rebuild it (progress on stderr)."""
+    with open_db(args, write=args.action == "rebuild") as db:
+        if args.action == "status":
+            data = db.fts_rebuild_status()
+        else:
+            data = _with_progress("rebuilding the search index", db.rebuild_fts,
+                                  lambda: (db.fts_rebuild_status()["indexed"], db.fts_rebuild_status()["total"]))
+    emit(args, data, lambda d: "  ".join(f"{k}={v}" for k, v in d.items()))
+    return 0
+
+
+def _with_progress(label: str, work: Callable[[], Any], poll: Callable[[], tuple[int, int | None]]) -> Any:
+    """Run `work` while a progress line (on a terminal) shows what `poll` reports."""
+    progress = render.Progress(label)
+    if not progress.enabled:
+        return work()
+    result: list[Any] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(work())
+        except BaseException as exc:  # re-raised in the caller's thread
+            failure.append(exc)
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    while worker.is_alive():
+        try:
+            progress.update(*poll())
+        except HermesStateError:
+            pass
+        worker.join(0.2)
+    if failure:
+        raise failure[0]
+    progress.done()
+    return result[0]
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """Create the database (or bring an older one up to date)."""
+    from hermes_state import SessionDB
+    path = db_path(args)
+    existed = path.is_file() and path.stat().st_size > 0
+    with SessionDB(path) as db:
+        data = {"path": str(path), "created": not existed, "schema_version": db.schema_version}
+    emit(args, data, lambda d: f"{'created' if d['created'] else 'ready'}: {display_hermes_home(d['path'])} "
+                               f"(schema v{d['schema_version']})")
+    return 0
+
+
+def _mode_problem(path: Path) -> str | None:
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return None
+    if os.name == "posix" and mode & 0o077:
+        return f"{path.name} is readable by others (mode {mode:o}): run `chmod 600 {path}`"
+    return None
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Check the database: schema, integrity, FTS indexes, WAL size, file modes, lock holders."""
+    from hermes_state import SCHEMA_VERSION, SessionDB, StateDbIncompatibleError
+    from hermes_state_lockowners import write_lock_holders
+    path = existing_db(args)
+    checks: list[dict[str, Any]] = []
+
+    def check(name: str, ok: bool, detail: str) -> None:
+        checks.append({"check": name, "ok": ok, "detail": detail})
+    # Before any open: a writable open makes the files 0600 itself, which would hide the problem.
+    modes = [p for p in (_mode_problem(Path(f"{path}{s}")) for s in ("", "-wal", "-shm")) if p]
+    try:
+        with SessionDB(path, read_only=True) as db:
+            version = db.schema_version
+    except StateDbIncompatibleError as exc:
+        check("schema", False, f"{exc} (`hermes-state init` upgrades it)")
+        version = None
+    else:
+        check("schema", version == SCHEMA_VERSION, f"version {version}" + (
+            "" if version == SCHEMA_VERSION else f", this library writes {SCHEMA_VERSION}"))
+    if version == SCHEMA_VERSION:
+        with SessionDB(path) as db:
+            report = db.check_integrity(full=args.full)
+            status = db.fts_rebuild_status()
+        check("integrity", not report["problems"], "ok" if not report["problems"] else
+              "; ".join(report["problems"][:3]) + f" (`hermes-state recover {path} <new path>` salvages it)")
+        for table, result in report["fts"].items():
+            check(f"fts {table}", result == "ok", result if result == "ok" else
+                  f"{result} (`hermes-state fts rebuild` rebuilds it)")
+        check("fts rebuild", not status["pending"], "none pending" if not status["pending"] else
+              f"{status['pending']} rows not indexed yet (`hermes-state fts rebuild` finishes it)")
+    wal = Path(f"{path}-wal")
+    size = wal.stat().st_size if wal.exists() else 0
+    check("wal", size < 256 * 2**20, f"{size / 2**20:.1f} MB" + ("" if size < 256 * 2**20 else
+                                                                 " (a long reader may block checkpoints)"))
+    check("file modes", not modes, "; ".join(modes) or "0600")
+    holders = write_lock_holders(path)
+    checks.append({"check": "lock holders", "ok": True, "detail": "; ".join(holders) or "none"})
+    healthy = all(c["ok"] for c in checks)
+    emit(args, {"ok": healthy, "path": str(path), "checks": checks},
+         lambda d: "\n".join(f"{'ok ' if c['ok'] else 'BAD'}  {c['check']:<24} {render.safe(c['detail'])}"
+                             for c in d["checks"]), rows=checks)
+    return 0 if healthy else 1

@@ -1,0 +1,430 @@
+"""Gateway ledgers: the runtime epoch, the admissions FIFO, worker executions and their receipts,
+and deleting sessions together with every ledger row that names them.
+
+Owns: `runtime_epoch` (claiming the runtime; fencing writes from a replaced owner),
+`session_admissions` (a durable per-session FIFO of inbound input), `worker_executions` and
+`worker_receipts` (ordered, digest-checked results of managed runs), and `delete_session` /
+`prune_sessions`, which refuse while ledger work is live.
+Does not own: routing, the delivery outbox, async delegations and input ownership
+(hermes_state_routing; deletion removes their rows by table name only), session and message
+rows (hermes_state_sessions, hermes_state_messages).
+
+Transaction contract: every write runs inside the caller's BEGIN IMMEDIATE transaction and is a
+compare-and-set: it reads the row, checks the epoch and the state, and only then changes
+anything, so an illegal transition raises a typed error and leaves the database as it was.
+Reads run under the caller's lock and never write.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import time
+import uuid
+from typing import Any
+
+from hermes_state_common import (LIVE_ADMISSION_SQL, check_count, check_number, decode_json, encode_json, logger,
+                                 row_dicts)
+from hermes_state_errors import (LedgerStateError, ReceiptDigestError, ReceiptOrderError, SessionBusyError,
+                                 StaleEpochError)
+from hermes_state_sessions import require_session
+
+TERMINAL_STATES = ("completed", "failed", "cancelled")
+LIVE_ADMISSION_STATES = ("queued", "started", "unknown")
+LIVE_EXECUTION_STATES = ("running", "unknown")
+_LIVE_EXECUTION_SQL = "state IN ('running', 'unknown')"
+_DAY_S = 86400.0
+
+
+def _check_text(name: str, value: Any, *, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty str")
+    return value
+
+
+def _check_terminal(state: Any) -> str:
+    if state not in TERMINAL_STATES:
+        raise ValueError(f"state must be one of {', '.join(TERMINAL_STATES)}, not {state!r}")
+    return state
+
+
+# --- runtime epoch ------------------------------------------------------------------------------
+
+def current_epoch(conn: sqlite3.Connection) -> int | None:
+    """Return the current runtime epoch, or None when no owner has claimed the runtime yet."""
+    row = conn.execute("SELECT epoch FROM runtime_epoch WHERE id = 1").fetchone()
+    return row[0] if row else None
+
+
+def get_runtime(conn: sqlite3.Connection) -> dict[str, Any] | None:
+    """Return {epoch, instance_id, pid, started_at} of the current owner, or None."""
+    rows = row_dicts(conn.execute("SELECT epoch, instance_id, pid, started_at FROM runtime_epoch WHERE id = 1"))
+    return rows[0] if rows else None
+
+
+def claim_runtime(conn: sqlite3.Connection, instance_id: str | None = None, *, now: float | None = None) -> int:
+    """Become the owner: bump the epoch and return it.
+
+    Every admission still `started` and every execution still `running` under an older epoch
+    turns `unknown`: its owner is gone and nobody can tell whether its work finished, so it is
+    neither retried nor silently dropped. Writes carrying an older epoch are refused from now on.
+    """
+    _check_text("instance_id", instance_id, optional=True)
+    now = time.time() if now is None else now
+    epoch = (current_epoch(conn) or 0) + 1
+    conn.execute(
+        "INSERT INTO runtime_epoch (id, epoch, instance_id, pid, started_at) VALUES (1, ?, ?, ?, ?) "
+        "ON CONFLICT(id) DO UPDATE SET epoch = excluded.epoch, instance_id = excluded.instance_id, "
+        "pid = excluded.pid, started_at = excluded.started_at",
+        (epoch, instance_id or uuid.uuid4().hex, os.getpid(), now))
+    conn.execute("UPDATE session_admissions SET state = 'unknown' WHERE state = 'started' AND COALESCE(epoch, 0) < ?",
+                 (epoch,))
+    conn.execute("UPDATE worker_executions SET state = 'unknown' WHERE state = 'running' AND COALESCE(epoch, 0) < ?",
+                 (epoch,))
+    return epoch
+
+
+def check_epoch(conn: sqlite3.Connection, epoch: Any) -> int:
+    """Raise StaleEpochError unless `epoch` is the current runtime epoch (the fence)."""
+    check_count("epoch", epoch)
+    current = current_epoch(conn)
+    if current is None:
+        raise StaleEpochError(f"epoch {epoch} is not valid: no owner has claimed the runtime; call claim_runtime()")
+    if epoch != current:
+        raise StaleEpochError(
+            f"epoch {epoch} is stale: the runtime is at epoch {current}, claimed by another owner; "
+            "this owner must stop writing (nothing was changed)")
+    return epoch
+
+
+# --- admissions ---------------------------------------------------------------------------------
+
+def _admission_dict(row: dict[str, Any]) -> dict[str, Any]:
+    row["payload"] = decode_json(row.pop("payload_json"))
+    return row
+
+
+def _admission(conn: sqlite3.Connection, admission_id: Any) -> dict[str, Any]:
+    check_count("admission_id", admission_id)
+    rows = row_dicts(conn.execute("SELECT * FROM session_admissions WHERE id = ?", (admission_id,)))
+    if not rows:
+        raise LedgerStateError(f"admission {admission_id} does not exist")
+    return rows[0]
+
+
+def _queue_head(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
+    # The oldest admission that is not finished: queued, started or unknown. Terminal rows
+    # never block, so the head is whatever the queue is waiting on.
+    rows = row_dicts(conn.execute(
+        f"SELECT * FROM session_admissions WHERE session_id = ? AND {LIVE_ADMISSION_SQL} ORDER BY id LIMIT 1",
+        (session_id,)))
+    return rows[0] if rows else None
+
+
+def admit_input(conn: sqlite3.Connection, session_id: str, payload: Any, admission_key: str | None = None, *,
+                now: float | None = None) -> int:
+    """Queue an inbound input at the tail of the session's FIFO; return its id.
+
+    Idempotent by `admission_key`: a key the session already admitted returns the existing id
+    and changes nothing (the first payload stays).
+    """
+    _check_text("admission_key", admission_key, optional=True)
+    encoded = encode_json(payload, "payload")
+    if admission_key is not None:
+        row = conn.execute("SELECT id FROM session_admissions WHERE session_id = ? AND admission_key = ?",
+                           (session_id, admission_key)).fetchone()
+        if row is not None:
+            return row[0]
+    require_session(conn, session_id)
+    return conn.execute(
+        "INSERT INTO session_admissions (session_id, admission_key, payload_json, state, created_at) "
+        "VALUES (?, ?, ?, 'queued', ?)",
+        (session_id, admission_key, encoded, time.time() if now is None else now)).lastrowid
+
+
+def next_admission(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
+    """Return the queue's head if it is queued; None when the queue is empty or blocked.
+
+    An earlier admission that is `started` (running now) or `unknown` (its owner died) blocks
+    everything behind it: inputs are processed strictly in order, and an unknown one needs a
+    decision (resolve_unknown) before anything after it may run.
+    """
+    head = _queue_head(conn, session_id)
+    return _admission_dict(head) if head is not None and head["state"] == "queued" else None
+
+
+def get_admission(conn: sqlite3.Connection, admission_id: int) -> dict[str, Any] | None:
+    """Return one admission (payload decoded), or None."""
+    check_count("admission_id", admission_id)
+    rows = row_dicts(conn.execute("SELECT * FROM session_admissions WHERE id = ?", (admission_id,)))
+    return _admission_dict(rows[0]) if rows else None
+
+
+def list_admissions(conn: sqlite3.Connection, session_id: str | None = None,
+                    state: str | None = None) -> list[dict[str, Any]]:
+    """Return admissions in queue order, optionally of one session and/or one state."""
+    where, args = [], []
+    if session_id is not None:
+        where.append("session_id = ?")
+        args.append(session_id)
+    if state is not None:
+        where.append("state = ?")
+        args.append(state)
+    sql = "SELECT * FROM session_admissions" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
+    return [_admission_dict(r) for r in row_dicts(conn.execute(sql, args))]
+
+
+def start_admission(conn: sqlite3.Connection, admission_id: int, epoch: int, *, now: float | None = None) -> None:
+    """Move the queue's head from queued to started under the caller's epoch."""
+    row = _admission(conn, admission_id)
+    check_epoch(conn, epoch)
+    if row["state"] != "queued":
+        raise LedgerStateError(f"admission {admission_id} is {row['state']}; only a queued admission can start")
+    head = _queue_head(conn, row["session_id"])
+    if head["id"] != admission_id:
+        raise LedgerStateError(
+            f"admission {admission_id} is not the head of session {row['session_id']!r}'s queue: "
+            f"admission {head['id']} ({head['state']}) comes first")
+    conn.execute("UPDATE session_admissions SET state = 'started', epoch = ?, started_at = ? "
+                 "WHERE id = ? AND state = 'queued'", (epoch, time.time() if now is None else now, admission_id))
+
+
+def finish_admission(conn: sqlite3.Connection, admission_id: int, state: str, epoch: int, *,
+                     now: float | None = None) -> None:
+    """Move a started admission to completed/failed/cancelled; a queued one may only be cancelled."""
+    _check_terminal(state)
+    row = _admission(conn, admission_id)
+    check_epoch(conn, epoch)
+    started_here = row["state"] == "started" and row["epoch"] == epoch
+    if not (started_here or (row["state"] == "queued" and state == "cancelled")):
+        raise LedgerStateError(
+            f"admission {admission_id} is {row['state']}; only an admission started under epoch {epoch} can "
+            f"finish (a queued one can only be cancelled, an unknown one is settled by resolve_unknown)")
+    conn.execute("UPDATE session_admissions SET state = ?, finished_at = ? WHERE id = ? AND state = ?",
+                 (state, time.time() if now is None else now, admission_id, row["state"]))
+
+
+def resolve_unknown(conn: sqlite3.Connection, admission_id: int, resolution: str, epoch: int | None = None, *,
+                    now: float | None = None) -> None:
+    """Settle an unknown admission as completed, failed or cancelled; it is never requeued.
+
+    The resolution is also kept in the `resolution` column, so a reader can tell a settled
+    unknown from an ordinary finish. With `epoch`, the call is fenced like the others.
+    """
+    _check_terminal(resolution)
+    row = _admission(conn, admission_id)
+    if epoch is not None:
+        check_epoch(conn, epoch)
+    if row["state"] != "unknown":
+        raise LedgerStateError(f"admission {admission_id} is {row['state']}; only an unknown admission is resolved")
+    conn.execute("UPDATE session_admissions SET state = ?, resolution = ?, finished_at = ? "
+                 "WHERE id = ? AND state = 'unknown'",
+                 (resolution, resolution, time.time() if now is None else now, admission_id))
+
+
+# --- worker executions and receipts ---------------------------------------------------------------
+
+def _execution(conn: sqlite3.Connection, execution_id: Any) -> dict[str, Any]:
+    check_count("execution_id", execution_id)
+    rows = row_dicts(conn.execute("SELECT * FROM worker_executions WHERE id = ?", (execution_id,)))
+    if not rows:
+        raise LedgerStateError(f"execution {execution_id} does not exist")
+    return rows[0]
+
+
+def start_execution(conn: sqlite3.Connection, session_id: str, kind: str, epoch: int, *,
+                    now: float | None = None) -> int:
+    """Record a managed run (worker, child agent, cron, kanban...) as running; return its id."""
+    _check_text("kind", kind)
+    check_epoch(conn, epoch)
+    require_session(conn, session_id)
+    return conn.execute(
+        "INSERT INTO worker_executions (session_id, kind, state, epoch, started_at) VALUES (?, ?, 'running', ?, ?)",
+        (session_id, kind, epoch, time.time() if now is None else now)).lastrowid
+
+
+def finish_execution(conn: sqlite3.Connection, execution_id: int, state: str, epoch: int, *,
+                     now: float | None = None) -> None:
+    """Move an execution to completed/failed/cancelled.
+
+    Allowed from `running` under the caller's epoch, and from `unknown` (the current owner
+    settles a run its predecessor lost, typically after reading its receipts).
+    """
+    _check_terminal(state)
+    row = _execution(conn, execution_id)
+    check_epoch(conn, epoch)
+    if not ((row["state"] == "running" and row["epoch"] == epoch) or row["state"] == "unknown"):
+        raise LedgerStateError(f"execution {execution_id} is {row['state']}; only a running execution of this "
+                               "epoch or an unknown one can finish")
+    conn.execute("UPDATE worker_executions SET state = ?, finished_at = ? WHERE id = ? AND state = ?",
+                 (state, time.time() if now is None else now, execution_id, row["state"]))
+
+
+def get_execution(conn: sqlite3.Connection, execution_id: int) -> dict[str, Any] | None:
+    """Return one execution row, or None."""
+    check_count("execution_id", execution_id)
+    rows = row_dicts(conn.execute("SELECT * FROM worker_executions WHERE id = ?", (execution_id,)))
+    return rows[0] if rows else None
+
+
+def list_executions(conn: sqlite3.Connection, session_id: str | None = None,
+                    state: str | None = None) -> list[dict[str, Any]]:
+    """Return executions by id, optionally of one session and/or one state."""
+    where, args = [], []
+    if session_id is not None:
+        where.append("session_id = ?")
+        args.append(session_id)
+    if state is not None:
+        where.append("state = ?")
+        args.append(state)
+    sql = "SELECT * FROM worker_executions" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
+    return row_dicts(conn.execute(sql, args))
+
+
+def canonical_json(payload: Any) -> str:
+    """Return the canonical JSON text of a receipt payload (sorted keys, no spaces, UTF-8 kept)."""
+    try:
+        return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"receipt payload is not JSON-serialisable: {exc}") from exc
+
+
+def receipt_digest(payload: Any) -> str:
+    """Return the SHA-256 hex digest of the payload's canonical JSON encoded as UTF-8."""
+    try:
+        data = canonical_json(payload).encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate has no UTF-8 form
+        raise ValueError(f"receipt payload cannot be encoded as UTF-8: {exc}") from exc
+    return hashlib.sha256(data).hexdigest()
+
+
+def record_receipt(conn: sqlite3.Connection, execution_id: int, seq: int, payload: Any, digest: str, *,
+                   epoch: int | None = None, now: float | None = None) -> bool:
+    """Record result `seq` of an execution; return True when stored, False for an identical repeat.
+
+    Results arrive in order 1, 2, ...: a gap raises ReceiptOrderError. The digest must be the
+    SHA-256 of the payload's canonical JSON (ReceiptDigestError otherwise, also when `seq` was
+    already recorded with other content). A repeat of a stored receipt changes nothing, so a
+    worker may resend after a crash. New receipts are taken while the execution is running or
+    unknown, never after it finished.
+    """
+    check_count("seq", seq)
+    if not isinstance(digest, str):
+        raise ValueError("digest must be a hex str")
+    computed = receipt_digest(payload)
+    if digest.lower() != computed:
+        raise ReceiptDigestError(f"receipt {seq} of execution {execution_id}: digest {digest!r} does not match "
+                                 f"the payload's SHA-256 {computed}")
+    row = _execution(conn, execution_id)
+    if epoch is not None:
+        check_epoch(conn, epoch)
+    stored = conn.execute("SELECT digest FROM worker_receipts WHERE execution_id = ? AND seq = ?",
+                          (execution_id, seq)).fetchone()
+    if stored is not None:
+        if stored[0] == computed:
+            return False
+        raise ReceiptDigestError(f"receipt {seq} of execution {execution_id} was already recorded with digest "
+                                 f"{stored[0]}, not {computed}")
+    if row["state"] not in LIVE_EXECUTION_STATES:
+        raise LedgerStateError(f"execution {execution_id} is {row['state']}; it takes no more receipts")
+    last = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM worker_receipts WHERE execution_id = ?",
+                        (execution_id,)).fetchone()[0]
+    if seq != last + 1:
+        raise ReceiptOrderError(f"receipt {seq} of execution {execution_id} is out of order: "
+                                f"the next one is {last + 1}")
+    conn.execute("INSERT INTO worker_receipts (execution_id, session_id, seq, payload_json, digest, recorded_at) "
+                 "VALUES (?, ?, ?, ?, ?, ?)", (execution_id, row["session_id"], seq, canonical_json(payload),
+                                               computed, time.time() if now is None else now))
+    return True
+
+
+def list_receipts(conn: sqlite3.Connection, execution_id: int) -> list[dict[str, Any]]:
+    """Return the execution's receipts by seq: {execution_id, session_id, seq, payload, digest, recorded_at}."""
+    check_count("execution_id", execution_id)
+    rows = row_dicts(conn.execute("SELECT * FROM worker_receipts WHERE execution_id = ? ORDER BY seq",
+                                  (execution_id,)))
+    for row in rows:
+        row["payload"] = json.loads(row.pop("payload_json"))
+    return rows
+
+
+# --- deleting sessions --------------------------------------------------------------------------
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
+
+
+def live_ledger_work(conn: sqlite3.Connection, session_id: str) -> str | None:
+    """Describe the session's live ledger work (unfinished admissions or executions), or None."""
+    admissions = conn.execute(
+        f"SELECT COUNT(*) FROM session_admissions WHERE session_id = ? AND {LIVE_ADMISSION_SQL}",
+        (session_id,)).fetchone()[0]
+    executions = conn.execute(
+        f"SELECT COUNT(*) FROM worker_executions WHERE session_id = ? AND {_LIVE_EXECUTION_SQL}",
+        (session_id,)).fetchone()[0]
+    if not admissions and not executions:
+        return None
+    return f"{admissions} unfinished admission(s) and {executions} running or unknown execution(s)"
+
+
+def _delete_rows(conn: sqlite3.Connection, session_id: str, outbox: bool) -> None:
+    # Children first, so every foreign key holds at each step; the FTS triggers remove the
+    # messages' index rows. Routing and delegation rows have no foreign key: they are matched
+    # by the session they point at.
+    conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
+    conn.execute("DELETE FROM session_model_usage WHERE session_id = ?", (session_id,))
+    conn.execute("DELETE FROM compression_locks WHERE session_id = ?", (session_id,))
+    conn.execute("DELETE FROM worker_receipts WHERE session_id = ? OR execution_id IN "
+                 "(SELECT id FROM worker_executions WHERE session_id = ?)", (session_id, session_id))
+    conn.execute("DELETE FROM worker_executions WHERE session_id = ?", (session_id,))
+    conn.execute("DELETE FROM session_admissions WHERE session_id = ?", (session_id,))
+    if outbox:
+        conn.execute("DELETE FROM delivery_obligations WHERE session_id = ?", (session_id,))
+    conn.execute("DELETE FROM async_delegations WHERE origin_session_id = ?", (session_id,))
+    conn.execute("DELETE FROM gateway_routing WHERE CASE WHEN json_valid(entry_json) "
+                 "THEN json_extract(entry_json, '$.session_id') END = ?", (session_id,))
+    # A child outlives its parent as a root session: the link goes, the child stays.
+    conn.execute("UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id = ?", (session_id,))
+    conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+
+
+def delete_session(conn: sqlite3.Connection, session_id: str) -> None:
+    """Delete a session with its messages (every generation), usage, lock and ledger rows.
+
+    Raises SessionNotFoundError for an unknown id and SessionBusyError while an admission is
+    queued, started or unknown or an execution is running or unknown; then nothing is deleted.
+    Children are kept and detached (their parent link becomes NULL).
+    """
+    require_session(conn, session_id)
+    busy = live_ledger_work(conn, session_id)
+    if busy:
+        raise SessionBusyError(f"session {session_id!r} has {busy}; finish or resolve them before deleting it")
+    _delete_rows(conn, session_id, _has_table(conn, "delivery_obligations"))
+
+
+def prune_sessions(conn: sqlite3.Connection, older_than_days: float, source: str | None = None, *,
+                   now: float | None = None) -> int:
+    """Delete ended sessions started more than `older_than_days` ago; return how many.
+
+    Sessions that are not ended are never pruned; an ended session with live ledger work is
+    skipped (and logged) rather than failing the whole prune.
+    """
+    check_number("older_than_days", older_than_days)
+    _check_text("source", source, optional=True)
+    cutoff = (time.time() if now is None else now) - older_than_days * _DAY_S
+    sql, args = "SELECT id FROM sessions WHERE ended_at IS NOT NULL AND started_at < ?", [cutoff]
+    if source is not None:
+        sql, args = sql + " AND source = ?", args + [source]
+    outbox = _has_table(conn, "delivery_obligations")
+    pruned = 0
+    for (session_id,) in conn.execute(sql, args).fetchall():
+        busy = live_ledger_work(conn, session_id)
+        if busy:
+            logger.info("prune skipped session %s: %s", session_id, busy)
+            continue
+        _delete_rows(conn, session_id, outbox)
+        pruned += 1
+    return pruned

@@ -1,0 +1,185 @@
+"""Terminal rendering for the command line: safe text, aligned tables, times, highlights, progress.
+
+Owns: making untrusted stored text safe to print (control characters escaped, so a message
+can neither break a table nor drive the terminal), display width (wide CJK characters count
+two columns, combining marks none), tables that fit the terminal (truncated with `…`, numbers
+right-aligned), relative times, match highlighting, machine formats (JSON, JSON Lines, CSV)
+and progress lines on stderr.
+Does not own: what a command shows (hermes_state_cli) or any database access.
+Imports nothing of ours; runs no SQL.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import sys
+import time
+import unicodedata
+from typing import Any, Iterable, TextIO
+
+ELLIPSIS = "…"
+# C0 and C1 controls, DEL, and the bidirectional overrides that can reorder what a terminal shows.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_BOLD_ON, _BOLD_OFF = "\x1b[1;33m", "\x1b[0m"
+
+
+def safe(text: Any, *, keep_newlines: bool = False) -> str:
+    """Return `text` printable as is: control characters become visible escapes (`\\n`, `\\x1b`)."""
+    if text is None:
+        return ""
+    text = str(text)
+
+    def escape(match: re.Match[str]) -> str:
+        ch = match.group()
+        if keep_newlines and ch in "\n\t":
+            return ch
+        return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(ch, f"\\x{ord(ch):02x}" if ord(ch) < 0x100
+                                                           else f"\\u{ord(ch):04x}")
+    return _CONTROL.sub(escape, text)
+
+
+def char_width(ch: str) -> int:
+    """Return the terminal columns one character takes: 2 for wide CJK, 0 for combining marks."""
+    if unicodedata.combining(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf"):
+        return 0
+    return 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+
+
+def width(text: str) -> int:
+    """Return the display width of `text` in terminal columns."""
+    if text.isascii():
+        return len(text)
+    return sum(char_width(ch) for ch in text)
+
+
+def truncate(text: str, columns: int) -> str:
+    """Return `text` cut to at most `columns` display columns, ending with `…` when cut."""
+    if width(text) <= columns:
+        return text
+    out, used = [], 0
+    for ch in text:
+        w = char_width(ch)
+        if used + w > columns - 1:
+            break
+        out.append(ch)
+        used += w
+    return "".join(out) + ELLIPSIS
+
+
+def _pad(text: str, columns: int, right: bool) -> str:
+    gap = " " * max(columns - width(text), 0)
+    return gap + text if right else text + gap
+
+
+def table(rows: list[dict[str, Any]], columns: list[str], *, numeric: Iterable[str] = (),
+          max_width: int = 80, headers: dict[str, str] | None = None) -> str:
+    """Return an aligned table of `rows` that fits `max_width` columns; the widest columns are cut first."""
+    numeric = set(numeric)
+    titles = [(headers or {}).get(c, c) for c in columns]
+    cells = [[safe(r.get(c)) for c in columns] for r in rows]
+    widths = [max([width(t)] + [width(row[i]) for row in cells]) for i, t in enumerate(titles)]
+    budget = max_width - 2 * (len(columns) - 1)
+    while sum(widths) > budget and max(widths) > 4:
+        widest = widths.index(max(widths))
+        widths[widest] -= 1
+    lines = ["  ".join(_pad(truncate(t, w), w, c in numeric) for t, w, c in zip(titles, widths, columns))]
+    for row in cells:
+        lines.append("  ".join(_pad(truncate(v, w), w, c in numeric) for v, w, c in zip(row, widths, columns)))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def relative_time(ts: float | None, now: float | None = None) -> str:
+    """Return `ts` for people: "3 min ago", "yesterday", or a date for anything older than a week."""
+    if not ts:
+        return "-"
+    delta = (time.time() if now is None else now) - ts
+    if delta < 0:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+    for limit, unit, size in ((60, "s", 1), (3600, "min", 60), (86400, "h", 3600)):
+        if delta < limit:
+            return f"{int(delta // size)} {unit} ago"
+    if delta < 2 * 86400:
+        return "yesterday"
+    if delta < 7 * 86400:
+        return f"{int(delta // 86400)} days ago"
+    return time.strftime("%Y-%m-%d", time.localtime(ts))
+
+
+def clock_time(ts: float | None) -> str:
+    """Return `ts` as a local date and time, or "-"."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def highlight(snippet: str, *, color: bool) -> str:
+    """Return a search snippet made safe, its `>>>match<<<` markers turned bold on a terminal."""
+    text = safe(snippet)
+    if not color:
+        return text
+    return text.replace(">>>", _BOLD_ON).replace("<<<", _BOLD_OFF)
+
+
+def money(value: Any) -> str:
+    """Return a cost rounded for people ("$0.0042"), or "" when unknown."""
+    if value is None:
+        return ""
+    return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
+
+
+def number(value: Any) -> str:
+    """Return an integer with thousands separators, or "" when unknown."""
+    return "" if value is None else f"{value:,}"
+
+
+# --- machine formats ----------------------------------------------------------------------------
+
+def as_json(data: Any) -> str:
+    """Return `data` as indented JSON (non-ASCII kept)."""
+    return json.dumps(data, ensure_ascii=False, indent=2, default=str)
+
+
+def as_json_lines(rows: Iterable[Any]) -> Iterable[str]:
+    """Yield one compact JSON document per row."""
+    for row in rows:
+        yield json.dumps(row, ensure_ascii=False, default=str)
+
+
+def as_csv(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
+    """Return `rows` as CSV with a header line; nested values are written as JSON."""
+    columns = columns or (list(rows[0]) if rows else [])
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else v
+                         for v in (row.get(c) for c in columns)])
+    return out.getvalue().rstrip("\n")
+
+
+# --- progress ----------------------------------------------------------------------------------
+
+class Progress:
+    """Progress of long work on stderr, redrawn in place; silent when stderr is not a terminal."""
+
+    def __init__(self, label: str, stream: TextIO | None = None):
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty()
+        self._last = 0.0
+
+    def update(self, done: int, total: int | None = None) -> None:
+        """Show `done` (of `total`), at most ten times a second."""
+        if not self.enabled or time.monotonic() - self._last < 0.1:
+            return
+        self._last = time.monotonic()
+        share = f" ({100 * done / total:.0f}%)" if total else ""
+        of = f" of {total:,}" if total else ""
+        self.stream.write(f"\r{self.label}: {done:,}{of}{share}\x1b[K")
+        self.stream.flush()
+
+    def done(self, message: str = "") -> None:
+        """End the progress line (with a last message)."""
+        if self.enabled:
+            self.stream.write(f"\r{self.label}: {message or 'done'}\x1b[K\n")
+            self.stream.flush()

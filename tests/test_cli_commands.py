@@ -1,0 +1,208 @@
+"""The `hermes-state` command as a user runs it: a subprocess on a temporary HERMES_HOME."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hermes_state import SessionDB
+
+
+def run(home: Path, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HERMES_HOME": str(home), "COLUMNS": "80"}
+    return subprocess.run([sys.executable, "-m", "hermes_state_cli", *argv], capture_output=True, text=True,
+                          env=env, input=stdin, timeout=120)
+
+
+@pytest.fixture
+def filled(hermes_home):
+    with SessionDB() as db:
+        db.create_session("s1", "cli", "model-a", title="Deploy", input_tokens=1200, output_tokens=300,
+                          estimated_cost_usd=0.01234)
+        db.append_message("s1", "user", "deploy the kanban board")
+        db.append_message("s1", "assistant", "", tool_calls=[{"id": "c1", "type": "function", "function": {
+            "name": "terminal", "arguments": '{"cmd": "make deploy"}'}}], reasoning="plan the deploy")
+        db.append_message("s1", "tool", "ERR_CONN_7 refused\nretrying", tool_call_id="c1", tool_name="terminal")
+        db.create_session("s2", "telegram", title="東京の旅")
+        db.append_message("s2", "user", "東京タワーに行きたい \x1b[31mred\x1b[0m\nnext line")
+        db.create_session("s3", "cron")
+        db.end_session("s3", "done")
+    return hermes_home
+
+
+def digest(path: Path) -> dict[str, str]:
+    """Hash the database and its WAL's content (a reader may create an empty -wal and the -shm index)."""
+    wal = Path(f"{path}-wal")
+    return {"db": hashlib.sha256(path.read_bytes()).hexdigest(),
+            "wal": hashlib.sha256(wal.read_bytes() if wal.exists() else b"").hexdigest()}
+
+
+def test_browsing_commands_with_and_without_json(filled):
+    out = run(filled, "sessions", "list")
+    assert out.returncode == 0, out.stderr
+    assert "1-3 of 3 sessions" in out.stdout and "Deploy" in out.stdout
+    rows = json.loads(run(filled, "sessions", "list", "--json").stdout)  # a global flag after the command
+    assert {r["id"] for r in rows} == {"s1", "s2", "s3"}
+    assert [r["id"] for r in json.loads(run(filled, "--json", "sessions", "list", "-n", "1", "--offset", "1").stdout)] \
+        == [rows[1]["id"]]
+    lines = run(filled, "sessions", "list", "--nl").stdout.splitlines()
+    assert len(lines) == 3 and all(json.loads(line)["id"] for line in lines)
+    assert run(filled, "sessions", "list", "--csv").stdout.splitlines()[0].startswith("id,source,")
+    assert [r["id"] for r in json.loads(run(filled, "sessions", "list", "--model", "model-a", "--json").stdout)] == ["s1"]
+    shown = run(filled, "sessions", "show", "s1")
+    assert "→ terminal" in shown.stdout and "tokens in 1,200 / out 300" in shown.stdout and "$0.0123" in shown.stdout
+    assert "None" not in shown.stdout and "title=" not in shown.stdout
+    full = run(filled, "sessions", "show", "s1", "--full").stdout
+    assert "### reasoning" in full and "> plan the deploy" in full and "make deploy" in full and "## tool `terminal`" in full
+    assert json.loads(run(filled, "sessions", "show", "s1", "--json").stdout)["session"]["title"] == "Deploy"
+    found = run(filled, "sessions", "search", "ERR_CONN_7", "--role", "tool")
+    assert "s1" in found.stdout and ">>>ERR_CONN_7<<<" in found.stdout and "\x1b" not in found.stdout
+    assert json.loads(run(filled, "--json", "sessions", "search", "東京").stdout)[0]["session_id"] == "s2"
+    assert run(filled, "sessions", "search", "nothing-like-this").stdout.strip() == "no match"
+    stats = run(filled, "sessions", "stats")
+    assert "total" in stats.stdout and "(no model)" in stats.stdout and "1,200" in stats.stdout
+    assert json.loads(run(filled, "sessions", "stats", "--json").stdout)["top_sessions"][0]["id"] == "s1"
+    assert json.loads(run(filled, "fts", "status", "--json").stdout)["pending"] == 0
+
+
+def test_untrusted_text_never_reaches_the_terminal_raw(filled):
+    for argv in (["sessions", "list"], ["sessions", "show", "s2"], ["sessions", "search", "東京"]):
+        out = run(filled, *argv).stdout
+        assert "\x1b" not in out, argv
+        assert "\\x1b[31m" in out or "東京" in out
+    table = run(filled, "sessions", "list").stdout.splitlines()
+    assert all(len(line) <= 80 for line in table)
+
+
+def test_browsing_never_changes_the_file(filled):
+    path = filled / "state.db"
+    with SessionDB() as db:
+        db.close()
+    before = digest(path)
+    for argv in (["sessions", "list"], ["sessions", "show", "s1"], ["sessions", "search", "deploy"],
+                 ["sessions", "stats"], ["fts", "status"]):
+        assert run(filled, *argv).returncode == 0
+    assert digest(path) == before
+
+
+def test_writes_delete_prune_rename_and_doctor(filled):
+    assert run(filled, "sessions", "rename", "s2", "Tokyo trip").returncode == 0
+    assert "Tokyo trip" in run(filled, "sessions", "list").stdout
+    assert json.loads(run(filled, "sessions", "prune", "--older-than", "0", "--json").stdout) == {"deleted": 1}
+    assert run(filled, "sessions", "delete", "s2").returncode == 0
+    assert [r["id"] for r in json.loads(run(filled, "sessions", "list", "--json").stdout)] == ["s1"]
+    doctor = run(filled, "doctor")
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "integrity" in doctor.stdout and "BAD" not in doctor.stdout
+    report = json.loads(run(filled, "doctor", "--json").stdout)
+    assert report["ok"] is True and {c["check"] for c in report["checks"]} >= {"schema", "integrity", "wal"}
+    os.chmod(filled / "state.db", 0o644)
+    bad = run(filled, "doctor")
+    assert bad.returncode == 1 and "chmod 600" in bad.stdout
+
+
+def test_error_paths_are_one_line_with_exit_codes(filled, tmp_path):
+    missing = run(filled, "sessions", "show", "nope")
+    assert missing.returncode == 1 and missing.stderr == "hermes-state: session 'nope' not found\n"
+    for argv in (["sessions", "list", "--limit", "-1"], ["sessions", "list", "--bogus"], ["sessions"],
+                 ["--profile", "x", "--db", "y.db", "sessions", "list"], ["demo", "--json"],
+                 ["demo", "--db", "x.db"], ["sessions", "show", "s1", "--csv"]):
+        out = run(filled, *argv)
+        assert out.returncode == 2, (argv, out.stderr)
+        assert "Traceback" not in out.stderr
+    nope = run(filled, "--profile", "ghost", "sessions", "list")
+    assert nope.returncode == 2 and "ghost" in nope.stderr
+    for target, says in ((tmp_path / "absent.db", "does not exist"), (tmp_path, "is a directory")):
+        out = run(filled, "--db", str(target), "sessions", "rename", "s1", "x")
+        assert out.returncode == 1 and says in out.stderr and out.stderr.count("\n") == 1
+    (tmp_path / "empty.db").write_bytes(b"")
+    out = run(filled, "--db", str(tmp_path / "empty.db"), "fts", "rebuild")
+    assert out.returncode == 1 and "empty (0 bytes)" in out.stderr
+    assert not (tmp_path / "absent.db").exists() and (tmp_path / "empty.db").stat().st_size == 0
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a database at all" * 200)
+    corrupt = run(filled, "--db", str(garbage), "sessions", "list")
+    assert corrupt.returncode == 1 and "hermes-state recover" in corrupt.stderr and "Traceback" not in corrupt.stderr
+    debug = run(filled, "--db", str(garbage), "sessions", "list", "--debug")
+    assert "Traceback" in debug.stderr
+
+
+def test_profiles_follow_hermes_homes_root(filled):
+    (filled / "profiles" / "coder").mkdir(parents=True)
+    assert run(filled, "init", "-p", "coder").returncode == 0  # -p after the command
+    assert (filled / "profiles" / "coder" / "state.db").is_file()
+    listed = run(filled, "sessions", "list", "--profile", "coder")
+    assert listed.returncode == 0 and "no sessions" in listed.stdout
+    assert "--profile" in run(filled, "--help").stdout
+
+
+def test_init_creates_and_demo_keep_leaves_a_home_to_explore(tmp_path):
+    home = tmp_path / "fresh"
+    created = run(home, "init", "--json")
+    assert created.returncode == 0 and json.loads(created.stdout)["created"] is True
+    assert json.loads(run(home, "init", "--json").stdout)["created"] is False
+    demo = run(home, "demo", "--keep")
+    kept = demo.stdout.split("HERMES_HOME=")[1].split()[0]
+    try:
+        assert "demo_tokyo" in run(Path(kept), "sessions", "list").stdout
+    finally:
+        import shutil
+        shutil.rmtree(kept, ignore_errors=True)
+
+
+def test_a_closed_pipe_ends_quietly(filled):
+    with SessionDB() as db:
+        for i in range(300):
+            db.create_session(f"bulk{i}", "cli")
+    env = {**os.environ, "HERMES_HOME": str(filled)}
+    out = subprocess.run(f"{sys.executable} -m hermes_state_cli sessions list -n 300 | head -2", shell=True,
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.count("\n") == 2 and "Error" not in out.stderr and "Traceback" not in out.stderr
+
+
+def _run_in_terminal(home: Path, *argv: str) -> str:
+    """Run the command with stdout and stderr on a pseudo-terminal; return everything it printed."""
+    leader, follower = pty.openpty()
+    env = {**os.environ, "HERMES_HOME": str(home), "TERM": "xterm"}
+    proc = subprocess.Popen([sys.executable, "-m", "hermes_state_cli", *argv], stdout=follower, stderr=follower,
+                            stdin=subprocess.DEVNULL, env=env, close_fds=True)
+    os.close(follower)
+    chunks = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 0.5)
+        if ready:
+            try:
+                data = os.read(leader, 65536)
+            except OSError:
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+    proc.wait(10)
+    os.close(leader)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_highlighting_and_progress_appear_only_on_a_terminal(filled):
+    on_tty = _run_in_terminal(filled, "sessions", "search", "kanban")
+    assert "\x1b[1;33mkanban\x1b[0m" in on_tty and ">>>" not in on_tty
+    piped = run(filled, "sessions", "search", "kanban").stdout
+    assert ">>>kanban<<<" in piped and "\x1b[" not in piped
+    with SessionDB() as db:
+        for i in range(3000):
+            db.append_message("s1", "user", f"filler message {i}")
+    progress = _run_in_terminal(filled, "fts", "rebuild")
+    assert "rebuilding the search index" in progress
+    quiet = run(filled, "fts", "rebuild")
+    assert quiet.returncode == 0 and quiet.stderr == ""

@@ -1,0 +1,350 @@
+"""Regression tests for defects found by a hostile review: each failed before its fix."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hermes_state_compression as compression
+from hermes_state import (HermesStateError, SessionDB, SessionNotFoundError, StateDbCorruptError,
+                          StoreUnavailableError, list_sessions_across_profiles)
+
+
+# --- hangs and unreadable data ------------------------------------------------------------------------
+
+def test_a_hit_in_a_huge_row_gets_a_bounded_snippet(db):
+    db.create_session("s", "cli")
+    huge = "lorem ipsum dolor sit amet " * 200_000 + " NeedleWord tail " + "x " * 1000  # ~5 MB
+    big = db.append_message("s", "tool", huge, tool_call_id="c", tool_name="shell")
+    small = db.append_message("s", "user", "a small NeedleWord message")
+    found = []
+    # A liveness guard, not a speed target: FTS5's snippet() over this row took minutes
+    # (its cost grows with the square of the row); a window around the match takes milliseconds.
+    search = threading.Thread(target=lambda: found.extend(db.search_messages("needleword")), daemon=True)
+    search.start()
+    search.join(60.0)
+    assert not search.is_alive(), "the search did not finish"
+    hits = {h["id"]: h for h in found}
+    assert set(hits) == {big, small}
+    assert ">>>NeedleWord<<<" in hits[big]["snippet"] and len(hits[big]["snippet"]) < 200
+    assert hits[big]["snippet"].startswith("...") and hits[big]["snippet"].endswith("...")
+    assert hits[small]["snippet"] == "a small >>>NeedleWord<<< message"
+
+
+def test_a_long_read_does_not_hold_the_write_path(db):
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "something to find")
+    reading, appended = threading.Event(), threading.Event()
+
+    def slow_statement(sql: str) -> None:
+        # Runs inside the search's read; a write that needs the same lock would wait forever.
+        if threading.current_thread().name == "slow-reader" and sql.lstrip().upper().startswith("SELECT"):
+            reading.set()
+            appended.wait(5.0)
+
+    results = []
+    with db.tracer(slow_statement):
+        t = threading.Thread(target=lambda: results.append(db.search_messages("something")), name="slow-reader")
+        t.start()
+        assert reading.wait(5.0)
+        started = time.monotonic()
+        db.append_message("s", "assistant", "written while a read is in progress")
+        waited = time.monotonic() - started
+        appended.set()
+        t.join(10.0)
+    assert waited < 4.0  # it did not wait for the read (which waits up to 5 s for it)
+    assert results and results[0][0]["snippet"] == ">>>something<<< to find"
+
+
+def _plant_invalid_utf8(raw: sqlite3.Connection) -> None:
+    raw.execute("INSERT INTO messages (session_id, role, content, timestamp) "
+                "VALUES ('s', 'user', CAST(X'6F6B20C32820626164' AS TEXT), 5)")
+    raw.execute("UPDATE sessions SET title = CAST(X'54C328' AS TEXT) WHERE id = 's'")
+
+
+def test_text_that_is_not_utf8_reads_with_replacement_characters(db, raw_conn):
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "fine text")
+    _plant_invalid_utf8(raw_conn())
+    assert [m["content"] for m in db.get_messages("s")] == ["fine text", "ok \ufffd( bad"]
+    assert db.get_messages_as_conversation("s")[1]["content"] == "ok \ufffd( bad"
+    (row,) = db.list_sessions()
+    assert row["title"] == "T\ufffd(" and row["preview"] == "ok \ufffd( bad"  # the earliest user message
+    (hit,) = db.search_messages("bad")
+    assert "\ufffd" in hit["snippet"] and ">>>bad<<<" in hit["snippet"]
+
+
+def test_cli_shows_text_that_is_not_utf8_without_a_traceback(db, raw_conn):
+    db.create_session("s", "cli")
+    _plant_invalid_utf8(raw_conn())
+    db.close()
+    out = subprocess.run([sys.executable, "-m", "hermes_state_cli", "--db", str(db.db_path), "sessions", "show", "s"],
+                         capture_output=True, text=True, env={**os.environ, "HERMES_STATE_DB_GUARD_BYPASS": "1"},
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr and "\ufffd" in out.stdout
+
+
+@pytest.mark.parametrize("where", ["directory", "empty"])
+def test_a_path_sqlite_cannot_open_is_a_typed_error(tmp_path, monkeypatch, where):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    path = work / "a_directory" if where == "directory" else ""
+    if where == "directory":
+        path.mkdir()
+    with pytest.raises(StoreUnavailableError, match="cannot be opened"):
+        SessionDB(path)
+    assert sorted(p.name for p in work.iterdir()) == (["a_directory"] if where == "directory" else [])
+
+
+def _damage_fts(db: SessionDB, where: str) -> None:
+    db.create_session("s", "cli")
+    for i in range(300):
+        db.append_message("s", "user", f"word{i} " * 40)
+    db.close()
+    raw = sqlite3.connect(db.db_path)
+    # A fixed pattern, not random bytes: some random bytes decode as a huge size and make
+    # SQLite fail for memory instead of reporting the damage.
+    raw.execute(f"UPDATE messages_fts_data SET block = CAST(replace(hex(zeroblob(length(block))), '00', 'A5') "
+                f"AS BLOB) WHERE {where}")
+    raw.commit()
+    raw.close()
+
+
+def test_damaged_fts_pages_are_typed_errors_and_rebuild_fts_repairs_them(db):
+    _damage_fts(db, "id > 10")  # index pages; the structure record is intact
+    with SessionDB(db.db_path) as again:
+        with pytest.raises(StateDbCorruptError):
+            again.search_messages("word7")
+        again.rebuild_fts()
+        assert len(again.search_messages("word7")) == 1
+
+
+def test_a_damaged_fts_structure_is_a_typed_error_for_every_call(db):
+    _damage_fts(db, "id <= 10")
+    with SessionDB(db.db_path) as again:
+        for call in (lambda: again.search_messages("word7"), lambda: again.append_message("s", "user", "more"),
+                     again.rebuild_fts):
+            with pytest.raises(StateDbCorruptError, match="recover"):
+                call()
+        assert [m["content"] for m in again.get_messages("s")][:1] == ["word0 " * 40]  # rows still readable
+
+
+# --- public API that corrupts state -----------------------------------------------------------------
+
+def test_compression_is_not_an_end_reason_callers_may_give(db):
+    db.create_session("s", "cli")
+    with pytest.raises(ValueError, match="reserved"):
+        db.end_session("s", "compression")
+    db.append_message("s", "user", "still usable")
+    db.rotate_session("s", "t", [])
+    assert db.get_session("s")["end_reason"] == "compression"
+
+
+def test_replace_messages_refuses_one_uid_twice(db):
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "one")
+    msg = db.get_messages_as_conversation("s")[0]
+    with pytest.raises(ValueError, match="same message_uid"):
+        db.replace_messages("s", [msg, dict(msg, content="again")])
+    assert [m["content"] for m in db.get_messages("s")] == ["one"]
+    db.compress_in_place("s", db.get_messages_as_conversation("s"))  # still compressible
+
+
+def test_kept_conversation_dicts_keep_the_stored_fields(db):
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "hello", timestamp=1000.0, platform_message_id="p1", observed=True,
+                      display_kind="voice", display_metadata={"lang": "en"}, effect_disposition="kept")
+    db.append_message("s", "assistant", "hi", token_count=7, finish_reason="stop", timestamp=1001.0)
+    kept = db.get_messages_as_conversation("s")
+    kept[1] = dict(kept[1], finish_reason="length")  # the caller's value wins
+    db.compress_in_place("s", kept)
+    live = db.get_messages("s")
+    assert [(m["timestamp"], m["platform_message_id"], m["observed"], m["display_kind"], m["display_metadata"],
+             m["effect_disposition"]) for m in live[:1]] == [(1000.0, "p1", 1, "voice", {"lang": "en"}, "kept")]
+    assert (live[1]["token_count"], live[1]["finish_reason"], live[1]["timestamp"]) == (7, "length", 1001.0)
+    db.rotate_session("s", "t", db.get_messages_as_conversation("s"))
+    assert [m["timestamp"] for m in db.get_messages("t")] == [1000.0, 1001.0]
+
+
+def test_rows_without_a_uid_replay_once_across_a_compression_seam(db, raw_conn):
+    db.create_session("p", "cli")
+    raw = raw_conn()
+    for i, text in enumerate(["old one", "old two"]):
+        raw.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES ('p', 'user', ?, ?)",
+                    (text, 10 + i))
+    raw.close()
+    conv = db.get_messages_as_conversation("p")
+    assert [m["content"] for m in conv] == ["old one", "old two"]
+    assert conv[0]["message_uid"] != conv[1]["message_uid"]
+    assert conv == db.get_messages_as_conversation("p")  # the derived uids are stable
+    db.rotate_session("p", "c", conv[1:])
+    db.append_message("c", "assistant", "new")
+    replay = db.get_messages_as_conversation("c", include_ancestors=True)
+    assert [m["content"] for m in replay] == ["old one", "old two", "new"]
+
+
+@pytest.mark.parametrize("columns", [{"started_at": "yesterday"}, {"input_tokens": -5},
+                                     {"estimated_cost_usd": float("nan")}, {"message_count": 3}])
+def test_create_session_refuses_values_that_break_sorting_and_sweeps(db, columns):
+    with pytest.raises(ValueError):
+        db.create_session("s", "cli", **columns)
+    assert db.get_session("s") is None
+
+
+def test_token_sums_past_64_bits_raise_instead_of_becoming_floats(db):
+    db.create_session("s", "cli", model="m")
+    db.update_token_counts("s", input_tokens=2**63 - 10)
+    with pytest.raises(ValueError, match="64-bit"):
+        db.update_token_counts("s", input_tokens=11)
+    row = db.get_session("s")
+    assert row["input_tokens"] == 2**63 - 10 and isinstance(row["input_tokens"], int)
+    assert db.usage_by_model()[0]["input_tokens"] == 2**63 - 10
+
+
+def test_cross_profile_offset_pages_the_merged_listing(hermes_home):
+    for n, name in enumerate(["alpha", "beta"]):
+        home = hermes_home / "profiles" / name
+        home.mkdir(parents=True)
+        with SessionDB(home / "state.db") as db:
+            for i in range(3):
+                db.create_session(f"{name}{i}", "cli", started_at=float(10 * i + n))
+    every = list_sessions_across_profiles(hermes_home, limit=100)["sessions"]
+    assert [r["id"] for r in every] == ["beta2", "alpha2", "beta1", "alpha1", "beta0", "alpha0"]
+    pages = [list_sessions_across_profiles(hermes_home, limit=2, offset=o)["sessions"] for o in (0, 2, 4, 6)]
+    assert [[r["id"] for r in page] for page in pages] == [["beta2", "alpha2"], ["beta1", "alpha1"],
+                                                            ["beta0", "alpha0"], []]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="zombies are read from /proc (Linux)")
+def test_a_zombie_lock_holder_counts_as_gone(db, plant_lock):
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # exited but not reaped: a zombie
+        with open(f"/proc/{child.pid}/stat", "rb") as f:
+            if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                break
+        time.sleep(0.02)
+    try:
+        holder = f"pid={child.pid} host={os.uname().nodename} pidns={compression.own_pidns()} token=x"
+        assert compression.holder_is_gone(holder)
+        db.create_session("s", "cli")
+        plant_lock("s", holder)
+        assert db.acquire_compression_lock("s") is not None  # reclaimed at once, not after the TTL
+    finally:
+        child.wait()
+
+
+def test_deeply_nested_json_is_a_value_error_and_reads_back_as_text(db, raw_conn):
+    db.create_session("s", "cli")
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(ValueError, match="nested too deeply"):
+        db.append_message("s", "assistant", "x", tool_calls=deep)
+    assert db.get_messages("s") == []
+    nested_text = "[" * 100_000 + "]" * 100_000
+    raw = raw_conn()
+    raw.execute("INSERT INTO messages (session_id, role, content, tool_calls, timestamp) "
+                "VALUES ('s', 'assistant', 'x', ?, 1)", (nested_text,))
+    raw.close()
+    assert db.get_messages("s")[0]["tool_calls"] == nested_text
+    assert db.get_messages_as_conversation("s")[0]["tool_calls"] == nested_text
+
+
+def test_lone_surrogates_in_ids_sources_and_filters(db):
+    bad = "id\ud800"
+    with pytest.raises(ValueError, match="session_id"):
+        db.create_session(bad, "cli")
+    with pytest.raises(ValueError, match="source"):
+        db.create_session("s", "cli\udfff")
+    with pytest.raises(ValueError, match="session_id"):
+        db.append_message(bad, "user", "x")
+    for name in ("source_filter", "exclude_sources", "role_filter"):
+        with pytest.raises(ValueError, match=name):
+            db.search_messages("x", **{name: [bad]})
+    with pytest.raises(ValueError, match="session_id"):
+        db.search_messages("x", session_id=bad)
+    assert db.get_session(bad) is None and db.get_messages(bad) == [] and db.get_lineage(bad) == []
+    assert db.get_messages_as_conversation(bad) == [] and db.get_compression_successor(bad) is None
+    assert db.list_sessions() == []
+
+
+def test_an_upgraded_old_layout_back_fills_tool_call_count(tmp_path):
+    path = tmp_path / "old.db"
+    raw = sqlite3.connect(path)
+    raw.executescript("""
+        CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, started_at REAL NOT NULL);
+        CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, role TEXT NOT NULL,
+                               content TEXT, tool_calls TEXT, timestamp REAL NOT NULL);
+        INSERT INTO sessions VALUES ('s', 'cli', 1);
+        INSERT INTO messages (session_id, role, content, tool_calls, timestamp) VALUES
+            ('s', 'user', 'q', NULL, 1),
+            ('s', 'assistant', '', '[{"id": "a"}, {"id": "b"}]', 2),
+            ('s', 'tool', 'r', NULL, 3),
+            ('s', 'assistant', '', '[{"id": "c"}]', 4),
+            ('s', 'assistant', '', 'not json', 5);
+    """)
+    raw.close()
+    with SessionDB(path) as db:
+        row = db.get_session("s")
+        assert (row["message_count"], row["tool_call_count"]) == (5, 3)
+
+
+# --- properties: hostile input never leaves a raw error or a half-written state -----------------------
+
+_hostile = st.text(alphabet=st.characters(blacklist_categories=()), max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(session_id=_hostile, source=_hostile, title=st.one_of(st.none(), _hostile),
+       filt=st.lists(_hostile, max_size=2), column=st.sampled_from(
+           ["started_at", "ended_at", "input_tokens", "estimated_cost_usd", "pinned", "model", "cwd"]),
+       value=st.one_of(st.none(), _hostile, st.integers(), st.floats(), st.booleans()))
+def test_hostile_ids_sources_columns_and_filters_raise_only_typed_errors(tmp_path_factory, session_id, source,
+                                                                          title, filt, column, value):
+    path = tmp_path_factory.mktemp("h") / "state.db"
+    with SessionDB(path) as db:
+        try:
+            db.create_session(session_id, source, title=title, **{column: value})
+        except (ValueError, HermesStateError):
+            assert db.list_sessions(limit=1000) == []  # nothing half-written
+        else:
+            assert db.get_session(session_id)["source"] == source
+        for call in (lambda: db.get_session(session_id), lambda: db.get_messages(session_id),
+                     lambda: db.search_messages("x", source_filter=filt, session_id=session_id or None),
+                     lambda: db.update_session(session_id, **{column: value}),
+                     lambda: db.end_session(session_id, source)):
+            try:
+                call()
+            except (ValueError, HermesStateError, SessionNotFoundError):
+                pass
+        assert db.list_sessions(limit=1000) is not None
+
+
+def test_damaged_file_copy_never_gives_a_raw_sqlite_error(db, tmp_path):
+    db.create_session("s", "cli")
+    for i in range(50):
+        db.append_message("s", "user", f"message {i} " * 50)
+    db.close()
+    copy = tmp_path / "copy.db"
+    shutil.copy(db.db_path, copy)
+    data = bytearray(copy.read_bytes())
+    data[4096 * 3:4096 * 5] = b"\xff" * (4096 * 2)
+    copy.write_bytes(bytes(data))
+    try:
+        with SessionDB(copy) as damaged:
+            damaged.get_messages("s")
+            damaged.search_messages("message")
+    except (StateDbCorruptError, StoreUnavailableError):
+        pass

@@ -1,0 +1,321 @@
+"""The Datasette plugin and `hermes-state serve`: pages through Datasette's client, then a real browser."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from datasette.app import Datasette
+
+import hermes_state_cli
+import hermes_state_web
+from hermes_state import SessionDB
+
+# Runs if stored text were ever emitted as markup; the browser test looks for its trace.
+SCRIPT = "<script>document.body.setAttribute('data-pwned', 'yes')</script>"
+TOOL_OUTPUT = "npm ERR! code ENOSPC\nnpm ERR! no space left on device\n" + SCRIPT
+
+
+def _fill(db: SessionDB) -> None:
+    """Sessions with a compression chain, a branch, tool calls, reasoning, CJK and a hostile tool output."""
+    db.create_session("s_build", "cli", "anthropic/claude-sonnet-4.6", user_id="basic:alice")
+    db.set_session_title("s_build", "Fix Docker Build")
+    db.append_message("s_build", "user", "The docker build fails with no space left")
+    db.append_message("s_build", "assistant", "Let me run the build.",
+                      tool_calls=[{"id": "call_1", "type": "function",
+                                   "function": {"name": "run_shell", "arguments": '{"cmd": "npm ci"}'}}])
+    db.append_message("s_build", "tool", TOOL_OUTPUT, tool_call_id="call_1", tool_name="run_shell")
+    db.append_message("s_build", "assistant", "The disk is full; prune old images.",
+                      reasoning="ENOSPC means the device has no space left.")
+    db.update_token_counts("s_build", input_tokens=1200, output_tokens=340, estimated_cost_usd=0.0123)
+    kept = db.get_messages_as_conversation("s_build")[-1:]
+    db.rotate_session("s_build", "s_build_2", kept, title="Fix Docker Build #2")
+    db.create_session("s_branch", "cli", parent_session_id="s_build_2")
+    db.append_message("s_branch", "user", "Try another approach")
+    db.create_session("s_tokyo", "telegram", "openai/gpt-5")
+    db.set_session_title("s_tokyo", "東京旅行の計画 <b>bold</b>")
+    db.append_message("s_tokyo", "user", "来週東京に行きます。おすすめの観光地は？")
+    db.append_message("s_tokyo", "assistant", "浅草寺と上野公園がおすすめです。")
+    db.append_message("s_build_2", "user", "Pruned. What next?")  # the oldest but one start, the latest activity
+
+
+@pytest.fixture
+def store(db) -> Path:
+    _fill(db)
+    path = db.db_path
+    db.close()  # browsing happens while no writer is open, so the file's bytes are a fixed reference
+    return path
+
+
+def _get(path: Path, *urls: str, extra: list[Path] = ()) -> list:
+    async def run():
+        ds = Datasette([str(path), *map(str, extra)])
+        await ds.invoke_startup()
+        return [await ds.client.get(url) for url in urls]
+    return asyncio.run(run())
+
+
+def _digest(path: Path) -> dict[str, str | None]:
+    # The database file and its WAL: a read-only browser may create empty side files, never change them.
+    out = {}
+    for name in (path, Path(f"{path}-wal")):
+        data = name.read_bytes() if name.exists() else b""
+        out[name.name] = hashlib.sha256(data).hexdigest() if data else None
+    return out
+
+
+def _content(response) -> str:
+    assert response.status_code == 200, response.text[:500]
+    return re.search(r'<section class="content">(.*)</section>', response.text, re.S).group(1)
+
+
+# --- through Datasette's client ----------------------------------------------------------------
+
+def test_plugin_is_registered_through_the_entry_point(store):
+    (plugins,) = _get(store, "/-/plugins.json")
+    ours = [p for p in plugins.json() if "register_routes" in p["hooks"] and p["name"] == "hermes-state"]
+    assert ours and {"get_metadata", "startup"} <= set(ours[0]["hooks"])
+
+
+def test_internal_tables_are_hidden_and_visible_tables_stay(store):
+    async def run():
+        ds = Datasette([str(store)])
+        await ds.invoke_startup()
+        database = ds.get_database("state")
+        return set(await database.table_names()), set(await database.hidden_table_names())
+    tables, hidden = asyncio.run(run())
+    assert tables - hidden == {"sessions", "messages", "session_model_usage"}
+    assert {"messages_fts", "messages_fts_trigram_data", "messages_fts_cjk_pending", "schema_version",
+            "state_meta", "runtime_epoch", "compression_locks"} <= hidden
+
+
+def test_table_search_on_messages_uses_the_word_index(store):
+    (found, everything) = _get(store, "/state/messages.json?_search=docker&_shape=array&_size=max",
+                               "/state/messages.json?_shape=array&_size=max")
+    with sqlite3.connect(store) as conn:
+        expected = {r[0] for r in conn.execute(
+            "SELECT rowid FROM messages_fts WHERE messages_fts MATCH 'docker'")}
+    assert expected and {row["id"] for row in found.json()} == expected
+    assert len(everything.json()) > len(expected)  # the filter really filters
+
+
+def test_sessions_page_lists_newest_activity_first(store):
+    (page,) = _get(store, "/-/hermes/state")
+    html = _content(page)
+    order = [html.index(label) for label in ("Fix Docker Build #2", "東京旅行の計画", "Try another approach",
+                                             "Fix Docker Build<")]
+    assert order == sorted(order), order  # by start time it would be s_tokyo, s_branch, s_build_2, s_build
+    assert "1,200 / 340" in html and "$0.0123" in html and "telegram" in html and "openai/gpt-5" in html
+    assert 'href="/-/hermes/state/session/s_tokyo"' in html
+    assert "&lt;b&gt;bold&lt;/b&gt;" in html and "<b>bold</b>" not in html
+
+
+def test_sessions_page_pages(store, monkeypatch):
+    monkeypatch.setattr(hermes_state_web, "SESSIONS_PER_PAGE", 2)
+    pages = _get(store, "/-/hermes/state", "/-/hermes/state?page=2", "/-/hermes/state?page=3")
+    ids = [re.findall(r'/-/hermes/state/session/([\w]+)"', _content(p)) for p in pages]
+    assert [len(i) for i in ids] == [2, 2, 0]
+    assert sorted(ids[0] + ids[1]) == ["s_branch", "s_build", "s_build_2", "s_tokyo"]
+    assert "page=2" in _content(pages[0]) and "page=1" in _content(pages[1]) and "page=4" not in _content(pages[1])
+
+
+def test_conversation_page_folds_tools_and_reasoning_and_links_the_lineage(store):
+    first, second = _get(store, "/-/hermes/state/session/s_build", "/-/hermes/state/session/s_build_2")
+    html = _content(first)
+    assert 'class="hs-msg user"' in html and 'class="hs-msg tool"' in html
+    assert re.search(r'<details class="hs-tool-call"><summary>calls run_shell</summary><pre>\{\s+&#34;cmd&#34;', html)
+    assert re.search(r'<details class="hs-tool-result"><summary>result of run_shell', html)
+    assert re.search(r'<details class="hs-reasoning"><summary>reasoning</summary><pre>ENOSPC means', html)
+    assert 'href="/-/hermes/state/session/s_build_2">s_build_2</a> (continued in)' in html
+    assert "1,200 / 340" in html and "basic:alice" in html
+    html = _content(second)
+    assert 'href="/-/hermes/state/session/s_build">s_build</a> (earlier)' in html
+    assert 'href="/-/hermes/state/session/s_branch"' in html  # a branch child, not the compression chain
+    (branch, tokyo) = _get(store, "/-/hermes/state/session/s_branch", "/-/hermes/state/session/s_tokyo")
+    assert 'Parent session: <a href="/-/hermes/state/session/s_build_2">' in _content(branch)
+    assert "来週東京に行きます。おすすめの観光地は？" in _content(tokyo)
+
+
+def test_stored_markup_is_rendered_as_text(store):
+    (page,) = _get(store, "/-/hermes/state/session/s_build")
+    assert "<script>" not in _content(page)
+    assert "&lt;script&gt;document.body.setAttribute(&#39;data-pwned&#39;, &#39;yes&#39;)&lt;/script&gt;" in page.text
+
+
+def test_search_finds_cjk_and_tool_output_with_paging(store, monkeypatch):
+    cjk, tool, script, empty = _get(store, "/-/hermes/state/search?q=東京", "/-/hermes/state/search?q=ENOSPC",
+                                    "/-/hermes/state/search?q=script", "/-/hermes/state/search?q=zebra")
+    assert "<mark>東京</mark>" in _content(cjk) and "/-/hermes/state/session/s_tokyo#m" in _content(cjk)
+    html = _content(tool)
+    assert "<mark>ENOSPC</mark>" in html and 'class="hs-msg tool hs-hit"' in html
+    assert "<script>" not in _content(script) and "&lt;<mark>script</mark>&gt;" in _content(script)  # snippets are escaped too
+    assert "No messages match." in _content(empty)
+    monkeypatch.setattr(hermes_state_web, "HITS_PER_PAGE", 1)
+    pages = _get(store, *(f"/-/hermes/state/search?q=space&page={n}" for n in (1, 2, 3)))
+    hits = [re.findall(r'session/(\w+)#m(\d+)', _content(p)) for p in pages]
+    assert [len(h) for h in hits] == [1, 1, 0]  # the user's message and the tool output, one per page
+    assert hits[0] != hits[1]
+    assert "q=space&amp;page=2" in _content(pages[0]) and "page=3" not in _content(pages[1])
+
+
+def test_pages_see_writes_made_while_serving(db):
+    # Datasette opens the file with mode=ro, never immutable: another process keeps writing to it.
+    db.create_session("s_first", "cli")
+
+    async def run():
+        ds = Datasette([str(db.db_path)])
+        await ds.invoke_startup()
+        before = await ds.client.get("/-/hermes/state")
+        db.create_session("s_later", "cli")
+        db.append_message("s_later", "user", "written while serving")
+        return before, await ds.client.get("/-/hermes/state"), await ds.client.get("/-/hermes/state/search?q=serving")
+    before, after, search = asyncio.run(run())
+    assert "s_first" in _content(before) and "s_later" not in _content(before)
+    assert "written while serving" in _content(after) and "session/s_later#m" in _content(search)
+
+
+def test_session_ids_with_reserved_characters_link_to_their_page(db):
+    db.create_session("tg:1001/thread 7?x#y", "telegram")
+    db.append_message("tg:1001/thread 7?x#y", "user", "odd id")
+    (listing,) = _get(db.db_path, "/-/hermes/state")
+    link = re.search(r'href="(/-/hermes/state/session/[^"]+)"', _content(listing)).group(1)
+    assert link == "/-/hermes/state/session/tg%3A1001%2Fthread%207%3Fx%23y"
+    (page,) = _get(db.db_path, link)
+    assert "odd id" in _content(page)
+
+
+def test_unknown_session_and_database_are_404(store):
+    session, database = _get(store, "/-/hermes/state/session/nope", "/-/hermes/other")
+    assert session.status_code == 404 and database.status_code == 404
+
+
+def test_a_store_the_library_cannot_read_is_a_503_page(store):
+    with sqlite3.connect(store) as conn:
+        conn.execute("UPDATE schema_version SET version = 1")  # an older layout: read-only handles refuse it
+    session, search = _get(store, "/-/hermes/state/session/s_build", "/-/hermes/state/search?q=docker")
+    assert session.status_code == search.status_code == 503
+    assert "schema version 1" in session.text and "Upgrade hermes-state" in session.text
+
+
+def test_other_databases_are_left_alone(store, tmp_path):
+    plain = tmp_path / "plain.db"
+    with sqlite3.connect(plain) as conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+        conn.execute("CREATE TABLE state_meta (k TEXT)")
+    (listing, hermes, index) = _get(store, "/plain.json", "/-/hermes/plain", "/-/hermes", extra=[plain])
+    assert {t["name"]: t["hidden"] for t in listing.json()["tables"]} == {"notes": False, "state_meta": False}
+    assert hermes.status_code == 404
+    assert index.status_code == 302 and index.headers["location"] == "/-/hermes/state"
+
+
+def test_importing_the_library_never_imports_datasette():
+    code = "import sys, hermes_state, hermes_state_cli; sys.exit('datasette' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_serve_refuses_a_missing_database(tmp_path, capsys):
+    missing = tmp_path / "none" / "state.db"
+    assert hermes_state_cli.main(["serve", "--db", str(missing)]) == 1
+    assert "does not exist" in capsys.readouterr().err and not missing.parent.exists()
+
+
+def test_browsing_every_page_never_writes(store):
+    before = _digest(store)
+    responses = _get(store, "/", "/state", "/state/messages", "/state/sessions", "/state/messages?_search=docker",
+                     "/-/hermes/state", "/-/hermes/state/session/s_build", "/-/hermes/state/session/s_tokyo",
+                     "/-/hermes/state/search?q=東京", "/-/hermes/state/search?q=ENOSPC",
+                     "/-/hermes/state/search?q=no+space+left")
+    assert [r.status_code for r in responses] == [200] * len(responses)
+    assert _digest(store) == before
+
+
+# --- in a real browser -------------------------------------------------------------------------
+
+def _chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    pytest.fail("Chromium is not installed; install it (apt-get install -y chromium), as .ci/run does")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_for_port(port: int, server: subprocess.Popen, log: Path, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"hermes-state serve exited with {server.returncode}: {log.read_text()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    pytest.fail(f"hermes-state serve did not listen on port {port} within {timeout_s} s: {log.read_text()}")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    # Each child runs in its own process group, so this ends Chromium's helpers too.
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+
+
+def _browse(browser: str, profile: Path, url: str, *flags: str) -> str:
+    args = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={profile}",
+            *flags, url]
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, _ = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        _stop(process)
+        pytest.fail(f"Chromium did not finish loading {url} within 60 s")
+    finally:
+        _stop(process)
+    assert process.returncode == 0, f"Chromium failed on {url} with exit code {process.returncode}"
+    return out.decode("utf-8")
+
+
+def test_pages_render_in_headless_chromium(store, tmp_path):
+    browser = _chromium()
+    before = _digest(store)
+    port, log = _free_port(), tmp_path / "serve.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen([sys.executable, "-m", "hermes_state_cli", "serve", "--db", str(store),
+                                   "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+    try:
+        _wait_for_port(port, server, log)
+        base, profile = f"http://127.0.0.1:{port}/-/hermes/state", tmp_path / "chromium-profile"
+        dom = _browse(browser, profile, f"{base}/session/s_build", "--dump-dom")
+        body = re.search(r"<body[^>]*>", dom).group(0)
+        assert "data-pwned" not in body  # the stored <script> never ran
+        assert "&lt;script&gt;document.body.setAttribute" in dom
+        assert "The disk is full; prune old images." in dom and "calls run_shell" in dom
+        dom = _browse(browser, profile, f"{base}/search?q=%E6%9D%B1%E4%BA%AC", "--dump-dom")
+        assert "<mark>東京</mark>" in dom and "東京旅行の計画 &lt;b&gt;bold&lt;/b&gt;" in dom
+        shot = tmp_path / "session.png"
+        _browse(browser, profile, f"{base}/session/s_build", f"--screenshot={shot}", "--window-size=1100,900",
+                "--hide-scrollbars")
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+        assert "Serving" in log.read_text() and "127.0.0.1" in log.read_text()
+    finally:
+        _stop(server)
+    assert _digest(store) == before
