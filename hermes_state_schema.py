@@ -304,8 +304,8 @@ def check_read_only(conn: sqlite3.Connection, path: Path, read_busy_s: float = R
     if version < SCHEMA_VERSION or lacking:
         raise StateDbIncompatibleError(
             f"{path} has schema version {version}{' without some columns' if lacking else ''}; this library "
-            f"reads version {SCHEMA_VERSION} read-only. Upgrade the file by opening it once writable, "
-            f"SessionDB({str(path)!r}) (or by starting the profile's gateway), then read it again.")
+            f"reads version {SCHEMA_VERSION} read-only. Upgrade it with `hermes-state --db {path} init` (or "
+            f"open it once writable: SessionDB({str(path)!r}), or start the profile's gateway), then read it again.")
     # A newer version whose tables hold every column we know is read as it is: a writer of a
     # newer release may upgrade the file while dashboards keep reading it.
     return version
