@@ -24,7 +24,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from hermes_state_common import (JSON_MESSAGE_FIELDS, TABLE_COLUMNS, TABLES, encode_json)
+from hermes_state_common import JSON_MESSAGE_FIELDS, TABLE_COLUMNS, TABLES, encode_json
+from hermes_state_conversation import derived_uid
 from hermes_state_errors import (ImportConflictError, ImportValidationError, SessionNotFoundError,
                                  TitleConflictError)
 
@@ -77,8 +78,11 @@ def export_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any]:
     found = _rows(conn, "SELECT * FROM sessions WHERE id = ?", (session_id,), ())
     if not found:
         raise SessionNotFoundError(f"session {session_id!r} not found")
-    messages = _rows(conn, "SELECT * FROM messages WHERE session_id = ? ORDER BY id", (session_id,),
-                     ("id", "session_id"))
+    messages = _rows(conn, "SELECT * FROM messages WHERE session_id = ? ORDER BY id", (session_id,), ("session_id",))
+    for message in messages:
+        row_id = message.pop("id")
+        if message.get("message_uid") is None:  # written by an older program: the uid its conversation shows
+            message["message_uid"] = derived_uid(session_id, row_id)
     usage = _rows(conn, "SELECT * FROM session_model_usage WHERE session_id = ? ORDER BY model, task",
                   (session_id,), ("session_id",))
     return {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "session": found[0], "messages": messages,

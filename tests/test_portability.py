@@ -269,3 +269,15 @@ def test_property_export_import_export_is_identical(specs):
             assert other.export_all() == exported
             for doc in exported:
                 assert other.get_session(doc["session"]["id"])["message_count"] == doc["session"]["message_count"]
+
+
+def test_a_row_without_uid_is_exported_with_the_uid_its_conversation_shows(db, rival, tmp_path):
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "written by an older program")
+    rival.execute("UPDATE messages SET message_uid = NULL")
+    shown = db.get_messages_as_conversation("s")[0]["message_uid"]
+    doc = db.export_session("s")
+    assert doc["messages"][0]["message_uid"] == shown
+    with SessionDB(tmp_path / "other.db") as other:
+        other.import_sessions(doc)
+        assert other.export_session("s") == doc
