@@ -27,7 +27,7 @@ import hermes_state_fts as fts
 import hermes_state_schema as schema
 from hermes_state_common import (DELIVERY_OBLIGATIONS_SQL, INDEX_SQL, SCHEMA_VERSION, TABLE_COLUMNS, TABLE_SQL,
                                  logger)
-from hermes_state_errors import StateDbCorruptError, StateDbIncompatibleError, typed_errors
+from hermes_state_errors import StateDbCorruptError, StateDbIncompatibleError, StoreUnavailableError, typed_errors
 from hermes_state_writer import RetryPolicy, retry_on_lock
 
 # Runtime ledgers describe processes of the file they were written in (epochs, running
@@ -152,7 +152,14 @@ def backup_before_upgrade(conn: sqlite3.Connection, db_path: Path) -> Path | Non
     """Copy an older file next to itself before it is upgraded, and say so; return the copy (None: no upgrade due)."""
     if str(db_path) == ":memory:" or not schema.is_older_file(conn):
         return None
-    copy = backup_to(conn, upgrade_backup_path(db_path))
+    try:
+        copy = backup_to(conn, upgrade_backup_path(db_path))
+    except (OSError, sqlite3.Error) as exc:
+        # Never upgrade without the copy the caller was promised; nothing has been changed yet.
+        raise StoreUnavailableError(
+            f"{db_path} needs an upgrade, and the copy taken first could not be written ({exc}); the file "
+            "was not changed. Free some space (the copy is as large as the file) or open it with "
+            "backup_before_upgrade=False.") from exc
     logger.info("upgrading %s to schema version %s; a copy of the file as it was is in %s",
                 db_path, SCHEMA_VERSION, copy)
     return copy

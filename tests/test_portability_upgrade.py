@@ -128,3 +128,17 @@ def test_read_only_refuses_the_old_file_and_leaves_it_alone(agent_db):
     with pytest.raises(StateDbIncompatibleError, match="schema version 22"):
         SessionDB(agent_db, read_only=True)
     assert agent_db.read_bytes() == before
+
+
+def test_no_upgrade_without_the_promised_copy(agent_db, monkeypatch):
+    import hermes_state_recovery as recovery
+    from hermes_state import StoreUnavailableError
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(recovery, "backup_to", full)
+    before = agent_db.read_bytes()
+    with pytest.raises(StoreUnavailableError, match="backup_before_upgrade=False"):
+        SessionDB(agent_db)
+    assert rows(agent_db, "SELECT version FROM schema_version") == [(22,)]
+    assert agent_db.read_bytes() == before
