@@ -245,18 +245,22 @@ class TableRecovery:
     rejected: int = 0               # rows read but refused by the new schema (a NOT NULL, a duplicate key)
     lost_ranges: list[tuple[int, int | None]] = field(default_factory=list)  # unreadable rowids (None: to the end)
     error: str | None = None        # the first read error met
+    lost: int | None = 0            # source rows not in the target (None: the source could not be counted)
 
-    @property
-    def lost(self) -> int | None:
-        """Rows of the source that are not in the target (None when the source could not be counted)."""
+    def finish(self) -> None:
+        """Work out `lost` once copying is over."""
         if self.source_rows is None:
-            return None if self.lost_ranges or self.error else 0
-        return max(self.source_rows - self.copied, 0)
+            self.lost = None if self.lost_ranges or self.error else 0
+        else:
+            self.lost = max(self.source_rows - self.copied, 0)
 
 
 @dataclass
 class RecoveryReport:
-    """The outcome of `recover`: per-table counts, what was lost, excluded and rebuilt."""
+    """The outcome of `recover`: per-table counts, what was lost, excluded and rebuilt.
+
+    Plain fields only, so `dataclasses.asdict(report)` is the whole story for a machine.
+    """
 
     source: Path
     target: Path
@@ -268,31 +272,28 @@ class RecoveryReport:
     detached_parents: list[str] = field(default_factory=list)      # sessions whose parent was lost
     orphan_rows_dropped: dict[str, int] = field(default_factory=dict)
     integrity: str = ""
+    # For sessions, messages and delivery_obligations: whether copied == the source's count.
+    verified: dict[str, bool] = field(default_factory=dict)
+    losses: list[str] = field(default_factory=list)  # each loss in a sentence, for people
+    complete: bool = False  # nothing lost or refused, and the target passed integrity_check
 
-    @property
-    def verified(self) -> dict[str, bool]:
-        """For sessions, messages and delivery_obligations: copied count == source count."""
-        return {name: t.source_rows is not None and t.copied == t.source_rows
-                for name, t in self.tables.items() if name in VERIFIED_TABLES}
-
-    @property
-    def complete(self) -> bool:
-        """True when no row was lost or refused and the target passed integrity_check."""
-        return self.integrity == "ok" and all(t.lost == 0 and not t.rejected for t in self.tables.values()) \
-            and not self.orphan_rows_dropped
-
-    def losses(self) -> list[str]:
-        """Describe each loss in a sentence, for people."""
-        out = []
+    def finish(self) -> None:
+        """Work out `verified`, `losses` and `complete` once the target is built."""
+        for table in self.tables.values():
+            table.finish()
+        self.verified = {name: t.source_rows is not None and t.copied == t.source_rows
+                         for name, t in self.tables.items() if name in VERIFIED_TABLES}
+        self.losses = []
         for name, t in self.tables.items():
             if t.lost or t.lost is None or t.rejected:
                 ranges = ", ".join(f"{a}..{'end' if b is None else b}" for a, b in t.lost_ranges)
-                out.append(f"{name}: {'an unknown number of' if t.lost is None else t.lost} row(s) lost"
-                           + (f" (unreadable rowids {ranges})" if ranges else "")
-                           + (f", {t.rejected} refused by the schema" if t.rejected else "")
-                           + (f"; first error: {t.error}" if t.error else ""))
-        out += [f"{name}: {n} row(s) dropped, their session was lost" for name, n in self.orphan_rows_dropped.items()]
-        return out
+                self.losses.append(f"{name}: {'an unknown number of' if t.lost is None else t.lost} row(s) lost"
+                                   + (f" (unreadable rowids {ranges})" if ranges else "")
+                                   + (f", {t.rejected} refused by the schema" if t.rejected else "")
+                                   + (f"; first error: {t.error}" if t.error else ""))
+        self.losses += [f"{name}: {n} row(s) dropped, their session was lost"
+                        for name, n in self.orphan_rows_dropped.items()]
+        self.complete = self.integrity == "ok" and not self.losses
 
 
 def _source_tables(conn: sqlite3.Connection) -> list[tuple[str, str]]:
@@ -474,7 +475,8 @@ def recover(source_path: str | os.PathLike, target_path: str | os.PathLike) -> R
         raise
     finally:
         src.close()
-    for line in report.losses():
+    report.finish()
+    for line in report.losses:
         logger.warning("recover %s: %s", source, line)
     return report
 

@@ -46,11 +46,11 @@ def main() -> None:
         messages = conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
         conn.close()
         before = size_mb(old)
+        SessionDB._FTS_REBUILD_IN_BACKGROUND = False  # run the rebuild in the foreground to time it alone
         t0 = time.perf_counter()
         db = SessionDB(old, backup_before_upgrade=not args.no_backup)
         opened = time.perf_counter() - t0
         t1 = time.perf_counter()
-        db._stop_fts_worker()  # finish the rebuild in the foreground to time it on its own
         db.rebuild_fts()
         rebuilt = time.perf_counter() - t1
         db.close()

@@ -57,7 +57,7 @@ def test_recover_a_healthy_database_copies_everything_and_rebuilds_the_rest(tmp_
     before = digest(src)
     report = recover(src, dst)
     assert digest(src) == before  # the source is never written
-    assert report.complete and report.integrity == "ok" and report.losses() == []
+    assert report.complete and report.integrity == "ok" and report.losses == []
     assert report.verified == {"sessions": True, "messages": True, "delivery_obligations": True}
     assert report.tables["messages"].copied == 12 and report.tables["delivery_obligations"].copied == 2
     assert set(report.excluded) == set(LEDGERS) and "messages_fts" in report.rebuilt
@@ -99,7 +99,7 @@ def test_recover_rebuilds_fts_shadow_tables_damaged_by_raw_writes(tmp_path):
         conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
     conn.close()
     report = recover(src, dst)
-    assert report.complete, report.losses()
+    assert report.complete, report.losses
     conn = sqlite3.connect(dst)
     for table in ("messages_fts", "messages_fts_trigram", "messages_fts_cjk"):
         conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
@@ -131,7 +131,7 @@ def test_recover_salvages_around_a_garbage_page_and_reports_the_loss(tmp_path):
     assert messages.source_rows == 600  # counted through an intact index
     assert 0 < messages.lost < 30 and messages.lost_ranges and messages.copied == 600 - messages.lost
     assert report.verified["messages"] is False and report.verified["sessions"] is True
-    assert not report.complete and any("messages" in line for line in report.losses())
+    assert not report.complete and any("messages" in line for line in report.losses)
     assert report.integrity == "ok" and integrity(dst) == "ok"
     with SessionDB(dst) as db:
         kept = {m["content"][:13] for s in ("s000", "s001", "s002", "s003") for m in db.get_messages(s)}
