@@ -456,6 +456,7 @@ def recover(source_path: str | os.PathLike, target_path: str | os.PathLike) -> R
         raise FileExistsError(f"{target} already exists; recover writes a new file")
     report = RecoveryReport(source, target)
     src = _open_source(source)
+    src.execute("BEGIN")  # one snapshot for every table, should another process still be writing
     partial = target.with_name(f"{target.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     target.parent.mkdir(parents=True, exist_ok=True)
     _private_new_file(partial)
