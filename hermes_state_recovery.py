@@ -2,8 +2,8 @@
 
 Owns: `backup_to` (a consistent copy through SQLite's backup API), `check_restorable` and
 `restore_from` (a validated copy back into a live database), `recover` with `RecoveryReport`
-(every readable row of a damaged file copied into a fresh one), and the name of the copy an
-upgrade leaves next to the file (`upgrade_backup_path`).
+(every readable row of a damaged file copied into a fresh one), the file side of an upgrade
+(the copy written first, dropping the old FTS objects, giving their pages back) and `vacuum`.
 Does not own: per-session export/import (hermes_state_portability), the schema itself
 (hermes_state_schema) or the FTS indexes (hermes_state_fts), which `recover` rebuilds through them.
 
@@ -190,12 +190,17 @@ def vacuum(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> 
         conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # takes effect with this VACUUM
         conn.execute("VACUUM")
     retry_on_lock(attempt, patience_s, policy)
-    conn.execute("DELETE FROM state_meta WHERE key = ?", (RECLAIM_KEY,))
+    _clear_mark(conn, patience_s, policy)
     try:  # fold the rewritten pages in now, so the file (not only its WAL) shrinks
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
     except sqlite3.Error as exc:
         logger.info("checkpoint after VACUUM skipped: %s", exc)
     return {"bytes_before": before, "bytes_after": size()}
+
+
+def _clear_mark(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> None:
+    # One statement in autocommit (VACUUM cannot run inside a transaction, and this follows it).
+    retry_on_lock(lambda: conn.execute("DELETE FROM state_meta WHERE key = ?", (RECLAIM_KEY,)), patience_s, policy)
 
 
 def reclaim_after_upgrade(conn: sqlite3.Connection, path: Path, patience_s: float, policy: RetryPolicy, *,
@@ -221,12 +226,12 @@ def _reclaim(conn: sqlite3.Connection, path: Path, patience_s: float, policy: Re
     free, pages, page_size = (conn.execute(f"PRAGMA {p}").fetchone()[0]
                               for p in ("freelist_count", "page_count", "page_size"))
     if free <= RECLAIM_MIN_FREE * pages:
-        conn.execute("DELETE FROM state_meta WHERE key = ?", (RECLAIM_KEY,))
+        _clear_mark(conn, patience_s, policy)
         return False
     if pages * page_size > AUTO_RECLAIM_MAX_BYTES:
         logger.info("%s holds %.0f MB of free pages left by the upgrade; call SessionDB.vacuum() at a quiet "
                     "moment to give them back", path, free * page_size / 1e6)
-        conn.execute("DELETE FROM state_meta WHERE key = ?", (RECLAIM_KEY,))
+        _clear_mark(conn, patience_s, policy)
         return False
     result = vacuum(conn, patience_s, policy)
     logger.info("%s: gave back %.0f MB freed by the upgrade", path,
