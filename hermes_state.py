@@ -803,6 +803,7 @@ class SessionDB:
         with self._writer.exclusive() as conn:
             return recovery.vacuum(conn, self._WRITE_PATIENCE_S, self._policy())
 
+
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:
     """List sessions of every profile under `root`, read-only; one profile's failure does not fail the rest.
 
