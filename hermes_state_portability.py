@@ -205,8 +205,8 @@ def _check_message(where: str, session_id: Any, given: Any, problems: list[str])
     _text_required(where, row, "role", problems)
     _number_required(where, row, "timestamp", problems)
     for flag in ("active", "compacted", "observed"):
-        if row[flag] not in (0, 1):
-            problems.append(f"{where}: {flag} must be 0 or 1")
+        if row[flag] not in (0, 1, None):  # NULL is kept: older programs wrote it, and it reads as "not live"
+            problems.append(f"{where}: {flag} must be 0, 1 or null")
     uid = row["message_uid"]
     if uid is None:
         row["message_uid"] = uuid.uuid4().hex  # hand-written input: issue one, as a fresh insert would
