@@ -160,8 +160,7 @@ class SessionDB:
         schema.tighten_side_files(self.db_path)
         if not schema.needs_migration(conn):
             return schema.read_version(conn)
-        if self._backup_before_upgrade:
-            self.upgrade_backup = recovery.backup_before_upgrade(conn, self.db_path)
+        self.upgrade_backup = recovery.start_upgrade(conn, self.db_path, backup=self._backup_before_upgrade)
         migrator = Writer(conn, on_give_up=self._log_lock_holders)
         found = schema.migrate(migrator, self._WRITE_PATIENCE_S, self._policy(),
                                before_upgrade=recovery.prepare_upgrade)

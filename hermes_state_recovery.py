@@ -148,9 +148,16 @@ RECLAIM_MIN_FREE = 0.10          # reclaim when more than this share of the file
 AUTO_RECLAIM_MAX_BYTES = 1 << 30  # above this, a VACUUM blocks writers too long to run unasked
 
 
-def backup_before_upgrade(conn: sqlite3.Connection, db_path: Path) -> Path | None:
-    """Copy an older file next to itself before it is upgraded, and say so; return the copy (None: no upgrade due)."""
+def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = True) -> Path | None:
+    """Before an older file is upgraded: copy it next to itself (unless told not to) and say so in one INFO line.
+
+    Returns the copy, or None when no upgrade is due (or no copy was asked for).
+    """
     if str(db_path) == ":memory:" or not schema.is_older_file(conn):
+        return None
+    if not backup:
+        logger.info("upgrading %s to schema version %s (no copy taken first: backup_before_upgrade=False)",
+                    db_path, SCHEMA_VERSION)
         return None
     try:
         copy = backup_to(conn, upgrade_backup_path(db_path))

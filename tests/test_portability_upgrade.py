@@ -71,9 +71,10 @@ def test_opening_writable_backs_up_first_then_upgrades_with_every_row(agent_db, 
     assert not {t for t in triggers if "trigram" in t}
 
 
-def test_the_caller_can_opt_out_of_the_backup(agent_db):
-    with SessionDB(agent_db, backup_before_upgrade=False) as db:
+def test_the_caller_can_opt_out_of_the_backup_but_the_upgrade_is_still_said(agent_db, caplog):
+    with caplog.at_level(logging.INFO, logger="hermes_state"), SessionDB(agent_db, backup_before_upgrade=False) as db:
         assert db.upgrade_backup is None and db.schema_version == SCHEMA_VERSION
+    assert [r for r in caplog.records if "upgrading" in r.getMessage() and "no copy" in r.getMessage()]
     assert sorted(p.name for p in agent_db.parent.iterdir() if ".bak" in p.name) == []
 
 
