@@ -162,11 +162,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 def cmd_recover(args: argparse.Namespace) -> int:
     """Copy what is readable of a (damaged) database into a new file; the source is never written."""
-    import hermes_state_portability as portability
+    import hermes_state_recovery as recovery
     source = Path(args.source)
     if not source.is_file():
         raise HermesStateError(f"{source} does not exist or is not a file")
-    report = portability.recover(source, Path(args.target))
+    report = recovery.recover(source, Path(args.target))
     _report(args, report, f"recovered {source} into {args.target}")
     return 0
 
@@ -175,7 +175,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
     """Write a consistent copy of the live database (safe while writers run)."""
     with open_db(args) as db:
         result = db.backup(args.target)
-    _report(args, result if result is not None else {"target": args.target}, f"backed up to {args.target}")
+    _report(args, {"target": str(result)}, f"backed up to {result}")
     return 0
 
 

@@ -219,7 +219,12 @@ def fts5_available(conn: sqlite3.Connection) -> bool:
     return True
 
 
-def _drop_fts_objects(conn: sqlite3.Connection) -> None:
+def drop_fts_objects(conn: sqlite3.Connection) -> None:
+    """Drop every FTS object, this layout's and an older layout's (tables, views, triggers on messages).
+
+    Must run inside the caller's write transaction. `create_fts` builds them again; an upgrade
+    calls this before any back-fill so no old trigger re-indexes rows one by one.
+    """
     rows = conn.execute("SELECT type, name, sql FROM sqlite_master WHERE type IN ('trigger', 'view', 'table') "
                         "AND (name IN (SELECT value FROM json_each(?)) OR (type = 'trigger' AND tbl_name = 'messages' "
                         "AND sql LIKE '%messages_fts%'))", (json.dumps(sorted(_OBJECT_NAMES)),)).fetchall()
@@ -234,7 +239,7 @@ def create_fts(conn: sqlite3.Connection) -> None:
     Must run inside the caller's write transaction. Objects that are missing, differ from the
     declared SQL or come from an older layout are dropped first, so the result is exact.
     """
-    _drop_fts_objects(conn)
+    drop_fts_objects(conn)
     for _, _, sql in OBJECTS:
         conn.execute(sql)
     _set_markers(conn, conn.execute("SELECT MAX(id) FROM messages").fetchone()[0])
