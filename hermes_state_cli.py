@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 import hermes_state_commands as commands
 import hermes_state_render as render
-from hermes_state_commands import emit, non_negative, open_db, parse_when
+from hermes_state_commands import emit, existing_db, non_negative, open_db, parse_when
 from hermes_state_errors import HermesStateError, ProfileNotFoundError
 from hermes_state_home import _apply_profile_override, display_hermes_home, hermes_home_override, profile_home
 
@@ -191,6 +191,29 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Upgrade an existing older database now, writing a consistent copy of it first (unless --no-backup)."""
+    from hermes_state import SessionDB
+    path = existing_db(args)
+    with SessionDB(path, backup_before_upgrade=not args.no_backup) as db:
+        data = {"path": str(path), "schema_version": db.schema_version,
+                "backup": str(db.upgrade_backup) if db.upgrade_backup else None}
+    emit(args, data, lambda d: f"{display_hermes_home(d['path'])} is at schema v{d['schema_version']}"
+                               + (f"; the file before the upgrade is {d['backup']}" if d["backup"] else ""))
+    return 0
+
+
+def cmd_vacuum(args: argparse.Namespace) -> int:
+    """Give free pages back to the file system (writers wait while it runs)."""
+    with open_db(args, write=True) as db:
+        before = db.db_path.stat().st_size
+        result = db.vacuum()
+        after = db.db_path.stat().st_size
+    data = {"bytes_before": before, "bytes_after": after, **(result or {})}
+    emit(args, data, lambda d: f"{render.number(d['bytes_before'])} -> {render.number(d['bytes_after'])} bytes")
+    return 0
+
+
 # --- demo and serve ----------------------------------------------------------------------------
 
 def _fill_demo(db) -> None:
@@ -340,6 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "fts", commands.cmd_fts, "full-text index status or rebuild")
     p.add_argument("action", choices=["status", "rebuild"])
     _command(sub, "init", commands.cmd_init, "create the database, or bring an older one up to date")
+    p = _command(sub, "migrate", cmd_migrate, "upgrade an existing older database, copying it first")
+    p.add_argument("--no-backup", action="store_true", help="do not write the copy first")
+    _command(sub, "vacuum", cmd_vacuum, "give free pages back to the file system")
     p = _command(sub, "demo", cmd_demo, "fill a throw-away home with samples and show them")
     p.add_argument("--keep", action="store_true", help="keep the demo home to explore it afterwards")
     p = _command(sub, "serve", cmd_serve, "browse sessions in a web page (Datasette), read-only")

@@ -355,7 +355,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         with SessionDB(path, read_only=True) as db:
             version = db.schema_version
     except StateDbIncompatibleError as exc:
-        check("schema", False, f"{exc} (`hermes-state init` upgrades it)")
+        check("schema", False, f"{exc} (`hermes-state migrate` upgrades it, keeping a copy)")
         version = None
     else:
         check("schema", version == SCHEMA_VERSION, f"version {version}" + (

@@ -304,7 +304,7 @@ def check_read_only(conn: sqlite3.Connection, path: Path, read_busy_s: float = R
     if version < SCHEMA_VERSION or lacking:
         raise StateDbIncompatibleError(
             f"{path} has schema version {version}{' without some columns' if lacking else ''}; this library "
-            f"reads version {SCHEMA_VERSION} read-only. Upgrade it with `hermes-state --db {path} init` (or "
+            f"reads version {SCHEMA_VERSION} read-only. Upgrade it with `hermes-state --db {path} migrate` (or "
             f"open it once writable: SessionDB({str(path)!r}), or start the profile's gateway), then read it again.")
     # A newer version whose tables hold every column we know is read as it is: a writer of a
     # newer release may upgrade the file while dashboards keep reading it.

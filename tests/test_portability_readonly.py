@@ -114,7 +114,7 @@ def test_an_older_schema_names_how_to_upgrade_it(tmp_path):
     conn.executescript("CREATE TABLE schema_version (version INTEGER NOT NULL); INSERT INTO schema_version VALUES (22);"
                        "CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, started_at REAL NOT NULL);")
     conn.close()
-    with pytest.raises(StateDbIncompatibleError, match=r"`hermes-state --db .*old\.db init`"):
+    with pytest.raises(StateDbIncompatibleError, match=r"`hermes-state --db .*old\.db migrate`"):
         SessionDB(path, read_only=True)
 
 
