@@ -22,6 +22,9 @@ SQLITE_CORRUPT = 11
 SQLITE_CANTOPEN = 14
 SQLITE_FULL = 13
 SQLITE_NOTADB = 26
+# Extended codes of a failed write, fsync or truncate: how a full disk or a file-size limit
+# (EFBIG) surfaces when SQLite does not report SQLITE_FULL itself.
+_WRITE_FAILURE_CODES = frozenset({SQLITE_IOERR | 3 << 8, SQLITE_IOERR | 4 << 8, SQLITE_IOERR | 6 << 8})
 
 _LOCK_CODES = frozenset({SQLITE_BUSY, SQLITE_LOCKED})
 _LOCK_TEXTS = ("database is locked", "database table is locked", "database schema is locked")
@@ -206,15 +209,18 @@ def typed_errors(path: Path) -> Iterator[None]:
     """Re-raise SQLite failures that mean bad data or bad input as the library's typed errors.
 
     A malformed file becomes StateDbCorruptError; a path SQLite cannot open (a directory, a
-    file without permission) StoreUnavailableError; a value SQLite cannot bind (a list, an int
-    past 64 bits, text with a lone surrogate) ValueError. Every other sqlite3 error propagates
-    untouched.
+    file without permission) StoreUnavailableError; a full disk or a file-size limit
+    SessionPersistenceError with code `session_persistence_failed:disk`;
+    a value SQLite cannot bind (a list, an int past 64 bits, text with a lone surrogate)
+    ValueError. Every other sqlite3 error propagates untouched.
     """
     try:
         yield
     except UnicodeEncodeError as exc:
         raise ValueError("a text argument contains a lone surrogate (U+D800..U+DFFF), which SQLite can "
                          "neither store nor look up") from exc
+    except UnicodeDecodeError as exc:  # SQLite's message quotes a damaged schema name that is not UTF-8
+        raise corrupt_error(path, exc) from exc
     except (sqlite3.ProgrammingError, sqlite3.InterfaceError) as exc:
         text = str(exc).lower()
         if "binding parameter" in text or "not supported" in text:
@@ -223,9 +229,16 @@ def typed_errors(path: Path) -> Iterator[None]:
     except OverflowError as exc:
         raise ValueError(f"an integer is out of SQLite's 64-bit range: {exc}") from exc
     except sqlite3.DatabaseError as exc:
-        if is_corruption(exc):
+        # "unsupported file format" comes with the generic SQLITE_ERROR code: the header's
+        # format bytes are damaged (no SQLite ever wrote them).
+        if is_corruption(exc) or "unsupported file format" in str(exc):
             raise corrupt_error(path, exc) from exc
         if _primary_code(exc) == SQLITE_CANTOPEN:
             raise StoreUnavailableError(f"{path} cannot be opened as a database file ({exc}): is it a "
                                         "directory, or a file this process may not read and write?") from exc
+        if _primary_code(exc) == SQLITE_FULL or getattr(exc, "sqlite_errorcode", None) in _WRITE_FAILURE_CODES:
+            raise SessionPersistenceError(
+                f"writing to {path} failed ({exc}): the disk is full or the file reached a size limit. "
+                "The transaction was rolled back; free some space and retry.",
+                code="session_persistence_failed:disk") from exc
         raise

@@ -1,8 +1,8 @@
 """Append throughput: SessionDB.append_message against the raw-SQL floor (target ratio <= 1.25).
 
-    python bench/append.py [-n 20000] [--corpus-dir DIR] [--seed 1]
+    python bench/append.py [-n 20000] [--seed 1]
 
-Both sides get the same corpus rows (shared/bench/corpus.py: ~25% user, ~35% assistant, some with
+Both sides get the same corpus rows (bench/corpus.py: ~25% user, ~35% assistant, some with
 tool calls, ~40% long tool results) on the same schema: the raw side's file is created by opening
 a second SessionDB, so its tables, indexes and triggers are identical. The raw side then writes
 with a plain sqlite3 connection (given the per-connection TEMP trigger that feeds the CJK index,
@@ -26,6 +26,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import corpus  # noqa: E402
 
 import hermes_state_fts as fts  # noqa: E402
 from hermes_state import SessionDB  # noqa: E402
@@ -37,10 +40,6 @@ _RAW_COUNT = ("UPDATE sessions SET message_count = message_count + 1, tool_call_
               "last_activity_at = ? WHERE id = ?")
 
 
-def load_corpus(corpus_dir: Path, n: int, seed: int) -> list[tuple[str, str, list[dict]]]:
-    sys.path.insert(0, str(corpus_dir))
-    import corpus  # noqa: PLC0415  (found through --corpus-dir)
-    return list(corpus.sessions(n_messages=n, seed=seed))
 
 
 def raw_append(conn: sqlite3.Connection, sid: str, m: dict, last_uids: dict) -> None:
@@ -76,8 +75,8 @@ def raw_copy(tmp: Path, name: str, sessions: list) -> sqlite3.Connection:
     return conn
 
 
-def run(n: int, corpus_dir: Path, seed: int) -> dict:
-    sessions = load_corpus(corpus_dir, n, seed)
+def run(n: int, seed: int) -> dict:
+    sessions = list(corpus.sessions(n_messages=n, seed=seed))
     with tempfile.TemporaryDirectory(prefix="hermes-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
         os.environ.setdefault("HERMES_HOME", tmp_dir)
@@ -119,11 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", type=int, default=20000, help="messages to append on each side")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--corpus-dir", type=Path,
-                        default=Path(__file__).resolve().parents[2] / "shared" / "bench",
-                        help="directory holding corpus.py (default: ../shared/bench from the repo root)")
     args = parser.parse_args(argv)
-    r = run(args.n, args.corpus_dir, args.seed)
+    r = run(args.n, args.seed)
     print(f"messages appended (each side): {r['n']}")
     print(f"append_message:  {r['library_per_s']:9.0f} msg/s")
     print(f"raw SQL floor:   {r['raw_per_s']:9.0f} msg/s")

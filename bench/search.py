@@ -1,9 +1,9 @@
 """Search latency and index size: SessionDB.search_messages on N messages (p50 < 25 ms at 1M).
 
-    python bench/search.py [-n 200000] [--corpus-dir DIR] [--seed 1] [--db PATH] [--queries 150]
+    python bench/search.py [-n 200000] [--seed 1] [--db PATH] [--queries 150]
 
-Builds (or reuses, with --db pointing at an existing file) a database of N messages from the shared
-corpus (shared/bench/corpus.py), written through the library's own insert path, one transaction per
+Builds (or reuses, with --db pointing at an existing file) a database of N messages from the project's
+corpus (bench/corpus.py), written through the library's own insert path, one transaction per
 session, so every trigger and the CJK queue run as in production. Then it times search_messages
 (limit 20, snippets and context included) for the corpus's three query kinds -- common words, a rare
 word plus a common one, 2-character CJK terms -- plus substrings of words (served by the trigram
@@ -26,15 +26,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+import corpus  # noqa: E402
 
 import hermes_state_messages as messages  # noqa: E402
 from hermes_state import SessionDB  # noqa: E402
-
-
-def load_corpus(corpus_dir: Path):
-    sys.path.insert(0, str(corpus_dir))
-    import corpus  # noqa: PLC0415  (found through --corpus-dir)
-    return corpus
 
 
 def build(path: Path, corpus, n: int, seed: int) -> dict:
@@ -87,7 +84,7 @@ def queries(corpus, seed: int, n: int) -> dict[str, list[tuple[str, dict]]]:
     for i, q in enumerate(corpus.sample_queries(seed=seed, n=n)):
         out[names[i % 3]].append((q, {}))
     rng = random.Random(seed)
-    vocab = [w for w in corpus._vocab(random.Random(seed)) if len(w) >= 7][:400]
+    vocab = [w for w in corpus.vocabulary(seed) if len(w) >= 7][:400]
     out["substring (trigram)"] = [(w[2:6], {}) for w in rng.sample(vocab, 40)]
     common = [q for q, _ in out["common word"]]
     out["common word + filters"] = [(q, {"source_filter": ["telegram"], "role_filter": ["user"]}) for q in common[:25]]
@@ -120,10 +117,8 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=200_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--queries", type=int, default=150)
-    parser.add_argument("--corpus-dir", type=Path, default=REPO.parent / "shared" / "bench")
     parser.add_argument("--db", type=Path, help="database file to build (or reuse when it exists)")
     args = parser.parse_args()
-    corpus = load_corpus(args.corpus_dir)
     tmp = None
     if args.db is None:
         tmp = tempfile.TemporaryDirectory(prefix="hermes-bench-")

@@ -72,3 +72,22 @@ def test_hierarchy():
         assert issubclass(cls, errors.StoreUnavailableError) and cls.http_status == 503 and cls.guidance
     assert str(errors.SessionNotFoundError("session 'x' not found")) == "session 'x' not found"
     assert errors.SessionClosedByCompressionError("a", "b").successor_id == "b"
+
+
+@pytest.mark.parametrize("exc, typed", [
+    (_err(sqlite3.OperationalError, "database or disk is full", 13), "disk"),
+    (_err(sqlite3.OperationalError, "disk I/O error", 778), "disk"),          # write(2) failed: EFBIG, ENOSPC
+    (_err(sqlite3.OperationalError, "disk I/O error", 1034), "disk"),         # fsync failed
+    (_err(sqlite3.OperationalError, "disk I/O error", 266), None),            # a failed read stays untouched
+    (_err(sqlite3.OperationalError, "unsupported file format", 1), "corrupt"),
+    (_err(sqlite3.OperationalError, "no such table: x", 1), None),
+])
+def test_typed_errors_maps_disk_and_format_failures(tmp_path, exc, typed):
+    with pytest.raises(Exception) as caught:
+        with errors.typed_errors(tmp_path / "state.db"):
+            raise exc
+    if typed is None:
+        assert caught.value is exc
+    else:
+        assert isinstance(caught.value, errors.HermesStateError) and caught.value.__cause__ is exc
+        assert errors.classify_persistence_error(caught.value) == typed
