@@ -308,8 +308,10 @@ def has_surrogate(text: str) -> bool:
     return not text.isascii() and _SURROGATES.search(text) is not None
 
 
-def check_id(name: str, value: Any) -> str:
-    """Return `value` when it is a non-empty string SQLite can store, else raise ValueError naming `name`."""
+def check_id(name: str, value: Any, *, optional: bool = False) -> Any:
+    """Return `value` when it is a non-empty string SQLite can store (or None, when `optional`), else raise ValueError."""
+    if value is None and optional:
+        return None
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name} must be a non-empty string, not {value!r}")
     if has_surrogate(value):
