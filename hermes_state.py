@@ -24,18 +24,24 @@ import hermes_state_conversation as conversation
 import hermes_state_fts as fts
 import hermes_state_gateway as gateway
 import hermes_state_lineage as lineage
+import hermes_state_listings as listings
 import hermes_state_messages as message_rows
+import hermes_state_portability as portability
+import hermes_state_recovery as recovery
 import hermes_state_schema as schema
 import hermes_state_routing as routing
 import hermes_state_search as search
 import hermes_state_sessions as sessions
 import hermes_state_writer as writer
 from hermes_state_gateway import receipt_digest
+from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
 from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
+from hermes_state_recovery import RecoveryReport, TableRecovery, recover
 from hermes_state_routing import input_marker, strip_echoed_user_input
 from hermes_state_common import SCHEMA_VERSION, logger
 from hermes_state_writer import RetryPolicy, Writer
-from hermes_state_errors import (HermesStateError, LedgerStateError, OwnershipReadError,  # noqa: F401
+from hermes_state_errors import (HermesStateError, ImportConflictError, ImportValidationError,  # noqa: F401
+                                 LedgerStateError, OwnershipReadError,
                                  ProfileNotFoundError, ReadOnlyError, ReceiptDigestError, ReceiptOrderError,
                                  SessionBusyError, SessionClosedByCompressionError, SessionCompressionInProgressError,
                                  SessionNotFoundError,
@@ -56,6 +62,8 @@ __all__ = [
     "SessionNotFoundError", "TitleConflictError", "SessionBusyError", "SessionCompressionInProgressError",
     "SessionClosedByCompressionError", "StaleEpochError", "ReceiptOrderError", "ReceiptDigestError",
     "OwnershipReadError", "ProfileNotFoundError", "is_sqlite_lock_error", "classify_persistence_error",
+    "recover", "RecoveryReport", "TableRecovery", "ImportReport", "ImportValidationError", "ImportConflictError",
+    "EXPORT_FORMAT", "EXPORT_VERSION",
     "LedgerStateError", "receipt_digest", "input_marker", "strip_echoed_user_input",
 ]
 
@@ -105,11 +113,13 @@ class SessionDB:
     _shared_key: str | None = None  # set on handles handed out by shared()
     _shared_lock = threading.Lock()
 
-    def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False):
+    def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False,
+                 backup_before_upgrade: bool = True):
         # Absolute, so a later chdir or HERMES_HOME change cannot move this handle.
         self.profile_home = get_hermes_home().absolute()
         self.db_path = _resolve_path(db_path, self.profile_home)
-        self.read_only = read_only
+        self.read_only, self._backup_before_upgrade = read_only, backup_before_upgrade
+        self.upgrade_backup: Path | None = None  # the copy written before this handle upgraded the file
         self.schema_version: int | None = None
         self._closed = False
         check_db_path_allowed(self.db_path)  # before any directory, file or pragma
@@ -151,8 +161,10 @@ class SessionDB:
         schema.tighten_side_files(self.db_path)
         if not schema.needs_migration(conn):
             return schema.read_version(conn)
+        self.upgrade_backup = recovery.start_upgrade(conn, self.db_path, backup=self._backup_before_upgrade)
         migrator = Writer(conn, on_give_up=self._log_lock_holders)
-        found = schema.migrate(migrator, self._WRITE_PATIENCE_S, self._policy())
+        found = schema.migrate(migrator, self._WRITE_PATIENCE_S, self._policy(),
+                               before_upgrade=recovery.prepare_upgrade)
         if found > SCHEMA_VERSION:
             logger.warning("%s has schema version %s, newer than %s: writes are refused",
                            self.db_path, found, SCHEMA_VERSION)
@@ -356,16 +368,23 @@ class SessionDB:
                        codex_message_items: Any = None, api_content: str | None = None,
                        display_kind: str | None = None, display_metadata: Any = None,
                        platform_message_id: str | None = None, observed: bool = False,
-                       effect_disposition: str | None = None, timestamp: float | None = None) -> int:
-        """Append a message (transcript patience) and return its row id; unknown session -> SessionNotFoundError."""
+                       effect_disposition: str | None = None, timestamp: float | None = None,
+                       name: str | None = None, message_uid: str | None = None, **runtime_keys: Any) -> int:
+        """Append a message (transcript patience) and return its row id; unknown session -> SessionNotFoundError.
+
+        `append_message(sid, **msg)` takes a conversation dict back: `name` is `tool_name`,
+        `message_uid` keeps the copy's uid, the `_`-prefixed runtime keys are kept or ignored.
+        """
+        message_rows.check_runtime_keys(runtime_keys)
         fields = dict(role=role, content=content, tool_call_id=tool_call_id, tool_calls=tool_calls,
                       tool_name=tool_name, token_count=token_count, finish_reason=finish_reason, reasoning=reasoning,
                       reasoning_content=reasoning_content, reasoning_details=reasoning_details,
                       codex_reasoning_items=codex_reasoning_items, codex_message_items=codex_message_items,
                       api_content=api_content, display_kind=display_kind, display_metadata=display_metadata,
                       platform_message_id=platform_message_id, observed=observed,
-                      effect_disposition=effect_disposition, timestamp=timestamp)
-        return self._transcript_write(session_id, lambda conn: message_rows.insert_message(conn, session_id, fields))
+                      effect_disposition=effect_disposition, timestamp=timestamp, name=name,
+                      message_uid=message_uid, **runtime_keys)
+        return self._transcript_write(session_id, lambda conn: message_rows.append_message(conn, session_id, fields))
 
     def merge_messages(self, session_id: str, row_ids: list[int]) -> int:
         """Fold same-role active rows into the first (their uids recorded as absorbed); return its id."""
@@ -436,24 +455,24 @@ class SessionDB:
                       until: float | None = None, order: str = "started") -> list[dict[str, Any]]:
         """Return sessions newest first (by start, or by last activity), each with `preview` and `last_active`."""
         with self._read() as conn:
-            return search.list_sessions(conn, source, limit, offset, include_archived, model=model, since=since,
+            return listings.list_sessions(conn, source, limit, offset, include_archived, model=model, since=since,
                                         until=until, order=order)
 
     def count_sessions(self, source: str | None = None, include_archived: bool = False, *,
                        model: str | None = None, since: float | None = None, until: float | None = None) -> int:
         """Return how many sessions `list_sessions` with the same filters pages through."""
         with self._read() as conn:
-            return search.count_sessions(conn, source, include_archived, model=model, since=since, until=until)
+            return listings.count_sessions(conn, source, include_archived, model=model, since=since, until=until)
 
     def usage_by_model(self, include_unset: bool = False) -> list[dict[str, Any]]:
         """Return sessions, tokens and estimated cost per model, costliest first (model None last if asked)."""
         with self._read() as conn:
-            return search.usage_by_model(conn, include_unset)
+            return listings.usage_by_model(conn, include_unset)
 
     def top_sessions_by_tokens(self, limit: int = 10) -> list[dict[str, Any]]:
         """Return the sessions with the most input + output tokens."""
         with self._read() as conn:
-            return search.top_sessions_by_tokens(conn, limit)
+            return listings.top_sessions_by_tokens(conn, limit)
 
     # --- full-text search --------------------
 
@@ -479,10 +498,15 @@ class SessionDB:
             raise
         if pending and self._FTS_REBUILD_IN_BACKGROUND:
             self._fts_worker = threading.Thread(
-                target=fts.background_worker, name="hermes-state-fts", daemon=True,
+                target=self._fts_background, name="hermes-state-fts", daemon=True,
                 args=(self._writer, self._WRITE_PATIENCE_S, self._policy(), self._FTS_REBUILD_CHUNK_ROWS,
                       self._fts_stop))
             self._fts_worker.start()
+
+    def _fts_background(self, *args: Any) -> None:
+        fts.background_worker(*args)
+        if not self._fts_stop.is_set():
+            self._reclaim_after_upgrade(quiet=True)  # a background thread has nobody to raise to
 
     def _stop_fts_worker(self) -> None:
         self._fts_stop.set()
@@ -492,11 +516,15 @@ class SessionDB:
     def search_messages(self, query: str, source_filter: list[str] | None = None,
                         exclude_sources: list[str] | None = None, role_filter: list[str] | None = None,
                         session_id: str | None = None, limit: int = 20, offset: int = 0,
-                        include_inactive: bool = False) -> list[dict[str, Any]]:
-        """Search message text (word, CJK and substring indexes), best match first, with snippet and context."""
+                        include_inactive: bool = False, include_reasoning: bool = False) -> search.SearchResults:
+        """Search message text (word, CJK and substring indexes), best match first, with snippet and context.
+
+        The result is a list; its `complete` attribute is False only when a scan (terms too short
+        for every index) stopped before the oldest rows with fewer hits than asked.
+        """
         with self._read(snapshot=True) as conn:
             return search.search_messages(conn, query, source_filter, exclude_sources, role_filter, session_id,
-                                          limit, offset, include_inactive)
+                                          limit, offset, include_inactive, include_reasoning)
 
     def fts_rebuild_status(self) -> dict[str, Any]:
         """Return {pending, total, indexed, percent, in_progress, cjk_pending} for the FTS indexes."""
@@ -522,7 +550,12 @@ class SessionDB:
         self._check_writable()  # one transaction per chunk, by design: other writers get turns
         with typed_errors(self.db_path):
             fts.rebuild(self._writer, self._WRITE_PATIENCE_S, self._policy(), self._FTS_REBUILD_CHUNK_ROWS)
+        self._reclaim_after_upgrade()
         return self.fts_rebuild_status()
+
+    def _reclaim_after_upgrade(self, quiet: bool = False) -> None:
+        with self._writer.exclusive() as conn:
+            recovery.reclaim_after_upgrade(conn, self.db_path, self._WRITE_PATIENCE_S, self._policy(), quiet=quiet)
 
     # --- compression generations and locks -----------------------------------------------------------
 
@@ -739,6 +772,47 @@ class SessionDB:
         """Delete ended sessions started more than `older_than_days` ago (busy ones skipped); return how many."""
         with self._write() as conn:
             return gateway.prune_sessions(conn, older_than_days, source)
+
+
+    # --- export, import, backup, restore, vacuum --------------------------------------------------
+
+    def export_session(self, session_id: str) -> dict[str, Any]:
+        """Return one session as an export document (every column, every generation, usage rows)."""
+        with self._read(snapshot=True) as conn:
+            return portability.export_session(conn, session_id)
+
+    def iter_export(self, source: str | None = None) -> Iterator[dict[str, Any]]:
+        """Yield export documents one session at a time, by id (memory stays flat)."""
+        return portability.iter_export(self._read, source)
+
+    def export_all(self, source: str | None = None) -> list[dict[str, Any]]:
+        """Return the export documents of every session (of `source` when given), by id."""
+        return list(self.iter_export(source))
+
+    def import_sessions(self, data: Any, on_conflict: str = "skip") -> ImportReport:
+        """Validate all export documents, then import them in one transaction; see ImportReport."""
+        with self._write() as conn:
+            return portability.import_sessions(conn, data, on_conflict)
+
+    def backup(self, target_path: str | os.PathLike) -> Path:
+        """Write a consistent copy of the database (ledgers included) to a new file; return its path."""
+        with self._read() as conn:
+            return recovery.backup_to(conn, target_path)
+
+    def restore(self, source_path: str | os.PathLike) -> None:
+        """Replace the content with a checked backup, in one transaction every handle sees whole."""
+        self._check_writable()
+        source = recovery.check_restorable(source_path)
+        self._stop_fts_worker()
+        with self._writer.exclusive() as conn:
+            self.schema_version = recovery.restore_from(conn, source, self._set_up)
+        self._open_fts()
+
+    def vacuum(self) -> dict[str, int]:
+        """Give free pages back to the file system; writers wait while it runs (seconds per GB)."""
+        self._check_writable()
+        with self._writer.exclusive() as conn:
+            return recovery.vacuum(conn, self._WRITE_PATIENCE_S, self._policy())
 
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 import hermes_state_commands as commands
 import hermes_state_render as render
-from hermes_state_commands import emit, non_negative, open_db, parse_when
+from hermes_state_commands import emit, existing_db, non_negative, open_db, parse_when
 from hermes_state_errors import HermesStateError, ProfileNotFoundError
 from hermes_state_home import _apply_profile_override, display_hermes_home, hermes_home_override, profile_home
 
@@ -162,11 +162,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 def cmd_recover(args: argparse.Namespace) -> int:
     """Copy what is readable of a (damaged) database into a new file; the source is never written."""
-    import hermes_state_portability as portability
+    import hermes_state_recovery as recovery
     source = Path(args.source)
     if not source.is_file():
         raise HermesStateError(f"{source} does not exist or is not a file")
-    report = portability.recover(source, Path(args.target))
+    report = recovery.recover(source, Path(args.target))
     _report(args, report, f"recovered {source} into {args.target}")
     return 0
 
@@ -175,7 +175,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
     """Write a consistent copy of the live database (safe while writers run)."""
     with open_db(args) as db:
         result = db.backup(args.target)
-    _report(args, result if result is not None else {"target": args.target}, f"backed up to {args.target}")
+    _report(args, {"target": str(result)}, f"backed up to {result}")
     return 0
 
 
@@ -188,6 +188,29 @@ def cmd_restore(args: argparse.Namespace) -> int:
     with SessionDB(path) as db:
         result = db.restore(args.source)
     _report(args, result if result is not None else {"restored": str(path)}, f"restored {path} from {args.source}")
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Upgrade an existing older database now, writing a consistent copy of it first (unless --no-backup)."""
+    from hermes_state import SessionDB
+    path = existing_db(args)
+    with SessionDB(path, backup_before_upgrade=not args.no_backup) as db:
+        data = {"path": str(path), "schema_version": db.schema_version,
+                "backup": str(db.upgrade_backup) if db.upgrade_backup else None}
+    emit(args, data, lambda d: f"{display_hermes_home(d['path'])} is at schema v{d['schema_version']}"
+                               + (f"; the file before the upgrade is {d['backup']}" if d["backup"] else ""))
+    return 0
+
+
+def cmd_vacuum(args: argparse.Namespace) -> int:
+    """Give free pages back to the file system (writers wait while it runs)."""
+    with open_db(args, write=True) as db:
+        before = db.db_path.stat().st_size
+        result = db.vacuum()
+        after = db.db_path.stat().st_size
+    data = {"bytes_before": before, "bytes_after": after, **(result or {})}
+    emit(args, data, lambda d: f"{render.number(d['bytes_before'])} -> {render.number(d['bytes_after'])} bytes")
     return 0
 
 
@@ -235,7 +258,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 print(f"  {row['id']:<15} {row['title']!r:<24} ended: {row['end_reason'] or '-'}")
             print("\n== conversation of demo_docker_2, with its compression ancestors")
             for message in db.get_messages_as_conversation("demo_docker_2", include_ancestors=True):
-                text = render.safe(message.get("content") or "")
+                text = render.safe(render.content_text(message.get("content")))
                 calls = " +tool_calls" if message.get("tool_calls") else ""
                 print(f"  {message['role']:<9} {render.truncate(text, 66)}{calls}")
             for query in ("docker image", "東京", "alice@example.com", "50%"):
@@ -311,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--offset", type=non_negative, default=0)
     p.add_argument("--source", action="append", help="only these sources (repeatable)")
     p.add_argument("--role", action="append", help="only these roles (repeatable)")
+    p.add_argument("--reasoning", action="store_true", help="search the models' reasoning too")
     p = _command(ssub, "export", cmd_export, "sessions as JSON Lines (one per line)")
     p.add_argument("session_ids", nargs="*")
     p.add_argument("--source")
@@ -339,6 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "fts", commands.cmd_fts, "full-text index status or rebuild")
     p.add_argument("action", choices=["status", "rebuild"])
     _command(sub, "init", commands.cmd_init, "create the database, or bring an older one up to date")
+    p = _command(sub, "migrate", cmd_migrate, "upgrade an existing older database, copying it first")
+    p.add_argument("--no-backup", action="store_true", help="do not write the copy first")
+    _command(sub, "vacuum", cmd_vacuum, "give free pages back to the file system")
     p = _command(sub, "demo", cmd_demo, "fill a throw-away home with samples and show them")
     p.add_argument("--keep", action="store_true", help="keep the demo home to explore it afterwards")
     p = _command(sub, "serve", cmd_serve, "browse sessions in a web page (Datasette), read-only")

@@ -134,7 +134,7 @@ def _call_text(call: Any) -> str:
 
 def _message_line(m: dict[str, Any], width: int) -> str:
     role = m["role"]
-    text = m.get("content") or ""
+    text = render.content_text(m.get("content"))
     if role == "tool" and m.get("tool_name"):
         text = f"[{m['tool_name']}] {text}"
     if not text and m.get("tool_calls"):
@@ -165,8 +165,8 @@ def _markdown(session: dict[str, Any], messages: list[dict[str, Any]]) -> str:
                                             .splitlines()] + [""]
         if m.get("content"):
             fence = "```" if m["role"] == "tool" else ""
-            out += [fence, render.safe(m["content"], keep_newlines=True), fence] if fence else \
-                [render.safe(m["content"], keep_newlines=True)]
+            text = render.safe(render.content_text(m["content"]), keep_newlines=True)
+            out += [fence, text, fence] if fence else [text]
         if m.get("tool_calls"):
             out += ["", "### tool calls", ""]
             for call in m["tool_calls"] if isinstance(m["tool_calls"], list) else [m["tool_calls"]]:
@@ -219,7 +219,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     """Search every message's text (words, CJK, substrings)."""
     with open_db(args) as db:
         hits = db.search_messages(args.query, source_filter=args.source, role_filter=args.role,
-                                  limit=args.limit, offset=args.offset)
+                                  limit=args.limit, offset=args.offset, include_reasoning=args.reasoning)
     color = sys.stdout.isatty()
 
     def human(_: Any) -> str:
@@ -228,7 +228,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         width = term_width()
         lines = []
         for h in hits:
-            head = f"{render.safe(h['session_id'])}  {h['role']}  {render.relative_time(h['timestamp'])}"
+            title = f"  {render.safe(h['title'])}" if h.get("title") else ""
+            head = f"{render.safe(h['session_id'])}{title}  {h['role']}  {render.relative_time(h['timestamp'])}"
             lines += [render.truncate(head, width), "  " + render.highlight(h["snippet"], color=color)]
         return "\n".join(lines)
     rows = [{k: v for k, v in h.items() if k != "context"} for h in hits] if args.csv else hits
@@ -354,7 +355,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         with SessionDB(path, read_only=True) as db:
             version = db.schema_version
     except StateDbIncompatibleError as exc:
-        check("schema", False, f"{exc} (`hermes-state init` upgrades it)")
+        check("schema", False, f"{exc} (`hermes-state migrate` upgrades it, keeping a copy)")
         version = None
     else:
         check("schema", version == SCHEMA_VERSION, f"version {version}" + (

@@ -18,7 +18,7 @@ from typing import Any
 # The library's one logger; applications route it (see configure_error_log).
 logger = logging.getLogger("hermes_state")
 
-SCHEMA_VERSION = 31
+SCHEMA_VERSION = 32
 
 # Default values of the timing policy. SessionDB copies them as class attributes and reads
 # them at call time, so applications and tests tune them there, not here.
@@ -117,6 +117,7 @@ MESSAGES_COLUMNS: tuple[tuple[str, str], ...] = (
     ("absorbed_message_uids", "TEXT"),
     ("tool_call_uids", "TEXT"),
     ("tool_call_uid", "TEXT"),
+    ("content_parts", "TEXT"),
 )
 
 TABLES: tuple[tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]], ...] = (
@@ -265,7 +266,7 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {name: tuple(c for c, _ in cols) for
 SESSION_COLUMN_NAMES = frozenset(TABLE_COLUMNS["sessions"])
 MESSAGE_COLUMN_NAMES = frozenset(TABLE_COLUMNS["messages"])
 JSON_MESSAGE_FIELDS = ("tool_calls", "reasoning_details", "codex_reasoning_items", "codex_message_items",
-                       "display_metadata", "absorbed_message_uids", "tool_call_uids")
+                       "display_metadata", "absorbed_message_uids", "tool_call_uids", "content_parts")
 
 
 # --- value checks ------------------------------------------------------------------------------
@@ -307,8 +308,10 @@ def has_surrogate(text: str) -> bool:
     return not text.isascii() and _SURROGATES.search(text) is not None
 
 
-def check_id(name: str, value: Any) -> str:
-    """Return `value` when it is a non-empty string SQLite can store, else raise ValueError naming `name`."""
+def check_id(name: str, value: Any, *, optional: bool = False) -> Any:
+    """Return `value` when it is a non-empty string SQLite can store (or None, when `optional`), else raise ValueError."""
+    if value is None and optional:
+        return None
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name} must be a non-empty string, not {value!r}")
     if has_surrogate(value):
@@ -347,12 +350,23 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not standard JSON")
 
 
+def _model_dump(obj: Any) -> Any:
+    # Provider SDK objects (pydantic models such as the openai package's tool calls) dump
+    # themselves; duck-typed, so the library imports neither the SDK nor pydantic.
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump) and not isinstance(obj, type):
+        return dump(mode="json", exclude_none=True)
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
 def encode_json(value: Any, field: str) -> str | None:
     """Serialise `value` for a JSON column; raise ValueError naming `field` when it cannot be.
 
     A str that parses as (standard) JSON is taken as already serialised and stored as it is,
     since callers pass provider payloads pre-encoded; so "123" reads back as the int 123. Any
-    other str is encoded as a JSON string, so it reads back as that same str.
+    other str is encoded as a JSON string, so it reads back as that same str. Objects with a
+    `model_dump()` method (pydantic models, e.g. provider SDK types), at any depth, are stored
+    as their JSON dump without None fields.
     """
     if value is None:
         return None
@@ -365,7 +379,7 @@ def encode_json(value: Any, field: str) -> str | None:
             raise ValueError(f"{field} is nested too deeply to store as JSON") from exc
         return strip_surrogates(value)
     try:
-        return strip_surrogates(json.dumps(value, ensure_ascii=False))
+        return strip_surrogates(json.dumps(value, ensure_ascii=False, default=_model_dump))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{field} is not JSON-serialisable: {exc}") from exc
     except RecursionError as exc:

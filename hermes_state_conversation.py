@@ -22,7 +22,8 @@ from hermes_state_messages import DISPLAY_KEY, pick_tool_call_uid
 
 _CONVERSATION_SQL = ("SELECT id, role, content, api_content, tool_calls, tool_call_id, tool_name, reasoning, "
                      "reasoning_content, reasoning_details, codex_reasoning_items, codex_message_items, "
-                     "message_uid, absorbed_message_uids, tool_call_uids, tool_call_uid, session_id FROM messages "
+                     "message_uid, absorbed_message_uids, tool_call_uids, tool_call_uid, session_id, content_parts "
+                     "FROM messages "
                      "WHERE session_id = ? AND active = 1 ORDER BY id")
 # Reasoning fields an assistant turn carries: plain text ("" too: some routes need the empty
 # field), then JSON ones.
@@ -52,9 +53,12 @@ class _Projector:
     def message(self, r: dict[str, Any]) -> dict[str, Any]:
         """Return the conversation dict of one row (a dict of _CONVERSATION_SQL's columns)."""
         role, content, api_content = r["role"], r["content"], r["api_content"]
-        # Replay fidelity: the bytes that were sent win over the display text.
+        # Replay fidelity: the bytes that were sent win over the display text; a multimodal
+        # message was sent as its list of parts.
         msg: dict[str, Any] = {"role": role, "content": api_content if api_content is not None else content}
-        if api_content is not None and api_content != content:
+        if r["content_parts"] is not None:
+            msg["content"] = decode_json(r["content_parts"])
+        elif api_content is not None and api_content != content:
             # Runtime-only (never sent): lets replace_messages/compression write both columns back.
             msg[DISPLAY_KEY] = content
         if r["tool_calls"] is not None:

@@ -129,6 +129,20 @@ class ProfileNotFoundError(HermesStateError):
     """An explicitly named profile does not exist."""
 
 
+class ImportValidationError(HermesStateError, ValueError):
+    """An import's input is malformed; `.problems` lists every problem found. Nothing was written."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        shown = "; ".join(self.problems[:10]) + (f"; and {len(self.problems) - 10} more" if len(self.problems) > 10
+                                                 else "")
+        super().__init__(f"nothing was imported: {shown}")
+
+
+class ImportConflictError(HermesStateError, ValueError):
+    """An imported session id already exists and the import was asked to fail on conflicts."""
+
+
 def _primary_code(exc: BaseException) -> int | None:
     code = getattr(exc, "sqlite_errorcode", None)
     return None if code is None else code & 0xFF

@@ -1,11 +1,11 @@
-"""Full-text indexes over messages: the three FTS5 tables, their triggers, rebuild markers and queries.
+"""Full-text indexes over messages: the FTS5 tables, their triggers, rebuild markers and queries.
 
-Owns: `messages_fts` (unicode61 words over content, tool_name, tool_calls), `messages_fts_trigram`
-(substrings of user/assistant content), `messages_fts_cjk` (CJK runs as bigrams, see `cjk_index_text`)
-with its work queue `messages_fts_cjk_pending`, the triggers that keep them in sync, the rebuild
-markers `fts_rebuild_high_water`/`fts_rebuild_progress`, the chunked resumable rebuild, the periodic
-merge, `_sanitize_fts5_query()` and the query plans `search_messages` routes with.
-Does not own: running searches (hermes_state_search) or writing message rows (hermes_state_sessions).
+Owns: `messages_fts` (unicode61 words of content, tool_name, tool_calls), `messages_fts_trigram`
+(substrings of every message's content, tool name and tool calls), `messages_fts_reasoning` (words of reasoning text),
+`messages_fts_cjk` (CJK runs as bigrams, from hermes_state_cjk) with its queue `messages_fts_cjk_pending`,
+the triggers that keep them in sync, the rebuild markers `fts_rebuild_high_water`/`fts_rebuild_progress`,
+the chunked resumable rebuild, the periodic merge, `_sanitize_fts5_query()` and the query plans.
+Does not own: running searches (hermes_state_search) or writing message rows (hermes_state_messages).
 
 Transaction contract: functions taking a connection run inside the caller's write transaction (or
 read under its lock) and never commit. `ensure_fts`, `run_pending` and `rebuild` take the Writer and
@@ -23,14 +23,17 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Union
 
+from hermes_state_cjk import (CJK_CHARS, CJK_RUN, cjk_index_text, cjk_query_text, cjk_terms,  # noqa: F401
+                               has_cjk, register_functions)
 from hermes_state_common import logger, strip_surrogates
 from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import StateDbIncompatibleError
 
 
 WORD, TRIGRAM, CJK = "messages_fts", "messages_fts_trigram", "messages_fts_cjk"
+REASONING = "messages_fts_reasoning"
 CJK_PENDING = "messages_fts_cjk_pending"
-FTS_TABLES = (WORD, TRIGRAM, CJK)
+FTS_TABLES = (WORD, TRIGRAM, CJK, REASONING)
 HIGH_WATER, PROGRESS = "fts_rebuild_high_water", "fts_rebuild_progress"
 
 MERGE_EVERY_N_WRITES = 1000
@@ -39,84 +42,6 @@ REBUILD_CHUNK_ROWS = 2000    # messages per rebuild transaction (tens of millise
 OPEN_CATCH_UP_ROWS = 2000    # queued CJK rows an open indexes before returning; the rest go background
 MAX_QUERY_CHARS = 2048
 MAX_QUERY_TERMS = 32
-
-# --- CJK terms -------------------------------------------------------------------------------------
-# Letters and numbers of the CJK scripts (Han, kana, Hangul, Bopomofo, their extensions and the
-# halfwidth forms). Punctuation such as 、。「」・ is left out on purpose: it separates words.
-_CJK_CHARS = ("\u1100-\u11ff\u3005-\u3007\u3021-\u3029\u3031-\u3035\u303b\u303c\u3041-\u3096"
-              "\u309d-\u309f\u30a1-\u30fa\u30fc-\u30ff\u3105-\u312f\u3131-\u318e\u31a0-\u31bf"
-              "\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\ua960-\ua97c\uac00-\ud7a3\ud7b0-\ud7fb"
-              "\uf900-\ufaff\uff66-\uff9f\uffa0-\uffdc\U0001b000-\U0001b16f\U00020000-\U0003134f")
-_CJK_RUN = re.compile(f"[{_CJK_CHARS}]+")
-
-
-def has_cjk(text: str | None) -> bool:
-    """Tell whether `text` holds at least one CJK letter."""
-    return bool(text) and not text.isascii() and _CJK_RUN.search(text) is not None
-
-
-def _run_terms(run: str, last_unigram: bool = True) -> list[str]:
-    # Overlapping bigrams, then the run's last character alone, so that every character of
-    # the run starts some token: a one-character query is then a prefix query (`東*`).
-    if len(run) == 1:
-        return [run]
-    terms = [run[i:i + 2] for i in range(len(run) - 1)]
-    return terms + [run[-1]] if last_unigram else terms
-
-
-def cjk_index_text(text: str) -> str:
-    """Return `text` with every maximal CJK run re-emitted as space-separated bigrams (cjk_unicode61).
-
-    "iPhone16を買った" -> "iPhone16 を買 買っ った た": Latin stays for unicode61 to tokenize, a
-    run of n > 1 characters becomes its n-1 bigrams plus its last character, a lone character stays.
-    """
-    pieces, pos = [], 0
-    for match in _CJK_RUN.finditer(text):
-        pieces.append(text[pos:match.start()].strip())
-        pieces.extend(_run_terms(match.group()))
-        pos = match.end()
-    pieces.append(text[pos:].strip())
-    return " ".join(p for p in pieces if p)
-
-
-def cjk_query_text(text: str) -> tuple[str, bool]:
-    """Return (phrase text, prefix) that finds `text` as a substring in `messages_fts_cjk`.
-
-    Same transform as the index, except at the end of the term: a final run keeps its bigrams
-    only (the document may continue the run), and a final lone character becomes a prefix.
-    """
-    runs = list(_CJK_RUN.finditer(text))
-    pieces, pos, prefix = [], 0, False
-    for index, match in enumerate(runs):
-        pieces.append(text[pos:match.start()])
-        run = match.group()
-        at_end = index == len(runs) - 1 and not any(ch.isalnum() for ch in text[match.end():])
-        pieces.extend(_run_terms(run, last_unigram=not at_end))
-        prefix = at_end and len(run) == 1
-        pos = match.end()
-    pieces.append(text[pos:])
-    return " ".join(" ".join(p for p in pieces if p).split()), prefix
-
-
-def cjk_terms(content: object, tool_calls: object = None) -> str | None:
-    """Return the CJK index text of a message, or None when it holds no CJK (the SQL function).
-
-    Never raises: it runs inside triggers, where an exception would fail the user's write.
-    """
-    try:
-        texts = [v if isinstance(v, str) else str(v) for v in (content, tool_calls) if v is not None]
-        if not any(has_cjk(t) for t in texts):
-            return None
-        return "\n".join(cjk_index_text(t) for t in texts)
-    except Exception:  # noqa: BLE001 - see docstring
-        logger.exception("hermes_cjk_terms failed; the row is left out of the CJK index")
-        return None
-
-
-def register_functions(conn: sqlite3.Connection) -> None:
-    """Register `hermes_cjk_terms(content, tool_calls)` on this connection (read-only handles too)."""
-    conn.create_function("hermes_cjk_terms", 2, cjk_terms, deterministic=True)
-
 
 # --- the declared FTS objects ----------------------------------------------------------------------
 
@@ -135,7 +60,24 @@ def _wide(row: str) -> str:
             f" OR length({row}.tool_calls) < length(CAST({row}.tool_calls AS BLOB)))")
 
 
-_TRIGRAM_ROLES = "('user', 'assistant')"
+def _reasoning(row: str) -> str:
+    # A row's reasoning text: reasoning and reasoning_content usually hold the same text, indexed once.
+    return (f"CASE WHEN {row}.reasoning_content IS NULL OR {row}.reasoning_content IS {row}.reasoning "
+            f"THEN {row}.reasoning WHEN {row}.reasoning IS NULL THEN {row}.reasoning_content "
+            f"ELSE {row}.reasoning_content || char(10) || {row}.reasoning END")
+
+
+def _reasons(row: str) -> str:
+    return f"({row}.reasoning <> '' OR {row}.reasoning_content <> '')"
+
+
+def _searchable(row: str) -> str:
+    # Everything a substring search looks in, every role, tool output included. Newlines keep a
+    # match from spanning two fields in practice (a query holds no newline).
+    return (f"COALESCE({row}.content, '') || char(10) || COALESCE({row}.tool_name, '') || char(10) "
+            f"|| COALESCE({row}.tool_calls, '')")
+
+
 _CJK_TABLE_SQL = f"CREATE VIRTUAL TABLE {CJK} USING fts5(terms)"
 
 # (type, name, sql). The sql is what sqlite_master stores; open compares it to decide whether
@@ -143,37 +85,52 @@ _CJK_TABLE_SQL = f"CREATE VIRTUAL TABLE {CJK} USING fts5(terms)"
 OBJECTS: tuple[tuple[str, str, str], ...] = (
     ("table", WORD, f"CREATE VIRTUAL TABLE {WORD} USING fts5(content, tool_name, tool_calls, "
                     "content='messages', content_rowid='id')"),
+    # Substrings of every message's text: trigrams with detail=none store which rows hold each
+    # trigram but no positions, about half the size of a position-full index over less text.
+    # Queried with LIKE, which FTS5 answers from the index and checks against the row's text.
     ("view", "messages_fts_trigram_source",
-     f"CREATE VIEW messages_fts_trigram_source AS SELECT id, content FROM messages WHERE role IN {_TRIGRAM_ROLES}"),
-    ("table", TRIGRAM, f"CREATE VIRTUAL TABLE {TRIGRAM} USING fts5(content, content='messages_fts_trigram_source', "
-                       "content_rowid='id', tokenize='trigram')"),
+     f"CREATE VIEW messages_fts_trigram_source AS SELECT id, {_searchable('messages')} AS text FROM messages"),
+    ("table", TRIGRAM, f"CREATE VIRTUAL TABLE {TRIGRAM} USING fts5(text, content='messages_fts_trigram_source', "
+                       "content_rowid='id', tokenize='trigram', detail='none')"),
     ("table", CJK, _CJK_TABLE_SQL),
+    ("view", "messages_fts_reasoning_source",
+     f"CREATE VIEW messages_fts_reasoning_source AS SELECT id, {_reasoning('messages')} AS reasoning "
+     f"FROM messages WHERE {_reasons('messages')}"),
+    ("table", REASONING, f"CREATE VIRTUAL TABLE {REASONING} USING fts5(reasoning, "
+                         "content='messages_fts_reasoning_source', content_rowid='id')"),
     ("table", CJK_PENDING, f"CREATE TABLE {CJK_PENDING} (id INTEGER PRIMARY KEY)"),
     ("trigger", "messages_fts_insert",
      f"CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages WHEN {_gate('new.id')} BEGIN "
      f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
      f"VALUES (new.id, new.content, new.tool_name, new.tool_calls); "
-     f"INSERT INTO {TRIGRAM}(rowid, content) SELECT new.id, new.content WHERE new.role IN {_TRIGRAM_ROLES}; "
+     f"INSERT INTO {TRIGRAM}(rowid, text) VALUES (new.id, {_searchable('new')}); "
+     f"INSERT INTO {REASONING}(rowid, reasoning) SELECT new.id, {_reasoning('new')} WHERE {_reasons('new')}; "
      "END"),
     ("trigger", "messages_fts_delete",
      f"CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages WHEN {_gate('old.id')} BEGIN "
      f"INSERT INTO {WORD}({WORD}, rowid, content, tool_name, tool_calls) "
      f"VALUES ('delete', old.id, old.content, old.tool_name, old.tool_calls); "
-     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, content) SELECT 'delete', old.id, old.content "
-     f"WHERE old.role IN {_TRIGRAM_ROLES}; "
+     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, text) VALUES ('delete', old.id, {_searchable('old')}); "
+     f"INSERT INTO {REASONING}({REASONING}, rowid, reasoning) SELECT 'delete', old.id, {_reasoning('old')} "
+     f"WHERE {_reasons('old')}; "
      "END"),
     ("trigger", "messages_fts_update",
      "CREATE TRIGGER messages_fts_update AFTER UPDATE OF id, role, content, tool_name, tool_calls ON messages "
      "BEGIN "
      f"INSERT INTO {WORD}({WORD}, rowid, content, tool_name, tool_calls) "
      f"SELECT 'delete', old.id, old.content, old.tool_name, old.tool_calls WHERE {_gate('old.id')}; "
-     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, content) SELECT 'delete', old.id, old.content "
-     f"WHERE old.role IN {_TRIGRAM_ROLES} AND {_gate('old.id')}; "
+     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, text) SELECT 'delete', old.id, {_searchable('old')} "
+     f"WHERE {_gate('old.id')}; "
      f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
      f"SELECT new.id, new.content, new.tool_name, new.tool_calls WHERE {_gate('new.id')}; "
-     f"INSERT INTO {TRIGRAM}(rowid, content) SELECT new.id, new.content "
-     f"WHERE new.role IN {_TRIGRAM_ROLES} AND {_gate('new.id')}; "
+     f"INSERT INTO {TRIGRAM}(rowid, text) SELECT new.id, {_searchable('new')} WHERE {_gate('new.id')}; "
      "END"),
+    ("trigger", "messages_fts_reasoning_update",
+     "CREATE TRIGGER messages_fts_reasoning_update AFTER UPDATE OF id, reasoning, reasoning_content ON messages "
+     f"BEGIN INSERT INTO {REASONING}({REASONING}, rowid, reasoning) SELECT 'delete', old.id, {_reasoning('old')} "
+     f"WHERE {_reasons('old')} AND {_gate('old.id')}; "
+     f"INSERT INTO {REASONING}(rowid, reasoning) SELECT new.id, {_reasoning('new')} "
+     f"WHERE {_reasons('new')} AND {_gate('new.id')}; END"),
     # The CJK index cannot be fed by persistent triggers (they would need our function, and a
     # plain shell has none), so persistent triggers only queue possibly-CJK rows; this library's
     # connections drain the queue at once through a TEMP trigger, other writers leave it for the
@@ -262,7 +219,12 @@ def fts5_available(conn: sqlite3.Connection) -> bool:
     return True
 
 
-def _drop_fts_objects(conn: sqlite3.Connection) -> None:
+def drop_fts_objects(conn: sqlite3.Connection) -> None:
+    """Drop every FTS object, this layout's and an older layout's (tables, views, triggers on messages).
+
+    Must run inside the caller's write transaction. `create_fts` builds them again; an upgrade
+    calls this before any back-fill so no old trigger re-indexes rows one by one.
+    """
     rows = conn.execute("SELECT type, name, sql FROM sqlite_master WHERE type IN ('trigger', 'view', 'table') "
                         "AND (name IN (SELECT value FROM json_each(?)) OR (type = 'trigger' AND tbl_name = 'messages' "
                         "AND sql LIKE '%messages_fts%'))", (json.dumps(sorted(_OBJECT_NAMES)),)).fetchall()
@@ -277,7 +239,7 @@ def create_fts(conn: sqlite3.Connection) -> None:
     Must run inside the caller's write transaction. Objects that are missing, differ from the
     declared SQL or come from an older layout are dropped first, so the result is exact.
     """
-    _drop_fts_objects(conn)
+    drop_fts_objects(conn)
     for _, _, sql in OBJECTS:
         conn.execute(sql)
     _set_markers(conn, conn.execute("SELECT MAX(id) FROM messages").fetchone()[0])
@@ -301,6 +263,7 @@ def start_rebuild(conn: sqlite3.Connection) -> None:
         return
     conn.execute(f"INSERT INTO {WORD}({WORD}) VALUES ('delete-all')")
     conn.execute(f"INSERT INTO {TRIGRAM}({TRIGRAM}) VALUES ('delete-all')")
+    conn.execute(f"INSERT INTO {REASONING}({REASONING}) VALUES ('delete-all')")
     # The CJK table keeps its own text (it is small); dropping it is cheaper than deleting rows.
     conn.execute(f"DROP TABLE {CJK}")
     conn.execute(_CJK_TABLE_SQL)
@@ -312,8 +275,10 @@ def _index_range(conn: sqlite3.Connection, low: int, high: int) -> None:
     """Index the messages with low < id <= high into all three tables (none of them is indexed yet)."""
     conn.execute(f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
                  "SELECT id, content, tool_name, tool_calls FROM messages WHERE id > ? AND id <= ?", (low, high))
-    conn.execute(f"INSERT INTO {TRIGRAM}(rowid, content) SELECT id, content FROM messages "
-                 f"WHERE id > ? AND id <= ? AND role IN {_TRIGRAM_ROLES}", (low, high))
+    conn.execute(f"INSERT INTO {TRIGRAM}(rowid, text) SELECT id, text FROM messages_fts_trigram_source "
+                 "WHERE id > ? AND id <= ?", (low, high))
+    conn.execute(f"INSERT INTO {REASONING}(rowid, reasoning) SELECT id, reasoning FROM messages_fts_reasoning_source "
+                 "WHERE id > ? AND id <= ?", (low, high))
     # The CJK table is a plain FTS5 table (rows delete by rowid), so clearing the range first
     # makes this idempotent with rows the queue already handled.
     conn.execute(f"DELETE FROM {CJK} WHERE rowid > ? AND rowid <= ?", (low, high))
@@ -509,7 +474,7 @@ _OPERATORS = frozenset({"AND", "OR", "NOT"})
 _KEYWORDS = _OPERATORS | {"NEAR"}
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 _ZERO_WIDTH = re.compile("[\u200b\u200c\u200d\ufeff]+")
-_CJK_ONLY = re.compile(f"[{_CJK_CHARS}\\s]+")
+_CJK_ONLY = re.compile(f"[{CJK_CHARS}\\s]+")
 
 
 def _strip_edges(chunk: str) -> str:
@@ -561,7 +526,7 @@ def _drop_zero_width(text: str) -> str:
     # them. A run is judged by its neighbours as a whole, so that a second pass removes nothing.
     def replace(run: re.Match[str]) -> str:
         near = text[max(run.start() - 1, 0):run.start()] + text[run.end():run.end() + 1]
-        return "" if _CJK_RUN.search(near) else run.group().replace("\u200b", "").replace("\ufeff", "")
+        return "" if CJK_RUN.search(near) else run.group().replace("\u200b", "").replace("\ufeff", "")
     return _ZERO_WIDTH.sub(replace, text)
 
 
@@ -658,11 +623,27 @@ class Group:
         return (self.render(_cjk_term, cjk), others) if cjk and others else None
 
     @property
-    def trigram(self) -> str | None:
-        """The expression for messages_fts_trigram when every term has >= 3 characters, else None."""
-        if all(len(t.text) >= 3 for t in self.terms + self.fts_excluded):
-            return self.render(_trigram_term)
+    def substrings(self) -> tuple[str, ...] | None:
+        """The terms' texts when the substring index can find them, else None.
+
+        Each term needs a run of >= 3 characters free of LIKE's wildcards `%` and `_`: only such
+        runs are handed to the trigram index (see literal_runs).
+        """
+        if all(literal_runs(t.text) for t in self.terms):
+            return tuple(t.text for t in self.terms)
         return None
+
+
+_WILDCARDS = re.compile("[%_]")
+
+
+def literal_runs(text: str) -> list[str]:
+    """Return the runs of `text` between LIKE wildcards (`%`, `_`) that are >= 3 characters long.
+
+    Only these go into a LIKE the trigram index answers: a pattern with a wildcard between
+    multi-byte characters can crash SQLite 3.40's FTS5, so the whole text is checked separately.
+    """
+    return [run for run in _WILDCARDS.split(text) if len(run) >= 3]
 
 
 def _groups(items: list[Item]) -> list[Group]:
@@ -701,10 +682,6 @@ def _cjk_term(term: Term) -> str:
         return _render_term(term)
     text, prefix = cjk_query_text(term.text)
     return f'"{text}"' + ("*" if prefix or term.prefix else "")
-
-
-def _trigram_term(term: Term) -> str:
-    return f'"{term.text}"'
 
 
 @dataclass(frozen=True)

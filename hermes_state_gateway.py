@@ -24,7 +24,7 @@ import time
 import uuid
 from typing import Any
 
-from hermes_state_common import (LIVE_ADMISSION_SQL, check_count, check_number, decode_json, encode_json, logger,
+from hermes_state_common import (LIVE_ADMISSION_SQL, check_count, check_id, check_number, decode_json, encode_json, logger,
                                  row_dicts)
 from hermes_state_errors import (LedgerStateError, ReceiptDigestError, ReceiptOrderError, SessionBusyError,
                                  StaleEpochError)
@@ -35,14 +35,6 @@ LIVE_ADMISSION_STATES = ("queued", "started", "unknown")
 LIVE_EXECUTION_STATES = ("running", "unknown")
 _LIVE_EXECUTION_SQL = "state IN ('running', 'unknown')"
 _DAY_S = 86400.0
-
-
-def _check_text(name: str, value: Any, *, optional: bool = False) -> str | None:
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} must be a non-empty str")
-    return value
 
 
 def _check_terminal(state: Any) -> str:
@@ -72,7 +64,7 @@ def claim_runtime(conn: sqlite3.Connection, instance_id: str | None = None, *, n
     turns `unknown`: its owner is gone and nobody can tell whether its work finished, so it is
     neither retried nor silently dropped. Writes carrying an older epoch are refused from now on.
     """
-    _check_text("instance_id", instance_id, optional=True)
+    check_id("instance_id", instance_id, optional=True)
     now = time.time() if now is None else now
     epoch = (current_epoch(conn) or 0) + 1
     conn.execute(
@@ -131,7 +123,7 @@ def admit_input(conn: sqlite3.Connection, session_id: str, payload: Any, admissi
     Idempotent by `admission_key`: a key the session already admitted returns the existing id
     and changes nothing (the first payload stays).
     """
-    _check_text("admission_key", admission_key, optional=True)
+    check_id("admission_key", admission_key, optional=True)
     encoded = encode_json(payload, "payload")
     if admission_key is not None:
         row = conn.execute("SELECT id FROM session_admissions WHERE session_id = ? AND admission_key = ?",
@@ -163,18 +155,17 @@ def get_admission(conn: sqlite3.Connection, admission_id: int) -> dict[str, Any]
     return _admission_dict(rows[0]) if rows else None
 
 
+def _select(conn: sqlite3.Connection, table: str, session_id: str | None, state: str | None) -> list[dict[str, Any]]:
+    # The ledgers' listings: every row by id, narrowed to a session and/or a state when given.
+    filters = [(column, value) for column, value in (("session_id", session_id), ("state", state)) if value is not None]
+    where = " AND ".join(f"{column} = ?" for column, _ in filters) or "1"
+    return row_dicts(conn.execute(f"SELECT * FROM {table} WHERE {where} ORDER BY id", [v for _, v in filters]))
+
+
 def list_admissions(conn: sqlite3.Connection, session_id: str | None = None,
                     state: str | None = None) -> list[dict[str, Any]]:
     """Return admissions in queue order, optionally of one session and/or one state."""
-    where, args = [], []
-    if session_id is not None:
-        where.append("session_id = ?")
-        args.append(session_id)
-    if state is not None:
-        where.append("state = ?")
-        args.append(state)
-    sql = "SELECT * FROM session_admissions" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
-    return [_admission_dict(r) for r in row_dicts(conn.execute(sql, args))]
+    return [_admission_dict(r) for r in _select(conn, "session_admissions", session_id, state)]
 
 
 def start_admission(conn: sqlite3.Connection, admission_id: int, epoch: int, *, now: float | None = None) -> None:
@@ -238,7 +229,7 @@ def _execution(conn: sqlite3.Connection, execution_id: Any) -> dict[str, Any]:
 def start_execution(conn: sqlite3.Connection, session_id: str, kind: str, epoch: int, *,
                     now: float | None = None) -> int:
     """Record a managed run (worker, child agent, cron, kanban...) as running; return its id."""
-    _check_text("kind", kind)
+    check_id("kind", kind)
     check_epoch(conn, epoch)
     require_session(conn, session_id)
     return conn.execute(
@@ -273,15 +264,7 @@ def get_execution(conn: sqlite3.Connection, execution_id: int) -> dict[str, Any]
 def list_executions(conn: sqlite3.Connection, session_id: str | None = None,
                     state: str | None = None) -> list[dict[str, Any]]:
     """Return executions by id, optionally of one session and/or one state."""
-    where, args = [], []
-    if session_id is not None:
-        where.append("session_id = ?")
-        args.append(session_id)
-    if state is not None:
-        where.append("state = ?")
-        args.append(state)
-    sql = "SELECT * FROM worker_executions" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
-    return row_dicts(conn.execute(sql, args))
+    return _select(conn, "worker_executions", session_id, state)
 
 
 def canonical_json(payload: Any) -> str:
@@ -413,7 +396,7 @@ def prune_sessions(conn: sqlite3.Connection, older_than_days: float, source: str
     skipped (and logged) rather than failing the whole prune.
     """
     check_number("older_than_days", older_than_days)
-    _check_text("source", source, optional=True)
+    check_id("source", source, optional=True)
     cutoff = (time.time() if now is None else now) - older_than_days * _DAY_S
     sql, args = "SELECT id FROM sessions WHERE ended_at IS NOT NULL AND started_at < ?", [cutoff]
     if source is not None:

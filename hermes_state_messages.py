@@ -37,7 +37,8 @@ _WRITABLE = frozenset(_INSERT_COLUMNS) - _POSITIONAL
 # Keys a conversation dict or a get_messages row may carry: renamed, or decided by the arguments.
 _ALIASES = {"name": "tool_name", "_tool_call_uids": "tool_call_uids", "_tool_call_uid": "tool_call_uid",
             "_absorbed_message_uids": "absorbed_message_uids"}
-_IGNORED = frozenset({"id", "_row_id"}) | _POSITIONAL
+# content_parts is derived from a list `content` (a get_messages row carries both): never taken as given.
+_IGNORED = frozenset({"id", "_row_id", "content_parts"}) | _POSITIONAL
 # A conversation dict's stored (display) content when it differs from what was sent.
 DISPLAY_KEY = "_display_content"
 _ACCEPTED = _WRITABLE | frozenset(_ALIASES) | _IGNORED | {DISPLAY_KEY}
@@ -74,11 +75,33 @@ _COERCE: dict[str, Callable[[str, Any], Any]] = {
     "timestamp": _as_time, "token_count": check_count, "observed": _as_flag}
 
 
+def _text_of_parts(parts: list[dict[str, Any]]) -> str:
+    # What search, previews and context see of a multimodal message: its text parts.
+    return "\n".join(p["text"] for p in parts if isinstance(p.get("text"), str))
+
+
+def _split_parts(fields: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """Return (fields with a list `content` replaced by its text, the parts' JSON or None)."""
+    content = fields.get("content")
+    if not isinstance(content, (list, tuple)):
+        return fields, None
+    if fields.get("api_content") is not None or DISPLAY_KEY in fields:
+        raise ValueError(f"a list of content parts is what was sent: give no api_content or {DISPLAY_KEY} with it")
+    encoded = encode_json(list(content), "content")
+    parts = json.loads(encoded)
+    if not all(isinstance(p, dict) for p in parts):
+        raise ValueError("content must be a string, None or a list of content-part dicts")
+    return {**fields, "content": _text_of_parts(parts)}, encoded
+
+
 def _prepare(fields: dict[str, Any]) -> tuple[dict[str, Any], list | None]:
     """Validate and encode one message's fields; return (column values, decoded tool_calls)."""
     unknown = fields.keys() - _ACCEPTED
     if unknown:
         raise ValueError(f"unknown message field(s): {', '.join(sorted(unknown))}")
+    if fields.get("name") is not None and fields.get("tool_name") not in (None, fields["name"]):
+        raise ValueError("name is another spelling of tool_name: give one of them, or the same value")
+    fields, parts = _split_parts(fields)
     if DISPLAY_KEY in fields:
         # A conversation dict: its content is what was sent (api_content), and the display
         # text rides in DISPLAY_KEY. Put each back in its column.
@@ -92,13 +115,16 @@ def _prepare(fields: dict[str, Any]) -> tuple[dict[str, Any], list | None]:
         if value is not None and key not in _IGNORED:
             name = _ALIASES.get(key, key)
             row[name] = _COERCE[name](name, value)
+    if parts is not None:
+        row["content_parts"] = parts
     if not isinstance(row.get("role"), str) or not row["role"]:
         raise ValueError("role must be a non-empty string")
     uid = row.get("message_uid")
     if uid is not None and not _UID.fullmatch(uid):
         raise ValueError(f"message_uid must be 32 lowercase hex digits, not {uid!r}")
     calls = fields.get("tool_calls")
-    calls = decode_json(calls) if isinstance(calls, str) else calls
+    if calls is not None and not (isinstance(calls, list) and all(type(c) is dict for c in calls)):
+        calls = decode_json(row["tool_calls"])  # JSON text or SDK objects: read back what is stored
     return row, calls if isinstance(calls, list) else None
 
 
@@ -199,6 +225,31 @@ def insert_message(conn: sqlite3.Connection, session_id: str, fields: dict[str, 
     return _write_row(conn, session_id, row, calls, 1 if active else 0, 1 if compacted else 0)
 
 
+def check_runtime_keys(keys: Iterable[str]) -> None:
+    """Refuse keyword arguments that are neither message fields nor a conversation's `_` keys (TypeError)."""
+    for key in keys:
+        if not key.startswith("_") or key not in _ACCEPTED:
+            raise TypeError(f"append_message() got an unexpected keyword argument {key!r}")
+
+
+def append_message(conn: sqlite3.Connection, session_id: str, fields: dict[str, Any]) -> int:
+    """Insert one live message and return its id; a `message_uid` already live in the session is refused.
+
+    A given uid makes the row a copy of that message (another session's, or an archived
+    generation's): like every copy it keeps the stored row's fields the dict does not give
+    (`with_stored_fields`). One session never holds two live rows with the same uid (ValueError).
+    """
+    uid = fields.get("message_uid")
+    if uid is not None:
+        if not isinstance(uid, str) or not _UID.fullmatch(uid):
+            raise ValueError(f"message_uid must be 32 lowercase hex digits, not {uid!r}")
+        if conn.execute("SELECT 1 FROM messages WHERE message_uid = ? AND session_id = ? AND active = 1 LIMIT 1",
+                        (uid, session_id)).fetchone():
+            raise ValueError(f"message_uid {uid!r} is already a live message of session {session_id!r}")
+        fields = with_stored_fields(conn, session_id, [fields])[0]
+    return insert_message(conn, session_id, fields)
+
+
 def _decoded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         for name in JSON_MESSAGE_FIELDS:
@@ -208,10 +259,17 @@ def _decoded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def get_messages(conn: sqlite3.Connection, session_id: str, include_inactive: bool = False) -> list[dict[str, Any]]:
-    """Return the session's rows (active only unless asked), every column, JSON decoded, by id."""
-    return _decoded(row_dicts(conn.execute(
+    """Return the session's rows (active only unless asked), every column, JSON decoded, by id.
+
+    A multimodal message's `content` is its list of parts (also in `content_parts`).
+    """
+    rows = _decoded(row_dicts(conn.execute(
         "SELECT * FROM messages WHERE session_id = ?" + ("" if include_inactive else " AND active = 1")
         + " ORDER BY id", (session_id,))))
+    for row in rows:
+        if row.get("content_parts") is not None:
+            row["content"] = row["content_parts"]
+    return rows
 
 
 def _join_text(values: list[Any]) -> Any:
@@ -266,6 +324,17 @@ def _sent_text(rows: list[dict[str, Any]], name: str) -> Any:
     return _join_text([r[name] if r[name] is not None else r["content"] for r in rows])
 
 
+def _parts(rows: list[dict[str, Any]], name: str) -> list | None:
+    # A merge with a multimodal part stays multimodal: text-only parts join as text parts.
+    if all(r[name] is None for r in rows):
+        return None
+    out: list = []
+    for r in rows:
+        text = r["api_content"] if r["api_content"] is not None else r["content"]
+        out += r[name] if r[name] is not None else ([{"type": "text", "text": text}] if text else [])
+    return out
+
+
 def _absorbed(rows: list[dict[str, Any]], name: str) -> list[str] | None:
     uids = list(rows[0][name] or [])
     for r in rows[1:]:
@@ -288,7 +357,7 @@ _MERGE_RULES: dict[str, Callable[[list[dict[str, Any]], str], Any]] = {
     "tool_calls": _lists, "reasoning_details": _lists, "codex_reasoning_items": _lists,
     "codex_message_items": _lists, "tool_call_uids": lambda rows, _: merge_tool_call_uids(rows),
     "token_count": _sum, "finish_reason": _last, "display_kind": _first, "display_metadata": _first,
-    "platform_message_id": _first, "absorbed_message_uids": _absorbed,
+    "platform_message_id": _first, "absorbed_message_uids": _absorbed, "content_parts": _parts,
 }
 
 

@@ -1,9 +1,10 @@
 """Provider wire format: which reasoning fields each chat-completions route reads.
 
 Owns: `to_provider_messages` (stored conversation -> request messages), the per-route
-reasoning carriers (`reasoning_carriers`), and `ReasoningFieldMemory`, the per-session record
-of fields a route rejected by name.
-Does not own: reading or writing rows (hermes_state_sessions builds the conversation).
+reasoning carriers (`reasoning_carriers`), the strict OpenAI route (`is_openai_route`: only
+the keys the Chat Completions schema declares for each role), and `ReasoningFieldMemory`,
+the per-session record of fields a route rejected by name.
+Does not own: reading or writing rows (hermes_state_conversation builds the conversation).
 
 Transaction contract: none. Pure functions over dicts; the input conversation (the history)
 is never modified, every output dict is a new one. Imports nothing of ours.
@@ -11,6 +12,7 @@ is never modified, every output dict is a new one. Imports nothing of ours.
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from typing import Any, Iterable
 from urllib.parse import urlparse
@@ -89,6 +91,8 @@ def reasoning_carriers(provider: str | None = None, base_url: str | None = None)
     The provider name decides when it is known; otherwise the base URL's host does. The
     default is `reasoning_content` alone.
     """
+    if is_openai_route(provider, base_url):
+        return _STRICT
     name = _name(provider)
     host, port, path = _host(base_url)
     if name in _BY_NAME:
@@ -111,6 +115,77 @@ def pads_tool_call_turns(provider: str | None = None, base_url: str | None = Non
     return _name(provider) in _PAD_NAMES or _on(_host(base_url)[0], _PAD_HOSTS)
 
 
+# --- the strict OpenAI route --------------------------------------------------------------------
+# api.openai.com rejects any key its schema does not declare ("Unrecognized request argument"),
+# so this route builds each message from the declared keys of its role instead of stripping
+# the ones known to be foreign. The keys are those of the openai SDK's *MessageParam types.
+_OPENAI_HOSTS = ("api.openai.com",)
+_OPENAI_KEYS: dict[str, tuple[str, ...]] = {
+    "system": ("role", "content", "name"),
+    "developer": ("role", "content", "name"),
+    "user": ("role", "content", "name"),
+    "assistant": ("role", "content", "name", "refusal", "tool_calls", "audio", "function_call"),
+    "tool": ("role", "content", "tool_call_id"),
+    "function": ("role", "content", "name"),
+}
+# Content part types each role accepts; user parts are open-ended (text, image_url, input_audio, file).
+_OPENAI_PART_TYPES: dict[str, frozenset[str] | None] = {
+    "user": None, "assistant": frozenset({"text", "refusal"}), "system": frozenset({"text"}),
+    "developer": frozenset({"text"}), "tool": frozenset({"text"}), "function": frozenset({"text"}),
+}
+_OPENAI_CALL_KEYS = {"function": ("name", "arguments"), "custom": ("name", "input")}
+
+
+def is_openai_route(provider: str | None = None, base_url: str | None = None) -> bool:
+    """Tell whether the request goes to OpenAI's own Chat Completions API (the strict route).
+
+    The host decides when there is one (provider "openai" pointed at a local or other
+    OpenAI-compatible server keeps that server's route); without a base URL the name does.
+    """
+    host = _host(base_url)[0]
+    return _on(host, _OPENAI_HOSTS) if host else _name(provider) == "openai"
+
+
+def _openai_part(part: Any) -> Any:
+    # A part keeps its type and the field named after it ({"type": "image_url", "image_url": {...}}).
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        return part
+    return {k: part[k] for k in ("type", part["type"]) if k in part}
+
+
+def _openai_call(call: Any) -> Any:
+    if not isinstance(call, dict):
+        return call
+    kind = call.get("type") or "function"
+    out: dict[str, Any] = {"id": call.get("id"), "type": kind}
+    body = call.get(kind)
+    if isinstance(body, dict):
+        body = {k: body[k] for k in _OPENAI_CALL_KEYS.get(kind, ()) if k in body}
+        if kind == "function" and not isinstance(body.get("arguments", ""), str):
+            body["arguments"] = json.dumps(body["arguments"], ensure_ascii=False)  # the wire wants JSON text
+    out[kind] = body
+    return out
+
+
+def _openai_message(index: int, msg: dict[str, Any]) -> dict[str, Any]:
+    role = msg.get("role")
+    if role not in _OPENAI_KEYS:
+        raise ValueError(f"message {index}: role {role!r} is not a Chat Completions role")
+    out = {k: msg[k] for k in _OPENAI_KEYS[role] if msg.get(k) is not None}
+    content = out.get("content")
+    if isinstance(content, list):
+        allowed = _OPENAI_PART_TYPES[role]
+        out["content"] = [_openai_part(p) for p in content
+                          if allowed is None or (isinstance(p, dict) and p.get("type") in allowed)]
+    elif content is None and role != "assistant":
+        out["content"] = ""  # only an assistant turn may omit its content
+    elif role == "assistant" and "content" not in out and not out.get("tool_calls"):
+        out["content"] = ""
+    if isinstance(out.get("tool_calls"), list):
+        out["tool_calls"] = [_openai_call(c) for c in out["tool_calls"]]
+    return out
+
+
 def to_provider_messages(conversation: Iterable[dict[str, Any]], provider: str | None = None,
                          base_url: str | None = None, model: str | None = None) -> list[dict[str, Any]]:
     """Return request messages: non-wire keys stripped, stored reasoning routed to the route's fields.
@@ -118,7 +193,12 @@ def to_provider_messages(conversation: Iterable[dict[str, Any]], provider: str |
     Strips `message_uid`, every `_`-prefixed runtime key and the codex item lists; an
     assistant turn's reasoning goes to the fields `reasoning_carriers` names. `model` is
     accepted for symmetry with ReasoningFieldMemory; routing is by provider and host.
+    On the strict OpenAI route (`is_openai_route`) each message holds only the keys the
+    Chat Completions schema declares for its role (no reasoning, no `name` on tool results);
+    a role that schema does not know raises ValueError.
     """
+    if is_openai_route(provider, base_url):
+        return [_openai_message(i, msg) for i, msg in enumerate(conversation)]
     carriers = reasoning_carriers(provider, base_url)
     pad = pads_tool_call_turns(provider, base_url)
     out = []

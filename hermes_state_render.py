@@ -25,6 +25,14 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _BOLD_ON, _BOLD_OFF = "\x1b[1;33m", "\x1b[0m"
 
 
+def content_text(content: Any) -> str:
+    """Return a message's content as text: a multimodal list shows its text parts and a [type] mark per other part."""
+    if isinstance(content, list):
+        return " ".join(p["text"] if isinstance(p.get("text"), str) else f"[{p.get('type', 'part')}]"
+                        for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
 def safe(text: Any, *, keep_newlines: bool = False) -> str:
     """Return `text` printable as is: control characters become visible escapes (`\\n`, `\\x1b`)."""
     if text is None:

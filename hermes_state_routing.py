@@ -23,7 +23,7 @@ import uuid
 from typing import Any, Iterable, Sequence
 
 import hermes_state_lineage as lineage
-from hermes_state_common import (DELIVERY_OBLIGATIONS_SQL, INPUT_MARKER_SQL, check_count, check_scalar, decode_json,
+from hermes_state_common import (DELIVERY_OBLIGATIONS_SQL, INPUT_MARKER_SQL, check_count, check_id, check_scalar, decode_json,
                                  encode_json, row_dicts)
 from hermes_state_compression import check_transcript_writable
 from hermes_state_errors import LedgerStateError, OwnershipReadError, SessionNotFoundError
@@ -34,14 +34,6 @@ from hermes_state_sessions import require_session
 ROUTE_SESSION_KEY = "session_id"
 # The key in a message's display_metadata that carries its input marker (INPUT_MARKER_SQL reads it).
 MARKER_KEY = "input_marker"
-
-
-def _check_text(name: str, value: Any, *, optional: bool = False) -> str | None:
-    if value is None and optional:
-        return None
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} must be a non-empty str")
-    return value
 
 
 def _now(now: float | None) -> float:
@@ -58,8 +50,8 @@ def _route_dict(row: dict[str, Any]) -> dict[str, Any]:
 def set_route(conn: sqlite3.Connection, scope: str, session_key: str, entry: dict[str, Any], *,
               now: float | None = None) -> None:
     """Publish (or replace) the entry for (scope, session_key); it names its session in `session_id`."""
-    _check_text("scope", scope)
-    _check_text("session_key", session_key)
+    check_id("scope", scope)
+    check_id("session_key", session_key)
     if not isinstance(entry, dict) or not isinstance(entry.get(ROUTE_SESSION_KEY), str):
         raise ValueError(f"a routing entry is a dict with a str {ROUTE_SESSION_KEY!r}")
     encoded = encode_json(entry, "entry")
@@ -149,7 +141,7 @@ def owe_delivery(conn: sqlite3.Connection, session_id: str, payload: Any, *, pla
     Idempotent by `key`: a key already recorded for this session returns the existing id;
     a key recorded for another session raises ValueError.
     """
-    _check_text("key", key, optional=True)
+    check_id("key", key, optional=True)
     for name, value in (("platform", platform), ("chat_id", chat_id), ("thread_id", thread_id)):
         check_scalar(name, value)
     encoded = encode_json(payload, "payload") or "null"
@@ -286,8 +278,8 @@ def record_delegation(conn: sqlite3.Connection, delegation_id: str, origin_sessi
     Idempotent: recording an id again for the same origin changes nothing; for another origin
     it raises ValueError.
     """
-    _check_text("delegation_id", delegation_id)
-    _check_text("target", target, optional=True)
+    check_id("delegation_id", delegation_id)
+    check_id("target", target, optional=True)
     encoded = encode_json(payload, "payload")
     row = conn.execute("SELECT origin_session_id FROM async_delegations WHERE id = ?", (delegation_id,)).fetchone()
     if row is not None:
@@ -322,7 +314,7 @@ def update_delegation(conn: sqlite3.Connection, delegation_id: str, *, state: st
     if result is not _UNSET:
         changes["result_json"] = encode_json(result, "result")
     if target is not _UNSET:
-        changes["target"] = _check_text("target", target, optional=True)
+        changes["target"] = check_id("target", target, optional=True)
     sets = ", ".join(f"{c} = ?" for c in changes)
     conn.execute(f"UPDATE async_delegations SET {sets} WHERE id = ? AND state = ?",
                  (*changes.values(), delegation_id, row[0]))
@@ -424,7 +416,7 @@ def persist_failed_turn_input(conn: sqlite3.Connection, session_id: str, message
     past rows are never rewritten. Runs inside the caller's write transaction, so two writers
     for one marker append exactly once.
     """
-    _check_text("marker", marker)
+    check_id("marker", marker)
     fields = _marked_fields(message, marker)
     require_session(conn, session_id)
     try:

@@ -182,10 +182,14 @@ def _reconcile_columns(conn: sqlite3.Connection) -> list[tuple[str, str]]:
     return added
 
 
-def _backfill_message_uids(conn: sqlite3.Connection) -> None:
-    # Rows written before message_uid existed get one now, once, as a fresh insert would.
-    ids = [r[0] for r in conn.execute("SELECT id FROM messages WHERE message_uid IS NULL")]
-    conn.executemany("UPDATE messages SET message_uid = ? WHERE id = ?", [(uuid.uuid4().hex, i) for i in ids])
+def backfill_message_uids(conn: sqlite3.Connection) -> int:
+    """Give every message without a uid a fresh uuid4 hex, in one statement; return how many.
+
+    Rows written before message_uid existed get one once, as a fresh insert would. Set-based,
+    so an upgrade of a large file costs one pass, not one statement per row.
+    """
+    conn.create_function("hermes_new_uid", 0, lambda: uuid.uuid4().hex, deterministic=False)
+    return conn.execute("UPDATE messages SET message_uid = hermes_new_uid() WHERE message_uid IS NULL").rowcount
 
 
 def _backfill_counters(conn: sqlite3.Connection) -> None:
@@ -205,7 +209,7 @@ def _backfill_tool_call_counts(conn: sqlite3.Connection) -> None:
 # A column that arrives in an old file with rows already present gets its meaning back here,
 # in the same transaction as the ADD COLUMN.
 _BACKFILL_ON_ADD: dict[tuple[str, str], Callable[[sqlite3.Connection], None]] = {
-    ("messages", "message_uid"): _backfill_message_uids,
+    ("messages", "message_uid"): backfill_message_uids,
     ("sessions", "message_count"): _backfill_counters,
     ("sessions", "tool_call_count"): _backfill_tool_call_counts,
 }
@@ -238,10 +242,22 @@ def _set_version(conn: sqlite3.Connection, version: int) -> None:
     conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
 
 
-def migrate(writer: Writer, patience_s: float, policy: RetryPolicy) -> int:
+def is_older_file(conn: sqlite3.Connection) -> bool:
+    """Tell whether the file holds sessions in a layout older than SCHEMA_VERSION (an upgrade is due)."""
+    version = read_version(conn)
+    if version is not None:
+        return version < SCHEMA_VERSION
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='sessions'").fetchone() is not None
+
+
+def migrate(writer: Writer, patience_s: float, policy: RetryPolicy,
+            before_upgrade: Callable[[sqlite3.Connection], None] | None = None) -> int:
     """Bring the database up to SCHEMA_VERSION; return the version it had before.
 
     A newer-than-known version is returned untouched (the caller refuses writes).
+    `before_upgrade(conn)` runs in the first transaction of an upgrade of an existing file,
+    before any column is added or back-filled: the caller drops derived objects there (an
+    older layout's FTS triggers would otherwise re-index every back-filled row).
     """
     conn = writer.conn
     with writer.transaction(patience_s, policy):
@@ -250,6 +266,8 @@ def migrate(writer: Writer, patience_s: float, policy: RetryPolicy) -> int:
             return found
         fresh = found is None and not conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type='table' AND name='sessions'").fetchone()
+        if not fresh and (found is None or found < SCHEMA_VERSION) and before_upgrade is not None:
+            before_upgrade(conn)
         for sql in TABLE_SQL:
             conn.execute(sql)
         for key in _reconcile_columns(conn):
@@ -282,9 +300,14 @@ def check_read_only(conn: sqlite3.Connection, path: Path, read_busy_s: float = R
         raise
     if version is None:
         raise StateDbUninitializedError(f"{path} has no hermes-state schema yet")
-    if version != SCHEMA_VERSION or missing_columns(conn):
+    lacking = missing_columns(conn)
+    if version < SCHEMA_VERSION or lacking:
         raise StateDbIncompatibleError(
-            f"{path} has schema version {version}; this library reads version {SCHEMA_VERSION} read-only")
+            f"{path} has schema version {version}{' without some columns' if lacking else ''}; this library "
+            f"reads version {SCHEMA_VERSION} read-only. Upgrade it with `hermes-state --db {path} migrate` (or "
+            f"open it once writable: SessionDB({str(path)!r}), or start the profile's gateway), then read it again.")
+    # A newer version whose tables hold every column we know is read as it is: a writer of a
+    # newer release may upgrade the file while dashboards keep reading it.
     return version
 
 

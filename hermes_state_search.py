@@ -1,148 +1,52 @@
-"""Read-side queries over sessions and messages: lineage, titles, listings, statistics, search.
+"""Search: `search_messages` routes each query through the ordered route table `ROUTES`.
 
-Owns: recursive-CTE lineage walks (cycle-safe), title uniqueness/lineage numbering and
-resolution, `list_sessions` with previews in one query, usage statistics, and
-`search_messages` over the FTS indexes (hermes_state_fts).
-Does not own: writing session or message rows, archive flags and the idle auto-archive sweep
-(all hermes_state_sessions), or FTS maintenance.
+Owns: the filters every route applies, the routes (CJK index, mixed split, word index,
+substring index, bounded scan) in the order of docs/search.md, ranking, snippets, context rows,
+and `SearchResults` (a list saying whether it is exact).
+Does not own: the FTS tables, their upkeep and the query parser (hermes_state_fts), listings and
+statistics (hermes_state_listings), text windows and highlighting (hermes_state_highlight).
 
-Transaction contract: functions run on the caller's connection; writers among them run inside
-the caller's write transaction and never commit; readers run under the caller's lock.
+Transaction contract: read-only, on the caller's connection, inside one read snapshot.
 """
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 from collections import defaultdict
-from dataclasses import dataclass, replace
-from typing import Any, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable
 
 import hermes_state_fts as fts
-from hermes_state_common import check_count, check_id, check_number, escape_like, has_surrogate, logger, row_dicts
-
-# --- listings and statistics -----------------------------------------------------------------
-
-PREVIEW_CHARS = 63
-
-# One statement for the whole page: the correlated subqueries run once per listed session and
-# are served by idx_messages_session_active (preview) and idx_messages_session (last_active).
-# The preview reads at most 2 * 63 characters, enough for 63 after every CRLF became a space.
-_LIST_SQL = f"""
-SELECT s.*,
-       COALESCE((SELECT SUBSTR(REPLACE(REPLACE(REPLACE(SUBSTR(m.content, 1, {2 * PREVIEW_CHARS}),
-                                                       char(13) || char(10), ' '),
-                                               char(13), ' '),
-                                       char(10), ' '), 1, {PREVIEW_CHARS})
-                   FROM messages m
-                  WHERE m.session_id = s.id AND m.active = 1 AND m.role = 'user' AND m.content IS NOT NULL
-                  ORDER BY m.timestamp, m.id LIMIT 1), '') AS preview,
-       COALESCE((SELECT MAX(m2.timestamp) FROM messages m2 WHERE m2.session_id = s.id),
-                s.started_at) AS last_active
-  FROM sessions s
- WHERE {{where}}
- ORDER BY {{order}}
- LIMIT ? OFFSET ?"""
-_ACTIVITY = "COALESCE(s.last_activity_at, s.started_at)"
-_ORDERS = {"started": "s.started_at DESC, s.id", "activity": f"{_ACTIVITY} DESC, s.id"}
-
-
-def _session_filters(source: Any, include_archived: bool, model: Any, since: Any,
-                     until: Any) -> tuple[str, list[Any]]:
-    """Return the WHERE clause and parameters of a session listing; bad filter types raise ValueError."""
-    for name, value in (("source", source), ("model", model)):
-        if value is not None and not isinstance(value, str):
-            raise ValueError(f"{name} must be a string or None")
-    # Filters are spliced in only when given, so the planner can pick idx_sessions_source.
-    where, params = ["1"], []
-    for column, value in (("s.source", source), ("s.model", model)):
-        if value is not None:
-            where.append(f"{column} = ?")
-            params.append(value)
-    for op, name, value in ((">=", "since", since), ("<", "until", until)):
-        if value is not None:
-            where.append(f"{_ACTIVITY} {op} ?")
-            params.append(check_number(name, value))
-    if not include_archived:
-        where.append("COALESCE(s.archived, 0) = 0")
-    return " AND ".join(where), params
-
-
-def list_sessions(conn: sqlite3.Connection, source: str | None = None, limit: int = 20, offset: int = 0,
-                  include_archived: bool = False, *, model: str | None = None, since: float | None = None,
-                  until: float | None = None, order: str = "started") -> list[dict[str, Any]]:
-    """Return a page of sessions, newest first, each with `preview` and `last_active`, in one query.
-
-    Every `sessions` column is present, plus `preview` (the first active user message, its
-    first 63 characters with line breaks as spaces, '' when none) and `last_active` (the latest
-    message time, else `started_at`). `order` is "started" (by `started_at`, stable for paging)
-    or "activity" (by last activity); pinned sessions are not moved to the top. `since`/`until`
-    (epoch seconds) keep sessions whose last activity is in [since, until).
-    """
-    if order not in _ORDERS:
-        raise ValueError(f"order must be one of {sorted(_ORDERS)}, not {order!r}")
-    limit, offset = check_count("limit", limit), check_count("offset", offset)
-    where, params = _session_filters(source, include_archived, model, since, until)
-    sql = _LIST_SQL.format(where=where, order=_ORDERS[order])
-    return row_dicts(conn.execute(sql, (*params, limit, offset)))
-
-
-def count_sessions(conn: sqlite3.Connection, source: str | None = None, include_archived: bool = False, *,
-                   model: str | None = None, since: float | None = None, until: float | None = None) -> int:
-    """Return how many sessions a listing with these filters pages through."""
-    where, params = _session_filters(source, include_archived, model, since, until)
-    return conn.execute(f"SELECT COUNT(*) FROM sessions s WHERE {where}", params).fetchone()[0]
-
-
-def usage_by_model(conn: sqlite3.Connection, include_unset: bool = False) -> list[dict[str, Any]]:
-    """Return per-model totals (sessions, input/output tokens, estimated cost), costliest first.
-
-    Sessions without a model are left out unless `include_unset`, which adds them as one row
-    with model None (last). A model whose sessions carry no cost estimate has
-    `estimated_cost_usd` None and sorts after every priced model. The seed's column names
-    (`total_input`, `total_output`, `total_cost`) are present too, so its callers keep working.
-    """
-    rows = row_dicts(conn.execute(
-        """SELECT model, COUNT(*) AS session_count,
-                  COALESCE(SUM(input_tokens), 0) AS input_tokens,
-                  COALESCE(SUM(output_tokens), 0) AS output_tokens,
-                  SUM(estimated_cost_usd) AS estimated_cost_usd,
-                  COALESCE(SUM(input_tokens), 0) AS total_input,
-                  COALESCE(SUM(output_tokens), 0) AS total_output,
-                  SUM(estimated_cost_usd) AS total_cost
-             FROM sessions WHERE model IS NOT NULL OR ?
-            GROUP BY model
-            ORDER BY model IS NULL, estimated_cost_usd IS NULL, estimated_cost_usd DESC, model""",
-        (1 if include_unset else 0,)))
-    return rows
-
-
-def top_sessions_by_tokens(conn: sqlite3.Connection, limit: int = 10) -> list[dict[str, Any]]:
-    """Return the sessions with the most input + output tokens (id, title, model, total_tokens, cost)."""
-    limit = check_count("limit", limit)
-    return row_dicts(conn.execute(
-        """SELECT id, title, model,
-                  COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0) AS total_tokens,
-                  estimated_cost_usd
-             FROM sessions
-            ORDER BY total_tokens DESC, started_at DESC, id
-            LIMIT ?""", (limit,)))
-
+import hermes_state_highlight as highlight
+from hermes_state_common import check_count, check_id, escape_like, has_surrogate, logger
 
 # --- full-text search --------------------------------------------------------------
 # Routing (docs/search.md): each OR branch of a query is routed on its own. A branch holding CJK
 # goes to messages_fts_cjk (bigrams), any other to the word index; one that finds nothing falls
 # back to its CJK terms from the index with the other terms checked by LIKE (mixed branches), the
-# trigram index (substrings of >= 3 characters, user/assistant text), then a LIKE scan of the
+# substring index (terms of >= 3 characters, every message's text), then a LIKE scan of the
 # newest messages. Rows that an index does not cover yet (a rebuild under way, CJK rows queued by
-# a writer without our SQL function) are scanned with LIKE, so they are never missing.
+# a writer without our SQL function) are scanned with LIKE, so they are never missing. A scan
+# that had to stop before the oldest rows marks the result incomplete (SearchResults.complete).
+
+
+class SearchResults(list):
+    """The hits of a search (a list), and whether they are exact.
+
+    `complete` is False only when part of the answer came from a scan that stopped before the
+    oldest rows (terms too short for every index, or rows not indexed yet) and found fewer hits
+    than asked: older matches may exist that it did not read.
+    """
+
+    def __init__(self, hits: Iterable[dict[str, Any]] = (), *, complete: bool = True):
+        super().__init__(hits)
+        self.complete = complete
 
 _RANK_WINDOW = 1000       # bm25 ranks the newest matches first; see "Ranking" in docs/search.md
 _WINDOW_GROWTH = 16
 _LIKE_SCAN_ROWS = 20_000  # the most rows any LIKE scan reads
 _CONTEXT_CHARS = 200
 _SNIPPET_ARGS = "'>>>', '<<<', '...', 16"
-_SNIPPET_CHARS = 120
 _FTS_SNIPPET_MAX_CHARS = 16_000  # longer rows get a snippet cut from a window around the first match
 _MAX_ROWID = 2 ** 63 - 1
 _warned: set[str] = set()
@@ -246,31 +150,34 @@ def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: i
 
 _CONTAINS = ("(COALESCE(m.content LIKE ? ESCAPE '\\', 0) OR COALESCE(m.tool_calls LIKE ? ESCAPE '\\', 0)"
              " OR COALESCE(m.tool_name LIKE ? ESCAPE '\\', 0))")
+_IN_REASONING = ("(COALESCE(m.reasoning LIKE ? ESCAPE '\\', 0) OR COALESCE(m.reasoning_content LIKE ? ESCAPE '\\', 0))")
 
 # A hit while routing: (message id, bm25 score or 0.0 for a LIKE hit, (table, expression) that
 # FTS5 snippet() can highlight it with, or None for a text-window snippet).
 _Hit = tuple[int, float, tuple[str, str] | None]
 
 
-def _like_terms(terms: tuple[fts.Term, ...], excluded: tuple[fts.Term, ...] = ()) -> tuple[str, list[str]]:
+def _like_terms(terms: tuple[fts.Term, ...], excluded: tuple[fts.Term, ...] = (),
+                contains: str = _CONTAINS) -> tuple[str, list[str]]:
     """Return SQL true when message `m` contains every term and no excluded one (LIKE, substrings)."""
     parts, params = [], []
     for term, negated in [(t, False) for t in terms] + [(t, True) for t in excluded]:
-        parts.append(("NOT " if negated else "") + _CONTAINS)
-        params += [f"%{escape_like(term.text)}%"] * 3
+        parts.append(("NOT " if negated else "") + contains)
+        params += [f"%{escape_like(term.text)}%"] * contains.count("?")
     return "(" + " AND ".join(parts) + ")", params
 
 
 def _like(conn: sqlite3.Connection, groups: tuple[fts.Group, ...], f: _Filters, low: int, high: int, need: int,
-          only_queued: bool = False) -> list[int]:
+          only_queued: bool = False, contains: str = _CONTAINS, cut: list[bool] | None = None) -> list[int]:
     """Return the ids of messages in [low, high] matching any of `groups` by LIKE, newest first.
 
-    Reads at most `_LIKE_SCAN_ROWS` rows: the newest of the range, or of the CJK queue. Excluded
-    CJK terms are not checked here: the caller's filters carry them.
+    Reads at most `_LIKE_SCAN_ROWS` rows: the newest of the range, or of the CJK queue. When it
+    stopped before the range's oldest row and found fewer than `need`, it appends True to `cut`
+    (older matches may exist). Excluded CJK terms are not checked here: the caller's filters carry them.
     """
     ors, params = [], []
     for group in groups:
-        sql, group_params = _like_terms(group.terms, group.fts_excluded)
+        sql, group_params = _like_terms(group.terms, group.fts_excluded, contains)
         ors.append(sql)
         params += group_params
     condition = "(" + " OR ".join(ors) + ")"
@@ -278,13 +185,38 @@ def _like(conn: sqlite3.Connection, groups: tuple[fts.Group, ...], f: _Filters, 
         scope = (f" AND m.id IN (SELECT id FROM {fts.CJK_PENDING} WHERE id BETWEEN ? AND ? "
                  "ORDER BY id DESC LIMIT ?)")
         scope_params: tuple = (low, high, _LIKE_SCAN_ROWS)
+        stopped = conn.execute(f"SELECT COUNT(*) > ? FROM {fts.CJK_PENDING} WHERE id BETWEEN ? AND ?",
+                               (_LIKE_SCAN_ROWS, low, high)).fetchone()[0]
     else:
         newest = conn.execute("SELECT MAX(id) FROM messages WHERE id <= ?", (high,)).fetchone()[0] or 0
+        stopped = newest - _LIKE_SCAN_ROWS + 1 > low and conn.execute(
+            "SELECT 1 FROM messages WHERE id BETWEEN ? AND ? LIMIT 1", (low, newest - _LIKE_SCAN_ROWS)).fetchone()
         low = max(low, newest - _LIKE_SCAN_ROWS + 1)
         scope, scope_params = "", ()
     sql = (f"SELECT m.id FROM messages m{f.join} WHERE m.id BETWEEN ? AND ?{scope} AND {condition}{f.sql} "
            "ORDER BY m.id DESC LIMIT ?")
-    return [r[0] for r in conn.execute(sql, (low, high, *scope_params, *params, *f.params, need))]
+    ids = [r[0] for r in conn.execute(sql, (low, high, *scope_params, *params, *f.params, need))]
+    if stopped and len(ids) < need and cut is not None:
+        cut.append(True)
+    return ids
+
+
+def _substring_sql(texts: tuple[str, ...], column: str) -> tuple[str, list[str]]:
+    """Return SQL true when `column` contains every text (ASCII case folded), and its parameters.
+
+    LIKE '%run%' (no ESCAPE) is what FTS5 answers from the trigram index. A text holding `%` or
+    `_` hands only its literal runs to LIKE (wildcards there are unsafe, see fts.literal_runs)
+    and is checked whole with instr().
+    """
+    parts, params = [], []
+    for text in texts:
+        runs = fts.literal_runs(text)
+        parts += [f"{column} LIKE ?"] * len(runs)
+        params += [f"%{run}%" for run in runs]
+        if runs != [text]:
+            parts.append(f"instr(lower({column}), ?) > 0")
+            params.append("".join(c.lower() if c.isascii() else c for c in text))
+    return " AND ".join(parts), params
 
 
 @dataclass(frozen=True)
@@ -298,6 +230,7 @@ class _Ask:
     low: int
     high: int
     need: int
+    cut: list[bool] = field(default_factory=list)  # a scan stopped early (see SearchResults.complete)
 
     def ranked(self, table: str, expr: str, *, snippet: bool = False,
                filters: _Filters | None = None) -> list[_Hit]:
@@ -314,10 +247,23 @@ class _Ask:
             progress, high_water = self.state.rebuild
             low, high = max(self.low, progress + 1), min(self.high, high_water)
             if low <= high:
-                found += _like(self.conn, (self.group,), self.filters, low, high, self.need)
+                found += _like(self.conn, (self.group,), self.filters, low, high, self.need, cut=self.cut)
         if cjk and self.state.cjk_pending:
-            found += _like(self.conn, (self.group,), self.filters, self.low, self.high, self.need, only_queued=True)
+            found += _like(self.conn, (self.group,), self.filters, self.low, self.high, self.need, only_queued=True,
+                           cut=self.cut)
         return [(i, 0.0, None) for i in found]
+
+    def substrings(self) -> list[_Hit]:
+        """Return the newest rows holding every term as a substring, from the substring index."""
+        f = self.filters
+        where, params = _substring_sql(self.group.substrings, "t.text")
+        if self.group.fts_excluded:
+            excluded, more = _like_terms((), self.group.fts_excluded)
+            where, params = f"{where} AND {excluded}", [*params, *more]
+        sql = (f"SELECT t.rowid FROM {fts.TRIGRAM} t JOIN messages m ON m.id = t.rowid{f.join} "
+               f"WHERE {where} AND t.rowid BETWEEN ? AND ?{f.sql} ORDER BY t.rowid DESC LIMIT ?")
+        rows = self.conn.execute(sql, (*params, self.low, self.high, *f.params, self.need)).fetchall()
+        return [(r[0], 0.0, None) for r in rows]
 
     def has(self, table: str) -> bool:
         """Return True when the database has this FTS table."""
@@ -345,8 +291,9 @@ def _word_route(a: _Ask) -> list[_Hit]:
     return found + a.uncovered(cjk=True)
 
 
-def _trigram_route(a: _Ask) -> list[_Hit]:
-    return a.ranked(fts.TRIGRAM, a.group.trigram, snippet=True) + a.uncovered(cjk=False)
+def _substring_route(a: _Ask) -> list[_Hit]:
+    # Newest first, after every ranked hit (score 0.0); the window snippet highlights the piece.
+    return a.substrings() + a.uncovered(cjk=True)
 
 
 def _scan_route(a: _Ask) -> list[_Hit]:
@@ -354,7 +301,7 @@ def _scan_route(a: _Ask) -> list[_Hit]:
         _warn_once("fts", "full-text search: no FTS index in this database; searching the newest "
                           f"{_LIKE_SCAN_ROWS} messages with LIKE")
     logger.debug("search %r: last resort LIKE scan", a.group.word)
-    return [(i, 0.0, None) for i in _like(a.conn, (a.group,), a.filters, a.low, a.high, a.need)]
+    return [(i, 0.0, None) for i in _like(a.conn, (a.group,), a.filters, a.low, a.high, a.need, cut=a.cut)]
 
 
 @dataclass(frozen=True)
@@ -376,7 +323,7 @@ ROUTES: tuple[_Route, ...] = (
            conclusive=lambda a: a.group.cjk_only),
     _Route("mixed split", lambda a: a.group.split is not None and a.has(fts.CJK), _mixed_route),
     _Route("word index", lambda a: a.group.cjk is None and a.has(fts.WORD), _word_route),
-    _Route("trigram index", lambda a: a.group.trigram is not None and a.has(fts.TRIGRAM), _trigram_route),
+    _Route("substring index", lambda a: a.group.substrings is not None and a.has(fts.TRIGRAM), _substring_route),
     _Route("bounded scan", lambda a: True, _scan_route, conclusive=lambda a: True),
 )
 
@@ -399,44 +346,42 @@ def _find_group(ask: _Ask) -> list[_Hit]:
     return found
 
 
+def _reasoning_hits(a: _Ask) -> list[_Hit]:
+    """Return a branch's hits in reasoning text: its word index, or LIKE for CJK terms and uncovered rows."""
+    def like(low: int, high: int) -> list[_Hit]:
+        return [(i, 0.0, None) for i in _like(a.conn, (a.group,), a.filters, low, high, a.need,
+                                              contains=_IN_REASONING, cut=a.cut)]
+    if a.group.cjk is not None or not a.has(fts.REASONING):
+        return like(a.low, a.high)  # no bigram index over reasoning: the bounded scan
+    found = a.ranked(fts.REASONING, a.group.word, snippet=True)
+    if a.state.rebuild is not None:  # rows of (P, H] wait for the rebuild
+        low, high = max(a.low, a.state.rebuild[0] + 1), min(a.high, a.state.rebuild[1])
+        found += like(low, high) if low <= high else []
+    return found
+
+
 def _find(conn: sqlite3.Connection, plan: fts.QueryPlan, f: _Filters, low: int, high: int,
-          need: int) -> list[tuple[int, tuple[str, str] | None]]:
+          need: int, include_reasoning: bool = False,
+          cut: list[bool] | None = None) -> list[tuple[int, tuple[str, str] | None]]:
     """Route every OR branch on its own and merge: (id, snippet source) hits, best first, maybe repeated.
 
     bm25 scores of different indexes and expressions are merged as if comparable (docs/search.md,
-    "Ranking"); LIKE hits score 0.0, after every indexed hit.
+    "Ranking"); LIKE and substring hits score 0.0, after every ranked hit. A scan that stopped
+    early appends True to `cut`.
     """
+    cut = [] if cut is None else cut
     if plan.like_only:
-        found = [(i, 0.0, None) for i in _like(conn, plan.groups, f, low, high, need)]
+        found = [(i, 0.0, None) for i in _like(conn, plan.groups, f, low, high, need, cut=cut)]
+        if include_reasoning:
+            found += [(i, 0.0, None) for i in _like(conn, plan.groups, f, low, high, need, contains=_IN_REASONING,
+                                                    cut=cut)]
     else:
         state = fts.inspect(conn)
-        found = [hit for group in plan.groups
-                 for hit in _find_group(_Ask(conn, group, f, state, low, high, need))]
+        asks = [_Ask(conn, group, f, state, low, high, need, cut) for group in plan.groups]
+        found = [hit for ask in asks for hit in _find_group(ask)]
+        if include_reasoning:
+            found += [hit for ask in asks for hit in _reasoning_hits(ask)]
     return [(i, source) for i, _, source in sorted(found, key=lambda h: (h[1], -h[0]))]
-
-
-def _needle_pattern(needles: list[str]) -> re.Pattern[str] | None:
-    # Case-insensitive on the original text: lowercasing first can change the length ("İ" -> "i̇")
-    # and shift every position after it. Longest needles first, so "東京都" beats "東京".
-    needles = sorted({n for n in needles if n}, key=len, reverse=True)
-    return re.compile("|".join(map(re.escape, needles)), re.IGNORECASE) if needles else None
-
-
-def _text_snippet(text: str | None, needles: list[str]) -> str:
-    """Return a window of `text` around the first match with every match wrapped in >>> <<<."""
-    if not text:
-        return ""
-    pattern = _needle_pattern(needles)
-    first = pattern.search(text) if pattern else None
-    begin = max(0, (first.start() if first else 0) - _SNIPPET_CHARS // 3)
-    end = min(len(text), begin + _SNIPPET_CHARS)
-    out, pos = [], begin
-    for match in pattern.finditer(text, begin, end) if first else ():
-        if match.end() > match.start():
-            out += [text[pos:match.start()], ">>>", match.group(), "<<<"]
-            pos = match.end()
-    out.append(text[pos:end])
-    return ("..." if begin else "") + "".join(out) + ("..." if end < len(text) else "")
 
 
 def _snippets(conn: sqlite3.Connection, plan: fts.QueryPlan,
@@ -449,13 +394,15 @@ def _snippets(conn: sqlite3.Connection, plan: fts.QueryPlan,
             by_source[source].append(i)
     for (table, expr), ids in by_source.items():  # one statement per index and OR branch, not per hit
         column = 0 if table == fts.TRIGRAM else -1
+        columns = ("reasoning", "reasoning_content") if table == fts.REASONING else (
+            "content", "tool_calls", "tool_name")
         # FTS5's snippet() re-tokenizes the whole row for every phrase match, so its cost grows
         # with the square of a long row's size; long rows take the text-window path below.
         out.update(conn.execute(
             f"SELECT rowid, snippet({table}, {column}, {_SNIPPET_ARGS}) FROM {table} "
-            f"WHERE {table} MATCH ? AND rowid IN (SELECT id FROM messages WHERE id IN "
-            "(SELECT value FROM json_each(?)) AND COALESCE(length(content), 0) + COALESCE(length(tool_calls), 0) "
-            "+ COALESCE(length(tool_name), 0) <= ?)", (expr, json.dumps(ids), _FTS_SNIPPET_MAX_CHARS)))
+            f"WHERE {table} MATCH ? AND rowid IN (SELECT id FROM messages WHERE id IN (SELECT value FROM json_each(?)) "
+            f"AND {' + '.join(f'COALESCE(length({c}), 0)' for c in columns)} <= ?)",
+            (expr, json.dumps(ids), _FTS_SNIPPET_MAX_CHARS)))
     rest = [i for i, _ in hits if ">>>" not in (out.get(i) or "")]
     if rest:
         out.update(_window_snippets(conn, rest, plan.needles))
@@ -463,42 +410,32 @@ def _snippets(conn: sqlite3.Connection, plan: fts.QueryPlan,
 
 
 # How far before the first match a text window starts, and how long it is: wide enough that
-# _text_snippet can centre its 120 characters on the match.
-_WINDOW_BEFORE, _WINDOW_CHARS = 2 * _SNIPPET_CHARS, 4 * _SNIPPET_CHARS
-
-
-def _first_match(text: str | None, needles: list[str]) -> int:
-    """Return the index of the first case-insensitive occurrence of any needle in `text`, or -1."""
-    if not text or not needles:
-        return -1
-    folded = text.lower()
-    if len(folded) != len(text):  # a few letters change length when lowered: positions would shift
-        match = _needle_pattern(needles).search(text)
-        return match.start() if match else -1
-    found = [i for i in (folded.find(n.lower()) for n in needles) if i >= 0]
-    return min(found, default=-1)
+# highlight.text_snippet can centre its 120 characters on the match.
+_WINDOW_BEFORE, _WINDOW_CHARS = 2 * highlight.SNIPPET_CHARS, 4 * highlight.SNIPPET_CHARS
 
 
 def _window_snippets(conn: sqlite3.Connection, ids: list[int], needles: list[str]) -> dict[int, str]:
-    """Return {id: snippet} cut from a window around the first match of content (else tool_calls).
+    """Return {id: snippet} cut from a window around the first match of content (else tool_calls, reasoning).
 
     Finding the match is a C-speed scan (`str.find`) and only a window of a few hundred
     characters is highlighted, so a hit in a 10 MB tool output costs milliseconds.
     """
     out = {}
-    for i, content, calls in conn.execute("SELECT id, content, tool_calls FROM messages "
-                                          "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)):
-        text, at = content, _first_match(content, needles)
-        if at < 0 and calls:
-            in_calls = _first_match(calls, needles)
-            if in_calls >= 0:
-                text, at = calls, in_calls
+    for i, content, *others in conn.execute(
+            "SELECT id, content, tool_calls, reasoning_content, reasoning FROM messages "
+            "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)):
+        text, at = content, highlight.first_match(content, needles)
+        for other in others if at < 0 else ():
+            found = highlight.first_match(other, needles)
+            if found >= 0:
+                text, at = other, found
+                break
         if not text:
             out[i] = ""
             continue
         start = max(0, at - _WINDOW_BEFORE)
         end = start + _WINDOW_CHARS
-        snippet = _text_snippet(text[start:end], needles)
+        snippet = highlight.text_snippet(text[start:end], needles)
         out[i] = ("..." if start and not snippet.startswith("...") else "") + snippet + (
             "..." if end < len(text) and not snippet.endswith("...") else "")
     return out
@@ -523,7 +460,7 @@ SELECT h.id, c.id, c.role, substr(c.content, 1, {_CONTEXT_CHARS})
 def _present(conn: sqlite3.Connection, plan: fts.QueryPlan, hits: list[tuple[int, str | None]]) -> list[dict[str, Any]]:
     batch = json.dumps([i for i, _ in hits])
     rows = {r[0]: r for r in conn.execute(
-        "SELECT m.id, m.session_id, m.role, m.timestamp, m.tool_name, s.source, s.model, s.started_at "
+        "SELECT m.id, m.session_id, m.role, m.timestamp, m.tool_name, s.source, s.model, s.started_at, s.title "
         "FROM messages m LEFT JOIN sessions s ON s.id = m.session_id "
         "WHERE m.id IN (SELECT value FROM json_each(?))", (batch,))}
     snippets = _snippets(conn, plan, hits)
@@ -537,33 +474,40 @@ def _present(conn: sqlite3.Connection, plan: fts.QueryPlan, hits: list[tuple[int
             continue
         out.append({"id": row[0], "session_id": row[1], "role": row[2], "timestamp": row[3], "tool_name": row[4],
                     "snippet": snippets.get(hit, ""), "context": context.get(hit, []),
-                    "source": row[5], "model": row[6], "session_started": row[7]})
+                    "source": row[5], "model": row[6], "session_started": row[7], "title": row[8]})
     return out
 
 
 def search_messages(conn: sqlite3.Connection, query: Any, source_filter: Any = None, exclude_sources: Any = None,
                     role_filter: Any = None, session_id: str | None = None, limit: int = 20, offset: int = 0,
-                    include_inactive: bool = False) -> list[dict[str, Any]]:
+                    include_inactive: bool = False, include_reasoning: bool = False) -> SearchResults:
     """Search message text, best match first; any query text is accepted and never raises.
 
     Each hit: id, session_id, role, timestamp, tool_name, snippet (matches in >>> <<<), context
     (previous/next message of the session, content cut to 200 characters), source, model,
-    session_started. Active rows only unless `include_inactive`. Bad limit/offset or filter
-    types raise ValueError. Run it in one read snapshot (the facade does).
+    session_started, title (the session's). Active rows only unless `include_inactive`; the
+    reasoning text is searched too with `include_reasoning`. Bad limit/offset or filter
+    types raise ValueError. The result is a SearchResults list whose `complete` says whether
+    it is exact (see there). Run it in one read snapshot (the facade does).
     """
     limit, offset = check_count("limit", limit), check_count("offset", offset)
     f = _Filters.build(source_filter, exclude_sources, role_filter, session_id, include_inactive)
     plan = fts.plan_query(query)
     if plan is None or limit == 0:
-        return []
+        return SearchResults()
     low, high = 0, _MAX_ROWID
     if session_id is not None:
         # A session's rows sit in a narrow id range; the FTS seek is bounded to it.
         low, high = conn.execute("SELECT MIN(id), MAX(id) FROM messages WHERE session_id = ?",
                                  (session_id,)).fetchone()
         if low is None:
-            return []
-    seen: set[int] = set()
-    unique = [(i, t) for i, t in _find(conn, plan, f, low, high, offset + limit) if not (i in seen or seen.add(i))]
-    page = unique[offset:offset + limit]
-    return _present(conn, plan, page) if page else []
+            return SearchResults()
+    # Each message once, at its best rank; if any index that found it can highlight it (an FTS5
+    # snippet), that one does: a text window compares text literally and would miss "Déjà" for "deja".
+    unique: dict[int, tuple[str, str] | None] = {}
+    cut: list[bool] = []
+    for i, source in _find(conn, plan, f, low, high, offset + limit, bool(include_reasoning), cut):
+        if unique.get(i) is None:
+            unique[i] = source
+    page = list(unique.items())[offset:offset + limit]
+    return SearchResults(_present(conn, plan, page) if page else [], complete=not cut)

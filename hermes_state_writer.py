@@ -212,6 +212,13 @@ class Writer:
             self.lock.release()
 
     @contextmanager
+    def exclusive(self) -> Iterator[sqlite3.Connection]:
+        """Lend the write connection under the lock, outside any transaction (VACUUM, a backup into it)."""
+        with self.lock:
+            self._check_open()
+            yield self.conn
+
+    @contextmanager
     def reading(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
         """Lend a connection for reads; with `snapshot`, inside one short read transaction.
 

@@ -34,12 +34,41 @@ import hermes_state_messages as messages  # noqa: E402
 from hermes_state import SessionDB  # noqa: E402
 
 
+_ROLES = ("user", "assistant", "tool")
+
+
+def planted_identifier(rng: random.Random) -> str:
+    """An identifier a person half remembers later: an order number, a hash, an error code."""
+    return rng.choice(["ORD-", "E_", "sha:", "job-"]) + "".join(rng.choice("abcdefghjkmnpqrstuvwxyz23456789")
+                                                               for _ in range(10))
+
+
+def plant(db: SessionDB, session_id: str, rng: random.Random, per_role: int) -> list[tuple[str, str, int]]:
+    """Append messages holding fresh identifiers in every role; return (role, identifier, row id)."""
+    db.create_session(session_id, "cli")
+    out = []
+    for i in range(per_role):
+        for role in _ROLES:
+            ident = planted_identifier(rng)
+            text = f"step {i}: the value was {ident} according to the log"
+            if role == "assistant":
+                row = db.append_message(session_id, role, "", tool_calls=[{"id": f"c{i}", "type": "function", "function": {
+                    "name": "lookup", "arguments": json.dumps({"ref": ident})}}])
+            else:
+                row = db.append_message(session_id, role, text if role == "user" else "log line\n" * 40 + text,
+                                        tool_call_id=f"c{i}" if role == "tool" else None)
+            out.append((role, ident, row))
+    return out
+
+
 def build(path: Path, corpus, n: int, seed: int) -> dict:
-    """Write N corpus messages through the library; return build time and raw text bytes."""
+    """Write N corpus messages through the library, between planted old and new identifiers."""
     raw = 0
     count = 0
+    rng = random.Random(seed)
     t0 = time.perf_counter()
     with SessionDB(path) as db:
+        planted = [("old", *p) for p in plant(db, "planted_old", rng, 10)]
         for sid, source, msgs in corpus.sessions(n_messages=n, seed=seed):
             db.create_session(sid, source, model=random.Random(sid).choice(["gpt-x", "claude-y", "local-z"]))
             with db._write() as conn:
@@ -51,11 +80,42 @@ def build(path: Path, corpus, n: int, seed: int) -> dict:
             count += len(msgs)
             if count % 50_000 < len(msgs):
                 print(f"  {count:,} messages, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        planted += [("new", *p) for p in plant(db, "planted_new", rng, 10)]
         assert db.fts_rebuild_status()["cjk_pending"] == 0
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
-    return {"messages": count, "build_s": time.perf_counter() - t0, "raw_text_bytes": raw}
+    return {"messages": count, "build_s": time.perf_counter() - t0, "raw_text_bytes": raw, "planted": planted}
+
+
+def recall(db: SessionDB, planted: list[tuple[str, str, str, int]]) -> dict[str, dict]:
+    """Search each planted identifier whole and by a 7-character piece; return recall per kind."""
+    found: dict[str, list[int]] = {}
+    for age, role, ident, row in planted:
+        for kind, query in (("whole", ident), ("piece", ident[4:11])):
+            hits = db.search_messages(query, limit=50)
+            found.setdefault(f"{kind} identifier, {role}, {age}", []).append(int(row in {h["id"] for h in hits}))
+    return {k: {"recall": round(sum(v) / len(v), 3), "queries": len(v)} for k, v in sorted(found.items())}
+
+
+def tool_output_pieces(path: Path, seed: int, n: int) -> list[tuple[str, dict]]:
+    """Pieces of 7 characters from inside tool results spread over the whole history."""
+    conn = sqlite3.connect(path)
+    top = conn.execute("SELECT MAX(id) FROM messages").fetchone()[0] or 0
+    rng = random.Random(seed)
+    pieces = []
+    for _ in range(n * 5):
+        row = conn.execute("SELECT content FROM messages WHERE role = 'tool' AND id >= ? AND length(content) > 40 "
+                           "ORDER BY id LIMIT 1", (rng.randint(1, top),)).fetchone()
+        if row:
+            start = rng.randint(0, len(row[0]) - 8)
+            piece = row[0][start:start + 7]
+            if piece.strip() == piece and " " not in piece and "%" not in piece and "_" not in piece:
+                pieces.append((piece, {}))
+        if len(pieces) == n:
+            break
+    conn.close()
+    return pieces
 
 
 def raw_text_bytes(path: Path) -> int:
@@ -71,7 +131,8 @@ def sizes(path: Path) -> dict[str, int]:
     conn = sqlite3.connect(path)
     groups: dict[str, int] = {}
     for name, size in conn.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name"):
-        key = next((t for t in ("messages_fts_trigram", "messages_fts_cjk", "messages_fts") if name.startswith(t)),
+        key = next((t for t in ("messages_fts_trigram", "messages_fts_cjk", "messages_fts_reasoning", "messages_fts")
+                    if name.startswith(t)),
                    "messages" if name == "messages" else "indexes and other tables")
         groups[key] = groups.get(key, 0) + size
     conn.close()
@@ -85,7 +146,7 @@ def queries(corpus, seed: int, n: int) -> dict[str, list[tuple[str, dict]]]:
         out[names[i % 3]].append((q, {}))
     rng = random.Random(seed)
     vocab = [w for w in corpus.vocabulary(seed) if len(w) >= 7][:400]
-    out["substring (trigram)"] = [(w[2:6], {}) for w in rng.sample(vocab, 40)]
+    out["substring of a word"] = [(w[2:6], {}) for w in rng.sample(vocab, 40)]
     common = [q for q, _ in out["common word"]]
     out["common word + filters"] = [(q, {"source_filter": ["telegram"], "role_filter": ["user"]}) for q in common[:25]]
     out["common word, one session"] = [(q, {"session_id": f"bench_{seed}_{rng.randint(1, 1000):07d}"})
@@ -135,7 +196,11 @@ def main() -> None:
     t0 = time.perf_counter()
     db = SessionDB(args.db, read_only=True)
     report["open_ms"] = round((time.perf_counter() - t0) * 1000, 2)
-    report["search"] = time_queries(db, queries(corpus, args.seed, args.queries))
+    kinds = queries(corpus, args.seed, args.queries)
+    kinds["substring of tool output"] = tool_output_pieces(args.db, args.seed, 40)
+    report["search"] = time_queries(db, kinds)
+    if report.get("planted"):
+        report["recall"] = recall(db, report.pop("planted"))
     db.close()
     print(json.dumps(report, indent=2))
     mb = 1 << 20
@@ -146,6 +211,8 @@ def main() -> None:
     for kind, r in report["search"].items():
         print(f"  {kind:28s} p50 {r['p50_ms']:7.2f} ms   p95 {r['p95_ms']:7.2f} ms   ({r['queries']} queries, "
               f"{r['no_hits']} without hits)", file=sys.stderr)
+    for kind, r in report.get("recall", {}).items():
+        print(f"  recall {kind:34s} {r['recall']:.2f}  ({r['queries']} queries)", file=sys.stderr)
     if tmp is not None:
         tmp.cleanup()
 

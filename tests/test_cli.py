@@ -49,3 +49,26 @@ def test_errors_are_one_line_with_exit_codes(capsys, hermes_home):
     assert main(["--db", str(hermes_home / "absent.db"), "sessions", "list"]) == 1
     assert "does not exist" in capsys.readouterr().err
     assert not (hermes_home / "absent.db").exists()
+
+
+def test_show_prints_a_multimodal_message_as_its_text_and_part_marks(capsys, hermes_home):
+    with SessionDB() as db:
+        db.create_session("s1", "cli")
+        db.append_message("s1", "user", [{"type": "text", "text": "look at this"},
+                                         {"type": "image_url", "image_url": {"url": "https://x/y.png"}}])
+    assert main(["sessions", "show", "s1"]) == 0
+    assert "look at this [image_url]" in capsys.readouterr().out
+    assert main(["sessions", "show", "s1", "--full"]) == 0
+    assert "look at this [image_url]" in capsys.readouterr().out
+
+
+def test_search_shows_titles_and_reaches_reasoning_when_asked(capsys, hermes_home):
+    with SessionDB() as db:
+        db.create_session("s1", "cli")
+        db.set_session_title("s1", "Night shift")
+        db.append_message("s1", "assistant", "ok", reasoning_content="consider the pelican route")
+    assert main(["sessions", "search", "pelican"]) == 0
+    assert capsys.readouterr().out.strip() == "no match"
+    assert main(["sessions", "search", "pelican", "--reasoning"]) == 0
+    out = capsys.readouterr().out
+    assert "s1  Night shift  assistant" in out and "pelican" in out

@@ -206,3 +206,44 @@ def test_highlighting_and_progress_appear_only_on_a_terminal(filled):
     assert "rebuilding the search index" in progress
     quiet = run(filled, "fts", "rebuild")
     assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def test_export_import_backup_restore_recover_migrate_vacuum(filled, tmp_path):
+    exported = run(filled, "sessions", "export", "-o", str(tmp_path / "all.jsonl"))
+    assert exported.returncode == 0, exported.stderr
+    lines = (tmp_path / "all.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["session"]["id"] for line in lines) == ["s1", "s2", "s3"]
+    one = json.loads(run(filled, "sessions", "export", "s1").stdout)
+    assert [m["role"] for m in one["messages"]] == ["user", "assistant", "tool"]
+    assert len(json.loads(run(filled, "sessions", "export", "--json").stdout)) == 3
+    other = tmp_path / "other"
+    assert run(other, "init").returncode == 0
+    imported = run(other, "sessions", "import", str(tmp_path / "all.jsonl"), "--json")
+    assert imported.returncode == 0, imported.stderr
+    assert sorted(json.loads(imported.stdout)["imported"]) == ["s1", "s2", "s3"]
+    assert run(other, "sessions", "export", "s1").stdout == run(filled, "sessions", "export", "s1").stdout
+    again = json.loads(run(other, "sessions", "import", "-", "--json", stdin=(tmp_path / "all.jsonl").read_text()).stdout)
+    assert sorted(again["skipped"]) == ["s1", "s2", "s3"]
+    assert run(other, "sessions", "import", str(tmp_path / "all.jsonl"), "--on-conflict", "error").returncode == 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json")
+    assert run(other, "sessions", "import", str(bad)).returncode == 1
+
+    copy = tmp_path / "copy.db"
+    assert run(filled, "backup", str(copy)).returncode == 0 and copy.stat().st_size > 0
+    assert run(filled, "sessions", "delete", "s2").returncode == 0
+    restored = run(filled, "restore", str(copy))
+    assert restored.returncode == 0, restored.stderr
+    assert {r["id"] for r in json.loads(run(filled, "sessions", "list", "--json").stdout)} == {"s1", "s2", "s3"}
+
+    target = tmp_path / "recovered.db"
+    recovered = run(filled, "recover", str(copy), str(target), "--json")
+    assert recovered.returncode == 0, recovered.stderr
+    assert json.loads(recovered.stdout)["tables"]["messages"]["copied"] == 4
+    assert run(filled, "--db", str(target), "sessions", "show", "s1").returncode == 0
+    assert run(filled, "recover", str(tmp_path / "nope.db"), str(tmp_path / "x.db")).returncode == 1
+
+    assert run(filled, "migrate", "--json").returncode == 0  # current already: nothing to copy
+    assert json.loads(run(filled, "migrate", "--json").stdout)["backup"] is None
+    vacuumed = run(filled, "vacuum", "--json")
+    assert vacuumed.returncode == 0 and json.loads(vacuumed.stdout)["bytes_after"] > 0

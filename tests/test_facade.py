@@ -200,7 +200,9 @@ def test_every_public_method_of_this_feature_exists_with_its_spec_signature():
         "append_message": ["self", "session_id", "role", "content", "tool_call_id", "tool_calls", "tool_name",
                            "token_count", "finish_reason", "reasoning", "reasoning_content", "reasoning_details",
                            "codex_reasoning_items", "codex_message_items", "api_content", "display_kind",
-                           "display_metadata", "platform_message_id", "observed", "effect_disposition", "timestamp"],
+                           "display_metadata", "platform_message_id", "observed", "effect_disposition", "timestamp",
+                           # the round trip of a conversation dict: append_message(sid, **msg)
+                           "name", "message_uid", "runtime_keys"],
         "update_token_counts": ["self", "session_id", "input_tokens", "output_tokens", "cache_read_tokens",
                                 "cache_write_tokens", "reasoning_tokens", "estimated_cost_usd", "api_call_count",
                                 "model", "absolute"],

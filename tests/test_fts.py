@@ -5,6 +5,8 @@ has no hermes function) as well as through the handle.
 """
 from __future__ import annotations
 
+import json
+
 import logging
 import multiprocessing
 import os
@@ -35,16 +37,21 @@ def ids(conn, table: str, expr: str) -> list[int]:
     return sorted(r[0] for r in conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ?", (expr,)))
 
 
-def indexed_counts(conn) -> tuple[int, int, int]:
-    """(rows in the word index, in the trigram index, in the CJK index): one docsize row per indexed message."""
+def substring_ids(conn, piece: str) -> list[int]:
+    return sorted(r[0] for r in conn.execute(
+        f"SELECT rowid FROM {fts.TRIGRAM} WHERE text LIKE ?", (f"%{piece}%",)))
+
+
+def indexed_counts(conn) -> tuple[int, ...]:
+    """Rows in the word, trigram, CJK and reasoning indexes: one docsize row per indexed message."""
     return tuple(conn.execute(f"SELECT COUNT(*) FROM {t}_docsize").fetchone()[0] for t in ALL)
 
 
-def expected_counts(conn) -> tuple[int, int, int]:
+def expected_counts(conn) -> tuple[int, ...]:
     assert_exact(conn)
-    rows = conn.execute("SELECT role, content, tool_calls FROM messages").fetchall()
-    return (len(rows), sum(r[0] in ("user", "assistant") for r in rows),
-            sum(fts.cjk_terms(r[1], r[2]) is not None for r in rows))
+    rows = conn.execute("SELECT role, content, tool_calls, reasoning, reasoning_content FROM messages").fetchall()
+    return (len(rows), len(rows),
+            sum(fts.cjk_terms(r[1], r[2]) is not None for r in rows), sum(bool(r[3] or r[4]) for r in rows))
 
 
 def assert_exact(conn) -> None:
@@ -53,11 +60,16 @@ def assert_exact(conn) -> None:
     integrity-check of an external-content table only checks the index's own structure; a row
     indexed twice, or stale terms, show up here instead.
     """
-    for table, columns, where, options in (
-            (fts.WORD, "content, tool_name, tool_calls", "", ""),
-            (fts.TRIGRAM, "content", "WHERE role IN ('user', 'assistant')", ", tokenize='trigram'")):
+    reasoning = ("SELECT id, CASE WHEN reasoning_content IS NULL OR reasoning_content = reasoning THEN reasoning "
+                 "WHEN reasoning IS NULL THEN reasoning_content ELSE reasoning_content || char(10) || reasoning END "
+                 "FROM messages WHERE reasoning <> '' OR reasoning_content <> ''")
+    for table, columns, source, options in (
+            (fts.WORD, "content, tool_name, tool_calls", "SELECT id, content, tool_name, tool_calls FROM messages", ""),
+            (fts.TRIGRAM, "text", "SELECT id, text FROM messages_fts_trigram_source",
+             ", tokenize='trigram', detail='none'"),
+            (fts.REASONING, "reasoning", reasoning, "")):
         conn.execute(f"CREATE VIRTUAL TABLE temp.ref USING fts5({columns}{options})")
-        conn.execute(f"INSERT INTO temp.ref(rowid, {columns}) SELECT id, {columns} FROM messages {where}")
+        conn.execute(f"INSERT INTO temp.ref(rowid, {columns}) {source}")
         conn.execute("CREATE VIRTUAL TABLE temp.v_ref USING fts5vocab(temp, ref, 'row')")
         conn.execute(f"CREATE VIRTUAL TABLE temp.v_got USING fts5vocab(main, {table}, 'row')")
         try:
@@ -94,7 +106,8 @@ def manual(monkeypatch):
 def test_fresh_database_has_every_fts_object_and_no_rebuild(db, rival):
     names = {r[0] for r in rival.execute("SELECT name FROM sqlite_master")}
     assert {name for _, name, _ in fts.OBJECTS} <= names
-    vt = {r[0]: r[1] for r in rival.execute("SELECT name, sql FROM sqlite_master WHERE name IN (?, ?, ?)", ALL)}
+    vt = {r[0]: r[1] for r in rival.execute(
+        "SELECT name, sql FROM sqlite_master WHERE name IN (SELECT value FROM json_each(?))", (json.dumps(ALL),))}
     assert "content='messages'" in vt["messages_fts"] and "tool_calls" in vt["messages_fts"]
     assert "tokenize='trigram'" in vt["messages_fts_trigram"]
     assert rival.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE 'fts_rebuild%'").fetchone()[0] == 0
@@ -112,13 +125,16 @@ def test_triggers_follow_insert_update_delete_from_any_connection(db, rival):
     other = insert_raw(rival, "s", "assistant", "delta echo")  # a writer without our function
     assert ids(rival, "messages_fts", "alpha") == [user, tool]
     assert ids(rival, "messages_fts", "terminal") == [tool]
-    assert ids(rival, "messages_fts_trigram", '"lph"') == [user]  # tool output stays out of trigram
-    assert ids(rival, "messages_fts_trigram", '"elta ec"') == [other]
+    assert substring_ids(rival, "lph") == [user, tool]  # tool output too
+    assert substring_ids(rival, "minal") == [tool]  # and the tool's name
+    assert substring_ids(rival, "elta ec") == [other]
     rival.execute("UPDATE messages SET content = 'foxtrot' WHERE id = ?", (user,))
     rival.execute("UPDATE messages SET role = 'tool' WHERE id = ?", (other,))
     assert ids(rival, "messages_fts", "alpha") == [tool]
     assert ids(rival, "messages_fts", "foxtrot") == [user]
-    assert ids(rival, "messages_fts_trigram", '"elta"') == []
+    assert substring_ids(rival, "elta") == [other]  # every role is in the substring index
+    rival.execute("UPDATE messages SET content = 'golf hotel' WHERE id = ?", (other,))
+    assert substring_ids(rival, "elta") == [] and substring_ids(rival, "f hot") == [other]
     rival.execute("DELETE FROM messages WHERE id = ?", (tool,))
     assert ids(rival, "messages_fts", "alpha OR terminal") == []
     integrity(rival)
@@ -380,7 +396,7 @@ def test_close_stops_the_background_thread_and_another_open_finishes_its_rebuild
     with SessionDB(path) as db:
         assert db.rebuild_fts()["pending"] == 0  # resumes the interrupted rebuild
     conn = plain(path)
-    assert indexed_counts(conn) == expected_counts(conn) == (60, 40, 15)
+    assert indexed_counts(conn) == expected_counts(conn) == (60, 60, 15, 0)
     integrity(conn)
     conn.close()
 
@@ -432,7 +448,7 @@ def test_a_bounded_merge_runs_every_1000_writes(db, raw_conn):
         assert not [s for s in traced if "'merge'" in s]
         db.append_message("s", "user", "two")  # the 1,000th write
     merges = [s for s in traced if "'merge'" in s]
-    assert len(merges) == 3 and all(t in " ".join(merges) for t in ALL)
+    assert len(merges) == len(ALL) and all(t in " ".join(merges) for t in ALL)
     assert not [s for s in traced if "optimize" in s]
     integrity(raw_conn())
 
@@ -451,6 +467,8 @@ _OPS = st.lists(st.one_of(
     st.tuples(st.just("insert"), st.sampled_from(["user", "assistant", "tool"]), _TEXT, st.booleans()),
     st.tuples(st.just("update"), st.integers(0, 30), _TEXT, st.booleans()),
     st.tuples(st.just("role"), st.integers(0, 30), st.sampled_from(["user", "tool"]), st.booleans()),
+    st.tuples(st.sampled_from(["reasoning", "reasoning_content"]), st.integers(0, 30), st.none() | _TEXT,
+              st.booleans()),
     st.tuples(st.just("delete"), st.integers(0, 30), st.none(), st.booleans()),
 ), max_size=25)
 
@@ -475,6 +493,8 @@ def test_every_index_stays_consistent_after_random_writes(ops):
                         conn.execute("UPDATE messages SET content = ? WHERE id = ?", (text, target))
                     elif op == "role":
                         conn.execute("UPDATE messages SET role = ? WHERE id = ?", (text, target))
+                    elif op.startswith("reasoning"):
+                        conn.execute(f"UPDATE messages SET {op} = ? WHERE id = ?", (text, target))
                     else:
                         conn.execute("DELETE FROM messages WHERE id = ?", (target,))
         integrity(shell)

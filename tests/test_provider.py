@@ -26,7 +26,8 @@ def assistant(messages):
 
 @pytest.mark.parametrize("provider, base_url, fields", [
     (None, None, {"reasoning_content"}),
-    ("openai", "https://api.openai.com/v1", {"reasoning_content"}),
+    ("openai", "https://api.openai.com/v1", set()),   # the strict OpenAI route
+    ("openai", "http://localhost:1234/v1", {"reasoning_content", "reasoning"}),  # the host decides
     ("openrouter", None, {"reasoning_content", "reasoning", "reasoning_details"}),
     ("custom", "https://openrouter.ai/api/v1", {"reasoning_content", "reasoning", "reasoning_details"}),
     ("kilo", None, {"reasoning_content", "reasoning", "reasoning_details"}),

@@ -190,6 +190,9 @@ def test_newer_version_is_opened_but_writes_are_refused(db, rival):
             newer.create_session("t", "cli")
     assert rival.execute("SELECT version FROM schema_version").fetchone()[0] == 99
     assert rival.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 1
+    with SessionDB(db.db_path, read_only=True) as reader:  # a newer file holding every column we know
+        assert reader.get_session("s")["id"] == "s" and reader.schema_version == 99
+    rival.execute("ALTER TABLE sessions DROP COLUMN pinned")  # newer, but not a superset any more
     with pytest.raises(StateDbIncompatibleError) as info:
         SessionDB(db.db_path, read_only=True)
     assert isinstance(info.value, StoreUnavailableError) and info.value.http_status == 503

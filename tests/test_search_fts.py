@@ -15,7 +15,7 @@ from hermes_state import SessionDB
 from hermes_state_fts import _sanitize_fts5_query
 
 FIELDS = {"id", "session_id", "role", "timestamp", "tool_name", "snippet", "context", "source", "model",
-          "session_started"}
+          "session_started", "title"}
 
 # (query, text of the message it must find). Every example of issue #4.
 EXAMPLES = [
@@ -135,13 +135,6 @@ def test_not_excludes_the_one_term_after_it_on_every_route(db):
     assert _ids(db, "lph NOT amm eta") == {no_gamma}            # trigram
     assert _ids(db, "al NOT ga be") == {no_gamma}               # LIKE
     assert _ids(db, "alpha beta") == {both, no_gamma}
-
-
-def test_text_snippet_highlights_when_lowercasing_changes_the_length():
-    assert search._text_snippet("İİİ docker 東京", ["DOCKER"]) == "İİİ >>>docker<<< 東京"
-    assert search._text_snippet("İstanbul ve İzmir", ["izmir", "İSTANBUL"]) == ">>>İstanbul<<< ve >>>İzmir<<<"
-    assert search._text_snippet("東京都の東京", ["東京", "東京都"]) == ">>>東京都<<<の>>>東京<<<"
-    assert search._text_snippet("a.b a+b", ["a+b"]) == "a.b >>>a+b<<<"
 
 
 def test_operator_words_alone_are_searched_as_words(db):
@@ -351,7 +344,7 @@ def test_sanitizer_caps_length_and_terms():
 def match_conn():
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE VIRTUAL TABLE w USING fts5(content, tool_name, tool_calls)")
-    conn.execute("CREATE VIRTUAL TABLE t USING fts5(content, tokenize='trigram')")
+    conn.execute("CREATE VIRTUAL TABLE t USING fts5(text, tokenize='trigram', detail='none')")
     conn.execute("CREATE VIRTUAL TABLE c USING fts5(terms)")
     conn.execute("INSERT INTO w VALUES ('alpha beta', 'terminal', NULL)")
     conn.execute("INSERT INTO t VALUES ('alpha beta 東京都')")
@@ -382,8 +375,9 @@ def test_any_input_gives_an_expression_match_accepts_and_sanitizing_is_idempoten
         assert group.terms
         match_conn.execute("SELECT rowid FROM w WHERE w MATCH ?", (group.word,)).fetchall()
         match_conn.execute("SELECT rowid FROM c WHERE c MATCH ?", (group.word,)).fetchall()
-        if group.trigram is not None:
-            match_conn.execute("SELECT rowid FROM t WHERE t MATCH ?", (group.trigram,)).fetchall()
+        if group.substrings is not None:
+            sql, params = search._substring_sql(group.substrings, "text")
+            match_conn.execute(f"SELECT rowid FROM t WHERE {sql}", params).fetchall()
         if group.cjk is not None:
             match_conn.execute("SELECT rowid FROM c WHERE c MATCH ?", (group.cjk,)).fetchall()
         if group.split is not None:
@@ -430,3 +424,61 @@ def test_a_random_cjk_substring_is_found(shared_db, text, data, latin, role):
     row = shared_db.append_message("s", role, f"前置き{latin}{text}。")
     hits = shared_db.search_messages(text[start:end], session_id="s", limit=1000)
     assert row in [h["id"] for h in hits]
+
+
+# --- reasoning, tool-call snippets, titles ---------------------------------------------------------
+
+def test_reasoning_is_searched_when_asked(db, rival):
+    db.create_session("s", "cli")
+    db.set_session_title("s", "Weather bot")
+    plain = db.append_message("s", "user", "what about the zanzibar forecast")
+    thought = db.append_message("s", "assistant", "Sunny.", reasoning_content="Check the zanzibar config first.",
+                                reasoning="Raw: gather monsoon data")
+    cjk = db.append_message("s", "assistant", "晴れ", reasoning_content="東京の天気を調べる")
+    assert [h["id"] for h in db.search_messages("zanzibar")] == [plain]  # reasoning stays out by default
+    assert db.search_messages("monsoon") == [] and db.search_messages("東京") == []
+    hits = {h["id"]: h for h in db.search_messages("zanzibar", include_reasoning=True)}
+    assert set(hits) == {plain, thought}
+    assert ">>>zanzibar<<<" in hits[thought]["snippet"] and "config" in hits[thought]["snippet"]
+    assert [h["id"] for h in db.search_messages("monsoon", include_reasoning=True)] == [thought]
+    (hit,) = db.search_messages("東京", include_reasoning=True)
+    assert hit["id"] == cjk and ">>>東京<<<" in hit["snippet"] and hit["title"] == "Weather bot"
+    # Rewrites reach the index: the old reasoning is gone, the new one is found.
+    db.replace_messages("s", [{"role": "assistant", "content": "x", "reasoning_content": "a typhoon plan"}])
+    assert db.search_messages("zanzibar", include_reasoning=True) == []
+    assert len(db.search_messages("typhoon", include_reasoning=True)) == 1
+    rival.execute(f"INSERT INTO {fts.REASONING}({fts.REASONING}) VALUES ('integrity-check')")
+
+
+def test_an_index_without_reasoning_is_rebuilt_and_finds_old_reasoning(tmp_path):
+    path = tmp_path / "old.db"
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+        row = db.append_message("s", "assistant", "ok", reasoning="the quasar hypothesis")
+    raw = sqlite3.connect(path, isolation_level=None)
+    for kind, name in (("TRIGGER", "messages_fts_reasoning_update"), ("TABLE", fts.REASONING),
+                       ("VIEW", "messages_fts_reasoning_source")):
+        raw.execute(f"DROP {kind} {name}")
+    raw.close()
+    with SessionDB(path) as db:  # an older layout: the declared objects differ, so they are rebuilt
+        db.rebuild_fts()
+        assert [h["id"] for h in db.search_messages("quasar", include_reasoning=True)] == [row]
+
+
+def test_a_hit_inside_tool_calls_shows_the_match_in_its_snippet(db):
+    db.create_session("s", "cli")
+    args = '{"query": "Déjà vu", "path": "/srv/' + "filler/" * 3000 + 'zebrafish.txt"}'
+    call = {"id": "c1", "type": "function", "function": {"name": "search", "arguments": args}}
+    db.append_message("s", "assistant", "検索します", tool_calls=[call])  # CJK content: two indexes find it
+    for query, match in (("deja", "Déjà"), ("zebrafish", "zebrafish"), ("ebrafis", "ebrafis")):
+        (hit,) = db.search_messages(query)
+        assert f">>>{match}<<<" in hit["snippet"], (query, hit["snippet"])
+
+
+def test_every_hit_carries_its_session_title(db):
+    db.create_session("a", "cli")
+    db.create_session("b", "cli")
+    db.set_session_title("a", "Fix Docker Build")
+    db.append_message("a", "user", "docker compose fails")
+    db.append_message("b", "user", "docker again")
+    assert {h["session_id"]: h["title"] for h in db.search_messages("docker")} == {"a": "Fix Docker Build", "b": None}

@@ -1,0 +1,93 @@
+"""CJK text for the full-text index: the cjk_unicode61 transform and the SQL function that computes it.
+
+Owns: which characters are CJK letters (`CJK_CHARS`, `CJK_RUN`), the index text of a message
+(every maximal CJK run re-emitted as overlapping bigrams, `cjk_index_text`), the same transform
+for a query term (`cjk_query_text`), and `hermes_cjk_terms(content, tool_calls)`, the SQL function
+the CJK index is fed through (`register_functions`).
+Does not own: the FTS tables, triggers and queue that use it (hermes_state_fts).
+
+Transaction contract: none; pure text functions. The SQL function never raises, since it runs
+inside triggers where an exception would fail the caller's write.
+"""
+from __future__ import annotations
+
+import re
+import sqlite3
+
+from hermes_state_common import logger
+
+# Letters and numbers of the CJK scripts (Han, kana, Hangul, Bopomofo, their extensions and the
+# halfwidth forms). Punctuation such as 、。「」・ is left out on purpose: it separates words.
+CJK_CHARS = ("\u1100-\u11ff\u3005-\u3007\u3021-\u3029\u3031-\u3035\u303b\u303c\u3041-\u3096"
+             "\u309d-\u309f\u30a1-\u30fa\u30fc-\u30ff\u3105-\u312f\u3131-\u318e\u31a0-\u31bf"
+             "\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\ua960-\ua97c\uac00-\ud7a3\ud7b0-\ud7fb"
+             "\uf900-\ufaff\uff66-\uff9f\uffa0-\uffdc\U0001b000-\U0001b16f\U00020000-\U0003134f")
+CJK_RUN = re.compile(f"[{CJK_CHARS}]+")
+
+
+def has_cjk(text: str | None) -> bool:
+    """Tell whether `text` holds at least one CJK letter."""
+    return bool(text) and not text.isascii() and CJK_RUN.search(text) is not None
+
+
+def _run_terms(run: str, last_unigram: bool = True) -> list[str]:
+    # Overlapping bigrams, then the run's last character alone, so that every character of
+    # the run starts some token: a one-character query is then a prefix query (`東*`).
+    if len(run) == 1:
+        return [run]
+    terms = [run[i:i + 2] for i in range(len(run) - 1)]
+    return terms + [run[-1]] if last_unigram else terms
+
+
+def cjk_index_text(text: str) -> str:
+    """Return `text` with every maximal CJK run re-emitted as space-separated bigrams (cjk_unicode61).
+
+    "iPhone16を買った" -> "iPhone16 を買 買っ った た": Latin stays for unicode61 to tokenize, a
+    run of n > 1 characters becomes its n-1 bigrams plus its last character, a lone character stays.
+    """
+    pieces, pos = [], 0
+    for match in CJK_RUN.finditer(text):
+        pieces.append(text[pos:match.start()].strip())
+        pieces.extend(_run_terms(match.group()))
+        pos = match.end()
+    pieces.append(text[pos:].strip())
+    return " ".join(p for p in pieces if p)
+
+
+def cjk_query_text(text: str) -> tuple[str, bool]:
+    """Return (phrase text, prefix) that finds `text` as a substring in `messages_fts_cjk`.
+
+    Same transform as the index, except at the end of the term: a final run keeps its bigrams
+    only (the document may continue the run), and a final lone character becomes a prefix.
+    """
+    runs = list(CJK_RUN.finditer(text))
+    pieces, pos, prefix = [], 0, False
+    for index, match in enumerate(runs):
+        pieces.append(text[pos:match.start()])
+        run = match.group()
+        at_end = index == len(runs) - 1 and not any(ch.isalnum() for ch in text[match.end():])
+        pieces.extend(_run_terms(run, last_unigram=not at_end))
+        prefix = at_end and len(run) == 1
+        pos = match.end()
+    pieces.append(text[pos:])
+    return " ".join(" ".join(p for p in pieces if p).split()), prefix
+
+
+def cjk_terms(content: object, tool_calls: object = None) -> str | None:
+    """Return the CJK index text of a message, or None when it holds no CJK (the SQL function).
+
+    Never raises: it runs inside triggers, where an exception would fail the user's write.
+    """
+    try:
+        texts = [v if isinstance(v, str) else str(v) for v in (content, tool_calls) if v is not None]
+        if not any(has_cjk(t) for t in texts):
+            return None
+        return "\n".join(cjk_index_text(t) for t in texts)
+    except Exception:  # noqa: BLE001 - see docstring
+        logger.exception("hermes_cjk_terms failed; the row is left out of the CJK index")
+        return None
+
+
+def register_functions(conn: sqlite3.Connection) -> None:
+    """Register `hermes_cjk_terms(content, tool_calls)` on this connection (read-only handles too)."""
+    conn.create_function("hermes_cjk_terms", 2, cjk_terms, deterministic=True)

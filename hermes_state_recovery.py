@@ -1,0 +1,545 @@
+"""Whole-file safety: online backups, validated restores, and salvage of damaged databases.
+
+Owns: `backup_to` (a consistent copy through SQLite's backup API), `check_restorable` and
+`restore_from` (a validated copy back into a live database), `recover` with `RecoveryReport`
+(every readable row of a damaged file copied into a fresh one), the file side of an upgrade
+(the copy written first, dropping the old FTS objects, giving their pages back) and `vacuum`.
+Does not own: per-session export/import (hermes_state_portability), the schema itself
+(hermes_state_schema) or the FTS indexes (hermes_state_fts), which `recover` rebuilds through them.
+
+Transaction contract: `backup_to` reads one snapshot of the caller's connection (the caller
+holds its lock and no transaction). `restore_from` copies into the caller's connection, which
+SQLite does as one write transaction: other handles see either the old or the restored file.
+`recover` never writes to its source (opened read-only, immutable when it has no WAL) and
+builds the target under a temporary name, renamed into place only when complete.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import hermes_state_fts as fts
+import hermes_state_schema as schema
+from hermes_state_common import (DELIVERY_OBLIGATIONS_SQL, INDEX_SQL, SCHEMA_VERSION, TABLE_COLUMNS, TABLE_SQL,
+                                 logger)
+from hermes_state_errors import StateDbCorruptError, StateDbIncompatibleError, StoreUnavailableError, typed_errors
+from hermes_state_writer import RetryPolicy, retry_on_lock
+
+# Runtime ledgers describe processes of the file they were written in (epochs, running
+# workers); a recovered file starts with none, and its first owner starts a new epoch.
+EXCLUDED_TABLES = ("runtime_epoch", "session_admissions", "worker_executions", "worker_receipts")
+# Tables whose copied row count is checked against the source's own count.
+VERIFIED_TABLES = ("sessions", "messages", "delivery_obligations")
+COPY_CHUNK_ROWS = 5000
+_REBUILT = frozenset({"schema_version", "sqlite_sequence", fts.CJK_PENDING})
+_INT_MIN = -2**63
+
+
+# --- backup and restore ---------------------------------------------------------------------------
+
+def _private_new_file(path: Path) -> None:
+    # Backups hold the same private data as the database: created 0600 and never over a file.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    os.close(fd)
+
+
+def upgrade_backup_path(db_path: Path, *, now: float | None = None) -> Path:
+    """Return the name of the copy an upgrade writes first: `state.db.pre-v32-<UTC time>.bak`."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    path = db_path.with_name(f"{db_path.name}.pre-v{SCHEMA_VERSION}-{stamp}.bak")
+    n = 2
+    while path.exists():
+        path = db_path.with_name(f"{db_path.name}.pre-v{SCHEMA_VERSION}-{stamp}-{n}.bak")
+        n += 1
+    return path
+
+
+def backup_to(conn: sqlite3.Connection, target: str | os.PathLike) -> Path:
+    """Copy the database of `conn` to a new file `target` in one consistent snapshot; return its path.
+
+    Uses SQLite's backup API in one step: other processes keep writing meanwhile (WAL), and the
+    copy is the database as of one moment, ledgers included. Refuses an existing `target`. The
+    copy appears under its name only once complete.
+    """
+    target = Path(target).expanduser().absolute()
+    if target.exists():
+        raise FileExistsError(f"{target} already exists; choose a new name for the backup")
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _private_new_file(partial)
+    try:
+        dest = sqlite3.connect(partial)
+        try:
+            conn.backup(dest)
+        finally:
+            dest.close()
+        os.replace(partial, target)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _open_source(path: Path) -> sqlite3.Connection:
+    # Read-only always; immutable (no locks, no -shm) when no WAL holds committed pages, so a
+    # damaged file or a file on a read-only medium is read exactly as it lies on disk.
+    wal = Path(f"{path}-wal")
+    query = "?mode=ro" if wal.exists() and wal.stat().st_size > 0 else "?mode=ro&immutable=1"
+    conn = sqlite3.connect(path.as_uri() + query, uri=True, isolation_level=None)
+    conn.execute("PRAGMA query_only = ON")
+    return conn
+
+
+def check_restorable(source: str | os.PathLike) -> Path:
+    """Validate a file to restore from (integrity_check, a hermes-state schema not newer than ours)."""
+    path = Path(source).expanduser().absolute()
+    if not path.is_file() or path.stat().st_size == 0:
+        raise FileNotFoundError(f"{path} does not exist or is empty")
+    conn = _open_source(path)
+    try:
+        with typed_errors(path):
+            verdict = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+            if verdict != ["ok"]:
+                raise StateDbCorruptError(f"{path} fails integrity_check ({'; '.join(verdict[:3])}); nothing "
+                                          "was restored. Run `recover` on it to salvage what is readable.")
+            version = schema.read_version(conn)
+    finally:
+        conn.close()
+    if version is None:
+        raise StateDbIncompatibleError(f"{path} is not a hermes-state database (no schema_version); nothing "
+                                       "was restored")
+    if version > SCHEMA_VERSION:
+        raise StateDbIncompatibleError(f"{path} has schema version {version}, newer than this library's "
+                                       f"{SCHEMA_VERSION}; upgrade hermes-state to restore it")
+    return path
+
+
+def restore_from(conn: sqlite3.Connection, source: Path, set_up: Callable[[sqlite3.Connection], int]) -> int:
+    """Replace the content of `conn`'s database with `source` (already checked); return the schema version.
+
+    The copy goes through SQLite (backup API into the live connection, one write transaction),
+    never a file copy over a database someone has open: every other handle sees the old file or
+    the restored one. `set_up(conn)` then upgrades a backup of an older version like any older file.
+    """
+    src = _open_source(source)
+    try:
+        src.backup(conn)
+    except sqlite3.OperationalError as exc:
+        raise StateDbIncompatibleError(
+            f"cannot restore {source} into the live database ({exc}); a WAL database only takes a "
+            "copy with the same page size") from exc
+    finally:
+        src.close()
+    logger.info("restored %s from %s", conn.execute("PRAGMA database_list").fetchone()[2], source)
+    return set_up(conn)
+
+
+# --- giving freed pages back -----------------------------------------------------------------------
+
+# Set by an upgrade: the old layout's index pages were freed, and the file should shrink once
+# the new indexes are built (they reuse part of that space first).
+RECLAIM_KEY = "reclaim_after_rebuild"
+RECLAIM_MIN_FREE = 0.10          # reclaim when more than this share of the file is free pages
+AUTO_RECLAIM_MAX_BYTES = 1 << 30  # above this, a VACUUM blocks writers too long to run unasked
+
+
+def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = True) -> Path | None:
+    """Before an older file is upgraded: copy it next to itself (unless told not to) and say so in one INFO line.
+
+    Returns the copy, or None when no upgrade is due (or no copy was asked for).
+    """
+    if str(db_path) == ":memory:" or not schema.is_older_file(conn):
+        return None
+    if not backup:
+        logger.info("upgrading %s to schema version %s (no copy taken first: backup_before_upgrade=False)",
+                    db_path, SCHEMA_VERSION)
+        return None
+    try:
+        copy = backup_to(conn, upgrade_backup_path(db_path))
+    except (OSError, sqlite3.Error) as exc:
+        # Never upgrade without the copy the caller was promised; nothing has been changed yet.
+        raise StoreUnavailableError(
+            f"{db_path} needs an upgrade, and the copy taken first could not be written ({exc}); the file "
+            "was not changed. Free some space (the copy is as large as the file) or open it with "
+            "backup_before_upgrade=False.") from exc
+    logger.info("upgrading %s to schema version %s; a copy of the file as it was is in %s",
+                db_path, SCHEMA_VERSION, copy)
+    return copy
+
+
+def prepare_upgrade(conn: sqlite3.Connection) -> None:
+    """Drop an older layout's FTS objects and mark the file for reclaiming the space they held.
+
+    Runs in the upgrade's first transaction, before any back-fill: the old triggers would
+    otherwise re-index every back-filled row one by one. The indexes are rebuilt in the background.
+    """
+    fts.drop_fts_objects(conn)
+    conn.execute(next(sql for sql in TABLE_SQL if " state_meta (" in sql))  # an old layout may lack it yet
+    conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (RECLAIM_KEY,))
+
+
+def vacuum(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> dict[str, int]:
+    """Rewrite the file without its free pages (VACUUM) and switch it to incremental auto-vacuum.
+
+    Runs outside any transaction, holding the write lock for the whole rewrite (seconds per GB:
+    writers wait meanwhile). Returns {"bytes_before", "bytes_after"}.
+    """
+    def size() -> int:
+        return conn.execute("PRAGMA page_count").fetchone()[0] * conn.execute("PRAGMA page_size").fetchone()[0]
+    before = size()
+
+    def attempt() -> None:
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # takes effect with this VACUUM
+        conn.execute("VACUUM")
+    retry_on_lock(attempt, patience_s, policy)
+    _clear_mark(conn, patience_s, policy)
+    try:  # fold the rewritten pages in now, so the file (not only its WAL) shrinks
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+    except sqlite3.Error as exc:
+        logger.info("checkpoint after VACUUM skipped: %s", exc)
+    return {"bytes_before": before, "bytes_after": size()}
+
+
+def _clear_mark(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> None:
+    # One statement in autocommit (VACUUM cannot run inside a transaction, and this follows it).
+    retry_on_lock(lambda: conn.execute("DELETE FROM state_meta WHERE key = ?", (RECLAIM_KEY,)), patience_s, policy)
+
+
+def reclaim_after_upgrade(conn: sqlite3.Connection, path: Path, patience_s: float, policy: RetryPolicy, *,
+                          quiet: bool = False) -> bool:
+    """After an upgrade's index rebuild, VACUUM when much of the file is free; return whether it ran.
+
+    Files over 1 GiB are left as they are (with an INFO line saying how to reclaim), since their
+    VACUUM would block writers for long. With `quiet` a failure is logged, not raised.
+    """
+    try:
+        return _reclaim(conn, path, patience_s, policy)
+    except Exception as exc:  # noqa: BLE001 - see docstring
+        if not quiet:
+            raise
+        logger.warning("giving back the space an upgrade freed failed (%s); SessionDB.vacuum() does it", exc)
+        return False
+
+
+def _reclaim(conn: sqlite3.Connection, path: Path, patience_s: float, policy: RetryPolicy) -> bool:
+    if fts.inspect(conn).rebuild is not None or not conn.execute(
+            "SELECT 1 FROM state_meta WHERE key = ?", (RECLAIM_KEY,)).fetchone():
+        return False  # nothing to give back, or the new indexes are still filling the free pages
+    free, pages, page_size = (conn.execute(f"PRAGMA {p}").fetchone()[0]
+                              for p in ("freelist_count", "page_count", "page_size"))
+    if free <= RECLAIM_MIN_FREE * pages:
+        _clear_mark(conn, patience_s, policy)
+        return False
+    if pages * page_size > AUTO_RECLAIM_MAX_BYTES:
+        logger.info("%s holds %.0f MB of free pages left by the upgrade; call SessionDB.vacuum() at a quiet "
+                    "moment to give them back", path, free * page_size / 1e6)
+        _clear_mark(conn, patience_s, policy)
+        return False
+    result = vacuum(conn, patience_s, policy)
+    logger.info("%s: gave back %.0f MB freed by the upgrade", path,
+                (result["bytes_before"] - result["bytes_after"]) / 1e6)
+    return True
+
+
+# --- recover ---------------------------------------------------------------------------------------
+
+@dataclass
+class TableRecovery:
+    """What recover did with one table."""
+
+    copied: int = 0
+    source_rows: int | None = None  # the source's own count; None when even counting failed
+    rejected: int = 0               # rows read but refused by the new schema (a NOT NULL, a duplicate key)
+    lost_ranges: list[tuple[int, int | None]] = field(default_factory=list)  # unreadable rowids (None: to the end)
+    error: str | None = None        # the first read error met
+    lost: int | None = 0            # source rows not in the target (None: the source could not be counted)
+
+    def finish(self) -> None:
+        """Work out `lost` once copying is over."""
+        if self.source_rows is None:
+            self.lost = None if self.lost_ranges or self.error else 0
+        else:
+            self.lost = max(self.source_rows - self.copied, 0)
+
+
+@dataclass
+class RecoveryReport:
+    """The outcome of `recover`: per-table counts, what was lost, excluded and rebuilt.
+
+    Plain fields only, so `dataclasses.asdict(report)` is the whole story for a machine.
+    """
+
+    source: Path
+    target: Path
+    tables: dict[str, TableRecovery] = field(default_factory=dict)
+    excluded: tuple[str, ...] = EXCLUDED_TABLES  # the runtime ledgers, never copied
+    rebuilt: tuple[str, ...] = ("schema_version", *fts.FTS_TABLES)
+    dropped_columns: dict[str, list[str]] = field(default_factory=dict)  # source columns the schema lacks
+    placeholder_sessions: list[str] = field(default_factory=list)  # made for messages whose session was lost
+    detached_parents: list[str] = field(default_factory=list)      # sessions whose parent was lost
+    orphan_rows_dropped: dict[str, int] = field(default_factory=dict)
+    integrity: str = ""
+    # For sessions, messages and delivery_obligations: whether copied == the source's count.
+    verified: dict[str, bool] = field(default_factory=dict)
+    losses: list[str] = field(default_factory=list)  # each loss in a sentence, for people
+    complete: bool = False  # nothing lost or refused, and the target passed integrity_check
+
+    def finish(self) -> None:
+        """Work out `verified`, `losses` and `complete` once the target is built."""
+        for table in self.tables.values():
+            table.finish()
+        self.verified = {name: t.source_rows is not None and t.copied == t.source_rows
+                         for name, t in self.tables.items() if name in VERIFIED_TABLES}
+        self.losses = []
+        for name, t in self.tables.items():
+            if t.lost or t.lost is None or t.rejected:
+                ranges = ", ".join(f"{a}..{'end' if b is None else b}" for a, b in t.lost_ranges)
+                self.losses.append(f"{name}: {'an unknown number of' if t.lost is None else t.lost} row(s) lost"
+                                   + (f" (unreadable rowids {ranges})" if ranges else "")
+                                   + (f", {t.rejected} refused by the schema" if t.rejected else "")
+                                   + (f"; first error: {t.error}" if t.error else ""))
+        self.losses += [f"{name}: {n} row(s) dropped, their session was lost"
+                        for name, n in self.orphan_rows_dropped.items()]
+        self.complete = self.integrity == "ok" and not self.losses
+
+
+def _source_tables(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+    rows = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' "
+                        "ESCAPE '\\'").fetchall()
+    virtual = [name for name, sql in rows if (sql or "").upper().startswith("CREATE VIRTUAL TABLE")]
+    # Full-text tables and their shadow tables are derived data: rebuilt, never copied.
+    def derived(name: str) -> bool:
+        return name in virtual or any(name.startswith(v + "_") for v in virtual) or name.startswith("messages_fts")
+    return [(name, sql) for name, sql in rows if not derived(name) and name not in _REBUILT]
+
+
+def _safe(probe: Callable[[], object]) -> bool:
+    try:
+        probe()
+        return True
+    except sqlite3.DatabaseError:
+        return False
+
+
+def _count(conn: sqlite3.Connection, table: str) -> int | None:
+    """Return the source's row count, through an index when the table itself is damaged; None if none works."""
+    attempts = [f'SELECT COUNT(*) FROM "{table}"']
+    try:
+        indexes = conn.execute("SELECT name, partial FROM pragma_index_list(?)", (table,)).fetchall()
+    except sqlite3.DatabaseError:
+        indexes = []
+    attempts += [f'SELECT COUNT(*) FROM "{table}" INDEXED BY "{name}"' for name, partial in indexes if not partial]
+    for sql in attempts:
+        try:
+            return conn.execute(sql).fetchone()[0]
+        except sqlite3.DatabaseError:
+            continue
+    return None
+
+
+def _next_readable(conn: sqlite3.Connection, table: str, after: int) -> int | None:
+    """Return a rowid past `after` from which reading works again (None: nothing readable follows).
+
+    Gallops forward to a seek that succeeds, then narrows down, so that only the rows of the
+    damaged pages are skipped.
+    """
+    def seek_ok(x: int) -> bool:
+        return _safe(lambda: conn.execute(f'SELECT rowid FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT 1',
+                                          (x,)).fetchall())
+    bad, step = after, 1
+    while True:
+        probe = after + step
+        if probe >= 2**63 - 1:
+            return None
+        if seek_ok(probe):
+            break
+        bad, step = probe, step * 2
+    good = probe
+    while good - bad > 1:
+        mid = (good + bad) // 2
+        if seek_ok(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, columns: list[str],
+               report: TableRecovery, rowid: bool) -> None:
+    names = ", ".join(f'"{c}"' for c in columns)
+    insert = f'INSERT INTO "{table}" ({names}) VALUES ({", ".join("?" * len(columns))})'
+
+    def put(rows: list[tuple]) -> None:
+        try:
+            with_savepoint(dst, lambda: dst.executemany(insert, rows))
+            report.copied += len(rows)
+        except sqlite3.IntegrityError:
+            for row in rows:  # find the refused rows one by one; keep the rest
+                try:
+                    dst.execute(insert, row)
+                    report.copied += 1
+                except sqlite3.IntegrityError as exc:
+                    report.rejected += 1
+                    report.error = report.error or f"refused: {exc}"
+
+    if not rowid:
+        try:
+            rows = src.execute(f'SELECT {names} FROM "{table}"').fetchall()
+        except sqlite3.DatabaseError as exc:
+            report.error = str(exc)
+            return
+        put(rows)
+        return
+    last = _INT_MIN
+    while True:
+        batch: list[tuple] = []
+        try:
+            for row in src.execute(f'SELECT rowid, {names} FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT ?',
+                                   (last, COPY_CHUNK_ROWS)):
+                batch.append(row[1:])
+                last = row[0]
+        except sqlite3.DatabaseError as exc:
+            put(batch)
+            report.error = report.error or str(exc)
+            resume = _next_readable(src, table, last)
+            report.lost_ranges.append((last + 1, None if resume is None else resume))
+            if resume is None:
+                return
+            last = resume
+            continue
+        put(batch)
+        if len(batch) < COPY_CHUNK_ROWS:
+            return
+
+
+def with_savepoint(conn: sqlite3.Connection, body: Callable[[], object]) -> None:
+    """Run `body` inside a SAVEPOINT: on an error its writes are undone and the error re-raised."""
+    conn.execute("SAVEPOINT hermes_copy")
+    try:
+        body()
+    except BaseException:
+        conn.execute("ROLLBACK TO hermes_copy")
+        conn.execute("RELEASE hermes_copy")
+        raise
+    conn.execute("RELEASE hermes_copy")
+
+
+def _fix_references(dst: sqlite3.Connection, report: RecoveryReport) -> None:
+    # Messages whose session row was lost keep their text under a placeholder session, so
+    # nothing readable is thrown away; other rows pointing at a lost session are dropped.
+    report.placeholder_sessions = [r[0] for r in dst.execute(
+        "SELECT DISTINCT session_id FROM messages WHERE session_id NOT IN (SELECT id FROM sessions) ORDER BY 1")]
+    dst.execute("INSERT INTO sessions (id, source, started_at, title) SELECT session_id, 'recovered', MIN(timestamp), "
+                "NULL FROM messages WHERE session_id NOT IN (SELECT id FROM sessions) GROUP BY session_id")
+    report.detached_parents = [r[0] for r in dst.execute(
+        "SELECT id FROM sessions WHERE parent_session_id IS NOT NULL "
+        "AND parent_session_id NOT IN (SELECT id FROM sessions) ORDER BY id")]
+    dst.execute("UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id NOT IN (SELECT id FROM sessions)")
+    for table in ("session_model_usage",):
+        n = dst.execute(f"DELETE FROM {table} WHERE session_id NOT IN (SELECT id FROM sessions)").rowcount
+        if n:
+            report.orphan_rows_dropped[table] = n
+    # Counters describe the rows that exist now.
+    dst.execute(
+        "UPDATE sessions SET message_count = (SELECT COUNT(*) FROM messages m WHERE m.session_id = sessions.id "
+        "AND m.active = 1), tool_call_count = (SELECT COALESCE(SUM(json_array_length(m.tool_calls)), 0) "
+        "FROM messages m WHERE m.session_id = sessions.id AND m.active = 1 AND m.role = 'assistant' "
+        "AND json_valid(m.tool_calls) AND json_type(m.tool_calls) = 'array')")
+
+
+def recover(source_path: str | os.PathLike, target_path: str | os.PathLike) -> RecoveryReport:
+    """Copy every readable row of `source_path` into a fresh database at `target_path`; report what was lost.
+
+    Tables with rows are copied (columns this schema knows; the rest are listed in
+    `dropped_columns`); FTS indexes and schema_version are rebuilt; `delivery_obligations` is
+    copied when present; the runtime ledgers are excluded. A table that fails midway is read on
+    from the next readable rowid. The source is never written; the target must not exist.
+    """
+    source = Path(source_path).expanduser().absolute()
+    target = Path(target_path).expanduser().absolute()
+    if not source.is_file():
+        raise FileNotFoundError(f"{source} does not exist")
+    if target.exists():
+        raise FileExistsError(f"{target} already exists; recover writes a new file")
+    report = RecoveryReport(source, target)
+    src = _open_source(source)
+    src.execute("BEGIN")  # one snapshot for every table, should another process still be writing
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _private_new_file(partial)
+    try:
+        try:
+            tables = _source_tables(src)
+        except sqlite3.DatabaseError as exc:
+            raise StateDbCorruptError(f"{source}: its schema cannot be read ({exc}); nothing can be salvaged") from exc
+        dst = sqlite3.connect(partial, isolation_level=None)
+        try:
+            _build(src, dst, tables, report)
+        finally:
+            dst.close()
+        os.replace(partial, target)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    finally:
+        src.close()
+    report.finish()
+    for line in report.losses:
+        logger.warning("recover %s: %s", source, line)
+    return report
+
+
+def _build(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[tuple[str, str]],
+           report: RecoveryReport) -> None:
+    dst.execute("PRAGMA journal_mode = OFF")  # a private file until renamed: no journal needed
+    dst.execute("BEGIN")
+    for sql in TABLE_SQL:
+        dst.execute(sql)
+    report.excluded = EXCLUDED_TABLES  # whether or not the source has them: they are never copied
+    for name, sql in tables:
+        if name in EXCLUDED_TABLES:
+            continue
+        result = report.tables[name] = TableRecovery()
+        result.source_rows = _count(src, name)
+        try:
+            src_cols = [r[1] for r in src.execute(f'PRAGMA table_info("{name}")')]
+            without_rowid = "WITHOUT ROWID" in (sql or "").upper()
+        except sqlite3.DatabaseError as exc:
+            result.error = str(exc)
+            continue
+        if name in TABLE_COLUMNS:
+            columns = [c for c in src_cols if c in TABLE_COLUMNS[name]]
+        elif name == "delivery_obligations":
+            dst.execute(DELIVERY_OBLIGATIONS_SQL)
+            declared = [r[1] for r in dst.execute("PRAGMA table_info(delivery_obligations)")]
+            columns = [c for c in src_cols if c in declared]
+        else:
+            dst.execute(sql)  # a table this library does not declare is kept as it was
+            columns = src_cols
+        dropped = [c for c in src_cols if c not in columns]
+        if dropped:
+            report.dropped_columns[name] = dropped
+        _copy_rows(src, dst, name, columns, result, rowid=not without_rowid)
+    report.tables = {n: t for n, t in report.tables.items() if t.copied or t.source_rows or t.lost_ranges}
+    _fix_references(dst, report)
+    dst.execute("DELETE FROM state_meta WHERE key IN (?, ?)", (fts.HIGH_WATER, fts.PROGRESS))
+    schema.backfill_message_uids(dst)
+    schema.v27_unique_titles(dst)
+    for sql in INDEX_SQL:
+        dst.execute(sql)
+    dst.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+    fts.register_functions(dst)
+    fts.create_fts(dst)
+    while fts.advance(dst, fts.REBUILD_CHUNK_ROWS):
+        pass
+    problems = [tuple(r) for r in dst.execute("PRAGMA foreign_key_check")]
+    if problems:  # _fix_references covers every declared reference; anything else is a bug here
+        raise StateDbCorruptError(f"recovered rows still break references: {problems[:3]}")
+    dst.execute("COMMIT")
+    dst.execute("PRAGMA journal_mode = WAL")
+    report.integrity = "; ".join(r[0] for r in dst.execute("PRAGMA integrity_check"))

@@ -1,0 +1,131 @@
+"""Read-only handles: never create or touch the file, refuse every write before any SQL, report 503s."""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import sqlite3
+import time
+
+import pytest
+
+from hermes_state import (ReadOnlyError, SessionDB, StateDbBusyError, StateDbIncompatibleError,
+                          StateDbUninitializedError, StoreUnavailableError)
+
+# Public methods that only read. Every other public method is a write and must be refused.
+READS = {
+    "get_session", "get_messages", "get_messages_as_conversation", "get_session_title", "resolve_session_by_title",
+    "get_next_title_in_lineage", "get_lineage", "get_descendants", "list_sessions", "usage_by_model",
+    "top_sessions_by_tokens", "search_messages", "fts_rebuild_status", "get_compression_successor",
+    "get_compression_ancestors", "export_session", "export_all", "iter_export", "backup",
+    "close", "release", "shared", "to_provider_messages", "tracer",
+    "count_sessions", "check_integrity", "get_runtime", "next_admission", "get_admission", "list_admissions",
+    "get_execution", "list_executions", "list_receipts", "list_owed", "get_delivery", "get_route", "list_routes",
+    "get_delegation", "list_delegations",
+}
+
+
+def write_methods() -> list[str]:
+    return sorted(name for name, _ in inspect.getmembers(SessionDB, callable)
+                  if not name.startswith("_") and name not in READS)
+
+
+def test_the_write_list_is_not_empty_and_names_the_obvious_ones():
+    names = write_methods()
+    assert {"create_session", "append_message", "import_sessions", "restore", "vacuum", "rebuild_fts"} <= set(names)
+
+
+@pytest.mark.parametrize("name", write_methods())
+def test_every_write_method_raises_read_only_before_any_sql(db, name):
+    db.create_session("s", "cli")
+    reader = SessionDB(db.db_path, read_only=True)
+    try:
+        params = [p for p in inspect.signature(getattr(SessionDB, name)).parameters.values()
+                  if p.name != "self" and p.default is inspect.Parameter.empty
+                  and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        with reader.tracer() as statements, pytest.raises(ReadOnlyError):
+            getattr(reader, name)(*["s"] * len(params))
+        assert statements == []
+    finally:
+        reader.close()
+
+
+def test_missing_and_empty_files_are_left_alone(tmp_path):
+    for name in ("missing.db", "empty.db"):
+        path = tmp_path / "odd ?#dir" / name
+        path.parent.mkdir(exist_ok=True)
+        if name == "empty.db":
+            path.write_bytes(b"")
+        with pytest.raises(StateDbUninitializedError) as info:
+            SessionDB(path, read_only=True)
+        assert info.value.http_status == 503
+    assert sorted(p.name for p in (tmp_path / "odd ?#dir").iterdir()) == ["empty.db"]
+    assert (tmp_path / "odd ?#dir" / "empty.db").read_bytes() == b""
+
+
+def test_a_path_with_question_mark_and_hash_is_read(tmp_path):
+    path = tmp_path / "what?#x" / "state#1?.db"
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+    with SessionDB(path, read_only=True) as ro:
+        assert ro.get_session("s")["source"] == "cli"
+    assert sorted(p.name for p in path.parent.iterdir() if not p.name.endswith(("-wal", "-shm"))) == ["state#1?.db"]
+
+
+def test_a_read_only_session_leaves_the_file_bytes_unchanged(db, tmp_path):
+    db.create_session("s", "cli", title="T")
+    db.append_message("s", "user", "東京 docker")
+    db.close()
+    before = hashlib.sha256(db.db_path.read_bytes()).hexdigest()
+    with SessionDB(db.db_path, read_only=True) as ro:
+        ro.get_messages_as_conversation("s")
+        ro.search_messages("東京")
+        ro.list_sessions()
+        ro.export_all()
+        ro.fts_rebuild_status()
+        with pytest.raises(ReadOnlyError):
+            ro.append_message("s", "user", "no")
+    assert hashlib.sha256(db.db_path.read_bytes()).hexdigest() == before
+
+
+def test_an_exclusive_rival_makes_the_open_wait_then_report_busy(db, monkeypatch):
+    db.create_session("s", "cli")
+    db.close()
+    monkeypatch.setattr(SessionDB, "_READ_BUSY_TIMEOUT_S", 1.0)  # the 5 s default, shortened for the suite
+    rival = sqlite3.connect(db.db_path, isolation_level=None)
+    rival.execute("PRAGMA locking_mode = EXCLUSIVE")
+    rival.execute("BEGIN IMMEDIATE")
+    rival.execute("UPDATE sessions SET title = 'mine'")
+    rival.execute("COMMIT")  # exclusive mode keeps the lock after the write
+    try:
+        started = time.monotonic()
+        with pytest.raises(StateDbBusyError) as info:
+            SessionDB(db.db_path, read_only=True)
+        assert time.monotonic() - started >= 0.9  # it waited for the lock, then gave up
+        assert isinstance(info.value, StoreUnavailableError) and not isinstance(info.value, sqlite3.Error)
+    finally:
+        rival.close()
+    with SessionDB(db.db_path, read_only=True) as ro:  # once the rival is gone it reads
+        assert ro.get_session("s")["title"] == "mine"
+
+
+def test_an_older_schema_names_how_to_upgrade_it(tmp_path):
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.executescript("CREATE TABLE schema_version (version INTEGER NOT NULL); INSERT INTO schema_version VALUES (22);"
+                       "CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, started_at REAL NOT NULL);")
+    conn.close()
+    with pytest.raises(StateDbIncompatibleError, match=r"`hermes-state --db .*old\.db migrate`"):
+        SessionDB(path, read_only=True)
+
+
+def test_a_newer_schema_with_extra_columns_and_tables_is_read(db, rival):
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "hello")
+    db.close()
+    rival.execute("ALTER TABLE sessions ADD COLUMN shiny_new TEXT")
+    rival.execute("CREATE TABLE future_things (x)")
+    rival.execute("UPDATE schema_version SET version = 40")
+    with SessionDB(db.db_path, read_only=True) as ro:
+        assert ro.schema_version == 40
+        assert ro.get_session("s")["shiny_new"] is None
+        assert ro.search_messages("hello")[0]["session_id"] == "s"

@@ -1,0 +1,253 @@
+"""Whole files: recover from healthy and damaged sources, backup while another process writes, restore."""
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from hermes_state import (SCHEMA_VERSION, SessionDB, StateDbCorruptError, StateDbIncompatibleError, recover)
+from hermes_state_common import DELIVERY_OBLIGATIONS_SQL
+
+LEDGERS = ("runtime_epoch", "session_admissions", "worker_executions", "worker_receipts")
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def integrity(path: Path) -> str:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def build(path: Path, sessions: int = 3, per_session: int = 4, filler: int = 0) -> None:
+    """Sessions with messages (a MARKER-nnnnnn per message), a usage row, a child, ledger and outbox rows."""
+    with SessionDB(path) as db:
+        n = 0
+        for s in range(sessions):
+            sid = f"s{s:03d}"
+            db.create_session(sid, "cli", parent_session_id="s000" if s else None, title=f"T{s}")
+            for _ in range(per_session):
+                db.append_message(sid, "user", f"MARKER-{n:06d} 東京 docker " + "x" * filler)
+                n += 1
+            db.update_token_counts(sid, 3, 4, model="m")
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(DELIVERY_OBLIGATIONS_SQL)
+    conn.executemany("INSERT INTO delivery_obligations (session_id, payload_json, state) VALUES (?, ?, 'pending')",
+                     [("s000", '{"text": "owed"}'), ("s001", '{"text": "owed too"}')])
+    conn.execute("INSERT INTO runtime_epoch (id, epoch, instance_id) VALUES (1, 7, 'gw')")
+    conn.execute("INSERT INTO session_admissions (session_id, payload_json, state) VALUES ('s000', '{}', 'queued')")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+
+
+def test_recover_a_healthy_database_copies_everything_and_rebuilds_the_rest(tmp_path):
+    src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
+    build(src)
+    before = digest(src)
+    report = recover(src, dst)
+    assert digest(src) == before  # the source is never written
+    assert report.complete and report.integrity == "ok" and report.losses == []
+    assert report.verified == {"sessions": True, "messages": True, "delivery_obligations": True}
+    assert report.tables["messages"].copied == 12 and report.tables["delivery_obligations"].copied == 2
+    assert set(report.excluded) == set(LEDGERS) and "messages_fts" in report.rebuilt
+    conn = sqlite3.connect(dst)
+    assert conn.execute("SELECT COUNT(*) FROM session_admissions").fetchone()[0] == 0  # not copied
+    assert conn.execute("SELECT COUNT(*) FROM runtime_epoch").fetchone()[0] == 0
+    assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+    assert conn.execute("SELECT parent_session_id FROM sessions WHERE id = 's002'").fetchone()[0] == "s000"
+    conn.close()
+    with SessionDB(dst) as db:
+        assert db.get_session("s001")["message_count"] == 4
+        assert {h["session_id"] for h in db.search_messages("東京", limit=50)} == {"s000", "s001", "s002"}
+        assert db.fts_rebuild_status()["pending"] == 0
+
+
+def test_recover_refuses_an_existing_target_and_a_non_database(tmp_path):
+    src = tmp_path / "state.db"
+    build(src, sessions=1)
+    (tmp_path / "taken.db").write_bytes(b"mine")
+    with pytest.raises(FileExistsError):
+        recover(src, tmp_path / "taken.db")
+    assert (tmp_path / "taken.db").read_bytes() == b"mine"
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not a database at all " * 300)
+    with pytest.raises(StateDbCorruptError):
+        recover(junk, tmp_path / "out.db")
+    assert not (tmp_path / "out.db").exists()
+    assert not list(tmp_path.glob("*.partial-*"))
+
+
+def test_recover_rebuilds_fts_shadow_tables_damaged_by_raw_writes(tmp_path):
+    src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
+    build(src)
+    conn = sqlite3.connect(src, isolation_level=None)
+    conn.execute("DELETE FROM messages_fts_data WHERE id > 10")  # the segments the structure record names
+    conn.execute("DELETE FROM messages_fts_trigram_data WHERE id > 1")
+    conn.execute("DELETE FROM messages_fts_cjk_idx")
+    with pytest.raises(sqlite3.DatabaseError):
+        conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
+    conn.close()
+    report = recover(src, dst)
+    assert report.complete, report.losses
+    conn = sqlite3.connect(dst)
+    for table in ("messages_fts", "messages_fts_trigram", "messages_fts_cjk"):
+        conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
+    conn.close()
+    with SessionDB(dst) as db:
+        assert len(db.search_messages("docker", limit=50)) == 12
+        assert len(db.search_messages("MARKER-000007")) == 1
+
+
+def test_recover_salvages_around_a_garbage_page_and_reports_the_loss(tmp_path):
+    src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
+    build(src, sessions=4, per_session=150, filler=300)  # 600 messages over ~60 pages
+    data = bytearray(src.read_bytes())
+    page_size = int.from_bytes(data[16:18], "big")
+    conn = sqlite3.connect(src)
+    leaves = [r[0] for r in conn.execute("SELECT pageno FROM dbstat WHERE name = 'messages' AND pagetype = 'leaf'")]
+    conn.close()
+    at = data.find(b"MARKER-000300")
+    while (at // page_size + 1) not in leaves:  # the text's copy in the table, not in an index
+        at = data.find(b"MARKER-000300", at + 1)
+    start = at - at % page_size
+    data[start:start + page_size] = os.urandom(page_size)
+    damaged = tmp_path / "damaged.db"
+    damaged.write_bytes(bytes(data))
+    before = digest(damaged)
+    report = recover(damaged, dst)
+    assert digest(damaged) == before
+    messages = report.tables["messages"]
+    assert messages.source_rows == 600  # counted through an intact index
+    assert 0 < messages.lost < 30 and messages.lost_ranges and messages.copied == 600 - messages.lost
+    assert report.verified["messages"] is False and report.verified["sessions"] is True
+    assert not report.complete and any("messages" in line for line in report.losses)
+    assert report.integrity == "ok" and integrity(dst) == "ok"
+    with SessionDB(dst) as db:
+        kept = {m["content"][:13] for s in ("s000", "s001", "s002", "s003") for m in db.get_messages(s)}
+        assert "MARKER-000000" in kept and "MARKER-000599" in kept and "MARKER-000300" not in kept
+        assert sum(db.get_session(s)["message_count"] for s in ("s000", "s001", "s002", "s003")) == messages.copied
+        assert db.search_messages("MARKER-000599")
+
+
+def test_recover_keeps_messages_whose_session_row_was_lost(tmp_path):
+    src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
+    build(src, sessions=2)
+    conn = sqlite3.connect(src, isolation_level=None)
+    conn.execute("PRAGMA foreign_keys = OFF")
+    conn.execute("UPDATE sessions SET parent_session_id = NULL WHERE id = 's001'")
+    conn.execute("DELETE FROM sessions WHERE id = 's000'")  # as if its page had been lost
+    conn.close()
+    report = recover(src, dst)
+    assert report.placeholder_sessions == ["s000"]
+    with SessionDB(dst) as db:
+        assert db.get_session("s000")["source"] == "recovered"
+        assert len(db.get_messages("s000")) == 4
+
+
+# --- backup and restore ----------------------------------------------------------------------------
+
+APPENDER = textwrap.dedent("""
+    import os, sys, time
+    os.environ["HERMES_TEST_ISOLATION"] = "1"
+    from hermes_state import SessionDB
+    path, stop = sys.argv[1], sys.argv[2]
+    with SessionDB(path) as db:
+        n = 0
+        while not os.path.exists(stop):
+            db.append_message("live", "user", f"message {n} docker")
+            n += 1
+""")
+
+
+def check_consistent(path: Path) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
+        counted = conn.execute("SELECT message_count FROM sessions WHERE id = 'live'").fetchone()[0]
+        rows = conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = 'live'").fetchone()[0]
+        assert counted == rows  # the counter moves in the same transaction as the row
+        return rows
+    finally:
+        conn.close()
+
+
+def test_backup_while_another_process_appends_is_consistent(db, tmp_path):
+    db.create_session("live", "cli")
+    stop = tmp_path / "stop"
+    child = subprocess.Popen([sys.executable, "-c", APPENDER, str(db.db_path), str(stop)],
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        deadline = time.monotonic() + 20
+        while db.get_session("live")["message_count"] < 50 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        copies = [db.backup(tmp_path / f"copy{n}.db") for n in range(3)]
+    finally:
+        stop.write_text("")
+        child.wait(20)
+    assert child.returncode == 0
+    counts = [check_consistent(c) for c in copies]
+    assert counts[0] >= 50 and counts == sorted(counts)
+    assert all(os.stat(c).st_mode & 0o777 == 0o600 for c in copies)
+    assert not list(tmp_path.glob("*.partial-*"))
+
+
+def test_backup_refuses_to_overwrite(db, tmp_path):
+    (tmp_path / "there.db").write_bytes(b"keep")
+    with pytest.raises(FileExistsError):
+        db.backup(tmp_path / "there.db")
+    assert (tmp_path / "there.db").read_bytes() == b"keep"
+
+
+def test_a_read_only_handle_can_back_up(db, tmp_path):
+    db.create_session("s", "cli")
+    with SessionDB(db.db_path, read_only=True) as ro:
+        ro.backup(tmp_path / "copy.db")
+    with SessionDB(tmp_path / "copy.db", read_only=True) as copy:
+        assert copy.get_session("s")["source"] == "cli"
+
+
+def test_restore_replaces_the_content_for_every_open_handle(db, tmp_path):
+    db.create_session("before", "cli")
+    db.append_message("before", "user", "kept in the backup")
+    saved = db.backup(tmp_path / "saved.db")
+    db.create_session("after", "cli")
+    other = SessionDB(db.db_path)  # another handle, open across the restore
+    try:
+        assert other.get_session("after") is not None
+        db.restore(saved)
+        assert db.get_session("after") is None and other.get_session("after") is None
+        assert other.get_messages("before")[0]["content"] == "kept in the backup"
+        other.append_message("before", "user", "written after the restore")  # the other handle keeps working
+        assert db.search_messages("restore")[0]["session_id"] == "before"
+    finally:
+        other.close()
+    assert integrity(db.db_path) == "ok"
+
+
+def test_restore_refuses_a_damaged_or_foreign_file_and_changes_nothing(db, tmp_path, rival):
+    db.create_session("s", "cli")
+    saved = db.backup(tmp_path / "saved.db")
+    data = bytearray(saved.read_bytes())
+    data[-2000:] = os.urandom(2000)
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(bytes(data))
+    foreign = tmp_path / "foreign.db"
+    sqlite3.connect(foreign).execute("CREATE TABLE t (x)").connection.close()
+    for source, error in ((bad, StateDbCorruptError), (foreign, StateDbIncompatibleError),
+                          (tmp_path / "missing.db", FileNotFoundError)):
+        with pytest.raises(error):
+            db.restore(source)
+    assert [r[0] for r in rival.execute("SELECT id FROM sessions")] == ["s"]
+    db.create_session("t", "cli")  # still writable
