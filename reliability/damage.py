@@ -48,6 +48,11 @@ def main() -> int:
         report = json.loads(out.stdout)
         print(f"{args.copies} damaged copies of a {sample.stat().st_size / 1e3:.0f} kB database in "
               f"{time.monotonic() - t0:.0f} s: {report['outcomes']}")
+        sv = report["salvaged"]
+        print(f"recover salvaged {sv['files']} files, {sv['messages']} of {sv['of']} messages in them; "
+              f"{len(report['short'])} copies read in full but lost messages in salvage")
+        for line in report["short"][:10]:
+            print("  ", line)
         for failure in report["raw"]:
             print(failure)
     return 1 if report["raw"] else 0

@@ -257,23 +257,61 @@ def probe_damaged(path: str) -> str:
     return outcome
 
 
+def salvage(path: str, target: str) -> tuple[str, int]:
+    """Run `recover` on a damaged file; return (outcome, messages salvaged). The target must pass the health check."""
+    import traceback  # noqa: PLC0415
+    from hermes_state import recover  # noqa: PLC0415
+    try:
+        recover(path, target)
+    except HermesStateError as exc:
+        return type(exc).__name__, 0
+    except Exception:  # noqa: BLE001
+        return "RAW: " + traceback.format_exc(), 0
+    check = check_file(target)
+    if check != {"integrity": [], "fts": [], "counters_off": []}:
+        return f"RAW: the recovered file is unhealthy: {check}", 0
+    with SessionDB(target, read_only=True) as db:
+        sessions = db.list_sessions(limit=1000, include_archived=True)
+        return "salvaged", sum(len(db.get_messages(s["id"], include_inactive=True)) for s in sessions)
+
+
 def probe_many(sample: str, copies: int, seed: int, workdir: str) -> dict:
-    """Damage `copies` copies of `sample` and probe each; return counts per outcome and the raw failures."""
+    """Damage `copies` copies of `sample`, probe and salvage each; return counts per outcome and the findings.
+
+    `raw` lists raw (untyped) errors and unhealthy salvaged files; `short` lists copies that the
+    library read in full but whose salvage kept fewer messages than the sample holds.
+    """
     src = Path(sample).read_bytes()
+    conn = sqlite3.connect(sample)
+    total = conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+    conn.close()
     rng = random.Random(seed)
     outcomes: dict[str, int] = {}
+    salvaged: dict[str, int] = {"files": 0, "messages": 0, "of": 0}
     raw: list[str] = []
+    short: list[str] = []
     for n in range(copies):
         copy = Path(workdir) / f"damaged-{n}.db"
+        target = Path(workdir) / f"salvaged-{n}.db"
         copy.write_bytes(damage(src, rng))
         result = probe_damaged(str(copy))
+        rescue, messages = salvage(str(copy), str(target))
+        if rescue == "salvaged":
+            salvaged["files"] += 1
+            salvaged["messages"] += messages
+            salvaged["of"] += total
+            if result == "ok" and messages != total:
+                short.append(f"copy {n}: read in full, but salvage kept {messages} of {total} messages")
+        elif rescue.startswith("RAW"):
+            raw.append(f"copy {n} (recover): {rescue}")
         if result.startswith("RAW"):
             raw.append(f"copy {n}: {result}")
             result = "RAW"
         outcomes[result] = outcomes.get(result, 0) + 1
-        for p in (copy, Path(f"{copy}-wal"), Path(f"{copy}-shm")):
-            p.unlink(missing_ok=True)
-    return {"outcomes": outcomes, "raw": raw}
+        for p in (copy, target):
+            for q in (p, Path(f"{p}-wal"), Path(f"{p}-shm")):
+                q.unlink(missing_ok=True)
+    return {"outcomes": outcomes, "salvaged": salvaged, "raw": raw, "short": short}
 
 
 if __name__ == "__main__":
