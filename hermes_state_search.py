@@ -315,6 +315,9 @@ class _Route:
     conclusive: Callable[[_Ask], bool] = lambda a: False
 
 
+# Routes whose hits are whole words (or CJK bigrams) and may miss a term inside a longer word.
+_WORD_LIKE = (_cjk_route, _mixed_route, _word_route)
+
 # The routing order of docs/search.md: each branch takes the first route that applies and
 # finds something; the bounded scan always applies and always answers, so routing always ends.
 ROUTES: tuple[_Route, ...] = (
@@ -343,6 +346,10 @@ def _find_group(ask: _Ask) -> list[_Hit]:
             found = route.run(ask)
             if found or route.conclusive(ask):
                 break
+    if found and route.run in _WORD_LIKE and g.substrings is not None and not g.cjk_only and ask.has(fts.TRIGRAM):
+        # Whole words rank first; every other row holding a term inside a longer word follows,
+        # newest first, so a piece seen anywhere is found even when some row has it as a word.
+        found += ask.substrings()
     return found
 
 

@@ -98,7 +98,8 @@ def mixed(db):
     ("東京 ไทย", {"thai"}),                       # Thai inside an unsegmented unicode61 token
     ("web_search 検索", {"tool"}),                # the Latin term is the tool name
     ("東京 OR ไทย", {"dockerfile", "thai", "thai_only", "tokyo", "glued"}),
-    ("docker OR ไทย", {"docker", "osaka", "tokyo", "glued", "thai", "thai_only"}),
+    # whole words first, then "docker" inside "dockerfile" (a piece seen anywhere is found)
+    ("docker OR ไทย", {"docker", "osaka", "tokyo", "glued", "thai", "thai_only", "dockerfile"}),
     ("東京 docker", {"tokyo", "glued"}),           # exact words found: no substring fallback, like "docker"
 ])
 def test_mixed_and_or_queries_fall_back_like_latin_ones(db, mixed, query, names):
