@@ -71,9 +71,11 @@ def _reasons(row: str) -> str:
     return f"({row}.reasoning <> '' OR {row}.reasoning_content <> '')"
 
 
-def _searchable(row: str) -> str:
-    # Everything a substring search looks in, every role, tool output included. Newlines keep a
-    # match from spanning two fields in practice (a query holds no newline).
+def searchable_text(row: str) -> str:
+    """Return SQL for the text a substring search looks in: content, tool name, tool calls of `row`.
+
+    Every role, tool output included; newlines keep a match from spanning two fields.
+    """
     return (f"COALESCE({row}.content, '') || char(10) || COALESCE({row}.tool_name, '') || char(10) "
             f"|| COALESCE({row}.tool_calls, '')")
 
@@ -89,7 +91,7 @@ OBJECTS: tuple[tuple[str, str, str], ...] = (
     # trigram but no positions, about half the size of a position-full index over less text.
     # Queried with LIKE, which FTS5 answers from the index and checks against the row's text.
     ("view", "messages_fts_trigram_source",
-     f"CREATE VIEW messages_fts_trigram_source AS SELECT id, {_searchable('messages')} AS text FROM messages"),
+     f"CREATE VIEW messages_fts_trigram_source AS SELECT id, {searchable_text('messages')} AS text FROM messages"),
     ("table", TRIGRAM, f"CREATE VIRTUAL TABLE {TRIGRAM} USING fts5(text, content='messages_fts_trigram_source', "
                        "content_rowid='id', tokenize='trigram', detail='none')"),
     ("table", CJK, _CJK_TABLE_SQL),
@@ -103,14 +105,14 @@ OBJECTS: tuple[tuple[str, str, str], ...] = (
      f"CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages WHEN {_gate('new.id')} BEGIN "
      f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
      f"VALUES (new.id, new.content, new.tool_name, new.tool_calls); "
-     f"INSERT INTO {TRIGRAM}(rowid, text) VALUES (new.id, {_searchable('new')}); "
+     f"INSERT INTO {TRIGRAM}(rowid, text) VALUES (new.id, {searchable_text('new')}); "
      f"INSERT INTO {REASONING}(rowid, reasoning) SELECT new.id, {_reasoning('new')} WHERE {_reasons('new')}; "
      "END"),
     ("trigger", "messages_fts_delete",
      f"CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages WHEN {_gate('old.id')} BEGIN "
      f"INSERT INTO {WORD}({WORD}, rowid, content, tool_name, tool_calls) "
      f"VALUES ('delete', old.id, old.content, old.tool_name, old.tool_calls); "
-     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, text) VALUES ('delete', old.id, {_searchable('old')}); "
+     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, text) VALUES ('delete', old.id, {searchable_text('old')}); "
      f"INSERT INTO {REASONING}({REASONING}, rowid, reasoning) SELECT 'delete', old.id, {_reasoning('old')} "
      f"WHERE {_reasons('old')}; "
      "END"),
@@ -119,11 +121,11 @@ OBJECTS: tuple[tuple[str, str, str], ...] = (
      "BEGIN "
      f"INSERT INTO {WORD}({WORD}, rowid, content, tool_name, tool_calls) "
      f"SELECT 'delete', old.id, old.content, old.tool_name, old.tool_calls WHERE {_gate('old.id')}; "
-     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, text) SELECT 'delete', old.id, {_searchable('old')} "
+     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, text) SELECT 'delete', old.id, {searchable_text('old')} "
      f"WHERE {_gate('old.id')}; "
      f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
      f"SELECT new.id, new.content, new.tool_name, new.tool_calls WHERE {_gate('new.id')}; "
-     f"INSERT INTO {TRIGRAM}(rowid, text) SELECT new.id, {_searchable('new')} WHERE {_gate('new.id')}; "
+     f"INSERT INTO {TRIGRAM}(rowid, text) SELECT new.id, {searchable_text('new')} WHERE {_gate('new.id')}; "
      "END"),
     ("trigger", "messages_fts_reasoning_update",
      "CREATE TRIGGER messages_fts_reasoning_update AFTER UPDATE OF id, reasoning, reasoning_content ON messages "
@@ -624,26 +626,20 @@ class Group:
 
     @property
     def substrings(self) -> tuple[str, ...] | None:
-        """The terms' texts when the substring index can find them, else None.
-
-        Each term needs a run of >= 3 characters free of LIKE's wildcards `%` and `_`: only such
-        runs are handed to the trigram index (see literal_runs).
-        """
-        if all(literal_runs(t.text) for t in self.terms):
+        """The terms' texts when the substring index can find them (each has >= 3 characters), else None."""
+        if all(len(t.text) >= 3 for t in self.terms):
             return tuple(t.text for t in self.terms)
         return None
 
 
-_WILDCARDS = re.compile("[%_]")
+def trigram_expression(texts: tuple[str, ...]) -> str:
+    """Return the FTS5 expression for rows holding every trigram of every text (candidates only).
 
-
-def literal_runs(text: str) -> list[str]:
-    """Return the runs of `text` between LIKE wildcards (`%`, `_`) that are >= 3 characters long.
-
-    Only these go into a LIKE the trigram index answers: a pattern with a wildcard between
-    multi-byte characters can crash SQLite 3.40's FTS5, so the whole text is checked separately.
+    Each trigram is a one-token phrase, which an index without positions can answer; whether
+    the trigrams are adjacent is checked on the row afterwards.
     """
-    return [run for run in _WILDCARDS.split(text) if len(run) >= 3]
+    grams = dict.fromkeys(text[i:i + 3] for text in texts for i in range(len(text) - 2))
+    return " AND ".join('"' + gram.replace('"', '""') + '"' for gram in grams)
 
 
 def _groups(items: list[Item]) -> list[Group]:

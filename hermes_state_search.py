@@ -201,22 +201,10 @@ def _like(conn: sqlite3.Connection, groups: tuple[fts.Group, ...], f: _Filters, 
     return ids
 
 
-def _substring_sql(texts: tuple[str, ...], column: str) -> tuple[str, list[str]]:
-    """Return SQL true when `column` contains every text (ASCII case folded), and its parameters.
-
-    LIKE '%run%' (no ESCAPE) is what FTS5 answers from the trigram index. A text holding `%` or
-    `_` hands only its literal runs to LIKE (wildcards there are unsafe, see fts.literal_runs)
-    and is checked whole with instr().
-    """
-    parts, params = [], []
-    for text in texts:
-        runs = fts.literal_runs(text)
-        parts += [f"{column} LIKE ?"] * len(runs)
-        params += [f"%{run}%" for run in runs]
-        if runs != [text]:
-            parts.append(f"instr(lower({column}), ?) > 0")
-            params.append("".join(c.lower() if c.isascii() else c for c in text))
-    return " AND ".join(parts), params
+def _contains_sql(texts: tuple[str, ...], text_sql: str) -> tuple[str, list[str]]:
+    """Return SQL true when `text_sql` contains every text (ASCII letters case folded), and its parameters."""
+    folded = ["".join(c.lower() if c.isascii() else c for c in text) for text in texts]
+    return " AND ".join([f"instr(lower({text_sql}), ?) > 0"] * len(texts)), folded
 
 
 @dataclass(frozen=True)
@@ -254,15 +242,27 @@ class _Ask:
         return [(i, 0.0, None) for i in found]
 
     def substrings(self) -> list[_Hit]:
-        """Return the newest rows holding every term as a substring, from the substring index."""
+        """Return the newest rows holding every term as a substring, from the substring index.
+
+        The index gives the rows holding every trigram of the terms (no text read); the filters
+        come next, and only rows passing them are checked for the terms themselves.
+        """
         f = self.filters
-        where, params = _substring_sql(self.group.substrings, "t.text")
+        contains, params = _contains_sql(self.group.substrings, fts.searchable_text("m"))
         if self.group.fts_excluded:
             excluded, more = _like_terms((), self.group.fts_excluded)
-            where, params = f"{where} AND {excluded}", [*params, *more]
+            contains, params = f"{contains} AND {excluded}", [*params, *more]
         sql = (f"SELECT t.rowid FROM {fts.TRIGRAM} t JOIN messages m ON m.id = t.rowid{f.join} "
-               f"WHERE {where} AND t.rowid BETWEEN ? AND ?{f.sql} ORDER BY t.rowid DESC LIMIT ?")
-        rows = self.conn.execute(sql, (*params, self.low, self.high, *f.params, self.need)).fetchall()
+               f"WHERE {fts.TRIGRAM} MATCH ? AND t.rowid BETWEEN ? AND ?{f.sql} AND {contains} "
+               "ORDER BY t.rowid DESC LIMIT ?")
+        try:
+            rows = self.conn.execute(sql, (fts.trigram_expression(self.group.substrings), self.low, self.high,
+                                           *f.params, *params, self.need)).fetchall()
+        except sqlite3.OperationalError as exc:
+            if not _is_query_error(exc):
+                raise
+            logger.info("substring query %r was refused: %s", self.group.substrings, exc)
+            return []
         return [(r[0], 0.0, None) for r in rows]
 
     def has(self, table: str) -> bool:
@@ -315,6 +315,9 @@ class _Route:
     conclusive: Callable[[_Ask], bool] = lambda a: False
 
 
+# Routes whose hits are whole words (or CJK bigrams) and may miss a term inside a longer word.
+_WORD_LIKE = (_cjk_route, _mixed_route, _word_route)
+
 # The routing order of docs/search.md: each branch takes the first route that applies and
 # finds something; the bounded scan always applies and always answers, so routing always ends.
 ROUTES: tuple[_Route, ...] = (
@@ -343,6 +346,10 @@ def _find_group(ask: _Ask) -> list[_Hit]:
             found = route.run(ask)
             if found or route.conclusive(ask):
                 break
+    if found and route.run in _WORD_LIKE and g.substrings is not None and not g.cjk_only and ask.has(fts.TRIGRAM):
+        # Whole words rank first; every other row holding a term inside a longer word follows,
+        # newest first, so a piece seen anywhere is found even when some row has it as a word.
+        found += ask.substrings()
     return found
 
 
