@@ -92,6 +92,9 @@ def _open_source(path: Path) -> sqlite3.Connection:
     query = "?mode=ro" if wal.exists() and wal.stat().st_size > 0 else "?mode=ro&immutable=1"
     conn = sqlite3.connect(path.as_uri() + query, uri=True, isolation_level=None)
     conn.execute("PRAGMA query_only = ON")
+    # Text another client stored as bytes that are not UTF-8 is salvaged with U+FFFD, as the
+    # library reads it everywhere else, rather than losing the row.
+    conn.text_factory = schema.lenient_text
     return conn
 
 

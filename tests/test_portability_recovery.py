@@ -251,3 +251,19 @@ def test_restore_refuses_a_damaged_or_foreign_file_and_changes_nothing(db, tmp_p
             db.restore(source)
     assert [r[0] for r in rival.execute("SELECT id FROM sessions")] == ["s"]
     db.create_session("t", "cli")  # still writable
+
+
+def test_recover_keeps_rows_whose_text_is_not_utf8(db, tmp_path):
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "fine")
+    path = db.db_path
+    db.close()
+    raw = sqlite3.connect(path)
+    raw.execute("INSERT INTO messages (session_id, role, content, timestamp, message_uid) "
+                "VALUES ('s', 'user', CAST(X'6F6B20C328' AS TEXT), 5, ?)", ("a" * 32,))
+    raw.commit()
+    raw.close()
+    report = recover(path, tmp_path / "out.db")
+    assert report.tables["messages"].copied == 2
+    with SessionDB(tmp_path / "out.db") as out:
+        assert sorted(m["content"] for m in out.get_messages("s")) == ["fine", "ok \ufffd("]
