@@ -99,12 +99,17 @@ def _admission_dict(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _admission(conn: sqlite3.Connection, admission_id: Any) -> dict[str, Any]:
-    check_count("admission_id", admission_id)
-    rows = row_dicts(conn.execute("SELECT * FROM session_admissions WHERE id = ?", (admission_id,)))
+def _ledger_row(conn: sqlite3.Connection, table: str, what: str, row_id: Any) -> dict[str, Any]:
+    # One admission or execution by id, for a transition; a missing row is an illegal one.
+    check_count(f"{what}_id", row_id)
+    rows = row_dicts(conn.execute(f"SELECT * FROM {table} WHERE id = ?", (row_id,)))
     if not rows:
-        raise LedgerStateError(f"admission {admission_id} does not exist")
+        raise LedgerStateError(f"{what} {row_id} does not exist")
     return rows[0]
+
+
+def _admission(conn: sqlite3.Connection, admission_id: Any) -> dict[str, Any]:
+    return _ledger_row(conn, "session_admissions", "admission", admission_id)
 
 
 def _queue_head(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
@@ -219,11 +224,7 @@ def resolve_unknown(conn: sqlite3.Connection, admission_id: int, resolution: str
 # --- worker executions and receipts ---------------------------------------------------------------
 
 def _execution(conn: sqlite3.Connection, execution_id: Any) -> dict[str, Any]:
-    check_count("execution_id", execution_id)
-    rows = row_dicts(conn.execute("SELECT * FROM worker_executions WHERE id = ?", (execution_id,)))
-    if not rows:
-        raise LedgerStateError(f"execution {execution_id} does not exist")
-    return rows[0]
+    return _ledger_row(conn, "worker_executions", "execution", execution_id)
 
 
 def start_execution(conn: sqlite3.Connection, session_id: str, kind: str, epoch: int, *,

@@ -19,9 +19,10 @@ import os
 import sqlite3
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import hermes_state_fts as fts
 import hermes_state_schema as schema
@@ -59,6 +60,21 @@ def upgrade_backup_path(db_path: Path, *, now: float | None = None) -> Path:
     return path
 
 
+@contextmanager
+def _built_atomically(target: Path) -> Iterator[Path]:
+    # The body fills a new private file under a temporary name; only a complete file takes the
+    # target's name, and a failure leaves nothing behind.
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _private_new_file(partial)
+    try:
+        yield partial
+        os.replace(partial, target)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+
+
 def backup_to(conn: sqlite3.Connection, target: str | os.PathLike) -> Path:
     """Copy the database of `conn` to a new file `target` in one consistent snapshot; return its path.
 
@@ -69,19 +85,12 @@ def backup_to(conn: sqlite3.Connection, target: str | os.PathLike) -> Path:
     target = Path(target).expanduser().absolute()
     if target.exists():
         raise FileExistsError(f"{target} already exists; choose a new name for the backup")
-    partial = target.with_name(f"{target.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _private_new_file(partial)
-    try:
+    with _built_atomically(target) as partial:
         dest = sqlite3.connect(partial)
         try:
             conn.backup(dest)
         finally:
             dest.close()
-        os.replace(partial, target)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
     return target
 
 
@@ -472,23 +481,18 @@ def recover(source_path: str | os.PathLike, target_path: str | os.PathLike) -> R
     report = RecoveryReport(source, target)
     src = _open_source(source)
     src.execute("BEGIN")  # one snapshot for every table, should another process still be writing
-    partial = target.with_name(f"{target.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _private_new_file(partial)
     try:
-        try:
-            tables = _source_tables(src)
-        except sqlite3.DatabaseError as exc:
-            raise StateDbCorruptError(f"{source}: its schema cannot be read ({exc}); nothing can be salvaged") from exc
-        dst = sqlite3.connect(partial, isolation_level=None)
-        try:
-            _build(src, dst, tables, report)
-        finally:
-            dst.close()
-        os.replace(partial, target)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+        with _built_atomically(target) as partial:
+            try:
+                tables = _source_tables(src)
+            except sqlite3.DatabaseError as exc:
+                raise StateDbCorruptError(
+                    f"{source}: its schema cannot be read ({exc}); nothing can be salvaged") from exc
+            dst = sqlite3.connect(partial, isolation_level=None)
+            try:
+                _build(src, dst, tables, report)
+            finally:
+                dst.close()
     finally:
         src.close()
     report.finish()
