@@ -89,11 +89,11 @@ OBJECTS: tuple[tuple[str, str, str], ...] = (
                     "content='messages', content_rowid='id')"),
     # Substrings of every message's text: trigrams with detail=none store which rows hold each
     # trigram but no positions, about half the size of a position-full index over less text.
-    # Queried with LIKE, which FTS5 answers from the index and checks against the row's text.
+    # Nothing ranks these hits, so no per-row token counts are kept either (columnsize=0).
     ("view", "messages_fts_trigram_source",
      f"CREATE VIEW messages_fts_trigram_source AS SELECT id, {searchable_text('messages')} AS text FROM messages"),
     ("table", TRIGRAM, f"CREATE VIRTUAL TABLE {TRIGRAM} USING fts5(text, content='messages_fts_trigram_source', "
-                       "content_rowid='id', tokenize='trigram', detail='none')"),
+                       "content_rowid='id', tokenize='trigram', detail='none', columnsize=0)"),
     ("table", CJK, _CJK_TABLE_SQL),
     ("view", "messages_fts_reasoning_source",
      f"CREATE VIEW messages_fts_reasoning_source AS SELECT id, {_reasoning('messages')} AS reasoning "

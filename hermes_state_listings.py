@@ -17,7 +17,8 @@ from hermes_state_common import check_count, check_number, row_dicts
 PREVIEW_CHARS = 63
 
 # One statement for the whole page: the correlated subqueries run once per listed session and
-# are served by idx_messages_session_active (preview) and idx_messages_session (last_active).
+# walk idx_messages_session (session_id, timestamp): the preview reads rows in time order up to
+# the first active user message, last_active reads one index entry.
 # The preview reads at most 2 * 63 characters, enough for 63 after every CRLF became a space.
 _LIST_SQL = f"""
 SELECT s.*,

@@ -20,8 +20,8 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from hermes_state_common import (INDEX_SQL, READ_BUSY_TIMEOUT_S, SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL,
-                                 TABLES)
+from hermes_state_common import (INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES, SCHEMA_VERSION,
+                                 SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES)
 from hermes_state_writer import RetryPolicy, Writer, retry_on_lock
 from hermes_state_errors import (StateDbBusyError, StateDbIncompatibleError, StateDbUninitializedError,
                                  is_sqlite_lock_error)
@@ -103,9 +103,11 @@ def connect_reader(path: Path) -> sqlite3.Connection:
 
 
 def enable_wal(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> None:
-    """Switch to WAL with synchronous=NORMAL, waiting out other openers within patience."""
+    """Switch to WAL with synchronous=NORMAL (a new file first gets the page size), waiting out other openers."""
     def attempt() -> None:
         if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
+                conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # only an empty file takes it
             conn.execute("PRAGMA journal_mode = WAL").fetchone()
     retry_on_lock(attempt, patience_s, policy)
     conn.execute("PRAGMA synchronous = NORMAL")
@@ -283,6 +285,8 @@ def migrate(writer: Writer, patience_s: float, policy: RetryPolicy,
                 step(conn)
                 _set_version(conn, target)
     with writer.transaction(patience_s, policy):
+        for name in RETIRED_INDEXES:  # an index no query needs any more only costs space and writes
+            conn.execute(f"DROP INDEX IF EXISTS {name}")
         for sql in INDEX_SQL:
             conn.execute(sql)
         if read_version(conn) < SCHEMA_VERSION:

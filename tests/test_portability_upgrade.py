@@ -102,9 +102,13 @@ def test_after_upgrade_and_rebuild_the_file_is_no_larger_than_a_fresh_one(agent_
     with SessionDB(agent_db, backup_before_upgrade=False) as db:
         db.rebuild_fts()  # the background rebuild's work; the freed pages are given back after it
         fresh = tmp_path / "fresh.db"
+        with sqlite3.connect(fresh) as made:  # the same page size as the old file: like for like
+            made.execute(f"PRAGMA page_size = {rows(agent_db, 'PRAGMA page_size')[0][0]}")
+            made.execute("PRAGMA journal_mode = WAL")
         with SessionDB(fresh) as other:
             other.import_sessions(db.iter_export())
     size = {p: rows(p, "PRAGMA page_count")[0][0] for p in (agent_db, fresh)}
+    assert rows(fresh, "PRAGMA page_size") == rows(agent_db, "PRAGMA page_size")
     assert rows(agent_db, "PRAGMA freelist_count")[0][0] == 0
     # The old layout's own extra tables and indexes stay (a page each at least); beyond them the
     # upgraded file is the size of a fresh one.

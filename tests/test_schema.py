@@ -13,7 +13,7 @@ import pytest
 import hermes_state_schema as schema
 from hermes_state import (ReadOnlyError, SessionDB, StateDbCorruptError, StateDbIncompatibleError,
                           StateDbUninitializedError, StoreUnavailableError)
-from hermes_state_common import INDEX_SQL, SCHEMA_VERSION, TABLE_COLUMNS
+from hermes_state_common import INDEX_SQL, PAGE_SIZE, SCHEMA_VERSION, TABLE_COLUMNS
 
 EXPECTED_TABLES = {"sessions", "messages", "session_model_usage", "state_meta", "gateway_routing",
                    "compression_locks", "async_delegations", "runtime_epoch", "session_admissions",
@@ -44,6 +44,23 @@ def test_fresh_database_has_the_declared_shape(db, rival):
     with db._write() as conn:  # the handle's write connection
         assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
         assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+
+
+def test_a_new_file_gets_the_page_size_and_an_existing_file_keeps_its_own(tmp_path):
+    with SessionDB(tmp_path / "new.db") as db:
+        db.create_session("s", "cli")
+    assert sqlite3.connect(tmp_path / "new.db").execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE != 4096
+    old = tmp_path / "old.db"
+    with sqlite3.connect(old) as made:  # a file another program created with SQLite's default pages
+        made.execute("PRAGMA page_size = 4096")
+        made.execute("CREATE TABLE other_program (x)")
+    with SessionDB(old) as db:  # upgraded in place, never rewritten page by page
+        db.create_session("s", "cli")
+        db.append_message("s", "user", "hello")
+    conn = sqlite3.connect(old)
+    assert conn.execute("PRAGMA page_size").fetchone()[0] == 4096
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert conn.execute("SELECT content FROM messages").fetchall() == [("hello",)]
 
 
 def test_ledger_rows_restrict_session_delete(db, rival):
@@ -110,6 +127,25 @@ def test_upgrade_from_old_layout_keeps_every_row(tmp_path):
     assert all(re.fullmatch(r"[0-9a-f]{32}", u) for u in uids) and len(set(uids)) == 3
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     conn.close()
+
+
+def test_upgrade_drops_an_index_no_query_needs_and_keeps_the_ones_declared(tmp_path):
+    path = tmp_path / "v31.db"
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+        db.append_message("s", "user", "hello")
+    conn = sqlite3.connect(path, isolation_level=None)  # as an earlier version left it
+    conn.execute("CREATE INDEX idx_messages_session_active ON messages(session_id, active, timestamp)")
+    conn.execute("UPDATE schema_version SET version = 31")
+    conn.close()
+    with SessionDB(path) as db:
+        assert [m["content"] for m in db.get_messages("s")] == ["hello"]
+        assert db.list_sessions()[0]["preview"] == "hello"
+    conn = sqlite3.connect(path)
+    indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert "idx_messages_session_active" not in indexes
+    assert {sql.split(" IF NOT EXISTS ")[1].split()[0] for sql in INDEX_SQL} <= indexes
+    assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
 
 
 def test_upgrade_numbers_duplicate_titles_before_the_unique_index(tmp_path):
