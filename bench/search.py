@@ -9,11 +9,13 @@ session, so every trigger and the CJK queue run as in production. Then it times 
 word plus a common one, 2-character CJK terms -- plus substrings of words (served by the trigram
 index) and a few filtered queries; each query runs once to warm the cache, then is timed. It prints
 p50/p95 per kind, the build time, and the database size divided by the raw text size (content,
-tool_calls and tool_name bytes), with the bytes of each index from dbstat.
+tool_calls and tool_name bytes), with the bytes of each index from dbstat. The run is appended to
+bench/results/<date>-search.json.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import random
@@ -173,6 +175,15 @@ def time_queries(db: SessionDB, kinds: dict[str, list[tuple[str, dict]]]) -> dic
     return results
 
 
+def save(report: dict) -> None:
+    """Append the run to bench/results/<date>-search.json, beside bench/run.py's records."""
+    out = REPO / "bench" / "results" / f"{datetime.date.today()}-search.json"
+    out.parent.mkdir(exist_ok=True)
+    runs = json.loads(out.read_text())["runs"] if out.exists() else []
+    out.write_text(json.dumps({"tool": "bench/search.py", "runs": runs + [report]}, indent=1) + "\n")
+    print(f"saved to {out.relative_to(REPO)}", file=sys.stderr)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-n", type=int, default=200_000)
@@ -203,6 +214,7 @@ def main() -> None:
         report["recall"] = recall(db, report.pop("planted"))
     db.close()
     print(json.dumps(report, indent=2))
+    save(report)
     mb = 1 << 20
     print(f"\n{args.n:,} messages; built in {report['build_s'] or 0:.0f} s; raw text {report['raw_text_bytes'] / mb:.0f} MB; "
           f"database {db_bytes / mb:.0f} MB = {report['ratio_db_to_raw']:.2f}x raw", file=sys.stderr)
