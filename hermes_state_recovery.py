@@ -330,14 +330,6 @@ def _source_tables(conn: sqlite3.Connection) -> list[tuple[str, str]]:
     return [(name, sql) for name, sql in rows if not derived(name) and name not in _REBUILT]
 
 
-def _safe(probe: Callable[[], object]) -> bool:
-    try:
-        probe()
-        return True
-    except sqlite3.DatabaseError:
-        return False
-
-
 def _count(conn: sqlite3.Connection, table: str) -> int | None:
     """Return the source's row count, through an index when the table itself is damaged; None if none works."""
     attempts = [f'SELECT COUNT(*) FROM "{table}"']
@@ -354,31 +346,48 @@ def _count(conn: sqlite3.Connection, table: str) -> int | None:
     return None
 
 
-def _next_readable(conn: sqlite3.Connection, table: str, after: int) -> int | None:
+_UNREADABLE = "unreadable"
+
+
+def _row_after(conn: sqlite3.Connection, table: str, names: str, x: int) -> tuple | str | None:
+    """Return (rowid, *columns) of the first row a seek past `x` lands on, None when none follows.
+
+    Returns _UNREADABLE when that row fails to read, or when a damaged page sends the seek back
+    to a rowid at or before `x`. One row only: the statement never steps on to the next one.
+    """
+    try:
+        row = conn.execute(f'SELECT rowid, {names} FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT 1',
+                           (x,)).fetchone()
+    except sqlite3.DatabaseError:
+        return _UNREADABLE
+    return _UNREADABLE if row is not None and row[0] <= x else row
+
+
+def _next_readable(conn: sqlite3.Connection, table: str, names: str, after: int) -> int | None:
     """Return a rowid past `after` from which reading works again (None: nothing readable follows).
 
-    Gallops forward to a seek that succeeds, then narrows down, so that only the rows of the
-    damaged pages are skipped.
+    Gallops forward to a rowid whose next row reads, then narrows down, so that only the rows
+    of the damaged pages are skipped: at most about 126 one-row reads, however far apart the
+    rowids are (a damaged key can lie billions past the others).
     """
-    def seek_ok(x: int) -> bool:
-        return _safe(lambda: conn.execute(f'SELECT rowid FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT 1',
-                                          (x,)).fetchall())
+    def good(x: int) -> bool:
+        return _row_after(conn, table, names, x) is not _UNREADABLE
     bad, step = after, 1
     while True:
         probe = after + step
         if probe >= 2**63 - 1:
             return None
-        if seek_ok(probe):
+        if good(probe):
             break
         bad, step = probe, step * 2
-    good = probe
-    while good - bad > 1:
-        mid = (good + bad) // 2
-        if seek_ok(mid):
-            good = mid
+    found = probe
+    while found - bad > 1:
+        mid = (found + bad) // 2
+        if good(mid):
+            found = mid
         else:
             bad = mid
-    return good
+    return found if _row_after(conn, table, names, found) is not None else None
 
 
 def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, columns: list[str],
@@ -399,34 +408,61 @@ def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, col
                     report.rejected += 1
                     report.error = report.error or f"refused: {exc}"
 
-    if not rowid:
-        try:
-            rows = src.execute(f'SELECT {names} FROM "{table}"').fetchall()
-        except sqlite3.DatabaseError as exc:
-            report.error = str(exc)
-            return
-        put(rows)
-        return
+    def step_over(last: int) -> int | None:
+        # Reading past `last` failed. Copy the next row alone if it reads (a cursor steps one row
+        # ahead, so the error may belong to the row after it), else skip to where reading works
+        # again. Either way `last` moves forward and the next read copies at least one row, so
+        # a damaged table costs a bounded number of reads per row it holds.
+        row = _row_after(src, table, names, last)
+        if row is None:
+            return None
+        if row is not _UNREADABLE:
+            put([row[1:]])
+            return row[0]
+        resume = _next_readable(src, table, names, last)
+        ranges = report.lost_ranges
+        if ranges and ranges[-1][1] == last:  # nothing copied since the previous loss: one range
+            ranges[-1] = (ranges[-1][0], resume)
+        else:
+            ranges.append((last + 1, resume))
+        return resume
+
+    if not rowid:  # no rowid to resume from: read on until the first error, one chunk in memory at a time
+        cur = None
+        while True:
+            try:
+                cur = cur or src.execute(f'SELECT {names} FROM "{table}"')
+                rows = cur.fetchmany(COPY_CHUNK_ROWS)
+            except sqlite3.DatabaseError as exc:
+                report.error = str(exc)
+                return
+            put(rows)
+            if len(rows) < COPY_CHUNK_ROWS:
+                return
     last = _INT_MIN
     while True:
         batch: list[tuple] = []
+        before = last
         try:
             for row in src.execute(f'SELECT rowid, {names} FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT ?',
                                    (last, COPY_CHUNK_ROWS)):
                 batch.append(row[1:])
-                last = row[0]
+                last = max(last, row[0])  # a damaged page can hand back smaller rowids: never go back
         except sqlite3.DatabaseError as exc:
             put(batch)
             report.error = report.error or str(exc)
-            resume = _next_readable(src, table, last)
-            report.lost_ranges.append((last + 1, None if resume is None else resume))
-            if resume is None:
+            last = step_over(last)
+            if last is None:
                 return
-            last = resume
             continue
         put(batch)
         if len(batch) < COPY_CHUNK_ROWS:
             return
+        if last == before:  # a full batch of rowids at or before `last`: the order is broken here
+            report.error = report.error or f"rows out of rowid order after rowid {last}"
+            last = step_over(last)
+            if last is None:
+                return
 
 
 def with_savepoint(conn: sqlite3.Connection, body: Callable[[], object]) -> None:

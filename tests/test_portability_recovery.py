@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sqlite3
 import subprocess
@@ -138,6 +139,49 @@ def test_recover_salvages_around_a_garbage_page_and_reports_the_loss(tmp_path):
         assert "MARKER-000000" in kept and "MARKER-000599" in kept and "MARKER-000300" not in kept
         assert sum(db.get_session(s)["message_count"] for s in ("s000", "s001", "s002", "s003")) == messages.copied
         assert db.search_messages("MARKER-000599")
+
+
+RECOVER_CHILD = textwrap.dedent("""
+    import dataclasses, json, os, sys
+    os.environ["HERMES_TEST_ISOLATION"] = "1"
+    from hermes_state import recover
+    report = recover(sys.argv[1], sys.argv[2])
+    print(json.dumps(dataclasses.asdict(report)["tables"]["messages"]))
+""")
+
+
+def test_recover_steps_over_an_unreadable_row_far_past_the_others_in_bounded_time(tmp_path):
+    # A damaged copy had one message whose key still read (a rowid in the billions) but whose
+    # text did not: recover then skipped one rowid at a time towards it, for ever. It must skip
+    # that row alone and finish.
+    src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
+    build(src, sessions=2, per_session=5)
+    conn = sqlite3.connect(src, isolation_level=None)
+    conn.execute("INSERT INTO messages (id, session_id, role, content, timestamp, message_uid) "
+                 "VALUES (?, 's001', 'user', ?, 5, ?)", (10**12, "MARKER-FAR " + "z" * 20_000, "f" * 32))
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    page_count = conn.execute("PRAGMA page_count").fetchone()[0]
+    overflow = [r[0] for r in conn.execute("SELECT pageno FROM dbstat WHERE name = 'messages' "
+                                            "AND pagetype = 'overflow'")]
+    conn.close()
+    assert overflow
+    data = bytearray(src.read_bytes())
+    for page in overflow:  # every link of the text's overflow chain now points past the end of the file
+        at = (page - 1) * page_size
+        data[at:at + 4] = (page_count + 1000).to_bytes(4, "big")
+    src.write_bytes(bytes(data))
+    before = digest(src)
+    out = subprocess.run([sys.executable, "-c", RECOVER_CHILD, str(src), str(dst)], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+                         timeout=60)  # a guard against the old endless loop, not a speed check
+    assert out.returncode == 0, out.stderr
+    messages = json.loads(out.stdout)
+    assert messages["source_rows"] == 11 and messages["copied"] == 10 and messages["lost"] == 1
+    assert messages["lost_ranges"] == [[11, None]]  # the far row was the last one
+    assert digest(src) == before and integrity(dst) == "ok"
+    with SessionDB(dst) as db:
+        assert len(db.get_messages("s001")) == 5 and not db.search_messages("MARKER-FAR")
 
 
 def test_recover_keeps_messages_whose_session_row_was_lost(tmp_path):
