@@ -521,7 +521,8 @@ def recover(source_path: str | os.PathLike, target_path: str | os.PathLike) -> R
         with _built_atomically(target) as partial:
             try:
                 tables = _source_tables(src)
-            except sqlite3.DatabaseError as exc:
+            # A damaged schema name that is not UTF-8 makes SQLite's own error message undecodable.
+            except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
                 raise StateDbCorruptError(
                     f"{source}: its schema cannot be read ({exc}); nothing can be salvaged") from exc
             dst = sqlite3.connect(partial, isolation_level=None)

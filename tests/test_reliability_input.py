@@ -23,7 +23,7 @@ WORKERS = str(REPO / "reliability" / "stress_workers.py")
 sys.path.insert(0, str(REPO / "reliability"))
 
 import stress_workers as workers  # noqa: E402
-from hermes_state import SessionDB, StateDbCorruptError  # noqa: E402
+from hermes_state import SessionDB, StateDbCorruptError, recover  # noqa: E402
 
 HOSTILE = [
     "x'; DROP TABLE sessions; --",
@@ -92,6 +92,9 @@ def test_a_schema_entry_whose_name_is_not_utf8_is_a_corrupt_error(sample, tmp_pa
     for read_only in (False, True):
         with pytest.raises(StateDbCorruptError):
             SessionDB(copy, read_only=read_only).close()
+    with pytest.raises(StateDbCorruptError, match="schema cannot be read"):
+        recover(copy, tmp_path / "salvaged.db")
+    assert not (tmp_path / "salvaged.db").exists()
 
 
 def test_injection_shaped_strings_are_stored_and_found_verbatim(db, raw_conn):
