@@ -3,9 +3,11 @@
     python bench/memory.py --db PATH          # an existing, current hermes-state database (never written)
     python bench/memory.py [-n 50000]         # builds one of N corpus messages first (about 100 MB at 50,000)
 
-Each operation runs in a child process of its own; once the child exits, the parent reads that
-child's peak resident set size (`ru_maxrss` from wait4, the kernel's high-water mark of the whole
-process) and the child reports its own `VmHWM` as a cross-check:
+Each operation runs in a fresh child process (a new interpreter) and reports its peak resident
+set size: `VmHWM` from /proc/self/status, the kernel's high-water mark of the process since it
+started, read when the operation is done. Where /proc does not exist the parent takes the child's
+`ru_maxrss` from wait4 instead, which on Linux would also count the parent's own pages shared at
+fork time before the child's exec (so it is not the first choice there):
 
 - floor: import hermes_state, open the database read-only and read one session: what any program
   using the library pays before it does anything large.
@@ -82,7 +84,8 @@ def child(operation: str, path: str, workdir: str) -> dict:
             p.unlink(missing_ok=True)
     else:
         raise SystemExit(f"unknown operation {operation!r}")
-    out.update(seconds=round(time.perf_counter() - t0, 2), vm_hwm_mb=round((vm_kb("VmHWM") or 0) / 1024, 1))
+    hwm = vm_kb("VmHWM")
+    out.update(seconds=round(time.perf_counter() - t0, 2), vm_hwm_mb=None if hwm is None else round(hwm / 1024, 1))
     return out
 
 
@@ -93,13 +96,16 @@ def run_child(operation: str, path: Path, workdir: Path) -> dict:
                              str(workdir)], stdout=subprocess.PIPE, env=env, text=True)
     output = proc.stdout.read()
     proc.stdout.close()
-    _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage, not the maximum over all children
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's rusage, not the maximum over all children
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise RuntimeError(f"the {operation} child failed (exit status {proc.returncode})")
     report = json.loads(output)
-    # ru_maxrss is in kilobytes on Linux, in bytes on macOS.
-    report["peak_rss_mb"] = round(usage.ru_maxrss / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)
+    if report["vm_hwm_mb"] is None:  # ru_maxrss is in kilobytes on Linux, in bytes on macOS
+        report["peak_rss_mb"] = round(usage.ru_maxrss / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)
+        report["peak_from"] = "ru_maxrss"
+    else:
+        report["peak_rss_mb"], report["peak_from"] = report["vm_hwm_mb"], "VmHWM"
     return report
 
 
