@@ -184,6 +184,22 @@ def test_recover_steps_over_an_unreadable_row_far_past_the_others_in_bounded_tim
         assert len(db.get_messages("s001")) == 5 and not db.search_messages("MARKER-FAR")
 
 
+def test_recover_copies_a_without_rowid_table_in_chunks_and_in_full(tmp_path, monkeypatch):
+    import hermes_state_recovery as recovery
+    src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
+    build(src, sessions=1)
+    conn = sqlite3.connect(src, isolation_level=None)
+    conn.execute("CREATE TABLE plugin_notes (k TEXT PRIMARY KEY, v TEXT) WITHOUT ROWID")
+    conn.executemany("INSERT INTO plugin_notes VALUES (?, ?)", [(f"k{i:03d}", f"v{i}") for i in range(25)])
+    conn.close()
+    monkeypatch.setattr(recovery, "COPY_CHUNK_ROWS", 10)  # two full chunks and a part: all must arrive
+    report = recover(src, dst)
+    assert report.tables["plugin_notes"].copied == 25 and report.complete
+    conn = sqlite3.connect(dst)
+    assert conn.execute("SELECT COUNT(*), MIN(k), MAX(k) FROM plugin_notes").fetchone() == (25, "k000", "k024")
+    conn.close()
+
+
 def test_recover_keeps_messages_whose_session_row_was_lost(tmp_path):
     src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
     build(src, sessions=2)
