@@ -346,14 +346,13 @@ def _count(conn: sqlite3.Connection, table: str) -> int | None:
     return None
 
 
-_UNREADABLE = "unreadable"
+_UNREADABLE = "unreadable"  # what _row_after returns for a row that fails to read
 
 
 def _row_after(conn: sqlite3.Connection, table: str, names: str, x: int) -> tuple | str | None:
-    """Return (rowid, *columns) of the first row a seek past `x` lands on, None when none follows.
+    """Return (rowid, *columns) of the first row past `x` (None: none follows), reading that row only.
 
-    Returns _UNREADABLE when that row fails to read, or when a damaged page sends the seek back
-    to a rowid at or before `x`. One row only: the statement never steps on to the next one.
+    _UNREADABLE when it fails to read, or when a damaged page sends the seek back to a rowid <= x.
     """
     try:
         row = conn.execute(f'SELECT rowid, {names} FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT 1',
@@ -366,9 +365,8 @@ def _row_after(conn: sqlite3.Connection, table: str, names: str, x: int) -> tupl
 def _next_readable(conn: sqlite3.Connection, table: str, names: str, after: int) -> int | None:
     """Return a rowid past `after` from which reading works again (None: nothing readable follows).
 
-    Gallops forward to a rowid whose next row reads, then narrows down, so that only the rows
-    of the damaged pages are skipped: at most about 126 one-row reads, however far apart the
-    rowids are (a damaged key can lie billions past the others).
+    Gallops forward to a rowid whose next row reads, then narrows down, so that only the rows of
+    the damaged pages are skipped: at most about 126 one-row reads, however far apart the rowids.
     """
     def good(x: int) -> bool:
         return _row_after(conn, table, names, x) is not _UNREADABLE
@@ -410,9 +408,8 @@ def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, col
 
     def step_over(last: int) -> int | None:
         # Reading past `last` failed. Copy the next row alone if it reads (a cursor steps one row
-        # ahead, so the error may belong to the row after it), else skip to where reading works
-        # again. Either way `last` moves forward and the next read copies at least one row, so
-        # a damaged table costs a bounded number of reads per row it holds.
+        # ahead, so the error may be the following row's), else skip to where reading works again.
+        # Either way `last` moves forward and the next read copies a row: bounded work per row.
         row = _row_after(src, table, names, last)
         if row is None:
             return None
@@ -516,6 +513,9 @@ def recover(source_path: str | os.PathLike, target_path: str | os.PathLike) -> R
         raise FileExistsError(f"{target} already exists; recover writes a new file")
     report = RecoveryReport(source, target)
     src = _open_source(source)
+    # Read what can be read: a file cut short (its header counts more pages than it holds) and a
+    # schema with a damaged entry are refused outright by default. The connection is read-only.
+    src.execute("PRAGMA writable_schema = ON")
     src.execute("BEGIN")  # one snapshot for every table, should another process still be writing
     try:
         with _built_atomically(target) as partial:
@@ -563,13 +563,23 @@ def _build(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[tuple[
             declared = [r[1] for r in dst.execute("PRAGMA table_info(delivery_obligations)")]
             columns = [c for c in src_cols if c in declared]
         else:
-            dst.execute(sql)  # a table this library does not declare is kept as it was
+            try:  # a table this library does not declare is kept as it was
+                dst.execute(sql)
+            except sqlite3.DatabaseError as exc:  # its definition in the source's schema is damaged
+                result.error = f"its definition cannot be used: {exc}"
+                continue
             columns = src_cols
+        if not columns:
+            result.error = result.error or "none of its columns can be read"
+            continue
         dropped = [c for c in src_cols if c not in columns]
         if dropped:
             report.dropped_columns[name] = dropped
         _copy_rows(src, dst, name, columns, result, rowid=not without_rowid)
-    report.tables = {n: t for n, t in report.tables.items() if t.copied or t.source_rows or t.lost_ranges}
+    for name in ("sessions", "messages"):  # every hermes file has them: absent means their schema entry was lost
+        if name not in report.tables:
+            report.tables[name] = TableRecovery(source_rows=None, error="its definition cannot be read")
+    report.tables = {n: t for n, t in report.tables.items() if t.copied or t.source_rows or t.lost_ranges or t.error}
     _fix_references(dst, report)
     dst.execute("DELETE FROM state_meta WHERE key IN (?, ?)", (fts.HIGH_WATER, fts.PROGRESS))
     schema.backfill_message_uids(dst)

@@ -141,6 +141,24 @@ def test_recover_salvages_around_a_garbage_page_and_reports_the_loss(tmp_path):
         assert db.search_messages("MARKER-000599")
 
 
+def test_recover_salvages_a_file_cut_short(tmp_path):
+    # The header still counts every page; SQLite refuses such a file outright unless told to read
+    # what is there, and a copy cut short is the commonest damage of all.
+    src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
+    build(src, sessions=4, per_session=150, filler=300)
+    data = src.read_bytes()
+    cut = tmp_path / "cut.db"
+    cut.write_bytes(data[:len(data) * 3 // 4])
+    with pytest.raises(StateDbCorruptError):
+        SessionDB(cut, read_only=True).close()
+    report = recover(cut, dst)
+    messages = report.tables["messages"]
+    assert 0 < messages.copied < 600 and not report.complete and report.losses
+    assert report.integrity == "ok" and integrity(dst) == "ok"
+    with SessionDB(dst) as db:
+        assert db.search_messages("MARKER-000000")
+
+
 RECOVER_CHILD = textwrap.dedent("""
     import dataclasses, json, os, sys
     os.environ["HERMES_TEST_ISOLATION"] = "1"
