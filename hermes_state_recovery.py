@@ -346,14 +346,11 @@ def _count(conn: sqlite3.Connection, table: str) -> int | None:
     return None
 
 
-_UNREADABLE = "unreadable"  # what _row_after returns for a row that fails to read
+_UNREADABLE = "unreadable"
 
 
 def _row_after(conn: sqlite3.Connection, table: str, names: str, x: int) -> tuple | str | None:
-    """Return (rowid, *columns) of the first row past `x` (None: none follows), reading that row only.
-
-    _UNREADABLE when it fails to read, or when a damaged page sends the seek back to a rowid <= x.
-    """
+    """Return (rowid, *columns) of the one row after `x`, None if none, _UNREADABLE if it fails or lies <= x."""
     try:
         row = conn.execute(f'SELECT rowid, {names} FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT 1',
                            (x,)).fetchone()
@@ -417,11 +414,7 @@ def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, col
             put([row[1:]])
             return row[0]
         resume = _next_readable(src, table, names, last)
-        ranges = report.lost_ranges
-        if ranges and ranges[-1][1] == last:  # nothing copied since the previous loss: one range
-            ranges[-1] = (ranges[-1][0], resume)
-        else:
-            ranges.append((last + 1, resume))
+        report.lost_ranges.append((last + 1, resume))
         return resume
 
     if not rowid:  # no rowid to resume from: read on until the first error, one chunk in memory at a time
@@ -513,15 +506,14 @@ def recover(source_path: str | os.PathLike, target_path: str | os.PathLike) -> R
         raise FileExistsError(f"{target} already exists; recover writes a new file")
     report = RecoveryReport(source, target)
     src = _open_source(source)
-    # Read what can be read: a file cut short (its header counts more pages than it holds) and a
-    # schema with a damaged entry are refused outright by default. The connection is read-only.
+    # Read a file cut short (its header counts more pages than it holds) and a schema with a damaged
+    # entry, both refused outright by default. The connection stays read-only.
     src.execute("PRAGMA writable_schema = ON")
     src.execute("BEGIN")  # one snapshot for every table, should another process still be writing
     try:
         with _built_atomically(target) as partial:
-            try:
+            try:  # (a damaged schema name that is not UTF-8 makes SQLite's error message undecodable)
                 tables = _source_tables(src)
-            # A damaged schema name that is not UTF-8 makes SQLite's own error message undecodable.
             except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
                 raise StateDbCorruptError(
                     f"{source}: its schema cannot be read ({exc}); nothing can be salvaged") from exc
@@ -538,9 +530,20 @@ def recover(source_path: str | os.PathLike, target_path: str | os.PathLike) -> R
     return report
 
 
+def _create_foreign(dst: sqlite3.Connection, name: str, sql: str) -> None:
+    # A damaged schema entry can pair a name with another object's statement: create only the table it names.
+    objects = "SELECT type, name FROM sqlite_master WHERE type != 'index'"
+    before = set(dst.execute(objects))
+    dst.execute(sql)
+    if set(dst.execute(objects)) - before != {("table", name)}:
+        raise sqlite3.DatabaseError(f"its schema entry does not create the table {name!r} alone")
+
+
 def _build(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[tuple[str, str]],
            report: RecoveryReport) -> None:
-    dst.execute("PRAGMA journal_mode = OFF")  # a private file until renamed: no journal needed
+    # A private file until renamed: its journal in memory (nearly empty: the file only grows), as a
+    # SAVEPOINT needs one to roll back (with journal_mode OFF, ROLLBACK TO undoes nothing).
+    dst.execute("PRAGMA journal_mode = MEMORY")
     dst.execute("BEGIN")
     for sql in TABLE_SQL:
         dst.execute(sql)
@@ -564,7 +567,7 @@ def _build(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[tuple[
             columns = [c for c in src_cols if c in declared]
         else:
             try:  # a table this library does not declare is kept as it was
-                dst.execute(sql)
+                with_savepoint(dst, lambda: _create_foreign(dst, name, sql))
             except sqlite3.DatabaseError as exc:  # its definition in the source's schema is damaged
                 result.error = f"its definition cannot be used: {exc}"
                 continue
@@ -572,13 +575,11 @@ def _build(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[tuple[
         if not columns:
             result.error = result.error or "none of its columns can be read"
             continue
-        dropped = [c for c in src_cols if c not in columns]
-        if dropped:
+        if dropped := [c for c in src_cols if c not in columns]:
             report.dropped_columns[name] = dropped
         _copy_rows(src, dst, name, columns, result, rowid=not without_rowid)
-    for name in ("sessions", "messages"):  # every hermes file has them: absent means their schema entry was lost
-        if name not in report.tables:
-            report.tables[name] = TableRecovery(source_rows=None, error="its definition cannot be read")
+    for name in sorted({"sessions", "messages"} - set(report.tables)):  # their schema entry was lost
+        report.tables[name] = TableRecovery(source_rows=None, error="its definition cannot be read")
     report.tables = {n: t for n, t in report.tables.items() if t.copied or t.source_rows or t.lost_ranges or t.error}
     _fix_references(dst, report)
     dst.execute("DELETE FROM state_meta WHERE key IN (?, ?)", (fts.HIGH_WATER, fts.PROGRESS))

@@ -159,6 +159,43 @@ def test_recover_salvages_a_file_cut_short(tmp_path):
         assert db.search_messages("MARKER-000000")
 
 
+def test_recover_keeps_the_rest_of_a_chunk_when_the_schema_refuses_one_row(tmp_path):
+    src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
+    build(src)
+    conn = sqlite3.connect(src, isolation_level=None)
+    conn.execute("PRAGMA writable_schema = ON")  # an older layout: role could be NULL
+    conn.execute("UPDATE sqlite_master SET sql = replace(sql, 'role TEXT NOT NULL', 'role TEXT') "
+                 "WHERE name = 'messages'")
+    conn.close()
+    conn = sqlite3.connect(src, isolation_level=None)
+    conn.execute("UPDATE messages SET role = NULL WHERE id = 3")
+    conn.close()
+    report = recover(src, dst)
+    messages = report.tables["messages"]
+    # the chunk is undone and retried row by row: exactly the refused row is missing
+    assert (messages.copied, messages.rejected) == (11, 1) and "NOT NULL" in messages.error
+    conn = sqlite3.connect(dst)
+    assert [r[0] for r in conn.execute("SELECT id FROM messages ORDER BY id")] == [i for i in range(1, 13) if i != 3]
+    conn.close()
+
+
+def test_recover_skips_a_schema_entry_whose_name_and_statement_disagree(tmp_path):
+    # Damage renamed an index's shadow table in the catalogue while its CREATE statement still
+    # names the original: creating it "as it was" would collide with the rebuilt index.
+    src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
+    build(src)
+    conn = sqlite3.connect(src, isolation_level=None)
+    conn.execute("PRAGMA writable_schema = ON")
+    conn.execute("UPDATE sqlite_master SET name = 'zz_notes', tbl_name = 'zz_notes' WHERE name = 'messages_fts_data'")
+    conn.close()
+    report = recover(src, dst)
+    assert report.tables["messages"].copied == 12 and report.verified["messages"]
+    assert "does not create the table 'zz_notes'" in report.tables["zz_notes"].error and not report.complete
+    assert integrity(dst) == "ok"
+    with SessionDB(dst) as db:
+        assert len(db.search_messages("docker", limit=50)) == 12
+
+
 RECOVER_CHILD = textwrap.dedent("""
     import dataclasses, json, os, sys
     os.environ["HERMES_TEST_ISOLATION"] = "1"
