@@ -330,14 +330,6 @@ def _source_tables(conn: sqlite3.Connection) -> list[tuple[str, str]]:
     return [(name, sql) for name, sql in rows if not derived(name) and name not in _REBUILT]
 
 
-def _safe(probe: Callable[[], object]) -> bool:
-    try:
-        probe()
-        return True
-    except sqlite3.DatabaseError:
-        return False
-
-
 def _count(conn: sqlite3.Connection, table: str) -> int | None:
     """Return the source's row count, through an index when the table itself is damaged; None if none works."""
     attempts = [f'SELECT COUNT(*) FROM "{table}"']
@@ -354,31 +346,43 @@ def _count(conn: sqlite3.Connection, table: str) -> int | None:
     return None
 
 
-def _next_readable(conn: sqlite3.Connection, table: str, after: int) -> int | None:
+_UNREADABLE = "unreadable"
+
+
+def _row_after(conn: sqlite3.Connection, table: str, names: str, x: int) -> tuple | str | None:
+    """Return (rowid, *columns) of the one row after `x`, None if none, _UNREADABLE if it fails or lies <= x."""
+    try:
+        row = conn.execute(f'SELECT rowid, {names} FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT 1',
+                           (x,)).fetchone()
+    except sqlite3.DatabaseError:
+        return _UNREADABLE
+    return _UNREADABLE if row is not None and row[0] <= x else row
+
+
+def _next_readable(conn: sqlite3.Connection, table: str, names: str, after: int) -> int | None:
     """Return a rowid past `after` from which reading works again (None: nothing readable follows).
 
-    Gallops forward to a seek that succeeds, then narrows down, so that only the rows of the
-    damaged pages are skipped.
+    Gallops forward to a rowid whose next row reads, then narrows down, so that only the rows of
+    the damaged pages are skipped: at most about 126 one-row reads, however far apart the rowids.
     """
-    def seek_ok(x: int) -> bool:
-        return _safe(lambda: conn.execute(f'SELECT rowid FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT 1',
-                                          (x,)).fetchall())
+    def good(x: int) -> bool:
+        return _row_after(conn, table, names, x) is not _UNREADABLE
     bad, step = after, 1
     while True:
         probe = after + step
         if probe >= 2**63 - 1:
             return None
-        if seek_ok(probe):
+        if good(probe):
             break
         bad, step = probe, step * 2
-    good = probe
-    while good - bad > 1:
-        mid = (good + bad) // 2
-        if seek_ok(mid):
-            good = mid
+    found = probe
+    while found - bad > 1:
+        mid = (found + bad) // 2
+        if good(mid):
+            found = mid
         else:
             bad = mid
-    return good
+    return found if _row_after(conn, table, names, found) is not None else None
 
 
 def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, columns: list[str],
@@ -399,34 +403,56 @@ def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, col
                     report.rejected += 1
                     report.error = report.error or f"refused: {exc}"
 
-    if not rowid:
-        try:
-            rows = src.execute(f'SELECT {names} FROM "{table}"').fetchall()
-        except sqlite3.DatabaseError as exc:
-            report.error = str(exc)
-            return
-        put(rows)
-        return
+    def step_over(last: int) -> int | None:
+        # Reading past `last` failed. Copy the next row alone if it reads (a cursor steps one row
+        # ahead, so the error may be the following row's), else skip to where reading works again.
+        # Either way `last` moves forward and the next read copies a row: bounded work per row.
+        row = _row_after(src, table, names, last)
+        if row is None:
+            return None
+        if row is not _UNREADABLE:
+            put([row[1:]])
+            return row[0]
+        resume = _next_readable(src, table, names, last)
+        report.lost_ranges.append((last + 1, resume))
+        return resume
+
+    if not rowid:  # no rowid to resume from: read on until the first error, one chunk in memory at a time
+        cur = None
+        while True:
+            try:
+                cur = cur or src.execute(f'SELECT {names} FROM "{table}"')
+                rows = cur.fetchmany(COPY_CHUNK_ROWS)
+            except sqlite3.DatabaseError as exc:
+                report.error = str(exc)
+                return
+            put(rows)
+            if len(rows) < COPY_CHUNK_ROWS:
+                return
     last = _INT_MIN
     while True:
         batch: list[tuple] = []
+        before = last
         try:
             for row in src.execute(f'SELECT rowid, {names} FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT ?',
                                    (last, COPY_CHUNK_ROWS)):
                 batch.append(row[1:])
-                last = row[0]
+                last = max(last, row[0])  # a damaged page can hand back smaller rowids: never go back
         except sqlite3.DatabaseError as exc:
             put(batch)
             report.error = report.error or str(exc)
-            resume = _next_readable(src, table, last)
-            report.lost_ranges.append((last + 1, None if resume is None else resume))
-            if resume is None:
+            last = step_over(last)
+            if last is None:
                 return
-            last = resume
             continue
         put(batch)
         if len(batch) < COPY_CHUNK_ROWS:
             return
+        if last == before:  # a full batch of rowids at or before `last`: the order is broken here
+            report.error = report.error or f"rows out of rowid order after rowid {last}"
+            last = step_over(last)
+            if last is None:
+                return
 
 
 def with_savepoint(conn: sqlite3.Connection, body: Callable[[], object]) -> None:
@@ -480,12 +506,15 @@ def recover(source_path: str | os.PathLike, target_path: str | os.PathLike) -> R
         raise FileExistsError(f"{target} already exists; recover writes a new file")
     report = RecoveryReport(source, target)
     src = _open_source(source)
+    # Read a file cut short (its header counts more pages than it holds) and a schema with a damaged
+    # entry, both refused outright by default. The connection stays read-only.
+    src.execute("PRAGMA writable_schema = ON")
     src.execute("BEGIN")  # one snapshot for every table, should another process still be writing
     try:
         with _built_atomically(target) as partial:
-            try:
+            try:  # (a damaged schema name that is not UTF-8 makes SQLite's error message undecodable)
                 tables = _source_tables(src)
-            except sqlite3.DatabaseError as exc:
+            except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
                 raise StateDbCorruptError(
                     f"{source}: its schema cannot be read ({exc}); nothing can be salvaged") from exc
             dst = sqlite3.connect(partial, isolation_level=None)
@@ -501,9 +530,20 @@ def recover(source_path: str | os.PathLike, target_path: str | os.PathLike) -> R
     return report
 
 
+def _create_foreign(dst: sqlite3.Connection, name: str, sql: str) -> None:
+    # A damaged schema entry can pair a name with another object's statement: create only the table it names.
+    objects = "SELECT type, name FROM sqlite_master WHERE type != 'index'"
+    before = set(dst.execute(objects))
+    dst.execute(sql)
+    if set(dst.execute(objects)) - before != {("table", name)}:
+        raise sqlite3.DatabaseError(f"its schema entry does not create the table {name!r} alone")
+
+
 def _build(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[tuple[str, str]],
            report: RecoveryReport) -> None:
-    dst.execute("PRAGMA journal_mode = OFF")  # a private file until renamed: no journal needed
+    # A private file until renamed: its journal in memory (nearly empty: the file only grows), as a
+    # SAVEPOINT needs one to roll back (with journal_mode OFF, ROLLBACK TO undoes nothing).
+    dst.execute("PRAGMA journal_mode = MEMORY")
     dst.execute("BEGIN")
     for sql in TABLE_SQL:
         dst.execute(sql)
@@ -526,13 +566,21 @@ def _build(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[tuple[
             declared = [r[1] for r in dst.execute("PRAGMA table_info(delivery_obligations)")]
             columns = [c for c in src_cols if c in declared]
         else:
-            dst.execute(sql)  # a table this library does not declare is kept as it was
+            try:  # a table this library does not declare is kept as it was
+                with_savepoint(dst, lambda: _create_foreign(dst, name, sql))
+            except sqlite3.DatabaseError as exc:  # its definition in the source's schema is damaged
+                result.error = f"its definition cannot be used: {exc}"
+                continue
             columns = src_cols
-        dropped = [c for c in src_cols if c not in columns]
-        if dropped:
+        if not columns:
+            result.error = result.error or "none of its columns can be read"
+            continue
+        if dropped := [c for c in src_cols if c not in columns]:
             report.dropped_columns[name] = dropped
         _copy_rows(src, dst, name, columns, result, rowid=not without_rowid)
-    report.tables = {n: t for n, t in report.tables.items() if t.copied or t.source_rows or t.lost_ranges}
+    for name in sorted({"sessions", "messages"} - set(report.tables)):  # their schema entry was lost
+        report.tables[name] = TableRecovery(source_rows=None, error="its definition cannot be read")
+    report.tables = {n: t for n, t in report.tables.items() if t.copied or t.source_rows or t.lost_ranges or t.error}
     _fix_references(dst, report)
     dst.execute("DELETE FROM state_meta WHERE key IN (?, ?)", (fts.HIGH_WATER, fts.PROGRESS))
     schema.backfill_message_uids(dst)

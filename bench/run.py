@@ -15,7 +15,10 @@ Every system gets the same corpus (bench/corpus.py) and the same queries, in one
 The systems take turns session by session (hermes-state, floor, each peer), so machine noise
 hits all alike; only appends and searches are timed. Figures are reported as ratios to the
 floor measured in the same run: append time / floor time, search p50 / floor p50, and database
-size / raw text bytes. The run is printed as a table and saved to bench/results/<date>.json.
+size / raw text bytes. Then bench/memory.py measures the peak memory of `iter_export` and
+`recover` on the file hermes-state built, against a child that only opens it (add
+`--memory-db PATH` to measure a large existing file as well: minutes per GB). The run is
+printed as tables and saved to bench/results/<date>.json.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ sys.path.insert(0, str(BENCH))
 import append  # noqa: E402
 import corpus  # noqa: E402
 import hermes_state_fts as fts  # noqa: E402
+import memory  # noqa: E402
 import search  # noqa: E402
 from hermes_state import SessionDB  # noqa: E402
 
@@ -186,6 +190,7 @@ def run(n: int, seed: int, n_queries: int, with_peers: bool) -> dict:
         searches = {"hermes-state": time_library(tmp / "library.db", kinds),
                     "raw SQL floor": time_floor(tmp / "library.db", kinds)}
         sizes = {"hermes-state": file_bytes(tmp / "library.db"), "raw SQL floor": file_bytes(tmp / "raw.db")}
+        memory_result = memory.measure(tmp / "library.db")
         for p in peers:
             flat = [q for qs in kinds.values() for q in qs]
             answer = p.ask(op="search", queries=flat)
@@ -211,7 +216,7 @@ def run(n: int, seed: int, n_queries: int, with_peers: bool) -> dict:
         systems[name] = row
     return {"n_messages": n, "seed": seed, "queries_per_kind": {k: len(v) for k, v in kinds.items()},
             "raw_text_bytes": raw_text, "systems": systems, "peers": PEERS if with_peers else {},
-            "failed_peers": failed}
+            "failed_peers": failed, "memory": [memory_result]}
 
 
 def machine() -> dict:
@@ -259,11 +264,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-peers", action="store_true",
                         help="hermes-state and its floor only (no venvs, no network)")
+    parser.add_argument("--memory-db", type=Path, help="also measure export/recover memory on this existing "
+                        "database (read only; minutes per GB)")
     args = parser.parse_args(argv)
+    if args.memory_db and not args.memory_db.is_file():
+        parser.error(f"{args.memory_db} does not exist")
     started = datetime.datetime.now(datetime.timezone.utc)
     result = run(args.n, args.seed, args.queries, not args.no_peers)
+    if args.memory_db:
+        result["memory"].append({"db": str(args.memory_db), **memory.measure(args.memory_db.resolve())})
     result.update(machine=machine(), started_utc=started.isoformat(timespec="seconds"))
     print(table(result))
+    for measured in result["memory"]:
+        print("\nmemory: " + memory.table(measured))
     out = BENCH / "results" / f"{started.date()}.json"
     out.parent.mkdir(exist_ok=True)
     runs = json.loads(out.read_text())["runs"] if out.exists() else []

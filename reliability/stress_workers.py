@@ -279,7 +279,9 @@ def probe_many(sample: str, copies: int, seed: int, workdir: str) -> dict:
     """Damage `copies` copies of `sample`, probe and salvage each; return counts per outcome and the findings.
 
     `raw` lists raw (untyped) errors and unhealthy salvaged files; `short` lists copies that the
-    library read in full but whose salvage kept fewer messages than the sample holds.
+    library read in full but whose salvage kept fewer messages than the sample holds; `slowest`
+    names the copy whose probe and the copy whose recover took longest. Each copy's number goes
+    to stderr before it starts, so a parent that times out knows which copy was running.
     """
     src = Path(sample).read_bytes()
     conn = sqlite3.connect(sample)
@@ -290,12 +292,19 @@ def probe_many(sample: str, copies: int, seed: int, workdir: str) -> dict:
     salvaged: dict[str, int] = {"files": 0, "messages": 0, "of": 0}
     raw: list[str] = []
     short: list[str] = []
+    slowest = {"probe": [None, 0.0], "recover": [None, 0.0]}  # [copy, seconds]
     for n in range(copies):
         copy = Path(workdir) / f"damaged-{n}.db"
         target = Path(workdir) / f"salvaged-{n}.db"
         copy.write_bytes(damage(src, rng))
+        print(f"copy {n}", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
         result = probe_damaged(str(copy))
+        t1 = time.perf_counter()
         rescue, messages = salvage(str(copy), str(target))
+        for step, seconds in (("probe", t1 - t0), ("recover", time.perf_counter() - t1)):
+            if seconds > slowest[step][1]:
+                slowest[step] = [n, round(seconds, 3)]
         if rescue == "salvaged":
             salvaged["files"] += 1
             salvaged["messages"] += messages
@@ -311,7 +320,7 @@ def probe_many(sample: str, copies: int, seed: int, workdir: str) -> dict:
         for p in (copy, target):
             for q in (p, Path(f"{p}-wal"), Path(f"{p}-shm")):
                 q.unlink(missing_ok=True)
-    return {"outcomes": outcomes, "salvaged": salvaged, "raw": raw, "short": short}
+    return {"outcomes": outcomes, "salvaged": salvaged, "raw": raw, "short": short, "slowest": slowest}
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sqlite3
 import subprocess
@@ -138,6 +139,120 @@ def test_recover_salvages_around_a_garbage_page_and_reports_the_loss(tmp_path):
         assert "MARKER-000000" in kept and "MARKER-000599" in kept and "MARKER-000300" not in kept
         assert sum(db.get_session(s)["message_count"] for s in ("s000", "s001", "s002", "s003")) == messages.copied
         assert db.search_messages("MARKER-000599")
+
+
+def test_recover_salvages_a_file_cut_short(tmp_path):
+    # The header still counts every page; SQLite refuses such a file outright unless told to read
+    # what is there, and a copy cut short is the commonest damage of all.
+    src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
+    build(src, sessions=4, per_session=150, filler=300)
+    data = src.read_bytes()
+    cut = tmp_path / "cut.db"
+    cut.write_bytes(data[:len(data) * 3 // 4])
+    with pytest.raises(StateDbCorruptError):
+        SessionDB(cut, read_only=True).close()
+    report = recover(cut, dst)
+    messages = report.tables["messages"]
+    assert 0 < messages.copied < 600 and not report.complete and report.losses
+    assert report.integrity == "ok" and integrity(dst) == "ok"
+    with SessionDB(dst) as db:
+        assert db.search_messages("MARKER-000000")
+
+
+def test_recover_keeps_the_rest_of_a_chunk_when_the_schema_refuses_one_row(tmp_path):
+    src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
+    build(src)
+    conn = sqlite3.connect(src, isolation_level=None)
+    conn.execute("PRAGMA writable_schema = ON")  # an older layout: role could be NULL
+    conn.execute("UPDATE sqlite_master SET sql = replace(sql, 'role TEXT NOT NULL', 'role TEXT') "
+                 "WHERE name = 'messages'")
+    conn.close()
+    conn = sqlite3.connect(src, isolation_level=None)
+    conn.execute("UPDATE messages SET role = NULL WHERE id = 3")
+    conn.close()
+    report = recover(src, dst)
+    messages = report.tables["messages"]
+    # the chunk is undone and retried row by row: exactly the refused row is missing
+    assert (messages.copied, messages.rejected) == (11, 1) and "NOT NULL" in messages.error
+    conn = sqlite3.connect(dst)
+    assert [r[0] for r in conn.execute("SELECT id FROM messages ORDER BY id")] == [i for i in range(1, 13) if i != 3]
+    conn.close()
+
+
+def test_recover_skips_a_schema_entry_whose_name_and_statement_disagree(tmp_path):
+    # Damage renamed an index's shadow table in the catalogue while its CREATE statement still
+    # names the original: creating it "as it was" would collide with the rebuilt index.
+    src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
+    build(src)
+    conn = sqlite3.connect(src, isolation_level=None)
+    conn.execute("PRAGMA writable_schema = ON")
+    conn.execute("UPDATE sqlite_master SET name = 'zz_notes', tbl_name = 'zz_notes' WHERE name = 'messages_fts_data'")
+    conn.close()
+    report = recover(src, dst)
+    assert report.tables["messages"].copied == 12 and report.verified["messages"]
+    assert "does not create the table 'zz_notes'" in report.tables["zz_notes"].error and not report.complete
+    assert integrity(dst) == "ok"
+    with SessionDB(dst) as db:
+        assert len(db.search_messages("docker", limit=50)) == 12
+
+
+RECOVER_CHILD = textwrap.dedent("""
+    import dataclasses, json, os, sys
+    os.environ["HERMES_TEST_ISOLATION"] = "1"
+    from hermes_state import recover
+    report = recover(sys.argv[1], sys.argv[2])
+    print(json.dumps(dataclasses.asdict(report)["tables"]["messages"]))
+""")
+
+
+def test_recover_steps_over_an_unreadable_row_far_past_the_others_in_bounded_time(tmp_path):
+    # A damaged copy had one message whose key still read (a rowid in the billions) but whose
+    # text did not: recover then skipped one rowid at a time towards it, for ever. It must skip
+    # that row alone and finish.
+    src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
+    build(src, sessions=2, per_session=5)
+    conn = sqlite3.connect(src, isolation_level=None)
+    conn.execute("INSERT INTO messages (id, session_id, role, content, timestamp, message_uid) "
+                 "VALUES (?, 's001', 'user', ?, 5, ?)", (10**12, "MARKER-FAR " + "z" * 20_000, "f" * 32))
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    page_count = conn.execute("PRAGMA page_count").fetchone()[0]
+    overflow = [r[0] for r in conn.execute("SELECT pageno FROM dbstat WHERE name = 'messages' "
+                                            "AND pagetype = 'overflow'")]
+    conn.close()
+    assert overflow
+    data = bytearray(src.read_bytes())
+    for page in overflow:  # every link of the text's overflow chain now points past the end of the file
+        at = (page - 1) * page_size
+        data[at:at + 4] = (page_count + 1000).to_bytes(4, "big")
+    src.write_bytes(bytes(data))
+    before = digest(src)
+    out = subprocess.run([sys.executable, "-c", RECOVER_CHILD, str(src), str(dst)], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+                         timeout=60)  # a guard against the old endless loop, not a speed check
+    assert out.returncode == 0, out.stderr
+    messages = json.loads(out.stdout)
+    assert messages["source_rows"] == 11 and messages["copied"] == 10 and messages["lost"] == 1
+    assert messages["lost_ranges"] == [[11, None]]  # the far row was the last one
+    assert digest(src) == before and integrity(dst) == "ok"
+    with SessionDB(dst) as db:
+        assert len(db.get_messages("s001")) == 5 and not db.search_messages("MARKER-FAR")
+
+
+def test_recover_copies_a_without_rowid_table_in_chunks_and_in_full(tmp_path, monkeypatch):
+    import hermes_state_recovery as recovery
+    src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
+    build(src, sessions=1)
+    conn = sqlite3.connect(src, isolation_level=None)
+    conn.execute("CREATE TABLE plugin_notes (k TEXT PRIMARY KEY, v TEXT) WITHOUT ROWID")
+    conn.executemany("INSERT INTO plugin_notes VALUES (?, ?)", [(f"k{i:03d}", f"v{i}") for i in range(25)])
+    conn.close()
+    monkeypatch.setattr(recovery, "COPY_CHUNK_ROWS", 10)  # two full chunks and a part: all must arrive
+    report = recover(src, dst)
+    assert report.tables["plugin_notes"].copied == 25 and report.complete
+    conn = sqlite3.connect(dst)
+    assert conn.execute("SELECT COUNT(*), MIN(k), MAX(k) FROM plugin_notes").fetchone() == (25, "k000", "k024")
+    conn.close()
 
 
 def test_recover_keeps_messages_whose_session_row_was_lost(tmp_path):

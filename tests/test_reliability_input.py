@@ -23,7 +23,7 @@ WORKERS = str(REPO / "reliability" / "stress_workers.py")
 sys.path.insert(0, str(REPO / "reliability"))
 
 import stress_workers as workers  # noqa: E402
-from hermes_state import SessionDB, StateDbCorruptError  # noqa: E402
+from hermes_state import SessionDB, StateDbCorruptError, recover  # noqa: E402
 
 HOSTILE = [
     "x'; DROP TABLE sessions; --",
@@ -92,6 +92,15 @@ def test_a_schema_entry_whose_name_is_not_utf8_is_a_corrupt_error(sample, tmp_pa
     for read_only in (False, True):
         with pytest.raises(StateDbCorruptError):
             SessionDB(copy, read_only=read_only).close()
+    # recover reads past the damaged entry: every message is salvaged and the entry reported as lost
+    report = recover(copy, tmp_path / "salvaged.db")
+    conn = sqlite3.connect(sample)
+    total = conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+    conn.close()
+    assert report.tables["messages"].copied == total and report.verified == {"sessions": True, "messages": True}
+    assert not report.complete and any("its definition cannot be used" in line for line in report.losses)
+    with SessionDB(tmp_path / "salvaged.db") as db:
+        assert db.search_messages("w1m0000003")
 
 
 def test_injection_shaped_strings_are_stored_and_found_verbatim(db, raw_conn):
