@@ -146,7 +146,7 @@ class SessionDB:
         with typed_errors(path):  # a directory or a path SQLite cannot open -> StoreUnavailableError
             conn = schema.connect(path, read_only=self.read_only, read_busy_s=self._READ_BUSY_TIMEOUT_S)
         try:
-            with typed_errors(path):  # "not a database" at open -> StateDbCorruptError
+            with typed_errors(path, reading=True):  # "not a database" at open -> StateDbCorruptError
                 if self.read_only:
                     self.schema_version = schema.check_read_only(conn, path, self._READ_BUSY_TIMEOUT_S)
                 else:
@@ -284,7 +284,7 @@ class SessionDB:
     def _read(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
         if self._closed:
             raise HermesStateError(f"SessionDB for {self.db_path} is closed")
-        with typed_errors(self.db_path), self._writer.reading(snapshot) as conn:
+        with typed_errors(self.db_path, reading=True), self._writer.reading(snapshot) as conn:
             yield conn
 
     # --- sessions ------------------------------------------------------------------------------------
@@ -487,7 +487,7 @@ class SessionDB:
         self._fts_stop, self._fts_worker = threading.Event(), None
         writable = not self.read_only and (self.schema_version or 0) <= SCHEMA_VERSION
         try:
-            with typed_errors(self.db_path):  # a damaged index page -> StateDbCorruptError
+            with typed_errors(self.db_path, reading=True):  # a damaged index page -> StateDbCorruptError
                 pending = fts.ensure_fts(self._writer, self._WRITE_PATIENCE_S, self._policy(), writable=writable)
             if writable:
                 # This connection's TEMP trigger feeds the CJK index; it lives in the temp
@@ -548,7 +548,7 @@ class SessionDB:
     def rebuild_fts(self) -> dict[str, Any]:
         """Rebuild the FTS indexes to the end in short chunks (resuming one under way); return the status."""
         self._check_writable()  # one transaction per chunk, by design: other writers get turns
-        with typed_errors(self.db_path):
+        with typed_errors(self.db_path, reading=True):
             fts.rebuild(self._writer, self._WRITE_PATIENCE_S, self._policy(), self._FTS_REBUILD_CHUNK_ROWS)
         self._reclaim_after_upgrade()
         return self.fts_rebuild_status()

@@ -21,6 +21,7 @@ SQLITE_IOERR = 10
 SQLITE_CORRUPT = 11
 SQLITE_CANTOPEN = 14
 SQLITE_FULL = 13
+SQLITE_TOOBIG = 18
 SQLITE_NOTADB = 26
 # Extended codes of a failed write, fsync or truncate: how a full disk or a file-size limit
 # (EFBIG) surfaces when SQLite does not report SQLITE_FULL itself.
@@ -205,17 +206,25 @@ def corrupt_error(path: Path, exc: BaseException) -> StateDbCorruptError:
 
 
 @contextmanager
-def typed_errors(path: Path) -> Iterator[None]:
+def typed_errors(path: Path, *, reading: bool = False) -> Iterator[None]:
     """Re-raise SQLite failures that mean bad data or bad input as the library's typed errors.
 
     A malformed file becomes StateDbCorruptError; a path SQLite cannot open (a directory, a
     file without permission) StoreUnavailableError; a full disk or a file-size limit
     SessionPersistenceError with code `session_persistence_failed:disk`;
     a value SQLite cannot bind (a list, an int past 64 bits, text with a lone surrogate)
-    ValueError. Every other sqlite3 error propagates untouched.
+    ValueError. A value past SQLite's size limit is ValueError when writing, and
+    StateDbCorruptError when `reading` (a damaged record claims it). Every other sqlite3
+    error propagates untouched.
     """
     try:
         yield
+    except sqlite3.DataError as exc:
+        if _primary_code(exc) != SQLITE_TOOBIG:
+            raise
+        if reading:
+            raise corrupt_error(path, exc) from exc
+        raise ValueError(f"a value is larger than SQLite can store ({exc})") from exc
     except UnicodeEncodeError as exc:
         raise ValueError("a text argument contains a lone surrogate (U+D800..U+DFFF), which SQLite can "
                          "neither store nor look up") from exc

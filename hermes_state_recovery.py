@@ -114,7 +114,7 @@ def check_restorable(source: str | os.PathLike) -> Path:
         raise FileNotFoundError(f"{path} does not exist or is empty")
     conn = _open_source(path)
     try:
-        with typed_errors(path):
+        with typed_errors(path, reading=True):
             verdict = [r[0] for r in conn.execute("PRAGMA integrity_check")]
             if verdict != ["ok"]:
                 raise StateDbCorruptError(f"{path} fails integrity_check ({'; '.join(verdict[:3])}); nothing "
@@ -581,12 +581,13 @@ def _build(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[tuple[
     for name in sorted({"sessions", "messages"} - set(report.tables)):  # their schema entry was lost
         report.tables[name] = TableRecovery(source_rows=None, error="its definition cannot be read")
     report.tables = {n: t for n, t in report.tables.items() if t.copied or t.source_rows or t.lost_ranges or t.error}
-    _fix_references(dst, report)
     dst.execute("DELETE FROM state_meta WHERE key IN (?, ?)", (fts.HIGH_WATER, fts.PROGRESS))
     schema.backfill_message_uids(dst)
     schema.v27_unique_titles(dst)
     for sql in INDEX_SQL:
         dst.execute(sql)
+    # After the indexes: the counters look up each session's messages, a full scan per session without them.
+    _fix_references(dst, report)
     dst.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
     fts.register_functions(dst)
     fts.create_fts(dst)

@@ -91,3 +91,18 @@ def test_typed_errors_maps_disk_and_format_failures(tmp_path, exc, typed):
     else:
         assert isinstance(caught.value, errors.HermesStateError) and caught.value.__cause__ is exc
         assert errors.classify_persistence_error(caught.value) == typed
+
+
+def test_a_value_past_sqlites_size_limit_is_bad_input_when_writing_and_damage_when_reading(tmp_path):
+    path = tmp_path / "state.db"
+    for reading, typed in ((False, ValueError), (True, errors.StateDbCorruptError)):
+        exc = _err(sqlite3.DataError, "string or blob too big", 18)
+        with pytest.raises(typed) as caught:
+            with errors.typed_errors(path, reading=reading):
+                raise exc
+        assert caught.value.__cause__ is exc
+    other = _err(sqlite3.DataError, "datatype mismatch", 20)
+    with pytest.raises(sqlite3.DataError) as caught:
+        with errors.typed_errors(path, reading=True):
+            raise other
+    assert caught.value is other

@@ -239,6 +239,33 @@ def test_recover_steps_over_an_unreadable_row_far_past_the_others_in_bounded_tim
         assert len(db.get_messages("s001")) == 5 and not db.search_messages("MARKER-FAR")
 
 
+def test_recover_work_grows_in_step_with_the_file(tmp_path, monkeypatch):
+    # Counted in SQLite VM steps, not seconds: recounting each session's messages before the
+    # indexes existed scanned every message once per session, so 4x the file cost 8x the work
+    # (a 366 MB file took 9 minutes). Linear work gives about 4x.
+    real_connect = sqlite3.connect
+
+    def steps(name: str, sessions: int) -> int:
+        src = tmp_path / f"{name}.db"
+        build(src, sessions=sessions, per_session=25)
+        count = [0]
+
+        def connect(*args, **kwargs):
+            conn = real_connect(*args, **kwargs)
+            conn.set_progress_handler(lambda: count.__setitem__(0, count[0] + 1), 1000)
+            return conn
+
+        monkeypatch.setattr(sqlite3, "connect", connect)
+        try:
+            assert recover(src, tmp_path / f"{name}-recovered.db").complete
+        finally:
+            monkeypatch.setattr(sqlite3, "connect", real_connect)
+        return count[0]
+
+    small, large = steps("small", 20), steps("large", 80)
+    assert large < 6 * small, (small, large)
+
+
 def test_recover_copies_a_without_rowid_table_in_chunks_and_in_full(tmp_path, monkeypatch):
     import hermes_state_recovery as recovery
     src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
@@ -366,6 +393,38 @@ def test_restore_refuses_a_damaged_or_foreign_file_and_changes_nothing(db, tmp_p
             db.restore(source)
     assert [r[0] for r in rival.execute("SELECT id FROM sessions")] == ["s"]
     db.create_session("t", "cli")  # still writable
+
+
+def test_restore_and_open_call_a_record_that_claims_a_huge_value_damage(db, tmp_path):
+    # Random bytes over the schema's last page sometimes make SQLite read a length past its limit
+    # ("string or blob too big"): that is a damaged file, not a raw DataError.
+    import random
+    db.create_session("s", "cli")
+    base = db.backup(tmp_path / "saved.db").read_bytes()
+    bad = tmp_path / "bad.db"
+    for seed in range(20_000):  # about 1 in 400 patterns does it; the first is found within a second or two
+        data = bytearray(base)
+        data[-2000:] = random.Random(seed).randbytes(2000)
+        bad.write_bytes(bytes(data))
+        raw = sqlite3.connect(bad)
+        try:
+            raw.execute("PRAGMA integrity_check").fetchall()
+        except sqlite3.DataError:
+            break
+        except (sqlite3.DatabaseError, UnicodeDecodeError):
+            pass
+        finally:
+            raw.close()
+    else:
+        pytest.fail("no damage pattern made SQLite read a value past its size limit")
+    with pytest.raises(StateDbCorruptError, match="too big"):
+        db.restore(bad)
+    assert [s["id"] for s in db.list_sessions()] == ["s"]
+    before = digest(bad)
+    for read_only in (True, False):
+        with pytest.raises(StateDbCorruptError, match="too big"):
+            SessionDB(bad, read_only=read_only)
+    assert digest(bad) == before
 
 
 def test_recover_keeps_rows_whose_text_is_not_utf8(db, tmp_path):
