@@ -47,7 +47,7 @@ import search  # noqa: E402
 from hermes_state import SessionDB  # noqa: E402
 
 PEERS = {"hermes-agent": "hermes-agent==0.19.0", "openai-agents": "openai-agents==0.24.0"}
-KINDS = ("common word", "rare + common word", "2-char CJK", "substring (trigram)")
+KINDS = ("common word", "rare + common word", "2-char CJK", "substring of a word")
 
 
 def peer_python(name: str, spec: str) -> Path:
@@ -100,8 +100,8 @@ def floor_match(kind: str, query: str) -> tuple[str, str]:
     """Return (index, MATCH expression): the bare FTS5 lookup that serves `query` of this kind."""
     if kind == "2-char CJK":
         return fts.CJK, '"' + fts.cjk_query_text(query)[0] + '"'
-    if kind.startswith("substring"):
-        return fts.TRIGRAM, f'"{query}"'
+    if kind.startswith("substring"):  # the trigram index has no positions: every trigram, unverified
+        return fts.TRIGRAM, fts.trigram_expression((query,))
     return fts.WORD, " ".join(f'"{w}"' for w in query.split())
 
 
@@ -149,6 +149,8 @@ def run(n: int, seed: int, n_queries: int, with_peers: bool) -> dict:
     sessions = list(corpus.sessions(n_messages=n, seed=seed))
     raw_text = sum(corpus.raw_text_bytes(m) for _, _, msgs in sessions for m in msgs)
     kinds = {k: [q for q, _ in v] for k, v in search.queries(corpus, seed, n_queries).items() if k in KINDS}
+    if missing := [k for k in KINDS if k not in kinds]:  # a kind renamed in search.py must not vanish quietly
+        raise SystemExit(f"bench/search.py no longer generates the query kinds {missing}")
     pythons = {name: peer_python(name, spec) for name, spec in PEERS.items()} if with_peers else {}
     with tempfile.TemporaryDirectory(prefix="hermes-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
