@@ -586,8 +586,7 @@ def _build(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[tuple[
     schema.v27_unique_titles(dst)
     for sql in INDEX_SQL:
         dst.execute(sql)
-    # After the indexes: the counters look up each session's messages, a full scan per session without them.
-    _fix_references(dst, report)
+    _fix_references(dst, report)  # after the indexes: without them each session's recount scans every message
     dst.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
     fts.register_functions(dst)
     fts.create_fts(dst)
