@@ -40,6 +40,8 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 sys.path.insert(0, str(BENCH))
 
+import record  # noqa: E402
+
 OPERATIONS = ("floor", "iter_export", "recover")
 LIMIT_MB = 200
 
@@ -163,16 +165,6 @@ def build(path: Path, n: int, seed: int) -> None:
     print(f"built {path} ({os.path.getsize(path) / 1e6:,.0f} MB) in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
 
-def save(result: dict) -> Path:
-    """Append `result` to bench/results/<date>.json, the file every benchmark run of that day goes to."""
-    started = datetime.date.fromisoformat(result["started_utc"][:10])
-    out = BENCH / "results" / f"{started}.json"
-    out.parent.mkdir(exist_ok=True)
-    runs = json.loads(out.read_text())["runs"] if out.exists() else []
-    out.write_text(json.dumps({"runs": runs + [result]}, indent=1, ensure_ascii=False) + "\n")
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", type=Path, help="measure this existing database (never written)")
@@ -196,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     from run import machine  # noqa: PLC0415
     result.update(machine=machine(), started_utc=started.isoformat(timespec="seconds"))
     print(table(result))
-    print(f"\nsaved to {save(result).relative_to(BENCH.parent)}", file=sys.stderr)
+    print(f"\nsaved to {record.save_run(result).relative_to(BENCH.parent)}", file=sys.stderr)
     return 0
 
 

@@ -43,6 +43,7 @@ import append  # noqa: E402
 import corpus  # noqa: E402
 import hermes_state_fts as fts  # noqa: E402
 import memory  # noqa: E402
+import record  # noqa: E402
 import search  # noqa: E402
 from hermes_state import SessionDB  # noqa: E402
 
@@ -279,11 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(result))
     for measured in result["memory"]:
         print("\nmemory: " + memory.table(measured))
-    out = BENCH / "results" / f"{started.date()}.json"
-    out.parent.mkdir(exist_ok=True)
-    runs = json.loads(out.read_text())["runs"] if out.exists() else []
-    out.write_text(json.dumps({"runs": runs + [result]}, indent=1, ensure_ascii=False) + "\n")
-    print(f"\nsaved to {out.relative_to(BENCH.parent)}", file=sys.stderr)
+    print(f"\nsaved to {record.save_run(result).relative_to(BENCH.parent)}", file=sys.stderr)
     return 0
 
 

@@ -15,7 +15,6 @@ bench/results/<date>-search.json.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import random
@@ -31,6 +30,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import corpus  # noqa: E402
+import record  # noqa: E402
 
 import hermes_state_messages as messages  # noqa: E402
 from hermes_state import SessionDB  # noqa: E402
@@ -175,15 +175,6 @@ def time_queries(db: SessionDB, kinds: dict[str, list[tuple[str, dict]]]) -> dic
     return results
 
 
-def save(report: dict) -> None:
-    """Append the run to bench/results/<date>-search.json, beside bench/run.py's records."""
-    out = REPO / "bench" / "results" / f"{datetime.date.today()}-search.json"
-    out.parent.mkdir(exist_ok=True)
-    runs = json.loads(out.read_text())["runs"] if out.exists() else []
-    out.write_text(json.dumps({"tool": "bench/search.py", "runs": runs + [report]}, indent=1) + "\n")
-    print(f"saved to {out.relative_to(REPO)}", file=sys.stderr)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-n", type=int, default=200_000)
@@ -214,7 +205,7 @@ def main() -> None:
         report["recall"] = recall(db, report.pop("planted"))
     db.close()
     print(json.dumps(report, indent=2))
-    save(report)
+    print(f"saved to {record.save_run(report, 'search').relative_to(REPO)}", file=sys.stderr)
     mb = 1 << 20
     print(f"\n{args.n:,} messages; built in {report['build_s'] or 0:.0f} s; raw text {report['raw_text_bytes'] / mb:.0f} MB; "
           f"database {db_bytes / mb:.0f} MB = {report['ratio_db_to_raw']:.2f}x raw", file=sys.stderr)
