@@ -14,7 +14,7 @@ RANKS = {
     "hermes_state_writer": 2, "hermes_state_render": 2, "hermes_state_lockowners": 2, "hermes_state_home": 2, "hermes_state_provider": 2,
     "hermes_state_cjk": 2, "hermes_state_highlight": 2,
     "hermes_state_lineage": 2,
-    "hermes_state_schema": 3, "hermes_state_fts": 3,
+    "hermes_state_schema": 3, "hermes_state_fts": 3, "hermes_state_titles": 3,
     "hermes_state_sessions": 4,
     "hermes_state_messages": 5,
     "hermes_state_conversation": 6, "hermes_state_search": 6, "hermes_state_listings": 6,
