@@ -350,3 +350,70 @@ def test_damaged_file_copy_never_gives_a_raw_sqlite_error(db, tmp_path):
             damaged.search_messages("message")
     except (StateDbCorruptError, StoreUnavailableError):
         pass
+
+
+# --- values nested past Python's recursion limit ------------------------------------------------------
+
+def _nested(depth: int = 100_000) -> tuple[list, dict]:
+    deep_list: list = []
+    deep_dict: dict = {}
+    for _ in range(depth):
+        deep_list, deep_dict = [deep_list], {"a": deep_dict}
+    return deep_list, deep_dict
+
+
+def test_receipt_functions_refuse_a_deeply_nested_payload_with_a_value_error(db):
+    import hermes_state_gateway as gateway
+    deep, _ = _nested()
+    with pytest.raises(ValueError, match="nested too deeply"):
+        gateway.receipt_digest(deep)
+    with pytest.raises(ValueError):
+        db.record_receipt(1, 1, deep, "00")
+
+
+def test_validators_quote_a_deeply_nested_value_without_crashing(db):
+    deep, _ = _nested()
+    # The message names the argument and shows the start of the value.
+    with pytest.raises(ValueError, match=r"obligation_id must be a non-negative integer, not \[\[\["):
+        db.get_delivery(deep)
+    with pytest.raises(ValueError, match="older_than_days"):
+        db.prune_sessions(deep)
+
+
+def test_no_public_method_lets_a_recursion_error_through(db):
+    # Every argument of every public method, in turn, gets a value nested 100,000 deep (a list
+    # and a dict); whatever the method says about it, it is never a raw RecursionError.
+    import inspect
+    deep_values = _nested()
+    db.create_session("a", "cli")
+    skip = {"close", "restore", "backup", "vacuum", "shared", "release"}
+    leaked = []
+    for name, method in inspect.getmembers(db, inspect.ismethod):
+        if name.startswith("_") or name in skip:
+            continue
+        params = [p for p in inspect.signature(method).parameters.values()
+                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        required = {p.name: "a" for p in params if p.default is inspect.Parameter.empty}
+        for param in params:
+            for deep in deep_values:
+                try:
+                    result = method(**{**required, param.name: deep})
+                    if inspect.isgenerator(result):
+                        list(result)
+                except RecursionError:
+                    leaked.append(f"{name}({param.name})")
+                except Exception:  # noqa: BLE001 - any other answer is the method's own business here
+                    pass
+    assert leaked == []
+
+
+def test_cli_import_of_a_deeply_nested_line_is_one_line_of_error(db, tmp_path):
+    db.close()
+    source = tmp_path / "deep.jsonl"
+    source.write_text('{"session": ' + "[" * 50_000 + "]" * 50_000 + "}\n")
+    out = subprocess.run([sys.executable, "-m", "hermes_state_cli", "--db", str(db.db_path), "sessions", "import",
+                          str(source)], capture_output=True, text=True,
+                         env={**os.environ, "HERMES_STATE_DB_GUARD_BYPASS": "1"}, timeout=60)
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr and "nested too deeply" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
