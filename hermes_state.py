@@ -9,6 +9,8 @@ Transaction contract: every write method is exactly one BEGIN IMMEDIATE transact
 """
 from __future__ import annotations
 
+__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
+
 import asyncio
 import functools
 import os

@@ -24,7 +24,8 @@ RANKS = {
     "hermes_state": 9,
     # Consumers of the facade, not layers of it.
     "hermes_state_commands": 10, "hermes_state_pytest": 10, "hermes_state_web": 10,
-    "hermes_state_cli": 11,
+    "hermes_state_serve": 11,
+    "hermes_state_cli": 12,
 }
 
 
