@@ -203,3 +203,18 @@ def test_a_newer_real_version_is_not_mistaken_for_this_librarys_32(tmp_path):
     with SessionDB(path) as db:
         assert db.schema_version == 32  # newer than this library: read, never relabelled
     assert rows(path, "SELECT version FROM schema_version") == [(32,)]
+
+
+def test_a_row_another_program_inserts_gets_a_uid_at_once(tmp_path):
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+    conn = sqlite3.connect(path)  # a sqlite3 shell, or hermes-agent: neither knows message_uid
+    conn.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES ('s', 'user', 'from a shell', 1)")
+    conn.commit()
+    (uid,) = conn.execute("SELECT message_uid FROM messages").fetchone()
+    conn.close()
+    assert re.fullmatch(r"[0-9a-f]{12}4[0-9a-f]{3}[89ab][0-9a-f]{15}", uid)  # a uuid4, as append_message issues
+    with SessionDB(path) as db:
+        assert db.get_messages("s")[0]["message_uid"] == uid
+        assert [h["session_id"] for h in db.search_messages("shell")] == ["s"]
