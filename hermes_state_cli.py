@@ -24,7 +24,7 @@ from urllib.parse import quote
 import hermes_state_commands as commands
 import hermes_state_render as render
 from hermes_state_commands import emit, existing_db, non_negative, open_db, parse_when
-from hermes_state_errors import HermesStateError, ProfileNotFoundError
+from hermes_state_errors import HermesStateError, ProfileNotFoundError, SessionNotFoundError
 from hermes_state_home import _apply_profile_override, display_hermes_home, hermes_home_override, profile_home
 
 # Global flags, accepted before or after the command (as sqlite-utils and `llm logs` users type them).
@@ -147,7 +147,8 @@ def cmd_import(args: argparse.Namespace) -> int:
 def cmd_delete(args: argparse.Namespace) -> int:
     """Delete a session with its messages and finished ledger rows."""
     with open_db(args, write=True) as db:
-        db.delete_session(args.session_id)
+        if not db.delete_session(args.session_id):
+            raise SessionNotFoundError(f"session {args.session_id!r} not found")
     emit(args, {"deleted": args.session_id}, lambda d: f"deleted {render.safe(d['deleted'])}")
     return 0
 
