@@ -9,6 +9,8 @@ Transaction contract: every write method is exactly one BEGIN IMMEDIATE transact
 """
 from __future__ import annotations
 
+__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
+
 import asyncio
 import functools
 import os
@@ -514,6 +516,8 @@ class SessionDB:
         if self._fts_worker is not None:
             self._fts_worker.join(5.0)  # a chunk is short; a worker stuck on a lock just fails later
 
+    _sanitize_fts5_query = staticmethod(fts._sanitize_fts5_query)  # the sanitizer, by the name callers know
+
     def search_messages(self, query: str, source_filter: list[str] | None = None,
                         exclude_sources: list[str] | None = None, role_filter: list[str] | None = None,
                         session_id: str | None = None, limit: int = 20, offset: int = 0,
@@ -781,8 +785,11 @@ class SessionDB:
 
     def import_sessions(self, data: Any, on_conflict: str = "skip") -> ImportReport:
         """Validate all export documents, then import them in one transaction; see ImportReport."""
+        self._check_writable()
+        portability.check_on_conflict(on_conflict)
+        plan = portability.validate(data)  # before the write lock: checking a large input keeps no writer waiting
         with self._write() as conn:
-            return portability.import_sessions(conn, data, on_conflict)
+            return portability.import_validated(conn, plan, on_conflict)
 
     def backup(self, target_path: str | os.PathLike) -> Path:
         """Write a consistent copy of the database (ledgers included) to a new file; return its path."""
