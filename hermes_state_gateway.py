@@ -24,8 +24,8 @@ import time
 import uuid
 from typing import Any
 
-from hermes_state_common import (LIVE_ADMISSION_SQL, check_count, check_id, check_number, decode_json, encode_json, logger,
-                                 row_dicts)
+from hermes_state_common import (DAY_S, LIVE_ADMISSION_SQL, check_count, check_id, check_number, decode_json,
+                                 encode_json, logger, row_dicts, table_exists)
 from hermes_state_errors import (LedgerStateError, ReceiptDigestError, ReceiptOrderError, SessionBusyError,
                                  StaleEpochError)
 from hermes_state_sessions import require_session
@@ -34,7 +34,6 @@ TERMINAL_STATES = ("completed", "failed", "cancelled")
 LIVE_ADMISSION_STATES = ("queued", "started", "unknown")
 LIVE_EXECUTION_STATES = ("running", "unknown")
 _LIVE_EXECUTION_SQL = "state IN ('running', 'unknown')"
-_DAY_S = 86400.0
 
 
 def _check_terminal(state: Any) -> str:
@@ -337,10 +336,6 @@ def list_receipts(conn: sqlite3.Connection, execution_id: int) -> list[dict[str,
 
 # --- deleting sessions --------------------------------------------------------------------------
 
-def _has_table(conn: sqlite3.Connection, name: str) -> bool:
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
-
-
 def live_ledger_work(conn: sqlite3.Connection, session_id: str) -> str | None:
     """Describe the session's live ledger work (unfinished admissions or executions), or None."""
     admissions = conn.execute(
@@ -386,7 +381,7 @@ def delete_session(conn: sqlite3.Connection, session_id: str) -> None:
     busy = live_ledger_work(conn, session_id)
     if busy:
         raise SessionBusyError(f"session {session_id!r} has {busy}; finish or resolve them before deleting it")
-    _delete_rows(conn, session_id, _has_table(conn, "delivery_obligations"))
+    _delete_rows(conn, session_id, table_exists(conn, "delivery_obligations"))
 
 
 def prune_sessions(conn: sqlite3.Connection, older_than_days: float, source: str | None = None, *,
@@ -398,11 +393,11 @@ def prune_sessions(conn: sqlite3.Connection, older_than_days: float, source: str
     """
     check_number("older_than_days", older_than_days)
     check_id("source", source, optional=True)
-    cutoff = (time.time() if now is None else now) - older_than_days * _DAY_S
+    cutoff = (time.time() if now is None else now) - older_than_days * DAY_S
     sql, args = "SELECT id FROM sessions WHERE ended_at IS NOT NULL AND started_at < ?", [cutoff]
     if source is not None:
         sql, args = sql + " AND source = ?", args + [source]
-    outbox = _has_table(conn, "delivery_obligations")
+    outbox = table_exists(conn, "delivery_obligations")
     pruned = 0
     for (session_id,) in conn.execute(sql, args).fetchall():
         busy = live_ledger_work(conn, session_id)

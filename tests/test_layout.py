@@ -55,8 +55,9 @@ ALLOWED_PRIVATE_IMPORTS = {"_apply_profile_override", "_reconcile_columns", "_sa
 MAX_LINES = 600
 # The FTS module keeps both index maintenance and the query parser (the search module routes,
 # the FTS module parses); together they run a little past the usual size. The facade is a few
-# lines per public method and grows with the API, never with logic.
-LONGER = {"hermes_state_fts": 750, "hermes_state": 1100}
+# lines per public method and grows with the API, never with logic. The common module holds the
+# data dictionary, one line per declared column; it grows with the tables, not with logic.
+LONGER = {"hermes_state_fts": 750, "hermes_state": 1100, "hermes_state_common": 720}
 
 
 def test_no_module_imports_another_modules_private_names():
