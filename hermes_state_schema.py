@@ -1,15 +1,17 @@
-"""Schema setup: connect, create, reconcile columns, run the versioned ladder, check versions.
+"""Schema setup: connect, build a new file, reconcile columns, run the versioned ladder, check versions.
 
-Owns: opening the SQLite connection with the library's pragmas, `_reconcile_columns()`
-(declarative ADD COLUMN), the versioned migration ladder for data/index changes, and the
-read-only compatibility check.
-Does not own: the FTS tables (hermes_state_fts) or any session/message query.
+Owns: opening the SQLite connection with the library's pragmas, `build_file()` (the one
+builder of a new file: a fresh open and `recover` both use it), `_reconcile_columns()`
+(declarative ADD COLUMN from the data dictionary), the versioned migration ladder (a registry
+of `@step` functions, each saying what changed) and the read-only compatibility check.
+Does not own: the FTS tables (hermes_state_fts), the declared tables themselves
+(hermes_state_common) or any session/message query.
 
-Transaction contract: `migrate()` opens its own write transactions through the Writer
-(one for tables + columns, one per ladder step with its version bump, one for indexes),
-re-reading the state under the lock each time because another process may have migrated
-first. An up-to-date database is detected with a few catalogue reads and takes no write lock,
-so opening costs the same for any number of rows.
+Transaction contract: `migrate()` opens its own write transactions through the Writer (an
+empty file is built in one; an existing one gets one for tables + columns, one per ladder step
+with its version bump, one for indexes), re-reading the state under the lock each time because
+another process may have migrated first. An up-to-date database is detected with a few
+catalogue reads and takes no write lock, so opening costs the same for any number of rows.
 """
 from __future__ import annotations
 
@@ -17,11 +19,12 @@ import os
 import sqlite3
 import stat
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
-from hermes_state_common import (INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES, SCHEMA_VERSION,
-                                 SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES)
+from hermes_state_common import (COUNTERS, INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
+                                 SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, recount_sql, table_exists)
 from hermes_state_writer import RetryPolicy, Writer, retry_on_lock
 from hermes_state_errors import (StateDbBusyError, StateDbIncompatibleError, StateDbUninitializedError,
                                  is_sqlite_lock_error)
@@ -117,8 +120,7 @@ def enable_wal(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy)
 
 def read_version(conn: sqlite3.Connection) -> int | None:
     """Return the stored schema version, or None when there is no schema_version table."""
-    has = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'").fetchone()
-    if not has:
+    if not table_exists(conn, "schema_version"):
         return None
     row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
     return row[0] if row and row[0] is not None else 0
@@ -194,31 +196,55 @@ def backfill_message_uids(conn: sqlite3.Connection) -> int:
     return conn.execute("UPDATE messages SET message_uid = hermes_new_uid() WHERE message_uid IS NULL").rowcount
 
 
-def _backfill_counters(conn: sqlite3.Connection) -> None:
-    # Old layouts had no counters: derive them from the rows they summarise.
-    conn.execute(
-        "UPDATE sessions SET message_count = (SELECT COUNT(*) FROM messages m WHERE m.session_id = sessions.id)")
-
-
-def _backfill_tool_call_counts(conn: sqlite3.Connection) -> None:
-    # The tool calls of assistant turns, as append_message counts them (a JSON array's length).
-    conn.execute(
-        "UPDATE sessions SET tool_call_count = (SELECT COALESCE(SUM(json_array_length(m.tool_calls)), 0) "
-        "FROM messages m WHERE m.session_id = sessions.id AND m.role = 'assistant' "
-        "AND json_valid(m.tool_calls) AND json_type(m.tool_calls) = 'array')")
+def _backfill_counter(column: str) -> Callable[[sqlite3.Connection], None]:
+    # Old layouts had no counters: derive them from the rows they summarise, by the declared
+    # rule the write path keeps (live rows only).
+    return lambda conn: conn.execute(recount_sql((column,)))
 
 
 # A column that arrives in an old file with rows already present gets its meaning back here,
 # in the same transaction as the ADD COLUMN.
 _BACKFILL_ON_ADD: dict[tuple[str, str], Callable[[sqlite3.Connection], None]] = {
     ("messages", "message_uid"): backfill_message_uids,
-    ("sessions", "message_count"): _backfill_counters,
-    ("sessions", "tool_call_count"): _backfill_tool_call_counts,
+    **{("sessions", c.column): _backfill_counter(c.column) for c in COUNTERS},
 }
 
 
 # --- the versioned ladder --------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Step:
+    """One released ladder step: the version it reaches, what changed, and the function doing it.
+
+    Iterates as (version, run), the pair older readers of LADDER unpack.
+    """
+
+    version: int
+    what: str
+    run: Callable[[sqlite3.Connection], None]
+
+    def __iter__(self) -> Iterator:
+        return iter((self.version, self.run))
+
+
+# The ladder, oldest step first, filled by @step. Released steps are never edited; fix forward
+# with a new one. A step runs once the tables hold every declared column, on the rows an upgrade
+# found or `recover` copied (from a file of any version), so rows already in its shape must come
+# out unchanged.
+LADDER: list[Step] = []
+
+
+def step(version: int, what: str) -> Callable[[Callable[[sqlite3.Connection], None]], Callable[[sqlite3.Connection], None]]:
+    """Register the decorated function as the ladder step reaching `version`; `what` says what changed."""
+    def register(run: Callable[[sqlite3.Connection], None]) -> Callable[[sqlite3.Connection], None]:
+        if LADDER and version <= LADDER[-1].version or version > SCHEMA_VERSION:
+            raise ValueError(f"ladder step {version} is out of order or past SCHEMA_VERSION {SCHEMA_VERSION}")
+        LADDER.append(Step(version, what, run))
+        return run
+    return register
+
+
+@step(27, "session titles are unique: later holders of a repeated title become 'T #2', 'T #3', ...")
 def v27_unique_titles(conn: sqlite3.Connection) -> None:
     """Number duplicate titles (`T`, `T #2`, ...) so the unique-title index can be built."""
     dupes = conn.execute(
@@ -233,12 +259,6 @@ def v27_unique_titles(conn: sqlite3.Connection) -> None:
             n += 1
 
 
-# (version reached, step). Released steps are never edited; fix forward with a new one.
-LADDER: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
-    (27, v27_unique_titles),
-]
-
-
 def _set_version(conn: sqlite3.Connection, version: int) -> None:
     conn.execute("DELETE FROM schema_version")
     conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
@@ -249,41 +269,63 @@ def is_older_file(conn: sqlite3.Connection) -> bool:
     version = read_version(conn)
     if version is not None:
         return version < SCHEMA_VERSION
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='sessions'").fetchone() is not None
+    return table_exists(conn, "sessions")
+
+
+# --- building and migrating ------------------------------------------------------------------------
+
+def build_file(conn: sqlite3.Connection, fill: Callable[[sqlite3.Connection], None] | None = None) -> None:
+    """Give an empty database the whole current layout: every declared table, its indexes, SCHEMA_VERSION.
+
+    The one way a new file is made: a fresh open and `recover` both come here. `fill(conn)` runs
+    once the tables exist and before any index is built (recover copies rows there); the rows it
+    wrote then get message uids and go through every ladder step, since rows salvaged from a
+    damaged file may predate any of them. Runs inside the caller's write transaction.
+    """
+    for sql in TABLE_SQL:
+        conn.execute(sql)
+    if fill is not None:
+        fill(conn)
+        backfill_message_uids(conn)
+        for later in LADDER:
+            later.run(conn)
+    for sql in INDEX_SQL:
+        conn.execute(sql)
+    _set_version(conn, SCHEMA_VERSION)
 
 
 def migrate(writer: Writer, patience_s: float, policy: RetryPolicy,
             before_upgrade: Callable[[sqlite3.Connection], None] | None = None) -> int:
     """Bring the database up to SCHEMA_VERSION; return the version it had before.
 
-    A newer-than-known version is returned untouched (the caller refuses writes).
-    `before_upgrade(conn)` runs in the first transaction of an upgrade of an existing file,
-    before any column is added or back-filled: the caller drops derived objects there (an
-    older layout's FTS triggers would otherwise re-index every back-filled row).
+    A newer-than-known version is returned untouched (the caller refuses writes). An empty file
+    is built in one transaction (build_file). `before_upgrade(conn)` runs in the first transaction
+    of an upgrade of an existing file, before any column is added or back-filled: the caller
+    drops derived objects there (an older layout's FTS triggers would otherwise re-index every
+    back-filled row).
     """
     conn = writer.conn
     with writer.transaction(patience_s, policy):
         found = read_version(conn)
         if found is not None and found > SCHEMA_VERSION:
             return found
-        fresh = found is None and not conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='sessions'").fetchone()
-        if not fresh and (found is None or found < SCHEMA_VERSION) and before_upgrade is not None:
+        if found is None and not table_exists(conn, "sessions"):
+            build_file(conn)
+            return SCHEMA_VERSION
+        if (found is None or found < SCHEMA_VERSION) and before_upgrade is not None:
             before_upgrade(conn)
         for sql in TABLE_SQL:
             conn.execute(sql)
         for key in _reconcile_columns(conn):
             if key in _BACKFILL_ON_ADD:
                 _BACKFILL_ON_ADD[key](conn)
-        if fresh:
-            _set_version(conn, SCHEMA_VERSION)
-        elif found is None:
+        if found is None:
             _set_version(conn, 0)
-    for target, step in ([] if fresh else LADDER):
+    for later in LADDER:
         with writer.transaction(patience_s, policy):
-            if read_version(conn) < target:
-                step(conn)
-                _set_version(conn, target)
+            if read_version(conn) < later.version:  # re-read under the lock: another opener may be ahead
+                later.run(conn)
+                _set_version(conn, later.version)
     with writer.transaction(patience_s, policy):
         for name in RETIRED_INDEXES:  # an index no query needs any more only costs space and writes
             conn.execute(f"DROP INDEX IF EXISTS {name}")
@@ -291,7 +333,7 @@ def migrate(writer: Writer, patience_s: float, policy: RetryPolicy,
             conn.execute(sql)
         if read_version(conn) < SCHEMA_VERSION:
             _set_version(conn, SCHEMA_VERSION)
-    return SCHEMA_VERSION if fresh else (found or 0)
+    return found or 0
 
 
 def check_read_only(conn: sqlite3.Connection, path: Path, read_busy_s: float = READ_BUSY_TIMEOUT_S) -> int:
