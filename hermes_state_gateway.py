@@ -24,8 +24,8 @@ import time
 import uuid
 from typing import Any
 
-from hermes_state_common import (DAY_S, LIVE_ADMISSION_SQL, check_count, check_id, check_number, decode_json,
-                                 encode_json, logger, row_dicts, table_exists)
+from hermes_state_common import (DAY_S, LIVE_ADMISSION_SQL, SESSION_OWNED, Table, check_count, check_id, check_number,
+                                 decode_json, encode_json, logger, row_dicts, table_exists)
 from hermes_state_errors import (LedgerStateError, ReceiptDigestError, ReceiptOrderError, SessionBusyError,
                                  StaleEpochError)
 from hermes_state_sessions import require_session
@@ -349,22 +349,17 @@ def live_ledger_work(conn: sqlite3.Connection, session_id: str) -> str | None:
     return f"{admissions} unfinished admission(s) and {executions} running or unknown execution(s)"
 
 
-def _delete_rows(conn: sqlite3.Connection, session_id: str, outbox: bool) -> None:
-    # Children first, so every foreign key holds at each step; the FTS triggers remove the
-    # messages' index rows. Routing and delegation rows have no foreign key: they are matched
-    # by the session they point at.
-    conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
-    conn.execute("DELETE FROM session_model_usage WHERE session_id = ?", (session_id,))
-    conn.execute("DELETE FROM compression_locks WHERE session_id = ?", (session_id,))
-    conn.execute("DELETE FROM worker_receipts WHERE session_id = ? OR execution_id IN "
-                 "(SELECT id FROM worker_executions WHERE session_id = ?)", (session_id, session_id))
-    conn.execute("DELETE FROM worker_executions WHERE session_id = ?", (session_id,))
-    conn.execute("DELETE FROM session_admissions WHERE session_id = ?", (session_id,))
-    if outbox:
-        conn.execute("DELETE FROM delivery_obligations WHERE session_id = ?", (session_id,))
-    conn.execute("DELETE FROM async_delegations WHERE origin_session_id = ?", (session_id,))
-    conn.execute("DELETE FROM gateway_routing WHERE CASE WHEN json_valid(entry_json) "
-                 "THEN json_extract(entry_json, '$.session_id') END = ?", (session_id,))
+def _owned_tables(conn: sqlite3.Connection) -> list[Table]:
+    # The tables holding a session's rows, children first; the outbox only once it exists.
+    return [t for t in SESSION_OWNED if t.at_open or table_exists(conn, t.name)]
+
+
+def _delete_rows(conn: sqlite3.Connection, session_id: str, owned: list[Table]) -> None:
+    # Children first (the dictionary's order), so every foreign key holds at each step; the FTS
+    # triggers remove the messages' index rows. Routing and delegation rows have no foreign key:
+    # the dictionary says how each names its session.
+    for table in owned:
+        conn.execute(f"DELETE FROM {table.name} WHERE {table.owner}", (session_id,))
     # A child outlives its parent as a root session: the link goes, the child stays.
     conn.execute("UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id = ?", (session_id,))
     conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
@@ -381,7 +376,7 @@ def delete_session(conn: sqlite3.Connection, session_id: str) -> None:
     busy = live_ledger_work(conn, session_id)
     if busy:
         raise SessionBusyError(f"session {session_id!r} has {busy}; finish or resolve them before deleting it")
-    _delete_rows(conn, session_id, table_exists(conn, "delivery_obligations"))
+    _delete_rows(conn, session_id, _owned_tables(conn))
 
 
 def prune_sessions(conn: sqlite3.Connection, older_than_days: float, source: str | None = None, *,
@@ -397,13 +392,13 @@ def prune_sessions(conn: sqlite3.Connection, older_than_days: float, source: str
     sql, args = "SELECT id FROM sessions WHERE ended_at IS NOT NULL AND started_at < ?", [cutoff]
     if source is not None:
         sql, args = sql + " AND source = ?", args + [source]
-    outbox = table_exists(conn, "delivery_obligations")
+    owned = _owned_tables(conn)
     pruned = 0
     for (session_id,) in conn.execute(sql, args).fetchall():
         busy = live_ledger_work(conn, session_id)
         if busy:
             logger.info("prune skipped session %s: %s", session_id, busy)
             continue
-        _delete_rows(conn, session_id, outbox)
+        _delete_rows(conn, session_id, owned)
         pruned += 1
     return pruned

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from hermes_state import SessionBusyError, SessionNotFoundError, receipt_digest
+from hermes_state_common import SESSION_OWNED
 from test_gateway import refused
 
 _DAY_S = 86400.0
@@ -78,6 +79,13 @@ def test_delete_removes_every_row_of_the_session_and_keeps_the_rest(filled, riva
         rival.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
     assert rival.execute("PRAGMA foreign_key_check").fetchall() == []
     assert rival.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_the_tables_a_session_owns_are_the_ones_the_dictionary_declares():
+    # rows_naming above checks each of them; a table added to the dictionary joins deletion by itself.
+    assert {t.name for t in SESSION_OWNED} == {
+        "messages", "session_model_usage", "compression_locks", "session_admissions", "worker_executions",
+        "worker_receipts", "async_delegations", "gateway_routing", "delivery_obligations"}
 
 
 def test_delete_refused_while_ledger_work_is_live(filled, rival):
