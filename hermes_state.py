@@ -791,8 +791,11 @@ class SessionDB:
 
     def import_sessions(self, data: Any, on_conflict: str = "skip") -> ImportReport:
         """Validate all export documents, then import them in one transaction; see ImportReport."""
+        self._check_writable()
+        portability.check_on_conflict(on_conflict)
+        plan = portability.validate(data)  # before the write lock: checking a large input keeps no writer waiting
         with self._write() as conn:
-            return portability.import_sessions(conn, data, on_conflict)
+            return portability.import_validated(conn, plan, on_conflict)
 
     def backup(self, target_path: str | os.PathLike) -> Path:
         """Write a consistent copy of the database (ledgers included) to a new file; return its path."""

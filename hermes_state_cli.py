@@ -133,11 +133,13 @@ def cmd_import(args: argparse.Namespace) -> int:
     try:
         data = json.loads(text)
         data = data if isinstance(data, list) else [data]
-    except ValueError:
+    except (ValueError, RecursionError):
         try:
             data = [json.loads(line) for line in text.splitlines() if line.strip()]
         except ValueError as exc:
             raise ValueError(f"{args.file} is neither JSON nor JSON Lines: {exc}") from exc
+        except RecursionError as exc:  # Python's decoder gives up past about a thousand levels
+            raise ValueError(f"{args.file} holds a value nested too deeply to import") from exc
     with open_db(args, write=True) as db:
         report = db.import_sessions(data, on_conflict=args.on_conflict)
     _report(args, report, f"imported from {args.file}")

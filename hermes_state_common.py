@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import re
+import reprlib
 import sqlite3
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -436,6 +437,19 @@ JSON_MESSAGE_FIELDS = tuple(c.name for c in MESSAGES.columns if c.json)
 # SQLite's INTEGER is a signed 64-bit value; Python ints outside it fail at bind time.
 INT_MIN, INT_MAX = -2**63, 2**63 - 1
 
+# Error messages quote the bad value, cut short: a plain repr() of a deeply nested list raises
+# RecursionError, and one of a huge string floods the message.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 3, 60, 60
+
+
+def shown(value: Any) -> str:
+    """Return a short repr of `value` for an error message; never raises, however deep or large the value."""
+    try:
+        return _SHOWN.repr(value)
+    except Exception:  # noqa: BLE001 - a hostile __repr__ must not replace the error being reported
+        return f"<{type(value).__name__}>"
+
 
 def is_finite(value: Any) -> bool:
     """Return True for an int or float that is a finite number (bools are not numbers here)."""
@@ -450,7 +464,7 @@ def is_finite(value: Any) -> bool:
 def check_count(name: str, value: Any) -> int:
     """Return `value` when it is a non-negative 64-bit integer, else raise ValueError naming `name`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, not {value!r}")
+        raise ValueError(f"{name} must be a non-negative integer, not {shown(value)}")
     if value > INT_MAX:
         raise ValueError(f"{name} = {value} is out of range: SQLite integers are signed 64-bit")
     return value
@@ -460,7 +474,7 @@ def check_number(name: str, value: Any, *, positive: bool = False) -> float:
     """Return `value` as a float when it is finite and >= 0 (> 0 with `positive`), else raise ValueError."""
     if not is_finite(value) or value < 0 or (positive and value == 0):
         kind = "a positive" if positive else "a non-negative"
-        raise ValueError(f"{name} must be {kind} finite number, not {value!r}")
+        raise ValueError(f"{name} must be {kind} finite number, not {shown(value)}")
     return float(value)
 
 
@@ -474,7 +488,7 @@ def check_id(name: str, value: Any, *, optional: bool = False) -> Any:
     if value is None and optional:
         return None
     if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} must be a non-empty string, not {value!r}")
+        raise ValueError(f"{name} must be a non-empty string, not {shown(value)}")
     if has_surrogate(value):
         raise ValueError(f"{name} contains a lone surrogate (U+D800..U+DFFF), which cannot be stored")
     return value
@@ -514,13 +528,13 @@ def _as_platform_id(name: str, value: Any) -> str:
 
 def _as_time(name: str, value: Any) -> float:
     if not is_finite(value):
-        raise ValueError(f"{name} must be a finite number of epoch seconds, not {value!r}")
+        raise ValueError(f"{name} must be a finite number of epoch seconds, not {shown(value)}")
     return float(value)
 
 
 def _as_flag(name: str, value: Any) -> int:
     if value not in (0, 1) or not isinstance(value, (bool, int)):
-        raise ValueError(f"{name} must be a bool (or 0/1), not {value!r}")
+        raise ValueError(f"{name} must be a bool (or 0/1), not {shown(value)}")
     return int(value)
 
 
@@ -532,7 +546,7 @@ def _as_json_text(name: str, value: Any) -> str | None:
 def _as_uid(name: str, value: Any) -> str:
     text = _as_text(name, value)
     if not is_uid(text):
-        raise ValueError(f"{name} must be 32 lowercase hex digits, not {text!r}")
+        raise ValueError(f"{name} must be 32 lowercase hex digits, not {shown(text)}")
     return text
 
 
@@ -571,8 +585,8 @@ def check_stored(column: Column, value: Any) -> Any:
             raise ValueError(f"{column.name} = {value} is outside SQLite's 64-bit integers")
         return value
     if isinstance(value, float) and column.type == "REAL":
-        if math.isnan(value):
-            raise ValueError(f"{column.name} is NaN")
+        if not math.isfinite(value):  # as every write refuses: NaN reads back NULL, and Infinity is not JSON
+            raise ValueError(f"{column.name} must be a finite number or null, not {value}")
         return value
     raise ValueError(f"{column.name} must be {'an integer' if column.type == 'INTEGER' else 'a number'} or null, "
                      f"not {type(value).__name__}")

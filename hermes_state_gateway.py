@@ -273,6 +273,8 @@ def canonical_json(payload: Any) -> str:
         return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"receipt payload is not JSON-serialisable: {exc}") from exc
+    except RecursionError as exc:
+        raise ValueError("receipt payload is nested too deeply to encode as JSON") from exc
 
 
 def receipt_digest(payload: Any) -> str:

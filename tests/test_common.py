@@ -72,7 +72,7 @@ def test_check_stored_takes_what_an_export_carries():
     assert common.check_stored(tokens, True) == 1 and common.check_stored(cost, 1.5) == 1.5
     assert common.check_stored(common.MESSAGES.column("tool_calls"), [{"id": "a"}]) == '[{"id": "a"}]'
     for column, bad, message in ((tokens, 1.5, "an integer"), (tokens, 2**63, "64-bit"),
-                                 (cost, float("nan"), "NaN"), (common.SESSIONS.column("title"), 3, "string")):
+                                 (cost, float("nan"), "finite"), (cost, float("inf"), "finite"), (common.SESSIONS.column("title"), 3, "string")):
         with pytest.raises(ValueError, match=message):
             common.check_stored(column, bad)
 
