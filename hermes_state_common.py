@@ -105,9 +105,11 @@ class Table:
     name: str
     columns: tuple[Column, ...]
     constraints: tuple[str, ...] = ()
-    # Rows belong to a session: an SQL condition true for the rows of the session bound as ?1.
-    # Deleting and pruning a session remove them; an import that replaces it rewrites those it exports.
+    # Rows belong to a session: an SQL expression giving the id of a row's session. Deleting and
+    # pruning a session remove them; an import that replaces it rewrites those it exports.
     owner: str | None = None
+    # (column, table): rows also belong to the session of the row of `table` whose id the column holds.
+    owner_via: tuple[str, str] | None = None
     # What `recover` does: "verify" (copy, check the count), "copy", "exclude" (never copied, reported)
     # or "rebuild" (written anew).
     recover: str = "copy"
@@ -126,6 +128,20 @@ class Table:
             if column.name == name:
                 return column
         raise KeyError(f"{self.name} has no column {name!r}")
+
+    def owned_by(self, sessions: str) -> tuple[str, ...]:
+        """Return WHERE conditions, one per way a row names its session, selecting the rows of `sessions`.
+
+        `sessions` is SQL for a parenthesised list or subquery of session ids, e.g. "(?1)" or
+        "(SELECT value FROM json_each(?1))"; a row matching any condition belongs to them.
+        """
+        if self.owner is None:
+            return ()
+        found = [f"{self.owner} IN {sessions}"]
+        if self.owner_via is not None:
+            column, table = self.owner_via
+            found.append(f"{column} IN (SELECT id FROM {table} WHERE {DICTIONARY[table].owner} IN {sessions})")
+        return tuple(found)
 
     def references(self, table: str) -> bool:
         """Tell whether a column of this table holds a foreign key to `table`."""
@@ -149,7 +165,7 @@ COUNTERS: tuple[Counter, ...] = (
             "AND json_type(m.tool_calls) = 'array'", "json_array_length(m.tool_calls)", _tool_calls_of),
 )
 
-_OWNED_BY_SESSION_ID = "session_id = ?1"
+_SESSION_ID = "session_id"
 _T, _I, _R = "TEXT", "INTEGER", "REAL"
 # Columns several ledgers share: a row id, the session a live ledger row pins (a session with
 # ledger rows cannot be deleted under them), the runtime epoch it ran under, and its times.
@@ -239,7 +255,7 @@ MESSAGES = Table("messages", (
     Column("tool_call_uids", _T, rule="json", json=True),
     Column("tool_call_uid", _T),
     Column("content_parts", _T, rule="json", json=True),
-), owner=_OWNED_BY_SESSION_ID, recover="verify", export=True)
+), owner=_SESSION_ID, recover="verify", export=True)
 
 # The runtime ledgers describe processes of the file they were written in (epochs, running
 # workers): `recover` never copies them, and a recovered file's first owner starts a new epoch.
@@ -254,7 +270,7 @@ DICTIONARY: dict[str, Table] = {t.name: t for t in (
         Column("estimated_cost_usd", _R, default=0),
         Column("api_call_count", _I, default=0),
         Column("updated_at", _R),
-    ), ("PRIMARY KEY (session_id, model, task)",), owner=_OWNED_BY_SESSION_ID, export=True),
+    ), ("PRIMARY KEY (session_id, model, task)",), owner=_SESSION_ID, export=True),
     Table("state_meta", (
         Column("key", _T, "PRIMARY KEY"),
         Column("value", _T),
@@ -265,13 +281,13 @@ DICTIONARY: dict[str, Table] = {t.name: t for t in (
         Column("entry_json", _T, "NOT NULL", rule="json", json=True),
         Column("updated_at", _R),
     ), ("PRIMARY KEY (scope, session_key)",),
-        owner="CASE WHEN json_valid(entry_json) THEN json_extract(entry_json, '$.session_id') END = ?1"),
+        owner="CASE WHEN json_valid(entry_json) THEN json_extract(entry_json, '$.session_id') END"),
     Table("compression_locks", (
         Column("session_id", _T, "PRIMARY KEY"),
         Column("holder", _T, "NOT NULL"),
         Column("acquired_at", _R, "NOT NULL"),
         Column("expires_at", _R, "NOT NULL"),
-    ), owner=_OWNED_BY_SESSION_ID),
+    ), owner=_SESSION_ID),
     Table("async_delegations", (
         Column("id", _T, "PRIMARY KEY"),
         Column("origin_session_id", _T, "NOT NULL"),
@@ -281,7 +297,7 @@ DICTIONARY: dict[str, Table] = {t.name: t for t in (
         Column("result_json", _T, rule="json", json=True),
         Column("created_at", _R),
         Column("updated_at", _R),
-    ), owner="origin_session_id = ?1"),
+    ), owner="origin_session_id"),
     Table("runtime_epoch", (
         Column("id", _I, "PRIMARY KEY CHECK (id = 1)"),
         Column("epoch", _I, "NOT NULL"),
@@ -300,7 +316,7 @@ DICTIONARY: dict[str, Table] = {t.name: t for t in (
         Column("created_at", _R),
         _STARTED,
         _FINISHED,
-    ), owner=_OWNED_BY_SESSION_ID, recover="exclude"),
+    ), owner=_SESSION_ID, recover="exclude"),
     Table("worker_executions", (
         _ROW_ID,
         _PINNED_SESSION,
@@ -309,7 +325,7 @@ DICTIONARY: dict[str, Table] = {t.name: t for t in (
         _EPOCH,
         _STARTED,
         _FINISHED,
-    ), owner=_OWNED_BY_SESSION_ID, recover="exclude"),
+    ), owner=_SESSION_ID, recover="exclude"),
     Table("worker_receipts", (
         Column("execution_id", _I, "NOT NULL REFERENCES worker_executions(id) ON DELETE RESTRICT"),
         _PINNED_SESSION,
@@ -317,8 +333,8 @@ DICTIONARY: dict[str, Table] = {t.name: t for t in (
         Column("payload_json", _T, "NOT NULL", rule="json", json=True),
         Column("digest", _T, "NOT NULL"),
         Column("recorded_at", _R),
-    ), ("PRIMARY KEY (execution_id, seq)",), recover="exclude",
-        owner="session_id = ?1 OR execution_id IN (SELECT id FROM worker_executions WHERE session_id = ?1)"),
+    ), ("PRIMARY KEY (execution_id, seq)",), owner=_SESSION_ID, owner_via=("execution_id", "worker_executions"),
+        recover="exclude"),
     Table("schema_version", (
         Column("version", _I, "NOT NULL"),
     ), recover="rebuild"),
@@ -338,7 +354,7 @@ DICTIONARY: dict[str, Table] = {t.name: t for t in (
         Column("last_error", _T),
         Column("created_at", _R),
         Column("updated_at", _R),
-    ), owner=_OWNED_BY_SESSION_ID, recover="verify", at_open=False),
+    ), owner=_SESSION_ID, recover="verify", at_open=False),
 )}
 
 # Tables whose rows belong to a session, children first: a table only references tables

@@ -41,7 +41,7 @@ _USAGE_COLUMNS = tuple(c for c in _USAGE.column_names if c != "session_id")
 # Counters the import derives from the rows it writes, whatever the input says.
 _COUNTERS = frozenset(c.column for c in COUNTERS)
 # What a replacing import rewrites: the session-owned rows an export carries (children first).
-_REPLACED = tuple(t.name for t in SESSION_OWNED if t.export)
+_REPLACED = tuple((t.name, condition) for t in SESSION_OWNED if t.export for condition in t.owned_by("(?1)"))
 _RECOUNT_SQL = recount_sql() + " WHERE id = ?"
 
 
@@ -360,8 +360,8 @@ def import_validated(conn: sqlite3.Connection, plan: _Plan, on_conflict: str = "
         row = {k: v for k, v in plan.sessions[i].items() if k not in _COUNTERS}
         row.update(parent_session_id=None, title=None)
         if row["id"] in existing:
-            for table in _REPLACED:
-                conn.execute(f"DELETE FROM {table} WHERE {DICTIONARY[table].owner}", (row["id"],))
+            for table, owned in _REPLACED:
+                conn.execute(f"DELETE FROM {table} WHERE {owned}", (row["id"],))
             conn.execute(f"UPDATE sessions SET {', '.join(f'{k} = ?' for k in row if k != 'id')} WHERE id = ?",
                          (*(v for k, v in row.items() if k != "id"), row["id"]))
         else:
