@@ -4,10 +4,10 @@ Owns: the data dictionary (`DICTIONARY`: every table's columns with their type, 
 rule and JSON flag; which rows belong to a session; what recover and export do with a table;
 how the session counters are recounted), `SCHEMA_SQL` generated from it, `SCHEMA_VERSION`, the
 value rules (`COLUMN_RULES`, `check_stored`), the timing constants' default values, JSON/text
-helpers, `escape_like`, `split_sql`, `row_dicts` and `table_exists`.
+helpers, `escape_like`, `split_sql`, `row_dicts` and `table_exists`/`object_exists`.
 Does not own: transactions (hermes_state_writer), migrations (hermes_state_schema), FTS
 objects (hermes_state_fts), any query. Runs no SQL of its own beyond the one catalogue read of
-`table_exists`. Imports only the standard library.
+`object_exists`. Imports only the standard library.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import Any, Callable
 # The library's one logger; applications route it (see configure_error_log).
 logger = logging.getLogger("hermes_state")
 
-SCHEMA_VERSION = 32
+SCHEMA_VERSION = 31  # the real system's numbering; this library's own revisions: see hermes_state_schema
 
 # Default values of the timing policy. SessionDB copies them as class attributes and reads
 # them at call time, so applications and tests tune them there, not here.
@@ -695,6 +695,11 @@ def row_dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
     return [dict(zip(names, row)) for row in cur.fetchall()]
 
 
+def object_exists(conn: sqlite3.Connection, kind: str, name: str) -> bool:
+    """Tell whether the database of `conn` has a `kind` (table, view, index, trigger) named `name`."""
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = ? AND name = ?", (kind, name)).fetchone() is not None
+
+
 def table_exists(conn: sqlite3.Connection, name: str) -> bool:
     """Tell whether the database of `conn` has a table named `name` (a catalogue read)."""
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
+    return object_exists(conn, "table", name)
