@@ -123,19 +123,10 @@ def use_color() -> bool:
 
 def parse_when(text: str) -> float:
     """Return epoch seconds for "7d", "12h", "30m", an ISO date or date-time, or epoch seconds."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", text.strip())
-    if match:
-        size = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[match.group(2)]
-        return time.time() - float(match.group(1)) * size
     try:
-        return float(text)
-    except ValueError:
-        pass
-    from datetime import datetime
-    try:
-        return datetime.fromisoformat(text.strip()).timestamp()
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a time: {text!r} (use 7d, 12h, 2026-11-30 or epoch seconds)")
+        return render.parse_when(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 # The largest count or offset a command takes; `-n 0` asks for everything, which is this many.
@@ -162,11 +153,10 @@ def limit_of(args: argparse.Namespace) -> int:
 
 def age(text: str) -> float:
     """Parse an age in days: a number of days, or 7d, 12h, 30m, 2w, as `--since` takes them."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw]?)", text.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(f"not an age: {text!r} (use 7d, 12h, 2w or a number of days)")
-    size = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "": 86400}[match.group(2)]
-    return float(match.group(1)) * size / 86400
+    try:
+        return render.parse_age_days(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 # --- sessions: list, show, search, rename, stats ------------------------------------------------
