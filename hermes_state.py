@@ -515,6 +515,8 @@ class SessionDB:
         if self._fts_worker is not None:
             self._fts_worker.join(5.0)  # a chunk is short; a worker stuck on a lock just fails later
 
+    _sanitize_fts5_query = staticmethod(fts._sanitize_fts5_query)  # the sanitizer, by the name callers know
+
     def search_messages(self, query: str, source_filter: list[str] | None = None,
                         exclude_sources: list[str] | None = None, role_filter: list[str] | None = None,
                         session_id: str | None = None, limit: int = 20, offset: int = 0,
