@@ -462,36 +462,11 @@ def _snippets(conn: sqlite3.Connection, plan: QueryPlan,
     return out
 
 
-# How far before the first match a text window starts, and how long it is: wide enough that
-# highlight.text_snippet can centre its 120 characters on the match.
-_WINDOW_BEFORE, _WINDOW_CHARS = 2 * highlight.SNIPPET_CHARS, 4 * highlight.SNIPPET_CHARS
-
-
 def _window_snippets(conn: sqlite3.Connection, ids: list[int], needles: list[str]) -> dict[int, str]:
-    """Return {id: snippet} cut from a window around the first match of content (else tool_calls, reasoning).
-
-    Finding the match is a C-speed scan (`str.find`) and only a window of a few hundred
-    characters is highlighted, so a hit in a 10 MB tool output costs milliseconds.
-    """
-    out = {}
-    for i, content, *others in conn.execute(
-            "SELECT id, content, tool_calls, reasoning_content, reasoning FROM messages "
-            "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)):
-        text, at = content, highlight.first_match(content, needles)
-        for other in others if at < 0 else ():
-            found = highlight.first_match(other, needles)
-            if found >= 0:
-                text, at = other, found
-                break
-        if not text:
-            out[i] = ""
-            continue
-        start = max(0, at - _WINDOW_BEFORE)
-        end = start + _WINDOW_CHARS
-        snippet = highlight.text_snippet(text[start:end], needles)
-        out[i] = ("..." if start and not snippet.startswith("...") else "") + snippet + (
-            "..." if end < len(text) and not snippet.endswith("...") else "")
-    return out
+    """Return {id: snippet} cut from a window around the first match of content (else tool_calls, reasoning)."""
+    return highlight.window_snippets(conn.execute(
+        "SELECT id, content, tool_calls, reasoning_content, reasoning FROM messages "
+        "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)), needles)
 
 
 # Previous and next message of the same session and generation (active or archived), for every
