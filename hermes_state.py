@@ -888,6 +888,41 @@ class SessionDB:
         return maintenance.auto_prune_and_vacuum(self._write, self.vacuum if vacuum else None, retention_days,
                                                  min_interval_hours, sessions_dir)
 
+    # --- hermes-agent's conversation listings (hermes_state_listings) ---------------------------
+
+    def list_sessions_rich(self, source: str | None = None, exclude_sources: list[str] | None = None,
+                           cwd_prefix: str | None = None, limit: int = 20, offset: int = 0,
+                           include_children: bool = False, min_message_count: int = 0,
+                           project_compression_tips: bool = True, order_by_last_active: bool = False,
+                           include_archived: bool = False, archived_only: bool = False, id_query: str | None = None,
+                           search_query: str | None = None, compact_rows: bool = False) -> list[dict[str, Any]]:
+        """Return a page of conversations, a compressed one as its live tip, each with `preview` and `last_active`."""
+        with self._read(snapshot=True) as conn:
+            return listings.list_sessions_rich(conn, source, exclude_sources, cwd_prefix, limit, offset, include_children,
+                                               min_message_count, project_compression_tips, order_by_last_active,
+                                               include_archived, archived_only, id_query, search_query, compact_rows)
+
+    def search_sessions(self, source: str | None = None, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:
+        """Return every session (children included), newest first, with `last_active`."""
+        with self._read() as conn:
+            return listings.search_sessions(conn, source, limit, offset)
+
+    def search_sessions_by_id(self, query: str, limit: int = 20, include_archived: bool = True) -> list[dict[str, Any]]:
+        """Return listed conversations whose id contains `query` (case-insensitive), exact matches first."""
+        with self._read(snapshot=True) as conn:
+            return listings.search_sessions_by_id(conn, query, limit, include_archived)
+
+    def list_cron_job_runs(self, job_id: str, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:
+        """Return one cron job's run sessions newest first, each with `preview` and `last_active`."""
+        with self._read() as conn:
+            return listings.list_cron_job_runs(conn, job_id, limit, offset)
+
+    @_unknown_if_unstorable(lambda: None)
+    def get_compression_tip(self, session_id: str) -> str | None:
+        """Return the live tip of the session's compression chain; the id itself when nothing continues it."""
+        with self._read() as conn:
+            return lineage.compression_successor_id(conn, session_id) or session_id
+
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:
     """List sessions of every profile under `root`, read-only; one profile's failure does not fail the rest.
