@@ -37,6 +37,8 @@ import hermes_state_search as search
 import hermes_state_sessions as sessions
 import hermes_state_writer as writer
 from hermes_state_gateway import receipt_digest
+from hermes_state_cjk import has_cjk
+from hermes_state_query import MAX_QUERY_CHARS as MAX_FTS5_QUERY_CHARS  # noqa: F401 - hermes-agent's name
 from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
 from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
 from hermes_state_recovery import RecoveryReport, TableRecovery, recover
@@ -517,6 +519,7 @@ class SessionDB:
             self._fts_worker.join(5.0)  # a chunk is short; a worker stuck on a lock just fails later
 
     _sanitize_fts5_query = staticmethod(fts._sanitize_fts5_query)  # the sanitizer, by the name callers know
+    _contains_cjk = staticmethod(has_cjk)  # hermes-agent's name for "does this text hold CJK letters"
 
     def search_messages(self, query: str, source_filter: list[str] | None = None,
                         exclude_sources: list[str] | None = None, role_filter: list[str] | None = None,
