@@ -773,8 +773,9 @@ class SessionDB:
 
     # --- export, import, backup, restore, vacuum --------------------------------------------------
 
-    def export_session(self, session_id: str) -> dict[str, Any]:
-        """Return one session as an export document (every column, every generation, usage rows)."""
+    @_unknown_if_unstorable(lambda: None)
+    def export_session(self, session_id: str) -> dict[str, Any] | None:
+        """Return one session as an export document (every column, every generation, usage rows), or None."""
         with self._read(snapshot=True) as conn:
             return portability.export_session(conn, session_id)
 
