@@ -292,7 +292,12 @@ def _like_excluded(g: Group) -> tuple[Term, ...]:
 
 
 def _cjk_route(a: _Ask) -> list[_Hit]:
-    return a.ranked(fts.CJK, cjk_expression(a.group.terms, _indexed_excluded(a.group))) + a.uncovered(cjk=True)
+    # Bigrams stand for CJK letters only: a term holding anything else ("100%完成", "Agent通信")
+    # must also be in the row literally, or "100完成" would answer "100%完成".
+    loose = tuple(t for t in a.group.terms if not t.cjk_letters)
+    filters = a.filters.plus(*_like_terms(loose)) if loose else None
+    return a.ranked(fts.CJK, cjk_expression(a.group.terms, _indexed_excluded(a.group)),
+                    filters=filters) + a.uncovered(cjk=True)
 
 
 def _mixed_route(a: _Ask) -> list[_Hit]:
@@ -489,9 +494,13 @@ def _window_snippets(conn: sqlite3.Connection, ids: list[int], needles: list[str
         "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)), needles)
 
 
-# Previous and next message of the same session and generation (active or archived), for every
-# hit in one statement; `+active` keeps the planner on the (session_id, id) index.
+# Previous message, the hit itself and next message of the same session and generation (active
+# or archived), for every hit in one statement; `+active` keeps the planner on the (session_id,
+# id) index.
 _CONTEXT_SQL = f"""
+SELECT h.id, h.id, h.role, substr(h.content, 1, {_CONTEXT_CHARS})
+  FROM messages h WHERE h.id IN (SELECT value FROM json_each(?1))
+UNION ALL
 SELECT h.id, c.id, c.role, substr(c.content, 1, {_CONTEXT_CHARS})
   FROM messages h JOIN messages c ON c.id = (
        SELECT p.id FROM messages p WHERE p.session_id = h.session_id AND p.id < h.id AND +p.active IS h.active
@@ -532,7 +541,7 @@ def search_messages(conn: sqlite3.Connection, query: Any, source_filter: Any = N
     """Search message text, best match first; any query text is accepted and never raises.
 
     Each hit: id, session_id, role, timestamp, tool_name, snippet (matches in >>> <<<), context
-    (previous/next message of the session, content cut to 200 characters), source, model,
+    (previous message, the hit, next message of the session, content cut to 200 characters), source, model,
     session_started, title (the session's). Active rows only unless `include_inactive`; the
     reasoning text is searched too with `include_reasoning`. Bad limit/offset or filter
     types raise ValueError. The result is a SearchResults list whose `complete` says whether
