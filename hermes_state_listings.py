@@ -119,3 +119,15 @@ def top_sessions_by_tokens(conn: sqlite3.Connection, limit: int = 10) -> list[di
              FROM sessions
             ORDER BY total_tokens DESC, started_at DESC, id
             LIMIT ?""", (limit,)))
+
+
+def workspace_key(session: dict[str, Any]) -> str | None:
+    """Return the workspace a session row belongs to: its git repo root, else its cwd, else None.
+
+    The branch is deliberately not part of it: two branches of one repository are one workspace.
+    """
+    for column in ("git_repo_root", "cwd"):
+        value = session.get(column)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return None
