@@ -37,6 +37,8 @@ import hermes_state_search as search
 import hermes_state_sessions as sessions
 import hermes_state_writer as writer
 from hermes_state_gateway import receipt_digest
+from hermes_state_cjk import has_cjk
+from hermes_state_query import MAX_QUERY_CHARS as MAX_FTS5_QUERY_CHARS  # noqa: F401 - hermes-agent's name
 from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
 from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
 from hermes_state_listings import workspace_key
@@ -519,6 +521,7 @@ class SessionDB:
             self._fts_worker.join(5.0)  # a chunk is short; a worker stuck on a lock just fails later
 
     _sanitize_fts5_query = staticmethod(fts._sanitize_fts5_query)  # the sanitizer, by the name callers know
+    _contains_cjk = staticmethod(has_cjk)  # hermes-agent's name for "does this text hold CJK letters"
 
     def search_messages(self, query: str, source_filter: list[str] | None = None,
                         exclude_sources: list[str] | None = None, role_filter: list[str] | None = None,
@@ -790,8 +793,9 @@ class SessionDB:
 
     # --- export, import, backup, restore, vacuum --------------------------------------------------
 
-    def export_session(self, session_id: str) -> dict[str, Any]:
-        """Return one session as an export document (every column, every generation, usage rows)."""
+    @_unknown_if_unstorable(lambda: None)
+    def export_session(self, session_id: str) -> dict[str, Any] | None:
+        """Return one session as an export document (every column, every generation, usage rows), or None."""
         with self._read(snapshot=True) as conn:
             return portability.export_session(conn, session_id)
 
@@ -907,6 +911,41 @@ class SessionDB:
         self._check_writable()  # a read-only or closed handle is the caller's mistake, not an unattended failure
         return maintenance.auto_prune_and_vacuum(self._write, self.vacuum if vacuum else None, retention_days,
                                                  min_interval_hours, sessions_dir)
+
+    # --- hermes-agent's conversation listings (hermes_state_listings) ---------------------------
+
+    def list_sessions_rich(self, source: str | None = None, exclude_sources: list[str] | None = None,
+                           cwd_prefix: str | None = None, limit: int = 20, offset: int = 0,
+                           include_children: bool = False, min_message_count: int = 0,
+                           project_compression_tips: bool = True, order_by_last_active: bool = False,
+                           include_archived: bool = False, archived_only: bool = False, id_query: str | None = None,
+                           search_query: str | None = None, compact_rows: bool = False) -> list[dict[str, Any]]:
+        """Return a page of conversations, a compressed one as its live tip, each with `preview` and `last_active`."""
+        with self._read(snapshot=True) as conn:
+            return listings.list_sessions_rich(conn, source, exclude_sources, cwd_prefix, limit, offset, include_children,
+                                               min_message_count, project_compression_tips, order_by_last_active,
+                                               include_archived, archived_only, id_query, search_query, compact_rows)
+
+    def search_sessions(self, source: str | None = None, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:
+        """Return every session (children included), newest first, with `last_active`."""
+        with self._read() as conn:
+            return listings.search_sessions(conn, source, limit, offset)
+
+    def search_sessions_by_id(self, query: str, limit: int = 20, include_archived: bool = True) -> list[dict[str, Any]]:
+        """Return listed conversations whose id contains `query` (case-insensitive), exact matches first."""
+        with self._read(snapshot=True) as conn:
+            return listings.search_sessions_by_id(conn, query, limit, include_archived)
+
+    def list_cron_job_runs(self, job_id: str, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:
+        """Return one cron job's run sessions newest first, each with `preview` and `last_active`."""
+        with self._read() as conn:
+            return listings.list_cron_job_runs(conn, job_id, limit, offset)
+
+    @_unknown_if_unstorable(lambda: None)
+    def get_compression_tip(self, session_id: str) -> str | None:
+        """Return the live tip of the session's compression chain; the id itself when nothing continues it."""
+        with self._read() as conn:
+            return lineage.compression_successor_id(conn, session_id) or session_id
 
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:

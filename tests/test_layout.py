@@ -56,8 +56,10 @@ def test_imports_point_down_only():
 # design know them by these names.
 ALLOWED_PRIVATE_IMPORTS = {"_apply_profile_override", "_reconcile_columns", "_sanitize_fts5_query"}
 MAX_LINES = 600
-# The facade is a few lines per public method and grows with the API, never with logic.
-LONGER = {"hermes_state": 1100}
+# The facade is a few lines per public method and grows with the API, never with logic. The
+# common module holds the data dictionary, one line per declared column; it grows with the
+# tables, not with logic.
+LONGER = {"hermes_state": 1100, "hermes_state_common": 720}
 
 
 def test_no_module_imports_another_modules_private_names():
