@@ -927,6 +927,24 @@ class SessionDB:
         with self._read() as conn:
             return lineage.compression_successor_id(conn, session_id) or session_id
 
+    @_unknown_if_unstorable(lambda: None)
+    def resolve_session_id(self, session_id_or_prefix: str) -> str | None:
+        """Return the exact id, else the one id starting with the prefix; None when none or ambiguous."""
+        with self._read() as conn:
+            return listings.resolve_session_id(conn, session_id_or_prefix)
+
+    @_unknown_if_unstorable(list)
+    def get_compression_lineage(self, session_id: str) -> list[str]:
+        """Return the ids of the session's whole compression chain, oldest first ([] when unknown)."""
+        with self._read(snapshot=True) as conn:
+            return lineage.compression_chain_ids(conn, session_id)
+
+    @_unknown_if_unstorable(lambda: None)
+    def export_session_lineage(self, session_id: str) -> dict[str, Any] | None:
+        """Return the session's compression chain as one export document, or None when unknown."""
+        with self._read(snapshot=True) as conn:
+            return portability.export_session_lineage(conn, session_id)
+
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:
     """List sessions of every profile under `root`, read-only; one profile's failure does not fail the rest.
