@@ -41,6 +41,7 @@ from hermes_state_cjk import has_cjk
 from hermes_state_query import MAX_QUERY_CHARS as MAX_FTS5_QUERY_CHARS  # noqa: F401 - hermes-agent's name
 from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
 from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
+from hermes_state_listings import workspace_key
 from hermes_state_recovery import RecoveryReport, TableRecovery, recover
 from hermes_state_routing import input_marker, strip_echoed_user_input
 from hermes_state_common import SCHEMA_VERSION, logger
@@ -59,6 +60,7 @@ from hermes_state_home import (check_db_path_allowed, child_env, default_hermes_
 from hermes_state_lockowners import configure_error_log, log_write_lock_holders
 
 __all__ = [
+    "workspace_key",
     "SessionDB", "AsyncSessionDB", "SCHEMA_VERSION", "list_sessions_across_profiles",
     "get_hermes_home", "hermes_home_override", "profile_home", "child_env", "display_hermes_home",
     "ReasoningFieldMemory", "to_provider_messages", "configure_error_log",
@@ -600,6 +602,24 @@ class SessionDB:
         """Release the compression lock `holder` holds; return whether one was released."""
         with self._write() as conn:
             return compression.release_compression_lock(conn, session_id, holder)
+
+    def try_acquire_compression_lock(self, session_id: str, holder: str,
+                                     ttl_seconds: float = compression.DEFAULT_LOCK_TTL_S) -> bool:
+        """Take or renew the session's compression lease for `holder`; False when another holds it live."""
+        with self._write() as conn:
+            return compression.try_acquire_compression_lock(conn, session_id, holder, ttl_seconds)
+
+    def refresh_compression_lock(self, session_id: str, holder: str,
+                                 ttl_seconds: float = compression.DEFAULT_LOCK_TTL_S) -> bool:
+        """Extend `holder`'s live lease by `ttl_seconds` from now; False when it does not hold one."""
+        with self._write() as conn:
+            return compression.refresh_compression_lock(conn, session_id, holder, ttl_seconds)
+
+    @_unknown_if_unstorable(lambda: None)
+    def get_compression_lock_holder(self, session_id: str) -> str | None:
+        """Return who holds the session's live compression lock, or None."""
+        with self._read() as conn:
+            return compression.get_compression_lock_holder(conn, session_id)
 
     # --- gateway ledgers, routing, outbox, input ownership, deletion (hermes_state_gateway,
     # hermes_state_routing). Delivery bookkeeping around a send is an activity write: it must
