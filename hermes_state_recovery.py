@@ -26,8 +26,7 @@ from typing import Callable, Iterator
 
 import hermes_state_fts as fts
 import hermes_state_schema as schema
-from hermes_state_common import (DELIVERY_OBLIGATIONS_SQL, INDEX_SQL, SCHEMA_VERSION, TABLE_COLUMNS, TABLE_SQL,
-                                 logger)
+from hermes_state_common import DELIVERY_OBLIGATIONS_SQL, INDEX_SQL, SCHEMA_VERSION, TABLE_COLUMNS, TABLE_SQL, logger
 from hermes_state_errors import StateDbCorruptError, StateDbIncompatibleError, StoreUnavailableError, typed_errors
 from hermes_state_writer import RetryPolicy, retry_on_lock
 
@@ -108,7 +107,7 @@ def _open_source(path: Path) -> sqlite3.Connection:
 
 
 def check_restorable(source: str | os.PathLike) -> Path:
-    """Validate a file to restore from (integrity_check, a hermes-state schema not newer than ours)."""
+    """Validate a file to restore from: integrity_check, a schema not newer than ours, only objects we create."""
     path = Path(source).expanduser().absolute()
     if not path.is_file() or path.stat().st_size == 0:
         raise FileNotFoundError(f"{path} does not exist or is empty")
@@ -120,6 +119,7 @@ def check_restorable(source: str | os.PathLike) -> Path:
                 raise StateDbCorruptError(f"{path} fails integrity_check ({'; '.join(verdict[:3])}); nothing "
                                           "was restored. Run `recover` on it to salvage what is readable.")
             version = schema.read_version(conn)
+            schema.refuse_foreign_objects(conn, path, fts.OBJECTS, version)  # a planted trigger outlives the restore
     finally:
         conn.close()
     if version is None:

@@ -14,11 +14,12 @@ so opening costs the same for any number of rows.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import stat
 import uuid
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from hermes_state_common import (INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES, SCHEMA_VERSION,
                                  SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES)
@@ -313,6 +314,70 @@ def check_read_only(conn: sqlite3.Connection, path: Path, read_busy_s: float = R
     # A newer version whose tables hold every column we know is read as it is: a writer of a
     # newer release may upgrade the file while dashboards keep reading it.
     return version
+
+
+def _index_names() -> set[str]:
+    return {sql.split(" IF NOT EXISTS ")[1].split()[0] for sql in INDEX_SQL} | set(RETIRED_INDEXES)
+
+
+# Statements that write rows: a trigger body holding one that names a declared table can
+# rewrite or remove user data behind the library's back.
+_DECLARED = sorted(name for name, _, _ in TABLES) + ["delivery_obligations"]
+_WRITES_DECLARED = re.compile(r"\b(" + "|".join(_DECLARED) + r")\b", re.IGNORECASE)
+
+
+def foreign_objects(conn: sqlite3.Connection, own: Iterable[tuple[str, str, str]], *, older: bool) -> list[str]:
+    """Name the schema objects of a file this library would not have made (each as "trigger 'x' on t").
+
+    `own` lists the library's derived objects (type, name, SQL) as it creates them: a trigger,
+    a view or a virtual table is accepted only when it is one of them exactly. In an `older`
+    file (an upgrade is due) an earlier layout's full-text objects are accepted too, as long as
+    a trigger writes only to full-text tables: the upgrade drops them before any row is written.
+    Tables are data and are all accepted; a UNIQUE index on a declared table must be one of ours
+    (another would refuse writes the library makes). Reads the catalogue only.
+    """
+    mine = set(own)
+    declared = set(_DECLARED)
+    out = []
+    rows = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite\\_%' "
+                        "ESCAPE '\\' ORDER BY type, name").fetchall()
+    for kind, name, table, sql in rows:
+        sql = sql or ""
+        old_fts = older and name.startswith("messages_fts")
+        if (kind, name, sql) in mine:
+            continue
+        if kind == "trigger":
+            body = re.split(r"\bBEGIN\b", sql, maxsplit=1, flags=re.IGNORECASE)[-1]
+            if old_fts and table == "messages" and not _WRITES_DECLARED.search(body):
+                continue
+        elif kind == "view":
+            if old_fts:
+                continue
+        elif kind == "table":
+            if not sql.upper().startswith("CREATE VIRTUAL TABLE") or (old_fts and "fts5" in sql.lower()):
+                continue
+        elif kind == "index":
+            unique = sql.upper().startswith("CREATE UNIQUE")
+            if table not in declared or not unique or name in _index_names():
+                continue
+        out.append(f"{kind} {name!r}" + (f" on {table}" if table != name else ""))
+    return out
+
+
+def refuse_foreign_objects(conn: sqlite3.Connection, path: Path, own: Iterable[tuple[str, str, str]],
+                           version: int | None) -> None:
+    """Raise StateDbIncompatibleError naming every object `foreign_objects` finds in a file to restore.
+
+    A file without a schema version is left to the caller (it is not a hermes-state file at all).
+    """
+    if version is None:
+        return
+    foreign = foreign_objects(conn, own, older=version < SCHEMA_VERSION)
+    if foreign:
+        raise StateDbIncompatibleError(
+            f"{path} carries schema objects hermes-state does not create ({', '.join(foreign[:5])}"
+            f"{f' and {len(foreign) - 5} more' if len(foreign) > 5 else ''}); nothing was restored. "
+            f"`hermes-state recover {path} <new path>` copies its rows into a clean file, which restores.")
 
 
 def integrity_problems(conn: sqlite3.Connection, full: bool = False) -> list[str]:
