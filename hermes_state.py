@@ -9,6 +9,8 @@ Transaction contract: every write method is exactly one BEGIN IMMEDIATE transact
 """
 from __future__ import annotations
 
+__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
+
 import asyncio
 import functools
 import os
@@ -518,6 +520,8 @@ class SessionDB:
         self._fts_stop.set()
         if self._fts_worker is not None:
             self._fts_worker.join(5.0)  # a chunk is short; a worker stuck on a lock just fails later
+
+    _sanitize_fts5_query = staticmethod(fts._sanitize_fts5_query)  # the sanitizer, by the name callers know
 
     def search_messages(self, query: str, source_filter: list[str] | None = None,
                         exclude_sources: list[str] | None = None, role_filter: list[str] | None = None,
