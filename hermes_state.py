@@ -27,6 +27,7 @@ import hermes_state_fts as fts
 import hermes_state_gateway as gateway
 import hermes_state_lineage as lineage
 import hermes_state_listings as listings
+import hermes_state_maintenance as maintenance
 import hermes_state_messages as message_rows
 import hermes_state_portability as portability
 import hermes_state_recovery as recovery
@@ -773,17 +774,6 @@ class SessionDB:
         return self._transcript_write(target, lambda conn: routing.persist_failed_turn_input(
             conn, session_id, message, marker))
 
-    def delete_session(self, session_id: str) -> None:
-        """Delete a session, its messages and ledger rows; SessionBusyError while ledger work is live."""
-        with self._write() as conn:
-            gateway.delete_session(conn, session_id)
-
-    def prune_sessions(self, older_than_days: float, source: str | None = None) -> int:
-        """Delete ended sessions started more than `older_than_days` ago (busy ones skipped); return how many."""
-        with self._write() as conn:
-            return gateway.prune_sessions(conn, older_than_days, source)
-
-
     # --- export, import, backup, restore, vacuum --------------------------------------------------
 
     def export_session(self, session_id: str) -> dict[str, Any]:
@@ -826,6 +816,83 @@ class SessionDB:
         self._check_writable()
         with self._writer.exclusive() as conn:
             return recovery.vacuum(conn, self._WRITE_PATIENCE_S, self._policy())
+
+    # --- maintenance: deleting, pruning, the empty-session sweeps, state_meta -------------------
+    # (hermes_state_maintenance; docs/maintenance.md). Transcript files go only after COMMIT.
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        # hermes-agent's callers and tests reach the write connection by this name. Statements run
+        # on it directly bypass the writer's lock and retries.
+        return self._writer.conn
+
+    @_unknown_if_unstorable(lambda: False)
+    def delete_session(self, session_id: str, sessions_dir: str | os.PathLike | None = None) -> bool:
+        """Delete a session with its whole conversation and its delegates; False for an unknown id."""
+        common.check_id("session_id", session_id)
+        return bool(self.delete_sessions([session_id], sessions_dir=sessions_dir))
+
+    def delete_sessions(self, session_ids: list[str], sessions_dir: str | os.PathLike | None = None) -> int:
+        """Delete the listed sessions (conversations and delegates with them) in one transaction; return how many went."""
+        with self._write() as conn:
+            removed = maintenance.delete_sessions(conn, maintenance.id_list(session_ids))
+        maintenance.remove_transcripts(sessions_dir, removed)
+        return len(removed)
+
+    def prune_sessions(self, older_than_days: float | None = 90, source: str | None = None,
+                       sessions_dir: str | os.PathLike | None = None, **filters: Any) -> int:
+        """Delete ended conversations started more than `older_than_days` ago (and matching `filters`); return how many sessions."""
+        with self._write() as conn:
+            removed = maintenance.prune_sessions(conn, older_than_days, source, filters)
+        maintenance.remove_transcripts(sessions_dir, removed)
+        return len(removed)
+
+    def list_prune_candidates(self, older_than_days: float | None = None, source: str | None = None,
+                              **filters: Any) -> list[dict[str, Any]]:
+        """Return the sessions `prune_sessions` with the same arguments would delete, oldest first."""
+        with self._read(snapshot=True) as conn:
+            return maintenance.list_prune_candidates(conn, older_than_days, source, filters)
+
+    def archive_sessions(self, older_than_days: float | None = None, source: str | None = None, **filters: Any) -> int:
+        """Archive ended, unarchived conversations matching the prune filters; return how many sessions."""
+        with self._write() as conn:
+            return maintenance.archive_sessions(conn, older_than_days, source, filters)
+
+    def count_empty_sessions(self) -> int:
+        """Return how many sessions `delete_empty_sessions` would delete."""
+        with self._read(snapshot=True) as conn:
+            return maintenance.count_empty_sessions(conn)
+
+    def delete_empty_sessions(self, sessions_dir: str | os.PathLike | None = None) -> int:
+        """Delete ended, unarchived sessions that never got a message; return how many."""
+        with self._write() as conn:
+            removed = maintenance.delete_empty_sessions(conn)
+        maintenance.remove_transcripts(sessions_dir, removed)
+        return len(removed)
+
+    def delete_session_if_empty(self, session_id: str, sessions_dir: str | os.PathLike | None = None) -> bool:
+        """Delete the session only if it has no messages, title or children; return whether it went."""
+        with self._write() as conn:
+            removed = maintenance.delete_session_if_empty(conn, session_id)
+        maintenance.remove_transcripts(sessions_dir, [session_id] if removed else [])
+        return removed
+
+    def get_meta(self, key: str) -> str | None:
+        """Return the state_meta value under `key`, or None."""
+        with self._read() as conn:
+            return maintenance.get_meta(conn, key)
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Store a state_meta value (text) under `key`, replacing the old one."""
+        with self._write() as conn:
+            maintenance.set_meta(conn, key, value)
+
+    def maybe_auto_prune_and_vacuum(self, retention_days: float = 90, min_interval_hours: float = 24,
+                                    vacuum: bool = True, sessions_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+        """Prune old ended conversations at most once per interval, then VACUUM if any went; see docs/maintenance.md."""
+        self._check_writable()  # a read-only or closed handle is the caller's mistake, not an unattended failure
+        return maintenance.auto_prune_and_vacuum(self._write, self.vacuum if vacuum else None, retention_days,
+                                                 min_interval_hours, sessions_dir)
 
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:
