@@ -118,7 +118,7 @@ def check_restorable(source: str | os.PathLike) -> Path:
             if verdict != ["ok"]:
                 raise StateDbCorruptError(f"{path} fails integrity_check ({'; '.join(verdict[:3])}); nothing "
                                           "was restored. Run `recover` on it to salvage what is readable.")
-            version = schema.read_version(conn)
+            version = schema.effective_version(conn)  # an earlier release's 32 restores as 31
             schema.refuse_foreign_objects(conn, path, fts.OBJECTS, version)  # a planted trigger outlives the restore
     finally:
         conn.close()

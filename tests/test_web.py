@@ -201,10 +201,12 @@ def test_unknown_session_and_database_are_404(store):
 
 def test_a_store_the_library_cannot_read_is_a_503_page(store):
     with sqlite3.connect(store) as conn:
-        conn.execute("UPDATE schema_version SET version = 1")  # an older layout: read-only handles refuse it
+        # a newer layout that changed a column this library reads: read-only handles refuse it
+        conn.execute("UPDATE schema_version SET version = 99")
+        conn.execute("ALTER TABLE sessions DROP COLUMN pinned")
     session, search = _get(store, "/-/hermes/state/session/s_build", "/-/hermes/state/search?q=docker")
     assert session.status_code == search.status_code == 503
-    assert "schema version 1" in session.text and "Upgrade hermes-state" in session.text
+    assert "schema version 99" in session.text and "Upgrade hermes-state" in session.text
 
 
 def test_other_databases_are_left_alone(store, tmp_path):
