@@ -509,7 +509,8 @@ def foreign_objects(conn: sqlite3.Connection, own: Iterable[tuple[str, str, str]
     Tables are data and are all accepted; a UNIQUE index on a declared table must be one of ours
     (another would refuse writes the library makes). Reads the catalogue only.
     """
-    mine = set(own)
+    # SQLite stores a CREATE ... IF NOT EXISTS without its IF NOT EXISTS.
+    mine = set(own) | {("trigger", UID_TRIGGER, UID_TRIGGER_SQL.replace(" IF NOT EXISTS", "", 1))}
     declared = set(_DECLARED)
     out = []
     rows = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite\\_%' "
