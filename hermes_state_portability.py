@@ -17,15 +17,14 @@ caller's one write transaction, checks what depends on the file, then writes.
 """
 from __future__ import annotations
 
-import math
-import re
 import sqlite3
 import uuid
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from hermes_state_common import JSON_MESSAGE_FIELDS, TABLE_COLUMNS, TABLES, encode_json, shown
+from hermes_state_common import (COUNTERS, DICTIONARY, SESSION_OWNED, Column, Table, check_stored, is_finite, is_uid,
+                                 recount_sql, shown)
 from hermes_state_conversation import derived_uid
 from hermes_state_errors import (ImportConflictError, ImportValidationError, SessionNotFoundError,
                                  TitleConflictError)
@@ -35,32 +34,15 @@ EXPORT_VERSION = 1
 ON_CONFLICT = ("skip", "replace", "error")
 PAGE_SESSIONS = 100  # sessions whose ids one read of iter_export fetches
 
-_SESSION_COLUMNS = TABLE_COLUMNS["sessions"]
-_MESSAGE_COLUMNS = tuple(c for c in TABLE_COLUMNS["messages"] if c not in ("id", "session_id"))
-_USAGE_COLUMNS = tuple(c for c in TABLE_COLUMNS["session_model_usage"] if c != "session_id")
+_SESSIONS, _MESSAGES, _USAGE = DICTIONARY["sessions"], DICTIONARY["messages"], DICTIONARY["session_model_usage"]
+_SESSION_COLUMNS = _SESSIONS.column_names
+_MESSAGE_COLUMNS = tuple(c for c in _MESSAGES.column_names if c not in ("id", "session_id"))
+_USAGE_COLUMNS = tuple(c for c in _USAGE.column_names if c != "session_id")
 # Counters the import derives from the rows it writes, whatever the input says.
-_COUNTERS = frozenset({"message_count", "tool_call_count"})
-_UID = re.compile(r"[0-9a-f]{32}")
-_INT_MIN, _INT_MAX = -2**63, 2**63 - 1
-
-
-def _declared(table: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """Return ({column: value a fresh insert gives it}, {column: TEXT | INTEGER | REAL}) for a table."""
-    defaults, kinds = {}, {}
-    for name, columns, _ in TABLES:
-        if name == table:
-            for column, decl in columns:
-                kinds[column] = decl.split()[0]
-                match = re.search(r"DEFAULT\s+(\S+)", decl)
-                defaults[column] = None if match is None else (
-                    "" if match.group(1) == "''" else float(match.group(1)) if "." in match.group(1)
-                    else int(match.group(1)))
-    return defaults, kinds
-
-
-_SESSION_DECLARED = _declared("sessions")
-_MESSAGE_DECLARED = _declared("messages")
-_USAGE_DECLARED = _declared("session_model_usage")
+_COUNTERS = frozenset(c.column for c in COUNTERS)
+# What a replacing import rewrites: the session-owned rows an export carries (children first).
+_REPLACED = tuple((t.name, condition) for t in SESSION_OWNED if t.export for condition in t.owned_by("(?1)"))
+_RECOUNT_SQL = recount_sql() + " WHERE id = ?"
 
 
 # --- export -------------------------------------------------------------------------------------
@@ -148,42 +130,21 @@ def _documents(data: Any) -> list[Any]:
     return list(data)
 
 
-def _value(where: str, name: str, kind: str, value: Any, problems: list[str]) -> Any:
+def _value(where: str, column: Column, value: Any, problems: list[str]) -> Any:
     """Check that `value` fits its column and SQLite stores it faithfully; return it (JSON encoded if needed)."""
-    if value is None:
+    try:
+        return check_stored(column, value)
+    except ValueError as exc:
+        problems.append(f"{where}: {exc}")
         return None
-    if name in JSON_MESSAGE_FIELDS and not isinstance(value, str):
-        try:
-            return encode_json(value, name)
-        except ValueError as exc:
-            problems.append(f"{where}: {exc}")
-            return None
-    if kind == "TEXT":
-        if not isinstance(value, str):
-            problems.append(f"{where}: {name} must be a string or null, not {type(value).__name__}")
-        return value
-    if isinstance(value, bool):
-        value = int(value)
-    if isinstance(value, int) and (kind == "INTEGER" or kind == "REAL"):
-        if not _INT_MIN <= value <= _INT_MAX:
-            problems.append(f"{where}: {name} = {value} is outside SQLite's 64-bit integers")
-        return value
-    if isinstance(value, float) and kind == "REAL":
-        if not math.isfinite(value):  # as every write refuses: NaN reads back NULL, and Infinity is not JSON
-            problems.append(f"{where}: {name} must be a finite number or null, not {value}")
-        return value
-    problems.append(f"{where}: {name} must be {'an integer' if kind == 'INTEGER' else 'a number'} or null, "
-                    f"not {type(value).__name__}")
-    return None
 
 
-def _columns(where: str, given: Any, known: tuple[str, ...], declared: tuple[dict[str, Any], dict[str, str]],
-             problems: list[str]) -> dict[str, Any]:
+def _columns(where: str, given: Any, known: tuple[str, ...], table: Table, problems: list[str]) -> dict[str, Any]:
     if not isinstance(given, dict):
         problems.append(f"{where} must be an object, not {type(given).__name__}")
         return {}
-    defaults, kinds = declared
-    return {c: _value(where, c, kinds[c], given[c], problems) if c in given else defaults[c] for c in known}
+    columns = {c: table.column(c) for c in known}
+    return {c: _value(where, columns[c], given[c], problems) if c in given else columns[c].default for c in known}
 
 
 def _text_required(where: str, row: dict[str, Any], name: str, problems: list[str]) -> None:
@@ -193,12 +154,12 @@ def _text_required(where: str, row: dict[str, Any], name: str, problems: list[st
 
 def _number_required(where: str, row: dict[str, Any], name: str, problems: list[str]) -> None:
     value = row.get(name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_finite(value):
         problems.append(f"{where}: {name} must be a finite number of epoch seconds")
 
 
 def _check_message(where: str, session_id: Any, given: Any, problems: list[str]) -> dict[str, Any]:
-    row = _columns(where, given, _MESSAGE_COLUMNS, _MESSAGE_DECLARED, problems)
+    row = _columns(where, given, _MESSAGE_COLUMNS, _MESSAGES, problems)
     if not row:
         return row
     if given.get("session_id", session_id) != session_id:
@@ -211,7 +172,7 @@ def _check_message(where: str, session_id: Any, given: Any, problems: list[str])
     uid = row["message_uid"]
     if uid is None:
         row["message_uid"] = uuid.uuid4().hex  # hand-written input: issue one, as a fresh insert would
-    elif not isinstance(uid, str) or not _UID.fullmatch(uid):
+    elif not is_uid(uid):
         problems.append(f"{where}: message_uid must be 32 lowercase hex digits")
     return row
 
@@ -234,8 +195,7 @@ def _check_document(index: int, document: Any, plan: _Plan, problems: list[str])
                         f"(1..{EXPORT_VERSION}); upgrade hermes-state to import it")
         return
     _note_unknown(plan, "sessions", document.get("session"), _SESSION_COLUMNS, frozenset())
-    session = _columns(f"{where} session", document.get("session"), _SESSION_COLUMNS, _SESSION_DECLARED,
-                       problems)
+    session = _columns(f"{where} session", document.get("session"), _SESSION_COLUMNS, _SESSIONS, problems)
     if not session:
         return
     sid = session["id"]
@@ -261,7 +221,7 @@ def _check_document(index: int, document: Any, plan: _Plan, problems: list[str])
     usage_rows = []
     for n, given in enumerate(usage):
         _note_unknown(plan, "session_model_usage", given, _USAGE_COLUMNS, frozenset({"session_id"}))
-        row = _columns(f"{where} model_usage {n}", given, _USAGE_COLUMNS, _USAGE_DECLARED, problems)
+        row = _columns(f"{where} model_usage {n}", given, _USAGE_COLUMNS, _USAGE, problems)
         if row:
             _text_required(f"{where} model_usage {n}", row, "model", problems)
             usage_rows.append(row)
@@ -341,15 +301,6 @@ def _insert(conn: sqlite3.Connection, table: str, row: dict[str, Any]) -> None:
                  tuple(row.values()))
 
 
-def _recount(conn: sqlite3.Connection, session_id: str) -> None:
-    # The same meaning the write path keeps: active rows, and tool calls of active assistant rows.
-    conn.execute(
-        "UPDATE sessions SET message_count = (SELECT COUNT(*) FROM messages WHERE session_id = ?1 AND active = 1), "
-        "tool_call_count = (SELECT COALESCE(SUM(json_array_length(tool_calls)), 0) FROM messages "
-        "WHERE session_id = ?1 AND active = 1 AND role = 'assistant' AND json_valid(tool_calls) "
-        "AND json_type(tool_calls) = 'array') WHERE id = ?1", (session_id,))
-
-
 def import_sessions(conn: sqlite3.Connection, data: Any, on_conflict: str = "skip") -> ImportReport:
     """Import export documents; validate everything first, then write in the caller's transaction.
 
@@ -409,8 +360,8 @@ def import_validated(conn: sqlite3.Connection, plan: _Plan, on_conflict: str = "
         row = {k: v for k, v in plan.sessions[i].items() if k not in _COUNTERS}
         row.update(parent_session_id=None, title=None)
         if row["id"] in existing:
-            conn.execute("DELETE FROM messages WHERE session_id = ?", (row["id"],))
-            conn.execute("DELETE FROM session_model_usage WHERE session_id = ?", (row["id"],))
+            for table, owned in _REPLACED:
+                conn.execute(f"DELETE FROM {table} WHERE {owned}", (row["id"],))
             conn.execute(f"UPDATE sessions SET {', '.join(f'{k} = ?' for k in row if k != 'id')} WHERE id = ?",
                          (*(v for k, v in row.items() if k != "id"), row["id"]))
         else:
@@ -429,7 +380,7 @@ def import_validated(conn: sqlite3.Connection, plan: _Plan, on_conflict: str = "
             count += 1
         for usage in plan.usage[i]:
             _insert(conn, "session_model_usage", {"session_id": session["id"], **usage})
-        _recount(conn, session["id"])
+        conn.execute(_RECOUNT_SQL, (session["id"],))  # the meaning the write path keeps
     return ImportReport(
         imported=tuple(plan.sessions[i]["id"] for i in todo if plan.sessions[i]["id"] not in existing),
         replaced=tuple(plan.sessions[i]["id"] for i in todo if plan.sessions[i]["id"] in existing),

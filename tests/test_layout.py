@@ -15,7 +15,7 @@ RANKS = {
     "hermes_state_cjk": 2, "hermes_state_highlight": 2,
     "hermes_state_lineage": 2,
     "hermes_state_schema": 3, "hermes_state_query": 3,
-    "hermes_state_fts": 4,
+    "hermes_state_fts": 4, "hermes_state_catalogue": 4,
     "hermes_state_sessions": 4,
     "hermes_state_messages": 5,
     "hermes_state_conversation": 6, "hermes_state_search": 6, "hermes_state_listings": 6,
@@ -56,8 +56,10 @@ def test_imports_point_down_only():
 # design know them by these names.
 ALLOWED_PRIVATE_IMPORTS = {"_apply_profile_override", "_reconcile_columns", "_sanitize_fts5_query"}
 MAX_LINES = 600
-# The facade is a few lines per public method and grows with the API, never with logic.
-LONGER = {"hermes_state": 1100}
+# The facade is a few lines per public method and grows with the API, never with logic. The
+# common module holds the data dictionary, one line per declared column; it grows with the
+# tables, not with logic.
+LONGER = {"hermes_state": 1100, "hermes_state_common": 720}
 
 
 def test_no_module_imports_another_modules_private_names():
