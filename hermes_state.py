@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import hermes_state_catalogue as catalogue
 import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_conversation as conversation
@@ -46,7 +47,8 @@ from hermes_state_recovery import RecoveryReport, TableRecovery, recover
 from hermes_state_routing import input_marker, strip_echoed_user_input
 from hermes_state_common import SCHEMA_VERSION, logger
 from hermes_state_writer import RetryPolicy, Writer
-from hermes_state_errors import (HermesStateError, ImportConflictError, ImportValidationError,  # noqa: F401
+from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
+                                 ImportValidationError,
                                  LedgerStateError, OwnershipReadError,
                                  ProfileNotFoundError, ReadOnlyError, ReceiptDigestError, ReceiptOrderError,
                                  SessionBusyError, SessionClosedByCompressionError, SessionCompressionInProgressError,
@@ -64,7 +66,7 @@ __all__ = [
     "SessionDB", "AsyncSessionDB", "SCHEMA_VERSION", "list_sessions_across_profiles",
     "get_hermes_home", "hermes_home_override", "profile_home", "child_env", "display_hermes_home",
     "ReasoningFieldMemory", "to_provider_messages", "configure_error_log",
-    "HermesStateError", "SessionPersistenceError", "StateDbCorruptError", "StateDbIncompatibleError",
+    "HermesStateError", "SessionPersistenceError", "StateDbCorruptError", "StateDbIncompatibleError", "ForeignDatabaseError",
     "StateDbUninitializedError", "StateDbBusyError", "StoreUnavailableError", "ReadOnlyError",
     "SessionNotFoundError", "TitleConflictError", "SessionBusyError", "SessionCompressionInProgressError",
     "SessionClosedByCompressionError", "StaleEpochError", "ReceiptOrderError", "ReceiptDigestError",
@@ -121,11 +123,13 @@ class SessionDB:
     _shared_lock = threading.Lock()
 
     def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False,
-                 backup_before_upgrade: bool = True):
+                 backup_before_upgrade: bool = True, force: bool = False):
         # Absolute, so a later chdir or HERMES_HOME change cannot move this handle.
         self.profile_home = get_hermes_home().absolute()
         self.db_path = _resolve_path(db_path, self.profile_home)
         self.read_only, self._backup_before_upgrade = read_only, backup_before_upgrade
+        self._force = force  # add the store's tables even to another program's database
+        self.mode_changes: list[str] = []  # files this open tightened to 0600, each with its old mode
         self.upgrade_backup: Path | None = None  # the copy written before this handle upgraded the file
         self.schema_version: int | None = None
         self._closed = False
@@ -157,6 +161,9 @@ class SessionDB:
                 if self.read_only:
                     self.schema_version = schema.check_read_only(conn, path, self._READ_BUSY_TIMEOUT_S)
                 else:
+                    if not self._force:  # before any write or chmod: it may be someone else's file
+                        catalogue.check_ours(conn, path)
+                    self.mode_changes = schema.tighten_files(path)
                     self.schema_version = self._set_up(conn)
         except BaseException:
             conn.close()
@@ -165,7 +172,7 @@ class SessionDB:
 
     def _set_up(self, conn: sqlite3.Connection) -> int:
         schema.enable_wal(conn, self._WRITE_PATIENCE_S, self._policy())
-        schema.tighten_side_files(self.db_path)
+        self.mode_changes += schema.tighten_side_files(self.db_path)
         if not schema.needs_migration(conn):
             return schema.read_version(conn)
         self.upgrade_backup = recovery.start_upgrade(conn, self.db_path, backup=self._backup_before_upgrade)
