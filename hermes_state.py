@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import hermes_state_catalogue as catalogue
 import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_conversation as conversation
@@ -48,7 +49,8 @@ from hermes_state_recovery import RecoveryReport, TableRecovery, recover
 from hermes_state_routing import input_marker, strip_echoed_user_input
 from hermes_state_common import SCHEMA_VERSION, logger
 from hermes_state_writer import RetryPolicy, Writer
-from hermes_state_errors import (HermesStateError, ImportConflictError, ImportValidationError,  # noqa: F401
+from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
+                                 ImportValidationError,
                                  LedgerStateError, OwnershipReadError,
                                  ProfileNotFoundError, ReadOnlyError, ReceiptDigestError, ReceiptOrderError,
                                  SessionBusyError, SessionClosedByCompressionError, SessionCompressionInProgressError,
@@ -73,7 +75,7 @@ __all__ = [
     "SessionDB", "AsyncSessionDB", "SCHEMA_VERSION", "list_sessions_across_profiles",
     "get_hermes_home", "hermes_home_override", "profile_home", "child_env", "display_hermes_home",
     "ReasoningFieldMemory", "to_provider_messages", "configure_error_log",
-    "HermesStateError", "SessionPersistenceError", "StateDbCorruptError", "StateDbIncompatibleError",
+    "HermesStateError", "SessionPersistenceError", "StateDbCorruptError", "StateDbIncompatibleError", "ForeignDatabaseError",
     "StateDbUninitializedError", "StateDbBusyError", "StoreUnavailableError", "ReadOnlyError",
     "SessionNotFoundError", "TitleConflictError", "SessionBusyError", "SessionCompressionInProgressError",
     "SessionClosedByCompressionError", "StaleEpochError", "ReceiptOrderError", "ReceiptDigestError",
@@ -130,11 +132,13 @@ class SessionDB:
     _shared_lock = threading.Lock()
 
     def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False,
-                 backup_before_upgrade: bool = True):
+                 backup_before_upgrade: bool = True, force: bool = False):
         # Absolute, so a later chdir or HERMES_HOME change cannot move this handle.
         self.profile_home = get_hermes_home().absolute()
         self.db_path = _resolve_path(db_path, self.profile_home)
         self.read_only, self._backup_before_upgrade = read_only, backup_before_upgrade
+        self._force = force  # add the store's tables even to another program's database
+        self.mode_changes: list[str] = []  # files this open tightened to 0600, each with its old mode
         self.upgrade_backup: Path | None = None  # the copy written before this handle upgraded the file
         self.schema_version: int | None = None
         self._closed = False
@@ -170,6 +174,9 @@ class SessionDB:
                 if self.read_only:
                     self.schema_version = schema.check_read_only(conn, path, self._READ_BUSY_TIMEOUT_S)
                 else:
+                    if not self._force:  # before any write or chmod: it may be someone else's file
+                        catalogue.check_ours(conn, path)
+                    self.mode_changes = schema.tighten_files(path)
                     self.schema_version = self._set_up(conn)
         except BaseException:
             conn.close()
@@ -178,7 +185,7 @@ class SessionDB:
 
     def _set_up(self, conn: sqlite3.Connection) -> int:
         schema.enable_wal(conn, self.db_path, self._WRITE_PATIENCE_S, self._policy())
-        schema.tighten_side_files(self.db_path)
+        self.mode_changes += schema.tighten_side_files(self.db_path)
         if not schema.needs_migration(conn):
             return schema.read_version(conn)
         self.upgrade_backup = recovery.start_upgrade(conn, self.db_path, backup=self._backup_before_upgrade)
@@ -959,6 +966,24 @@ class SessionDB:
         """Return the live tip of the session's compression chain; the id itself when nothing continues it."""
         with self._read() as conn:
             return lineage.compression_successor_id(conn, session_id) or session_id
+
+    @_unknown_if_unstorable(lambda: None)
+    def resolve_session_id(self, session_id_or_prefix: str) -> str | None:
+        """Return the exact id, else the one id starting with the prefix; None when none or ambiguous."""
+        with self._read() as conn:
+            return listings.resolve_session_id(conn, session_id_or_prefix)
+
+    @_unknown_if_unstorable(list)
+    def get_compression_lineage(self, session_id: str) -> list[str]:
+        """Return the ids of the session's whole compression chain, oldest first ([] when unknown)."""
+        with self._read(snapshot=True) as conn:
+            return lineage.compression_chain_ids(conn, session_id)
+
+    @_unknown_if_unstorable(lambda: None)
+    def export_session_lineage(self, session_id: str) -> dict[str, Any] | None:
+        """Return the session's compression chain as one export document, or None when unknown."""
+        with self._read(snapshot=True) as conn:
+            return portability.export_session_lineage(conn, session_id)
 
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:
