@@ -1003,10 +1003,6 @@ class SessionDB:
         """The handle's connection, rows readable by column name (for tests and agent code that peek)."""
         return writer.RowConnection(self._writer.conn)
 
-    @property
-    def _lock(self) -> Any:
-        return self._writer.lock
-
     def update_system_prompt(self, session_id: str, system_prompt: str | None) -> None:
         """Store the system prompt the session's turns are built with."""
         with self._write() as conn:
