@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import hermes_state_catalogue as catalogue
 import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_conversation as conversation
@@ -41,11 +42,13 @@ from hermes_state_cjk import has_cjk
 from hermes_state_query import MAX_QUERY_CHARS as MAX_FTS5_QUERY_CHARS  # noqa: F401 - hermes-agent's name
 from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
 from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
+from hermes_state_listings import workspace_key
 from hermes_state_recovery import RecoveryReport, TableRecovery, recover
 from hermes_state_routing import input_marker, strip_echoed_user_input
 from hermes_state_common import SCHEMA_VERSION, logger
 from hermes_state_writer import RetryPolicy, Writer
-from hermes_state_errors import (HermesStateError, ImportConflictError, ImportValidationError,  # noqa: F401
+from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
+                                 ImportValidationError,
                                  LedgerStateError, OwnershipReadError,
                                  ProfileNotFoundError, ReadOnlyError, ReceiptDigestError, ReceiptOrderError,
                                  SessionBusyError, SessionClosedByCompressionError, SessionCompressionInProgressError,
@@ -59,10 +62,11 @@ from hermes_state_home import (check_db_path_allowed, child_env, default_hermes_
 from hermes_state_lockowners import configure_error_log, log_write_lock_holders
 
 __all__ = [
+    "workspace_key",
     "SessionDB", "AsyncSessionDB", "SCHEMA_VERSION", "list_sessions_across_profiles",
     "get_hermes_home", "hermes_home_override", "profile_home", "child_env", "display_hermes_home",
     "ReasoningFieldMemory", "to_provider_messages", "configure_error_log",
-    "HermesStateError", "SessionPersistenceError", "StateDbCorruptError", "StateDbIncompatibleError",
+    "HermesStateError", "SessionPersistenceError", "StateDbCorruptError", "StateDbIncompatibleError", "ForeignDatabaseError",
     "StateDbUninitializedError", "StateDbBusyError", "StoreUnavailableError", "ReadOnlyError",
     "SessionNotFoundError", "TitleConflictError", "SessionBusyError", "SessionCompressionInProgressError",
     "SessionClosedByCompressionError", "StaleEpochError", "ReceiptOrderError", "ReceiptDigestError",
@@ -119,11 +123,13 @@ class SessionDB:
     _shared_lock = threading.Lock()
 
     def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False,
-                 backup_before_upgrade: bool = True):
+                 backup_before_upgrade: bool = True, force: bool = False):
         # Absolute, so a later chdir or HERMES_HOME change cannot move this handle.
         self.profile_home = get_hermes_home().absolute()
         self.db_path = _resolve_path(db_path, self.profile_home)
         self.read_only, self._backup_before_upgrade = read_only, backup_before_upgrade
+        self._force = force  # add the store's tables even to another program's database
+        self.mode_changes: list[str] = []  # files this open tightened to 0600, each with its old mode
         self.upgrade_backup: Path | None = None  # the copy written before this handle upgraded the file
         self.schema_version: int | None = None
         self._closed = False
@@ -155,6 +161,9 @@ class SessionDB:
                 if self.read_only:
                     self.schema_version = schema.check_read_only(conn, path, self._READ_BUSY_TIMEOUT_S)
                 else:
+                    if not self._force:  # before any write or chmod: it may be someone else's file
+                        catalogue.check_ours(conn, path)
+                    self.mode_changes = schema.tighten_files(path)
                     self.schema_version = self._set_up(conn)
         except BaseException:
             conn.close()
@@ -163,7 +172,7 @@ class SessionDB:
 
     def _set_up(self, conn: sqlite3.Connection) -> int:
         schema.enable_wal(conn, self._WRITE_PATIENCE_S, self._policy())
-        schema.tighten_side_files(self.db_path)
+        self.mode_changes += schema.tighten_side_files(self.db_path)
         if not schema.needs_migration(conn):
             return schema.read_version(conn)
         self.upgrade_backup = recovery.start_upgrade(conn, self.db_path, backup=self._backup_before_upgrade)
@@ -600,6 +609,24 @@ class SessionDB:
         """Release the compression lock `holder` holds; return whether one was released."""
         with self._write() as conn:
             return compression.release_compression_lock(conn, session_id, holder)
+
+    def try_acquire_compression_lock(self, session_id: str, holder: str,
+                                     ttl_seconds: float = compression.DEFAULT_LOCK_TTL_S) -> bool:
+        """Take or renew the session's compression lease for `holder`; False when another holds it live."""
+        with self._write() as conn:
+            return compression.try_acquire_compression_lock(conn, session_id, holder, ttl_seconds)
+
+    def refresh_compression_lock(self, session_id: str, holder: str,
+                                 ttl_seconds: float = compression.DEFAULT_LOCK_TTL_S) -> bool:
+        """Extend `holder`'s live lease by `ttl_seconds` from now; False when it does not hold one."""
+        with self._write() as conn:
+            return compression.refresh_compression_lock(conn, session_id, holder, ttl_seconds)
+
+    @_unknown_if_unstorable(lambda: None)
+    def get_compression_lock_holder(self, session_id: str) -> str | None:
+        """Return who holds the session's live compression lock, or None."""
+        with self._read() as conn:
+            return compression.get_compression_lock_holder(conn, session_id)
 
     # --- gateway ledgers, routing, outbox, input ownership, deletion (hermes_state_gateway,
     # hermes_state_routing). Delivery bookkeeping around a send is an activity write: it must
