@@ -15,7 +15,9 @@ import asyncio
 import functools
 import os
 import sqlite3
+import sys  # noqa: F401  (hermes-agent's tests patch hermes_state.sys.platform)
 import threading
+import time  # noqa: F401  (and hermes_state.time.time)
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -60,8 +62,15 @@ from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportC
 from hermes_state_home import (check_db_path_allowed, child_env, default_hermes_root,  # noqa: F401
                                display_hermes_home, get_hermes_home, hermes_home_override, profile_home)
 from hermes_state_lockowners import configure_error_log, log_write_lock_holders
+from hermes_state_errors import (StateDbJournalError, describe_init_failure, format_session_db_unavailable,
+                                 get_last_init_error, set_last_init_error)
+from hermes_state_schema import apply_wal_with_fallback
+# hermes-agent's private names for the same process-wide state, which its callers and tests reset.
+_set_last_init_error = set_last_init_error
+_wal_fallback_warned_paths = schema.wal_fallback_warned
 
 __all__ = [
+    "apply_wal_with_fallback", "get_last_init_error", "format_session_db_unavailable", "StateDbJournalError",
     "workspace_key",
     "SessionDB", "AsyncSessionDB", "SCHEMA_VERSION", "list_sessions_across_profiles",
     "get_hermes_home", "hermes_home_override", "profile_home", "child_env", "display_hermes_home",
@@ -137,10 +146,14 @@ class SessionDB:
         # A writable file gets a second connection for reads (opened on first read); read-only
         # handles and in-memory databases (a second connection would be another database) do not.
         separate_reads = not read_only and str(self.db_path) != ":memory:"
-        self._writer = Writer(self._connect(), on_give_up=self._log_lock_holders,
-                              open_reader=(lambda: schema.connect_reader(self.db_path)) if separate_reads else None)
-        self._writer.after_commit.append(self._upkeep)
-        self._open_fts()
+        try:
+            self._writer = Writer(self._connect(), on_give_up=self._log_lock_holders,
+                                  open_reader=(lambda: schema.connect_reader(self.db_path)) if separate_reads else None)
+            self._writer.after_commit.append(self._upkeep)
+            self._open_fts()
+        except Exception as exc:  # kept for a caller that reports the failure later (a slash command)
+            set_last_init_error(describe_init_failure(exc))
+            raise
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -171,7 +184,7 @@ class SessionDB:
         return conn
 
     def _set_up(self, conn: sqlite3.Connection) -> int:
-        schema.enable_wal(conn, self._WRITE_PATIENCE_S, self._policy())
+        schema.enable_wal(conn, self.db_path, self._WRITE_PATIENCE_S, self._policy())
         self.mode_changes += schema.tighten_side_files(self.db_path)
         if not schema.needs_migration(conn):
             return schema.read_version(conn)
@@ -953,6 +966,24 @@ class SessionDB:
         """Return the live tip of the session's compression chain; the id itself when nothing continues it."""
         with self._read() as conn:
             return lineage.compression_successor_id(conn, session_id) or session_id
+
+    @_unknown_if_unstorable(lambda: None)
+    def resolve_session_id(self, session_id_or_prefix: str) -> str | None:
+        """Return the exact id, else the one id starting with the prefix; None when none or ambiguous."""
+        with self._read() as conn:
+            return listings.resolve_session_id(conn, session_id_or_prefix)
+
+    @_unknown_if_unstorable(list)
+    def get_compression_lineage(self, session_id: str) -> list[str]:
+        """Return the ids of the session's whole compression chain, oldest first ([] when unknown)."""
+        with self._read(snapshot=True) as conn:
+            return lineage.compression_chain_ids(conn, session_id)
+
+    @_unknown_if_unstorable(lambda: None)
+    def export_session_lineage(self, session_id: str) -> dict[str, Any] | None:
+        """Return the session's compression chain as one export document, or None when unknown."""
+        with self._read(snapshot=True) as conn:
+            return portability.export_session_lineage(conn, session_id)
 
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:
