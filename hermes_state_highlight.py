@@ -53,7 +53,7 @@ def text_snippet(text: str | None, needles: list[str], chars: int = SNIPPET_CHAR
     begin = max(0, (first.start() if first else 0) - chars // 3)
     end = min(len(text), begin + chars)
     out, pos = [], begin
-    for match in pattern.finditer(text, begin, end) if first else ():
+    for match in pattern.finditer(text, begin, end) if pattern and first else ():
         if match.end() > match.start():
             out += [text[pos:match.start()], ">>>", match.group(), "<<<"]
             pos = match.end()

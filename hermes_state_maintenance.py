@@ -124,7 +124,8 @@ def select_sessions(older_than_days: Any = None, source: Any = None, filters: di
     unknown = sorted(set(filters) - set(FILTERS))
     if unknown:
         raise TypeError(f"unknown filter(s) {', '.join(unknown)}; known: {', '.join(sorted(FILTERS))}")
-    where, params = ["s.ended_at IS NOT NULL"], []
+    where: list[str] = ["s.ended_at IS NOT NULL"]
+    params: list[Any] = []
     if older_than_days is not None:
         days = check_number("older_than_days", older_than_days)
         if days < 0:

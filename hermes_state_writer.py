@@ -141,6 +141,7 @@ class Writer:
     def _read_conn(self) -> sqlite3.Connection:
         # Under read_lock. Opened lazily: a handle that only writes never pays for it.
         if self._reader is None:
+            assert self._open_reader is not None  # callers come here only when there is a reader to open
             self._reader = self._open_reader()
         return self._reader
 
@@ -184,7 +185,7 @@ class Writer:
     @contextmanager
     def transaction(self, patience_s: float, policy: RetryPolicy | None = None) -> Iterator[sqlite3.Connection]:
         """Run the body once inside BEGIN IMMEDIATE ... COMMIT, retrying only the BEGIN."""
-        give_up = (lambda: self.on_give_up(patience_s)) if self.on_give_up else None
+        give_up = (lambda: self.on_give_up(patience_s)) if self.on_give_up else None  # type: ignore[misc]  # checkers drop the narrowing inside a lambda
         if self.in_transaction_here():
             # A nested call from inside a transaction joins it: one all-or-nothing unit.
             yield self.conn
