@@ -20,7 +20,7 @@ import threading
 import time  # noqa: F401  (and hermes_state.time.time)
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import hermes_state_catalogue as catalogue
 import hermes_state_common as common
@@ -139,6 +139,7 @@ class SessionDB:
         self.profile_home = get_hermes_home().absolute()
         self.db_path = _resolve_path(db_path, self.profile_home)
         self.read_only, self._backup_before_upgrade = read_only, backup_before_upgrade
+        self.mode_changes: list[str]
         self._force, self.mode_changes = force, []  # mode_changes: files this open tightened to 0600
         self.upgrade_backup: Path | None = None  # the copy written before this handle upgraded the file
         self.schema_version: int | None = None
@@ -188,7 +189,7 @@ class SessionDB:
         schema.enable_wal(conn, self.db_path, self._WRITE_PATIENCE_S, self._policy())
         self.mode_changes += schema.tighten_side_files(self.db_path)
         if not schema.needs_migration(conn):
-            return schema.read_version(conn)
+            return cast(int, schema.read_version(conn))  # needs_migration found the version
         self.upgrade_backup = recovery.start_upgrade(conn, self.db_path, backup=self._backup_before_upgrade)
         migrator = Writer(conn, on_give_up=self._log_lock_holders)
         found = schema.migrate(migrator, self._WRITE_PATIENCE_S, self._policy(),
@@ -243,6 +244,7 @@ class SessionDB:
                 entry[1] -= 1
                 if entry[1] > 0:
                     return
+                assert self._shared_key is not None  # the entry was found under it
                 del self._shared[self._shared_key]
         self._close_now()
 
@@ -1134,4 +1136,4 @@ _NOT_ASYNC = {"close", "release", "shared", "to_provider_messages", "tracer"}
 for _name, _member in list(vars(SessionDB).items()):
     if not _name.startswith("_") and _name not in _NOT_ASYNC and callable(_member):
         setattr(AsyncSessionDB, _name, _coroutine_twin(_name))
-del _name, _member
+del _name, _member  # pyright: ignore[reportPossiblyUnboundVariable]  # a class always has members

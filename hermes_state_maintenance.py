@@ -37,7 +37,7 @@ AUTO_PRUNE_KEY = "last_auto_prune"  # state_meta: when the last automatic prune 
 # Rows that belong to a session, children before parents so every foreign key holds at each
 # step, as (table, the expression naming the row's session): the data dictionary's declaration.
 # The FTS triggers remove the messages' index rows with them.
-SESSION_ROWS: tuple[tuple[str, str], ...] = tuple((t.name, t.owner) for t in SESSION_OWNED)
+SESSION_ROWS: tuple[tuple[str, str], ...] = tuple((t.name, t.owner) for t in SESSION_OWNED if t.owner is not None)
 
 # Work still owed for a session: while any such row exists the session is not deleted. Only
 # rows in a terminal state are removed with it.

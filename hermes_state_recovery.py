@@ -21,7 +21,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, cast
 
 import hermes_state_catalogue as catalogue
 import hermes_state_fts as fts
@@ -408,7 +408,7 @@ def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, col
         row = _row_after(src, table, names, last)
         if row is None:
             return None
-        if row is not _UNREADABLE:
+        if isinstance(row, tuple):  # not _UNREADABLE
             put([row[1:]])
             return row[0]
         resume = _next_readable(src, table, names, last)
@@ -427,6 +427,7 @@ def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, col
             put(rows)
             if len(rows) < COPY_CHUNK_ROWS:
                 return
+    last: int | None  # None once step_over finds no row after it
     last = _INT_MIN
     while True:
         batch: list[tuple] = []
@@ -555,7 +556,7 @@ def _copy_table(src: sqlite3.Connection, dst: sqlite3.Connection, name: str, sql
         columns = [c for c in src_cols if c in declared.column_names]
     else:
         try:  # a table this library does not declare is kept as it was
-            with_savepoint(dst, lambda: _create_foreign(dst, name, sql))
+            with_savepoint(dst, lambda: _create_foreign(dst, name, cast(str, sql)))  # a table's entry has its SQL
         except sqlite3.DatabaseError as exc:  # its definition in the source's schema is damaged
             result.error = f"its definition cannot be used: {exc}"
             return
