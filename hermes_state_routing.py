@@ -251,23 +251,31 @@ def get_delivery(conn: sqlite3.Connection, obligation_id: int) -> dict[str, Any]
 
 
 # --- async delegations ------------------------------------------------------------------------------
+# The table is the real system's (delegation_id, origin_session, state, dispatched_at, task_json,
+# result_json, delivery_*, ...) plus this library's `target`. The API keeps the names it has
+# always returned: id, origin_session_id, payload and created_at are delegation_id,
+# origin_session, task_json and dispatched_at; the real system's own columns come along as they are.
 
 DELEGATION_STATES = ("pending", "running", "completed", "failed", "cancelled")
 _DELEGATION_NEXT = {"pending": {"pending", "running", "completed", "failed", "cancelled"},
                     "running": {"running", "completed", "failed", "cancelled"}}
 DELEGATION_OPEN_STATES = tuple(_DELEGATION_NEXT)  # the states a delegation can still move on from
+_FINISHED = ("completed", "failed", "cancelled")
 _UNSET: Any = object()
 
 
 def _delegation_dict(row: dict[str, Any]) -> dict[str, Any]:
-    row["payload"] = decode_json(row.pop("payload_json"))
-    row["result"] = decode_json(row.pop("result_json"))
-    return row
+    out = {"id": row.pop("delegation_id"), "origin_session_id": row.pop("origin_session"),
+           "target": row.pop("target", None), "state": row.pop("state"),
+           "payload": decode_json(row.pop("task_json")), "result": decode_json(row.pop("result_json")),
+           "created_at": row.pop("dispatched_at"), "updated_at": row.pop("updated_at")}
+    out.update(row)  # completed_at and the real system's delivery columns
+    return out
 
 
 def get_delegation(conn: sqlite3.Connection, delegation_id: str) -> dict[str, Any] | None:
     """Return one delegation (payload and result decoded), or None."""
-    rows = row_dicts(conn.execute("SELECT * FROM async_delegations WHERE id = ?", (delegation_id,)))
+    rows = row_dicts(conn.execute("SELECT * FROM async_delegations WHERE delegation_id = ?", (delegation_id,)))
     return _delegation_dict(rows[0]) if rows else None
 
 
@@ -281,15 +289,16 @@ def record_delegation(conn: sqlite3.Connection, delegation_id: str, origin_sessi
     check_id("delegation_id", delegation_id)
     check_id("target", target, optional=True)
     encoded = encode_json(payload, "payload")
-    row = conn.execute("SELECT origin_session_id FROM async_delegations WHERE id = ?", (delegation_id,)).fetchone()
+    row = conn.execute("SELECT origin_session FROM async_delegations WHERE delegation_id = ?",
+                       (delegation_id,)).fetchone()
     if row is not None:
         if row[0] != origin_session_id:
             raise ValueError(f"delegation {delegation_id!r} already belongs to session {row[0]!r}")
         return False
     require_session(conn, origin_session_id)
     stamp = _now(now)
-    conn.execute("INSERT INTO async_delegations (id, origin_session_id, target, state, payload_json, created_at, "
-                 "updated_at) VALUES (?, ?, ?, 'pending', ?, ?, ?)",
+    conn.execute("INSERT INTO async_delegations (delegation_id, origin_session, target, state, task_json, "
+                 "dispatched_at, updated_at) VALUES (?, ?, ?, 'pending', ?, ?, ?)",
                  (delegation_id, origin_session_id, target, encoded, stamp, stamp))
     return True
 
@@ -298,9 +307,9 @@ def update_delegation(conn: sqlite3.Connection, delegation_id: str, *, state: st
                       result: Any = _UNSET, target: Any = _UNSET, now: float | None = None) -> None:
     """Move a delegation on (pending -> running -> completed/failed/cancelled) and/or set its result or target.
 
-    A finished delegation is final: any update raises LedgerStateError.
+    A finished delegation is final: any update raises LedgerStateError. Finishing sets completed_at.
     """
-    row = conn.execute("SELECT state FROM async_delegations WHERE id = ?", (delegation_id,)).fetchone()
+    row = conn.execute("SELECT state FROM async_delegations WHERE delegation_id = ?", (delegation_id,)).fetchone()
     if row is None:
         raise LedgerStateError(f"delegation {delegation_id!r} does not exist")
     if state is not None and state not in DELEGATION_STATES:
@@ -308,25 +317,28 @@ def update_delegation(conn: sqlite3.Connection, delegation_id: str, *, state: st
     allowed = _DELEGATION_NEXT.get(row[0], set())
     if not allowed or (state is not None and state not in allowed):
         raise LedgerStateError(f"delegation {delegation_id!r} is {row[0]}; it cannot move to {state or row[0]}")
-    changes: dict[str, Any] = {"updated_at": _now(now)}
+    stamp = _now(now)
+    changes: dict[str, Any] = {"updated_at": stamp}
     if state is not None:
         changes["state"] = state
+        if state in _FINISHED:
+            changes["completed_at"] = stamp
     if result is not _UNSET:
         changes["result_json"] = encode_json(result, "result")
     if target is not _UNSET:
         changes["target"] = check_id("target", target, optional=True)
     sets = ", ".join(f"{c} = ?" for c in changes)
-    conn.execute(f"UPDATE async_delegations SET {sets} WHERE id = ? AND state = ?",
+    conn.execute(f"UPDATE async_delegations SET {sets} WHERE delegation_id = ? AND state = ?",
                  (*changes.values(), delegation_id, row[0]))
 
 
 def list_delegations(conn: sqlite3.Connection, origin_session_id: str,
                      state: str | None = None) -> list[dict[str, Any]]:
     """Return the origin session's delegations oldest first, optionally of one state."""
-    sql, args = "SELECT * FROM async_delegations WHERE origin_session_id = ?", [origin_session_id]
+    sql, args = "SELECT * FROM async_delegations WHERE origin_session = ?", [origin_session_id]
     if state is not None:
         sql, args = sql + " AND state = ?", args + [state]
-    return [_delegation_dict(r) for r in row_dicts(conn.execute(sql + " ORDER BY created_at, id", args))]
+    return [_delegation_dict(r) for r in row_dicts(conn.execute(sql + " ORDER BY dispatched_at, delegation_id", args))]
 
 
 # --- input ownership on the exception path ------------------------------------------------------------

@@ -19,7 +19,7 @@ import os
 import sqlite3
 import stat
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -165,9 +165,10 @@ def needs_migration(conn: sqlite3.Connection) -> bool:
 #   1  the layout earlier releases recorded as schema version 32 (substring index over every
 #      role, 8 KB pages, content_parts);
 #   2  full-text triggers and columns shaped so hermes-agent finds them (its six trigger
-#      names, a `content` column in the substring index); a uid for every row any program inserts.
+#      names, a `content` column in the substring index); a uid for every row any program inserts;
+#   3  async_delegations and session_model_usage in the real system's columns and keys.
 LAYOUT_KEY = "hermes_state_layout"
-LAYOUT_REVISION = 2
+LAYOUT_REVISION = 3
 # The number earlier releases of this library wrote as their schema version; the real system has
 # not defined it, so a file carrying it is relabelled at its next writable open.
 RELABELLED_VERSION = 32
@@ -337,6 +338,69 @@ def v27_unique_titles(conn: sqlite3.Connection) -> None:
 def layout2_foreign_rows(conn: sqlite3.Connection) -> None:
     """Give a uid to every message another program inserted without one (the uid index finds them)."""
     backfill_message_uids(conn)
+
+
+def _table_pk(conn: sqlite3.Connection, table: str) -> tuple[str, ...]:
+    return tuple(r[1] for r in sorted((r for r in conn.execute(f"PRAGMA table_info({table})") if r[5]),
+                                      key=lambda r: r[5]))
+
+
+def _declared_pk(table: str) -> tuple[str, ...]:
+    declared = DICTIONARY[table]
+    for constraint in declared.constraints:
+        if constraint.startswith("PRIMARY KEY"):
+            return tuple(c.strip() for c in constraint[constraint.index("(") + 1:constraint.rindex(")")].split(","))
+    return tuple(c.name for c in declared.columns if "PRIMARY KEY" in c.constraint)
+
+
+def rebuild_to_declared(conn: sqlite3.Connection, table: str, sources: dict[str, tuple[str, ...]] | None = None,
+                        computed: dict[str, str] | None = None) -> None:
+    """Rebuild `table` in its declared shape, keeping every row; runs inside the caller's write transaction.
+
+    A declared column takes its value from the column of the same name, else from the first of
+    its `sources` (names an older layout gave it) that holds one, else from `computed` (SQL over
+    the old row), else its default ('' or 0 for a NOT NULL column without one). Columns the
+    declaration does not know are dropped; indexes are rebuilt afterwards by the open.
+    """
+    have = _table_columns(conn, table)
+    declared = DICTIONARY[table]
+    picks = []
+    for column in declared.columns:
+        found = [c for c in (column.name, *(sources or {}).get(column.name, ())) if c in have]
+        fallback = (computed or {}).get(column.name, _default_sql(column.default))
+        if fallback == "NULL" and "NOT NULL" in column.constraint:
+            fallback = "''" if column.type == "TEXT" else "0"
+        picks.append(f"COALESCE({', '.join(found)}, {fallback})" if found else fallback)
+    rebuilt = f"{table}_rebuilt"
+    conn.execute(replace(declared, name=rebuilt).sql)
+    conn.execute(f"INSERT INTO {rebuilt} ({', '.join(declared.column_names)}) SELECT {', '.join(picks)} FROM {table}")
+    conn.execute(f"DROP TABLE {table}")
+    conn.execute(f"ALTER TABLE {rebuilt} RENAME TO {table}")
+
+
+# The columns earlier releases of this library invented for async_delegations, by the real
+# column each stands for; a file hermes-agent made and such a release upgraded has both, the
+# invented ones empty.
+_INVENTED_DELEGATION_COLUMNS = {"delegation_id": ("id",), "origin_session": ("origin_session_id",),
+                                "task_json": ("payload_json",), "dispatched_at": ("created_at", "updated_at"),
+                                "updated_at": ("created_at",)}
+
+
+@layout_step(3, "async_delegations and session_model_usage have the real system's columns and keys")
+def layout3_real_tables(conn: sqlite3.Connection) -> None:
+    """Rebuild async_delegations and session_model_usage in the real shape, keeping their rows.
+
+    A delegation's id, origin, payload and creation time move to delegation_id, origin_session,
+    task_json and dispatched_at; a finished one gets completed_at. Usage rows get the real key
+    (session, model, billing provider, base URL, mode, task), with '' for the billing parts.
+    """
+    invented = {old for olds in _INVENTED_DELEGATION_COLUMNS.values() for old in olds} - {"updated_at"}
+    if invented & _table_columns(conn, "async_delegations"):
+        rebuild_to_declared(conn, "async_delegations", sources=_INVENTED_DELEGATION_COLUMNS, computed={
+            "completed_at": "CASE WHEN state IN ('completed', 'failed', 'cancelled') THEN updated_at END"})
+    if _table_pk(conn, "session_model_usage") != _declared_pk("session_model_usage"):
+        rebuild_to_declared(conn, "session_model_usage", sources={"first_seen": ("updated_at",),
+                                                                  "last_seen": ("updated_at",)})
 
 
 def _set_version(conn: sqlite3.Connection, version: int) -> None:

@@ -259,10 +259,12 @@ def update_token_counts(conn: sqlite3.Connection, session_id: str, input_tokens:
     on_conflict = ", ".join(f"{n} = excluded.{n}" if absolute else f"{n} = COALESCE({n}, 0) + excluded.{n}"
                             for n in names)
     conn.execute(
-        f"INSERT INTO session_model_usage (session_id, model, task, {', '.join(names)}, updated_at) "
-        f"VALUES (?, ?, '', {', '.join('?' * len(names))}, ?) "
-        f"ON CONFLICT (session_id, model, task) DO UPDATE SET {on_conflict}, updated_at = excluded.updated_at",
-        [session_id, model, *counts.values(), time.time() if now is None else now])
+        f"INSERT INTO session_model_usage (session_id, model, task, {', '.join(names)}, updated_at, first_seen, "
+        f"last_seen) VALUES (?, ?, '', {', '.join('?' * len(names))}, ?, ?, ?) "
+        # The real system's key: a route-less row has '' for each billing column.
+        f"ON CONFLICT (session_id, model, billing_provider, billing_base_url, billing_mode, task) "
+        f"DO UPDATE SET {on_conflict}, updated_at = excluded.updated_at, last_seen = excluded.last_seen",
+        [session_id, model, *counts.values(), *[time.time() if now is None else now] * 3])
 
 
 def _check_sums_fit(conn: sqlite3.Connection, session_id: str, model: str | None, counts: dict[str, Any]) -> None:

@@ -200,9 +200,9 @@ def test_a_title_taken_in_the_file_raises_before_writing(db):
 
 
 def test_columns_this_schema_lacks_are_ignored_and_reported(db):
-    doc = good_doc("a", compression_fallback_streak=2)
+    doc = good_doc("a", legacy_sync_cursor=2)
     report = db.import_sessions(doc)
-    assert report.ignored_columns == ("sessions.compression_fallback_streak",)
+    assert report.ignored_columns == ("sessions.legacy_sync_cursor",)
     assert db.get_session("a")["source"] == "cli"
 
 
