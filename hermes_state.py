@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import hermes_state_catalogue as catalogue
 import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_conversation as conversation
@@ -37,13 +38,17 @@ import hermes_state_search as search
 import hermes_state_sessions as sessions
 import hermes_state_writer as writer
 from hermes_state_gateway import receipt_digest
+from hermes_state_cjk import has_cjk
+from hermes_state_query import MAX_QUERY_CHARS as MAX_FTS5_QUERY_CHARS  # noqa: F401 - hermes-agent's name
 from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
 from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
+from hermes_state_listings import workspace_key
 from hermes_state_recovery import RecoveryReport, TableRecovery, recover
 from hermes_state_routing import input_marker, strip_echoed_user_input
 from hermes_state_common import SCHEMA_VERSION, logger
 from hermes_state_writer import RetryPolicy, Writer
-from hermes_state_errors import (HermesStateError, ImportConflictError, ImportValidationError,  # noqa: F401
+from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
+                                 ImportValidationError,
                                  LedgerStateError, OwnershipReadError,
                                  ProfileNotFoundError, ReadOnlyError, ReceiptDigestError, ReceiptOrderError,
                                  SessionBusyError, SessionClosedByCompressionError, SessionCompressionInProgressError,
@@ -57,10 +62,11 @@ from hermes_state_home import (check_db_path_allowed, child_env, default_hermes_
 from hermes_state_lockowners import configure_error_log, log_write_lock_holders
 
 __all__ = [
+    "workspace_key",
     "SessionDB", "AsyncSessionDB", "SCHEMA_VERSION", "list_sessions_across_profiles",
     "get_hermes_home", "hermes_home_override", "profile_home", "child_env", "display_hermes_home",
     "ReasoningFieldMemory", "to_provider_messages", "configure_error_log",
-    "HermesStateError", "SessionPersistenceError", "StateDbCorruptError", "StateDbIncompatibleError",
+    "HermesStateError", "SessionPersistenceError", "StateDbCorruptError", "StateDbIncompatibleError", "ForeignDatabaseError",
     "StateDbUninitializedError", "StateDbBusyError", "StoreUnavailableError", "ReadOnlyError",
     "SessionNotFoundError", "TitleConflictError", "SessionBusyError", "SessionCompressionInProgressError",
     "SessionClosedByCompressionError", "StaleEpochError", "ReceiptOrderError", "ReceiptDigestError",
@@ -117,11 +123,13 @@ class SessionDB:
     _shared_lock = threading.Lock()
 
     def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False,
-                 backup_before_upgrade: bool = True):
+                 backup_before_upgrade: bool = True, force: bool = False):
         # Absolute, so a later chdir or HERMES_HOME change cannot move this handle.
         self.profile_home = get_hermes_home().absolute()
         self.db_path = _resolve_path(db_path, self.profile_home)
         self.read_only, self._backup_before_upgrade = read_only, backup_before_upgrade
+        self._force = force  # add the store's tables even to another program's database
+        self.mode_changes: list[str] = []  # files this open tightened to 0600, each with its old mode
         self.upgrade_backup: Path | None = None  # the copy written before this handle upgraded the file
         self.schema_version: int | None = None
         self._closed = False
@@ -153,6 +161,9 @@ class SessionDB:
                 if self.read_only:
                     self.schema_version = schema.check_read_only(conn, path, self._READ_BUSY_TIMEOUT_S)
                 else:
+                    if not self._force:  # before any write or chmod: it may be someone else's file
+                        catalogue.check_ours(conn, path)
+                    self.mode_changes = schema.tighten_files(path)
                     self.schema_version = self._set_up(conn)
         except BaseException:
             conn.close()
@@ -161,7 +172,7 @@ class SessionDB:
 
     def _set_up(self, conn: sqlite3.Connection) -> int:
         schema.enable_wal(conn, self._WRITE_PATIENCE_S, self._policy())
-        schema.tighten_side_files(self.db_path)
+        self.mode_changes += schema.tighten_side_files(self.db_path)
         if not schema.needs_migration(conn):
             return schema.read_version(conn)
         self.upgrade_backup = recovery.start_upgrade(conn, self.db_path, backup=self._backup_before_upgrade)
@@ -517,6 +528,7 @@ class SessionDB:
             self._fts_worker.join(5.0)  # a chunk is short; a worker stuck on a lock just fails later
 
     _sanitize_fts5_query = staticmethod(fts._sanitize_fts5_query)  # the sanitizer, by the name callers know
+    _contains_cjk = staticmethod(has_cjk)  # hermes-agent's name for "does this text hold CJK letters"
 
     def search_messages(self, query: str, source_filter: list[str] | None = None,
                         exclude_sources: list[str] | None = None, role_filter: list[str] | None = None,
@@ -597,6 +609,24 @@ class SessionDB:
         """Release the compression lock `holder` holds; return whether one was released."""
         with self._write() as conn:
             return compression.release_compression_lock(conn, session_id, holder)
+
+    def try_acquire_compression_lock(self, session_id: str, holder: str,
+                                     ttl_seconds: float = compression.DEFAULT_LOCK_TTL_S) -> bool:
+        """Take or renew the session's compression lease for `holder`; False when another holds it live."""
+        with self._write() as conn:
+            return compression.try_acquire_compression_lock(conn, session_id, holder, ttl_seconds)
+
+    def refresh_compression_lock(self, session_id: str, holder: str,
+                                 ttl_seconds: float = compression.DEFAULT_LOCK_TTL_S) -> bool:
+        """Extend `holder`'s live lease by `ttl_seconds` from now; False when it does not hold one."""
+        with self._write() as conn:
+            return compression.refresh_compression_lock(conn, session_id, holder, ttl_seconds)
+
+    @_unknown_if_unstorable(lambda: None)
+    def get_compression_lock_holder(self, session_id: str) -> str | None:
+        """Return who holds the session's live compression lock, or None."""
+        with self._read() as conn:
+            return compression.get_compression_lock_holder(conn, session_id)
 
     # --- gateway ledgers, routing, outbox, input ownership, deletion (hermes_state_gateway,
     # hermes_state_routing). Delivery bookkeeping around a send is an activity write: it must
@@ -770,8 +800,9 @@ class SessionDB:
 
     # --- export, import, backup, restore, vacuum --------------------------------------------------
 
-    def export_session(self, session_id: str) -> dict[str, Any]:
-        """Return one session as an export document (every column, every generation, usage rows)."""
+    @_unknown_if_unstorable(lambda: None)
+    def export_session(self, session_id: str) -> dict[str, Any] | None:
+        """Return one session as an export document (every column, every generation, usage rows), or None."""
         with self._read(snapshot=True) as conn:
             return portability.export_session(conn, session_id)
 
@@ -887,6 +918,41 @@ class SessionDB:
         self._check_writable()  # a read-only or closed handle is the caller's mistake, not an unattended failure
         return maintenance.auto_prune_and_vacuum(self._write, self.vacuum if vacuum else None, retention_days,
                                                  min_interval_hours, sessions_dir)
+
+    # --- hermes-agent's conversation listings (hermes_state_listings) ---------------------------
+
+    def list_sessions_rich(self, source: str | None = None, exclude_sources: list[str] | None = None,
+                           cwd_prefix: str | None = None, limit: int = 20, offset: int = 0,
+                           include_children: bool = False, min_message_count: int = 0,
+                           project_compression_tips: bool = True, order_by_last_active: bool = False,
+                           include_archived: bool = False, archived_only: bool = False, id_query: str | None = None,
+                           search_query: str | None = None, compact_rows: bool = False) -> list[dict[str, Any]]:
+        """Return a page of conversations, a compressed one as its live tip, each with `preview` and `last_active`."""
+        with self._read(snapshot=True) as conn:
+            return listings.list_sessions_rich(conn, source, exclude_sources, cwd_prefix, limit, offset, include_children,
+                                               min_message_count, project_compression_tips, order_by_last_active,
+                                               include_archived, archived_only, id_query, search_query, compact_rows)
+
+    def search_sessions(self, source: str | None = None, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:
+        """Return every session (children included), newest first, with `last_active`."""
+        with self._read() as conn:
+            return listings.search_sessions(conn, source, limit, offset)
+
+    def search_sessions_by_id(self, query: str, limit: int = 20, include_archived: bool = True) -> list[dict[str, Any]]:
+        """Return listed conversations whose id contains `query` (case-insensitive), exact matches first."""
+        with self._read(snapshot=True) as conn:
+            return listings.search_sessions_by_id(conn, query, limit, include_archived)
+
+    def list_cron_job_runs(self, job_id: str, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:
+        """Return one cron job's run sessions newest first, each with `preview` and `last_active`."""
+        with self._read() as conn:
+            return listings.list_cron_job_runs(conn, job_id, limit, offset)
+
+    @_unknown_if_unstorable(lambda: None)
+    def get_compression_tip(self, session_id: str) -> str | None:
+        """Return the live tip of the session's compression chain; the id itself when nothing continues it."""
+        with self._read() as conn:
+            return lineage.compression_successor_id(conn, session_id) or session_id
 
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import hermes_state_commands as commands
 import hermes_state_render as render
 import hermes_state_serve as serve
 from hermes_state_commands import age, emit, existing_db, non_negative, open_db, parse_when, written_atomically
-from hermes_state_errors import HermesStateError, ProfileNotFoundError
+from hermes_state_errors import HermesStateError, ProfileNotFoundError, SessionNotFoundError
 from hermes_state_home import _apply_profile_override, display_hermes_home, hermes_home_override, profile_home
 
 # Global flags, accepted before or after the command (as sqlite-utils and `llm logs` users type them).
@@ -107,6 +107,13 @@ def _report(args: argparse.Namespace, value: Any, title: str) -> None:
 
 # --- moving data: export, import, delete, prune, recover, backup, restore ------------------------
 
+def _exported(db: Any, session_id: str) -> dict[str, Any]:
+    document = db.export_session(session_id)
+    if document is None:
+        raise SessionNotFoundError(f"session {session_id!r} not found")
+    return document
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """Export sessions (every column, every generation) as JSON Lines: one session per line."""
     progress = render.Progress("exporting")
@@ -114,7 +121,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     # The database opens first, so a wrong --db leaves an existing export as it was; the file
     # is written privately beside FILE and takes its name only once complete.
     with open_db(args) as db, written_atomically(args.output) as out:
-        stream: Iterable[dict[str, Any]] = ([db.export_session(sid) for sid in args.session_ids]
+        stream: Iterable[dict[str, Any]] = ([_exported(db, sid) for sid in args.session_ids]
                                             if args.session_ids else db.iter_export(source=args.source))
         if args.json:
             print(render.as_json(list(stream)), file=out)
@@ -245,9 +252,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     path = existing_db(args)
     with SessionDB(path, backup_before_upgrade=not args.no_backup) as db:
         data = {"path": str(path), "schema_version": db.schema_version,
-                "backup": str(db.upgrade_backup) if db.upgrade_backup else None}
+                "backup": str(db.upgrade_backup) if db.upgrade_backup else None, "mode_changes": db.mode_changes}
     emit(args, data, lambda d: f"{display_hermes_home(d['path'])} is at schema v{d['schema_version']}"
-                               + (f"; the file before the upgrade is {d['backup']}" if d["backup"] else ""))
+                               + (f"; the file before the upgrade is {d['backup']}" if d["backup"] else "")
+                               + "".join(f"\nchanged {c}" for c in d["mode_changes"]))
     return 0
 
 
@@ -395,7 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="the full integrity check (slower) instead of the quick one")
     p = _command(sub, "fts", commands.cmd_fts, "full-text index status or rebuild")
     p.add_argument("action", choices=["status", "rebuild"])
-    _command(sub, "init", commands.cmd_init, "create the database, or bring an older one up to date")
+    p = _command(sub, "init", commands.cmd_init, "create the database, or bring an older one up to date")
+    p.add_argument("--force", action="store_true", help="add the store's tables even to another program's database")
     p = _command(sub, "migrate", cmd_migrate, "upgrade an existing older database, copying it first")
     p.add_argument("--no-backup", action="store_true", help="do not write the copy first")
     _command(sub, "vacuum", cmd_vacuum, "give free pages back to the file system")

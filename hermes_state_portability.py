@@ -18,6 +18,7 @@ caller's one write transaction, checks what depends on the file, then writes.
 from __future__ import annotations
 
 import sqlite3
+import time
 import uuid
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -26,8 +27,7 @@ from typing import Any, Callable, Iterable, Iterator
 from hermes_state_common import (COUNTERS, DICTIONARY, SESSION_OWNED, Column, Table, check_stored, is_finite, is_uid,
                                  recount_sql, shown)
 from hermes_state_conversation import derived_uid
-from hermes_state_errors import (ImportConflictError, ImportValidationError, SessionNotFoundError,
-                                 TitleConflictError)
+from hermes_state_errors import ImportConflictError, ImportValidationError, TitleConflictError
 
 EXPORT_FORMAT = "hermes-state-export"
 EXPORT_VERSION = 1
@@ -53,14 +53,16 @@ def _rows(conn: sqlite3.Connection, sql: str, args: tuple, drop: tuple[str, ...]
     return [{k: v for k, v in zip(names, row) if k not in drop} for row in cur]
 
 
-def export_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any]:
-    """Return one session as an export document; raise SessionNotFoundError when it does not exist.
+def export_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
+    """Return one session as an export document, or None when it does not exist.
 
-    Run it inside one read transaction so the session and its rows come from one snapshot.
+    The session's columns are at the document's top level (hermes-agent's shape) and under
+    `session` as well (this library's earlier readers). Run it inside one read transaction so
+    the session and its rows come from one snapshot.
     """
     found = _rows(conn, "SELECT * FROM sessions WHERE id = ?", (session_id,), ())
     if not found:
-        raise SessionNotFoundError(f"session {session_id!r} not found")
+        return None
     messages = _rows(conn, "SELECT * FROM messages WHERE session_id = ? ORDER BY id", (session_id,), ("session_id",))
     for message in messages:
         row_id = message.pop("id")
@@ -68,8 +70,8 @@ def export_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any]:
             message["message_uid"] = derived_uid(session_id, row_id)
     usage = _rows(conn, "SELECT * FROM session_model_usage WHERE session_id = ? ORDER BY model, task",
                   (session_id,), ("session_id",))
-    return {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "session": found[0], "messages": messages,
-            "model_usage": usage}
+    return {**found[0], "format": EXPORT_FORMAT, "version": EXPORT_VERSION, "session": dict(found[0]),
+            "messages": messages, "model_usage": usage}
 
 
 def iter_export(read: Callable[..., AbstractContextManager[sqlite3.Connection]], source: str | None = None,
@@ -87,12 +89,10 @@ def iter_export(read: Callable[..., AbstractContextManager[sqlite3.Connection]],
                 "SELECT id FROM sessions WHERE id > ?" + ("" if source is None else " AND source = ?")
                 + " ORDER BY id LIMIT ?", (after, page) if source is None else (after, source, page))]
         for session_id in ids:
-            try:
-                with read(snapshot=True) as conn:
-                    document = export_session(conn, session_id)
-            except SessionNotFoundError:
-                continue
-            yield document
+            with read(snapshot=True) as conn:
+                document = export_session(conn, session_id)
+            if document is not None:  # deleted meanwhile
+                yield document
         if len(ids) < page:
             return
         after = ids[-1]
@@ -112,6 +112,23 @@ class ImportReport:
     # "table.column" names the input carried that this schema lacks (an older layout's extra
     # columns, say); their values were not imported.
     ignored_columns: tuple[str, ...] = ()
+
+    def __getitem__(self, key: str) -> Any:
+        """Read the report as hermes-agent's import result: ok, imported, skipped, detached (counts) and ids."""
+        written = self.imported + self.replaced
+        upstream = {"ok": True, "imported": len(written), "skipped": len(self.skipped),
+                    "detached": len(self.detached_parents), "imported_ids": list(written),
+                    "skipped_ids": list(self.skipped), "errors": []}
+        if key not in upstream:
+            raise KeyError(key)
+        return upstream[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Return `self[key]`, or `default` for a key hermes-agent's result does not have."""
+        try:
+            return self[key]
+        except KeyError:
+            return default
 
 
 @dataclass
@@ -182,6 +199,24 @@ def _note_unknown(plan: _Plan, table: str, given: Any, known: tuple[str, ...], i
         plan.ignored.update(f"{table}.{c}" for c in set(given) - set(known) - ignored)
 
 
+_DOCUMENT_KEYS = frozenset({"format", "version", "session", "messages", "model_usage"})
+
+
+def _session_object(document: dict[str, Any]) -> Any:
+    """Return a document's session columns: `session`, or the top level (hermes-agent's own export).
+
+    A document with `session` is read from it alone: the top-level copy this library's export
+    writes is there for hermes-agent's readers. A top-level document without `source` or
+    `started_at` gets "import" and the time of the import, as hermes-agent's import does.
+    """
+    if "session" in document:
+        return document["session"]
+    top = {k: v for k, v in document.items() if k not in _DOCUMENT_KEYS}
+    top.setdefault("source", "import")
+    top.setdefault("started_at", time.time())
+    return top
+
+
 def _check_document(index: int, document: Any, plan: _Plan, problems: list[str]) -> None:
     where = f"document {index}"
     if not isinstance(document, dict):
@@ -194,8 +229,9 @@ def _check_document(index: int, document: Any, plan: _Plan, problems: list[str])
         problems.append(f"{where}: export version {version!r} is not one this library reads "
                         f"(1..{EXPORT_VERSION}); upgrade hermes-state to import it")
         return
-    _note_unknown(plan, "sessions", document.get("session"), _SESSION_COLUMNS, frozenset())
-    session = _columns(f"{where} session", document.get("session"), _SESSION_COLUMNS, _SESSIONS, problems)
+    given = _session_object(document)
+    _note_unknown(plan, "sessions", given, _SESSION_COLUMNS, frozenset())
+    session = _columns(f"{where} session", given, _SESSION_COLUMNS, _SESSIONS, problems)
     if not session:
         return
     sid = session["id"]

@@ -15,7 +15,7 @@ RANKS = {
     "hermes_state_cjk": 2, "hermes_state_highlight": 2,
     "hermes_state_lineage": 2,
     "hermes_state_schema": 3, "hermes_state_query": 3,
-    "hermes_state_fts": 4,
+    "hermes_state_fts": 4, "hermes_state_catalogue": 4,
     "hermes_state_sessions": 4,
     "hermes_state_messages": 5,
     "hermes_state_conversation": 6, "hermes_state_search": 6, "hermes_state_listings": 6,
