@@ -138,8 +138,7 @@ class SessionDB:
         self.profile_home = get_hermes_home().absolute()
         self.db_path = _resolve_path(db_path, self.profile_home)
         self.read_only, self._backup_before_upgrade = read_only, backup_before_upgrade
-        self._force = force  # add the store's tables even to another program's database
-        self.mode_changes: list[str] = []  # files this open tightened to 0600, each with its old mode
+        self._force, self.mode_changes = force, []  # mode_changes: files this open tightened to 0600
         self.upgrade_backup: Path | None = None  # the copy written before this handle upgraded the file
         self.schema_version: int | None = None
         self._closed = False
@@ -175,9 +174,9 @@ class SessionDB:
                 if self.read_only:
                     self.schema_version = schema.check_read_only(conn, path, self._READ_BUSY_TIMEOUT_S)
                 else:
-                    if not self._force:  # before any write or chmod: it may be someone else's file
-                        catalogue.check_ours(conn, path)
+                    catalogue.check_ours(conn, path, force=self._force)  # before any write or chmod
                     self.mode_changes = schema.tighten_files(path)
+                    catalogue.clean_partial_copies(path)  # a killed upgrade's half-written copy
                     self.schema_version = self._set_up(conn)
         except BaseException:
             conn.close()
