@@ -267,8 +267,7 @@ DICTIONARY: dict[str, Table] = {t.name: t for t in (
     Table("session_model_usage", (
         Column("session_id", _T, "NOT NULL REFERENCES sessions(id) ON DELETE CASCADE", rule=None),
         Column("model", _T, "NOT NULL"),
-        *(Column(name, _T, "NOT NULL", default="") for name in ("billing_provider", "billing_base_url",
-                                                                "billing_mode", "task")),
+        *(Column(n, _T, "NOT NULL", default="") for n in ("billing_provider", "billing_base_url", "billing_mode", "task")),
         Column("api_call_count", _I, "NOT NULL", default=0),
         *(Column(c.name, _I, "NOT NULL", default=0) for c in _TOKEN_COLUMNS),
         Column("estimated_cost_usd", _R, "NOT NULL", default=0), Column("actual_cost_usd", _R, "NOT NULL", default=0),
@@ -281,10 +280,8 @@ DICTIONARY: dict[str, Table] = {t.name: t for t in (
         Column("value", _T),
     )),
     Table("gateway_routing", (
-        Column("scope", _T, "NOT NULL", default=""),
-        Column("session_key", _T, "NOT NULL"),
-        Column("entry_json", _T, "NOT NULL", rule="json", json=True),
-        Column("updated_at", _R, "NOT NULL"),
+        Column("scope", _T, "NOT NULL", default=""), Column("session_key", _T, "NOT NULL"),
+        Column("entry_json", _T, "NOT NULL", rule="json", json=True), Column("updated_at", _R, "NOT NULL"),
     ), ("PRIMARY KEY (scope, session_key)",),
         owner="CASE WHEN json_valid(entry_json) THEN json_extract(entry_json, '$.session_id') END"),
     Table("compression_locks", (
@@ -293,21 +290,17 @@ DICTIONARY: dict[str, Table] = {t.name: t for t in (
         Column("acquired_at", _R, "NOT NULL"),
         Column("expires_at", _R, "NOT NULL"),
     ), owner=_SESSION_ID),
-    # The real system's columns (delivery_* track handing a result back), plus this library's target.
+    # hermes-agent's columns (delivery_* hand a result back; its index idx_async_delegations_delivery
+    # is declared under its name, so it finds it) plus this library's target.
     Table("async_delegations", (
-        Column("delegation_id", _T, "PRIMARY KEY"),
-        Column("origin_session", _T, "NOT NULL"),
-        Column("origin_ui_session_id", _T, "NOT NULL", default=""),
-        Column("parent_session_id", _T),
-        Column("state", _T, "NOT NULL"),
-        Column("dispatched_at", _R, "NOT NULL"), Column("completed_at", _R), Column("updated_at", _R, "NOT NULL"),
-        Column("event_json", _T, rule="json", json=True), Column("result_json", _T, rule="json", json=True),
+        Column("delegation_id", _T, "PRIMARY KEY"), Column("origin_session", _T, "NOT NULL"),
+        Column("origin_ui_session_id", _T, "NOT NULL", default=""), Column("parent_session_id", _T),
+        Column("state", _T, "NOT NULL"), Column("dispatched_at", _R, "NOT NULL"), Column("completed_at", _R),
+        Column("updated_at", _R, "NOT NULL"), *(Column(n, _T, rule="json", json=True) for n in ("event_json", "result_json")),
         Column("delivery_state", _T, "NOT NULL", default="pending"),
         Column("delivery_attempts", _I, "NOT NULL", default=0), Column("delivered_at", _R),
         Column("owner_pid", _I), Column("owner_started_at", _I), Column("task_json", _T, rule="json", json=True),
-        Column("delivery_claim", _T), Column("delivery_claimed_at", _R),
-        Column("target", _T),
-    ), owner="origin_session"),
+        Column("delivery_claim", _T), Column("delivery_claimed_at", _R), Column("target", _T)), owner="origin_session"),
     Table("runtime_epoch", (
         Column("id", _I, "PRIMARY KEY CHECK (id = 1)"),
         Column("epoch", _I, "NOT NULL"),
@@ -431,7 +424,6 @@ INDEX_SQL: tuple[str, ...] = (
     "CREATE INDEX IF NOT EXISTS idx_executions_session ON worker_executions(session_id, state)",
     "CREATE INDEX IF NOT EXISTS idx_receipts_session ON worker_receipts(session_id)",
     "CREATE INDEX IF NOT EXISTS idx_delegations_origin ON async_delegations(origin_session)",
-    # hermes-agent's own index, under its name: its IF NOT EXISTS finds it instead of building it.
     "CREATE INDEX IF NOT EXISTS idx_async_delegations_delivery ON async_delegations(delivery_state, completed_at)",
     # A queue's head is found without walking the session's finished admissions.
     f"CREATE INDEX IF NOT EXISTS idx_admissions_live ON session_admissions(session_id, id) WHERE {LIVE_ADMISSION_SQL}",
