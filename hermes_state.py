@@ -862,12 +862,6 @@ class SessionDB:
     # --- maintenance: deleting, pruning, the empty-session sweeps, state_meta -------------------
     # (hermes_state_maintenance; docs/maintenance.md). Transcript files go only after COMMIT.
 
-    @property
-    def _conn(self) -> sqlite3.Connection:
-        # hermes-agent's callers and tests reach the write connection by this name. Statements run
-        # on it directly bypass the writer's lock and retries.
-        return self._writer.conn
-
     @_unknown_if_unstorable(lambda: False)
     def delete_session(self, session_id: str, sessions_dir: str | os.PathLike | None = None) -> bool:
         """Delete a session with its whole conversation and its delegates; False for an unknown id."""
