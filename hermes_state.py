@@ -173,7 +173,7 @@ class SessionDB:
         try:
             with typed_errors(path, reading=True):  # "not a database" at open -> StateDbCorruptError
                 if self.read_only:
-                    self.schema_version = schema.check_read_only(conn, path, self._READ_BUSY_TIMEOUT_S)
+                    self.schema_version = catalogue.check_read_only(conn, path, self._READ_BUSY_TIMEOUT_S)
                 else:
                     catalogue.check_ours(conn, path, force=self._force)  # before any write or chmod
                     self.mode_changes = schema.tighten_files(path)
