@@ -81,8 +81,7 @@ class Column:
 
     def check(self, value: Any) -> Any:
         """Return a caller's (non-None) value as stored, or raise ValueError naming the column."""
-        assert self.rule is not None  # only columns with a rule are checked; the library sets the others
-        return COLUMN_RULES[self.rule](self.name, value)
+        return COLUMN_RULES[cast(str, self.rule)](self.name, value)  # only columns with a rule are checked
 
 
 @dataclass(frozen=True)
