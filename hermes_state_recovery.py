@@ -16,6 +16,7 @@ builds the target under a temporary name, renamed into place only when complete.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import time
 import uuid
@@ -36,6 +37,9 @@ EXCLUDED_TABLES = ("runtime_epoch", "session_admissions", "worker_executions", "
 # Tables whose copied row count is checked against the source's own count.
 VERIFIED_TABLES = ("sessions", "messages", "delivery_obligations")
 COPY_CHUNK_ROWS = 5000
+# No statement recover runs on the source may work longer than this without handing back a row:
+# a planted schema entry (a view over an endless recursive query posing as a table) is cut off.
+STEP_LIMIT_S = 60.0
 _REBUILT = frozenset({"schema_version", "sqlite_sequence", fts.CJK_PENDING})
 _INT_MIN = -2**63
 
@@ -93,13 +97,31 @@ def backup_to(conn: sqlite3.Connection, target: str | os.PathLike) -> Path:
     return target
 
 
+class _Bounded(sqlite3.Connection):
+    """A source connection whose statements are interrupted after STEP_LIMIT_S without progress."""
+
+    mark = 0.0
+
+    def execute(self, *args) -> sqlite3.Cursor:  # type: ignore[override]
+        self.mark = time.monotonic()
+        return super().execute(*args)
+
+    def overdue(self) -> bool:
+        return time.monotonic() - self.mark > STEP_LIMIT_S
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
 def _open_source(path: Path) -> sqlite3.Connection:
     # Read-only always; immutable (no locks, no -shm) when no WAL holds committed pages, so a
     # damaged file or a file on a read-only medium is read exactly as it lies on disk.
     wal = Path(f"{path}-wal")
     query = "?mode=ro" if wal.exists() and wal.stat().st_size > 0 else "?mode=ro&immutable=1"
-    conn = sqlite3.connect(path.as_uri() + query, uri=True, isolation_level=None)
+    conn = sqlite3.connect(path.as_uri() + query, uri=True, isolation_level=None, factory=_Bounded)
     conn.execute("PRAGMA query_only = ON")
+    conn.set_progress_handler(conn.overdue, 10_000)
     # Text another client stored as bytes that are not UTF-8 is salvaged with U+FFFD, as the
     # library reads it everywhere else, rather than losing the row.
     conn.text_factory = schema.lenient_text
@@ -323,6 +345,10 @@ class RecoveryReport:
 def _source_tables(conn: sqlite3.Connection) -> list[tuple[str, str]]:
     rows = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' "
                         "ESCAPE '\\'").fetchall()
+    # Only a table's own definition is ever read through: an entry typed `table` holding any
+    # other statement (a view, say) would run stored SQL, so recover reports it and never reads it.
+    rows = [(name, sql if re.match(r"\s*CREATE\s+(VIRTUAL\s+)?TABLE\b", sql or "", re.IGNORECASE)
+             and not re.search(r"\bAS\s+(SELECT|WITH|VALUES)\b", sql, re.IGNORECASE) else None) for name, sql in rows]
     virtual = [name for name, sql in rows if (sql or "").upper().startswith("CREATE VIRTUAL TABLE")]
     # Full-text tables and their shadow tables are derived data: rebuilt, never copied.
     def derived(name: str) -> bool:
@@ -332,18 +358,25 @@ def _source_tables(conn: sqlite3.Connection) -> list[tuple[str, str]]:
 
 def _count(conn: sqlite3.Connection, table: str) -> int | None:
     """Return the source's row count, through an index when the table itself is damaged; None if none works."""
-    attempts = [f'SELECT COUNT(*) FROM "{table}"']
+    attempts = [f'SELECT COUNT(*) FROM {_quote(table)}']
     try:
         indexes = conn.execute("SELECT name, partial FROM pragma_index_list(?)", (table,)).fetchall()
     except sqlite3.DatabaseError:
         indexes = []
-    attempts += [f'SELECT COUNT(*) FROM "{table}" INDEXED BY "{name}"' for name, partial in indexes if not partial]
+    attempts += [f'SELECT COUNT(*) FROM {_quote(table)} INDEXED BY {_quote(name)}' for name, partial in indexes
+                 if not partial]
     for sql in attempts:
         try:
             return conn.execute(sql).fetchone()[0]
-        except sqlite3.DatabaseError:
+        except sqlite3.DatabaseError as exc:
+            if _interrupted(exc):
+                return None
             continue
     return None
+
+
+def _interrupted(exc: BaseException) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) == 9  # SQLITE_INTERRUPT: STEP_LIMIT_S ran out
 
 
 _UNREADABLE = "unreadable"
@@ -352,9 +385,11 @@ _UNREADABLE = "unreadable"
 def _row_after(conn: sqlite3.Connection, table: str, names: str, x: int) -> tuple | str | None:
     """Return (rowid, *columns) of the one row after `x`, None if none, _UNREADABLE if it fails or lies <= x."""
     try:
-        row = conn.execute(f'SELECT rowid, {names} FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT 1',
+        row = conn.execute(f'SELECT rowid, {names} FROM {_quote(table)} WHERE rowid > ? ORDER BY rowid LIMIT 1',
                            (x,)).fetchone()
-    except sqlite3.DatabaseError:
+    except sqlite3.DatabaseError as exc:
+        if _interrupted(exc):
+            raise
         return _UNREADABLE
     return _UNREADABLE if row is not None and row[0] <= x else row
 
@@ -387,10 +422,11 @@ def _next_readable(conn: sqlite3.Connection, table: str, names: str, after: int)
 
 def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, columns: list[str],
                report: TableRecovery, rowid: bool) -> None:
-    names = ", ".join(f'"{c}"' for c in columns)
-    insert = f'INSERT INTO "{table}" ({names}) VALUES ({", ".join("?" * len(columns))})'
+    names = ", ".join(_quote(c) for c in columns)
+    insert = f'INSERT INTO {_quote(table)} ({names}) VALUES ({", ".join("?" * len(columns))})'
 
     def put(rows: list[tuple]) -> None:
+        src.mark = time.monotonic()  # rows arrived: the step limit counts from here
         try:
             with_savepoint(dst, lambda: dst.executemany(insert, rows))
             report.copied += len(rows)
@@ -421,9 +457,11 @@ def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, col
         cur = None
         while True:
             try:
-                cur = cur or src.execute(f'SELECT {names} FROM "{table}"')
+                cur = cur or src.execute(f'SELECT {names} FROM {_quote(table)}')
                 rows = cur.fetchmany(COPY_CHUNK_ROWS)
             except sqlite3.DatabaseError as exc:
+                if _interrupted(exc):
+                    raise
                 report.error = str(exc)
                 return
             put(rows)
@@ -434,12 +472,14 @@ def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, col
         batch: list[tuple] = []
         before = last
         try:
-            for row in src.execute(f'SELECT rowid, {names} FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT ?',
-                                   (last, COPY_CHUNK_ROWS)):
+            for row in src.execute(f'SELECT rowid, {names} FROM {_quote(table)} WHERE rowid > ? ORDER BY rowid '
+                                   'LIMIT ?', (last, COPY_CHUNK_ROWS)):
                 batch.append(row[1:])
                 last = max(last, row[0])  # a damaged page can hand back smaller rowids: never go back
         except sqlite3.DatabaseError as exc:
             put(batch)
+            if _interrupted(exc):
+                raise
             report.error = report.error or str(exc)
             last = step_over(last)
             if last is None:
@@ -552,9 +592,12 @@ def _build(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[tuple[
         if name in EXCLUDED_TABLES:
             continue
         result = report.tables[name] = TableRecovery()
+        if sql is None:
+            result.error = "its schema entry is not a table definition; it was not read"
+            continue
         result.source_rows = _count(src, name)
         try:
-            src_cols = [r[1] for r in src.execute(f'PRAGMA table_info("{name}")')]
+            src_cols = [r[0] for r in src.execute("SELECT name FROM pragma_table_info(?)", (name,))]
             without_rowid = "WITHOUT ROWID" in (sql or "").upper()
         except sqlite3.DatabaseError as exc:
             result.error = str(exc)
@@ -577,7 +620,10 @@ def _build(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[tuple[
             continue
         if dropped := [c for c in src_cols if c not in columns]:
             report.dropped_columns[name] = dropped
-        _copy_rows(src, dst, name, columns, result, rowid=not without_rowid)
+        try:
+            _copy_rows(src, dst, name, columns, result, rowid=not without_rowid)
+        except sqlite3.DatabaseError as exc:  # only an interrupted step gets here: the rest is read on
+            result.error = f"reading it made no progress for {STEP_LIMIT_S:.0f} s ({exc}); the rest was not read"
     for name in sorted({"sessions", "messages"} - set(report.tables)):  # their schema entry was lost
         report.tables[name] = TableRecovery(source_rows=None, error="its definition cannot be read")
     report.tables = {n: t for n, t in report.tables.items() if t.copied or t.source_rows or t.lost_ranges or t.error}
