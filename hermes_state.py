@@ -9,6 +9,8 @@ Transaction contract: every write method is exactly one BEGIN IMMEDIATE transact
 """
 from __future__ import annotations
 
+__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
+
 import asyncio
 import functools
 import os
@@ -18,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import hermes_state_catalogue as catalogue
 import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_conversation as conversation
@@ -25,6 +28,7 @@ import hermes_state_fts as fts
 import hermes_state_gateway as gateway
 import hermes_state_lineage as lineage
 import hermes_state_listings as listings
+import hermes_state_maintenance as maintenance
 import hermes_state_messages as message_rows
 import hermes_state_portability as portability
 import hermes_state_recovery as recovery
@@ -34,8 +38,11 @@ import hermes_state_search as search
 import hermes_state_sessions as sessions
 import hermes_state_writer as writer
 from hermes_state_gateway import receipt_digest
+from hermes_state_cjk import has_cjk
+from hermes_state_query import MAX_QUERY_CHARS as MAX_FTS5_QUERY_CHARS  # noqa: F401 - hermes-agent's name
 from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
 from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
+from hermes_state_listings import workspace_key
 from hermes_state_recovery import RecoveryReport, TableRecovery, recover
 from hermes_state_routing import input_marker, strip_echoed_user_input
 from hermes_state_common import SCHEMA_VERSION, logger
@@ -55,6 +62,7 @@ from hermes_state_home import (check_db_path_allowed, child_env, default_hermes_
 from hermes_state_lockowners import configure_error_log, log_write_lock_holders
 
 __all__ = [
+    "workspace_key",
     "SessionDB", "AsyncSessionDB", "SCHEMA_VERSION", "list_sessions_across_profiles",
     "get_hermes_home", "hermes_home_override", "profile_home", "child_env", "display_hermes_home",
     "ReasoningFieldMemory", "to_provider_messages", "configure_error_log",
@@ -154,7 +162,7 @@ class SessionDB:
                     self.schema_version = schema.check_read_only(conn, path, self._READ_BUSY_TIMEOUT_S)
                 else:
                     if not self._force:  # before any write or chmod: it may be someone else's file
-                        schema.check_ours(conn, path)
+                        catalogue.check_ours(conn, path)
                     self.mode_changes = schema.tighten_files(path)
                     self.schema_version = self._set_up(conn)
         except BaseException:
@@ -519,6 +527,9 @@ class SessionDB:
         if self._fts_worker is not None:
             self._fts_worker.join(5.0)  # a chunk is short; a worker stuck on a lock just fails later
 
+    _sanitize_fts5_query = staticmethod(fts._sanitize_fts5_query)  # the sanitizer, by the name callers know
+    _contains_cjk = staticmethod(has_cjk)  # hermes-agent's name for "does this text hold CJK letters"
+
     def search_messages(self, query: str, source_filter: list[str] | None = None,
                         exclude_sources: list[str] | None = None, role_filter: list[str] | None = None,
                         session_id: str | None = None, limit: int = 20, offset: int = 0,
@@ -598,6 +609,24 @@ class SessionDB:
         """Release the compression lock `holder` holds; return whether one was released."""
         with self._write() as conn:
             return compression.release_compression_lock(conn, session_id, holder)
+
+    def try_acquire_compression_lock(self, session_id: str, holder: str,
+                                     ttl_seconds: float = compression.DEFAULT_LOCK_TTL_S) -> bool:
+        """Take or renew the session's compression lease for `holder`; False when another holds it live."""
+        with self._write() as conn:
+            return compression.try_acquire_compression_lock(conn, session_id, holder, ttl_seconds)
+
+    def refresh_compression_lock(self, session_id: str, holder: str,
+                                 ttl_seconds: float = compression.DEFAULT_LOCK_TTL_S) -> bool:
+        """Extend `holder`'s live lease by `ttl_seconds` from now; False when it does not hold one."""
+        with self._write() as conn:
+            return compression.refresh_compression_lock(conn, session_id, holder, ttl_seconds)
+
+    @_unknown_if_unstorable(lambda: None)
+    def get_compression_lock_holder(self, session_id: str) -> str | None:
+        """Return who holds the session's live compression lock, or None."""
+        with self._read() as conn:
+            return compression.get_compression_lock_holder(conn, session_id)
 
     # --- gateway ledgers, routing, outbox, input ownership, deletion (hermes_state_gateway,
     # hermes_state_routing). Delivery bookkeeping around a send is an activity write: it must
@@ -769,21 +798,11 @@ class SessionDB:
         return self._transcript_write(target, lambda conn: routing.persist_failed_turn_input(
             conn, session_id, message, marker))
 
-    def delete_session(self, session_id: str) -> None:
-        """Delete a session, its messages and ledger rows; SessionBusyError while ledger work is live."""
-        with self._write() as conn:
-            gateway.delete_session(conn, session_id)
-
-    def prune_sessions(self, older_than_days: float, source: str | None = None) -> int:
-        """Delete ended sessions started more than `older_than_days` ago (busy ones skipped); return how many."""
-        with self._write() as conn:
-            return gateway.prune_sessions(conn, older_than_days, source)
-
-
     # --- export, import, backup, restore, vacuum --------------------------------------------------
 
-    def export_session(self, session_id: str) -> dict[str, Any]:
-        """Return one session as an export document (every column, every generation, usage rows)."""
+    @_unknown_if_unstorable(lambda: None)
+    def export_session(self, session_id: str) -> dict[str, Any] | None:
+        """Return one session as an export document (every column, every generation, usage rows), or None."""
         with self._read(snapshot=True) as conn:
             return portability.export_session(conn, session_id)
 
@@ -822,6 +841,118 @@ class SessionDB:
         self._check_writable()
         with self._writer.exclusive() as conn:
             return recovery.vacuum(conn, self._WRITE_PATIENCE_S, self._policy())
+
+    # --- maintenance: deleting, pruning, the empty-session sweeps, state_meta -------------------
+    # (hermes_state_maintenance; docs/maintenance.md). Transcript files go only after COMMIT.
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        # hermes-agent's callers and tests reach the write connection by this name. Statements run
+        # on it directly bypass the writer's lock and retries.
+        return self._writer.conn
+
+    @_unknown_if_unstorable(lambda: False)
+    def delete_session(self, session_id: str, sessions_dir: str | os.PathLike | None = None) -> bool:
+        """Delete a session with its whole conversation and its delegates; False for an unknown id."""
+        common.check_id("session_id", session_id)
+        return bool(self.delete_sessions([session_id], sessions_dir=sessions_dir))
+
+    def delete_sessions(self, session_ids: list[str], sessions_dir: str | os.PathLike | None = None) -> int:
+        """Delete the listed sessions (conversations and delegates with them) in one transaction; return how many went."""
+        with self._write() as conn:
+            removed = maintenance.delete_sessions(conn, maintenance.id_list(session_ids))
+        maintenance.remove_transcripts(sessions_dir, removed)
+        return len(removed)
+
+    def prune_sessions(self, older_than_days: float | None = 90, source: str | None = None,
+                       sessions_dir: str | os.PathLike | None = None, **filters: Any) -> int:
+        """Delete ended conversations started more than `older_than_days` ago (and matching `filters`); return how many sessions."""
+        with self._write() as conn:
+            removed = maintenance.prune_sessions(conn, older_than_days, source, filters)
+        maintenance.remove_transcripts(sessions_dir, removed)
+        return len(removed)
+
+    def list_prune_candidates(self, older_than_days: float | None = None, source: str | None = None,
+                              **filters: Any) -> list[dict[str, Any]]:
+        """Return the sessions `prune_sessions` with the same arguments would delete, oldest first."""
+        with self._read(snapshot=True) as conn:
+            return maintenance.list_prune_candidates(conn, older_than_days, source, filters)
+
+    def archive_sessions(self, older_than_days: float | None = None, source: str | None = None, **filters: Any) -> int:
+        """Archive ended, unarchived conversations matching the prune filters; return how many sessions."""
+        with self._write() as conn:
+            return maintenance.archive_sessions(conn, older_than_days, source, filters)
+
+    def count_empty_sessions(self) -> int:
+        """Return how many sessions `delete_empty_sessions` would delete."""
+        with self._read(snapshot=True) as conn:
+            return maintenance.count_empty_sessions(conn)
+
+    def delete_empty_sessions(self, sessions_dir: str | os.PathLike | None = None) -> int:
+        """Delete ended, unarchived sessions that never got a message; return how many."""
+        with self._write() as conn:
+            removed = maintenance.delete_empty_sessions(conn)
+        maintenance.remove_transcripts(sessions_dir, removed)
+        return len(removed)
+
+    def delete_session_if_empty(self, session_id: str, sessions_dir: str | os.PathLike | None = None) -> bool:
+        """Delete the session only if it has no messages, title or children; return whether it went."""
+        with self._write() as conn:
+            removed = maintenance.delete_session_if_empty(conn, session_id)
+        maintenance.remove_transcripts(sessions_dir, [session_id] if removed else [])
+        return removed
+
+    def get_meta(self, key: str) -> str | None:
+        """Return the state_meta value under `key`, or None."""
+        with self._read() as conn:
+            return maintenance.get_meta(conn, key)
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Store a state_meta value (text) under `key`, replacing the old one."""
+        with self._write() as conn:
+            maintenance.set_meta(conn, key, value)
+
+    def maybe_auto_prune_and_vacuum(self, retention_days: float = 90, min_interval_hours: float = 24,
+                                    vacuum: bool = True, sessions_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+        """Prune old ended conversations at most once per interval, then VACUUM if any went; see docs/maintenance.md."""
+        self._check_writable()  # a read-only or closed handle is the caller's mistake, not an unattended failure
+        return maintenance.auto_prune_and_vacuum(self._write, self.vacuum if vacuum else None, retention_days,
+                                                 min_interval_hours, sessions_dir)
+
+    # --- hermes-agent's conversation listings (hermes_state_listings) ---------------------------
+
+    def list_sessions_rich(self, source: str | None = None, exclude_sources: list[str] | None = None,
+                           cwd_prefix: str | None = None, limit: int = 20, offset: int = 0,
+                           include_children: bool = False, min_message_count: int = 0,
+                           project_compression_tips: bool = True, order_by_last_active: bool = False,
+                           include_archived: bool = False, archived_only: bool = False, id_query: str | None = None,
+                           search_query: str | None = None, compact_rows: bool = False) -> list[dict[str, Any]]:
+        """Return a page of conversations, a compressed one as its live tip, each with `preview` and `last_active`."""
+        with self._read(snapshot=True) as conn:
+            return listings.list_sessions_rich(conn, source, exclude_sources, cwd_prefix, limit, offset, include_children,
+                                               min_message_count, project_compression_tips, order_by_last_active,
+                                               include_archived, archived_only, id_query, search_query, compact_rows)
+
+    def search_sessions(self, source: str | None = None, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:
+        """Return every session (children included), newest first, with `last_active`."""
+        with self._read() as conn:
+            return listings.search_sessions(conn, source, limit, offset)
+
+    def search_sessions_by_id(self, query: str, limit: int = 20, include_archived: bool = True) -> list[dict[str, Any]]:
+        """Return listed conversations whose id contains `query` (case-insensitive), exact matches first."""
+        with self._read(snapshot=True) as conn:
+            return listings.search_sessions_by_id(conn, query, limit, include_archived)
+
+    def list_cron_job_runs(self, job_id: str, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:
+        """Return one cron job's run sessions newest first, each with `preview` and `last_active`."""
+        with self._read() as conn:
+            return listings.list_cron_job_runs(conn, job_id, limit, offset)
+
+    @_unknown_if_unstorable(lambda: None)
+    def get_compression_tip(self, session_id: str) -> str | None:
+        """Return the live tip of the session's compression chain; the id itself when nothing continues it."""
+        with self._read() as conn:
+            return lineage.compression_successor_id(conn, session_id) or session_id
 
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:

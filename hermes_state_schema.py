@@ -1,31 +1,34 @@
-"""Schema setup: connect, create, reconcile columns, run the versioned ladder, check versions.
+"""Schema setup: connect, build a new file, reconcile columns, run the versioned ladder, check versions.
 
-Owns: opening the SQLite connection with the library's pragmas, `_reconcile_columns()`
-(declarative ADD COLUMN), the versioned migration ladder for data/index changes, and the
-read-only compatibility check.
-Does not own: the FTS tables (hermes_state_fts) or any session/message query.
+Owns: opening the SQLite connection with the library's pragmas, `build_file()` (the one
+builder of a new file: a fresh open and `recover` both use it), `_reconcile_columns()`
+(declarative ADD COLUMN from the data dictionary), the versioned migration ladder (a registry
+of `@step` functions, each saying what changed) and the read-only compatibility check.
+Does not own: the FTS tables (hermes_state_fts), the declared tables themselves
+(hermes_state_common) or any session/message query.
 
-Transaction contract: `migrate()` opens its own write transactions through the Writer
-(one for tables + columns, one per ladder step with its version bump, one for indexes),
-re-reading the state under the lock each time because another process may have migrated
-first. An up-to-date database is detected with a few catalogue reads and takes no write lock,
-so opening costs the same for any number of rows.
+Transaction contract: `migrate()` opens its own write transactions through the Writer (an
+empty file is built in one; an existing one gets one for tables + columns, one per ladder step
+with its version bump, one for indexes), re-reading the state under the lock each time because
+another process may have migrated first. An up-to-date database is detected with a few
+catalogue reads and takes no write lock, so opening costs the same for any number of rows.
 """
 from __future__ import annotations
 
 import os
-import re
 import sqlite3
 import stat
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterator
 
-from hermes_state_common import (INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES, SCHEMA_VERSION,
-                                 SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, logger)
+from hermes_state_common import (COUNTERS, DICTIONARY, INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
+                                 SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, logger, object_exists,
+                                 recount_sql, sql_literal, table_exists)
 from hermes_state_writer import RetryPolicy, Writer, retry_on_lock
-from hermes_state_errors import (ForeignDatabaseError, StateDbBusyError, StateDbIncompatibleError,
-                                 StateDbUninitializedError, is_sqlite_lock_error)
+from hermes_state_errors import (StateDbBusyError, StateDbIncompatibleError, StateDbUninitializedError,
+                                 is_sqlite_lock_error)
 
 _SIDE_FILES = ("-wal", "-shm")
 
@@ -87,18 +90,7 @@ def tighten_side_files(path: Path) -> list[str]:
     return tighten_files(path)
 
 
-def check_ours(conn: sqlite3.Connection, path: Path) -> None:
-    """Refuse a non-empty database holding none of this store's tables (another program's file).
 
-    Raises ForeignDatabaseError naming the file before anything is written to it or its mode
-    changed. Reads the catalogue only.
-    """
-    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    if names and not names & (set(_DECLARED) | {"schema_version"}):
-        raise ForeignDatabaseError(
-            f"{path} is a SQLite database of another program ({len(names)} table(s), none of hermes-state's); "
-            "it was left untouched. Point --db at the store, or pass force (`hermes-state init --force`, "
-            "SessionDB(path, force=True)) to add this store's tables to it.")
 
 
 def connect(path: Path, *, read_only: bool = False, read_busy_s: float = READ_BUSY_TIMEOUT_S) -> sqlite3.Connection:
@@ -153,8 +145,7 @@ def enable_wal(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy)
 
 def read_version(conn: sqlite3.Connection) -> int | None:
     """Return the stored schema version, or None when there is no schema_version table."""
-    has = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'").fetchone()
-    if not has:
+    if not table_exists(conn, "schema_version"):
         return None
     row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
     return row[0] if row and row[0] is not None else 0
@@ -186,8 +177,69 @@ def needs_migration(conn: sqlite3.Connection) -> bool:
     if version is None or version < SCHEMA_VERSION:
         return True
     if version > SCHEMA_VERSION:
-        return False
-    return bool(missing_columns(conn)) or _missing_indexes(conn)
+        return is_own_relabel(conn, version)
+    return (read_layout(conn) < LAYOUT_REVISION or bool(missing_columns(conn)) or _missing_indexes(conn)
+            or not _has_uid_trigger(conn))
+
+
+# --- the layout revision ------------------------------------------------------------------------------
+# schema_version holds the real system's numbering, which only it defines. Changes this library
+# makes to its own objects (the FTS layout, page size, the columns it adds) are counted apart,
+# under LAYOUT_KEY in state_meta, the way the real system counts its FTS layout apart too.
+#   1  the layout earlier releases recorded as schema version 32 (substring index over every
+#      role, 8 KB pages, content_parts);
+#   2  full-text triggers and columns shaped so hermes-agent finds them (its six trigger
+#      names, a `content` column in the substring index); a uid for every row any program inserts.
+LAYOUT_KEY = "hermes_state_layout"
+LAYOUT_REVISION = 2
+# The number earlier releases of this library wrote as their schema version; the real system has
+# not defined it, so a file carrying it is relabelled at its next writable open.
+RELABELLED_VERSION = 32
+
+
+def read_layout(conn: sqlite3.Connection) -> int:
+    """Return this library's layout revision recorded in the file (0 when none is)."""
+    if not table_exists(conn, "state_meta"):
+        return 0
+    row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (LAYOUT_KEY,)).fetchone()
+    try:
+        return int(row[0]) if row else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def is_own_relabel(conn: sqlite3.Connection, version: int | None) -> bool:
+    """Tell whether `version` is the 32 an earlier release of this library wrote (not a newer real version).
+
+    Only this library creates the view `messages_fts_trigram_source`; a file with it, version 32
+    and no layout revision is one of ours.
+    """
+    return version == RELABELLED_VERSION and read_layout(conn) == 0 and object_exists(
+        conn, "view", "messages_fts_trigram_source")
+
+
+def effective_version(conn: sqlite3.Connection) -> int | None:
+    """Return the stored schema version, reading this library's own former 32 as 31."""
+    version = read_version(conn)
+    return SCHEMA_VERSION if is_own_relabel(conn, version) else version
+
+
+def _set_layout(conn: sqlite3.Connection, revision: int) -> None:
+    conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, ?)", (LAYOUT_KEY, str(revision)))
+
+
+# Rows inserted by any program (hermes-agent, a sqlite3 shell) without a uid get one at once,
+# in plain SQL: a uuid4 in hex (version nibble 4, variant 8-b), as append_message issues.
+UID_TRIGGER = "messages_assign_uid"
+UID_TRIGGER_SQL = (
+    f"CREATE TRIGGER IF NOT EXISTS {UID_TRIGGER} AFTER INSERT ON messages WHEN new.message_uid IS NULL BEGIN "
+    "UPDATE messages SET message_uid = lower(hex(randomblob(6)) || '4' || substr(hex(randomblob(2)), 2) "
+    "|| substr('89ab', 1 + (abs(random()) % 4), 1) || substr(hex(randomblob(2)), 2) || hex(randomblob(6))) "
+    "WHERE id = new.id; END")
+
+
+def _has_uid_trigger(conn: sqlite3.Connection) -> bool:
+    return object_exists(conn, "trigger", UID_TRIGGER)
 
 
 # --- reconciling columns --------------------------------------------------------------------------
@@ -230,31 +282,67 @@ def backfill_message_uids(conn: sqlite3.Connection) -> int:
     return conn.execute("UPDATE messages SET message_uid = hermes_new_uid() WHERE message_uid IS NULL").rowcount
 
 
-def _backfill_counters(conn: sqlite3.Connection) -> None:
-    # Old layouts had no counters: derive them from the rows they summarise.
-    conn.execute(
-        "UPDATE sessions SET message_count = (SELECT COUNT(*) FROM messages m WHERE m.session_id = sessions.id)")
-
-
-def _backfill_tool_call_counts(conn: sqlite3.Connection) -> None:
-    # The tool calls of assistant turns, as append_message counts them (a JSON array's length).
-    conn.execute(
-        "UPDATE sessions SET tool_call_count = (SELECT COALESCE(SUM(json_array_length(m.tool_calls)), 0) "
-        "FROM messages m WHERE m.session_id = sessions.id AND m.role = 'assistant' "
-        "AND json_valid(m.tool_calls) AND json_type(m.tool_calls) = 'array')")
+def _backfill_counter(column: str) -> Callable[[sqlite3.Connection], None]:
+    # Old layouts had no counters: derive them from the rows they summarise, by the declared
+    # rule the write path keeps (live rows only).
+    return lambda conn: conn.execute(recount_sql((column,)))
 
 
 # A column that arrives in an old file with rows already present gets its meaning back here,
 # in the same transaction as the ADD COLUMN.
 _BACKFILL_ON_ADD: dict[tuple[str, str], Callable[[sqlite3.Connection], None]] = {
     ("messages", "message_uid"): backfill_message_uids,
-    ("sessions", "message_count"): _backfill_counters,
-    ("sessions", "tool_call_count"): _backfill_tool_call_counts,
+    **{("sessions", c.column): _backfill_counter(c.column) for c in COUNTERS},
 }
 
 
-# --- the versioned ladder --------------------------------------------------------------------------
+# --- the ladders ---------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Step:
+    """One released ladder step: the version (or layout revision) it reaches, what changed, and its function.
+
+    Iterates as (version, run), the pair older readers of the ladders unpack.
+    """
+
+    version: int
+    what: str
+    run: Callable[[sqlite3.Connection], None]
+
+    def __iter__(self) -> Iterator:
+        return iter((self.version, self.run))
+
+
+# Two ladders, oldest step first, filled by their decorators: LADDER for the real system's
+# schema versions, LAYOUT_STEPS for this library's own layout revisions (run after it).
+# Released steps are never edited; fix forward with a new one. A step runs once the tables hold
+# every declared column, on the rows an upgrade found or `recover` copied (from a file of any
+# version), so rows already in its shape must come out unchanged.
+LADDER: list[Step] = []
+LAYOUT_STEPS: list[Step] = []
+_Run = Callable[[sqlite3.Connection], None]
+
+
+def _registrar(ladder: list[Step], top: int, version: int, what: str) -> Callable[[_Run], _Run]:
+    def register(run: _Run) -> _Run:
+        if ladder and version <= ladder[-1].version or version > top:
+            raise ValueError(f"ladder step {version} is out of order or past {top}, the newest this library writes")
+        ladder.append(Step(version, what, run))
+        return run
+    return register
+
+
+def step(version: int, what: str) -> Callable[[_Run], _Run]:
+    """Register the decorated function as the LADDER step reaching schema `version`; `what` says what changed."""
+    return _registrar(LADDER, SCHEMA_VERSION, version, what)
+
+
+def layout_step(revision: int, what: str) -> Callable[[_Run], _Run]:
+    """Register the decorated function as the LAYOUT_STEPS step reaching layout `revision`; `what` says what changed."""
+    return _registrar(LAYOUT_STEPS, LAYOUT_REVISION, revision, what)
+
+
+@step(27, "session titles are unique: later holders of a repeated title become 'T #2', 'T #3', ...")
 def v27_unique_titles(conn: sqlite3.Connection) -> None:
     """Number duplicate titles (`T`, `T #2`, ...) so the unique-title index can be built."""
     dupes = conn.execute(
@@ -269,10 +357,10 @@ def v27_unique_titles(conn: sqlite3.Connection) -> None:
             n += 1
 
 
-# (version reached, step). Released steps are never edited; fix forward with a new one.
-LADDER: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
-    (27, v27_unique_titles),
-]
+@layout_step(2, "every message row has a uid, also one another program inserted without it")
+def layout2_foreign_rows(conn: sqlite3.Connection) -> None:
+    """Give a uid to every message another program inserted without one (the uid index finds them)."""
+    backfill_message_uids(conn)
 
 
 def _set_version(conn: sqlite3.Connection, version: int) -> None:
@@ -285,134 +373,161 @@ def is_older_file(conn: sqlite3.Connection) -> bool:
     version = read_version(conn)
     if version is not None:
         return version < SCHEMA_VERSION
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='sessions'").fetchone() is not None
+    return table_exists(conn, "sessions")
+
+
+# --- building and migrating ------------------------------------------------------------------------
+
+def _finish(conn: sqlite3.Connection) -> None:
+    # What every open leaves in place: the declared indexes, the uid trigger, the current numbers.
+    for sql in INDEX_SQL:
+        conn.execute(sql)
+    conn.execute(UID_TRIGGER_SQL)
+    if read_version(conn) < SCHEMA_VERSION:
+        _set_version(conn, SCHEMA_VERSION)
+    if read_layout(conn) < LAYOUT_REVISION:
+        _set_layout(conn, LAYOUT_REVISION)
+
+
+def build_file(conn: sqlite3.Connection, fill: Callable[[sqlite3.Connection], None] | None = None) -> None:
+    """Give an empty database the whole current layout: every declared table, index and trigger, the versions.
+
+    The one way a new file is made: a fresh open and `recover` both come here. `fill(conn)` runs
+    once the tables exist and before any index is built (recover copies rows there); the rows it
+    wrote then get message uids and go through every step of both ladders, since rows salvaged
+    from a damaged file may predate any of them. Runs inside the caller's write transaction.
+    """
+    for sql in TABLE_SQL:
+        conn.execute(sql)
+    _set_version(conn, 0)
+    if fill is not None:
+        fill(conn)
+        backfill_message_uids(conn)
+        for later in (*LADDER, *LAYOUT_STEPS):
+            later.run(conn)
+    _finish(conn)
+
+
+def _climb(writer: Writer, patience_s: float, policy: RetryPolicy, ladder: list[Step],
+           read: Callable[[sqlite3.Connection], int], write: Callable[[sqlite3.Connection, int], None]) -> None:
+    # One transaction per step with its number, re-read under the lock: another opener may be ahead.
+    for later in ladder:
+        with writer.transaction(patience_s, policy):
+            if read(writer.conn) < later.version:
+                later.run(writer.conn)
+                write(writer.conn, later.version)
 
 
 def migrate(writer: Writer, patience_s: float, policy: RetryPolicy,
             before_upgrade: Callable[[sqlite3.Connection], None] | None = None) -> int:
-    """Bring the database up to SCHEMA_VERSION; return the version it had before.
+    """Bring the database up to SCHEMA_VERSION and LAYOUT_REVISION; return the version it had before.
 
-    A newer-than-known version is returned untouched (the caller refuses writes).
-    `before_upgrade(conn)` runs in the first transaction of an upgrade of an existing file,
-    before any column is added or back-filled: the caller drops derived objects there (an
-    older layout's FTS triggers would otherwise re-index every back-filled row).
+    A newer-than-known version is returned untouched (the caller refuses writes); the 32 earlier
+    releases of this library wrote is relabelled 31 and counts as 31 here. An empty file is
+    built in one transaction (build_file). `before_upgrade(conn)` runs in the first transaction
+    of an upgrade of an existing file, before any column is added or back-filled: the caller
+    drops derived objects there (an older layout's FTS triggers would otherwise re-index every
+    back-filled row).
     """
     conn = writer.conn
     with writer.transaction(patience_s, policy):
         found = read_version(conn)
         if found is not None and found > SCHEMA_VERSION:
-            return found
-        fresh = found is None and not conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='sessions'").fetchone()
-        if not fresh and (found is None or found < SCHEMA_VERSION) and before_upgrade is not None:
+            if not is_own_relabel(conn, found):
+                return found
+            _set_version(conn, SCHEMA_VERSION)
+            _set_layout(conn, 1)
+            found = SCHEMA_VERSION
+        if found is None and not table_exists(conn, "sessions"):
+            build_file(conn)
+            return SCHEMA_VERSION
+        if (found is None or found < SCHEMA_VERSION) and before_upgrade is not None:
             before_upgrade(conn)
         for sql in TABLE_SQL:
             conn.execute(sql)
         for key in _reconcile_columns(conn):
             if key in _BACKFILL_ON_ADD:
                 _BACKFILL_ON_ADD[key](conn)
-        if fresh:
-            _set_version(conn, SCHEMA_VERSION)
-        elif found is None:
+        if found is None:
             _set_version(conn, 0)
-    for target, step in ([] if fresh else LADDER):
-        with writer.transaction(patience_s, policy):
-            if read_version(conn) < target:
-                step(conn)
-                _set_version(conn, target)
+    _climb(writer, patience_s, policy, LADDER, read_version, _set_version)
+    _climb(writer, patience_s, policy, LAYOUT_STEPS, read_layout, _set_layout)
     with writer.transaction(patience_s, policy):
         for name in RETIRED_INDEXES:  # an index no query needs any more only costs space and writes
             conn.execute(f"DROP INDEX IF EXISTS {name}")
-        for sql in INDEX_SQL:
-            conn.execute(sql)
-        if read_version(conn) < SCHEMA_VERSION:
-            _set_version(conn, SCHEMA_VERSION)
-    return SCHEMA_VERSION if fresh else (found or 0)
+        _finish(conn)
+    return found or 0
+
+
+# What any layout the ladder upgrades has had: without these a file is not a session store.
+_CORE_COLUMNS = {"sessions": ("id", "source", "started_at"),
+                 "messages": ("id", "session_id", "role", "content", "timestamp")}
+
+
+def _default_sql(default: object) -> str:
+    # The value a column the file lacks reads as: its declared default, else NULL.
+    return "NULL" if default is None else sql_literal(default)
+
+
+def shadow_missing(conn: sqlite3.Connection) -> list[str]:
+    """On a read-only connection, make every declared table and column readable; return the tables shadowed.
+
+    A table the file lacks a column of gets a TEMP view of the same name that adds the column at
+    its default (unqualified names find the temp schema first); a table the file lacks entirely
+    gets an empty one. The temp schema lives outside the database file, so its bytes stay the same.
+    """
+    have_tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+    shadowed = []
+    for table in (t for t in DICTIONARY.values() if t.at_open):
+        name = table.name
+        if name in have_tables:
+            have = _table_columns(conn, name)
+            lacking = [c for c in table.columns if c.name not in have]
+            if not lacking:
+                continue
+            added = ", ".join(f"{_default_sql(c.default)} AS {c.name}" for c in lacking)
+            conn.execute(f"CREATE TEMP VIEW {name} AS SELECT *, {added} FROM main.{name}")
+        else:
+            cols = ", ".join(f"{_default_sql(c.default)} AS {c.name}" for c in table.columns)
+            conn.execute(f"CREATE TEMP VIEW {name} AS SELECT {cols} WHERE 0")
+        shadowed.append(name)
+    return shadowed
 
 
 def check_read_only(conn: sqlite3.Connection, path: Path, read_busy_s: float = READ_BUSY_TIMEOUT_S) -> int:
-    """Verify a read-only handle can serve reads; return the version or raise a 503-class error."""
+    """Verify a read-only handle can serve reads; return the version or raise a 503-class error.
+
+    A file of any older layout the ladder upgrades (hermes-agent's included) is read as it is:
+    the columns and tables it lacks read as their defaults (see shadow_missing), nothing is written.
+    """
     try:
-        version = read_version(conn)
+        version = effective_version(conn)
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     except sqlite3.OperationalError as exc:
         if is_sqlite_lock_error(exc):
             raise StateDbBusyError(f"{path} stayed locked for {read_busy_s:.1f}s") from exc
         raise
-    if version is None:
+    if version is None and "sessions" not in tables:
         raise StateDbUninitializedError(f"{path} has no hermes-state schema yet")
-    lacking = missing_columns(conn)
-    if version < SCHEMA_VERSION or lacking:
+    lacking = [f"{t}.{c}" for t, cols in _CORE_COLUMNS.items()
+               for c in cols if t not in tables or c not in _table_columns(conn, t)]
+    if lacking:
         raise StateDbIncompatibleError(
-            f"{path} has schema version {version}{' without some columns' if lacking else ''}; this library "
-            f"reads version {SCHEMA_VERSION} read-only. Upgrade it with `hermes-state --db {path} migrate` (or "
-            f"open it once writable: SessionDB({str(path)!r}), or start the profile's gateway), then read it again.")
-    # A newer version whose tables hold every column we know is read as it is: a writer of a
-    # newer release may upgrade the file while dashboards keep reading it.
-    return version
-
-
-def _index_names() -> set[str]:
-    return {sql.split(" IF NOT EXISTS ")[1].split()[0] for sql in INDEX_SQL} | set(RETIRED_INDEXES)
-
-
-# Statements that write rows: a trigger body holding one that names a declared table can
-# rewrite or remove user data behind the library's back.
-_DECLARED = sorted(name for name, _, _ in TABLES) + ["delivery_obligations"]
-_WRITES_DECLARED = re.compile(r"\b(" + "|".join(_DECLARED) + r")\b", re.IGNORECASE)
-
-
-def foreign_objects(conn: sqlite3.Connection, own: Iterable[tuple[str, str, str]], *, older: bool) -> list[str]:
-    """Name the schema objects of a file this library would not have made (each as "trigger 'x' on t").
-
-    `own` lists the library's derived objects (type, name, SQL) as it creates them: a trigger,
-    a view or a virtual table is accepted only when it is one of them exactly. In an `older`
-    file (an upgrade is due) an earlier layout's full-text objects are accepted too, as long as
-    a trigger writes only to full-text tables: the upgrade drops them before any row is written.
-    Tables are data and are all accepted; a UNIQUE index on a declared table must be one of ours
-    (another would refuse writes the library makes). Reads the catalogue only.
-    """
-    mine = set(own)
-    declared = set(_DECLARED)
-    out = []
-    rows = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite\\_%' "
-                        "ESCAPE '\\' ORDER BY type, name").fetchall()
-    for kind, name, table, sql in rows:
-        sql = sql or ""
-        old_fts = older and name.startswith("messages_fts")
-        if (kind, name, sql) in mine:
-            continue
-        if kind == "trigger":
-            body = re.split(r"\bBEGIN\b", sql, maxsplit=1, flags=re.IGNORECASE)[-1]
-            if old_fts and table == "messages" and not _WRITES_DECLARED.search(body):
-                continue
-        elif kind == "view":
-            if old_fts:
-                continue
-        elif kind == "table":
-            if not sql.upper().startswith("CREATE VIRTUAL TABLE") or (old_fts and "fts5" in sql.lower()):
-                continue
-        elif kind == "index":
-            unique = sql.upper().startswith("CREATE UNIQUE")
-            if table not in declared or not unique or name in _index_names():
-                continue
-        out.append(f"{kind} {name!r}" + (f" on {table}" if table != name else ""))
-    return out
-
-
-def refuse_foreign_objects(conn: sqlite3.Connection, path: Path, own: Iterable[tuple[str, str, str]],
-                           version: int | None) -> None:
-    """Raise StateDbIncompatibleError naming every object `foreign_objects` finds in a file to restore.
-
-    A file without a schema version is left to the caller (it is not a hermes-state file at all).
-    """
-    if version is None:
-        return
-    foreign = foreign_objects(conn, own, older=version < SCHEMA_VERSION)
-    if foreign:
-        raise StateDbIncompatibleError(
-            f"{path} carries schema objects hermes-state does not create ({', '.join(foreign[:5])}"
-            f"{f' and {len(foreign) - 5} more' if len(foreign) > 5 else ''}); nothing was restored. "
-            f"`hermes-state recover {path} <new path>` copies its rows into a clean file, which restores.")
+            f"{path} is not a session store this library can read (it lacks {', '.join(lacking[:4])}). Open the "
+            f"right file, or let the program that wrote it upgrade it; `hermes-state --db {path} migrate` "
+            "upgrades any hermes-agent or hermes-state layout.")
+    if version is not None and version > SCHEMA_VERSION:
+        # A newer version holding every column we know is read as it is: a writer of a newer
+        # release may upgrade the file while dashboards keep reading it. One without them has
+        # changed what a column means, which defaults cannot stand in for.
+        gone = missing_columns(conn)
+        if gone:
+            raise StateDbIncompatibleError(
+                f"{path} has schema version {version}, newer than this library's {SCHEMA_VERSION}, without some "
+                f"columns it reads ({', '.join(sorted(gone))}); upgrade hermes-state to read it.")
+        return version
+    shadow_missing(conn)  # an older layout reads with defaults for what it lacks
+    return version if version is not None else 0
 
 
 def integrity_problems(conn: sqlite3.Connection, full: bool = False) -> list[str]:

@@ -473,8 +473,8 @@ def test_restore_refuses_schema_objects_the_library_does_not_create(db, tmp_path
 
 
 def test_restore_accepts_its_own_backups_and_an_older_layouts_full_text_objects(db, tmp_path):
+    import hermes_state_catalogue as catalogue
     import hermes_state_fts as fts
-    import hermes_state_schema as schema
     db.create_session("s", "cli")
     db.append_message("s", "user", "hello")
     db.restore(db.backup(tmp_path / "own.db"))
@@ -485,8 +485,8 @@ def test_restore_accepts_its_own_backups_and_an_older_layouts_full_text_objects(
     older.execute("CREATE VIRTUAL TABLE messages_fts USING fts5(content)")
     older.execute("CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN "
                   "INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END")
-    assert schema.foreign_objects(older, fts.OBJECTS, older=True) == []
-    assert schema.foreign_objects(older, fts.OBJECTS, older=False) != []
+    assert catalogue.foreign_objects(older, fts.OBJECTS, older=True) == []
+    assert catalogue.foreign_objects(older, fts.OBJECTS, older=False) != []
 
 
 # --- recover runs no stored SQL but reading the tables, and bounds every step ------------------------
