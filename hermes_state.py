@@ -164,6 +164,7 @@ class SessionDB:
                     if not self._force:  # before any write or chmod: it may be someone else's file
                         catalogue.check_ours(conn, path)
                     self.mode_changes = schema.tighten_files(path)
+                    catalogue.clean_partial_copies(path)  # a killed upgrade's half-written copy
                     self.schema_version = self._set_up(conn)
         except BaseException:
             conn.close()
