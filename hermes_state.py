@@ -15,7 +15,9 @@ import asyncio
 import functools
 import os
 import sqlite3
+import sys  # noqa: F401  (hermes-agent's tests patch hermes_state.sys.platform)
 import threading
+import time  # noqa: F401  (and hermes_state.time.time)
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -30,21 +32,23 @@ import hermes_state_lineage as lineage
 import hermes_state_listings as listings
 import hermes_state_maintenance as maintenance
 import hermes_state_messages as message_rows
+import hermes_state_ownership as ownership
 import hermes_state_portability as portability
 import hermes_state_recovery as recovery
 import hermes_state_schema as schema
 import hermes_state_routing as routing
 import hermes_state_search as search
 import hermes_state_sessions as sessions
+import hermes_state_titles as titles
 import hermes_state_writer as writer
 from hermes_state_gateway import receipt_digest
 from hermes_state_cjk import has_cjk
 from hermes_state_query import MAX_QUERY_CHARS as MAX_FTS5_QUERY_CHARS  # noqa: F401 - hermes-agent's name
 from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
-from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
+from hermes_state_ownership import input_marker
+from hermes_state_provider import ReasoningFieldMemory, strip_echoed_user_input, to_provider_messages
 from hermes_state_listings import workspace_key
 from hermes_state_recovery import RecoveryReport, TableRecovery, recover
-from hermes_state_routing import input_marker, strip_echoed_user_input
 from hermes_state_common import SCHEMA_VERSION, logger
 from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
@@ -60,8 +64,15 @@ from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportC
 from hermes_state_home import (check_db_path_allowed, child_env, default_hermes_root,  # noqa: F401
                                display_hermes_home, get_hermes_home, hermes_home_override, profile_home)
 from hermes_state_lockowners import configure_error_log, log_write_lock_holders
+from hermes_state_errors import (StateDbJournalError, describe_init_failure, format_session_db_unavailable,
+                                 get_last_init_error, set_last_init_error)
+from hermes_state_schema import apply_wal_with_fallback
+# hermes-agent's private names for the same process-wide state, which its callers and tests reset.
+_set_last_init_error = set_last_init_error
+_wal_fallback_warned_paths = schema.wal_fallback_warned
 
 __all__ = [
+    "apply_wal_with_fallback", "get_last_init_error", "format_session_db_unavailable", "StateDbJournalError",
     "workspace_key",
     "SessionDB", "AsyncSessionDB", "SCHEMA_VERSION", "list_sessions_across_profiles",
     "get_hermes_home", "hermes_home_override", "profile_home", "child_env", "display_hermes_home",
@@ -128,8 +139,7 @@ class SessionDB:
         self.profile_home = get_hermes_home().absolute()
         self.db_path = _resolve_path(db_path, self.profile_home)
         self.read_only, self._backup_before_upgrade = read_only, backup_before_upgrade
-        self._force = force  # add the store's tables even to another program's database
-        self.mode_changes: list[str] = []  # files this open tightened to 0600, each with its old mode
+        self._force, self.mode_changes = force, []  # mode_changes: files this open tightened to 0600
         self.upgrade_backup: Path | None = None  # the copy written before this handle upgraded the file
         self.schema_version: int | None = None
         self._closed = False
@@ -137,10 +147,14 @@ class SessionDB:
         # A writable file gets a second connection for reads (opened on first read); read-only
         # handles and in-memory databases (a second connection would be another database) do not.
         separate_reads = not read_only and str(self.db_path) != ":memory:"
-        self._writer = Writer(self._connect(), on_give_up=self._log_lock_holders,
-                              open_reader=(lambda: schema.connect_reader(self.db_path)) if separate_reads else None)
-        self._writer.after_commit.append(self._upkeep)
-        self._open_fts()
+        try:
+            self._writer = Writer(self._connect(), on_give_up=self._log_lock_holders,
+                                  open_reader=(lambda: schema.connect_reader(self.db_path)) if separate_reads else None)
+            self._writer.after_commit.append(self._upkeep)
+            self._open_fts()
+        except Exception as exc:  # kept for a caller that reports the failure later (a slash command)
+            set_last_init_error(describe_init_failure(exc))
+            raise
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -161,8 +175,7 @@ class SessionDB:
                 if self.read_only:
                     self.schema_version = schema.check_read_only(conn, path, self._READ_BUSY_TIMEOUT_S)
                 else:
-                    if not self._force:  # before any write or chmod: it may be someone else's file
-                        catalogue.check_ours(conn, path)
+                    catalogue.check_ours(conn, path, force=self._force)  # before any write or chmod
                     self.mode_changes = schema.tighten_files(path)
                     catalogue.clean_partial_copies(path)  # a killed upgrade's half-written copy
                     self.schema_version = self._set_up(conn)
@@ -172,7 +185,7 @@ class SessionDB:
         return conn
 
     def _set_up(self, conn: sqlite3.Connection) -> int:
-        schema.enable_wal(conn, self._WRITE_PATIENCE_S, self._policy())
+        schema.enable_wal(conn, self.db_path, self._WRITE_PATIENCE_S, self._policy())
         self.mode_changes += schema.tighten_side_files(self.db_path)
         if not schema.needs_migration(conn):
             return schema.read_version(conn)
@@ -307,7 +320,7 @@ class SessionDB:
     def create_session(self, session_id: str, source: str, model: str | None = None, *,
                        model_config: Any = None, system_prompt: str | None = None, user_id: str | None = None,
                        parent_session_id: str | None = None, **columns: Any) -> str:
-        """Create a session row; a duplicate id or unknown column raises ValueError."""
+        """Create the session, or fill the still-empty columns of an existing one (first write wins); return the id."""
         columns.update(model=model, model_config=model_config, system_prompt=system_prompt, user_id=user_id,
                        parent_session_id=parent_session_id)
         with self._write() as conn:
@@ -348,12 +361,18 @@ class SessionDB:
     def update_token_counts(self, session_id: str, input_tokens: int = 0, output_tokens: int = 0,
                             cache_read_tokens: int = 0, cache_write_tokens: int = 0, reasoning_tokens: int = 0, *,
                             estimated_cost_usd: float | None = None, api_call_count: int = 0,
-                            model: str | None = None, absolute: bool = False) -> None:
-        """Add to (or set, with `absolute`) the token counters and the per-model usage row."""
+                            model: str | None = None, absolute: bool = False, actual_cost_usd: float | None = None,
+                            billing_provider: str | None = None, billing_base_url: str | None = None,
+                            billing_mode: str | None = None, cost_status: str | None = None,
+                            cost_source: str | None = None, pricing_version: str | None = None) -> None:
+        """Add to (or set, with `absolute`) the token counters; keep the billing route and per-model usage."""
         with self._write() as conn:
-            sessions.update_token_counts(conn, session_id, input_tokens, output_tokens, cache_read_tokens,
-                                         cache_write_tokens, reasoning_tokens, estimated_cost_usd=estimated_cost_usd,
-                                         api_call_count=api_call_count, model=model, absolute=absolute)
+            sessions.update_token_counts(
+                conn, session_id, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+                reasoning_tokens, estimated_cost_usd=estimated_cost_usd, actual_cost_usd=actual_cost_usd,
+                api_call_count=api_call_count, model=model, billing_provider=billing_provider,
+                billing_base_url=billing_base_url, billing_mode=billing_mode, cost_status=cost_status,
+                cost_source=cost_source, pricing_version=pricing_version, absolute=absolute)
 
     def archive_session(self, session_id: str) -> None:
         """Archive a session deliberately."""
@@ -406,10 +425,11 @@ class SessionDB:
         return self._transcript_write(session_id, lambda conn: message_rows.merge_messages(conn, session_id, row_ids))
 
     @_unknown_if_unstorable(list)
-    def get_messages(self, session_id: str, include_inactive: bool = False) -> list[dict[str, Any]]:
-        """Return raw rows (all columns, JSON decoded) ordered by id; active only unless asked."""
+    def get_messages(self, session_id: str, include_inactive: bool = False, limit: int | None = None,
+                     offset: int = 0) -> list[dict[str, Any]]:
+        """Return raw rows (all columns, JSON decoded) ordered by id; active only unless asked; paged by limit/offset."""
         with self._read() as conn:
-            return message_rows.get_messages(conn, session_id, include_inactive)
+            return message_rows.get_messages(conn, session_id, include_inactive, limit, offset)
 
     def replace_messages(self, session_id: str, messages: list[dict[str, Any]]) -> int:
         """Rewrite the active transcript in one transaction, keeping uids; return how many rows."""
@@ -431,27 +451,27 @@ class SessionDB:
 
     # --- titles, lineage, listings, statistics, archive ----------------------------------------------
 
-    def set_session_title(self, session_id: str, title: str | None) -> str | None:
-        """Set or clear (None/blank) a session's title; return the stored, stripped title."""
+    def set_session_title(self, session_id: str, title: str | None) -> bool:
+        """Set or clear (None/blank) a session's title; True when set, False for an unknown session."""
         with self._write() as conn:
-            return sessions.set_session_title(conn, session_id, title)
+            return titles.set_session_title(conn, session_id, title)
 
     @_unknown_if_unstorable(lambda: None)
     def get_session_title(self, session_id: str) -> str | None:
         """Return the session's title, or None."""
         with self._read() as conn:
-            return sessions.get_session_title(conn, session_id)
+            return titles.get_session_title(conn, session_id)
 
     @_unknown_if_unstorable(lambda: None)
     def resolve_session_by_title(self, title: str) -> str | None:
         """Return the id of the newest session of the title's lineage ("T", "T #2", ...), or None."""
         with self._read() as conn:
-            return sessions.resolve_session_by_title(conn, title)
+            return titles.resolve_session_by_title(conn, title)
 
     def get_next_title_in_lineage(self, title: str) -> str:
         """Return the next free title of the lineage: "T" -> "T #2" -> "T #3"."""
         with self._read() as conn:
-            return sessions.get_next_title_in_lineage(conn, title)
+            return titles.get_next_title_in_lineage(conn, title)
 
     @_unknown_if_unstorable(list)
     def get_lineage(self, session_id: str) -> list[dict[str, Any]]:
@@ -719,9 +739,7 @@ class SessionDB:
     def begin_delivery(self, obligation_id: int, *, epoch: int | None = None) -> int:
         """Start a send attempt (pending/failed -> attempting); return the attempt's fence. Activity write."""
         with self._write(self._ACTIVITY_WRITE_PATIENCE_S) as conn:
-            if epoch is not None:  # a replaced owner must not start sends
-                gateway.check_epoch(conn, epoch)
-            return routing.begin_delivery(conn, obligation_id)
+            return routing.begin_delivery(conn, obligation_id, epoch=epoch)
 
     def mark_delivered(self, obligation_id: int, *, fence: int | None = None) -> None:
         """Mark an obligation delivered (from pending or attempting; fenced when given). Activity write."""
@@ -736,9 +754,7 @@ class SessionDB:
     def recover_deliveries(self, max_attempts: int = 3, *, epoch: int | None = None) -> dict[str, int]:
         """At owner start: attempting -> pending (recovered=1), over the cap -> abandoned; return the counts."""
         with self._write() as conn:
-            if epoch is not None:  # a replaced owner must not pull back its successor's sends
-                gateway.check_epoch(conn, epoch)
-            return routing.recover_deliveries(conn, max_attempts)
+            return routing.recover_deliveries(conn, max_attempts, epoch=epoch)
 
     def list_owed(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Return obligations still owed (pending, attempting, failed), oldest first."""
@@ -795,8 +811,8 @@ class SessionDB:
         """Append a failed turn's user input unless a row already owns `marker`; return the row id or None."""
         self._check_writable()
         with self._read() as conn:  # where it would go, so a compression there is waited out first
-            target = routing.input_target(conn, session_id)
-        return self._transcript_write(target, lambda conn: routing.persist_failed_turn_input(
+            target = ownership.input_target(conn, session_id)
+        return self._transcript_write(target, lambda conn: ownership.persist_failed_turn_input(
             conn, session_id, message, marker))
 
     # --- export, import, backup, restore, vacuum --------------------------------------------------
@@ -954,6 +970,101 @@ class SessionDB:
         """Return the live tip of the session's compression chain; the id itself when nothing continues it."""
         with self._read() as conn:
             return lineage.compression_successor_id(conn, session_id) or session_id
+
+    @_unknown_if_unstorable(lambda: None)
+    def resolve_session_id(self, session_id_or_prefix: str) -> str | None:
+        """Return the exact id, else the one id starting with the prefix; None when none or ambiguous."""
+        with self._read() as conn:
+            return listings.resolve_session_id(conn, session_id_or_prefix)
+
+    @_unknown_if_unstorable(list)
+    def get_compression_lineage(self, session_id: str) -> list[str]:
+        """Return the ids of the session's whole compression chain, oldest first ([] when unknown)."""
+        with self._read(snapshot=True) as conn:
+            return lineage.compression_chain_ids(conn, session_id)
+
+    @_unknown_if_unstorable(lambda: None)
+    def export_session_lineage(self, session_id: str) -> dict[str, Any] | None:
+        """Return the session's compression chain as one export document, or None when unknown."""
+        with self._read(snapshot=True) as conn:
+            return portability.export_session_lineage(conn, session_id)
+
+
+    # --- the names agent code written for hermes-agent calls ---------------------------------------
+
+    sanitize_title = staticmethod(titles.sanitize_title)
+
+    @property
+    def _conn(self) -> Any:
+        """The handle's connection, rows readable by column name (for tests and agent code that peek)."""
+        return writer.RowConnection(self._writer.conn)
+
+    def update_system_prompt(self, session_id: str, system_prompt: str | None) -> None:
+        """Store the system prompt the session's turns are built with."""
+        with self._write() as conn:
+            sessions.update_system_prompt(conn, session_id, system_prompt)
+
+    def update_session_model(self, session_id: str, model: str) -> None:
+        """Set the session's model (a deliberate switch; token updates never change it)."""
+        with self._write() as conn:
+            sessions.update_session_model(conn, session_id, model)
+
+    def update_session_billing_route(self, session_id: str, *, provider: str | None, base_url: str | None,
+                                     billing_mode: str | None = None) -> None:
+        """Switch the billing route (billing_mode kept unless given) and clear the stored system prompt."""
+        with self._write() as conn:
+            sessions.update_session_billing_route(conn, session_id, provider=provider, base_url=base_url,
+                                                  billing_mode=billing_mode)
+
+    def update_session_cwd(self, session_id: str, cwd: str, git_branch: str | None = None,
+                           git_repo_root: str | None = None) -> None:
+        """Record the working directory; an empty branch or repo root keeps the one already stored."""
+        with self._write() as conn:
+            sessions.update_session_cwd(conn, session_id, cwd, git_branch, git_repo_root)
+
+    def distinct_session_cwds(self, include_archived: bool = False) -> list[dict[str, Any]]:
+        """Return each working directory with its number of sessions, most used first."""
+        with self._read() as conn:
+            return sessions.distinct_session_cwds(conn, include_archived)
+
+    def backfill_repo_roots(self, cwd_to_root: dict[str, str]) -> int:
+        """Fill empty git_repo_root values from a {cwd: root} map; return how many rows changed."""
+        with self._write() as conn:
+            return sessions.backfill_repo_roots(conn, cwd_to_root)
+
+    def set_session_archived(self, session_id: str, archived: bool) -> bool:
+        """Archive or unarchive a session; False for an unknown session."""
+        with self._write() as conn:
+            return sessions.set_session_archived(conn, session_id, archived)
+
+    def set_auto_title_if_empty(self, session_id: str, title: str | None) -> bool:
+        """Set a generated title only while the session has none; True when it was set."""
+        with self._write() as conn:
+            return titles.set_auto_title_if_empty(conn, session_id, title)
+
+    @_unknown_if_unstorable(lambda: None)
+    def get_session_by_title(self, title: str) -> dict[str, Any] | None:
+        """Return the session row with exactly this title, or None."""
+        with self._read() as conn:
+            return titles.get_session_by_title(conn, title)
+
+    def session_count(self, source: str | None = None, cwd_prefix: str | None = None, min_message_count: int = 0,
+                      include_archived: bool = False, archived_only: bool = False, exclude_children: bool = False,
+                      exclude_sources: list[str] | None = None) -> int:
+        """Return how many sessions match the filters (archived ones only when asked)."""
+        with self._read() as conn:
+            return sessions.session_count(conn, source, cwd_prefix, min_message_count, include_archived,
+                                          archived_only, exclude_children, exclude_sources)
+
+    def message_count(self, session_id: str | None = None) -> int:
+        """Return how many live messages the store (or one session) holds."""
+        with self._read() as conn:
+            return message_rows.message_count(conn, session_id)
+
+    def set_latest_user_api_content(self, session_id: str, content: Any, api_content: str) -> int:
+        """Record what was really sent for the latest user turn whose text is `content`; return rows changed (0 or 1)."""
+        return self._transcript_write(session_id, lambda conn: message_rows.set_latest_user_api_content(
+            conn, session_id, content, api_content))
 
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:

@@ -98,12 +98,14 @@ def refuse_foreign_objects(conn: sqlite3.Connection, path: Path, own: Iterable[t
             f"`hermes-state recover {path} <new path>` copies its rows into a clean file, which restores.")
 
 
-def check_ours(conn: sqlite3.Connection, path: Path) -> None:
+def check_ours(conn: sqlite3.Connection, path: Path, *, force: bool = False) -> None:
     """Refuse a non-empty database holding none of this store's tables (another program's file).
 
     Raises ForeignDatabaseError naming the file before anything is written to it or its mode
-    changed. Reads the catalogue only.
+    changed; with `force` the file is taken as it is. Reads the catalogue only.
     """
+    if force:
+        return
     names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if names and not names & (set(_DECLARED) | {"schema_version"}):
         raise ForeignDatabaseError(

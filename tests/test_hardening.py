@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hermes_state_compression as compression
-from hermes_state import (HermesStateError, SessionDB, SessionNotFoundError, StateDbCorruptError,
+from hermes_state import (HermesStateError, SessionClosedByCompressionError, SessionDB, SessionNotFoundError,
+                          StateDbCorruptError,
                           StoreUnavailableError, list_sessions_across_profiles)
 
 
@@ -144,13 +145,28 @@ def test_a_damaged_fts_structure_is_a_typed_error_for_every_call(db):
 
 # --- public API that corrupts state -----------------------------------------------------------------
 
-def test_compression_is_not_an_end_reason_callers_may_give(db):
+def test_ending_by_compression_then_creating_the_child_builds_the_chain(db):
+    # The design document's lineage: end the session with "compression", then create its
+    # continuation with parent_session_id. The two steps together are one compression edge.
     db.create_session("s", "cli")
-    with pytest.raises(ValueError, match="reserved"):
-        db.end_session("s", "compression")
-    db.append_message("s", "user", "still usable")
-    db.rotate_session("s", "t", [])
+    db.append_message("s", "user", "first half")
+    db.end_session("s", "compression")
+    db.end_session("s", "user_exit")  # the first end wins
     assert db.get_session("s")["end_reason"] == "compression"
+    db.create_session("t", "cli", parent_session_id="s")
+    assert db.get_compression_successor("s") == "t"
+    assert db.get_compression_ancestors("t") == ["s"]
+    with pytest.raises(SessionClosedByCompressionError):
+        db.reopen_session("s")  # its conversation lives on in "t"
+    assert [m["content"] for m in db.get_messages_as_conversation("t", include_ancestors=True)] == ["first half"]
+
+
+def test_a_compression_end_without_a_continuation_can_be_reopened_and_ended_again(db):
+    db.create_session("s", "cli")
+    db.end_session("s", "compression")
+    db.reopen_session("s")
+    db.end_session("s", "user_exit")
+    assert db.get_session("s")["end_reason"] == "user_exit"
 
 
 def test_replace_messages_refuses_one_uid_twice(db):
