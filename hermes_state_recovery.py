@@ -2,10 +2,11 @@
 
 Owns: `backup_to` (a consistent copy through SQLite's backup API), `check_restorable` and
 `restore_from` (a validated copy back into a live database), `recover` with `RecoveryReport`
-(every readable row of a damaged file copied into a fresh one), the file side of an upgrade
-(the copy written first, dropping the old FTS objects, giving their pages back) and `vacuum`.
-Does not own: per-session export/import (hermes_state_portability), the schema itself
-(hermes_state_schema) or the FTS indexes (hermes_state_fts), which `recover` rebuilds through them.
+(every readable row of a damaged file copied into a fresh one) and `vacuum`.
+Does not own: per-session export/import (hermes_state_portability), the open-time upgrade
+(hermes_state_upgrade, which writes its first copy with `backup_to` and reclaims with `vacuum`),
+the schema itself (hermes_state_schema) or the FTS indexes (hermes_state_fts), which `recover`
+rebuilds through them.
 
 Transaction contract: `backup_to` reads one snapshot of the caller's connection (the caller
 holds its lock and no transaction). `restore_from` copies into the caller's connection, which
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,7 +28,7 @@ import hermes_state_fts as fts
 import hermes_state_schema as schema
 from hermes_state_common import (DELIVERY_OBLIGATIONS_SQL, INDEX_SQL, SCHEMA_VERSION, TABLE_COLUMNS, TABLE_SQL,
                                  logger)
-from hermes_state_errors import StateDbCorruptError, StateDbIncompatibleError, StoreUnavailableError, typed_errors
+from hermes_state_errors import StateDbCorruptError, StateDbIncompatibleError, typed_errors
 from hermes_state_writer import RetryPolicy, retry_on_lock
 
 # Runtime ledgers describe processes of the file they were written in (epochs, running
@@ -47,17 +47,6 @@ def _private_new_file(path: Path) -> None:
     # Backups hold the same private data as the database: created 0600 and never over a file.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     os.close(fd)
-
-
-def upgrade_backup_path(db_path: Path, *, now: float | None = None) -> Path:
-    """Return the name of the copy an upgrade writes first: `state.db.pre-v32-<UTC time>.bak`."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
-    path = db_path.with_name(f"{db_path.name}.pre-v{SCHEMA_VERSION}-{stamp}.bak")
-    n = 2
-    while path.exists():
-        path = db_path.with_name(f"{db_path.name}.pre-v{SCHEMA_VERSION}-{stamp}-{n}.bak")
-        n += 1
-    return path
 
 
 @contextmanager
@@ -153,46 +142,9 @@ def restore_from(conn: sqlite3.Connection, source: Path, set_up: Callable[[sqlit
 
 # --- giving freed pages back -----------------------------------------------------------------------
 
-# Set by an upgrade: the old layout's index pages were freed, and the file should shrink once
-# the new indexes are built (they reuse part of that space first).
+# Set by an upgrade (hermes_state_upgrade): the old layout's index pages were freed, and the file
+# should shrink once the new indexes are built. A VACUUM, asked for or not, settles it.
 RECLAIM_KEY = "reclaim_after_rebuild"
-RECLAIM_MIN_FREE = 0.10          # reclaim when more than this share of the file is free pages
-AUTO_RECLAIM_MAX_BYTES = 1 << 30  # above this, a VACUUM blocks writers too long to run unasked
-
-
-def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = True) -> Path | None:
-    """Before an older file is upgraded: copy it next to itself (unless told not to) and say so in one INFO line.
-
-    Returns the copy, or None when no upgrade is due (or no copy was asked for).
-    """
-    if str(db_path) == ":memory:" or not schema.is_older_file(conn):
-        return None
-    if not backup:
-        logger.info("upgrading %s to schema version %s (no copy taken first: backup_before_upgrade=False)",
-                    db_path, SCHEMA_VERSION)
-        return None
-    try:
-        copy = backup_to(conn, upgrade_backup_path(db_path))
-    except (OSError, sqlite3.Error) as exc:
-        # Never upgrade without the copy the caller was promised; nothing has been changed yet.
-        raise StoreUnavailableError(
-            f"{db_path} needs an upgrade, and the copy taken first could not be written ({exc}); the file "
-            "was not changed. Free some space (the copy is as large as the file) or open it with "
-            "backup_before_upgrade=False.") from exc
-    logger.info("upgrading %s to schema version %s; a copy of the file as it was is in %s",
-                db_path, SCHEMA_VERSION, copy)
-    return copy
-
-
-def prepare_upgrade(conn: sqlite3.Connection) -> None:
-    """Drop an older layout's FTS objects and mark the file for reclaiming the space they held.
-
-    Runs in the upgrade's first transaction, before any back-fill: the old triggers would
-    otherwise re-index every back-filled row one by one. The indexes are rebuilt in the background.
-    """
-    fts.drop_fts_objects(conn)
-    conn.execute(next(sql for sql in TABLE_SQL if " state_meta (" in sql))  # an old layout may lack it yet
-    conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (RECLAIM_KEY,))
 
 
 def vacuum(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> dict[str, int]:
@@ -209,7 +161,7 @@ def vacuum(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> 
         conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # takes effect with this VACUUM
         conn.execute("VACUUM")
     retry_on_lock(attempt, patience_s, policy)
-    _clear_mark(conn, patience_s, policy)
+    clear_reclaim_mark(conn, patience_s, policy)
     try:  # fold the rewritten pages in now, so the file (not only its WAL) shrinks
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
     except sqlite3.Error as exc:
@@ -217,45 +169,9 @@ def vacuum(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> 
     return {"bytes_before": before, "bytes_after": size()}
 
 
-def _clear_mark(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> None:
-    # One statement in autocommit (VACUUM cannot run inside a transaction, and this follows it).
+def clear_reclaim_mark(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> None:
+    """Forget an upgrade's request to give freed pages back; one autocommit statement (VACUUM needs none open)."""
     retry_on_lock(lambda: conn.execute("DELETE FROM state_meta WHERE key = ?", (RECLAIM_KEY,)), patience_s, policy)
-
-
-def reclaim_after_upgrade(conn: sqlite3.Connection, path: Path, patience_s: float, policy: RetryPolicy, *,
-                          quiet: bool = False) -> bool:
-    """After an upgrade's index rebuild, VACUUM when much of the file is free; return whether it ran.
-
-    Files over 1 GiB are left as they are (with an INFO line saying how to reclaim), since their
-    VACUUM would block writers for long. With `quiet` a failure is logged, not raised.
-    """
-    try:
-        return _reclaim(conn, path, patience_s, policy)
-    except Exception as exc:  # noqa: BLE001 - see docstring
-        if not quiet:
-            raise
-        logger.warning("giving back the space an upgrade freed failed (%s); SessionDB.vacuum() does it", exc)
-        return False
-
-
-def _reclaim(conn: sqlite3.Connection, path: Path, patience_s: float, policy: RetryPolicy) -> bool:
-    if fts.inspect(conn).rebuild is not None or not conn.execute(
-            "SELECT 1 FROM state_meta WHERE key = ?", (RECLAIM_KEY,)).fetchone():
-        return False  # nothing to give back, or the new indexes are still filling the free pages
-    free, pages, page_size = (conn.execute(f"PRAGMA {p}").fetchone()[0]
-                              for p in ("freelist_count", "page_count", "page_size"))
-    if free <= RECLAIM_MIN_FREE * pages:
-        _clear_mark(conn, patience_s, policy)
-        return False
-    if pages * page_size > AUTO_RECLAIM_MAX_BYTES:
-        logger.info("%s holds %.0f MB of free pages left by the upgrade; call SessionDB.vacuum() at a quiet "
-                    "moment to give them back", path, free * page_size / 1e6)
-        _clear_mark(conn, patience_s, policy)
-        return False
-    result = vacuum(conn, patience_s, policy)
-    logger.info("%s: gave back %.0f MB freed by the upgrade", path,
-                (result["bytes_before"] - result["bytes_after"]) / 1e6)
-    return True
 
 
 # --- recover ---------------------------------------------------------------------------------------

@@ -252,6 +252,39 @@ def is_older_file(conn: sqlite3.Connection) -> bool:
     return conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='sessions'").fetchone() is not None
 
 
+def _tables_and_columns(conn: sqlite3.Connection, before_upgrade: Callable[[sqlite3.Connection], None] | None
+                        ) -> tuple[int | None, bool]:
+    # The first transaction: every declared table and column, back-filled where a column arrives
+    # in rows that exist. Returns (version found, whether the file was empty).
+    found = read_version(conn)
+    if found is not None and found > SCHEMA_VERSION:
+        return found, False
+    fresh = found is None and not conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type='table' AND name='sessions'").fetchone()
+    if not fresh and (found is None or found < SCHEMA_VERSION) and before_upgrade is not None:
+        before_upgrade(conn)
+    for sql in TABLE_SQL:
+        conn.execute(sql)
+    for key in _reconcile_columns(conn):
+        if key in _BACKFILL_ON_ADD:
+            _BACKFILL_ON_ADD[key](conn)
+    if fresh:
+        _set_version(conn, SCHEMA_VERSION)
+    elif found is None:
+        _set_version(conn, 0)
+    return found, fresh
+
+
+def _indexes(conn: sqlite3.Connection) -> None:
+    # The last transaction: indexes after the data they index, and the final version.
+    for name in RETIRED_INDEXES:  # an index no query needs any more only costs space and writes
+        conn.execute(f"DROP INDEX IF EXISTS {name}")
+    for sql in INDEX_SQL:
+        conn.execute(sql)
+    if read_version(conn) < SCHEMA_VERSION:
+        _set_version(conn, SCHEMA_VERSION)
+
+
 def migrate(writer: Writer, patience_s: float, policy: RetryPolicy,
             before_upgrade: Callable[[sqlite3.Connection], None] | None = None) -> int:
     """Bring the database up to SCHEMA_VERSION; return the version it had before.
@@ -263,34 +296,16 @@ def migrate(writer: Writer, patience_s: float, policy: RetryPolicy,
     """
     conn = writer.conn
     with writer.transaction(patience_s, policy):
-        found = read_version(conn)
-        if found is not None and found > SCHEMA_VERSION:
-            return found
-        fresh = found is None and not conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='sessions'").fetchone()
-        if not fresh and (found is None or found < SCHEMA_VERSION) and before_upgrade is not None:
-            before_upgrade(conn)
-        for sql in TABLE_SQL:
-            conn.execute(sql)
-        for key in _reconcile_columns(conn):
-            if key in _BACKFILL_ON_ADD:
-                _BACKFILL_ON_ADD[key](conn)
-        if fresh:
-            _set_version(conn, SCHEMA_VERSION)
-        elif found is None:
-            _set_version(conn, 0)
+        found, fresh = _tables_and_columns(conn, before_upgrade)
+    if found is not None and found > SCHEMA_VERSION:
+        return found
     for target, step in ([] if fresh else LADDER):
         with writer.transaction(patience_s, policy):
-            if read_version(conn) < target:
+            if read_version(conn) < target:  # under the lock: another process may have climbed it already
                 step(conn)
                 _set_version(conn, target)
     with writer.transaction(patience_s, policy):
-        for name in RETIRED_INDEXES:  # an index no query needs any more only costs space and writes
-            conn.execute(f"DROP INDEX IF EXISTS {name}")
-        for sql in INDEX_SQL:
-            conn.execute(sql)
-        if read_version(conn) < SCHEMA_VERSION:
-            _set_version(conn, SCHEMA_VERSION)
+        _indexes(conn)
     return SCHEMA_VERSION if fresh else (found or 0)
 
 

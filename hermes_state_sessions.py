@@ -138,8 +138,12 @@ def _updated_or_missing(cur: sqlite3.Cursor, session_id: str) -> None:
 
 # --- session records ----------------------------------------------------------------------------
 
-def create_session(conn: sqlite3.Connection, session_id: str, source: str, columns: dict[str, Any]) -> str:
-    """Insert a new session row; raise ValueError for a duplicate id or unknown column."""
+def create_session(conn: sqlite3.Connection, session_id: str, source: str, model: str | None = None, *,
+                   model_config: Any = None, system_prompt: str | None = None, user_id: str | None = None,
+                   parent_session_id: str | None = None, **columns: Any) -> str:
+    """Create a session row; a duplicate id or unknown column raises ValueError."""
+    columns.update(model=model, model_config=model_config, system_prompt=system_prompt, user_id=user_id,
+                   parent_session_id=parent_session_id)
     check_id("session_id", session_id)
     check_id("source", source)
     values = _session_values({k: v for k, v in columns.items() if v is not None})
@@ -158,15 +162,19 @@ def create_session(conn: sqlite3.Connection, session_id: str, source: str, colum
     return session_id
 
 
-def ensure_session(conn: sqlite3.Connection, session_id: str, source: str, columns: dict[str, Any]) -> str:
-    """Create the session unless it exists; an existing row is left exactly as it is.
+def ensure_session(conn: sqlite3.Connection, session_id: str, source: str, model: str | None = None, *,
+                   model_config: Any = None, system_prompt: str | None = None, user_id: str | None = None,
+                   parent_session_id: str | None = None, **columns: Any) -> str:
+    """Create the session unless it exists (an existing row is left exactly as it is); return the id.
 
     The columns are validated either way, so a bad name or value raises even when nothing is written.
     """
+    columns.update(model=model, model_config=model_config, system_prompt=system_prompt, user_id=user_id,
+                   parent_session_id=parent_session_id)
     _session_values({k: v for k, v in columns.items() if v is not None})
     if isinstance(session_id, str) and session_id and session_exists(conn, session_id):
         return session_id
-    return create_session(conn, session_id, source, columns)
+    return create_session(conn, session_id, source, **columns)
 
 
 def get_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
