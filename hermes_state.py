@@ -10,6 +10,8 @@ in one short read transaction where the table says "snapshot". See docs/architec
 """
 from __future__ import annotations
 
+__version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
+
 import os
 import sqlite3
 from contextlib import AbstractContextManager, contextmanager
@@ -23,6 +25,7 @@ import hermes_state_fts as fts
 import hermes_state_gateway as gateway
 import hermes_state_lineage as lineage
 import hermes_state_listings as listings
+import hermes_state_maintenance as maintenance
 import hermes_state_messages as message_rows
 import hermes_state_portability as portability
 import hermes_state_recovery as recovery
@@ -118,12 +121,6 @@ class SessionDB:
         self._open_fts()
 
     # --- lifecycle -----------------------------------------------------------------------------------
-
-    def _set_up(self, conn: sqlite3.Connection) -> int:  # a restored copy of an older file is upgraded too
-        version, copied = upgrade.set_up(conn, self.db_path, self._WRITE_PATIENCE_S, self._policy(),
-                                         backup=self._backup_before_upgrade, on_give_up=self._log_lock_holders)
-        self.upgrade_backup = copied or self.upgrade_backup
-        return version
 
     def _open_fts(self) -> None:
         writable = not self.read_only and (self.schema_version or 0) <= SCHEMA_VERSION
@@ -304,6 +301,7 @@ class SessionDB:
     usage_by_model = Entry("read", listings.usage_by_model)
     top_sessions_by_tokens = Entry("read", listings.top_sessions_by_tokens)
     search_messages = Entry("snapshot", search.search_messages)
+    _sanitize_fts5_query = staticmethod(fts._sanitize_fts5_query)  # the sanitizer, by the name callers know
     fts_rebuild_status = Entry("read", fts.rebuild_status)
     compress_in_place = Entry("compression", compression.compress_in_place)
     rotate_session = Entry("compression", compression.rotate_session, pack="child_columns")
@@ -324,8 +322,6 @@ class SessionDB:
     list_executions = Entry("read", gateway.list_executions, unknown=[])
     record_receipt = Entry("write", gateway.record_receipt)
     list_receipts = Entry("read", gateway.list_receipts, unknown=[])
-    delete_session = Entry("write", gateway.delete_session)
-    prune_sessions = Entry("write", gateway.prune_sessions)
     owe_delivery = Entry("write", routing.owe_delivery)
     mark_delivered = Entry("activity", routing.mark_delivered)
     mark_failed = Entry("activity", routing.mark_failed)
@@ -339,7 +335,12 @@ class SessionDB:
     get_delegation = Entry("read", routing.get_delegation, unknown=None)
     list_delegations = Entry("read", routing.list_delegations, unknown=[])
     export_session = Entry("snapshot", portability.export_session, unknown=SessionNotFoundError)
-    import_sessions = Entry("write", portability.import_sessions)
+    backup = Entry("read", recovery.backup_to)
+    list_prune_candidates = Entry("snapshot", maintenance.list_prune_candidates, pack="filters")
+    archive_sessions = Entry("write", maintenance.archive_sessions, pack="filters")
+    count_empty_sessions = Entry("snapshot", maintenance.count_empty_sessions)
+    get_meta = Entry("read", maintenance.get_meta, unknown=None)
+    set_meta = Entry("write", maintenance.set_meta)
     to_provider_messages = staticmethod(to_provider_messages)
 
     # --- explicit methods: the arguments are reshaped, or one call composes several steps --------------
@@ -377,13 +378,7 @@ class SessionDB:
         The FTS checks need a writable handle (FTS5 runs them as write commands, changing
         nothing); on a read-only handle "fts" is empty.
         """
-        with self._read() as conn:
-            problems = schema.integrity_problems(conn, full)
-        report: dict[str, str] = {}
-        if not self.read_only:
-            with self._write() as conn:
-                report = fts.integrity_report(conn)
-        return {"ok": not problems and all(v == "ok" for v in report.values()), "problems": problems, "fts": report}
+        return recovery.check_integrity(self._read, None if self.read_only else self._write, full)
 
     def rebuild_fts(self) -> dict[str, Any]:
         """Rebuild the FTS indexes to the end in short chunks (resuming one under way); return the status."""
@@ -393,6 +388,14 @@ class SessionDB:
                                 self._FTS_REBUILD_CHUNK_ROWS)
         return self.fts_rebuild_status()
 
+    def import_sessions(self, data: Any, on_conflict: str = "skip") -> ImportReport:
+        """Validate all export documents, then import them in one transaction; see ImportReport."""
+        self._check_writable()
+        portability.check_on_conflict(on_conflict)
+        plan = portability.validate(data)  # before the write lock: checking a large input keeps no writer waiting
+        with self._write() as conn:
+            return portability.import_validated(conn, plan, on_conflict)
+
     def iter_export(self, source: str | None = None) -> Iterator[dict[str, Any]]:
         """Yield export documents one session at a time, by id (memory stays flat)."""
         return portability.iter_export(self._read, source)
@@ -401,11 +404,6 @@ class SessionDB:
         """Return the export documents of every session (of `source` when given), by id."""
         return list(self.iter_export(source))
 
-    def backup(self, target_path: str | os.PathLike) -> Path:
-        """Write a consistent copy of the database (ledgers included) to a new file; return its path."""
-        with self._read() as conn:
-            return recovery.backup_to(conn, target_path)
-
     def restore(self, source_path: str | os.PathLike) -> None:
         """Replace the content with a checked backup, in one transaction every handle sees whole."""
         self._check_writable()
@@ -413,7 +411,10 @@ class SessionDB:
         if self._fts is not None:
             self._fts.stop()
         with self._writer.exclusive() as conn:
-            self.schema_version = recovery.restore_from(conn, source, self._set_up)
+            self.schema_version, copied = recovery.restore_from(conn, source, lambda conn: upgrade.set_up(
+                conn, self.db_path, self._WRITE_PATIENCE_S, self._policy(), backup=self._backup_before_upgrade,
+                on_give_up=self._log_lock_holders))
+        self.upgrade_backup = copied or self.upgrade_backup
         self._open_fts()
 
     def vacuum(self) -> dict[str, int]:
@@ -421,6 +422,58 @@ class SessionDB:
         self._check_writable()
         with self._writer.exclusive() as conn:
             return recovery.vacuum(conn, self._WRITE_PATIENCE_S, self._policy())
+
+    # --- maintenance: deleting, pruning, the empty-session sweeps (hermes_state_maintenance;
+    # docs/maintenance.md). Transcript files go only after COMMIT.
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        # hermes-agent's callers and tests reach the write connection by this name. Statements run
+        # on it directly bypass the writer's lock and retries.
+        return self._writer.conn
+
+    def delete_session(self, session_id: str, sessions_dir: str | os.PathLike | None = None) -> bool:
+        """Delete a session with its whole conversation and its delegates; False for an unknown id."""
+        if isinstance(session_id, str) and common.has_surrogate(session_id):
+            return False  # no stored id can hold a lone surrogate
+        common.check_id("session_id", session_id)
+        return bool(self.delete_sessions([session_id], sessions_dir=sessions_dir))
+
+    def delete_sessions(self, session_ids: list[str], sessions_dir: str | os.PathLike | None = None) -> int:
+        """Delete the listed sessions (conversations and delegates with them) in one transaction; return how many went."""
+        with self._write() as conn:
+            removed = maintenance.delete_sessions(conn, maintenance.id_list(session_ids))
+        maintenance.remove_transcripts(sessions_dir, removed)
+        return len(removed)
+
+    def prune_sessions(self, older_than_days: float | None = 90, source: str | None = None,
+                       sessions_dir: str | os.PathLike | None = None, **filters: Any) -> int:
+        """Delete ended conversations started more than `older_than_days` ago (and matching `filters`); return how many sessions."""
+        with self._write() as conn:
+            removed = maintenance.prune_sessions(conn, older_than_days, source, filters)
+        maintenance.remove_transcripts(sessions_dir, removed)
+        return len(removed)
+
+    def delete_empty_sessions(self, sessions_dir: str | os.PathLike | None = None) -> int:
+        """Delete ended, unarchived sessions that never got a message; return how many."""
+        with self._write() as conn:
+            removed = maintenance.delete_empty_sessions(conn)
+        maintenance.remove_transcripts(sessions_dir, removed)
+        return len(removed)
+
+    def delete_session_if_empty(self, session_id: str, sessions_dir: str | os.PathLike | None = None) -> bool:
+        """Delete the session only if it has no messages, title or children; return whether it went."""
+        with self._write() as conn:
+            removed = maintenance.delete_session_if_empty(conn, session_id)
+        maintenance.remove_transcripts(sessions_dir, [session_id] if removed else [])
+        return removed
+
+    def maybe_auto_prune_and_vacuum(self, retention_days: float = 90, min_interval_hours: float = 24,
+                                    vacuum: bool = True, sessions_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+        """Prune old ended conversations at most once per interval, then VACUUM if any went; see docs/maintenance.md."""
+        self._check_writable()  # a read-only or closed handle is the caller's mistake, not an unattended failure
+        return maintenance.auto_prune_and_vacuum(self._write, self.vacuum if vacuum else None, retention_days,
+                                                 min_interval_hours, sessions_dir)
 
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:

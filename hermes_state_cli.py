@@ -1,11 +1,12 @@
 """The `hermes-state` command: parse the command line, run one command, report how it went.
 
 Owns: global flags accepted anywhere (`--db`, `--profile/-p`, `--json`, `--nl`, `--csv`,
-`--debug`), refusing flags a command would ignore, the commands that move data (`sessions
-export|import|delete|prune`, `recover`, `backup`, `restore`), `demo`, `serve`, and the exit
+`--debug`, `--version`), refusing flags a command would ignore, the commands that move data
+(`sessions export|import|delete|prune`, `recover`, `backup`, `restore`), `demo`, and the exit
 codes: 0 ok, 1 the operation failed, 2 the command line is wrong. Errors are one line on
 stderr without a traceback (unless `--debug`); a closed pipe (`| head`) ends quietly.
-Does not own: browsing and health commands or how output is printed (hermes_state_commands).
+Does not own: browsing and health commands or how output is printed (hermes_state_commands),
+`serve` (hermes_state_serve).
 """
 from __future__ import annotations
 
@@ -19,16 +20,16 @@ import tempfile
 import traceback
 from pathlib import Path
 from typing import Any, Iterable
-from urllib.parse import quote
 
 import hermes_state_commands as commands
 import hermes_state_render as render
-from hermes_state_commands import emit, existing_db, non_negative, open_db, parse_when
+import hermes_state_serve as serve
+from hermes_state_commands import age, emit, existing_db, non_negative, open_db, parse_when, written_atomically
 from hermes_state_errors import HermesStateError, ProfileNotFoundError
 from hermes_state_home import _apply_profile_override, display_hermes_home, hermes_home_override, profile_home
 
 # Global flags, accepted before or after the command (as sqlite-utils and `llm logs` users type them).
-_FLAGS = {"--json": "json", "--nl": "nl", "--csv": "csv", "--debug": "debug"}
+_FLAGS = {"--json": "json", "--nl": "nl", "--csv": "csv", "--debug": "debug", "--version": "version"}
 _VALUED = {"--db": "db", "--profile": "profile", "-p": "profile"}
 _FORMATS = ("json", "nl", "csv")
 # What each command does with the global flags; any other given flag is refused, not ignored.
@@ -71,8 +72,11 @@ def split_globals(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
     return found, rest
 
 
-def apply_profile(name: str) -> Path:
-    """Point HERMES_HOME at profile `name` of the current root (HERMES_HOME's root when it is set)."""
+def apply_profile(name: str, *, create: bool = False) -> Path:
+    """Point HERMES_HOME at profile `name` of the current root (HERMES_HOME's root when it is set).
+
+    A named profile must exist, unless `create` (for `init`), which makes its directory (0700).
+    """
     target = profile_home(name)  # validates the name (ValueError)
     home = os.environ.get("HERMES_HOME")
     if home:
@@ -80,6 +84,8 @@ def apply_profile(name: str) -> Path:
         if root.parent.name == "profiles":  # HERMES_HOME is itself a profile: its root is two up
             root = root.parent.parent
         target = root if name == "default" else root / "profiles" / name
+    if create and not target.is_dir():
+        target.mkdir(mode=0o700, parents=True, exist_ok=True)
     if name != "default" and not target.is_dir():
         raise ProfileNotFoundError(f"profile {name!r} does not exist (no directory {target})")
     os.environ["HERMES_HOME"] = str(target)
@@ -96,67 +102,95 @@ def _plain(value: Any) -> Any:
 
 
 def _report(args: argparse.Namespace, value: Any, title: str) -> None:
-    data = _plain(value)
-    emit(args, data, lambda d: title + ("" if not isinstance(d, dict) else "\n" + "\n".join(
-        f"  {k}: {render.safe(json.dumps(v, ensure_ascii=False, default=str) if isinstance(v, (dict, list)) else v)}"
-        for k, v in d.items())))
+    emit(args, _plain(value), lambda d: "\n".join([title] + (render.plain(d) if isinstance(d, dict) else [])))
 
 
 # --- moving data: export, import, delete, prune, recover, backup, restore ------------------------
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Export sessions (every column, every generation) as JSON Lines: one session per line."""
-    out = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     progress = render.Progress("exporting")
     count = 0
-    try:
-        with open_db(args) as db:
-            stream: Iterable[dict[str, Any]] = ([db.export_session(sid) for sid in args.session_ids]
-                                                if args.session_ids else db.iter_export(source=args.source))
-            if args.json:
-                print(render.as_json(list(stream)), file=out)
-                return 0
-            for count, item in enumerate(stream, 1):
-                out.write(json.dumps(item, ensure_ascii=False, default=str) + "\n")
-                progress.update(count)
-    finally:
-        if args.output:
-            out.close()
+    # The database opens first, so a wrong --db leaves an existing export as it was; the file
+    # is written privately beside FILE and takes its name only once complete.
+    with open_db(args) as db, written_atomically(args.output) as out:
+        stream: Iterable[dict[str, Any]] = ([db.export_session(sid) for sid in args.session_ids]
+                                            if args.session_ids else db.iter_export(source=args.source))
+        if args.json:
+            print(render.as_json(list(stream)), file=out)
+            return 0
+        for count, item in enumerate(stream, 1):
+            out.write(json.dumps(item, ensure_ascii=False, default=str) + "\n")
+            progress.update(count)
     progress.done(f"{count:,} sessions")
     return 0
 
 
 def cmd_import(args: argparse.Namespace) -> int:
     """Import sessions from an export (JSON Lines or one JSON list)."""
-    with open(args.file, encoding="utf-8") if args.file != "-" else sys.stdin as source:
-        text = source.read()
+    if args.file == "-":
+        raw = sys.stdin.buffer.read()
+    else:
+        with open(args.file, "rb") as source:
+            raw = source.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{args.file} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): "
+                         "an export is JSON Lines") from None
     try:
         data = json.loads(text)
         data = data if isinstance(data, list) else [data]
-    except ValueError:
+    except (ValueError, RecursionError):
         try:
             data = [json.loads(line) for line in text.splitlines() if line.strip()]
         except ValueError as exc:
             raise ValueError(f"{args.file} is neither JSON nor JSON Lines: {exc}") from exc
+        except RecursionError as exc:  # Python's decoder gives up past about a thousand levels
+            raise ValueError(f"{args.file} holds a value nested too deeply to import") from exc
     with open_db(args, write=True) as db:
         report = db.import_sessions(data, on_conflict=args.on_conflict)
     _report(args, report, f"imported from {args.file}")
     return 0
 
 
+def _described(row: dict[str, Any]) -> str:
+    count = row.get("message_count") or 0
+    return (f"{render.safe(row['id'])}  {render.safe(render.session_label(row.get('title'), row.get('preview')))}"
+            f"  ({count:,} message{'' if count == 1 else 's'})")
+
+
 def cmd_delete(args: argparse.Namespace) -> int:
-    """Delete a session with its messages and finished ledger rows."""
-    with open_db(args, write=True) as db:
-        db.delete_session(args.session_id)
-    emit(args, {"deleted": args.session_id}, lambda d: f"deleted {render.safe(d['deleted'])}")
+    """Delete a session with its messages and finished ledger rows (--dry-run: only say what would go)."""
+    from hermes_state import SessionNotFoundError
+    with open_db(args, write=not args.dry_run) as db:
+        row = db.get_session(args.session_id)
+        if row is None:
+            raise SessionNotFoundError(f"session {args.session_id!r} not found")
+        if not args.dry_run:
+            db.delete_session(args.session_id)
+    verb = "would delete" if args.dry_run else "deleted"
+    data = {"deleted": None if args.dry_run else args.session_id, "dry_run": args.dry_run,
+            "sessions": [{"id": row["id"], "title": row["title"], "message_count": row["message_count"]}]}
+    emit(args, data, lambda d: f"{verb} {_described(row)}" + ("\nnothing was changed" if args.dry_run else ""))
     return 0
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    """Delete ended sessions older than N days."""
-    with open_db(args, write=True) as db:
-        count = db.prune_sessions(args.older_than, source=args.source)
-    emit(args, {"deleted": count}, lambda d: f"deleted {d['deleted']} ended sessions")
+    """Delete ended sessions older than an age (30d, 12h, or days); --dry-run lists what would go."""
+    with open_db(args, write=not args.dry_run) as db:
+        if args.dry_run:
+            gone = commands.prune_candidates(db, args.older_than, args.source)
+        else:
+            # What went is what was there before and is not after: exact, whatever rule prune applies.
+            before = commands.ended_sessions(db, args.source)
+            db.prune_sessions(args.older_than, source=args.source)
+            gone = [row for row in before if db.get_session(row["id"]) is None]
+    rows = [{"id": r["id"], "title": r["title"], "message_count": r["message_count"]} for r in gone]
+    data = {"deleted": 0 if args.dry_run else len(rows), "dry_run": args.dry_run, "sessions": rows}
+    head = f"{'would delete' if args.dry_run else 'deleted'} {len(rows):,} ended session{'' if len(rows) == 1 else 's'}"
+    emit(args, data, lambda d: "\n".join([head + (":" if gone else "")] + [f"  {_described(r)}" for r in gone]
+                                         + (["nothing was changed"] if args.dry_run else [])), rows=rows)
     return 0
 
 
@@ -166,6 +200,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
     source = Path(args.source)
     if not source.is_file():
         raise HermesStateError(f"{source} does not exist or is not a file")
+    commands.check_new_file(Path(args.target), "recover")
     report = recovery.recover(source, Path(args.target))
     _report(args, report, f"recovered {source} into {args.target}")
     return 0
@@ -173,6 +208,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 def cmd_backup(args: argparse.Namespace) -> int:
     """Write a consistent copy of the live database (safe while writers run)."""
+    commands.check_new_file(Path(args.target), "backup")
     with open_db(args) as db:
         result = db.backup(args.target)
     _report(args, {"target": str(result)}, f"backed up to {result}")
@@ -185,6 +221,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     path = commands.db_path(args)
     if not Path(args.source).is_file():
         raise HermesStateError(f"{args.source} does not exist or is not a file")
+    if path.exists() and Path(args.source).resolve() == path.resolve():
+        raise HermesStateError(f"{args.source} is the database itself; restore from a backup copy of it")
     with SessionDB(path) as db:
         result = db.restore(args.source)
     _report(args, result if result is not None else {"restored": str(path)}, f"restored {path} from {args.source}")
@@ -214,7 +252,7 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- demo and serve ----------------------------------------------------------------------------
+# --- demo ----------------------------------------------------------------------------
 
 def _fill_demo(db) -> None:
     db.create_session("demo_docker", "cli", "anthropic/claude-sonnet-4.6", user_id="basic:alice")
@@ -250,9 +288,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"demo database: {display_hermes_home(Path(home) / 'state.db')} (schema v{db.schema_version})\n")
             print("== sessions, most recently active first")
             rows = db.list_sessions(order="activity")
-            print(render.table([dict(r, title=r["title"] or r["preview"], messages=r["message_count"])
-                                for r in rows], ["id", "title", "source", "model", "messages"],
-                               numeric={"messages"}))
+            print(render.table([dict(r, title=render.session_label(r["title"], r["preview"]),
+                                     messages=r["message_count"]) for r in rows],
+                               ["id", "title", "source", "model", "messages"], numeric={"messages"},
+                               max_width=commands.term_width(), keep={"id"}))
             print("\n== lineage of", repr(db.resolve_session_by_title("Fix Docker Build")))
             for row in db.get_lineage("demo_docker_2"):
                 print(f"  {row['id']:<15} {row['title']!r:<24} ended: {row['end_reason'] or '-'}")
@@ -274,33 +313,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    """Browse the database in Datasette on 127.0.0.1, read-only (needs the [web] extra)."""
-    try:
-        import uvicorn
-        from datasette.app import Datasette
-    except ImportError:
-        raise HermesStateError("hermes-state serve needs Datasette: pip install 'hermes-state[web]'") from None
-    # A read-only open first: a missing file is an error (never created), an unknown schema is named.
-    with open_db(args) as db:
-        path = str(db.db_path)
-    # Datasette opens a mutable file with mode=ro and sees each committed write. --immutable
-    # would tell SQLite the file never changes while the agent keeps writing it: never used.
-    ds = Datasette([path])
-    name = next(n for n, d in ds.databases.items() if d.path == path)
-    print(f"Serving {display_hermes_home(Path(path))} read-only at "
-          f"http://127.0.0.1:{args.port}/-/hermes/{quote(name, safe='')} (Ctrl-C stops)", flush=True)
-    uvicorn.run(ds.app(), host="127.0.0.1", port=args.port, log_level="warning", lifespan="on", workers=1)
-    return 0
-
-
 # --- the parser --------------------------------------------------------------------------------
 
 _GLOBALS_HELP = """global options (before or after the command):
   --db PATH            database file (default: <HERMES_HOME>/state.db)
   --profile, -p NAME   a named profile of the current root (HERMES_HOME's, else ~/.hermes)
   --json | --nl | --csv  machine output: JSON, JSON Lines, CSV (where a command has rows)
-  --debug              show the traceback of a failure"""
+  --debug              show the traceback of a failure
+  --version            print the version and exit"""
 
 
 def _command(sub: Any, name: str, func: Any, help_text: str) -> argparse.ArgumentParser:
@@ -327,13 +347,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--archived", action="store_true", help="include archived sessions")
     p = _command(ssub, "show", commands.cmd_show, "one session and its transcript")
     p.add_argument("session_id")
+    p.add_argument("--tail", type=non_negative, metavar="N", help="only the last N messages (0: all)")
     p.add_argument("--full", action="store_true", help="every message whole, with tool calls and reasoning (Markdown)")
     p = _command(ssub, "search", commands.cmd_search, "full-text search (words, CJK, substrings)")
     p.add_argument("query")
     p.add_argument("-n", "--limit", type=non_negative, default=20)
     p.add_argument("--offset", type=non_negative, default=0)
     p.add_argument("--source", action="append", help="only these sources (repeatable)")
-    p.add_argument("--role", action="append", help="only these roles (repeatable)")
+    p.add_argument("--role", action="append", choices=commands.ROLES, help="only these roles (repeatable)")
     p.add_argument("--reasoning", action="store_true", help="search the models' reasoning too")
     p = _command(ssub, "export", cmd_export, "sessions as JSON Lines (one per line)")
     p.add_argument("session_ids", nargs="*")
@@ -347,9 +368,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("title")
     p = _command(ssub, "delete", cmd_delete, "delete a session and its messages")
     p.add_argument("session_id")
-    p = _command(ssub, "prune", cmd_prune, "delete ended sessions older than N days")
-    p.add_argument("--older-than", type=non_negative, required=True, metavar="DAYS")
+    p.add_argument("--dry-run", action="store_true", help="say what would be deleted; change nothing")
+    p = _command(ssub, "prune", cmd_prune, "delete ended sessions older than an age")
+    p.add_argument("--older-than", type=age, required=True, metavar="AGE", help="30d, 12h, 2w, or a number of days")
     p.add_argument("--source")
+    p.add_argument("--dry-run", action="store_true", help="list what would be deleted; change nothing")
     _command(ssub, "stats", commands.cmd_stats, "usage and cost per model, largest sessions")
     p = _command(sub, "recover", cmd_recover, "copy what is readable of a damaged database into a new file")
     p.add_argument("source")
@@ -368,8 +391,10 @@ def build_parser() -> argparse.ArgumentParser:
     _command(sub, "vacuum", cmd_vacuum, "give free pages back to the file system")
     p = _command(sub, "demo", cmd_demo, "fill a throw-away home with samples and show them")
     p.add_argument("--keep", action="store_true", help="keep the demo home to explore it afterwards")
-    p = _command(sub, "serve", cmd_serve, "browse sessions in a web page (Datasette), read-only")
-    p.add_argument("--port", type=non_negative, default=8001, help="port on 127.0.0.1 (default 8001)")
+    p = _command(sub, "serve", serve.cmd_serve, "browse sessions in a web page (Datasette), read-only")
+    p.add_argument("--port", type=serve.port_number, default=8001, help="port (default 8001; 0 picks a free one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other "
+                   "address lets other machines read the store, which has no authentication)")
     return parser
 
 
@@ -384,17 +409,37 @@ def _check_flags(args: argparse.Namespace, found: dict[str, Any]) -> None:
                 f" (it takes {', '.join('--' + f for f in allowed)})" if allowed else ""))
 
 
+def _fit_output() -> None:
+    # In an ASCII locale (LC_ALL=POSIX) a stored "東京" or a cut "…" would end the command with
+    # UnicodeEncodeError: such characters are written as escapes instead, and cut text ends "...".
+    ascii_only = False
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            "…東".encode(getattr(stream, "encoding", None) or "ascii")
+        except (UnicodeEncodeError, LookupError):
+            ascii_only = ascii_only or stream is sys.stdout
+            if hasattr(stream, "reconfigure"):
+                stream.reconfigure(errors="backslashreplace")
+    render.use_ascii(ascii_only)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    # An ASCII locale decodes a typed "東京" into surrogate escapes; the bytes themselves are UTF-8.
+    argv = [os.fsencode(a).decode("utf-8", "surrogateescape") for a in sys.argv[1:]] if argv is None else list(argv)
     debug = "--debug" in argv
+    _fit_output()
     try:
         found, rest = split_globals(argv)
+        if found.get("version"):
+            import hermes_state
+            print(f"hermes-state {hermes_state.__version__}")
+            return 0
+        args = build_parser().parse_args(rest)
         if found.get("profile") is not None:
-            apply_profile(found["profile"])
+            apply_profile(found["profile"], create=args.name == "init")
         elif found.get("db") is None:
             _apply_profile_override(["hermes-state"])  # the active profile, unless HERMES_HOME chose one
-        args = build_parser().parse_args(rest)
         for key in ("db", "json", "nl", "csv", "debug"):
             setattr(args, key, found.get(key))
         _check_flags(args, found)
@@ -411,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         return 130
-    except (HermesStateError, ValueError, KeyError, OSError, sqlite3.Error) as exc:
+    except (HermesStateError, ValueError, KeyError, OSError, sqlite3.Error, RecursionError) as exc:
         if debug:
             traceback.print_exc()
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError quotes its text

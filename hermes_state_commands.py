@@ -12,12 +12,15 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import stat
 import sys
+import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, TextIO
 
 import hermes_state_render as render
 from hermes_state_errors import HermesStateError
@@ -26,8 +29,14 @@ from hermes_state_home import display_hermes_home, get_hermes_home
 # --- opening and printing -----------------------------------------------------------------------
 
 def db_path(args: argparse.Namespace) -> Path:
-    """Return the database file a command works on."""
-    return Path(args.db).expanduser() if args.db else get_hermes_home() / "state.db"
+    """Return the database file a command works on; HERMES_HOME naming a file (not a directory) is an error."""
+    if args.db:
+        return Path(args.db).expanduser()
+    home = get_hermes_home()
+    if home.is_file():
+        raise HermesStateError(f"HERMES_HOME is {home}, a file: it names the directory that holds state.db "
+                               f"(to open that file, use --db {home})")
+    return home / "state.db"
 
 
 def existing_db(args: argparse.Namespace) -> Path:
@@ -48,6 +57,40 @@ def open_db(args: argparse.Namespace, *, write: bool = False):
     return SessionDB(existing_db(args), read_only=not write)
 
 
+def check_new_file(target: Path, what: str) -> None:
+    """Refuse a target file whose directory does not exist (nothing creates directories on the way)."""
+    parent = target.expanduser().absolute().parent
+    if not parent.is_dir():
+        raise HermesStateError(f"{parent} does not exist: create the directory first, or write the {what} elsewhere")
+
+
+@contextmanager
+def written_atomically(target: str | None) -> Iterator[TextIO]:
+    """Yield a text stream for `target` (stdout when None) that replaces it only once the body succeeds.
+
+    The text goes to a new private file (0600) beside `target`; at the end it is renamed onto
+    `target`, so a failure leaves an existing file as it was and a symlink planted at
+    `target` is replaced, never followed. The caller opens the database before entering.
+    """
+    if target is None or target == "-":
+        yield sys.stdout
+        return
+    path = Path(target).expanduser()
+    check_new_file(path, "file")
+    if path.is_dir():
+        raise HermesStateError(f"{path} is a directory; give a file name")
+    fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)  # O_EXCL, 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
+
+
 # --- output ---------------------------------------------------------------------------------------
 
 def emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str], *,
@@ -66,11 +109,16 @@ def emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str], *,
             print(text)
 
 
-def term_width() -> int:
-    """Return the terminal's width, or 80 when output is not a terminal."""
+def term_width() -> int | None:
+    """Return the terminal's width (COLUMNS when set), or None when output is not a terminal: cut nothing."""
     if not sys.stdout.isatty():
-        return 80
-    return max(40, os.get_terminal_size(sys.stdout.fileno()).columns)
+        return None
+    return max(40, shutil.get_terminal_size().columns)
+
+
+def use_color() -> bool:
+    """Say whether to highlight: on a terminal, unless NO_COLOR is set to anything."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
 
 
 def parse_when(text: str) -> float:
@@ -90,20 +138,61 @@ def parse_when(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a time: {text!r} (use 7d, 12h, 2026-11-30 or epoch seconds)")
 
 
+# The largest count or offset a command takes; `-n 0` asks for everything, which is this many.
+MAX_COUNT = 1_000_000_000
+
+
 def non_negative(text: str) -> int:
-    """Parse a count that must be >= 0."""
+    """Parse a count that must be between 0 and MAX_COUNT."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_COUNT:,}, not {value:,} (-n 0 means all)")
     return value
+
+
+def limit_of(args: argparse.Namespace) -> int:
+    """Return the `-n` a command was given, 0 meaning all."""
+    return args.limit or MAX_COUNT
+
+
+def age(text: str) -> float:
+    """Parse an age in days: a number of days, or 7d, 12h, 30m, 2w, as `--since` takes them."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw]?)", text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not an age: {text!r} (use 7d, 12h, 2w or a number of days)")
+    size = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "": 86400}[match.group(2)]
+    return float(match.group(1)) * size / 86400
 
 
 # --- sessions: list, show, search, rename, stats ------------------------------------------------
 
 _LIST_COLUMNS = ["id", "title", "source", "model", "messages", "active"]
+# The roles `sessions search --role` takes: the ones agents store.
+ROLES = ["system", "developer", "user", "assistant", "tool"]
+
+
+def ended_sessions(db: Any, source: str | None) -> list[dict[str, Any]]:
+    """Return every ended session (of `source` when given), archived ones included."""
+    return [r for r in db.list_sessions(source=source, limit=MAX_COUNT, include_archived=True)
+            if r["ended_at"] is not None]
+
+
+def prune_candidates(db: Any, older_than_days: float, source: str | None) -> list[dict[str, Any]]:
+    """Return the sessions `prune_sessions(older_than_days, source)` would delete, for a dry run.
+
+    The library's own answer when it has one (`list_prune_candidates`); else ended sessions
+    started before the cutoff, which is the rule `prune_sessions` applies today.
+    """
+    listing = getattr(db, "list_prune_candidates", None)
+    if listing is not None:
+        return listing(older_than_days, source=source)
+    cutoff = time.time() - older_than_days * 86400
+    return [r for r in ended_sessions(db, source) if r["started_at"] < cutoff]
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -111,16 +200,16 @@ def cmd_list(args: argparse.Namespace) -> int:
     filters = dict(source=args.source, include_archived=args.archived, model=args.model, since=args.since,
                    until=args.until)
     with open_db(args) as db:
-        rows = db.list_sessions(limit=args.limit, offset=args.offset, order="activity", **filters)
+        rows = db.list_sessions(limit=limit_of(args), offset=args.offset, order="activity", **filters)
         total = db.count_sessions(**filters)
-    shown = [dict(r, title=r["title"] or r["preview"], messages=r["message_count"],
+    shown = [dict(r, title=render.session_label(r["title"], r["preview"]), messages=r["message_count"],
                   active=render.relative_time(r["last_active"])) for r in rows]
 
     def human(_: Any) -> str:
         if not rows:
             return "no sessions"
         more = f" (--offset {args.offset + len(rows)} for more)" if args.offset + len(rows) < total else ""
-        return (render.table(shown, _LIST_COLUMNS, numeric={"messages"}, max_width=term_width())
+        return (render.table(shown, _LIST_COLUMNS, numeric={"messages"}, max_width=term_width(), keep={"id"})
                 + f"\n{args.offset + 1}-{args.offset + len(rows)} of {total} sessions{more}")
     emit(args, rows, human, rows=rows)
     return 0
@@ -132,7 +221,7 @@ def _call_text(call: Any) -> str:
     return f"{name}({fn.get('arguments', '')})"
 
 
-def _message_line(m: dict[str, Any], width: int) -> str:
+def _message_line(m: dict[str, Any], width: int | None) -> str:
     role = m["role"]
     text = render.content_text(m.get("content"))
     if role == "tool" and m.get("tool_name"):
@@ -143,12 +232,12 @@ def _message_line(m: dict[str, Any], width: int) -> str:
     elif not text and (m.get("reasoning") or m.get("reasoning_content")):
         text = "(reasoning only)"
     head = f"{render.clock_time(m.get('timestamp'))[11:]}  {role:<10} "
-    return head + render.truncate(render.safe(text), max(width - render.width(head), 10))
+    return head + render.truncate(render.safe(text), None if width is None else max(width - render.width(head), 10))
 
 
-def _markdown(session: dict[str, Any], messages: list[dict[str, Any]]) -> str:
+def _markdown(label: str, session: dict[str, Any], messages: list[dict[str, Any]]) -> str:
     """Render a session like `llm logs`: a heading per message, tool calls and reasoning spelled out."""
-    out = [f"# {render.safe(session['title'] or session['id'])}", ""]
+    out = [f"# {render.safe(label)}", ""]
     for key in ("id", "source", "model", "user_id", "started_at", "ended_at", "end_reason", "parent_session_id"):
         value = session.get(key)
         if value is not None:
@@ -185,17 +274,22 @@ def cmd_show(args: argparse.Namespace) -> int:
         session = db.get_session(args.session_id)
         if session is None:
             raise SessionNotFoundError(f"session {args.session_id!r} not found")
-        messages = db.get_messages(args.session_id)
         successor = db.get_compression_successor(args.session_id)
         ancestors = db.get_compression_ancestors(args.session_id)
+        messages = db.get_messages(args.session_id)
+    # An untitled session is named by its first user message, as in `sessions list`.
+    first = next((render.content_text(m.get("content")) for m in messages if m["role"] == "user"), None)
+    label = render.session_label(session["title"], render.truncate(" ".join(first.split()), 63) if first else None)
+    hidden = max(len(messages) - args.tail, 0) if args.tail else 0  # --tail 0 means all
+    messages = messages[hidden:]
     data = {"session": session, "messages": messages}
 
     def human(_: Any) -> str:
         if args.full:
-            return _markdown(session, messages)
+            return _markdown(label, session, messages)
         s = session
         cost = render.money(s.get("actual_cost_usd") or s.get("estimated_cost_usd"))
-        lines = [render.safe(s["title"] or "(untitled)") + f"  ({render.safe(s['id'])})",
+        lines = [render.safe(label) + f"  ({render.safe(s['id'])})",
                  " · ".join(p for p in (f"source {render.safe(s['source'])}",
                                         s["model"] and f"model {render.safe(s['model'])}",
                                         s["user_id"] and f"user {render.safe(s['user_id'])}") if p),
@@ -210,7 +304,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         if successor and successor != s["id"]:
             lines.append(f"continued in {render.safe(successor)}")
         width = term_width()
-        return "\n".join(lines + [""] + [_message_line(m, width) for m in messages])
+        earlier = [f"({_plural(hidden, 'earlier message')} not shown; --tail 0 shows them all)"] if hidden else []
+        return "\n".join(lines + [""] + earlier + [_message_line(m, width) for m in messages])
     emit(args, data, human)
     return 0
 
@@ -219,8 +314,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     """Search every message's text (words, CJK, substrings)."""
     with open_db(args) as db:
         hits = db.search_messages(args.query, source_filter=args.source, role_filter=args.role,
-                                  limit=args.limit, offset=args.offset, include_reasoning=args.reasoning)
-    color = sys.stdout.isatty()
+                                  limit=limit_of(args), offset=args.offset, include_reasoning=args.reasoning)
+    color = use_color()
 
     def human(_: Any) -> str:
         if not hits:
@@ -228,9 +323,12 @@ def cmd_search(args: argparse.Namespace) -> int:
         width = term_width()
         lines = []
         for h in hits:
-            title = f"  {render.safe(h['title'])}" if h.get("title") else ""
-            head = f"{render.safe(h['session_id'])}{title}  {h['role']}  {render.relative_time(h['timestamp'])}"
-            lines += [render.truncate(head, width), "  " + render.highlight(h["snippet"], color=color)]
+            # The id comes first and whole, so it can be copied into `sessions show`.
+            sid = render.safe(h["session_id"])
+            rest = f"  {render.safe(render.session_label(h.get('title')))}  {render.safe(h['role'])}  " \
+                   f"{render.relative_time(h['timestamp'])}"
+            lines += [sid + render.truncate(rest, None if width is None else max(width - render.width(sid), 10)),
+                      "  " + render.highlight(h["snippet"], color=color)]
         return "\n".join(lines)
     rows = [{k: v for k, v in h.items() if k != "context"} for h in hits] if args.csv else hits
     emit(args, hits, human, rows=rows)
@@ -268,10 +366,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
                                 ["model", "session_count", "input_tokens", "output_tokens", "estimated_cost_usd"],
                                 numeric={"session_count", "input_tokens", "output_tokens", "estimated_cost_usd"},
                                 headers={"session_count": "sessions", "input_tokens": "input",
-                                         "output_tokens": "output", "estimated_cost_usd": "cost"}, max_width=width)
-        top = render.table([dict(r, total_tokens=render.number(r["total_tokens"])) for r in data["top_sessions"]],
+                                         "output_tokens": "output", "estimated_cost_usd": "cost"}, max_width=width,
+                                keep={"model"})
+        top = render.table([dict(r, title=render.session_label(r["title"]), total_tokens=render.number(
+                               r["total_tokens"])) for r in data["top_sessions"]],
                            ["id", "title", "model", "total_tokens"], numeric={"total_tokens"},
-                           headers={"total_tokens": "tokens"}, max_width=width)
+                           headers={"total_tokens": "tokens"}, max_width=width, keep={"id"})
         return f"{by_model}\n\nlargest sessions\n{top}"
     emit(args, data, human, rows=models)
     return 0
@@ -366,7 +466,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             status = db.fts_rebuild_status()
         check("integrity", not report["problems"], "ok" if not report["problems"] else
               "; ".join(report["problems"][:3]) + f" (`hermes-state recover {path} <new path>` salvages it)")
-        for table, result in report["fts"].items():
+        for table, result in sorted(report["fts"].items()):  # the same order on every run
             check(f"fts {table}", result == "ok", result if result == "ok" else
                   f"{result} (`hermes-state fts rebuild` rebuilds it)")
         check("fts rebuild", not status["pending"], "none pending" if not status["pending"] else

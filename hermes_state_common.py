@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import re
+import reprlib
 import sqlite3
 from typing import Any
 
@@ -281,6 +282,19 @@ JSON_MESSAGE_FIELDS = ("tool_calls", "reasoning_details", "codex_reasoning_items
 # SQLite's INTEGER is a signed 64-bit value; Python ints outside it fail at bind time.
 INT_MIN, INT_MAX = -2**63, 2**63 - 1
 
+# Error messages quote the bad value, cut short: a plain repr() of a deeply nested list raises
+# RecursionError, and one of a huge string floods the message.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 3, 60, 60
+
+
+def shown(value: Any) -> str:
+    """Return a short repr of `value` for an error message; never raises, however deep or large the value."""
+    try:
+        return _SHOWN.repr(value)
+    except Exception:  # noqa: BLE001 - a hostile __repr__ must not replace the error being reported
+        return f"<{type(value).__name__}>"
+
 
 def is_finite(value: Any) -> bool:
     """Return True for an int or float that is a finite number (bools are not numbers here)."""
@@ -295,7 +309,7 @@ def is_finite(value: Any) -> bool:
 def check_count(name: str, value: Any) -> int:
     """Return `value` when it is a non-negative 64-bit integer, else raise ValueError naming `name`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, not {value!r}")
+        raise ValueError(f"{name} must be a non-negative integer, not {shown(value)}")
     if value > INT_MAX:
         raise ValueError(f"{name} = {value} is out of range: SQLite integers are signed 64-bit")
     return value
@@ -305,7 +319,7 @@ def check_number(name: str, value: Any, *, positive: bool = False) -> float:
     """Return `value` as a float when it is finite and >= 0 (> 0 with `positive`), else raise ValueError."""
     if not is_finite(value) or value < 0 or (positive and value == 0):
         kind = "a positive" if positive else "a non-negative"
-        raise ValueError(f"{name} must be {kind} finite number, not {value!r}")
+        raise ValueError(f"{name} must be {kind} finite number, not {shown(value)}")
     return float(value)
 
 
@@ -319,7 +333,7 @@ def check_id(name: str, value: Any, *, optional: bool = False) -> Any:
     if value is None and optional:
         return None
     if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} must be a non-empty string, not {value!r}")
+        raise ValueError(f"{name} must be a non-empty string, not {shown(value)}")
     if has_surrogate(value):
         raise ValueError(f"{name} contains a lone surrogate (U+D800..U+DFFF), which cannot be stored")
     return value

@@ -213,7 +213,7 @@ def typed_errors(path: Path, *, reading: bool = False) -> Iterator[None]:
     file without permission) StoreUnavailableError; a full disk or a file-size limit
     SessionPersistenceError with code `session_persistence_failed:disk`;
     a value SQLite cannot bind (a list, an int past 64 bits, text with a lone surrogate)
-    ValueError. A value past SQLite's size limit is ValueError when writing, and
+    ValueError; a value nested too deeply for Python to walk ValueError. A value past SQLite's size limit is ValueError when writing, and
     StateDbCorruptError when `reading` (a damaged record claims it). Every other sqlite3
     error propagates untouched.
     """
@@ -237,6 +237,8 @@ def typed_errors(path: Path, *, reading: bool = False) -> Iterator[None]:
         raise
     except OverflowError as exc:
         raise ValueError(f"an integer is out of SQLite's 64-bit range: {exc}") from exc
+    except RecursionError as exc:  # checking, encoding or quoting an argument nested thousands deep
+        raise ValueError("an argument is nested too deeply to check or store") from exc
     except sqlite3.DatabaseError as exc:
         # "unsupported file format" comes with the generic SQLITE_ERROR code: the header's
         # format bytes are damaged (no SQLite ever wrote them).

@@ -1,11 +1,13 @@
-"""Full-text indexes over messages: the FTS5 tables, their triggers, rebuild markers and queries.
+"""Full-text indexes over messages: the FTS5 tables, their triggers, rebuild markers and upkeep.
 
 Owns: `messages_fts` (unicode61 words of content, tool_name, tool_calls), `messages_fts_trigram`
 (substrings of every message's content, tool name and tool calls), `messages_fts_reasoning` (words of reasoning text),
 `messages_fts_cjk` (CJK runs as bigrams, from hermes_state_cjk) with its queue `messages_fts_cjk_pending`,
-the triggers that keep them in sync, the rebuild markers `fts_rebuild_high_water`/`fts_rebuild_progress`,
-the chunked resumable rebuild, the periodic merge, `_sanitize_fts5_query()` and the query plans.
-Does not own: running searches (hermes_state_search) or writing message rows (hermes_state_messages).
+the triggers that keep them in sync (all declared in `OBJECTS`), the rebuild markers
+`fts_rebuild_high_water`/`fts_rebuild_progress`, the chunked resumable rebuild, the periodic merge,
+and `FtsState` (what exists and what is pending; `cached_state` keeps it per connection for searches).
+Does not own: the query language (hermes_state_query), running searches (hermes_state_search) or
+writing message rows (hermes_state_messages).
 
 Transaction contract: functions taking a connection run inside the caller's write transaction (or
 read under its lock) and never commit. `ensure_fts`, `run_pending` and `rebuild` take the Writer and
@@ -16,16 +18,16 @@ See docs/search.md for the design and its trade-offs.
 """
 from __future__ import annotations
 
+import itertools
 import json
-import re
 import sqlite3
 import threading
 from dataclasses import dataclass
-from typing import Callable, Union
 
 from hermes_state_cjk import (CJK_CHARS, CJK_RUN, cjk_index_text, cjk_query_text, cjk_terms,  # noqa: F401
                                has_cjk, register_functions)
-from hermes_state_common import logger, strip_surrogates
+from hermes_state_common import logger
+from hermes_state_query import _sanitize_fts5_query  # noqa: F401 - importable here, where callers know it
 from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import StateDbIncompatibleError
 
@@ -40,8 +42,6 @@ MERGE_EVERY_N_WRITES = 1000
 MERGE_PAGES = 200            # bounded work per merge: a few milliseconds, never a full optimize
 REBUILD_CHUNK_ROWS = 2000    # messages per rebuild transaction (tens of milliseconds of lock)
 OPEN_CATCH_UP_ROWS = 2000    # queued CJK rows an open indexes before returning; the rest go background
-MAX_QUERY_CHARS = 2048
-MAX_QUERY_TERMS = 32
 
 # --- the declared FTS objects ----------------------------------------------------------------------
 
@@ -172,7 +172,7 @@ def _normalized(sql: str | None) -> str:
 
 @dataclass(frozen=True)
 class FtsState:
-    """What open learned from the catalogue and the markers (no data table is read)."""
+    """What the catalogue and the markers say about the FTS objects (no data table is read)."""
 
     declared: bool                    # every object present exactly as declared, nothing foreign
     tables: frozenset[str]            # which of the FTS tables exist at all
@@ -184,15 +184,16 @@ class FtsState:
         return self.rebuild is not None or self.cjk_pending
 
 
-def _markers(conn: sqlite3.Connection) -> tuple[int, int] | None:
-    values = dict(conn.execute("SELECT key, value FROM state_meta WHERE key IN (?, ?)", (HIGH_WATER, PROGRESS)))
-    if values.get(HIGH_WATER) is None:
-        return None
-    return int(values.get(PROGRESS) or 0), int(values[HIGH_WATER])
+@dataclass(frozen=True)
+class _Catalogue:
+    """The half of FtsState that only a schema change can change."""
+
+    declared: bool
+    tables: frozenset[str]
+    queue: bool                       # the CJK queue table exists
 
 
-def inspect(conn: sqlite3.Connection) -> FtsState:
-    """Read the FTS objects, markers and queue state from the catalogue; never scans messages."""
+def _read_catalogue(conn: sqlite3.Connection) -> _Catalogue:
     found: dict[str, str] = {}
     foreign = False
     for kind, name, table, sql in conn.execute(
@@ -203,9 +204,77 @@ def inspect(conn: sqlite3.Connection) -> FtsState:
         elif kind == "trigger" and "messages_fts" in (sql or ""):
             foreign = True  # an older layout's trigger writing our tables would double-index rows
     declared = not foreign and all(found.get(name) == _normalized(sql) for _, name, sql in OBJECTS)
-    tables = frozenset(t for t in FTS_TABLES if t in found)
-    pending = CJK_PENDING in found and conn.execute(f"SELECT EXISTS (SELECT 1 FROM {CJK_PENDING})").fetchone()[0]
-    return FtsState(declared, tables, _markers(conn), bool(pending))
+    return _Catalogue(declared, frozenset(t for t in FTS_TABLES if t in found), CJK_PENDING in found)
+
+
+def _rebuild_range(high_water: str | None, progress: str | None) -> tuple[int, int] | None:
+    return None if high_water is None else (int(progress or 0), int(high_water))
+
+
+def _markers(conn: sqlite3.Connection) -> tuple[int, int] | None:
+    values = dict(conn.execute("SELECT key, value FROM state_meta WHERE key IN (?, ?)", (HIGH_WATER, PROGRESS)))
+    return _rebuild_range(values.get(HIGH_WATER), values.get(PROGRESS))
+
+
+def _live_sql(catalogue: _Catalogue, token: bool = False) -> str:
+    # The markers and whether the queue has rows: two key lookups and one probe, one statement.
+    queued = f"EXISTS (SELECT 1 FROM {CJK_PENDING})" if catalogue.queue else "0"
+    head = f"{_TOKEN_FUNCTION}(), schema_version, " if token else ""
+    return (f"SELECT {head}(SELECT value FROM state_meta WHERE key = '{HIGH_WATER}'), "
+            f"(SELECT value FROM state_meta WHERE key = '{PROGRESS}'), {queued}"
+            + (" FROM pragma_schema_version" if token else ""))
+
+
+def _state(catalogue: _Catalogue, high_water: str | None, progress: str | None, queued: int) -> FtsState:
+    return FtsState(catalogue.declared, catalogue.tables, _rebuild_range(high_water, progress), bool(queued))
+
+
+def inspect(conn: sqlite3.Connection) -> FtsState:
+    """Read the FTS objects, markers and queue state afresh from the catalogue; never scans messages."""
+    catalogue = _read_catalogue(conn)
+    return _state(catalogue, *conn.execute(_live_sql(catalogue)).fetchone())
+
+
+# A search takes the catalogue half of FtsState from this cache, checked against the schema cookie
+# (PRAGMA schema_version, which every CREATE and DROP by any connection bumps) in the statement that
+# reads the live half: one statement per search instead of a catalogue scan. A sqlite3.Connection
+# holds neither attributes nor weak references, so entries are keyed by id() and each connection
+# gets a token, answered by a SQL function registered on it: a new connection that reuses a closed
+# one's id() cannot answer with the old token, so it never reads the old entry.
+_TOKEN_FUNCTION = "hermes_fts_connection_token"
+_CACHED_CONNECTIONS = 64
+_tokens = itertools.count(1)
+_catalogues: dict[int, tuple[int, int, _Catalogue]] = {}  # id(conn) -> (token, schema version, catalogue)
+_catalogues_lock = threading.Lock()
+
+
+def cached_state(conn: sqlite3.Connection) -> FtsState:
+    """Return what `inspect` returns, reading the catalogue again only when the schema has changed.
+
+    The markers and the queue are read on every call; the objects are re-read after any schema
+    change (a rebuild, another process dropping or creating an index). Read-only; one statement
+    when nothing in the schema changed since this connection's last call.
+    """
+    with _catalogues_lock:
+        entry = _catalogues.get(id(conn))
+    if entry is not None:
+        try:
+            token, version, *live = conn.execute(_live_sql(entry[2], token=True)).fetchone()
+        except sqlite3.OperationalError:
+            token = version = None  # no token function on this connection, or the queue table is gone
+        if (token, version) == entry[:2]:
+            return _state(entry[2], *live)
+    token = next(_tokens)
+    conn.create_function(_TOKEN_FUNCTION, 0, lambda: token, deterministic=True)
+    # The cookie is read before the catalogue: a change in between only makes the next call re-read.
+    version = conn.execute("PRAGMA schema_version").fetchone()[0]
+    catalogue = _read_catalogue(conn)
+    with _catalogues_lock:
+        _catalogues.pop(id(conn), None)
+        while len(_catalogues) >= _CACHED_CONNECTIONS:
+            del _catalogues[next(iter(_catalogues))]  # the oldest entry: most likely a closed connection
+        _catalogues[id(conn)] = (token, version, catalogue)
+    return _state(catalogue, *conn.execute(_live_sql(catalogue)).fetchone())
 
 
 # --- creating, rebuilding, catching up ------------------------------------------------------------
@@ -458,252 +527,3 @@ def upkeep(conn: sqlite3.Connection, writes: int) -> None:
             conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (MERGE_PAGES,))
         except sqlite3.Error as exc:
             logger.info("FTS merge of %s skipped: %s", table, exc)
-
-
-# --- queries: the sanitizer and the plans ----------------------------------------------------------
-
-@dataclass(frozen=True)
-class Term:
-    """One search term: its text, whether it is a quoted phrase, whether it is a prefix (`word*`)."""
-
-    text: str
-    quoted: bool = False
-    prefix: bool = False
-
-
-Item = Union[Term, str]  # a str item is an operator: "AND", "OR" or "NOT"
-_OPERATORS = frozenset({"AND", "OR", "NOT"})
-_KEYWORDS = _OPERATORS | {"NEAR"}
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
-_ZERO_WIDTH = re.compile("[\u200b\u200c\u200d\ufeff]+")
-_CJK_ONLY = re.compile(f"[{CJK_CHARS}\\s]+")
-
-
-def _strip_edges(chunk: str) -> str:
-    start, end = 0, len(chunk)
-    while start < end and not chunk[start].isalnum():
-        start += 1
-    while end > start and not chunk[end - 1].isalnum():
-        end -= 1
-    return chunk[start:end]
-
-
-def _bare(text: str) -> bool:
-    # FTS5 barewords are letters, digits and non-ASCII; anything else (-, ., /, @, ', _ ...) is
-    # quoted, which makes unicode61 read it as a phrase: "chat-send" finds "chat send".
-    return all(ch.isalnum() for ch in text) and text not in _KEYWORDS
-
-
-def _render_term(term: Term) -> str:
-    body = term.text if not term.quoted and _bare(term.text) else f'"{term.text}"'
-    return body + ("*" if term.prefix else "")
-
-
-def _normalize(items: list[Item]) -> list[Item]:
-    out: list[Item] = []
-    terms = 0
-    for item in items:
-        if isinstance(item, str):
-            if not out:
-                continue                 # a leading operator has nothing on its left
-            if isinstance(out[-1], str):
-                out[-1] = item           # "a AND NOT b": the last operator of a run wins
-            else:
-                out.append(item)
-        elif terms < MAX_QUERY_TERMS:
-            out.append(item)
-            terms += 1
-    while out and isinstance(out[-1], str):
-        out.pop()                        # a trailing operator has nothing on its right
-    return out
-
-
-def _clean(query: str) -> str:
-    return _CONTROL.sub(" ", strip_surrogates(query[:MAX_QUERY_CHARS]))
-
-
-def _drop_zero_width(text: str) -> str:
-    # Zero-width characters typed or pasted into a query ("東\u200b京") would split its term.
-    # ZWNJ and ZWJ are kept unless next to CJK: Persian and Indic words and emoji sequences need
-    # them. A run is judged by its neighbours as a whole, so that a second pass removes nothing.
-    def replace(run: re.Match[str]) -> str:
-        near = text[max(run.start() - 1, 0):run.start()] + text[run.end():run.end() + 1]
-        return "" if CJK_RUN.search(near) else run.group().replace("\u200b", "").replace("\ufeff", "")
-    return _ZERO_WIDTH.sub(replace, text)
-
-
-def parse_query(query: object) -> list[Item]:
-    """Parse user input into terms and operators; any input is accepted, nothing raises.
-
-    Balanced "phrases" are kept, an unmatched quote is dropped, special characters at a word's
-    edges are dropped (#123 -> 123, 50% -> 50), a word with inner punctuation becomes a phrase
-    (chat-send, src/main.py, don't), AND/OR/NOT at either end are dropped (a query of operator
-    words only is taken literally), and a trailing `*` stays a prefix query. At most 32 terms
-    and 2,048 characters.
-    """
-    if not isinstance(query, str):
-        return []
-    text = _drop_zero_width(_clean(query))
-    if text.count('"') % 2:
-        cut = text.rfind('"')
-        text = text[:cut] + " " + text[cut + 1:]
-    parts = text.split('"')
-    items: list[Item] = []
-    symbols = False
-    for index, part in enumerate(parts):
-        if index % 2:
-            phrase = " ".join(part.split())
-            if any(ch.isalnum() for ch in phrase):
-                items.append(Term(phrase, quoted=True, prefix=parts[index + 1].startswith("*")))
-            continue
-        for chunk in part.split():
-            if chunk in _OPERATORS:
-                items.append(chunk)
-                continue
-            core = _strip_edges(chunk)
-            if core:
-                items.append(Term(core, quoted=not _bare(core), prefix=chunk.endswith("*")))
-            else:
-                symbols = True
-    if items and not symbols and all(isinstance(item, str) for item in items):
-        # "AND", "OR NOT": operators with nothing to combine are the words being looked for.
-        items = [Term(item, quoted=True) for item in items]
-    items = _normalize(items)
-    while items and len(render_query(items, _render_term)) > MAX_QUERY_CHARS:
-        items = _normalize(items[:-1])
-    return items
-
-
-@dataclass(frozen=True)
-class Group:
-    """One OR branch of a query: terms that must all match and terms that must not.
-
-    The query is an OR of such groups; `NOT x` excludes the one term x (FTS5 itself would read
-    `a NOT b c` as `a NOT (b c)`, so expressions are always rendered in this canonical form).
-    """
-
-    terms: tuple[Term, ...]
-    excluded: tuple[Term, ...] = ()
-
-    def render(self, term: Callable[[Term], str], terms: tuple[Term, ...] | None = None,
-               excluded: tuple[Term, ...] | None = None) -> str:
-        """Render as `t1 t2 NOT x NOT y`; by default the terms and the excluded terms an index checks."""
-        terms = self.terms if terms is None else terms
-        excluded = self.fts_excluded if excluded is None else excluded
-        return " ".join([term(t) for t in terms] + [f"NOT {term(t)}" for t in excluded])
-
-    @property
-    def like_excluded(self) -> tuple[Term, ...]:
-        """Excluded terms holding CJK: checked by LIKE, since the CJK index holds CJK rows only."""
-        return tuple(t for t in self.excluded if has_cjk(t.text))
-
-    @property
-    def fts_excluded(self) -> tuple[Term, ...]:
-        """Excluded terms the indexes check (`NOT x` in the expression)."""
-        return tuple(t for t in self.excluded if not has_cjk(t.text))
-
-    @property
-    def word(self) -> str:
-        """The expression for messages_fts (and for messages_fts_cjk when no term has CJK)."""
-        return self.render(_render_term)
-
-    @property
-    def cjk(self) -> str | None:
-        """The expression for messages_fts_cjk when some term has CJK, else None."""
-        return self.render(_cjk_term) if any(has_cjk(t.text) for t in self.terms) else None
-
-    @property
-    def cjk_only(self) -> bool:
-        """Whether every term is CJK letters only: the bigram index then answers exactly."""
-        return all(_CJK_ONLY.fullmatch(t.text) for t in self.terms)
-
-    @property
-    def split(self) -> tuple[str, tuple[Term, ...]] | None:
-        """(CJK-index expression of the CJK terms, the other terms) for a group mixing both, else None."""
-        cjk = tuple(t for t in self.terms if has_cjk(t.text))
-        others = tuple(t for t in self.terms if not has_cjk(t.text))
-        return (self.render(_cjk_term, cjk), others) if cjk and others else None
-
-    @property
-    def substrings(self) -> tuple[str, ...] | None:
-        """The terms' texts when the substring index can find them (each has >= 3 characters), else None."""
-        if all(len(t.text) >= 3 for t in self.terms):
-            return tuple(t.text for t in self.terms)
-        return None
-
-
-def trigram_expression(texts: tuple[str, ...]) -> str:
-    """Return the FTS5 expression for rows holding every trigram of every text (candidates only).
-
-    Each trigram is a one-token phrase, which an index without positions can answer; whether
-    the trigrams are adjacent is checked on the row afterwards.
-    """
-    grams = dict.fromkeys(text[i:i + 3] for text in texts for i in range(len(text) - 2))
-    return " AND ".join('"' + gram.replace('"', '""') + '"' for gram in grams)
-
-
-def _groups(items: list[Item]) -> list[Group]:
-    groups: list[Group] = []
-    terms: list[Term] = []
-    excluded: list[Term] = []
-    negate = False
-    for item in [*items, "OR"]:
-        if item == "OR":
-            if terms:  # never empty after _normalize; a group of exclusions alone has no meaning
-                groups.append(Group(tuple(terms), tuple(excluded)))
-            terms, excluded, negate = [], [], False
-        elif item == "NOT":
-            negate = True
-        elif isinstance(item, Term):
-            (excluded if negate else terms).append(item)
-            negate = False
-    return groups
-
-
-def render_query(items: list[Item], term: Callable[[Term], str]) -> str:
-    """Render parsed items as an FTS5 expression in canonical form, each term through `term`."""
-    return " OR ".join(g.render(term, excluded=g.excluded) for g in _groups(items))
-
-
-def _sanitize_fts5_query(query: object) -> str:
-    """Return an FTS5 expression for `query` that MATCH always accepts ('' when nothing is left).
-
-    Idempotent: sanitizing its own output returns it unchanged.
-    """
-    return render_query(parse_query(query), _render_term)
-
-
-def _cjk_term(term: Term) -> str:
-    if not has_cjk(term.text):
-        return _render_term(term)
-    text, prefix = cjk_query_text(term.text)
-    return f'"{text}"' + ("*" if prefix or term.prefix else "")
-
-
-@dataclass(frozen=True)
-class QueryPlan:
-    """A sanitized query as OR groups; search_messages routes each group to an index."""
-
-    groups: tuple[Group, ...]
-    like_only: bool = False   # symbols only ("🎉", "%%"): no index holds them, a LIKE scan can
-
-    @property
-    def needles(self) -> list[str]:
-        """The texts a hit may contain, for highlighting."""
-        return [t.text for g in self.groups for t in g.terms]
-
-
-def plan_query(query: object) -> QueryPlan | None:
-    """Sanitize `query` into OR groups; None when nothing searchable is left.
-
-    Text made of symbols only (emoji, `%%`) gives a LIKE-only plan of its whitespace-separated
-    chunks (AND/OR/NOT honoured) instead of nothing.
-    """
-    groups = _groups(parse_query(query))
-    if groups:
-        return QueryPlan(tuple(groups))
-    if not isinstance(query, str):
-        return None
-    chunks = _clean(query).replace('"', " ").translate({0x200B: None, 0xFEFF: None}).split()
-    groups = _groups(_normalize([c if c in _OPERATORS else Term(c) for c in chunks]))
-    return QueryPlan(tuple(groups), like_only=True) if groups else None

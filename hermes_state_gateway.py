@@ -1,13 +1,11 @@
-"""Gateway ledgers: the runtime epoch, the admissions FIFO, worker executions and their receipts,
-and deleting sessions together with every ledger row that names them.
+"""Gateway ledgers: the runtime epoch, the admissions FIFO, worker executions and their receipts.
 
 Owns: `runtime_epoch` (claiming the runtime; fencing writes from a replaced owner),
 `session_admissions` (a durable per-session FIFO of inbound input), `worker_executions` and
-`worker_receipts` (ordered, digest-checked results of managed runs), and `delete_session` /
-`prune_sessions`, which refuse while ledger work is live.
+`worker_receipts` (ordered, digest-checked results of managed runs).
 Does not own: routing, the delivery outbox, async delegations and input ownership
-(hermes_state_routing; deletion removes their rows by table name only), session and message
-rows (hermes_state_sessions, hermes_state_messages).
+(hermes_state_routing), session and message rows (hermes_state_sessions,
+hermes_state_messages), deleting sessions with their ledger rows (hermes_state_maintenance).
 
 Transaction contract: every write runs inside the caller's BEGIN IMMEDIATE transaction and is a
 compare-and-set: it reads the row, checks the epoch and the state, and only then changes
@@ -24,17 +22,13 @@ import time
 import uuid
 from typing import Any
 
-from hermes_state_common import (LIVE_ADMISSION_SQL, check_count, check_id, check_number, decode_json, encode_json, logger,
-                                 row_dicts)
-from hermes_state_errors import (LedgerStateError, ReceiptDigestError, ReceiptOrderError, SessionBusyError,
-                                 StaleEpochError)
+from hermes_state_common import (LIVE_ADMISSION_SQL, check_count, check_id, decode_json, encode_json, row_dicts)
+from hermes_state_errors import LedgerStateError, ReceiptDigestError, ReceiptOrderError, StaleEpochError
 from hermes_state_sessions import require_session
 
 TERMINAL_STATES = ("completed", "failed", "cancelled")
 LIVE_ADMISSION_STATES = ("queued", "started", "unknown")
 LIVE_EXECUTION_STATES = ("running", "unknown")
-_LIVE_EXECUTION_SQL = "state IN ('running', 'unknown')"
-_DAY_S = 86400.0
 
 
 def _check_terminal(state: Any) -> str:
@@ -274,6 +268,8 @@ def canonical_json(payload: Any) -> str:
         return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"receipt payload is not JSON-serialisable: {exc}") from exc
+    except RecursionError as exc:
+        raise ValueError("receipt payload is nested too deeply to encode as JSON") from exc
 
 
 def receipt_digest(payload: Any) -> str:
@@ -333,82 +329,3 @@ def list_receipts(conn: sqlite3.Connection, execution_id: int) -> list[dict[str,
     for row in rows:
         row["payload"] = json.loads(row.pop("payload_json"))
     return rows
-
-
-# --- deleting sessions --------------------------------------------------------------------------
-
-def _has_table(conn: sqlite3.Connection, name: str) -> bool:
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
-
-
-def live_ledger_work(conn: sqlite3.Connection, session_id: str) -> str | None:
-    """Describe the session's live ledger work (unfinished admissions or executions), or None."""
-    admissions = conn.execute(
-        f"SELECT COUNT(*) FROM session_admissions WHERE session_id = ? AND {LIVE_ADMISSION_SQL}",
-        (session_id,)).fetchone()[0]
-    executions = conn.execute(
-        f"SELECT COUNT(*) FROM worker_executions WHERE session_id = ? AND {_LIVE_EXECUTION_SQL}",
-        (session_id,)).fetchone()[0]
-    if not admissions and not executions:
-        return None
-    return f"{admissions} unfinished admission(s) and {executions} running or unknown execution(s)"
-
-
-def _delete_rows(conn: sqlite3.Connection, session_id: str, outbox: bool) -> None:
-    # Children first, so every foreign key holds at each step; the FTS triggers remove the
-    # messages' index rows. Routing and delegation rows have no foreign key: they are matched
-    # by the session they point at.
-    conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
-    conn.execute("DELETE FROM session_model_usage WHERE session_id = ?", (session_id,))
-    conn.execute("DELETE FROM compression_locks WHERE session_id = ?", (session_id,))
-    conn.execute("DELETE FROM worker_receipts WHERE session_id = ? OR execution_id IN "
-                 "(SELECT id FROM worker_executions WHERE session_id = ?)", (session_id, session_id))
-    conn.execute("DELETE FROM worker_executions WHERE session_id = ?", (session_id,))
-    conn.execute("DELETE FROM session_admissions WHERE session_id = ?", (session_id,))
-    if outbox:
-        conn.execute("DELETE FROM delivery_obligations WHERE session_id = ?", (session_id,))
-    conn.execute("DELETE FROM async_delegations WHERE origin_session_id = ?", (session_id,))
-    conn.execute("DELETE FROM gateway_routing WHERE CASE WHEN json_valid(entry_json) "
-                 "THEN json_extract(entry_json, '$.session_id') END = ?", (session_id,))
-    # A child outlives its parent as a root session: the link goes, the child stays.
-    conn.execute("UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id = ?", (session_id,))
-    conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
-
-
-def delete_session(conn: sqlite3.Connection, session_id: str) -> None:
-    """Delete a session with its messages (every generation), usage, lock and ledger rows.
-
-    Raises SessionNotFoundError for an unknown id and SessionBusyError while an admission is
-    queued, started or unknown or an execution is running or unknown; then nothing is deleted.
-    Children are kept and detached (their parent link becomes NULL).
-    """
-    require_session(conn, session_id)
-    busy = live_ledger_work(conn, session_id)
-    if busy:
-        raise SessionBusyError(f"session {session_id!r} has {busy}; finish or resolve them before deleting it")
-    _delete_rows(conn, session_id, _has_table(conn, "delivery_obligations"))
-
-
-def prune_sessions(conn: sqlite3.Connection, older_than_days: float, source: str | None = None, *,
-                   now: float | None = None) -> int:
-    """Delete ended sessions started more than `older_than_days` ago; return how many.
-
-    Sessions that are not ended are never pruned; an ended session with live ledger work is
-    skipped (and logged) rather than failing the whole prune.
-    """
-    check_number("older_than_days", older_than_days)
-    check_id("source", source, optional=True)
-    cutoff = (time.time() if now is None else now) - older_than_days * _DAY_S
-    sql, args = "SELECT id FROM sessions WHERE ended_at IS NOT NULL AND started_at < ?", [cutoff]
-    if source is not None:
-        sql, args = sql + " AND source = ?", args + [source]
-    outbox = _has_table(conn, "delivery_obligations")
-    pruned = 0
-    for (session_id,) in conn.execute(sql, args).fetchall():
-        busy = live_ledger_work(conn, session_id)
-        if busy:
-            logger.info("prune skipped session %s: %s", session_id, busy)
-            continue
-        _delete_rows(conn, session_id, outbox)
-        pruned += 1
-    return pruned

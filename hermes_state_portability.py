@@ -9,9 +9,10 @@ An export carries every column as it is stored (JSON columns stay JSON text), ev
 generation (the compression archive included) in row order, and the per-model usage rows.
 Row ids are local to a file and are not exported; `message_uid` is a message's identity.
 
-Transaction contract: `export_session` and the validation run under the caller's lock (a
-snapshot read transaction for a consistent session); `import_sessions` runs inside the
-caller's one write transaction and validates the whole input before its first write.
+Transaction contract: `export_session` runs under the caller's lock (a snapshot read
+transaction for a consistent session). `validate` touches no database and needs no lock, in
+linear time; `import_validated` (and `import_sessions`, which validates first) runs inside the
+caller's one write transaction, checks what depends on the file, then writes.
 `iter_export` takes the facade's read context factory and opens one short read per page.
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from hermes_state_common import JSON_MESSAGE_FIELDS, TABLE_COLUMNS, TABLES, encode_json
+from hermes_state_common import JSON_MESSAGE_FIELDS, TABLE_COLUMNS, TABLES, encode_json, shown
 from hermes_state_conversation import derived_uid
 from hermes_state_errors import (ImportConflictError, ImportValidationError, SessionNotFoundError,
                                  TitleConflictError)
@@ -168,8 +169,8 @@ def _value(where: str, name: str, kind: str, value: Any, problems: list[str]) ->
             problems.append(f"{where}: {name} = {value} is outside SQLite's 64-bit integers")
         return value
     if isinstance(value, float) and kind == "REAL":
-        if math.isnan(value):
-            problems.append(f"{where}: {name} is NaN")
+        if not math.isfinite(value):  # as every write refuses: NaN reads back NULL, and Infinity is not JSON
+            problems.append(f"{where}: {name} must be a finite number or null, not {value}")
         return value
     problems.append(f"{where}: {name} must be {'an integer' if kind == 'INTEGER' else 'a number'} or null, "
                     f"not {type(value).__name__}")
@@ -275,14 +276,9 @@ def _check_graph(plan: _Plan, problems: list[str]) -> None:
             problems.append(f"session {sid!r} appears more than once in the input")
         seen.add(sid)
     parents = {s["id"]: s["parent_session_id"] for s in plan.sessions}
-    for sid in parents:
-        node, walked = parents[sid], set()
-        while node in parents and node not in walked:  # follow parents inside the input
-            if node == sid:
-                problems.append(f"session {sid!r} is its own ancestor through parent_session_id")
-                return
-            walked.add(node)
-            node = parents[node]
+    cycle = find_cycle(parents, parents.get, parents)  # a parent outside the input ends the walk
+    if cycle is not None:
+        problems.append(f"session {cycle!r} is its own ancestor through parent_session_id")
     titles: dict[str, str] = {}
     for session in plan.sessions:
         title = session["title"]
@@ -300,6 +296,29 @@ def _check_graph(plan: _Plan, problems: list[str]) -> None:
         live = [m.get("message_uid") for m in messages if m.get("active") == 1]
         if len(live) != len(set(live)):
             problems.append(f"session {session['id']!r}: a message_uid appears twice among the live rows")
+
+
+def find_cycle(starts: Iterable[str], parent_of: Callable[[str], str | None], mine: Any) -> str | None:
+    """Return a session of `mine` that is its own ancestor when following `parent_of` from `starts`, else None.
+
+    Linear: each session is looked at once however long the chains are (a walk stops where an
+    earlier one ended). `parent_of` gives a session's parent id or None; a cycle made only of
+    sessions outside `mine` (bad data already in a file) is not reported.
+    """
+    done: set[str] = set()
+    for start in starts:
+        path: dict[str, None] = {}  # the current walk, in order
+        node: str | None = start
+        while node is not None and node not in done and node not in path:
+            path[node] = None
+            node = parent_of(node)
+        if node is not None and node in path:
+            ring = list(path)[list(path).index(node):]
+            found = next((n for n in ring if n in mine), None)
+            if found is not None:
+                return found
+        done.update(path)
+    return None
 
 
 def validate(data: Any) -> _Plan:
@@ -340,9 +359,28 @@ def import_sessions(conn: sqlite3.Connection, data: Any, on_conflict: str = "ski
     whatever the input order, and a parent found in neither the input nor the file becomes NULL.
     Message counters are recomputed from the rows written.
     """
-    if on_conflict not in ON_CONFLICT:
-        raise ValueError(f"on_conflict must be one of {', '.join(ON_CONFLICT)}, not {on_conflict!r}")
-    plan = validate(data)
+    check_on_conflict(on_conflict)
+    return import_validated(conn, validate(data), on_conflict)
+
+
+def check_on_conflict(on_conflict: Any) -> str:
+    """Return `on_conflict` when it is one of ON_CONFLICT, else raise ValueError."""
+    if not isinstance(on_conflict, str) or on_conflict not in ON_CONFLICT:
+        raise ValueError(f"on_conflict must be one of {', '.join(ON_CONFLICT)}, not {shown(on_conflict)}")
+    return on_conflict
+
+
+def _file_parent(conn: sqlite3.Connection, session_id: str) -> str | None:
+    row = conn.execute("SELECT parent_session_id FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    return None if row is None else row[0]
+
+
+def import_validated(conn: sqlite3.Connection, plan: _Plan, on_conflict: str = "skip") -> ImportReport:
+    """Write a plan `validate` returned, inside the caller's write transaction; see `import_sessions`.
+
+    Validation needs no lock, so the caller validates first and takes the write lock only for
+    this part: a large input never keeps other writers waiting while it is being checked.
+    """
     existing = {sid for sid in (s["id"] for s in plan.sessions)
                 if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone()}
     if existing and on_conflict == "error":
@@ -357,6 +395,13 @@ def import_sessions(conn: sqlite3.Connection, data: Any, on_conflict: str = "ski
                 raise TitleConflictError(f"title {session['title']!r} of imported session {session['id']!r} "
                                          f"is already used by session {row[0]!r}")
     known = {s["id"] for s in plan.sessions} | existing
+    # With the file's rows in the picture, a replaced parent link can close a ring through
+    # sessions the input does not carry (A in the file under B, and the input puts B under A).
+    planned = {plan.sessions[i]["id"]: plan.sessions[i]["parent_session_id"] for i in todo}
+    ring = find_cycle(planned, lambda sid: planned[sid] if sid in planned else _file_parent(conn, sid), planned)
+    if ring is not None:
+        raise ImportValidationError([f"session {ring!r} would become its own ancestor through parent_session_id "
+                                     "together with sessions already in the file"])
     detached, count = [], 0
     # First pass without parents and titles, so neither the input order nor titles swapped
     # between replaced sessions can trip a constraint; the second pass sets both.

@@ -2,7 +2,7 @@
 
 Owns: `backup_to` (a consistent copy through SQLite's backup API), `check_restorable` and
 `restore_from` (a validated copy back into a live database), `recover` with `RecoveryReport`
-(every readable row of a damaged file copied into a fresh one) and `vacuum`.
+(every readable row of a damaged file copied into a fresh one), `check_integrity` and `vacuum`.
 Does not own: per-session export/import (hermes_state_portability), the open-time upgrade
 (hermes_state_upgrade, which writes its first copy with `backup_to` and reclaims with `vacuum`),
 the schema itself (hermes_state_schema) or the FTS indexes (hermes_state_fts), which `recover`
@@ -19,10 +19,10 @@ from __future__ import annotations
 import os
 import sqlite3
 import uuid
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import hermes_state_fts as fts
 import hermes_state_schema as schema
@@ -64,14 +64,14 @@ def _built_atomically(target: Path) -> Iterator[Path]:
         raise
 
 
-def backup_to(conn: sqlite3.Connection, target: str | os.PathLike) -> Path:
-    """Copy the database of `conn` to a new file `target` in one consistent snapshot; return its path.
+def backup_to(conn: sqlite3.Connection, target_path: str | os.PathLike) -> Path:
+    """Write a consistent copy of the database (ledgers included) to a new file; return its path.
 
     Uses SQLite's backup API in one step: other processes keep writing meanwhile (WAL), and the
-    copy is the database as of one moment, ledgers included. Refuses an existing `target`. The
-    copy appears under its name only once complete.
+    copy is the database as of one moment. Refuses an existing `target_path`. The copy appears
+    under its name only once complete.
     """
-    target = Path(target).expanduser().absolute()
+    target = Path(target_path).expanduser().absolute()
     if target.exists():
         raise FileExistsError(f"{target} already exists; choose a new name for the backup")
     with _built_atomically(target) as partial:
@@ -120,8 +120,8 @@ def check_restorable(source: str | os.PathLike) -> Path:
     return path
 
 
-def restore_from(conn: sqlite3.Connection, source: Path, set_up: Callable[[sqlite3.Connection], int]) -> int:
-    """Replace the content of `conn`'s database with `source` (already checked); return the schema version.
+def restore_from(conn: sqlite3.Connection, source: Path, set_up: Callable[[sqlite3.Connection], Any]) -> Any:
+    """Replace the content of `conn`'s database with `source` (already checked); return what `set_up` returns.
 
     The copy goes through SQLite (backup API into the live connection, one write transaction),
     never a file copy over a database someone has open: every other handle sees the old file or
@@ -172,6 +172,25 @@ def vacuum(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> 
 def clear_reclaim_mark(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> None:
     """Forget an upgrade's request to give freed pages back; one autocommit statement (VACUUM needs none open)."""
     retry_on_lock(lambda: conn.execute("DELETE FROM state_meta WHERE key = ?", (RECLAIM_KEY,)), patience_s, policy)
+
+
+# --- checking a whole file ------------------------------------------------------------------------
+
+def check_integrity(read: Callable[[], AbstractContextManager[sqlite3.Connection]],
+                    write: Callable[[], AbstractContextManager[sqlite3.Connection]] | None,
+                    full: bool = False) -> dict[str, Any]:
+    """Return {"ok", "problems", "fts"}: SQLite's quick check (full with `full`) and each FTS index's check.
+
+    `read()` and `write()` open the caller's transactions. The FTS checks need `write` (FTS5
+    runs them as write commands, changing nothing); without it "fts" is empty.
+    """
+    with read() as conn:
+        problems = schema.integrity_problems(conn, full)
+    report: dict[str, str] = {}
+    if write is not None:
+        with write() as conn:
+            report = fts.integrity_report(conn)
+    return {"ok": not problems and all(v == "ok" for v in report.values()), "problems": problems, "fts": report}
 
 
 # --- recover ---------------------------------------------------------------------------------------

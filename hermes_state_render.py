@@ -23,6 +23,7 @@ ELLIPSIS = "…"
 # C0 and C1 controls, DEL, and the bidirectional overrides that can reorder what a terminal shows.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _BOLD_ON, _BOLD_OFF = "\x1b[1;33m", "\x1b[0m"
+_ASCII_ONLY = False
 
 
 def content_text(content: Any) -> str:
@@ -45,7 +46,9 @@ def safe(text: Any, *, keep_newlines: bool = False) -> str:
             return ch
         return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(ch, f"\\x{ord(ch):02x}" if ord(ch) < 0x100
                                                            else f"\\u{ord(ch):04x}")
-    return _CONTROL.sub(escape, text)
+    text = _CONTROL.sub(escape, text)
+    # Escaped here rather than by the stream, so a table measures the text it really prints.
+    return text.encode("ascii", "backslashreplace").decode("ascii") if _ASCII_ONLY else text
 
 
 def char_width(ch: str) -> int:
@@ -62,14 +65,20 @@ def width(text: str) -> int:
     return sum(char_width(ch) for ch in text)
 
 
-def truncate(text: str, columns: int) -> str:
-    """Return `text` cut to at most `columns` display columns, ending with `…` when cut."""
-    if width(text) <= columns:
+def use_ascii(ascii_only: bool) -> None:
+    """Write for an output that takes ASCII only (LC_ALL=POSIX): `safe` escapes the rest, cuts end "..."."""
+    global ELLIPSIS, _ASCII_ONLY
+    ELLIPSIS, _ASCII_ONLY = ("...", True) if ascii_only else ("…", False)
+
+
+def truncate(text: str, columns: int | None) -> str:
+    """Return `text` cut to at most `columns` display columns, ending with `…` when cut (None: never cut)."""
+    if columns is None or width(text) <= columns:
         return text
     out, used = [], 0
     for ch in text:
         w = char_width(ch)
-        if used + w > columns - 1:
+        if used + w > columns - width(ELLIPSIS):
             break
         out.append(ch)
         used += w
@@ -82,15 +91,21 @@ def _pad(text: str, columns: int, right: bool) -> str:
 
 
 def table(rows: list[dict[str, Any]], columns: list[str], *, numeric: Iterable[str] = (),
-          max_width: int = 80, headers: dict[str, str] | None = None) -> str:
-    """Return an aligned table of `rows` that fits `max_width` columns; the widest columns are cut first."""
-    numeric = set(numeric)
+          max_width: int | None = 80, headers: dict[str, str] | None = None, keep: Iterable[str] = ()) -> str:
+    """Return an aligned table of `rows` that fits `max_width` columns; the widest columns are cut first.
+
+    Columns in `keep` (ids, keys: text someone copies into the next command) are never cut;
+    `max_width=None` cuts nothing at all. A table whose kept columns alone are wider than
+    `max_width` runs past it rather than cutting them.
+    """
+    numeric, kept = set(numeric), set(keep)
     titles = [(headers or {}).get(c, c) for c in columns]
     cells = [[safe(r.get(c)) for c in columns] for r in rows]
     widths = [max([width(t)] + [width(row[i]) for row in cells]) for i, t in enumerate(titles)]
-    budget = max_width - 2 * (len(columns) - 1)
-    while sum(widths) > budget and max(widths) > 4:
-        widest = widths.index(max(widths))
+    budget = None if max_width is None else max_width - 2 * (len(columns) - 1)
+    cuttable = [i for i, c in enumerate(columns) if c not in kept]
+    while budget is not None and sum(widths) > budget and cuttable and max(widths[i] for i in cuttable) > 4:
+        widest = max(cuttable, key=lambda i: widths[i])
         widths[widest] -= 1
     lines = ["  ".join(_pad(truncate(t, w), w, c in numeric) for t, w, c in zip(titles, widths, columns))]
     for row in cells:
@@ -118,6 +133,49 @@ def relative_time(ts: float | None, now: float | None = None) -> str:
 def clock_time(ts: float | None) -> str:
     """Return `ts` as a local date and time, or "-"."""
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def session_label(title: str | None, preview: str | None = None) -> str:
+    """Return how a session is named to people: its title, else "(untitled)" and its first user message."""
+    if title:
+        return title
+    return f"(untitled) {preview}" if preview else "(untitled)"
+
+
+def plain(value: Any, indent: str = "  ") -> list[str]:
+    """Return a report (dicts, lists, scalars) as indented "key: value" lines, never Python reprs."""
+    if isinstance(value, dict):
+        lines = []
+        for key, item in value.items():
+            if isinstance(item, dict) and item or _nested_list(item):
+                lines += [f"{indent}{safe(key)}:"] + plain(item, indent + "  ")
+            else:
+                lines.append(f"{indent}{safe(key)}: {_scalar(item)}")
+        return lines
+    if _nested_list(value):
+        lines = []
+        for item in value:
+            inner = plain(item, indent + "  ")
+            lines += [f"{indent}- {inner[0].strip()}"] + inner[1:] if inner else [f"{indent}-"]
+        return lines
+    return [f"{indent}{_scalar(value)}"]
+
+
+def _nested_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and any(isinstance(v, (dict, list, tuple)) for v in value)
+
+
+def _scalar(value: Any) -> str:
+    # Flat lists read as "a, b, c"; an empty one as "none"; booleans as yes/no.
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_scalar(v) for v in value) if value else "none"
+    if isinstance(value, dict):
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None:
+        return "-"
+    return safe(value)
 
 
 def highlight(snippet: str, *, color: bool) -> str:

@@ -256,6 +256,7 @@ def get_delivery(conn: sqlite3.Connection, obligation_id: int) -> dict[str, Any]
 DELEGATION_STATES = ("pending", "running", "completed", "failed", "cancelled")
 _DELEGATION_NEXT = {"pending": {"pending", "running", "completed", "failed", "cancelled"},
                     "running": {"running", "completed", "failed", "cancelled"}}
+DELEGATION_OPEN_STATES = tuple(_DELEGATION_NEXT)  # the states a delegation can still move on from
 _UNSET: Any = object()
 
 

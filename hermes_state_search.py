@@ -1,10 +1,12 @@
 """Search: `search_messages` routes each query through the ordered route table `ROUTES`.
 
-Owns: the filters every route applies, the routes (CJK index, mixed split, word index,
-substring index, bounded scan) in the order of docs/search.md, ranking, snippets, context rows,
-and `SearchResults` (a list saying whether it is exact).
-Does not own: the FTS tables, their upkeep and the query parser (hermes_state_fts), listings and
-statistics (hermes_state_listings), text windows and highlighting (hermes_state_highlight).
+Owns: the filters every route applies, the route table (which index serves which terms, whether
+its empty answer is exact, whether rows holding a term inside a longer word must be added: CJK
+index, mixed split, word index, substring index, bounded scan, in the order of docs/search.md),
+ranking, snippets, context rows, and `SearchResults` (a list saying whether it is exact).
+Does not own: the query language (hermes_state_query), the FTS tables and their upkeep
+(hermes_state_fts), listings and statistics (hermes_state_listings), text windows and
+highlighting (hermes_state_highlight).
 
 Transaction contract: read-only, on the caller's connection, inside one read snapshot.
 """
@@ -19,6 +21,7 @@ from typing import Any, Callable, Iterable
 import hermes_state_fts as fts
 import hermes_state_highlight as highlight
 from hermes_state_common import check_count, check_id, escape_like, has_surrogate, logger
+from hermes_state_query import Group, QueryPlan, Term, cjk_expression, plan_query, trigram_expression, word_expression
 
 # --- full-text search --------------------------------------------------------------
 # Routing (docs/search.md): each OR branch of a query is routed on its own. A branch holding CJK
@@ -49,6 +52,7 @@ _CONTEXT_CHARS = 200
 _SNIPPET_ARGS = "'>>>', '<<<', '...', 16"
 _FTS_SNIPPET_MAX_CHARS = 16_000  # longer rows get a snippet cut from a window around the first match
 _MAX_ROWID = 2 ** 63 - 1
+_SEARCHABLE = fts.searchable_text("m")  # the text the substring index holds, of message row `m`
 _warned: set[str] = set()
 
 
@@ -157,7 +161,7 @@ _IN_REASONING = ("(COALESCE(m.reasoning LIKE ? ESCAPE '\\', 0) OR COALESCE(m.rea
 _Hit = tuple[int, float, tuple[str, str] | None]
 
 
-def _like_terms(terms: tuple[fts.Term, ...], excluded: tuple[fts.Term, ...] = (),
+def _like_terms(terms: tuple[Term, ...], excluded: tuple[Term, ...] = (),
                 contains: str = _CONTAINS) -> tuple[str, list[str]]:
     """Return SQL true when message `m` contains every term and no excluded one (LIKE, substrings)."""
     parts, params = [], []
@@ -167,7 +171,7 @@ def _like_terms(terms: tuple[fts.Term, ...], excluded: tuple[fts.Term, ...] = ()
     return "(" + " AND ".join(parts) + ")", params
 
 
-def _like(conn: sqlite3.Connection, groups: tuple[fts.Group, ...], f: _Filters, low: int, high: int, need: int,
+def _like(conn: sqlite3.Connection, groups: tuple[Group, ...], f: _Filters, low: int, high: int, need: int,
           only_queued: bool = False, contains: str = _CONTAINS, cut: list[bool] | None = None) -> list[int]:
     """Return the ids of messages in [low, high] matching any of `groups` by LIKE, newest first.
 
@@ -177,7 +181,7 @@ def _like(conn: sqlite3.Connection, groups: tuple[fts.Group, ...], f: _Filters, 
     """
     ors, params = [], []
     for group in groups:
-        sql, group_params = _like_terms(group.terms, group.fts_excluded, contains)
+        sql, group_params = _like_terms(group.terms, _indexed_excluded(group), contains)
         ors.append(sql)
         params += group_params
     condition = "(" + " OR ".join(ors) + ")"
@@ -212,7 +216,7 @@ class _Ask:
     """One OR branch being routed: the branch, where to look, and how many hits are wanted."""
 
     conn: sqlite3.Connection
-    group: fts.Group
+    group: Group
     filters: _Filters
     state: fts.FtsState
     low: int
@@ -248,20 +252,21 @@ class _Ask:
         come next, and only rows passing them are checked for the terms themselves.
         """
         f = self.filters
-        contains, params = _contains_sql(self.group.substrings, fts.searchable_text("m"))
-        if self.group.fts_excluded:
-            excluded, more = _like_terms((), self.group.fts_excluded)
+        texts = tuple(t.text for t in self.group.terms)
+        contains, params = _contains_sql(texts, _SEARCHABLE)
+        if _indexed_excluded(self.group):
+            excluded, more = _like_terms((), _indexed_excluded(self.group))
             contains, params = f"{contains} AND {excluded}", [*params, *more]
         sql = (f"SELECT t.rowid FROM {fts.TRIGRAM} t JOIN messages m ON m.id = t.rowid{f.join} "
                f"WHERE {fts.TRIGRAM} MATCH ? AND t.rowid BETWEEN ? AND ?{f.sql} AND {contains} "
                "ORDER BY t.rowid DESC LIMIT ?")
         try:
-            rows = self.conn.execute(sql, (fts.trigram_expression(self.group.substrings), self.low, self.high,
+            rows = self.conn.execute(sql, (trigram_expression(texts), self.low, self.high,
                                            *f.params, *params, self.need)).fetchall()
         except sqlite3.OperationalError as exc:
             if not _is_query_error(exc):
                 raise
-            logger.info("substring query %r was refused: %s", self.group.substrings, exc)
+            logger.info("substring query %r was refused: %s", texts, exc)
             return []
         return [(r[0], 0.0, None) for r in rows]
 
@@ -270,24 +275,39 @@ class _Ask:
         return table in self.state.tables
 
 
+# --- the route table: what each index can do ----------------------------------------------------
+
+def _indexed_excluded(g: Group) -> tuple[Term, ...]:
+    """Excluded terms an index checks (`NOT x` in its expression): those without CJK."""
+    return tuple(t for t in g.excluded if not t.cjk)
+
+
+def _like_excluded(g: Group) -> tuple[Term, ...]:
+    # The CJK index holds CJK rows only, so it cannot say which rows lack a CJK term: LIKE does.
+    return tuple(t for t in g.excluded if t.cjk)
+
+
 def _cjk_route(a: _Ask) -> list[_Hit]:
-    return a.ranked(fts.CJK, a.group.cjk) + a.uncovered(cjk=True)
+    return a.ranked(fts.CJK, cjk_expression(a.group.terms, _indexed_excluded(a.group))) + a.uncovered(cjk=True)
 
 
 def _mixed_route(a: _Ask) -> list[_Hit]:
     # A branch mixing CJK and other terms that the CJK index cannot serve whole ("東京 ockerfil",
     # "web_search 検索"): the CJK terms from the index, the others checked on those rows as
     # substrings of content, tool_calls and tool_name.
-    expr, others = a.group.split
-    return a.ranked(fts.CJK, expr, filters=a.filters.plus(*_like_terms(others)))
+    cjk = tuple(t for t in a.group.terms if t.cjk)
+    others = tuple(t for t in a.group.terms if not t.cjk)
+    return a.ranked(fts.CJK, cjk_expression(cjk, _indexed_excluded(a.group)),
+                    filters=a.filters.plus(*_like_terms(others)))
 
 
 def _word_route(a: _Ask) -> list[_Hit]:
     # Latin glued to CJK ("iPhone16を") is one unicode61 token in the word index; the CJK index,
     # which splits it, holds every message that has CJK, so it is asked too.
-    found = a.ranked(fts.WORD, a.group.word, snippet=True)
+    expr = word_expression(a.group.terms, _indexed_excluded(a.group))
+    found = a.ranked(fts.WORD, expr, snippet=True)
     if a.has(fts.CJK):
-        found += a.ranked(fts.CJK, a.group.word)
+        found += a.ranked(fts.CJK, expr)
     return found + a.uncovered(cjk=True)
 
 
@@ -300,53 +320,70 @@ def _scan_route(a: _Ask) -> list[_Hit]:
     if not a.state.tables:
         _warn_once("fts", "full-text search: no FTS index in this database; searching the newest "
                           f"{_LIKE_SCAN_ROWS} messages with LIKE")
-    logger.debug("search %r: last resort LIKE scan", a.group.word)
+    logger.debug("search %r: last resort LIKE scan", [t.text for t in a.group.terms])
     return [(i, 0.0, None) for i in _like(a.conn, (a.group,), a.filters, a.low, a.high, a.need, cut=a.cut)]
+
+
+def _never(g: Group) -> bool:
+    return False
 
 
 @dataclass(frozen=True)
 class _Route:
-    """One way to answer a branch: taken when it `applies`; its hits end the routing when found,
-    or always when `conclusive` says an empty answer is exact."""
+    """One way to answer a branch, with what its index can do.
+
+    It applies when its index exists and `serves` the branch's terms. Its hits end the routing
+    when it finds some, or always when `exact` says its empty answer is the answer. A route
+    with `whole_words` finds terms as whole words (or CJK bigrams), so rows holding a term only
+    inside a longer word are added from the substring index.
+    """
 
     name: str
-    applies: Callable[[_Ask], bool]
+    index: str | None                  # the FTS table it reads; None: it needs none
+    serves: Callable[[Group], bool]
     run: Callable[[_Ask], list[_Hit]]
-    conclusive: Callable[[_Ask], bool] = lambda a: False
+    exact: Callable[[Group], bool] = _never
+    whole_words: bool = False
+
+    def applies(self, a: _Ask) -> bool:
+        """Return True when this route can answer the branch on this database."""
+        return (self.index is None or self.index in a.state.tables) and self.serves(a.group)
 
 
-# Routes whose hits are whole words (or CJK bigrams) and may miss a term inside a longer word.
-_WORD_LIKE = (_cjk_route, _mixed_route, _word_route)
+# The trigram index finds a piece by its trigrams: it serves terms of at least 3 characters.
+SUBSTRING_ROUTE = _Route("substring index", fts.TRIGRAM, lambda g: all(len(t.text) >= 3 for t in g.terms),
+                         _substring_route)
+# For terms of CJK letters only the bigram index is exact: its bigrams are exact substrings.
+CJK_ROUTE = _Route("cjk index", fts.CJK, lambda g: any(t.cjk for t in g.terms), _cjk_route,
+                   exact=lambda g: all(t.cjk_letters for t in g.terms), whole_words=True)
 
 # The routing order of docs/search.md: each branch takes the first route that applies and
 # finds something; the bounded scan always applies and always answers, so routing always ends.
 ROUTES: tuple[_Route, ...] = (
-    # For terms of CJK letters only the bigram index is exact: an empty answer is the answer.
-    _Route("cjk index", lambda a: a.group.cjk is not None and a.has(fts.CJK), _cjk_route,
-           conclusive=lambda a: a.group.cjk_only),
-    _Route("mixed split", lambda a: a.group.split is not None and a.has(fts.CJK), _mixed_route),
-    _Route("word index", lambda a: a.group.cjk is None and a.has(fts.WORD), _word_route),
-    _Route("substring index", lambda a: a.group.substrings is not None and a.has(fts.TRIGRAM), _substring_route),
-    _Route("bounded scan", lambda a: True, _scan_route, conclusive=lambda a: True),
+    CJK_ROUTE,
+    _Route("mixed split", fts.CJK, lambda g: any(t.cjk for t in g.terms) and not all(t.cjk for t in g.terms),
+           _mixed_route, whole_words=True),
+    _Route("word index", fts.WORD, lambda g: not any(t.cjk for t in g.terms), _word_route, whole_words=True),
+    SUBSTRING_ROUTE,
+    _Route("bounded scan", None, lambda g: True, _scan_route, exact=lambda g: True),
 )
 
 
 def _find_group(ask: _Ask) -> list[_Hit]:
     """Route one OR branch of the query through ROUTES; return its hits in any order."""
     g = ask.group
-    if g.like_excluded:
-        # "docker NOT 東京": the CJK index holds CJK rows only, so it cannot say which rows lack a
-        # CJK term; checking the candidates' text keeps the rows that have no CJK at all.
-        ask = replace(ask, filters=ask.filters.plus(*_like_terms((), g.like_excluded)))
-    if g.cjk is not None and not ask.has(fts.CJK):
+    if _like_excluded(g):
+        # "docker NOT 東京": checking the candidates' text keeps the rows that have no CJK at all.
+        ask = replace(ask, filters=ask.filters.plus(*_like_terms((), _like_excluded(g))))
+    if CJK_ROUTE.serves(g) and not ask.has(fts.CJK):
         _warn_once("cjk", "full-text search: the CJK index is missing, so CJK queries use the trigram index "
                           "(3+ characters) or a bounded LIKE scan; open the database writable to build it")
     for route in ROUTES:
         if route.applies(ask):
             found = route.run(ask)
-            if found or route.conclusive(ask):
+            if found or route.exact(g):
                 break
-    if found and route.run in _WORD_LIKE and g.substrings is not None and not g.cjk_only and ask.has(fts.TRIGRAM):
+    if found and route.whole_words and SUBSTRING_ROUTE.applies(ask) and not CJK_ROUTE.exact(g):
         # Whole words rank first; every other row holding a term inside a longer word follows,
         # newest first, so a piece seen anywhere is found even when some row has it as a word.
         found += ask.substrings()
@@ -358,16 +395,16 @@ def _reasoning_hits(a: _Ask) -> list[_Hit]:
     def like(low: int, high: int) -> list[_Hit]:
         return [(i, 0.0, None) for i in _like(a.conn, (a.group,), a.filters, low, high, a.need,
                                               contains=_IN_REASONING, cut=a.cut)]
-    if a.group.cjk is not None or not a.has(fts.REASONING):
+    if CJK_ROUTE.serves(a.group) or not a.has(fts.REASONING):
         return like(a.low, a.high)  # no bigram index over reasoning: the bounded scan
-    found = a.ranked(fts.REASONING, a.group.word, snippet=True)
+    found = a.ranked(fts.REASONING, word_expression(a.group.terms, _indexed_excluded(a.group)), snippet=True)
     if a.state.rebuild is not None:  # rows of (P, H] wait for the rebuild
         low, high = max(a.low, a.state.rebuild[0] + 1), min(a.high, a.state.rebuild[1])
         found += like(low, high) if low <= high else []
     return found
 
 
-def _find(conn: sqlite3.Connection, plan: fts.QueryPlan, f: _Filters, low: int, high: int,
+def _find(conn: sqlite3.Connection, plan: QueryPlan, f: _Filters, low: int, high: int,
           need: int, include_reasoning: bool = False,
           cut: list[bool] | None = None) -> list[tuple[int, tuple[str, str] | None]]:
     """Route every OR branch on its own and merge: (id, snippet source) hits, best first, maybe repeated.
@@ -383,7 +420,7 @@ def _find(conn: sqlite3.Connection, plan: fts.QueryPlan, f: _Filters, low: int, 
             found += [(i, 0.0, None) for i in _like(conn, plan.groups, f, low, high, need, contains=_IN_REASONING,
                                                     cut=cut)]
     else:
-        state = fts.inspect(conn)
+        state = fts.cached_state(conn)  # the catalogue is re-read only after a schema change
         asks = [_Ask(conn, group, f, state, low, high, need, cut) for group in plan.groups]
         found = [hit for ask in asks for hit in _find_group(ask)]
         if include_reasoning:
@@ -391,7 +428,7 @@ def _find(conn: sqlite3.Connection, plan: fts.QueryPlan, f: _Filters, low: int, 
     return [(i, source) for i, _, source in sorted(found, key=lambda h: (h[1], -h[0]))]
 
 
-def _snippets(conn: sqlite3.Connection, plan: fts.QueryPlan,
+def _snippets(conn: sqlite3.Connection, plan: QueryPlan,
               hits: list[tuple[int, tuple[str, str] | None]]) -> dict[int, str]:
     """Return {id: snippet}: FTS5 snippet() for word/trigram hits, a text window for the others."""
     out: dict[int, str] = {}
@@ -464,7 +501,7 @@ SELECT h.id, c.id, c.role, substr(c.content, 1, {_CONTEXT_CHARS})
  WHERE h.id IN (SELECT value FROM json_each(?1))"""
 
 
-def _present(conn: sqlite3.Connection, plan: fts.QueryPlan, hits: list[tuple[int, str | None]]) -> list[dict[str, Any]]:
+def _present(conn: sqlite3.Connection, plan: QueryPlan, hits: list[tuple[int, str | None]]) -> list[dict[str, Any]]:
     batch = json.dumps([i for i, _ in hits])
     rows = {r[0]: r for r in conn.execute(
         "SELECT m.id, m.session_id, m.role, m.timestamp, m.tool_name, s.source, s.model, s.started_at, s.title "
@@ -499,7 +536,7 @@ def search_messages(conn: sqlite3.Connection, query: Any, source_filter: Any = N
     """
     limit, offset = check_count("limit", limit), check_count("offset", offset)
     f = _Filters.build(source_filter, exclude_sources, role_filter, session_id, include_inactive)
-    plan = fts.plan_query(query)
+    plan = plan_query(query)
     if plan is None or limit == 0:
         return SearchResults()
     low, high = 0, _MAX_ROWID

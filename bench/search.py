@@ -2,7 +2,7 @@
 
     python bench/search.py [-n 200000] [--seed 1] [--db PATH] [--queries 150]
 
-Builds (or reuses, with --db pointing at an existing file) a database of N messages from the project's
+Builds (or reuses, with --db pointing at an existing file built by it) a database of N messages from the project's
 corpus (bench/corpus.py), written through the library's own insert path, one transaction per
 session, so every trigger and the CJK queue run as in production. Then it times search_messages
 (limit 20, snippets and context included) for the corpus's three query kinds -- common words, a rare
@@ -188,10 +188,16 @@ def main() -> None:
         args.db = Path(tmp.name) / "state.db"
     os.environ.setdefault("HERMES_HOME", str(args.db.parent))
     report: dict = {"n": args.n, "sqlite": sqlite3.sqlite_version}
+    # The planted identifiers are kept beside a --db file, so a rerun on it checks recall too.
+    planted_path = args.db.with_name(args.db.name + ".planted.json")
     if args.db.exists():
         report.update(messages=None, build_s=None, raw_text_bytes=raw_text_bytes(args.db))
+        if planted_path.exists():
+            report["planted"] = json.loads(planted_path.read_text())
     else:
         report.update(build(args.db, corpus, args.n, args.seed))
+        if tmp is None:
+            planted_path.write_text(json.dumps(report["planted"]))
     db_bytes = args.db.stat().st_size
     report.update(db_bytes=db_bytes, ratio_db_to_raw=round(db_bytes / report["raw_text_bytes"], 3),
                   sizes=sizes(args.db))

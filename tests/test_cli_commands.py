@@ -96,7 +96,8 @@ def test_browsing_never_changes_the_file(filled):
 def test_writes_delete_prune_rename_and_doctor(filled):
     assert run(filled, "sessions", "rename", "s2", "Tokyo trip").returncode == 0
     assert "Tokyo trip" in run(filled, "sessions", "list").stdout
-    assert json.loads(run(filled, "sessions", "prune", "--older-than", "0", "--json").stdout) == {"deleted": 1}
+    pruned = json.loads(run(filled, "sessions", "prune", "--older-than", "0", "--json").stdout)
+    assert pruned["deleted"] == 1 and [r["id"] for r in pruned["sessions"]] == ["s3"]
     assert run(filled, "sessions", "delete", "s2").returncode == 0
     assert [r["id"] for r in json.loads(run(filled, "sessions", "list", "--json").stdout)] == ["s1"]
     doctor = run(filled, "doctor")
@@ -168,10 +169,10 @@ def test_a_closed_pipe_ends_quietly(filled):
     assert out.stdout.count("\n") == 2 and "Error" not in out.stderr and "Traceback" not in out.stderr
 
 
-def _run_in_terminal(home: Path, *argv: str) -> str:
+def _run_in_terminal(home: Path, *argv: str, env: dict[str, str] | None = None) -> str:
     """Run the command with stdout and stderr on a pseudo-terminal; return everything it printed."""
     leader, follower = pty.openpty()
-    env = {**os.environ, "HERMES_HOME": str(home), "TERM": "xterm"}
+    env = {**os.environ, "HERMES_HOME": str(home), "TERM": "xterm", **(env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "hermes_state_cli", *argv], stdout=follower, stderr=follower,
                             stdin=subprocess.DEVNULL, env=env, close_fds=True)
     os.close(follower)

@@ -231,7 +231,7 @@ def test_the_table_covers_the_plain_delegations():
             "mark_delivered", "export_session", "update_session", "create_session"} <= names
     assert len(names) > 50
     # Methods that reshape arguments or compose several steps stay explicit.
-    assert not {"backup", "iter_export", "restore", "persist_failed_turn_input"} & names
+    assert not {"iter_export", "restore", "persist_failed_turn_input", "delete_sessions"} & names
 
 
 def test_every_table_method_shows_the_module_functions_signature_and_docstring():

@@ -524,3 +524,54 @@ def test_every_index_stays_consistent_after_random_writes(ops):
         integrity(shell)
         assert indexed_counts(shell) == expected_counts(shell)
         shell.close()
+
+
+# --- the state a search reads, cached per connection -------------------------------------------------
+
+def test_a_second_search_reads_no_catalogue(db):
+    db.create_session("s", "cli")
+    hit = db.append_message("s", "user", "cached catalogue 東京")
+    with db.tracer() as first:
+        assert [h["id"] for h in db.search_messages("catalogue")] == [hit]
+    with db.tracer() as second:
+        assert [h["id"] for h in db.search_messages("東京")] == [hit]
+        assert [h["id"] for h in db.search_messages("catalogue")] == [hit]
+    assert any("sqlite_master" in sql for sql in first)  # the first search of a connection reads it
+    assert not any("sqlite_master" in sql for sql in second), second
+
+
+def test_another_process_dropping_an_index_is_noticed_at_the_next_search(db, rival):
+    db.create_session("s", "cli")
+    hit = db.append_message("s", "user", "東京タワー")
+    assert [h["id"] for h in db.search_messages("東京")] == [hit]
+    rival.execute(f"DROP TABLE {fts.CJK}")  # another process, between two searches of this handle
+    assert [h["id"] for h in db.search_messages("東京")] == [hit]  # the bounded scan now answers
+    assert fts.CJK not in fts.cached_state(rival).tables
+
+
+def test_a_rebuild_started_elsewhere_is_noticed_at_the_next_search(db, rival):
+    db.create_session("s", "cli")
+    rows = [db.append_message("s", "user", f"alpha {i}") for i in range(5)]
+    assert len(db.search_messages("alpha")) == 5
+    rival.execute("BEGIN IMMEDIATE")
+    fts.start_rebuild(rival)  # empties the indexes; rows wait in (P, H] for the rebuild
+    rival.execute("COMMIT")
+    assert ids(rival, fts.WORD, "alpha") == []
+    assert sorted(h["id"] for h in db.search_messages("alpha")) == rows  # found by scanning (P, H]
+    db.rebuild_fts()
+    assert sorted(h["id"] for h in db.search_messages("alpha")) == rows
+
+
+def test_a_new_connection_never_reads_a_closed_ones_cached_state(tmp_path):
+    # A closed connection's id() is soon given to a new one; the cache must tell them apart.
+    with SessionDB(tmp_path / "state.db"):
+        pass
+    bare = tmp_path / "bare.db"
+    sqlite3.connect(bare).execute("CREATE TABLE state_meta (key TEXT PRIMARY KEY, value TEXT)").connection.close()
+    for _ in range(10):
+        for path, tables in ((tmp_path / "state.db", frozenset(ALL)), (bare, frozenset())):
+            conn = sqlite3.connect(path)
+            assert fts.cached_state(conn).tables == tables
+            assert fts.cached_state(conn).tables == tables
+            conn.close()
+            del conn

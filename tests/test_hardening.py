@@ -350,3 +350,157 @@ def test_damaged_file_copy_never_gives_a_raw_sqlite_error(db, tmp_path):
             damaged.search_messages("message")
     except (StateDbCorruptError, StoreUnavailableError):
         pass
+
+
+# --- values nested past Python's recursion limit ------------------------------------------------------
+
+def _nested(depth: int = 100_000) -> tuple[list, dict]:
+    deep_list: list = []
+    deep_dict: dict = {}
+    for _ in range(depth):
+        deep_list, deep_dict = [deep_list], {"a": deep_dict}
+    return deep_list, deep_dict
+
+
+def test_receipt_functions_refuse_a_deeply_nested_payload_with_a_value_error(db):
+    import hermes_state_gateway as gateway
+    deep, _ = _nested()
+    with pytest.raises(ValueError, match="nested too deeply"):
+        gateway.receipt_digest(deep)
+    with pytest.raises(ValueError):
+        db.record_receipt(1, 1, deep, "00")
+
+
+def test_validators_quote_a_deeply_nested_value_without_crashing(db):
+    deep, _ = _nested()
+    # The message names the argument and shows the start of the value.
+    with pytest.raises(ValueError, match=r"obligation_id must be a non-negative integer, not \[\[\["):
+        db.get_delivery(deep)
+    with pytest.raises(ValueError, match="older_than_days"):
+        db.prune_sessions(deep)
+
+
+def test_no_public_method_lets_a_recursion_error_through(db):
+    # Every argument of every public method, in turn, gets a value nested 100,000 deep (a list
+    # and a dict); whatever the method says about it, it is never a raw RecursionError.
+    import inspect
+    deep_values = _nested()
+    db.create_session("a", "cli")
+    skip = {"close", "restore", "backup", "vacuum", "shared", "release"}
+    leaked = []
+    for name, method in inspect.getmembers(db, inspect.ismethod):
+        if name.startswith("_") or name in skip:
+            continue
+        params = [p for p in inspect.signature(method).parameters.values()
+                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        required = {p.name: "a" for p in params if p.default is inspect.Parameter.empty}
+        for param in params:
+            for deep in deep_values:
+                try:
+                    result = method(**{**required, param.name: deep})
+                    if inspect.isgenerator(result):
+                        list(result)
+                except RecursionError:
+                    leaked.append(f"{name}({param.name})")
+                except Exception:  # noqa: BLE001 - any other answer is the method's own business here
+                    pass
+    assert leaked == []
+
+
+def test_cli_import_of_a_deeply_nested_line_is_one_line_of_error(db, tmp_path):
+    db.close()
+    source = tmp_path / "deep.jsonl"
+    source.write_text('{"session": ' + "[" * 50_000 + "]" * 50_000 + "}\n")
+    out = subprocess.run([sys.executable, "-m", "hermes_state_cli", "--db", str(db.db_path), "sessions", "import",
+                          str(source)], capture_output=True, text=True,
+                         env={**os.environ, "HERMES_STATE_DB_GUARD_BYPASS": "1"}, timeout=60)
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr and "nested too deeply" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+# --- import: the write API's checks, linear validation, no lock while checking ------------------------
+
+def _document(sid: str, parent: str | None = None, **session) -> dict:
+    return {"format": "hermes-state-export", "version": 1,
+            "session": {"id": sid, "source": "cli", "started_at": 1.0, "parent_session_id": parent, **session},
+            "messages": [], "model_usage": []}
+
+
+def _real_columns(table: str) -> list[str]:
+    from hermes_state_common import TABLES
+    skip = {"id", "session_id"}
+    return [c for name, cols, _ in TABLES if name == table for c, decl in cols if decl.startswith("REAL")
+            and c not in skip]
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan")], ids=["inf", "-inf", "nan"])
+def test_import_refuses_non_finite_numbers_in_every_real_column(db, bad):
+    from hermes_state import ImportValidationError
+    cases = [_document("s", **{c: bad}) for c in _real_columns("sessions")]
+    for column in _real_columns("messages"):
+        doc = _document("s")
+        doc["messages"] = [{"role": "user", "content": "x", "timestamp": 1.0, column: bad}]
+        cases.append(doc)
+    for column in _real_columns("session_model_usage"):
+        doc = _document("s")
+        doc["model_usage"] = [{"model": "m", column: bad}]
+        cases.append(doc)
+    assert len(cases) > 5
+    for doc in cases:
+        with pytest.raises(ImportValidationError):
+            db.import_sessions(doc)
+    assert db.get_session("s") is None
+
+
+def test_import_replace_refuses_a_parent_ring_closed_by_rows_in_the_file(db):
+    from hermes_state import ImportValidationError
+    db.create_session("a", "cli")
+    db.create_session("b", "cli", parent_session_id="a")
+    with pytest.raises(ImportValidationError, match="own ancestor"):
+        db.import_sessions(_document("a", parent="b"), on_conflict="replace")
+    assert db.get_session("a")["parent_session_id"] is None
+    # A longer ring through several file rows, and one inside the input alone.
+    db.create_session("c", "cli", parent_session_id="b")
+    with pytest.raises(ImportValidationError, match="own ancestor"):
+        db.import_sessions(_document("a", parent="c"), on_conflict="replace")
+    with pytest.raises(ImportValidationError, match="own ancestor"):
+        db.import_sessions([_document("x", parent="y"), _document("y", parent="x")])
+    report = db.import_sessions(_document("c", parent="a"), on_conflict="replace")  # no ring: accepted
+    assert report.replaced == ("c",)
+
+
+def test_import_validation_of_a_long_parent_chain_is_linear():
+    import hermes_state_portability as portability
+    n = 30_000  # walking up every chain once per session would take about 15 minutes here
+    chain = [_document(f"s{i:05d}", parent=f"s{i - 1:05d}" if i else None) for i in range(n)]
+    plans = []
+    worker = threading.Thread(target=lambda: plans.append(portability.validate(chain)), daemon=True)
+    worker.start()
+    worker.join(60.0)  # a liveness guard, not a speed target
+    assert not worker.is_alive(), "validation did not finish"
+    assert len(plans[0].sessions) == n
+
+
+def test_import_validates_before_taking_the_write_lock(db, monkeypatch):
+    # While the input is being checked, another process writes a transcript row at once: it
+    # gives up on the first lock conflict, so it fails if the import already holds the lock.
+    import hermes_state_portability as portability
+    db.create_session("live", "cli")
+    writer = ("import sys; from hermes_state import SessionDB; d = SessionDB(sys.argv[1]); "
+              "d._TRANSCRIPT_WRITE_PATIENCE_S = 0; d.append_message('live', 'user', 'during the import'); "
+              "d.close()")
+    checked = portability.validate
+    outcomes = []
+
+    def validate_while_another_process_writes(data):
+        outcomes.append(subprocess.run([sys.executable, "-c", writer, str(db.db_path)], capture_output=True,
+                                       text=True, env={**os.environ, "HERMES_STATE_DB_GUARD_BYPASS": "1"},
+                                       timeout=60))
+        return checked(data)
+
+    monkeypatch.setattr(portability, "validate", validate_while_another_process_writes)
+    report = db.import_sessions([_document(f"i{n}") for n in range(50)])
+    assert len(report.imported) == 50
+    assert outcomes and outcomes[0].returncode == 0, outcomes[0].stderr[-500:]
+    assert [m["content"] for m in db.get_messages("live")] == ["during the import"]

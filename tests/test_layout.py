@@ -14,17 +14,20 @@ RANKS = {
     "hermes_state_writer": 2, "hermes_state_render": 2, "hermes_state_lockowners": 2, "hermes_state_home": 2, "hermes_state_provider": 2,
     "hermes_state_cjk": 2, "hermes_state_highlight": 2, "hermes_state_table": 2,
     "hermes_state_lineage": 2,
-    "hermes_state_schema": 3, "hermes_state_fts": 3,
+    "hermes_state_schema": 3, "hermes_state_query": 3,
+    "hermes_state_fts": 4,
     "hermes_state_sessions": 4,
     "hermes_state_messages": 5,
     "hermes_state_conversation": 6, "hermes_state_search": 6, "hermes_state_listings": 6,
     "hermes_state_compression": 7,
     "hermes_state_portability": 8, "hermes_state_recovery": 8, "hermes_state_gateway": 8, "hermes_state_routing": 8,
+    "hermes_state_maintenance": 8.5,  # deletes what the ledgers (rank 8) describe
     "hermes_state_upgrade": 9,
     "hermes_state": 10,
     # Consumers of the facade, not layers of it.
     "hermes_state_commands": 11, "hermes_state_pytest": 11, "hermes_state_web": 11,
-    "hermes_state_cli": 12,
+    "hermes_state_serve": 12,
+    "hermes_state_cli": 13,
 }
 
 
@@ -54,10 +57,9 @@ def test_imports_point_down_only():
 # design know them by these names.
 ALLOWED_PRIVATE_IMPORTS = {"_apply_profile_override", "_reconcile_columns", "_sanitize_fts5_query"}
 MAX_LINES = 600
-# The FTS module keeps both index maintenance and the query parser (the search module routes,
-# the FTS module parses); together they run a little past the usual size. The facade is one line
-# per delegating method (its method table) plus the methods that reshape arguments.
-LONGER = {"hermes_state_fts": 750, "hermes_state": 450}
+# The facade is one line per delegating method (its method table) plus the methods that reshape
+# arguments or compose several steps.
+LONGER = {"hermes_state": 510}
 
 
 def test_no_module_imports_another_modules_private_names():

@@ -1,4 +1,4 @@
-"""search_messages and the query sanitizer (R-SEARCH-1..4): what people type is found, nothing raises."""
+"""search_messages (R-SEARCH-1..4): what people type is found, nothing raises; the parser is in test_query."""
 from __future__ import annotations
 
 import logging
@@ -6,13 +6,12 @@ import sqlite3
 import string
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import hermes_state_fts as fts
 import hermes_state_search as search
 from hermes_state import SessionDB
-from hermes_state_fts import _sanitize_fts5_query
 
 FIELDS = {"id", "session_id", "role", "timestamp", "tool_name", "snippet", "context", "source", "model",
           "session_started", "title"}
@@ -319,69 +318,11 @@ def test_cjk_falls_back_to_trigram_when_the_cjk_index_is_missing(tmp_path, caplo
     assert "trigram" in caplog.text
 
 
-# --- the sanitizer ---------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("query,expected", [
-    ("hello AND", "hello"), ("OR hello", "hello"), ("a AND NOT b", "a NOT b"), ("NOT", '"NOT"'),
-    ("AND OR", '"AND" "OR"'), ("a AND b", "a b"), ("b NOT c a", "b a NOT c"), ("a OR b NOT c d", "a OR b d NOT c"),
-    ("🎉", ""), ("AND 🎉", ""), ("東\u200b京", "東京"), ("\ufeffword", "word"), ("東\u200d京", "東京"),
-    ("chat-send", '"chat-send"'), ("my-app.config.ts", '"my-app.config.ts"'), ("under_score", '"under_score"'),
-    ('say "hello world', "say hello world"), ('"exact phrase" rest', '"exact phrase" rest'),
-    ("deploy*", "deploy*"), ('"foo bar"*', '"foo bar"*'), ("#123", "123"), ("50%", "50"),
-    ("NEAR(a b, 3)", '"NEAR(a" b 3'), ("col:term", '"col:term"'), ("^start", "start"), ("((x))", "x"),
-    ("", ""), ("   ", ""), ("***", ""), ('""', ""), ("東京", "東京"), ("a\x00b", "a b"),
-])
-def test_sanitizer_examples(query, expected):
-    assert _sanitize_fts5_query(query) == expected
-
-
-def test_sanitizer_caps_length_and_terms():
-    out = _sanitize_fts5_query("a-b " * 2000)
-    assert len(out) <= fts.MAX_QUERY_CHARS and out.count('"a-b"') == fts.MAX_QUERY_TERMS
-    assert _sanitize_fts5_query(None) == "" and _sanitize_fts5_query(42) == ""
-
-
-@pytest.fixture(scope="module")
-def match_conn():
-    conn = sqlite3.connect(":memory:")
-    conn.execute("CREATE VIRTUAL TABLE w USING fts5(content, tool_name, tool_calls)")
-    conn.execute("CREATE VIRTUAL TABLE t USING fts5(text, tokenize='trigram', detail='none')")
-    conn.execute("CREATE VIRTUAL TABLE c USING fts5(terms)")
-    conn.execute("INSERT INTO w VALUES ('alpha beta', 'terminal', NULL)")
-    conn.execute("INSERT INTO t VALUES ('alpha beta 東京都')")
-    conn.execute("INSERT INTO c VALUES ('東京 京都 都')")
-    yield conn
-    conn.close()
-
+# --- any input, on a real handle ---------------------------------------------------------------------
 
 _NASTY = st.text(alphabet=st.sampled_from(list('ab 東京구글"*^:()-+.,/_@#%\'\\\x00AND OR NOT NEAR{}[]🎉\u200b\u200d')),
                  max_size=40)
 _ANY = st.one_of(st.text(max_size=60), _NASTY)
-
-
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(query=_ANY)
-def test_any_input_gives_an_expression_match_accepts_and_sanitizing_is_idempotent(match_conn, query):
-    clean = _sanitize_fts5_query(query)
-    assert _sanitize_fts5_query(clean) == clean
-    assert len(clean) <= fts.MAX_QUERY_CHARS
-    plan = fts.plan_query(query)
-    if plan is None:
-        assert clean == ""
-        return
-    if plan.like_only:
-        assert clean == "" and plan.needles
-        return
-    for group in plan.groups:
-        assert group.terms
-        match_conn.execute("SELECT rowid FROM w WHERE w MATCH ?", (group.word,)).fetchall()
-        match_conn.execute("SELECT rowid FROM c WHERE c MATCH ?", (group.word,)).fetchall()
-        if group.substrings is not None:
-            match_conn.execute("SELECT rowid FROM t WHERE t MATCH ?", (fts.trigram_expression(group.substrings),))
-        if group.cjk is not None:
-            match_conn.execute("SELECT rowid FROM c WHERE c MATCH ?", (group.cjk,)).fetchall()
-        if group.split is not None:
-            match_conn.execute("SELECT rowid FROM c WHERE c MATCH ?", (group.split[0],)).fetchall()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,541 @@
+"""Maintenance: deleting and pruning sessions, the empty-session sweeps, bulk archiving,
+state_meta's key/value calls and the auto-prune marker.
+
+Owns: which sessions a deletion takes (a compression chain is one conversation and goes whole;
+a delegate subagent goes with the session that spawned it; other children stay, detached),
+the refusal while work for a session is still owed (admissions not finished, executions
+running or unknown, replies not yet delivered, delegations still open), removing every row
+that names a session, the filters prune_sessions/list_prune_candidates/archive_sessions share,
+and removing a session's transcript files.
+Does not own: the ledgers' own rules (hermes_state_gateway, hermes_state_routing), the
+compression edge (hermes_state_lineage), VACUUM (hermes_state_recovery).
+
+Transaction contract: every function runs inside the caller's transaction (a write
+transaction for those that change rows) and never commits. `remove_transcripts` touches
+files only, and the caller runs it after COMMIT, so a rolled-back delete keeps its files.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterable
+
+from hermes_state_common import (LIVE_ADMISSION_SQL, check_count, check_id, check_number, escape_like, logger,
+                                 row_dicts)
+from hermes_state_errors import HermesStateError, SessionBusyError
+from hermes_state_gateway import LIVE_EXECUTION_STATES
+from hermes_state_lineage import COMPRESSION_CHILD_SQL, COMPRESSION_END_REASON, WALK_CAP
+from hermes_state_routing import DELEGATION_OPEN_STATES, DELIVERY_OWED_STATES
+
+DAY_S = 86400.0
+AUTO_PRUNE_KEY = "last_auto_prune"  # state_meta: when the last automatic prune ran (epoch seconds)
+
+# Rows that belong to a session, children before parents so every foreign key holds at each
+# step. The FTS triggers remove the messages' index rows with them. Tables created on first
+# use (the outbox) may be absent.
+SESSION_ROWS: tuple[tuple[str, str], ...] = (
+    ("messages", "session_id"),
+    ("session_model_usage", "session_id"),
+    ("compression_locks", "session_id"),
+    ("worker_receipts", "session_id"),
+    ("worker_executions", "session_id"),
+    ("session_admissions", "session_id"),
+    ("delivery_obligations", "session_id"),
+    ("async_delegations", "origin_session_id"),
+)
+
+# Work still owed for a session: while any such row exists the session is not deleted. Only
+# rows in a terminal state are removed with it.
+def _state_in(states: tuple[str, ...]) -> str:
+    return "state IN (" + ", ".join(f"'{state}'" for state in states) + ")"
+
+
+OWED_WORK: tuple[tuple[str, str, str, str], ...] = (
+    ("session_admissions", "session_id", LIVE_ADMISSION_SQL, "admission(s) queued, started or unknown"),
+    ("worker_executions", "session_id", _state_in(LIVE_EXECUTION_STATES), "execution(s) running or unknown"),
+    ("delivery_obligations", "session_id", _state_in(DELIVERY_OWED_STATES), "repl(ies) not yet delivered"),
+    ("async_delegations", "origin_session_id", _state_in(DELEGATION_OPEN_STATES), "delegation(s) still open"),
+)
+
+_DELEGATE_MARK = "$._delegate_from"
+
+
+# --- filters -------------------------------------------------------------------------------------
+
+def _text(name: str, value: Any) -> str:
+    return check_id(name, value)
+
+
+def _like(name: str, value: Any) -> str:
+    return "%" + escape_like(_text(name, value)) + "%"
+
+
+def _under(name: str, value: Any) -> tuple[str, str]:
+    # The directory itself, or anything below it: "/repo" takes "/repo/x", never "/repo-x".
+    path = _text(name, value).rstrip("/")
+    return path, escape_like(path) + "/%"
+
+
+def _flag(name: str, value: Any) -> int:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, not {value!r}")
+    return int(value)
+
+
+_TOKENS = "(COALESCE(s.input_tokens, 0) + COALESCE(s.output_tokens, 0))"
+_COST = "COALESCE(s.actual_cost_usd, s.estimated_cost_usd)"
+# name -> (SQL condition, check turning the argument into the bound value, or a tuple of
+# them when the condition has several ?). Text
+# matches (`*_like`) are case-insensitive substrings (ASCII letters, as SQLite's LIKE).
+FILTERS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
+    "started_after": ("s.started_at >= ?", check_number),
+    "started_before": ("s.started_at < ?", check_number),
+    "title_like": ("s.title LIKE ? ESCAPE '\\'", _like),
+    "model_like": ("s.model LIKE ? ESCAPE '\\'", _like),
+    "branch_like": ("s.git_branch LIKE ? ESCAPE '\\'", _like),
+    "end_reason": ("s.end_reason = ?", _text),
+    "provider": ("LOWER(s.billing_provider) = LOWER(?)", _text),
+    "user_id": ("s.user_id = ?", _text),
+    "chat_id": ("s.chat_id = ?", _text),
+    "chat_type": ("s.chat_type = ?", _text),
+    "cwd_prefix": ("(RTRIM(s.cwd, '/') = ? OR s.cwd LIKE ? ESCAPE '\\')", _under),
+    "archived": ("COALESCE(s.archived, 0) = ?", _flag),
+    "min_messages": ("COALESCE(s.message_count, 0) >= ?", check_count),
+    "max_messages": ("COALESCE(s.message_count, 0) <= ?", check_count),
+    "min_tokens": (f"{_TOKENS} >= ?", check_count),
+    "max_tokens": (f"{_TOKENS} <= ?", check_count),
+    "min_cost": (f"{_COST} >= ?", check_number),
+    "max_cost": (f"{_COST} <= ?", check_number),
+    "min_tool_calls": ("COALESCE(s.tool_call_count, 0) >= ?", check_count),
+    "max_tool_calls": ("COALESCE(s.tool_call_count, 0) <= ?", check_count),
+}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A WHERE clause over `sessions s` and its parameters."""
+    where: str
+    params: tuple[Any, ...]
+
+
+def select_sessions(older_than_days: Any = None, source: Any = None, filters: dict[str, Any] | None = None, *,
+                    now: float | None = None) -> Selection:
+    """Build the selection of ended sessions matching the prune filters; bad values raise ValueError.
+
+    `older_than_days` None puts no bound on age. An unknown filter name raises TypeError, as
+    an unknown keyword argument would.
+    """
+    filters = dict(filters or {})
+    unknown = sorted(set(filters) - set(FILTERS))
+    if unknown:
+        raise TypeError(f"unknown filter(s) {', '.join(unknown)}; known: {', '.join(sorted(FILTERS))}")
+    where, params = ["s.ended_at IS NOT NULL"], []
+    if older_than_days is not None:
+        days = check_number("older_than_days", older_than_days)
+        if days < 0:
+            raise ValueError(f"older_than_days must be 0 or more, not {older_than_days!r}")
+        where.append("s.started_at < ?")
+        params.append((time.time() if now is None else now) - days * DAY_S)
+    if source is not None:
+        where.append("s.source = ?")
+        params.append(_text("source", source))
+    for name, value in filters.items():
+        if value is None:
+            continue
+        condition, check = FILTERS[name]
+        bound = check(name, value)
+        where.append(condition)
+        params.extend(bound if isinstance(bound, tuple) else (bound,))
+    return Selection(" AND ".join(where), tuple(params))
+
+
+# --- what a deletion takes ----------------------------------------------------------------------
+
+def _ids_json(ids: Iterable[str]) -> str:
+    return json.dumps(list(ids))
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
+
+
+def compression_links(conn: sqlite3.Connection) -> dict[str, str]:
+    """Return {session: the session that continues it} for every session compression closed."""
+    rows = conn.execute(f"SELECT p.id, {COMPRESSION_CHILD_SQL} FROM sessions p "
+                        f"WHERE p.end_reason = '{COMPRESSION_END_REASON}'")
+    return {parent: child for parent, child in rows if child is not None and child != parent}
+
+
+def conversation(session_id: str, links: dict[str, str], back: dict[str, str]) -> list[str]:
+    """Return the compression chain the session belongs to, oldest first (cycle-safe, bounded)."""
+    root, seen = session_id, {session_id}
+    while root in back and back[root] not in seen and len(seen) < WALK_CAP:
+        root = back[root]
+        seen.add(root)
+    chain, seen = [root], {root}
+    while chain[-1] in links and links[chain[-1]] not in seen and len(chain) < WALK_CAP:
+        chain.append(links[chain[-1]])
+        seen.add(chain[-1])
+    return chain
+
+
+def _delegate_index(conn: sqlite3.Connection) -> dict[str, set[str]]:
+    """Return {spawning session: delegate sessions} from the delegate marker and parent links."""
+    spawned: dict[str, set[str]] = {}
+    rows = conn.execute(
+        f"SELECT id, parent_session_id, json_extract(model_config, '{_DELEGATE_MARK}') FROM sessions "
+        f"WHERE model_config LIKE '%_delegate_from%' AND json_valid(model_config) "
+        f"AND json_extract(model_config, '{_DELEGATE_MARK}') IS NOT NULL")
+    for sid, parent, origin in rows:
+        for owner in {parent, origin} - {None, sid}:
+            spawned.setdefault(str(owner), set()).add(sid)
+    return spawned
+
+
+def with_delegates(ids: list[str], spawned: dict[str, set[str]]) -> list[str]:
+    """Return `ids` followed by every delegate they spawned, directly or through each other."""
+    out, seen, frontier = list(ids), set(ids), list(ids)
+    while frontier and len(out) < WALK_CAP:
+        found = [d for sid in frontier for d in sorted(spawned.get(sid, ())) if d not in seen]
+        found = list(dict.fromkeys(found))
+        seen.update(found)
+        out.extend(found)
+        frontier = found
+    return out
+
+
+def owed_work(conn: sqlite3.Connection, ids: Iterable[str]) -> dict[str, str]:
+    """Return {session: what is still owed for it} for those of `ids` that may not be deleted yet."""
+    ids_json = _ids_json(ids)
+    owed: dict[str, list[str]] = {}
+    for table, column, live, what in OWED_WORK:
+        if not _has_table(conn, table):
+            continue
+        for sid, n in conn.execute(f"SELECT {column}, COUNT(*) FROM {table} WHERE {live} AND {column} IN "
+                                   f"(SELECT value FROM json_each(?)) GROUP BY {column}", (ids_json,)):
+            owed.setdefault(sid, []).append(f"{n} {what}")
+    return {sid: ", ".join(parts) for sid, parts in owed.items()}
+
+
+def _busy_error(owed: dict[str, str], verb: str) -> SessionBusyError:
+    listed = "; ".join(f"{sid!r}: {what}" for sid, what in sorted(owed.items())[:5])
+    more = f" (and {len(owed) - 5} more)" if len(owed) > 5 else ""
+    return SessionBusyError(f"cannot {verb}: work is still owed for {listed}{more}; finish, deliver or "
+                            "resolve it first (nothing was deleted)")
+
+
+def delete_rows(conn: sqlite3.Connection, ids: list[str]) -> None:
+    """Delete the sessions and every row that belongs to them; other children are detached."""
+    ids_json = _ids_json(ids)
+    members = "(SELECT value FROM json_each(?))"
+    if _has_table(conn, "worker_executions"):  # receipts may name their session only through the execution
+        conn.execute(f"DELETE FROM worker_receipts WHERE execution_id IN "
+                     f"(SELECT id FROM worker_executions WHERE session_id IN {members})", (ids_json,))
+    for table, column in SESSION_ROWS:
+        if _has_table(conn, table):
+            conn.execute(f"DELETE FROM {table} WHERE {column} IN {members}", (ids_json,))
+    conn.execute("DELETE FROM gateway_routing WHERE CASE WHEN json_valid(entry_json) "
+                 f"THEN json_extract(entry_json, '$.session_id') END IN {members}", (ids_json,))
+    # A child that is not part of what goes (a branch, a plain child) outlives its parent as a
+    # root session: the link goes, the child stays.
+    conn.execute(f"UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IN {members} "
+                 f"AND id NOT IN {members}", (ids_json, ids_json))
+    conn.execute(f"DELETE FROM sessions WHERE id IN {members}", (ids_json,))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a sweep takes: whole conversations, and the ones left because work is owed."""
+    groups: list[list[str]]
+    owed: dict[str, str]
+
+    @property
+    def ids(self) -> list[str]:
+        return [sid for group in self.groups for sid in group]
+
+
+def plan_sweep(conn: sqlite3.Connection, selection: Selection, *, delegates: bool = True,
+               deleting: bool = True) -> Plan:
+    """Group the selected sessions into whole conversations; keep only those fully selected and owing nothing.
+
+    A compression chain is taken only when every session in it is selected (so, with an age
+    bound, the newest of them is past it); delegates spawned by a taken conversation go with
+    it, and must be ended too. When `deleting`, a conversation with owed work is left whole
+    (see `Plan.owed`).
+    """
+    selected = {r[0] for r in conn.execute(f"SELECT s.id FROM sessions s WHERE {selection.where}",
+                                           selection.params)}
+    if not selected:
+        return Plan([], {})
+    links = compression_links(conn)
+    back = {child: parent for parent, child in links.items()}
+    spawned = _delegate_index(conn) if delegates else {}
+    groups, seen = [], set()
+    # Spawners first, so a selected delegate joins the conversation that spawned it.
+    spawned_ids = {d for found in spawned.values() for d in found}
+    for sid in sorted(selected, key=lambda s: (s in spawned_ids, s)):
+        if sid in seen:
+            continue
+        chain = conversation(sid, links, back)
+        seen.update(chain)
+        if all(member in selected for member in chain):
+            group = [m for m in (with_delegates(chain, spawned) if delegates else chain) if m in chain or m not in seen]
+            seen.update(group)
+            groups.append(group)
+    if delegates:
+        extra = [sid for group in groups for sid in group if sid not in selected]
+        live = {r[0] for r in conn.execute("SELECT id FROM sessions WHERE ended_at IS NULL AND id IN "
+                                           "(SELECT value FROM json_each(?))", (_ids_json(extra),))}
+        groups = [g for g in groups if not live.intersection(g)]
+    if not deleting:
+        return Plan(groups, {})
+    owed = owed_work(conn, [sid for group in groups for sid in group])
+    kept = [g for g in groups if not owed.keys() & set(g)]
+    for group in groups:
+        if owed.keys() & set(group):
+            logger.info("left conversation %s: work is still owed (%s)", group[0],
+                        "; ".join(owed[s] for s in group if s in owed))
+    return Plan(kept, owed)
+
+
+def _candidate_rows(conn: sqlite3.Connection, plan: Plan) -> list[dict[str, Any]]:
+    root_of = {sid: group[0] for group in plan.groups for sid in group}
+    rows = row_dicts(conn.execute(
+        "SELECT id, source, model, title, started_at, ended_at, end_reason, message_count, "
+        "COALESCE(archived, 0) AS archived, parent_session_id FROM sessions "
+        "WHERE id IN (SELECT value FROM json_each(?)) ORDER BY started_at, id", (_ids_json(root_of),)))
+    for row in rows:
+        row["conversation_id"] = root_of[row["id"]]
+    return rows
+
+
+# --- the calls -----------------------------------------------------------------------------------
+
+def list_prune_candidates(conn: sqlite3.Connection, older_than_days: Any = None, source: Any = None,
+                          filters: dict[str, Any] | None = None, *, now: float | None = None) -> list[dict[str, Any]]:
+    """Return the sessions prune_sessions with the same arguments would delete, oldest first."""
+    plan = plan_sweep(conn, select_sessions(older_than_days, source, filters, now=now))
+    return _candidate_rows(conn, plan)
+
+
+def prune_sessions(conn: sqlite3.Connection, older_than_days: Any = 90, source: Any = None,
+                   filters: dict[str, Any] | None = None, *, now: float | None = None) -> list[str]:
+    """Delete the ended conversations matching the filters; return the ids deleted.
+
+    A conversation owing work is left (and logged) rather than failing the whole prune.
+    """
+    plan = plan_sweep(conn, select_sessions(older_than_days, source, filters, now=now))
+    if plan.ids:
+        delete_rows(conn, plan.ids)
+    return plan.ids
+
+
+def archive_sessions(conn: sqlite3.Connection, older_than_days: Any = None, source: Any = None,
+                     filters: dict[str, Any] | None = None, *, now: float | None = None) -> int:
+    """Archive the ended, unarchived conversations matching the filters; return how many sessions."""
+    selection = select_sessions(older_than_days, source, filters, now=now)
+    selection = Selection(selection.where + " AND COALESCE(s.archived, 0) = 0", selection.params)
+    ids = plan_sweep(conn, selection, delegates=False, deleting=False).ids
+    conn.execute("UPDATE sessions SET archived = 1, auto_archived = 0 WHERE id IN (SELECT value FROM json_each(?))",
+                 (_ids_json(ids),))
+    return len(ids)
+
+
+def _explicit(conn: sqlite3.Connection, session_ids: list[str]) -> list[str]:
+    """Return what deleting these sessions takes: their whole conversations and their delegates."""
+    links = compression_links(conn)
+    back = {child: parent for parent, child in links.items()}
+    spawned = _delegate_index(conn)
+    asked = set(session_ids)
+    out: list[str] = []
+    for sid in session_ids:
+        if sid in out:
+            continue
+        chain = conversation(sid, links, back)
+        tip = chain[-1]
+        if tip not in asked and tip != sid and conn.execute(
+                "SELECT 1 FROM sessions WHERE id = ? AND ended_at IS NULL", (tip,)).fetchone():
+            raise SessionBusyError(
+                f"session {sid!r} is an earlier part of a conversation that continues in live session {tip!r}; "
+                f"deleting it would delete that live session too. Delete the conversation by its current "
+                f"id {tip!r}, or end {tip!r} first (nothing was deleted)")
+        out.extend(s for s in with_delegates(chain, spawned) if s not in out)
+    return out
+
+
+def id_list(session_ids: Any) -> list[Any]:
+    """Return a bulk call's ids as a list; a lone string or a non-iterable raises ValueError."""
+    if isinstance(session_ids, (str, bytes)) or not isinstance(session_ids, Iterable):
+        raise ValueError(f"session_ids must be a list of session ids, not {type(session_ids).__name__}")
+    return list(session_ids)
+
+
+def delete_sessions(conn: sqlite3.Connection, session_ids: Iterable[Any]) -> list[str]:
+    """Delete the listed sessions with their conversations and delegates; return the ids deleted.
+
+    Entries that are not non-empty strings, repeats and unknown ids are skipped. Raises
+    SessionBusyError, deleting nothing, while work is owed for any session it would take or
+    when it would take a live conversation through one of its earlier parts.
+    """
+    wanted = list(dict.fromkeys(s for s in session_ids if isinstance(s, str) and s))
+    if not wanted:
+        return []
+    known = {r[0] for r in conn.execute("SELECT id FROM sessions WHERE id IN (SELECT value FROM json_each(?))",
+                                        (_ids_json(wanted),))}
+    ids = _explicit(conn, [s for s in wanted if s in known])
+    if not ids:
+        return []
+    owed = owed_work(conn, ids)
+    if owed:
+        raise _busy_error(owed, "delete " + (repr(wanted[0]) if len(wanted) == 1 else f"{len(wanted)} sessions"))
+    delete_rows(conn, ids)
+    return ids
+
+
+def _empty_selection() -> Selection:
+    return Selection("s.ended_at IS NOT NULL AND COALESCE(s.archived, 0) = 0 AND COALESCE(s.message_count, 0) = 0 "
+                     "AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id) "
+                     "AND NOT EXISTS (SELECT 1 FROM sessions d WHERE d.parent_session_id = s.id "
+                     f"AND json_valid(d.model_config) AND json_extract(d.model_config, '{_DELEGATE_MARK}') IS NOT NULL)",
+                     ())
+
+
+def count_empty_sessions(conn: sqlite3.Connection) -> int:
+    """Return how many sessions delete_empty_sessions would delete now."""
+    return len(plan_sweep(conn, _empty_selection(), delegates=False).ids)
+
+
+def delete_empty_sessions(conn: sqlite3.Connection) -> list[str]:
+    """Delete ended, unarchived sessions without a single message (whole conversations only); return their ids.
+
+    A session that spawned delegates is not empty; plain children are detached.
+    """
+    plan = plan_sweep(conn, _empty_selection(), delegates=False)
+    if plan.ids:
+        delete_rows(conn, plan.ids)
+    return plan.ids
+
+
+def delete_session_if_empty(conn: sqlite3.Connection, session_id: Any) -> bool:
+    """Delete the session only if it never gained resumable content; return whether it did.
+
+    Empty means: no message rows, no title, no child sessions, no compression ancestor and no
+    owed work. An unknown id gives False.
+    """
+    if not isinstance(session_id, str) or not session_id:
+        return False
+    row = conn.execute(
+        "SELECT 1 FROM sessions s WHERE s.id = ? AND s.title IS NULL "
+        "AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id) "
+        "AND NOT EXISTS (SELECT 1 FROM sessions c WHERE c.parent_session_id = s.id)", (session_id,)).fetchone()
+    if row is None or session_id in compression_links(conn).values() or owed_work(conn, [session_id]):
+        return False
+    delete_rows(conn, [session_id])
+    return True
+
+
+# --- transcript files ----------------------------------------------------------------------------
+
+_DUMP_SUFFIX = re.compile(r"[^_/\\]*\.json")
+
+
+def _safe_name(session_id: str) -> bool:
+    return session_id not in (".", "..") and not any(c in session_id for c in "/\\\x00")
+
+
+def remove_transcripts(sessions_dir: Any, session_ids: Iterable[str]) -> int:
+    """Remove `<id>.json`, `<id>.jsonl` and `request_dump_<id>_<n>.json` of each session; return how many files.
+
+    Ids that would name a path outside `sessions_dir` are skipped; a file that cannot be removed
+    is logged and skipped. Run it after the deleting transaction committed.
+    """
+    if sessions_dir is None:
+        return 0
+    base = Path(sessions_dir)
+    if not base.is_dir():
+        return 0
+    ids = [sid for sid in session_ids if _safe_name(sid)]
+    wanted = {f"{sid}.json" for sid in ids} | {f"{sid}.jsonl" for sid in ids}
+    prefixes = tuple(f"request_dump_{sid}_" for sid in ids)
+    removed = 0
+    for path in base.iterdir():
+        name = path.name
+        dump = name.startswith(prefixes) and any(
+            name.startswith(p) and _DUMP_SUFFIX.fullmatch(name[len(p):]) for p in prefixes)
+        if name not in wanted and not dump:
+            continue
+        try:
+            path.unlink()
+            removed += 1
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            logger.warning("could not remove transcript file %s: %s", path, exc)
+    return removed
+
+
+# --- state_meta and automatic maintenance ----------------------------------------------------------
+
+def get_meta(conn: sqlite3.Connection, key: Any) -> str | None:
+    """Return the state_meta value stored under `key`, or None."""
+    row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (check_id("key", key),)).fetchone()
+    return None if row is None or row[0] is None else str(row[0])
+
+
+def set_meta(conn: sqlite3.Connection, key: Any, value: Any) -> None:
+    """Store `value` (text, or a number stored as its text) under `key`, replacing what was there."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)) or (
+            isinstance(value, float) and not math.isfinite(value)):
+        raise ValueError(f"value must be a string or a finite number, not {type(value).__name__}")
+    conn.execute("INSERT INTO state_meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                 (check_id("key", key), str(value)))
+
+
+def claim_auto_prune(conn: sqlite3.Connection, min_interval_hours: Any, *, now: float | None = None) -> bool:
+    """Record that an automatic prune runs now, unless one ran within `min_interval_hours`; return whether to run.
+
+    A marker that is not a number, or lies in the future (the clock stepped back), counts as
+    no earlier run. Call it in the transaction that prunes, so a failed prune leaves no marker.
+    """
+    interval_s = check_number("min_interval_hours", min_interval_hours) * 3600.0
+    now = time.time() if now is None else now
+    try:
+        last = float(get_meta(conn, AUTO_PRUNE_KEY) or "nan")
+    except ValueError:
+        last = math.nan
+    if math.isfinite(last) and last <= now and now - last < interval_s:
+        return False
+    set_meta(conn, AUTO_PRUNE_KEY, repr(now))
+    return True
+
+
+def auto_prune_and_vacuum(write: Callable[[], ContextManager[sqlite3.Connection]], vacuum: Callable[[], Any] | None,
+                          retention_days: Any, min_interval_hours: Any, sessions_dir: Any = None) -> dict[str, Any]:
+    """Prune conversations ended and older than `retention_days` at most once per interval, then VACUUM if any went.
+
+    `write()` opens one write transaction; the marker and the prune share it. Returns
+    {"skipped", "pruned", "vacuumed"}, plus "error" when the store refused (the error is
+    logged, never raised: this runs unattended). Bad arguments raise ValueError.
+    """
+    select_sessions(retention_days)  # bad arguments are the caller's error, raised before any write
+    check_number("min_interval_hours", min_interval_hours)
+    result: dict[str, Any] = {"skipped": True, "pruned": 0, "vacuumed": False}
+    try:
+        with write() as conn:
+            if not claim_auto_prune(conn, min_interval_hours):
+                return result
+            removed = prune_sessions(conn, retention_days)
+        result.update(skipped=False, pruned=len(removed))
+        remove_transcripts(sessions_dir, removed)
+        if removed and vacuum is not None:
+            vacuum()
+            result["vacuumed"] = True
+    except HermesStateError as exc:
+        logger.warning("automatic prune stopped: %s", exc)
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    return result

@@ -1,0 +1,176 @@
+"""`hermes-state serve`: Datasette on a loopback port, read-only, answering only its own host name.
+
+Owns: checking the address and port before anything starts (a port in use or out of range is
+a one-line error, and port 0 picks a free port whose real number is printed), the warning when
+an explicit `--host` reaches other machines, and the guard in front of Datasette: a request
+whose Host header is not the name or address the server was started on is refused with 403
+(a web page the user visits cannot read the store through DNS rebinding), and anything but a
+plain GET or HEAD must come from the server's own page (its Origin header).
+Does not own: the pages (hermes_state_web) or opening the database (hermes_state_commands).
+Nothing here writes to the database.
+"""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import socket
+import sys
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+from urllib.parse import quote, urlsplit
+
+from hermes_state_commands import open_db
+from hermes_state_errors import HermesStateError
+from hermes_state_home import display_hermes_home
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+_SAFE_METHODS = frozenset({"GET", "HEAD"})
+
+
+def port_number(text: str) -> int:
+    """Parse a TCP port: 1-65535, or 0 for any free port."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0-65535 (0 picks a free one), not {value}")
+    return value
+
+
+def is_loopback(host: str) -> bool:
+    """Say whether `host` (a name or an address) only reaches this machine."""
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def allowed_hosts(host: str) -> frozenset[str]:
+    """Return the host names a request may carry for a server bound to `host` (lower case, no port)."""
+    names = set(LOOPBACK_NAMES)
+    try:
+        wildcard = ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        wildcard = False
+    if wildcard:  # every interface: this machine's own names and addresses
+        names.add(socket.gethostname().lower())
+        names.add(socket.getfqdn().lower())
+    else:
+        names.add(host.strip("[]").lower())
+    return frozenset(names)
+
+
+def _host_name(value: str) -> str:
+    # "example.org:8001" -> "example.org"; "[::1]:8001" -> "::1".
+    parsed = urlsplit(f"//{value}")
+    try:
+        return (parsed.hostname or "").lower()
+    except ValueError:
+        return ""
+
+
+class HostGuard:
+    """ASGI middleware: 403 for a foreign Host, and for a non-GET request from another origin."""
+
+    def __init__(self, app: Callable[..., Awaitable[Any]], hosts: frozenset[str], port: int):
+        self.app, self.hosts, self.port = app, hosts, port
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Pass a request on, or answer it with 403 when it may come from another site."""
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)  # lifespan events carry no request
+        problem = self.problem(scope)
+        if problem is None:
+            return await self.app(scope, receive, send)
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        body = f"Forbidden: {problem}\n".encode()
+        await send({"type": "http.response.start", "status": 403,
+                    "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    def problem(self, scope: dict[str, Any]) -> str | None:
+        """Return why a request is refused, or None when it may go on."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        host = _host_name(headers.get("host", ""))
+        if host not in self.hosts:
+            return f"this server answers only {', '.join(sorted(self.hosts))}, not Host {headers.get('host')!r}"
+        if scope["type"] == "http" and scope.get("method", "GET").upper() in _SAFE_METHODS:
+            return None
+        origin = headers.get("origin")
+        if origin is None:
+            return "a request that is not a plain GET must carry the Origin of this server's pages"
+        parsed = urlsplit(origin)
+        try:
+            port = parsed.port or {"http": 80, "https": 443}.get(parsed.scheme)
+        except ValueError:
+            port = None
+        # The server speaks plain HTTP, so its own pages have an http:// origin on its port.
+        if parsed.scheme != "http" or _host_name(parsed.netloc) not in self.hosts or port != self.port:
+            return f"Origin {origin!r} is not this server"
+        return None
+
+
+def warning_for(host: str) -> str | None:
+    """Return the warning to print before serving on `host`, or None for a loopback address."""
+    if is_loopback(host):
+        return None
+    return (f"warning: serving on {host}, which other machines can reach: the store has no authentication, "
+            "so anyone who can connect can read every conversation")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Return a listening socket on (host, port), or raise HermesStateError saying why not."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise HermesStateError(f"cannot serve on {host}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        reason = "it is in use (pick another with --port, or 0 for any free one)" \
+            if exc.errno in (98, 48, 10048) else (exc.strerror or str(exc))
+        raise HermesStateError(f"cannot serve on {host} port {port}: {reason}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Browse the database in Datasette on 127.0.0.1, read-only (needs the [web] extra)."""
+    try:
+        import uvicorn
+        from datasette.app import Datasette
+    except ImportError:
+        raise HermesStateError("hermes-state serve needs Datasette: pip install 'hermes-state[web]'") from None
+    # A read-only open first: a missing file is an error (never created), an unknown schema is named.
+    with open_db(args) as db:
+        path = str(db.db_path)
+    warning = warning_for(args.host)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    sock = bind(args.host, args.port)
+    port = sock.getsockname()[1]
+    # Datasette opens a mutable file with mode=ro and sees each committed write. --immutable
+    # would tell SQLite the file never changes while the agent keeps writing it: never used.
+    ds = Datasette([path])
+    name = next(n for n, d in ds.databases.items() if d.path == path)
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"Serving {display_hermes_home(Path(path))} read-only at "
+          f"http://{shown}:{port}/-/hermes/{quote(name, safe='')} (Ctrl-C stops)", flush=True)
+    app = HostGuard(ds.app(), allowed_hosts(args.host), port)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", workers=1)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
+    return 0

@@ -1,0 +1,170 @@
+"""`hermes-state serve`: one-line errors, the real port, and a guard against other sites' pages."""
+from __future__ import annotations
+
+import asyncio
+import http.client
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import hermes_state_serve as serve
+from hermes_state import SessionDB
+
+
+def _serve(*argv: str, home: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HERMES_HOME": str(home)}
+    return subprocess.run([sys.executable, "-m", "hermes_state_cli", "serve", *argv], capture_output=True,
+                          text=True, env=env, timeout=60)
+
+
+@pytest.fixture
+def store(hermes_home) -> Path:
+    with SessionDB() as db:
+        db.create_session("s1", "cli")
+        db.append_message("s1", "user", "private words")
+    return hermes_home
+
+
+# --- errors and the port -----------------------------------------------------------------------
+
+def test_a_port_out_of_range_is_a_one_line_usage_error(store):
+    for port in ("99999", "-1", "http"):
+        out = _serve("--port", port, home=store)
+        assert out.returncode == 2 and "Traceback" not in out.stderr and "--port" in out.stderr, port
+        assert "Serving" not in out.stdout
+
+
+def test_a_port_in_use_is_one_line_and_nothing_is_announced(store):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = _serve("--port", str(port), home=store)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr == f"hermes-state: cannot serve on 127.0.0.1 port {port}: it is in use " \
+                         "(pick another with --port, or 0 for any free one)\n"
+
+
+def test_another_interface_warns_that_the_store_has_no_authentication(store):
+    with socket.socket() as taken:  # the port is taken, so nothing is ever exposed
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        out = _serve("--host", "0.0.0.0", "--port", str(taken.getsockname()[1]), home=store)
+    assert out.returncode == 1
+    warning, error = out.stderr.splitlines()
+    assert "0.0.0.0" in warning and "no authentication" in warning and "in use" in error
+    assert serve.warning_for("127.0.0.1") is None and serve.warning_for("localhost") is None
+    assert serve.warning_for("::1") is None and serve.warning_for("127.0.0.2") is None
+    assert "no authentication" in serve.warning_for("192.168.1.20")
+
+
+@pytest.fixture
+def server(store, tmp_path):
+    """A real `serve --port 0`; yields (port, announced line)."""
+    log = tmp_path / "serve.log"
+    env = {**os.environ, "HERMES_HOME": str(store)}
+    with log.open("wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "hermes_state_cli", "serve", "--port", "0"], stdout=out,
+                                   stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and process.poll() is None:
+            found = re.search(r"http://127\.0\.0\.1:(\d+)/", log.read_text())
+            if found:
+                port = int(found.group(1))
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"serve did not start: {log.read_text()}")
+        yield port, log.read_text()
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(10)
+
+
+def _request(port: int, path: str, method: str = "GET", headers: dict[str, str] | None = None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    try:
+        conn.request(method, path, headers=headers or {})
+        response = conn.getresponse()
+        return response.status, response.read().decode("utf-8", "replace")
+    finally:
+        conn.close()
+
+
+def test_port_zero_announces_the_real_port_and_foreign_hosts_get_403(server):
+    port, announced = server
+    assert port != 0 and f"http://127.0.0.1:{port}/-/hermes/state" in announced
+    status, body = _request(port, "/-/hermes/state/session/s1")
+    assert status == 200 and "private words" in body
+    for host in ("localhost", f"localhost:{port}", f"127.0.0.1:{port}"):
+        assert _request(port, "/state.json", headers={"Host": host})[0] == 200, host
+    for host in ("attacker.example", f"attacker.example:{port}", "127.0.0.1.attacker.example", ""):
+        status, body = _request(port, "/state.json?sql=select+content+from+messages", headers={"Host": host})
+        assert status == 403 and "private words" not in body, host
+    # Not a plain GET: the page that sends it must be this server's own.
+    assert _request(port, "/-/messages", "POST")[0] == 403
+    assert _request(port, "/-/messages", "POST", {"Origin": "http://attacker.example"})[0] == 403
+    assert _request(port, "/-/messages", "POST", {"Origin": f"http://127.0.0.1:{port + 1}"})[0] == 403
+    assert _request(port, "/-/messages", "POST", {"Origin": f"http://127.0.0.1:{port}"})[0] != 403
+
+
+# --- the guard itself ----------------------------------------------------------------------------
+
+def _through_guard(guard: serve.HostGuard, scope: dict) -> int:
+    sent: list[dict] = []
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        return {"type": "http.request"}
+    guard.app = app
+    asyncio.run(guard(scope, receive, send))
+    return sent[0]["status"]
+
+
+def _scope(method: str = "GET", **headers: str) -> dict:
+    return {"type": "http", "method": method, "path": "/", "headers": [
+        (k.replace("_", "-").encode(), v.encode()) for k, v in headers.items()]}
+
+
+def test_the_guard_allows_the_bound_names_only():
+    guard = serve.HostGuard(None, serve.allowed_hosts("127.0.0.1"), 8001)
+    assert _through_guard(guard, _scope(host="127.0.0.1:8001")) == 200
+    assert _through_guard(guard, _scope(host="[::1]:8001")) == 200
+    assert _through_guard(guard, _scope(host="LOCALHOST")) == 200
+    assert _through_guard(guard, _scope(host="evil.example:8001")) == 403
+    assert _through_guard(guard, _scope()) == 403  # no Host at all
+    assert _through_guard(guard, _scope("HEAD", host="localhost")) == 200
+    assert _through_guard(guard, _scope("POST", host="localhost", origin="http://localhost:8001")) == 200
+    assert _through_guard(guard, _scope("POST", host="localhost", origin="null")) == 403
+    assert _through_guard(guard, _scope("PUT", host="localhost", origin="https://localhost:8001")) == 403
+    assert _through_guard(guard, _scope("DELETE", host="localhost")) == 403
+    named = serve.HostGuard(None, serve.allowed_hosts("192.168.1.20"), 80)
+    assert _through_guard(named, _scope(host="192.168.1.20")) == 200
+    assert _through_guard(named, _scope("POST", host="192.168.1.20", origin="http://192.168.1.20")) == 200
+    assert _through_guard(named, _scope(host="evil.example")) == 403
+
+
+def test_lifespan_events_pass_through_the_guard():
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(scope["type"])
+    asyncio.run(serve.HostGuard(app, frozenset(), 1)({"type": "lifespan"}, None, None))
+    assert seen == ["lifespan"]
