@@ -160,37 +160,47 @@ def _described(row: dict[str, Any]) -> str:
             f"  ({count:,} message{'' if count == 1 else 's'})")
 
 
-def cmd_delete(args: argparse.Namespace) -> int:
-    """Delete a session with its messages and finished ledger rows (--dry-run: only say what would go)."""
-    from hermes_state import SessionNotFoundError
-    with open_db(args, write=not args.dry_run) as db:
-        row = db.get_session(args.session_id)
-        if row is None:
-            raise SessionNotFoundError(f"session {args.session_id!r} not found")
-        if not args.dry_run:
-            db.delete_session(args.session_id)
+def _removal(args: argparse.Namespace, rows: list[dict[str, Any]], what: str) -> None:
+    """Print what a delete or prune removed, or (--dry-run) would remove."""
+    shown = [{"id": r["id"], "title": r.get("title"), "message_count": r.get("message_count")} for r in rows]
     verb = "would delete" if args.dry_run else "deleted"
-    data = {"deleted": None if args.dry_run else args.session_id, "dry_run": args.dry_run,
-            "sessions": [{"id": row["id"], "title": row["title"], "message_count": row["message_count"]}]}
-    emit(args, data, lambda d: f"{verb} {_described(row)}" + ("\nnothing was changed" if args.dry_run else ""))
+    head = f"{verb} {len(rows):,} {what}{'' if len(rows) == 1 else 's'}"
+    data = {"deleted": 0 if args.dry_run else len(rows), "dry_run": args.dry_run, "sessions": shown}
+    emit(args, data, lambda d: "\n".join([head + (":" if rows else "")] + [f"  {_described(r)}" for r in rows]
+                                         + (["nothing was changed"] if args.dry_run else [])), rows=shown)
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    """Delete a session's whole conversation (every compression part) and its delegates; --dry-run lists them."""
+    from hermes_state import SessionBusyError, SessionNotFoundError
+    with open_db(args, write=not args.dry_run) as db:
+        if db.get_session(args.session_id) is None:
+            raise SessionNotFoundError(f"session {args.session_id!r} not found")
+        rows = commands.delete_candidates(db, args.session_id)
+        live = [r for r in rows if r["ended_at"] is None and r["id"] != args.session_id
+                and r["id"] == (db.get_compression_successor(args.session_id) or args.session_id)]
+        if args.dry_run and live:  # what the deletion itself would answer
+            raise SessionBusyError(f"session {args.session_id!r} is an earlier part of a conversation that "
+                                   f"continues in live session {live[0]['id']!r}: delete it by that id, or end it "
+                                   "first (a dry run; nothing was changed)")
+        if not args.dry_run:
+            # Reported from what is really gone afterwards, whatever the library's rule took.
+            around = rows + [r for sid in [r["id"] for r in rows] for r in db.get_descendants(sid)]
+            db.delete_session(args.session_id)
+            rows = list({r["id"]: r for r in around if db.get_session(r["id"]) is None}.values())
+    _removal(args, rows, "session")
     return 0
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    """Delete ended sessions older than an age (30d, 12h, or days); --dry-run lists what would go."""
+    """Delete ended conversations older than an age (30d, 12h, or days); --dry-run lists what would go."""
     with open_db(args, write=not args.dry_run) as db:
-        if args.dry_run:
-            gone = commands.prune_candidates(db, args.older_than, args.source)
-        else:
-            # What went is what was there before and is not after: exact, whatever rule prune applies.
-            before = commands.ended_sessions(db, args.source)
+        rows = db.list_prune_candidates(args.older_than, source=args.source)
+        if not args.dry_run:
             db.prune_sessions(args.older_than, source=args.source)
-            gone = [row for row in before if db.get_session(row["id"]) is None]
-    rows = [{"id": r["id"], "title": r["title"], "message_count": r["message_count"]} for r in gone]
-    data = {"deleted": 0 if args.dry_run else len(rows), "dry_run": args.dry_run, "sessions": rows}
-    head = f"{'would delete' if args.dry_run else 'deleted'} {len(rows):,} ended session{'' if len(rows) == 1 else 's'}"
-    emit(args, data, lambda d: "\n".join([head + (":" if gone else "")] + [f"  {_described(r)}" for r in gone]
-                                         + (["nothing was changed"] if args.dry_run else [])), rows=rows)
+            # What went is what was a candidate and is not there now (a conversation owing work stays).
+            rows = [r for r in rows if db.get_session(r["id"]) is None]
+    _removal(args, rows, "ended session")
     return 0
 
 

@@ -10,6 +10,7 @@ Every command goes through `SessionDB`; no SQL here.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -123,19 +124,10 @@ def use_color() -> bool:
 
 def parse_when(text: str) -> float:
     """Return epoch seconds for "7d", "12h", "30m", an ISO date or date-time, or epoch seconds."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", text.strip())
-    if match:
-        size = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[match.group(2)]
-        return time.time() - float(match.group(1)) * size
     try:
-        return float(text)
-    except ValueError:
-        pass
-    from datetime import datetime
-    try:
-        return datetime.fromisoformat(text.strip()).timestamp()
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a time: {text!r} (use 7d, 12h, 2026-11-30 or epoch seconds)")
+        return render.parse_when(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 # The largest count or offset a command takes; `-n 0` asks for everything, which is this many.
@@ -162,11 +154,10 @@ def limit_of(args: argparse.Namespace) -> int:
 
 def age(text: str) -> float:
     """Parse an age in days: a number of days, or 7d, 12h, 30m, 2w, as `--since` takes them."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw]?)", text.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(f"not an age: {text!r} (use 7d, 12h, 2w or a number of days)")
-    size = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "": 86400}[match.group(2)]
-    return float(match.group(1)) * size / 86400
+    try:
+        return render.parse_age_days(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 # --- sessions: list, show, search, rename, stats ------------------------------------------------
@@ -176,23 +167,32 @@ _LIST_COLUMNS = ["id", "title", "source", "model", "messages", "active"]
 ROLES = ["system", "developer", "user", "assistant", "tool"]
 
 
-def ended_sessions(db: Any, source: str | None) -> list[dict[str, Any]]:
-    """Return every ended session (of `source` when given), archived ones included."""
-    return [r for r in db.list_sessions(source=source, limit=MAX_COUNT, include_archived=True)
-            if r["ended_at"] is not None]
+def _is_delegate(row: dict[str, Any]) -> bool:
+    config = row.get("model_config")
+    try:
+        return isinstance(config, str) and "_delegate_from" in config and \
+            json.loads(config).get("_delegate_from") is not None
+    except (ValueError, AttributeError):
+        return False
 
 
-def prune_candidates(db: Any, older_than_days: float, source: str | None) -> list[dict[str, Any]]:
-    """Return the sessions `prune_sessions(older_than_days, source)` would delete, for a dry run.
+def delete_candidates(db: Any, session_id: str) -> list[dict[str, Any]]:
+    """Return the sessions `delete_session(session_id)` takes: its whole conversation, then its delegates.
 
-    The library's own answer when it has one (`list_prune_candidates`); else ended sessions
-    started before the cutoff, which is the rule `prune_sessions` applies today.
+    The conversation is the compression chain the session belongs to; a delegate is a
+    descendant whose `model_config` names the session that spawned it. For a dry run; the
+    library decides, and `sessions delete` reports what really went.
     """
-    listing = getattr(db, "list_prune_candidates", None)
-    if listing is not None:
-        return listing(older_than_days, source=source)
-    cutoff = time.time() - older_than_days * 86400
-    return [r for r in ended_sessions(db, source) if r["started_at"] < cutoff]
+    tip = db.get_compression_successor(session_id) or session_id
+    chain = db.get_compression_ancestors(tip) + [tip]
+    rows = [db.get_session(sid) for sid in chain]
+    taken = set(chain)
+    for sid in chain:
+        for row in db.get_descendants(sid):
+            if row["id"] not in taken and row["parent_session_id"] in taken and _is_delegate(row):
+                taken.add(row["id"])
+                rows.append(row)
+    return [r for r in rows if r is not None]
 
 
 def cmd_list(args: argparse.Namespace) -> int:

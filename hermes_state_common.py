@@ -19,7 +19,7 @@ from typing import Any
 # The library's one logger; applications route it (see configure_error_log).
 logger = logging.getLogger("hermes_state")
 
-SCHEMA_VERSION = 32
+SCHEMA_VERSION = 31  # the real system's numbering; this library's own revisions: see hermes_state_schema
 
 # Default values of the timing policy. SessionDB copies them as class attributes and reads
 # them at call time, so applications and tests tune them there, not here.

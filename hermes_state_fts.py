@@ -91,8 +91,10 @@ OBJECTS: tuple[tuple[str, str, str], ...] = (
     # trigram but no positions, about half the size of a position-full index over less text.
     # Nothing ranks these hits, so no per-row token counts are kept either (columnsize=0).
     ("view", "messages_fts_trigram_source",
-     f"CREATE VIEW messages_fts_trigram_source AS SELECT id, {searchable_text('messages')} AS text FROM messages"),
-    ("table", TRIGRAM, f"CREATE VIRTUAL TABLE {TRIGRAM} USING fts5(text, content='messages_fts_trigram_source', "
+     f"CREATE VIEW messages_fts_trigram_source AS SELECT id, {searchable_text('messages')} AS content FROM messages"),
+    # The column is called `content`, as in hermes-agent's own substring table, so that program's
+    # searches of this table run; it answers one-trigram queries from here and scans for longer ones.
+    ("table", TRIGRAM, f"CREATE VIRTUAL TABLE {TRIGRAM} USING fts5(content, content='messages_fts_trigram_source', "
                        "content_rowid='id', tokenize='trigram', detail='none', columnsize=0)"),
     ("table", CJK, _CJK_TABLE_SQL),
     ("view", "messages_fts_reasoning_source",
@@ -101,31 +103,44 @@ OBJECTS: tuple[tuple[str, str, str], ...] = (
     ("table", REASONING, f"CREATE VIRTUAL TABLE {REASONING} USING fts5(reasoning, "
                          "content='messages_fts_reasoning_source', content_rowid='id')"),
     ("table", CJK_PENDING, f"CREATE TABLE {CJK_PENDING} (id INTEGER PRIMARY KEY)"),
+    # The six trigger names below are the ones hermes-agent creates with IF NOT EXISTS and
+    # counts at every start: finding all six, it creates none of its own and rebuilds nothing,
+    # and its writes are indexed by these (plain SQL, so they run in any program).
     ("trigger", "messages_fts_insert",
      f"CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages WHEN {_gate('new.id')} BEGIN "
      f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
      f"VALUES (new.id, new.content, new.tool_name, new.tool_calls); "
-     f"INSERT INTO {TRIGRAM}(rowid, text) VALUES (new.id, {searchable_text('new')}); "
      f"INSERT INTO {REASONING}(rowid, reasoning) SELECT new.id, {_reasoning('new')} WHERE {_reasons('new')}; "
+     "END"),
+    ("trigger", "messages_fts_trigram_insert",
+     f"CREATE TRIGGER messages_fts_trigram_insert AFTER INSERT ON messages WHEN {_gate('new.id')} BEGIN "
+     f"INSERT INTO {TRIGRAM}(rowid, content) VALUES (new.id, {searchable_text('new')}); "
      "END"),
     ("trigger", "messages_fts_delete",
      f"CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages WHEN {_gate('old.id')} BEGIN "
      f"INSERT INTO {WORD}({WORD}, rowid, content, tool_name, tool_calls) "
      f"VALUES ('delete', old.id, old.content, old.tool_name, old.tool_calls); "
-     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, text) VALUES ('delete', old.id, {searchable_text('old')}); "
      f"INSERT INTO {REASONING}({REASONING}, rowid, reasoning) SELECT 'delete', old.id, {_reasoning('old')} "
      f"WHERE {_reasons('old')}; "
+     "END"),
+    ("trigger", "messages_fts_trigram_delete",
+     f"CREATE TRIGGER messages_fts_trigram_delete AFTER DELETE ON messages WHEN {_gate('old.id')} BEGIN "
+     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, content) VALUES ('delete', old.id, {searchable_text('old')}); "
      "END"),
     ("trigger", "messages_fts_update",
      "CREATE TRIGGER messages_fts_update AFTER UPDATE OF id, role, content, tool_name, tool_calls ON messages "
      "BEGIN "
      f"INSERT INTO {WORD}({WORD}, rowid, content, tool_name, tool_calls) "
      f"SELECT 'delete', old.id, old.content, old.tool_name, old.tool_calls WHERE {_gate('old.id')}; "
-     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, text) SELECT 'delete', old.id, {searchable_text('old')} "
-     f"WHERE {_gate('old.id')}; "
      f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
      f"SELECT new.id, new.content, new.tool_name, new.tool_calls WHERE {_gate('new.id')}; "
-     f"INSERT INTO {TRIGRAM}(rowid, text) SELECT new.id, {searchable_text('new')} WHERE {_gate('new.id')}; "
+     "END"),
+    ("trigger", "messages_fts_trigram_update",
+     "CREATE TRIGGER messages_fts_trigram_update AFTER UPDATE OF id, role, content, tool_name, tool_calls ON messages "
+     "BEGIN "
+     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, content) SELECT 'delete', old.id, {searchable_text('old')} "
+     f"WHERE {_gate('old.id')}; "
+     f"INSERT INTO {TRIGRAM}(rowid, content) SELECT new.id, {searchable_text('new')} WHERE {_gate('new.id')}; "
      "END"),
     ("trigger", "messages_fts_reasoning_update",
      "CREATE TRIGGER messages_fts_reasoning_update AFTER UPDATE OF id, reasoning, reasoning_content ON messages "
@@ -346,7 +361,7 @@ def _index_range(conn: sqlite3.Connection, low: int, high: int) -> None:
     """Index the messages with low < id <= high into all three tables (none of them is indexed yet)."""
     conn.execute(f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
                  "SELECT id, content, tool_name, tool_calls FROM messages WHERE id > ? AND id <= ?", (low, high))
-    conn.execute(f"INSERT INTO {TRIGRAM}(rowid, text) SELECT id, text FROM messages_fts_trigram_source "
+    conn.execute(f"INSERT INTO {TRIGRAM}(rowid, content) SELECT id, content FROM messages_fts_trigram_source "
                  "WHERE id > ? AND id <= ?", (low, high))
     conn.execute(f"INSERT INTO {REASONING}(rowid, reasoning) SELECT id, reasoning FROM messages_fts_reasoning_source "
                  "WHERE id > ? AND id <= ?", (low, high))

@@ -108,7 +108,7 @@ def check_restorable(source: str | os.PathLike) -> Path:
             if verdict != ["ok"]:
                 raise StateDbCorruptError(f"{path} fails integrity_check ({'; '.join(verdict[:3])}); nothing "
                                           "was restored. Run `recover` on it to salvage what is readable.")
-            version = schema.read_version(conn)
+            version = schema.effective_version(conn)  # an earlier release's 32 restores as 31
     finally:
         conn.close()
     if version is None:

@@ -17,6 +17,7 @@ import re
 import sys
 import time
 import unicodedata
+from datetime import datetime
 from typing import Any, Iterable, TextIO
 
 ELLIPSIS = "…"
@@ -128,6 +129,35 @@ def relative_time(ts: float | None, now: float | None = None) -> str:
     if delta < 7 * 86400:
         return f"{int(delta // 86400)} days ago"
     return time.strftime("%Y-%m-%d", time.localtime(ts))
+
+
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_age_days(text: str) -> float:
+    """Return an age in days from "7d", "12h", "30m", "2w" or a bare number of days; ValueError otherwise."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw]?)", text.strip())
+    if not match:
+        raise ValueError(f"not an age: {text!r} (use 7d, 12h, 2w or a number of days)")
+    return float(match.group(1)) * _UNIT_S[match.group(2) or "d"] / 86400
+
+
+def parse_when(text: str, now: float | None = None) -> float:
+    """Return epoch seconds for "7d", "12h", "30m" (ago), an ISO date or date-time, or epoch seconds."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", text.strip())
+    if match:
+        return (time.time() if now is None else now) - float(match.group(1)) * _UNIT_S[match.group(2)]
+    try:
+        seconds = float(text)
+    except ValueError:
+        pass
+    else:
+        if seconds == seconds and abs(seconds) != float("inf"):  # NaN and infinities are not times
+            return seconds
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise ValueError(f"not a time: {text!r} (use 7d, 12h, 2026-11-30 or epoch seconds)") from None
 
 
 def clock_time(ts: float | None) -> str:

@@ -150,8 +150,70 @@ def needs_migration(conn: sqlite3.Connection) -> bool:
     if version is None or version < SCHEMA_VERSION:
         return True
     if version > SCHEMA_VERSION:
-        return False
-    return bool(missing_columns(conn)) or _missing_indexes(conn)
+        return is_own_relabel(conn, version)
+    return (read_layout(conn) < LAYOUT_REVISION or bool(missing_columns(conn)) or _missing_indexes(conn)
+            or not _has_uid_trigger(conn))
+
+
+# --- the layout revision ------------------------------------------------------------------------------
+# schema_version holds the real system's numbering, which only it defines. Changes this library
+# makes to its own objects (the FTS layout, page size, the columns it adds) are counted apart,
+# under LAYOUT_KEY in state_meta, the way the real system counts its FTS layout apart too.
+#   1  the layout earlier releases recorded as schema version 32 (substring index over every
+#      role, 8 KB pages, content_parts);
+#   2  full-text triggers and columns shaped so hermes-agent finds them (its six trigger
+#      names, a `content` column in the substring index); a uid for every row any program inserts.
+LAYOUT_KEY = "hermes_state_layout"
+LAYOUT_REVISION = 2
+# The number earlier releases of this library wrote as their schema version; the real system has
+# not defined it, so a file carrying it is relabelled at its next writable open.
+RELABELLED_VERSION = 32
+
+
+def read_layout(conn: sqlite3.Connection) -> int:
+    """Return this library's layout revision recorded in the file (0 when none is)."""
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='state_meta'").fetchone():
+        return 0
+    row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (LAYOUT_KEY,)).fetchone()
+    try:
+        return int(row[0]) if row else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def is_own_relabel(conn: sqlite3.Connection, version: int | None) -> bool:
+    """Tell whether `version` is the 32 an earlier release of this library wrote (not a newer real version).
+
+    Only this library creates the view `messages_fts_trigram_source`; a file with it, version 32
+    and no layout revision is one of ours.
+    """
+    return (version == RELABELLED_VERSION and read_layout(conn) == 0 and conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type='view' AND name='messages_fts_trigram_source'").fetchone() is not None)
+
+
+def effective_version(conn: sqlite3.Connection) -> int | None:
+    """Return the stored schema version, reading this library's own former 32 as 31."""
+    version = read_version(conn)
+    return SCHEMA_VERSION if is_own_relabel(conn, version) else version
+
+
+def _set_layout(conn: sqlite3.Connection, revision: int) -> None:
+    conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, ?)", (LAYOUT_KEY, str(revision)))
+
+
+# Rows inserted by any program (hermes-agent, a sqlite3 shell) without a uid get one at once,
+# in plain SQL: a uuid4 in hex (version nibble 4, variant 8-b), as append_message issues.
+UID_TRIGGER = "messages_assign_uid"
+UID_TRIGGER_SQL = (
+    f"CREATE TRIGGER IF NOT EXISTS {UID_TRIGGER} AFTER INSERT ON messages WHEN new.message_uid IS NULL BEGIN "
+    "UPDATE messages SET message_uid = lower(hex(randomblob(6)) || '4' || substr(hex(randomblob(2)), 2) "
+    "|| substr('89ab', 1 + (abs(random()) % 4), 1) || substr(hex(randomblob(2)), 2) || hex(randomblob(6))) "
+    "WHERE id = new.id; END")
+
+
+def _has_uid_trigger(conn: sqlite3.Connection) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type='trigger' AND name=?", (UID_TRIGGER,)).fetchone() \
+        is not None
 
 
 # --- reconciling columns --------------------------------------------------------------------------
@@ -239,6 +301,18 @@ LADDER: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
 ]
 
 
+def layout2_foreign_rows(conn: sqlite3.Connection) -> None:
+    """Give a uid to every message another program inserted without one (the uid index finds them)."""
+    backfill_message_uids(conn)
+
+
+# (layout revision reached, step), run after the version ladder; each step reads the file's
+# actual shape, since a file may reach it from any earlier layout (or from the real system).
+LAYOUT_STEPS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
+    (2, layout2_foreign_rows),
+]
+
+
 def _set_version(conn: sqlite3.Connection, version: int) -> None:
     conn.execute("DELETE FROM schema_version")
     conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
@@ -258,7 +332,11 @@ def _tables_and_columns(conn: sqlite3.Connection, before_upgrade: Callable[[sqli
     # in rows that exist. Returns (version found, whether the file was empty).
     found = read_version(conn)
     if found is not None and found > SCHEMA_VERSION:
-        return found, False
+        if not is_own_relabel(conn, found):
+            return found, False
+        _set_version(conn, SCHEMA_VERSION)
+        _set_layout(conn, 1)
+        found = SCHEMA_VERSION
     fresh = found is None and not conn.execute(
         "SELECT 1 FROM sqlite_master WHERE type='table' AND name='sessions'").fetchone()
     if not fresh and (found is None or found < SCHEMA_VERSION) and before_upgrade is not None:
@@ -270,6 +348,7 @@ def _tables_and_columns(conn: sqlite3.Connection, before_upgrade: Callable[[sqli
             _BACKFILL_ON_ADD[key](conn)
     if fresh:
         _set_version(conn, SCHEMA_VERSION)
+        _set_layout(conn, LAYOUT_REVISION)
     elif found is None:
         _set_version(conn, 0)
     return found, fresh
@@ -281,15 +360,19 @@ def _indexes(conn: sqlite3.Connection) -> None:
         conn.execute(f"DROP INDEX IF EXISTS {name}")
     for sql in INDEX_SQL:
         conn.execute(sql)
+    conn.execute(UID_TRIGGER_SQL)
     if read_version(conn) < SCHEMA_VERSION:
         _set_version(conn, SCHEMA_VERSION)
+    if read_layout(conn) < LAYOUT_REVISION:
+        _set_layout(conn, LAYOUT_REVISION)
 
 
 def migrate(writer: Writer, patience_s: float, policy: RetryPolicy,
             before_upgrade: Callable[[sqlite3.Connection], None] | None = None) -> int:
-    """Bring the database up to SCHEMA_VERSION; return the version it had before.
+    """Bring the database up to SCHEMA_VERSION and LAYOUT_REVISION; return the version it had before.
 
-    A newer-than-known version is returned untouched (the caller refuses writes).
+    A newer-than-known version is returned untouched (the caller refuses writes); the 32 earlier
+    releases of this library wrote is relabelled 31 and counts as 31 here.
     `before_upgrade(conn)` runs in the first transaction of an upgrade of an existing file,
     before any column is added or back-filled: the caller drops derived objects there (an
     older layout's FTS triggers would otherwise re-index every back-filled row).
@@ -304,30 +387,85 @@ def migrate(writer: Writer, patience_s: float, policy: RetryPolicy,
             if read_version(conn) < target:  # under the lock: another process may have climbed it already
                 step(conn)
                 _set_version(conn, target)
+    for revision, layout_step in ([] if fresh else LAYOUT_STEPS):
+        with writer.transaction(patience_s, policy):
+            if read_layout(conn) < revision:
+                layout_step(conn)
+                _set_layout(conn, revision)
     with writer.transaction(patience_s, policy):
         _indexes(conn)
     return SCHEMA_VERSION if fresh else (found or 0)
 
 
+# What any layout the ladder upgrades has had: without these a file is not a session store.
+_CORE_COLUMNS = {"sessions": ("id", "source", "started_at"),
+                 "messages": ("id", "session_id", "role", "content", "timestamp")}
+
+
+def _default_sql(declaration: str) -> str:
+    # The value a column the file lacks reads as: its declared DEFAULT, else NULL.
+    words = declaration.split()
+    return words[words.index("DEFAULT") + 1] if "DEFAULT" in words else "NULL"
+
+
+def shadow_missing(conn: sqlite3.Connection) -> list[str]:
+    """On a read-only connection, make every declared table and column readable; return the tables shadowed.
+
+    A table the file lacks a column of gets a TEMP view of the same name that adds the column at
+    its default (unqualified names find the temp schema first); a table the file lacks entirely
+    gets an empty one. The temp schema lives outside the database file, so its bytes stay the same.
+    """
+    have_tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+    shadowed = []
+    for name, columns, _ in TABLES:
+        if name in have_tables:
+            have = _table_columns(conn, name)
+            lacking = [(c, d) for c, d in columns if c not in have]
+            if not lacking:
+                continue
+            added = ", ".join(f"{_default_sql(d)} AS {c}" for c, d in lacking)
+            conn.execute(f"CREATE TEMP VIEW {name} AS SELECT *, {added} FROM main.{name}")
+        else:
+            cols = ", ".join(f"{_default_sql(d)} AS {c}" for c, d in columns)
+            conn.execute(f"CREATE TEMP VIEW {name} AS SELECT {cols} WHERE 0")
+        shadowed.append(name)
+    return shadowed
+
+
 def check_read_only(conn: sqlite3.Connection, path: Path, read_busy_s: float = READ_BUSY_TIMEOUT_S) -> int:
-    """Verify a read-only handle can serve reads; return the version or raise a 503-class error."""
+    """Verify a read-only handle can serve reads; return the version or raise a 503-class error.
+
+    A file of any older layout the ladder upgrades (hermes-agent's included) is read as it is:
+    the columns and tables it lacks read as their defaults (see shadow_missing), nothing is written.
+    """
     try:
-        version = read_version(conn)
+        version = effective_version(conn)
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     except sqlite3.OperationalError as exc:
         if is_sqlite_lock_error(exc):
             raise StateDbBusyError(f"{path} stayed locked for {read_busy_s:.1f}s") from exc
         raise
-    if version is None:
+    if version is None and "sessions" not in tables:
         raise StateDbUninitializedError(f"{path} has no hermes-state schema yet")
-    lacking = missing_columns(conn)
-    if version < SCHEMA_VERSION or lacking:
+    lacking = [f"{t}.{c}" for t, cols in _CORE_COLUMNS.items()
+               for c in cols if t not in tables or c not in _table_columns(conn, t)]
+    if lacking:
         raise StateDbIncompatibleError(
-            f"{path} has schema version {version}{' without some columns' if lacking else ''}; this library "
-            f"reads version {SCHEMA_VERSION} read-only. Upgrade it with `hermes-state --db {path} migrate` (or "
-            f"open it once writable: SessionDB({str(path)!r}), or start the profile's gateway), then read it again.")
-    # A newer version whose tables hold every column we know is read as it is: a writer of a
-    # newer release may upgrade the file while dashboards keep reading it.
-    return version
+            f"{path} is not a session store this library can read (it lacks {', '.join(lacking[:4])}). Open the "
+            f"right file, or let the program that wrote it upgrade it; `hermes-state --db {path} migrate` "
+            "upgrades any hermes-agent or hermes-state layout.")
+    if version is not None and version > SCHEMA_VERSION:
+        # A newer version holding every column we know is read as it is: a writer of a newer
+        # release may upgrade the file while dashboards keep reading it. One without them has
+        # changed what a column means, which defaults cannot stand in for.
+        gone = missing_columns(conn)
+        if gone:
+            raise StateDbIncompatibleError(
+                f"{path} has schema version {version}, newer than this library's {SCHEMA_VERSION}, without some "
+                f"columns it reads ({', '.join(sorted(gone))}); upgrade hermes-state to read it.")
+        return version
+    shadow_missing(conn)  # an older layout reads with defaults for what it lacks
+    return version if version is not None else 0
 
 
 def integrity_problems(conn: sqlite3.Connection, full: bool = False) -> list[str]:

@@ -245,24 +245,28 @@ class _Ask:
                            cut=self.cut)
         return [(i, 0.0, None) for i in found]
 
-    def substrings(self) -> list[_Hit]:
-        """Return the newest rows holding every term as a substring, from the substring index.
+    def substrings(self, need: int | None = None, known: Iterable[int] = ()) -> list[_Hit]:
+        """Return the newest `need` rows (default: all wanted) holding every term as a substring.
 
-        The index gives the rows holding every trigram of the terms (no text read); the filters
-        come next, and only rows passing them are checked for the terms themselves.
+        The substring index gives the rows holding every trigram of the terms (no text read); the
+        filters come next, then rows in `known` (hits the caller has already) are left out, and
+        only the rows left are checked for the terms themselves.
         """
         f = self.filters
+        known = sorted(known)
+        skip = " AND t.rowid NOT IN (SELECT value FROM json_each(?))" if known else ""
         texts = tuple(t.text for t in self.group.terms)
         contains, params = _contains_sql(texts, _SEARCHABLE)
         if _indexed_excluded(self.group):
             excluded, more = _like_terms((), _indexed_excluded(self.group))
             contains, params = f"{contains} AND {excluded}", [*params, *more]
         sql = (f"SELECT t.rowid FROM {fts.TRIGRAM} t JOIN messages m ON m.id = t.rowid{f.join} "
-               f"WHERE {fts.TRIGRAM} MATCH ? AND t.rowid BETWEEN ? AND ?{f.sql} AND {contains} "
+               f"WHERE {fts.TRIGRAM} MATCH ? AND t.rowid BETWEEN ? AND ?{f.sql}{skip} AND {contains} "
                "ORDER BY t.rowid DESC LIMIT ?")
         try:
-            rows = self.conn.execute(sql, (trigram_expression(texts), self.low, self.high,
-                                           *f.params, *params, self.need)).fetchall()
+            rows = self.conn.execute(sql, (trigram_expression(texts), self.low, self.high, *f.params,
+                                           *([json.dumps(known)] if known else []), *params,
+                                           self.need if need is None else need)).fetchall()
         except sqlite3.OperationalError as exc:
             if not _is_query_error(exc):
                 raise
@@ -386,7 +390,12 @@ def _find_group(ask: _Ask) -> list[_Hit]:
     if found and route.whole_words and SUBSTRING_ROUTE.applies(ask) and not CJK_ROUTE.exact(g):
         # Whole words rank first; every other row holding a term inside a longer word follows,
         # newest first, so a piece seen anywhere is found even when some row has it as a word.
-        found += ask.substrings()
+        # Those rows (score 0.0) sort after every ranked hit, so once k ranked rows are found the
+        # page has room for need - k of them at most: the pass asks for that many rows outside
+        # the k, and is skipped when the ranked rows fill the page.
+        ranked = {i for i, score, _ in found if score < 0.0}
+        if len(ranked) < ask.need:
+            found += ask.substrings(ask.need - len(ranked), ranked)
     return found
 
 

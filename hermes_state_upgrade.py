@@ -37,7 +37,7 @@ STOP_WAIT_S = 5.0                # how long close() waits for the chunk under wa
 # --- before the migration: the copy, and the old FTS objects -------------------------------------
 
 def upgrade_backup_path(db_path: Path, *, now: float | None = None) -> Path:
-    """Return the name of the copy an upgrade writes first: `state.db.pre-v32-<UTC time>.bak`."""
+    """Return the name of the copy an upgrade writes first: `state.db.pre-v31-<UTC time>.bak` (the version it upgrades to)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
     path = db_path.with_name(f"{db_path.name}.pre-v{SCHEMA_VERSION}-{stamp}.bak")
     n = 2

@@ -1,9 +1,11 @@
 """Datasette plugin: browse hermes-state databases in a web page, read-only.
 
-Owns: the Datasette hooks that make a hermes-state file pleasant to browse (internal ledgers and
-the FTS indexes hidden, Datasette's table search pointed at the word index, menu links) and three
-pages under `/-/hermes/<database>`: the sessions (newest activity first), one session's
-conversation with its lineage, and a search through the library's own `search_messages`.
+Owns: the Datasette hooks that make a hermes-state file pleasant to browse (internal ledgers,
+views and FTS indexes hidden, Datasette's table search pointed at the word index, times shown
+as dates, links from the home page and the menu) and three pages under `/-/hermes/<database>`,
+each also as `.json`: the sessions (newest activity first, with filters), one session's
+conversation with its lineage, and a search of titles and, through the library's own
+`search_messages`, of message text.
 Does not own: starting the server (`hermes-state serve` in hermes_state_cli) or any query the
 library already answers: conversations, lineage and search go through a read-only `SessionDB`.
 
@@ -24,9 +26,11 @@ from urllib.parse import quote, unquote, urlencode
 
 from datasette import hookimpl
 from datasette.utils.asgi import NotFound, Response
+from datasette.version import __version__ as datasette_version
 from datasette.views.base import DatasetteError
 from markupsafe import Markup, escape
 
+import hermes_state_render as render
 from hermes_state import SessionDB, StoreUnavailableError
 
 PREFIX = "/-/hermes"
@@ -37,10 +41,16 @@ HITS_PER_PAGE = 20
 VISIBLE_TABLES = ("sessions", "messages", "session_model_usage")
 # What marks a database as a hermes-state store rather than any SQLite file Datasette serves.
 MARKER_TABLES = {"sessions", "messages", "schema_version"}
+# Columns holding epoch seconds, shown as local dates on Datasette's table pages (JSON keeps the number).
+TIME_COLUMNS = {"started_at", "ended_at", "last_activity_at", "compression_failure_cooldown_until", "timestamp",
+                "updated_at"}
+ROLES = ("user", "assistant", "tool", "system", "developer")
 
 # Names of the hermes-state databases and their hidden tables, per Datasette instance, found at
 # startup (get_metadata is synchronous and called often, so it must only read this).
 _STORES: "weakref.WeakKeyDictionary[Any, dict[str, list[str]]]" = weakref.WeakKeyDictionary()
+# The internal views of each store (the search indexes' sources), refused to every actor.
+_VIEWS: "weakref.WeakKeyDictionary[Any, dict[str, set[str]]]" = weakref.WeakKeyDictionary()
 
 
 # --- hooks ---------------------------------------------------------------------------------------
@@ -50,13 +60,16 @@ def startup(datasette):
     """Find the hermes-state databases among those Datasette serves."""
     async def inner() -> None:
         stores: dict[str, list[str]] = {}
+        views: dict[str, set[str]] = {}
         for name, database in datasette.databases.items():
             if database.is_memory:
                 continue
             tables = await database.table_names()
             if MARKER_TABLES <= set(tables):
                 stores[name] = [t for t in tables if t not in VISIBLE_TABLES]
+                views[name] = set(await database.view_names())
         _STORES[datasette] = stores
+        _VIEWS[datasette] = views
     return inner
 
 
@@ -65,22 +78,49 @@ def get_metadata(datasette, key, database, table):
     """Hide internal tables and configure full-text search on `messages`."""
     # Datasette only detects an FTS table declared content="messages" or content=[messages];
     # this schema writes content='messages', so the search table is named here.
-    return {"databases": {
+    stores = _STORES.get(datasette, {})
+    metadata: dict[str, Any] = {"databases": {
         name: {"tables": {
             "messages": {"fts_table": "messages_fts", "fts_pk": "id"},
             "sessions": {"label_column": "title"},
             **{t: {"hidden": True} for t in hidden},
-        }} for name, hidden in _STORES.get(datasette, {}).items()}}
+        }} for name, hidden in stores.items()}}
+    if stores:  # the home page says where the conversations are
+        links = Markup(", ").join(Markup('<a href="%s">%s</a>') % (datasette.urls.path(_store_url(name)), name)
+                                  for name in stores)
+        metadata["description_html"] = str(Markup("Browse the sessions and search the messages: %s") % links)
+    return metadata
+
+
+@hookimpl
+def permission_allowed(datasette, actor, action, resource):
+    """Refuse the internal views of a hermes-state store (they only feed the search indexes)."""
+    if action == "view-table" and isinstance(resource, tuple) and len(resource) == 2:
+        database, table = resource
+        if table in _VIEWS.get(datasette, {}).get(database, ()):
+            return False
+    return None
+
+
+@hookimpl
+def render_cell(value, column, table, database, datasette):
+    """Show epoch-second columns of a store's tables as local dates (the number stays in the title)."""
+    if column in TIME_COLUMNS and database in _STORES.get(datasette, {}) and isinstance(value, (int, float)) \
+            and not isinstance(value, bool):
+        return Markup('<span title="%s">%s</span>') % (value, render.clock_time(value))
+    return None
 
 
 @hookimpl
 def register_routes():
     """Add the sessions, conversation and search pages."""
+    # Each page also answers as JSON with a `.json` suffix, like Datasette's own pages.
+    json_suffix = r"(?P<format>\.json)?"
     return [
         (rf"^{PREFIX}/?$", index_page),
-        (rf"^{PREFIX}/(?P<database>[^/]+)/?$", sessions_page),
-        (rf"^{PREFIX}/(?P<database>[^/]+)/session/(?P<session_id>[^/]+)$", session_page),
-        (rf"^{PREFIX}/(?P<database>[^/]+)/search$", search_page),
+        (rf"^{PREFIX}/(?P<database>[^/]+?){json_suffix}/?$", sessions_page),
+        (rf"^{PREFIX}/(?P<database>[^/]+)/session/(?P<session_id>[^/]+?){json_suffix}$", session_page),
+        (rf"^{PREFIX}/(?P<database>[^/]+)/search{json_suffix}$", search_page),
     ]
 
 
@@ -111,34 +151,52 @@ async def index_page(datasette, request):
     return await _render(datasette, request, INDEX_HTML, {"stores": stores, "prefix": PREFIX})
 
 
-_SESSIONS_SQL = """
-SELECT s.id, s.title, s.source, s.model, s.message_count, s.input_tokens, s.output_tokens,
-       s.estimated_cost_usd, s.actual_cost_usd, s.started_at, s.ended_at, s.end_reason, s.archived,
-       COALESCE(s.last_activity_at, s.started_at) AS last_activity,
-       (SELECT SUBSTR(m.content, 1, 80) FROM messages m
-         WHERE m.session_id = s.id AND m.active = 1 AND m.role = 'user' AND m.content IS NOT NULL
-         ORDER BY m.timestamp, m.id LIMIT 1) AS preview
-  FROM sessions s
- ORDER BY last_activity DESC, s.id
- LIMIT :limit OFFSET :offset"""
+_CHOICES_SQL = "SELECT DISTINCT {column} FROM sessions WHERE {column} IS NOT NULL ORDER BY {column} LIMIT 200"
 
 
 async def sessions_page(datasette, request):
-    """Show the sessions, newest activity first, a page at a time."""
+    """Show the sessions, newest activity first, a page at a time, filtered by source, model, time, archive."""
     name, database = await _store(datasette, request)
     page = _page_number(request)
-    # One listing query on Datasette's read-only connection: the library lists by start time,
-    # while a browser wants the sessions that moved last on top.
-    result = await database.execute(_SESSIONS_SQL, {"limit": SESSIONS_PER_PAGE + 1,
-                                                    "offset": (page - 1) * SESSIONS_PER_PAGE})
-    rows = [dict(r) for r in result.rows]
+    filters = _session_filters(request)
+    found = await _off_loop(_list_sessions, database.path, filters, SESSIONS_PER_PAGE + 1,
+                            (page - 1) * SESSIONS_PER_PAGE)
     sessions = [dict(r, link=_session_url(name, r["id"]), cost=_cost(r), tokens=_tokens(r),
-                     last=_fmt_time(r["last_activity"]), label=r["title"] or _one_line(r["preview"]) or r["id"])
-                for r in rows[:SESSIONS_PER_PAGE]]
+                     last=_fmt_time(r["last_active"]), label=r["title"] or _one_line(r["preview"]) or "(untitled)")
+                for r in found[:SESSIONS_PER_PAGE]]
+    pager = _pager(request, page, len(found) > SESSIONS_PER_PAGE)
+    if _wants_json(request):
+        return _json({"database": name, "page": page, "filters": _shown_filters(request),
+                      "sessions": [{k: v for k, v in r.items() if k not in ("link", "cost", "tokens", "last", "label")}
+                                   for r in sessions], **pager})
+    # The filter choices: one SELECT each on Datasette's read-only connection.
+    choices = {column: [r[0] for r in (await database.execute(_CHOICES_SQL.format(column=column))).rows]
+               for column in ("source", "model")}
     return await _render(datasette, request, SESSIONS_HTML, {
-        "database": name, "sessions": sessions, "page": page,
-        "search_url": f"{PREFIX}/{quote(name, safe='')}/search",
-        **_pager(request, page, len(rows) > SESSIONS_PER_PAGE)})
+        "database": name, "sessions": sessions, "page": page, "choices": choices, "args": _shown_filters(request),
+        "search_url": f"{PREFIX}/{quote(name, safe='')}/search", **pager})
+
+
+def _shown_filters(request) -> dict[str, str]:
+    return {k: request.args.get(k, "").strip() for k in ("source", "model", "since", "archived")}
+
+
+def _session_filters(request) -> dict[str, Any]:
+    """Return the library's listing filters from the query string; a bad `since` is a 400 page."""
+    shown = _shown_filters(request)
+    since = None
+    if shown["since"]:
+        try:
+            since = render.parse_when(shown["since"])
+        except ValueError as exc:
+            raise DatasetteError(str(exc), title="Bad filter", status=400) from None
+    return {"source": shown["source"] or None, "model": shown["model"] or None, "since": since,
+            "include_archived": shown["archived"] not in ("", "0")}
+
+
+def _list_sessions(path: str, filters: dict[str, Any], limit: int, offset: int) -> list[dict[str, Any]]:
+    with SessionDB(path, read_only=True) as db:
+        return db.list_sessions(limit=limit, offset=offset, order="activity", **filters)
 
 
 async def session_page(datasette, request):
@@ -149,6 +207,10 @@ async def session_page(datasette, request):
     if view is None:
         raise NotFound(f"Session not found: {session_id}")
     session = view["session"]
+    if _wants_json(request):
+        return _json({"database": name, "session": session, "messages": view["raw_messages"],
+                      "chain": [sid for sid, _ in view["chain"]] or [session_id], "parent": view["parent"],
+                      "children": [c["id"] for c in view["children"]]})
     link = {sid: _session_url(name, sid) for sid in view["ids"]}
     return await _render(datasette, request, SESSION_HTML, {
         "database": name, "session": session, "link": link, "chain": view["chain"],
@@ -161,20 +223,39 @@ async def search_page(datasette, request):
     """Search messages with the library's search (same routing, CJK and substring recall)."""
     name, database = await _store(datasette, request)
     query = request.args.get("q", "").strip()
+    role = request.args.get("role", "").strip()
+    reasoning = request.args.get("reasoning", "") not in ("", "0")
+    if role and role not in ROLES:
+        raise DatasetteError(f"role must be one of {', '.join(ROLES)}, not {role!r}", title="Bad filter", status=400)
     page = _page_number(request)
-    hits: list[dict[str, Any]] = []
-    more = False
+    found: list[dict[str, Any]] = []
+    titled: list[dict[str, Any]] = []
     if query:
-        found, titles = await _off_loop(_search, database.path, query, HITS_PER_PAGE + 1,
-                                        (page - 1) * HITS_PER_PAGE)
-        more = len(found) > HITS_PER_PAGE
-        hits = [dict(h, snippet=_marked(h["snippet"]), when=_fmt_time(h["timestamp"]),
-                     link=_session_url(name, h["session_id"]) + f"#m{h['id']}",
-                     session_label=titles.get(h["session_id"]) or h["session_id"])
-                for h in found[:HITS_PER_PAGE]]
+        found = await _off_loop(_search, database.path, query, [role] if role else None, reasoning,
+                                HITS_PER_PAGE + 1, (page - 1) * HITS_PER_PAGE)
+        if page == 1:  # sessions whose title holds the words, above the messages that do
+            titled = [dict(r) for r in (await database.execute(_TITLES_SQL, {
+                "pattern": "%" + re.sub(r"([\\%_])", r"\\\1", query) + "%", "limit": HITS_PER_PAGE})).rows]
+    more = len(found) > HITS_PER_PAGE
+    found = found[:HITS_PER_PAGE]
+    pager = _pager(request, page, more)
+    if _wants_json(request):
+        return _json({"database": name, "q": query, "role": role or None, "reasoning": reasoning, "page": page,
+                      "sessions": titled, "hits": found, **pager})
+    hits = [dict(h, snippet=_marked(h["snippet"]), when=_fmt_time(h["timestamp"]),
+                 link=_session_url(name, h["session_id"]) + f"#m{h['id']}",
+                 session_label=h.get("title") or h["session_id"]) for h in found]
+    titled = [dict(r, link=_session_url(name, r["id"]), last=_fmt_time(r["last_activity"])) for r in titled]
     return await _render(datasette, request, SEARCH_HTML, {
-        "database": name, "q": query, "hits": hits, "page": page,
-        "sessions_url": f"{PREFIX}/{quote(name, safe='')}", **_pager(request, page, more)})
+        "database": name, "q": query, "hits": hits, "titled": titled, "page": page, "role": role,
+        "roles": ROLES, "reasoning": reasoning, "sessions_url": f"{PREFIX}/{quote(name, safe='')}", **pager})
+
+
+# Titles are short and few: a LIKE over the sessions table (case-insensitive for ASCII) finds them.
+_TITLES_SQL = r"""
+SELECT id, title, source, COALESCE(last_activity_at, started_at) AS last_activity FROM sessions
+ WHERE title LIKE :pattern ESCAPE '\'
+ ORDER BY last_activity DESC, id LIMIT :limit"""
 
 
 # --- reads (worker thread, read-only handle) -------------------------------------------------
@@ -189,24 +270,22 @@ def _read_session(path: str, session_id: str) -> dict[str, Any] | None:
         chain = db.get_compression_ancestors(tip) + [tip]
         children = [row for row in db.get_descendants(session_id)
                     if row["parent_session_id"] == session_id and row["id"] not in chain]
-        messages = [_message_view(m) for m in db.get_messages(session_id)]
+        raw = db.get_messages(session_id)
+        messages = [_message_view(m) for m in raw]
     here = chain.index(session_id) if session_id in chain else len(chain)
     parent = session["parent_session_id"]
     parent = parent if parent and parent not in chain else None  # a branch, not a compression parent
-    return {"session": session, "messages": messages, "children": children, "parent": parent,
+    return {"session": session, "messages": messages, "raw_messages": raw, "children": children, "parent": parent,
             "chain": [(sid, "earlier" if i < here else "continued in") for i, sid in enumerate(chain)]
             if len(chain) > 1 else [],
             "ids": set(chain) | {c["id"] for c in children} | ({parent} if parent else set())}
 
 
-def _search(path: str, query: str, limit: int, offset: int) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    with SessionDB(path, read_only=True) as db:
-        hits = db.search_messages(query, limit=limit, offset=offset)
-        titles = {}
-        for sid in {h["session_id"] for h in hits}:
-            row = db.get_session(sid)
-            titles[sid] = row["title"] if row else None
-    return hits, titles
+def _search(path: str, query: str, roles: list[str] | None, reasoning: bool, limit: int,
+            offset: int) -> list[dict[str, Any]]:
+    with SessionDB(path, read_only=True) as db:  # each hit carries its session's title
+        return list(db.search_messages(query, role_filter=roles, include_reasoning=reasoning, limit=limit,
+                                       offset=offset))
 
 
 def _details(session: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -265,10 +344,24 @@ async def _render(datasette, request, source: str, context: dict[str, Any]) -> R
     templates = _TEMPLATES.setdefault(datasette, {})
     if source not in templates:
         templates[source] = datasette.jinja_env.from_string(source)
+    # Datasette's own views add its version for the footer; a plugin page has to say it too.
+    context = {"datasette_version": datasette_version, **context}
     return Response.html(await datasette.render_template(templates[source], context, request=request))
 
 
+def _wants_json(request) -> bool:
+    return bool(request.url_vars.get("format"))
+
+
+def _json(data: dict[str, Any]) -> Response:
+    return Response.json(data, default=str)
+
+
 _TEMPLATES: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
+
+
+def _store_url(database: str) -> str:
+    return f"{PREFIX}/{quote(database, safe='')}"
 
 
 def _session_url(database: str, session_id: str) -> str:
@@ -340,6 +433,8 @@ _STYLE = """<style>
 .hs-msg pre { font-family: monospace; font-size: 0.9em; background: #f6f6f6; padding: 0.4em; }
 .hs-msg details summary { cursor: pointer; color: #555; }
 .hs-lineage li.current { font-weight: bold; } .hs-sessions td.hs-time { white-space: nowrap; }
+.hs-sessions td.hs-id { font-family: monospace; font-size: 0.85em; word-break: break-all; }
+.hs-filters { margin: 0.5em 0; } .hs-filters label { margin-right: 0.8em; }
 mark { background: #fde68a; }
 </style>"""
 
@@ -355,14 +450,21 @@ SESSIONS_HTML = """{% extends "base.html" %}
 {% block extra_head %}""" + _STYLE + """{% endblock %}
 {% block crumbs %}{{ crumbs.nav(request=request, database=database) }}{% endblock %}
 {% block content %}<h1>Sessions</h1>
-<form action="{{ urls.path(search_url) }}" method="get"><input type="search" name="q" placeholder="Search messages">
+<form action="{{ urls.path(search_url) }}" method="get"><input type="search" name="q" placeholder="Search titles and messages">
 <input type="submit" value="Search"></form>
-<table class="rows-and-columns hs-sessions"><thead><tr><th>Session</th><th>Source</th><th>Model</th>
+<form method="get" class="hs-filters"><label>source <select name="source"><option value="">any</option>
+{% for c in choices.source %}<option{% if c == args.source %} selected{% endif %}>{{ c }}</option>{% endfor %}</select></label>
+<label>model <select name="model"><option value="">any</option>
+{% for c in choices.model %}<option{% if c == args.model %} selected{% endif %}>{{ c }}</option>{% endfor %}</select></label>
+<label>active since <input name="since" value="{{ args.since }}" placeholder="7d, 12h, 2026-11-01" size="14"></label>
+<label><input type="checkbox" name="archived" value="1"{% if args.archived not in ("", "0") %} checked{% endif %}> archived too</label>
+<input type="submit" value="Filter"></form>
+<table class="rows-and-columns hs-sessions"><thead><tr><th>Session</th><th>ID</th><th>Source</th><th>Model</th>
 <th>Messages</th><th>Tokens in / out</th><th>Cost</th><th>Last activity</th><th>Ended</th></tr></thead><tbody>
-{% for s in sessions %}<tr><td><a href="{{ urls.path(s.link) }}">{{ s.label }}</a></td><td>{{ s.source }}</td>
-<td>{{ s.model or "" }}</td><td>{{ s.message_count or 0 }}</td><td>{{ s.tokens }}</td><td>{{ s.cost }}</td>
+{% for s in sessions %}<tr><td><a href="{{ urls.path(s.link) }}">{{ s.label }}</a></td><td class="hs-id">{{ s.id }}</td>
+<td>{{ s.source }}</td><td>{{ s.model or "" }}</td><td>{{ s.message_count or 0 }}</td><td>{{ s.tokens }}</td><td>{{ s.cost }}</td>
 <td class="hs-time">{{ s.last }}</td><td>{{ s.end_reason or "" }}{% if s.archived %} (archived){% endif %}</td></tr>
-{% else %}<tr><td colspan="8">No sessions{% if page > 1 %} on this page{% endif %}.</td></tr>{% endfor %}
+{% else %}<tr><td colspan="9">No sessions{% if page > 1 %} on this page{% endif %}.</td></tr>{% endfor %}
 </tbody></table>
 <p class="hs-pager">{% if prev_url %}<a href="{{ prev_url }}">&larr; newer</a>{% endif %}
 Page {{ page }} {% if next_url %}<a href="{{ next_url }}">older &rarr;</a>{% endif %}</p>
@@ -400,9 +502,16 @@ SEARCH_HTML = """{% extends "base.html" %}
 {% block extra_head %}""" + _STYLE + """{% endblock %}
 {% block crumbs %}{{ crumbs.nav(request=request, database=database) }}{% endblock %}
 {% block content %}<p><a href="{{ urls.path(sessions_url) }}">&larr; all sessions</a></p>
-<h1>Search messages</h1>
-<form method="get"><input type="search" name="q" value="{{ q }}" autofocus> <input type="submit" value="Search"></form>
-{% if q %}{% for h in hits %}<div class="hs-msg {{ h.role }} hs-hit"><span class="hs-role">{{ h.role }}</span>
+<h1>Search</h1>
+<form method="get"><input type="search" name="q" value="{{ q }}" autofocus>
+<label>role <select name="role"><option value="">any</option>
+{% for r in roles %}<option{% if r == role %} selected{% endif %}>{{ r }}</option>{% endfor %}</select></label>
+<label><input type="checkbox" name="reasoning" value="1"{% if reasoning %} checked{% endif %}> reasoning too</label>
+<input type="submit" value="Search"></form>
+{% if titled %}<h2>Sessions titled</h2><ul class="hs-titled">{% for t in titled %}
+<li><a href="{{ urls.path(t.link) }}">{{ t.title }}</a> <span class="hs-when">{{ t.source }} · {{ t.last }}</span></li>
+{% endfor %}</ul>{% endif %}
+{% if q %}{% if titled %}<h2>Messages</h2>{% endif %}{% for h in hits %}<div class="hs-msg {{ h.role }} hs-hit"><span class="hs-role">{{ h.role }}</span>
 {% if h.tool_name %}<span class="hs-when">{{ h.tool_name }}</span>{% endif %}<span class="hs-when">{{ h.when }}</span>
 in <a href="{{ urls.path(h.link) }}">{{ h.session_label }}</a> <span class="hs-when">{{ h.source }}</span>
 <div class="hs-text">{{ h.snippet }}</div></div>

@@ -281,10 +281,31 @@ def test_older_than_takes_ages_like_since(ended, capsys):
 
 def test_delete_dry_run_then_delete_say_what_goes(ended, capsys):
     assert main(["sessions", "delete", "old1", "--dry-run"]) == 0
-    assert capsys.readouterr().out == "would delete old1  Old old1  (1 message)\nnothing was changed\n"
+    assert capsys.readouterr().out == "would delete 1 session:\n  old1  Old old1  (1 message)\nnothing was changed\n"
     with SessionDB() as db:
         assert db.get_session("old1") is not None
     assert main(["sessions", "delete", "old1"]) == 0
-    assert capsys.readouterr().out == "deleted old1  Old old1  (1 message)\n"
+    assert capsys.readouterr().out == "deleted 1 session:\n  old1  Old old1  (1 message)\n"
     assert main(["sessions", "delete", "old1", "--dry-run"]) == 1
     assert "not found" in capsys.readouterr().err
+
+
+def test_delete_of_a_conversation_lists_every_part_and_a_live_continuation_is_refused(hermes_home, capsys):
+    with SessionDB() as db:
+        db.create_session("part1", "cli", title="Long talk")
+        db.append_message("part1", "user", "start")
+        db.rotate_session("part1", "part2", db.get_messages_as_conversation("part1"), title="Long talk #2")
+        db.create_session("helper", "cli", parent_session_id="part2", model_config={"_delegate_from": "part2"})
+        db.create_session("branch", "cli", parent_session_id="part2")
+    before = (hermes_home / "state.db").read_bytes()
+    assert main(["sessions", "delete", "part1", "--dry-run"]) == 1  # its continuation part2 is live
+    assert "live session 'part2'" in capsys.readouterr().err
+    assert main(["--json", "sessions", "delete", "part2", "--dry-run"]) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in dry["sessions"]] == ["part1", "part2", "helper"]  # the branch stays
+    assert (hermes_home / "state.db").read_bytes() == before
+    assert main(["--json", "sessions", "delete", "part2"]) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert done["deleted"] == 3 and sorted(r["id"] for r in done["sessions"]) == ["helper", "part1", "part2"]
+    with SessionDB() as db:
+        assert [r["id"] for r in db.list_sessions()] == ["branch"]

@@ -18,4 +18,4 @@ def test_helpers():
     assert common.split_sql("CREATE TABLE a (x);\nINSERT INTO a VALUES (';');") == [
         "CREATE TABLE a (x);", "INSERT INTO a VALUES (';');"]
     assert "CREATE TABLE IF NOT EXISTS sessions" in common.SCHEMA_SQL
-    assert common.SCHEMA_VERSION == 32
+    assert common.SCHEMA_VERSION == 31

@@ -39,7 +39,7 @@ def ids(conn, table: str, expr: str) -> list[int]:
 
 def substring_ids(conn, piece: str) -> list[int]:
     return sorted(r[0] for r in conn.execute(
-        f"SELECT rowid FROM {fts.TRIGRAM} WHERE text LIKE ?", (f"%{piece}%",)))
+        f"SELECT rowid FROM {fts.TRIGRAM} WHERE content LIKE ?", (f"%{piece}%",)))
 
 
 def _varint(blob: bytes) -> int:
@@ -85,7 +85,7 @@ def assert_exact(conn) -> None:
                  "FROM messages WHERE reasoning <> '' OR reasoning_content <> ''")
     for table, columns, source, options in (
             (fts.WORD, "content, tool_name, tool_calls", "SELECT id, content, tool_name, tool_calls FROM messages", ""),
-            (fts.TRIGRAM, "text", "SELECT id, text FROM messages_fts_trigram_source",
+            (fts.TRIGRAM, "content", "SELECT id, content FROM messages_fts_trigram_source",
              ", tokenize='trigram', detail='none'"),
             (fts.REASONING, "reasoning", reasoning, "")):
         conn.execute(f"CREATE VIRTUAL TABLE temp.ref USING fts5({columns}{options})")

@@ -1,10 +1,12 @@
 """Read-only handles: never create or touch the file, refuse every write before any SQL, report 503s."""
 from __future__ import annotations
 
+import gzip
 import hashlib
 import inspect
 import sqlite3
 import time
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +132,44 @@ def test_a_newer_schema_with_extra_columns_and_tables_is_read(db, rival):
         assert ro.schema_version == 40
         assert ro.get_session("s")["shiny_new"] is None
         assert ro.search_messages("hello")[0]["session_id"] == "s"
+
+
+# --- older layouts, read as they are ----------------------------------------------------------------
+
+AGENT_FIXTURE = Path(__file__).parent / "fixtures" / "hermes_agent_0.19.0.db.gz"
+
+
+def test_every_read_of_a_hermes_agent_file_works_and_changes_no_byte(tmp_path):
+    path = tmp_path / "state.db"
+    path.write_bytes(gzip.decompress(AGENT_FIXTURE.read_bytes()))
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    with SessionDB(path, read_only=True) as db:
+        assert db.schema_version == 22
+        session = db.get_session("agent-00000")
+        # Columns hermes-agent 0.19.0 never had read as their defaults.
+        assert (session["pinned"], session["auto_archived"], session["last_activity_at"]) == (0, 0, None)
+        messages = db.get_messages("agent-00000")
+        assert len(messages) == 40 and all(m["display_kind"] is None for m in messages)
+        assert [s["id"] for s in db.list_sessions()] == ["agent-00001", "agent-00000"]
+        assert db.count_sessions() == 2 and db.usage_by_model() and db.top_sessions_by_tokens()
+        assert db.get_messages_as_conversation("agent-00000")
+        assert {h["session_id"] for h in db.search_messages("部署", limit=100)} == {"agent-00000", "agent-00001"}
+        assert db.search_messages("config", role_filter=["user"])
+        assert len(db.export_session("agent-00000")["messages"]) == 40
+        # Tables the file lacks altogether read as empty.
+        assert db.get_runtime() is None and db.list_admissions("agent-00000") == []
+        assert db.list_executions("agent-00000") == [] and db.list_delegations("agent-00000") == []
+        assert db.list_routes() == []
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+
+
+def test_a_file_that_is_no_session_store_is_a_503_with_guidance(tmp_path):
+    path = tmp_path / "state.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT, started_at REAL)")
+    conn.execute("CREATE TABLE messages (id INTEGER PRIMARY KEY, body TEXT)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StateDbIncompatibleError, match="lacks messages.session_id") as info:
+        SessionDB(path, read_only=True)
+    assert info.value.http_status == 503 and info.value.guidance

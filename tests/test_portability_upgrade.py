@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from hermes_state import SCHEMA_VERSION, SessionDB, StateDbIncompatibleError
+import hermes_state_fts as fts
+import hermes_state_schema as schema
+from hermes_state import SCHEMA_VERSION, SessionDB
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hermes_agent_0.19.0.db.gz"
 
@@ -66,9 +68,12 @@ def test_opening_writable_backs_up_first_then_upgrades_with_every_row(agent_db, 
     uids = [r[0] for r in rows(agent_db, "SELECT message_uid FROM messages")]
     assert len(set(uids)) == 48 and all(re.fullmatch(r"[0-9a-f]{32}", u) for u in uids)
     assert rows(agent_db, "PRAGMA integrity_check") == [("ok",)]
-    # No trigger of the old layout survives: each row is indexed once, by the current triggers.
-    triggers = {r[0] for r in rows(agent_db, "SELECT name FROM sqlite_master WHERE type = 'trigger'")}
-    assert not {t for t in triggers if "trigram" in t}
+    # No trigger of the old layout survives: each row is indexed once, by the current triggers
+    # (which carry the six names hermes-agent looks for, so it creates none of its own).
+    declared = {fts_name: " ".join(sql.split()) for kind, fts_name, sql in fts.OBJECTS if kind == "trigger"}
+    found = dict(rows(agent_db, "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND name <> "
+                                f"'{schema.UID_TRIGGER}'"))
+    assert {name: " ".join(sql.split()) for name, sql in found.items()} == declared
 
 
 def test_the_caller_can_opt_out_of_the_backup_but_the_upgrade_is_still_said(agent_db, caplog):
@@ -128,10 +133,12 @@ def test_the_background_rebuild_gives_the_space_back_too(agent_db):
     assert rows(agent_db, "SELECT COUNT(*) FROM state_meta WHERE key = 'reclaim_after_rebuild'") == [(0,)]
 
 
-def test_read_only_refuses_the_old_file_and_leaves_it_alone(agent_db):
+def test_read_only_reads_the_old_file_and_leaves_it_alone(agent_db):
     before = agent_db.read_bytes()
-    with pytest.raises(StateDbIncompatibleError, match="schema version 22"):
-        SessionDB(agent_db, read_only=True)
+    with SessionDB(agent_db, read_only=True) as db:
+        assert db.schema_version == 22
+        assert db.get_session("agent-00000")["message_count"] == 40
+        assert db.search_messages("東京", limit=100)
     assert agent_db.read_bytes() == before
 
 
@@ -147,3 +154,67 @@ def test_no_upgrade_without_the_promised_copy(agent_db, monkeypatch):
         SessionDB(agent_db)
     assert rows(agent_db, "SELECT version FROM schema_version") == [(22,)]
     assert agent_db.read_bytes() == before
+
+
+# Written by this library's own release that labelled its layout schema version 32 (main at
+# e6a6f64, through its public API): three messages (CJK, a tool call, a tool result) in one
+# titled session, one in another, two delegations of the layout that release had.
+V32_FIXTURE = Path(__file__).parent / "fixtures" / "hermes_state_v32.db.gz"
+
+
+@pytest.fixture
+def v32_db(tmp_path) -> Path:
+    path = tmp_path / "state.db"
+    path.write_bytes(gzip.decompress(V32_FIXTURE.read_bytes()))
+    return path
+
+
+def test_a_file_this_library_labelled_32_is_relabelled_31_with_its_layout_revision(v32_db, monkeypatch):
+    monkeypatch.setattr(SessionDB, "_FTS_REBUILD_IN_BACKGROUND", False)
+    assert rows(v32_db, "SELECT version FROM schema_version") == [(32,)]
+    before = rows(v32_db, "SELECT id, session_id, role, content, message_uid FROM messages ORDER BY id")
+    with SessionDB(v32_db) as db:
+        assert db.schema_version == SCHEMA_VERSION == 31
+        assert db.upgrade_backup is None  # same version: nothing to copy first
+        db.rebuild_fts()
+        assert [h["session_id"] for h in db.search_messages("東京")] == ["v32-a"]
+        assert [h["session_id"] for h in db.search_messages("needle-in")] == ["v32-b"]
+        assert db.get_session("v32-a")["title"] == "Written at 32"
+        assert db.check_integrity(full=True)["ok"]
+    assert rows(v32_db, "SELECT version FROM schema_version") == [(31,)]
+    assert rows(v32_db, f"SELECT value FROM state_meta WHERE key = '{schema.LAYOUT_KEY}'") == [
+        (str(schema.LAYOUT_REVISION),)]
+    assert rows(v32_db, "SELECT id, session_id, role, content, message_uid FROM messages ORDER BY id") == before
+    conn = sqlite3.connect(v32_db)
+    try:  # relabelled once: the next open finds nothing to do and takes no write lock
+        assert not schema.needs_migration(conn)
+    finally:
+        conn.close()
+
+
+def test_a_newer_real_version_is_not_mistaken_for_this_librarys_32(tmp_path):
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE schema_version SET version = 32")  # the real system's own 32, one day
+    conn.commit()
+    conn.close()
+    with SessionDB(path) as db:
+        assert db.schema_version == 32  # newer than this library: read, never relabelled
+    assert rows(path, "SELECT version FROM schema_version") == [(32,)]
+
+
+def test_a_row_another_program_inserts_gets_a_uid_at_once(tmp_path):
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+    conn = sqlite3.connect(path)  # a sqlite3 shell, or hermes-agent: neither knows message_uid
+    conn.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES ('s', 'user', 'from a shell', 1)")
+    conn.commit()
+    (uid,) = conn.execute("SELECT message_uid FROM messages").fetchone()
+    conn.close()
+    assert re.fullmatch(r"[0-9a-f]{12}4[0-9a-f]{3}[89ab][0-9a-f]{15}", uid)  # a uuid4, as append_message issues
+    with SessionDB(path) as db:
+        assert db.get_messages("s")[0]["message_uid"] == uid
+        assert [h["session_id"] for h in db.search_messages("shell")] == ["s"]

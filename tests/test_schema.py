@@ -130,13 +130,13 @@ def test_upgrade_from_old_layout_keeps_every_row(tmp_path):
 
 
 def test_upgrade_drops_an_index_no_query_needs_and_keeps_the_ones_declared(tmp_path):
-    path = tmp_path / "v31.db"
+    path = tmp_path / "v30.db"
     with SessionDB(path) as db:
         db.create_session("s", "cli")
         db.append_message("s", "user", "hello")
     conn = sqlite3.connect(path, isolation_level=None)  # as an earlier version left it
     conn.execute("CREATE INDEX idx_messages_session_active ON messages(session_id, active, timestamp)")
-    conn.execute("UPDATE schema_version SET version = 31")
+    conn.execute("UPDATE schema_version SET version = 30")
     conn.close()
     with SessionDB(path) as db:
         assert [m["content"] for m in db.get_messages("s")] == ["hello"]
@@ -272,9 +272,17 @@ def test_read_only_opens(tmp_path, raw_conn):
             ro.create_session("t", "cli")
     old = tmp_path / "old.db"
     _old_layout(old)
-    with pytest.raises(StateDbIncompatibleError):
-        SessionDB(old, read_only=True)
-    assert raw_conn(old).execute("SELECT version FROM schema_version").fetchone()[0] == 1
+    before = old.read_bytes()
+    with SessionDB(old, read_only=True) as ro:  # an older layout reads, its missing columns as defaults
+        assert ro.schema_version == 1
+        assert ro.get_session("old1")["pinned"] == 0 and ro.get_session("old1")["title"] is None
+    assert old.read_bytes() == before
+    alien = tmp_path / "alien.db"
+    raw = raw_conn(alien)
+    raw.execute("CREATE TABLE sessions (id TEXT PRIMARY KEY)")  # no source, no messages: not a session store
+    raw.commit()
+    with pytest.raises(StateDbIncompatibleError, match="lacks sessions.source"):
+        SessionDB(alien, read_only=True)
 
 
 def test_read_only_open_waits_then_reports_busy(tmp_path, monkeypatch):

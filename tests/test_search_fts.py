@@ -260,6 +260,43 @@ def test_pagination_is_disjoint_and_complete(db, monkeypatch):
     assert db.search_messages("common", limit=0) == []
 
 
+@pytest.fixture
+def words_and_pieces(db):
+    """Rows with `docker` as a word and rows with it only inside a longer word, in both sessions."""
+    db.create_session("s", "cli")
+    db.create_session("t", "discord")
+    rows = {}
+    for i in range(12):
+        text = ["docker compose up", "the dockerfile builds", "docker 東京 again", "redockerize compose",
+                "plain words only"][i % 5]
+        rows[db.append_message("s" if i % 3 else "t", "tool" if i % 4 == 0 else "user", text)] = text
+    return rows
+
+
+def test_the_in_word_pass_runs_only_when_the_page_has_room_for_its_rows(db, words_and_pieces):
+    whole = [i for i, text in words_and_pieces.items() if "docker " in text]
+    inside = sorted((i for i, text in words_and_pieces.items() if "docker" in text and i not in whole), reverse=True)
+    with db.tracer() as full_page:
+        assert {h["id"] for h in db.search_messages("docker", limit=len(whole))} == set(whole)
+    assert not any("messages_fts_trigram MATCH" in sql for sql in full_page)  # whole words filled the page
+    with db.tracer() as room:
+        hits = [h["id"] for h in db.search_messages("docker", limit=len(whole) + 2)]
+    assert any("messages_fts_trigram MATCH" in sql for sql in room)
+    assert set(hits[:len(whole)]) == set(whole) and hits[len(whole):] == inside[:2]  # newest in-word rows next
+
+
+@pytest.mark.parametrize("query,filters", [("docker", {}), ("docker compose", {}), ("docker OR compose", {}),
+                                           ("docker", {"role_filter": ["user"]}), ("docker", {"source_filter": ["cli"]}),
+                                           ("ocker", {}), ("docker NOT 東京", {})])
+def test_every_page_is_the_same_slice_of_the_whole_answer(db, words_and_pieces, query, filters):
+    everything = [h["id"] for h in db.search_messages(query, limit=100, **filters)]
+    assert everything
+    for limit in (1, 2, 3, 5):
+        for offset in range(0, len(everything) + 1):
+            page = [h["id"] for h in db.search_messages(query, limit=limit, offset=offset, **filters)]
+            assert page == everything[offset:offset + limit], (limit, offset)
+
+
 @pytest.mark.parametrize("bad", [{"limit": -1}, {"offset": -5}, {"limit": "10"}, {"limit": True},
                                  {"role_filter": 3}, {"source_filter": [1]}, {"session_id": 7}])
 def test_bad_paging_or_filters_raise_value_error(db, bad):

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import datasette.version
 import pytest
 from datasette.app import Datasette
 
@@ -201,10 +202,12 @@ def test_unknown_session_and_database_are_404(store):
 
 def test_a_store_the_library_cannot_read_is_a_503_page(store):
     with sqlite3.connect(store) as conn:
-        conn.execute("UPDATE schema_version SET version = 1")  # an older layout: read-only handles refuse it
+        # a newer layout that changed a column this library reads: read-only handles refuse it
+        conn.execute("UPDATE schema_version SET version = 99")
+        conn.execute("ALTER TABLE sessions DROP COLUMN pinned")
     session, search = _get(store, "/-/hermes/state/session/s_build", "/-/hermes/state/search?q=docker")
     assert session.status_code == search.status_code == 503
-    assert "schema version 1" in session.text and "Upgrade hermes-state" in session.text
+    assert "schema version 99" in session.text and "Upgrade hermes-state" in session.text
 
 
 def test_other_databases_are_left_alone(store, tmp_path):
@@ -237,6 +240,74 @@ def test_browsing_every_page_never_writes(store):
                      "/-/hermes/state/search?q=no+space+left")
     assert [r.status_code for r in responses] == [200] * len(responses)
     assert _digest(store) == before
+
+
+def test_sessions_page_has_an_id_column_and_filters(db):
+    _fill(db)
+    db.create_session("s_old", "cron", "openai/gpt-5-mini")
+    db.archive_session("s_old")
+    path = db.db_path
+    db.close()
+    every, telegram, model, future, archived, bad = _get(
+        path, "/-/hermes/state", "/-/hermes/state?source=telegram", "/-/hermes/state?model=openai%2Fgpt-5",
+        "/-/hermes/state?since=2999-01-01", "/-/hermes/state?archived=1", "/-/hermes/state?since=soon")
+
+    def listed(response):
+        return re.findall(r'<td class="hs-id">([^<]+)</td>', _content(response))
+    assert sorted(listed(every)) == ["s_branch", "s_build", "s_build_2", "s_tokyo"]  # archived left out
+    assert listed(telegram) == ["s_tokyo"] and listed(model) == ["s_tokyo"] and listed(future) == []
+    assert "s_old" in listed(archived) and "(archived)" in _content(archived)
+    assert '<option selected>telegram</option>' in _content(telegram) and "<option>cron</option>" in _content(every)
+    assert bad.status_code == 400 and "not a time" in bad.text
+
+
+def test_search_finds_titles_and_takes_role_and_reasoning(store):
+    titled, tool_only, user_only, plain, reasoning, bad = _get(
+        store, "/-/hermes/state/search?q=Docker+Build", "/-/hermes/state/search?q=space&role=tool",
+        "/-/hermes/state/search?q=space&role=user", "/-/hermes/state/search?q=means",
+        "/-/hermes/state/search?q=means&reasoning=1", "/-/hermes/state/search?q=x&role=robot")
+    html = _content(titled)
+    assert '<ul class="hs-titled">' in html and 'href="/-/hermes/state/session/s_build">Fix Docker Build</a>' in html
+    assert 'href="/-/hermes/state/session/s_build_2">Fix Docker Build #2</a>' in html
+    assert re.findall(r'class="hs-msg (\w+) hs-hit"', _content(tool_only)) == ["tool"]
+    assert re.findall(r'class="hs-msg (\w+) hs-hit"', _content(user_only)) == ["user"]
+    assert "No messages match." in _content(plain)
+    assert "<mark>means</mark>" in _content(reasoning) and 'name="reasoning" value="1" checked' in _content(reasoning)
+    assert bad.status_code == 400
+
+
+def test_every_plugin_page_has_a_json_form(store):
+    listing, session, search, missing = _get(store, "/-/hermes/state.json", "/-/hermes/state/session/s_build.json",
+                                             "/-/hermes/state/search.json?q=%E6%9D%B1%E4%BA%AC",
+                                             "/-/hermes/state/session/nope.json")
+    assert listing.headers["content-type"].startswith("application/json")
+    assert [r["id"] for r in listing.json()["sessions"]][0] == "s_build_2"
+    assert {"started_at", "message_count", "preview"} <= set(listing.json()["sessions"][0])
+    data = session.json()
+    assert data["session"]["title"] == "Fix Docker Build" and data["chain"] == ["s_build", "s_build_2"]
+    assert [m["role"] for m in data["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert data["messages"][2]["content"] == TOOL_OUTPUT  # the stored text, exactly
+    hits = search.json()["hits"]
+    assert hits and {h["session_id"] for h in hits} == {"s_tokyo"} and ">>>東京<<<" in hits[0]["snippet"]
+    assert missing.status_code == 404
+
+
+def test_home_page_links_the_sessions_and_hides_internal_views(store):
+    home, view, footer = _get(store, "/", "/state/messages_fts_trigram_source", "/-/hermes/state")
+    html = _content(home)
+    assert 'href="/-/hermes/state"' in html
+    assert "messages_fts_trigram_source" not in html and "view" not in re.sub(r"<[^>]+>", "", html)
+    assert view.status_code == 403
+    assert f'title="Datasette v{datasette.version.__version__}"' in footer.text
+
+
+def test_table_pages_show_times_as_dates_and_json_keeps_the_numbers(store):
+    page, data = _get(store, "/state/sessions", "/state/sessions.json?_shape=array")
+    html = _content(page)
+    started = data.json()[0]["started_at"]
+    assert isinstance(started, float)
+    assert time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) in html
+    assert not re.search(r">\s*1\d{9}\.\d+\s*<", html)  # no raw epoch seconds shown as cell text
 
 
 # --- in a real browser -------------------------------------------------------------------------
@@ -315,6 +386,12 @@ def test_pages_render_in_headless_chromium(store, tmp_path):
         assert "The disk is full; prune old images." in dom and "calls run_shell" in dom
         dom = _browse(browser, profile, f"{base}/search?q=%E6%9D%B1%E4%BA%AC", "--dump-dom")
         assert "<mark>東京</mark>" in dom and "東京旅行の計画 &lt;b&gt;bold&lt;/b&gt;" in dom
+        dom = _browse(browser, profile, f"{base}?source=telegram&since=30d", "--dump-dom")
+        assert re.findall(r'<td class="hs-id">([^<]+)</td>', dom) == ["s_tokyo"] and "<option selected=" in dom
+        dom = _browse(browser, profile, f"{base}/search?q=Docker+Build&role=tool&reasoning=1", "--dump-dom")
+        assert 'href="/-/hermes/state/session/s_build">Fix Docker Build</a>' in dom and 'checked=""' in dom
+        dom = _browse(browser, profile, f"http://127.0.0.1:{port}/", "--dump-dom")
+        assert 'href="/-/hermes/state"' in dom and "messages_fts_trigram_source" not in dom
         shot = tmp_path / "session.png"
         _browse(browser, profile, f"{base}/session/s_build", f"--screenshot={shot}", "--window-size=1100,900",
                 "--hide-scrollbars")
