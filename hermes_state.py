@@ -37,6 +37,8 @@ import hermes_state_table as table
 import hermes_state_upgrade as upgrade
 import hermes_state_writer as writer
 from hermes_state_gateway import receipt_digest
+from hermes_state_cjk import has_cjk
+from hermes_state_query import MAX_QUERY_CHARS as MAX_FTS5_QUERY_CHARS  # noqa: F401 - hermes-agent's name
 from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
 from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
 from hermes_state_recovery import RecoveryReport, TableRecovery, recover
@@ -300,8 +302,13 @@ class SessionDB:
     count_sessions = Entry("read", listings.count_sessions)
     usage_by_model = Entry("read", listings.usage_by_model)
     top_sessions_by_tokens = Entry("read", listings.top_sessions_by_tokens)
+    list_sessions_rich = Entry("snapshot", listings.list_sessions_rich)
+    search_sessions = Entry("read", listings.search_sessions)
+    search_sessions_by_id = Entry("snapshot", listings.search_sessions_by_id)
+    list_cron_job_runs = Entry("read", listings.list_cron_job_runs, unknown=[])
     search_messages = Entry("snapshot", search.search_messages)
     _sanitize_fts5_query = staticmethod(fts._sanitize_fts5_query)  # the sanitizer, by the name callers know
+    _contains_cjk = staticmethod(has_cjk)  # hermes-agent's name for "does this text hold CJK letters"
     fts_rebuild_status = Entry("read", fts.rebuild_status)
     compress_in_place = Entry("compression", compression.compress_in_place)
     rotate_session = Entry("compression", compression.rotate_session, pack="child_columns")
@@ -334,7 +341,7 @@ class SessionDB:
     record_delegation = Entry("write", routing.record_delegation)
     get_delegation = Entry("read", routing.get_delegation, unknown=None)
     list_delegations = Entry("read", routing.list_delegations, unknown=[])
-    export_session = Entry("snapshot", portability.export_session, unknown=SessionNotFoundError)
+    export_session = Entry("snapshot", portability.export_session, unknown=None)
     backup = Entry("read", recovery.backup_to)
     list_prune_candidates = Entry("snapshot", maintenance.list_prune_candidates, pack="filters")
     archive_sessions = Entry("write", maintenance.archive_sessions, pack="filters")
@@ -474,6 +481,13 @@ class SessionDB:
         self._check_writable()  # a read-only or closed handle is the caller's mistake, not an unattended failure
         return maintenance.auto_prune_and_vacuum(self._write, self.vacuum if vacuum else None, retention_days,
                                                  min_interval_hours, sessions_dir)
+
+    def get_compression_tip(self, session_id: str) -> str | None:
+        """Return the live tip of the session's compression chain; the id itself when nothing continues it."""
+        if isinstance(session_id, str) and common.has_surrogate(session_id):
+            return None  # no stored id can hold a lone surrogate
+        with self._read() as conn:
+            return lineage.compression_successor_id(conn, session_id) or session_id
 
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:

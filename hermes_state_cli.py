@@ -25,7 +25,7 @@ import hermes_state_commands as commands
 import hermes_state_render as render
 import hermes_state_serve as serve
 from hermes_state_commands import age, emit, existing_db, non_negative, open_db, parse_when, written_atomically
-from hermes_state_errors import HermesStateError, ProfileNotFoundError
+from hermes_state_errors import HermesStateError, ProfileNotFoundError, SessionNotFoundError
 from hermes_state_home import _apply_profile_override, display_hermes_home, hermes_home_override, profile_home
 
 # Global flags, accepted before or after the command (as sqlite-utils and `llm logs` users type them).
@@ -107,6 +107,13 @@ def _report(args: argparse.Namespace, value: Any, title: str) -> None:
 
 # --- moving data: export, import, delete, prune, recover, backup, restore ------------------------
 
+def _exported(db: Any, session_id: str) -> dict[str, Any]:
+    document = db.export_session(session_id)
+    if document is None:
+        raise SessionNotFoundError(f"session {session_id!r} not found")
+    return document
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     """Export sessions (every column, every generation) as JSON Lines: one session per line."""
     progress = render.Progress("exporting")
@@ -114,7 +121,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     # The database opens first, so a wrong --db leaves an existing export as it was; the file
     # is written privately beside FILE and takes its name only once complete.
     with open_db(args) as db, written_atomically(args.output) as out:
-        stream: Iterable[dict[str, Any]] = ([db.export_session(sid) for sid in args.session_ids]
+        stream: Iterable[dict[str, Any]] = ([_exported(db, sid) for sid in args.session_ids]
                                             if args.session_ids else db.iter_export(source=args.source))
         if args.json:
             print(render.as_json(list(stream)), file=out)

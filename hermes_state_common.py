@@ -1,10 +1,13 @@
-"""Shared ground of hermes-state: the declared schema, constants and small text/JSON helpers.
+"""Shared ground of hermes-state: the data dictionary, the declared schema, constants and small helpers.
 
-Owns: `SCHEMA_SQL` (the declared shape of every table created at open), `SCHEMA_VERSION`,
-the column lists, the timing constants' default values, JSON/text helpers, `escape_like`,
-`split_sql` and `row_dicts`.
+Owns: the data dictionary (`DICTIONARY`: every table's columns with their type, default, value
+rule and JSON flag; which rows belong to a session; what recover and export do with a table;
+how the session counters are recounted), `SCHEMA_SQL` generated from it, `SCHEMA_VERSION`, the
+value rules (`COLUMN_RULES`, `check_stored`), the timing constants' default values, JSON/text
+helpers, `escape_like`, `split_sql`, `row_dicts` and `table_exists`/`object_exists`.
 Does not own: transactions (hermes_state_writer), migrations (hermes_state_schema), FTS
-objects (hermes_state_fts), any query. Runs no SQL of its own. Imports only hermes_state_errors.
+objects (hermes_state_fts), any query. Runs no SQL of its own beyond the one catalogue read of
+`object_exists`. Imports only the standard library.
 """
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ import math
 import re
 import reprlib
 import sqlite3
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 # The library's one logger; applications route it (see configure_error_log).
 logger = logging.getLogger("hermes_state")
@@ -35,177 +39,363 @@ SQLITE_BUSY_TIMEOUT_S = 1.0  # SQLite's own wait per attempt; the writer retries
 # Page size of a new file. Message rows are often 1-4 KB; on 4 KB pages a fifth of each table
 # page is left empty around them, on 8 KB pages about a tenth. An existing file keeps its size.
 PAGE_SIZE = 8192
+DAY_S = 86400.0  # seconds in a day, for the day-counted policies (pruning, the idle sweep)
 
-# --- declared schema -------------------------------------------------------------------------
-# Each table is (name, columns, constraints). Columns are (name, declaration). The same lists
-# build SCHEMA_SQL and drive _reconcile_columns(), so a new column is added in one place.
+# --- the data dictionary -------------------------------------------------------------------------
+# Every fact about a table lives here, once: its columns (type, constraint, default, the rule a
+# caller's value passes, whether it holds JSON), whether its rows belong to a session, what
+# `recover` and export do with it, and how the session counters are recounted. SCHEMA_SQL, the
+# column reconciliation, deletion, pruning, import, recover and the ladder all read it.
 
-SESSIONS_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("id", "TEXT PRIMARY KEY"),
-    ("source", "TEXT NOT NULL"),
-    ("user_id", "TEXT"),
-    ("model", "TEXT"),
-    ("model_config", "TEXT"),
-    ("system_prompt", "TEXT"),
-    ("parent_session_id", "TEXT REFERENCES sessions(id)"),
-    ("started_at", "REAL NOT NULL"),
-    ("ended_at", "REAL"),
-    ("end_reason", "TEXT"),
-    ("message_count", "INTEGER DEFAULT 0"),
-    ("tool_call_count", "INTEGER DEFAULT 0"),
-    ("input_tokens", "INTEGER DEFAULT 0"),
-    ("output_tokens", "INTEGER DEFAULT 0"),
-    ("cache_read_tokens", "INTEGER DEFAULT 0"),
-    ("cache_write_tokens", "INTEGER DEFAULT 0"),
-    ("reasoning_tokens", "INTEGER DEFAULT 0"),
-    ("billing_provider", "TEXT"),
-    ("billing_base_url", "TEXT"),
-    ("billing_mode", "TEXT"),
-    ("estimated_cost_usd", "REAL"),
-    ("actual_cost_usd", "REAL"),
-    ("cost_status", "TEXT"),
-    ("cost_source", "TEXT"),
-    ("pricing_version", "TEXT"),
-    ("title", "TEXT"),
-    ("api_call_count", "INTEGER DEFAULT 0"),
-    ("session_key", "TEXT"),
-    ("chat_id", "TEXT"),
-    ("chat_type", "TEXT"),
-    ("thread_id", "TEXT"),
-    ("display_name", "TEXT"),
-    ("origin_json", "TEXT"),
-    ("expiry_finalized", "INTEGER DEFAULT 0"),
-    ("cwd", "TEXT"),
-    ("git_branch", "TEXT"),
-    ("git_repo_root", "TEXT"),
-    ("handoff_state", "TEXT"),
-    ("handoff_platform", "TEXT"),
-    ("handoff_error", "TEXT"),
-    ("compression_failure_cooldown_until", "REAL"),
-    ("compression_failure_error", "TEXT"),
-    ("profile_name", "TEXT"),
-    ("transport_profile", "TEXT"),
-    ("rewind_count", "INTEGER DEFAULT 0"),
-    ("archived", "INTEGER DEFAULT 0"),
-    ("auto_archived", "INTEGER DEFAULT 0"),
-    ("pinned", "INTEGER DEFAULT 0"),
-    ("title_source", "TEXT"),
-    ("last_activity_at", "REAL"),
+def sql_literal(value: Any) -> str:
+    """Return `value` (an int, float or str) as an SQL literal."""
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return repr(value)
+
+
+# How a column's rule is chosen when it names none: by the value's storage class.
+_RULE_BY_TYPE = {"TEXT": "text", "INTEGER": "count", "REAL": "number"}
+
+
+@dataclass(frozen=True)
+class Column:
+    """One declared column: SQL type, constraint and default, the rule a caller's value passes, JSON or not."""
+
+    name: str
+    type: str                  # TEXT, INTEGER or REAL: the storage class its values must have
+    constraint: str = ""       # PRIMARY KEY, NOT NULL, REFERENCES ..., as SQL
+    default: Any = None        # what an insert that leaves it out stores (None: no DEFAULT clause)
+    rule: str | None = ""      # a key of COLUMN_RULES; "" picks one by type; None: only the library sets it
+    json: bool = False         # holds JSON text, which reads decode
+
+    def __post_init__(self) -> None:
+        if self.rule == "":
+            object.__setattr__(self, "rule", _RULE_BY_TYPE[self.type])
+
+    @property
+    def declaration(self) -> str:
+        """Return the column's SQL declaration as CREATE TABLE takes it."""
+        default = "" if self.default is None else f"DEFAULT {sql_literal(self.default)}"
+        return " ".join(p for p in (self.type, self.constraint, default) if p)
+
+    def check(self, value: Any) -> Any:
+        """Return a caller's (non-None) value as stored, or raise ValueError naming the column."""
+        return COLUMN_RULES[self.rule](self.name, value)
+
+
+@dataclass(frozen=True)
+class Counter:
+    """A session counter kept from its messages: which rows count and what each adds, in SQL and in Python.
+
+    `where` and `each` are SQL over `m`, a messages row; `adds(role, tool_calls)` is the same rule
+    for one live row about to be written (tool_calls decoded). Both forms sit here side by side.
+    """
+
+    column: str
+    where: str
+    each: str
+    adds: Callable[[str, Any], int]
+
+
+@dataclass(frozen=True)
+class Table:
+    """One declared table and what the library does with its rows."""
+
+    name: str
+    columns: tuple[Column, ...]
+    constraints: tuple[str, ...] = ()
+    # Rows belong to a session: an SQL expression giving the id of a row's session. Deleting and
+    # pruning a session remove them; an import that replaces it rewrites those it exports.
+    owner: str | None = None
+    # (column, table): rows also belong to the session of the row of `table` whose id the column holds.
+    owner_via: tuple[str, str] | None = None
+    # What `recover` does: "verify" (copy, check the count), "copy", "exclude" (never copied, reported)
+    # or "rebuild" (written anew).
+    recover: str = "copy"
+    export: bool = False       # an export document carries its rows
+    at_open: bool = True       # created by every open (False: by its module on first use)
+    counters: tuple[Counter, ...] = ()
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        """Return the declared column names in order."""
+        return tuple(c.name for c in self.columns)
+
+    def column(self, name: str) -> Column:
+        """Return the declared column `name` (KeyError when there is none)."""
+        for column in self.columns:
+            if column.name == name:
+                return column
+        raise KeyError(f"{self.name} has no column {name!r}")
+
+    def owned_by(self, sessions: str) -> tuple[str, ...]:
+        """Return WHERE conditions, one per way a row names its session, selecting the rows of `sessions`.
+
+        `sessions` is SQL for a parenthesised list or subquery of session ids, e.g. "(?1)" or
+        "(SELECT value FROM json_each(?1))"; a row matching any condition belongs to them.
+        """
+        if self.owner is None:
+            return ()
+        found = [f"{self.owner} IN {sessions}"]
+        if self.owner_via is not None:
+            column, table = self.owner_via
+            found.append(f"{column} IN (SELECT id FROM {table} WHERE {DICTIONARY[table].owner} IN {sessions})")
+        return tuple(found)
+
+    def references(self, table: str) -> bool:
+        """Tell whether a column of this table holds a foreign key to `table`."""
+        return any(f"REFERENCES {table}(" in c.constraint for c in self.columns)
+
+    @property
+    def sql(self) -> str:
+        """Return the CREATE TABLE IF NOT EXISTS statement."""
+        return table_sql(self.name, tuple((c.name, c.declaration) for c in self.columns), self.constraints)
+
+
+def _tool_calls_of(role: str, calls: Any) -> int:
+    return len(calls) if role == "assistant" and isinstance(calls, list) else 0
+
+
+# The session counters: `message_count` counts a session's live (active) rows and
+# `tool_call_count` the tool calls (a JSON array's length) of its live assistant rows.
+COUNTERS: tuple[Counter, ...] = (
+    Counter("message_count", "m.active = 1", "1", lambda role, calls: 1),
+    Counter("tool_call_count", "m.active = 1 AND m.role = 'assistant' AND json_valid(m.tool_calls) "
+            "AND json_type(m.tool_calls) = 'array'", "json_array_length(m.tool_calls)", _tool_calls_of),
 )
 
-MESSAGES_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("id", "INTEGER PRIMARY KEY AUTOINCREMENT"),
-    ("session_id", "TEXT NOT NULL REFERENCES sessions(id)"),
-    ("role", "TEXT NOT NULL"),
-    ("content", "TEXT"),
-    ("tool_call_id", "TEXT"),
-    ("tool_calls", "TEXT"),
-    ("tool_name", "TEXT"),
-    ("timestamp", "REAL NOT NULL"),
-    ("token_count", "INTEGER"),
-    ("finish_reason", "TEXT"),
-    ("reasoning", "TEXT"),
-    ("reasoning_content", "TEXT"),
-    ("reasoning_details", "TEXT"),
-    ("codex_reasoning_items", "TEXT"),
-    ("codex_message_items", "TEXT"),
-    ("effect_disposition", "TEXT"),
-    ("platform_message_id", "TEXT"),
-    ("observed", "INTEGER DEFAULT 0"),
-    ("active", "INTEGER DEFAULT 1"),
-    ("compacted", "INTEGER DEFAULT 0"),
-    ("api_content", "TEXT"),
-    ("display_kind", "TEXT"),
-    ("display_metadata", "TEXT"),
-    ("message_uid", "TEXT"),
-    ("absorbed_message_uids", "TEXT"),
-    ("tool_call_uids", "TEXT"),
-    ("tool_call_uid", "TEXT"),
-    ("content_parts", "TEXT"),
-)
+_SESSION_ID = "session_id"
+_T, _I, _R = "TEXT", "INTEGER", "REAL"
+# Columns several ledgers share: a row id, the session a live ledger row pins (a session with
+# ledger rows cannot be deleted under them), the runtime epoch it ran under, and its times.
+_ROW_ID = Column("id", _I, "PRIMARY KEY AUTOINCREMENT")
+_PINNED_SESSION = Column("session_id", _T, "NOT NULL REFERENCES sessions(id) ON DELETE RESTRICT")
+_EPOCH = Column("epoch", _I)
+_STARTED, _FINISHED = Column("started_at", _R), Column("finished_at", _R)
+# The token counters a session and each of its per-model usage rows keep.
+_TOKEN_COLUMNS = tuple(Column(f"{kind}_tokens", _I, default=0)
+                       for kind in ("input", "output", "cache_read", "cache_write", "reasoning"))
 
-TABLES: tuple[tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]], ...] = (
-    ("sessions", SESSIONS_COLUMNS, ()),
-    ("messages", MESSAGES_COLUMNS, ()),
-    ("session_model_usage", (
-        ("session_id", "TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE"),
-        ("model", "TEXT NOT NULL"),
-        ("task", "TEXT NOT NULL DEFAULT ''"),
-        ("input_tokens", "INTEGER DEFAULT 0"),
-        ("output_tokens", "INTEGER DEFAULT 0"),
-        ("cache_read_tokens", "INTEGER DEFAULT 0"),
-        ("cache_write_tokens", "INTEGER DEFAULT 0"),
-        ("reasoning_tokens", "INTEGER DEFAULT 0"),
-        ("estimated_cost_usd", "REAL DEFAULT 0"),
-        ("api_call_count", "INTEGER DEFAULT 0"),
-        ("updated_at", "REAL"),
-    ), ("PRIMARY KEY (session_id, model, task)",)),
-    ("state_meta", (
-        ("key", "TEXT PRIMARY KEY"),
-        ("value", "TEXT"),
-    ), ()),
-    ("gateway_routing", (
-        ("scope", "TEXT NOT NULL"),
-        ("session_key", "TEXT NOT NULL"),
-        ("entry_json", "TEXT NOT NULL"),
-        ("updated_at", "REAL"),
-    ), ("PRIMARY KEY (scope, session_key)",)),
-    ("compression_locks", (
-        ("session_id", "TEXT PRIMARY KEY"),
-        ("holder", "TEXT NOT NULL"),
-        ("acquired_at", "REAL NOT NULL"),
-        ("expires_at", "REAL NOT NULL"),
-    ), ()),
-    ("async_delegations", (
-        ("id", "TEXT PRIMARY KEY"),
-        ("origin_session_id", "TEXT NOT NULL"),
-        ("target", "TEXT"),
-        ("state", "TEXT NOT NULL DEFAULT 'pending'"),
-        ("payload_json", "TEXT"),
-        ("result_json", "TEXT"),
-        ("created_at", "REAL"),
-        ("updated_at", "REAL"),
-    ), ()),
-    ("runtime_epoch", (
-        ("id", "INTEGER PRIMARY KEY CHECK (id = 1)"),
-        ("epoch", "INTEGER NOT NULL"),
-        ("instance_id", "TEXT"),
-        ("pid", "INTEGER"),
-        ("started_at", "REAL"),
-    ), ()),
-    ("session_admissions", (
-        ("id", "INTEGER PRIMARY KEY AUTOINCREMENT"),
-        ("session_id", "TEXT NOT NULL REFERENCES sessions(id) ON DELETE RESTRICT"),
-        ("admission_key", "TEXT"),
-        ("payload_json", "TEXT"),
-        ("state", "TEXT NOT NULL DEFAULT 'queued'"),
-        ("epoch", "INTEGER"),
-        ("resolution", "TEXT"),
-        ("created_at", "REAL"),
-        ("started_at", "REAL"),
-        ("finished_at", "REAL"),
-    ), ()),
-    ("worker_executions", (
-        ("id", "INTEGER PRIMARY KEY AUTOINCREMENT"),
-        ("session_id", "TEXT NOT NULL REFERENCES sessions(id) ON DELETE RESTRICT"),
-        ("kind", "TEXT NOT NULL"),
-        ("state", "TEXT NOT NULL DEFAULT 'running'"),
-        ("epoch", "INTEGER"),
-        ("started_at", "REAL"),
-        ("finished_at", "REAL"),
-    ), ()),
-    ("worker_receipts", (
-        ("execution_id", "INTEGER NOT NULL REFERENCES worker_executions(id) ON DELETE RESTRICT"),
-        ("session_id", "TEXT NOT NULL REFERENCES sessions(id) ON DELETE RESTRICT"),
-        ("seq", "INTEGER NOT NULL"),
-        ("payload_json", "TEXT NOT NULL"),
-        ("digest", "TEXT NOT NULL"),
-        ("recorded_at", "REAL"),
-    ), ("PRIMARY KEY (execution_id, seq)",)),
-    ("schema_version", (
-        ("version", "INTEGER NOT NULL"),
-    ), ()),
-)
+SESSIONS = Table("sessions", (
+    Column("id", _T, "PRIMARY KEY", rule=None),
+    Column("source", _T, "NOT NULL"),
+    Column("user_id", _T),
+    Column("model", _T),
+    Column("model_config", _T, rule="json_text"),
+    Column("system_prompt", _T),
+    Column("parent_session_id", _T, "REFERENCES sessions(id)"),
+    Column("started_at", _R, "NOT NULL"),
+    Column("ended_at", _R),
+    Column("end_reason", _T),
+    Column("message_count", _I, default=0, rule=None),
+    Column("tool_call_count", _I, default=0, rule=None),
+    *_TOKEN_COLUMNS,
+    Column("billing_provider", _T),
+    Column("billing_base_url", _T),
+    Column("billing_mode", _T),
+    Column("estimated_cost_usd", _R),
+    Column("actual_cost_usd", _R),
+    Column("cost_status", _T),
+    Column("cost_source", _T),
+    Column("pricing_version", _T),
+    Column("title", _T),
+    Column("api_call_count", _I, default=0),
+    Column("session_key", _T),
+    Column("chat_id", _T),
+    Column("chat_type", _T),
+    Column("thread_id", _T),
+    Column("display_name", _T),
+    Column("origin_json", _T, rule="json_text"),
+    Column("expiry_finalized", _I, default=0, rule="flag"),
+    Column("cwd", _T),
+    Column("git_branch", _T),
+    Column("git_repo_root", _T),
+    Column("handoff_state", _T),
+    Column("handoff_platform", _T),
+    Column("handoff_error", _T),
+    Column("compression_failure_cooldown_until", _R),
+    Column("compression_failure_error", _T),
+    Column("profile_name", _T),
+    Column("transport_profile", _T),
+    Column("rewind_count", _I, default=0),
+    Column("archived", _I, default=0, rule="flag"),
+    Column("auto_archived", _I, default=0, rule="flag"),
+    Column("pinned", _I, default=0, rule="flag"),
+    Column("title_source", _T),
+    Column("last_activity_at", _R),
+), recover="verify", export=True, counters=COUNTERS)
+
+MESSAGES = Table("messages", (
+    Column("id", _I, "PRIMARY KEY AUTOINCREMENT", rule=None),
+    Column("session_id", _T, "NOT NULL REFERENCES sessions(id)", rule=None),
+    Column("role", _T, "NOT NULL"),
+    Column("content", _T),
+    Column("tool_call_id", _T),
+    Column("tool_calls", _T, rule="json", json=True),
+    Column("tool_name", _T),
+    Column("timestamp", _R, "NOT NULL", rule="time"),
+    Column("token_count", _I),
+    Column("finish_reason", _T),
+    Column("reasoning", _T),
+    Column("reasoning_content", _T),
+    Column("reasoning_details", _T, rule="json", json=True),
+    Column("codex_reasoning_items", _T, rule="json", json=True),
+    Column("codex_message_items", _T, rule="json", json=True),
+    Column("effect_disposition", _T),
+    Column("platform_message_id", _T, rule="platform_id"),
+    Column("observed", _I, default=0, rule="flag"),
+    Column("active", _I, default=1, rule=None),
+    Column("compacted", _I, default=0, rule=None),
+    Column("api_content", _T),
+    Column("display_kind", _T),
+    Column("display_metadata", _T, rule="json", json=True),
+    Column("message_uid", _T, rule="uid"),
+    Column("absorbed_message_uids", _T, rule="json", json=True),
+    Column("tool_call_uids", _T, rule="json", json=True),
+    Column("tool_call_uid", _T),
+    Column("content_parts", _T, rule="json", json=True),
+), owner=_SESSION_ID, recover="verify", export=True)
+
+# The runtime ledgers describe processes of the file they were written in (epochs, running
+# workers): `recover` never copies them, and a recovered file's first owner starts a new epoch.
+DICTIONARY: dict[str, Table] = {t.name: t for t in (
+    SESSIONS,
+    MESSAGES,
+    Table("session_model_usage", (
+        Column("session_id", _T, "NOT NULL REFERENCES sessions(id) ON DELETE CASCADE", rule=None),
+        Column("model", _T, "NOT NULL"),
+        Column("task", _T, "NOT NULL", default=""),
+        *_TOKEN_COLUMNS,
+        Column("estimated_cost_usd", _R, default=0),
+        Column("api_call_count", _I, default=0),
+        Column("updated_at", _R),
+    ), ("PRIMARY KEY (session_id, model, task)",), owner=_SESSION_ID, export=True),
+    Table("state_meta", (
+        Column("key", _T, "PRIMARY KEY"),
+        Column("value", _T),
+    )),
+    Table("gateway_routing", (
+        Column("scope", _T, "NOT NULL"),
+        Column("session_key", _T, "NOT NULL"),
+        Column("entry_json", _T, "NOT NULL", rule="json", json=True),
+        Column("updated_at", _R),
+    ), ("PRIMARY KEY (scope, session_key)",),
+        owner="CASE WHEN json_valid(entry_json) THEN json_extract(entry_json, '$.session_id') END"),
+    Table("compression_locks", (
+        Column("session_id", _T, "PRIMARY KEY"),
+        Column("holder", _T, "NOT NULL"),
+        Column("acquired_at", _R, "NOT NULL"),
+        Column("expires_at", _R, "NOT NULL"),
+    ), owner=_SESSION_ID),
+    Table("async_delegations", (
+        Column("id", _T, "PRIMARY KEY"),
+        Column("origin_session_id", _T, "NOT NULL"),
+        Column("target", _T),
+        Column("state", _T, "NOT NULL", default="pending"),
+        Column("payload_json", _T, rule="json", json=True),
+        Column("result_json", _T, rule="json", json=True),
+        Column("created_at", _R),
+        Column("updated_at", _R),
+    ), owner="origin_session_id"),
+    Table("runtime_epoch", (
+        Column("id", _I, "PRIMARY KEY CHECK (id = 1)"),
+        Column("epoch", _I, "NOT NULL"),
+        Column("instance_id", _T),
+        Column("pid", _I),
+        Column("started_at", _R),
+    ), recover="exclude"),
+    Table("session_admissions", (
+        _ROW_ID,
+        _PINNED_SESSION,
+        Column("admission_key", _T),
+        Column("payload_json", _T, rule="json", json=True),
+        Column("state", _T, "NOT NULL", default="queued"),
+        _EPOCH,
+        Column("resolution", _T),
+        Column("created_at", _R),
+        _STARTED,
+        _FINISHED,
+    ), owner=_SESSION_ID, recover="exclude"),
+    Table("worker_executions", (
+        _ROW_ID,
+        _PINNED_SESSION,
+        Column("kind", _T, "NOT NULL"),
+        Column("state", _T, "NOT NULL", default="running"),
+        _EPOCH,
+        _STARTED,
+        _FINISHED,
+    ), owner=_SESSION_ID, recover="exclude"),
+    Table("worker_receipts", (
+        Column("execution_id", _I, "NOT NULL REFERENCES worker_executions(id) ON DELETE RESTRICT"),
+        _PINNED_SESSION,
+        Column("seq", _I, "NOT NULL"),
+        Column("payload_json", _T, "NOT NULL", rule="json", json=True),
+        Column("digest", _T, "NOT NULL"),
+        Column("recorded_at", _R),
+    ), ("PRIMARY KEY (execution_id, seq)",), owner=_SESSION_ID, owner_via=("execution_id", "worker_executions"),
+        recover="exclude"),
+    Table("schema_version", (
+        Column("version", _I, "NOT NULL"),
+    ), recover="rebuild"),
+    # The gateway outbox: created by the gateway module on first use, never at open.
+    Table("delivery_obligations", (
+        _ROW_ID,
+        Column("session_id", _T, "NOT NULL"),
+        Column("obligation_key", _T, "UNIQUE"),
+        Column("payload_json", _T, "NOT NULL", rule="json", json=True),
+        Column("platform", _T),
+        Column("chat_id", _T),
+        Column("thread_id", _T),
+        Column("state", _T, "NOT NULL", default="pending"),
+        Column("attempts", _I, "NOT NULL", default=0),
+        Column("fence", _I, "NOT NULL", default=0),
+        Column("recovered", _I, "NOT NULL", default=0),
+        Column("last_error", _T),
+        Column("created_at", _R),
+        Column("updated_at", _R),
+    ), owner=_SESSION_ID, recover="verify", at_open=False),
+)}
+
+# Tables whose rows belong to a session, children first: a table only references tables
+# declared before it, so deleting in this order keeps every foreign key at each step.
+SESSION_OWNED: tuple[Table, ...] = tuple(t for t in reversed(DICTIONARY.values()) if t.owner is not None)
+# Tables the copy of whose rows `recover` leaves out (reported in RecoveryReport.excluded).
+RECOVER_EXCLUDED: tuple[str, ...] = tuple(t.name for t in DICTIONARY.values() if t.recover == "exclude")
+RECOVER_VERIFIED: tuple[str, ...] = tuple(t.name for t in DICTIONARY.values() if t.recover == "verify")
+
+
+def _counter_sql(counter: Counter) -> str:
+    return (f"{counter.column} = (SELECT COALESCE(SUM({counter.each}), 0) FROM messages m "
+            f"WHERE m.session_id = sessions.id AND {counter.where})")
+
+
+def recount_sql(columns: tuple[str, ...] | None = None) -> str:
+    """Return an UPDATE that recounts the session counters (those named, or all) for every session.
+
+    Append a WHERE clause to narrow it to some sessions.
+    """
+    chosen = [c for c in COUNTERS if columns is None or c.column in columns]
+    return "UPDATE sessions SET " + ", ".join(_counter_sql(c) for c in chosen)
+
+
+def counter_amounts(role: str, tool_calls: Any) -> tuple[int, ...]:
+    """Return what one live row adds to each counter, in COUNTERS order (COUNTER_ADD_SQL's parameters)."""
+    return tuple(c.adds(role, tool_calls) for c in COUNTERS)
+
+
+# An assignment list for UPDATE sessions SET ...: the live generation is empty again.
+COUNTER_RESET_SQL = ", ".join(f"{c.column} = 0" for c in COUNTERS)
+# An assignment list moving each counter by a bound amount (counter_amounts gives them).
+COUNTER_ADD_SQL = ", ".join(f"{c.column} = COALESCE({c.column}, 0) + ?" for c in COUNTERS)
+
+# The dictionary in the older (name, [(column, declaration)], constraints) form, for the tables
+# every open creates.
+TABLES: tuple[tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]], ...] = tuple(
+    (t.name, tuple((c.name, c.declaration) for c in t.columns), t.constraints)
+    for t in DICTIONARY.values() if t.at_open)
+SESSIONS_COLUMNS = dict((name, columns) for name, columns, _ in TABLES)["sessions"]
+MESSAGES_COLUMNS = dict((name, columns) for name, columns, _ in TABLES)["messages"]
 
 # The input marker of a message (see input ownership in docs/gateway.md), as one expression:
 # the index below and every lookup must spell it identically for SQLite to use the index.
@@ -238,32 +428,14 @@ INDEX_SQL: tuple[str, ...] = (
     "WHERE display_metadata IS NOT NULL",
 )
 
-# The gateway outbox: created by hermes_state_routing on first use, never at open.
-DELIVERY_OBLIGATIONS_SQL = """CREATE TABLE IF NOT EXISTS delivery_obligations (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    session_id TEXT NOT NULL,
-    obligation_key TEXT UNIQUE,
-    payload_json TEXT NOT NULL,
-    platform TEXT,
-    chat_id TEXT,
-    thread_id TEXT,
-    state TEXT NOT NULL DEFAULT 'pending',
-    attempts INTEGER NOT NULL DEFAULT 0,
-    fence INTEGER NOT NULL DEFAULT 0,
-    recovered INTEGER NOT NULL DEFAULT 0,
-    last_error TEXT,
-    created_at REAL,
-    updated_at REAL
-)"""
-
-
 def table_sql(name: str, columns: tuple[tuple[str, str], ...], constraints: tuple[str, ...] = ()) -> str:
     """Return the CREATE TABLE IF NOT EXISTS statement for one declared table."""
     body = ",\n    ".join([f"{c} {d}" for c, d in columns] + list(constraints))
     return f"CREATE TABLE IF NOT EXISTS {name} (\n    {body}\n)"
 
 
-TABLE_SQL: tuple[str, ...] = tuple(table_sql(*t) for t in TABLES)
+TABLE_SQL: tuple[str, ...] = tuple(t.sql for t in DICTIONARY.values() if t.at_open)
+DELIVERY_OBLIGATIONS_SQL = DICTIONARY["delivery_obligations"].sql
 # Indexes earlier versions created and an upgrade drops: idx_messages_session serves what
 # idx_messages_session_active (session_id, active, timestamp) did; it took about 5% of a file.
 RETIRED_INDEXES: tuple[str, ...] = ("idx_messages_session_active",)
@@ -272,8 +444,7 @@ SCHEMA_SQL = ";\n\n".join(TABLE_SQL + INDEX_SQL) + ";\n"
 TABLE_COLUMNS: dict[str, tuple[str, ...]] = {name: tuple(c for c, _ in cols) for name, cols, _ in TABLES}
 SESSION_COLUMN_NAMES = frozenset(TABLE_COLUMNS["sessions"])
 MESSAGE_COLUMN_NAMES = frozenset(TABLE_COLUMNS["messages"])
-JSON_MESSAGE_FIELDS = ("tool_calls", "reasoning_details", "codex_reasoning_items", "codex_message_items",
-                       "display_metadata", "absorbed_message_uids", "tool_call_uids", "content_parts")
+JSON_MESSAGE_FIELDS = tuple(c.name for c in MESSAGES.columns if c.json)
 
 
 # --- value checks ------------------------------------------------------------------------------
@@ -352,6 +523,89 @@ def check_scalar(name: str, value: Any) -> Any:
             raise ValueError(f"{name} cannot be NaN (SQLite would store NULL)")
         return value
     raise ValueError(f"{name} must be a str, int, float, bool or None, not {type(value).__name__}")
+
+
+# The rules a caller's value for a column passes (Column.rule names one). Each returns the value
+# as stored or raises ValueError naming the column; None never reaches them (it stores NULL).
+
+def _as_text(name: str, value: Any) -> str:
+    if type(value) is str and value.isascii():
+        return value  # the common case: a C-speed scan, and only non-ASCII text can hold a lone surrogate
+    if isinstance(value, str):
+        return strip_surrogates(value)
+    raise ValueError(f"{name} must be a string or None, not {type(value).__name__}")
+
+
+def _as_platform_id(name: str, value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # platforms hand out numeric ids; the column is TEXT
+    return _as_text(name, value)
+
+
+def _as_time(name: str, value: Any) -> float:
+    if not is_finite(value):
+        raise ValueError(f"{name} must be a finite number of epoch seconds, not {shown(value)}")
+    return float(value)
+
+
+def _as_flag(name: str, value: Any) -> int:
+    if value not in (0, 1) or not isinstance(value, (bool, int)):
+        raise ValueError(f"{name} must be a bool (or 0/1), not {shown(value)}")
+    return int(value)
+
+
+def _as_json_text(name: str, value: Any) -> str | None:
+    # Text is kept as given (the caller's own serialisation); anything else is encoded.
+    return value if isinstance(value, str) else encode_json(value, name)
+
+
+def _as_uid(name: str, value: Any) -> str:
+    text = _as_text(name, value)
+    if not is_uid(text):
+        raise ValueError(f"{name} must be 32 lowercase hex digits, not {shown(text)}")
+    return text
+
+
+COLUMN_RULES: dict[str, Callable[[str, Any], Any]] = {
+    "text": _as_text, "platform_id": _as_platform_id, "uid": _as_uid, "flag": _as_flag,
+    "count": check_count, "number": check_number, "time": _as_time,
+    "json": lambda name, value: encode_json(value, name), "json_text": _as_json_text,
+}
+
+_UID = re.compile(r"[0-9a-f]{32}")
+
+
+def is_uid(value: Any) -> bool:
+    """Tell whether `value` has the form of a message uid (32 lowercase hex digits)."""
+    return isinstance(value, str) and _UID.fullmatch(value) is not None
+
+
+def check_stored(column: Column, value: Any) -> Any:
+    """Return `value` as an import stores it in `column`, JSON encoded if needed; ValueError if it cannot be.
+
+    Looser than the caller rules: it checks only that the value fits the column's storage class
+    and that SQLite keeps it faithfully, since an export carries every value as it was stored.
+    """
+    if value is None:
+        return None
+    if column.json and not isinstance(value, str):
+        return encode_json(value, column.name)
+    if column.type == "TEXT":
+        if not isinstance(value, str):
+            raise ValueError(f"{column.name} must be a string or null, not {type(value).__name__}")
+        return value
+    if isinstance(value, bool):
+        value = int(value)
+    if isinstance(value, int):
+        if not INT_MIN <= value <= INT_MAX:
+            raise ValueError(f"{column.name} = {value} is outside SQLite's 64-bit integers")
+        return value
+    if isinstance(value, float) and column.type == "REAL":
+        if not math.isfinite(value):  # as every write refuses: NaN reads back NULL, and Infinity is not JSON
+            raise ValueError(f"{column.name} must be a finite number or null, not {value}")
+        return value
+    raise ValueError(f"{column.name} must be {'an integer' if column.type == 'INTEGER' else 'a number'} or null, "
+                     f"not {type(value).__name__}")
 
 
 # --- text and JSON helpers --------------------------------------------------------------------
@@ -439,3 +693,13 @@ def row_dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
     """Return the cursor's remaining rows as dicts keyed by column name."""
     names = [d[0] for d in cur.description]
     return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def object_exists(conn: sqlite3.Connection, kind: str, name: str) -> bool:
+    """Tell whether the database of `conn` has a `kind` (table, view, index, trigger) named `name`."""
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = ? AND name = ?", (kind, name)).fetchone() is not None
+
+
+def table_exists(conn: sqlite3.Connection, name: str) -> bool:
+    """Tell whether the database of `conn` has a table named `name` (a catalogue read)."""
+    return object_exists(conn, "table", name)

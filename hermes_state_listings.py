@@ -1,8 +1,10 @@
 """Listings and statistics: pages of sessions with previews, counts, usage per model.
 
 Owns: `list_sessions` (one query per page, with each session's preview and last activity),
-`count_sessions` with the same filters, `usage_by_model` and `top_sessions_by_tokens`, and
-`list_across_profiles` (one page merged from every profile's store).
+`count_sessions` with the same filters, `usage_by_model` and `top_sessions_by_tokens`,
+`list_across_profiles` (one page merged from every profile's store), and
+hermes-agent's conversation listings (`list_sessions_rich` with compression tips projected,
+`search_sessions`, `search_sessions_by_id`, `list_cron_job_runs`).
 Does not own: session rows and their rules (hermes_state_sessions), message search
 (hermes_state_search).
 
@@ -10,14 +12,18 @@ Transaction contract: read-only, on the caller's connection.
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Callable
 
-from hermes_state_common import check_count, check_number, row_dicts
+from hermes_state_common import check_count, check_id, check_number, escape_like, row_dicts
 from hermes_state_errors import HermesStateError
 from hermes_state_home import default_hermes_root
+from hermes_state_lineage import COMPRESSION_CHILD_SQL, COMPRESSION_END_REASON, compression_successor_id
+
+check_text = check_id  # a filter's text: a non-empty string SQLite can store
 
 PREVIEW_CHARS = 63
 
@@ -151,3 +157,179 @@ def list_across_profiles(open_read_only: Callable[[Path], AbstractContextManager
             errors.append({"profile": name, "error": f"{type(exc).__name__}: {exc}"})
     found.sort(key=lambda row: (row["started_at"], row["profile"], row["id"]), reverse=True)
     return {"sessions": found[offset:offset + limit], "errors": errors}
+
+
+# --- hermes-agent's listings: conversations, not sessions --------------------------------------
+# A compression chain is listed once, as its newest part (the "tip"), in the slot of its first
+# part (the "root"): the root's started_at keeps the row where the conversation began, and
+# `_lineage_root_id` names the root. Children are hidden unless asked for, except branches; a
+# delegate subagent's row (model_config `_delegate_from`) stays hidden even once detached.
+
+RICH_PREVIEW_CHARS = 60
+_DELEGATE_SQL = ("(s.model_config LIKE '%_delegate_from%' AND json_valid(s.model_config) "
+                 "AND json_extract(s.model_config, '$._delegate_from') IS NOT NULL)")
+_BRANCH_SQL = ("((s.model_config LIKE '%_branched_from%' AND json_valid(s.model_config) "
+               "AND json_extract(s.model_config, '$._branched_from') IS NOT NULL) "
+               "OR EXISTS (SELECT 1 FROM sessions bp WHERE bp.id = s.parent_session_id AND bp.end_reason = 'branched'))")
+_TOP_LEVEL_SQL = f"((s.parent_session_id IS NULL OR {_BRANCH_SQL}) AND NOT {_DELEGATE_SQL})"
+# The first user message's opening (enough for the preview after line breaks became spaces and
+# the ends were trimmed), and the latest message time.
+_PREVIEW_SQL = (f"(SELECT SUBSTR(m.content, 1, {4 * RICH_PREVIEW_CHARS}) FROM messages m "
+                "WHERE m.session_id = s.id AND m.active = 1 AND m.role = 'user' AND m.content IS NOT NULL "
+                "ORDER BY m.timestamp, m.id LIMIT 1)")
+_LAST_ACTIVE_SQL = "COALESCE((SELECT MAX(m2.timestamp) FROM messages m2 WHERE m2.session_id = s.id), s.started_at)"
+
+
+def _columns(conn: sqlite3.Connection, compact: bool) -> str:
+    """Return the select list of session columns; compact rows leave out the system prompt."""
+    if not compact:
+        return "s.*"
+    names = [r[1] for r in conn.execute("PRAGMA table_info(sessions)") if r[1] != "system_prompt"]
+    return ", ".join(f's."{name}"' for name in names)
+
+
+def rich_preview(text: str | None) -> str:
+    """Return a listing preview: line breaks as spaces, trimmed, cut to 60 characters plus "..."."""
+    if not text:
+        return ""
+    flat = text.replace("\r", " ").replace("\n", " ").strip()
+    return flat if len(flat) <= RICH_PREVIEW_CHARS else flat[:RICH_PREVIEW_CHARS] + "..."
+
+
+def _rich_rows(conn: sqlite3.Connection, columns: str, where: str, params: list[Any],
+               tail: str = "", tail_params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    rows = row_dicts(conn.execute(
+        f"SELECT {columns}, {_PREVIEW_SQL} AS preview, {_LAST_ACTIVE_SQL} AS last_active FROM sessions s "
+        f"WHERE {where} {tail}", (*params, *tail_params)))
+    for row in rows:
+        row["preview"] = rich_preview(row["preview"])
+    return rows
+
+
+def _project_tips(conn: sqlite3.Connection, rows: list[dict[str, Any]], columns: str) -> list[dict[str, Any]]:
+    """Replace each compressed root on the page by its live tip, keeping the root's start."""
+    out = []
+    for row in rows:
+        tip = compression_successor_id(conn, row["id"]) if row.get("end_reason") == COMPRESSION_END_REASON else None
+        found = _rich_rows(conn, columns, "s.id = ?", [tip]) if tip and tip != row["id"] else []
+        if found:
+            projected = found[0]
+            projected["started_at"] = row["started_at"]
+            projected["_lineage_root_id"] = row["id"]
+            row = projected
+        out.append(row)
+    return out
+
+
+def _rich_filters(source: Any, exclude_sources: Any, cwd_prefix: Any, include_children: bool, min_message_count: Any,
+                  include_archived: bool, archived_only: bool, id_query: Any, search_query: Any) -> tuple[str, list[Any]]:
+    where, params = ["1"], []
+    if source is not None:
+        where.append("s.source = ?")
+        params.append(check_text("source", source))
+    if exclude_sources:
+        excluded = [check_text("exclude_sources", s) for s in exclude_sources]
+        where.append(f"s.source NOT IN ({', '.join('?' * len(excluded))})")
+        params.extend(excluded)
+    if cwd_prefix is not None:
+        base = check_text("cwd_prefix", cwd_prefix).rstrip("/")
+        where.append("(RTRIM(s.cwd, '/') = ? OR s.cwd LIKE ? ESCAPE '\\')")
+        params += [base, escape_like(base) + "/%"]
+    if not include_children:
+        where.append(_TOP_LEVEL_SQL)
+    if min_message_count:
+        where.append("COALESCE(s.message_count, 0) >= ?")
+        params.append(check_count("min_message_count", min_message_count))
+    if archived_only:
+        where.append("COALESCE(s.archived, 0) = 1")
+    elif not include_archived:
+        where.append("COALESCE(s.archived, 0) = 0")
+    if search_query is not None:
+        text = "%" + escape_like(check_text("search_query", search_query)) + "%"
+        matches = ["s.title LIKE ? ESCAPE '\\'", "s.id LIKE ? ESCAPE '\\'"]
+        params += [text, text]
+        if id_query is not None:
+            matches.append("s.id LIKE ? ESCAPE '\\'")
+            params.append("%" + escape_like(check_text("id_query", id_query)) + "%")
+        where.append("(" + " OR ".join(matches) + ")")
+    return " AND ".join(where), params
+
+
+def list_sessions_rich(conn: sqlite3.Connection, source: str | None = None, exclude_sources: list[str] | None = None,
+                       cwd_prefix: str | None = None, limit: int = 20, offset: int = 0, include_children: bool = False,
+                       min_message_count: int = 0, project_compression_tips: bool = True,
+                       order_by_last_active: bool = False, include_archived: bool = False, archived_only: bool = False,
+                       id_query: str | None = None, search_query: str | None = None,
+                       compact_rows: bool = False) -> list[dict[str, Any]]:
+    """Return a page of conversations (hermes-agent's listing), each with `preview` and `last_active`.
+
+    Newest first by the conversation's start, or by its latest activity. A compressed
+    conversation appears once, as its live tip with `_lineage_root_id` (unless
+    `project_compression_tips` is False); children other than branches are hidden unless
+    `include_children`. `compact_rows` leaves out `system_prompt`. Filters apply to the row
+    listed before projection (the conversation's first part).
+    """
+    limit, offset = check_count("limit", limit), check_count("offset", offset)
+    where, params = _rich_filters(source, exclude_sources, cwd_prefix, include_children, min_message_count,
+                                  include_archived, archived_only, id_query, search_query)
+    columns = _columns(conn, compact_rows)
+    if not order_by_last_active:
+        rows = _rich_rows(conn, columns, where, params, "ORDER BY s.started_at DESC, s.id DESC LIMIT ? OFFSET ?",
+                          (limit, offset))
+    else:
+        # The order is the conversation's latest activity, so it is computed over every part of
+        # each chain before the page is cut (a LIMIT first could drop an old root whose tip is
+        # the most recent thing in the store). UNION keeps a planted cycle finite.
+        follow = (f"UNION SELECT c.root, {COMPRESSION_CHILD_SQL} FROM conv c JOIN sessions p ON p.id = c.id "
+                  f"WHERE p.end_reason = '{COMPRESSION_END_REASON}'") if project_compression_tips else ""
+        order = row_dicts(conn.execute(
+            f"""WITH RECURSIVE conv(root, id) AS (SELECT s.id, s.id FROM sessions s WHERE {where} {follow})
+                SELECT c.root AS id, MAX({_LAST_ACTIVE_SQL}) AS activity, MAX(r.started_at) AS root_started
+                  FROM conv c JOIN sessions s ON s.id = c.id JOIN sessions r ON r.id = c.root
+                 GROUP BY c.root ORDER BY activity DESC, root_started DESC, c.root DESC LIMIT ? OFFSET ?""",
+            (*params, limit, offset)))
+        page = [r["id"] for r in order]
+        by_id = {r["id"]: r for r in _rich_rows(conn, columns, "s.id IN (SELECT value FROM json_each(?))",
+                                                [json.dumps(page)])}
+        rows = [by_id[sid] for sid in page if sid in by_id]
+    return _project_tips(conn, rows, columns) if project_compression_tips else rows
+
+
+def search_sessions_by_id(conn: sqlite3.Connection, query: str, limit: int = 20,
+                          include_archived: bool = True) -> list[dict[str, Any]]:
+    """Return listed conversations whose id (or their first part's id) contains `query`, exact matches first.
+
+    Case-insensitive; then ids starting with the query, then any other match, newest first in
+    each group.
+    """
+    text = check_text("query", query)
+    limit = check_count("limit", limit)
+    pattern = "%" + escape_like(text) + "%"
+    where, params = _rich_filters(None, None, None, False, 0, include_archived, False, None, None)
+    columns = _columns(conn, False)
+    rows = _rich_rows(conn, columns, f"{where} AND s.id LIKE ? ESCAPE '\\'", [*params, pattern],
+                      "ORDER BY CASE WHEN LOWER(s.id) = LOWER(?) THEN 0 WHEN s.id LIKE ? ESCAPE '\\' THEN 1 ELSE 2 END, "
+                      "s.started_at DESC, s.id LIMIT ?", (text, escape_like(text) + "%", limit))
+    return _project_tips(conn, rows, columns)
+
+
+def search_sessions(conn: sqlite3.Connection, source: str | None = None, limit: int = 20,
+                    offset: int = 0) -> list[dict[str, Any]]:
+    """Return every session (children included), newest first, with `last_active`."""
+    limit, offset = check_count("limit", limit), check_count("offset", offset)
+    where, params = ("s.source = ?", [check_text("source", source)]) if source is not None else ("1", [])
+    return row_dicts(conn.execute(
+        f"SELECT s.*, {_LAST_ACTIVE_SQL} AS last_active FROM sessions s WHERE {where} "
+        "ORDER BY s.started_at DESC, s.id DESC LIMIT ? OFFSET ?", (*params, limit, offset)))
+
+
+def list_cron_job_runs(conn: sqlite3.Connection, job_id: str, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:
+    """Return one cron job's runs (sessions `cron_<job_id>_...` of source cron), newest first, with preview."""
+    job = check_text("job_id", job_id)
+    limit, offset = check_count("limit", limit), check_count("offset", offset)
+    prefix = f"cron_{job}_"
+    # A range over the id, not a LIKE: the true prefix only ("alpha" never takes "xalpha" or
+    # "alpha2"), and the planner can walk an index on it.
+    upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    return _rich_rows(conn, _columns(conn, False), "s.source = 'cron' AND s.id >= ? AND s.id < ?", [prefix, upper],
+                      "ORDER BY s.started_at DESC, s.id DESC LIMIT ? OFFSET ?", (limit, offset))

@@ -25,29 +25,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable
 
-from hermes_state_common import (LIVE_ADMISSION_SQL, check_count, check_id, check_number, escape_like, logger,
-                                 row_dicts)
+from hermes_state_common import (DAY_S, LIVE_ADMISSION_SQL, SESSION_OWNED, check_count, check_id,
+                                 check_number, escape_like, logger, row_dicts, table_exists)
 from hermes_state_errors import HermesStateError, SessionBusyError
 from hermes_state_gateway import LIVE_EXECUTION_STATES
 from hermes_state_lineage import COMPRESSION_CHILD_SQL, COMPRESSION_END_REASON, WALK_CAP
 from hermes_state_routing import DELEGATION_OPEN_STATES, DELIVERY_OWED_STATES
 
-DAY_S = 86400.0
 AUTO_PRUNE_KEY = "last_auto_prune"  # state_meta: when the last automatic prune ran (epoch seconds)
 
 # Rows that belong to a session, children before parents so every foreign key holds at each
-# step. The FTS triggers remove the messages' index rows with them. Tables created on first
-# use (the outbox) may be absent.
-SESSION_ROWS: tuple[tuple[str, str], ...] = (
-    ("messages", "session_id"),
-    ("session_model_usage", "session_id"),
-    ("compression_locks", "session_id"),
-    ("worker_receipts", "session_id"),
-    ("worker_executions", "session_id"),
-    ("session_admissions", "session_id"),
-    ("delivery_obligations", "session_id"),
-    ("async_delegations", "origin_session_id"),
-)
+# step, as (table, the expression naming the row's session): the data dictionary's declaration.
+# The FTS triggers remove the messages' index rows with them.
+SESSION_ROWS: tuple[tuple[str, str], ...] = tuple((t.name, t.owner) for t in SESSION_OWNED)
 
 # Work still owed for a session: while any such row exists the session is not deleted. Only
 # rows in a terminal state are removed with it.
@@ -160,10 +150,6 @@ def _ids_json(ids: Iterable[str]) -> str:
     return json.dumps(list(ids))
 
 
-def _has_table(conn: sqlite3.Connection, name: str) -> bool:
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
-
-
 def compression_links(conn: sqlite3.Connection) -> dict[str, str]:
     """Return {session: the session that continues it} for every session compression closed."""
     rows = conn.execute(f"SELECT p.id, {COMPRESSION_CHILD_SQL} FROM sessions p "
@@ -214,7 +200,7 @@ def owed_work(conn: sqlite3.Connection, ids: Iterable[str]) -> dict[str, str]:
     ids_json = _ids_json(ids)
     owed: dict[str, list[str]] = {}
     for table, column, live, what in OWED_WORK:
-        if not _has_table(conn, table):
+        if not table_exists(conn, table):
             continue
         for sid, n in conn.execute(f"SELECT {column}, COUNT(*) FROM {table} WHERE {live} AND {column} IN "
                                    f"(SELECT value FROM json_each(?)) GROUP BY {column}", (ids_json,)):
@@ -232,19 +218,15 @@ def _busy_error(owed: dict[str, str], verb: str) -> SessionBusyError:
 def delete_rows(conn: sqlite3.Connection, ids: list[str]) -> None:
     """Delete the sessions and every row that belongs to them; other children are detached."""
     ids_json = _ids_json(ids)
-    members = "(SELECT value FROM json_each(?))"
-    if _has_table(conn, "worker_executions"):  # receipts may name their session only through the execution
-        conn.execute(f"DELETE FROM worker_receipts WHERE execution_id IN "
-                     f"(SELECT id FROM worker_executions WHERE session_id IN {members})", (ids_json,))
-    for table, column in SESSION_ROWS:
-        if _has_table(conn, table):
-            conn.execute(f"DELETE FROM {table} WHERE {column} IN {members}", (ids_json,))
-    conn.execute("DELETE FROM gateway_routing WHERE CASE WHEN json_valid(entry_json) "
-                 f"THEN json_extract(entry_json, '$.session_id') END IN {members}", (ids_json,))
+    members = "(SELECT value FROM json_each(?1))"
+    for table in SESSION_OWNED:  # the tables created on first use (the outbox) may be absent
+        if table.at_open or table_exists(conn, table.name):
+            for owned in table.owned_by(members):
+                conn.execute(f"DELETE FROM {table.name} WHERE {owned}", (ids_json,))
     # A child that is not part of what goes (a branch, a plain child) outlives its parent as a
     # root session: the link goes, the child stays.
     conn.execute(f"UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IN {members} "
-                 f"AND id NOT IN {members}", (ids_json, ids_json))
+                 f"AND id NOT IN {members}", (ids_json,))
     conn.execute(f"DELETE FROM sessions WHERE id IN {members}", (ids_json,))
 
 

@@ -8,7 +8,8 @@ Does not own: the session row's rules (hermes_state_sessions), compression gener
 (hermes_state_compression), the conversation projection (hermes_state_conversation).
 
 Counters: `message_count` counts a session's ACTIVE rows and `tool_call_count` the tool calls
-of its active assistant rows; every write here keeps both in the same transaction.
+of its active assistant rows (the data dictionary's COUNTERS); every write here keeps both in
+the same transaction.
 
 Transaction contract: write functions run inside the caller's write transaction and never
 open or commit one; every message is validated before the first statement that changes
@@ -17,23 +18,23 @@ anything. Read functions run under the caller's lock.
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 import time
 import uuid
 from typing import Any, Callable, Iterable
 
-from hermes_state_common import (JSON_MESSAGE_FIELDS, TABLE_COLUMNS, check_count, decode_json, encode_json,
-                                 is_finite, row_dicts, strip_surrogates)
+from hermes_state_common import (COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES, counter_amounts, decode_json,
+                                 encode_json, is_uid, row_dicts)
 from hermes_state_errors import SessionNotFoundError
 from hermes_state_sessions import ARCHIVE_LIFT_SQL, require_session, reset_counters
 
 # --- preparing values --------------------------------------------------------------------------
 
-_INSERT_COLUMNS = tuple(c for c in TABLE_COLUMNS["messages"] if c != "id")
 # Set by insert_message's arguments, never by the fields themselves.
 _POSITIONAL = frozenset({"session_id", "active", "compacted"})
-_WRITABLE = frozenset(_INSERT_COLUMNS) - _POSITIONAL
+# How each column a caller may give is checked and encoded: by its declared rule.
+_CHECK = {c.name: c.check for c in MESSAGES.columns if c.rule is not None}
+_WRITABLE = frozenset(_CHECK)
 # Keys a conversation dict or a get_messages row may carry: renamed, or decided by the arguments.
 _ALIASES = {"name": "tool_name", "_tool_call_uids": "tool_call_uids", "_tool_call_uid": "tool_call_uid",
             "_absorbed_message_uids": "absorbed_message_uids"}
@@ -42,37 +43,6 @@ _IGNORED = frozenset({"id", "_row_id", "content_parts"}) | _POSITIONAL
 # A conversation dict's stored (display) content when it differs from what was sent.
 DISPLAY_KEY = "_display_content"
 _ACCEPTED = _WRITABLE | frozenset(_ALIASES) | _IGNORED | {DISPLAY_KEY}
-_UID = re.compile(r"[0-9a-f]{32}")
-
-
-def _as_text(name: str, value: Any) -> str:
-    if type(value) is str and value.isascii():
-        return value  # the common case: a C-speed scan, and only non-ASCII text can hold a lone surrogate
-    if isinstance(value, str):
-        return strip_surrogates(value)
-    if name == "platform_message_id" and isinstance(value, int) and not isinstance(value, bool):
-        return str(value)  # platforms hand out numeric ids; the column is TEXT
-    raise ValueError(f"{name} must be a string or None, not {type(value).__name__}")
-
-
-def _as_time(name: str, value: Any) -> float:
-    if not is_finite(value):
-        raise ValueError(f"{name} must be a finite number of epoch seconds, not {value!r}")
-    return float(value)
-
-
-def _as_json(name: str, value: Any) -> str | None:
-    return encode_json(value, name)
-
-
-def _as_flag(name: str, value: Any) -> int:
-    return 1 if value else 0
-
-
-# How each column's value is checked and encoded, by the column's kind.
-_COERCE: dict[str, Callable[[str, Any], Any]] = {
-    **dict.fromkeys(_WRITABLE, _as_text), **dict.fromkeys(JSON_MESSAGE_FIELDS, _as_json),
-    "timestamp": _as_time, "token_count": check_count, "observed": _as_flag}
 
 
 def _text_of_parts(parts: list[dict[str, Any]]) -> str:
@@ -114,22 +84,15 @@ def _prepare(fields: dict[str, Any]) -> tuple[dict[str, Any], list | None]:
     for key, value in fields.items():
         if value is not None and key not in _IGNORED:
             name = _ALIASES.get(key, key)
-            row[name] = _COERCE[name](name, value)
+            row[name] = _CHECK[name](value)
     if parts is not None:
         row["content_parts"] = parts
     if not isinstance(row.get("role"), str) or not row["role"]:
         raise ValueError("role must be a non-empty string")
-    uid = row.get("message_uid")
-    if uid is not None and not _UID.fullmatch(uid):
-        raise ValueError(f"message_uid must be 32 lowercase hex digits, not {uid!r}")
     calls = fields.get("tool_calls")
     if calls is not None and not (isinstance(calls, list) and all(type(c) is dict for c in calls)):
         calls = decode_json(row["tool_calls"])  # JSON text or SDK objects: read back what is stored
     return row, calls if isinstance(calls, list) else None
-
-
-def _call_count(calls: Any) -> int:
-    return len(calls) if isinstance(calls, list) else 0
 
 
 def _call_ids(calls: Iterable[Any] | None) -> list[str]:
@@ -169,8 +132,8 @@ def _pair_tool_call_uid(conn: sqlite3.Connection, session_id: str, tool_call_id:
 
 # --- writing rows ----------------------------------------------------------------------------
 
-_COUNT_SQL = ("UPDATE sessions SET message_count = COALESCE(message_count, 0) + ?, "
-              "tool_call_count = COALESCE(tool_call_count, 0) + ?, "
+# A live row moves the session's counters (by the dictionary's rule) and its activity time.
+_COUNT_SQL = (f"UPDATE sessions SET {COUNTER_ADD_SQL}, "
               f"last_activity_at = MAX(COALESCE(last_activity_at, 0), ?), {ARCHIVE_LIFT_SQL} WHERE id = ?")
 
 
@@ -192,8 +155,7 @@ def _write_row(conn: sqlite3.Connection, session_id: str, row: dict[str, Any], c
     role = row["role"]
     row.setdefault("timestamp", time.time())
     if active:
-        tool_calls = _call_count(calls) if role == "assistant" else 0
-        if conn.execute(_COUNT_SQL, (1, tool_calls, row["timestamp"], session_id)).rowcount == 0:
+        if conn.execute(_COUNT_SQL, (*counter_amounts(role, calls), row["timestamp"], session_id)).rowcount == 0:
             raise SessionNotFoundError(f"session {session_id!r} not found")
     else:
         require_session(conn, session_id)
@@ -255,7 +217,7 @@ def append_message(conn: sqlite3.Connection, session_id: str, role: str, content
         del fields[own]
     uid = message_uid
     if uid is not None:
-        if not isinstance(uid, str) or not _UID.fullmatch(uid):
+        if not is_uid(uid):
             raise ValueError(f"message_uid must be 32 lowercase hex digits, not {uid!r}")
         if conn.execute("SELECT 1 FROM messages WHERE message_uid = ? AND session_id = ? AND active = 1 LIMIT 1",
                         (uid, session_id)).fetchone():
@@ -403,17 +365,17 @@ def merge_messages(conn: sqlite3.Connection, session_id: str, row_ids: Iterable[
     if len(roles) != 1 or roles & {"user", "assistant"} != roles:
         raise ValueError(f"only user/user or assistant/assistant rows merge, not {sorted(roles)}")
     values = _merged_values(rows)
-    calls_delta = 0
-    if roles == {"assistant"}:
-        # Normally zero (the calls move to the merged row); non-list tool_calls text changes it.
-        calls_delta = _call_count(decode_json(values["tool_calls"])) - sum(_call_count(r["tool_calls"]) for r in rows)
+    # The merged row counts once where its parts counted each (the tool calls normally just move
+    # to it; non-list tool_calls text changes their count).
+    role = rows[0]["role"]
+    merged = counter_amounts(role, decode_json(values["tool_calls"]))
+    parts = [counter_amounts(role, r["tool_calls"]) for r in rows]
+    deltas = [total - sum(p[i] for p in parts) for i, total in enumerate(merged)]
     conn.execute(f"UPDATE messages SET {', '.join(f'{n} = ?' for n in values)} WHERE id = ?",
                  [*values.values(), rows[0]["id"]])
     conn.execute(f"DELETE FROM messages WHERE id IN ({', '.join('?' * (len(rows) - 1))})",
                  [r["id"] for r in rows[1:]])
-    conn.execute("UPDATE sessions SET message_count = COALESCE(message_count, 0) - ?, "
-                 "tool_call_count = COALESCE(tool_call_count, 0) + ? WHERE id = ?",
-                 (len(rows) - 1, calls_delta, session_id))
+    conn.execute(f"UPDATE sessions SET {COUNTER_ADD_SQL} WHERE id = ?", (*deltas, session_id))
     return rows[0]["id"]
 
 

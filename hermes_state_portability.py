@@ -17,50 +17,32 @@ caller's one write transaction, checks what depends on the file, then writes.
 """
 from __future__ import annotations
 
-import math
-import re
 import sqlite3
+import time
 import uuid
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
-from hermes_state_common import JSON_MESSAGE_FIELDS, TABLE_COLUMNS, TABLES, encode_json, shown
+from hermes_state_common import (COUNTERS, DICTIONARY, SESSION_OWNED, Column, Table, check_stored, is_finite, is_uid,
+                                 recount_sql, shown)
 from hermes_state_conversation import derived_uid
-from hermes_state_errors import (ImportConflictError, ImportValidationError, SessionNotFoundError,
-                                 TitleConflictError)
+from hermes_state_errors import ImportConflictError, ImportValidationError, TitleConflictError
 
 EXPORT_FORMAT = "hermes-state-export"
 EXPORT_VERSION = 1
 ON_CONFLICT = ("skip", "replace", "error")
 PAGE_SESSIONS = 100  # sessions whose ids one read of iter_export fetches
 
-_SESSION_COLUMNS = TABLE_COLUMNS["sessions"]
-_MESSAGE_COLUMNS = tuple(c for c in TABLE_COLUMNS["messages"] if c not in ("id", "session_id"))
-_USAGE_COLUMNS = tuple(c for c in TABLE_COLUMNS["session_model_usage"] if c != "session_id")
+_SESSIONS, _MESSAGES, _USAGE = DICTIONARY["sessions"], DICTIONARY["messages"], DICTIONARY["session_model_usage"]
+_SESSION_COLUMNS = _SESSIONS.column_names
+_MESSAGE_COLUMNS = tuple(c for c in _MESSAGES.column_names if c not in ("id", "session_id"))
+_USAGE_COLUMNS = tuple(c for c in _USAGE.column_names if c != "session_id")
 # Counters the import derives from the rows it writes, whatever the input says.
-_COUNTERS = frozenset({"message_count", "tool_call_count"})
-_UID = re.compile(r"[0-9a-f]{32}")
-_INT_MIN, _INT_MAX = -2**63, 2**63 - 1
-
-
-def _declared(table: str) -> tuple[dict[str, Any], dict[str, str]]:
-    """Return ({column: value a fresh insert gives it}, {column: TEXT | INTEGER | REAL}) for a table."""
-    defaults, kinds = {}, {}
-    for name, columns, _ in TABLES:
-        if name == table:
-            for column, decl in columns:
-                kinds[column] = decl.split()[0]
-                match = re.search(r"DEFAULT\s+(\S+)", decl)
-                defaults[column] = None if match is None else (
-                    "" if match.group(1) == "''" else float(match.group(1)) if "." in match.group(1)
-                    else int(match.group(1)))
-    return defaults, kinds
-
-
-_SESSION_DECLARED = _declared("sessions")
-_MESSAGE_DECLARED = _declared("messages")
-_USAGE_DECLARED = _declared("session_model_usage")
+_COUNTERS = frozenset(c.column for c in COUNTERS)
+# What a replacing import rewrites: the session-owned rows an export carries (children first).
+_REPLACED = tuple((t.name, condition) for t in SESSION_OWNED if t.export for condition in t.owned_by("(?1)"))
+_RECOUNT_SQL = recount_sql() + " WHERE id = ?"
 
 
 # --- export -------------------------------------------------------------------------------------
@@ -71,14 +53,16 @@ def _rows(conn: sqlite3.Connection, sql: str, args: tuple, drop: tuple[str, ...]
     return [{k: v for k, v in zip(names, row) if k not in drop} for row in cur]
 
 
-def export_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any]:
-    """Return one session as an export document; raise SessionNotFoundError when it does not exist.
+def export_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
+    """Return one session as an export document, or None when it does not exist.
 
-    Run it inside one read transaction so the session and its rows come from one snapshot.
+    The session's columns are at the document's top level (hermes-agent's shape) and under
+    `session` as well (this library's earlier readers). Run it inside one read transaction so
+    the session and its rows come from one snapshot.
     """
     found = _rows(conn, "SELECT * FROM sessions WHERE id = ?", (session_id,), ())
     if not found:
-        raise SessionNotFoundError(f"session {session_id!r} not found")
+        return None
     messages = _rows(conn, "SELECT * FROM messages WHERE session_id = ? ORDER BY id", (session_id,), ("session_id",))
     for message in messages:
         row_id = message.pop("id")
@@ -86,8 +70,8 @@ def export_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any]:
             message["message_uid"] = derived_uid(session_id, row_id)
     usage = _rows(conn, "SELECT * FROM session_model_usage WHERE session_id = ? ORDER BY model, task",
                   (session_id,), ("session_id",))
-    return {"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "session": found[0], "messages": messages,
-            "model_usage": usage}
+    return {**found[0], "format": EXPORT_FORMAT, "version": EXPORT_VERSION, "session": dict(found[0]),
+            "messages": messages, "model_usage": usage}
 
 
 def iter_export(read: Callable[..., AbstractContextManager[sqlite3.Connection]], source: str | None = None,
@@ -105,12 +89,10 @@ def iter_export(read: Callable[..., AbstractContextManager[sqlite3.Connection]],
                 "SELECT id FROM sessions WHERE id > ?" + ("" if source is None else " AND source = ?")
                 + " ORDER BY id LIMIT ?", (after, page) if source is None else (after, source, page))]
         for session_id in ids:
-            try:
-                with read(snapshot=True) as conn:
-                    document = export_session(conn, session_id)
-            except SessionNotFoundError:
-                continue
-            yield document
+            with read(snapshot=True) as conn:
+                document = export_session(conn, session_id)
+            if document is not None:  # deleted meanwhile
+                yield document
         if len(ids) < page:
             return
         after = ids[-1]
@@ -131,6 +113,23 @@ class ImportReport:
     # columns, say); their values were not imported.
     ignored_columns: tuple[str, ...] = ()
 
+    def __getitem__(self, key: str) -> Any:
+        """Read the report as hermes-agent's import result: ok, imported, skipped, detached (counts) and ids."""
+        written = self.imported + self.replaced
+        upstream = {"ok": True, "imported": len(written), "skipped": len(self.skipped),
+                    "detached": len(self.detached_parents), "imported_ids": list(written),
+                    "skipped_ids": list(self.skipped), "errors": []}
+        if key not in upstream:
+            raise KeyError(key)
+        return upstream[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Return `self[key]`, or `default` for a key hermes-agent's result does not have."""
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
 
 @dataclass
 class _Plan:
@@ -148,42 +147,21 @@ def _documents(data: Any) -> list[Any]:
     return list(data)
 
 
-def _value(where: str, name: str, kind: str, value: Any, problems: list[str]) -> Any:
+def _value(where: str, column: Column, value: Any, problems: list[str]) -> Any:
     """Check that `value` fits its column and SQLite stores it faithfully; return it (JSON encoded if needed)."""
-    if value is None:
+    try:
+        return check_stored(column, value)
+    except ValueError as exc:
+        problems.append(f"{where}: {exc}")
         return None
-    if name in JSON_MESSAGE_FIELDS and not isinstance(value, str):
-        try:
-            return encode_json(value, name)
-        except ValueError as exc:
-            problems.append(f"{where}: {exc}")
-            return None
-    if kind == "TEXT":
-        if not isinstance(value, str):
-            problems.append(f"{where}: {name} must be a string or null, not {type(value).__name__}")
-        return value
-    if isinstance(value, bool):
-        value = int(value)
-    if isinstance(value, int) and (kind == "INTEGER" or kind == "REAL"):
-        if not _INT_MIN <= value <= _INT_MAX:
-            problems.append(f"{where}: {name} = {value} is outside SQLite's 64-bit integers")
-        return value
-    if isinstance(value, float) and kind == "REAL":
-        if not math.isfinite(value):  # as every write refuses: NaN reads back NULL, and Infinity is not JSON
-            problems.append(f"{where}: {name} must be a finite number or null, not {value}")
-        return value
-    problems.append(f"{where}: {name} must be {'an integer' if kind == 'INTEGER' else 'a number'} or null, "
-                    f"not {type(value).__name__}")
-    return None
 
 
-def _columns(where: str, given: Any, known: tuple[str, ...], declared: tuple[dict[str, Any], dict[str, str]],
-             problems: list[str]) -> dict[str, Any]:
+def _columns(where: str, given: Any, known: tuple[str, ...], table: Table, problems: list[str]) -> dict[str, Any]:
     if not isinstance(given, dict):
         problems.append(f"{where} must be an object, not {type(given).__name__}")
         return {}
-    defaults, kinds = declared
-    return {c: _value(where, c, kinds[c], given[c], problems) if c in given else defaults[c] for c in known}
+    columns = {c: table.column(c) for c in known}
+    return {c: _value(where, columns[c], given[c], problems) if c in given else columns[c].default for c in known}
 
 
 def _text_required(where: str, row: dict[str, Any], name: str, problems: list[str]) -> None:
@@ -193,12 +171,12 @@ def _text_required(where: str, row: dict[str, Any], name: str, problems: list[st
 
 def _number_required(where: str, row: dict[str, Any], name: str, problems: list[str]) -> None:
     value = row.get(name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_finite(value):
         problems.append(f"{where}: {name} must be a finite number of epoch seconds")
 
 
 def _check_message(where: str, session_id: Any, given: Any, problems: list[str]) -> dict[str, Any]:
-    row = _columns(where, given, _MESSAGE_COLUMNS, _MESSAGE_DECLARED, problems)
+    row = _columns(where, given, _MESSAGE_COLUMNS, _MESSAGES, problems)
     if not row:
         return row
     if given.get("session_id", session_id) != session_id:
@@ -211,7 +189,7 @@ def _check_message(where: str, session_id: Any, given: Any, problems: list[str])
     uid = row["message_uid"]
     if uid is None:
         row["message_uid"] = uuid.uuid4().hex  # hand-written input: issue one, as a fresh insert would
-    elif not isinstance(uid, str) or not _UID.fullmatch(uid):
+    elif not is_uid(uid):
         problems.append(f"{where}: message_uid must be 32 lowercase hex digits")
     return row
 
@@ -219,6 +197,24 @@ def _check_message(where: str, session_id: Any, given: Any, problems: list[str])
 def _note_unknown(plan: _Plan, table: str, given: Any, known: tuple[str, ...], ignored: frozenset[str]) -> None:
     if isinstance(given, dict):
         plan.ignored.update(f"{table}.{c}" for c in set(given) - set(known) - ignored)
+
+
+_DOCUMENT_KEYS = frozenset({"format", "version", "session", "messages", "model_usage"})
+
+
+def _session_object(document: dict[str, Any]) -> Any:
+    """Return a document's session columns: `session`, or the top level (hermes-agent's own export).
+
+    A document with `session` is read from it alone: the top-level copy this library's export
+    writes is there for hermes-agent's readers. A top-level document without `source` or
+    `started_at` gets "import" and the time of the import, as hermes-agent's import does.
+    """
+    if "session" in document:
+        return document["session"]
+    top = {k: v for k, v in document.items() if k not in _DOCUMENT_KEYS}
+    top.setdefault("source", "import")
+    top.setdefault("started_at", time.time())
+    return top
 
 
 def _check_document(index: int, document: Any, plan: _Plan, problems: list[str]) -> None:
@@ -233,9 +229,9 @@ def _check_document(index: int, document: Any, plan: _Plan, problems: list[str])
         problems.append(f"{where}: export version {version!r} is not one this library reads "
                         f"(1..{EXPORT_VERSION}); upgrade hermes-state to import it")
         return
-    _note_unknown(plan, "sessions", document.get("session"), _SESSION_COLUMNS, frozenset())
-    session = _columns(f"{where} session", document.get("session"), _SESSION_COLUMNS, _SESSION_DECLARED,
-                       problems)
+    given = _session_object(document)
+    _note_unknown(plan, "sessions", given, _SESSION_COLUMNS, frozenset())
+    session = _columns(f"{where} session", given, _SESSION_COLUMNS, _SESSIONS, problems)
     if not session:
         return
     sid = session["id"]
@@ -261,7 +257,7 @@ def _check_document(index: int, document: Any, plan: _Plan, problems: list[str])
     usage_rows = []
     for n, given in enumerate(usage):
         _note_unknown(plan, "session_model_usage", given, _USAGE_COLUMNS, frozenset({"session_id"}))
-        row = _columns(f"{where} model_usage {n}", given, _USAGE_COLUMNS, _USAGE_DECLARED, problems)
+        row = _columns(f"{where} model_usage {n}", given, _USAGE_COLUMNS, _USAGE, problems)
         if row:
             _text_required(f"{where} model_usage {n}", row, "model", problems)
             usage_rows.append(row)
@@ -341,15 +337,6 @@ def _insert(conn: sqlite3.Connection, table: str, row: dict[str, Any]) -> None:
                  tuple(row.values()))
 
 
-def _recount(conn: sqlite3.Connection, session_id: str) -> None:
-    # The same meaning the write path keeps: active rows, and tool calls of active assistant rows.
-    conn.execute(
-        "UPDATE sessions SET message_count = (SELECT COUNT(*) FROM messages WHERE session_id = ?1 AND active = 1), "
-        "tool_call_count = (SELECT COALESCE(SUM(json_array_length(tool_calls)), 0) FROM messages "
-        "WHERE session_id = ?1 AND active = 1 AND role = 'assistant' AND json_valid(tool_calls) "
-        "AND json_type(tool_calls) = 'array') WHERE id = ?1", (session_id,))
-
-
 def import_sessions(conn: sqlite3.Connection, data: Any, on_conflict: str = "skip") -> ImportReport:
     """Import export documents; validate everything first, then write in the caller's transaction.
 
@@ -409,8 +396,8 @@ def import_validated(conn: sqlite3.Connection, plan: _Plan, on_conflict: str = "
         row = {k: v for k, v in plan.sessions[i].items() if k not in _COUNTERS}
         row.update(parent_session_id=None, title=None)
         if row["id"] in existing:
-            conn.execute("DELETE FROM messages WHERE session_id = ?", (row["id"],))
-            conn.execute("DELETE FROM session_model_usage WHERE session_id = ?", (row["id"],))
+            for table, owned in _REPLACED:
+                conn.execute(f"DELETE FROM {table} WHERE {owned}", (row["id"],))
             conn.execute(f"UPDATE sessions SET {', '.join(f'{k} = ?' for k in row if k != 'id')} WHERE id = ?",
                          (*(v for k, v in row.items() if k != "id"), row["id"]))
         else:
@@ -429,7 +416,7 @@ def import_validated(conn: sqlite3.Connection, plan: _Plan, on_conflict: str = "
             count += 1
         for usage in plan.usage[i]:
             _insert(conn, "session_model_usage", {"session_id": session["id"], **usage})
-        _recount(conn, session["id"])
+        conn.execute(_RECOUNT_SQL, (session["id"],))  # the meaning the write path keeps
     return ImportReport(
         imported=tuple(plan.sessions[i]["id"] for i in todo if plan.sessions[i]["id"] not in existing),
         replaced=tuple(plan.sessions[i]["id"] for i in todo if plan.sessions[i]["id"] in existing),

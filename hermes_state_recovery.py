@@ -26,16 +26,15 @@ from typing import Any, Callable, Iterator
 
 import hermes_state_fts as fts
 import hermes_state_schema as schema
-from hermes_state_common import (DELIVERY_OBLIGATIONS_SQL, INDEX_SQL, SCHEMA_VERSION, TABLE_COLUMNS, TABLE_SQL,
-                                 logger)
+from hermes_state_common import (DICTIONARY, RECOVER_EXCLUDED, RECOVER_VERIFIED, SCHEMA_VERSION, TABLE_SQL, logger,
+                                 recount_sql)
 from hermes_state_errors import StateDbCorruptError, StateDbIncompatibleError, typed_errors
 from hermes_state_writer import RetryPolicy, retry_on_lock
 
-# Runtime ledgers describe processes of the file they were written in (epochs, running
-# workers); a recovered file starts with none, and its first owner starts a new epoch.
-EXCLUDED_TABLES = ("runtime_epoch", "session_admissions", "worker_executions", "worker_receipts")
-# Tables whose copied row count is checked against the source's own count.
-VERIFIED_TABLES = ("sessions", "messages", "delivery_obligations")
+# Declared in the data dictionary: the runtime ledgers are never copied (a recovered file's first
+# owner starts a new epoch); these tables' copied row counts are checked against the source's.
+EXCLUDED_TABLES = RECOVER_EXCLUDED
+VERIFIED_TABLES = RECOVER_VERIFIED
 COPY_CHUNK_ROWS = 5000
 _REBUILT = frozenset({"schema_version", "sqlite_sequence", fts.CJK_PENDING})
 _INT_MIN = -2**63
@@ -404,7 +403,7 @@ def with_savepoint(conn: sqlite3.Connection, body: Callable[[], object]) -> None
 
 def _fix_references(dst: sqlite3.Connection, report: RecoveryReport) -> None:
     # Messages whose session row was lost keep their text under a placeholder session, so
-    # nothing readable is thrown away; other rows pointing at a lost session are dropped.
+    # nothing readable is thrown away; other rows with a foreign key to a lost session are dropped.
     report.placeholder_sessions = [r[0] for r in dst.execute(
         "SELECT DISTINCT session_id FROM messages WHERE session_id NOT IN (SELECT id FROM sessions) ORDER BY 1")]
     dst.execute("INSERT INTO sessions (id, source, started_at, title) SELECT session_id, 'recovered', MIN(timestamp), "
@@ -413,16 +412,16 @@ def _fix_references(dst: sqlite3.Connection, report: RecoveryReport) -> None:
         "SELECT id FROM sessions WHERE parent_session_id IS NOT NULL "
         "AND parent_session_id NOT IN (SELECT id FROM sessions) ORDER BY id")]
     dst.execute("UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id NOT IN (SELECT id FROM sessions)")
-    for table in ("session_model_usage",):
+    for table in _ORPHANS_DROPPED:
         n = dst.execute(f"DELETE FROM {table} WHERE session_id NOT IN (SELECT id FROM sessions)").rowcount
         if n:
             report.orphan_rows_dropped[table] = n
-    # Counters describe the rows that exist now.
-    dst.execute(
-        "UPDATE sessions SET message_count = (SELECT COUNT(*) FROM messages m WHERE m.session_id = sessions.id "
-        "AND m.active = 1), tool_call_count = (SELECT COALESCE(SUM(json_array_length(m.tool_calls)), 0) "
-        "FROM messages m WHERE m.session_id = sessions.id AND m.active = 1 AND m.role = 'assistant' "
-        "AND json_valid(m.tool_calls) AND json_type(m.tool_calls) = 'array')")
+    dst.execute(recount_sql())  # counters describe the rows that exist now
+
+
+# Copied tables whose rows hold a foreign key to their session (messages get placeholders instead).
+_ORPHANS_DROPPED = tuple(t.name for t in DICTIONARY.values() if t.recover in ("copy", "verify")
+                         and t.references("sessions") and t.name not in ("sessions", "messages"))
 
 
 def recover(source_path: str | os.PathLike, target_path: str | os.PathLike) -> RecoveryReport:
@@ -474,55 +473,56 @@ def _create_foreign(dst: sqlite3.Connection, name: str, sql: str) -> None:
         raise sqlite3.DatabaseError(f"its schema entry does not create the table {name!r} alone")
 
 
+def _copy_table(src: sqlite3.Connection, dst: sqlite3.Connection, name: str, sql: str | None,
+                report: RecoveryReport) -> None:
+    # One source table into the new file: the columns this library declares (an undeclared table
+    # is created as it was), from the first readable row to the last.
+    result = report.tables[name] = TableRecovery()
+    result.source_rows = _count(src, name)
+    try:
+        src_cols = [r[1] for r in src.execute(f'PRAGMA table_info("{name}")')]
+        without_rowid = "WITHOUT ROWID" in (sql or "").upper()
+    except sqlite3.DatabaseError as exc:
+        result.error = str(exc)
+        return
+    declared = DICTIONARY.get(name)
+    if declared is not None:
+        dst.execute(declared.sql)  # a table made on first use exists once the source has it
+        columns = [c for c in src_cols if c in declared.column_names]
+    else:
+        try:  # a table this library does not declare is kept as it was
+            with_savepoint(dst, lambda: _create_foreign(dst, name, sql))
+        except sqlite3.DatabaseError as exc:  # its definition in the source's schema is damaged
+            result.error = f"its definition cannot be used: {exc}"
+            return
+        columns = src_cols
+    if not columns:
+        result.error = result.error or "none of its columns can be read"
+        return
+    if dropped := [c for c in src_cols if c not in columns]:
+        report.dropped_columns[name] = dropped
+    _copy_rows(src, dst, name, columns, result, rowid=not without_rowid)
+
+
 def _build(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[tuple[str, str]],
            report: RecoveryReport) -> None:
     # A private file until renamed: its journal in memory (nearly empty: the file only grows), as a
     # SAVEPOINT needs one to roll back (with journal_mode OFF, ROLLBACK TO undoes nothing).
     dst.execute("PRAGMA journal_mode = MEMORY")
     dst.execute("BEGIN")
-    for sql in TABLE_SQL:
-        dst.execute(sql)
     report.excluded = EXCLUDED_TABLES  # whether or not the source has them: they are never copied
-    for name, sql in tables:
-        if name in EXCLUDED_TABLES:
-            continue
-        result = report.tables[name] = TableRecovery()
-        result.source_rows = _count(src, name)
-        try:
-            src_cols = [r[1] for r in src.execute(f'PRAGMA table_info("{name}")')]
-            without_rowid = "WITHOUT ROWID" in (sql or "").upper()
-        except sqlite3.DatabaseError as exc:
-            result.error = str(exc)
-            continue
-        if name in TABLE_COLUMNS:
-            columns = [c for c in src_cols if c in TABLE_COLUMNS[name]]
-        elif name == "delivery_obligations":
-            dst.execute(DELIVERY_OBLIGATIONS_SQL)
-            declared = [r[1] for r in dst.execute("PRAGMA table_info(delivery_obligations)")]
-            columns = [c for c in src_cols if c in declared]
-        else:
-            try:  # a table this library does not declare is kept as it was
-                with_savepoint(dst, lambda: _create_foreign(dst, name, sql))
-            except sqlite3.DatabaseError as exc:  # its definition in the source's schema is damaged
-                result.error = f"its definition cannot be used: {exc}"
-                continue
-            columns = src_cols
-        if not columns:
-            result.error = result.error or "none of its columns can be read"
-            continue
-        if dropped := [c for c in src_cols if c not in columns]:
-            report.dropped_columns[name] = dropped
-        _copy_rows(src, dst, name, columns, result, rowid=not without_rowid)
-    for name in sorted({"sessions", "messages"} - set(report.tables)):  # their schema entry was lost
-        report.tables[name] = TableRecovery(source_rows=None, error="its definition cannot be read")
+
+    def fill(conn: sqlite3.Connection) -> None:
+        for name, sql in tables:
+            if name not in EXCLUDED_TABLES:
+                _copy_table(src, conn, name, sql, report)
+        for name in sorted({"sessions", "messages"} - set(report.tables)):  # their schema entry was lost
+            report.tables[name] = TableRecovery(source_rows=None, error="its definition cannot be read")
+        conn.execute("DELETE FROM state_meta WHERE key IN (?, ?)", (fts.HIGH_WATER, fts.PROGRESS))
+
+    schema.build_file(dst, fill)
     report.tables = {n: t for n, t in report.tables.items() if t.copied or t.source_rows or t.lost_ranges or t.error}
-    dst.execute("DELETE FROM state_meta WHERE key IN (?, ?)", (fts.HIGH_WATER, fts.PROGRESS))
-    schema.backfill_message_uids(dst)
-    schema.v27_unique_titles(dst)
-    for sql in INDEX_SQL:
-        dst.execute(sql)
     _fix_references(dst, report)  # after the indexes: without them each session's recount scans every message
-    dst.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
     fts.register_functions(dst)
     fts.create_fts(dst)
     while fts.advance(dst, fts.REBUILD_CHUNK_ROWS):

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Sequence
 
 import hermes_state_lineage as lineage
 from hermes_state_common import (DELIVERY_OBLIGATIONS_SQL, INPUT_MARKER_SQL, check_count, check_id, check_scalar, decode_json,
-                                 encode_json, row_dicts)
+                                 encode_json, row_dicts, table_exists)
 from hermes_state_compression import check_transcript_writable
 from hermes_state_errors import LedgerStateError, OwnershipReadError, SessionNotFoundError
 from hermes_state_messages import insert_message
@@ -115,8 +115,7 @@ def ensure_outbox(conn: sqlite3.Connection) -> None:
 
 def outbox_exists(conn: sqlite3.Connection) -> bool:
     """Return True once the outbox table has been created."""
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'delivery_obligations'"
-                        ).fetchone() is not None
+    return table_exists(conn, "delivery_obligations")
 
 
 def _obligation(conn: sqlite3.Connection, obligation_id: Any) -> dict[str, Any]:

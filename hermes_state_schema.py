@@ -1,15 +1,17 @@
-"""Schema setup: connect, create, reconcile columns, run the versioned ladder, check versions.
+"""Schema setup: connect, build a new file, reconcile columns, run the versioned ladder, check versions.
 
-Owns: opening the SQLite connection with the library's pragmas, `_reconcile_columns()`
-(declarative ADD COLUMN), the versioned migration ladder for data/index changes, and the
-read-only compatibility check.
-Does not own: the FTS tables (hermes_state_fts) or any session/message query.
+Owns: opening the SQLite connection with the library's pragmas, `build_file()` (the one
+builder of a new file: a fresh open and `recover` both use it), `_reconcile_columns()`
+(declarative ADD COLUMN from the data dictionary), the versioned migration ladder (a registry
+of `@step` functions, each saying what changed) and the read-only compatibility check.
+Does not own: the FTS tables (hermes_state_fts), the declared tables themselves
+(hermes_state_common) or any session/message query.
 
-Transaction contract: `migrate()` opens its own write transactions through the Writer
-(one for tables + columns, one per ladder step with its version bump, one for indexes),
-re-reading the state under the lock each time because another process may have migrated
-first. An up-to-date database is detected with a few catalogue reads and takes no write lock,
-so opening costs the same for any number of rows.
+Transaction contract: `migrate()` opens its own write transactions through the Writer (an
+empty file is built in one; an existing one gets one for tables + columns, one per ladder step
+with its version bump, one for indexes), re-reading the state under the lock each time because
+another process may have migrated first. An up-to-date database is detected with a few
+catalogue reads and takes no write lock, so opening costs the same for any number of rows.
 """
 from __future__ import annotations
 
@@ -17,11 +19,13 @@ import os
 import sqlite3
 import stat
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
-from hermes_state_common import (INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES, SCHEMA_VERSION,
-                                 SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES)
+from hermes_state_common import (COUNTERS, DICTIONARY, INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
+                                 SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, object_exists, recount_sql,
+                                 sql_literal, table_exists)
 from hermes_state_writer import RetryPolicy, Writer, retry_on_lock
 from hermes_state_errors import (StateDbBusyError, StateDbIncompatibleError, StateDbUninitializedError,
                                  is_sqlite_lock_error)
@@ -117,8 +121,7 @@ def enable_wal(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy)
 
 def read_version(conn: sqlite3.Connection) -> int | None:
     """Return the stored schema version, or None when there is no schema_version table."""
-    has = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='schema_version'").fetchone()
-    if not has:
+    if not table_exists(conn, "schema_version"):
         return None
     row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
     return row[0] if row and row[0] is not None else 0
@@ -172,7 +175,7 @@ RELABELLED_VERSION = 32
 
 def read_layout(conn: sqlite3.Connection) -> int:
     """Return this library's layout revision recorded in the file (0 when none is)."""
-    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='state_meta'").fetchone():
+    if not table_exists(conn, "state_meta"):
         return 0
     row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (LAYOUT_KEY,)).fetchone()
     try:
@@ -187,8 +190,8 @@ def is_own_relabel(conn: sqlite3.Connection, version: int | None) -> bool:
     Only this library creates the view `messages_fts_trigram_source`; a file with it, version 32
     and no layout revision is one of ours.
     """
-    return (version == RELABELLED_VERSION and read_layout(conn) == 0 and conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type='view' AND name='messages_fts_trigram_source'").fetchone() is not None)
+    return version == RELABELLED_VERSION and read_layout(conn) == 0 and object_exists(
+        conn, "view", "messages_fts_trigram_source")
 
 
 def effective_version(conn: sqlite3.Connection) -> int | None:
@@ -212,8 +215,7 @@ UID_TRIGGER_SQL = (
 
 
 def _has_uid_trigger(conn: sqlite3.Connection) -> bool:
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type='trigger' AND name=?", (UID_TRIGGER,)).fetchone() \
-        is not None
+    return object_exists(conn, "trigger", UID_TRIGGER)
 
 
 # --- reconciling columns --------------------------------------------------------------------------
@@ -256,31 +258,67 @@ def backfill_message_uids(conn: sqlite3.Connection) -> int:
     return conn.execute("UPDATE messages SET message_uid = hermes_new_uid() WHERE message_uid IS NULL").rowcount
 
 
-def _backfill_counters(conn: sqlite3.Connection) -> None:
-    # Old layouts had no counters: derive them from the rows they summarise.
-    conn.execute(
-        "UPDATE sessions SET message_count = (SELECT COUNT(*) FROM messages m WHERE m.session_id = sessions.id)")
-
-
-def _backfill_tool_call_counts(conn: sqlite3.Connection) -> None:
-    # The tool calls of assistant turns, as append_message counts them (a JSON array's length).
-    conn.execute(
-        "UPDATE sessions SET tool_call_count = (SELECT COALESCE(SUM(json_array_length(m.tool_calls)), 0) "
-        "FROM messages m WHERE m.session_id = sessions.id AND m.role = 'assistant' "
-        "AND json_valid(m.tool_calls) AND json_type(m.tool_calls) = 'array')")
+def _backfill_counter(column: str) -> Callable[[sqlite3.Connection], None]:
+    # Old layouts had no counters: derive them from the rows they summarise, by the declared
+    # rule the write path keeps (live rows only).
+    return lambda conn: conn.execute(recount_sql((column,)))
 
 
 # A column that arrives in an old file with rows already present gets its meaning back here,
 # in the same transaction as the ADD COLUMN.
 _BACKFILL_ON_ADD: dict[tuple[str, str], Callable[[sqlite3.Connection], None]] = {
     ("messages", "message_uid"): backfill_message_uids,
-    ("sessions", "message_count"): _backfill_counters,
-    ("sessions", "tool_call_count"): _backfill_tool_call_counts,
+    **{("sessions", c.column): _backfill_counter(c.column) for c in COUNTERS},
 }
 
 
-# --- the versioned ladder --------------------------------------------------------------------------
+# --- the ladders ---------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Step:
+    """One released ladder step: the version (or layout revision) it reaches, what changed, and its function.
+
+    Iterates as (version, run), the pair older readers of the ladders unpack.
+    """
+
+    version: int
+    what: str
+    run: Callable[[sqlite3.Connection], None]
+
+    def __iter__(self) -> Iterator:
+        return iter((self.version, self.run))
+
+
+# Two ladders, oldest step first, filled by their decorators: LADDER for the real system's
+# schema versions, LAYOUT_STEPS for this library's own layout revisions (run after it).
+# Released steps are never edited; fix forward with a new one. A step runs once the tables hold
+# every declared column, on the rows an upgrade found or `recover` copied (from a file of any
+# version), so rows already in its shape must come out unchanged.
+LADDER: list[Step] = []
+LAYOUT_STEPS: list[Step] = []
+_Run = Callable[[sqlite3.Connection], None]
+
+
+def _registrar(ladder: list[Step], top: int, version: int, what: str) -> Callable[[_Run], _Run]:
+    def register(run: _Run) -> _Run:
+        if ladder and version <= ladder[-1].version or version > top:
+            raise ValueError(f"ladder step {version} is out of order or past {top}, the newest this library writes")
+        ladder.append(Step(version, what, run))
+        return run
+    return register
+
+
+def step(version: int, what: str) -> Callable[[_Run], _Run]:
+    """Register the decorated function as the LADDER step reaching schema `version`; `what` says what changed."""
+    return _registrar(LADDER, SCHEMA_VERSION, version, what)
+
+
+def layout_step(revision: int, what: str) -> Callable[[_Run], _Run]:
+    """Register the decorated function as the LAYOUT_STEPS step reaching layout `revision`; `what` says what changed."""
+    return _registrar(LAYOUT_STEPS, LAYOUT_REVISION, revision, what)
+
+
+@step(27, "session titles are unique: later holders of a repeated title become 'T #2', 'T #3', ...")
 def v27_unique_titles(conn: sqlite3.Connection) -> None:
     """Number duplicate titles (`T`, `T #2`, ...) so the unique-title index can be built."""
     dupes = conn.execute(
@@ -295,22 +333,10 @@ def v27_unique_titles(conn: sqlite3.Connection) -> None:
             n += 1
 
 
-# (version reached, step). Released steps are never edited; fix forward with a new one.
-LADDER: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
-    (27, v27_unique_titles),
-]
-
-
+@layout_step(2, "every message row has a uid, also one another program inserted without it")
 def layout2_foreign_rows(conn: sqlite3.Connection) -> None:
     """Give a uid to every message another program inserted without one (the uid index finds them)."""
     backfill_message_uids(conn)
-
-
-# (layout revision reached, step), run after the version ladder; each step reads the file's
-# actual shape, since a file may reach it from any earlier layout (or from the real system).
-LAYOUT_STEPS: list[tuple[int, Callable[[sqlite3.Connection], None]]] = [
-    (2, layout2_foreign_rows),
-]
 
 
 def _set_version(conn: sqlite3.Connection, version: int) -> None:
@@ -323,41 +349,13 @@ def is_older_file(conn: sqlite3.Connection) -> bool:
     version = read_version(conn)
     if version is not None:
         return version < SCHEMA_VERSION
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='sessions'").fetchone() is not None
+    return table_exists(conn, "sessions")
 
 
-def _tables_and_columns(conn: sqlite3.Connection, before_upgrade: Callable[[sqlite3.Connection], None] | None
-                        ) -> tuple[int | None, bool]:
-    # The first transaction: every declared table and column, back-filled where a column arrives
-    # in rows that exist. Returns (version found, whether the file was empty).
-    found = read_version(conn)
-    if found is not None and found > SCHEMA_VERSION:
-        if not is_own_relabel(conn, found):
-            return found, False
-        _set_version(conn, SCHEMA_VERSION)
-        _set_layout(conn, 1)
-        found = SCHEMA_VERSION
-    fresh = found is None and not conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type='table' AND name='sessions'").fetchone()
-    if not fresh and (found is None or found < SCHEMA_VERSION) and before_upgrade is not None:
-        before_upgrade(conn)
-    for sql in TABLE_SQL:
-        conn.execute(sql)
-    for key in _reconcile_columns(conn):
-        if key in _BACKFILL_ON_ADD:
-            _BACKFILL_ON_ADD[key](conn)
-    if fresh:
-        _set_version(conn, SCHEMA_VERSION)
-        _set_layout(conn, LAYOUT_REVISION)
-    elif found is None:
-        _set_version(conn, 0)
-    return found, fresh
+# --- building and migrating ------------------------------------------------------------------------
 
-
-def _indexes(conn: sqlite3.Connection) -> None:
-    # The last transaction: indexes after the data they index, and the final version.
-    for name in RETIRED_INDEXES:  # an index no query needs any more only costs space and writes
-        conn.execute(f"DROP INDEX IF EXISTS {name}")
+def _finish(conn: sqlite3.Connection) -> None:
+    # What every open leaves in place: the declared indexes, the uid trigger, the current numbers.
     for sql in INDEX_SQL:
         conn.execute(sql)
     conn.execute(UID_TRIGGER_SQL)
@@ -367,34 +365,74 @@ def _indexes(conn: sqlite3.Connection) -> None:
         _set_layout(conn, LAYOUT_REVISION)
 
 
+def build_file(conn: sqlite3.Connection, fill: Callable[[sqlite3.Connection], None] | None = None) -> None:
+    """Give an empty database the whole current layout: every declared table, index and trigger, the versions.
+
+    The one way a new file is made: a fresh open and `recover` both come here. `fill(conn)` runs
+    once the tables exist and before any index is built (recover copies rows there); the rows it
+    wrote then get message uids and go through every step of both ladders, since rows salvaged
+    from a damaged file may predate any of them. Runs inside the caller's write transaction.
+    """
+    for sql in TABLE_SQL:
+        conn.execute(sql)
+    _set_version(conn, 0)
+    if fill is not None:
+        fill(conn)
+        backfill_message_uids(conn)
+        for later in (*LADDER, *LAYOUT_STEPS):
+            later.run(conn)
+    _finish(conn)
+
+
+def _climb(writer: Writer, patience_s: float, policy: RetryPolicy, ladder: list[Step],
+           read: Callable[[sqlite3.Connection], int], write: Callable[[sqlite3.Connection, int], None]) -> None:
+    # One transaction per step with its number, re-read under the lock: another opener may be ahead.
+    for later in ladder:
+        with writer.transaction(patience_s, policy):
+            if read(writer.conn) < later.version:
+                later.run(writer.conn)
+                write(writer.conn, later.version)
+
+
 def migrate(writer: Writer, patience_s: float, policy: RetryPolicy,
             before_upgrade: Callable[[sqlite3.Connection], None] | None = None) -> int:
     """Bring the database up to SCHEMA_VERSION and LAYOUT_REVISION; return the version it had before.
 
     A newer-than-known version is returned untouched (the caller refuses writes); the 32 earlier
-    releases of this library wrote is relabelled 31 and counts as 31 here.
-    `before_upgrade(conn)` runs in the first transaction of an upgrade of an existing file,
-    before any column is added or back-filled: the caller drops derived objects there (an
-    older layout's FTS triggers would otherwise re-index every back-filled row).
+    releases of this library wrote is relabelled 31 and counts as 31 here. An empty file is
+    built in one transaction (build_file). `before_upgrade(conn)` runs in the first transaction
+    of an upgrade of an existing file, before any column is added or back-filled: the caller
+    drops derived objects there (an older layout's FTS triggers would otherwise re-index every
+    back-filled row).
     """
     conn = writer.conn
     with writer.transaction(patience_s, policy):
-        found, fresh = _tables_and_columns(conn, before_upgrade)
-    if found is not None and found > SCHEMA_VERSION:
-        return found
-    for target, step in ([] if fresh else LADDER):
-        with writer.transaction(patience_s, policy):
-            if read_version(conn) < target:  # under the lock: another process may have climbed it already
-                step(conn)
-                _set_version(conn, target)
-    for revision, layout_step in ([] if fresh else LAYOUT_STEPS):
-        with writer.transaction(patience_s, policy):
-            if read_layout(conn) < revision:
-                layout_step(conn)
-                _set_layout(conn, revision)
+        found = read_version(conn)
+        if found is not None and found > SCHEMA_VERSION:
+            if not is_own_relabel(conn, found):
+                return found
+            _set_version(conn, SCHEMA_VERSION)
+            _set_layout(conn, 1)
+            found = SCHEMA_VERSION
+        if found is None and not table_exists(conn, "sessions"):
+            build_file(conn)
+            return SCHEMA_VERSION
+        if (found is None or found < SCHEMA_VERSION) and before_upgrade is not None:
+            before_upgrade(conn)
+        for sql in TABLE_SQL:
+            conn.execute(sql)
+        for key in _reconcile_columns(conn):
+            if key in _BACKFILL_ON_ADD:
+                _BACKFILL_ON_ADD[key](conn)
+        if found is None:
+            _set_version(conn, 0)
+    _climb(writer, patience_s, policy, LADDER, read_version, _set_version)
+    _climb(writer, patience_s, policy, LAYOUT_STEPS, read_layout, _set_layout)
     with writer.transaction(patience_s, policy):
-        _indexes(conn)
-    return SCHEMA_VERSION if fresh else (found or 0)
+        for name in RETIRED_INDEXES:  # an index no query needs any more only costs space and writes
+            conn.execute(f"DROP INDEX IF EXISTS {name}")
+        _finish(conn)
+    return found or 0
 
 
 # What any layout the ladder upgrades has had: without these a file is not a session store.
@@ -402,10 +440,9 @@ _CORE_COLUMNS = {"sessions": ("id", "source", "started_at"),
                  "messages": ("id", "session_id", "role", "content", "timestamp")}
 
 
-def _default_sql(declaration: str) -> str:
-    # The value a column the file lacks reads as: its declared DEFAULT, else NULL.
-    words = declaration.split()
-    return words[words.index("DEFAULT") + 1] if "DEFAULT" in words else "NULL"
+def _default_sql(default: object) -> str:
+    # The value a column the file lacks reads as: its declared default, else NULL.
+    return "NULL" if default is None else sql_literal(default)
 
 
 def shadow_missing(conn: sqlite3.Connection) -> list[str]:
@@ -417,16 +454,17 @@ def shadow_missing(conn: sqlite3.Connection) -> list[str]:
     """
     have_tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
     shadowed = []
-    for name, columns, _ in TABLES:
+    for table in (t for t in DICTIONARY.values() if t.at_open):
+        name = table.name
         if name in have_tables:
             have = _table_columns(conn, name)
-            lacking = [(c, d) for c, d in columns if c not in have]
+            lacking = [c for c in table.columns if c.name not in have]
             if not lacking:
                 continue
-            added = ", ".join(f"{_default_sql(d)} AS {c}" for c, d in lacking)
+            added = ", ".join(f"{_default_sql(c.default)} AS {c.name}" for c in lacking)
             conn.execute(f"CREATE TEMP VIEW {name} AS SELECT *, {added} FROM main.{name}")
         else:
-            cols = ", ".join(f"{_default_sql(d)} AS {c}" for c, d in columns)
+            cols = ", ".join(f"{_default_sql(c.default)} AS {c.name}" for c in table.columns)
             conn.execute(f"CREATE TEMP VIEW {name} AS SELECT {cols} WHERE 0")
         shadowed.append(name)
     return shadowed

@@ -292,7 +292,12 @@ def _like_excluded(g: Group) -> tuple[Term, ...]:
 
 
 def _cjk_route(a: _Ask) -> list[_Hit]:
-    return a.ranked(fts.CJK, cjk_expression(a.group.terms, _indexed_excluded(a.group))) + a.uncovered(cjk=True)
+    # Bigrams stand for CJK letters only: a term holding anything else ("100%完成", "Agent通信")
+    # must also be in the row literally, or "100完成" would answer "100%完成".
+    loose = tuple(t for t in a.group.terms if not t.cjk_letters)
+    filters = a.filters.plus(*_like_terms(loose)) if loose else None
+    return a.ranked(fts.CJK, cjk_expression(a.group.terms, _indexed_excluded(a.group)),
+                    filters=filters) + a.uncovered(cjk=True)
 
 
 def _mixed_route(a: _Ask) -> list[_Hit]:
@@ -373,6 +378,16 @@ ROUTES: tuple[_Route, ...] = (
 )
 
 
+def _answer(routes: tuple[_Route, ...], ask: _Ask) -> tuple[_Route, list[_Hit]]:
+    """Return the first route of `routes` that applies and answers, with its hits (the last one always does)."""
+    for route in routes:
+        if route.applies(ask):
+            found = route.run(ask)
+            if found or route.exact(ask.group):
+                return route, found
+    raise AssertionError("a route table ends with a route that always applies and answers")
+
+
 def _find_group(ask: _Ask) -> list[_Hit]:
     """Route one OR branch of the query through ROUTES; return its hits in any order."""
     g = ask.group
@@ -382,11 +397,7 @@ def _find_group(ask: _Ask) -> list[_Hit]:
     if CJK_ROUTE.serves(g) and not ask.has(fts.CJK):
         _warn_once("cjk", "full-text search: the CJK index is missing, so CJK queries use the trigram index "
                           "(3+ characters) or a bounded LIKE scan; open the database writable to build it")
-    for route in ROUTES:
-        if route.applies(ask):
-            found = route.run(ask)
-            if found or route.exact(g):
-                break
+    route, found = _answer(ROUTES, ask)
     if found and route.whole_words and SUBSTRING_ROUTE.applies(ask) and not CJK_ROUTE.exact(g):
         # Whole words rank first; every other row holding a term inside a longer word follows,
         # newest first, so a piece seen anywhere is found even when some row has it as a word.
@@ -399,18 +410,32 @@ def _find_group(ask: _Ask) -> list[_Hit]:
     return found
 
 
-def _reasoning_hits(a: _Ask) -> list[_Hit]:
-    """Return a branch's hits in reasoning text: its word index, or LIKE for CJK terms and uncovered rows."""
-    def like(low: int, high: int) -> list[_Hit]:
-        return [(i, 0.0, None) for i in _like(a.conn, (a.group,), a.filters, low, high, a.need,
-                                              contains=_IN_REASONING, cut=a.cut)]
-    if CJK_ROUTE.serves(a.group) or not a.has(fts.REASONING):
-        return like(a.low, a.high)  # no bigram index over reasoning: the bounded scan
+def _reasoning_like(a: _Ask, low: int, high: int) -> list[_Hit]:
+    return [(i, 0.0, None) for i in _like(a.conn, (a.group,), a.filters, low, high, a.need,
+                                          contains=_IN_REASONING, cut=a.cut)]
+
+
+def _reasoning_index_route(a: _Ask) -> list[_Hit]:
     found = a.ranked(fts.REASONING, word_expression(a.group.terms, _indexed_excluded(a.group)), snippet=True)
     if a.state.rebuild is not None:  # rows of (P, H] wait for the rebuild
         low, high = max(a.low, a.state.rebuild[0] + 1), min(a.high, a.state.rebuild[1])
-        found += like(low, high) if low <= high else []
+        found += _reasoning_like(a, low, high) if low <= high else []
     return found
+
+
+# With include_reasoning, each branch is also looked up in the reasoning text. Its one index holds
+# unicode61 words (a bigram index over long reasoning was judged not worth its size), so a branch
+# with a CJK term, or a file without that index, takes the bounded scan of the reasoning fields.
+REASONING_ROUTES: tuple[_Route, ...] = (
+    _Route("reasoning index", fts.REASONING, lambda g: not any(t.cjk for t in g.terms), _reasoning_index_route,
+           exact=lambda g: True),
+    _Route("reasoning scan", None, lambda g: True, lambda a: _reasoning_like(a, a.low, a.high), exact=lambda g: True),
+)
+
+
+def _reasoning_hits(a: _Ask) -> list[_Hit]:
+    """Return a branch's hits in reasoning text, from the first of REASONING_ROUTES that applies."""
+    return _answer(REASONING_ROUTES, a)[1]
 
 
 def _find(conn: sqlite3.Connection, plan: QueryPlan, f: _Filters, low: int, high: int,
@@ -462,41 +487,20 @@ def _snippets(conn: sqlite3.Connection, plan: QueryPlan,
     return out
 
 
-# How far before the first match a text window starts, and how long it is: wide enough that
-# highlight.text_snippet can centre its 120 characters on the match.
-_WINDOW_BEFORE, _WINDOW_CHARS = 2 * highlight.SNIPPET_CHARS, 4 * highlight.SNIPPET_CHARS
-
-
 def _window_snippets(conn: sqlite3.Connection, ids: list[int], needles: list[str]) -> dict[int, str]:
-    """Return {id: snippet} cut from a window around the first match of content (else tool_calls, reasoning).
-
-    Finding the match is a C-speed scan (`str.find`) and only a window of a few hundred
-    characters is highlighted, so a hit in a 10 MB tool output costs milliseconds.
-    """
-    out = {}
-    for i, content, *others in conn.execute(
-            "SELECT id, content, tool_calls, reasoning_content, reasoning FROM messages "
-            "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)):
-        text, at = content, highlight.first_match(content, needles)
-        for other in others if at < 0 else ():
-            found = highlight.first_match(other, needles)
-            if found >= 0:
-                text, at = other, found
-                break
-        if not text:
-            out[i] = ""
-            continue
-        start = max(0, at - _WINDOW_BEFORE)
-        end = start + _WINDOW_CHARS
-        snippet = highlight.text_snippet(text[start:end], needles)
-        out[i] = ("..." if start and not snippet.startswith("...") else "") + snippet + (
-            "..." if end < len(text) and not snippet.endswith("...") else "")
-    return out
+    """Return {id: snippet} cut from a window around the first match of content (else tool_calls, reasoning)."""
+    return highlight.window_snippets(conn.execute(
+        "SELECT id, content, tool_calls, reasoning_content, reasoning FROM messages "
+        "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)), needles)
 
 
-# Previous and next message of the same session and generation (active or archived), for every
-# hit in one statement; `+active` keeps the planner on the (session_id, id) index.
+# Previous message, the hit itself and next message of the same session and generation (active
+# or archived), for every hit in one statement; `+active` keeps the planner on the (session_id,
+# id) index.
 _CONTEXT_SQL = f"""
+SELECT h.id, h.id, h.role, substr(h.content, 1, {_CONTEXT_CHARS})
+  FROM messages h WHERE h.id IN (SELECT value FROM json_each(?1))
+UNION ALL
 SELECT h.id, c.id, c.role, substr(c.content, 1, {_CONTEXT_CHARS})
   FROM messages h JOIN messages c ON c.id = (
        SELECT p.id FROM messages p WHERE p.session_id = h.session_id AND p.id < h.id AND +p.active IS h.active
@@ -537,7 +541,7 @@ def search_messages(conn: sqlite3.Connection, query: Any, source_filter: Any = N
     """Search message text, best match first; any query text is accepted and never raises.
 
     Each hit: id, session_id, role, timestamp, tool_name, snippet (matches in >>> <<<), context
-    (previous/next message of the session, content cut to 200 characters), source, model,
+    (previous message, the hit, next message of the session, content cut to 200 characters), source, model,
     session_started, title (the session's). Active rows only unless `include_inactive`; the
     reasoning text is searched too with `include_reasoning`. Bad limit/offset or filter
     types raise ValueError. The result is a SearchResults list whose `complete` says whether

@@ -4,7 +4,7 @@ Owns: the `sessions` table's rows and the rules on them: which columns a caller 
 with which verb, the first end wins, token counters and the per-model usage rows, the archive
 flags and the idle sweep, and titles (unique, stripped, numbered lineages "T", "T #2", ...).
 Also the SQL fragments other writers reuse so each rule is written once: `ARCHIVE_LIFT_SQL`
-(writing to a session lifts an archive only the idle sweep made) and `COUNTER_RESET_SQL`.
+(writing to a session lifts an archive only the idle sweep made); `COUNTER_RESET_SQL` is the dictionary's.
 Does not own: message rows (hermes_state_messages), lineage walks (hermes_state_lineage).
 
 Transaction contract: write functions run inside the caller's write transaction (the facade
@@ -16,25 +16,25 @@ from __future__ import annotations
 import re
 import sqlite3
 import time
-from typing import Any, Callable
+from typing import Any
 
 import hermes_state_lineage as lineage
-from hermes_state_common import (INT_MAX, SESSION_COLUMN_NAMES, SESSIONS_COLUMNS, check_count, check_id,
-                                 check_number, encode_json, row_dicts, strip_surrogates)
+from hermes_state_common import (COUNTER_RESET_SQL, DAY_S,  # noqa: F401 - COUNTER_RESET_SQL re-exported
+                                 INT_MAX, SESSION_COLUMN_NAMES, SESSIONS, check_count, check_id, check_number,
+                                 row_dicts, strip_surrogates)
 from hermes_state_errors import SessionClosedByCompressionError, SessionNotFoundError, TitleConflictError
 
 # Writing to a session resumes it: an archive only the idle sweep made is lifted, never a
 # deliberate one. An assignment list for UPDATE sessions SET ...
 ARCHIVE_LIFT_SQL = "archived = CASE WHEN auto_archived = 1 THEN 0 ELSE archived END, auto_archived = 0"
-# The live generation is empty again: counters describe active rows only.
-COUNTER_RESET_SQL = "message_count = 0, tool_call_count = 0"
+# COUNTER_RESET_SQL (the live generation is empty again) comes from the data dictionary, which
+# defines the counters; it stays importable from here.
 
 TITLE_MAX_CHARS = 100
-_DAY_S = 86400.0
 
-# Columns the library maintains itself; callers may not set them through **columns.
-_MANAGED_SESSION_COLUMNS = frozenset({"id", "message_count", "tool_call_count"})
-_JSON_SESSION_COLUMNS = frozenset({"model_config", "origin_json"})
+# Columns the library maintains itself (the dictionary gives them no caller rule); callers may
+# not set them through **columns.
+_MANAGED_SESSION_COLUMNS = frozenset(c.name for c in SESSIONS.columns if c.rule is None)
 # Columns update_session refuses, each with the verb that owns it. create_session still takes
 # them, so an import can write a row exactly as it was exported.
 _VERB_SESSION_COLUMNS = {
@@ -49,40 +49,10 @@ _VERB_SESSION_COLUMNS = {
 }
 
 
-_FLAG_SESSION_COLUMNS = frozenset({"expiry_finalized", "archived", "auto_archived", "pinned"})
-
-
-def _as_text(name: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{name} must be a string or None, not {type(value).__name__}")
-    return strip_surrogates(value)
-
-
-def _as_flag(name: str, value: Any) -> int:
-    if value not in (0, 1) or not isinstance(value, (bool, int)):
-        raise ValueError(f"{name} must be a bool (or 0/1), not {value!r}")
-    return int(value)
-
-
-def _as_json_text(name: str, value: Any) -> str:
-    return value if isinstance(value, str) else encode_json(value, name)
-
-
-def _coercion(name: str, declaration: str) -> Callable[[str, Any], Any]:
-    # By the column's declared kind: times and costs are finite non-negative numbers (text there
-    # would break sorting and the idle sweep), counters non-negative 64-bit integers.
-    if name in _JSON_SESSION_COLUMNS:
-        return _as_json_text
-    if name in _FLAG_SESSION_COLUMNS:
-        return _as_flag
-    if declaration.startswith("REAL"):
-        return check_number
-    if declaration.startswith("INTEGER"):
-        return check_count
-    return _as_text
-
-
-_COERCE = {name: _coercion(name, declaration) for name, declaration in SESSIONS_COLUMNS}
+# Each settable column's value is checked by its declared rule (times and costs are finite
+# non-negative numbers, since text there would break sorting and the idle sweep; counters
+# non-negative 64-bit integers; flags 0/1).
+_CHECK = {c.name: c.check for c in SESSIONS.columns if c.rule is not None}
 
 
 def _session_values(columns: dict[str, Any]) -> dict[str, Any]:
@@ -92,7 +62,7 @@ def _session_values(columns: dict[str, Any]) -> dict[str, Any]:
     managed = sorted(set(columns) & _MANAGED_SESSION_COLUMNS)
     if managed:
         raise ValueError(f"session column(s) maintained by the library cannot be set: {', '.join(managed)}")
-    out = {name: None if value is None else _COERCE[name](name, value) for name, value in columns.items()}
+    out = {name: None if value is None else _CHECK[name](value) for name, value in columns.items()}
     if out.get("parent_session_id") is not None:
         check_id("parent_session_id", out["parent_session_id"])
     return out
@@ -354,7 +324,7 @@ def pin_session(conn: sqlite3.Connection, session_id: str, pinned: bool = True) 
 def auto_archive(conn: sqlite3.Connection, idle_days: float, *, now: float | None = None) -> int:
     """Archive (archived=1, auto_archived=1) unpinned sessions idle over `idle_days`; return how many."""
     check_number("idle_days", idle_days)
-    cutoff = (time.time() if now is None else now) - idle_days * _DAY_S
+    cutoff = (time.time() if now is None else now) - idle_days * DAY_S
     return conn.execute(
         "UPDATE sessions SET archived = 1, auto_archived = 1 WHERE COALESCE(archived, 0) = 0 "
         "AND COALESCE(pinned, 0) = 0 AND COALESCE(last_activity_at, started_at) < ?", (cutoff,)).rowcount

@@ -454,7 +454,7 @@ def test_open_of_a_current_database_starts_no_worker_and_installs_the_temp_trigg
     shell = raw_conn()
     assert shell.execute(f"SELECT COUNT(*) FROM {fts.CJK_PENDING}").fetchone()[0] == 0
     assert ids(shell, fts.CJK, '"大阪"') == [osaka]
-    assert [h["content"] for h in again.search_messages("大阪")[0]["context"]] == ["東京"]
+    assert [h["content"] for h in again.search_messages("大阪")[0]["context"]] == ["東京", "大阪"]
     again.close()
 
 

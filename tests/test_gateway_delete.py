@@ -7,6 +7,7 @@ import time
 import pytest
 
 from hermes_state import SessionBusyError, receipt_digest
+from hermes_state_common import SESSION_OWNED
 from test_gateway import refused
 
 _DAY_S = 86400.0
@@ -140,3 +141,10 @@ def test_prune_deletes_old_ended_sessions_only(db, rival):
     assert db.prune_sessions(0) == 1                       # everything ended: new-ended; old-busy stays busy
     for bad in (-1, float("nan"), True, "30"):
         refused(rival, ValueError, db.prune_sessions, bad)
+
+
+def test_the_tables_a_session_owns_are_the_ones_the_dictionary_declares():
+    # rows_naming above checks each of them; a table added to the dictionary joins deletion by itself.
+    assert {t.name for t in SESSION_OWNED} == {
+        "messages", "session_model_usage", "compression_locks", "session_admissions", "worker_executions",
+        "worker_receipts", "async_delegations", "gateway_routing", "delivery_obligations"}

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hermes_state import (EXPORT_FORMAT, EXPORT_VERSION, ImportConflictError, ImportValidationError, SessionDB,
-                          SessionNotFoundError, TitleConflictError)
+                          TitleConflictError)
 
 
 def tables(path: Path) -> tuple:
@@ -52,8 +52,8 @@ def test_export_session_carries_every_column_and_generation(db):
     assert doc["messages"][1]["tool_calls"].startswith("[")  # JSON columns stay JSON text, as stored
     assert doc["model_usage"][0]["model"] == "m" and doc["model_usage"][0]["input_tokens"] == 10
     json.dumps(doc)  # ready for a file as it is
-    with pytest.raises(SessionNotFoundError):
-        db.export_session("nope")
+    assert {k: doc[k] for k in cols} == doc["session"]  # hermes-agent reads the columns at the top level
+    assert db.export_session("nope") is None
 
 
 def test_export_all_filters_by_source_and_iter_export_streams(db):
@@ -297,3 +297,24 @@ def test_a_message_kept_by_two_compressions_round_trips(db, tmp_path):
     with SessionDB(tmp_path / "other.db") as other:
         other.import_sessions(doc)
         assert other.export_session("s") == doc
+
+
+def test_hermes_agents_own_export_documents_import(db, rival):
+    # hermes-agent writes a session's columns at the document's top level, its messages with
+    # their local row ids, and columns this schema may not have.
+    upstream = [{"id": "ha1", "source": "telegram", "title": "From hermes-agent", "started_at": 1700000000.0,
+                 "ended_at": 1700000100.0, "end_reason": "done", "message_count": 7, "compression_fallback_streak": 2,
+                 "messages": [{"id": 41, "session_id": "ha1", "role": "user", "content": "hi", "timestamp": 1700000001.0},
+                              {"id": 42, "session_id": "ha1", "role": "assistant", "content": "hello",
+                               "timestamp": 1700000002.0}]},
+                {"id": "ha2", "parent_session_id": "ha1", "messages": []}]
+    report = db.import_sessions(upstream)
+    assert report.imported == ("ha1", "ha2") and report.ignored_columns == ("sessions.compression_fallback_streak",)
+    assert (report["ok"], report["imported"], report["skipped"], report["detached"]) == (True, 2, 0, 0)
+    row = rival.execute("SELECT source, title, message_count, parent_session_id FROM sessions WHERE id = 'ha1'").fetchone()
+    assert tuple(row) == ("telegram", "From hermes-agent", 2, None)
+    ha2 = rival.execute("SELECT source, parent_session_id, started_at FROM sessions WHERE id = 'ha2'").fetchone()
+    assert ha2[0] == "import" and ha2[1] == "ha1" and ha2[2] > 1700000000.0
+    assert [m["content"] for m in db.get_messages("ha1")] == ["hi", "hello"]
+    again = db.import_sessions(db.export_session("ha1"))                # our document, both shapes in one
+    assert again["skipped_ids"] == ["ha1"] and again.get("nonsense") is None

@@ -301,3 +301,76 @@ def test_read_only_open_waits_then_reports_busy(tmp_path, monkeypatch):
     finally:
         locker.execute("ROLLBACK")
         locker.close()
+
+
+def test_upgrade_counts_only_the_live_rows_of_a_layout_without_counters(tmp_path):
+    # A layout that kept a compression archive (active = 0) before it kept counters.
+    path = tmp_path / "archive.db"
+    conn = sqlite3.connect(path)
+    conn.executescript("""
+        CREATE TABLE schema_version (version INTEGER NOT NULL);
+        INSERT INTO schema_version VALUES (5);
+        CREATE TABLE sessions (id TEXT PRIMARY KEY, source TEXT NOT NULL, started_at REAL NOT NULL);
+        CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, role TEXT NOT NULL,
+                               content TEXT, tool_calls TEXT, timestamp REAL NOT NULL, active INTEGER DEFAULT 1);
+        INSERT INTO sessions VALUES ('s', 'cli', 1.0), ('empty', 'cli', 2.0);
+        INSERT INTO messages (session_id, role, content, tool_calls, timestamp, active) VALUES
+            ('s', 'user', 'old question', NULL, 1.0, 0),
+            ('s', 'assistant', 'old answer', '[{"id": "a"}, {"id": "b"}]', 2.0, 0),
+            ('s', 'user', 'summary', NULL, 3.0, 1),
+            ('s', 'assistant', 'new answer', '[{"id": "c"}]', 4.0, 1),
+            ('s', 'tool', 'result', '[{"id": "x"}]', 5.0, 1);
+    """)
+    conn.close()
+    with SessionDB(path) as db:
+        counts = {sid: (db.get_session(sid)["message_count"], db.get_session(sid)["tool_call_count"])
+                  for sid in ("s", "empty")}
+        assert len(db.get_messages("s")) == counts["s"][0]
+    assert counts == {"s": (3, 1), "empty": (0, 0)}
+
+
+def test_ladder_is_a_registry_of_named_steps_in_version_order():
+    for ladder, top, prefix in ((schema.LADDER, SCHEMA_VERSION, "v"), (schema.LAYOUT_STEPS, schema.LAYOUT_REVISION,
+                                                                         "layout")):
+        numbers = [s.version for s in ladder]
+        assert numbers == sorted(set(numbers)) and numbers[-1] <= top
+        for entry in ladder:
+            assert entry.what and entry.run.__name__.startswith(f"{prefix}{entry.version}_")
+    versions = [s.version for s in schema.LADDER]
+    for entry in schema.LADDER:
+        version, run = entry  # the (version, step) pair older readers unpack
+        assert (version, run) == (entry.version, entry.run)
+    before = list(schema.LADDER)
+    with pytest.raises(ValueError, match="out of order"):
+        schema.step(versions[0], "a step that does not come after the last one")(lambda conn: None)
+    with pytest.raises(ValueError, match="out of order"):
+        schema.step(SCHEMA_VERSION + 1, "a step past the version this library writes")(lambda conn: None)
+    assert schema.LADDER == before
+
+
+def test_build_file_makes_the_same_file_as_a_fresh_open(tmp_path, db, rival):
+    conn = sqlite3.connect(tmp_path / "built.db", isolation_level=None)
+    conn.execute("BEGIN")
+    schema.build_file(conn)
+    conn.execute("COMMIT")
+
+    declared = EXPECTED_TABLES | {sql.split(" IF NOT EXISTS ")[1].split()[0] for sql in INDEX_SQL} | {schema.UID_TRIGGER}
+
+    def shape(c):  # the declared objects (the FTS indexes are the facade's, built after open)
+        return sorted(tuple(r) for r in c.execute("SELECT type, name, sql FROM sqlite_master") if r[1] in declared)
+    assert shape(conn) == shape(rival) and len(shape(conn)) == len(declared)
+    assert (schema.read_version(conn), schema.read_layout(conn)) == (SCHEMA_VERSION, schema.LAYOUT_REVISION)
+
+
+def test_every_ladder_step_runs_on_rows_a_build_copies_in(tmp_path, monkeypatch):
+    ran = []
+    for name, top in (("LADDER", SCHEMA_VERSION), ("LAYOUT_STEPS", schema.LAYOUT_REVISION)):
+        monkeypatch.setattr(schema, name, [*getattr(schema, name), schema.Step(top, "a later step",
+                                                                               lambda c, name=name: ran.append(name))])
+    conn = sqlite3.connect(tmp_path / "built.db", isolation_level=None)
+    conn.execute("BEGIN")
+    schema.build_file(conn, lambda c: c.execute(
+        "INSERT INTO sessions (id, source, started_at, title) VALUES ('a', 'cli', 1, 'T'), ('b', 'cli', 2, 'T')"))
+    conn.execute("COMMIT")
+    assert ran == ["LADDER", "LAYOUT_STEPS"]
+    assert conn.execute("SELECT id, title FROM sessions ORDER BY id").fetchall() == [("a", "T"), ("b", "T #2")]

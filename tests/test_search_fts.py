@@ -188,9 +188,10 @@ def test_a_hit_carries_every_field_with_context(db):
     assert (hit["source"], hit["model"], hit["session_started"]) == ("cli", "gpt-x", session["started_at"])
     assert hit["snippet"] == "the answer mentions >>>kubernetes<<<"
     assert hit["context"] == [{"id": first, "role": "user", "content": "x" * 200},
+                              {"id": hit_id, "role": "assistant", "content": "the answer mentions kubernetes"},
                               {"id": last, "role": "tool", "content": "tool says hi"}]
     (edge,) = db.search_messages("hi")
-    assert [c["id"] for c in edge["context"]] == [hit_id]  # the last message has no next one
+    assert [c["id"] for c in edge["context"]] == [hit_id, last]  # the last message has no next one
 
 
 def test_context_rows_come_from_one_query_for_all_hits(db):
@@ -203,7 +204,7 @@ def test_context_rows_come_from_one_query_for_all_hits(db):
     for limit in (1, 15):
         with db.tracer() as traced:
             hits = db.search_messages("needle", limit=limit)
-        assert len(hits) == limit and all(len(h["context"]) in (1, 2) for h in hits)
+        assert len(hits) == limit and all(len(h["context"]) in (2, 3) for h in hits)
         counts[limit] = len([s for s in traced if not s.startswith("--")])  # "--": inside FTS5 itself
     assert counts[1] == counts[15]  # the statement count does not grow with the hits
 
@@ -460,3 +461,13 @@ def test_every_hit_carries_its_session_title(db):
     db.append_message("a", "user", "docker compose fails")
     db.append_message("b", "user", "docker again")
     assert {h["session_id"]: h["title"] for h in db.search_messages("docker")} == {"a": "Fix Docker Build", "b": None}
+
+
+def test_a_cjk_term_with_other_characters_is_matched_literally(db):
+    db.create_session("a", "cli")
+    db.create_session("b", "cli")
+    db.append_message("a", "user", "达成100%完成率")
+    db.append_message("b", "user", "达成100完成率是目标")
+    assert [h["session_id"] for h in db.search_messages("100%完成")] == ["a"]
+    assert sorted(h["session_id"] for h in db.search_messages("完成率")) == ["a", "b"]   # letters only: both
+    assert SessionDB._contains_cjk("日本語mixed") is True and SessionDB._contains_cjk("") is False

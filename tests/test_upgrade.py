@@ -114,7 +114,8 @@ def test_the_ladder_rereads_the_version_under_the_lock(tmp_path, monkeypatch):
     rival = sqlite3.connect(path, isolation_level=None)
     rival.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION - 1,))
     ran: list[str] = []
-    monkeypatch.setattr(schema, "LADDER", [(SCHEMA_VERSION, lambda conn: ran.append("this opener"))])
+    step = schema.Step(SCHEMA_VERSION, "a test step", lambda conn: ran.append("this opener"))
+    monkeypatch.setattr(schema, "LADDER", [step])
     writer = Writer(schema.connect(path))
 
     def another_process_migrates_first(conn: sqlite3.Connection, writes: int) -> None:

@@ -1,0 +1,120 @@
+"""Conversation listings: a compressed conversation is listed once, as its live tip, in its root's slot;
+children stay out of the way; the preview, order and filters behave as documented."""
+from __future__ import annotations
+
+import pytest
+
+
+def ids(rows) -> list[str]:
+    return [r["id"] for r in rows]
+
+
+@pytest.fixture
+def chain(db, rival):
+    """root (started first) -> mid -> tip, continued by compression; plus a newer standalone session."""
+    db.create_session("root", "cli", cwd="/work/a", system_prompt="you are terse")
+    db.append_message("root", "user", "fix the build")
+    db.rotate_session("root", "mid", [{"role": "user", "content": "summary one"}])
+    db.rotate_session("mid", "tip", [{"role": "user", "content": "summary two"}], cwd="/work/b")
+    db.create_session("solo", "cli")
+    db.append_message("solo", "user", "standalone")
+    rival.execute("UPDATE sessions SET started_at = started_at - 1000 WHERE id IN ('root', 'mid', 'tip')")
+    rival.execute("UPDATE sessions SET ended_at = ended_at - 1000 WHERE id IN ('root', 'mid')")
+    rival.execute("UPDATE messages SET timestamp = timestamp - 1000 WHERE session_id IN ('root', 'mid', 'tip')")
+    return db
+
+
+def test_a_compressed_conversation_is_listed_once_as_its_tip(chain, rival):
+    rows = chain.list_sessions_rich()
+    assert ids(rows) == ["solo", "tip"]
+    tip = rows[1]
+    root_start = rival.execute("SELECT started_at FROM sessions WHERE id = 'root'").fetchone()[0]
+    assert tip["_lineage_root_id"] == "root" and tip["started_at"] == root_start
+    assert tip["preview"] == "summary two" and tip["cwd"] == "/work/b" and tip["ended_at"] is None
+    raw = chain.list_sessions_rich(project_compression_tips=False)
+    assert ids(raw) == ["solo", "root"] and "_lineage_root_id" not in raw[1]
+    assert chain.get_compression_tip("root") == "tip" and chain.get_compression_tip("nope") == "nope"
+
+
+def test_latest_activity_order_sees_a_tip_beyond_the_page(chain, rival):
+    rival.execute("UPDATE messages SET timestamp = timestamp + 5000 WHERE session_id = 'tip'")
+    assert ids(chain.list_sessions_rich(limit=1)) == ["solo"]
+    top = chain.list_sessions_rich(limit=1, order_by_last_active=True)
+    assert ids(top) == ["tip"] and top[0]["_lineage_root_id"] == "root"
+    assert ids(chain.list_sessions_rich(limit=1, offset=1, order_by_last_active=True)) == ["solo"]
+
+
+def test_children_are_hidden_except_branches(db, rival):
+    db.create_session("parent", "cli")
+    db.create_session("sub", "tool", parent_session_id="parent")
+    db.create_session("delegate", "tool", parent_session_id="parent", model_config={"_delegate_from": "parent"})
+    db.create_session("fork", "cli", parent_session_id="parent", model_config={"_branched_from": "parent"})
+    db.create_session("legacy_parent", "cli")
+    db.end_session("legacy_parent", "branched")
+    db.create_session("legacy_fork", "cli", parent_session_id="legacy_parent")
+    assert set(ids(db.list_sessions_rich())) == {"parent", "fork", "legacy_parent", "legacy_fork"}
+    rival.execute("UPDATE sessions SET parent_session_id = NULL WHERE id = 'delegate'")
+    assert "delegate" not in ids(db.list_sessions_rich())          # the marker keeps it hidden
+    assert len(db.list_sessions_rich(include_children=True)) == 6
+    assert len(db.search_sessions()) == 6                          # the plain listing hides nothing
+
+
+def test_preview_is_sixty_characters_of_one_line(db):
+    db.create_session("s", "cli")
+    db.append_message("s", "system", "not a user message")
+    db.append_message("s", "user", "\r\n  first\r\nsecond " + "x" * 100)
+    preview = db.list_sessions_rich()[0]["preview"]
+    assert preview == ("first  second " + "x" * 100)[:60] + "..."
+    db.create_session("t", "cli")
+    db.append_message("t", "user", "short one")
+    assert db.list_sessions_rich(limit=1)[0]["preview"] == "short one"
+
+
+def test_compact_rows_carry_every_column_but_the_system_prompt(chain, rival):
+    columns = {r[1] for r in rival.execute("PRAGMA table_info(sessions)")}
+    for order in (False, True):
+        rows = chain.list_sessions_rich(compact_rows=True, order_by_last_active=order)
+        for row in rows:
+            assert set(row) >= columns - {"system_prompt"} and "system_prompt" not in row
+    assert chain.list_sessions_rich(project_compression_tips=False)[1]["system_prompt"] == "you are terse"
+
+
+def test_filters(db):
+    for sid, source, cwd in (("a", "cli", "/repo"), ("b", "cli", "/repo/sub"), ("c", "tool", "/repo-wt"),
+                             ("d", "cron", None)):
+        db.create_session(sid, source, cwd=cwd)
+    db.set_session_title("a", "Docker 100% build")
+    db.archive_session("b")
+    assert ids(db.list_sessions_rich(cwd_prefix="/repo/")) == ["a"]
+    assert ids(db.list_sessions_rich(cwd_prefix="/repo", include_archived=True)) == ["b", "a"]
+    assert ids(db.list_sessions_rich(archived_only=True)) == ["b"]
+    assert ids(db.list_sessions_rich(exclude_sources=["tool", "cron"])) == ["a"]
+    assert ids(db.list_sessions_rich(search_query="100%")) == ["a"]
+    assert ids(db.list_sessions_rich(search_query="zzz", id_query="c")) == ["c"]
+    for bad in ({"limit": -1}, {"exclude_sources": [3]}, {"source": ""}, {"min_message_count": "2"}):
+        with pytest.raises(ValueError):
+            db.list_sessions_rich(**bad)
+
+
+def test_search_by_id_ranks_exact_then_prefix_then_substring(chain):
+    for sid in ("abc", "abc_2", "x_abc"):
+        chain.create_session(sid, "cli")
+    assert ids(chain.search_sessions_by_id("ABC")) == ["abc", "abc_2", "x_abc"]
+    assert ids(chain.search_sessions_by_id("abc", limit=2)) == ["abc", "abc_2"]
+    found = chain.search_sessions_by_id("roo")
+    assert ids(found) == ["tip"] and found[0]["_lineage_root_id"] == "root"
+    assert chain.search_sessions_by_id("mid") == []                # a middle part is not listed
+    assert ids(chain.search_sessions_by_id("a_c")) == []           # "_" is literal
+
+
+def test_cron_runs_are_one_jobs_by_true_prefix(db, rival):
+    for sid, source in (("cron_alpha_1", "cron"), ("cron_alpha_2", "cron"), ("cron_xalpha_1", "cron"),
+                        ("cron_alpha2_1", "cron"), ("cron_alpha_9", "cli"), ("cron_a%_1", "cron")):
+        db.create_session(sid, source)
+        db.append_message(sid, "user", f"run {sid}")
+    rival.execute("UPDATE sessions SET started_at = started_at + 100 WHERE id = 'cron_alpha_1'")
+    runs = db.list_cron_job_runs("alpha")
+    assert ids(runs) == ["cron_alpha_1", "cron_alpha_2"]
+    assert runs[0]["preview"] == "run cron_alpha_1" and runs[1]["last_active"] >= runs[1]["started_at"]
+    assert ids(db.list_cron_job_runs("alpha", limit=1, offset=1)) == ["cron_alpha_2"]
+    assert ids(db.list_cron_job_runs("a%")) == ["cron_a%_1"]
