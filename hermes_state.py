@@ -41,12 +41,14 @@ from hermes_state_cjk import has_cjk
 from hermes_state_query import MAX_QUERY_CHARS as MAX_FTS5_QUERY_CHARS  # noqa: F401 - hermes-agent's name
 from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
 from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
+from hermes_state_listings import workspace_key
 from hermes_state_recovery import RecoveryReport, TableRecovery, recover
 from hermes_state_routing import input_marker, strip_echoed_user_input
 from hermes_state_common import SCHEMA_VERSION
 from hermes_state_table import Entry
 from hermes_state_writer import RetryPolicy, SharedHandles, Transaction, Writer
-from hermes_state_errors import (HermesStateError, ImportConflictError, ImportValidationError,  # noqa: F401
+from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
+                                 ImportValidationError,
                                  LedgerStateError, OwnershipReadError, ProfileNotFoundError, ReadOnlyError,
                                  ReceiptDigestError, ReceiptOrderError, SessionBusyError, SessionClosedByCompressionError,
                                  SessionCompressionInProgressError, SessionNotFoundError, SessionPersistenceError,
@@ -58,6 +60,7 @@ from hermes_state_home import (check_db_path_allowed, child_env, default_hermes_
 from hermes_state_lockowners import configure_error_log, log_write_lock_holders
 
 __all__ = [
+    "workspace_key", "ForeignDatabaseError",
     "SessionDB", "AsyncSessionDB", "SCHEMA_VERSION", "list_sessions_across_profiles",
     "get_hermes_home", "hermes_home_override", "profile_home", "child_env", "display_hermes_home",
     "ReasoningFieldMemory", "to_provider_messages", "configure_error_log",
@@ -103,7 +106,7 @@ class SessionDB:
     _PATIENCE = {"activity": "_ACTIVITY_WRITE_PATIENCE_S", "compression": "_TRANSCRIPT_WRITE_PATIENCE_S"}
 
     def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False,
-                 backup_before_upgrade: bool = True):
+                 backup_before_upgrade: bool = True, force: bool = False):
         # Absolute, so a later chdir or HERMES_HOME change cannot move this handle.
         self.profile_home = get_hermes_home().absolute()
         self.db_path = _resolve_path(db_path, self.profile_home)
@@ -113,10 +116,13 @@ class SessionDB:
         # A writable file gets a second connection for reads (opened on first read); read-only
         # handles and in-memory databases (a second connection would be another database) do not.
         separate_reads = not read_only and str(self.db_path) != ":memory:"
-        # upgrade_backup: the copy written before this handle upgraded the file, else None.
-        conn, self.schema_version, self.upgrade_backup = upgrade.open_connection(
+        # force: add the store's tables even to another program's database. upgrade_backup: the copy
+        # written before this handle upgraded the file; mode_changes: files this open tightened to 0600.
+        opened = upgrade.open_connection(
             self.db_path, read_only=read_only, read_busy_s=self._READ_BUSY_TIMEOUT_S, patience_s=self._WRITE_PATIENCE_S,
-            policy=self._policy(), backup=backup_before_upgrade, on_give_up=self._log_lock_holders)
+            policy=self._policy(), backup=backup_before_upgrade, force=force, on_give_up=self._log_lock_holders)
+        conn, self.schema_version = opened.conn, opened.schema_version
+        self.upgrade_backup, self.mode_changes = opened.upgrade_backup, opened.mode_changes
         self._writer = Writer(conn, on_give_up=self._log_lock_holders,
                               open_reader=(lambda: schema.connect_reader(self.db_path)) if separate_reads else None)
         self._writer.after_commit.append(self._upkeep)
@@ -140,11 +146,7 @@ class SessionDB:
         return self._fts.thread if self._fts is not None else None
 
     def close(self) -> None:
-        """Checkpoint (PASSIVE) and close the connection; calling it twice is harmless.
-
-        On a handle from `shared()` this gives back one use, like `release()`: a retiring
-        owner never closes the handle its successor took over.
-        """
+        """Checkpoint (PASSIVE) and close; twice is harmless. A `shared()` handle gives back one use, like `release()`."""
         if self._shared_key is None or _SHARED.release(self._shared_key, self):
             self._close_now()
 
@@ -314,6 +316,9 @@ class SessionDB:
     rotate_session = Entry("compression", compression.rotate_session, pack="child_columns")
     acquire_compression_lock = Entry("write", compression.acquire_compression_lock)
     release_compression_lock = Entry("write", compression.release_compression_lock)
+    try_acquire_compression_lock = Entry("write", compression.try_acquire_compression_lock)
+    refresh_compression_lock = Entry("write", compression.refresh_compression_lock)
+    get_compression_lock_holder = Entry("read", compression.get_compression_lock_holder, unknown=None)
     claim_runtime = Entry("write", gateway.claim_runtime)
     get_runtime = Entry("read", gateway.get_runtime)
     admit_input = Entry("write", gateway.admit_input)
@@ -418,7 +423,7 @@ class SessionDB:
         if self._fts is not None:
             self._fts.stop()
         with self._writer.exclusive() as conn:
-            self.schema_version, copied = recovery.restore_from(conn, source, lambda conn: upgrade.set_up(
+            self.schema_version, copied, _ = recovery.restore_from(conn, source, lambda conn: upgrade.set_up(
                 conn, self.db_path, self._WRITE_PATIENCE_S, self._policy(), backup=self._backup_before_upgrade,
                 on_give_up=self._log_lock_holders))
         self.upgrade_backup = copied or self.upgrade_backup
@@ -493,10 +498,8 @@ class SessionDB:
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:
     """List sessions of every profile under `root`, read-only; one profile's failure does not fail the rest.
 
-    Returns {"sessions": [...], "errors": [{"profile", "error"}]}: each session carries its
-    `profile` ("default" for the root's own state.db), newest first across profiles, cut to
-    `limit` (default 20). A profile whose store is missing, locked, corrupt or of another
-    schema version is reported in `errors` with the reason.
+    Returns {"sessions": [...], "errors": [{"profile", "error"}]}: sessions carry their `profile`
+    ("default" for the root's own), newest first across profiles, cut to `limit` (default 20).
     """
     return listings.list_across_profiles(lambda path: SessionDB(path, read_only=True), root, **filters)
 

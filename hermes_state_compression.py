@@ -171,6 +171,61 @@ def release_compression_lock(conn: sqlite3.Connection, session_id: str, holder: 
                         (session_id, holder)).rowcount == 1
 
 
+# --- leases under a caller-named holder --------------------------------------------------------
+# hermes-agent's callers name their own holder (a compressor's id) and hold the lock as a lease
+# they refresh. The row is the same as above, so both styles exclude each other; no session row
+# is needed, because a compressor may take the lease before the session's first write.
+
+def try_acquire_compression_lock(conn: sqlite3.Connection, session_id: str, holder: str,
+                                 ttl_seconds: float = DEFAULT_LOCK_TTL_S, *, now: float | None = None) -> bool:
+    """Take or renew the session's compression lease for `holder`; False when another holds it live.
+
+    An empty session id is never locked (False). A lease that expired, or whose holder process
+    on this host is provably gone, is taken over in the same transaction.
+    """
+    if not session_id:
+        return False
+    holder = _check_named_holder(holder)
+    ttl_seconds = check_number("ttl_seconds", ttl_seconds, positive=True)
+    now = time.time() if now is None else now
+    row = _lock_row(conn, session_id)
+    if row is not None and row[0] != holder and _lock_is_live(row[0], row[1], now):
+        return False
+    conn.execute("INSERT INTO compression_locks (session_id, holder, acquired_at, expires_at) VALUES (?, ?, ?, ?) "
+                 "ON CONFLICT (session_id) DO UPDATE SET holder = excluded.holder, "
+                 "acquired_at = excluded.acquired_at, expires_at = excluded.expires_at",
+                 (session_id, holder, now, now + ttl_seconds))
+    return True
+
+
+def refresh_compression_lock(conn: sqlite3.Connection, session_id: str, holder: str,
+                             ttl_seconds: float = DEFAULT_LOCK_TTL_S, *, now: float | None = None) -> bool:
+    """Extend `holder`'s live lease by `ttl_seconds` from now; False when it does not hold one.
+
+    A lease that already expired is not revived: someone else may have compressed meanwhile.
+    """
+    holder = _check_named_holder(holder)
+    ttl_seconds = check_number("ttl_seconds", ttl_seconds, positive=True)
+    now = time.time() if now is None else now
+    return conn.execute("UPDATE compression_locks SET expires_at = ? "
+                        "WHERE session_id = ? AND holder = ? AND expires_at > ?",
+                        (now + ttl_seconds, session_id, holder, now)).rowcount == 1
+
+
+def get_compression_lock_holder(conn: sqlite3.Connection, session_id: str, *, now: float | None = None) -> str | None:
+    """Return who holds the session's live compression lock, or None (expired locks do not count)."""
+    row = _lock_row(conn, session_id) if session_id else None
+    if row is None or not _lock_is_live(row[0], row[1], time.time() if now is None else now):
+        return None
+    return row[0]
+
+
+def _check_named_holder(holder: Any) -> str:
+    if not isinstance(holder, str) or not holder.strip():
+        raise ValueError(f"holder must be a non-empty string naming the compressor, not {type(holder).__name__}")
+    return holder
+
+
 def _check_holder(conn: sqlite3.Connection, session_id: str, holder: str | None, now: float) -> None:
     """Raise SessionCompressionInProgressError unless the caller may compress the session now.
 

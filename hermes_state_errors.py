@@ -60,6 +60,12 @@ class StateDbIncompatibleError(StoreUnavailableError):
     guidance = "Upgrade hermes-state, or let the profile's owner migrate the database."
 
 
+class ForeignDatabaseError(StateDbIncompatibleError):
+    """The file is another program's SQLite database (it holds none of this store's tables)."""
+
+    guidance = "Point the store at its own file, or open this one with force=True to add the store's tables."
+
+
 class StateDbUninitializedError(StoreUnavailableError):
     """The database does not exist yet (missing or empty file)."""
 

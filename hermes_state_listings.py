@@ -159,6 +159,17 @@ def list_across_profiles(open_read_only: Callable[[Path], AbstractContextManager
     return {"sessions": found[offset:offset + limit], "errors": errors}
 
 
+def workspace_key(session: dict[str, Any]) -> str | None:
+    """Return the workspace a session row belongs to: its git repo root, else its cwd, else None.
+
+    The branch is deliberately not part of it: two branches of one repository are one workspace.
+    """
+    for column in ("git_repo_root", "cwd"):
+        value = session.get(column)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return None
+
 # --- hermes-agent's listings: conversations, not sessions --------------------------------------
 # A compression chain is listed once, as its newest part (the "tip"), in the slot of its first
 # part (the "root"): the root's started_at keeps the row where the conversation began, and

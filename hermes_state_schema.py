@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from hermes_state_common import (COUNTERS, DICTIONARY, INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
-                                 SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, object_exists, recount_sql,
-                                 sql_literal, table_exists)
+                                 SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, logger, object_exists,
+                                 recount_sql, sql_literal, table_exists)
 from hermes_state_writer import RetryPolicy, Writer, retry_on_lock
 from hermes_state_errors import (StateDbBusyError, StateDbIncompatibleError, StateDbUninitializedError,
                                  is_sqlite_lock_error)
@@ -35,38 +35,62 @@ _SIDE_FILES = ("-wal", "-shm")
 
 # --- files and connections --------------------------------------------------------------------
 
-def _tighten(path: Path) -> None:
+def _tighten(path: Path) -> str | None:
     # chmod by path (never through a descriptor: closing one would drop this process's
-    # fcntl locks on the database); a symlink is left alone rather than followed.
+    # fcntl locks on the database). The caller passes the resolved path, so a symlinked store
+    # gets its real file tightened. Says what it changed, so no mode changes silently.
     try:
-        st = os.lstat(path)
+        st = os.stat(path)
     except FileNotFoundError:
-        return
-    if stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) & 0o077:
-        os.chmod(path, 0o600)
+        return None
+    if not stat.S_ISREG(st.st_mode) or not stat.S_IMODE(st.st_mode) & 0o077:
+        return None
+    os.chmod(path, 0o600)
+    change = f"{path}: mode {stat.S_IMODE(st.st_mode):04o} -> 0600 (it held private data others could read)"
+    logger.warning("%s", change)
+    return change
 
 
-def prepare_file(path: Path) -> None:
-    """Create the database file 0600 if it does not exist yet and tighten existing files."""
+def real_path(path: Path) -> Path:
+    """Return the file a database path stands for, through any symlinks (SQLite opens that one)."""
+    return path if str(path) == ":memory:" else Path(os.path.realpath(path))
+
+
+def prepare_file(path: Path) -> bool:
+    """Create the database file 0600 if it does not exist yet; return whether it was created.
+
+    Through a symlink (the store kept on another disk) the target is created, 0600 as well.
+    An existing file is left as it is here: `tighten_files` runs once the file is known to be ours.
+    """
     if str(path) == ":memory:":
-        return  # SQLite's in-memory database: there is no file to create or protect
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if os.name != "posix":
-        return
+        return False  # SQLite's in-memory database: there is no file to create or protect
+    target = real_path(path)
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
         os.close(fd)  # a brand-new file: nobody holds locks on it yet
     except FileExistsError:
-        _tighten(path)
-    for suffix in _SIDE_FILES:
-        _tighten(Path(str(path) + suffix))
+        return os.path.getsize(target) == 0
+    return True
 
 
-def tighten_side_files(path: Path) -> None:
-    """Make the -wal and -shm files 0600 once SQLite has created them."""
-    if os.name == "posix" and str(path) != ":memory:":
-        for suffix in _SIDE_FILES:
-            _tighten(Path(str(path) + suffix))
+def tighten_files(path: Path) -> list[str]:
+    """Make the database file and its -wal and -shm 0600 (through symlinks); return what changed.
+
+    Each change is also logged as a warning naming the old mode.
+    """
+    if os.name != "posix" or str(path) == ":memory:":
+        return []
+    target = real_path(path)
+    return [c for c in (_tighten(Path(str(target) + suffix)) for suffix in ("",) + _SIDE_FILES) if c]
+
+
+def tighten_side_files(path: Path) -> list[str]:
+    """Make the -wal and -shm files 0600 once SQLite has created them; return what changed."""
+    return tighten_files(path)
+
+
+
 
 
 def connect(path: Path, *, read_only: bool = False, read_busy_s: float = READ_BUSY_TIMEOUT_S) -> sqlite3.Connection:

@@ -19,9 +19,11 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import hermes_state_catalogue as catalogue
 import hermes_state_fts as fts
 import hermes_state_recovery as recovery
 import hermes_state_schema as schema
@@ -82,14 +84,25 @@ def prepare_upgrade(conn: sqlite3.Connection) -> None:
     conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (recovery.RECLAIM_KEY,))
 
 
-def open_connection(path: Path, *, read_only: bool, read_busy_s: float, patience_s: float, policy: RetryPolicy,
-                    backup: bool = True, on_give_up: Callable[[float], None] | None = None
-                    ) -> tuple[sqlite3.Connection, int, Path | None]:
-    """Open a handle's main connection and make its file ready; return (conn, schema version, copy taken first).
+@dataclass
+class Opened:
+    """What `open_connection` hands the handle: its main connection and what opening did to the file."""
 
-    A writable open creates the file 0600 when missing and runs `set_up`; a read-only one only
-    checks that the file can be read as it is. Failures are the library's typed errors, and
-    the connection is closed again on any of them.
+    conn: sqlite3.Connection
+    schema_version: int
+    upgrade_backup: Path | None = None  # the copy written before an upgrade
+    mode_changes: list[str] = field(default_factory=list)  # files tightened to 0600, each with its old mode
+
+
+def open_connection(path: Path, *, read_only: bool, read_busy_s: float, patience_s: float, policy: RetryPolicy,
+                    backup: bool = True, force: bool = False,
+                    on_give_up: Callable[[float], None] | None = None) -> Opened:
+    """Open a handle's main connection and make its file ready for it.
+
+    A writable open creates the file 0600 when missing, refuses another program's database
+    (ForeignDatabaseError, unless `force`) before anything is written or chmodded, and runs
+    `set_up`; a read-only one only checks that the file can be read as it is. Failures are the
+    library's typed errors, and the connection is closed again on any of them.
     """
     if read_only:
         if not path.is_file() or path.stat().st_size == 0:
@@ -104,29 +117,34 @@ def open_connection(path: Path, *, read_only: bool, read_busy_s: float, patience
     try:
         with typed_errors(path, reading=True):  # "not a database" at open -> StateDbCorruptError
             if read_only:
-                return conn, schema.check_read_only(conn, path, read_busy_s), None
-            return (conn, *set_up(conn, path, patience_s, policy, backup=backup, on_give_up=on_give_up))
+                return Opened(conn, schema.check_read_only(conn, path, read_busy_s))
+            if not force:  # before any write or chmod: it may be someone else's file
+                catalogue.check_ours(conn, path)
+            changes = schema.tighten_files(path)
+            version, copy, more = set_up(conn, path, patience_s, policy, backup=backup, on_give_up=on_give_up)
+            return Opened(conn, version, copy, changes + more)
     except BaseException:
         conn.close()
         raise
 
 
 def set_up(conn: sqlite3.Connection, db_path: Path, patience_s: float, policy: RetryPolicy, *,
-           backup: bool = True, on_give_up: Callable[[float], None] | None = None) -> tuple[int, Path | None]:
-    """Bring a writable connection's file to the current layout; return (schema version, copy taken first).
+           backup: bool = True, on_give_up: Callable[[float], None] | None = None
+           ) -> tuple[int, Path | None, list[str]]:
+    """Bring a writable connection's file to the current layout; return (version, copy taken first, mode changes).
 
     An up-to-date file costs a few catalogue reads and takes no write lock. A file of a newer
     release is left as it is, with a WARNING: the handle then refuses writes.
     """
     schema.enable_wal(conn, patience_s, policy)
-    schema.tighten_side_files(db_path)
+    changes = schema.tighten_side_files(db_path)
     if not schema.needs_migration(conn):
-        return schema.read_version(conn), None
+        return schema.read_version(conn), None, changes
     copy = start_upgrade(conn, db_path, backup=backup)
     found = schema.migrate(Writer(conn, on_give_up=on_give_up), patience_s, policy, before_upgrade=prepare_upgrade)
     if found > SCHEMA_VERSION:
         logger.warning("%s has schema version %s, newer than %s: writes are refused", db_path, found, SCHEMA_VERSION)
-    return max(found, SCHEMA_VERSION), copy
+    return max(found, SCHEMA_VERSION), copy, changes
 
 
 # --- after the migration: the FTS indexes, and the space the old layout held ------------------------

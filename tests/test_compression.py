@@ -839,3 +839,87 @@ def test_search_sees_only_the_live_generation_unless_asked(db):
     assert len(everything) == 3  # two archived rows and the kept copy
     assert {h["id"] for h in db.search_messages("東京", include_inactive=True)} > set(new_ids)
     assert [h["id"] for h in db.search_messages("東京")] == new_ids
+
+
+# --- leases under a caller-named holder -------------------------------------------------------------
+
+def test_named_lease_excludes_other_holders_until_released(db, rival):
+    assert db.try_acquire_compression_lock("s-lease", "compressor-a") is True
+    assert db.try_acquire_compression_lock("s-lease", "compressor-b") is False
+    assert db.get_compression_lock_holder("s-lease") == "compressor-a"
+    # A late compressor cannot release what it does not hold.
+    assert db.release_compression_lock("s-lease", "compressor-b") is False
+    assert rival.execute("SELECT holder FROM compression_locks WHERE session_id = 's-lease'").fetchone()[0] \
+        == "compressor-a"
+    assert db.release_compression_lock("s-lease", "compressor-a") is True
+    assert db.get_compression_lock_holder("s-lease") is None
+    assert db.try_acquire_compression_lock("s-lease", "compressor-b") is True
+
+
+def test_named_lease_needs_no_session_row_and_ignores_empty_ids(db, rival):
+    assert rival.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 0
+    assert db.try_acquire_compression_lock("not-created-yet", "c") is True
+    assert db.try_acquire_compression_lock("", "c") is False
+    assert db.get_compression_lock_holder("") is None
+    assert rival.execute("SELECT COUNT(*) FROM compression_locks WHERE session_id = ''").fetchone()[0] == 0
+
+
+def test_named_lease_expires_and_refresh_only_extends_a_live_one(db, rival):
+    import hermes_state_compression as module
+    now = [1000.0]
+    clock = lambda: now[0]  # noqa: E731
+    original = module.time.time
+    module.time.time = clock
+    try:
+        assert db.try_acquire_compression_lock("s", "a", ttl_seconds=10) is True
+        assert db.refresh_compression_lock("s", "b", ttl_seconds=10) is False  # not b's
+        now[0] = 1005.0
+        assert db.refresh_compression_lock("s", "a", ttl_seconds=10) is True
+        assert rival.execute("SELECT expires_at FROM compression_locks").fetchone()[0] == 1015.0
+        now[0] = 1012.0
+        assert db.try_acquire_compression_lock("s", "b") is False  # refreshed: still a's
+        now[0] = 1016.0
+        assert db.get_compression_lock_holder("s") is None
+        assert db.refresh_compression_lock("s", "a", ttl_seconds=10) is False  # lost, never revived
+        assert db.try_acquire_compression_lock("s", "b") is True
+    finally:
+        module.time.time = original
+
+
+def test_named_lease_and_issued_holder_exclude_each_other(db):
+    db.ensure_session("s2", "cli")
+    assert db.try_acquire_compression_lock("s2", "named") is True
+    assert db.acquire_compression_lock("s2") is None
+    db.release_compression_lock("s2", "named")
+    issued = db.acquire_compression_lock("s2")
+    assert issued is not None
+    assert db.try_acquire_compression_lock("s2", "named") is False
+    assert db.get_compression_lock_holder("s2") == issued
+
+
+@pytest.mark.parametrize("holder", ["", "   ", None, 7])
+def test_named_lease_refuses_a_holder_that_names_nobody(db, holder):
+    with pytest.raises(ValueError, match="holder"):
+        db.try_acquire_compression_lock("s3", holder)
+
+
+def test_named_lease_has_one_winner_among_racing_threads(tmp_path):
+    import threading
+    path = tmp_path / "race.db"
+    handles = [SessionDB(path) for _ in range(6)]
+    barrier, won = threading.Barrier(len(handles)), []
+
+    def race(i: int) -> None:
+        barrier.wait()
+        won.append((handles[i].try_acquire_compression_lock("contended", f"t{i}"), i))
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(len(handles))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    holder = handles[0].get_compression_lock_holder("contended")
+    winners = [i for got, i in won if got]
+    assert len(won) == 6 and len(winners) == 1
+    assert holder == f"t{winners[0]}"
+    for h in handles:
+        h.close()

@@ -23,6 +23,7 @@ READS = {
     "count_sessions", "check_integrity", "get_runtime", "next_admission", "get_admission", "list_admissions",
     "get_execution", "list_executions", "list_receipts", "list_owed", "get_delivery", "get_route", "list_routes",
     "get_delegation", "list_delegations",
+    "get_compression_lock_holder",
     "count_empty_sessions", "get_meta", "list_prune_candidates", "list_sessions_rich", "search_sessions",
     "search_sessions_by_id", "list_cron_job_runs", "get_compression_tip",
 }

@@ -54,7 +54,7 @@ def test_a_new_file_gets_the_page_size_and_an_existing_file_keeps_its_own(tmp_pa
     with sqlite3.connect(old) as made:  # a file another program created with SQLite's default pages
         made.execute("PRAGMA page_size = 4096")
         made.execute("CREATE TABLE other_program (x)")
-    with SessionDB(old) as db:  # upgraded in place, never rewritten page by page
+    with SessionDB(old, force=True) as db:  # upgraded in place, never rewritten page by page
         db.create_session("s", "cli")
         db.append_message("s", "user", "hello")
     conn = sqlite3.connect(old)

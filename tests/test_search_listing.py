@@ -328,3 +328,23 @@ def test_empty_database_statistics(db):
     assert db.usage_by_model() == []
     assert db.top_sessions_by_tokens() == []
     assert db.list_sessions() == []
+
+
+@pytest.mark.parametrize("row, key", [
+    ({"git_repo_root": "/www/app", "cwd": "/www/app/src", "git_branch": "feat"}, "/www/app"),
+    ({"git_repo_root": "/www/app", "cwd": "/www/app/.worktrees/x"}, "/www/app"),
+    ({"git_repo_root": "", "cwd": "/work/notes"}, "/work/notes"),
+    ({"git_repo_root": None, "cwd": "/work/notes"}, "/work/notes"),
+    ({"cwd": "   "}, None),
+    ({}, None),
+])
+def test_workspace_key_is_the_repo_root_else_the_cwd(row, key):
+    from hermes_state import workspace_key
+    assert workspace_key(row) == key
+
+
+def test_workspace_key_groups_branches_of_one_repository(db):
+    from hermes_state import workspace_key
+    db.create_session("a", "cli", git_repo_root="/r", git_branch="main", cwd="/r")
+    db.create_session("b", "cli", git_repo_root="/r", git_branch="feature", cwd="/r/sub")
+    assert {workspace_key(db.get_session(s)) for s in ("a", "b")} == {"/r"}

@@ -40,7 +40,8 @@ def scalar(path: Path, sql: str, *args: object) -> object:
 
 
 def open_writable(path: Path, **kwargs: object) -> tuple[sqlite3.Connection, int, Path | None]:
-    return upgrade.open_connection(path, read_only=False, read_busy_s=1.0, patience_s=5.0, policy=POLICY, **kwargs)
+    opened = upgrade.open_connection(path, read_only=False, read_busy_s=1.0, patience_s=5.0, policy=POLICY, **kwargs)
+    return opened.conn, opened.schema_version, opened.upgrade_backup
 
 
 def test_the_sequence_copies_first_migrates_rebuilds_in_the_background_and_reclaims(old_file, caplog):
