@@ -14,6 +14,8 @@ __version__ = "0.1.0"  # the one place the version is written (pyproject.toml re
 
 import os
 import sqlite3
+import sys  # noqa: F401  (hermes-agent's tests patch hermes_state.sys.platform)
+import time  # noqa: F401  (and hermes_state.time.time)
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -58,8 +60,15 @@ from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportC
 from hermes_state_home import (check_db_path_allowed, child_env, default_hermes_root,  # noqa: F401
                                display_hermes_home, get_hermes_home, hermes_home_override, profile_home)
 from hermes_state_lockowners import configure_error_log, log_write_lock_holders
+from hermes_state_errors import (StateDbJournalError, describe_init_failure, format_session_db_unavailable,
+                                 get_last_init_error, set_last_init_error)
+from hermes_state_schema import apply_wal_with_fallback
+# hermes-agent's private names for the same process-wide state, which its callers and tests reset.
+_set_last_init_error = set_last_init_error
+_wal_fallback_warned_paths = schema.wal_fallback_warned
 
 __all__ = [
+    "apply_wal_with_fallback", "get_last_init_error", "format_session_db_unavailable", "StateDbJournalError",
     "workspace_key", "ForeignDatabaseError",
     "SessionDB", "AsyncSessionDB", "SCHEMA_VERSION", "list_sessions_across_profiles",
     "get_hermes_home", "hermes_home_override", "profile_home", "child_env", "display_hermes_home",
@@ -118,15 +127,20 @@ class SessionDB:
         separate_reads = not read_only and str(self.db_path) != ":memory:"
         # force: add the store's tables even to another program's database. upgrade_backup: the copy
         # written before this handle upgraded the file; mode_changes: files this open tightened to 0600.
-        opened = upgrade.open_connection(
-            self.db_path, read_only=read_only, read_busy_s=self._READ_BUSY_TIMEOUT_S, patience_s=self._WRITE_PATIENCE_S,
-            policy=self._policy(), backup=backup_before_upgrade, force=force, on_give_up=self._log_lock_holders)
-        conn, self.schema_version = opened.conn, opened.schema_version
-        self.upgrade_backup, self.mode_changes = opened.upgrade_backup, opened.mode_changes
-        self._writer = Writer(conn, on_give_up=self._log_lock_holders,
-                              open_reader=(lambda: schema.connect_reader(self.db_path)) if separate_reads else None)
-        self._writer.after_commit.append(self._upkeep)
-        self._open_fts()
+        try:
+            opened = upgrade.open_connection(
+                self.db_path, read_only=read_only, read_busy_s=self._READ_BUSY_TIMEOUT_S,
+                patience_s=self._WRITE_PATIENCE_S, policy=self._policy(), backup=backup_before_upgrade, force=force,
+                on_give_up=self._log_lock_holders)
+            conn, self.schema_version = opened.conn, opened.schema_version
+            self.upgrade_backup, self.mode_changes = opened.upgrade_backup, opened.mode_changes
+            self._writer = Writer(conn, on_give_up=self._log_lock_holders, open_reader=(
+                lambda: schema.connect_reader(self.db_path)) if separate_reads else None)
+            self._writer.after_commit.append(self._upkeep)
+            self._open_fts()
+        except Exception as exc:  # kept for a caller that reports the failure later (a slash command)
+            set_last_init_error(describe_init_failure(exc))
+            raise
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -300,6 +314,8 @@ class SessionDB:
     get_descendants = Entry("read", lineage.get_descendants, unknown=[])
     get_compression_successor = Entry("read", lineage.compression_successor_id, unknown=None)
     get_compression_ancestors = Entry("read", lineage.compression_ancestor_ids, unknown=[])
+    get_compression_lineage = Entry("snapshot", lineage.compression_chain_ids, unknown=[])
+    resolve_session_id = Entry("read", listings.resolve_session_id, unknown=None)
     list_sessions = Entry("read", listings.list_sessions)
     count_sessions = Entry("read", listings.count_sessions)
     usage_by_model = Entry("read", listings.usage_by_model)
@@ -347,6 +363,7 @@ class SessionDB:
     get_delegation = Entry("read", routing.get_delegation, unknown=None)
     list_delegations = Entry("read", routing.list_delegations, unknown=[])
     export_session = Entry("snapshot", portability.export_session, unknown=None)
+    export_session_lineage = Entry("snapshot", portability.export_session_lineage, unknown=None)
     backup = Entry("read", recovery.backup_to)
     list_prune_candidates = Entry("snapshot", maintenance.list_prune_candidates, pack="filters")
     archive_sessions = Entry("write", maintenance.archive_sessions, pack="filters")

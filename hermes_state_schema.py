@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +28,8 @@ from hermes_state_common import (COUNTERS, DICTIONARY, INDEX_SQL, PAGE_SIZE, REA
                                  SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, logger, object_exists,
                                  recount_sql, sql_literal, table_exists)
 from hermes_state_writer import RetryPolicy, Writer, retry_on_lock
-from hermes_state_errors import (StateDbBusyError, StateDbIncompatibleError, StateDbUninitializedError,
-                                 is_sqlite_lock_error)
+from hermes_state_errors import (StateDbBusyError, StateDbIncompatibleError, StateDbJournalError,
+                                 StateDbUninitializedError, is_sqlite_lock_error)
 
 _SIDE_FILES = ("-wal", "-shm")
 
@@ -130,15 +131,67 @@ def connect_reader(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def enable_wal(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> None:
-    """Switch to WAL with synchronous=NORMAL (a new file first gets the page size), waiting out other openers."""
-    def attempt() -> None:
-        if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-            if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
-                conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # only an empty file takes it
-            conn.execute("PRAGMA journal_mode = WAL").fetchone()
-    retry_on_lock(attempt, patience_s, policy)
-    conn.execute("PRAGMA synchronous = NORMAL")
+# SQLite's answers when a file system cannot give WAL its shared memory (NFS, SMB, some FUSE
+# mounts): SQLITE_PROTOCOL and SQLITE_AUTH, by code, or by text when an error carries no code.
+# Anything else (a transient EIO above all) is re-raised: one process downgrading while its
+# siblings keep WAL would mix two locking protocols on one file.
+_WAL_INCOMPATIBLE_CODES = frozenset({15, 23})
+_WAL_INCOMPATIBLE_TEXT = ("locking protocol", "not authorized")
+# Labels already warned about, so a caller that reconnects per operation logs one line, not many.
+wal_fallback_warned = set()
+
+
+def _wal_incompatible(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _WAL_INCOMPATIBLE_CODES
+    return any(marker in str(exc).lower() for marker in _WAL_INCOMPATIBLE_TEXT)
+
+
+def apply_wal_with_fallback(conn: sqlite3.Connection, db_label: str = "state.db") -> str:
+    """Put the connection in WAL mode, or in rollback-journal (DELETE) mode where WAL cannot work; return the mode.
+
+    A file already in WAL is left as it is. Only a file system that refuses WAL's shared
+    memory causes the fallback, logged once per label; any other error propagates. On macOS
+    the checkpoint and commit barriers are made durable (fullfsync, synchronous=FULL), since
+    its fsync does not reach the platter.
+    """
+    try:
+        mode = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+    except sqlite3.OperationalError:
+        mode = ""  # the probe is an optimisation; setting the mode below decides
+    if mode != "wal":
+        try:
+            mode = str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
+        except sqlite3.OperationalError as exc:
+            if not _wal_incompatible(exc):
+                raise
+            mode = str(conn.execute("PRAGMA journal_mode=DELETE").fetchone()[0]).lower()
+            if db_label not in wal_fallback_warned:
+                wal_fallback_warned.add(db_label)
+                logger.warning("%s: WAL mode is not available on this file system (%s); using "
+                               "journal_mode=DELETE instead: readers now wait while a write commits",
+                               db_label, exc)
+    if sys.platform == "darwin":
+        conn.execute("PRAGMA checkpoint_fullfsync=1")
+        conn.execute("PRAGMA synchronous=FULL")
+    else:
+        conn.execute("PRAGMA synchronous=NORMAL")
+    return mode
+
+
+def enable_wal(conn: sqlite3.Connection, path: Path | str, patience_s: float, policy: RetryPolicy) -> str:
+    """Give a new file its page size, then WAL (or the fallback journal), waiting out other openers; return the mode."""
+    def attempt() -> str:
+        if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
+            conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # only an empty file takes it
+        return apply_wal_with_fallback(conn, str(path))
+    try:
+        return retry_on_lock(attempt, patience_s, policy)
+    except sqlite3.OperationalError as exc:
+        if not _wal_incompatible(exc):
+            raise
+        raise StateDbJournalError(f"{path}: no journal mode works on this file system ({exc})") from exc
 
 
 # --- reading the current shape ------------------------------------------------------------------

@@ -136,7 +136,7 @@ def set_up(conn: sqlite3.Connection, db_path: Path, patience_s: float, policy: R
     An up-to-date file costs a few catalogue reads and takes no write lock. A file of a newer
     release is left as it is, with a WARNING: the handle then refuses writes.
     """
-    schema.enable_wal(conn, patience_s, policy)
+    schema.enable_wal(conn, db_path, patience_s, policy)
     changes = schema.tighten_side_files(db_path)
     if not schema.needs_migration(conn):
         return schema.read_version(conn), None, changes

@@ -25,7 +25,8 @@ READS = {
     "get_delegation", "list_delegations",
     "get_compression_lock_holder",
     "count_empty_sessions", "get_meta", "list_prune_candidates", "list_sessions_rich", "search_sessions",
-    "search_sessions_by_id", "list_cron_job_runs", "get_compression_tip",
+    "search_sessions_by_id", "list_cron_job_runs", "get_compression_tip", "resolve_session_id",
+    "get_compression_lineage", "export_session_lineage",
 }
 
 

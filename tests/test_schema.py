@@ -374,3 +374,92 @@ def test_every_ladder_step_runs_on_rows_a_build_copies_in(tmp_path, monkeypatch)
     conn.execute("COMMIT")
     assert ran == ["LADDER", "LAYOUT_STEPS"]
     assert conn.execute("SELECT id, title FROM sessions ORDER BY id").fetchall() == [("a", "T"), ("b", "T #2")]
+
+
+# --- journal mode where WAL cannot work ----------------------------------------------------------
+# A network file system refuses WAL's shared memory with SQLITE_PROTOCOL. No such mount exists
+# here, so a connection class answers `journal_mode=WAL` the way SQLite does on one.
+
+def _refusing(code: int | None, message: str, *, also_delete: bool = False) -> type[sqlite3.Connection]:
+    class Refusing(sqlite3.Connection):
+        wal_attempts = 0
+
+        def execute(self, sql, *args):  # type: ignore[override]
+            flat = sql.replace(" ", "").lower()
+            if flat == "pragmajournal_mode=wal" or (also_delete and flat == "pragmajournal_mode=delete"):
+                type(self).wal_attempts += flat.endswith("wal")
+                exc = sqlite3.OperationalError(message)
+                exc.sqlite_errorcode = code  # type: ignore[attr-defined]
+                raise exc
+            return super().execute(sql, *args)
+    return Refusing
+
+
+@pytest.fixture
+def file_system(monkeypatch):
+    """Make every connection the library opens behave as on a file system that refuses WAL."""
+    def install(code: int | None = 15, message: str = "locking protocol", **kw) -> type[sqlite3.Connection]:
+        factory = _refusing(code, message, **kw)
+        real = sqlite3.connect
+        monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: real(*a, factory=factory, **k))
+        return factory
+    monkeypatch.setattr(schema, "wal_fallback_warned", set())
+    return install
+
+
+def test_where_wal_is_refused_the_store_runs_on_a_rollback_journal_and_says_so_once(tmp_path, file_system, caplog):
+    import hermes_state
+    hermes_state.set_last_init_error(None)
+    factory = file_system()
+    path = tmp_path / "nfs" / "state.db"
+    with caplog.at_level("WARNING", logger="hermes_state"):
+        for round_ in range(2):
+            with SessionDB(path) as db:
+                db.create_session(f"s{round_}", "cli")
+                db.append_message(f"s{round_}", "user", "written without WAL")
+    warned = [r.getMessage() for r in caplog.records if "journal_mode=DELETE" in r.getMessage()]
+    assert len(warned) == 1 and str(path) in warned[0] and "locking protocol" in warned[0]
+    assert factory.wal_attempts >= 2  # each open asked for WAL first
+    rival = sqlite3.Connection(str(path))  # a plain connection, as another program would open it
+    assert rival.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    assert rival.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 2
+    assert not (tmp_path / "nfs" / "state.db-wal").exists()
+    rival.close()
+    assert hermes_state.get_last_init_error() is None
+
+
+def test_a_wal_file_is_never_downgraded_and_other_errors_are_not_mistaken_for_the_file_system(tmp_path):
+    path = tmp_path / "wal.db"
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+    refusing = sqlite3.connect(path, factory=_refusing(15, "locking protocol"))
+    assert schema.apply_wal_with_fallback(refusing, str(path)) == "wal"
+    assert type(refusing).wal_attempts == 0  # already WAL: not even asked
+    refusing.close()
+    # A transient I/O error is not a file system without shared memory: no downgrade.
+    fresh = sqlite3.connect(tmp_path / "fresh.db", factory=_refusing(10 | 15 << 8, "disk I/O error"))
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
+        schema.apply_wal_with_fallback(fresh, "fresh.db")
+    assert fresh.execute("PRAGMA journal_mode").fetchone()[0] == "delete"  # untouched, never set
+    fresh.close()
+
+
+def test_when_no_journal_mode_works_the_open_fails_typed_and_the_cause_is_kept(tmp_path, file_system, monkeypatch):
+    import hermes_state
+    from hermes_state_errors import StateDbJournalError, StoreUnavailableError
+    hermes_state.set_last_init_error(None)
+    file_system(also_delete=True)
+    with pytest.raises(StateDbJournalError) as raised:
+        SessionDB(tmp_path / "ro-mount" / "state.db")
+    assert isinstance(raised.value, StoreUnavailableError) and isinstance(raised.value, sqlite3.OperationalError)
+    assert raised.value.http_status == 503 and "local disk" in raised.value.guidance
+    cause = hermes_state.get_last_init_error()
+    assert cause == "OperationalError: locking protocol"
+    message = hermes_state.format_session_db_unavailable(prefix="Cannot resume")
+    assert message.startswith("Cannot resume: OperationalError: locking protocol.") and "NFS/SMB" in message
+    # A later success does not erase the cause another caller may be about to report.
+    monkeypatch.undo()
+    SessionDB(tmp_path / "ok.db").close()
+    assert hermes_state.get_last_init_error() == cause
+    hermes_state.set_last_init_error(None)
+    assert hermes_state.format_session_db_unavailable() == "Session database not available."
