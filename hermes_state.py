@@ -36,6 +36,7 @@ import hermes_state_routing as routing
 import hermes_state_search as search
 import hermes_state_sessions as sessions
 import hermes_state_table as table
+import hermes_state_titles as titles
 import hermes_state_upgrade as upgrade
 import hermes_state_writer as writer
 from hermes_state_gateway import receipt_digest
@@ -289,8 +290,6 @@ class SessionDB:
     # Kinds: read, snapshot (one read transaction), write, transcript (transcript patience, waits out
     # another holder's compression), compression (transcript patience: the compression itself),
     # activity (short patience: bookkeeping that must never stall a turn).
-    create_session = Entry("write", sessions.create_session)
-    ensure_session = Entry("write", sessions.ensure_session)
     get_session = Entry("read", sessions.get_session, unknown=None)
     end_session = Entry("write", sessions.end_session)
     reopen_session = Entry("write", sessions.reopen_session)
@@ -300,13 +299,26 @@ class SessionDB:
     unarchive_session = Entry("write", sessions.unarchive_session)
     pin_session = Entry("write", sessions.pin_session)
     auto_archive = Entry("write", sessions.auto_archive)
-    set_session_title = Entry("write", sessions.set_session_title)
-    get_session_title = Entry("read", sessions.get_session_title, unknown=None)
-    resolve_session_by_title = Entry("read", sessions.resolve_session_by_title, unknown=None)
-    get_next_title_in_lineage = Entry("read", sessions.get_next_title_in_lineage)
+    update_system_prompt = Entry("write", sessions.update_system_prompt)
+    update_session_model = Entry("write", sessions.update_session_model)
+    update_session_billing_route = Entry("write", sessions.update_session_billing_route)
+    update_session_cwd = Entry("write", sessions.update_session_cwd)
+    distinct_session_cwds = Entry("read", sessions.distinct_session_cwds)
+    backfill_repo_roots = Entry("write", sessions.backfill_repo_roots)
+    set_session_archived = Entry("write", sessions.set_session_archived)
+    session_count = Entry("read", sessions.session_count)
+    set_session_title = Entry("write", titles.set_session_title)
+    set_auto_title_if_empty = Entry("write", titles.set_auto_title_if_empty)
+    get_session_title = Entry("read", titles.get_session_title, unknown=None)
+    get_session_by_title = Entry("read", titles.get_session_by_title, unknown=None)
+    resolve_session_by_title = Entry("read", titles.resolve_session_by_title, unknown=None)
+    get_next_title_in_lineage = Entry("read", titles.get_next_title_in_lineage)
+    sanitize_title = staticmethod(titles.sanitize_title)
     append_message = Entry("transcript", message_rows.append_message)
     merge_messages = Entry("transcript", message_rows.merge_messages)
     get_messages = Entry("read", message_rows.get_messages, unknown=[])
+    message_count = Entry("read", message_rows.message_count, unknown=0)
+    set_latest_user_api_content = Entry("transcript", message_rows.set_latest_user_api_content)
     replace_messages = Entry("transcript", message_rows.replace_messages)
     clear_messages = Entry("transcript", message_rows.clear_messages)
     get_messages_as_conversation = Entry("snapshot", conversation.get_messages_as_conversation, unknown=[])
@@ -373,6 +385,24 @@ class SessionDB:
     to_provider_messages = staticmethod(to_provider_messages)
 
     # --- explicit methods: the arguments are reshaped, or one call composes several steps --------------
+
+    def create_session(self, session_id: str, source: str, model: str | None = None, *,
+                       model_config: Any = None, system_prompt: str | None = None, user_id: str | None = None,
+                       parent_session_id: str | None = None, **columns: Any) -> str:
+        """Create the session, or fill the still-empty columns of an existing one (first write wins); return the id."""
+        columns.update(model=model, model_config=model_config, system_prompt=system_prompt, user_id=user_id,
+                       parent_session_id=parent_session_id)
+        with self._write() as conn:
+            return sessions.create_session(conn, session_id, source, columns)
+
+    def ensure_session(self, session_id: str, source: str, model: str | None = None, *,
+                       model_config: Any = None, system_prompt: str | None = None, user_id: str | None = None,
+                       parent_session_id: str | None = None, **columns: Any) -> str:
+        """Create the session unless it exists (an existing row is left as it is); return the id."""
+        columns.update(model=model, model_config=model_config, system_prompt=system_prompt, user_id=user_id,
+                       parent_session_id=parent_session_id)
+        with self._write() as conn:
+            return sessions.ensure_session(conn, session_id, source, columns)
 
     def begin_delivery(self, obligation_id: int, *, epoch: int | None = None) -> int:
         """Start a send attempt (pending/failed -> attempting); return the attempt's fence. Activity write."""
@@ -456,10 +486,13 @@ class SessionDB:
     # docs/maintenance.md). Transcript files go only after COMMIT.
 
     @property
-    def _conn(self) -> sqlite3.Connection:
-        # hermes-agent's callers and tests reach the write connection by this name. Statements run
-        # on it directly bypass the writer's lock and retries.
-        return self._writer.conn
+    def _conn(self) -> Any:
+        """The handle's connection, rows readable by column name (for tests and agent code that peek)."""
+        return writer.RowConnection(self._writer.conn)
+
+    @property
+    def _lock(self) -> Any:
+        return self._writer.lock
 
     def delete_session(self, session_id: str, sessions_dir: str | os.PathLike | None = None) -> bool:
         """Delete a session with its whole conversation and its delegates; False for an unknown id."""

@@ -118,9 +118,9 @@ def open_connection(path: Path, *, read_only: bool, read_busy_s: float, patience
         with typed_errors(path, reading=True):  # "not a database" at open -> StateDbCorruptError
             if read_only:
                 return Opened(conn, schema.check_read_only(conn, path, read_busy_s))
-            if not force:  # before any write or chmod: it may be someone else's file
-                catalogue.check_ours(conn, path)
+            catalogue.check_ours(conn, path, force=force)  # before any write or chmod: it may be another's file
             changes = schema.tighten_files(path)
+            catalogue.clean_partial_copies(path)  # a killed upgrade's half-written copy
             version, copy, more = set_up(conn, path, patience_s, policy, backup=backup, on_give_up=on_give_up)
             return Opened(conn, version, copy, changes + more)
     except BaseException:

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hermes_state_compression as compression
-from hermes_state import (HermesStateError, SessionDB, SessionNotFoundError, StateDbCorruptError,
+from hermes_state import (HermesStateError, SessionClosedByCompressionError, SessionDB, SessionNotFoundError,
+                          StateDbCorruptError,
                           StoreUnavailableError, list_sessions_across_profiles)
 
 
@@ -144,13 +145,28 @@ def test_a_damaged_fts_structure_is_a_typed_error_for_every_call(db):
 
 # --- public API that corrupts state -----------------------------------------------------------------
 
-def test_compression_is_not_an_end_reason_callers_may_give(db):
+def test_ending_by_compression_then_creating_the_child_builds_the_chain(db):
+    # The design document's lineage: end the session with "compression", then create its
+    # continuation with parent_session_id. The two steps together are one compression edge.
     db.create_session("s", "cli")
-    with pytest.raises(ValueError, match="reserved"):
-        db.end_session("s", "compression")
-    db.append_message("s", "user", "still usable")
-    db.rotate_session("s", "t", [])
+    db.append_message("s", "user", "first half")
+    db.end_session("s", "compression")
+    db.end_session("s", "user_exit")  # the first end wins
     assert db.get_session("s")["end_reason"] == "compression"
+    db.create_session("t", "cli", parent_session_id="s")
+    assert db.get_compression_successor("s") == "t"
+    assert db.get_compression_ancestors("t") == ["s"]
+    with pytest.raises(SessionClosedByCompressionError):
+        db.reopen_session("s")  # its conversation lives on in "t"
+    assert [m["content"] for m in db.get_messages_as_conversation("t", include_ancestors=True)] == ["first half"]
+
+
+def test_a_compression_end_without_a_continuation_can_be_reopened_and_ended_again(db):
+    db.create_session("s", "cli")
+    db.end_session("s", "compression")
+    db.reopen_session("s")
+    db.end_session("s", "user_exit")
+    assert db.get_session("s")["end_reason"] == "user_exit"
 
 
 def test_replace_messages_refuses_one_uid_twice(db):
@@ -575,3 +591,54 @@ def test_a_symlinked_store_is_private_through_the_link(tmp_path):
     assert link.is_symlink() and modes["state.db"] == 0o600
     assert {"state.db-wal", "state.db-shm"} <= set(modes), modes
     assert set(modes.values()) == {0o600}, modes
+
+
+# --- a killed upgrade's half-written copy ---------------------------------------------------------------
+
+def test_an_open_removes_half_written_copies_a_killed_process_left(tmp_path):
+    # The pre-upgrade copy is written with SQLite into a `.partial-<pid>-<hex>` name; a SIGKILL
+    # mid-copy leaves it and its journal. The next open removes them, but never a copy whose
+    # writer is still running, nor another name.
+    path = tmp_path / "state.db"
+    SessionDB(path).close()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid, live_pid = int(gone.stdout), child.pid
+    try:
+        left = [tmp_path / f"state.db.pre-v31-20260101T000000Z.bak.partial-{dead_pid}-0123abcd",
+                tmp_path / f"state.db.pre-v31-20260101T000000Z.bak.partial-{dead_pid}-0123abcd-journal"]
+        kept = [tmp_path / f"state.db.pre-v31-20260101T000000Z.bak.partial-{live_pid}-89abcdef",
+                tmp_path / f"other.db.partial-{dead_pid}-0123abcd", tmp_path / "state.db.pre-v31-x.bak"]
+        for p in left + kept:
+            p.write_bytes(b"half a copy")
+        with SessionDB(path) as db:
+            db.create_session("s", "cli")
+        assert [p for p in left if p.exists()] == []
+        assert all(p.exists() for p in kept)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_copy_killed_mid_write_is_cleaned_at_the_next_open(tmp_path):
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+        db.append_message("s", "user", "x" * 100_000)
+    # A child starts writing a backup through the library, and is killed while the copy is open.
+    code = ("import os, signal, sqlite3, sys; import hermes_state_recovery as r; "
+            "real = sqlite3.connect\n"
+            "def stop(*a, **k):\n    c = real(*a, **k)\n    if '.partial-' in str(a[0]):\n"
+            "        c.execute('CREATE TABLE t (x)'); c.execute('BEGIN'); c.execute('INSERT INTO t VALUES (1)')\n"
+            "        os.kill(os.getpid(), signal.SIGKILL)\n    return c\n"
+            "from hermes_state import SessionDB\n"
+            "db = SessionDB(sys.argv[1])\n"
+            "r.sqlite3.connect = stop\n"
+            "db.backup(sys.argv[1] + '.pre-v31-20260101T000000Z.bak')")
+    subprocess.run([sys.executable, "-c", code, str(path)], env={**os.environ, "HERMES_STATE_DB_GUARD_BYPASS": "1"},
+                   timeout=60)
+    leftovers = sorted(p.name for p in tmp_path.iterdir() if ".partial-" in p.name)
+    assert leftovers and any(n.endswith("-journal") for n in leftovers), leftovers
+    SessionDB(path).close()
+    assert [p.name for p in tmp_path.iterdir() if ".partial-" in p.name] == []

@@ -14,7 +14,7 @@ RANKS = {
     "hermes_state_writer": 2, "hermes_state_render": 2, "hermes_state_lockowners": 2, "hermes_state_home": 2, "hermes_state_provider": 2,
     "hermes_state_cjk": 2, "hermes_state_highlight": 2, "hermes_state_table": 2,
     "hermes_state_lineage": 2,
-    "hermes_state_schema": 3, "hermes_state_query": 3,
+    "hermes_state_schema": 3, "hermes_state_query": 3, "hermes_state_titles": 3,
     "hermes_state_fts": 4, "hermes_state_catalogue": 4,
     "hermes_state_sessions": 4,
     "hermes_state_messages": 5,
@@ -60,7 +60,7 @@ MAX_LINES = 600
 # The facade is one line per delegating method (its method table) plus the methods that reshape
 # arguments or compose several steps. The common module holds the data dictionary, one line per
 # declared column; it grows with the tables, not with logic.
-LONGER = {"hermes_state": 540, "hermes_state_common": 720}
+LONGER = {"hermes_state": 580, "hermes_state_common": 720}
 
 
 def test_no_module_imports_another_modules_private_names():
