@@ -29,6 +29,7 @@ import hermes_state_lineage as lineage
 import hermes_state_listings as listings
 import hermes_state_maintenance as maintenance
 import hermes_state_messages as message_rows
+import hermes_state_ownership as ownership
 import hermes_state_portability as portability
 import hermes_state_recovery as recovery
 import hermes_state_schema as schema
@@ -43,10 +44,10 @@ from hermes_state_gateway import receipt_digest
 from hermes_state_cjk import has_cjk
 from hermes_state_query import MAX_QUERY_CHARS as MAX_FTS5_QUERY_CHARS  # noqa: F401 - hermes-agent's name
 from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
-from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
+from hermes_state_ownership import input_marker
+from hermes_state_provider import ReasoningFieldMemory, strip_echoed_user_input, to_provider_messages
 from hermes_state_listings import workspace_key
 from hermes_state_recovery import RecoveryReport, TableRecovery, recover
-from hermes_state_routing import input_marker, strip_echoed_user_input
 from hermes_state_common import SCHEMA_VERSION
 from hermes_state_table import Entry
 from hermes_state_writer import RetryPolicy, SharedHandles, Transaction, Writer
@@ -363,8 +364,10 @@ class SessionDB:
     record_receipt = Entry("write", gateway.record_receipt)
     list_receipts = Entry("read", gateway.list_receipts, unknown=[])
     owe_delivery = Entry("write", routing.owe_delivery)
+    begin_delivery = Entry("activity", routing.begin_delivery)
     mark_delivered = Entry("activity", routing.mark_delivered)
     mark_failed = Entry("activity", routing.mark_failed)
+    recover_deliveries = Entry("write", routing.recover_deliveries)
     list_owed = Entry("read", routing.list_owed, unknown=[])
     get_delivery = Entry("read", routing.get_delivery, unknown=None)
     set_route = Entry("write", routing.set_route)
@@ -404,20 +407,6 @@ class SessionDB:
         with self._write() as conn:
             return sessions.ensure_session(conn, session_id, source, columns)
 
-    def begin_delivery(self, obligation_id: int, *, epoch: int | None = None) -> int:
-        """Start a send attempt (pending/failed -> attempting); return the attempt's fence. Activity write."""
-        with self._write(self._ACTIVITY_WRITE_PATIENCE_S) as conn:
-            if epoch is not None:  # a replaced owner must not start sends
-                gateway.check_epoch(conn, epoch)
-            return routing.begin_delivery(conn, obligation_id)
-
-    def recover_deliveries(self, max_attempts: int = 3, *, epoch: int | None = None) -> dict[str, int]:
-        """At owner start: attempting -> pending (recovered=1), over the cap -> abandoned; return the counts."""
-        with self._write() as conn:
-            if epoch is not None:  # a replaced owner must not pull back its successor's sends
-                gateway.check_epoch(conn, epoch)
-            return routing.recover_deliveries(conn, max_attempts)
-
     def update_delegation(self, delegation_id: str, **changes: Any) -> None:
         """Move a delegation on (`state=`) and/or set its `result=` or `target=`; a finished one is final."""
         with self._write() as conn:
@@ -427,8 +416,8 @@ class SessionDB:
         """Append a failed turn's user input unless a row already owns `marker`; return the row id or None."""
         self._check_writable()
         with self._read() as conn:  # where it would go, so a compression there is waited out first
-            target = routing.input_target(conn, session_id)
-        return self._transcript_write(target, lambda conn: routing.persist_failed_turn_input(
+            target = ownership.input_target(conn, session_id)
+        return self._transcript_write(target, lambda conn: ownership.persist_failed_turn_input(
             conn, session_id, message, marker))
 
     def check_integrity(self, full: bool = False) -> dict[str, Any]:
@@ -489,10 +478,6 @@ class SessionDB:
     def _conn(self) -> Any:
         """The handle's connection, rows readable by column name (for tests and agent code that peek)."""
         return writer.RowConnection(self._writer.conn)
-
-    @property
-    def _lock(self) -> Any:
-        return self._writer.lock
 
     def delete_session(self, session_id: str, sessions_dir: str | os.PathLike | None = None) -> bool:
         """Delete a session with its whole conversation and its delegates; False for an unknown id."""
