@@ -322,7 +322,8 @@ class SessionDB:
     set_latest_user_api_content = Entry("transcript", message_rows.set_latest_user_api_content)
     replace_messages = Entry("transcript", message_rows.replace_messages)
     clear_messages = Entry("transcript", message_rows.clear_messages)
-    get_messages_as_conversation = Entry("snapshot", conversation.get_messages_as_conversation, unknown=[])
+    get_resume_conversations = Entry("snapshot", conversation.get_resume_conversations, unknown=([], []))
+    get_ancestor_display_prefix = Entry("snapshot", conversation.get_ancestor_display_prefix, unknown=[])
     get_lineage = Entry("read", lineage.get_lineage, unknown=[])
     get_descendants = Entry("read", lineage.get_descendants, unknown=[])
     get_compression_successor = Entry("read", lineage.compression_successor_id, unknown=None)
@@ -444,6 +445,16 @@ class SessionDB:
         with self._write() as conn:
             return portability.import_validated(conn, plan, on_conflict)
 
+    def get_messages_as_conversation(self, session_id: str, include_ancestors: bool = False,
+                                     with_row_ids: bool = False, include_inactive: bool = False,
+                                     repair_alternation: bool = False) -> list[dict[str, Any]]:
+        """Return the transcript as OpenAI-format dicts (the parent chain first, repaired for sending, if asked)."""
+        if isinstance(session_id, str) and common.has_surrogate(session_id):
+            return []  # no stored id can hold a lone surrogate
+        with self._read(snapshot=True) as conn:
+            return conversation.get_messages_as_conversation(conn, session_id, include_ancestors, with_row_ids,
+                                                             include_inactive, repair_alternation)
+
     def iter_export(self, source: str | None = None) -> Iterator[dict[str, Any]]:
         """Yield export documents one session at a time, by id (memory stays flat)."""
         return portability.iter_export(self._read, source)
@@ -528,6 +539,11 @@ class SessionDB:
             return None  # no stored id can hold a lone surrogate
         with self._read() as conn:
             return lineage.compression_successor_id(conn, session_id) or session_id
+
+
+# hermes-agent's names for the background-review filter the conversation applies.
+_is_background_review_harness_message = conversation.is_background_review_harness_message
+_strip_background_review_harness = conversation.strip_background_review_harness
 
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:

@@ -92,7 +92,7 @@ class Entry(Generic[P, R]):
         """Return (or raise) what the entry declares for an unknown key."""
         if isinstance(self.unknown, type) and issubclass(self.unknown, BaseException):
             raise self.unknown(f"{key!r} not found")
-        return copy.copy(self.unknown)
+        return copy.deepcopy(self.unknown)  # a fresh value each call: the caller may change it
 
     if TYPE_CHECKING:  # what type checkers and editors see: the module function without `conn`
         def __get__(self, obj: Any, owner: Any = None) -> Callable[P, R]: ...

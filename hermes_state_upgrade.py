@@ -117,7 +117,7 @@ def open_connection(path: Path, *, read_only: bool, read_busy_s: float, patience
     try:
         with typed_errors(path, reading=True):  # "not a database" at open -> StateDbCorruptError
             if read_only:
-                return Opened(conn, schema.check_read_only(conn, path, read_busy_s))
+                return Opened(conn, catalogue.check_read_only(conn, path, read_busy_s))
             catalogue.check_ours(conn, path, force=force)  # before any write or chmod: it may be another's file
             changes = schema.tighten_files(path)
             catalogue.clean_partial_copies(path)  # a killed upgrade's half-written copy

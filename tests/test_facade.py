@@ -207,7 +207,8 @@ def test_every_public_method_of_this_feature_exists_with_its_spec_signature():
                                 "cache_write_tokens", "reasoning_tokens", "estimated_cost_usd", "api_call_count",
                                 "model", "absolute", "actual_cost_usd", "billing_provider", "billing_base_url",
                                 "billing_mode", "cost_status", "cost_source", "pricing_version"],
-        "get_messages_as_conversation": ["self", "session_id", "include_ancestors", "with_row_ids"],
+        "get_messages_as_conversation": ["self", "session_id", "include_ancestors", "with_row_ids",
+                                         "include_inactive", "repair_alternation"],
         "get_messages": ["self", "session_id", "include_inactive", "limit", "offset"],
         "merge_messages": ["self", "session_id", "row_ids"],
         "pin_session": ["self", "session_id", "pinned"],
@@ -233,7 +234,7 @@ def _table() -> dict:
 def test_the_table_covers_the_plain_delegations():
     names = set(_table())
     assert {"get_session", "get_delegation", "list_sessions", "search_messages", "append_message",
-            "mark_delivered", "export_session", "update_session", "set_session_title"} <= names
+            "mark_delivered", "export_session", "update_session", "set_session_title", "get_resume_conversations"} <= names
     assert len(names) > 50
     # Methods that reshape arguments or compose several steps stay explicit.
     assert not {"iter_export", "restore", "persist_failed_turn_input", "delete_sessions"} & names
