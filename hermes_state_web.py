@@ -234,7 +234,10 @@ async def search_page(datasette, request):
         found = await _off_loop(_search, database.path, query, [role] if role else None, reasoning,
                                 HITS_PER_PAGE + 1, (page - 1) * HITS_PER_PAGE)
         if page == 1:  # sessions whose title holds the words, above the messages that do
-            titled = [dict(r) for r in (await database.execute(_TITLES_SQL, {
+            # An older file (hermes-agent's) has no last_activity_at: its sessions sort by their start.
+            activity = ("COALESCE(last_activity_at, started_at)" if "last_activity_at" in
+                        await database.table_columns("sessions") else "started_at")
+            titled = [dict(r) for r in (await database.execute(_TITLES_SQL.format(activity=activity), {
                 "pattern": "%" + re.sub(r"([\\%_])", r"\\\1", query) + "%", "limit": HITS_PER_PAGE})).rows]
     more = len(found) > HITS_PER_PAGE
     found = found[:HITS_PER_PAGE]
@@ -253,7 +256,7 @@ async def search_page(datasette, request):
 
 # Titles are short and few: a LIKE over the sessions table (case-insensitive for ASCII) finds them.
 _TITLES_SQL = r"""
-SELECT id, title, source, COALESCE(last_activity_at, started_at) AS last_activity FROM sessions
+SELECT id, title, source, {activity} AS last_activity FROM sessions
  WHERE title LIKE :pattern ESCAPE '\'
  ORDER BY last_activity DESC, id LIMIT :limit"""
 
@@ -301,7 +304,8 @@ def _details(session: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def _message_view(row: dict[str, Any]) -> dict[str, Any]:
-    calls = row.get("tool_calls") if isinstance(row.get("tool_calls"), list) else []
+    stored = row.get("tool_calls")
+    calls = stored if isinstance(stored, list) else []
     reasoning = next((row[k] for k in ("reasoning", "reasoning_content") if isinstance(row.get(k), str)
                       and row[k].strip()), None)
     return {"id": row["id"], "role": row["role"], "content": _text(row.get("content")),
@@ -313,11 +317,12 @@ def _call_view(call: Any) -> dict[str, str]:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict):
         return {"name": "call", "arguments": _text(call)}
-    arguments = function.get("arguments")
+    stored = function.get("arguments")
     try:  # show JSON arguments indented; anything else exactly as stored
-        arguments = json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
-    except (TypeError, ValueError):
-        arguments = _text(arguments)
+        arguments = json.dumps(json.loads(stored), indent=2, ensure_ascii=False) if isinstance(stored, str) \
+            else _text(stored)
+    except ValueError:
+        arguments = _text(stored)
     return {"name": str(function.get("name") or "call"), "arguments": arguments}
 
 
@@ -411,11 +416,12 @@ _MARK = re.compile(r">>>(.*?)<<<", re.S)
 
 def _marked(snippet: str | None) -> Markup:
     """Escape a search snippet and turn its >>>match<<< marks into <mark> elements."""
+    text = snippet or ""
     out, last = Markup(""), 0
-    for match in _MARK.finditer(snippet or ""):
-        out += escape(snippet[last:match.start()]) + Markup("<mark>%s</mark>") % match.group(1)
+    for match in _MARK.finditer(text):
+        out += escape(text[last:match.start()]) + Markup("<mark>%s</mark>") % match.group(1)
         last = match.end()
-    return out + escape((snippet or "")[last:])
+    return out + escape(text[last:])
 
 
 # --- templates (Datasette's Jinja environment: autoescaped, extending its base page) -----------
