@@ -122,7 +122,8 @@ class SessionDB:
         self.profile_home = get_hermes_home().absolute()
         self.db_path = _resolve_path(db_path, self.profile_home)
         self.read_only, self._backup_before_upgrade = read_only, backup_before_upgrade
-        self._closed, self._fts = False, None
+        self._closed = False
+        self._fts: upgrade.FtsRebuild | None = None
         check_db_path_allowed(self.db_path)  # before any directory, file or pragma
         # A writable file gets a second connection for reads (opened on first read); read-only
         # handles and in-memory databases (a second connection would be another database) do not.

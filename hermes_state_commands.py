@@ -390,9 +390,13 @@ def cmd_fts(args: argparse.Namespace) -> int:
             data = db.fts_rebuild_status()
         else:
             data = _with_progress("rebuilding the search index", db.rebuild_fts,
-                                  lambda: (db.fts_rebuild_status()["indexed"], db.fts_rebuild_status()["total"]))
+                                  lambda: _indexed_of_total(db.fts_rebuild_status()))
     emit(args, data, lambda d: "  ".join(f"{k}={v}" for k, v in d.items()))
     return 0
+
+
+def _indexed_of_total(status: dict[str, Any]) -> tuple[int, int | None]:
+    return int(status["indexed"]), int(status["total"])
 
 
 def _with_progress(label: str, work: Callable[[], Any], poll: Callable[[], tuple[int, int | None]]) -> Any:

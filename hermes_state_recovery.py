@@ -23,7 +23,7 @@ import time
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import hermes_state_catalogue as catalogue
 import hermes_state_fts as fts
@@ -276,7 +276,7 @@ class RecoveryReport:
         self.complete = self.integrity == "ok" and not self.losses
 
 
-def _source_tables(conn: sqlite3.Connection) -> list[tuple[str, str]]:
+def _source_tables(conn: sqlite3.Connection) -> list[tuple[str, str | None]]:
     rows = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' "
                         "ESCAPE '\\'").fetchall()
     # Only a table's own definition is ever read through: an entry typed `table` holding any
@@ -360,7 +360,7 @@ def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, col
     insert = f'INSERT INTO {_quote(table)} ({names}) VALUES ({", ".join("?" * len(columns))})'
 
     def put(rows: list[tuple]) -> None:
-        src.mark = time.monotonic()  # rows arrived: the step limit counts from here
+        cast(_Bounded, src).mark = time.monotonic()  # rows arrived: the step limit counts from here
         try:
             with_savepoint(dst, lambda: dst.executemany(insert, rows))
             report.copied += len(rows)
@@ -380,9 +380,9 @@ def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, col
         row = _row_after(src, table, names, last)
         if row is None:
             return None
-        if row is not _UNREADABLE:
+        if isinstance(row, tuple):
             put([row[1:]])
-            return row[0]
+            return int(row[0])
         resume = _next_readable(src, table, names, last)
         report.lost_ranges.append((last + 1, resume))
         return resume
@@ -415,18 +415,20 @@ def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, col
             if _interrupted(exc):
                 raise
             report.error = report.error or str(exc)
-            last = step_over(last)
-            if last is None:
+            resumed = step_over(last)
+            if resumed is None:
                 return
+            last = resumed
             continue
         put(batch)
         if len(batch) < COPY_CHUNK_ROWS:
             return
         if last == before:  # a full batch of rowids at or before `last`: the order is broken here
             report.error = report.error or f"rows out of rowid order after rowid {last}"
-            last = step_over(last)
-            if last is None:
+            resumed = step_over(last)
+            if resumed is None:
                 return
+            last = resumed
 
 
 def with_savepoint(conn: sqlite3.Connection, body: Callable[[], object]) -> None:
@@ -550,7 +552,7 @@ def _copy_table(src: sqlite3.Connection, dst: sqlite3.Connection, name: str, sql
         result.error = f"reading it made no progress for {STEP_LIMIT_S:.0f} s ({exc}); the rest was not read"
 
 
-def _build(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[tuple[str, str]],
+def _build(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[tuple[str, str | None]],
            report: RecoveryReport) -> None:
     # A private file until renamed: its journal in memory (nearly empty: the file only grows), as a
     # SAVEPOINT needs one to roll back (with journal_mode OFF, ROLLBACK TO undoes nothing).

@@ -139,7 +139,7 @@ def set_up(conn: sqlite3.Connection, db_path: Path, patience_s: float, policy: R
     schema.enable_wal(conn, db_path, patience_s, policy)
     changes = schema.tighten_side_files(db_path)
     if not schema.needs_migration(conn):
-        return schema.read_version(conn), None, changes
+        return schema.read_version(conn) or 0, None, changes
     copy = start_upgrade(conn, db_path, backup=backup)
     found = schema.migrate(Writer(conn, on_give_up=on_give_up), patience_s, policy, before_upgrade=prepare_upgrade)
     if found > SCHEMA_VERSION:

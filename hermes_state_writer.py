@@ -146,6 +146,7 @@ class Writer:
     def _read_conn(self) -> sqlite3.Connection:
         # Under read_lock. Opened lazily: a handle that only writes never pays for it.
         if self._reader is None:
+            assert self._open_reader is not None  # callers check there is a separate reader first
             self._reader = self._open_reader()
         return self._reader
 
@@ -205,7 +206,8 @@ class Writer:
             # A nested call from inside a transaction joins it: one all-or-nothing unit.
             yield self.conn
             return
-        give_up = (lambda: self.on_give_up(patience_s)) if self.on_give_up else None
+        on_give_up = self.on_give_up
+        give_up = (lambda: on_give_up(patience_s)) if on_give_up is not None else None
         remaining = [patience_s]
 
         def note_remaining(seconds: float) -> None:
