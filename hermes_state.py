@@ -31,6 +31,7 @@ import hermes_state_maintenance as maintenance
 import hermes_state_messages as message_rows
 import hermes_state_portability as portability
 import hermes_state_recovery as recovery
+import hermes_state_repair as repair
 import hermes_state_schema as schema
 import hermes_state_routing as routing
 import hermes_state_search as search
@@ -43,6 +44,7 @@ from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
 from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
 from hermes_state_listings import workspace_key
 from hermes_state_recovery import RecoveryReport, TableRecovery, recover
+from hermes_state_repair import is_malformed_db_error
 from hermes_state_routing import input_marker, strip_echoed_user_input
 from hermes_state_common import SCHEMA_VERSION, logger
 from hermes_state_writer import RetryPolicy, Writer
@@ -72,6 +74,7 @@ __all__ = [
     "recover", "RecoveryReport", "TableRecovery", "ImportReport", "ImportValidationError", "ImportConflictError",
     "EXPORT_FORMAT", "EXPORT_VERSION",
     "LedgerStateError", "receipt_digest", "input_marker", "strip_echoed_user_input",
+    "repair_state_db_schema", "is_malformed_db_error",
 ]
 
 
@@ -90,6 +93,33 @@ def _unknown_if_unstorable(default: Callable[[], Any]) -> Callable[[Callable[...
             return method(self, key, *args, **kwargs)
         return read
     return wrap
+
+
+class _NamedRows:
+    """The write connection as hermes-agent's callers see it: rows they fetch read by index or by name."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self._raw = conn
+
+    def execute(self, sql: str, parameters: Any = ()) -> sqlite3.Cursor:
+        # A cursor's own row factory, so the library's statements on this connection keep plain tuples.
+        cur = self._raw.cursor()
+        cur.row_factory = sqlite3.Row
+        return cur.execute(sql, parameters)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+
+# hermes-agent's names for the health probe and the paths an open already tried to repair: a
+# malformed file gets one repair per process, so a file the repair cannot fix is not retried.
+_db_opens_cleanly = repair.db_opens_cleanly
+_repair_attempted_paths: set[str] = set()
+
+
+def repair_state_db_schema(db_path: str | os.PathLike, *, backup: bool = True) -> dict[str, Any]:
+    """Repair a malformed schema or full-text index in place, a copy kept first; return the report."""
+    return repair.repair_state_db_schema(db_path, backup=backup, check=lambda path: _db_opens_cleanly(path))
 
 
 def _resolve_path(db_path: str | os.PathLike | None, home: Path) -> Path:
@@ -150,6 +180,18 @@ class SessionDB:
                 schema.prepare_file(path)
             except OSError as exc:
                 raise StoreUnavailableError(f"cannot create or open {path}: {exc}") from exc
+        try:
+            return self._connect_once(path)
+        except StateDbCorruptError as exc:
+            key = os.path.realpath(path)
+            if self.read_only or not repair.is_catalogue_error(exc) or key in _repair_attempted_paths:
+                raise
+            _repair_attempted_paths.add(key)
+            if not repair_state_db_schema(path)["repaired"]:
+                raise
+            return self._connect_once(path)
+
+    def _connect_once(self, path: Path) -> sqlite3.Connection:
         with typed_errors(path):  # a directory or a path SQLite cannot open -> StoreUnavailableError
             conn = schema.connect(path, read_only=self.read_only, read_busy_s=self._READ_BUSY_TIMEOUT_S)
         try:
@@ -299,11 +341,11 @@ class SessionDB:
     def create_session(self, session_id: str, source: str, model: str | None = None, *,
                        model_config: Any = None, system_prompt: str | None = None, user_id: str | None = None,
                        parent_session_id: str | None = None, **columns: Any) -> str:
-        """Create a session row; a duplicate id or unknown column raises ValueError."""
+        """Create a session row; an existing id is left as it is (the first write wins), an unknown column raises ValueError."""
         columns.update(model=model, model_config=model_config, system_prompt=system_prompt, user_id=user_id,
                        parent_session_id=parent_session_id)
         with self._write() as conn:
-            return sessions.create_session(conn, session_id, source, columns)
+            return sessions.ensure_session(conn, session_id, source, columns)
 
     @_unknown_if_unstorable(lambda: None)
     def get_session(self, session_id: str) -> dict[str, Any] | None:
@@ -554,6 +596,11 @@ class SessionDB:
             with self._write() as conn:
                 report = fts.integrity_report(conn)
         return {"ok": not problems and all(v == "ok" for v in report.values()), "problems": problems, "fts": report}
+
+    def optimize_fts(self) -> int:
+        """Merge each full-text index into one segment (maintenance: one long write); return how many."""
+        with self._write() as conn:
+            return fts.optimize(conn)
 
     def rebuild_fts(self) -> dict[str, Any]:
         """Rebuild the FTS indexes to the end in short chunks (resuming one under way); return the status."""
@@ -841,8 +888,8 @@ class SessionDB:
     @property
     def _conn(self) -> sqlite3.Connection:
         # hermes-agent's callers and tests reach the write connection by this name. Statements run
-        # on it directly bypass the writer's lock and retries.
-        return self._writer.conn
+        # on it directly bypass the writer's lock and retries. Their rows answer by column name too.
+        return _NamedRows(self._writer.conn)  # type: ignore[return-value]
 
     @_unknown_if_unstorable(lambda: False)
     def delete_session(self, session_id: str, sessions_dir: str | os.PathLike | None = None) -> bool:

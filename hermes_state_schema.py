@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from hermes_state_common import (COUNTERS, DICTIONARY, INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
+from hermes_state_common import (COUNTERS, DICTIONARY, INDEX_SQL, PAGE_SIZE, logger, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
                                  SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, object_exists, recount_sql,
                                  sql_literal, table_exists)
 from hermes_state_writer import RetryPolicy, Writer, retry_on_lock
@@ -354,8 +354,35 @@ def is_older_file(conn: sqlite3.Connection) -> bool:
 
 # --- building and migrating ------------------------------------------------------------------------
 
+TITLE_INDEX = "idx_sessions_title_unique"
+
+
+def free_duplicate_titles(conn: sqlite3.Connection) -> list[str]:
+    """Clear a repeated title from every holder but the newest; return the ids that lost it.
+
+    Run before the unique-title index is built on a file that lacks it (another program dropped
+    it, then wrote duplicates): without this the index cannot be built and the file cannot open.
+    No row is deleted; only the title of the older holders becomes NULL. Runs inside the
+    caller's write transaction.
+    """
+    if object_exists(conn, "index", TITLE_INDEX):
+        return []
+    cleared = [sid for (sid,) in conn.execute(
+        "SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY title ORDER BY started_at DESC, rowid DESC) AS n"
+        " FROM sessions WHERE title IS NOT NULL) WHERE n > 1")]
+    for sid in cleared:
+        conn.execute("UPDATE sessions SET title = NULL WHERE id = ?", (sid,))
+    if cleared:
+        # Said once, at the open that repaired it: the next open finds the index and says nothing.
+        logger.warning("repaired repeated session titles so titles are unique again: the newest holder of each "
+                       "kept it, %d older session(s) lost it (no session or message was deleted): %s",
+                       len(cleared), ", ".join(cleared[:20]) + (" ..." if len(cleared) > 20 else ""))
+    return cleared
+
+
 def _finish(conn: sqlite3.Connection) -> None:
     # What every open leaves in place: the declared indexes, the uid trigger, the current numbers.
+    free_duplicate_titles(conn)
     for sql in INDEX_SQL:
         conn.execute(sql)
     conn.execute(UID_TRIGGER_SQL)

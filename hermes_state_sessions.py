@@ -86,7 +86,7 @@ def check_title_free(conn: sqlite3.Connection, title: str | None, session_id: st
         return
     row = conn.execute("SELECT id FROM sessions WHERE title = ? AND id != ?", (title, session_id)).fetchone()
     if row is not None:
-        raise TitleConflictError(f"title {title!r} is already used by session {row[0]!r}")
+        raise TitleConflictError(f"title {title!r} is already in use by session {row[0]!r}")
 
 
 def session_exists(conn: sqlite3.Connection, session_id: str) -> bool:

@@ -101,7 +101,7 @@ CASES: list[tuple[str, Good, Check, Good, type[Exception]]] = [
     ("create_session",
      lambda db, s: db.create_session("fresh", "cli", "m", user_id="basic:alice"),
      lambda r: scalar(r, "SELECT user_id FROM sessions WHERE id = 'fresh'") == "basic:alice",
-     lambda db, s: db.create_session("s", "cli"), ValueError),
+     lambda db, s: db.create_session("other", "cli", colour="red"), ValueError),  # an existing id is a no-op
     ("set_session_title",
      lambda db, s: db.set_session_title("old", "  Renamed  "),
      lambda r: scalar(r, "SELECT title FROM sessions WHERE id = 'old'") == "Renamed",
@@ -216,3 +216,10 @@ def test_every_public_method_of_this_feature_exists_with_its_spec_signature():
         assert list(inspect.signature(getattr(SessionDB, name)).parameters) == params, name
     assert list(inspect.signature(SessionDB.to_provider_messages).parameters) == ["conversation", "provider",
                                                                                   "base_url", "model"]
+
+
+def test_agent_connection_rows_read_by_name_and_index(db):
+    db.create_session("s", "cli")
+    got = db._conn.execute("SELECT id, source FROM sessions").fetchone()
+    assert (got["id"], got[1]) == ("s", "cli")
+    assert db.get_session("s")["source"] == "cli"  # the library's own statements are unaffected

@@ -22,6 +22,7 @@ RANKS = {
     "hermes_state_compression": 7,
     "hermes_state_portability": 8, "hermes_state_recovery": 8, "hermes_state_gateway": 8, "hermes_state_routing": 8,
     "hermes_state_maintenance": 8.5,  # deletes what the ledgers (rank 8) describe
+    "hermes_state_repair": 8.5,
     "hermes_state": 9,
     # Consumers of the facade, not layers of it.
     "hermes_state_commands": 10, "hermes_state_pytest": 10, "hermes_state_web": 10,

@@ -374,3 +374,55 @@ def test_every_ladder_step_runs_on_rows_a_build_copies_in(tmp_path, monkeypatch)
     conn.execute("COMMIT")
     assert ran == ["LADDER", "LAYOUT_STEPS"]
     assert conn.execute("SELECT id, title FROM sessions ORDER BY id").fetchall() == [("a", "T"), ("b", "T #2")]
+
+
+def _drop_title_index_and_share(path, ids, title="Shared") -> None:
+    # Another program dropped the unique index, then wrote one title on several sessions.
+    c = sqlite3.connect(path, isolation_level=None)
+    c.execute("DROP INDEX idx_sessions_title_unique")
+    c.execute(f"UPDATE sessions SET title = ? WHERE id IN ({','.join('?' * len(ids))})", (title, *ids))
+    c.close()
+
+
+def test_open_frees_repeated_titles_for_the_newest_holder_keeping_every_row(tmp_path, caplog):
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        for sid in ("c", "a", "b"):  # created in this order; the start times below decide
+            db.create_session(sid, "cli")
+            db.append_message(sid, "user", f"note {sid}")
+    _drop_title_index_and_share(path, ["a", "b", "c"])
+    c = sqlite3.connect(path, isolation_level=None)
+    c.executemany("UPDATE sessions SET started_at = ? WHERE id = ?", [(1000.0, "a"), (2000.0, "b"), (3000.0, "c")])
+    c.close()
+    with caplog.at_level("WARNING", logger="hermes_state"):
+        with SessionDB(path) as db:
+            assert [db.get_session_title(s) for s in ("a", "b", "c")] == [None, None, "Shared"]
+            assert [db.get_messages(s)[0]["content"] for s in ("a", "b", "c")] == ["note a", "note b", "note c"]
+            with pytest.raises(ValueError, match="already in use"):
+                db.set_session_title("a", "Shared")
+    warned = [r.message for r in caplog.records if "unique again" in r.message]
+    assert len(warned) == 1 and "2 older session(s)" in warned[0] and warned[0].endswith(": b, a")  # newest first
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hermes_state"):
+        SessionDB(path).close()  # repaired once: the next open has nothing to say
+    assert not [r for r in caplog.records if "unique again" in r.message]
+
+
+def test_open_rebuilds_a_dropped_title_index_without_touching_distinct_titles(tmp_path):
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("a", "cli", title="One")
+        db.create_session("b", "cli", title="Two")
+    c = sqlite3.connect(path, isolation_level=None)
+    c.execute("DROP INDEX idx_sessions_title_unique")
+    c.close()
+    with SessionDB(path) as db:
+        assert (db.get_session_title("a"), db.get_session_title("b")) == ("One", "Two")
+    c = sqlite3.connect(path)
+    assert c.execute("SELECT 1 FROM sqlite_master WHERE name = 'idx_sessions_title_unique'").fetchone()
+    c.close()
+
+
+def test_free_duplicate_titles_is_a_no_op_while_the_index_exists(conn):
+    conn.execute("INSERT INTO sessions (id, source, started_at, title) VALUES ('x', 'cli', 1, 'T')")
+    assert schema.free_duplicate_titles(conn) == []

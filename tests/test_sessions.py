@@ -785,3 +785,33 @@ def test_counters_match_active_rows_and_uids_stay_hex(tmp_path_factory):
     finally:
         check.close()
         db.close()
+
+
+def test_create_session_twice_keeps_the_first_row_and_writes_nothing(db, rival):
+    db.create_session("dup", "cli", "m1", title="First")
+    before = dict(row(rival, "dup"))
+    assert db.create_session("dup", "telegram", "m2", title="Second") == "dup"
+    assert dict(row(rival, "dup")) == before
+    assert rival.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 1
+
+
+def test_create_session_twice_still_checks_its_columns(db, rival):
+    db.create_session("dup", "cli")
+    with pytest.raises(ValueError, match="bogus"):
+        db.create_session("dup", "cli", bogus=1)
+
+
+def test_create_session_racing_itself_across_threads_makes_one_row(db, rival):
+    import threading
+    start = threading.Barrier(4)
+
+    def create(n: int) -> None:
+        start.wait()
+        db.create_session("race", f"src{n}")
+
+    threads = [threading.Thread(target=create, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert rival.execute("SELECT COUNT(*) FROM sessions WHERE id = 'race'").fetchone()[0] == 1
