@@ -133,8 +133,10 @@ def ensure_session(conn: sqlite3.Connection, session_id: str, source: str, colum
 
     The columns are validated either way, so a bad name or value raises even when nothing is written.
     """
+    check_id("session_id", session_id)
+    check_id("source", source)
     _session_values({k: v for k, v in columns.items() if v is not None})
-    if isinstance(session_id, str) and session_id and session_exists(conn, session_id):
+    if session_exists(conn, session_id):
         return session_id
     return create_session(conn, session_id, source, columns)
 
