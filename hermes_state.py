@@ -15,11 +15,14 @@ import asyncio
 import functools
 import os
 import sqlite3
+import sys  # noqa: F401  (hermes-agent's tests patch hermes_state.sys.platform)
 import threading
+import time  # noqa: F401  (and hermes_state.time.time)
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import hermes_state_catalogue as catalogue
 import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_conversation as conversation
@@ -31,11 +34,11 @@ import hermes_state_maintenance as maintenance
 import hermes_state_messages as message_rows
 import hermes_state_portability as portability
 import hermes_state_recovery as recovery
-import hermes_state_repair as repair
 import hermes_state_schema as schema
 import hermes_state_routing as routing
 import hermes_state_search as search
 import hermes_state_sessions as sessions
+import hermes_state_titles as titles
 import hermes_state_writer as writer
 from hermes_state_gateway import receipt_digest
 from hermes_state_cjk import has_cjk
@@ -44,11 +47,13 @@ from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
 from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
 from hermes_state_listings import workspace_key
 from hermes_state_recovery import RecoveryReport, TableRecovery, recover
-from hermes_state_repair import is_malformed_db_error
+from hermes_state_repair import (db_opens_cleanly as _db_opens_cleanly, is_malformed_db_error, open_repairing,
+                                 repair_state_db_schema as _repair_file)
 from hermes_state_routing import input_marker, strip_echoed_user_input
 from hermes_state_common import SCHEMA_VERSION, logger
-from hermes_state_writer import RetryPolicy, Writer
-from hermes_state_errors import (HermesStateError, ImportConflictError, ImportValidationError,  # noqa: F401
+from hermes_state_writer import NamedRows, RetryPolicy, Writer
+from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
+                                 ImportValidationError,
                                  LedgerStateError, OwnershipReadError,
                                  ProfileNotFoundError, ReadOnlyError, ReceiptDigestError, ReceiptOrderError,
                                  SessionBusyError, SessionClosedByCompressionError, SessionCompressionInProgressError,
@@ -60,13 +65,20 @@ from hermes_state_errors import (HermesStateError, ImportConflictError, ImportVa
 from hermes_state_home import (check_db_path_allowed, child_env, default_hermes_root,  # noqa: F401
                                display_hermes_home, get_hermes_home, hermes_home_override, profile_home)
 from hermes_state_lockowners import configure_error_log, log_write_lock_holders
+from hermes_state_errors import (StateDbJournalError, describe_init_failure, format_session_db_unavailable,
+                                 get_last_init_error, set_last_init_error)
+from hermes_state_schema import apply_wal_with_fallback
+# hermes-agent's private names for the same process-wide state, which its callers and tests reset.
+_set_last_init_error = set_last_init_error
+_wal_fallback_warned_paths = schema.wal_fallback_warned
 
 __all__ = [
+    "apply_wal_with_fallback", "get_last_init_error", "format_session_db_unavailable", "StateDbJournalError",
     "workspace_key",
     "SessionDB", "AsyncSessionDB", "SCHEMA_VERSION", "list_sessions_across_profiles",
     "get_hermes_home", "hermes_home_override", "profile_home", "child_env", "display_hermes_home",
     "ReasoningFieldMemory", "to_provider_messages", "configure_error_log",
-    "HermesStateError", "SessionPersistenceError", "StateDbCorruptError", "StateDbIncompatibleError",
+    "HermesStateError", "SessionPersistenceError", "StateDbCorruptError", "StateDbIncompatibleError", "ForeignDatabaseError",
     "StateDbUninitializedError", "StateDbBusyError", "StoreUnavailableError", "ReadOnlyError",
     "SessionNotFoundError", "TitleConflictError", "SessionBusyError", "SessionCompressionInProgressError",
     "SessionClosedByCompressionError", "StaleEpochError", "ReceiptOrderError", "ReceiptDigestError",
@@ -95,31 +107,12 @@ def _unknown_if_unstorable(default: Callable[[], Any]) -> Callable[[Callable[...
     return wrap
 
 
-class _NamedRows:
-    """The write connection as hermes-agent's callers see it: rows they fetch read by index or by name."""
-
-    def __init__(self, conn: sqlite3.Connection):
-        self._raw = conn
-
-    def execute(self, sql: str, parameters: Any = ()) -> sqlite3.Cursor:
-        # A cursor's own row factory, so the library's statements on this connection keep plain tuples.
-        cur = self._raw.cursor()
-        cur.row_factory = sqlite3.Row
-        return cur.execute(sql, parameters)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._raw, name)
-
-
-# hermes-agent's names for the health probe and the paths an open already tried to repair: a
-# malformed file gets one repair per process, so a file the repair cannot fix is not retried.
-_db_opens_cleanly = repair.db_opens_cleanly
-_repair_attempted_paths: set[str] = set()
+_repair_attempted_paths: set[str] = set()  # hermes-agent's name: an open repairs a path once per process
 
 
 def repair_state_db_schema(db_path: str | os.PathLike, *, backup: bool = True) -> dict[str, Any]:
     """Repair a malformed schema or full-text index in place, a copy kept first; return the report."""
-    return repair.repair_state_db_schema(db_path, backup=backup, check=lambda path: _db_opens_cleanly(path))
+    return _repair_file(db_path, backup=backup, check=lambda path: _db_opens_cleanly(path))
 
 
 def _resolve_path(db_path: str | os.PathLike | None, home: Path) -> Path:
@@ -151,11 +144,13 @@ class SessionDB:
     _shared_lock = threading.Lock()
 
     def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False,
-                 backup_before_upgrade: bool = True):
+                 backup_before_upgrade: bool = True, force: bool = False):
         # Absolute, so a later chdir or HERMES_HOME change cannot move this handle.
         self.profile_home = get_hermes_home().absolute()
         self.db_path = _resolve_path(db_path, self.profile_home)
         self.read_only, self._backup_before_upgrade = read_only, backup_before_upgrade
+        self._force = force  # add the store's tables even to another program's database
+        self.mode_changes: list[str] = []  # files this open tightened to 0600, each with its old mode
         self.upgrade_backup: Path | None = None  # the copy written before this handle upgraded the file
         self.schema_version: int | None = None
         self._closed = False
@@ -163,10 +158,14 @@ class SessionDB:
         # A writable file gets a second connection for reads (opened on first read); read-only
         # handles and in-memory databases (a second connection would be another database) do not.
         separate_reads = not read_only and str(self.db_path) != ":memory:"
-        self._writer = Writer(self._connect(), on_give_up=self._log_lock_holders,
-                              open_reader=(lambda: schema.connect_reader(self.db_path)) if separate_reads else None)
-        self._writer.after_commit.append(self._upkeep)
-        self._open_fts()
+        try:
+            self._writer = Writer(self._connect(), on_give_up=self._log_lock_holders,
+                                  open_reader=(lambda: schema.connect_reader(self.db_path)) if separate_reads else None)
+            self._writer.after_commit.append(self._upkeep)
+            self._open_fts()
+        except Exception as exc:  # kept for a caller that reports the failure later (a slash command)
+            set_last_init_error(describe_init_failure(exc))
+            raise
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
@@ -180,16 +179,8 @@ class SessionDB:
                 schema.prepare_file(path)
             except OSError as exc:
                 raise StoreUnavailableError(f"cannot create or open {path}: {exc}") from exc
-        try:
-            return self._connect_once(path)
-        except StateDbCorruptError as exc:
-            key = os.path.realpath(path)
-            if self.read_only or not repair.is_catalogue_error(exc) or key in _repair_attempted_paths:
-                raise
-            _repair_attempted_paths.add(key)
-            if not repair_state_db_schema(path)["repaired"]:
-                raise
-            return self._connect_once(path)
+        return open_repairing(lambda: self._connect_once(path), path, _repair_attempted_paths,
+                              None if self.read_only else repair_state_db_schema)
 
     def _connect_once(self, path: Path) -> sqlite3.Connection:
         with typed_errors(path):  # a directory or a path SQLite cannot open -> StoreUnavailableError
@@ -199,6 +190,9 @@ class SessionDB:
                 if self.read_only:
                     self.schema_version = schema.check_read_only(conn, path, self._READ_BUSY_TIMEOUT_S)
                 else:
+                    if not self._force:  # before any write or chmod: it may be someone else's file
+                        catalogue.check_ours(conn, path)
+                    self.mode_changes = schema.tighten_files(path)
                     self.schema_version = self._set_up(conn)
         except BaseException:
             conn.close()
@@ -206,8 +200,8 @@ class SessionDB:
         return conn
 
     def _set_up(self, conn: sqlite3.Connection) -> int:
-        schema.enable_wal(conn, self._WRITE_PATIENCE_S, self._policy())
-        schema.tighten_side_files(self.db_path)
+        schema.enable_wal(conn, self.db_path, self._WRITE_PATIENCE_S, self._policy())
+        self.mode_changes += schema.tighten_side_files(self.db_path)
         if not schema.needs_migration(conn):
             return schema.read_version(conn)
         self.upgrade_backup = recovery.start_upgrade(conn, self.db_path, backup=self._backup_before_upgrade)
@@ -341,11 +335,11 @@ class SessionDB:
     def create_session(self, session_id: str, source: str, model: str | None = None, *,
                        model_config: Any = None, system_prompt: str | None = None, user_id: str | None = None,
                        parent_session_id: str | None = None, **columns: Any) -> str:
-        """Create a session row; an existing id is left as it is (the first write wins), an unknown column raises ValueError."""
+        """Create the session, or fill the still-empty columns of an existing one (first write wins); return the id."""
         columns.update(model=model, model_config=model_config, system_prompt=system_prompt, user_id=user_id,
                        parent_session_id=parent_session_id)
         with self._write() as conn:
-            return sessions.ensure_session(conn, session_id, source, columns)
+            return sessions.create_session(conn, session_id, source, columns)
 
     @_unknown_if_unstorable(lambda: None)
     def get_session(self, session_id: str) -> dict[str, Any] | None:
@@ -382,12 +376,18 @@ class SessionDB:
     def update_token_counts(self, session_id: str, input_tokens: int = 0, output_tokens: int = 0,
                             cache_read_tokens: int = 0, cache_write_tokens: int = 0, reasoning_tokens: int = 0, *,
                             estimated_cost_usd: float | None = None, api_call_count: int = 0,
-                            model: str | None = None, absolute: bool = False) -> None:
-        """Add to (or set, with `absolute`) the token counters and the per-model usage row."""
+                            model: str | None = None, absolute: bool = False, actual_cost_usd: float | None = None,
+                            billing_provider: str | None = None, billing_base_url: str | None = None,
+                            billing_mode: str | None = None, cost_status: str | None = None,
+                            cost_source: str | None = None, pricing_version: str | None = None) -> None:
+        """Add to (or set, with `absolute`) the token counters; keep the billing route and per-model usage."""
         with self._write() as conn:
-            sessions.update_token_counts(conn, session_id, input_tokens, output_tokens, cache_read_tokens,
-                                         cache_write_tokens, reasoning_tokens, estimated_cost_usd=estimated_cost_usd,
-                                         api_call_count=api_call_count, model=model, absolute=absolute)
+            sessions.update_token_counts(
+                conn, session_id, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+                reasoning_tokens, estimated_cost_usd=estimated_cost_usd, actual_cost_usd=actual_cost_usd,
+                api_call_count=api_call_count, model=model, billing_provider=billing_provider,
+                billing_base_url=billing_base_url, billing_mode=billing_mode, cost_status=cost_status,
+                cost_source=cost_source, pricing_version=pricing_version, absolute=absolute)
 
     def archive_session(self, session_id: str) -> None:
         """Archive a session deliberately."""
@@ -440,10 +440,11 @@ class SessionDB:
         return self._transcript_write(session_id, lambda conn: message_rows.merge_messages(conn, session_id, row_ids))
 
     @_unknown_if_unstorable(list)
-    def get_messages(self, session_id: str, include_inactive: bool = False) -> list[dict[str, Any]]:
-        """Return raw rows (all columns, JSON decoded) ordered by id; active only unless asked."""
+    def get_messages(self, session_id: str, include_inactive: bool = False, limit: int | None = None,
+                     offset: int = 0) -> list[dict[str, Any]]:
+        """Return raw rows (all columns, JSON decoded) ordered by id; active only unless asked; paged by limit/offset."""
         with self._read() as conn:
-            return message_rows.get_messages(conn, session_id, include_inactive)
+            return message_rows.get_messages(conn, session_id, include_inactive, limit, offset)
 
     def replace_messages(self, session_id: str, messages: list[dict[str, Any]]) -> int:
         """Rewrite the active transcript in one transaction, keeping uids; return how many rows."""
@@ -465,27 +466,27 @@ class SessionDB:
 
     # --- titles, lineage, listings, statistics, archive ----------------------------------------------
 
-    def set_session_title(self, session_id: str, title: str | None) -> str | None:
-        """Set or clear (None/blank) a session's title; return the stored, stripped title."""
+    def set_session_title(self, session_id: str, title: str | None) -> bool:
+        """Set or clear (None/blank) a session's title; True when set, False for an unknown session."""
         with self._write() as conn:
-            return sessions.set_session_title(conn, session_id, title)
+            return titles.set_session_title(conn, session_id, title)
 
     @_unknown_if_unstorable(lambda: None)
     def get_session_title(self, session_id: str) -> str | None:
         """Return the session's title, or None."""
         with self._read() as conn:
-            return sessions.get_session_title(conn, session_id)
+            return titles.get_session_title(conn, session_id)
 
     @_unknown_if_unstorable(lambda: None)
     def resolve_session_by_title(self, title: str) -> str | None:
         """Return the id of the newest session of the title's lineage ("T", "T #2", ...), or None."""
         with self._read() as conn:
-            return sessions.resolve_session_by_title(conn, title)
+            return titles.resolve_session_by_title(conn, title)
 
     def get_next_title_in_lineage(self, title: str) -> str:
         """Return the next free title of the lineage: "T" -> "T #2" -> "T #3"."""
         with self._read() as conn:
-            return sessions.get_next_title_in_lineage(conn, title)
+            return titles.get_next_title_in_lineage(conn, title)
 
     @_unknown_if_unstorable(list)
     def get_lineage(self, session_id: str) -> list[dict[str, Any]]:
@@ -889,7 +890,7 @@ class SessionDB:
     def _conn(self) -> sqlite3.Connection:
         # hermes-agent's callers and tests reach the write connection by this name. Statements run
         # on it directly bypass the writer's lock and retries. Their rows answer by column name too.
-        return _NamedRows(self._writer.conn)  # type: ignore[return-value]
+        return NamedRows(self._writer.conn)  # type: ignore[return-value]
 
     @_unknown_if_unstorable(lambda: False)
     def delete_session(self, session_id: str, sessions_dir: str | os.PathLike | None = None) -> bool:
@@ -993,6 +994,105 @@ class SessionDB:
         """Return the live tip of the session's compression chain; the id itself when nothing continues it."""
         with self._read() as conn:
             return lineage.compression_successor_id(conn, session_id) or session_id
+
+    @_unknown_if_unstorable(lambda: None)
+    def resolve_session_id(self, session_id_or_prefix: str) -> str | None:
+        """Return the exact id, else the one id starting with the prefix; None when none or ambiguous."""
+        with self._read() as conn:
+            return listings.resolve_session_id(conn, session_id_or_prefix)
+
+    @_unknown_if_unstorable(list)
+    def get_compression_lineage(self, session_id: str) -> list[str]:
+        """Return the ids of the session's whole compression chain, oldest first ([] when unknown)."""
+        with self._read(snapshot=True) as conn:
+            return lineage.compression_chain_ids(conn, session_id)
+
+    @_unknown_if_unstorable(lambda: None)
+    def export_session_lineage(self, session_id: str) -> dict[str, Any] | None:
+        """Return the session's compression chain as one export document, or None when unknown."""
+        with self._read(snapshot=True) as conn:
+            return portability.export_session_lineage(conn, session_id)
+
+
+    # --- the names agent code written for hermes-agent calls ---------------------------------------
+
+    sanitize_title = staticmethod(titles.sanitize_title)
+
+    @property
+    def _conn(self) -> Any:
+        """The handle's connection, rows readable by column name (for tests and agent code that peek)."""
+        return writer.RowConnection(self._writer.conn)
+
+    @property
+    def _lock(self) -> Any:
+        return self._writer.lock
+
+    def update_system_prompt(self, session_id: str, system_prompt: str | None) -> None:
+        """Store the system prompt the session's turns are built with."""
+        with self._write() as conn:
+            sessions.update_system_prompt(conn, session_id, system_prompt)
+
+    def update_session_model(self, session_id: str, model: str) -> None:
+        """Set the session's model (a deliberate switch; token updates never change it)."""
+        with self._write() as conn:
+            sessions.update_session_model(conn, session_id, model)
+
+    def update_session_billing_route(self, session_id: str, *, provider: str | None, base_url: str | None,
+                                     billing_mode: str | None = None) -> None:
+        """Switch the billing route (billing_mode kept unless given) and clear the stored system prompt."""
+        with self._write() as conn:
+            sessions.update_session_billing_route(conn, session_id, provider=provider, base_url=base_url,
+                                                  billing_mode=billing_mode)
+
+    def update_session_cwd(self, session_id: str, cwd: str, git_branch: str | None = None,
+                           git_repo_root: str | None = None) -> None:
+        """Record the working directory; an empty branch or repo root keeps the one already stored."""
+        with self._write() as conn:
+            sessions.update_session_cwd(conn, session_id, cwd, git_branch, git_repo_root)
+
+    def distinct_session_cwds(self, include_archived: bool = False) -> list[dict[str, Any]]:
+        """Return each working directory with its number of sessions, most used first."""
+        with self._read() as conn:
+            return sessions.distinct_session_cwds(conn, include_archived)
+
+    def backfill_repo_roots(self, cwd_to_root: dict[str, str]) -> int:
+        """Fill empty git_repo_root values from a {cwd: root} map; return how many rows changed."""
+        with self._write() as conn:
+            return sessions.backfill_repo_roots(conn, cwd_to_root)
+
+    def set_session_archived(self, session_id: str, archived: bool) -> bool:
+        """Archive or unarchive a session; False for an unknown session."""
+        with self._write() as conn:
+            return sessions.set_session_archived(conn, session_id, archived)
+
+    def set_auto_title_if_empty(self, session_id: str, title: str | None) -> bool:
+        """Set a generated title only while the session has none; True when it was set."""
+        with self._write() as conn:
+            return titles.set_auto_title_if_empty(conn, session_id, title)
+
+    @_unknown_if_unstorable(lambda: None)
+    def get_session_by_title(self, title: str) -> dict[str, Any] | None:
+        """Return the session row with exactly this title, or None."""
+        with self._read() as conn:
+            return titles.get_session_by_title(conn, title)
+
+    def session_count(self, source: str | None = None, cwd_prefix: str | None = None, min_message_count: int = 0,
+                      include_archived: bool = False, archived_only: bool = False, exclude_children: bool = False,
+                      exclude_sources: list[str] | None = None) -> int:
+        """Return how many sessions match the filters (archived ones only when asked)."""
+        with self._read() as conn:
+            return sessions.session_count(conn, source, cwd_prefix, min_message_count, include_archived,
+                                          archived_only, exclude_children, exclude_sources)
+
+    def message_count(self, session_id: str | None = None) -> int:
+        """Return how many live messages the store (or one session) holds."""
+        with self._read() as conn:
+            return message_rows.message_count(conn, session_id)
+
+    def set_latest_user_api_content(self, session_id: str, content: Any, api_content: str) -> int:
+        """Record what was really sent for the latest user turn whose text is `content`; return rows changed (0 or 1)."""
+        return self._transcript_write(session_id, lambda conn: message_rows.set_latest_user_api_content(
+            conn, session_id, content, api_content))
 
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:

@@ -252,9 +252,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     path = existing_db(args)
     with SessionDB(path, backup_before_upgrade=not args.no_backup) as db:
         data = {"path": str(path), "schema_version": db.schema_version,
-                "backup": str(db.upgrade_backup) if db.upgrade_backup else None}
+                "backup": str(db.upgrade_backup) if db.upgrade_backup else None, "mode_changes": db.mode_changes}
     emit(args, data, lambda d: f"{display_hermes_home(d['path'])} is at schema v{d['schema_version']}"
-                               + (f"; the file before the upgrade is {d['backup']}" if d["backup"] else ""))
+                               + (f"; the file before the upgrade is {d['backup']}" if d["backup"] else "")
+                               + "".join(f"\nchanged {c}" for c in d["mode_changes"]))
     return 0
 
 
@@ -402,7 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true", help="the full integrity check (slower) instead of the quick one")
     p = _command(sub, "fts", commands.cmd_fts, "full-text index status or rebuild")
     p.add_argument("action", choices=["status", "rebuild"])
-    _command(sub, "init", commands.cmd_init, "create the database, or bring an older one up to date")
+    p = _command(sub, "init", commands.cmd_init, "create the database, or bring an older one up to date")
+    p.add_argument("--force", action="store_true", help="add the store's tables even to another program's database")
     p = _command(sub, "migrate", cmd_migrate, "upgrade an existing older database, copying it first")
     p.add_argument("--no-backup", action="store_true", help="do not write the copy first")
     _command(sub, "vacuum", cmd_vacuum, "give free pages back to the file system")

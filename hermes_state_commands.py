@@ -423,10 +423,11 @@ def cmd_init(args: argparse.Namespace) -> int:
     from hermes_state import SessionDB
     path = db_path(args)
     existed = path.is_file() and path.stat().st_size > 0
-    with SessionDB(path) as db:
-        data = {"path": str(path), "created": not existed, "schema_version": db.schema_version}
+    with SessionDB(path, force=getattr(args, "force", False)) as db:
+        data = {"path": str(path), "created": not existed, "schema_version": db.schema_version,
+                "mode_changes": db.mode_changes}
     emit(args, data, lambda d: f"{'created' if d['created'] else 'ready'}: {display_hermes_home(d['path'])} "
-                               f"(schema v{d['schema_version']})")
+                               f"(schema v{d['schema_version']})" + "".join(f"\nchanged {c}" for c in d["mode_changes"]))
     return 0
 
 

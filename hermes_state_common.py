@@ -532,7 +532,7 @@ def _as_text(name: str, value: Any) -> str:
     if type(value) is str and value.isascii():
         return value  # the common case: a C-speed scan, and only non-ASCII text can hold a lone surrogate
     if isinstance(value, str):
-        return strip_surrogates(value)
+        return replace_surrogates(value)
     raise ValueError(f"{name} must be a string or None, not {type(value).__name__}")
 
 
@@ -620,6 +620,17 @@ def strip_surrogates(text: str | None) -> str | None:
     return _SURROGATES.sub("", text) if _SURROGATES.search(text) else text
 
 
+def replace_surrogates(text: str | None) -> str | None:
+    """Replace each lone surrogate with U+FFFD (sqlite3 cannot bind one); leave everything else as it is.
+
+    Stored text keeps a visible mark where the unstorable code point was, so scraped text
+    with one bad character is kept rather than refused.
+    """
+    if text is None or not isinstance(text, str) or text.isascii():
+        return text
+    return _SURROGATES.sub("\ufffd", text) if _SURROGATES.search(text) else text
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not standard JSON")
 
@@ -648,12 +659,12 @@ def encode_json(value: Any, field: str) -> str | None:
         try:
             json.loads(value, parse_constant=_reject_constant)  # NaN/Infinity are not JSON text
         except ValueError:
-            return strip_surrogates(json.dumps(value, ensure_ascii=False))
+            return replace_surrogates(json.dumps(value, ensure_ascii=False))
         except RecursionError as exc:
             raise ValueError(f"{field} is nested too deeply to store as JSON") from exc
-        return strip_surrogates(value)
+        return replace_surrogates(value)
     try:
-        return strip_surrogates(json.dumps(value, ensure_ascii=False, default=_model_dump))
+        return replace_surrogates(json.dumps(value, ensure_ascii=False, default=_model_dump))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{field} is not JSON-serialisable: {exc}") from exc
     except RecursionError as exc:

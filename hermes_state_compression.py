@@ -376,9 +376,9 @@ def rotate_session(conn: sqlite3.Connection, parent_id: str, child_id: str, kept
     values["parent_session_id"] = parent_id
     values["started_at"] = now  # the same float as the parent's ended_at: that equality is the edge
     source = values.pop("source")
-    # create_session validates the id (duplicate, empty), the columns and the title before it
+    # insert_session validates the id (duplicate, empty), the columns and the title before it
     # inserts; the parent is ended only after that succeeded.
-    sessions.create_session(conn, child_id, source, values)
+    sessions.insert_session(conn, child_id, source, values)
     sessions.close_for_compression(conn, parent_id, now=now)
     # Continuing by compression resumes the conversation, as compress_in_place does.
     sessions.lift_auto_archive(conn, parent_id)

@@ -54,10 +54,26 @@ class StoreUnavailableError(HermesStateError):
     guidance = "Start the profile's owner (gateway) or run `hermes-state recover`."
 
 
+class StateDbJournalError(StoreUnavailableError, sqlite3.OperationalError):
+    """No journal mode works on the file's file system (neither WAL nor a rollback journal).
+
+    Also an `sqlite3.OperationalError`, which is what callers written for hermes-agent catch.
+    """
+
+    guidance = ("Move HERMES_HOME to a local disk: SQLite's WAL mode does not work over a network "
+                "file system (see https://www.sqlite.org/wal.html).")
+
+
 class StateDbIncompatibleError(StoreUnavailableError):
     """The schema is unknown, too old to read without migrating, or newer than this library."""
 
     guidance = "Upgrade hermes-state, or let the profile's owner migrate the database."
+
+
+class ForeignDatabaseError(StateDbIncompatibleError):
+    """The file is another program's SQLite database (it holds none of this store's tables)."""
+
+    guidance = "Point the store at its own file, or open this one with force=True to add the store's tables."
 
 
 class StateDbUninitializedError(StoreUnavailableError):
@@ -253,3 +269,43 @@ def typed_errors(path: Path, *, reading: bool = False) -> Iterator[None]:
                 "The transaction was rolled back; free some space and retry.",
                 code="session_persistence_failed:disk") from exc
         raise
+
+
+# --- why the last open failed ---------------------------------------------------------------------
+# Gateways and dashboards open a SessionDB per request and, when it fails, answer a slash command
+# later, from another frame; they read the cause here. A success never clears it: a concurrent
+# open that succeeds must not erase the cause another thread is about to report.
+
+_last_init_error: str | None = None
+_NETWORK_FS_HINT = (" WAL mode needs shared memory, which network file systems (NFS/SMB) lack; "
+                    "see https://www.sqlite.org/wal.html.")
+
+
+def set_last_init_error(cause: str | None) -> None:
+    """Record why the last SessionDB open failed (None forgets it)."""
+    global _last_init_error
+    _last_init_error = cause
+
+
+def get_last_init_error() -> str | None:
+    """Return "Type: message" of the last failed SessionDB open in this process, or None."""
+    return _last_init_error
+
+
+def describe_init_failure(exc: BaseException) -> str:
+    """Return "Type: message" of the SQLite error at the root of a failed open (else of `exc`)."""
+    root, cause = exc, exc.__cause__
+    while cause is not None:  # the deepest SQLite error says what the file system refused
+        if isinstance(cause, sqlite3.Error):
+            root = cause
+        cause = cause.__cause__
+    return f"{type(root).__name__}: {root}"
+
+
+def format_session_db_unavailable(prefix: str = "Session database not available") -> str:
+    """Return one sentence for a user saying the store is unavailable, with the recorded cause."""
+    cause = get_last_init_error()
+    if not cause:
+        return f"{prefix}."
+    hint = _NETWORK_FS_HINT if "locking protocol" in cause.lower() else ""
+    return f"{prefix}: {cause.rstrip('.')}.{hint}"

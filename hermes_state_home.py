@@ -6,7 +6,8 @@ child processes, and the guard that stops a test process from opening a producti
 
 Does not own: opening anything. Nothing here creates a directory or opens a database; the one write is
 `os.environ["HERMES_HOME"]` in `_apply_profile_override`. Every answer is computed at call time from the
-environment and the file system, never cached at import, so tests may change `HOME`/`HERMES_HOME` freely.
+environment and the file system, so tests may change `HOME`/`HERMES_HOME` freely. The one thing kept from
+import time is `HOME` as it was then: the guard still knows the real root when a test fakes `HOME`.
 
 Transaction contract: none; this module never touches SQLite.
 """
@@ -40,6 +41,9 @@ _home_override: contextvars.ContextVar[Path | None] = contextvars.ContextVar(
 # test, and a test may reach the database from threads it starts (executors do not copy contexts).
 _bypass_lock = threading.Lock()
 _bypass_depth = 0
+# The user's home as the process started with it: a test that sets HOME=tmp_path must not make
+# the guard forget where the production root is.
+_HOME_AT_IMPORT = os.environ.get("HOME")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -252,28 +256,53 @@ def _norm(path: str) -> str:
     return os.path.normcase(os.path.normpath(path))
 
 
-def is_production_db(path: str | os.PathLike[str]) -> bool:
-    """Tell whether `path` is a file directly in the real Hermes root or in one of its profiles.
+def real_hermes_roots() -> list[Path]:
+    """Return every directory that may be the production root: from `HOME` now, `HOME` at import, the account.
 
-    The real root comes from the user's home directory, never from `HERMES_HOME`. Symlinks in the
-    path, the root or the file itself are seen through. Nothing is created or opened.
+    A faked `HOME` (common in tests) moves only the first; the account's home comes from the
+    password database. Never from `HERMES_HOME`.
     """
+    roots = [default_hermes_root()]
+    if sys.platform != "win32":
+        homes = [_HOME_AT_IMPORT]
+        try:
+            import pwd  # POSIX only
+
+            homes.append(pwd.getpwuid(os.getuid()).pw_dir)
+        except (ImportError, KeyError, OSError):  # an account without a passwd entry (some containers)
+            pass
+        roots += [Path(h) / ".hermes" for h in homes if h and os.path.isabs(h)]
+    return list(dict.fromkeys(roots))
+
+
+def is_production_db(path: str | os.PathLike[str]) -> bool:
+    """Tell whether `path` is a file directly in a real Hermes root or in one of its profiles.
+
+    The real roots come from the user's home directory (see `real_hermes_roots`), never from
+    `HERMES_HOME`. Symlinks in the path, the root or the file itself are seen through. Nothing
+    is created or opened.
+    """
+    return _production_root(path) is not None
+
+
+def _production_root(path: str | os.PathLike[str]) -> Path | None:
     raw = os.fspath(path)
     if raw in ("", ":memory:") or raw.startswith("file:"):
-        return False
+        return None
     lexical = os.path.abspath(os.path.expanduser(raw))
     parent, leaf = os.path.split(lexical)
     candidates = {_norm(lexical), _norm(os.path.join(os.path.realpath(parent), leaf)),
                   _norm(os.path.realpath(lexical))}
-    root = os.path.abspath(default_hermes_root())
-    roots = {_norm(root), _norm(os.path.realpath(root))}
-    profiles = os.path.join(root, "profiles")
-    profile_parents = {_norm(profiles), _norm(os.path.realpath(profiles))}
-    for candidate in candidates:
-        directory = os.path.dirname(candidate)
-        if directory in roots or os.path.dirname(directory) in profile_parents:
-            return True
-    return False
+    for real in real_hermes_roots():
+        root = os.path.abspath(real)
+        roots = {_norm(root), _norm(os.path.realpath(root))}
+        profiles = os.path.join(root, "profiles")
+        profile_parents = {_norm(profiles), _norm(os.path.realpath(profiles))}
+        for candidate in candidates:
+            directory = os.path.dirname(candidate)
+            if directory in roots or os.path.dirname(directory) in profile_parents:
+                return real
+    return None
 
 
 @contextmanager
@@ -297,11 +326,12 @@ def guard_bypassed() -> bool:
 def check_db_path_allowed(path: str | os.PathLike[str]) -> None:
     """Raise RuntimeError if a test process is about to open a production database; else do nothing."""
     # The path test is cheap and almost always False, so the /proc walk rarely runs.
-    if not is_production_db(path) or not is_test_context() or guard_bypassed():
+    root = _production_root(path)
+    if root is None or not is_test_context() or guard_bypassed():
         return
     raise RuntimeError(
         f"refusing to open the production database {os.fspath(path)} from a test: it lies in the real "
-        f"Hermes root {default_hermes_root()}. Point HERMES_HOME at a temporary directory (the "
+        f"Hermes root {root}. Point HERMES_HOME at a temporary directory (the "
         "`hermes_home` fixture does) or pass a temporary database path. If a test truly must touch "
         "the live database, mark it @pytest.mark.live_system_guard_bypass (in-process) or set "
         f"{GUARD_BYPASS_ENV}=1 in the environment of a child process."

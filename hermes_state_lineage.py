@@ -2,7 +2,7 @@
 
 Owns: `COMPRESSION_END_REASON`, the compression edge (`COMPRESSION_CHILD_SQL`: which child
 continues a session compression closed), the walks along it (`compression_successor_id`,
-`compression_ancestor_ids`, `live_continuation`) and the plain parent-link walks
+`compression_ancestor_ids`, `live_continuation`, `compression_chain_ids`) and the plain parent-link walks
 (`get_lineage`, `get_descendants`). Every walk is cycle-safe and visits at most `WALK_CAP`
 sessions, so bad data is bounded, never an endless loop.
 Does not own: writing sessions or ending them (hermes_state_sessions), rotating
@@ -155,3 +155,22 @@ def get_descendants(conn: sqlite3.Connection, session_id: str) -> list[dict[str,
                     following.append(row["id"])
         level = following
     return out
+
+
+def compression_chain_ids(conn: sqlite3.Connection, session_id: str) -> list[str]:
+    """Return the whole compression chain the session belongs to, oldest first ([] when unknown).
+
+    Its compression ancestors, the session, then each session that continued it up to the
+    live tip. Cycle-safe and bounded like every walk here.
+    """
+    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+        return []
+    chain = compression_ancestor_ids(conn, session_id) + [session_id]
+    seen = set(chain)
+    while len(chain) < WALK_CAP:
+        row = conn.execute(f"SELECT {COMPRESSION_CHILD_SQL} FROM sessions p WHERE p.id = ?", (chain[-1],)).fetchone()
+        if row is None or row[0] is None or row[0] in seen:
+            break
+        chain.append(row[0])
+        seen.add(row[0])
+    return chain

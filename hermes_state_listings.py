@@ -312,3 +312,20 @@ def list_cron_job_runs(conn: sqlite3.Connection, job_id: str, limit: int = 20, o
     upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
     return _rich_rows(conn, _columns(conn, False), "s.source = 'cron' AND s.id >= ? AND s.id < ?", [prefix, upper],
                       "ORDER BY s.started_at DESC, s.id DESC LIMIT ? OFFSET ?", (limit, offset))
+
+
+def resolve_session_id(conn: sqlite3.Connection, session_id_or_prefix: Any) -> str | None:
+    """Return the session with this exact id, else the only one whose id starts with it; None otherwise.
+
+    None as well for an ambiguous prefix, an empty text or anything that is not text. `%`
+    and `_` are literal.
+    """
+    if not isinstance(session_id_or_prefix, str) or not session_id_or_prefix:
+        return None
+    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id_or_prefix,)).fetchone():
+        return session_id_or_prefix
+    # LIKE is case-insensitive for ASCII; an id prefix is not, so the prefix is compared again.
+    rows = [r[0] for r in conn.execute("SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' LIMIT 50",
+                                       (escape_like(session_id_or_prefix) + "%",))
+            if r[0].startswith(session_id_or_prefix)]
+    return rows[0] if len(rows) == 1 else None

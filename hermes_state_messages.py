@@ -23,8 +23,8 @@ import time
 import uuid
 from typing import Any, Callable, Iterable
 
-from hermes_state_common import (COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES, counter_amounts, decode_json,
-                                 encode_json, is_uid, row_dicts)
+from hermes_state_common import (COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES, check_count, counter_amounts,
+                                 decode_json, encode_json, has_surrogate, is_uid, replace_surrogates, row_dicts)
 from hermes_state_errors import SessionNotFoundError
 from hermes_state_sessions import ARCHIVE_LIFT_SQL, require_session, reset_counters
 
@@ -51,12 +51,16 @@ def _text_of_parts(parts: list[dict[str, Any]]) -> str:
 
 
 def _split_parts(fields: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-    """Return (fields with a list `content` replaced by its text, the parts' JSON or None)."""
+    """Return (fields with a list or dict `content` replaced by its text, the structure's JSON or None)."""
     content = fields.get("content")
-    if not isinstance(content, (list, tuple)):
+    if not isinstance(content, (list, tuple, dict)):
         return fields, None
     if fields.get("api_content") is not None or DISPLAY_KEY in fields:
         raise ValueError(f"a list of content parts is what was sent: give no api_content or {DISPLAY_KEY} with it")
+    if isinstance(content, dict):
+        # A provider's wrapper object: kept whole; search and previews see its JSON text.
+        encoded = encode_json(content, "content")
+        return {**fields, "content": encoded}, encoded
     encoded = encode_json(list(content), "content")
     parts = json.loads(encoded)
     if not all(isinstance(p, dict) for p in parts):
@@ -220,18 +224,56 @@ def _decoded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def get_messages(conn: sqlite3.Connection, session_id: str, include_inactive: bool = False) -> list[dict[str, Any]]:
+def get_messages(conn: sqlite3.Connection, session_id: str, include_inactive: bool = False,
+                 limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
     """Return the session's rows (active only unless asked), every column, JSON decoded, by id.
 
-    A multimodal message's `content` is its list of parts (also in `content_parts`).
+    `limit`/`offset` page through those rows in insertion order (None: no limit). A
+    multimodal message's `content` is its list of parts (also in `content_parts`).
     """
-    rows = _decoded(row_dicts(conn.execute(
-        "SELECT * FROM messages WHERE session_id = ?" + ("" if include_inactive else " AND active = 1")
-        + " ORDER BY id", (session_id,))))
+    sql = "SELECT * FROM messages WHERE session_id = ?" + ("" if include_inactive else " AND active = 1") + " ORDER BY id"
+    params: list[Any] = [session_id]
+    if limit is not None or offset:
+        # SQLite takes OFFSET only after a LIMIT; -1 means no limit.
+        sql += " LIMIT ? OFFSET ?"
+        params += [-1 if limit is None else check_count("limit", limit), check_count("offset", offset)]
+    rows = _decoded(row_dicts(conn.execute(sql, params)))
     for row in rows:
         if row.get("content_parts") is not None:
             row["content"] = row["content_parts"]
     return rows
+
+
+def message_count(conn: sqlite3.Connection, session_id: str | None = None) -> int:
+    """Return how many live messages the store holds, or one session holds (0 for an unknown one)."""
+    if isinstance(session_id, str) and has_surrogate(session_id):
+        return 0  # no stored id holds one
+    if session_id is None:
+        return conn.execute("SELECT COUNT(*) FROM messages WHERE active = 1").fetchone()[0]
+    return conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = ? AND active = 1",
+                        (session_id,)).fetchone()[0]
+
+
+def set_latest_user_api_content(conn: sqlite3.Connection, session_id: str, content: Any, api_content: str) -> int:
+    """Set api_content on the session's latest live user row if its content is `content`; return 0 or 1.
+
+    The bytes sent for a turn can differ from its display text (memory or a plugin added
+    context); recording them keeps the replay byte for byte. A newer user turn in between
+    means the caller's turn is gone, so nothing is written.
+    """
+    if not isinstance(api_content, str):
+        raise ValueError(f"api_content must be a string, not {type(api_content).__name__}")
+    row = conn.execute("SELECT id, content, content_parts FROM messages WHERE session_id = ? AND active = 1 "
+                       "AND role = 'user' ORDER BY id DESC LIMIT 1", (session_id,)).fetchone()
+    if row is None:
+        require_session(conn, session_id)
+        return 0
+    stored = decode_json(row[2]) if row[2] is not None else row[1]
+    wanted = replace_surrogates(content) if isinstance(content, str) else content
+    if stored != wanted:
+        return 0
+    return conn.execute("UPDATE messages SET api_content = ? WHERE id = ?",
+                        (replace_surrogates(api_content), row[0])).rowcount
 
 
 def _join_text(values: list[Any]) -> Any:

@@ -1,6 +1,6 @@
 """Export and import of sessions in a versioned, JSON-ready format.
 
-Owns: the export document (`EXPORT_FORMAT`, `EXPORT_VERSION`), `export_session`, `iter_export`
+Owns: the export document (`EXPORT_FORMAT`, `EXPORT_VERSION`), `export_session`, `export_session_lineage`, `iter_export`
 (streams one session at a time), and `import_sessions` with its validation and `ImportReport`.
 Does not own: recovery, backups and restores of whole files (hermes_state_recovery), deleting
 sessions, or the write paths agents use (hermes_state_sessions, hermes_state_messages).
@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterable, Iterator
 from hermes_state_common import (COUNTERS, DICTIONARY, SESSION_OWNED, Column, Table, check_stored, is_finite, is_uid,
                                  recount_sql, shown)
 from hermes_state_conversation import derived_uid
+from hermes_state_lineage import compression_chain_ids
 from hermes_state_errors import ImportConflictError, ImportValidationError, TitleConflictError
 
 EXPORT_FORMAT = "hermes-state-export"
@@ -422,3 +423,23 @@ def import_validated(conn: sqlite3.Connection, plan: _Plan, on_conflict: str = "
         replaced=tuple(plan.sessions[i]["id"] for i in todo if plan.sessions[i]["id"] in existing),
         skipped=tuple(s["id"] for s in plan.sessions if s["id"] in existing and on_conflict == "skip"),
         detached_parents=tuple(detached), messages=count, ignored_columns=tuple(sorted(plan.ignored)))
+
+
+def export_session_lineage(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
+    """Return a compression chain as one document (hermes-agent's lineage export), or None when unknown.
+
+    The newest part's columns, `lineage_session_ids` (oldest first), `segments` (each part's
+    id, start, end, end reason and message count) and `messages`: every part's rows in chain
+    order, each with its `session_id`. Run it in one read snapshot.
+    """
+    ids = compression_chain_ids(conn, session_id)
+    if not ids:
+        return None
+    documents = [export_session(conn, sid) for sid in ids]
+    parts = [d for d in documents if d is not None]
+    tip = dict(parts[-1]["session"])
+    tip.update(lineage_session_ids=[d["session"]["id"] for d in parts],
+               segments=[{k: d["session"][k] for k in ("id", "started_at", "ended_at", "end_reason", "message_count")}
+                         for d in parts],
+               messages=[{"session_id": d["session"]["id"], **m} for d in parts for m in d["messages"]])
+    return tip

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+import hermes_state_catalogue as catalogue
 import hermes_state_fts as fts
 import hermes_state_schema as schema
 from hermes_state_common import (DICTIONARY, RECOVER_EXCLUDED, RECOVER_VERIFIED, SCHEMA_VERSION, TABLE_SQL, logger,
@@ -107,7 +108,7 @@ def _open_source(path: Path) -> sqlite3.Connection:
 
 
 def check_restorable(source: str | os.PathLike) -> Path:
-    """Validate a file to restore from (integrity_check, a hermes-state schema not newer than ours)."""
+    """Validate a file to restore from: integrity_check, a schema not newer than ours, only objects we create."""
     path = Path(source).expanduser().absolute()
     if not path.is_file() or path.stat().st_size == 0:
         raise FileNotFoundError(f"{path} does not exist or is empty")
@@ -118,12 +119,11 @@ def check_restorable(source: str | os.PathLike) -> Path:
             if verdict != ["ok"]:
                 raise StateDbCorruptError(f"{path} fails integrity_check ({'; '.join(verdict[:3])}); nothing "
                                           "was restored. Run `recover` on it to salvage what is readable.")
-            version = schema.effective_version(conn)  # an earlier release's 32 restores as 31
+            version = catalogue.restorable_version(conn, path, fts.OBJECTS)  # an earlier release's 32 restores as 31
     finally:
         conn.close()
     if version is None:
-        raise StateDbIncompatibleError(f"{path} is not a hermes-state database (no schema_version); nothing "
-                                       "was restored")
+        raise StateDbIncompatibleError(f"{path} is not a hermes-state database (no schema_version); nothing was restored")
     if version > SCHEMA_VERSION:
         raise StateDbIncompatibleError(f"{path} has schema version {version}, newer than this library's "
                                        f"{SCHEMA_VERSION}; upgrade hermes-state to restore it")

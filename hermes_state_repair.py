@@ -17,6 +17,7 @@ happened.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 import time
@@ -26,7 +27,7 @@ from typing import Any, Callable
 import hermes_state_fts as fts
 from hermes_state_cjk import register_functions
 from hermes_state_common import WRITE_PATIENCE_S, logger
-from hermes_state_errors import HermesStateError
+from hermes_state_errors import HermesStateError, StateDbCorruptError
 from hermes_state_writer import RetryPolicy, Writer
 
 SQLITE_CORRUPT = 11
@@ -172,6 +173,25 @@ def _drop_fts(path: Path) -> None:
     finally:
         conn.close()
     _reindex(path)
+
+
+def open_repairing(connect: Callable[[], Any], path: Path, attempted: set[str],
+                   repair: Callable[[Path], dict[str, Any]] | None) -> Any:
+    """Return `connect()`; when it meets a malformed catalogue, `repair` the file once per path and retry.
+
+    `attempted` holds the paths already tried in this process, so a file the repair cannot fix
+    raises at once the next time. `repair` None (a read-only open) never repairs.
+    """
+    try:
+        return connect()
+    except StateDbCorruptError as exc:
+        key = os.path.realpath(path)
+        if repair is None or not is_catalogue_error(exc) or key in attempted:
+            raise
+        attempted.add(key)
+        if not repair(path)["repaired"]:
+            raise
+        return connect()
 
 
 _STEPS: dict[str, Callable[[Path], None]] = {

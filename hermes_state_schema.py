@@ -18,55 +18,81 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from hermes_state_common import (COUNTERS, DICTIONARY, INDEX_SQL, PAGE_SIZE, logger, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
-                                 SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, object_exists, recount_sql,
-                                 sql_literal, table_exists)
+from hermes_state_common import (COUNTERS, DICTIONARY, INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
+                                 SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, logger, object_exists,
+                                 recount_sql, sql_literal, table_exists)
+from hermes_state_titles import free_duplicate_titles
 from hermes_state_writer import RetryPolicy, Writer, retry_on_lock
-from hermes_state_errors import (StateDbBusyError, StateDbIncompatibleError, StateDbUninitializedError,
-                                 is_sqlite_lock_error)
+from hermes_state_errors import (StateDbBusyError, StateDbIncompatibleError, StateDbJournalError,
+                                 StateDbUninitializedError, is_sqlite_lock_error)
 
 _SIDE_FILES = ("-wal", "-shm")
 
 
 # --- files and connections --------------------------------------------------------------------
 
-def _tighten(path: Path) -> None:
+def _tighten(path: Path) -> str | None:
     # chmod by path (never through a descriptor: closing one would drop this process's
-    # fcntl locks on the database); a symlink is left alone rather than followed.
+    # fcntl locks on the database). The caller passes the resolved path, so a symlinked store
+    # gets its real file tightened. Says what it changed, so no mode changes silently.
     try:
-        st = os.lstat(path)
+        st = os.stat(path)
     except FileNotFoundError:
-        return
-    if stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) & 0o077:
-        os.chmod(path, 0o600)
+        return None
+    if not stat.S_ISREG(st.st_mode) or not stat.S_IMODE(st.st_mode) & 0o077:
+        return None
+    os.chmod(path, 0o600)
+    change = f"{path}: mode {stat.S_IMODE(st.st_mode):04o} -> 0600 (it held private data others could read)"
+    logger.warning("%s", change)
+    return change
 
 
-def prepare_file(path: Path) -> None:
-    """Create the database file 0600 if it does not exist yet and tighten existing files."""
+def real_path(path: Path) -> Path:
+    """Return the file a database path stands for, through any symlinks (SQLite opens that one)."""
+    return path if str(path) == ":memory:" else Path(os.path.realpath(path))
+
+
+def prepare_file(path: Path) -> bool:
+    """Create the database file 0600 if it does not exist yet; return whether it was created.
+
+    Through a symlink (the store kept on another disk) the target is created, 0600 as well.
+    An existing file is left as it is here: `tighten_files` runs once the file is known to be ours.
+    """
     if str(path) == ":memory:":
-        return  # SQLite's in-memory database: there is no file to create or protect
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if os.name != "posix":
-        return
+        return False  # SQLite's in-memory database: there is no file to create or protect
+    target = real_path(path)
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
         os.close(fd)  # a brand-new file: nobody holds locks on it yet
     except FileExistsError:
-        _tighten(path)
-    for suffix in _SIDE_FILES:
-        _tighten(Path(str(path) + suffix))
+        return os.path.getsize(target) == 0
+    return True
 
 
-def tighten_side_files(path: Path) -> None:
-    """Make the -wal and -shm files 0600 once SQLite has created them."""
-    if os.name == "posix" and str(path) != ":memory:":
-        for suffix in _SIDE_FILES:
-            _tighten(Path(str(path) + suffix))
+def tighten_files(path: Path) -> list[str]:
+    """Make the database file and its -wal and -shm 0600 (through symlinks); return what changed.
+
+    Each change is also logged as a warning naming the old mode.
+    """
+    if os.name != "posix" or str(path) == ":memory:":
+        return []
+    target = real_path(path)
+    return [c for c in (_tighten(Path(str(target) + suffix)) for suffix in ("",) + _SIDE_FILES) if c]
+
+
+def tighten_side_files(path: Path) -> list[str]:
+    """Make the -wal and -shm files 0600 once SQLite has created them; return what changed."""
+    return tighten_files(path)
+
+
+
 
 
 def connect(path: Path, *, read_only: bool = False, read_busy_s: float = READ_BUSY_TIMEOUT_S) -> sqlite3.Connection:
@@ -106,15 +132,67 @@ def connect_reader(path: Path) -> sqlite3.Connection:
     return conn
 
 
-def enable_wal(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> None:
-    """Switch to WAL with synchronous=NORMAL (a new file first gets the page size), waiting out other openers."""
-    def attempt() -> None:
-        if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-            if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
-                conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # only an empty file takes it
-            conn.execute("PRAGMA journal_mode = WAL").fetchone()
-    retry_on_lock(attempt, patience_s, policy)
-    conn.execute("PRAGMA synchronous = NORMAL")
+# SQLite's answers when a file system cannot give WAL its shared memory (NFS, SMB, some FUSE
+# mounts): SQLITE_PROTOCOL and SQLITE_AUTH, by code, or by text when an error carries no code.
+# Anything else (a transient EIO above all) is re-raised: one process downgrading while its
+# siblings keep WAL would mix two locking protocols on one file.
+_WAL_INCOMPATIBLE_CODES = frozenset({15, 23})
+_WAL_INCOMPATIBLE_TEXT = ("locking protocol", "not authorized")
+# Labels already warned about, so a caller that reconnects per operation logs one line, not many.
+wal_fallback_warned = set()
+
+
+def _wal_incompatible(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in _WAL_INCOMPATIBLE_CODES
+    return any(marker in str(exc).lower() for marker in _WAL_INCOMPATIBLE_TEXT)
+
+
+def apply_wal_with_fallback(conn: sqlite3.Connection, db_label: str = "state.db") -> str:
+    """Put the connection in WAL mode, or in rollback-journal (DELETE) mode where WAL cannot work; return the mode.
+
+    A file already in WAL is left as it is. Only a file system that refuses WAL's shared
+    memory causes the fallback, logged once per label; any other error propagates. On macOS
+    the checkpoint and commit barriers are made durable (fullfsync, synchronous=FULL), since
+    its fsync does not reach the platter.
+    """
+    try:
+        mode = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+    except sqlite3.OperationalError:
+        mode = ""  # the probe is an optimisation; setting the mode below decides
+    if mode != "wal":
+        try:
+            mode = str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
+        except sqlite3.OperationalError as exc:
+            if not _wal_incompatible(exc):
+                raise
+            mode = str(conn.execute("PRAGMA journal_mode=DELETE").fetchone()[0]).lower()
+            if db_label not in wal_fallback_warned:
+                wal_fallback_warned.add(db_label)
+                logger.warning("%s: WAL mode is not available on this file system (%s); using "
+                               "journal_mode=DELETE instead: readers now wait while a write commits",
+                               db_label, exc)
+    if sys.platform == "darwin":
+        conn.execute("PRAGMA checkpoint_fullfsync=1")
+        conn.execute("PRAGMA synchronous=FULL")
+    else:
+        conn.execute("PRAGMA synchronous=NORMAL")
+    return mode
+
+
+def enable_wal(conn: sqlite3.Connection, path: Path | str, patience_s: float, policy: RetryPolicy) -> str:
+    """Give a new file its page size, then WAL (or the fallback journal), waiting out other openers; return the mode."""
+    def attempt() -> str:
+        if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
+            conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # only an empty file takes it
+        return apply_wal_with_fallback(conn, str(path))
+    try:
+        return retry_on_lock(attempt, patience_s, policy)
+    except sqlite3.OperationalError as exc:
+        if not _wal_incompatible(exc):
+            raise
+        raise StateDbJournalError(f"{path}: no journal mode works on this file system ({exc})") from exc
 
 
 # --- reading the current shape ------------------------------------------------------------------
@@ -354,35 +432,9 @@ def is_older_file(conn: sqlite3.Connection) -> bool:
 
 # --- building and migrating ------------------------------------------------------------------------
 
-TITLE_INDEX = "idx_sessions_title_unique"
-
-
-def free_duplicate_titles(conn: sqlite3.Connection) -> list[str]:
-    """Clear a repeated title from every holder but the newest; return the ids that lost it.
-
-    Run before the unique-title index is built on a file that lacks it (another program dropped
-    it, then wrote duplicates): without this the index cannot be built and the file cannot open.
-    No row is deleted; only the title of the older holders becomes NULL. Runs inside the
-    caller's write transaction.
-    """
-    if object_exists(conn, "index", TITLE_INDEX):
-        return []
-    cleared = [sid for (sid,) in conn.execute(
-        "SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY title ORDER BY started_at DESC, rowid DESC) AS n"
-        " FROM sessions WHERE title IS NOT NULL) WHERE n > 1")]
-    for sid in cleared:
-        conn.execute("UPDATE sessions SET title = NULL WHERE id = ?", (sid,))
-    if cleared:
-        # Said once, at the open that repaired it: the next open finds the index and says nothing.
-        logger.warning("repaired repeated session titles so titles are unique again: the newest holder of each "
-                       "kept it, %d older session(s) lost it (no session or message was deleted): %s",
-                       len(cleared), ", ".join(cleared[:20]) + (" ..." if len(cleared) > 20 else ""))
-    return cleared
-
-
 def _finish(conn: sqlite3.Connection) -> None:
     # What every open leaves in place: the declared indexes, the uid trigger, the current numbers.
-    free_duplicate_titles(conn)
+    free_duplicate_titles(conn)  # else the unique-title index cannot be built
     for sql in INDEX_SQL:
         conn.execute(sql)
     conn.execute(UID_TRIGGER_SQL)

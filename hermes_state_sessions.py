@@ -1,8 +1,8 @@
-"""Session rows: create, read, update, end/reopen, token counters, archive flags and titles.
+"""Session rows: create, read, update, end/reopen, token counters and billing route, archive flags.
 
 Owns: the `sessions` table's rows and the rules on them: which columns a caller may set and
 with which verb, the first end wins, token counters and the per-model usage rows, the archive
-flags and the idle sweep, and titles (unique, stripped, numbered lineages "T", "T #2", ...).
+flags and the idle sweep, the workspace columns and session counts.
 Also the SQL fragments other writers reuse so each rule is written once: `ARCHIVE_LIFT_SQL`
 (writing to a session lifts an archive only the idle sweep made); `COUNTER_RESET_SQL` is the dictionary's.
 Does not own: message rows (hermes_state_messages), lineage walks (hermes_state_lineage).
@@ -13,24 +13,22 @@ first statement that changes anything. Read functions run under the caller's loc
 """
 from __future__ import annotations
 
-import re
 import sqlite3
 import time
 from typing import Any
 
 import hermes_state_lineage as lineage
 from hermes_state_common import (COUNTER_RESET_SQL, DAY_S,  # noqa: F401 - COUNTER_RESET_SQL re-exported
-                                 INT_MAX, SESSION_COLUMN_NAMES, SESSIONS, check_count, check_id, check_number,
-                                 row_dicts, strip_surrogates)
-from hermes_state_errors import SessionClosedByCompressionError, SessionNotFoundError, TitleConflictError
+                                 INT_MAX, SESSION_COLUMN_NAMES, SESSIONS, TABLE_COLUMNS, check_count, check_id,
+                                 check_number, replace_surrogates, row_dicts)
+from hermes_state_errors import SessionClosedByCompressionError, SessionNotFoundError
+from hermes_state_titles import check_title_free, normalize_title, sanitize_title, title_holder
 
 # Writing to a session resumes it: an archive only the idle sweep made is lifted, never a
 # deliberate one. An assignment list for UPDATE sessions SET ...
 ARCHIVE_LIFT_SQL = "archived = CASE WHEN auto_archived = 1 THEN 0 ELSE archived END, auto_archived = 0"
 # COUNTER_RESET_SQL (the live generation is empty again) comes from the data dictionary, which
 # defines the counters; it stays importable from here.
-
-TITLE_MAX_CHARS = 100
 
 # Columns the library maintains itself (the dictionary gives them no caller rule); callers may
 # not set them through **columns.
@@ -68,27 +66,6 @@ def _session_values(columns: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def normalize_title(title: str | None) -> str | None:
-    """Strip a title; None or blank clears it; over 100 characters raises ValueError."""
-    if title is None:
-        return None
-    if not isinstance(title, str):
-        raise ValueError("title must be a string or None")
-    title = strip_surrogates(title).strip()
-    if len(title) > TITLE_MAX_CHARS:
-        raise ValueError(f"title is {len(title)} characters; the limit is {TITLE_MAX_CHARS}")
-    return title or None
-
-
-def check_title_free(conn: sqlite3.Connection, title: str | None, session_id: str) -> None:
-    """Raise TitleConflictError when another session already carries `title`."""
-    if title is None:
-        return
-    row = conn.execute("SELECT id FROM sessions WHERE title = ? AND id != ?", (title, session_id)).fetchone()
-    if row is not None:
-        raise TitleConflictError(f"title {title!r} is already in use by session {row[0]!r}")
-
-
 def session_exists(conn: sqlite3.Connection, session_id: str) -> bool:
     """Return True when a session row with this id exists."""
     return conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is not None
@@ -109,15 +86,36 @@ def _updated_or_missing(cur: sqlite3.Cursor, session_id: str) -> None:
 # --- session records ----------------------------------------------------------------------------
 
 def create_session(conn: sqlite3.Connection, session_id: str, source: str, columns: dict[str, Any]) -> str:
-    """Insert a new session row; raise ValueError for a duplicate id or unknown column."""
+    """Insert the session row, or fill the empty columns of an existing one; return the id.
+
+    Idempotent, and the first write wins: on an existing id only columns still NULL take the
+    given values (a gateway's bare row gains the agent's model and prompt later), while
+    source and every column already set stay. user_id is never filled in afterwards: it
+    names the principal the row was created for. An unknown column raises ValueError.
+    """
     check_id("session_id", session_id)
     check_id("source", source)
     values = _session_values({k: v for k, v in columns.items() if v is not None})
-    values.setdefault("started_at", time.time())
     if session_exists(conn, session_id):
-        raise ValueError(f"session {session_id!r} already exists (use ensure_session for the idempotent form)")
+        _fill_empty_columns(conn, session_id, values)
+        return session_id
+    return _insert(conn, session_id, source, values)
+
+
+def insert_session(conn: sqlite3.Connection, session_id: str, source: str, columns: dict[str, Any]) -> str:
+    """Insert a new session row; raise ValueError for an id that exists already or an unknown column."""
+    check_id("session_id", session_id)
+    check_id("source", source)
+    values = _session_values({k: v for k, v in columns.items() if v is not None})
+    if session_exists(conn, session_id):
+        raise ValueError(f"session {session_id!r} already exists")
+    return _insert(conn, session_id, source, values)
+
+
+def _insert(conn: sqlite3.Connection, session_id: str, source: str, values: dict[str, Any]) -> str:
+    values.setdefault("started_at", time.time())
     if "title" in values:
-        values["title"] = normalize_title(values["title"])
+        values["title"] = sanitize_title(values["title"])
         check_title_free(conn, values["title"], session_id)
     parent = values.get("parent_session_id")
     if parent is not None:
@@ -128,15 +126,35 @@ def create_session(conn: sqlite3.Connection, session_id: str, source: str, colum
     return session_id
 
 
+# Never filled in on a repeated create: fixed when the row was made, or kept by their own verb.
+_FIXED_AT_CREATION = frozenset({"user_id", "started_at"}) | _VERB_SESSION_COLUMNS.keys()
+
+
+def _fill_empty_columns(conn: sqlite3.Connection, session_id: str, values: dict[str, Any]) -> None:
+    fill = {name: value for name, value in values.items() if name not in _FIXED_AT_CREATION}
+    if fill.get("parent_session_id") == session_id:
+        fill.pop("parent_session_id")
+    if "title" in fill:
+        fill["title"] = sanitize_title(fill["title"])
+        if fill["title"] is None or title_holder(conn, fill["title"], session_id) is not None:
+            fill.pop("title")  # a taken name is not worth failing the create over
+    if fill.get("parent_session_id") is not None:
+        require_session(conn, fill["parent_session_id"])
+        if any(row["id"] == session_id for row in lineage.get_lineage(conn, fill["parent_session_id"])):
+            raise ValueError(f"parent_session_id {fill['parent_session_id']!r} descends from {session_id!r}: "
+                             "the link would make a cycle")
+    if fill:
+        conn.execute(f"UPDATE sessions SET {', '.join(f'{n} = COALESCE({n}, ?)' for n in fill)} WHERE id = ?",
+                     [*fill.values(), session_id])
+
+
 def ensure_session(conn: sqlite3.Connection, session_id: str, source: str, columns: dict[str, Any]) -> str:
     """Create the session unless it exists; an existing row is left exactly as it is.
 
     The columns are validated either way, so a bad name or value raises even when nothing is written.
     """
-    check_id("session_id", session_id)
-    check_id("source", source)
     _session_values({k: v for k, v in columns.items() if v is not None})
-    if session_exists(conn, session_id):
+    if isinstance(session_id, str) and session_id and session_exists(conn, session_id):
         return session_id
     return create_session(conn, session_id, source, columns)
 
@@ -150,14 +168,11 @@ def get_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | N
 def end_session(conn: sqlite3.Connection, session_id: str, end_reason: str, *, now: float | None = None) -> None:
     """Mark the session ended; the first end wins and a later call changes nothing.
 
-    The end reason 'compression' is reserved for rotate_session, which creates the
-    continuation in the same transaction: ending a session so by hand would leave it closed
-    with nothing to continue it.
+    Any reason is accepted, 'compression' too: a compression chain is built by ending the
+    session so and creating its continuation with parent_session_id (rotate_session does
+    both in one transaction). `reopen_session` clears the end, so a later end applies again.
     """
     check_id("end_reason", end_reason)
-    if end_reason == lineage.COMPRESSION_END_REASON:
-        raise ValueError(f"end_reason {end_reason!r} is reserved for rotate_session, which also creates the "
-                         "session that continues this one; end it with another reason")
     _close(conn, session_id, end_reason, now)
 
 
@@ -168,7 +183,7 @@ def close_for_compression(conn: sqlite3.Connection, session_id: str, *, now: flo
 
 def _close(conn: sqlite3.Connection, session_id: str, end_reason: str, now: float | None) -> None:
     cur = conn.execute("UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? AND ended_at IS NULL",
-                       (time.time() if now is None else now, strip_surrogates(end_reason), session_id))
+                       (time.time() if now is None else now, replace_surrogates(end_reason), session_id))
     if cur.rowcount == 0:
         require_session(conn, session_id)
 
@@ -226,51 +241,90 @@ _TOKEN_COLUMNS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_w
                   "api_call_count")
 
 
+_ROUTE_COLUMNS = ("billing_provider", "billing_base_url", "billing_mode")
+_COST_LABELS = ("cost_status", "cost_source", "pricing_version")
+
+
 def update_token_counts(conn: sqlite3.Connection, session_id: str, input_tokens: int = 0, output_tokens: int = 0,
                         cache_read_tokens: int = 0, cache_write_tokens: int = 0, reasoning_tokens: int = 0, *,
-                        estimated_cost_usd: float | None = None, api_call_count: int = 0,
-                        model: str | None = None, absolute: bool = False, now: float | None = None) -> None:
-    """Add to (or, with `absolute`, set) the token counters and upsert the per-model usage row.
+                        estimated_cost_usd: float | None = None, actual_cost_usd: float | None = None,
+                        api_call_count: int = 0, model: str | None = None, billing_provider: str | None = None,
+                        billing_base_url: str | None = None, billing_mode: str | None = None,
+                        cost_status: str | None = None, cost_source: str | None = None,
+                        pricing_version: str | None = None, absolute: bool = False,
+                        now: float | None = None) -> None:
+    """Add to (or, with `absolute`, set) the token counters, keep the billing route, record per-model usage.
 
-    `model` fills sessions.model only while it is NULL; the usage row is keyed by the given
-    model, else by the session's model, with task ''. Without any model no usage row is kept.
+    The session's route (model and billing provider, base URL and mode) is the one its
+    first accounted call (api_call_count > 0) used: that call replaces the route the session
+    was created with as a whole, so a fallback that answered first is what is billed. After
+    it, and for calls that account nothing, a route field is only filled while empty, and
+    only from a call on the session's own model (metadata about another route is ignored).
+    update_session_model and update_session_billing_route change the route on purpose.
+    Each incremental call also adds to the usage row of the model and route it used (the
+    given model, else the session's); `absolute` sets the summary and records no usage row,
+    since usage rows are sums of calls and a total would count them twice.
     """
     counts = dict(zip(_TOKEN_COLUMNS, (input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
                                        reasoning_tokens, api_call_count)))
     counts = {name: check_count(name, value) for name, value in counts.items()}
-    if estimated_cost_usd is not None:
-        check_number("estimated_cost_usd", estimated_cost_usd)
+    for name, cost in (("estimated_cost_usd", estimated_cost_usd), ("actual_cost_usd", actual_cost_usd)):
+        if cost is not None:
+            counts[name] = check_number(name, cost)
     if model is not None and (not isinstance(model, str) or not model.strip()):
         raise ValueError("model must be a non-empty string or None")
-    model = strip_surrogates(model)
-    if estimated_cost_usd is not None:
-        counts["estimated_cost_usd"] = float(estimated_cost_usd)
+    route = {"model": replace_surrogates(model), **{n: _CHECK[n](v) if v is not None else None for n, v in
+                                                    zip(_ROUTE_COLUMNS, (billing_provider, billing_base_url,
+                                                                         billing_mode))}}
+    labels = {n: _CHECK[n](v) for n, v in zip(_COST_LABELS, (cost_status, cost_source, pricing_version))
+              if v is not None}
+    row = conn.execute("SELECT model, api_call_count FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    if row is None:
+        raise SessionNotFoundError(f"session {session_id!r} not found")
+    session_model, accounted = row[0], (row[1] or 0) > 0
     if absolute:
-        sets = [f"{name} = ?" for name in counts]
+        sets, params = [f"{name} = ?" for name in counts], list(counts.values())
     else:
-        _check_sums_fit(conn, session_id, model, counts)
-        sets = [f"{name} = COALESCE({name}, 0) + ?" for name in counts]
-    _updated_or_missing(conn.execute(
-        f"UPDATE sessions SET {', '.join(sets)}, model = COALESCE(model, ?) WHERE id = ?",
-        [*counts.values(), model, session_id]), session_id)
-    if model is None:
-        model = conn.execute("SELECT model FROM sessions WHERE id = ?", (session_id,)).fetchone()[0]
-    if model is None:
+        _check_sums_fit(conn, session_id, counts)
+        sets, params = [f"{name} = COALESCE({name}, 0) + ?" for name in counts], list(counts.values())
+    names_route = route["model"] is not None or route["billing_provider"] is not None
+    if not absolute and counts["api_call_count"] > 0 and not accounted and names_route:
+        # The first accounted call: its route replaces the requested one, all fields together.
+        sets += ["model = COALESCE(?, model)", *(f"{n} = ?" for n in _ROUTE_COLUMNS)]
+        params += [route["model"], *(route[n] for n in _ROUTE_COLUMNS)]
+    else:
+        same_route = route["model"] is None or session_model is None or route["model"] == session_model
+        sets.append("model = COALESCE(model, ?)")
+        params.append(route["model"])
+        if same_route:
+            sets += [f"{n} = COALESCE({n}, ?)" for n in _ROUTE_COLUMNS]
+            params += [route[n] for n in _ROUTE_COLUMNS]
+    sets += [f"{n} = ?" for n in labels]
+    params += list(labels.values())
+    conn.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE id = ?", [*params, session_id])
+    if absolute or not any(counts.values()):
         return
-    names = list(counts)
-    on_conflict = ", ".join(f"{n} = excluded.{n}" if absolute else f"{n} = COALESCE({n}, 0) + excluded.{n}"
-                            for n in names)
+    usage_model = route["model"] or conn.execute("SELECT model FROM sessions WHERE id = ?",
+                                                 (session_id,)).fetchone()[0]
+    if usage_model is not None:
+        _add_usage(conn, session_id, usage_model, route, counts, time.time() if now is None else now)
+
+
+def _add_usage(conn: sqlite3.Connection, session_id: str, model: str, route: dict[str, Any],
+               counts: dict[str, Any], now: float) -> None:
+    names = [n for n in counts if n in TABLE_COLUMNS["session_model_usage"]]
     conn.execute(
         f"INSERT INTO session_model_usage (session_id, model, task, {', '.join(names)}, updated_at) "
         f"VALUES (?, ?, '', {', '.join('?' * len(names))}, ?) "
-        f"ON CONFLICT (session_id, model, task) DO UPDATE SET {on_conflict}, updated_at = excluded.updated_at",
-        [session_id, model, *counts.values(), time.time() if now is None else now])
+        f"ON CONFLICT (session_id, model, task) DO UPDATE SET "
+        f"{', '.join(f'{n} = COALESCE({n}, 0) + excluded.{n}' for n in names)}, updated_at = excluded.updated_at",
+        [session_id, model, *(counts[n] for n in names), now])
 
 
-def _check_sums_fit(conn: sqlite3.Connection, session_id: str, model: str | None, counts: dict[str, Any]) -> None:
+def _check_sums_fit(conn: sqlite3.Connection, session_id: str, counts: dict[str, Any]) -> None:
     # SQLite turns an integer sum past 2**63-1 into a float without a word; refuse it instead,
     # before anything is written. Checked for the session row and its per-model usage rows.
-    integers = [name for name in counts if name != "estimated_cost_usd"]
+    integers = [name for name in counts if not name.endswith("_cost_usd")]
     peak = ", ".join(f"MAX(COALESCE({n}, 0))" for n in integers)
     rows = [conn.execute(f"SELECT {peak} FROM sessions WHERE id = ?", (session_id,)).fetchone(),
             conn.execute(f"SELECT {peak} FROM session_model_usage WHERE session_id = ?", (session_id,)).fetchone()]
@@ -324,108 +378,111 @@ def auto_archive(conn: sqlite3.Connection, idle_days: float, *, now: float | Non
         "AND COALESCE(pinned, 0) = 0 AND COALESCE(last_activity_at, started_at) < ?", (cutoff,)).rowcount
 
 
-# --- titles ----------------------------------------------------------------------------------
-# A title lineage is "T", "T #2", "T #3", ...: when a conversation continues in a new session
-# (compression, a resumed topic) the new session takes the next number, so every title stays
-# unique while the family stays recognisable.
+# --- prompt, model, billing route, workspace -------------------------------------------------
 
-_LINEAGE_SUFFIX = re.compile(r" #([0-9]+)")  # matched with fullmatch against what follows "T"
-
-
-def _split_lineage(title: str) -> str:
-    """Return the base of a lineage title: "T #3" -> "T"; any other title is its own base."""
-    head, sep, tail = title.rpartition(" #")
-    if sep and head and tail.isascii() and tail.isdigit():
-        return head
-    return title
+def update_system_prompt(conn: sqlite3.Connection, session_id: str, system_prompt: str | None) -> None:
+    """Store the system prompt the session's turns are built with (None clears it)."""
+    _set_columns(conn, session_id, {"system_prompt": system_prompt})
 
 
-def _lineage_members(conn: sqlite3.Connection, base: str) -> list[tuple[int, float, str]]:
-    """Return (number, started_at, id) for "base" (number 1) and every "base #<n>"."""
-    # "base #..." titles sort between "base #" and "base $" ('$' follows '#'), so a range on the
-    # unique title index finds them without LIKE/GLOB metacharacter worries.
-    prefix = base + " #"
-    rows = conn.execute(
-        "SELECT id, title, started_at FROM sessions WHERE title = ? OR (title >= ? AND title < ?)",
-        (base, prefix, base + " $")).fetchall()
-    out = []
-    for session_id, title, started_at in rows:
-        if title == base:
-            out.append((1, started_at or 0.0, session_id))
-            continue
-        match = _LINEAGE_SUFFIX.fullmatch(title, len(base))
-        if match:
-            out.append((int(match.group(1)), started_at or 0.0, session_id))
-    return out
+def update_session_model(conn: sqlite3.Connection, session_id: str, model: str) -> None:
+    """Set the session's model unconditionally (a deliberate switch; token updates never change it)."""
+    if not isinstance(model, str) or not model.strip():
+        raise ValueError("model must be a non-empty string")
+    _set_columns(conn, session_id, {"model": model})
 
 
-def set_session_title(conn: sqlite3.Connection, session_id: str, title: str | None) -> str | None:
-    """Set (or, with None/blank, clear) a session's title and return what was stored.
+def update_session_billing_route(conn: sqlite3.Connection, session_id: str, *, provider: str | None,
+                                 base_url: str | None, billing_mode: str | None = None) -> None:
+    """Switch the billing route: provider and base URL are set, billing_mode only when given.
 
-    Must run inside the caller's write transaction. The title is stripped and at most 100
-    characters (ValueError); another session holding it raises TitleConflictError; an unknown
-    session raises SessionNotFoundError. Nothing is written when any check fails.
+    The stored system prompt is cleared too: it names the model and provider, so the next
+    turn must build it again.
     """
-    title = normalize_title(title)
-    require_session(conn, session_id)
-    check_title_free(conn, title, session_id)
-    try:
-        conn.execute("UPDATE sessions SET title = ? WHERE id = ?", (title, session_id))
-    except sqlite3.IntegrityError as exc:
-        # Only reachable when a writer outside BEGIN IMMEDIATE took the title between the
-        # check and the update; the unique index is the final word.
-        if "title" not in str(exc):
-            raise
-        raise TitleConflictError(f"title {title!r} was just taken by another session") from exc
-    return title
+    values = {"billing_provider": provider, "billing_base_url": base_url, "system_prompt": None}
+    if billing_mode is not None:
+        values["billing_mode"] = billing_mode
+    _set_columns(conn, session_id, values)
 
 
-def get_session_title(conn: sqlite3.Connection, session_id: str) -> str | None:
-    """Return the session's title, or None when it has none or does not exist."""
-    row = conn.execute("SELECT title FROM sessions WHERE id = ?", (session_id,)).fetchone()
-    return None if row is None else row[0]
+def update_session_cwd(conn: sqlite3.Connection, session_id: str, cwd: str, git_branch: str | None = None,
+                       git_repo_root: str | None = None) -> None:
+    """Record the session's working directory; a branch or repo root is kept unless a non-empty one is given.
 
-
-def resolve_session_by_title(conn: sqlite3.Connection, title: str | None) -> str | None:
-    """Return the id of the newest session titled `title` or "`title` #<n>", or None.
-
-    The title is taken literally as the lineage base: "T" resolves among "T", "T #2", ...;
-    "T #2" resolves among "T #2" and "T #2 #<n>" (an explicit number names that session).
-    Newest means the latest `started_at`, ties going to the higher number.
+    An empty string means the probe found nothing, which must not erase what an earlier probe found.
     """
-    if title is None or not isinstance(title, str) or not title.strip():
-        return None
-    members = _lineage_members(conn, title.strip())
-    if not members:
-        return None
-    return max(members, key=lambda m: (m[1], m[0]))[2]
+    values: dict[str, Any] = {"cwd": cwd}
+    for name, value in (("git_branch", git_branch), ("git_repo_root", git_repo_root)):
+        if value:
+            values[name] = value
+    _set_columns(conn, session_id, values)
 
 
-def get_next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
-    """Return the title a continuation of `title` should take: "T" -> "T #2" -> "T #3" ...
+def _set_columns(conn: sqlite3.Connection, session_id: str, columns: dict[str, Any]) -> None:
+    values = _session_values(columns)
+    _updated_or_missing(conn.execute(f"UPDATE sessions SET {', '.join(f'{n} = ?' for n in values)} WHERE id = ?",
+                                     [*values.values(), session_id]), session_id)
 
-    A numbered input counts as its base ("T #2" -> base "T"). The result is the highest
-    existing number plus one (gaps are not refilled); when no session carries the base or
-    any numbered variant, the base itself is returned unchanged. The result always fits the
-    100-character limit: a base too long for its suffix is cut (and stripped), and the number
-    then also passes every title of the cut base's lineage, so the suggestion is free.
-    """
-    normalized = normalize_title(title)
-    if normalized is None:
-        raise ValueError("title must be a non-blank string")
-    base = _split_lineage(normalized)
-    members = _lineage_members(conn, base)
-    if not members:
-        return base
-    number = max(m[0] for m in members) + 1
-    while True:
-        suffix = f" #{number}"
-        if len(base) + len(suffix) <= TITLE_MAX_CHARS:
-            return base + suffix
-        cut = base[:TITLE_MAX_CHARS - len(suffix)].rstrip()
-        # "cut #n" belongs to the cut base's lineage: step past its numbers so it is not taken.
-        # A longer number may shorten the cut again, hence the loop (it ends: numbers only grow).
-        taken = max((m[0] for m in _lineage_members(conn, cut)), default=0)
-        if taken < number:
-            return cut + suffix
-        number = taken + 1
+
+def distinct_session_cwds(conn: sqlite3.Connection, include_archived: bool = False) -> list[dict[str, Any]]:
+    """Return each working directory sessions ran in, with how many: [{"cwd", "sessions"}], most used first."""
+    archived = "" if include_archived else " AND COALESCE(archived, 0) = 0"
+    return row_dicts(conn.execute(
+        "SELECT cwd, COUNT(*) AS sessions FROM sessions WHERE cwd IS NOT NULL AND cwd != ''" + archived
+        + " GROUP BY cwd ORDER BY sessions DESC, cwd"))
+
+
+def backfill_repo_roots(conn: sqlite3.Connection, cwd_to_root: dict[str, str]) -> int:
+    """Fill git_repo_root from a {cwd: repo root} map where it is still empty; return how many rows changed."""
+    if not isinstance(cwd_to_root, dict):
+        raise ValueError("cwd_to_root must be a dict of {cwd: repo root}")
+    changed = 0
+    for cwd, root in cwd_to_root.items():
+        if isinstance(cwd, str) and isinstance(root, str) and root:
+            changed += conn.execute(
+                "UPDATE sessions SET git_repo_root = ? WHERE cwd = ? AND (git_repo_root IS NULL OR git_repo_root = '')",
+                (replace_surrogates(root), replace_surrogates(cwd))).rowcount
+    return changed
+
+
+def set_session_archived(conn: sqlite3.Connection, session_id: str, archived: bool) -> bool:
+    """Archive (deliberately) or unarchive the session; return False for an unknown session."""
+    flag = 1 if archived else 0
+    return conn.execute("UPDATE sessions SET archived = ?, auto_archived = 0 WHERE id = ?",
+                        (flag, session_id)).rowcount == 1
+
+
+def cwd_prefix_sql(prefix: str) -> tuple[str, list[str]]:
+    """Return (SQL condition, params) for "cwd is `prefix` or inside it" ("/repo" matches "/repo/x", not "/repo-2")."""
+    prefix = prefix.rstrip("/") or "/"
+    inside = prefix if prefix.endswith("/") else prefix + "/"
+    # A range on the text instead of LIKE: no wildcard escaping, and '0' is the character after '/'.
+    return "(cwd = ? OR (cwd >= ? AND cwd < ?))", [prefix, inside, inside[:-1] + "0"]
+
+
+def session_count(conn: sqlite3.Connection, source: str | None = None, cwd_prefix: str | None = None,
+                  min_message_count: int = 0, include_archived: bool = False, archived_only: bool = False,
+                  exclude_children: bool = False, exclude_sources: list[str] | None = None) -> int:
+    """Return how many sessions match: archived ones only when asked, children left out when asked."""
+    where, params = [], []
+    if source is not None:
+        where.append("source = ?")
+        params.append(source)
+    if exclude_sources:
+        where.append(f"source NOT IN ({', '.join('?' * len(exclude_sources))})")
+        params += list(exclude_sources)
+    if cwd_prefix:
+        condition, values = cwd_prefix_sql(cwd_prefix)
+        where.append(condition)
+        params += values
+    if min_message_count:
+        where.append("COALESCE(message_count, 0) >= ?")
+        params.append(check_count("min_message_count", min_message_count))
+    if archived_only:
+        where.append("COALESCE(archived, 0) = 1")
+    elif not include_archived:
+        where.append("COALESCE(archived, 0) = 0")
+    if exclude_children:
+        where.append("parent_session_id IS NULL")
+    sql = "SELECT COUNT(*) FROM sessions" + (" WHERE " + " AND ".join(where) if where else "")
+    return conn.execute(sql, params).fetchone()[0]

@@ -246,3 +246,48 @@ def passive_checkpoint(conn: sqlite3.Connection) -> None:
         conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
     except sqlite3.Error as exc:
         logger.info("PASSIVE checkpoint skipped: %s", exc)
+
+
+class RowConnection:
+    """A view of a connection whose cursors return `sqlite3.Row`s (readable by index and by name).
+
+    Everything else is the connection's own: statements run on it directly, outside the
+    writer, so this is for peeking and for code that manages its own statements.
+    """
+
+    def __init__(self, conn: sqlite3.Connection):
+        self._conn = conn
+
+    def cursor(self) -> sqlite3.Cursor:
+        """Return a cursor of the connection whose rows are `sqlite3.Row`s."""
+        cur = self._conn.cursor()
+        cur.row_factory = sqlite3.Row
+        return cur
+
+    def execute(self, sql: str, parameters: Any = ()) -> sqlite3.Cursor:
+        """Run one statement and return its cursor (rows as `sqlite3.Row`)."""
+        return self.cursor().execute(sql, parameters)
+
+    def executemany(self, sql: str, seq_of_parameters: Any) -> sqlite3.Cursor:
+        """Run one statement once per parameter set."""
+        return self.cursor().executemany(sql, seq_of_parameters)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+
+class NamedRows:
+    """A connection whose fetched rows read by index and by column name (hermes-agent's `_conn`)."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self._raw = conn
+
+    def execute(self, sql: str, parameters: Any = ()) -> sqlite3.Cursor:
+        """Run one statement on a cursor of its own whose rows are sqlite3.Row."""
+        # The cursor's own row factory: the library's statements on this connection keep tuples.
+        cur = self._raw.cursor()
+        cur.row_factory = sqlite3.Row
+        return cur.execute(sql, parameters)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)

@@ -358,13 +358,11 @@ def test_reopening_a_session_compression_closed_is_refused(db, rival):
         assert info.value.successor_id == "c" and info.value.session_id == closed
         assert tuple(session_row(rival, closed)) == before
     assert db.get_compression_ancestors("c") == ["a", "b"]
-    # The end reason is reserved for rotate_session; a session another program closed so,
-    # with no continuation, reopens (nothing else could ever write to it again).
+    # A session ended by compression with no continuation reopens (nothing else could ever
+    # write to it again).
     db.create_session("lone", "cli")
-    with pytest.raises(ValueError, match="reserved for rotate_session"):
-        db.end_session("lone", "compression")
-    assert session_row(rival, "lone")["ended_at"] is None
-    rival.execute("UPDATE sessions SET ended_at = 5, end_reason = 'compression' WHERE id = 'lone'")
+    db.end_session("lone", "compression")
+    assert session_row(rival, "lone")["end_reason"] == "compression"
     db.reopen_session("lone")
     assert (session_row(rival, "lone")["ended_at"], session_row(rival, "lone")["end_reason"]) == (None, None)
     db.append_message("lone", "user", "usable again")

@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hermes_state_compression as compression
-from hermes_state import (HermesStateError, SessionDB, SessionNotFoundError, StateDbCorruptError,
+from hermes_state import (HermesStateError, SessionClosedByCompressionError, SessionDB, SessionNotFoundError,
+                          StateDbCorruptError,
                           StoreUnavailableError, list_sessions_across_profiles)
 
 
@@ -144,13 +145,28 @@ def test_a_damaged_fts_structure_is_a_typed_error_for_every_call(db):
 
 # --- public API that corrupts state -----------------------------------------------------------------
 
-def test_compression_is_not_an_end_reason_callers_may_give(db):
+def test_ending_by_compression_then_creating_the_child_builds_the_chain(db):
+    # The design document's lineage: end the session with "compression", then create its
+    # continuation with parent_session_id. The two steps together are one compression edge.
     db.create_session("s", "cli")
-    with pytest.raises(ValueError, match="reserved"):
-        db.end_session("s", "compression")
-    db.append_message("s", "user", "still usable")
-    db.rotate_session("s", "t", [])
+    db.append_message("s", "user", "first half")
+    db.end_session("s", "compression")
+    db.end_session("s", "user_exit")  # the first end wins
     assert db.get_session("s")["end_reason"] == "compression"
+    db.create_session("t", "cli", parent_session_id="s")
+    assert db.get_compression_successor("s") == "t"
+    assert db.get_compression_ancestors("t") == ["s"]
+    with pytest.raises(SessionClosedByCompressionError):
+        db.reopen_session("s")  # its conversation lives on in "t"
+    assert [m["content"] for m in db.get_messages_as_conversation("t", include_ancestors=True)] == ["first half"]
+
+
+def test_a_compression_end_without_a_continuation_can_be_reopened_and_ended_again(db):
+    db.create_session("s", "cli")
+    db.end_session("s", "compression")
+    db.reopen_session("s")
+    db.end_session("s", "user_exit")
+    assert db.get_session("s")["end_reason"] == "user_exit"
 
 
 def test_replace_messages_refuses_one_uid_twice(db):
@@ -504,3 +520,74 @@ def test_import_validates_before_taking_the_write_lock(db, monkeypatch):
     assert len(report.imported) == 50
     assert outcomes and outcomes[0].returncode == 0, outcomes[0].stderr[-500:]
     assert [m["content"] for m in db.get_messages("live")] == ["during the import"]
+
+
+# --- whose file is it, and its mode -------------------------------------------------------------------
+
+def _other_programs_db(path) -> bytes:
+    made = sqlite3.connect(path)
+    made.execute("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL)")
+    made.execute("INSERT INTO invoices (total) VALUES (12.5)")
+    made.commit()
+    made.close()
+    os.chmod(path, 0o644)
+    return path.read_bytes()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hermes_state_cli", *args], capture_output=True, text=True,
+                          env={**os.environ, "HERMES_STATE_DB_GUARD_BYPASS": "1"}, timeout=60)
+
+
+def test_another_programs_database_is_refused_untouched_unless_forced(tmp_path):
+    from hermes_state import ForeignDatabaseError, StateDbIncompatibleError
+    other = tmp_path / "other.db"
+    before = _other_programs_db(other)
+    with pytest.raises(ForeignDatabaseError, match=str(other)) as info:
+        SessionDB(other)
+    assert isinstance(info.value, StateDbIncompatibleError)
+    out = _cli("--db", str(other), "init")
+    assert out.returncode == 1 and str(other) in out.stderr and "Traceback" not in out.stderr
+    assert other.read_bytes() == before and os.stat(other).st_mode & 0o777 == 0o644
+    assert not (tmp_path / "other.db-wal").exists()
+    forced = _cli("--db", str(other), "init", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert "0644 -> 0600" in forced.stdout  # the mode change is said, not silent
+    with SessionDB(other) as db:  # now it holds the store's tables, and the other program's rows
+        db.create_session("s", "cli")
+    assert sqlite3.connect(other).execute("SELECT total FROM invoices").fetchall() == [(12.5,)]
+
+
+def test_a_new_file_is_private_and_tightening_an_existing_one_is_said(tmp_path, caplog):
+    fresh = tmp_path / "fresh.db"
+    SessionDB(fresh).close()
+    assert os.stat(fresh).st_mode & 0o777 == 0o600
+    os.chmod(fresh, 0o644)
+    with caplog.at_level("WARNING", logger="hermes_state"):
+        with SessionDB(fresh) as db:
+            assert db.mode_changes and "0644 -> 0600" in db.mode_changes[0]
+    assert any("0644 -> 0600" in r.getMessage() for r in caplog.records)
+    os.chmod(fresh, 0o644)
+    migrated = _cli("--db", str(fresh), "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    assert "0644 -> 0600" in migrated.stdout and os.stat(fresh).st_mode & 0o777 == 0o600
+
+
+def test_a_symlinked_store_is_private_through_the_link(tmp_path):
+    disk = tmp_path / "other-disk"
+    disk.mkdir()
+    home = tmp_path / "home"
+    home.mkdir()
+    link = home / "state.db"
+    link.symlink_to(disk / "state.db")  # the store kept on another disk; the target does not exist yet
+    old_umask = os.umask(0o022)
+    try:
+        with SessionDB(link) as db:
+            db.create_session("s", "cli")
+            db.append_message("s", "user", "private")
+            modes = {p.name: os.stat(p).st_mode & 0o777 for p in disk.iterdir()}
+    finally:
+        os.umask(old_umask)
+    assert link.is_symlink() and modes["state.db"] == 0o600
+    assert {"state.db-wal", "state.db-shm"} <= set(modes), modes
+    assert set(modes.values()) == {0o600}, modes

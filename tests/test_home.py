@@ -570,3 +570,23 @@ def test_session_db_fixture_in_nested_run(pytester: pytest.Pytester, monkeypatch
     )
     result = pytester.runpytest_inprocess("-p", "hermes_state_pytest", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+
+
+def test_a_faked_home_does_not_hide_the_real_root(fake_home: Path, tmp_path: Path, monkeypatch) -> None:
+    # A test sets HOME=tmp_path while the shell exports HERMES_HOME at the real root: the guard
+    # finds the real root from the account (password database) and from HOME as it was at import.
+    import pwd
+
+    account_root = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".hermes"
+    monkeypatch.setenv("HERMES_HOME", str(account_root))
+    assert is_production_db(account_root / "state.db")
+    assert is_production_db(account_root / "profiles" / "coder" / "state.db")
+    with pytest.raises(RuntimeError, match="production database"):
+        check_db_path_allowed(account_root / "state.db")
+    started_with = tmp_path / "original-home"
+    monkeypatch.setattr(home_mod, "_HOME_AT_IMPORT", str(started_with))
+    assert is_production_db(started_with / ".hermes" / "state.db")
+    with pytest.raises(RuntimeError, match=str(started_with / ".hermes")):
+        check_db_path_allowed(started_with / ".hermes" / "state.db")
+    assert not is_production_db(tmp_path / "elsewhere" / "state.db")
+    assert not (started_with).exists()  # nothing created

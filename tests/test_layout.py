@@ -14,15 +14,16 @@ RANKS = {
     "hermes_state_writer": 2, "hermes_state_render": 2, "hermes_state_lockowners": 2, "hermes_state_home": 2, "hermes_state_provider": 2,
     "hermes_state_cjk": 2, "hermes_state_highlight": 2,
     "hermes_state_lineage": 2,
+    "hermes_state_titles": 2.5,  # the schema builds the unique-title index after freeing repeats
     "hermes_state_schema": 3, "hermes_state_query": 3,
-    "hermes_state_fts": 4,
+    "hermes_state_fts": 4, "hermes_state_catalogue": 4,
     "hermes_state_sessions": 4,
     "hermes_state_messages": 5,
     "hermes_state_conversation": 6, "hermes_state_search": 6, "hermes_state_listings": 6,
     "hermes_state_compression": 7,
     "hermes_state_portability": 8, "hermes_state_recovery": 8, "hermes_state_gateway": 8, "hermes_state_routing": 8,
     "hermes_state_maintenance": 8.5,  # deletes what the ledgers (rank 8) describe
-    "hermes_state_repair": 8.5,
+    "hermes_state_repair": 8.5,  # repairs a file with the full-text builder (rank 4)
     "hermes_state": 9,
     # Consumers of the facade, not layers of it.
     "hermes_state_commands": 10, "hermes_state_pytest": 10, "hermes_state_web": 10,
@@ -60,7 +61,7 @@ MAX_LINES = 600
 # The facade is a few lines per public method and grows with the API, never with logic. The
 # common module holds the data dictionary, one line per declared column; it grows with the
 # tables, not with logic.
-LONGER = {"hermes_state": 1100, "hermes_state_common": 720}
+LONGER = {"hermes_state": 1175, "hermes_state_common": 720}
 
 
 def test_no_module_imports_another_modules_private_names():

@@ -118,3 +118,27 @@ def test_cron_runs_are_one_jobs_by_true_prefix(db, rival):
     assert runs[0]["preview"] == "run cron_alpha_1" and runs[1]["last_active"] >= runs[1]["started_at"]
     assert ids(db.list_cron_job_runs("alpha", limit=1, offset=1)) == ["cron_alpha_2"]
     assert ids(db.list_cron_job_runs("a%")) == ["cron_a%_1"]
+
+
+def test_resolve_session_id_by_exact_id_or_unique_prefix(db):
+    for sid in ("20260315_092437_c9a6aa", "20260315_092437_c9a6bb", "20260315X092437_zz", "Upper_1"):
+        db.create_session(sid, "cli")
+    assert db.resolve_session_id("20260315_092437_c9a6aa") == "20260315_092437_c9a6aa"
+    assert db.resolve_session_id("20260315_092437_c9a6b") == "20260315_092437_c9a6bb"
+    assert db.resolve_session_id("20260315_092437_c9a6") is None        # ambiguous
+    assert db.resolve_session_id("20260315_") is None                   # "_" is literal: two, not three
+    assert db.resolve_session_id("20260315X") == "20260315X092437_zz"
+    assert db.resolve_session_id("upper") is None                       # ids are case-sensitive
+    assert db.resolve_session_id("") is None and db.resolve_session_id(None) is None
+
+
+def test_compression_lineage_is_the_whole_chain_and_survives_a_cycle(chain, rival):
+    assert chain.get_compression_lineage("mid") == ["root", "mid", "tip"]
+    assert chain.get_compression_lineage("solo") == ["solo"] and chain.get_compression_lineage("nope") == []
+    document = chain.export_session_lineage("root")
+    assert document["id"] == "tip" and document["lineage_session_ids"] == ["root", "mid", "tip"]
+    assert [s["id"] for s in document["segments"]] == ["root", "mid", "tip"]
+    assert {m["session_id"] for m in document["messages"]} == {"root", "mid", "tip"}
+    assert chain.export_session_lineage("nope") is None
+    rival.execute("UPDATE sessions SET parent_session_id = 'tip' WHERE id = 'root'")   # bad data: a ring
+    assert sorted(chain.get_compression_lineage("root")) == ["mid", "root", "tip"]

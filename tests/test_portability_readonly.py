@@ -23,9 +23,11 @@ READS = {
     "count_sessions", "check_integrity", "get_runtime", "next_admission", "get_admission", "list_admissions",
     "get_execution", "list_executions", "list_receipts", "list_owed", "get_delivery", "get_route", "list_routes",
     "get_delegation", "list_delegations",
+    "sanitize_title", "get_session_by_title", "session_count", "message_count", "distinct_session_cwds",
     "get_compression_lock_holder",
     "count_empty_sessions", "get_meta", "list_prune_candidates", "list_sessions_rich", "search_sessions",
-    "search_sessions_by_id", "list_cron_job_runs", "get_compression_tip",
+    "search_sessions_by_id", "list_cron_job_runs", "get_compression_tip", "resolve_session_id",
+    "get_compression_lineage", "export_session_lineage",
 }
 
 
@@ -47,8 +49,10 @@ def test_every_write_method_raises_read_only_before_any_sql(db, name):
         params = [p for p in inspect.signature(getattr(SessionDB, name)).parameters.values()
                   if p.name != "self" and p.default is inspect.Parameter.empty
                   and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        keywords = {p.name: "s" for p in inspect.signature(getattr(SessionDB, name)).parameters.values()
+                    if p.kind is p.KEYWORD_ONLY and p.default is inspect.Parameter.empty}
         with reader.tracer() as statements, pytest.raises(ReadOnlyError):
-            getattr(reader, name)(*["s"] * len(params))
+            getattr(reader, name)(*["s"] * len(params), **keywords)
         assert statements == []
     finally:
         reader.close()

@@ -441,3 +441,49 @@ def test_recover_keeps_rows_whose_text_is_not_utf8(db, tmp_path):
     assert report.tables["messages"].copied == 2
     with SessionDB(tmp_path / "out.db") as out:
         assert sorted(m["content"] for m in out.get_messages("s")) == ["fine", "ok \ufffd("]
+
+
+PLANTED = {
+    "trigger that empties a transcript": "CREATE TRIGGER wipe AFTER UPDATE OF ended_at ON sessions BEGIN "
+                                         "DELETE FROM messages WHERE session_id = new.id; END",
+    "trigger named like a full-text one": "CREATE TRIGGER messages_fts_insert_extra AFTER INSERT ON messages BEGIN "
+                                          "INSERT INTO messages_fts(rowid, content) VALUES (new.id, ''); "
+                                          "DELETE FROM messages WHERE id = new.id; END",
+    "view": "CREATE VIEW every_message AS SELECT * FROM messages",
+    "unique index": "CREATE UNIQUE INDEX one_message_per_session ON messages(session_id)",
+}
+
+
+@pytest.mark.parametrize("planted", sorted(PLANTED))
+def test_restore_refuses_schema_objects_the_library_does_not_create(db, tmp_path, rival, planted):
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "kept")
+    saved = db.backup(tmp_path / "saved.db")
+    raw = sqlite3.connect(saved)
+    raw.execute(PLANTED[planted])
+    raw.commit()
+    raw.close()
+    name = PLANTED[planted].split()[3 if planted == "unique index" else 2]
+    with pytest.raises(StateDbIncompatibleError, match=name):
+        db.restore(saved)
+    assert rival.execute("SELECT name FROM sqlite_master WHERE name = ?", (name,)).fetchone() is None
+    db.end_session("s", "done")
+    db.append_message("s", "user", "still here")
+    assert [m["content"] for m in db.get_messages("s")] == ["kept", "still here"]
+
+
+def test_restore_accepts_its_own_backups_and_an_older_layouts_full_text_objects(db, tmp_path):
+    import hermes_state_catalogue as catalogue
+    import hermes_state_fts as fts
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "hello")
+    db.restore(db.backup(tmp_path / "own.db"))
+    assert db.get_messages("s")[0]["content"] == "hello"
+    # An earlier layout's full-text triggers only index rows; an upgrade drops them first.
+    older = sqlite3.connect(":memory:")
+    older.execute("CREATE TABLE messages (id INTEGER PRIMARY KEY, content TEXT)")
+    older.execute("CREATE VIRTUAL TABLE messages_fts USING fts5(content)")
+    older.execute("CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN "
+                  "INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END")
+    assert catalogue.foreign_objects(older, fts.OBJECTS, older=True) == []
+    assert catalogue.foreign_objects(older, fts.OBJECTS, older=False) != []

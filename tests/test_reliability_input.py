@@ -107,15 +107,17 @@ def test_injection_shaped_strings_are_stored_and_found_verbatim(db, raw_conn):
     for k, evil in enumerate(HOSTILE):
         sid = f"{evil}#{k}"
         db.create_session(sid, evil, model=evil)
-        assert db.set_session_title(sid, f"{evil} {k}") == f"{evil} {k}"
+        assert db.set_session_title(sid, f"{evil} {k}") is True
         db.append_message(sid, "user", f"{evil} token{k}", tool_name=evil)
         db.append_message(sid, "assistant", None, tool_calls=[{"id": evil, "type": "function",
                                                                "function": {"name": evil, "arguments": evil}}])
     for k, evil in enumerate(HOSTILE):
         sid = f"{evil}#{k}"
         row = db.get_session(sid)
-        assert (row["source"], row["model"], row["title"]) == (evil, evil, f"{evil} {k}")
-        assert db.resolve_session_by_title(f"{evil} {k}") == sid
+        # Titles are cleaned (controls dropped, whitespace collapsed); everything else is verbatim.
+        title = SessionDB.sanitize_title(f"{evil} {k}")
+        assert (row["source"], row["model"], row["title"]) == (evil, evil, title)
+        assert db.resolve_session_by_title(title) == sid
         assert [s["id"] for s in db.list_sessions(source=evil)] == [sid]
         msgs = db.get_messages(sid)
         assert msgs[0]["content"] == f"{evil} token{k}" and msgs[0]["tool_name"] == evil

@@ -11,6 +11,7 @@ import time
 import pytest
 
 import hermes_state_schema as schema
+import hermes_state_titles as titles
 from hermes_state import (ReadOnlyError, SessionDB, StateDbCorruptError, StateDbIncompatibleError,
                           StateDbUninitializedError, StoreUnavailableError)
 from hermes_state_common import INDEX_SQL, PAGE_SIZE, SCHEMA_VERSION, TABLE_COLUMNS
@@ -54,7 +55,7 @@ def test_a_new_file_gets_the_page_size_and_an_existing_file_keeps_its_own(tmp_pa
     with sqlite3.connect(old) as made:  # a file another program created with SQLite's default pages
         made.execute("PRAGMA page_size = 4096")
         made.execute("CREATE TABLE other_program (x)")
-    with SessionDB(old) as db:  # upgraded in place, never rewritten page by page
+    with SessionDB(old, force=True) as db:  # upgraded in place, never rewritten page by page
         db.create_session("s", "cli")
         db.append_message("s", "user", "hello")
     conn = sqlite3.connect(old)
@@ -376,6 +377,95 @@ def test_every_ladder_step_runs_on_rows_a_build_copies_in(tmp_path, monkeypatch)
     assert conn.execute("SELECT id, title FROM sessions ORDER BY id").fetchall() == [("a", "T"), ("b", "T #2")]
 
 
+# --- journal mode where WAL cannot work ----------------------------------------------------------
+# A network file system refuses WAL's shared memory with SQLITE_PROTOCOL. No such mount exists
+# here, so a connection class answers `journal_mode=WAL` the way SQLite does on one.
+
+def _refusing(code: int | None, message: str, *, also_delete: bool = False) -> type[sqlite3.Connection]:
+    class Refusing(sqlite3.Connection):
+        wal_attempts = 0
+
+        def execute(self, sql, *args):  # type: ignore[override]
+            flat = sql.replace(" ", "").lower()
+            if flat == "pragmajournal_mode=wal" or (also_delete and flat == "pragmajournal_mode=delete"):
+                type(self).wal_attempts += flat.endswith("wal")
+                exc = sqlite3.OperationalError(message)
+                exc.sqlite_errorcode = code  # type: ignore[attr-defined]
+                raise exc
+            return super().execute(sql, *args)
+    return Refusing
+
+
+@pytest.fixture
+def file_system(monkeypatch):
+    """Make every connection the library opens behave as on a file system that refuses WAL."""
+    def install(code: int | None = 15, message: str = "locking protocol", **kw) -> type[sqlite3.Connection]:
+        factory = _refusing(code, message, **kw)
+        real = sqlite3.connect
+        monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: real(*a, factory=factory, **k))
+        return factory
+    monkeypatch.setattr(schema, "wal_fallback_warned", set())
+    return install
+
+
+def test_where_wal_is_refused_the_store_runs_on_a_rollback_journal_and_says_so_once(tmp_path, file_system, caplog):
+    import hermes_state
+    hermes_state.set_last_init_error(None)
+    factory = file_system()
+    path = tmp_path / "nfs" / "state.db"
+    with caplog.at_level("WARNING", logger="hermes_state"):
+        for round_ in range(2):
+            with SessionDB(path) as db:
+                db.create_session(f"s{round_}", "cli")
+                db.append_message(f"s{round_}", "user", "written without WAL")
+    warned = [r.getMessage() for r in caplog.records if "journal_mode=DELETE" in r.getMessage()]
+    assert len(warned) == 1 and str(path) in warned[0] and "locking protocol" in warned[0]
+    assert factory.wal_attempts >= 2  # each open asked for WAL first
+    rival = sqlite3.Connection(str(path))  # a plain connection, as another program would open it
+    assert rival.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    assert rival.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 2
+    assert not (tmp_path / "nfs" / "state.db-wal").exists()
+    rival.close()
+    assert hermes_state.get_last_init_error() is None
+
+
+def test_a_wal_file_is_never_downgraded_and_other_errors_are_not_mistaken_for_the_file_system(tmp_path):
+    path = tmp_path / "wal.db"
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+    refusing = sqlite3.connect(path, factory=_refusing(15, "locking protocol"))
+    assert schema.apply_wal_with_fallback(refusing, str(path)) == "wal"
+    assert type(refusing).wal_attempts == 0  # already WAL: not even asked
+    refusing.close()
+    # A transient I/O error is not a file system without shared memory: no downgrade.
+    fresh = sqlite3.connect(tmp_path / "fresh.db", factory=_refusing(10 | 15 << 8, "disk I/O error"))
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O"):
+        schema.apply_wal_with_fallback(fresh, "fresh.db")
+    assert fresh.execute("PRAGMA journal_mode").fetchone()[0] == "delete"  # untouched, never set
+    fresh.close()
+
+
+def test_when_no_journal_mode_works_the_open_fails_typed_and_the_cause_is_kept(tmp_path, file_system, monkeypatch):
+    import hermes_state
+    from hermes_state_errors import StateDbJournalError, StoreUnavailableError
+    hermes_state.set_last_init_error(None)
+    file_system(also_delete=True)
+    with pytest.raises(StateDbJournalError) as raised:
+        SessionDB(tmp_path / "ro-mount" / "state.db")
+    assert isinstance(raised.value, StoreUnavailableError) and isinstance(raised.value, sqlite3.OperationalError)
+    assert raised.value.http_status == 503 and "local disk" in raised.value.guidance
+    cause = hermes_state.get_last_init_error()
+    assert cause == "OperationalError: locking protocol"
+    message = hermes_state.format_session_db_unavailable(prefix="Cannot resume")
+    assert message.startswith("Cannot resume: OperationalError: locking protocol.") and "NFS/SMB" in message
+    # A later success does not erase the cause another caller may be about to report.
+    monkeypatch.undo()
+    SessionDB(tmp_path / "ok.db").close()
+    assert hermes_state.get_last_init_error() == cause
+    hermes_state.set_last_init_error(None)
+    assert hermes_state.format_session_db_unavailable() == "Session database not available."
+
+
 def _drop_title_index_and_share(path, ids, title="Shared") -> None:
     # Another program dropped the unique index, then wrote one title on several sessions.
     c = sqlite3.connect(path, isolation_level=None)
@@ -425,4 +515,4 @@ def test_open_rebuilds_a_dropped_title_index_without_touching_distinct_titles(tm
 
 def test_free_duplicate_titles_is_a_no_op_while_the_index_exists(conn):
     conn.execute("INSERT INTO sessions (id, source, started_at, title) VALUES ('x', 'cli', 1, 'T')")
-    assert schema.free_duplicate_titles(conn) == []
+    assert titles.free_duplicate_titles(conn) == []

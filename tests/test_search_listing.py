@@ -9,7 +9,7 @@ import sqlite3
 
 import pytest
 
-import hermes_state_sessions as sessions
+import hermes_state_titles as titles
 from hermes_state import SessionDB, SessionNotFoundError, TitleConflictError
 
 
@@ -27,7 +27,7 @@ def stored_title(rival: sqlite3.Connection, session_id: str) -> str | None:
 
 def test_set_title_strips_and_persists(db, rival):
     db.create_session("s1", "cli")
-    assert db.set_session_title("s1", "  Fix Docker Build \n") == "Fix Docker Build"
+    assert db.set_session_title("s1", "  Fix Docker Build \n") is True
     assert stored_title(rival, "s1") == "Fix Docker Build"
     assert db.get_session_title("s1") == "Fix Docker Build"
 
@@ -41,25 +41,27 @@ def test_title_conflict_is_typed_and_writes_nothing(db, rival):
         db.set_session_title("b", " Shared ")
     assert isinstance(info.value, ValueError)
     assert stored_title(rival, "b") == "Mine"
+    assert "already in use" in str(info.value)
     # Setting a session's own title again is not a conflict.
-    assert db.set_session_title("a", "Shared") == "Shared"
+    assert db.set_session_title("a", "Shared") is True
 
 
 def test_title_length_limit(db, rival):
     db.create_session("s", "cli")
-    assert db.set_session_title("s", "x" * 100) == "x" * 100
-    with pytest.raises(ValueError):
+    assert db.set_session_title("s", "x" * 100) is True
+    with pytest.raises(ValueError, match="too long"):
         db.set_session_title("s", "y" * 101)
     assert stored_title(rival, "s") == "x" * 100
     # Surrounding blanks are stripped before the length is checked.
-    assert db.set_session_title("s", "  " + "z" * 100 + "  ") == "z" * 100
+    assert db.set_session_title("s", "  " + "z" * 100 + "  ") is True
+    assert stored_title(rival, "s") == "z" * 100
 
 
 @pytest.mark.parametrize("cleared", [None, "", "   \t"])
 def test_none_or_blank_clears_title(db, rival, cleared):
     db.create_session("s", "cli")
     db.set_session_title("s", "Something")
-    assert db.set_session_title("s", cleared) is None
+    assert db.set_session_title("s", cleared) is True
     assert stored_title(rival, "s") is None
     assert db.get_session_title("s") is None
     # A cleared title is free again and NULL titles never conflict with each other.
@@ -70,8 +72,10 @@ def test_none_or_blank_clears_title(db, rival, cleared):
 
 
 def test_title_errors_for_unknown_session_and_bad_type(db, rival):
-    with pytest.raises(SessionNotFoundError):
-        db.set_session_title("ghost", "T")
+    # An unknown session is an answer, not an error: agent code renames sessions that may be gone.
+    assert db.set_session_title("ghost", "T") is False
+    with pytest.raises(ValueError, match="too long"):
+        db.set_session_title("ghost", "T" * 101)
     db.create_session("s", "cli")
     with pytest.raises(ValueError):
         db.set_session_title("s", 42)
@@ -84,9 +88,9 @@ def test_unique_index_race_becomes_title_conflict(conn, monkeypatch):
     # index; the module turns that IntegrityError into TitleConflictError.
     conn.execute("INSERT INTO sessions (id, source, started_at, title) VALUES ('a', 'cli', 1, 'T')")
     conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('b', 'cli', 2)")
-    monkeypatch.setattr(sessions, "check_title_free", lambda *args: None)
+    monkeypatch.setattr(titles, "title_holder", lambda *args: None)
     with pytest.raises(TitleConflictError):
-        sessions.set_session_title(conn, "b", "T")
+        titles.set_session_title(conn, "b", "T")
     assert conn.execute("SELECT title FROM sessions WHERE id = 'b'").fetchone()[0] is None
 
 
@@ -107,10 +111,27 @@ def test_resolve_returns_newest_of_lineage(db):
     assert db.resolve_session_by_title("") is None
 
 
-def test_resolve_uses_started_at_not_number(db):
+def test_resolve_follows_the_numbering_not_the_clock(db):
+    # The clock stepped back between a session and its continuation: the number still says
+    # which one came last.
     db.create_session("late", "cli", started_at=900.0, title="Plan")
     db.create_session("early", "cli", started_at=100.0, title="Plan #7")
-    assert db.resolve_session_by_title("Plan") == "late"
+    assert db.resolve_session_by_title("Plan") == "early"
+
+
+def test_resolve_lands_on_the_live_continuation_of_a_compressed_session(db):
+    db.create_session("a", "cli", title="Fix Docker Build")
+    db.rotate_session("a", "b", [], title="Fix Docker Build #2")
+    db.rotate_session("b", "c", [])  # an untitled continuation still continues "#2"
+    assert db.resolve_session_by_title("Fix Docker Build") == "c"
+    assert db.resolve_session_by_title("Fix Docker Build #2") == "c"
+
+
+def test_resolve_ignores_a_clock_stepped_back_across_compression(db, rival):
+    db.create_session("p", "cli", title="Fix Docker Build")
+    db.rotate_session("p", "p2", [], title="Fix Docker Build #2")
+    rival.execute("UPDATE sessions SET started_at = started_at - 3600 WHERE id = 'p2'")
+    assert db.resolve_session_by_title("Fix Docker Build") == "p2"
 
 
 def test_resolve_is_safe_with_like_metacharacters(db):
@@ -151,7 +172,7 @@ def test_next_title_of_a_long_base_fits_the_limit_and_stays_free(db, rival):
         assert len(suggestion) <= 100 and suggestion.endswith(f" #{n}")
         assert suggestion == suggestion.strip() and "  " not in suggestion
         db.create_session(f"v{n}", "cli")
-        assert db.set_session_title(f"v{n}", suggestion) == suggestion  # accepted: free and short enough
+        assert db.set_session_title(f"v{n}", suggestion) is True  # accepted: free and short enough
     titles = [r[0] for r in rival.execute("SELECT title FROM sessions ORDER BY rowid")]
     assert titles[-1] == (base[:96].rstrip() + " #12") and len(set(titles)) == 12
 

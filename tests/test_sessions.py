@@ -251,8 +251,10 @@ def test_update_token_counts_absolute_sets(db, rival):
     db.update_token_counts("s", 7, 3, estimated_cost_usd=1.5, absolute=True)
     r = row(rival, "s")
     assert (r["input_tokens"], r["output_tokens"], r["estimated_cost_usd"]) == (7, 3, 1.5)
+    # Usage rows are sums of calls; a total set over them would count them twice, so the
+    # row keeps what the one incremental call added.
     u = rival.execute("SELECT input_tokens, output_tokens FROM session_model_usage WHERE session_id = 's'").fetchone()
-    assert tuple(u) == (7, 3)
+    assert tuple(u) == (100, 50)
 
 
 def test_update_token_counts_without_any_model_keeps_no_usage_row(db, rival):
@@ -400,13 +402,13 @@ def test_content_is_stored_byte_for_byte_including_nul_and_10_mb(db, rival):
     assert [m["content"] for m in db.get_messages("s")] == [nul, big]
 
 
-def test_lone_surrogates_are_stripped_everything_else_kept(db, rival):
+def test_lone_surrogates_become_replacement_characters_everything_else_kept(db, rival):
     db.create_session("s", "cli")
     db.append_message("s", "assistant", "a\ud800b 😀", reasoning="r\udfffs", tool_calls=[call("c\ud83d1")],
                       api_content="x\udc00y")
     stored = rows(rival, "s")[0]
-    assert (stored["content"], stored["reasoning"], stored["api_content"]) == ("ab 😀", "rs", "xy")
-    assert json.loads(stored["tool_calls"])[0]["id"] == "c1"
+    assert (stored["content"], stored["reasoning"], stored["api_content"]) == ("a\ufffdb 😀", "r\ufffds", "x\ufffdy")
+    assert json.loads(stored["tool_calls"])[0]["id"] == "c\ufffd1"
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -787,31 +789,152 @@ def test_counters_match_active_rows_and_uids_stay_hex(tmp_path_factory):
         db.close()
 
 
-def test_create_session_twice_keeps_the_first_row_and_writes_nothing(db, rival):
-    db.create_session("dup", "cli", "m1", title="First")
-    before = dict(row(rival, "dup"))
-    assert db.create_session("dup", "telegram", "m2", title="Second") == "dup"
-    assert dict(row(rival, "dup")) == before
-    assert rival.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 1
+# --- the calls agent code written for hermes-agent makes ------------------------------------------
+
+def test_create_session_again_fills_only_empty_columns(db, rival):
+    # A gateway writes a bare row first; the agent's create later adds what it knows.
+    db.create_session("s", "telegram", user_id="u1", chat_id="c1")
+    assert db.create_session("s", "cli", model="m", model_config={"k": 1}, system_prompt="SYS",
+                             user_id="intruder", chat_id="c2") == "s"
+    r = row(rival, "s")
+    assert (r["source"], r["user_id"], r["chat_id"]) == ("telegram", "u1", "c1")
+    assert (r["model"], json.loads(r["model_config"]), r["system_prompt"]) == ("m", {"k": 1}, "SYS")
+    db.create_session("s", "cli", model="later")
+    assert row(rival, "s")["model"] == "m"  # the first write wins
 
 
-def test_create_session_twice_still_checks_its_columns(db, rival):
-    db.create_session("dup", "cli")
-    with pytest.raises(ValueError, match="bogus"):
-        db.create_session("dup", "cli", bogus=1)
+def test_create_session_again_never_fills_user_id_or_a_parent_cycle(db, rival):
+    db.create_session("a", "cli")
+    db.create_session("b", "cli", parent_session_id="a")
+    db.create_session("a", "cli", user_id="late")
+    assert row(rival, "a")["user_id"] is None  # fixed when the row was made
+    with pytest.raises(ValueError, match="cycle"):
+        db.create_session("a", "cli", parent_session_id="b")
+    assert row(rival, "a")["parent_session_id"] is None
+    with pytest.raises(ValueError, match="unknown session column"):
+        db.create_session("a", "cli", colour="red")
 
 
-def test_create_session_racing_itself_across_threads_makes_one_row(db, rival):
-    import threading
-    start = threading.Barrier(4)
+def test_end_session_accepts_compression_and_the_first_end_wins(db, rival):
+    db.create_session("s", "cli")
+    db.end_session("s", "compression")
+    first = row(rival, "s")["ended_at"]
+    db.end_session("s", "resumed_other")
+    assert (row(rival, "s")["end_reason"], row(rival, "s")["ended_at"]) == ("compression", first)
+    db.reopen_session("s")
+    db.end_session("s", "user_exit")
+    assert row(rival, "s")["end_reason"] == "user_exit"
 
-    def create(n: int) -> None:
-        start.wait()
-        db.create_session("race", f"src{n}")
 
-    threads = [threading.Thread(target=create, args=(n,)) for n in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert rival.execute("SELECT COUNT(*) FROM sessions WHERE id = 'race'").fetchone()[0] == 1
+def test_system_prompt_model_and_workspace_updates(db, rival):
+    db.create_session("s", "cli", model="first")
+    db.update_system_prompt("s", "You are helpful.")
+    db.update_session_model("s", "second")
+    db.update_session_cwd("s", "/work/repo/src", git_branch="main", git_repo_root="/work/repo")
+    db.update_session_cwd("s", "/work/repo", git_branch="", git_repo_root="")  # a failed probe erases nothing
+    r = row(rival, "s")
+    assert (r["system_prompt"], r["model"], r["cwd"], r["git_branch"], r["git_repo_root"]) == \
+        ("You are helpful.", "second", "/work/repo", "main", "/work/repo")
+    for call_ in (lambda: db.update_system_prompt("ghost", "x"), lambda: db.update_session_model("ghost", "m"),
+                  lambda: db.update_session_cwd("ghost", "/x")):
+        with pytest.raises(SessionNotFoundError):
+            call_()
+    with pytest.raises(ValueError):
+        db.update_session_model("s", " ")
+
+
+def test_cwds_are_counted_and_repo_roots_filled_only_where_empty(db, rival):
+    db.create_session("a", "cli", cwd="/repo/a")
+    db.create_session("b", "cli", cwd="/repo/a", git_repo_root="/kept")
+    db.create_session("c", "cli", cwd="/other")
+    db.create_session("d", "cli")
+    assert db.distinct_session_cwds() == [{"cwd": "/repo/a", "sessions": 2}, {"cwd": "/other", "sessions": 1}]
+    assert db.backfill_repo_roots({"/repo/a": "/repo", "/missing": "/nowhere"}) == 1
+    assert [row(rival, s)["git_repo_root"] for s in "abcd"] == ["/repo", "/kept", None, None]
+
+
+def test_billing_route_switch_sets_route_and_clears_the_prompt(db, rival):
+    db.create_session("s", "telegram", system_prompt="Model: x\nProvider: openrouter")
+    db.update_session_billing_route("s", provider="ollama", base_url="http://localhost:11434/v1", billing_mode="local")
+    db.update_session_billing_route("s", provider="openai", base_url="https://api.openai.com/v1")
+    r = row(rival, "s")
+    assert (r["billing_provider"], r["billing_base_url"], r["billing_mode"], r["system_prompt"]) == \
+        ("openai", "https://api.openai.com/v1", "local", None)
+
+
+def test_the_first_accounted_call_decides_the_route(db, rival):
+    db.create_session("s", "cli", model="requested")
+    # Metadata about another route that accounted nothing changes nothing.
+    db.update_token_counts("s", model="fallback", billing_provider="fb")
+    assert (row(rival, "s")["model"], row(rival, "s")["billing_provider"]) == ("requested", None)
+    # The first call that really ran was the fallback: the route is the fallback's, whole.
+    db.update_token_counts("s", 10, 5, model="fallback", billing_provider="fb", api_call_count=1)
+    db.update_token_counts("s", 10, 5, model="requested", billing_provider="primary", api_call_count=1)
+    r = row(rival, "s")
+    assert (r["model"], r["billing_provider"], r["billing_base_url"], r["api_call_count"]) == \
+        ("fallback", "fb", None, 2)
+    usage = {u["model"]: u["input_tokens"] for u in rival.execute(
+        "SELECT model, input_tokens FROM session_model_usage WHERE session_id = 's'")}
+    assert usage == {"fallback": 10, "requested": 10}
+
+
+def test_an_unaccounted_call_on_the_sessions_own_model_fills_an_empty_route(db, rival):
+    db.create_session("s", "cli")
+    db.update_token_counts("s", 1, 1, billing_provider="openrouter", billing_mode="api_key")
+    db.update_token_counts("s", 1, 1, billing_provider="ollama", cost_status="estimated")
+    r = row(rival, "s")
+    assert (r["billing_provider"], r["billing_mode"], r["cost_status"]) == ("openrouter", "api_key", "estimated")
+
+
+def test_archive_flag_and_counts(db, rival):
+    for sid, source, cwd in (("a", "cli", "/repo"), ("b", "cli", "/repo/sub"), ("c", "telegram", "/repo-2")):
+        db.create_session(sid, source, cwd=cwd)
+    db.create_session("child", "cli", parent_session_id="a")
+    assert db.set_session_archived("b", True) is True and db.set_session_archived("ghost", True) is False
+    assert row(rival, "b")["archived"] == 1
+    assert db.session_count() == 3
+    assert db.session_count(include_archived=True) == 4 and db.session_count(archived_only=True) == 1
+    assert db.session_count(source="cli", cwd_prefix="/repo", include_archived=True) == 2
+    assert db.session_count(exclude_children=True, exclude_sources=["telegram"]) == 1
+    db.append_message("a", "user", "one")
+    db.append_message("a", "assistant", "two")
+    db.append_message("c", "user", "three")
+    assert (db.message_count(), db.message_count("a"), db.message_count("ghost")) == (3, 2, 0)
+    assert db.session_count(min_message_count=2) == 1
+    assert db.set_session_archived("b", False) is True and row(rival, "b")["archived"] == 0
+
+
+def test_get_messages_pages_live_rows_in_insertion_order(db, rival):
+    db.create_session("s", "cli")
+    for i in range(7):
+        db.append_message("s", "user", f"m{i}")
+    rival.execute("UPDATE messages SET active = 0 WHERE content = 'm0'")
+    assert [m["content"] for m in db.get_messages("s", limit=3)] == ["m1", "m2", "m3"]
+    assert [m["content"] for m in db.get_messages("s", limit=3, offset=3)] == ["m4", "m5", "m6"]
+    assert [m["content"] for m in db.get_messages("s", offset=5)] == ["m6"]
+    assert db.get_messages("s", limit=2, offset=50) == []
+    with pytest.raises(ValueError):
+        db.get_messages("s", limit=-1)
+
+
+def test_dict_content_round_trips(db, rival):
+    db.create_session("s", "cli")
+    db.append_message("s", "user", {"parts": [{"text": "hi"}]})
+    assert db.get_messages("s")[0]["content"] == {"parts": [{"text": "hi"}]}
+    assert db.get_messages_as_conversation("s")[0]["content"] == {"parts": [{"text": "hi"}]}
+
+
+def test_set_latest_user_api_content_only_touches_the_matching_latest_turn(db, rival):
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "first")
+    db.append_message("s", "user", "turn text")
+    assert db.set_latest_user_api_content("s", "first", "sent") == 0  # not the latest turn
+    assert db.set_latest_user_api_content("s", "turn text", "memory + turn \ud835") == 1
+    assert [r["api_content"] for r in rows(rival, "s")] == [None, "memory + turn \ufffd"]
+    with pytest.raises(SessionNotFoundError):
+        db.set_latest_user_api_content("ghost", "x", "y")
+
+
+def test_conn_rows_read_by_name(db):
+    db.create_session("s", "cli", model="m")
+    assert db._conn.execute("SELECT model FROM sessions WHERE id = 's'").fetchone()["model"] == "m"

@@ -1,0 +1,107 @@
+"""Which schema objects of a file are this library's: another program's database, a planted trigger.
+
+Owns: `check_ours` (an open refuses a non-empty SQLite file holding none of the store's tables,
+before anything is written to it or its mode changed) and `foreign_objects` /
+`refuse_foreign_objects` (a file to restore may carry only the objects the library creates: a
+planted trigger would rewrite or delete rows long after the restore).
+Does not own: creating the objects (hermes_state_schema, hermes_state_fts) or restoring
+(hermes_state_recovery).
+
+Transaction contract: catalogue reads only, on the caller's connection; never writes.
+"""
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+from typing import Iterable
+
+from hermes_state_common import INDEX_SQL, RETIRED_INDEXES, SCHEMA_VERSION, TABLES
+from hermes_state_errors import ForeignDatabaseError, StateDbIncompatibleError
+from hermes_state_schema import UID_TRIGGER, UID_TRIGGER_SQL, effective_version
+
+
+def _index_names() -> set[str]:
+    return {sql.split(" IF NOT EXISTS ")[1].split()[0] for sql in INDEX_SQL} | set(RETIRED_INDEXES)
+
+
+# Statements that write rows: a trigger body holding one that names a declared table can
+# rewrite or remove user data behind the library's back.
+_DECLARED = sorted(name for name, _, _ in TABLES) + ["delivery_obligations"]
+_WRITES_DECLARED = re.compile(r"\b(" + "|".join(_DECLARED) + r")\b", re.IGNORECASE)
+
+
+def foreign_objects(conn: sqlite3.Connection, own: Iterable[tuple[str, str, str]], *, older: bool) -> list[str]:
+    """Name the schema objects of a file this library would not have made (each as "trigger 'x' on t").
+
+    `own` lists the library's derived objects (type, name, SQL) as it creates them: a trigger,
+    a view or a virtual table is accepted only when it is one of them exactly. In an `older`
+    file (an upgrade is due) an earlier layout's full-text objects are accepted too, as long as
+    a trigger writes only to full-text tables: the upgrade drops them before any row is written.
+    Tables are data and are all accepted; a UNIQUE index on a declared table must be one of ours
+    (another would refuse writes the library makes). Reads the catalogue only.
+    """
+    # SQLite stores a CREATE ... IF NOT EXISTS without its IF NOT EXISTS.
+    mine = set(own) | {("trigger", UID_TRIGGER, UID_TRIGGER_SQL.replace(" IF NOT EXISTS", "", 1))}
+    declared = set(_DECLARED)
+    out = []
+    rows = conn.execute("SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite\\_%' "
+                        "ESCAPE '\\' ORDER BY type, name").fetchall()
+    for kind, name, table, sql in rows:
+        sql = sql or ""
+        old_fts = older and name.startswith("messages_fts")
+        if (kind, name, sql) in mine:
+            continue
+        if kind == "trigger":
+            body = re.split(r"\bBEGIN\b", sql, maxsplit=1, flags=re.IGNORECASE)[-1]
+            if old_fts and table == "messages" and not _WRITES_DECLARED.search(body):
+                continue
+        elif kind == "view":
+            if old_fts:
+                continue
+        elif kind == "table":
+            if not sql.upper().startswith("CREATE VIRTUAL TABLE") or (old_fts and "fts5" in sql.lower()):
+                continue
+        elif kind == "index":
+            unique = sql.upper().startswith("CREATE UNIQUE")
+            if table not in declared or not unique or name in _index_names():
+                continue
+        out.append(f"{kind} {name!r}" + (f" on {table}" if table != name else ""))
+    return out
+
+
+def restorable_version(conn: sqlite3.Connection, path: Path, own: Iterable[tuple[str, str, str]]) -> int | None:
+    """Return a file's schema version as `effective_version` reads it, once `refuse_foreign_objects` passed it."""
+    version = effective_version(conn)
+    refuse_foreign_objects(conn, path, own, version)  # a planted trigger would outlive the restore
+    return version
+
+
+def refuse_foreign_objects(conn: sqlite3.Connection, path: Path, own: Iterable[tuple[str, str, str]],
+                           version: int | None) -> None:
+    """Raise StateDbIncompatibleError naming every object `foreign_objects` finds in a file to restore.
+
+    A file without a schema version is left to the caller (it is not a hermes-state file at all).
+    """
+    if version is None:
+        return
+    foreign = foreign_objects(conn, own, older=version < SCHEMA_VERSION)
+    if foreign:
+        raise StateDbIncompatibleError(
+            f"{path} carries schema objects hermes-state does not create ({', '.join(foreign[:5])}"
+            f"{f' and {len(foreign) - 5} more' if len(foreign) > 5 else ''}); nothing was restored. "
+            f"`hermes-state recover {path} <new path>` copies its rows into a clean file, which restores.")
+
+
+def check_ours(conn: sqlite3.Connection, path: Path) -> None:
+    """Refuse a non-empty database holding none of this store's tables (another program's file).
+
+    Raises ForeignDatabaseError naming the file before anything is written to it or its mode
+    changed. Reads the catalogue only.
+    """
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if names and not names & (set(_DECLARED) | {"schema_version"}):
+        raise ForeignDatabaseError(
+            f"{path} is a SQLite database of another program ({len(names)} table(s), none of hermes-state's); "
+            "it was left untouched. Point --db at the store, or pass force (`hermes-state init --force`, "
+            "SessionDB(path, force=True)) to add this store's tables to it.")
