@@ -32,6 +32,7 @@ import hermes_state_lineage as lineage
 import hermes_state_listings as listings
 import hermes_state_maintenance as maintenance
 import hermes_state_messages as message_rows
+import hermes_state_ownership as ownership
 import hermes_state_portability as portability
 import hermes_state_recovery as recovery
 import hermes_state_schema as schema
@@ -44,12 +45,12 @@ from hermes_state_gateway import receipt_digest
 from hermes_state_cjk import has_cjk
 from hermes_state_query import MAX_QUERY_CHARS as MAX_FTS5_QUERY_CHARS  # noqa: F401 - hermes-agent's name
 from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
-from hermes_state_provider import ReasoningFieldMemory, to_provider_messages
+from hermes_state_ownership import input_marker
+from hermes_state_provider import ReasoningFieldMemory, strip_echoed_user_input, to_provider_messages
 from hermes_state_listings import workspace_key
 from hermes_state_recovery import RecoveryReport, TableRecovery, recover
 from hermes_state_repair import (db_opens_cleanly as _db_opens_cleanly, is_malformed_db_error, open_repairing,
                                  repair_state_db_schema as _repair_file)
-from hermes_state_routing import input_marker, strip_echoed_user_input
 from hermes_state_common import SCHEMA_VERSION, logger
 from hermes_state_writer import NamedRows, RetryPolicy, Writer
 from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
@@ -149,8 +150,7 @@ class SessionDB:
         self.profile_home = get_hermes_home().absolute()
         self.db_path = _resolve_path(db_path, self.profile_home)
         self.read_only, self._backup_before_upgrade = read_only, backup_before_upgrade
-        self._force = force  # add the store's tables even to another program's database
-        self.mode_changes: list[str] = []  # files this open tightened to 0600, each with its old mode
+        self._force, self.mode_changes = force, []  # mode_changes: files this open tightened to 0600
         self.upgrade_backup: Path | None = None  # the copy written before this handle upgraded the file
         self.schema_version: int | None = None
         self._closed = False
@@ -190,9 +190,9 @@ class SessionDB:
                 if self.read_only:
                     self.schema_version = schema.check_read_only(conn, path, self._READ_BUSY_TIMEOUT_S)
                 else:
-                    if not self._force:  # before any write or chmod: it may be someone else's file
-                        catalogue.check_ours(conn, path)
+                    catalogue.check_ours(conn, path, force=self._force)  # before any write or chmod
                     self.mode_changes = schema.tighten_files(path)
+                    catalogue.clean_partial_copies(path)  # a killed upgrade's half-written copy
                     self.schema_version = self._set_up(conn)
         except BaseException:
             conn.close()
@@ -759,9 +759,7 @@ class SessionDB:
     def begin_delivery(self, obligation_id: int, *, epoch: int | None = None) -> int:
         """Start a send attempt (pending/failed -> attempting); return the attempt's fence. Activity write."""
         with self._write(self._ACTIVITY_WRITE_PATIENCE_S) as conn:
-            if epoch is not None:  # a replaced owner must not start sends
-                gateway.check_epoch(conn, epoch)
-            return routing.begin_delivery(conn, obligation_id)
+            return routing.begin_delivery(conn, obligation_id, epoch=epoch)
 
     def mark_delivered(self, obligation_id: int, *, fence: int | None = None) -> None:
         """Mark an obligation delivered (from pending or attempting; fenced when given). Activity write."""
@@ -776,9 +774,7 @@ class SessionDB:
     def recover_deliveries(self, max_attempts: int = 3, *, epoch: int | None = None) -> dict[str, int]:
         """At owner start: attempting -> pending (recovered=1), over the cap -> abandoned; return the counts."""
         with self._write() as conn:
-            if epoch is not None:  # a replaced owner must not pull back its successor's sends
-                gateway.check_epoch(conn, epoch)
-            return routing.recover_deliveries(conn, max_attempts)
+            return routing.recover_deliveries(conn, max_attempts, epoch=epoch)
 
     def list_owed(self, session_id: str | None = None) -> list[dict[str, Any]]:
         """Return obligations still owed (pending, attempting, failed), oldest first."""
@@ -835,8 +831,8 @@ class SessionDB:
         """Append a failed turn's user input unless a row already owns `marker`; return the row id or None."""
         self._check_writable()
         with self._read() as conn:  # where it would go, so a compression there is waited out first
-            target = routing.input_target(conn, session_id)
-        return self._transcript_write(target, lambda conn: routing.persist_failed_turn_input(
+            target = ownership.input_target(conn, session_id)
+        return self._transcript_write(target, lambda conn: ownership.persist_failed_turn_input(
             conn, session_id, message, marker))
 
     # --- export, import, backup, restore, vacuum --------------------------------------------------
@@ -1022,10 +1018,6 @@ class SessionDB:
     def _conn(self) -> Any:
         """The handle's connection, rows readable by column name (for tests and agent code that peek)."""
         return writer.RowConnection(self._writer.conn)
-
-    @property
-    def _lock(self) -> Any:
-        return self._writer.lock
 
     def update_system_prompt(self, session_id: str, system_prompt: str | None) -> None:
         """Store the system prompt the session's turns are built with."""

@@ -1,22 +1,27 @@
-"""Which schema objects of a file are this library's: another program's database, a planted trigger.
+"""What in a file and beside it is this library's: another program's database, planted objects, leftovers.
 
 Owns: `check_ours` (an open refuses a non-empty SQLite file holding none of the store's tables,
 before anything is written to it or its mode changed) and `foreign_objects` /
 `refuse_foreign_objects` (a file to restore may carry only the objects the library creates: a
-planted trigger would rewrite or delete rows long after the restore).
+planted trigger would rewrite or delete rows long after the restore), and the name of a copy
+being written (`partial_path`) with `clean_partial_copies`, which removes the ones a killed
+process left behind.
 Does not own: creating the objects (hermes_state_schema, hermes_state_fts) or restoring
 (hermes_state_recovery).
 
-Transaction contract: catalogue reads only, on the caller's connection; never writes.
+Transaction contract: catalogue reads only, on the caller's connection; never writes to a
+database. `clean_partial_copies` removes files, never one whose writer is still running.
 """
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
+import uuid
 from pathlib import Path
 from typing import Iterable
 
-from hermes_state_common import INDEX_SQL, RETIRED_INDEXES, SCHEMA_VERSION, TABLES
+from hermes_state_common import INDEX_SQL, RETIRED_INDEXES, SCHEMA_VERSION, TABLES, logger
 from hermes_state_errors import ForeignDatabaseError, StateDbIncompatibleError
 from hermes_state_schema import UID_TRIGGER, UID_TRIGGER_SQL, effective_version
 
@@ -93,15 +98,71 @@ def refuse_foreign_objects(conn: sqlite3.Connection, path: Path, own: Iterable[t
             f"`hermes-state recover {path} <new path>` copies its rows into a clean file, which restores.")
 
 
-def check_ours(conn: sqlite3.Connection, path: Path) -> None:
+def check_ours(conn: sqlite3.Connection, path: Path, *, force: bool = False) -> None:
     """Refuse a non-empty database holding none of this store's tables (another program's file).
 
     Raises ForeignDatabaseError naming the file before anything is written to it or its mode
-    changed. Reads the catalogue only.
+    changed; with `force` the file is taken as it is. Reads the catalogue only.
     """
+    if force:
+        return
     names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if names and not names & (set(_DECLARED) | {"schema_version"}):
         raise ForeignDatabaseError(
             f"{path} is a SQLite database of another program ({len(names)} table(s), none of hermes-state's); "
             "it was left untouched. Point --db at the store, or pass force (`hermes-state init --force`, "
             "SessionDB(path, force=True)) to add this store's tables to it.")
+
+
+# --- copies being written -------------------------------------------------------------------------
+
+_PARTIAL = re.compile(r"\.partial-(\d+)-[0-9a-f]{8}(-journal|-wal|-shm)?")
+
+
+def partial_path(target: Path) -> Path:
+    """Return the temporary name a copy is written under before it takes `target`'s name.
+
+    It carries the writer's pid, so a later open can tell a copy still being written from one
+    whose writer was killed.
+    """
+    return target.with_name(f"{target.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists but belongs to someone else
+        return True
+    return True
+
+
+def clean_partial_copies(db_path: Path) -> list[Path]:
+    """Remove the half-written copies (and their journals) a killed process left beside `db_path`; return them.
+
+    A SIGKILL during the copy an upgrade writes first (or a refused retry on a full disk) left
+    `state.db.pre-v...bak.partial-<pid>-<hex>` forever. Only names this library makes, starting
+    with the database's own name, whose writer is no longer running, are removed.
+    """
+    if os.name != "posix" or str(db_path) == ":memory:":
+        return []  # without a safe liveness probe (os.kill on Windows ends the process) nothing is touched
+    try:
+        names = os.listdir(db_path.parent)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        match = _PARTIAL.search(name)
+        if (match is None or match.end() != len(name) or not name.startswith(db_path.name + ".")
+                or int(match.group(1)) == os.getpid() or _running(int(match.group(1)))):
+            continue
+        try:
+            (db_path.parent / name).unlink()
+        except FileNotFoundError:  # another opener removed it first
+            continue
+        removed.append(db_path.parent / name)
+    if removed:
+        logger.info("removed %d half-written copies a killed process left: %s", len(removed),
+                    ", ".join(p.name for p in removed))
+    return removed

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import json
 import os
 import sqlite3
@@ -241,8 +242,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
     if path.exists() and Path(args.source).resolve() == path.resolve():
         raise HermesStateError(f"{args.source} is the database itself; restore from a backup copy of it")
     with SessionDB(path) as db:
-        result = db.restore(args.source)
-    _report(args, result if result is not None else {"restored": str(path)}, f"restored {path} from {args.source}")
+        db.restore(args.source)
+    _report(args, {"restored": str(path), "source": args.source}, f"restored {path} from {args.source}")
     return 0
 
 
@@ -437,7 +438,7 @@ def _fit_output() -> None:
             "…東".encode(getattr(stream, "encoding", None) or "ascii")
         except (UnicodeEncodeError, LookupError):
             ascii_only = ascii_only or stream is sys.stdout
-            if hasattr(stream, "reconfigure"):
+            if isinstance(stream, io.TextIOWrapper):
                 stream.reconfigure(errors="backslashreplace")
     render.use_ascii(ascii_only)
 

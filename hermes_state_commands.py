@@ -337,8 +337,12 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def cmd_rename(args: argparse.Namespace) -> int:
     """Set (or clear, with "") a session's title."""
+    from hermes_state import SessionNotFoundError
     with open_db(args, write=True) as db:
-        title = db.set_session_title(args.session_id, args.title)
+        # set_session_title answers True/False (as hermes-agent's does); the stored title is read back.
+        if db.set_session_title(args.session_id, args.title) is False:
+            raise SessionNotFoundError(f"session {args.session_id!r} not found")
+        title = db.get_session_title(args.session_id)
     emit(args, {"id": args.session_id, "title": title},
          lambda d: f"{render.safe(d['id'])}: {render.safe(d['title']) if d['title'] else '(title cleared)'}")
     return 0

@@ -1,11 +1,15 @@
-"""Gateway ledgers: the runtime epoch, the admissions FIFO, worker executions and their receipts.
+"""Gateway ledgers: the runtime epoch, the admissions FIFO, worker executions and their receipts,
+and the ledger machinery every gateway ledger shares.
 
-Owns: `runtime_epoch` (claiming the runtime; fencing writes from a replaced owner),
-`session_admissions` (a durable per-session FIFO of inbound input), `worker_executions` and
-`worker_receipts` (ordered, digest-checked results of managed runs).
-Does not own: routing, the delivery outbox, async delegations and input ownership
-(hermes_state_routing), session and message rows (hermes_state_sessions,
-hermes_state_messages), deleting sessions with their ledger rows (hermes_state_maintenance).
+Owns: `runtime_epoch` (claiming the runtime; fencing writes from a replaced owner with
+`check_epoch`), `session_admissions` (a durable per-session FIFO of inbound input),
+`worker_executions` and `worker_receipts` (ordered, digest-checked results of managed runs),
+and `Ledger`: a ledger table's state table (which state may move to which) with its one
+compare-and-set transition and its one row fetch that decodes the JSON columns.
+Does not own: the routing table, the delivery outbox and async delegations
+(hermes_state_routing, on the same machinery and fenced by the same epoch), session and
+message rows (hermes_state_sessions, hermes_state_messages), deleting sessions with their
+ledger rows (hermes_state_maintenance).
 
 Transaction contract: every write runs inside the caller's BEGIN IMMEDIATE transaction and is a
 compare-and-set: it reads the row, checks the epoch and the state, and only then changes
@@ -20,21 +24,103 @@ import os
 import sqlite3
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
-from hermes_state_common import (LIVE_ADMISSION_SQL, check_count, check_id, decode_json, encode_json, row_dicts)
+from hermes_state_common import DICTIONARY, LIVE_ADMISSION_SQL, check_count, check_id, decode_json, encode_json, row_dicts
 from hermes_state_errors import LedgerStateError, ReceiptDigestError, ReceiptOrderError, StaleEpochError
 from hermes_state_sessions import require_session
 
 TERMINAL_STATES = ("completed", "failed", "cancelled")
 LIVE_ADMISSION_STATES = ("queued", "started", "unknown")
 LIVE_EXECUTION_STATES = ("running", "unknown")
+_TERMINAL = frozenset(TERMINAL_STATES)
+
+
+def stamp(now: float | None) -> float:
+    """Return `now`, or the current time when it is None (the ledgers' injectable clock)."""
+    return time.time() if now is None else now
 
 
 def _check_terminal(state: Any) -> str:
     if state not in TERMINAL_STATES:
         raise ValueError(f"state must be one of {', '.join(TERMINAL_STATES)}, not {state!r}")
     return state
+
+
+# --- the ledger machinery -----------------------------------------------------------------------
+
+def decoded(table: str, row: dict[str, Any]) -> dict[str, Any]:
+    """Return a row of `table` with each JSON column decoded under its name without `_json`."""
+    for column in DICTIONARY[table].columns:
+        if column.json and column.name in row:
+            row[column.name.removesuffix("_json")] = decode_json(row.pop(column.name))
+    return row
+
+
+def fetch(conn: sqlite3.Connection, table: str, where: str = "1", args: Any = (), order: str = "id",
+          limit: int | None = None) -> list[dict[str, Any]]:
+    """Return the rows of `table` matching `where`, in `order`, JSON columns decoded (see `decoded`)."""
+    cur = conn.execute(f"SELECT * FROM {table} WHERE {where} ORDER BY {order}"
+                       + ("" if limit is None else f" LIMIT {int(limit)}"), args)
+    return [decoded(table, row) for row in row_dicts(cur)]
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """A ledger table: the word its errors use, its key column and its state table.
+
+    `moves` maps each state to the states a row in it may move to; a state not in it is final.
+    """
+
+    table: str
+    what: str
+    moves: dict[str, frozenset[str]]
+    key: str = "id"
+
+    def get(self, conn: sqlite3.Connection, key: Any) -> dict[str, Any] | None:
+        """Return the row with this key (JSON columns decoded), or None."""
+        rows = fetch(conn, self.table, f"{self.key} = ?", (key,))
+        return rows[0] if rows else None
+
+    def row(self, conn: sqlite3.Connection, key: Any) -> dict[str, Any]:
+        """Return the row a transition acts on; a missing row makes any transition illegal."""
+        found = self.get(conn, key)
+        if found is None:
+            raise LedgerStateError(f"{self.what} {key!r} does not exist")
+        return found
+
+    def check(self, row: dict[str, Any], to: str, refusal: str) -> None:
+        """Raise LedgerStateError(refusal) unless the state table lets `row` move to state `to`."""
+        if to not in self.moves.get(row["state"], ()):
+            raise LedgerStateError(refusal)
+
+    def move(self, conn: sqlite3.Connection, row: dict[str, Any], to: str, refusal: str, **changes: Any) -> None:
+        """Move `row` to state `to` with `changes`, if its state table allows it; else raise LedgerStateError(refusal).
+
+        A compare-and-set: the UPDATE names the state the row was read in, so a row that moved
+        meanwhile is left alone.
+        """
+        self.check(row, to, refusal)
+        values = {"state": to, **changes}
+        conn.execute(f"UPDATE {self.table} SET {', '.join(f'{c} = ?' for c in values)} "
+                     f"WHERE {self.key} = ? AND state = ?", (*values.values(), row[self.key], row["state"]))
+
+
+def _listing(ledger: Ledger, conn: sqlite3.Connection, session_id: str | None,
+             state: str | None) -> list[dict[str, Any]]:
+    # The ledgers' listings: every row by id, narrowed to a session and/or a state when given.
+    filters = [(column, value) for column, value in (("session_id", session_id), ("state", state)) if value is not None]
+    where = " AND ".join(f"{column} = ?" for column, _ in filters) or "1"
+    return fetch(conn, ledger.table, where, [v for _, v in filters])
+
+
+# An admission waits queued, runs started, and ends in a terminal state; one whose owner died
+# turns unknown (claim_runtime) and is settled by resolve_unknown, never requeued.
+ADMISSIONS = Ledger("session_admissions", "admission", {
+    "queued": frozenset({"started", "cancelled"}), "started": _TERMINAL, "unknown": _TERMINAL})
+# An execution runs, then ends; one whose owner died turns unknown and the next owner settles it.
+EXECUTIONS = Ledger("worker_executions", "execution", {"running": _TERMINAL, "unknown": _TERMINAL})
 
 
 # --- runtime epoch ------------------------------------------------------------------------------
@@ -59,13 +145,13 @@ def claim_runtime(conn: sqlite3.Connection, instance_id: str | None = None, *, n
     neither retried nor silently dropped. Writes carrying an older epoch are refused from now on.
     """
     check_id("instance_id", instance_id, optional=True)
-    now = time.time() if now is None else now
     epoch = (current_epoch(conn) or 0) + 1
     conn.execute(
         "INSERT INTO runtime_epoch (id, epoch, instance_id, pid, started_at) VALUES (1, ?, ?, ?, ?) "
         "ON CONFLICT(id) DO UPDATE SET epoch = excluded.epoch, instance_id = excluded.instance_id, "
         "pid = excluded.pid, started_at = excluded.started_at",
-        (epoch, instance_id or uuid.uuid4().hex, os.getpid(), now))
+        (epoch, instance_id or uuid.uuid4().hex, os.getpid(), stamp(now)))
+    # Set-based, for every row the old owner left: one statement each, not one per row.
     conn.execute("UPDATE session_admissions SET state = 'unknown' WHERE state = 'started' AND COALESCE(epoch, 0) < ?",
                  (epoch,))
     conn.execute("UPDATE worker_executions SET state = 'unknown' WHERE state = 'running' AND COALESCE(epoch, 0) < ?",
@@ -86,32 +172,18 @@ def check_epoch(conn: sqlite3.Connection, epoch: Any) -> int:
     return epoch
 
 
+def check_epoch_if_given(conn: sqlite3.Connection, epoch: Any) -> None:
+    """Fence a call whose epoch is optional: check it when given (see check_epoch)."""
+    if epoch is not None:
+        check_epoch(conn, epoch)
+
+
 # --- admissions ---------------------------------------------------------------------------------
-
-def _admission_dict(row: dict[str, Any]) -> dict[str, Any]:
-    row["payload"] = decode_json(row.pop("payload_json"))
-    return row
-
-
-def _ledger_row(conn: sqlite3.Connection, table: str, what: str, row_id: Any) -> dict[str, Any]:
-    # One admission or execution by id, for a transition; a missing row is an illegal one.
-    check_count(f"{what}_id", row_id)
-    rows = row_dicts(conn.execute(f"SELECT * FROM {table} WHERE id = ?", (row_id,)))
-    if not rows:
-        raise LedgerStateError(f"{what} {row_id} does not exist")
-    return rows[0]
-
-
-def _admission(conn: sqlite3.Connection, admission_id: Any) -> dict[str, Any]:
-    return _ledger_row(conn, "session_admissions", "admission", admission_id)
-
 
 def _queue_head(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
     # The oldest admission that is not finished: queued, started or unknown. Terminal rows
     # never block, so the head is whatever the queue is waiting on.
-    rows = row_dicts(conn.execute(
-        f"SELECT * FROM session_admissions WHERE session_id = ? AND {LIVE_ADMISSION_SQL} ORDER BY id LIMIT 1",
-        (session_id,)))
+    rows = fetch(conn, ADMISSIONS.table, f"session_id = ? AND {LIVE_ADMISSION_SQL}", (session_id,), limit=1)
     return rows[0] if rows else None
 
 
@@ -132,8 +204,7 @@ def admit_input(conn: sqlite3.Connection, session_id: str, payload: Any, admissi
     require_session(conn, session_id)
     return conn.execute(
         "INSERT INTO session_admissions (session_id, admission_key, payload_json, state, created_at) "
-        "VALUES (?, ?, ?, 'queued', ?)",
-        (session_id, admission_key, encoded, time.time() if now is None else now)).lastrowid
+        "VALUES (?, ?, ?, 'queued', ?)", (session_id, admission_key, encoded, stamp(now))).lastrowid
 
 
 def next_admission(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
@@ -144,42 +215,38 @@ def next_admission(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] 
     decision (resolve_unknown) before anything after it may run.
     """
     head = _queue_head(conn, session_id)
-    return _admission_dict(head) if head is not None and head["state"] == "queued" else None
+    return head if head is not None and head["state"] == "queued" else None
 
 
 def get_admission(conn: sqlite3.Connection, admission_id: int) -> dict[str, Any] | None:
     """Return one admission (payload decoded), or None."""
     check_count("admission_id", admission_id)
-    rows = row_dicts(conn.execute("SELECT * FROM session_admissions WHERE id = ?", (admission_id,)))
-    return _admission_dict(rows[0]) if rows else None
-
-
-def _select(conn: sqlite3.Connection, table: str, session_id: str | None, state: str | None) -> list[dict[str, Any]]:
-    # The ledgers' listings: every row by id, narrowed to a session and/or a state when given.
-    filters = [(column, value) for column, value in (("session_id", session_id), ("state", state)) if value is not None]
-    where = " AND ".join(f"{column} = ?" for column, _ in filters) or "1"
-    return row_dicts(conn.execute(f"SELECT * FROM {table} WHERE {where} ORDER BY id", [v for _, v in filters]))
+    return ADMISSIONS.get(conn, admission_id)
 
 
 def list_admissions(conn: sqlite3.Connection, session_id: str | None = None,
                     state: str | None = None) -> list[dict[str, Any]]:
     """Return admissions in queue order, optionally of one session and/or one state."""
-    return [_admission_dict(r) for r in _select(conn, "session_admissions", session_id, state)]
+    return _listing(ADMISSIONS, conn, session_id, state)
+
+
+def _admission(conn: sqlite3.Connection, admission_id: Any) -> dict[str, Any]:
+    check_count("admission_id", admission_id)
+    return ADMISSIONS.row(conn, admission_id)
 
 
 def start_admission(conn: sqlite3.Connection, admission_id: int, epoch: int, *, now: float | None = None) -> None:
     """Move the queue's head from queued to started under the caller's epoch."""
     row = _admission(conn, admission_id)
     check_epoch(conn, epoch)
-    if row["state"] != "queued":
-        raise LedgerStateError(f"admission {admission_id} is {row['state']}; only a queued admission can start")
-    head = _queue_head(conn, row["session_id"])
-    if head["id"] != admission_id:
-        raise LedgerStateError(
-            f"admission {admission_id} is not the head of session {row['session_id']!r}'s queue: "
-            f"admission {head['id']} ({head['state']}) comes first")
-    conn.execute("UPDATE session_admissions SET state = 'started', epoch = ?, started_at = ? "
-                 "WHERE id = ? AND state = 'queued'", (epoch, time.time() if now is None else now, admission_id))
+    refusal = f"admission {admission_id} is {row['state']}; only a queued admission can start"
+    if row["state"] == "queued":
+        head = _queue_head(conn, row["session_id"])
+        if head["id"] != admission_id:
+            raise LedgerStateError(
+                f"admission {admission_id} is not the head of session {row['session_id']!r}'s queue: "
+                f"admission {head['id']} ({head['state']}) comes first")
+    ADMISSIONS.move(conn, row, "started", refusal, epoch=epoch, started_at=stamp(now))
 
 
 def finish_admission(conn: sqlite3.Connection, admission_id: int, state: str, epoch: int, *,
@@ -188,13 +255,11 @@ def finish_admission(conn: sqlite3.Connection, admission_id: int, state: str, ep
     _check_terminal(state)
     row = _admission(conn, admission_id)
     check_epoch(conn, epoch)
-    started_here = row["state"] == "started" and row["epoch"] == epoch
-    if not (started_here or (row["state"] == "queued" and state == "cancelled")):
-        raise LedgerStateError(
-            f"admission {admission_id} is {row['state']}; only an admission started under epoch {epoch} can "
-            f"finish (a queued one can only be cancelled, an unknown one is settled by resolve_unknown)")
-    conn.execute("UPDATE session_admissions SET state = ?, finished_at = ? WHERE id = ? AND state = ?",
-                 (state, time.time() if now is None else now, admission_id, row["state"]))
+    refusal = (f"admission {admission_id} is {row['state']}; only an admission started under epoch {epoch} can "
+               f"finish (a queued one can only be cancelled, an unknown one is settled by resolve_unknown)")
+    if row["state"] == "unknown" or (row["state"] == "started" and row["epoch"] != epoch):
+        raise LedgerStateError(refusal)
+    ADMISSIONS.move(conn, row, state, refusal, finished_at=stamp(now))
 
 
 def resolve_unknown(conn: sqlite3.Connection, admission_id: int, resolution: str, epoch: int | None = None, *,
@@ -206,19 +271,17 @@ def resolve_unknown(conn: sqlite3.Connection, admission_id: int, resolution: str
     """
     _check_terminal(resolution)
     row = _admission(conn, admission_id)
-    if epoch is not None:
-        check_epoch(conn, epoch)
+    check_epoch_if_given(conn, epoch)
     if row["state"] != "unknown":
         raise LedgerStateError(f"admission {admission_id} is {row['state']}; only an unknown admission is resolved")
-    conn.execute("UPDATE session_admissions SET state = ?, resolution = ?, finished_at = ? "
-                 "WHERE id = ? AND state = 'unknown'",
-                 (resolution, resolution, time.time() if now is None else now, admission_id))
+    ADMISSIONS.move(conn, row, resolution, "", resolution=resolution, finished_at=stamp(now))
 
 
 # --- worker executions and receipts ---------------------------------------------------------------
 
 def _execution(conn: sqlite3.Connection, execution_id: Any) -> dict[str, Any]:
-    return _ledger_row(conn, "worker_executions", "execution", execution_id)
+    check_count("execution_id", execution_id)
+    return EXECUTIONS.row(conn, execution_id)
 
 
 def start_execution(conn: sqlite3.Connection, session_id: str, kind: str, epoch: int, *,
@@ -229,7 +292,7 @@ def start_execution(conn: sqlite3.Connection, session_id: str, kind: str, epoch:
     require_session(conn, session_id)
     return conn.execute(
         "INSERT INTO worker_executions (session_id, kind, state, epoch, started_at) VALUES (?, ?, 'running', ?, ?)",
-        (session_id, kind, epoch, time.time() if now is None else now)).lastrowid
+        (session_id, kind, epoch, stamp(now))).lastrowid
 
 
 def finish_execution(conn: sqlite3.Connection, execution_id: int, state: str, epoch: int, *,
@@ -242,24 +305,23 @@ def finish_execution(conn: sqlite3.Connection, execution_id: int, state: str, ep
     _check_terminal(state)
     row = _execution(conn, execution_id)
     check_epoch(conn, epoch)
-    if not ((row["state"] == "running" and row["epoch"] == epoch) or row["state"] == "unknown"):
-        raise LedgerStateError(f"execution {execution_id} is {row['state']}; only a running execution of this "
-                               "epoch or an unknown one can finish")
-    conn.execute("UPDATE worker_executions SET state = ?, finished_at = ? WHERE id = ? AND state = ?",
-                 (state, time.time() if now is None else now, execution_id, row["state"]))
+    refusal = (f"execution {execution_id} is {row['state']}; only a running execution of this "
+               "epoch or an unknown one can finish")
+    if row["state"] == "running" and row["epoch"] != epoch:
+        raise LedgerStateError(refusal)
+    EXECUTIONS.move(conn, row, state, refusal, finished_at=stamp(now))
 
 
 def get_execution(conn: sqlite3.Connection, execution_id: int) -> dict[str, Any] | None:
     """Return one execution row, or None."""
     check_count("execution_id", execution_id)
-    rows = row_dicts(conn.execute("SELECT * FROM worker_executions WHERE id = ?", (execution_id,)))
-    return rows[0] if rows else None
+    return EXECUTIONS.get(conn, execution_id)
 
 
 def list_executions(conn: sqlite3.Connection, session_id: str | None = None,
                     state: str | None = None) -> list[dict[str, Any]]:
     """Return executions by id, optionally of one session and/or one state."""
-    return _select(conn, "worker_executions", session_id, state)
+    return _listing(EXECUTIONS, conn, session_id, state)
 
 
 def canonical_json(payload: Any) -> str:
@@ -299,8 +361,7 @@ def record_receipt(conn: sqlite3.Connection, execution_id: int, seq: int, payloa
         raise ReceiptDigestError(f"receipt {seq} of execution {execution_id}: digest {digest!r} does not match "
                                  f"the payload's SHA-256 {computed}")
     row = _execution(conn, execution_id)
-    if epoch is not None:
-        check_epoch(conn, epoch)
+    check_epoch_if_given(conn, epoch)
     stored = conn.execute("SELECT digest FROM worker_receipts WHERE execution_id = ? AND seq = ?",
                           (execution_id, seq)).fetchone()
     if stored is not None:
@@ -317,15 +378,11 @@ def record_receipt(conn: sqlite3.Connection, execution_id: int, seq: int, payloa
                                 f"the next one is {last + 1}")
     conn.execute("INSERT INTO worker_receipts (execution_id, session_id, seq, payload_json, digest, recorded_at) "
                  "VALUES (?, ?, ?, ?, ?, ?)", (execution_id, row["session_id"], seq, canonical_json(payload),
-                                               computed, time.time() if now is None else now))
+                                               computed, stamp(now)))
     return True
 
 
 def list_receipts(conn: sqlite3.Connection, execution_id: int) -> list[dict[str, Any]]:
     """Return the execution's receipts by seq: {execution_id, session_id, seq, payload, digest, recorded_at}."""
     check_count("execution_id", execution_id)
-    rows = row_dicts(conn.execute("SELECT * FROM worker_receipts WHERE execution_id = ? ORDER BY seq",
-                                  (execution_id,)))
-    for row in rows:
-        row["payload"] = json.loads(row.pop("payload_json"))
-    return rows
+    return fetch(conn, "worker_receipts", "execution_id = ?", (execution_id,), order="seq")

@@ -3,7 +3,8 @@
 Owns: `to_provider_messages` (stored conversation -> request messages), the per-route
 reasoning carriers (`reasoning_carriers`), the strict OpenAI route (`is_openai_route`: only
 the keys the Chat Completions schema declares for each role), and `ReasoningFieldMemory`,
-the per-session record of fields a route rejected by name.
+the per-session record of fields a route rejected by name, and `strip_echoed_user_input` (a
+server's echo of the input just sent, dropped from its reply items).
 Does not own: reading or writing rows (hermes_state_conversation builds the conversation).
 
 Transaction contract: none. Pure functions over dicts; the input conversation (the history)
@@ -14,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 from urllib.parse import urlparse
 
 REASONING_FIELDS = ("reasoning_content", "reasoning", "reasoning_details")
@@ -264,3 +265,51 @@ class ReasoningFieldMemory:
         """Return copies of request messages without the fields this route rejected."""
         drop = self.rejected(provider, base_url, model)
         return [{k: v for k, v in m.items() if k not in drop} for m in messages]
+
+
+# --- echoed user input ------------------------------------------------------------------------------
+
+def render_user_input(content: Any) -> str:
+    """Render user input (a str or a list of rich input parts) as one text, parts joined by newlines.
+
+    Text parts give their text; images give `[image: <url or path>]`; any other part gives
+    `[<type>: <name or path>]`. Both sides of an echo comparison are rendered this way.
+    """
+    if isinstance(content, str):
+        return content
+    if isinstance(content, dict):
+        content = [content]
+    if not isinstance(content, (list, tuple)):
+        return "" if content is None else str(content)
+    out = []
+    for part in content:
+        if isinstance(part, str):
+            out.append(part)
+        elif not isinstance(part, dict):
+            out.append(str(part))
+        elif isinstance(part.get("text"), str):
+            out.append(part["text"])
+        elif part.get("type") in ("image", "localImage", "input_image"):
+            out.append(f"[image: {part.get('url') or part.get('path') or part.get('image_url') or ''}]")
+        else:
+            out.append(f"[{part.get('type', 'input')}: {part.get('name') or part.get('path') or ''}]")
+    return "\n".join(out)
+
+
+def strip_echoed_user_input(items: Sequence[dict[str, Any]], sent_texts: Any) -> list[dict[str, Any]]:
+    """Return `items` without the server's echo of the input just sent, if the first user item is that echo.
+
+    Only the first `userMessage` item is considered, and it is dropped only when its rendered
+    content equals the rendered `sent_texts` (what turn/start sent: a str or a list of parts).
+    Later user items, a first one that differs, and a separately admitted identical turn stay.
+    Pure: the input list is not modified.
+    """
+    out = list(items)
+    sent = render_user_input(list(sent_texts) if isinstance(sent_texts, tuple) else sent_texts)
+    for index, item in enumerate(out):
+        if isinstance(item, dict) and item.get("type") == "userMessage":
+            content = item["content"] if "content" in item else item.get("text")
+            if render_user_input(content) == sent:
+                del out[index]
+            break
+    return out

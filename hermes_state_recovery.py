@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +63,7 @@ def upgrade_backup_path(db_path: Path, *, now: float | None = None) -> Path:
 def _built_atomically(target: Path) -> Iterator[Path]:
     # The body fills a new private file under a temporary name; only a complete file takes the
     # target's name, and a failure leaves nothing behind.
-    partial = target.with_name(f"{target.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    partial = catalogue.partial_path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     _private_new_file(partial)
     try:

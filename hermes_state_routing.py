@@ -1,13 +1,13 @@
-"""Where a conversation's traffic goes: gateway routing, the delivery outbox, async delegations,
-and who owns an inbound input on the exception path.
+"""Where a conversation's traffic goes: the routing table, the delivery outbox and async delegations.
 
-Owns: `gateway_routing` (scope, session_key -> an entry naming the session that serves it),
-`delivery_obligations` (replies owed, created here on first use and never at open),
-`async_delegations` (work handed to another agent, by origin session), input markers and
-`persist_failed_turn_input`, and the pure `strip_echoed_user_input`.
-Does not own: the runtime epoch, admissions or receipts (hermes_state_gateway; the outbox is
-fenced per send attempt instead of per epoch), message rows (hermes_state_messages), lineage
-walks (hermes_state_lineage).
+Owns: `gateway_routing` (scope, session_key -> an entry naming the session that serves it, and
+`forward_targets`, where a conversation moved on), `delivery_obligations` (replies owed,
+created here on first use and never at open) and `async_delegations` (work handed to another
+agent, by origin session). The outbox and the delegations are ledgers on the gateway's
+machinery (hermes_state_gateway.Ledger): a state table each, one compare-and-set transition.
+Does not own: the runtime epoch, admissions or receipts (hermes_state_gateway, whose
+`check_epoch` fences the outbox calls that take an epoch; each send attempt is fenced on its
+own too), input ownership (hermes_state_ownership), message rows (hermes_state_messages).
 
 Transaction contract: writes run inside the caller's BEGIN IMMEDIATE transaction as
 compare-and-sets: every check runs before the first change, so a refused call changes nothing.
@@ -15,37 +15,19 @@ Reads run under the caller's lock and never create anything.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import sqlite3
-import time
-import uuid
-from typing import Any, Iterable, Sequence
+from typing import Any
 
-import hermes_state_lineage as lineage
-from hermes_state_common import (DELIVERY_OBLIGATIONS_SQL, INPUT_MARKER_SQL, check_count, check_id, check_scalar, decode_json,
-                                 encode_json, row_dicts, table_exists)
-from hermes_state_compression import check_transcript_writable
-from hermes_state_errors import LedgerStateError, OwnershipReadError, SessionNotFoundError
-from hermes_state_messages import insert_message
+from hermes_state_common import DELIVERY_OBLIGATIONS_SQL, check_count, check_id, check_scalar, encode_json, table_exists
+from hermes_state_errors import LedgerStateError
+from hermes_state_gateway import Ledger, check_epoch_if_given, fetch, stamp
 from hermes_state_sessions import require_session
 
 # The key of a routing entry that names the session serving a (scope, session_key).
 ROUTE_SESSION_KEY = "session_id"
-# The key in a message's display_metadata that carries its input marker (INPUT_MARKER_SQL reads it).
-MARKER_KEY = "input_marker"
-
-
-def _now(now: float | None) -> float:
-    return time.time() if now is None else now
 
 
 # --- routing ------------------------------------------------------------------------------------
-
-def _route_dict(row: dict[str, Any]) -> dict[str, Any]:
-    row["entry"] = decode_json(row.pop("entry_json"))
-    return row
-
 
 def set_route(conn: sqlite3.Connection, scope: str, session_key: str, entry: dict[str, Any], *,
               now: float | None = None) -> None:
@@ -58,22 +40,19 @@ def set_route(conn: sqlite3.Connection, scope: str, session_key: str, entry: dic
     require_session(conn, entry[ROUTE_SESSION_KEY])
     conn.execute("INSERT INTO gateway_routing (scope, session_key, entry_json, updated_at) VALUES (?, ?, ?, ?) "
                  "ON CONFLICT(scope, session_key) DO UPDATE SET entry_json = excluded.entry_json, "
-                 "updated_at = excluded.updated_at", (scope, session_key, encoded, _now(now)))
+                 "updated_at = excluded.updated_at", (scope, session_key, encoded, stamp(now)))
 
 
 def get_route(conn: sqlite3.Connection, scope: str, session_key: str) -> dict[str, Any] | None:
     """Return the entry published for (scope, session_key), or None."""
-    row = conn.execute("SELECT entry_json FROM gateway_routing WHERE scope = ? AND session_key = ?",
-                       (scope, session_key)).fetchone()
-    return None if row is None else decode_json(row[0])
+    rows = fetch(conn, "gateway_routing", "scope = ? AND session_key = ?", (scope, session_key), order="scope")
+    return rows[0]["entry"] if rows else None
 
 
 def list_routes(conn: sqlite3.Connection, scope: str | None = None) -> list[dict[str, Any]]:
     """Return {scope, session_key, entry, updated_at} rows, optionally of one scope."""
-    sql, args = "SELECT * FROM gateway_routing", []
-    if scope is not None:
-        sql, args = sql + " WHERE scope = ?", [scope]
-    return [_route_dict(r) for r in row_dicts(conn.execute(sql + " ORDER BY scope, session_key", args))]
+    where, args = ("1", ()) if scope is None else ("scope = ?", (scope,))
+    return fetch(conn, "gateway_routing", where, args, order="scope, session_key")
 
 
 def delete_route(conn: sqlite3.Connection, scope: str, session_key: str) -> bool:
@@ -103,6 +82,12 @@ def forward_targets(conn: sqlite3.Connection, session_id: str) -> list[str]:
 # --- the delivery outbox --------------------------------------------------------------------------
 
 DELIVERY_OWED_STATES = ("pending", "attempting", "failed")
+# A reply is owed (pending), being sent (attempting) or failed and owed again; it ends delivered
+# or, past its attempts, abandoned. recover_deliveries moves rows back set-based.
+OUTBOX = Ledger("delivery_obligations", "delivery obligation", {
+    "pending": frozenset({"attempting", "delivered"}),
+    "attempting": frozenset({"delivered", "failed", "pending", "abandoned"}),
+    "failed": frozenset({"attempting", "abandoned"})})
 _DELIVERY_INDEX_SQL = ("CREATE INDEX IF NOT EXISTS idx_delivery_owed "
                        "ON delivery_obligations(state, session_id)")
 
@@ -115,21 +100,13 @@ def ensure_outbox(conn: sqlite3.Connection) -> None:
 
 def outbox_exists(conn: sqlite3.Connection) -> bool:
     """Return True once the outbox table has been created."""
-    return table_exists(conn, "delivery_obligations")
+    return table_exists(conn, OUTBOX.table)
 
 
 def _obligation(conn: sqlite3.Connection, obligation_id: Any) -> dict[str, Any]:
     check_count("obligation_id", obligation_id)
     ensure_outbox(conn)
-    rows = row_dicts(conn.execute("SELECT * FROM delivery_obligations WHERE id = ?", (obligation_id,)))
-    if not rows:
-        raise LedgerStateError(f"delivery obligation {obligation_id} does not exist")
-    return rows[0]
-
-
-def _obligation_dict(row: dict[str, Any]) -> dict[str, Any]:
-    row["payload"] = decode_json(row.pop("payload_json"))
-    return row
+    return OUTBOX.row(conn, obligation_id)
 
 
 def owe_delivery(conn: sqlite3.Connection, session_id: str, payload: Any, *, platform: str | None = None,
@@ -153,26 +130,27 @@ def owe_delivery(conn: sqlite3.Connection, session_id: str, payload: Any, *, pla
             if row[1] != session_id:
                 raise ValueError(f"delivery key {key!r} already belongs to session {row[1]!r}")
             return row[0]
-    stamp = _now(now)
+    at = stamp(now)
     return conn.execute(
         "INSERT INTO delivery_obligations (session_id, obligation_key, payload_json, platform, chat_id, thread_id, "
         "state, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
-        (session_id, key, encoded, platform, chat_id, thread_id, stamp, stamp)).lastrowid
+        (session_id, key, encoded, platform, chat_id, thread_id, at, at)).lastrowid
 
 
-def begin_delivery(conn: sqlite3.Connection, obligation_id: int, *, now: float | None = None) -> int:
+def begin_delivery(conn: sqlite3.Connection, obligation_id: int, *, epoch: int | None = None,
+                   now: float | None = None) -> int:
     """Move a pending (or failed) obligation to attempting; return the attempt's fence.
 
     Each attempt gets a new fence; mark_delivered/mark_failed given an older fence are
     refused, so a sender that lost its attempt (recovered, then retried) cannot complete it.
+    With `epoch`, a replaced owner is refused before anything starts (StaleEpochError).
     """
+    check_epoch_if_given(conn, epoch)
     row = _obligation(conn, obligation_id)
-    if row["state"] not in ("pending", "failed"):
-        raise LedgerStateError(f"delivery obligation {obligation_id} is {row['state']}; "
-                               "only a pending or failed one can begin an attempt")
     fence = row["fence"] + 1
-    conn.execute("UPDATE delivery_obligations SET state = 'attempting', attempts = attempts + 1, fence = ?, "
-                 "updated_at = ? WHERE id = ? AND state = ?", (fence, _now(now), obligation_id, row["state"]))
+    OUTBOX.move(conn, row, "attempting", f"delivery obligation {obligation_id} is {row['state']}; "
+                "only a pending or failed one can begin an attempt",
+                attempts=row["attempts"] + 1, fence=fence, updated_at=stamp(now))
     return fence
 
 
@@ -191,11 +169,8 @@ def mark_delivered(conn: sqlite3.Connection, obligation_id: int, *, fence: int |
     """Mark a pending or attempting obligation delivered (terminal); with `fence`, only that attempt may."""
     row = _obligation(conn, obligation_id)
     _check_fence(row, fence, "complete")
-    if row["state"] not in ("pending", "attempting"):
-        raise LedgerStateError(f"delivery obligation {obligation_id} is {row['state']}; "
-                               "only a pending or attempting one can be marked delivered")
-    conn.execute("UPDATE delivery_obligations SET state = 'delivered', updated_at = ? WHERE id = ? AND state = ?",
-                 (_now(now), obligation_id, row["state"]))
+    OUTBOX.move(conn, row, "delivered", f"delivery obligation {obligation_id} is {row['state']}; "
+                "only a pending or attempting one can be marked delivered", updated_at=stamp(now))
 
 
 def mark_failed(conn: sqlite3.Connection, obligation_id: int, error: str, *, fence: int | None = None,
@@ -203,30 +178,32 @@ def mark_failed(conn: sqlite3.Connection, obligation_id: int, error: str, *, fen
     """Record a failed attempt (attempting -> failed, still owed); with `fence`, only that attempt may."""
     row = _obligation(conn, obligation_id)
     _check_fence(row, fence, "fail")
-    if row["state"] != "attempting":
-        raise LedgerStateError(f"delivery obligation {obligation_id} is {row['state']}; "
-                               "only an attempting one can fail")
-    conn.execute("UPDATE delivery_obligations SET state = 'failed', last_error = ?, updated_at = ? "
-                 "WHERE id = ? AND state = 'attempting'", (str(error), _now(now), obligation_id))
+    OUTBOX.move(conn, row, "failed", f"delivery obligation {obligation_id} is {row['state']}; "
+                "only an attempting one can fail", last_error=str(error), updated_at=stamp(now))
 
 
-def recover_deliveries(conn: sqlite3.Connection, max_attempts: int = 3, *, now: float | None = None) -> dict[str, int]:
+def recover_deliveries(conn: sqlite3.Connection, max_attempts: int = 3, *, epoch: int | None = None,
+                       now: float | None = None) -> dict[str, int]:
     """At owner start, settle what a dead owner left mid-send; return {"recovered": n, "abandoned": m}.
 
     An `attempting` row's send may or may not have happened: it goes back to `pending` with
     `recovered = 1`, so the sender can say the reply may be a duplicate. Attempting or failed
-    rows that already used `max_attempts` become `abandoned` (terminal) instead.
+    rows that already used `max_attempts` become `abandoned` (terminal) instead. With `epoch`, a
+    replaced owner is refused (StaleEpochError): it must not pull back its successor's sends.
     """
+    check_epoch_if_given(conn, epoch)
     check_count("max_attempts", max_attempts)
     if max_attempts < 1:
         raise ValueError("max_attempts must be >= 1")
     ensure_outbox(conn)
-    stamp = _now(now)
+    at = stamp(now)
+    # Set-based, for every row at once; the moves are the state table's attempting/failed -> abandoned
+    # and attempting -> pending.
     abandoned = conn.execute("UPDATE delivery_obligations SET state = 'abandoned', updated_at = ? "
                              "WHERE state IN ('attempting', 'failed') AND attempts >= ?",
-                             (stamp, max_attempts)).rowcount
+                             (at, max_attempts)).rowcount
     recovered = conn.execute("UPDATE delivery_obligations SET state = 'pending', recovered = 1, updated_at = ? "
-                             "WHERE state = 'attempting'", (stamp,)).rowcount
+                             "WHERE state = 'attempting'", (at,)).rowcount
     return {"recovered": recovered, "abandoned": abandoned}
 
 
@@ -234,41 +211,32 @@ def list_owed(conn: sqlite3.Connection, session_id: str | None = None) -> list[d
     """Return obligations still owed (pending, attempting, failed) oldest first; [] before first use."""
     if not outbox_exists(conn):
         return []
-    sql = "SELECT * FROM delivery_obligations WHERE state IN ('pending', 'attempting', 'failed')"
-    args: list[Any] = []
+    where, args = "state IN ('pending', 'attempting', 'failed')", []
     if session_id is not None:
-        sql, args = sql + " AND session_id = ?", [session_id]
-    return [_obligation_dict(r) for r in row_dicts(conn.execute(sql + " ORDER BY id", args))]
+        where, args = where + " AND session_id = ?", [session_id]
+    return fetch(conn, OUTBOX.table, where, args)
 
 
 def get_delivery(conn: sqlite3.Connection, obligation_id: int) -> dict[str, Any] | None:
     """Return one obligation (payload decoded), or None."""
     check_count("obligation_id", obligation_id)
-    if not outbox_exists(conn):
-        return None
-    rows = row_dicts(conn.execute("SELECT * FROM delivery_obligations WHERE id = ?", (obligation_id,)))
-    return _obligation_dict(rows[0]) if rows else None
+    return OUTBOX.get(conn, obligation_id) if outbox_exists(conn) else None
 
 
 # --- async delegations ------------------------------------------------------------------------------
 
 DELEGATION_STATES = ("pending", "running", "completed", "failed", "cancelled")
-_DELEGATION_NEXT = {"pending": {"pending", "running", "completed", "failed", "cancelled"},
-                    "running": {"running", "completed", "failed", "cancelled"}}
-DELEGATION_OPEN_STATES = tuple(_DELEGATION_NEXT)  # the states a delegation can still move on from
+# A delegation waits pending, runs, and ends; until it ends an update may keep its state.
+DELEGATIONS = Ledger("async_delegations", "delegation", {
+    "pending": frozenset({"pending", "running", "completed", "failed", "cancelled"}),
+    "running": frozenset({"running", "completed", "failed", "cancelled"})})
+DELEGATION_OPEN_STATES = tuple(DELEGATIONS.moves)  # the states a delegation can still move on from
 _UNSET: Any = object()
-
-
-def _delegation_dict(row: dict[str, Any]) -> dict[str, Any]:
-    row["payload"] = decode_json(row.pop("payload_json"))
-    row["result"] = decode_json(row.pop("result_json"))
-    return row
 
 
 def get_delegation(conn: sqlite3.Connection, delegation_id: str) -> dict[str, Any] | None:
     """Return one delegation (payload and result decoded), or None."""
-    rows = row_dicts(conn.execute("SELECT * FROM async_delegations WHERE id = ?", (delegation_id,)))
-    return _delegation_dict(rows[0]) if rows else None
+    return DELEGATIONS.get(conn, delegation_id)
 
 
 def record_delegation(conn: sqlite3.Connection, delegation_id: str, origin_session_id: str, *,
@@ -287,10 +255,10 @@ def record_delegation(conn: sqlite3.Connection, delegation_id: str, origin_sessi
             raise ValueError(f"delegation {delegation_id!r} already belongs to session {row[0]!r}")
         return False
     require_session(conn, origin_session_id)
-    stamp = _now(now)
+    at = stamp(now)
     conn.execute("INSERT INTO async_delegations (id, origin_session_id, target, state, payload_json, created_at, "
                  "updated_at) VALUES (?, ?, ?, 'pending', ?, ?, ?)",
-                 (delegation_id, origin_session_id, target, encoded, stamp, stamp))
+                 (delegation_id, origin_session_id, target, encoded, at, at))
     return True
 
 
@@ -300,179 +268,24 @@ def update_delegation(conn: sqlite3.Connection, delegation_id: str, *, state: st
 
     A finished delegation is final: any update raises LedgerStateError.
     """
-    row = conn.execute("SELECT state FROM async_delegations WHERE id = ?", (delegation_id,)).fetchone()
-    if row is None:
-        raise LedgerStateError(f"delegation {delegation_id!r} does not exist")
+    row = DELEGATIONS.row(conn, delegation_id)
     if state is not None and state not in DELEGATION_STATES:
         raise ValueError(f"state must be one of {', '.join(DELEGATION_STATES)}, not {state!r}")
-    allowed = _DELEGATION_NEXT.get(row[0], set())
-    if not allowed or (state is not None and state not in allowed):
-        raise LedgerStateError(f"delegation {delegation_id!r} is {row[0]}; it cannot move to {state or row[0]}")
-    changes: dict[str, Any] = {"updated_at": _now(now)}
-    if state is not None:
-        changes["state"] = state
+    to = state or row["state"]
+    refusal = f"delegation {delegation_id!r} is {row['state']}; it cannot move to {to}"
+    DELEGATIONS.check(row, to, refusal)  # before the new values are checked: a finished one is final
+    changes: dict[str, Any] = {"updated_at": stamp(now)}
     if result is not _UNSET:
         changes["result_json"] = encode_json(result, "result")
     if target is not _UNSET:
         changes["target"] = check_id("target", target, optional=True)
-    sets = ", ".join(f"{c} = ?" for c in changes)
-    conn.execute(f"UPDATE async_delegations SET {sets} WHERE id = ? AND state = ?",
-                 (*changes.values(), delegation_id, row[0]))
+    DELEGATIONS.move(conn, row, to, refusal, **changes)
 
 
 def list_delegations(conn: sqlite3.Connection, origin_session_id: str,
                      state: str | None = None) -> list[dict[str, Any]]:
     """Return the origin session's delegations oldest first, optionally of one state."""
-    sql, args = "SELECT * FROM async_delegations WHERE origin_session_id = ?", [origin_session_id]
+    where, args = "origin_session_id = ?", [origin_session_id]
     if state is not None:
-        sql, args = sql + " AND state = ?", args + [state]
-    return [_delegation_dict(r) for r in row_dicts(conn.execute(sql + " ORDER BY created_at, id", args))]
-
-
-# --- input ownership on the exception path ------------------------------------------------------------
-
-def input_marker(platform: str | None, profile: str | None, scope: str | None, chat_id: str | None,
-                 thread_id: str | None, message_id: str | None) -> str:
-    """Return the marker of one inbound message: the same for the same qualified message, else new.
-
-    The marker is derived from every qualifier, so the same message id in another chat,
-    thread, scope, profile or platform gets another marker. A message without an id gets a
-    fresh random marker: identical text at an identical time is still another turn.
-    """
-    if message_id is None or message_id == "":
-        return "im-" + uuid.uuid4().hex
-    parts = [None if v is None else str(v) for v in (platform, profile, scope, chat_id, thread_id, message_id)]
-    text = json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
-    return "im-" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-
-
-def ownership_places(conn: sqlite3.Connection, session_id: str) -> tuple[list[str], str]:
-    """Return (sessions that may own an input of `session_id`, the session a missing input goes to).
-
-    Searched, in order: the forward targets the routing publishes (and their live compression
-    tips), the session's current compression tip, then the tip's compression ancestors (which
-    include the session itself when it was compressed). Missing input goes to the live tip of
-    the newest forward target, or else to the session's own live tip.
-    """
-    tip = lineage.compression_successor_id(conn, session_id)
-    if tip is None:
-        raise SessionNotFoundError(f"session {session_id!r} not found")
-    places: list[str] = []
-    targets = forward_targets(conn, session_id)
-    forwards = [lineage.compression_successor_id(conn, f) or f for f in targets]
-    for sid in [*targets, *forwards, tip, *lineage.compression_ancestor_ids(conn, tip)]:
-        if sid not in places:
-            places.append(sid)
-    return places, (forwards[0] if forwards else tip)
-
-
-def input_target(conn: sqlite3.Connection, session_id: str) -> str:
-    """Return the live session a missing input of `session_id` goes to (OwnershipReadError if unreadable)."""
-    try:
-        return ownership_places(conn, session_id)[1]
-    except sqlite3.Error as exc:
-        raise OwnershipReadError(f"could not resolve where session {session_id!r} continues ({exc})") from exc
-
-
-def find_input_owner(conn: sqlite3.Connection, session_ids: Iterable[str], marker: str) -> tuple[str, int] | None:
-    """Return (session_id, row id) of a row that owns `marker` among those sessions, or None.
-
-    Only user rows count, live or in the compression archive; revoked rows, observed inputs
-    (a mirror of someone else's message) and rows of other roles do not. The lookup goes
-    through the marker index, so it touches only the rows carrying that marker, never a
-    session's history or any message body.
-    """
-    row = conn.execute(
-        f"SELECT session_id, id FROM messages WHERE display_metadata IS NOT NULL AND {INPUT_MARKER_SQL} = ? "
-        "AND session_id IN (SELECT value FROM json_each(?)) AND role = 'user' "
-        "AND (active = 1 OR compacted = 1) AND COALESCE(effect_disposition, '') != 'revoked' "
-        "AND COALESCE(observed, 0) = 0 ORDER BY id LIMIT 1", (marker, json.dumps(list(session_ids)))).fetchone()
-    return None if row is None else (row[0], row[1])
-
-
-def _marked_fields(message: Any, marker: str) -> dict[str, Any]:
-    if not isinstance(message, (str, dict)):
-        raise ValueError("message must be a str or a message dict")
-    fields = {"role": "user", "content": message} if isinstance(message, str) else dict(message)
-    if fields.setdefault("role", "user") != "user":
-        raise ValueError(f"a turn's input is a user message, not {fields['role']!r}")
-    meta = fields.get("display_metadata")
-    if meta is None:
-        meta = {}
-    if not isinstance(meta, dict):
-        raise ValueError("display_metadata of a marked input must be a dict")
-    if meta.get(MARKER_KEY, marker) != marker:
-        raise ValueError(f"display_metadata already carries another {MARKER_KEY}")
-    fields["display_metadata"] = {**meta, MARKER_KEY: marker}
-    return fields
-
-
-def persist_failed_turn_input(conn: sqlite3.Connection, session_id: str, message: Any, marker: str) -> int | None:
-    """Append a failed turn's user input unless a row already owns its marker; return the new row id or None.
-
-    The lookup covers the forward target, the compression tip and its ancestors (see
-    ownership_places and find_input_owner). When that read fails, OwnershipReadError is raised
-    and nothing is appended. The row goes to the live session the conversation continues in;
-    past rows are never rewritten. Runs inside the caller's write transaction, so two writers
-    for one marker append exactly once.
-    """
-    check_id("marker", marker)
-    fields = _marked_fields(message, marker)
-    require_session(conn, session_id)
-    try:
-        places, target = ownership_places(conn, session_id)
-        if find_input_owner(conn, places, marker) is not None:
-            return None
-    except sqlite3.Error as exc:
-        raise OwnershipReadError(f"could not tell whether input {marker!r} is already stored ({exc}); "
-                                 "nothing was appended") from exc
-    check_transcript_writable(conn, target)
-    return insert_message(conn, target, fields)
-
-
-# --- echoed user input ------------------------------------------------------------------------------
-
-def render_user_input(content: Any) -> str:
-    """Render user input (a str or a list of rich input parts) as one text, parts joined by newlines.
-
-    Text parts give their text; images give `[image: <url or path>]`; any other part gives
-    `[<type>: <name or path>]`. Both sides of an echo comparison are rendered this way.
-    """
-    if isinstance(content, str):
-        return content
-    if isinstance(content, dict):
-        content = [content]
-    if not isinstance(content, (list, tuple)):
-        return "" if content is None else str(content)
-    out = []
-    for part in content:
-        if isinstance(part, str):
-            out.append(part)
-        elif not isinstance(part, dict):
-            out.append(str(part))
-        elif isinstance(part.get("text"), str):
-            out.append(part["text"])
-        elif part.get("type") in ("image", "localImage", "input_image"):
-            out.append(f"[image: {part.get('url') or part.get('path') or part.get('image_url') or ''}]")
-        else:
-            out.append(f"[{part.get('type', 'input')}: {part.get('name') or part.get('path') or ''}]")
-    return "\n".join(out)
-
-
-def strip_echoed_user_input(items: Sequence[dict[str, Any]], sent_texts: Any) -> list[dict[str, Any]]:
-    """Return `items` without the server's echo of the input just sent, if the first user item is that echo.
-
-    Only the first `userMessage` item is considered, and it is dropped only when its rendered
-    content equals the rendered `sent_texts` (what turn/start sent: a str or a list of parts).
-    Later user items, a first one that differs, and a separately admitted identical turn stay.
-    Pure: the input list is not modified.
-    """
-    out = list(items)
-    sent = render_user_input(list(sent_texts) if isinstance(sent_texts, tuple) else sent_texts)
-    for index, item in enumerate(out):
-        if isinstance(item, dict) and item.get("type") == "userMessage":
-            content = item["content"] if "content" in item else item.get("text")
-            if render_user_input(content) == sent:
-                del out[index]
-            break
-    return out
+        where, args = where + " AND state = ?", args + [state]
+    return fetch(conn, DELEGATIONS.table, where, args, order="created_at, id")

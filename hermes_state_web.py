@@ -301,7 +301,8 @@ def _details(session: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def _message_view(row: dict[str, Any]) -> dict[str, Any]:
-    calls = row.get("tool_calls") if isinstance(row.get("tool_calls"), list) else []
+    stored = row.get("tool_calls")
+    calls = stored if isinstance(stored, list) else []
     reasoning = next((row[k] for k in ("reasoning", "reasoning_content") if isinstance(row.get(k), str)
                       and row[k].strip()), None)
     return {"id": row["id"], "role": row["role"], "content": _text(row.get("content")),
@@ -313,11 +314,12 @@ def _call_view(call: Any) -> dict[str, str]:
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict):
         return {"name": "call", "arguments": _text(call)}
-    arguments = function.get("arguments")
+    stored = function.get("arguments")
     try:  # show JSON arguments indented; anything else exactly as stored
-        arguments = json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
-    except (TypeError, ValueError):
-        arguments = _text(arguments)
+        arguments = json.dumps(json.loads(stored), indent=2, ensure_ascii=False) if isinstance(stored, str) \
+            else _text(stored)
+    except ValueError:
+        arguments = _text(stored)
     return {"name": str(function.get("name") or "call"), "arguments": arguments}
 
 
@@ -411,11 +413,12 @@ _MARK = re.compile(r">>>(.*?)<<<", re.S)
 
 def _marked(snippet: str | None) -> Markup:
     """Escape a search snippet and turn its >>>match<<< marks into <mark> elements."""
+    text = snippet or ""
     out, last = Markup(""), 0
-    for match in _MARK.finditer(snippet or ""):
-        out += escape(snippet[last:match.start()]) + Markup("<mark>%s</mark>") % match.group(1)
+    for match in _MARK.finditer(text):
+        out += escape(text[last:match.start()]) + Markup("<mark>%s</mark>") % match.group(1)
         last = match.end()
-    return out + escape((snippet or "")[last:])
+    return out + escape(text[last:])
 
 
 # --- templates (Datasette's Jinja environment: autoescaped, extending its base page) -----------

@@ -309,3 +309,14 @@ def test_delete_of_a_conversation_lists_every_part_and_a_live_continuation_is_re
     assert done["deleted"] == 3 and sorted(r["id"] for r in done["sessions"]) == ["helper", "part1", "part2"]
     with SessionDB() as db:
         assert [r["id"] for r in db.list_sessions()] == ["branch"]
+
+
+def test_rename_prints_the_stored_title_and_refuses_an_unknown_id(hermes_home, capsys):
+    with SessionDB() as db:
+        db.create_session("s1", "cli")
+    assert main(["sessions", "rename", "s1", "  Kanban deploy  "]) == 0
+    assert capsys.readouterr().out == "s1: Kanban deploy\n"
+    assert main(["--json", "sessions", "rename", "s1", ""]) == 0
+    assert json.loads(capsys.readouterr().out) == {"id": "s1", "title": None}
+    assert main(["sessions", "rename", "nope", "x"]) == 1
+    assert "not found" in capsys.readouterr().err

@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 import pytest
 
+import hermes_state_gateway as gateway
+
 from hermes_state import (AsyncSessionDB, LedgerStateError, ReceiptDigestError, ReceiptOrderError, SessionDB,
                           SessionNotFoundError, StaleEpochError, receipt_digest)
 
@@ -307,3 +309,20 @@ def test_ledger_calls_have_coroutine_twins(gw):
 
     epoch, started = asyncio.run(owner_start())
     assert epoch == 1 and [a["payload"] for a in started] == ["hi"]
+
+
+def test_each_runtime_ledger_has_a_state_table_with_final_terminal_states():
+    for ledger in (gateway.ADMISSIONS, gateway.EXECUTIONS):
+        assert not set(gateway.TERMINAL_STATES) & set(ledger.moves)  # a finished row never moves again
+        assert all(targets <= set(gateway.TERMINAL_STATES) | set(ledger.moves) for targets in ledger.moves.values())
+    assert set(gateway.ADMISSIONS.moves) == set(gateway.LIVE_ADMISSION_STATES)
+    assert set(gateway.EXECUTIONS.moves) == set(gateway.LIVE_EXECUTION_STATES)
+
+
+def test_receipts_come_back_with_their_payload_decoded(db, conn):
+    epoch = db.claim_runtime()
+    db.create_session("s", "cli")
+    execution = db.start_execution("s", "worker", epoch)
+    db.record_receipt(execution, 1, {"n": [1, 2]}, receipt_digest({"n": [1, 2]}))
+    rows = gateway.fetch(conn, "worker_receipts", "execution_id = ?", (execution,), order="seq")
+    assert [r["payload"] for r in rows] == [{"n": [1, 2]}] and "payload_json" not in rows[0]

@@ -591,3 +591,54 @@ def test_a_symlinked_store_is_private_through_the_link(tmp_path):
     assert link.is_symlink() and modes["state.db"] == 0o600
     assert {"state.db-wal", "state.db-shm"} <= set(modes), modes
     assert set(modes.values()) == {0o600}, modes
+
+
+# --- a killed upgrade's half-written copy ---------------------------------------------------------------
+
+def test_an_open_removes_half_written_copies_a_killed_process_left(tmp_path):
+    # The pre-upgrade copy is written with SQLite into a `.partial-<pid>-<hex>` name; a SIGKILL
+    # mid-copy leaves it and its journal. The next open removes them, but never a copy whose
+    # writer is still running, nor another name.
+    path = tmp_path / "state.db"
+    SessionDB(path).close()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid, live_pid = int(gone.stdout), child.pid
+    try:
+        left = [tmp_path / f"state.db.pre-v31-20260101T000000Z.bak.partial-{dead_pid}-0123abcd",
+                tmp_path / f"state.db.pre-v31-20260101T000000Z.bak.partial-{dead_pid}-0123abcd-journal"]
+        kept = [tmp_path / f"state.db.pre-v31-20260101T000000Z.bak.partial-{live_pid}-89abcdef",
+                tmp_path / f"other.db.partial-{dead_pid}-0123abcd", tmp_path / "state.db.pre-v31-x.bak"]
+        for p in left + kept:
+            p.write_bytes(b"half a copy")
+        with SessionDB(path) as db:
+            db.create_session("s", "cli")
+        assert [p for p in left if p.exists()] == []
+        assert all(p.exists() for p in kept)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_copy_killed_mid_write_is_cleaned_at_the_next_open(tmp_path):
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+        db.append_message("s", "user", "x" * 100_000)
+    # A child starts writing a backup through the library, and is killed while the copy is open.
+    code = ("import os, signal, sqlite3, sys; import hermes_state_recovery as r; "
+            "real = sqlite3.connect\n"
+            "def stop(*a, **k):\n    c = real(*a, **k)\n    if '.partial-' in str(a[0]):\n"
+            "        c.execute('CREATE TABLE t (x)'); c.execute('BEGIN'); c.execute('INSERT INTO t VALUES (1)')\n"
+            "        os.kill(os.getpid(), signal.SIGKILL)\n    return c\n"
+            "from hermes_state import SessionDB\n"
+            "db = SessionDB(sys.argv[1])\n"
+            "r.sqlite3.connect = stop\n"
+            "db.backup(sys.argv[1] + '.pre-v31-20260101T000000Z.bak')")
+    subprocess.run([sys.executable, "-c", code, str(path)], env={**os.environ, "HERMES_STATE_DB_GUARD_BYPASS": "1"},
+                   timeout=60)
+    leftovers = sorted(p.name for p in tmp_path.iterdir() if ".partial-" in p.name)
+    assert leftovers and any(n.endswith("-journal") for n in leftovers), leftovers
+    SessionDB(path).close()
+    assert [p.name for p in tmp_path.iterdir() if ".partial-" in p.name] == []

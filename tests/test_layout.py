@@ -21,7 +21,9 @@ RANKS = {
     "hermes_state_messages": 5,
     "hermes_state_conversation": 6, "hermes_state_search": 6, "hermes_state_listings": 6,
     "hermes_state_compression": 7,
-    "hermes_state_portability": 8, "hermes_state_recovery": 8, "hermes_state_gateway": 8, "hermes_state_routing": 8,
+    "hermes_state_portability": 8, "hermes_state_recovery": 8, "hermes_state_gateway": 8,
+    "hermes_state_routing": 8.2,  # the delivery ledgers, on the gateway's ledger machinery and epoch
+    "hermes_state_ownership": 8.4,  # reads where the routing says a conversation moved on
     "hermes_state_maintenance": 8.5,  # deletes what the ledgers (rank 8) describe
     "hermes_state_repair": 8.5,  # repairs a file with the full-text builder (rank 4)
     "hermes_state": 9,

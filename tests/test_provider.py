@@ -1,4 +1,4 @@
-"""Provider wire format (R-MSG-10): non-wire keys stripped, reasoning routed per route, rejections remembered."""
+"""Provider wire format (R-MSG-10): non-wire keys stripped, reasoning routed per route, rejections remembered, echoes stripped."""
 from __future__ import annotations
 
 import copy
@@ -6,7 +6,7 @@ import copy
 import pytest
 
 from hermes_state import ReasoningFieldMemory, SessionDB, to_provider_messages
-from hermes_state_provider import reasoning_carriers
+from hermes_state_provider import reasoning_carriers, strip_echoed_user_input
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "terminal", "arguments": "{}"}}
 CONVERSATION = [
@@ -121,3 +121,38 @@ def test_reasoning_field_memory_ignores_other_errors(error):
     memory = ReasoningFieldMemory()
     assert memory.record(error, provider="x") is None
     assert memory.rejected(provider="x") == frozenset()
+
+
+# --- echoed user input ------------------------------------------------------------------------------
+
+def user(*parts) -> dict:
+    return {"type": "userMessage", "content": list(parts)}
+
+
+def text(value: str) -> dict:
+    return {"type": "text", "text": value}
+
+
+def test_strip_drops_only_the_first_matching_user_item():
+    items = [user(text("hi")), {"type": "agentMessage", "text": "hello"}, user(text("hi"))]
+    assert strip_echoed_user_input(items, ["hi"]) == items[1:]   # the later identical turn stays
+    assert len(items) == 3                                       # pure: the input is untouched
+    assert strip_echoed_user_input(items, "hi") == items[1:]
+
+
+def test_strip_keeps_non_matching_and_later_user_items():
+    items = [{"type": "reasoning"}, user(text("something else")), user(text("hi"))]
+    assert strip_echoed_user_input(items, ["hi"]) == items       # only the first user item is considered
+    assert strip_echoed_user_input([], ["hi"]) == []
+    assert strip_echoed_user_input([user(text("hi "))], ["hi"]) == [user(text("hi "))]
+
+
+def test_strip_renders_rich_input_the_same_way():
+    sent = [text("look at this"), {"type": "image", "url": "https://x/cat.png"}]
+    echoed = user(text("look at this"), {"type": "image", "url": "https://x/cat.png"})
+    assert strip_echoed_user_input([echoed, {"type": "agentMessage"}], sent) == [{"type": "agentMessage"}]
+    other_image = user(text("look at this"), {"type": "image", "url": "https://x/dog.png"})
+    assert strip_echoed_user_input([other_image], sent) == [other_image]
+    local = user({"type": "localImage", "path": "/tmp/a.png"})
+    assert strip_echoed_user_input([local], [{"type": "localImage", "path": "/tmp/a.png"}]) == []
+    assert strip_echoed_user_input([local], ["[image: /tmp/a.png]"]) == []   # rendered text matches too

@@ -1,12 +1,13 @@
-"""Routing, the delivery outbox, async delegations and echo stripping (hermes_state_routing)."""
+"""Routing, the delivery outbox and async delegations (hermes_state_routing)."""
 from __future__ import annotations
 
 import sqlite3
 
 import pytest
 
+import hermes_state_routing as routing
 from hermes_state import (LedgerStateError, ReadOnlyError, SessionDB, SessionNotFoundError, SessionPersistenceError,
-                          StaleEpochError, strip_echoed_user_input)
+                          StaleEpochError)
 from test_gateway import refused
 
 
@@ -165,36 +166,35 @@ def test_delegation_lifecycle(gw, rival):
     assert gw.get_delegation("nope") is None
 
 
-# --- echoed user input --------------------------------------------------------------------------
-
-def user(*parts) -> dict:
-    return {"type": "userMessage", "content": list(parts)}
-
-
-def text(value: str) -> dict:
-    return {"type": "text", "text": value}
-
-
-def test_strip_drops_only_the_first_matching_user_item():
-    items = [user(text("hi")), {"type": "agentMessage", "text": "hello"}, user(text("hi"))]
-    assert strip_echoed_user_input(items, ["hi"]) == items[1:]   # the later identical turn stays
-    assert len(items) == 3                                       # pure: the input is untouched
-    assert strip_echoed_user_input(items, "hi") == items[1:]
-
-
-def test_strip_keeps_non_matching_and_later_user_items():
-    items = [{"type": "reasoning"}, user(text("something else")), user(text("hi"))]
-    assert strip_echoed_user_input(items, ["hi"]) == items       # only the first user item is considered
-    assert strip_echoed_user_input([], ["hi"]) == []
-    assert strip_echoed_user_input([user(text("hi "))], ["hi"]) == [user(text("hi "))]
+def test_the_outbox_fences_a_stale_epoch_itself(gw, conn):
+    obligation = gw.owe_delivery("s", "reply")
+    epoch = gw.claim_runtime()
+    gw.claim_runtime()  # another owner took over: `epoch` is stale now
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for call in (lambda: routing.begin_delivery(conn, obligation, epoch=epoch),
+                     lambda: routing.recover_deliveries(conn, epoch=epoch)):
+            with pytest.raises(StaleEpochError):
+                call()
+        assert routing.get_delivery(conn, obligation)["state"] == "pending"
+        assert routing.begin_delivery(conn, obligation, epoch=epoch + 1) == 1
+    finally:
+        conn.execute("ROLLBACK")
 
 
-def test_strip_renders_rich_input_the_same_way():
-    sent = [text("look at this"), {"type": "image", "url": "https://x/cat.png"}]
-    echoed = user(text("look at this"), {"type": "image", "url": "https://x/cat.png"})
-    assert strip_echoed_user_input([echoed, {"type": "agentMessage"}], sent) == [{"type": "agentMessage"}]
-    other_image = user(text("look at this"), {"type": "image", "url": "https://x/dog.png"})
-    assert strip_echoed_user_input([other_image], sent) == [other_image]
-    local = user({"type": "localImage", "path": "/tmp/a.png"})
-    assert strip_echoed_user_input([local], [{"type": "localImage", "path": "/tmp/a.png"}]) == []
-    assert strip_echoed_user_input([local], ["[image: /tmp/a.png]"]) == []   # rendered text matches too
+def test_ledger_state_tables_keep_finished_rows_final(gw, conn):
+    assert set(routing.OUTBOX.moves) == set(routing.DELIVERY_OWED_STATES)
+    assert routing.DELEGATION_OPEN_STATES == ("pending", "running")
+    gw.record_delegation("d", "s", payload={"task": 1})
+    gw.update_delegation("d", state="completed", result=[1])
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        row = routing.DELEGATIONS.row(conn, "d")
+        assert (row["payload"], row["result"]) == ({"task": 1}, [1])  # JSON columns come back decoded
+        with pytest.raises(LedgerStateError, match="no way on"):
+            routing.DELEGATIONS.move(conn, row, "running", "no way on")
+        with pytest.raises(LedgerStateError, match="'nope' does not exist"):
+            routing.DELEGATIONS.row(conn, "nope")
+    finally:
+        conn.execute("ROLLBACK")
+    assert gw.get_delegation("d")["state"] == "completed"
