@@ -52,7 +52,7 @@ from hermes_state_recovery import RecoveryReport, TableRecovery, recover
 from hermes_state_repair import (db_opens_cleanly as _db_opens_cleanly, is_malformed_db_error, open_repairing,
                                  repair_state_db_schema as _repair_file)
 from hermes_state_common import SCHEMA_VERSION, logger
-from hermes_state_writer import NamedRows, RetryPolicy, Writer
+from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
                                  ImportValidationError,
                                  LedgerStateError, OwnershipReadError,
@@ -188,7 +188,7 @@ class SessionDB:
         try:
             with typed_errors(path, reading=True):  # "not a database" at open -> StateDbCorruptError
                 if self.read_only:
-                    self.schema_version = schema.check_read_only(conn, path, self._READ_BUSY_TIMEOUT_S)
+                    self.schema_version = catalogue.check_read_only(conn, path, self._READ_BUSY_TIMEOUT_S)
                 else:
                     catalogue.check_ours(conn, path, force=self._force)  # before any write or chmod
                     self.mode_changes = schema.tighten_files(path)
@@ -881,12 +881,6 @@ class SessionDB:
 
     # --- maintenance: deleting, pruning, the empty-session sweeps, state_meta -------------------
     # (hermes_state_maintenance; docs/maintenance.md). Transcript files go only after COMMIT.
-
-    @property
-    def _conn(self) -> sqlite3.Connection:
-        # hermes-agent's callers and tests reach the write connection by this name. Statements run
-        # on it directly bypass the writer's lock and retries. Their rows answer by column name too.
-        return NamedRows(self._writer.conn)  # type: ignore[return-value]
 
     @_unknown_if_unstorable(lambda: False)
     def delete_session(self, session_id: str, sessions_dir: str | os.PathLike | None = None) -> bool:

@@ -6,6 +6,8 @@ before anything is written to it or its mode changed) and `foreign_objects` /
 planted trigger would rewrite or delete rows long after the restore), and the name of a copy
 being written (`partial_path`) with `clean_partial_copies`, which removes the ones a killed
 process left behind.
+`check_read_only` and `shadow_missing` read any layout the upgrade path handles without
+changing it (missing columns and tables as their defaults).
 Does not own: creating the objects (hermes_state_schema, hermes_state_fts) or restoring
 (hermes_state_recovery).
 
@@ -21,9 +23,11 @@ import uuid
 from pathlib import Path
 from typing import Iterable
 
-from hermes_state_common import INDEX_SQL, RETIRED_INDEXES, SCHEMA_VERSION, TABLES, logger
-from hermes_state_errors import ForeignDatabaseError, StateDbIncompatibleError
-from hermes_state_schema import UID_TRIGGER, UID_TRIGGER_SQL, effective_version
+from hermes_state_common import DICTIONARY, INDEX_SQL, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES, SCHEMA_VERSION, TABLES, logger
+from hermes_state_errors import (ForeignDatabaseError, StateDbBusyError, StateDbIncompatibleError,
+                                 StateDbUninitializedError, is_sqlite_lock_error)
+from hermes_state_schema import (UID_TRIGGER, UID_TRIGGER_SQL, default_sql, effective_version, missing_columns,
+                                 table_columns)
 
 
 def _index_names() -> set[str]:
@@ -166,3 +170,71 @@ def clean_partial_copies(db_path: Path) -> list[Path]:
         logger.info("removed %d half-written copies a killed process left: %s", len(removed),
                     ", ".join(p.name for p in removed))
     return removed
+
+
+# --- reading any layout read-only -----------------------------------------------------------------
+
+# What any layout the ladder upgrades has had: without these a file is not a session store.
+_CORE_COLUMNS = {"sessions": ("id", "source", "started_at"),
+                 "messages": ("id", "session_id", "role", "content", "timestamp")}
+
+
+def shadow_missing(conn: sqlite3.Connection) -> list[str]:
+    """On a read-only connection, make every declared table and column readable; return the tables shadowed.
+
+    A table the file lacks a column of gets a TEMP view of the same name that adds the column at
+    its default (unqualified names find the temp schema first); a table the file lacks entirely
+    gets an empty one. The temp schema lives outside the database file, so its bytes stay the same.
+    """
+    have_tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
+    shadowed = []
+    for table in (t for t in DICTIONARY.values() if t.at_open):
+        name = table.name
+        if name in have_tables:
+            have = table_columns(conn, name)
+            lacking = [c for c in table.columns if c.name not in have]
+            if not lacking:
+                continue
+            added = ", ".join(f"{default_sql(c.default)} AS {c.name}" for c in lacking)
+            conn.execute(f"CREATE TEMP VIEW {name} AS SELECT *, {added} FROM main.{name}")
+        else:
+            cols = ", ".join(f"{default_sql(c.default)} AS {c.name}" for c in table.columns)
+            conn.execute(f"CREATE TEMP VIEW {name} AS SELECT {cols} WHERE 0")
+        shadowed.append(name)
+    return shadowed
+
+
+def check_read_only(conn: sqlite3.Connection, path: Path, read_busy_s: float = READ_BUSY_TIMEOUT_S) -> int:
+    """Verify a read-only handle can serve reads; return the version or raise a 503-class error.
+
+    A file of any older layout the ladder upgrades (hermes-agent's included) is read as it is:
+    the columns and tables it lacks read as their defaults (see shadow_missing), nothing is written.
+    """
+    try:
+        version = effective_version(conn)
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.OperationalError as exc:
+        if is_sqlite_lock_error(exc):
+            raise StateDbBusyError(f"{path} stayed locked for {read_busy_s:.1f}s") from exc
+        raise
+    if version is None and "sessions" not in tables:
+        raise StateDbUninitializedError(f"{path} has no hermes-state schema yet")
+    lacking = [f"{t}.{c}" for t, cols in _CORE_COLUMNS.items()
+               for c in cols if t not in tables or c not in table_columns(conn, t)]
+    if lacking:
+        raise StateDbIncompatibleError(
+            f"{path} is not a session store this library can read (it lacks {', '.join(lacking[:4])}). Open the "
+            f"right file, or let the program that wrote it upgrade it; `hermes-state --db {path} migrate` "
+            "upgrades any hermes-agent or hermes-state layout.")
+    if version is not None and version > SCHEMA_VERSION:
+        # A newer version holding every column we know is read as it is: a writer of a newer
+        # release may upgrade the file while dashboards keep reading it. One without them has
+        # changed what a column means, which defaults cannot stand in for.
+        gone = missing_columns(conn)
+        if gone:
+            raise StateDbIncompatibleError(
+                f"{path} has schema version {version}, newer than this library's {SCHEMA_VERSION}, without some "
+                f"columns it reads ({', '.join(sorted(gone))}); upgrade hermes-state to read it.")
+        return version
+    shadow_missing(conn)  # an older layout reads with defaults for what it lacks
+    return version if version is not None else 0

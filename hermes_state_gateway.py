@@ -80,7 +80,7 @@ class Ledger:
 
     def get(self, conn: sqlite3.Connection, key: Any) -> dict[str, Any] | None:
         """Return the row with this key (JSON columns decoded), or None."""
-        rows = fetch(conn, self.table, f"{self.key} = ?", (key,))
+        rows = fetch(conn, self.table, f"{self.key} = ?", (key,), order=self.key)
         return rows[0] if rows else None
 
     def row(self, conn: sqlite3.Connection, key: Any) -> dict[str, Any]:

@@ -49,7 +49,7 @@ OWED_WORK: tuple[tuple[str, str, str, str], ...] = (
     ("session_admissions", "session_id", LIVE_ADMISSION_SQL, "admission(s) queued, started or unknown"),
     ("worker_executions", "session_id", _state_in(LIVE_EXECUTION_STATES), "execution(s) running or unknown"),
     ("delivery_obligations", "session_id", _state_in(DELIVERY_OWED_STATES), "repl(ies) not yet delivered"),
-    ("async_delegations", "origin_session_id", _state_in(DELEGATION_OPEN_STATES), "delegation(s) still open"),
+    ("async_delegations", "origin_session", _state_in(DELEGATION_OPEN_STATES), "delegation(s) still open"),
 )
 
 _DELEGATE_MARK = "$._delegate_from"

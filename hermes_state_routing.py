@@ -224,19 +224,34 @@ def get_delivery(conn: sqlite3.Connection, obligation_id: int) -> dict[str, Any]
 
 
 # --- async delegations ------------------------------------------------------------------------------
+# The table is the real system's (delegation_id, origin_session, state, dispatched_at, task_json,
+# result_json, delivery_*, ...) plus this library's `target`. The API keeps the names it has
+# always returned: id, origin_session_id, payload and created_at are delegation_id,
+# origin_session, task_json and dispatched_at; the real system's other columns come as they are.
 
 DELEGATION_STATES = ("pending", "running", "completed", "failed", "cancelled")
 # A delegation waits pending, runs, and ends; until it ends an update may keep its state.
 DELEGATIONS = Ledger("async_delegations", "delegation", {
     "pending": frozenset({"pending", "running", "completed", "failed", "cancelled"}),
-    "running": frozenset({"running", "completed", "failed", "cancelled"})})
+    "running": frozenset({"running", "completed", "failed", "cancelled"})}, key="delegation_id")
 DELEGATION_OPEN_STATES = tuple(DELEGATIONS.moves)  # the states a delegation can still move on from
 _UNSET: Any = object()
 
 
+def _delegation_view(row: dict[str, Any]) -> dict[str, Any]:
+    # A decoded row under the API's names (task_json decodes as "task", shown as "payload").
+    out = {"id": row.pop("delegation_id"), "origin_session_id": row.pop("origin_session"),
+           "target": row.pop("target", None), "state": row.pop("state"), "payload": row.pop("task", None),
+           "result": row.pop("result", None), "created_at": row.pop("dispatched_at"),
+           "updated_at": row.pop("updated_at")}
+    out.update(row)  # completed_at and the real system's delivery columns
+    return out
+
+
 def get_delegation(conn: sqlite3.Connection, delegation_id: str) -> dict[str, Any] | None:
     """Return one delegation (payload and result decoded), or None."""
-    return DELEGATIONS.get(conn, delegation_id)
+    row = DELEGATIONS.get(conn, delegation_id)
+    return None if row is None else _delegation_view(row)
 
 
 def record_delegation(conn: sqlite3.Connection, delegation_id: str, origin_session_id: str, *,
@@ -249,15 +264,16 @@ def record_delegation(conn: sqlite3.Connection, delegation_id: str, origin_sessi
     check_id("delegation_id", delegation_id)
     check_id("target", target, optional=True)
     encoded = encode_json(payload, "payload")
-    row = conn.execute("SELECT origin_session_id FROM async_delegations WHERE id = ?", (delegation_id,)).fetchone()
+    row = conn.execute("SELECT origin_session FROM async_delegations WHERE delegation_id = ?",
+                       (delegation_id,)).fetchone()
     if row is not None:
         if row[0] != origin_session_id:
             raise ValueError(f"delegation {delegation_id!r} already belongs to session {row[0]!r}")
         return False
     require_session(conn, origin_session_id)
     at = stamp(now)
-    conn.execute("INSERT INTO async_delegations (id, origin_session_id, target, state, payload_json, created_at, "
-                 "updated_at) VALUES (?, ?, ?, 'pending', ?, ?, ?)",
+    conn.execute("INSERT INTO async_delegations (delegation_id, origin_session, target, state, task_json, "
+                 "dispatched_at, updated_at) VALUES (?, ?, ?, 'pending', ?, ?, ?)",
                  (delegation_id, origin_session_id, target, encoded, at, at))
     return True
 
@@ -266,7 +282,7 @@ def update_delegation(conn: sqlite3.Connection, delegation_id: str, *, state: st
                       result: Any = _UNSET, target: Any = _UNSET, now: float | None = None) -> None:
     """Move a delegation on (pending -> running -> completed/failed/cancelled) and/or set its result or target.
 
-    A finished delegation is final: any update raises LedgerStateError.
+    A finished delegation is final: any update raises LedgerStateError. Finishing sets completed_at.
     """
     row = DELEGATIONS.row(conn, delegation_id)
     if state is not None and state not in DELEGATION_STATES:
@@ -275,6 +291,8 @@ def update_delegation(conn: sqlite3.Connection, delegation_id: str, *, state: st
     refusal = f"delegation {delegation_id!r} is {row['state']}; it cannot move to {to}"
     DELEGATIONS.check(row, to, refusal)  # before the new values are checked: a finished one is final
     changes: dict[str, Any] = {"updated_at": stamp(now)}
+    if to not in DELEGATIONS.moves:
+        changes["completed_at"] = changes["updated_at"]
     if result is not _UNSET:
         changes["result_json"] = encode_json(result, "result")
     if target is not _UNSET:
@@ -285,7 +303,8 @@ def update_delegation(conn: sqlite3.Connection, delegation_id: str, *, state: st
 def list_delegations(conn: sqlite3.Connection, origin_session_id: str,
                      state: str | None = None) -> list[dict[str, Any]]:
     """Return the origin session's delegations oldest first, optionally of one state."""
-    where, args = "origin_session_id = ?", [origin_session_id]
+    where, args = "origin_session = ?", [origin_session_id]
     if state is not None:
         where, args = where + " AND state = ?", args + [state]
-    return fetch(conn, DELEGATIONS.table, where, args, order="created_at, id")
+    return [_delegation_view(r) for r in fetch(conn, DELEGATIONS.table, where, args,
+                                               order="dispatched_at, delegation_id")]

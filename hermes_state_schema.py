@@ -3,7 +3,7 @@
 Owns: opening the SQLite connection with the library's pragmas, `build_file()` (the one
 builder of a new file: a fresh open and `recover` both use it), `_reconcile_columns()`
 (declarative ADD COLUMN from the data dictionary), the versioned migration ladder (a registry
-of `@step` functions, each saying what changed) and the read-only compatibility check.
+of `@step` functions, each saying what changed); the read-only check lives in hermes_state_catalogue.
 Does not own: the FTS tables (hermes_state_fts), the declared tables themselves
 (hermes_state_common) or any session/message query.
 
@@ -20,7 +20,7 @@ import sqlite3
 import stat
 import sys
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -29,8 +29,7 @@ from hermes_state_common import (COUNTERS, DICTIONARY, INDEX_SQL, PAGE_SIZE, REA
                                  recount_sql, sql_literal, table_exists)
 from hermes_state_titles import free_duplicate_titles
 from hermes_state_writer import RetryPolicy, Writer, retry_on_lock
-from hermes_state_errors import (StateDbBusyError, StateDbIncompatibleError, StateDbJournalError,
-                                 StateDbUninitializedError, is_sqlite_lock_error)
+from hermes_state_errors import StateDbJournalError
 
 _SIDE_FILES = ("-wal", "-shm")
 
@@ -205,7 +204,8 @@ def read_version(conn: sqlite3.Connection) -> int | None:
     return row[0] if row and row[0] is not None else 0
 
 
-def _table_columns(conn: sqlite3.Connection, table: str) -> set[str]:
+def table_columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    """Return the names of `table`'s columns (hidden ones included), from PRAGMA table_xinfo."""
     return {r[1] for r in conn.execute(f"PRAGMA table_xinfo({table})")}
 
 
@@ -213,7 +213,7 @@ def missing_columns(conn: sqlite3.Connection) -> dict[str, list[tuple[str, str]]
     """Return {table: [(column, declaration), ...]} for declared columns the file lacks."""
     out: dict[str, list[tuple[str, str]]] = {}
     for name, columns, _ in TABLES:
-        have = _table_columns(conn, name)
+        have = table_columns(conn, name)
         lacking = [(c, d) for c, d in columns if c not in have]
         if lacking:
             out[name] = lacking
@@ -243,9 +243,10 @@ def needs_migration(conn: sqlite3.Connection) -> bool:
 #   1  the layout earlier releases recorded as schema version 32 (substring index over every
 #      role, 8 KB pages, content_parts);
 #   2  full-text triggers and columns shaped so hermes-agent finds them (its six trigger
-#      names, a `content` column in the substring index); a uid for every row any program inserts.
+#      names, a `content` column in the substring index); a uid for every row any program inserts;
+#   3  async_delegations and session_model_usage in the real system's columns and keys.
 LAYOUT_KEY = "hermes_state_layout"
-LAYOUT_REVISION = 2
+LAYOUT_REVISION = 3
 # The number earlier releases of this library wrote as their schema version; the real system has
 # not defined it, so a file carrying it is relabelled at its next writable open.
 RELABELLED_VERSION = 32
@@ -417,6 +418,69 @@ def layout2_foreign_rows(conn: sqlite3.Connection) -> None:
     backfill_message_uids(conn)
 
 
+def _table_pk(conn: sqlite3.Connection, table: str) -> tuple[str, ...]:
+    return tuple(r[1] for r in sorted((r for r in conn.execute(f"PRAGMA table_info({table})") if r[5]),
+                                      key=lambda r: r[5]))
+
+
+def _declared_pk(table: str) -> tuple[str, ...]:
+    declared = DICTIONARY[table]
+    for constraint in declared.constraints:
+        if constraint.startswith("PRIMARY KEY"):
+            return tuple(c.strip() for c in constraint[constraint.index("(") + 1:constraint.rindex(")")].split(","))
+    return tuple(c.name for c in declared.columns if "PRIMARY KEY" in c.constraint)
+
+
+def rebuild_to_declared(conn: sqlite3.Connection, table: str, sources: dict[str, tuple[str, ...]] | None = None,
+                        computed: dict[str, str] | None = None) -> None:
+    """Rebuild `table` in its declared shape, keeping every row; runs inside the caller's write transaction.
+
+    A declared column takes its value from the column of the same name, else from the first of
+    its `sources` (names an older layout gave it) that holds one, else from `computed` (SQL over
+    the old row), else its default ('' or 0 for a NOT NULL column without one). Columns the
+    declaration does not know are dropped; indexes are rebuilt afterwards by the open.
+    """
+    have = table_columns(conn, table)
+    declared = DICTIONARY[table]
+    picks = []
+    for column in declared.columns:
+        found = [c for c in (column.name, *(sources or {}).get(column.name, ())) if c in have]
+        fallback = (computed or {}).get(column.name, default_sql(column.default))
+        if fallback == "NULL" and "NOT NULL" in column.constraint:
+            fallback = "''" if column.type == "TEXT" else "0"
+        picks.append(f"COALESCE({', '.join(found)}, {fallback})" if found else fallback)
+    rebuilt = f"{table}_rebuilt"
+    conn.execute(replace(declared, name=rebuilt).sql)
+    conn.execute(f"INSERT INTO {rebuilt} ({', '.join(declared.column_names)}) SELECT {', '.join(picks)} FROM {table}")
+    conn.execute(f"DROP TABLE {table}")
+    conn.execute(f"ALTER TABLE {rebuilt} RENAME TO {table}")
+
+
+# The columns earlier releases of this library invented for async_delegations, by the real
+# column each stands for; a file hermes-agent made and such a release upgraded has both, the
+# invented ones empty.
+_INVENTED_DELEGATION_COLUMNS = {"delegation_id": ("id",), "origin_session": ("origin_session_id",),
+                                "task_json": ("payload_json",), "dispatched_at": ("created_at", "updated_at"),
+                                "updated_at": ("created_at",)}
+
+
+@layout_step(3, "async_delegations and session_model_usage have the real system's columns and keys")
+def layout3_real_tables(conn: sqlite3.Connection) -> None:
+    """Rebuild async_delegations and session_model_usage in the real shape, keeping their rows.
+
+    A delegation's id, origin, payload and creation time move to delegation_id, origin_session,
+    task_json and dispatched_at; a finished one gets completed_at. Usage rows get the real key
+    (session, model, billing provider, base URL, mode, task), with '' for the billing parts.
+    """
+    invented = {old for olds in _INVENTED_DELEGATION_COLUMNS.values() for old in olds} - {"updated_at"}
+    if invented & table_columns(conn, "async_delegations"):
+        rebuild_to_declared(conn, "async_delegations", sources=_INVENTED_DELEGATION_COLUMNS, computed={
+            "completed_at": "CASE WHEN state IN ('completed', 'failed', 'cancelled') THEN updated_at END"})
+    if _table_pk(conn, "session_model_usage") != _declared_pk("session_model_usage"):
+        rebuild_to_declared(conn, "session_model_usage", sources={"first_seen": ("updated_at",),
+                                                                  "last_seen": ("updated_at",)})
+
+
 def _set_version(conn: sqlite3.Connection, version: int) -> None:
     conn.execute("DELETE FROM schema_version")
     conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
@@ -514,75 +578,9 @@ def migrate(writer: Writer, patience_s: float, policy: RetryPolicy,
     return found or 0
 
 
-# What any layout the ladder upgrades has had: without these a file is not a session store.
-_CORE_COLUMNS = {"sessions": ("id", "source", "started_at"),
-                 "messages": ("id", "session_id", "role", "content", "timestamp")}
-
-
-def _default_sql(default: object) -> str:
-    # The value a column the file lacks reads as: its declared default, else NULL.
+def default_sql(default: object) -> str:
+    """Return SQL for the value a column the file lacks reads as: its declared default, else NULL."""
     return "NULL" if default is None else sql_literal(default)
-
-
-def shadow_missing(conn: sqlite3.Connection) -> list[str]:
-    """On a read-only connection, make every declared table and column readable; return the tables shadowed.
-
-    A table the file lacks a column of gets a TEMP view of the same name that adds the column at
-    its default (unqualified names find the temp schema first); a table the file lacks entirely
-    gets an empty one. The temp schema lives outside the database file, so its bytes stay the same.
-    """
-    have_tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')")}
-    shadowed = []
-    for table in (t for t in DICTIONARY.values() if t.at_open):
-        name = table.name
-        if name in have_tables:
-            have = _table_columns(conn, name)
-            lacking = [c for c in table.columns if c.name not in have]
-            if not lacking:
-                continue
-            added = ", ".join(f"{_default_sql(c.default)} AS {c.name}" for c in lacking)
-            conn.execute(f"CREATE TEMP VIEW {name} AS SELECT *, {added} FROM main.{name}")
-        else:
-            cols = ", ".join(f"{_default_sql(c.default)} AS {c.name}" for c in table.columns)
-            conn.execute(f"CREATE TEMP VIEW {name} AS SELECT {cols} WHERE 0")
-        shadowed.append(name)
-    return shadowed
-
-
-def check_read_only(conn: sqlite3.Connection, path: Path, read_busy_s: float = READ_BUSY_TIMEOUT_S) -> int:
-    """Verify a read-only handle can serve reads; return the version or raise a 503-class error.
-
-    A file of any older layout the ladder upgrades (hermes-agent's included) is read as it is:
-    the columns and tables it lacks read as their defaults (see shadow_missing), nothing is written.
-    """
-    try:
-        version = effective_version(conn)
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    except sqlite3.OperationalError as exc:
-        if is_sqlite_lock_error(exc):
-            raise StateDbBusyError(f"{path} stayed locked for {read_busy_s:.1f}s") from exc
-        raise
-    if version is None and "sessions" not in tables:
-        raise StateDbUninitializedError(f"{path} has no hermes-state schema yet")
-    lacking = [f"{t}.{c}" for t, cols in _CORE_COLUMNS.items()
-               for c in cols if t not in tables or c not in _table_columns(conn, t)]
-    if lacking:
-        raise StateDbIncompatibleError(
-            f"{path} is not a session store this library can read (it lacks {', '.join(lacking[:4])}). Open the "
-            f"right file, or let the program that wrote it upgrade it; `hermes-state --db {path} migrate` "
-            "upgrades any hermes-agent or hermes-state layout.")
-    if version is not None and version > SCHEMA_VERSION:
-        # A newer version holding every column we know is read as it is: a writer of a newer
-        # release may upgrade the file while dashboards keep reading it. One without them has
-        # changed what a column means, which defaults cannot stand in for.
-        gone = missing_columns(conn)
-        if gone:
-            raise StateDbIncompatibleError(
-                f"{path} has schema version {version}, newer than this library's {SCHEMA_VERSION}, without some "
-                f"columns it reads ({', '.join(sorted(gone))}); upgrade hermes-state to read it.")
-        return version
-    shadow_missing(conn)  # an older layout reads with defaults for what it lacks
-    return version if version is not None else 0
 
 
 def integrity_problems(conn: sqlite3.Connection, full: bool = False) -> list[str]:

@@ -314,11 +314,14 @@ def _add_usage(conn: sqlite3.Connection, session_id: str, model: str, route: dic
                counts: dict[str, Any], now: float) -> None:
     names = [n for n in counts if n in TABLE_COLUMNS["session_model_usage"]]
     conn.execute(
-        f"INSERT INTO session_model_usage (session_id, model, task, {', '.join(names)}, updated_at) "
-        f"VALUES (?, ?, '', {', '.join('?' * len(names))}, ?) "
-        f"ON CONFLICT (session_id, model, task) DO UPDATE SET "
-        f"{', '.join(f'{n} = COALESCE({n}, 0) + excluded.{n}' for n in names)}, updated_at = excluded.updated_at",
-        [session_id, model, *(counts[n] for n in names), now])
+        f"INSERT INTO session_model_usage (session_id, model, {', '.join(_ROUTE_COLUMNS)}, task, "
+        f"{', '.join(names)}, updated_at, first_seen, last_seen) "
+        f"VALUES (?, ?, ?, ?, ?, '', {', '.join('?' * len(names))}, ?, ?, ?) "
+        # The real system's key: usage per model and billing route ('' for a part not known).
+        f"ON CONFLICT (session_id, model, billing_provider, billing_base_url, billing_mode, task) DO UPDATE SET "
+        f"{', '.join(f'{n} = COALESCE({n}, 0) + excluded.{n}' for n in names)}, updated_at = excluded.updated_at, "
+        "last_seen = excluded.last_seen",
+        [session_id, model, *(route[n] or "" for n in _ROUTE_COLUMNS), *(counts[n] for n in names), now, now, now])
 
 
 def _check_sums_fit(conn: sqlite3.Connection, session_id: str, counts: dict[str, Any]) -> None:

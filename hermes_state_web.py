@@ -234,7 +234,10 @@ async def search_page(datasette, request):
         found = await _off_loop(_search, database.path, query, [role] if role else None, reasoning,
                                 HITS_PER_PAGE + 1, (page - 1) * HITS_PER_PAGE)
         if page == 1:  # sessions whose title holds the words, above the messages that do
-            titled = [dict(r) for r in (await database.execute(_TITLES_SQL, {
+            # An older file (hermes-agent's) has no last_activity_at: its sessions sort by their start.
+            activity = ("COALESCE(last_activity_at, started_at)" if "last_activity_at" in
+                        await database.table_columns("sessions") else "started_at")
+            titled = [dict(r) for r in (await database.execute(_TITLES_SQL.format(activity=activity), {
                 "pattern": "%" + re.sub(r"([\\%_])", r"\\\1", query) + "%", "limit": HITS_PER_PAGE})).rows]
     more = len(found) > HITS_PER_PAGE
     found = found[:HITS_PER_PAGE]
@@ -253,7 +256,7 @@ async def search_page(datasette, request):
 
 # Titles are short and few: a LIKE over the sessions table (case-insensitive for ASCII) finds them.
 _TITLES_SQL = r"""
-SELECT id, title, source, COALESCE(last_activity_at, started_at) AS last_activity FROM sessions
+SELECT id, title, source, {activity} AS last_activity FROM sessions
  WHERE title LIKE :pattern ESCAPE '\'
  ORDER BY last_activity DESC, id LIMIT :limit"""
 

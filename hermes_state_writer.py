@@ -274,20 +274,3 @@ class RowConnection:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._conn, name)
-
-
-class NamedRows:
-    """A connection whose fetched rows read by index and by column name (hermes-agent's `_conn`)."""
-
-    def __init__(self, conn: sqlite3.Connection):
-        self._raw = conn
-
-    def execute(self, sql: str, parameters: Any = ()) -> sqlite3.Cursor:
-        """Run one statement on a cursor of its own whose rows are sqlite3.Row."""
-        # The cursor's own row factory: the library's statements on this connection keep tuples.
-        cur = self._raw.cursor()
-        cur.row_factory = sqlite3.Row
-        return cur.execute(sql, parameters)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._raw, name)

@@ -35,7 +35,7 @@ def test_schema_sql_is_generated_from_the_dictionary():
     assert common.DELIVERY_OBLIGATIONS_SQL == common.DICTIONARY["delivery_obligations"].sql
     usage = common.DICTIONARY["session_model_usage"]
     assert usage.column("task").declaration == "TEXT NOT NULL DEFAULT ''"
-    assert common.DICTIONARY["async_delegations"].column("state").declaration == "TEXT NOT NULL DEFAULT 'pending'"
+    assert common.DICTIONARY["async_delegations"].column("delivery_state").declaration == "TEXT NOT NULL DEFAULT 'pending'"
     assert common.TABLE_COLUMNS["messages"] == common.MESSAGES.column_names
     assert common.JSON_MESSAGE_FIELDS == tuple(c.name for c in common.MESSAGES.columns if c.json)
 

@@ -27,7 +27,7 @@ def rows_naming(rival: sqlite3.Connection, session_id: str) -> dict[str, int]:
         "admissions": count(rival, "SELECT COUNT(*) FROM session_admissions WHERE session_id = ?", session_id),
         "executions": count(rival, "SELECT COUNT(*) FROM worker_executions WHERE session_id = ?", session_id),
         "receipts": count(rival, "SELECT COUNT(*) FROM worker_receipts WHERE session_id = ?", session_id),
-        "delegations": count(rival, "SELECT COUNT(*) FROM async_delegations WHERE origin_session_id = ?", session_id),
+        "delegations": count(rival, "SELECT COUNT(*) FROM async_delegations WHERE origin_session = ?", session_id),
         "routes": count(rival, "SELECT COUNT(*) FROM gateway_routing "
                                "WHERE json_extract(entry_json, '$.session_id') = ?", session_id),
         "children": count(rival, "SELECT COUNT(*) FROM sessions WHERE parent_session_id = ?", session_id),

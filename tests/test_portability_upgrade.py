@@ -218,3 +218,86 @@ def test_a_row_another_program_inserts_gets_a_uid_at_once(tmp_path):
     with SessionDB(path) as db:
         assert db.get_messages("s")[0]["message_uid"] == uid
         assert [h["session_id"] for h in db.search_messages("shell")] == ["s"]
+
+
+# --- the real system's table shapes ------------------------------------------------------------------
+
+def test_every_table_hermes_agent_writes_keeps_its_shape_in_a_fresh_file(agent_db, tmp_path):
+    # Column names, types, NOT NULL, defaults and keys as hermes-agent 0.19.0 writes them; this
+    # library's columns come on top, never instead.
+    fresh = tmp_path / "fresh.db"
+    SessionDB(fresh).close()
+    theirs = [r[0] for r in rows(agent_db, "SELECT name FROM sqlite_master WHERE type = 'table' "
+                                           "AND name NOT LIKE 'messages_fts%' AND name NOT LIKE 'sqlite_%'")]
+    assert {"sessions", "messages", "session_model_usage", "async_delegations", "gateway_routing"} <= set(theirs)
+    for table in theirs:
+        want = {r[1]: r[2:] for r in rows(agent_db, f"PRAGMA table_info({table})")}
+        have = {r[1]: r[2:] for r in rows(fresh, f"PRAGMA table_info({table})")}
+        assert {c: have.get(c) for c in want} == want, table
+
+
+DELEGATION_COLUMNS = {"delegation_id", "origin_session", "origin_ui_session_id", "parent_session_id", "state",
+                      "dispatched_at", "completed_at", "updated_at", "event_json", "result_json", "delivery_state",
+                      "delivery_attempts", "delivered_at", "owner_pid", "owner_started_at", "task_json",
+                      "delivery_claim", "delivery_claimed_at", "target"}
+
+
+def test_delegations_of_this_librarys_32_move_to_the_real_columns_with_their_rows(v32_db):
+    with SessionDB(v32_db) as db:
+        done = db.get_delegation("dlg-1")
+        assert (done["origin_session_id"], done["target"], done["state"], done["payload"], done["result"]) == (
+            "v32-a", "research", "completed", {"q": "weather"}, {"answer": 42})
+        assert done["completed_at"] == done["updated_at"] and done["delivery_state"] == "pending"
+        assert [d["id"] for d in db.list_delegations("v32-b", state="pending")] == ["dlg-2"]
+        assert db.record_delegation("dlg-3", "v32-a", payload={"q": "more"}) is True
+        db.update_delegation("dlg-2", state="running")
+    assert {r[1] for r in rows(v32_db, "PRAGMA table_info(async_delegations)")} == DELEGATION_COLUMNS
+    assert rows(v32_db, "SELECT delegation_id, origin_session FROM async_delegations ORDER BY 1") == [
+        ("dlg-1", "v32-a"), ("dlg-2", "v32-b"), ("dlg-3", "v32-a")]
+
+
+AGENT_UPGRADED_AT_32 = Path(__file__).parent / "fixtures" / "hermes_agent_upgraded_at_v32.db.gz"
+
+
+def test_an_agent_file_an_earlier_release_upgraded_keeps_its_delegations_and_takes_new_ones(tmp_path):
+    # hermes_agent_0.19.0.db.gz opened writable by the release that labelled its layout 32: both
+    # column sets grafted onto async_delegations; then one delegation row as hermes-agent writes it.
+    path = tmp_path / "state.db"
+    path.write_bytes(gzip.decompress(AGENT_UPGRADED_AT_32.read_bytes()))
+    assert {"id", "origin_session_id", "delegation_id"} <= {r[1] for r in rows(path, "PRAGMA table_info(async_delegations)")}
+    with SessionDB(path, backup_before_upgrade=False) as db:
+        assert db.record_delegation("ours-1", "agent-00000", target="helper") is True  # no IntegrityError
+        theirs = db.get_delegation("agent-dlg")
+        assert (theirs["origin_session_id"], theirs["state"], theirs["payload"]) == (
+            "agent-00000", "completed", {"goal": "summarise"})
+        assert [d["id"] for d in db.list_delegations("agent-00000")] == ["agent-dlg", "ours-1"]
+        db.update_token_counts("agent-00000", input_tokens=5, model="gpt-test")  # the real usage key
+        assert db.get_session("agent-00000")["input_tokens"] == 1005
+    assert {r[1] for r in rows(path, "PRAGMA table_info(async_delegations)")} == DELEGATION_COLUMNS
+    assert rows(path, "PRAGMA integrity_check") == [("ok",)]
+
+
+def test_delegations_and_usage_work_on_a_file_upgraded_from_hermes_agent(agent_db):
+    with SessionDB(agent_db, backup_before_upgrade=False) as db:
+        assert db.record_delegation("d1", "agent-00000", payload={"task": "find"}) is True
+        db.update_delegation("d1", state="completed", result={"ok": True})
+        assert db.get_delegation("d1")["result"] == {"ok": True}
+        db.update_token_counts("agent-00000", input_tokens=5, output_tokens=1, model="gpt-test")
+        usage = rows(agent_db, "SELECT model, billing_provider, task, input_tokens FROM session_model_usage "
+                               "WHERE session_id = 'agent-00000'")
+        assert usage == [("gpt-test", "", "", 1005)]
+
+
+def test_usage_of_this_librarys_32_gets_the_real_key_and_keeps_its_counts(v32_db):
+    conn = sqlite3.connect(v32_db)  # a usage row in that release's key (session_id, model, task)
+    conn.execute("INSERT INTO session_model_usage (session_id, model, task, input_tokens, updated_at) "
+                 "VALUES ('v32-a', 'm1', '', 40, 5.0)")
+    conn.commit()
+    conn.close()
+    with SessionDB(v32_db) as db:
+        db.update_token_counts("v32-a", input_tokens=3, model="m1")
+    pk = [r[1] for r in sorted((r for r in rows(v32_db, "PRAGMA table_info(session_model_usage)") if r[5]),
+                               key=lambda r: r[5])]
+    assert pk == ["session_id", "model", "billing_provider", "billing_base_url", "billing_mode", "task"]
+    assert rows(v32_db, "SELECT session_id, model, billing_provider, task, input_tokens, first_seen "
+                        "FROM session_model_usage") == [("v32-a", "m1", "", "", 43, 5.0)]

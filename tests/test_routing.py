@@ -190,7 +190,7 @@ def test_ledger_state_tables_keep_finished_rows_final(gw, conn):
     conn.execute("BEGIN IMMEDIATE")
     try:
         row = routing.DELEGATIONS.row(conn, "d")
-        assert (row["payload"], row["result"]) == ({"task": 1}, [1])  # JSON columns come back decoded
+        assert (row["task"], row["result"]) == ({"task": 1}, [1])  # JSON columns (task_json: the payload) decoded
         with pytest.raises(LedgerStateError, match="no way on"):
             routing.DELEGATIONS.move(conn, row, "running", "no way on")
         with pytest.raises(LedgerStateError, match="'nope' does not exist"):
