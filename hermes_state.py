@@ -457,10 +457,24 @@ class SessionDB:
 
     @_unknown_if_unstorable(list)
     def get_messages_as_conversation(self, session_id: str, include_ancestors: bool = False,
-                                     with_row_ids: bool = False) -> list[dict[str, Any]]:
-        """Return the active transcript as OpenAI-format dicts (compression ancestors first if asked)."""
+                                     with_row_ids: bool = False, include_inactive: bool = False,
+                                     repair_alternation: bool = False) -> list[dict[str, Any]]:
+        """Return the transcript as OpenAI-format dicts (the parent chain first, repaired for sending, if asked)."""
         with self._read(snapshot=True) as conn:
-            return conversation.get_messages_as_conversation(conn, session_id, include_ancestors, with_row_ids)
+            return conversation.get_messages_as_conversation(conn, session_id, include_ancestors, with_row_ids,
+                                                             include_inactive, repair_alternation)
+
+    @_unknown_if_unstorable(lambda: ([], []))
+    def get_resume_conversations(self, session_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Return (the session repaired for the model, the whole chain for display) from one snapshot."""
+        with self._read(snapshot=True) as conn:
+            return conversation.get_resume_conversations(conn, session_id)
+
+    @_unknown_if_unstorable(list)
+    def get_ancestor_display_prefix(self, session_id: str) -> list[dict[str, Any]]:
+        """Return the display's messages from the session's ancestors only."""
+        with self._read(snapshot=True) as conn:
+            return conversation.get_ancestor_display_prefix(conn, session_id)
 
     to_provider_messages = staticmethod(to_provider_messages)
 
@@ -1079,6 +1093,11 @@ class SessionDB:
         """Record what was really sent for the latest user turn whose text is `content`; return rows changed (0 or 1)."""
         return self._transcript_write(session_id, lambda conn: message_rows.set_latest_user_api_content(
             conn, session_id, content, api_content))
+
+
+# hermes-agent's names for the background-review filter the conversation applies.
+_is_background_review_harness_message = conversation.is_background_review_harness_message
+_strip_background_review_harness = conversation.strip_background_review_harness
 
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:

@@ -12,6 +12,7 @@ session are read at the same moment.
 """
 from __future__ import annotations
 
+import re
 import sqlite3
 import uuid
 from typing import Any
@@ -22,11 +23,12 @@ from hermes_state_messages import DISPLAY_KEY, pick_tool_call_uid
 
 _CONVERSATION_SQL = ("SELECT id, role, content, api_content, tool_calls, tool_call_id, tool_name, reasoning, "
                      "reasoning_content, reasoning_details, codex_reasoning_items, codex_message_items, "
-                     "message_uid, absorbed_message_uids, tool_call_uids, tool_call_uid, session_id, content_parts "
-                     "FROM messages "
-                     "WHERE session_id = ? AND active = 1 ORDER BY id")
-# Reasoning fields an assistant turn carries: plain text ("" too: some routes need the empty
-# field), then JSON ones.
+                     "message_uid, absorbed_message_uids, tool_call_uids, tool_call_uid, session_id, content_parts, "
+                     "timestamp, finish_reason, observed, platform_message_id, effect_disposition "
+                     "FROM messages WHERE session_id = ?")
+_LIVE_ONLY, _BY_ID = " AND active = 1", " ORDER BY id"
+# Reasoning fields an assistant turn carries: plain text (reasoning_content "" too: some routes
+# need the empty field; an empty `reasoning` is no reasoning), then JSON ones.
 _REASONING_TEXT = ("reasoning", "reasoning_content")
 _REASONING_JSON = ("reasoning_details", "codex_reasoning_items", "codex_message_items")
 
@@ -67,7 +69,20 @@ class _Projector:
             msg["tool_call_id"] = r["tool_call_id"]
         if r["tool_name"] is not None:
             msg["name"] = r["tool_name"]
+        msg["timestamp"] = r["timestamp"]
+        if r["observed"]:
+            msg["observed"] = True  # a side remark the agent saw but was not asked to answer
+        if r["platform_message_id"] is not None:
+            msg["message_id"] = r["platform_message_id"]
+        if r["effect_disposition"] is not None:
+            msg["effect_disposition"] = r["effect_disposition"]
         if role == "assistant":
+            if r["finish_reason"] is not None:
+                msg["finish_reason"] = r["finish_reason"]
+            if api_content is None and isinstance(msg["content"], str) and _MEMORY_OPEN in msg["content"]:
+                # Recalled memory the model echoed into its answer is not part of the answer.
+                # Bytes recorded as sent (api_content) are replayed as they are.
+                msg["content"] = strip_memory_context(msg["content"])
             self._assistant(msg, r)
         msg["message_uid"] = r["message_uid"] or derived_uid(r["session_id"], r["id"])
         if self.with_row_ids:
@@ -84,7 +99,7 @@ class _Projector:
 
     def _assistant(self, msg: dict[str, Any], r: dict[str, Any]) -> None:
         for key in _REASONING_TEXT:
-            if r[key] is not None:
+            if r[key] is not None and (r[key] != "" or key == "reasoning_content"):
                 msg[key] = r[key]
         for key in _REASONING_JSON:
             if r[key] is not None:
@@ -100,34 +115,134 @@ class _Projector:
         return stored if stored is not None else pick_tool_call_uid(self.turn_uids.get(tool_call_id), nth)
 
 
-def get_messages_as_conversation(conn: sqlite3.Connection, session_id: str, include_ancestors: bool = False,
-                                 with_row_ids: bool = False) -> list[dict[str, Any]]:
-    """Return the active rows as OpenAI-format dicts, compression ancestors first when asked.
+_MEMORY_OPEN, _MEMORY_CLOSE = "<memory-context>", "</memory-context>"
+_MEMORY_BLOCK = re.compile(re.escape(_MEMORY_OPEN) + r".*?" + re.escape(_MEMORY_CLOSE) + r"\s*", re.S)
 
-    Each dict has role, content (api_content when set), tool_calls/tool_call_id/name when
-    present, the assistant's reasoning fields, message_uid, `_row_id` when asked, and the
-    runtime-only `_tool_call_uids`/`_tool_call_uid`/`_absorbed_message_uids` when known, and
-    `_display_content` (the stored content) when api_content differs from it.
-    Across a compression seam, copies of messages already replayed (same uid) and a user
-    prompt identical to the one just replayed are skipped. Call it inside one read snapshot.
-    """
-    chain = [*lineage.compression_ancestor_ids(conn, session_id), session_id] if include_ancestors else [session_id]
+
+def strip_memory_context(text: str) -> str:
+    """Return `text` without its <memory-context>...</memory-context> blocks (and the blank lines after them)."""
+    return _MEMORY_BLOCK.sub("", text).strip() if _MEMORY_OPEN in text else text
+
+
+# The prompt of the background skill/memory review. That review runs in the user's session for
+# prompt-cache warmth; builds that persisted its turn left the prompt and the curator's reply in
+# the real transcript, where a resumed agent would take them as standing instructions.
+_HARNESS_PREFIX = "Review the conversation above"
+
+
+def is_background_review_harness_message(message: Any) -> bool:
+    """Return True for a stored background-review prompt (a user or system turn starting with it)."""
+    return (isinstance(message, dict) and message.get("role") in ("user", "system")
+            and isinstance(message.get("content"), str) and message["content"].lstrip().startswith(_HARNESS_PREFIX))
+
+
+def strip_background_review_harness(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Return `messages` without background-review prompts and the assistant reply right after each."""
     out: list[dict[str, Any]] = []
+    skip_reply = False
+    for message in messages:
+        if is_background_review_harness_message(message):
+            skip_reply = True
+            continue
+        if skip_reply and isinstance(message, dict) and message.get("role") == "assistant":
+            skip_reply = False
+            continue
+        skip_reply = False
+        out.append(message)
+    return out
+
+
+def repair_alternation(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Return the conversation with what providers refuse taken out, for sending a transcript again.
+
+    An assistant turn whose tool calls are not all answered by the tool results right after it is
+    dropped with those results; a tool result no preceding turn asked for is dropped; of several
+    assistant replies in a row (no tool calls) only the last is kept, since it superseded the others.
+    """
+    out: list[dict[str, Any]] = []
+    i = 0
+    while i < len(messages):
+        msg = messages[i]
+        if msg.get("role") == "assistant" and msg.get("tool_calls"):
+            wanted = {c.get("id") for c in msg["tool_calls"] if isinstance(c, dict)}
+            j = i + 1
+            while j < len(messages) and messages[j].get("role") == "tool":
+                j += 1
+            results = messages[i + 1:j]
+            if wanted and wanted <= {r.get("tool_call_id") for r in results}:
+                out.append(msg)
+                out.extend(r for r in results if r.get("tool_call_id") in wanted)
+            i = j
+            continue
+        if msg.get("role") == "tool":
+            i += 1  # a result nobody asked for
+            continue
+        if msg.get("role") == "assistant" and out and out[-1].get("role") == "assistant" \
+                and not out[-1].get("tool_calls"):
+            out[-1] = msg
+        else:
+            out.append(msg)
+        i += 1
+    return out
+
+
+def _stitched(conn: sqlite3.Connection, session_id: str, include_ancestors: bool, with_row_ids: bool,
+              include_inactive: bool) -> list[tuple[str, dict[str, Any]]]:
+    """Return (session id, message) pairs of the session, its ancestors' first when asked."""
+    chain = [row["id"] for row in lineage.get_lineage(conn, session_id)] if include_ancestors else [session_id]
+    sql = _CONVERSATION_SQL + ("" if include_inactive else _LIVE_ONLY) + _BY_ID
+    out: list[tuple[str, dict[str, Any]]] = []
     seen: set[str] = set()
     projector = _Projector(with_row_ids)
-    for position, sid in enumerate(chain):
-        at_seam = position > 0
+    for sid in chain or [session_id]:
         emitted = []
-        for r in row_dicts(conn.execute(_CONVERSATION_SQL, (sid,))):
+        # Repeated prompts collapse in the ancestors and across each seam (a prompt re-sent on
+        # resume); inside the session itself a repeat is the user's own and stays.
+        collapse = include_ancestors
+        for r in row_dicts(conn.execute(sql, (sid,))):
             msg = projector.message(r)
             if msg["message_uid"] in seen:
                 continue  # a rotation copy of a message an ancestor already replayed
-            repeated = (at_seam and bool(out) and msg["role"] == "user" and out[-1]["role"] == "user"
-                        and msg["content"] == out[-1]["content"])
-            at_seam = False
+            last = out[-1][1] if out else None
+            repeated = (collapse and last is not None and msg["role"] == "user" and last["role"] == "user"
+                        and msg["content"] == last["content"])
+            collapse = include_ancestors and sid != session_id
             if repeated:
-                continue  # the prompt the child re-sent after the seam; shown once
-            out.append(msg)
+                continue
+            out.append((sid, msg))
             emitted.append(msg["message_uid"])
         seen.update(emitted)
-    return out
+    kept = strip_background_review_harness([m for _, m in out])
+    kept_ids = {id(m) for m in kept}
+    return [(sid, m) for sid, m in out if id(m) in kept_ids]
+
+
+def get_messages_as_conversation(conn: sqlite3.Connection, session_id: str, include_ancestors: bool = False,
+                                 with_row_ids: bool = False, include_inactive: bool = False,
+                                 repair: bool = False) -> list[dict[str, Any]]:
+    """Return the session's rows as OpenAI-format dicts, its whole parent chain first when asked.
+
+    Each dict has role, content (api_content when set), timestamp, tool_calls/tool_call_id/name
+    when present, finish_reason and the reasoning fields on assistant turns, `observed` (True)
+    on observed rows, `message_id` (the platform's id) and effect_disposition when stored,
+    message_uid, `_row_id` when asked, the runtime-only `_tool_call_uids`/`_tool_call_uid`/
+    `_absorbed_message_uids` when known, and `_display_content` (the stored content) when
+    api_content differs from it. Background-review prompts and their replies are left out, and
+    an assistant's echoed <memory-context> blocks. With ancestors, copies of messages already
+    replayed (same uid) and a user prompt identical to the one just before are skipped; with
+    `repair`, see `repair_alternation`. Call it inside one read snapshot.
+    """
+    out = [m for _, m in _stitched(conn, session_id, include_ancestors, with_row_ids, include_inactive)]
+    return repair_alternation(out) if repair else out
+
+
+def get_resume_conversations(conn: sqlite3.Connection,
+                             session_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Return (what to send the model: this session repaired, what to show: the whole chain) in one read."""
+    return (get_messages_as_conversation(conn, session_id, repair=True),
+            get_messages_as_conversation(conn, session_id, include_ancestors=True))
+
+
+def get_ancestor_display_prefix(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
+    """Return the messages the display shows before this session's own: its ancestors' part only."""
+    return [m for sid, m in _stitched(conn, session_id, True, False, False) if sid != session_id]

@@ -37,7 +37,7 @@ _CHECK = {c.name: c.check for c in MESSAGES.columns if c.rule is not None}
 _WRITABLE = frozenset(_CHECK)
 # Keys a conversation dict or a get_messages row may carry: renamed, or decided by the arguments.
 _ALIASES = {"name": "tool_name", "_tool_call_uids": "tool_call_uids", "_tool_call_uid": "tool_call_uid",
-            "_absorbed_message_uids": "absorbed_message_uids"}
+            "_absorbed_message_uids": "absorbed_message_uids", "message_id": "platform_message_id"}
 # content_parts is derived from a list `content` (a get_messages row carries both): never taken as given.
 _IGNORED = frozenset({"id", "_row_id", "content_parts"}) | _POSITIONAL
 # A conversation dict's stored (display) content when it differs from what was sent.

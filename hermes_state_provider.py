@@ -20,7 +20,10 @@ from urllib.parse import urlparse
 
 REASONING_FIELDS = ("reasoning_content", "reasoning", "reasoning_details")
 # Stored beside a turn but never sent on a chat-completions wire.
-_NON_WIRE = frozenset({"message_uid", "codex_reasoning_items", "codex_message_items", *REASONING_FIELDS})
+# Stored facts about a message that are not part of a request: when, why it stopped, whether
+# the agent only observed it, the platform's id, what its side effect became.
+_NON_WIRE = frozenset({"message_uid", "codex_reasoning_items", "codex_message_items", *REASONING_FIELDS,
+                       "timestamp", "finish_reason", "observed", "message_id", "effect_disposition"})
 
 _DEFAULT = ("reasoning_content",)
 _GATEWAY = ("reasoning_content", "reasoning", "reasoning_details")

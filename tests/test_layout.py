@@ -63,7 +63,7 @@ MAX_LINES = 600
 # The facade is a few lines per public method and grows with the API, never with logic. The
 # common module holds the data dictionary, one line per declared column; it grows with the
 # tables, not with logic.
-LONGER = {"hermes_state": 1160, "hermes_state_common": 720}
+LONGER = {"hermes_state": 1175, "hermes_state_common": 720}
 
 
 def test_no_module_imports_another_modules_private_names():

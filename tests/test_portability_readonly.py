@@ -24,6 +24,7 @@ READS = {
     "get_execution", "list_executions", "list_receipts", "list_owed", "get_delivery", "get_route", "list_routes",
     "get_delegation", "list_delegations",
     "sanitize_title", "get_session_by_title", "session_count", "message_count", "distinct_session_cwds",
+    "get_resume_conversations", "get_ancestor_display_prefix",
     "get_compression_lock_holder",
     "count_empty_sessions", "get_meta", "list_prune_candidates", "list_sessions_rich", "search_sessions",
     "search_sessions_by_id", "list_cron_job_runs", "get_compression_tip", "resolve_session_id",

@@ -665,6 +665,10 @@ def test_compression_ancestor_ids_follow_compression_parents_only(db, rival, con
 
 # --- the conversation projection ------------------------------------------------------------------------
 
+def rows_timestamp(db: SessionDB, session_id: str) -> list[float]:
+    return [m["timestamp"] for m in db.get_messages(session_id)]
+
+
 def test_conversation_shape(db):
     db.create_session("s", "cli")
     u = db.append_message("s", "user", "q", reasoning="never shown for users")
@@ -673,12 +677,14 @@ def test_conversation_shape(db):
     db.append_message("s", "tool", "out", tool_call_id="c1", tool_name="terminal", reasoning="nor for tools")
     conv = db.get_messages_as_conversation("s")
     assert [m["role"] for m in conv] == ["user", "assistant", "tool"]
-    assert conv[0] == {"role": "user", "content": "q", "message_uid": conv[0]["message_uid"]}
+    assert conv[0] == {"role": "user", "content": "q", "message_uid": conv[0]["message_uid"],
+                       "timestamp": rows_timestamp(db, "s")[0]}
     assistant = conv[1]
     assert assistant["reasoning_content"] == "" and assistant["reasoning"] == "r"
     assert assistant["reasoning_details"] == [{"d": 1}] and assistant["codex_reasoning_items"] == [{"i": 1}]
     assert assistant["codex_message_items"] == [{"m": 1}] and assistant["tool_calls"] == [call("c1")]
-    assert {k for k in conv[2] if not k.startswith("_")} == {"role", "content", "tool_call_id", "name", "message_uid"}
+    assert {k for k in conv[2] if not k.startswith("_")} == {"role", "content", "tool_call_id", "name", "message_uid",
+                                                               "timestamp"}
     assert all("_row_id" not in m for m in conv)
     with_ids = db.get_messages_as_conversation("s", with_row_ids=True)
     assert with_ids[0]["_row_id"] == u and all(HEX32.fullmatch(m["message_uid"]) for m in with_ids)
@@ -724,13 +730,70 @@ def test_include_ancestors_drops_a_repeated_prompt_at_the_seam_only(db, rival):
     assert [m["content"] for m in conv] == ["go on", "go on"]
 
 
-def test_include_ancestors_ignores_branch_parents(db):
+def test_include_ancestors_walks_the_whole_parent_chain(db):
+    # Any parent, not only a compression one: a resumed or branched conversation shows what led to it.
     db.create_session("p", "cli")
     db.append_message("p", "user", "parent talk")
     db.create_session("c", "cli", parent_session_id="p")
     db.end_session("p", "branch")
     db.append_message("c", "user", "child talk")
-    assert [m["content"] for m in db.get_messages_as_conversation("c", include_ancestors=True)] == ["child talk"]
+    db.create_session("g", "cli", parent_session_id="c")
+    db.append_message("g", "user", "grandchild talk")
+    assert [m["content"] for m in db.get_messages_as_conversation("g", include_ancestors=True)] == \
+        ["parent talk", "child talk", "grandchild talk"]
+    assert [m["content"] for m in db.get_ancestor_display_prefix("g")] == ["parent talk", "child talk"]
+
+
+def test_include_ancestors_collapses_repeated_prompts_of_the_ancestors(db):
+    db.create_session("p", "cli")
+    db.append_message("p", "user", "same prompt")
+    db.append_message("p", "user", "same prompt")  # sent twice by a resume in the ancestor
+    db.append_message("p", "assistant", "answer")
+    db.create_session("c", "cli", parent_session_id="p")
+    db.append_message("c", "user", "next")
+    assert [m["content"] for m in db.get_messages_as_conversation("c", include_ancestors=True)] == \
+        ["same prompt", "answer", "next"]
+    assert [m["content"] for m in db.get_messages_as_conversation("p")] == ["same prompt", "same prompt", "answer"]
+
+
+def test_replay_carries_the_stored_facts_and_leaves_out_what_is_not_the_conversation(db):
+    db.create_session("s", "telegram")
+    db.append_message("s", "user", "[Alice] aside", observed=True, platform_message_id="m-1", timestamp=1000.0)
+    db.append_message("s", "assistant", "<memory-context>\nrecalled\n</memory-context>\n\nVisible", reasoning="",
+                      finish_reason="stop")
+    db.append_message("s", "user", "  Review the conversation above and update the skill library.")
+    db.append_message("s", "assistant", "curator reply")
+    db.append_message("s", "assistant", "<memory-context>kept</memory-context> as sent",
+                      api_content="<memory-context>kept</memory-context> as sent")
+    conv = db.get_messages_as_conversation("s")
+    assert [m["content"] for m in conv] == ["[Alice] aside", "Visible",
+                                            "<memory-context>kept</memory-context> as sent"]
+    assert (conv[0]["observed"], conv[0]["message_id"], conv[0]["timestamp"]) == (True, "m-1", 1000.0)
+    assert conv[1]["finish_reason"] == "stop" and "reasoning" not in conv[1] and "observed" not in conv[1]
+    # The stored facts never reach a request.
+    wire = SessionDB.to_provider_messages(conv)
+    assert all(not {"timestamp", "observed", "message_id", "finish_reason"} & m.keys() for m in wire)
+    # A conversation dict written back keeps its platform id.
+    db.replace_messages("s", conv)
+    assert db.get_messages("s")[0]["platform_message_id"] == "m-1"
+
+
+def test_repair_alternation_and_the_resume_pair(db):
+    db.create_session("p", "cli")
+    db.append_message("p", "user", "old")
+    db.create_session("s", "cli", parent_session_id="p")
+    db.append_message("s", "tool", "orphan result", tool_call_id="nobody")
+    db.append_message("s", "user", "q")
+    db.append_message("s", "assistant", "draft")
+    db.append_message("s", "assistant", "final")
+    db.append_message("s", "assistant", "", tool_calls=[call("c1"), call("c2")])
+    db.append_message("s", "tool", "half", tool_call_id="c1")  # c2 never answered
+    repaired = db.get_messages_as_conversation("s", repair_alternation=True)
+    assert [(m["role"], m["content"]) for m in repaired] == [("user", "q"), ("assistant", "final")]
+    model, display = db.get_resume_conversations("s")
+    assert model == repaired
+    assert display == db.get_messages_as_conversation("s", include_ancestors=True) and display[0]["content"] == "old"
+    assert db.get_resume_conversations("ghost") == ([], [])
 
 
 # --- property ---------------------------------------------------------------------------------------------
