@@ -85,9 +85,8 @@ __all__ = [
     "SessionClosedByCompressionError", "StaleEpochError", "ReceiptOrderError", "ReceiptDigestError",
     "OwnershipReadError", "ProfileNotFoundError", "is_sqlite_lock_error", "classify_persistence_error",
     "recover", "RecoveryReport", "TableRecovery", "ImportReport", "ImportValidationError", "ImportConflictError",
-    "EXPORT_FORMAT", "EXPORT_VERSION",
+    "EXPORT_FORMAT", "EXPORT_VERSION", "repair_state_db_schema", "is_malformed_db_error",
     "LedgerStateError", "receipt_digest", "input_marker", "strip_echoed_user_input",
-    "repair_state_db_schema", "is_malformed_db_error",
 ]
 
 
