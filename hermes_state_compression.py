@@ -11,7 +11,8 @@ Transaction contract: every function taking `conn` runs inside the caller's tran
 facade opens one BEGIN IMMEDIATE per public write) and never opens or commits one itself; an
 exception part-way leaves the rollback to the caller, so a write is all or nothing.
 `wait_for_compression` is the exception: it polls through short reads between sleeps and must
-be called OUTSIDE any write transaction, so the compressor it waits for can commit.
+be called OUTSIDE any write transaction, so the compressor it waits for can commit; and
+`transcript_write` opens its own transactions through the callable it is given.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from typing import Any, Callable, Iterable
 
 import hermes_state_messages as messages
 import hermes_state_sessions as sessions
-from hermes_state_common import check_number, logger
+from hermes_state_common import check_id, check_number, logger
 from hermes_state_lineage import COMPRESSION_END_REASON, live_continuation
 from hermes_state_errors import (SessionClosedByCompressionError, SessionCompressionInProgressError,
                                  SessionNotFoundError)
@@ -306,6 +307,28 @@ def wait_for_compression(read: Callable[[], AbstractContextManager[sqlite3.Conne
                 f"session {session_id!r} is being compressed by {blocker}; waited {max(timeout_s, 0):.1f}s, "
                 "the transcript write was not made: retry after the compression finishes")
         sleep(min(random.uniform(_POLL_MIN_S, _POLL_MAX_S), remaining))
+
+
+def transcript_write(write: Callable[[], AbstractContextManager[sqlite3.Connection]],
+                     read: Callable[[], AbstractContextManager[sqlite3.Connection]], session_id: str,
+                     body: Callable[[sqlite3.Connection], Any], *, wait_s: float = COMPRESSION_WAIT_S) -> Any:
+    """Run `body(conn)` in a write transaction (`write()`) after `check_transcript_writable`; return its result.
+
+    The common case costs one indexed lookup inside the transaction. Only when another holder
+    is compressing the session does it leave the transaction, wait (holding no lock) up to
+    `wait_s` with `wait_for_compression`, and try once more.
+    """
+    check_id("session_id", session_id)
+
+    def attempt() -> Any:
+        with write() as conn:
+            check_transcript_writable(conn, session_id)
+            return body(conn)
+    try:
+        return attempt()
+    except SessionCompressionInProgressError:
+        wait_for_compression(read, session_id, timeout_s=wait_s)
+    return attempt()
 
 
 # --- generations ---------------------------------------------------------------------------------

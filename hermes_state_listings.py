@@ -1,7 +1,8 @@
 """Listings and statistics: pages of sessions with previews, counts, usage per model.
 
 Owns: `list_sessions` (one query per page, with each session's preview and last activity),
-`count_sessions` with the same filters, `usage_by_model` and `top_sessions_by_tokens`, and
+`count_sessions` with the same filters, `usage_by_model` and `top_sessions_by_tokens`,
+`list_across_profiles` (one page merged from every profile's store), and
 hermes-agent's conversation listings (`list_sessions_rich` with compression tips projected,
 `search_sessions`, `search_sessions_by_id`, `list_cron_job_runs`).
 Does not own: session rows and their rules (hermes_state_sessions), message search
@@ -13,9 +14,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Any
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Callable
 
 from hermes_state_common import check_count, check_id, check_number, escape_like, row_dicts
+from hermes_state_errors import HermesStateError
+from hermes_state_home import default_hermes_root
 from hermes_state_lineage import COMPRESSION_CHILD_SQL, COMPRESSION_END_REASON, compression_successor_id
 
 check_text = check_id  # a filter's text: a non-empty string SQLite can store
@@ -125,6 +130,33 @@ def top_sessions_by_tokens(conn: sqlite3.Connection, limit: int = 10) -> list[di
              FROM sessions
             ORDER BY total_tokens DESC, started_at DESC, id
             LIMIT ?""", (limit,)))
+
+
+def list_across_profiles(open_read_only: Callable[[Path], AbstractContextManager[Any]],
+                         root: Any = None, **filters: Any) -> dict[str, Any]:
+    """List sessions of every profile under `root`; `open_read_only(path)` opens one store (a SessionDB).
+
+    See `hermes_state.list_sessions_across_profiles`: one profile's failure is reported in
+    "errors", never raised.
+    """
+    base = Path(root).expanduser() if root is not None else default_hermes_root()
+    homes = [("default", base)]
+    profiles_dir = base / "profiles"
+    if profiles_dir.is_dir():
+        homes += sorted((p.name, p) for p in profiles_dir.iterdir() if p.is_dir())
+    limit = check_count("limit", filters.pop("limit", 20))
+    offset = check_count("offset", filters.pop("offset", 0))
+    found: list[dict[str, Any]] = []
+    errors: list[dict[str, str]] = []
+    for name, home in homes:
+        try:
+            with open_read_only(home / "state.db") as db:
+                # The page is cut from the merged order, so each profile gives its first offset + limit.
+                found += [dict(row, profile=name) for row in db.list_sessions(limit=offset + limit, **filters)]
+        except (HermesStateError, sqlite3.Error, OSError) as exc:
+            errors.append({"profile": name, "error": f"{type(exc).__name__}: {exc}"})
+    found.sort(key=lambda row: (row["started_at"], row["profile"], row["id"]), reverse=True)
+    return {"sessions": found[offset:offset + limit], "errors": errors}
 
 
 def workspace_key(session: dict[str, Any]) -> str | None:

@@ -198,14 +198,28 @@ def check_runtime_keys(keys: Iterable[str]) -> None:
             raise TypeError(f"append_message() got an unexpected keyword argument {key!r}")
 
 
-def append_message(conn: sqlite3.Connection, session_id: str, fields: dict[str, Any]) -> int:
-    """Insert one live message and return its id; a `message_uid` already live in the session is refused.
+def append_message(conn: sqlite3.Connection, session_id: str, role: str, content: str | None = None, *,
+                   tool_call_id: str | None = None, tool_calls: Any = None, tool_name: str | None = None,
+                   token_count: int | None = None, finish_reason: str | None = None,
+                   reasoning: str | None = None, reasoning_content: str | None = None,
+                   reasoning_details: Any = None, codex_reasoning_items: Any = None,
+                   codex_message_items: Any = None, api_content: str | None = None,
+                   display_kind: str | None = None, display_metadata: Any = None,
+                   platform_message_id: str | None = None, observed: bool = False,
+                   effect_disposition: str | None = None, timestamp: float | None = None,
+                   name: str | None = None, message_uid: str | None = None, **runtime_keys: Any) -> int:
+    """Append a message and return its row id; unknown session -> SessionNotFoundError.
 
-    A given uid makes the row a copy of that message (another session's, or an archived
-    generation's): like every copy it keeps the stored row's fields the dict does not give
-    (`with_stored_fields`). One session never holds two live rows with the same uid (ValueError).
+    `append_message(sid, **msg)` takes a conversation dict back: `name` is `tool_name`, the
+    `_`-prefixed runtime keys are kept or ignored. A `message_uid` makes the row a copy of that
+    message (another session's, or an archived generation's), which keeps the stored row's fields
+    the call does not give; one already live in the session is refused (ValueError).
     """
-    uid = fields.get("message_uid")
+    check_runtime_keys(runtime_keys)
+    fields = dict(locals(), **runtime_keys)  # every keyword above, under its own name
+    for own in ("conn", "session_id", "runtime_keys"):
+        del fields[own]
+    uid = message_uid
     if uid is not None:
         if not is_uid(uid):
             raise ValueError(f"message_uid must be 32 lowercase hex digits, not {uid!r}")

@@ -2,10 +2,11 @@
 
 Owns: `backup_to` (a consistent copy through SQLite's backup API), `check_restorable` and
 `restore_from` (a validated copy back into a live database), `recover` with `RecoveryReport`
-(every readable row of a damaged file copied into a fresh one), the file side of an upgrade
-(the copy written first, dropping the old FTS objects, giving their pages back) and `vacuum`.
-Does not own: per-session export/import (hermes_state_portability), the schema itself
-(hermes_state_schema) or the FTS indexes (hermes_state_fts), which `recover` rebuilds through them.
+(every readable row of a damaged file copied into a fresh one), `check_integrity` and `vacuum`.
+Does not own: per-session export/import (hermes_state_portability), the open-time upgrade
+(hermes_state_upgrade, which writes its first copy with `backup_to` and reclaims with `vacuum`),
+the schema itself (hermes_state_schema) or the FTS indexes (hermes_state_fts), which `recover`
+rebuilds through them.
 
 Transaction contract: `backup_to` reads one snapshot of the caller's connection (the caller
 holds its lock and no transaction). `restore_from` copies into the caller's connection, which
@@ -16,19 +17,20 @@ builds the target under a temporary name, renamed into place only when complete.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import hermes_state_catalogue as catalogue
 import hermes_state_fts as fts
 import hermes_state_schema as schema
 from hermes_state_common import (DICTIONARY, RECOVER_EXCLUDED, RECOVER_VERIFIED, SCHEMA_VERSION, TABLE_SQL, logger,
                                  recount_sql)
-from hermes_state_errors import StateDbCorruptError, StateDbIncompatibleError, StoreUnavailableError, typed_errors
+from hermes_state_errors import StateDbCorruptError, StateDbIncompatibleError, typed_errors
 from hermes_state_writer import RetryPolicy, retry_on_lock
 
 # Declared in the data dictionary: the runtime ledgers are never copied (a recovered file's first
@@ -36,6 +38,9 @@ from hermes_state_writer import RetryPolicy, retry_on_lock
 EXCLUDED_TABLES = RECOVER_EXCLUDED
 VERIFIED_TABLES = RECOVER_VERIFIED
 COPY_CHUNK_ROWS = 5000
+# No statement recover runs on the source may work longer than this without handing back a row:
+# a planted schema entry (a view over an endless recursive query posing as a table) is cut off.
+STEP_LIMIT_S = 60.0
 _REBUILT = frozenset({"schema_version", "sqlite_sequence", fts.CJK_PENDING})
 _INT_MIN = -2**63
 
@@ -46,17 +51,6 @@ def _private_new_file(path: Path) -> None:
     # Backups hold the same private data as the database: created 0600 and never over a file.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     os.close(fd)
-
-
-def upgrade_backup_path(db_path: Path, *, now: float | None = None) -> Path:
-    """Return the name of the copy an upgrade writes first: `state.db.pre-v32-<UTC time>.bak`."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
-    path = db_path.with_name(f"{db_path.name}.pre-v{SCHEMA_VERSION}-{stamp}.bak")
-    n = 2
-    while path.exists():
-        path = db_path.with_name(f"{db_path.name}.pre-v{SCHEMA_VERSION}-{stamp}-{n}.bak")
-        n += 1
-    return path
 
 
 @contextmanager
@@ -74,14 +68,14 @@ def _built_atomically(target: Path) -> Iterator[Path]:
         raise
 
 
-def backup_to(conn: sqlite3.Connection, target: str | os.PathLike) -> Path:
-    """Copy the database of `conn` to a new file `target` in one consistent snapshot; return its path.
+def backup_to(conn: sqlite3.Connection, target_path: str | os.PathLike) -> Path:
+    """Write a consistent copy of the database (ledgers included) to a new file; return its path.
 
     Uses SQLite's backup API in one step: other processes keep writing meanwhile (WAL), and the
-    copy is the database as of one moment, ledgers included. Refuses an existing `target`. The
-    copy appears under its name only once complete.
+    copy is the database as of one moment. Refuses an existing `target_path`. The copy appears
+    under its name only once complete.
     """
-    target = Path(target).expanduser().absolute()
+    target = Path(target_path).expanduser().absolute()
     if target.exists():
         raise FileExistsError(f"{target} already exists; choose a new name for the backup")
     with _built_atomically(target) as partial:
@@ -93,13 +87,31 @@ def backup_to(conn: sqlite3.Connection, target: str | os.PathLike) -> Path:
     return target
 
 
+class _Bounded(sqlite3.Connection):
+    """A source connection whose statements are interrupted after STEP_LIMIT_S without progress."""
+
+    mark = 0.0
+
+    def execute(self, *args) -> sqlite3.Cursor:  # type: ignore[override]
+        self.mark = time.monotonic()
+        return super().execute(*args)
+
+    def overdue(self) -> bool:
+        return time.monotonic() - self.mark > STEP_LIMIT_S
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
 def _open_source(path: Path) -> sqlite3.Connection:
     # Read-only always; immutable (no locks, no -shm) when no WAL holds committed pages, so a
     # damaged file or a file on a read-only medium is read exactly as it lies on disk.
     wal = Path(f"{path}-wal")
     query = "?mode=ro" if wal.exists() and wal.stat().st_size > 0 else "?mode=ro&immutable=1"
-    conn = sqlite3.connect(path.as_uri() + query, uri=True, isolation_level=None)
+    conn = sqlite3.connect(path.as_uri() + query, uri=True, isolation_level=None, factory=_Bounded)
     conn.execute("PRAGMA query_only = ON")
+    conn.set_progress_handler(conn.overdue, 10_000)
     # Text another client stored as bytes that are not UTF-8 is salvaged with U+FFFD, as the
     # library reads it everywhere else, rather than losing the row.
     conn.text_factory = schema.lenient_text
@@ -129,8 +141,8 @@ def check_restorable(source: str | os.PathLike) -> Path:
     return path
 
 
-def restore_from(conn: sqlite3.Connection, source: Path, set_up: Callable[[sqlite3.Connection], int]) -> int:
-    """Replace the content of `conn`'s database with `source` (already checked); return the schema version.
+def restore_from(conn: sqlite3.Connection, source: Path, set_up: Callable[[sqlite3.Connection], Any]) -> Any:
+    """Replace the content of `conn`'s database with `source` (already checked); return what `set_up` returns.
 
     The copy goes through SQLite (backup API into the live connection, one write transaction),
     never a file copy over a database someone has open: every other handle sees the old file or
@@ -151,46 +163,9 @@ def restore_from(conn: sqlite3.Connection, source: Path, set_up: Callable[[sqlit
 
 # --- giving freed pages back -----------------------------------------------------------------------
 
-# Set by an upgrade: the old layout's index pages were freed, and the file should shrink once
-# the new indexes are built (they reuse part of that space first).
+# Set by an upgrade (hermes_state_upgrade): the old layout's index pages were freed, and the file
+# should shrink once the new indexes are built. A VACUUM, asked for or not, settles it.
 RECLAIM_KEY = "reclaim_after_rebuild"
-RECLAIM_MIN_FREE = 0.10          # reclaim when more than this share of the file is free pages
-AUTO_RECLAIM_MAX_BYTES = 1 << 30  # above this, a VACUUM blocks writers too long to run unasked
-
-
-def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = True) -> Path | None:
-    """Before an older file is upgraded: copy it next to itself (unless told not to) and say so in one INFO line.
-
-    Returns the copy, or None when no upgrade is due (or no copy was asked for).
-    """
-    if str(db_path) == ":memory:" or not schema.is_older_file(conn):
-        return None
-    if not backup:
-        logger.info("upgrading %s to schema version %s (no copy taken first: backup_before_upgrade=False)",
-                    db_path, SCHEMA_VERSION)
-        return None
-    try:
-        copy = backup_to(conn, upgrade_backup_path(db_path))
-    except (OSError, sqlite3.Error) as exc:
-        # Never upgrade without the copy the caller was promised; nothing has been changed yet.
-        raise StoreUnavailableError(
-            f"{db_path} needs an upgrade, and the copy taken first could not be written ({exc}); the file "
-            "was not changed. Free some space (the copy is as large as the file) or open it with "
-            "backup_before_upgrade=False.") from exc
-    logger.info("upgrading %s to schema version %s; a copy of the file as it was is in %s",
-                db_path, SCHEMA_VERSION, copy)
-    return copy
-
-
-def prepare_upgrade(conn: sqlite3.Connection) -> None:
-    """Drop an older layout's FTS objects and mark the file for reclaiming the space they held.
-
-    Runs in the upgrade's first transaction, before any back-fill: the old triggers would
-    otherwise re-index every back-filled row one by one. The indexes are rebuilt in the background.
-    """
-    fts.drop_fts_objects(conn)
-    conn.execute(next(sql for sql in TABLE_SQL if " state_meta (" in sql))  # an old layout may lack it yet
-    conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (RECLAIM_KEY,))
 
 
 def vacuum(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> dict[str, int]:
@@ -207,7 +182,7 @@ def vacuum(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> 
         conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # takes effect with this VACUUM
         conn.execute("VACUUM")
     retry_on_lock(attempt, patience_s, policy)
-    _clear_mark(conn, patience_s, policy)
+    clear_reclaim_mark(conn, patience_s, policy)
     try:  # fold the rewritten pages in now, so the file (not only its WAL) shrinks
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
     except sqlite3.Error as exc:
@@ -215,45 +190,28 @@ def vacuum(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> 
     return {"bytes_before": before, "bytes_after": size()}
 
 
-def _clear_mark(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> None:
-    # One statement in autocommit (VACUUM cannot run inside a transaction, and this follows it).
+def clear_reclaim_mark(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> None:
+    """Forget an upgrade's request to give freed pages back; one autocommit statement (VACUUM needs none open)."""
     retry_on_lock(lambda: conn.execute("DELETE FROM state_meta WHERE key = ?", (RECLAIM_KEY,)), patience_s, policy)
 
 
-def reclaim_after_upgrade(conn: sqlite3.Connection, path: Path, patience_s: float, policy: RetryPolicy, *,
-                          quiet: bool = False) -> bool:
-    """After an upgrade's index rebuild, VACUUM when much of the file is free; return whether it ran.
+# --- checking a whole file ------------------------------------------------------------------------
 
-    Files over 1 GiB are left as they are (with an INFO line saying how to reclaim), since their
-    VACUUM would block writers for long. With `quiet` a failure is logged, not raised.
+def check_integrity(read: Callable[[], AbstractContextManager[sqlite3.Connection]],
+                    write: Callable[[], AbstractContextManager[sqlite3.Connection]] | None,
+                    full: bool = False) -> dict[str, Any]:
+    """Return {"ok", "problems", "fts"}: SQLite's quick check (full with `full`) and each FTS index's check.
+
+    `read()` and `write()` open the caller's transactions. The FTS checks need `write` (FTS5
+    runs them as write commands, changing nothing); without it "fts" is empty.
     """
-    try:
-        return _reclaim(conn, path, patience_s, policy)
-    except Exception as exc:  # noqa: BLE001 - see docstring
-        if not quiet:
-            raise
-        logger.warning("giving back the space an upgrade freed failed (%s); SessionDB.vacuum() does it", exc)
-        return False
-
-
-def _reclaim(conn: sqlite3.Connection, path: Path, patience_s: float, policy: RetryPolicy) -> bool:
-    if fts.inspect(conn).rebuild is not None or not conn.execute(
-            "SELECT 1 FROM state_meta WHERE key = ?", (RECLAIM_KEY,)).fetchone():
-        return False  # nothing to give back, or the new indexes are still filling the free pages
-    free, pages, page_size = (conn.execute(f"PRAGMA {p}").fetchone()[0]
-                              for p in ("freelist_count", "page_count", "page_size"))
-    if free <= RECLAIM_MIN_FREE * pages:
-        _clear_mark(conn, patience_s, policy)
-        return False
-    if pages * page_size > AUTO_RECLAIM_MAX_BYTES:
-        logger.info("%s holds %.0f MB of free pages left by the upgrade; call SessionDB.vacuum() at a quiet "
-                    "moment to give them back", path, free * page_size / 1e6)
-        _clear_mark(conn, patience_s, policy)
-        return False
-    result = vacuum(conn, patience_s, policy)
-    logger.info("%s: gave back %.0f MB freed by the upgrade", path,
-                (result["bytes_before"] - result["bytes_after"]) / 1e6)
-    return True
+    with read() as conn:
+        problems = schema.integrity_problems(conn, full)
+    report: dict[str, str] = {}
+    if write is not None:
+        with write() as conn:
+            report = fts.integrity_report(conn)
+    return {"ok": not problems and all(v == "ok" for v in report.values()), "problems": problems, "fts": report}
 
 
 # --- recover ---------------------------------------------------------------------------------------
@@ -321,6 +279,10 @@ class RecoveryReport:
 def _source_tables(conn: sqlite3.Connection) -> list[tuple[str, str]]:
     rows = conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' "
                         "ESCAPE '\\'").fetchall()
+    # Only a table's own definition is ever read through: an entry typed `table` holding any
+    # other statement (a view, say) would run stored SQL, so recover reports it and never reads it.
+    rows = [(name, sql if re.match(r"\s*CREATE\s+(VIRTUAL\s+)?TABLE\b", sql or "", re.IGNORECASE)
+             and not re.search(r"\bAS\s+(SELECT|WITH|VALUES)\b", sql, re.IGNORECASE) else None) for name, sql in rows]
     virtual = [name for name, sql in rows if (sql or "").upper().startswith("CREATE VIRTUAL TABLE")]
     # Full-text tables and their shadow tables are derived data: rebuilt, never copied.
     def derived(name: str) -> bool:
@@ -330,18 +292,25 @@ def _source_tables(conn: sqlite3.Connection) -> list[tuple[str, str]]:
 
 def _count(conn: sqlite3.Connection, table: str) -> int | None:
     """Return the source's row count, through an index when the table itself is damaged; None if none works."""
-    attempts = [f'SELECT COUNT(*) FROM "{table}"']
+    attempts = [f'SELECT COUNT(*) FROM {_quote(table)}']
     try:
         indexes = conn.execute("SELECT name, partial FROM pragma_index_list(?)", (table,)).fetchall()
     except sqlite3.DatabaseError:
         indexes = []
-    attempts += [f'SELECT COUNT(*) FROM "{table}" INDEXED BY "{name}"' for name, partial in indexes if not partial]
+    attempts += [f'SELECT COUNT(*) FROM {_quote(table)} INDEXED BY {_quote(name)}' for name, partial in indexes
+                 if not partial]
     for sql in attempts:
         try:
             return conn.execute(sql).fetchone()[0]
-        except sqlite3.DatabaseError:
+        except sqlite3.DatabaseError as exc:
+            if _interrupted(exc):
+                return None
             continue
     return None
+
+
+def _interrupted(exc: BaseException) -> bool:
+    return getattr(exc, "sqlite_errorcode", None) == 9  # SQLITE_INTERRUPT: STEP_LIMIT_S ran out
 
 
 _UNREADABLE = "unreadable"
@@ -350,9 +319,11 @@ _UNREADABLE = "unreadable"
 def _row_after(conn: sqlite3.Connection, table: str, names: str, x: int) -> tuple | str | None:
     """Return (rowid, *columns) of the one row after `x`, None if none, _UNREADABLE if it fails or lies <= x."""
     try:
-        row = conn.execute(f'SELECT rowid, {names} FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT 1',
+        row = conn.execute(f'SELECT rowid, {names} FROM {_quote(table)} WHERE rowid > ? ORDER BY rowid LIMIT 1',
                            (x,)).fetchone()
-    except sqlite3.DatabaseError:
+    except sqlite3.DatabaseError as exc:
+        if _interrupted(exc):
+            raise
         return _UNREADABLE
     return _UNREADABLE if row is not None and row[0] <= x else row
 
@@ -385,10 +356,11 @@ def _next_readable(conn: sqlite3.Connection, table: str, names: str, after: int)
 
 def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, columns: list[str],
                report: TableRecovery, rowid: bool) -> None:
-    names = ", ".join(f'"{c}"' for c in columns)
-    insert = f'INSERT INTO "{table}" ({names}) VALUES ({", ".join("?" * len(columns))})'
+    names = ", ".join(_quote(c) for c in columns)
+    insert = f'INSERT INTO {_quote(table)} ({names}) VALUES ({", ".join("?" * len(columns))})'
 
     def put(rows: list[tuple]) -> None:
+        src.mark = time.monotonic()  # rows arrived: the step limit counts from here
         try:
             with_savepoint(dst, lambda: dst.executemany(insert, rows))
             report.copied += len(rows)
@@ -419,9 +391,11 @@ def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, col
         cur = None
         while True:
             try:
-                cur = cur or src.execute(f'SELECT {names} FROM "{table}"')
+                cur = cur or src.execute(f'SELECT {names} FROM {_quote(table)}')
                 rows = cur.fetchmany(COPY_CHUNK_ROWS)
             except sqlite3.DatabaseError as exc:
+                if _interrupted(exc):
+                    raise
                 report.error = str(exc)
                 return
             put(rows)
@@ -432,12 +406,14 @@ def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, col
         batch: list[tuple] = []
         before = last
         try:
-            for row in src.execute(f'SELECT rowid, {names} FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT ?',
-                                   (last, COPY_CHUNK_ROWS)):
+            for row in src.execute(f'SELECT rowid, {names} FROM {_quote(table)} WHERE rowid > ? ORDER BY rowid '
+                                   'LIMIT ?', (last, COPY_CHUNK_ROWS)):
                 batch.append(row[1:])
                 last = max(last, row[0])  # a damaged page can hand back smaller rowids: never go back
         except sqlite3.DatabaseError as exc:
             put(batch)
+            if _interrupted(exc):
+                raise
             report.error = report.error or str(exc)
             last = step_over(last)
             if last is None:
@@ -542,9 +518,12 @@ def _copy_table(src: sqlite3.Connection, dst: sqlite3.Connection, name: str, sql
     # One source table into the new file: the columns this library declares (an undeclared table
     # is created as it was), from the first readable row to the last.
     result = report.tables[name] = TableRecovery()
+    if sql is None:
+        result.error = "its schema entry is not a table definition; it was not read"
+        return
     result.source_rows = _count(src, name)
     try:
-        src_cols = [r[1] for r in src.execute(f'PRAGMA table_info("{name}")')]
+        src_cols = [r[0] for r in src.execute("SELECT name FROM pragma_table_info(?)", (name,))]
         without_rowid = "WITHOUT ROWID" in (sql or "").upper()
     except sqlite3.DatabaseError as exc:
         result.error = str(exc)
@@ -565,7 +544,10 @@ def _copy_table(src: sqlite3.Connection, dst: sqlite3.Connection, name: str, sql
         return
     if dropped := [c for c in src_cols if c not in columns]:
         report.dropped_columns[name] = dropped
-    _copy_rows(src, dst, name, columns, result, rowid=not without_rowid)
+    try:
+        _copy_rows(src, dst, name, columns, result, rowid=not without_rowid)
+    except sqlite3.DatabaseError as exc:  # only an interrupted step gets here: the rest is read on
+        result.error = f"reading it made no progress for {STEP_LIMIT_S:.0f} s ({exc}); the rest was not read"
 
 
 def _build(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[tuple[str, str]],

@@ -33,6 +33,9 @@ from hermes_state_writer import RetryPolicy, Writer
 SQLITE_CORRUPT = 11
 STRATEGIES = ("rebuild_fts", "dedup_schema", "drop_fts_rebuild")
 _PROBE_ID = "hermes-state-repair-probe"
+# The paths an open of this process already tried to repair: a file the repair cannot fix is
+# not tried again at every open (the facade passes it, under hermes-agent's name for it).
+ATTEMPTED_PATHS: set[str] = set()
 
 
 def is_malformed_db_error(exc: BaseException) -> bool:

@@ -1,15 +1,19 @@
 """The write path: the retrying BEGIN IMMEDIATE transaction and WAL upkeep.
 
 Owns: `RetryPolicy` (jittered retry timing), `retry_on_lock`, `Writer` (the shared
-connection, its lock, the one place that says BEGIN IMMEDIATE / COMMIT / ROLLBACK, and its
-own close), and `passive_checkpoint`.
+connection, its lock, the one place that says BEGIN IMMEDIATE / COMMIT / ROLLBACK, the
+callbacks deferred until COMMIT, and its own close), `Transaction` (what a write body is
+handed), `SharedHandles` (the process-wide handles `SessionDB.shared()` counts) and
+`passive_checkpoint`.
 Does not own: opening connections or pragmas (hermes_state_schema), what a write does.
 
 Transaction contract: `Writer.transaction()` retries only the BEGIN, with jittered sleeps
 taken while NOT holding the Python lock, runs its body exactly once, commits or rolls back,
 and raises `SessionPersistenceError(code="session_persistence_failed:locked")` from the
 SQLite error when patience runs out. A nested call from the same thread joins the open
-transaction. Time, sleep and randomness are injectable, so retry tests never really wait.
+transaction. An exception of any kind between BEGIN and COMMIT (KeyboardInterrupt too) rolls
+back and leaves the connection ready for the next write. Time, sleep and randomness are
+injectable, so retry tests never really wait.
 """
 from __future__ import annotations
 
@@ -102,6 +106,7 @@ class Writer:
         self.closed = False
         self._busy_ms = int(SQLITE_BUSY_TIMEOUT_S * 1000)
         self._txn_thread: int | None = None
+        self._deferred: list[Callable[[], object]] = []
 
     def close(self, *, checkpoint: bool = True) -> None:
         """Close the connections (after a PASSIVE checkpoint unless told not to); idempotent."""
@@ -158,19 +163,26 @@ class Writer:
 
     def _begin(self, remaining_s: float) -> None:
         # Another thread of this process may hold the connection; waiting for it counts
-        # against this write's patience like waiting for another process does.
-        started = self.clock()
-        if not self.lock.acquire(timeout=max(remaining_s, 0.0)):
-            busy = sqlite3.OperationalError("database is locked (another thread of this process is writing)")
-            busy.sqlite_errorcode = 5  # type: ignore[attr-defined]
-            raise busy
+        # against this write's patience like waiting for another process does. Every line from
+        # the lock on is covered by the handler: an interrupt anywhere here (a KeyboardInterrupt)
+        # leaves neither the Python lock held nor a transaction open.
+        started, held, was_open = self.clock(), False, True
         try:
+            held = self.lock.acquire(timeout=max(remaining_s, 0.0))
+            if not held:
+                busy = sqlite3.OperationalError("database is locked (another thread of this process is writing)")
+                busy.sqlite_errorcode = 5  # type: ignore[attr-defined]
+                raise busy
             self._check_open()
             self._cap_busy_timeout(remaining_s - (self.clock() - started))
+            was_open = self.conn.in_transaction
             self.conn.execute("BEGIN IMMEDIATE")
             self._txn_thread = threading.get_ident()
         except BaseException:
-            self.lock.release()  # never sleep between retries holding the Python lock
+            if held:
+                if not was_open and self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
+                self.lock.release()  # never sleep between retries holding the Python lock
             raise
 
     def in_transaction(self) -> bool:
@@ -183,33 +195,60 @@ class Writer:
 
     @contextmanager
     def transaction(self, patience_s: float, policy: RetryPolicy | None = None) -> Iterator[sqlite3.Connection]:
-        """Run the body once inside BEGIN IMMEDIATE ... COMMIT, retrying only the BEGIN."""
-        give_up = (lambda: self.on_give_up(patience_s)) if self.on_give_up else None
+        """Run the body once inside BEGIN IMMEDIATE ... COMMIT, retrying only the BEGIN.
+
+        Any exception, KeyboardInterrupt included, raised after the BEGIN and before the COMMIT
+        rolls back and frees the connection for the next write. Callbacks handed to `defer()`
+        run after the COMMIT, once the lock is released, in order; a rollback drops them.
+        """
         if self.in_transaction_here():
             # A nested call from inside a transaction joins it: one all-or-nothing unit.
             yield self.conn
             return
+        give_up = (lambda: self.on_give_up(patience_s)) if self.on_give_up else None
         remaining = [patience_s]
 
         def note_remaining(seconds: float) -> None:
             remaining[0] = seconds
 
-        retry_on_lock(lambda: self._begin(remaining[0]), patience_s, policy or RetryPolicy(), clock=self.clock,
-                      sleep=self.sleep, rng=self.rng, before_attempt=note_remaining, on_give_up=give_up)
+        committed = False
         try:
-            try:
-                yield self.conn
-                self.conn.execute("COMMIT")
-            except BaseException:
-                if self.conn.in_transaction:
-                    self.conn.execute("ROLLBACK")
-                raise
+            retry_on_lock(lambda: self._begin(remaining[0]), patience_s, policy or RetryPolicy(), clock=self.clock,
+                          sleep=self.sleep, rng=self.rng, before_attempt=note_remaining, on_give_up=give_up)
+            yield self.conn
+            self.conn.execute("COMMIT")
+            committed = True
             self.writes += 1
             for hook in self.after_commit:
                 hook(self.conn, self.writes)
+        except BaseException:
+            if self.in_transaction_here() and self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            raise
         finally:
-            self._txn_thread = None
-            self.lock.release()
+            deferred = self._end()
+        if committed:
+            for callback in deferred:
+                callback()
+
+    def _end(self) -> list[Callable[[], object]]:
+        # Let go of the transaction this thread began (if it began one): the lock, and the queue
+        # of callbacks waiting for the COMMIT, which the caller runs or drops.
+        if not self.in_transaction_here():
+            return []
+        deferred, self._deferred = self._deferred, []
+        self._txn_thread = None
+        self.lock.release()
+        return deferred
+
+    def defer(self, callback: Callable[[], object]) -> None:
+        """Run `callback()` after the open transaction of this thread commits; a rollback drops it.
+
+        Raises HermesStateError when this thread holds no transaction of this writer.
+        """
+        if not self.in_transaction_here():
+            raise HermesStateError("after_commit needs an open write transaction of this thread; it has ended")
+        self._deferred.append(callback)
 
     @contextmanager
     def exclusive(self) -> Iterator[sqlite3.Connection]:
@@ -238,6 +277,49 @@ class Writer:
             finally:
                 if conn.in_transaction:
                     conn.execute("COMMIT")
+
+
+class Transaction:
+    """The body's side of an open write transaction: its connection, and what to do after COMMIT."""
+
+    __slots__ = ("conn", "_writer")
+
+    def __init__(self, writer: Writer):
+        self.conn = writer.conn
+        self._writer = writer
+
+    def after_commit(self, callback: Callable[[], object]) -> None:
+        """Run `callback()` once the outermost transaction has committed; a rollback drops it."""
+        self._writer.defer(callback)
+
+
+class SharedHandles:
+    """Process-wide open handles by key, each counted per user: only the last release closes one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, list[Any]] = {}  # key -> [handle, users]
+
+    def take(self, key: str, open_handle: Callable[[], Any], is_closed: Callable[[Any], bool]) -> Any:
+        """Return the open handle for `key` (opening one when there is none or it was closed); count one user."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or is_closed(entry[0]):
+                entry = self._entries[key] = [open_handle(), 0]
+            entry[1] += 1
+            return entry[0]
+
+    def release(self, key: str, handle: Any) -> bool:
+        """Give back one use of `handle`; return True when it was the last one (the caller closes it then)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry[0] is not handle:
+                return True  # no longer registered (closed and replaced): nobody else counts on it
+            entry[1] -= 1
+            if entry[1] > 0:
+                return False
+            del self._entries[key]
+            return True
 
 
 def passive_checkpoint(conn: sqlite3.Connection) -> None:

@@ -215,13 +215,106 @@ def test_every_public_method_of_this_feature_exists_with_its_spec_signature():
         "auto_archive": ["self", "idle_days"],
     }
     for name, params in spec.items():
-        assert list(inspect.signature(getattr(SessionDB, name)).parameters) == params, name
+        shown = inspect.signature(getattr(SessionDB, name)).parameters.values()
+        # Positional parameters in order; keyword-only ones are named, so their order is no contract.
+        positional = [p.name for p in shown if p.kind is not p.KEYWORD_ONLY]
+        assert positional == [p for p in params if p in positional], name
+        assert {p.name for p in shown} == set(params), name
     assert list(inspect.signature(SessionDB.to_provider_messages).parameters) == ["conversation", "provider",
                                                                                   "base_url", "model"]
 
 
-def test_agent_connection_rows_read_by_name_and_index(db):
+# --- the method table --------------------------------------------------------------------------------
+
+def _table() -> dict:
+    import hermes_state_table as table
+    return table.entries(SessionDB)
+
+
+def test_the_table_covers_the_plain_delegations():
+    names = set(_table())
+    assert {"get_session", "get_delegation", "list_sessions", "search_messages", "append_message",
+            "mark_delivered", "export_session", "update_session", "set_session_title", "get_resume_conversations"} <= names
+    assert len(names) > 50
+    # Methods that reshape arguments or compose several steps stay explicit.
+    assert not {"iter_export", "restore", "persist_failed_turn_input", "delete_sessions"} & names
+
+
+def test_every_table_method_shows_the_module_functions_signature_and_docstring():
+    import inspect
+    import pydoc
+    import rlcompleter
+    from hermes_state import AsyncSessionDB
+    from hermes_state_table import MODULE_ONLY
+    completer = rlcompleter.Completer({"SessionDB": SessionDB})
+    for name, entry in _table().items():
+        method = getattr(SessionDB, name)
+        module_params = list(inspect.signature(entry.function).parameters.values())
+        assert module_params[0].name == "conn", name
+        shown = list(inspect.signature(method).parameters.values())
+        expected = [p for p in module_params[1:] if p.name not in MODULE_ONLY and p.name != entry.pack]
+        assert shown[0].name == "self" and shown[1:len(expected) + 1] == expected, name
+        if entry.pack:  # the dict parameter is offered as keywords
+            assert shown[-1].kind is inspect.Parameter.VAR_KEYWORD and shown[-1].name == entry.pack, name
+        else:
+            assert len(shown) == len(expected) + 1, name
+        assert inspect.signature(method).return_annotation == inspect.signature(entry.function).return_annotation
+        assert method.__doc__ == entry.function.__doc__ and method.__doc__, name
+        assert method.__name__ == name and method.__qualname__ == f"SessionDB.{name}"
+        page = pydoc.render_doc(method, renderer=pydoc.plaintext)
+        assert f"{name}(self" in page and method.__doc__.splitlines()[0] in page, name
+        assert f"SessionDB.{name}(" in [completer.complete(f"SessionDB.{name}", i) for i in range(3)], name
+        twin = getattr(AsyncSessionDB, name)
+        assert inspect.iscoroutinefunction(twin) and inspect.signature(twin) == inspect.signature(method), name
+        assert twin.__doc__ == method.__doc__
+
+
+def test_the_module_only_clock_is_not_part_of_the_public_method(db):
     db.create_session("s", "cli")
-    got = db._conn.execute("SELECT id, source FROM sessions").fetchone()
-    assert (got["id"], got[1]) == ("s", "cli")
-    assert db.get_session("s")["source"] == "cli"  # the library's own statements are unaffected
+    with pytest.raises(TypeError, match="now"):
+        db.end_session("s", "done", now=1.0)
+    assert db.get_session("s")["ended_at"] is None
+
+
+def test_every_read_by_key_answers_as_for_an_unknown_key_when_the_key_cannot_be_stored(db):
+    import inspect
+    import hermes_state_table as table
+    db.create_session("s", "cli")
+    checked = 0
+    for name, entry in _table().items():
+        if entry.kind not in ("read", "snapshot") or entry.unknown is table.ASK:
+            continue
+        if not entry.public:
+            continue
+        required = [p for p in entry.public[1:] if p.default is inspect.Parameter.empty
+                    and p.kind is not inspect.Parameter.VAR_KEYWORD]
+        args = ["id\ud800"] + ["x"] * len(required)
+        method = getattr(db, name)
+        if isinstance(entry.unknown, type):
+            with pytest.raises(entry.unknown):
+                method(*args)
+        else:
+            assert method(*args) == entry.unknown, name
+            if not required:  # by keyword too
+                assert method(**{entry.public[0].name: "id\udfff"}) == entry.unknown, name
+        checked += 1
+    assert checked > 20
+    assert db.get_delegation("\ud800") is None and db.get_session("\ud800") is None
+    assert db.get_route("telegram", "chat\ud800") is None and db.list_admissions("s\ud800") == []
+
+
+def test_a_read_by_id_must_declare_its_unknown_answer():
+    import hermes_state_routing as routing
+    import hermes_state_table as table
+    with pytest.raises(TypeError, match="unknown id"):
+        table.Entry("read", routing.get_delegation)
+    with pytest.raises(TypeError, match="conn"):
+        table.Entry("read", len)
+
+
+def test_keywords_are_packed_for_a_packing_entry(db, rival):
+    import inspect
+    db.create_session("s", "cli")
+    assert list(inspect.signature(SessionDB.update_session).parameters) == ["self", "session_id", "columns"]
+    db.update_session(session_id="s", cwd="/x", title="T")
+    assert tuple(rival.execute("SELECT cwd, title FROM sessions").fetchone()) == ("/x", "T")

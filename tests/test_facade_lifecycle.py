@@ -61,7 +61,7 @@ def test_shared_handles_are_reference_counted(hermes_home):
     first.release()  # the retiring owner must not close the successor's handle
     second.create_session("still_open", "cli")
     second.release()
-    assert second._closed
+    assert second.closed
     third = SessionDB.shared()
     assert third is not first and third.get_session("still_open") is not None
     third.release()
@@ -77,13 +77,42 @@ def test_async_facade(db):
     assert AsyncSessionDB(db).db_path == db.db_path
 
 
+def test_async_iter_export_streams_on_worker_threads(db):
+    import inspect
+    import threading
+    for sid in ("a", "b", "c"):
+        db.create_session(sid, "cli")
+    assert inspect.isasyncgenfunction(AsyncSessionDB.iter_export)
+    assert inspect.signature(AsyncSessionDB.iter_export) == inspect.signature(SessionDB.iter_export)
+    ran_on: set[int] = set()
+
+    async def run() -> tuple[int, list[str]]:
+        adb = AsyncSessionDB(db)
+        with db.tracer(lambda sql: ran_on.add(threading.get_ident())):
+            ids = [doc["session"]["id"] async for doc in adb.iter_export()]
+        return threading.get_ident(), ids
+    loop_thread, ids = asyncio.run(run())
+    assert ids == ["a", "b", "c"]
+    assert ran_on and loop_thread not in ran_on  # no statement ran on the event loop's thread
+
+
+def test_async_twins_cover_every_public_database_method(db):
+    import inspect
+    plain = {"close", "release", "shared", "to_provider_messages", "tracer", "transaction"}
+    public = {n for n, m in vars(SessionDB).items() if not n.startswith("_") and callable(m)} - plain
+    assert public <= set(vars(AsyncSessionDB))
+    for name in public - {"iter_export"}:
+        assert inspect.iscoroutinefunction(getattr(AsyncSessionDB, name)), name
+    assert AsyncSessionDB(db).closed is False
+
+
 def test_closing_a_shared_handle_gives_back_one_use(hermes_home):
     first = SessionDB.shared()
     with SessionDB.shared() as second:  # a successor that leaves through `with`
         assert second is first
     first.create_session("still_usable", "cli")  # the first owner's handle survived
     first.close()  # the last use: now it really closes
-    assert first._closed
+    assert first.closed
     with pytest.raises(HermesStateError, match="closed"):
         first.get_session("still_usable")
 
@@ -93,7 +122,7 @@ def test_shared_key_survives_a_chdir(hermes_home, tmp_path, monkeypatch):
     handle = SessionDB.shared("relative.db")
     monkeypatch.chdir(hermes_home)
     handle.release()
-    assert handle._closed and handle.db_path == tmp_path / "relative.db"
+    assert handle.closed and handle.db_path == tmp_path / "relative.db"
 
 
 def test_close_while_other_threads_use_the_handle_gives_typed_errors(db):
@@ -192,7 +221,7 @@ def test_write_patience_counts_time_waiting_for_another_thread(db):
     holding = threading.Event()
 
     def long_writer() -> None:
-        with db._write():
+        with db.transaction():
             holding.set()
             time.sleep(1.5)
 

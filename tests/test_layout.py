@@ -12,7 +12,7 @@ RANKS = {
     "hermes_state_errors": 0,
     "hermes_state_common": 1,
     "hermes_state_writer": 2, "hermes_state_render": 2, "hermes_state_lockowners": 2, "hermes_state_home": 2, "hermes_state_provider": 2,
-    "hermes_state_cjk": 2, "hermes_state_highlight": 2,
+    "hermes_state_cjk": 2, "hermes_state_highlight": 2, "hermes_state_table": 2,
     "hermes_state_lineage": 2,
     "hermes_state_titles": 2.5,  # the schema builds the unique-title index after freeing repeats
     "hermes_state_schema": 3, "hermes_state_query": 3,
@@ -26,11 +26,12 @@ RANKS = {
     "hermes_state_ownership": 8.4,  # reads where the routing says a conversation moved on
     "hermes_state_maintenance": 8.5,  # deletes what the ledgers (rank 8) describe
     "hermes_state_repair": 8.5,  # repairs a file with the full-text builder (rank 4)
-    "hermes_state": 9,
+    "hermes_state_upgrade": 9,
+    "hermes_state": 10,
     # Consumers of the facade, not layers of it.
-    "hermes_state_commands": 10, "hermes_state_pytest": 10, "hermes_state_web": 10,
-    "hermes_state_serve": 11,
-    "hermes_state_cli": 12,
+    "hermes_state_commands": 11, "hermes_state_pytest": 11, "hermes_state_web": 11,
+    "hermes_state_serve": 12,
+    "hermes_state_cli": 13,
 }
 
 
@@ -60,10 +61,10 @@ def test_imports_point_down_only():
 # design know them by these names.
 ALLOWED_PRIVATE_IMPORTS = {"_apply_profile_override", "_reconcile_columns", "_sanitize_fts5_query"}
 MAX_LINES = 600
-# The facade is a few lines per public method and grows with the API, never with logic. The
-# common module holds the data dictionary, one line per declared column; it grows with the
-# tables, not with logic.
-LONGER = {"hermes_state": 1175, "hermes_state_common": 720}
+# The facade is one line per delegating method (its method table) plus the methods that reshape
+# arguments or compose several steps. The common module holds the data dictionary, one line per
+# declared column; it grows with the tables, not with logic.
+LONGER = {"hermes_state": 580, "hermes_state_common": 720}
 
 
 def test_no_module_imports_another_modules_private_names():

@@ -487,3 +487,59 @@ def test_restore_accepts_its_own_backups_and_an_older_layouts_full_text_objects(
                   "INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END")
     assert catalogue.foreign_objects(older, fts.OBJECTS, older=True) == []
     assert catalogue.foreign_objects(older, fts.OBJECTS, older=False) != []
+
+
+# --- recover runs no stored SQL but reading the tables, and bounds every step ------------------------
+
+ENDLESS_VIEW = ("CREATE VIEW endless AS WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r) "
+                "SELECT x FROM r")
+
+
+def test_recover_never_runs_a_view_posing_as_a_table(tmp_path):
+    src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
+    build(src)
+    conn = sqlite3.connect(src, isolation_level=None)
+    conn.execute("PRAGMA writable_schema = ON")
+    conn.execute("INSERT INTO sqlite_master (type, name, tbl_name, rootpage, sql) VALUES "
+                 "('table', 'endless', 'endless', 0, ?)", (ENDLESS_VIEW,))
+    conn.close()
+    code = ("import sys, json; from hermes_state import recover; r = recover(sys.argv[1], sys.argv[2]); "
+            "print(json.dumps({'complete': r.complete, 'losses': r.losses, "
+            "'copied': {n: t.copied for n, t in r.tables.items()}}))")
+    out = subprocess.run([sys.executable, "-c", code, str(src), str(dst)], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout)
+    assert result["copied"]["sessions"] == 3 and result["copied"]["messages"] == 12
+    assert not result["complete"] and any("endless" in line and "not a table definition" in line
+                                          for line in result["losses"])
+
+
+def test_recover_quotes_names_holding_a_double_quote(tmp_path):
+    src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
+    build(src)
+    conn = sqlite3.connect(src, isolation_level=None)
+    conn.execute('CREATE TABLE "odd""name" ("a""b" TEXT, "c" INTEGER)')
+    conn.execute('INSERT INTO "odd""name" VALUES (\'kept\', 1)')
+    conn.close()
+    report = recover(src, dst)
+    assert report.complete, report.losses
+    assert report.tables['odd"name'].copied == 1
+    check = sqlite3.connect(dst)
+    assert check.execute('SELECT "a""b", c FROM "odd""name"').fetchall() == [("kept", 1)]
+    check.close()
+
+
+def test_a_recover_step_past_its_limit_is_reported_not_raised(tmp_path, monkeypatch):
+    import hermes_state_recovery as recovery
+    src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
+    build(src)
+    conn = sqlite3.connect(src, isolation_level=None)
+    conn.execute("CREATE TABLE bulk (x INTEGER)")
+    conn.execute("WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r WHERE x < 50000) "
+                 "INSERT INTO bulk SELECT x FROM r")
+    conn.close()
+    monkeypatch.setattr(recovery, "STEP_LIMIT_S", -1.0)  # every step that reaches the handler is overdue
+    report = recover(src, dst)
+    assert "no progress" in (report.tables["bulk"].error or "")
+    assert not report.complete and dst.exists()

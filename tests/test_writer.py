@@ -135,8 +135,8 @@ def test_patience_is_a_class_attribute_read_at_call_time(db, rival, monkeypatch)
 
 def test_failed_body_rolls_back_everything(db, rival):
     with pytest.raises(ZeroDivisionError):
-        with db._write() as conn:
-            conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('half', 'cli', 1)")
+        with db.transaction() as txn:
+            txn.conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('half', 'cli', 1)")
             1 / 0
     assert not db.in_transaction
     assert rival.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 0
@@ -166,9 +166,226 @@ def test_passive_checkpoint_every_n_writes(db):
 
 def test_nested_transaction_joins_the_outer_one(db, rival):
     with pytest.raises(RuntimeError):
-        with db._write() as conn:
-            conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('outer', 'cli', 1)")
-            with db._write() as inner:
-                inner.execute("INSERT INTO sessions (id, source, started_at) VALUES ('inner', 'cli', 1)")
+        with db.transaction() as outer:
+            outer.conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('outer', 'cli', 1)")
+            with db.transaction() as inner:
+                inner.conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('inner', 'cli', 1)")
             raise RuntimeError("abort both")
     assert rival.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 0
+
+
+# --- the public transaction ----------------------------------------------------------------------------
+
+def test_transaction_commits_then_runs_its_callbacks_with_the_lock_free(db, rival):
+    seen: list[tuple] = []
+
+    def after() -> None:
+        # After COMMIT: another connection sees the row, and the handle takes a new write at once.
+        seen.append(tuple(rival.execute("SELECT id FROM sessions ORDER BY id").fetchall()[0]))
+        db.create_session("from_callback", "cli")
+
+    with db.transaction() as txn:
+        txn.conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('raw', 'cli', 1)")
+        db.create_session("api", "cli")  # the handle's own methods join the open transaction
+        txn.after_commit(after)
+        txn.after_commit(lambda: seen.append(("second",)))
+        assert seen == [] and rival.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 0
+    assert seen == [("api",), ("second",)]
+    assert [r[0] for r in rival.execute("SELECT id FROM sessions ORDER BY id")] == ["api", "from_callback", "raw"]
+    assert not db.in_transaction
+
+
+def test_a_rolled_back_transaction_drops_its_callbacks(db, rival):
+    called: list[int] = []
+    with pytest.raises(ValueError, match="planned"):
+        with db.transaction() as txn:
+            db.create_session("gone", "cli")
+            txn.after_commit(lambda: called.append(1))
+            raise ValueError("planned")
+    assert called == [] and rival.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 0
+    with db.transaction() as txn:  # the next transaction starts with an empty queue
+        txn.after_commit(lambda: called.append(2))
+    assert called == [2]
+
+
+def test_nested_transactions_run_callbacks_after_the_outer_commit(db, rival):
+    order: list[str] = []
+    with db.transaction() as outer:
+        with db.transaction() as inner:
+            inner.conn.execute("INSERT INTO sessions (id, source, started_at) VALUES ('n', 'cli', 1)")
+            inner.after_commit(lambda: order.append("inner"))
+        order.append("inner block left")  # nothing committed yet: the inner block joined the outer one
+        assert rival.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 0
+        outer.after_commit(lambda: order.append("outer"))
+    assert order == ["inner block left", "inner", "outer"]
+
+
+def test_after_commit_outside_its_transaction_is_refused(db):
+    with db.transaction() as txn:
+        pass
+    from hermes_state import HermesStateError
+    with pytest.raises(HermesStateError, match="after_commit"):
+        txn.after_commit(lambda: None)
+
+
+def test_a_read_only_handle_refuses_a_transaction(db):
+    from hermes_state import ReadOnlyError
+    with SessionDB(db.db_path, read_only=True) as reader:
+        with pytest.raises(ReadOnlyError):
+            with reader.transaction():
+                pass
+
+
+def test_a_callback_error_reaches_the_caller_after_the_commit(db, rival):
+    with pytest.raises(ZeroDivisionError):
+        with db.transaction() as txn:
+            db.create_session("kept", "cli")
+            txn.after_commit(lambda: 1 / 0)
+    assert rival.execute("SELECT id FROM sessions").fetchone()[0] == "kept"
+    db.create_session("next", "cli")
+
+
+def test_transaction_patience_is_the_callers(db, rival):
+    rival.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(SessionPersistenceError, match="locked"):
+            with db.transaction(patience_s=0.05):
+                pass
+    finally:
+        rival.execute("ROLLBACK")
+
+
+# --- interrupts: KeyboardInterrupt and friends between BEGIN and COMMIT --------------------------------
+
+def _lock_is_free_for_another_thread(db: SessionDB) -> bool:
+    done: list[bool] = []
+
+    def other() -> None:
+        with db.transaction(patience_s=2.0) as txn:
+            txn.conn.execute("SELECT 1")
+        done.append(True)
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(10)
+    return done == [True]
+
+
+def _assert_usable(db: SessionDB, rival: sqlite3.Connection) -> None:
+    assert not db.in_transaction
+    rival.execute("BEGIN IMMEDIATE")  # the file's write lock was given back too
+    rival.execute("ROLLBACK")
+    assert _lock_is_free_for_another_thread(db)
+    counted, rows = rival.execute("SELECT message_count, (SELECT COUNT(*) FROM messages) FROM sessions").fetchone()
+    assert counted == rows  # all of a write, or nothing of it
+
+
+def test_keyboard_interrupt_in_a_write_body_rolls_back_and_the_handle_stays_usable(db, rival):
+    db.create_session("s", "cli")
+    with pytest.raises(KeyboardInterrupt):
+        with db.transaction() as txn:
+            db.append_message("s", "user", "half")
+            txn.conn.execute("UPDATE sessions SET title = 'never' WHERE id = 's'")
+            raise KeyboardInterrupt
+    _assert_usable(db, rival)
+    assert tuple(rival.execute("SELECT title, message_count FROM sessions").fetchone()) == (None, 0)
+    db.append_message("s", "user", "next")  # not "cannot start a transaction within a transaction"
+    assert rival.execute("SELECT message_count FROM sessions").fetchone()[0] == 1
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_at_any_line_between_begin_and_commit_leaves_the_handle_usable(db, rival, interrupt):
+    """Raise `interrupt` at the k-th line of the library's code run after BEGIN IMMEDIATE, for every k."""
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ours = {os.path.join(root, name) for name in os.listdir(root) if name.startswith("hermes_state")}
+    db.create_session("s", "cli")
+    k, fired_at = 0, []
+    while True:
+        k += 1
+        state = {"begun": False, "committed": False, "lines": 0, "fired": False}
+
+        def statement(sql: str) -> None:
+            state["begun"] = state["begun"] or sql == "BEGIN IMMEDIATE"
+            state["committed"] = state["committed"] or (state["begun"] and sql == "COMMIT")
+
+        def line(frame, event, arg):  # noqa: ANN001 - sys.settrace's protocol
+            if event == "line" and state["begun"] and not state["committed"]:
+                state["lines"] += 1
+                if state["lines"] == k:
+                    state["fired"] = True
+                    raise interrupt
+            return line
+
+        def call(frame, event, arg):  # noqa: ANN001
+            # The library's code, except the tracer's own callback (SQLite swallows what it raises).
+            code = frame.f_code
+            return line if code.co_filename in ours and not code.co_qualname.startswith("Writer.tracing") else None
+
+        before = sys.gettrace()
+        with db.tracer(statement):
+            sys.settrace(call)
+            try:
+                db.append_message("s", "user", f"message {k}", tool_calls=[{"id": f"c{k}"}])
+            except interrupt:
+                assert state["fired"]
+            finally:
+                sys.settrace(before)
+        _assert_usable(db, rival)
+        if not state["fired"]:
+            break
+        fired_at.append(k)
+    assert len(fired_at) > 20  # the write really ran through many lines of the library between the two
+    rows = rival.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+    db.append_message("s", "user", "after all of them")
+    assert rival.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == rows + 1
+
+
+# --- the read connection and snapshots -----------------------------------------------------------------
+
+def _writer_on(path) -> "Writer":  # noqa: F821
+    from hermes_state_schema import connect, connect_reader
+    from hermes_state_writer import Writer
+    return Writer(connect(path), open_reader=lambda: connect_reader(path))
+
+
+def test_the_read_connection_refuses_writes(db, rival):
+    db.create_session("s", "cli")
+    w = _writer_on(db.db_path)
+    try:
+        with w.reading() as conn:
+            with pytest.raises(sqlite3.OperationalError, match="readonly|read-only|query_only"):
+                conn.execute("DELETE FROM sessions")
+        with w.reading(snapshot=True) as conn:
+            with pytest.raises(sqlite3.OperationalError):
+                conn.execute("UPDATE sessions SET title = 'x'")
+    finally:
+        w.close()
+    assert tuple(rival.execute("SELECT COUNT(*), MAX(title) FROM sessions").fetchone()) == (1, None)
+
+
+def test_a_snapshot_read_does_not_see_a_concurrent_commit(db, rival):
+    db.create_session("s", "cli")
+    w = _writer_on(db.db_path)
+    count = "SELECT COUNT(*) FROM sessions"
+    try:
+        with w.reading(snapshot=True) as conn:
+            first = conn.execute(count).fetchone()[0]
+            rival.execute("INSERT INTO sessions (id, source, started_at) VALUES ('late', 'cli', 1)")
+            assert conn.execute(count).fetchone()[0] == first == 1  # one snapshot for the whole block
+        with w.reading() as conn:  # without a snapshot each statement sees the latest commit
+            a = conn.execute(count).fetchone()[0]
+            rival.execute("INSERT INTO sessions (id, source, started_at) VALUES ('later', 'cli', 1)")
+            assert (a, conn.execute(count).fetchone()[0]) == (2, 3)
+    finally:
+        w.close()
+
+
+def test_snapshot_methods_read_inside_one_transaction(db):
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "hello")
+    with db.tracer() as traced:
+        db.export_session("s")
+    assert traced[0] == "BEGIN" and traced[-1] == "COMMIT"
+    with db.tracer() as traced:
+        db.get_session("s")
+    assert "BEGIN" not in traced

@@ -1,0 +1,232 @@
+"""The open-time upgrade: what a writable open does before the handle serves its first call.
+
+Owns the whole sequence, in order: opening the main connection (`open_connection`); WAL and
+private file modes; detecting a file of an older
+layout; writing the copy taken before anything changes (`start_upgrade`); the migration, with the
+old layout's FTS objects dropped first (`prepare_upgrade`); building the FTS indexes again, on a
+background thread when a full rebuild is pending (`open_fts`, `FtsRebuild`); and giving back the
+space the old layout freed (`reclaim_after_upgrade`).
+Does not own: the ladder's steps and the declared tables (hermes_state_schema), FTS index
+maintenance (hermes_state_fts), whole-file copies and VACUUM (hermes_state_recovery).
+
+Transaction contract: `set_up` runs on a connection no other thread uses yet, and migrates
+through a private Writer of its own (one transaction per step, see `schema.migrate`). The rebuild
+thread writes through the handle's Writer, one short transaction per chunk, so other writers get
+turns; `FtsRebuild.stop()` makes it finish the chunk under way and stop.
+"""
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import hermes_state_catalogue as catalogue
+import hermes_state_fts as fts
+import hermes_state_recovery as recovery
+import hermes_state_schema as schema
+from hermes_state_common import SCHEMA_VERSION, TABLE_SQL, logger
+from hermes_state_errors import StateDbUninitializedError, StoreUnavailableError, typed_errors
+from hermes_state_writer import RetryPolicy, Writer
+
+RECLAIM_MIN_FREE = 0.10          # reclaim when more than this share of the file is free pages
+AUTO_RECLAIM_MAX_BYTES = 1 << 30  # above this, a VACUUM blocks writers too long to run unasked
+STOP_WAIT_S = 5.0                # how long close() waits for the chunk under way
+
+
+# --- before the migration: the copy, and the old FTS objects -------------------------------------
+
+def upgrade_backup_path(db_path: Path, *, now: float | None = None) -> Path:
+    """Return the name of the copy an upgrade writes first: `state.db.pre-v31-<UTC time>.bak` (the version it upgrades to)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    path = db_path.with_name(f"{db_path.name}.pre-v{SCHEMA_VERSION}-{stamp}.bak")
+    n = 2
+    while path.exists():
+        path = db_path.with_name(f"{db_path.name}.pre-v{SCHEMA_VERSION}-{stamp}-{n}.bak")
+        n += 1
+    return path
+
+
+def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = True) -> Path | None:
+    """Before an older file is upgraded: copy it next to itself (unless told not to) and say so in one INFO line.
+
+    Returns the copy, or None when no upgrade is due (or no copy was asked for).
+    """
+    if str(db_path) == ":memory:" or not schema.is_older_file(conn):
+        return None
+    if not backup:
+        logger.info("upgrading %s to schema version %s (no copy taken first: backup_before_upgrade=False)",
+                    db_path, SCHEMA_VERSION)
+        return None
+    try:
+        copy = recovery.backup_to(conn, upgrade_backup_path(db_path))
+    except (OSError, sqlite3.Error) as exc:
+        # Never upgrade without the copy the caller was promised; nothing has been changed yet.
+        raise StoreUnavailableError(
+            f"{db_path} needs an upgrade, and the copy taken first could not be written ({exc}); the file "
+            "was not changed. Free some space (the copy is as large as the file) or open it with "
+            "backup_before_upgrade=False.") from exc
+    logger.info("upgrading %s to schema version %s; a copy of the file as it was is in %s",
+                db_path, SCHEMA_VERSION, copy)
+    return copy
+
+
+def prepare_upgrade(conn: sqlite3.Connection) -> None:
+    """Drop an older layout's FTS objects and mark the file for reclaiming the space they held.
+
+    Runs in the upgrade's first transaction, before any back-fill: the old triggers would
+    otherwise re-index every back-filled row one by one. The indexes are rebuilt in the background.
+    """
+    fts.drop_fts_objects(conn)
+    conn.execute(next(sql for sql in TABLE_SQL if " state_meta (" in sql))  # an old layout may lack it yet
+    conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (recovery.RECLAIM_KEY,))
+
+
+@dataclass
+class Opened:
+    """What `open_connection` hands the handle: its main connection and what opening did to the file."""
+
+    conn: sqlite3.Connection
+    schema_version: int
+    upgrade_backup: Path | None = None  # the copy written before an upgrade
+    mode_changes: list[str] = field(default_factory=list)  # files tightened to 0600, each with its old mode
+
+
+def open_connection(path: Path, *, read_only: bool, read_busy_s: float, patience_s: float, policy: RetryPolicy,
+                    backup: bool = True, force: bool = False,
+                    on_give_up: Callable[[float], None] | None = None) -> Opened:
+    """Open a handle's main connection and make its file ready for it.
+
+    A writable open creates the file 0600 when missing, refuses another program's database
+    (ForeignDatabaseError, unless `force`) before anything is written or chmodded, and runs
+    `set_up`; a read-only one only checks that the file can be read as it is. Failures are the
+    library's typed errors, and the connection is closed again on any of them.
+    """
+    if read_only:
+        if not path.is_file() or path.stat().st_size == 0:
+            raise StateDbUninitializedError(f"{path} does not exist yet")
+    else:
+        try:
+            schema.prepare_file(path)
+        except OSError as exc:
+            raise StoreUnavailableError(f"cannot create or open {path}: {exc}") from exc
+    with typed_errors(path):  # a directory or a path SQLite cannot open -> StoreUnavailableError
+        conn = schema.connect(path, read_only=read_only, read_busy_s=read_busy_s)
+    try:
+        with typed_errors(path, reading=True):  # "not a database" at open -> StateDbCorruptError
+            if read_only:
+                return Opened(conn, catalogue.check_read_only(conn, path, read_busy_s))
+            catalogue.check_ours(conn, path, force=force)  # before any write or chmod: it may be another's file
+            changes = schema.tighten_files(path)
+            catalogue.clean_partial_copies(path)  # a killed upgrade's half-written copy
+            version, copy, more = set_up(conn, path, patience_s, policy, backup=backup, on_give_up=on_give_up)
+            return Opened(conn, version, copy, changes + more)
+    except BaseException:
+        conn.close()
+        raise
+
+
+def set_up(conn: sqlite3.Connection, db_path: Path, patience_s: float, policy: RetryPolicy, *,
+           backup: bool = True, on_give_up: Callable[[float], None] | None = None
+           ) -> tuple[int, Path | None, list[str]]:
+    """Bring a writable connection's file to the current layout; return (version, copy taken first, mode changes).
+
+    An up-to-date file costs a few catalogue reads and takes no write lock. A file of a newer
+    release is left as it is, with a WARNING: the handle then refuses writes.
+    """
+    schema.enable_wal(conn, db_path, patience_s, policy)
+    changes = schema.tighten_side_files(db_path)
+    if not schema.needs_migration(conn):
+        return schema.read_version(conn), None, changes
+    copy = start_upgrade(conn, db_path, backup=backup)
+    found = schema.migrate(Writer(conn, on_give_up=on_give_up), patience_s, policy, before_upgrade=prepare_upgrade)
+    if found > SCHEMA_VERSION:
+        logger.warning("%s has schema version %s, newer than %s: writes are refused", db_path, found, SCHEMA_VERSION)
+    return max(found, SCHEMA_VERSION), copy, changes
+
+
+# --- after the migration: the FTS indexes, and the space the old layout held ------------------------
+
+class FtsRebuild:
+    """The background thread that finishes a pending FTS rebuild, then gives back the freed space."""
+
+    def __init__(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, chunk_rows: int):
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="hermes-state-fts", daemon=True,
+                                       args=(writer, db_path, patience_s, policy, chunk_rows))
+
+    def _run(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, chunk_rows: int) -> None:
+        fts.background_worker(writer, patience_s, policy, chunk_rows, self.stop_event)
+        if not self.stop_event.is_set():
+            with writer.exclusive() as conn:  # a background thread has nobody to raise to
+                reclaim_after_upgrade(conn, db_path, patience_s, policy, quiet=True)
+
+    def stop(self, timeout_s: float = STOP_WAIT_S) -> None:
+        """Ask the thread to stop after the chunk under way and wait for it (bounded)."""
+        self.stop_event.set()
+        self.thread.join(timeout_s)  # a chunk is short; a worker stuck on a lock just fails later
+
+
+def open_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, *, writable: bool,
+             chunk_rows: int = fts.REBUILD_CHUNK_ROWS, background: bool = True) -> FtsRebuild | None:
+    """Build missing FTS objects, catch up a short CJK queue, and start the rebuild thread when one is pending.
+
+    Returns the running rebuild, or None. On a writable handle this also installs the
+    connection's TEMP trigger that feeds the CJK index as rows are written.
+    """
+    pending = fts.ensure_fts(writer, patience_s, policy, writable=writable)
+    if writable:
+        # The trigger lives in the connection's temp schema only: no lock on the file, no cost at open.
+        fts.install_write_triggers(writer.conn)
+    if not (pending and background):
+        return None
+    rebuild = FtsRebuild(writer, db_path, patience_s, policy, chunk_rows)
+    rebuild.thread.start()
+    return rebuild
+
+
+def rebuild_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy,
+                chunk_rows: int = fts.REBUILD_CHUNK_ROWS) -> None:
+    """Rebuild the FTS indexes to the end (one transaction per chunk), then reclaim what an upgrade freed."""
+    fts.rebuild(writer, patience_s, policy, chunk_rows)
+    with writer.exclusive() as conn:
+        reclaim_after_upgrade(conn, db_path, patience_s, policy)
+
+
+def reclaim_after_upgrade(conn: sqlite3.Connection, path: Path, patience_s: float, policy: RetryPolicy, *,
+                          quiet: bool = False) -> bool:
+    """After an upgrade's index rebuild, VACUUM when much of the file is free; return whether it ran.
+
+    Runs outside any transaction, holding the write connection. Files over 1 GiB are left as they
+    are (with an INFO line saying how to reclaim), since their VACUUM would block writers for long.
+    With `quiet` a failure is logged, not raised.
+    """
+    try:
+        return _reclaim(conn, path, patience_s, policy)
+    except Exception as exc:  # noqa: BLE001 - see docstring
+        if not quiet:
+            raise
+        logger.warning("giving back the space an upgrade freed failed (%s); SessionDB.vacuum() does it", exc)
+        return False
+
+
+def _reclaim(conn: sqlite3.Connection, path: Path, patience_s: float, policy: RetryPolicy) -> bool:
+    if fts.inspect(conn).rebuild is not None or not conn.execute(
+            "SELECT 1 FROM state_meta WHERE key = ?", (recovery.RECLAIM_KEY,)).fetchone():
+        return False  # nothing to give back, or the new indexes are still filling the free pages
+    free, pages, page_size = (conn.execute(f"PRAGMA {p}").fetchone()[0]
+                              for p in ("freelist_count", "page_count", "page_size"))
+    if free <= RECLAIM_MIN_FREE * pages:
+        recovery.clear_reclaim_mark(conn, patience_s, policy)
+        return False
+    if pages * page_size > AUTO_RECLAIM_MAX_BYTES:
+        logger.info("%s holds %.0f MB of free pages left by the upgrade; call SessionDB.vacuum() at a quiet "
+                    "moment to give them back", path, free * page_size / 1e6)
+        recovery.clear_reclaim_mark(conn, patience_s, policy)
+        return False
+    result = recovery.vacuum(conn, patience_s, policy)  # the VACUUM settles the mark too
+    logger.info("%s: gave back %.0f MB freed by the upgrade", path,
+                (result["bytes_before"] - result["bytes_after"]) / 1e6)
+    return True

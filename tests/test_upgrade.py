@@ -1,0 +1,209 @@
+"""The open-time upgrade (hermes_state_upgrade): detect, copy first, migrate, rebuild in the background, reclaim.
+
+These drive the module's own functions on real files; the facade's view of the same sequence
+(an upgraded hermes-agent file) is in test_portability_upgrade.py.
+"""
+from __future__ import annotations
+
+import gzip
+import logging
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+import hermes_state_fts as fts
+import hermes_state_recovery as recovery
+import hermes_state_schema as schema
+import hermes_state_upgrade as upgrade
+from hermes_state import SCHEMA_VERSION, SessionDB, StoreUnavailableError
+from hermes_state_writer import RetryPolicy, Writer
+
+FIXTURE = Path(__file__).parent / "fixtures" / "hermes_agent_0.19.0.db.gz"  # a schema-22 file
+POLICY = RetryPolicy()
+
+
+@pytest.fixture
+def old_file(tmp_path) -> Path:
+    path = tmp_path / "state.db"
+    path.write_bytes(gzip.decompress(FIXTURE.read_bytes()))
+    return path
+
+
+def scalar(path: Path, sql: str, *args: object) -> object:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(sql, args).fetchone()[0]
+    finally:
+        conn.close()
+
+
+def open_writable(path: Path, **kwargs: object) -> tuple[sqlite3.Connection, int, Path | None]:
+    opened = upgrade.open_connection(path, read_only=False, read_busy_s=1.0, patience_s=5.0, policy=POLICY, **kwargs)
+    return opened.conn, opened.schema_version, opened.upgrade_backup
+
+
+def test_the_sequence_copies_first_migrates_rebuilds_in_the_background_and_reclaims(old_file, caplog):
+    raw = sqlite3.connect(old_file, isolation_level=None)
+    raw.execute("BEGIN")  # a large old index, as in a real history: the upgrade frees its pages
+    for n in range(300):
+        raw.execute("INSERT INTO messages_fts(rowid, content) VALUES (?, ?)",
+                    (10_000 + n, " ".join(f"word{n}x{k}" for k in range(300))))
+    raw.execute("COMMIT")
+    raw.close()
+    messages = scalar(old_file, "SELECT COUNT(*) FROM messages")
+    caplog.set_level(logging.INFO, logger="hermes_state")  # the rebuild thread logs too
+    conn, version, copy = open_writable(old_file)
+    writer = Writer(conn)
+    try:
+        assert version == SCHEMA_VERSION and copy is not None and copy.parent == old_file.parent
+        # The copy is the file as it was before anything changed.
+        assert scalar(copy, "SELECT version FROM schema_version") == 22
+        assert scalar(copy, "SELECT COUNT(*) FROM messages") == messages
+        assert scalar(old_file, "SELECT COUNT(*) FROM state_meta WHERE key = ?", recovery.RECLAIM_KEY) == 1
+        rebuild = upgrade.open_fts(writer, old_file, 5.0, POLICY, writable=True, chunk_rows=7)
+        assert rebuild is not None
+        rebuild.thread.join(30)
+        assert not rebuild.thread.is_alive()
+        with writer.reading() as rconn:
+            assert fts.rebuild_status(rconn)["pending"] == 0
+    finally:
+        writer.close()
+    assert scalar(old_file, "SELECT COUNT(*) FROM state_meta WHERE key = ?", recovery.RECLAIM_KEY) == 0
+    assert scalar(old_file, "PRAGMA auto_vacuum") == 2  # the reclaim ran its VACUUM
+    said = [r.getMessage() for r in caplog.records]
+    assert any("upgrading" in m and str(copy) in m for m in said)
+    assert any("gave back" in m for m in said)
+
+
+def test_an_up_to_date_file_opens_without_the_write_lock_and_without_a_copy(tmp_path):
+    path = tmp_path / "state.db"
+    SessionDB(path).close()
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process is writing
+    try:
+        conn, version, copy = open_writable(path)
+        conn.close()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert (version, copy) == (SCHEMA_VERSION, None)
+    assert sorted(p.name for p in tmp_path.iterdir() if ".bak" in p.name) == []
+
+
+def test_no_copy_when_asked_says_so(old_file, caplog):
+    with caplog.at_level(logging.INFO, logger="hermes_state"):
+        conn, version, copy = open_writable(old_file, backup=False)
+    conn.close()
+    assert version == SCHEMA_VERSION and copy is None
+    assert [p for p in old_file.parent.iterdir() if ".bak" in p.name] == []
+    assert any("no copy taken first" in r.getMessage() for r in caplog.records)
+
+
+def test_a_copy_that_cannot_be_written_stops_the_upgrade(old_file, monkeypatch):
+    before = old_file.read_bytes()
+    monkeypatch.setattr(recovery, "backup_to", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "disk full")))
+    with pytest.raises(StoreUnavailableError, match="was not changed"):
+        open_writable(old_file)
+    assert old_file.read_bytes() == before
+
+
+def test_the_ladder_rereads_the_version_under_the_lock(tmp_path, monkeypatch):
+    path = tmp_path / "state.db"
+    SessionDB(path).close()
+    rival = sqlite3.connect(path, isolation_level=None)
+    rival.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION - 1,))
+    ran: list[str] = []
+    step = schema.Step(SCHEMA_VERSION, "a test step", lambda conn: ran.append("this opener"))
+    monkeypatch.setattr(schema, "LADDER", [step])
+    writer = Writer(schema.connect(path))
+
+    def another_process_migrates_first(conn: sqlite3.Connection, writes: int) -> None:
+        if writes == 1:  # between the first transaction (tables, columns) and the ladder's step
+            rival.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
+            ran.append("another process")
+    writer.after_commit.append(another_process_migrates_first)
+    try:
+        assert schema.migrate(writer, 5.0, POLICY) == SCHEMA_VERSION - 1
+    finally:
+        writer.close()
+        rival.close()
+    assert ran == ["another process"]  # the step saw the new version under the lock and did not run again
+    assert scalar(path, "SELECT version FROM schema_version") == SCHEMA_VERSION
+
+
+def test_a_newer_file_is_left_as_it_is(tmp_path):
+    path = tmp_path / "state.db"
+    SessionDB(path).close()
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 5,))
+    raw.close()
+    before = path.read_bytes()
+    conn, version, copy = open_writable(path)
+    conn.close()
+    assert (version, copy) == (SCHEMA_VERSION + 5, None)  # the facade refuses writes to it
+    assert path.read_bytes() == before
+
+
+def test_stop_ends_the_rebuild_thread_before_the_reclaim(tmp_path, monkeypatch):
+    path = tmp_path / "state.db"
+    SessionDB(path).close()
+    started, reclaimed = threading.Event(), []
+
+    def slow_worker(writer, patience_s, policy, chunk_rows, stop):  # noqa: ANN001
+        started.set()
+        stop.wait(30)
+    monkeypatch.setattr(fts, "background_worker", slow_worker)
+    monkeypatch.setattr(upgrade, "reclaim_after_upgrade", lambda *a, **k: reclaimed.append(1))
+    writer = Writer(schema.connect(path))
+    try:
+        rebuild = upgrade.FtsRebuild(writer, path, 5.0, POLICY, 10)
+        rebuild.thread.start()
+        assert started.wait(10)
+        rebuild.stop()
+        assert not rebuild.thread.is_alive() and reclaimed == []
+    finally:
+        writer.close()
+
+
+def _marked_file_with_free_pages(path: Path) -> sqlite3.Connection:
+    SessionDB(path).close()
+    conn = schema.connect(path)
+    conn.execute("CREATE TABLE filler (x BLOB)")
+    conn.execute("INSERT INTO filler SELECT zeroblob(4000) FROM (WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL "
+                 "SELECT i + 1 FROM n WHERE i < 300) SELECT i FROM n)")
+    conn.execute("DROP TABLE filler")  # its pages are now free
+    conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (recovery.RECLAIM_KEY,))
+    return conn
+
+
+def test_a_large_file_is_not_vacuumed_unasked(tmp_path, monkeypatch, caplog):
+    path = tmp_path / "state.db"
+    conn = _marked_file_with_free_pages(path)
+    monkeypatch.setattr(upgrade, "AUTO_RECLAIM_MAX_BYTES", 0)
+    try:
+        with caplog.at_level(logging.INFO, logger="hermes_state"):
+            assert upgrade.reclaim_after_upgrade(conn, path, 5.0, POLICY) is False
+        assert conn.execute("PRAGMA freelist_count").fetchone()[0] > 100  # left as it was
+        assert conn.execute("SELECT COUNT(*) FROM state_meta WHERE key = ?", (recovery.RECLAIM_KEY,)).fetchone()[0] == 0
+    finally:
+        conn.close()
+    assert any("SessionDB.vacuum()" in r.getMessage() for r in caplog.records)
+
+
+def test_a_failed_reclaim_is_logged_when_quiet_and_raised_otherwise(tmp_path, monkeypatch, caplog):
+    path = tmp_path / "state.db"
+    conn = _marked_file_with_free_pages(path)
+
+    def broken(*args, **kwargs):
+        raise sqlite3.OperationalError("disk I/O error")
+    monkeypatch.setattr(recovery, "vacuum", broken)
+    try:
+        with pytest.raises(sqlite3.OperationalError):
+            upgrade.reclaim_after_upgrade(conn, path, 5.0, POLICY)
+        with caplog.at_level(logging.WARNING, logger="hermes_state"):
+            assert upgrade.reclaim_after_upgrade(conn, path, 5.0, POLICY, quiet=True) is False
+    finally:
+        conn.close()
+    assert any("SessionDB.vacuum() does it" in r.getMessage() for r in caplog.records)
