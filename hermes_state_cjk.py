@@ -27,7 +27,7 @@ CJK_RUN = re.compile(f"[{CJK_CHARS}]+")
 
 def has_cjk(text: str | None) -> bool:
     """Tell whether `text` holds at least one CJK letter."""
-    return bool(text) and not text.isascii() and CJK_RUN.search(text) is not None
+    return bool(text and not text.isascii() and CJK_RUN.search(text) is not None)
 
 
 def _run_terms(run: str, last_unigram: bool = True) -> list[str]:

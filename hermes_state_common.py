@@ -18,7 +18,7 @@ import re
 import reprlib
 import sqlite3
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 # The library's one logger; applications route it (see configure_error_log).
 logger = logging.getLogger("hermes_state")
@@ -81,7 +81,7 @@ class Column:
 
     def check(self, value: Any) -> Any:
         """Return a caller's (non-None) value as stored, or raise ValueError naming the column."""
-        return COLUMN_RULES[self.rule](self.name, value)
+        return COLUMN_RULES[cast(str, self.rule)](self.name, value)  # only columns with a rule are checked
 
 
 @dataclass(frozen=True)
@@ -536,7 +536,7 @@ def _as_text(name: str, value: Any) -> str:
     if type(value) is str and value.isascii():
         return value  # the common case: a C-speed scan, and only non-ASCII text can hold a lone surrogate
     if isinstance(value, str):
-        return replace_surrogates(value)
+        return cast(str, replace_surrogates(value))  # text in, text out
     raise ValueError(f"{name} must be a string or None, not {type(value).__name__}")
 
 

@@ -278,7 +278,7 @@ def cached_state(conn: sqlite3.Connection) -> FtsState:
         except sqlite3.OperationalError:
             token = version = None  # no token function on this connection, or the queue table is gone
         if (token, version) == entry[:2]:
-            return _state(entry[2], *live)
+            return _state(entry[2], *live)  # pyright: ignore[reportPossiblyUnboundVariable]  # set when the tokens match
     token = next(_tokens)
     conn.create_function(_TOKEN_FUNCTION, 0, lambda: token, deterministic=True)
     # The cookie is read before the catalogue: a change in between only makes the next call re-read.

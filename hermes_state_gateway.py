@@ -25,7 +25,7 @@ import sqlite3
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from hermes_state_common import DICTIONARY, LIVE_ADMISSION_SQL, check_count, check_id, decode_json, encode_json, row_dicts
 from hermes_state_errors import LedgerStateError, ReceiptDigestError, ReceiptOrderError, StaleEpochError
@@ -202,9 +202,9 @@ def admit_input(conn: sqlite3.Connection, session_id: str, payload: Any, admissi
         if row is not None:
             return row[0]
     require_session(conn, session_id)
-    return conn.execute(
+    return cast(int, conn.execute(  # an INSERT always sets lastrowid
         "INSERT INTO session_admissions (session_id, admission_key, payload_json, state, created_at) "
-        "VALUES (?, ?, ?, 'queued', ?)", (session_id, admission_key, encoded, stamp(now))).lastrowid
+        "VALUES (?, ?, ?, 'queued', ?)", (session_id, admission_key, encoded, stamp(now))).lastrowid)
 
 
 def next_admission(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
@@ -242,6 +242,7 @@ def start_admission(conn: sqlite3.Connection, admission_id: int, epoch: int, *, 
     refusal = f"admission {admission_id} is {row['state']}; only a queued admission can start"
     if row["state"] == "queued":
         head = _queue_head(conn, row["session_id"])
+        assert head is not None  # this queued admission is itself in the queue
         if head["id"] != admission_id:
             raise LedgerStateError(
                 f"admission {admission_id} is not the head of session {row['session_id']!r}'s queue: "
@@ -290,9 +291,9 @@ def start_execution(conn: sqlite3.Connection, session_id: str, kind: str, epoch:
     check_id("kind", kind)
     check_epoch(conn, epoch)
     require_session(conn, session_id)
-    return conn.execute(
+    return cast(int, conn.execute(  # an INSERT always sets lastrowid
         "INSERT INTO worker_executions (session_id, kind, state, epoch, started_at) VALUES (?, ?, 'running', ?, ?)",
-        (session_id, kind, epoch, stamp(now))).lastrowid
+        (session_id, kind, epoch, stamp(now))).lastrowid)
 
 
 def finish_execution(conn: sqlite3.Connection, execution_id: int, state: str, epoch: int, *,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 SNIPPET_CHARS = 120  # the length of a text window
 
@@ -53,7 +53,7 @@ def text_snippet(text: str | None, needles: list[str], chars: int = SNIPPET_CHAR
     begin = max(0, (first.start() if first else 0) - chars // 3)
     end = min(len(text), begin + chars)
     out, pos = [], begin
-    for match in pattern.finditer(text, begin, end) if first else ():
+    for match in pattern.finditer(text, begin, end) if pattern and first else ():
         if match.end() > match.start():
             out += [text[pos:match.start()], ">>>", match.group(), "<<<"]
             pos = match.end()
@@ -70,7 +70,7 @@ def first_match(text: str | None, needles: list[str]) -> int:
     if found or (text.isascii() and all(n.isascii() for n in needles)):
         return min(found, default=-1)
     # A few letters change length when lowered (positions would shift), and accents fold: the regex.
-    match = needle_pattern(needles).search(text)
+    match = cast(re.Pattern[str], needle_pattern(needles)).search(text)  # a query's needles are never all empty
     return match.start() if match else -1
 
 

@@ -160,6 +160,7 @@ def _apply_profile_override(argv: MutableSequence[str] | None = None) -> Path | 
     if argv is None:
         argv = sys.argv
     name, drop = _pop_profile_flag(argv)
+    home: Path | None  # the named profile's home, else the active profile's (None: there is none)
     if name is not None:
         home = profile_home(name)
         # The default root may not exist yet on a fresh install; a named profile must.

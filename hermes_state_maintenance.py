@@ -37,7 +37,7 @@ AUTO_PRUNE_KEY = "last_auto_prune"  # state_meta: when the last automatic prune 
 # Rows that belong to a session, children before parents so every foreign key holds at each
 # step, as (table, the expression naming the row's session): the data dictionary's declaration.
 # The FTS triggers remove the messages' index rows with them.
-SESSION_ROWS: tuple[tuple[str, str], ...] = tuple((t.name, t.owner) for t in SESSION_OWNED)
+SESSION_ROWS: tuple[tuple[str, str], ...] = tuple((t.name, t.owner) for t in SESSION_OWNED if t.owner is not None)
 
 # Work still owed for a session: while any such row exists the session is not deleted. Only
 # rows in a terminal state are removed with it.
@@ -124,7 +124,8 @@ def select_sessions(older_than_days: Any = None, source: Any = None, filters: di
     unknown = sorted(set(filters) - set(FILTERS))
     if unknown:
         raise TypeError(f"unknown filter(s) {', '.join(unknown)}; known: {', '.join(sorted(FILTERS))}")
-    where, params = ["s.ended_at IS NOT NULL"], []
+    where: list[str] = ["s.ended_at IS NOT NULL"]
+    params: list[Any] = []
     if older_than_days is not None:
         days = check_number("older_than_days", older_than_days)
         if days < 0:

@@ -21,7 +21,7 @@ import json
 import sqlite3
 import time
 import uuid
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, cast
 
 from hermes_state_common import (COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES, check_count, counter_amounts,
                                  decode_json, encode_json, has_surrogate, is_uid, replace_surrogates, row_dicts)
@@ -62,6 +62,7 @@ def _split_parts(fields: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         encoded = encode_json(content, "content")
         return {**fields, "content": encoded}, encoded
     encoded = encode_json(list(content), "content")
+    assert encoded is not None  # only None encodes to None
     parts = json.loads(encoded)
     if not all(isinstance(p, dict) for p in parts):
         raise ValueError("content must be a string, None or a list of content-part dicts")
@@ -173,7 +174,7 @@ def _write_row(conn: sqlite3.Connection, session_id: str, row: dict[str, Any], c
         row["tool_call_uid"] = _pair_tool_call_uid(conn, session_id, row["tool_call_id"], active)
     row["session_id"], row["active"], row["compacted"] = session_id, active, compacted
     row.setdefault("observed", 0)
-    return conn.execute(_insert_sql(tuple(row)), tuple(row.values())).lastrowid
+    return cast(int, conn.execute(_insert_sql(tuple(row)), tuple(row.values())).lastrowid)  # an INSERT always sets lastrowid
 
 
 def insert_message(conn: sqlite3.Connection, session_id: str, fields: dict[str, Any], *, active: int = 1,
@@ -309,7 +310,7 @@ def merge_tool_call_uids(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Merge assistant turns' tool_call_uids; an id used by several turns maps to its uids in call order."""
     occurrences: dict[str, list[tuple[int, str | None]]] = {}
     for index, row in enumerate(rows):
-        uids = row.get("tool_call_uids") if isinstance(row.get("tool_call_uids"), dict) else {}
+        uids = found if isinstance(found := row.get("tool_call_uids"), dict) else {}
         seen: dict[str, int] = {}
         for cid in _call_ids(row.get("tool_calls") if isinstance(row.get("tool_calls"), list) else None):
             if cid in uids:
@@ -459,7 +460,7 @@ def with_stored_fields(conn: sqlite3.Connection, session_id: str,
     uids = [m["message_uid"] for m in messages if isinstance(m.get("message_uid"), str)]
     if not uids:
         return messages
-    stored: dict[str, dict[str, Any]] = {}
+    stored: dict[str | None, dict[str, Any]] = {}
     # Ascending preference: later rows overwrite earlier ones in `stored`.
     for row in row_dicts(conn.execute(
             f"SELECT message_uid, {', '.join(_KEPT_FROM_STORED)} FROM messages "

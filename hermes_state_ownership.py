@@ -94,7 +94,7 @@ def find_input_owner(conn: sqlite3.Connection, session_ids: Iterable[str], marke
 def _marked_fields(message: Any, marker: str) -> dict[str, Any]:
     if not isinstance(message, (str, dict)):
         raise ValueError("message must be a str or a message dict")
-    fields = {"role": "user", "content": message} if isinstance(message, str) else dict(message)
+    fields: dict[str, Any] = {"role": "user", "content": message} if isinstance(message, str) else dict(message)
     if fields.setdefault("role", "user") != "user":
         raise ValueError(f"a turn's input is a user message, not {fields['role']!r}")
     meta = fields.get("display_metadata")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Union
+from typing import Callable, Union, cast
 
 from hermes_state_cjk import CJK_CHARS, CJK_RUN, cjk_query_text, has_cjk
 from hermes_state_common import strip_surrogates
@@ -125,7 +125,7 @@ def _normalize(items: list[Item]) -> list[Item]:
 
 
 def _clean(query: str) -> str:
-    return _CONTROL.sub(" ", strip_surrogates(query[:MAX_QUERY_CHARS]))
+    return _CONTROL.sub(" ", cast(str, strip_surrogates(query[:MAX_QUERY_CHARS])))  # text in, text out
 
 
 def _drop_zero_width(text: str) -> str:
@@ -173,7 +173,7 @@ def parse_query(query: object) -> list[Item]:
                 symbols = True
     if items and not symbols and all(isinstance(item, str) for item in items):
         # "AND", "OR NOT": operators with nothing to combine are the words being looked for.
-        items = [Term(item, quoted=True) for item in items]
+        items = [Term(item, quoted=True) for item in items if isinstance(item, str)]  # all are, as just checked
     items = _normalize(items)
     while items and len(render_query(items, word_term)) > MAX_QUERY_CHARS:
         items = _normalize(items[:-1])

@@ -16,7 +16,7 @@ Reads run under the caller's lock and never create anything.
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from typing import Any, cast
 
 from hermes_state_common import DELIVERY_OBLIGATIONS_SQL, check_count, check_id, check_scalar, encode_json, table_exists
 from hermes_state_errors import LedgerStateError
@@ -131,10 +131,10 @@ def owe_delivery(conn: sqlite3.Connection, session_id: str, payload: Any, *, pla
                 raise ValueError(f"delivery key {key!r} already belongs to session {row[1]!r}")
             return row[0]
     at = stamp(now)
-    return conn.execute(
+    return cast(int, conn.execute(  # an INSERT always sets lastrowid
         "INSERT INTO delivery_obligations (session_id, obligation_key, payload_json, platform, chat_id, thread_id, "
         "state, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?)",
-        (session_id, key, encoded, platform, chat_id, thread_id, at, at)).lastrowid
+        (session_id, key, encoded, platform, chat_id, thread_id, at, at)).lastrowid)
 
 
 def begin_delivery(conn: sqlite3.Connection, obligation_id: int, *, epoch: int | None = None,

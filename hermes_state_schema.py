@@ -22,7 +22,7 @@ import sys
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, cast
 
 from hermes_state_common import (COUNTERS, DICTIONARY, INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
                                  SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, logger, object_exists,
@@ -138,7 +138,7 @@ def connect_reader(path: Path) -> sqlite3.Connection:
 _WAL_INCOMPATIBLE_CODES = frozenset({15, 23})
 _WAL_INCOMPATIBLE_TEXT = ("locking protocol", "not authorized")
 # Labels already warned about, so a caller that reconnects per operation logs one line, not many.
-wal_fallback_warned = set()
+wal_fallback_warned: set[str] = set()
 
 
 def _wal_incompatible(exc: sqlite3.OperationalError) -> bool:
@@ -337,7 +337,7 @@ def backfill_message_uids(conn: sqlite3.Connection) -> int:
     return conn.execute("UPDATE messages SET message_uid = hermes_new_uid() WHERE message_uid IS NULL").rowcount
 
 
-def _backfill_counter(column: str) -> Callable[[sqlite3.Connection], None]:
+def _backfill_counter(column: str) -> Callable[[sqlite3.Connection], object]:
     # Old layouts had no counters: derive them from the rows they summarise, by the declared
     # rule the write path keeps (live rows only).
     return lambda conn: conn.execute(recount_sql((column,)))
@@ -345,7 +345,7 @@ def _backfill_counter(column: str) -> Callable[[sqlite3.Connection], None]:
 
 # A column that arrives in an old file with rows already present gets its meaning back here,
 # in the same transaction as the ADD COLUMN.
-_BACKFILL_ON_ADD: dict[tuple[str, str], Callable[[sqlite3.Connection], None]] = {
+_BACKFILL_ON_ADD: dict[tuple[str, str], Callable[[sqlite3.Connection], object]] = {
     ("messages", "message_uid"): backfill_message_uids,
     **{("sessions", c.column): _backfill_counter(c.column) for c in COUNTERS},
 }
@@ -502,7 +502,7 @@ def _finish(conn: sqlite3.Connection) -> None:
     for sql in INDEX_SQL:
         conn.execute(sql)
     conn.execute(UID_TRIGGER_SQL)
-    if read_version(conn) < SCHEMA_VERSION:
+    if cast(int, read_version(conn)) < SCHEMA_VERSION:  # the version table exists by now
         _set_version(conn, SCHEMA_VERSION)
     if read_layout(conn) < LAYOUT_REVISION:
         _set_layout(conn, LAYOUT_REVISION)
@@ -569,7 +569,8 @@ def migrate(writer: Writer, patience_s: float, policy: RetryPolicy,
                 _BACKFILL_ON_ADD[key](conn)
         if found is None:
             _set_version(conn, 0)
-    _climb(writer, patience_s, policy, LADDER, read_version, _set_version)
+    _climb(writer, patience_s, policy, LADDER, cast(Callable[[sqlite3.Connection], int], read_version),
+           _set_version)  # the version table exists from here on
     _climb(writer, patience_s, policy, LAYOUT_STEPS, read_layout, _set_layout)
     with writer.transaction(patience_s, policy):
         for name in RETIRED_INDEXES:  # an index no query needs any more only costs space and writes

@@ -448,6 +448,7 @@ def _find(conn: sqlite3.Connection, plan: QueryPlan, f: _Filters, low: int, high
     early appends True to `cut`.
     """
     cut = [] if cut is None else cut
+    found: list[tuple[int, float, tuple[str, str] | None]]
     if plan.like_only:
         found = [(i, 0.0, None) for i in _like(conn, plan.groups, f, low, high, need, cut=cut)]
         if include_reasoning:
@@ -514,7 +515,8 @@ SELECT h.id, c.id, c.role, substr(c.content, 1, {_CONTEXT_CHARS})
  WHERE h.id IN (SELECT value FROM json_each(?1))"""
 
 
-def _present(conn: sqlite3.Connection, plan: QueryPlan, hits: list[tuple[int, str | None]]) -> list[dict[str, Any]]:
+def _present(conn: sqlite3.Connection, plan: QueryPlan,
+             hits: list[tuple[int, tuple[str, str] | None]]) -> list[dict[str, Any]]:
     batch = json.dumps([i for i, _ in hits])
     rows = {r[0]: r for r in conn.execute(
         "SELECT m.id, m.session_id, m.role, m.timestamp, m.tool_name, s.source, s.model, s.started_at, s.title "

@@ -265,8 +265,8 @@ def update_token_counts(conn: sqlite3.Connection, session_id: str, input_tokens:
     given model, else the session's); `absolute` sets the summary and records no usage row,
     since usage rows are sums of calls and a total would count them twice.
     """
-    counts = dict(zip(_TOKEN_COLUMNS, (input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
-                                       reasoning_tokens, api_call_count)))
+    counts: dict[str, Any] = dict(zip(_TOKEN_COLUMNS, (input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+                                                     reasoning_tokens, api_call_count)))
     counts = {name: check_count(name, value) for name, value in counts.items()}
     for name, cost in (("estimated_cost_usd", estimated_cost_usd), ("actual_cost_usd", actual_cost_usd)):
         if cost is not None:
@@ -467,7 +467,8 @@ def session_count(conn: sqlite3.Connection, source: str | None = None, cwd_prefi
                   min_message_count: int = 0, include_archived: bool = False, archived_only: bool = False,
                   exclude_children: bool = False, exclude_sources: list[str] | None = None) -> int:
     """Return how many sessions match: archived ones only when asked, children left out when asked."""
-    where, params = [], []
+    where: list[str] = []
+    params: list[Any] = []
     if source is not None:
         where.append("source = ?")
         params.append(source)

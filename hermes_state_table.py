@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Concatenate, Gen
 
 from hermes_state_common import has_surrogate
 
-P, R = ParamSpec("P"), TypeVar("R")
+P = ParamSpec("P")  # one per line: checkers take a type variable only from its own assignment
+R = TypeVar("R")
 Kind = Literal["read", "snapshot", "write", "transcript", "compression", "activity"]
 KINDS = ("read", "snapshot", "write", "transcript", "compression", "activity")
 READS = ("read", "snapshot")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import unicodedata
-from typing import Any
+from typing import Any, cast
 
 import hermes_state_lineage as lineage
 from hermes_state_common import logger, object_exists, replace_surrogates, row_dicts
@@ -39,7 +39,7 @@ def sanitize_title(title: str | None) -> str | None:
     if not isinstance(title, str):
         raise ValueError("title must be a string or None")
     if not title.isascii() or not title.isprintable():
-        title = "".join(c for c in replace_surrogates(title)
+        title = "".join(c for c in cast(str, replace_surrogates(title))  # text in, text out
                         if c.isspace() or unicodedata.category(c) not in _INVISIBLE_CATEGORIES)
     title = " ".join(title.split())
     if len(title) > TITLE_MAX_CHARS:
