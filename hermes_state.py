@@ -48,6 +48,8 @@ from hermes_state_ownership import input_marker
 from hermes_state_provider import ReasoningFieldMemory, strip_echoed_user_input, to_provider_messages
 from hermes_state_listings import workspace_key
 from hermes_state_recovery import RecoveryReport, TableRecovery, recover
+from hermes_state_repair import (ATTEMPTED_PATHS as _repair_attempted_paths, db_opens_cleanly as _db_opens_cleanly,
+                                 is_malformed_db_error, open_repairing, repair_state_db_schema as _repair_file)
 from hermes_state_common import SCHEMA_VERSION
 from hermes_state_table import Entry
 from hermes_state_writer import RetryPolicy, SharedHandles, Transaction, Writer
@@ -81,7 +83,7 @@ __all__ = [
     "SessionClosedByCompressionError", "StaleEpochError", "ReceiptOrderError", "ReceiptDigestError",
     "OwnershipReadError", "ProfileNotFoundError", "is_sqlite_lock_error", "classify_persistence_error",
     "recover", "RecoveryReport", "TableRecovery", "ImportReport", "ImportValidationError", "ImportConflictError",
-    "EXPORT_FORMAT", "EXPORT_VERSION", "Transaction",
+    "EXPORT_FORMAT", "EXPORT_VERSION", "Transaction", "repair_state_db_schema", "is_malformed_db_error",
     "LedgerStateError", "receipt_digest", "input_marker", "strip_echoed_user_input",
 ]
 
@@ -94,6 +96,11 @@ def _resolve_path(db_path: str | os.PathLike | None, home: Path) -> Path:
 
 
 _SHARED = SharedHandles()
+
+
+def repair_state_db_schema(db_path: str | os.PathLike, *, backup: bool = True) -> dict[str, Any]:
+    """Repair a malformed schema or full-text index in place, a copy kept first; return the report."""
+    return _repair_file(db_path, backup=backup, check=lambda path: _db_opens_cleanly(path))
 
 
 class SessionDB:
@@ -131,10 +138,11 @@ class SessionDB:
         # force: add the store's tables even to another program's database. upgrade_backup: the copy
         # written before this handle upgraded the file; mode_changes: files this open tightened to 0600.
         try:
-            opened = upgrade.open_connection(
+            opened = open_repairing(lambda: upgrade.open_connection(
                 self.db_path, read_only=read_only, read_busy_s=self._READ_BUSY_TIMEOUT_S,
                 patience_s=self._WRITE_PATIENCE_S, policy=self._policy(), backup=backup_before_upgrade, force=force,
-                on_give_up=self._log_lock_holders)
+                on_give_up=self._log_lock_holders), self.db_path, _repair_attempted_paths,
+                None if read_only else repair_state_db_schema)
             conn, self.schema_version = opened.conn, opened.schema_version
             self.upgrade_backup, self.mode_changes = opened.upgrade_backup, opened.mode_changes
             self._writer = Writer(conn, on_give_up=self._log_lock_holders, open_reader=(
@@ -343,6 +351,7 @@ class SessionDB:
     _sanitize_fts5_query = staticmethod(fts._sanitize_fts5_query)  # the sanitizer, by the name callers know
     _contains_cjk = staticmethod(has_cjk)  # hermes-agent's name for "does this text hold CJK letters"
     fts_rebuild_status = Entry("read", fts.rebuild_status)
+    optimize_fts = Entry("write", fts.optimize)
     compress_in_place = Entry("compression", compression.compress_in_place)
     rotate_session = Entry("compression", compression.rotate_session, pack="child_columns")
     acquire_compression_lock = Entry("write", compression.acquire_compression_lock)

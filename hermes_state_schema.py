@@ -27,6 +27,7 @@ from typing import Callable, Iterator, cast
 from hermes_state_common import (COUNTERS, DICTIONARY, INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
                                  SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, logger, object_exists,
                                  recount_sql, sql_literal, table_exists)
+from hermes_state_titles import free_duplicate_titles
 from hermes_state_writer import RetryPolicy, Writer, retry_on_lock
 from hermes_state_errors import StateDbJournalError
 
@@ -497,6 +498,7 @@ def is_older_file(conn: sqlite3.Connection) -> bool:
 
 def _finish(conn: sqlite3.Connection) -> None:
     # What every open leaves in place: the declared indexes, the uid trigger, the current numbers.
+    free_duplicate_titles(conn)  # else the unique-title index cannot be built
     for sql in INDEX_SQL:
         conn.execute(sql)
     conn.execute(UID_TRIGGER_SQL)

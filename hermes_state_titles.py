@@ -18,7 +18,7 @@ import unicodedata
 from typing import Any, cast
 
 import hermes_state_lineage as lineage
-from hermes_state_common import replace_surrogates, row_dicts
+from hermes_state_common import logger, object_exists, replace_surrogates, row_dicts
 from hermes_state_errors import TitleConflictError
 
 TITLE_MAX_CHARS = 100
@@ -211,3 +211,29 @@ def get_next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
         if taken < number:
             return cut + suffix
         number = taken + 1
+
+
+TITLE_INDEX = "idx_sessions_title_unique"
+
+
+def free_duplicate_titles(conn: sqlite3.Connection) -> list[str]:
+    """Clear a repeated title from every holder but the newest; return the ids that lost it.
+
+    Run before the unique-title index is built on a file that lacks it (another program dropped
+    it, then wrote duplicates): without this the index cannot be built and the file cannot open.
+    No row is deleted; only the title of the older holders becomes NULL. Runs inside the
+    caller's write transaction.
+    """
+    if object_exists(conn, "index", TITLE_INDEX):
+        return []
+    cleared = [sid for (sid,) in conn.execute(
+        "SELECT id FROM (SELECT id, ROW_NUMBER() OVER (PARTITION BY title ORDER BY started_at DESC, rowid DESC) AS n"
+        " FROM sessions WHERE title IS NOT NULL) WHERE n > 1")]
+    for sid in cleared:
+        conn.execute("UPDATE sessions SET title = NULL WHERE id = ?", (sid,))
+    if cleared:
+        # Said once, at the open that repaired it: the next open finds the index and says nothing.
+        logger.warning("repaired repeated session titles so titles are unique again: the newest holder of each "
+                       "kept it, %d older session(s) lost it (no session or message was deleted): %s",
+                       len(cleared), ", ".join(cleared[:20]) + (" ..." if len(cleared) > 20 else ""))
+    return cleared

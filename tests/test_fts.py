@@ -575,3 +575,38 @@ def test_a_new_connection_never_reads_a_closed_ones_cached_state(tmp_path):
             assert fts.cached_state(conn).tables == tables
             conn.close()
             del conn
+
+
+def test_optimize_merges_every_present_index_and_changes_no_result(db):
+    db.create_session("s", "cli")
+    for i in range(30):  # one segment per write: something to merge
+        db.append_message("s", "user", f"walrus tusk {i} 北海道の海")
+    before = [(r["id"], r["snippet"]) for r in db.search_messages("walrus", limit=50)]
+    cjk_before = [r["id"] for r in db.search_messages("北海道", limit=50)]
+    assert db.optimize_fts() == len(fts.FTS_TABLES)
+    assert db.optimize_fts() == len(fts.FTS_TABLES)  # idempotent
+    assert [(r["id"], r["snippet"]) for r in db.search_messages("walrus", limit=50)] == before
+    assert [r["id"] for r in db.search_messages("北海道", limit=50)] == cjk_before
+    assert db.check_integrity()["fts"] == {table: "ok" for table in fts.FTS_TABLES}
+
+
+def test_optimize_counts_only_the_indexes_that_exist(conn):
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute(f"DROP TABLE {fts.REASONING}")
+    assert fts.optimize(conn) == len(fts.FTS_TABLES) - 1
+    conn.execute("ROLLBACK")
+
+
+def test_optimize_is_never_run_by_writes(db):
+    with db.tracer() as statements:
+        db.create_session("s", "cli")
+        for i in range(5):
+            db.append_message("s", "user", f"m {i}")
+    assert not [s for s in statements if "'optimize'" in s]
+
+
+def test_optimize_refused_on_a_read_only_handle(db):
+    db.create_session("s", "cli")
+    with SessionDB(db.db_path, read_only=True) as reader, pytest.raises(Exception) as info:
+        reader.optimize_fts()
+    assert "read-only" in str(info.value)

@@ -14,7 +14,8 @@ RANKS = {
     "hermes_state_writer": 2, "hermes_state_render": 2, "hermes_state_lockowners": 2, "hermes_state_home": 2, "hermes_state_provider": 2,
     "hermes_state_cjk": 2, "hermes_state_highlight": 2, "hermes_state_table": 2,
     "hermes_state_lineage": 2,
-    "hermes_state_schema": 3, "hermes_state_query": 3, "hermes_state_titles": 3,
+    "hermes_state_titles": 2.5,  # the schema builds the unique-title index after freeing repeats
+    "hermes_state_schema": 3, "hermes_state_query": 3,
     "hermes_state_fts": 4, "hermes_state_catalogue": 4,
     "hermes_state_sessions": 4,
     "hermes_state_messages": 5,
@@ -24,6 +25,7 @@ RANKS = {
     "hermes_state_routing": 8.2,  # the delivery ledgers, on the gateway's ledger machinery and epoch
     "hermes_state_ownership": 8.4,  # reads where the routing says a conversation moved on
     "hermes_state_maintenance": 8.5,  # deletes what the ledgers (rank 8) describe
+    "hermes_state_repair": 8.5,  # repairs a file with the full-text builder (rank 4)
     "hermes_state_upgrade": 9,
     "hermes_state": 10,
     # Consumers of the facade, not layers of it.

@@ -11,6 +11,7 @@ import time
 import pytest
 
 import hermes_state_schema as schema
+import hermes_state_titles as titles
 from hermes_state import (ReadOnlyError, SessionDB, StateDbCorruptError, StateDbIncompatibleError,
                           StateDbUninitializedError, StoreUnavailableError)
 from hermes_state_common import INDEX_SQL, PAGE_SIZE, SCHEMA_VERSION, TABLE_COLUMNS
@@ -463,3 +464,55 @@ def test_when_no_journal_mode_works_the_open_fails_typed_and_the_cause_is_kept(t
     assert hermes_state.get_last_init_error() == cause
     hermes_state.set_last_init_error(None)
     assert hermes_state.format_session_db_unavailable() == "Session database not available."
+
+
+def _drop_title_index_and_share(path, ids, title="Shared") -> None:
+    # Another program dropped the unique index, then wrote one title on several sessions.
+    c = sqlite3.connect(path, isolation_level=None)
+    c.execute("DROP INDEX idx_sessions_title_unique")
+    c.execute(f"UPDATE sessions SET title = ? WHERE id IN ({','.join('?' * len(ids))})", (title, *ids))
+    c.close()
+
+
+def test_open_frees_repeated_titles_for_the_newest_holder_keeping_every_row(tmp_path, caplog):
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        for sid in ("c", "a", "b"):  # created in this order; the start times below decide
+            db.create_session(sid, "cli")
+            db.append_message(sid, "user", f"note {sid}")
+    _drop_title_index_and_share(path, ["a", "b", "c"])
+    c = sqlite3.connect(path, isolation_level=None)
+    c.executemany("UPDATE sessions SET started_at = ? WHERE id = ?", [(1000.0, "a"), (2000.0, "b"), (3000.0, "c")])
+    c.close()
+    with caplog.at_level("WARNING", logger="hermes_state"):
+        with SessionDB(path) as db:
+            assert [db.get_session_title(s) for s in ("a", "b", "c")] == [None, None, "Shared"]
+            assert [db.get_messages(s)[0]["content"] for s in ("a", "b", "c")] == ["note a", "note b", "note c"]
+            with pytest.raises(ValueError, match="already in use"):
+                db.set_session_title("a", "Shared")
+    warned = [r.message for r in caplog.records if "unique again" in r.message]
+    assert len(warned) == 1 and "2 older session(s)" in warned[0] and warned[0].endswith(": b, a")  # newest first
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hermes_state"):
+        SessionDB(path).close()  # repaired once: the next open has nothing to say
+    assert not [r for r in caplog.records if "unique again" in r.message]
+
+
+def test_open_rebuilds_a_dropped_title_index_without_touching_distinct_titles(tmp_path):
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("a", "cli", title="One")
+        db.create_session("b", "cli", title="Two")
+    c = sqlite3.connect(path, isolation_level=None)
+    c.execute("DROP INDEX idx_sessions_title_unique")
+    c.close()
+    with SessionDB(path) as db:
+        assert (db.get_session_title("a"), db.get_session_title("b")) == ("One", "Two")
+    c = sqlite3.connect(path)
+    assert c.execute("SELECT 1 FROM sqlite_master WHERE name = 'idx_sessions_title_unique'").fetchone()
+    c.close()
+
+
+def test_free_duplicate_titles_is_a_no_op_while_the_index_exists(conn):
+    conn.execute("INSERT INTO sessions (id, source, started_at, title) VALUES ('x', 'cli', 1, 'T')")
+    assert titles.free_duplicate_titles(conn) == []

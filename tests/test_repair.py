@@ -1,0 +1,262 @@
+"""Self-repair: the malformed-error test, the health probe, repair strategies, the repair on open."""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import hermes_state
+import hermes_state_repair as repair
+from hermes_state import SessionDB, StateDbCorruptError, is_malformed_db_error, repair_state_db_schema
+
+
+def _store(path: Path, sessions: int = 2, per_session: int = 3) -> None:
+    with SessionDB(path) as db:
+        for s in range(sessions):
+            db.create_session(f"s{s}", "cli")
+            for m in range(per_session):
+                db.append_message(f"s{s}", "user", f"kiwi note {s}-{m}")
+
+
+def _twin_catalogue_row(path: Path, name: str = "messages_fts") -> None:
+    # What a crashed schema edit by another tool leaves: one object listed twice.
+    c = sqlite3.connect(path)
+    c.execute("PRAGMA writable_schema = ON")
+    c.execute("INSERT INTO sqlite_master (type, name, tbl_name, rootpage, sql) "
+              "SELECT type, name, tbl_name, rootpage, sql FROM sqlite_master WHERE name = ?", (name,))
+    c.commit()
+    c.close()
+
+
+def _scramble_index(path: Path, *, structure: bool = False) -> None:
+    # Rows 1 and 10 of an FTS5 data table are its averages and structure records: without them
+    # the table cannot even be opened; with them only the term pages are garbage.
+    c = sqlite3.connect(path, isolation_level=None)
+    c.execute("UPDATE messages_fts_data SET block = X'0badf00d0badf00d'"
+              + ("" if structure else " WHERE id NOT IN (1, 10)"))
+    c.close()
+
+
+def _counts(path: Path) -> tuple[int, int]:
+    c = sqlite3.connect(path)
+    try:
+        return (c.execute("SELECT COUNT(*) FROM sessions").fetchone()[0],
+                c.execute("SELECT COUNT(*) FROM messages").fetchone()[0])
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def path(tmp_path) -> Path:
+    target = tmp_path / "state.db"
+    _store(target)
+    return target
+
+
+@pytest.fixture(autouse=True)
+def _fresh_attempts(monkeypatch):
+    monkeypatch.setattr(hermes_state, "_repair_attempted_paths", set())
+
+
+def test_malformed_class_is_told_by_code_and_text():
+    assert is_malformed_db_error(sqlite3.DatabaseError("database disk image is malformed"))
+    assert not is_malformed_db_error(sqlite3.DatabaseError("file is not a database"))
+    assert not is_malformed_db_error(sqlite3.OperationalError("database is locked"))
+    assert not is_malformed_db_error(KeyError("malformed"))
+    wrapped = StateDbCorruptError("bad")
+    wrapped.__cause__ = sqlite3.DatabaseError("malformed database schema (x)")
+    assert is_malformed_db_error(wrapped)
+
+
+def test_real_twin_row_error_is_malformed(path):
+    _twin_catalogue_row(path)
+    c = sqlite3.connect(path)
+    with pytest.raises(sqlite3.DatabaseError) as info:
+        c.execute("SELECT 1 FROM sessions").fetchone()
+    c.close()
+    assert info.value.sqlite_errorcode & 0xFF == repair.SQLITE_CORRUPT
+    assert is_malformed_db_error(info.value)
+
+
+def test_probe_passes_a_healthy_file_and_leaves_it_unchanged(path):
+    before = path.read_bytes()
+    assert repair.db_opens_cleanly(path) is None
+    assert _counts(path) == (2, 6)  # the write probe was rolled back
+    assert path.read_bytes() == before
+
+
+def test_probe_reports_a_missing_file_without_creating_it(tmp_path):
+    assert "does not exist" in repair.db_opens_cleanly(tmp_path / "none.db")
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_probe_sees_an_index_that_only_fails_on_write(path):
+    _scramble_index(path)
+    assert _counts(path) == (2, 6)  # plain reads still work
+    assert repair.db_opens_cleanly(path) is not None
+
+
+def test_healthy_file_is_left_alone_and_not_copied(path):
+    report = repair_state_db_schema(path)
+    assert report == {"repaired": True, "strategy": "already_healthy", "backup_path": None, "error": None}
+    assert list(path.parent.glob("*.bak")) == []
+
+
+def test_twin_catalogue_row_is_removed_with_every_row_kept(path, caplog):
+    _twin_catalogue_row(path)
+    damaged = path.read_bytes()
+    with caplog.at_level(logging.WARNING, logger="hermes_state"):
+        report = repair_state_db_schema(path)
+    assert report["repaired"] and report["strategy"] == "dedup_schema"
+    assert Path(report["backup_path"]).read_bytes() == damaged  # the copy is taken before any change
+    assert _counts(path) == (2, 6)
+    assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
+    assert "no session or message was changed" in caplog.records[0].message
+    with SessionDB(path) as db:
+        assert len(db.search_messages("kiwi")) == 6
+
+
+def test_scrambled_index_is_rebuilt_and_writes_resume(path):
+    _scramble_index(path)
+    report = repair_state_db_schema(path, backup=False)
+    assert report["repaired"] and report["strategy"] == "rebuild_fts" and report["backup_path"] is None
+    with SessionDB(path) as db:
+        db.append_message("s0", "assistant", "kiwi again")
+        assert len(db.search_messages("kiwi")) == 7
+
+
+def test_index_that_cannot_even_open_is_dropped_and_built_anew(path):
+    _scramble_index(path, structure=True)
+    report = repair_state_db_schema(path, backup=False)
+    assert report["repaired"] and report["strategy"] == "drop_fts_rebuild"
+    assert _counts(path) == (2, 6)
+    with SessionDB(path) as db:
+        assert len(db.search_messages("kiwi")) == 6
+
+
+def test_escalates_to_dropping_the_index_when_earlier_passes_do_not_heal(path):
+    _twin_catalogue_row(path)
+    seen = []
+
+    def strict(p: Path) -> str | None:
+        # Calls: before anything, after the dedup pass (the in-place rebuild cannot run on a
+        # malformed catalogue), after the drop pass. Only the last may report health.
+        seen.append(p)
+        if len(seen) < 3:
+            return "pretend still broken"
+        return repair.db_opens_cleanly(p)
+
+    report = repair.repair_state_db_schema(path, check=strict)
+    assert report["repaired"] and report["strategy"] == "drop_fts_rebuild"
+    assert _counts(path) == (2, 6)
+    with SessionDB(path) as db:
+        assert len(db.search_messages("kiwi")) == 6
+
+
+def test_garbage_file_reports_failure_keeps_a_copy_and_never_raises(tmp_path):
+    path = tmp_path / "state.db"
+    damaged = b"SQLite format 3\x00" + b"\x01\x02\x03\x04" * 300
+    path.write_bytes(damaged)
+    report = repair_state_db_schema(path)
+    assert report["repaired"] is False and report["error"]
+    assert Path(report["backup_path"]).read_bytes() == damaged
+    assert path.read_bytes() == damaged
+
+
+def test_a_repair_that_does_not_heal_puts_the_file_back(path):
+    _twin_catalogue_row(path)
+    damaged = path.read_bytes()
+    report = repair.repair_state_db_schema(path, check=lambda p: "pretend never healthy")
+    assert report["repaired"] is False and report["error"] == "pretend never healthy"
+    assert path.read_bytes() == damaged
+
+
+def test_only_a_malformed_catalogue_is_repaired_at_open():
+    catalogue = sqlite3.DatabaseError("malformed database schema (messages_fts) - table messages_fts already exists")
+    page = sqlite3.DatabaseError("database disk image is malformed")
+    assert repair.is_catalogue_error(catalogue)
+    assert not repair.is_catalogue_error(page)
+    wrapped = StateDbCorruptError("bad")
+    wrapped.__cause__ = catalogue
+    assert repair.is_catalogue_error(wrapped)
+
+
+def test_missing_file_is_reported_and_not_created(tmp_path):
+    report = repair_state_db_schema(tmp_path / "absent.db")
+    assert report["repaired"] is False and "does not exist" in report["error"]
+    assert not (tmp_path / "absent.db").exists()
+
+
+def test_failed_copy_stops_before_any_change(path, monkeypatch):
+    _twin_catalogue_row(path)
+    damaged = path.read_bytes()
+
+    def no_space(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(repair.shutil, "copy2", no_space)
+    report = repair_state_db_schema(path)
+    assert report["repaired"] is False and "copied aside" in report["error"]
+    assert path.read_bytes() == damaged
+
+
+def test_open_repairs_a_malformed_file_once(path):
+    _twin_catalogue_row(path)
+    with SessionDB(path) as db:
+        assert db.get_session("s1") is not None
+        assert len(db.get_messages("s1")) == 3
+    assert len(list(path.parent.glob("state.db.malformed-*.bak"))) == 1
+
+
+def test_open_tries_an_unfixable_file_only_once(path, monkeypatch):
+    _twin_catalogue_row(path)
+    calls = []
+    monkeypatch.setattr(hermes_state, "repair_state_db_schema",
+                        lambda p, **kw: calls.append(p) or {"repaired": False})
+    for _ in range(2):
+        with pytest.raises(StateDbCorruptError):
+            SessionDB(path)
+    assert len(calls) == 1
+
+
+def test_open_does_not_repair_a_file_that_is_not_a_database(tmp_path, monkeypatch):
+    path = tmp_path / "state.db"
+    path.write_bytes(b"plain text, no database here" * 10)
+    monkeypatch.setattr(hermes_state, "repair_state_db_schema", lambda *a, **k: pytest.fail("repair tried"))
+    with pytest.raises(StateDbCorruptError):
+        SessionDB(path)
+    assert path.read_bytes() == b"plain text, no database here" * 10
+
+
+def test_read_only_open_never_repairs(path):
+    _twin_catalogue_row(path)
+    damaged = path.read_bytes()
+    with pytest.raises(StateDbCorruptError):
+        SessionDB(path, read_only=True)
+    assert path.read_bytes() == damaged
+
+
+def _repair_in_child(path: str, out) -> None:
+    out.put(repair_state_db_schema(path)["repaired"])
+
+
+def test_two_processes_repairing_at_once_lose_no_row(path):
+    # Two openers may meet the same malformed file; each change is one write transaction, so
+    # the second finds the first's work done or waits for it.
+    _twin_catalogue_row(path)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    children = [ctx.Process(target=_repair_in_child, args=(str(path), out)) for _ in range(2)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(120)
+    assert [child.exitcode for child in children] == [0, 0]
+    assert True in [out.get(timeout=5), out.get(timeout=5)]
+    assert repair.db_opens_cleanly(path) is None
+    assert _counts(path) == (2, 6)
+    with SessionDB(path) as db:
+        assert len(db.search_messages("kiwi")) == 6
