@@ -201,7 +201,7 @@ _STEPS: dict[str, Callable[[Path], None]] = {
     "rebuild_fts": _reindex, "dedup_schema": _dedup_schema, "drop_fts_rebuild": _drop_fts}
 
 
-def repair_state_db_schema(db_path: str | Path, *, backup: bool = True,
+def repair_state_db_schema(db_path: str | os.PathLike, *, backup: bool = True,
                            check: Callable[[Path], str | None] | None = None) -> dict[str, Any]:
     """Repair a malformed schema catalogue or full-text index in place; return what was done.
 
