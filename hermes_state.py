@@ -115,11 +115,11 @@ class SessionDB:
     _CHECKPOINT_EVERY_N_WRITES = common.CHECKPOINT_EVERY_N_WRITES
     # Transcript writes wait this long for another holder's compression.
     _COMPRESSION_WAIT_S = compression.COMPRESSION_WAIT_S
-    # Rows per FTS rebuild transaction, and whether open leaves a pending rebuild to a
-    # background thread (tests switch it off to drive the rebuild by hand).
+    # Rows per FTS rebuild transaction; whether open leaves a rebuild to a background thread (tests turn it off).
     _FTS_REBUILD_CHUNK_ROWS = fts.REBUILD_CHUNK_ROWS
     _FTS_REBUILD_IN_BACKGROUND = True
     _shared_key: str | None = None  # set on handles handed out by shared()
+    _fts: upgrade.FtsRebuild | None = None  # the background index rebuild this open started, if any
     # The patience of each kind of table write that does not wait the default _WRITE_PATIENCE_S.
     _PATIENCE = {"activity": "_ACTIVITY_WRITE_PATIENCE_S", "compression": "_TRANSCRIPT_WRITE_PATIENCE_S"}
 
@@ -129,8 +129,7 @@ class SessionDB:
         self.profile_home = get_hermes_home().absolute()
         self.db_path = _resolve_path(db_path, self.profile_home)
         self.read_only, self._backup_before_upgrade = read_only, backup_before_upgrade
-        self._closed = False
-        self._fts: upgrade.FtsRebuild | None = None
+        self._closed, self._fts = False, None
         check_db_path_allowed(self.db_path)  # before any directory, file or pragma
         # A writable file gets a second connection for reads (opened on first read); read-only
         # handles and in-memory databases (a second connection would be another database) do not.
