@@ -147,29 +147,26 @@ def _reindex(path: Path) -> None:
         conn.close()
 
 
-def _dedup_schema(path: Path) -> None:
-    # Two catalogue rows for one object make every statement fail; the first row is the original.
+def _forget_catalogue_rows(path: Path, where: str) -> None:
+    # Catalogue rows go in one transaction through a writable schema; no table row is touched.
     conn = _open(path, writable_schema=True)
     try:
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute("DELETE FROM sqlite_master WHERE rowid NOT IN "
-                     "(SELECT MIN(rowid) FROM sqlite_master GROUP BY type, name)")
+        conn.execute(f"DELETE FROM sqlite_master WHERE {where}")
         conn.execute("COMMIT")
     finally:
         conn.close()
+
+
+def _dedup_schema(path: Path) -> None:
+    # Two catalogue rows for one object make every statement fail; the first row is the original.
+    _forget_catalogue_rows(path, "rowid NOT IN (SELECT MIN(rowid) FROM sqlite_master GROUP BY type, name)")
 
 
 def _drop_fts(path: Path) -> None:
     # Forget every full-text object in the catalogue (their pages become free and VACUUM drops
     # them), then build the indexes anew from the messages, which were never touched.
-    conn = _open(path, writable_schema=True)
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("DELETE FROM sqlite_master WHERE name LIKE 'messages_fts%' "
-                     "OR (type = 'trigger' AND sql LIKE '%messages_fts%')")
-        conn.execute("COMMIT")
-    finally:
-        conn.close()
+    _forget_catalogue_rows(path, "name LIKE 'messages_fts%' OR (type = 'trigger' AND sql LIKE '%messages_fts%')")
     conn = _open(path)
     try:
         conn.execute("VACUUM")
