@@ -7,6 +7,7 @@ a read-only handle refuses the call with ReadOnlyError before any SQL.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import time
 from typing import Any, Callable
@@ -262,7 +263,9 @@ def test_every_table_method_shows_the_module_functions_signature_and_docstring()
         assert method.__doc__ == entry.function.__doc__ and method.__doc__, name
         assert method.__name__ == name and method.__qualname__ == f"SessionDB.{name}"
         page = pydoc.render_doc(method, renderer=pydoc.plaintext)
-        assert f"{name}(self" in page and method.__doc__.splitlines()[0] in page, name
+        # Python 3.13's pydoc wraps a long signature over several lines; compare without layout.
+        assert re.search(rf"\b{name}\(\s*self\b", page), name
+        assert method.__doc__.splitlines()[0] in page, name
         assert f"SessionDB.{name}(" in [completer.complete(f"SessionDB.{name}", i) for i in range(3)], name
         twin = getattr(AsyncSessionDB, name)
         assert inspect.iscoroutinefunction(twin) and inspect.signature(twin) == inspect.signature(method), name
