@@ -1,0 +1,141 @@
+"""Instructions per appended message, counted by valgrind's callgrind: a figure machine load cannot move.
+
+    python bench/callgrind.py [-n 600] [--base 200] [--systems hermes-state,floor,hermes-agent]
+
+Each system appends the corpus's first `--base` messages in one child process and its first `-n`
+messages in another, both under `valgrind --tool=callgrind`; the difference of the two totals over
+`n - base` is what one append costs, with interpreter start-up, imports, generating the corpus, opening the
+store and creating the sessions subtracted (both children do them alike for the whole corpus). Systems:
+
+- hermes-state: `SessionDB.append_message`, one call per message.
+- floor: the same rows through plain SQL on the same schema and triggers, one BEGIN IMMEDIATE
+  transaction per message (bench/append.py's `raw_append`): every message committed on its own
+  and findable by search when the call returns.
+- hermes-agent: its `hermes_state.SessionDB.append_message`, in the venv of bench/run.py (or
+  `--agent-python`), through bench/peer_driver.py, which imports nothing of hermes-state.
+
+PYTHONHASHSEED is fixed, so two runs of the same code give the same counts to within a few
+hundred instructions per message (uuid4 values and timestamps still vary).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+SYSTEMS = ("hermes-state", "floor", "hermes-agent")
+
+
+def child(system: str, n: int, of: int, seed: int, directory: Path) -> None:
+    """Append the first `n` messages of an `of`-message corpus through `system` into a new store in `directory`.
+
+    Both children generate the same corpus and create all its sessions, so only the appends differ.
+    """
+    sys.path.insert(0, str(BENCH))
+    import corpus  # noqa: PLC0415
+    sessions = list(corpus.sessions(n_messages=of, seed=seed))
+    left = n
+    for k, (sid, source, msgs) in enumerate(sessions):
+        sessions[k] = (sid, source, msgs[:left])
+        left -= len(sessions[k][2])
+    os.environ["HERMES_HOME"] = str(directory)
+    if system == "hermes-agent":
+        import peer_driver  # noqa: PLC0415  (imports only the corpus and the peer's own package)
+        store = peer_driver.HermesAgent(str(directory / "state.db"))
+        for sid, source, _ in sessions:
+            store.create(sid, source)
+        for sid, _, msgs in sessions:
+            for m in msgs:
+                store.append(sid, m)
+        store.close()
+        return
+    sys.path.insert(0, str(BENCH.parent))
+    import append  # noqa: PLC0415
+    from hermes_state import SessionDB  # noqa: PLC0415
+    if system == "floor":
+        raw = append.raw_copy(directory, "raw.db", sessions)
+        for sid, _, msgs in sessions:
+            last_uids: dict = {}
+            for m in msgs:
+                append.raw_append(raw, sid, m, last_uids)
+        raw.close()
+        return
+    lib = SessionDB(directory / "library.db")
+    for sid, source, _ in sessions:
+        lib.create_session(sid, source)
+    for sid, _, msgs in sessions:
+        for m in msgs:
+            lib.append_message(sid, **m)
+    lib.close()
+
+
+def agent_python(explicit: str | None) -> Path:
+    """Return the interpreter that has hermes-agent: the one given, else bench/run.py's peer venv."""
+    if explicit:
+        return Path(explicit)
+    import run  # noqa: PLC0415  (creates the venv on first use, as bench/run.py does)
+    return run.peer_python("hermes-agent", run.PEERS["hermes-agent"])
+
+
+def count(python: Path, system: str, n: int, of: int, seed: int) -> int:
+    """Return the instructions a child appending `n` messages executes in all (callgrind's total)."""
+    with tempfile.TemporaryDirectory(prefix="hermes-callgrind-") as tmp:
+        out = Path(tmp) / "callgrind.out"
+        env = dict(os.environ, PYTHONHASHSEED="0", HERMES_HOME=tmp)
+        if system == "hermes-agent":
+            env["PYTHONPATH"] = ""
+        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", str(python),
+                        str(Path(__file__).resolve()), "--child", system, "-n", str(n), "--of", str(of), "--seed", str(seed),
+                        "--dir", tmp], check=True, env=env, cwd=tmp, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.PIPE)
+        for line in out.read_text().splitlines():
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise RuntimeError(f"no instruction total in callgrind's output for {system}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-n", type=int, default=600, help="messages of the larger child (default 600)")
+    parser.add_argument("--base", type=int, default=200, help="messages of the smaller child (default 200)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ", ".join(SYSTEMS))
+    parser.add_argument("--agent-python", help="a Python that has hermes-agent 0.19.0 installed")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    parser.add_argument("--child", choices=SYSTEMS, help=argparse.SUPPRESS)
+    parser.add_argument("--of", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child, args.n, args.of, args.seed, args.dir)
+        return 0
+    if args.n <= args.base:
+        parser.error("-n must be larger than --base")
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if unknown := [s for s in systems if s not in SYSTEMS]:
+        parser.error(f"unknown systems {unknown}")
+    per_message = {}
+    for system in systems:
+        python = agent_python(args.agent_python) if system == "hermes-agent" else Path(sys.executable)
+        small, large = (count(python, system, args.base, args.n, args.seed),
+                        count(python, system, args.n, args.n, args.seed))
+        per_message[system] = (large - small) / (args.n - args.base)
+    if args.json:
+        print(json.dumps({"n": args.n, "base": args.base, "seed": args.seed, "instructions_per_message": per_message}))
+        return 0
+    print(f"instructions per appended message (messages {args.base + 1}-{args.n} of the corpus, callgrind)")
+    for system, value in per_message.items():
+        line = f"{system:14s} {value / 1e6:8.3f} M"
+        if system != "hermes-state" and "hermes-state" in per_message:
+            line += f"   hermes-state / {system}: {per_message['hermes-state'] / value:.3f}"
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
