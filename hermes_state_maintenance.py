@@ -219,16 +219,17 @@ def _busy_error(owed: dict[str, str], verb: str) -> SessionBusyError:
 def delete_rows(conn: sqlite3.Connection, ids: list[str]) -> None:
     """Delete the sessions and every row that belongs to them; other children are detached."""
     ids_json = _ids_json(ids)
-    members = "(SELECT value FROM json_each(?1))"
+    # A named parameter: the same list is read several times by one statement.
+    members = "(SELECT value FROM json_each(:ids))"
     for table in SESSION_OWNED:  # the tables created on first use (the outbox) may be absent
         if table.at_open or table_exists(conn, table.name):
             for owned in table.owned_by(members):
-                conn.execute(f"DELETE FROM {table.name} WHERE {owned}", (ids_json,))
+                conn.execute(f"DELETE FROM {table.name} WHERE {owned}", {"ids": ids_json})
     # A child that is not part of what goes (a branch, a plain child) outlives its parent as a
     # root session: the link goes, the child stays.
     conn.execute(f"UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IN {members} "
-                 f"AND id NOT IN {members}", (ids_json,))
-    conn.execute(f"DELETE FROM sessions WHERE id IN {members}", (ids_json,))
+                 f"AND id NOT IN {members}", {"ids": ids_json})
+    conn.execute(f"DELETE FROM sessions WHERE id IN {members}", {"ids": ids_json})
 
 
 @dataclass(frozen=True)
