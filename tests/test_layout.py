@@ -196,8 +196,6 @@ STILL_TOO_COMPLEX = {
     "hermes_state_conversation._stitched": 19,
     "hermes_state_conversation.message": 24,
     "hermes_state_errors.typed_errors": 17,
-    "hermes_state_maintenance.plan_sweep": 31,
-    "hermes_state_maintenance.remove_transcripts": 16,
     "hermes_state_portability._check_document": 20,
     "hermes_state_portability._check_graph": 17,
     "hermes_state_portability.import_validated": 40,
