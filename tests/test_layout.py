@@ -187,11 +187,6 @@ def f(xs, y):
 # Functions still above the limit, each with the complexity it may not exceed until it is split.
 # The list only shrinks: a function that drops to the limit must leave it.
 STILL_TOO_COMPLEX = {
-    "hermes_state_catalogue.foreign_objects": 20,
-    "hermes_state_cli.main": 16,
-    "hermes_state_commands._markdown": 16,
-    "hermes_state_commands.cmd_doctor": 20,
-    "hermes_state_commands.human": 18,
     "hermes_state_conversation.repair_alternation": 18,
     "hermes_state_conversation._stitched": 19,
     "hermes_state_conversation.message": 24,
