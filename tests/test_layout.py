@@ -19,6 +19,7 @@ RANKS = {
     "hermes_state_schema": 3, "hermes_state_query": 3,
     "hermes_state_fts": 4, "hermes_state_catalogue": 4,
     "hermes_state_sessions": 4,
+    "hermes_state_gateway_sessions": 4.5,  # the gateway peer of a session row, beside the session rules
     "hermes_state_messages": 5,
     "hermes_state_conversation": 6, "hermes_state_search": 6, "hermes_state_listings": 6,
     "hermes_state_compression": 7,
@@ -65,7 +66,7 @@ MAX_LINES = 600
 # The facade is one line per delegating method (its method table) plus the methods that reshape
 # arguments or compose several steps. The common module holds the data dictionary, one line per
 # declared column; it grows with the tables, not with logic.
-LONGER = {"hermes_state": 580}
+LONGER = {"hermes_state": 591}
 
 
 def test_no_module_imports_another_modules_private_names():
