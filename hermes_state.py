@@ -36,6 +36,7 @@ import hermes_state_recovery as recovery
 import hermes_state_schema as schema
 import hermes_state_routing as routing
 import hermes_state_search as search
+import hermes_state_fts_tail as fts_tail
 import hermes_state_sessions as sessions
 import hermes_state_table as table
 import hermes_state_titles as titles
@@ -180,6 +181,8 @@ class SessionDB:
             return
         if self._fts is not None:
             self._fts.stop()
+        if not self.read_only:  # the rows this handle queued, so other programs' searches find them
+            fts_tail.flush(self._writer, self._WRITE_PATIENCE_S, self._policy())
         self._closed = True
         self._writer.close(checkpoint=not self.read_only)
 
@@ -286,6 +289,8 @@ class SessionDB:
         if (key := entry.unstorable(args, kwargs)) is not None:
             return entry.answer_unknown(key)
         args, kwargs = entry.arguments(args, kwargs)
+        if entry.function is search.search_messages and not self.read_only and not self._closed:
+            fts_tail.flush(self._writer, 0.0, self._policy())  # its own queued rows: searched from the indexes
         if entry.kind in table.READS:
             with self._read(snapshot=entry.kind == "snapshot") as conn:
                 return entry.function(conn, *args, **kwargs)

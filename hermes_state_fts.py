@@ -30,155 +30,14 @@ from hermes_state_common import logger
 from hermes_state_query import _sanitize_fts5_query  # noqa: F401 - importable here, where callers know it
 from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import StateDbIncompatibleError
-
-
-WORD, TRIGRAM, CJK = "messages_fts", "messages_fts_trigram", "messages_fts_cjk"
-REASONING = "messages_fts_reasoning"
-CJK_PENDING = "messages_fts_cjk_pending"
-FTS_TABLES = (WORD, TRIGRAM, CJK, REASONING)
-HIGH_WATER, PROGRESS = "fts_rebuild_high_water", "fts_rebuild_progress"
+from hermes_state_fts_objects import (CJK, CJK_PENDING, CJK_TABLE_SQL, DRAIN_TRIGGER_SQL, FTS_TABLES,  # noqa: F401
+                                      HIGH_WATER, OBJECT_NAMES, OBJECTS, PENDING, PROGRESS, REASONING, TRIGRAM,
+                                      UNQUEUED_OBJECTS, WORD, rebuild_gate, searchable_text)
 
 MERGE_EVERY_N_WRITES = 1000
 MERGE_PAGES = 200            # bounded work per merge: a few milliseconds, never a full optimize
 REBUILD_CHUNK_ROWS = 2000    # messages per rebuild transaction (tens of milliseconds of lock)
 OPEN_CATCH_UP_ROWS = 2000    # queued CJK rows an open indexes before returning; the rest go background
-
-# --- the declared FTS objects ----------------------------------------------------------------------
-
-def _gate(row_id: str) -> str:
-    # A row is indexed by the triggers iff no rebuild is under way, or it is at or below
-    # the progress marker (already rebuilt), or above the high-water mark (newer than the
-    # rebuild). Rows in (P, H] are left to the rebuild, so none is indexed twice or missed.
-    return (f"(NOT EXISTS (SELECT 1 FROM state_meta WHERE key = '{HIGH_WATER}')"
-            f" OR {row_id} > (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = '{HIGH_WATER}')"
-            f" OR {row_id} <= (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = '{PROGRESS}'))")
-
-
-def _wide(row: str) -> str:
-    # Non-ASCII text (fewer characters than bytes) may hold CJK. Plain SQL, so it runs in any shell.
-    return (f"(length({row}.content) < length(CAST({row}.content AS BLOB))"
-            f" OR length({row}.tool_calls) < length(CAST({row}.tool_calls AS BLOB)))")
-
-
-def _reasoning(row: str) -> str:
-    # A row's reasoning text: reasoning and reasoning_content usually hold the same text, indexed once.
-    return (f"CASE WHEN {row}.reasoning_content IS NULL OR {row}.reasoning_content IS {row}.reasoning "
-            f"THEN {row}.reasoning WHEN {row}.reasoning IS NULL THEN {row}.reasoning_content "
-            f"ELSE {row}.reasoning_content || char(10) || {row}.reasoning END")
-
-
-def _reasons(row: str) -> str:
-    return f"({row}.reasoning <> '' OR {row}.reasoning_content <> '')"
-
-
-def searchable_text(row: str) -> str:
-    """Return SQL for the text a substring search looks in: content, tool name, tool calls of `row`.
-
-    Every role, tool output included; newlines keep a match from spanning two fields.
-    """
-    return (f"COALESCE({row}.content, '') || char(10) || COALESCE({row}.tool_name, '') || char(10) "
-            f"|| COALESCE({row}.tool_calls, '')")
-
-
-_CJK_TABLE_SQL = f"CREATE VIRTUAL TABLE {CJK} USING fts5(terms)"
-
-# (type, name, sql). The sql is what sqlite_master stores; open compares it to decide whether
-# anything must be (re)built, so an up-to-date file costs one catalogue read.
-OBJECTS: tuple[tuple[str, str, str], ...] = (
-    ("table", WORD, f"CREATE VIRTUAL TABLE {WORD} USING fts5(content, tool_name, tool_calls, "
-                    "content='messages', content_rowid='id')"),
-    # Substrings of every message's text: trigrams with detail=none store which rows hold each
-    # trigram but no positions, about half the size of a position-full index over less text.
-    # Nothing ranks these hits, so no per-row token counts are kept either (columnsize=0).
-    ("view", "messages_fts_trigram_source",
-     f"CREATE VIEW messages_fts_trigram_source AS SELECT id, {searchable_text('messages')} AS content FROM messages"),
-    # The column is called `content`, as in hermes-agent's own substring table, so that program's
-    # searches of this table run; it answers one-trigram queries from here and scans for longer ones.
-    ("table", TRIGRAM, f"CREATE VIRTUAL TABLE {TRIGRAM} USING fts5(content, content='messages_fts_trigram_source', "
-                       "content_rowid='id', tokenize='trigram', detail='none', columnsize=0)"),
-    ("table", CJK, _CJK_TABLE_SQL),
-    ("view", "messages_fts_reasoning_source",
-     f"CREATE VIEW messages_fts_reasoning_source AS SELECT id, {_reasoning('messages')} AS reasoning "
-     f"FROM messages WHERE {_reasons('messages')}"),
-    ("table", REASONING, f"CREATE VIRTUAL TABLE {REASONING} USING fts5(reasoning, "
-                         "content='messages_fts_reasoning_source', content_rowid='id')"),
-    ("table", CJK_PENDING, f"CREATE TABLE {CJK_PENDING} (id INTEGER PRIMARY KEY)"),
-    # The six trigger names below are the ones hermes-agent creates with IF NOT EXISTS and
-    # counts at every start: finding all six, it creates none of its own and rebuilds nothing,
-    # and its writes are indexed by these (plain SQL, so they run in any program).
-    ("trigger", "messages_fts_insert",
-     f"CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages WHEN {_gate('new.id')} BEGIN "
-     f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
-     f"VALUES (new.id, new.content, new.tool_name, new.tool_calls); "
-     f"INSERT INTO {REASONING}(rowid, reasoning) SELECT new.id, {_reasoning('new')} WHERE {_reasons('new')}; "
-     "END"),
-    ("trigger", "messages_fts_trigram_insert",
-     f"CREATE TRIGGER messages_fts_trigram_insert AFTER INSERT ON messages WHEN {_gate('new.id')} BEGIN "
-     f"INSERT INTO {TRIGRAM}(rowid, content) VALUES (new.id, {searchable_text('new')}); "
-     "END"),
-    ("trigger", "messages_fts_delete",
-     f"CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages WHEN {_gate('old.id')} BEGIN "
-     f"INSERT INTO {WORD}({WORD}, rowid, content, tool_name, tool_calls) "
-     f"VALUES ('delete', old.id, old.content, old.tool_name, old.tool_calls); "
-     f"INSERT INTO {REASONING}({REASONING}, rowid, reasoning) SELECT 'delete', old.id, {_reasoning('old')} "
-     f"WHERE {_reasons('old')}; "
-     "END"),
-    ("trigger", "messages_fts_trigram_delete",
-     f"CREATE TRIGGER messages_fts_trigram_delete AFTER DELETE ON messages WHEN {_gate('old.id')} BEGIN "
-     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, content) VALUES ('delete', old.id, {searchable_text('old')}); "
-     "END"),
-    ("trigger", "messages_fts_update",
-     "CREATE TRIGGER messages_fts_update AFTER UPDATE OF id, role, content, tool_name, tool_calls ON messages "
-     "BEGIN "
-     f"INSERT INTO {WORD}({WORD}, rowid, content, tool_name, tool_calls) "
-     f"SELECT 'delete', old.id, old.content, old.tool_name, old.tool_calls WHERE {_gate('old.id')}; "
-     f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
-     f"SELECT new.id, new.content, new.tool_name, new.tool_calls WHERE {_gate('new.id')}; "
-     "END"),
-    ("trigger", "messages_fts_trigram_update",
-     "CREATE TRIGGER messages_fts_trigram_update AFTER UPDATE OF id, role, content, tool_name, tool_calls ON messages "
-     "BEGIN "
-     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, content) SELECT 'delete', old.id, {searchable_text('old')} "
-     f"WHERE {_gate('old.id')}; "
-     f"INSERT INTO {TRIGRAM}(rowid, content) SELECT new.id, {searchable_text('new')} WHERE {_gate('new.id')}; "
-     "END"),
-    ("trigger", "messages_fts_reasoning_update",
-     "CREATE TRIGGER messages_fts_reasoning_update AFTER UPDATE OF id, reasoning, reasoning_content ON messages "
-     f"BEGIN INSERT INTO {REASONING}({REASONING}, rowid, reasoning) SELECT 'delete', old.id, {_reasoning('old')} "
-     f"WHERE {_reasons('old')} AND {_gate('old.id')}; "
-     f"INSERT INTO {REASONING}(rowid, reasoning) SELECT new.id, {_reasoning('new')} "
-     f"WHERE {_reasons('new')} AND {_gate('new.id')}; END"),
-    # The CJK index cannot be fed by persistent triggers (they would need our function, and a
-    # plain shell has none), so persistent triggers only queue possibly-CJK rows; this library's
-    # connections drain the queue at once through a TEMP trigger, other writers leave it for the
-    # next open. Deleted and updated rows are queued too, so their stale terms are removed.
-    ("trigger", "messages_fts_cjk_insert",
-     f"CREATE TRIGGER messages_fts_cjk_insert AFTER INSERT ON messages WHEN {_wide('new')} BEGIN "
-     f"INSERT OR REPLACE INTO {CJK_PENDING}(id) VALUES (new.id); "
-     "END"),
-    ("trigger", "messages_fts_cjk_delete",
-     f"CREATE TRIGGER messages_fts_cjk_delete AFTER DELETE ON messages WHEN {_wide('old')} BEGIN "
-     f"INSERT OR REPLACE INTO {CJK_PENDING}(id) VALUES (old.id); "
-     "END"),
-    ("trigger", "messages_fts_cjk_update",
-     "CREATE TRIGGER messages_fts_cjk_update AFTER UPDATE OF id, content, tool_calls ON messages "
-     f"WHEN {_wide('old')} OR {_wide('new')} BEGIN "
-     f"INSERT OR REPLACE INTO {CJK_PENDING}(id) SELECT old.id WHERE old.id IS NOT new.id; "
-     f"INSERT OR REPLACE INTO {CJK_PENDING}(id) VALUES (new.id); "
-     "END"),
-)
-_OBJECT_NAMES = frozenset(name for _, name, _ in OBJECTS)
-
-# Per writable connection, created at open (temp schema only: no lock on the file). REPLACE
-# re-fires it for a queued id.
-_DRAIN_TRIGGER_SQL = (
-    f"CREATE TEMP TRIGGER IF NOT EXISTS hermes_fts_cjk_drain AFTER INSERT ON {CJK_PENDING} BEGIN "
-    f"DELETE FROM {CJK} WHERE rowid = new.id; "
-    f"INSERT INTO {CJK}(rowid, terms) SELECT id, t FROM "
-    f"(SELECT id, hermes_cjk_terms(content, tool_calls) AS t FROM messages WHERE id = new.id) "
-    "WHERE t IS NOT NULL; "
-    f"DELETE FROM {CJK_PENDING} WHERE id = new.id; "
-    "END")
 
 
 def _normalized(sql: str | None) -> str:
@@ -193,10 +52,11 @@ class FtsState:
     tables: frozenset[str]            # which of the FTS tables exist at all
     rebuild: tuple[int, int] | None   # (progress, high water) while a rebuild is under way
     cjk_pending: bool                 # rows wait in the CJK queue
+    queued: bool = False              # rows wait in the writer's queue (not in the word, substring, reasoning indexes)
 
     @property
     def work_pending(self) -> bool:
-        return self.rebuild is not None or self.cjk_pending
+        return self.rebuild is not None or self.cjk_pending or self.queued
 
 
 @dataclass(frozen=True)
@@ -206,6 +66,8 @@ class _Catalogue:
     declared: bool
     tables: frozenset[str]
     queue: bool                       # the CJK queue table exists
+    unqueued: bool = False            # exactly the layout before the writer's queue (converted in place)
+    pending: bool = False             # the writer's queue table exists
 
 
 def _read_catalogue(conn: sqlite3.Connection) -> _Catalogue:
@@ -214,12 +76,15 @@ def _read_catalogue(conn: sqlite3.Connection) -> _Catalogue:
     for kind, name, table, sql in conn.execute(
             "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE type IN ('table', 'view', 'trigger') "
             "AND (name LIKE 'messages\\_fts%' ESCAPE '\\' OR (type = 'trigger' AND tbl_name = 'messages'))"):
-        if name in _OBJECT_NAMES:
+        if name in OBJECT_NAMES:
             found[name] = _normalized(sql)
         elif kind == "trigger" and "messages_fts" in (sql or ""):
             foreign = True  # an older layout's trigger writing our tables would double-index rows
     declared = not foreign and all(found.get(name) == _normalized(sql) for _, name, sql in OBJECTS)
-    return _Catalogue(declared, frozenset(t for t in FTS_TABLES if t in found), CJK_PENDING in found)
+    unqueued = (not foreign and PENDING not in found
+                and all(found.get(name) == _normalized(sql) for _, name, sql in UNQUEUED_OBJECTS))
+    return _Catalogue(declared, frozenset(t for t in FTS_TABLES if t in found), CJK_PENDING in found, unqueued,
+                      PENDING in found)
 
 
 def _rebuild_range(high_water: str | None, progress: str | None) -> tuple[int, int] | None:
@@ -234,14 +99,17 @@ def _markers(conn: sqlite3.Connection) -> tuple[int, int] | None:
 def _live_sql(catalogue: _Catalogue, token: bool = False) -> str:
     # The markers and whether the queue has rows: two key lookups and one probe, one statement.
     queued = f"EXISTS (SELECT 1 FROM {CJK_PENDING})" if catalogue.queue else "0"
+    pending = f"EXISTS (SELECT 1 FROM {PENDING})" if catalogue.pending else "0"
     head = f"{_TOKEN_FUNCTION}(), schema_version, " if token else ""
     return (f"SELECT {head}(SELECT value FROM state_meta WHERE key = '{HIGH_WATER}'), "
-            f"(SELECT value FROM state_meta WHERE key = '{PROGRESS}'), {queued}"
+            f"(SELECT value FROM state_meta WHERE key = '{PROGRESS}'), {queued}, {pending}"
             + (" FROM pragma_schema_version" if token else ""))
 
 
-def _state(catalogue: _Catalogue, high_water: str | None, progress: str | None, queued: int) -> FtsState:
-    return FtsState(catalogue.declared, catalogue.tables, _rebuild_range(high_water, progress), bool(queued))
+def _state(catalogue: _Catalogue, high_water: str | None, progress: str | None, queued: int,
+           pending: int = 0) -> FtsState:
+    return FtsState(catalogue.declared, catalogue.tables, _rebuild_range(high_water, progress), bool(queued),
+                    bool(pending))
 
 
 def inspect(conn: sqlite3.Connection) -> FtsState:
@@ -261,6 +129,15 @@ _CACHED_CONNECTIONS = 64
 _tokens = itertools.count(1)
 _catalogues: dict[int, tuple[int, int, _Catalogue]] = {}  # id(conn) -> (token, schema version, catalogue)
 _catalogues_lock = threading.Lock()
+
+
+TOKEN_FUNCTION = _TOKEN_FUNCTION
+
+
+def cached_catalogue(conn: sqlite3.Connection) -> tuple[int, int, _Catalogue] | None:
+    """Return this connection's cached (token, schema version, catalogue), or None before `cached_state` ran."""
+    with _catalogues_lock:
+        return _catalogues.get(id(conn))
 
 
 def cached_state(conn: sqlite3.Connection) -> FtsState:
@@ -313,7 +190,7 @@ def drop_fts_objects(conn: sqlite3.Connection) -> None:
     """
     rows = conn.execute("SELECT type, name, sql FROM sqlite_master WHERE type IN ('trigger', 'view', 'table') "
                         "AND (name IN (SELECT value FROM json_each(?)) OR (type = 'trigger' AND tbl_name = 'messages' "
-                        "AND sql LIKE '%messages_fts%'))", (json.dumps(sorted(_OBJECT_NAMES)),)).fetchall()
+                        "AND sql LIKE '%messages_fts%'))", (json.dumps(sorted(OBJECT_NAMES)),)).fetchall()
     order = {"trigger": 0, "view": 1, "table": 2}  # triggers first: they name the tables
     for kind, name, _ in sorted(rows, key=lambda r: order[r[0]]):
         conn.execute(f'DROP {kind.upper()} IF EXISTS "{name}"')
@@ -352,8 +229,9 @@ def start_rebuild(conn: sqlite3.Connection) -> None:
     conn.execute(f"INSERT INTO {REASONING}({REASONING}) VALUES ('delete-all')")
     # The CJK table keeps its own text (it is small); dropping it is cheaper than deleting rows.
     conn.execute(f"DROP TABLE {CJK}")
-    conn.execute(_CJK_TABLE_SQL)
+    conn.execute(CJK_TABLE_SQL)
     conn.execute(f"DELETE FROM {CJK_PENDING}")
+    conn.execute(f"DELETE FROM {PENDING}")
     _set_markers(conn, conn.execute("SELECT MAX(id) FROM messages").fetchone()[0])
 
 
@@ -371,6 +249,33 @@ def _index_range(conn: sqlite3.Connection, low: int, high: int) -> None:
     conn.execute(f"INSERT INTO {CJK}(rowid, terms) SELECT id, t FROM (SELECT id, hermes_cjk_terms(content, tool_calls) "
                  "AS t FROM messages WHERE id > ? AND id <= ?) WHERE t IS NOT NULL", (low, high))
     conn.execute(f"DELETE FROM {CJK_PENDING} WHERE id > ? AND id <= ?", (low, high))
+    conn.execute(f"DELETE FROM {PENDING} WHERE id > ? AND id <= ?", (low, high))
+
+
+def index_queued(conn: sqlite3.Connection) -> None:
+    """Index every row of the writer's queue into the word, substring and reasoning indexes, and empty it.
+
+    Must run inside the caller's write transaction. One statement per index for the whole batch,
+    so FTS5 writes one segment per index for it. Rows a rebuild under way will index are skipped.
+    """
+    queued = f"id IN (SELECT id FROM {PENDING}) AND {rebuild_gate('id')}"
+    conn.execute(f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
+                 f"SELECT id, content, tool_name, tool_calls FROM messages WHERE {queued}")
+    conn.execute(f"INSERT INTO {TRIGRAM}(rowid, content) SELECT id, content FROM messages_fts_trigram_source "
+                 f"WHERE {queued}")
+    conn.execute(f"INSERT INTO {REASONING}(rowid, reasoning) SELECT id, reasoning FROM messages_fts_reasoning_source "
+                 f"WHERE {queued}")
+    conn.execute(f"DELETE FROM {PENDING}")
+
+
+def _add_queue(conn: sqlite3.Connection) -> None:
+    # The layout before the writer's queue: its indexes are complete, only the queue and the
+    # triggers that honour it are new. Nothing is rebuilt.
+    previous = {name: sql for _, name, sql in UNQUEUED_OBJECTS}
+    for kind, name, sql in OBJECTS:
+        if previous.get(name) != sql:
+            conn.execute(f'DROP {kind.upper()} IF EXISTS "{name}"')
+            conn.execute(sql)
 
 
 def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS) -> bool:
@@ -412,6 +317,7 @@ def advance(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS) -> b
     """Do one bounded unit of pending work (rebuild chunk, else CJK queue); return whether more remains."""
     if rebuild_step(conn, chunk_rows):
         return True
+    index_queued(conn)
     drain_cjk(conn, chunk_rows)
     return conn.execute(f"SELECT EXISTS (SELECT 1 FROM {CJK_PENDING})").fetchone()[0] == 1
 
@@ -423,7 +329,7 @@ def install_write_triggers(conn: sqlite3.Connection) -> None:
     connection's temp schema (no lock on the database file). Idempotent.
     """
     register_functions(conn)
-    conn.execute(_DRAIN_TRIGGER_SQL)
+    conn.execute(DRAIN_TRIGGER_SQL)
 
 
 def ensure_fts(writer: Writer, patience_s: float, policy: RetryPolicy, *, writable: bool) -> bool:
@@ -444,11 +350,15 @@ def ensure_fts(writer: Writer, patience_s: float, policy: RetryPolicy, *, writab
     state = inspect(conn)
     if not state.declared:
         with writer.transaction(patience_s, policy):
-            if not inspect(conn).declared:  # another process may have built them meanwhile
+            catalogue = _read_catalogue(conn)  # another process may have built them meanwhile
+            if catalogue.unqueued:
+                _add_queue(conn)
+            elif not catalogue.declared:
                 create_fts(conn)
         state = inspect(conn)
-    if state.cjk_pending:
+    if state.cjk_pending or state.queued:
         with writer.transaction(patience_s, policy):
+            index_queued(conn)  # rows a handle that did not close left queued
             drain_cjk(conn, OPEN_CATCH_UP_ROWS)
         state = inspect(conn)
     return state.work_pending
@@ -520,7 +430,10 @@ def integrity_report(conn: sqlite3.Connection) -> dict[str, str]:
     FTS5 runs the check as a write command, so it needs a writable connection; it changes nothing.
     """
     report = {}
-    for table in inspect(conn).tables:
+    state = inspect(conn)
+    if state.queued and state.declared:
+        index_queued(conn)  # FTS5 checks an index against its content: queued rows must be in it first
+    for table in state.tables:
         try:
             conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
             report[table] = "ok"

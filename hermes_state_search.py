@@ -172,10 +172,11 @@ def _like_terms(terms: tuple[Term, ...], excluded: tuple[Term, ...] = (),
 
 
 def _like(conn: sqlite3.Connection, groups: tuple[Group, ...], f: _Filters, low: int, high: int, need: int,
-          only_queued: bool = False, contains: str = _CONTAINS, cut: list[bool] | None = None) -> list[int]:
+          only_queued: bool = False, contains: str = _CONTAINS, cut: list[bool] | None = None,
+          queue: str = fts.CJK_PENDING) -> list[int]:
     """Return the ids of messages in [low, high] matching any of `groups` by LIKE, newest first.
 
-    Reads at most `_LIKE_SCAN_ROWS` rows: the newest of the range, or of the CJK queue. When it
+    Reads at most `_LIKE_SCAN_ROWS` rows: the newest of the range, or of `queue`. When it
     stopped before the range's oldest row and found fewer than `need`, it appends True to `cut`
     (older matches may exist). Excluded CJK terms are not checked here: the caller's filters carry them.
     """
@@ -186,10 +187,10 @@ def _like(conn: sqlite3.Connection, groups: tuple[Group, ...], f: _Filters, low:
         params += group_params
     condition = "(" + " OR ".join(ors) + ")"
     if only_queued:
-        scope = (f" AND m.id IN (SELECT id FROM {fts.CJK_PENDING} WHERE id BETWEEN ? AND ? "
+        scope = (f" AND m.id IN (SELECT id FROM {queue} WHERE id BETWEEN ? AND ? "
                  "ORDER BY id DESC LIMIT ?)")
         scope_params: tuple = (low, high, _LIKE_SCAN_ROWS)
-        stopped = conn.execute(f"SELECT COUNT(*) > ? FROM {fts.CJK_PENDING} WHERE id BETWEEN ? AND ?",
+        stopped = conn.execute(f"SELECT COUNT(*) > ? FROM {queue} WHERE id BETWEEN ? AND ?",
                                (_LIKE_SCAN_ROWS, low, high)).fetchone()[0]
     else:
         newest = conn.execute("SELECT MAX(id) FROM messages WHERE id <= ?", (high,)).fetchone()[0] or 0
@@ -233,7 +234,7 @@ class _Ask:
                                         self.need, skip)]
 
     def uncovered(self, *, cjk: bool) -> list[_Hit]:
-        """LIKE-scan the rows the index does not cover yet: (P, H] of a rebuild, queued CJK rows."""
+        """LIKE-scan the rows the index does not cover yet: (P, H] of a rebuild, queued CJK rows, the writer's queue."""
         found: list[int] = []
         if self.state.rebuild is not None:
             progress, high_water = self.state.rebuild
@@ -243,6 +244,9 @@ class _Ask:
         if cjk and self.state.cjk_pending:
             found += _like(self.conn, (self.group,), self.filters, self.low, self.high, self.need, only_queued=True,
                            cut=self.cut)
+        if self.state.queued:  # rows another handle has not indexed yet (at most a batch)
+            found += _like(self.conn, (self.group,), self.filters, self.low, self.high, self.need, only_queued=True,
+                           cut=self.cut, queue=fts.PENDING)
         return [(i, 0.0, None) for i in found]
 
     def substrings(self, need: int | None = None, known: Iterable[int] = ()) -> list[_Hit]:
@@ -420,6 +424,9 @@ def _reasoning_index_route(a: _Ask) -> list[_Hit]:
     if a.state.rebuild is not None:  # rows of (P, H] wait for the rebuild
         low, high = max(a.low, a.state.rebuild[0] + 1), min(a.high, a.state.rebuild[1])
         found += _reasoning_like(a, low, high) if low <= high else []
+    if a.state.queued:  # rows another handle has not indexed yet
+        found += [(i, 0.0, None) for i in _like(a.conn, (a.group,), a.filters, a.low, a.high, a.need, only_queued=True,
+                                                contains=_IN_REASONING, cut=a.cut, queue=fts.PENDING)]
     return found
 
 

@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import corpus  # noqa: E402
 
 import hermes_state_fts as fts  # noqa: E402
+import hermes_state_fts_tail as fts_tail  # noqa: E402
 from hermes_state import SessionDB  # noqa: E402
 
 _RAW_INSERT = ("INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name, timestamp, "
@@ -60,6 +61,39 @@ def raw_append(conn: sqlite3.Connection, sid: str, m: dict, last_uids: dict) -> 
                                json.dumps(calls, ensure_ascii=False) if calls is not None else None,
                                m.get("tool_name"), ts, uuid.uuid4().hex, call_uids, call_uid))
     conn.execute(_RAW_COUNT, (len(calls) if calls and m["role"] == "assistant" else 0, ts, sid))
+    conn.execute("COMMIT")
+
+
+_RAW_QUEUE = (f"INSERT INTO {fts.PENDING}(id) SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence "
+              "WHERE name = 'messages'), 0), COALESCE((SELECT MAX(id) FROM messages), 0)) + 1")
+_RAW_QUEUED_INSERT = _RAW_INSERT.replace("(session_id,", "(id, session_id,").replace("VALUES (?,", "VALUES (?, ?,")
+
+
+def raw_append_batched(conn: sqlite3.Connection, sid: str, m: dict, last_uids: dict) -> None:
+    """The floor of the library's own write path: the row queued for a batch, which every 64th row indexes.
+
+    Same durability as `raw_append` (one transaction per message; a search finds a queued row by
+    scanning the queue), the statements hermes_state_fts_tail runs, written by hand.
+    """
+    calls = m.get("tool_calls")
+    ts = time.time()
+    call_uids = None
+    call_uid = None
+    if calls and m["role"] == "assistant":
+        issued = {c["id"]: uuid.uuid4().hex for c in calls}
+        last_uids.clear()
+        last_uids.update(issued)
+        call_uids = json.dumps(issued)
+    elif m["role"] == "tool":
+        call_uid = last_uids.get(m.get("tool_call_id"))
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute(_RAW_COUNT, (len(calls) if calls and m["role"] == "assistant" else 0, ts, sid))
+    row_id = conn.execute(_RAW_QUEUE).lastrowid
+    conn.execute(_RAW_QUEUED_INSERT, (row_id, sid, m["role"], m.get("content"), m.get("tool_call_id"),
+                                      json.dumps(calls, ensure_ascii=False) if calls is not None else None,
+                                      m.get("tool_name"), ts, uuid.uuid4().hex, call_uids, call_uid))
+    if conn.execute(f"SELECT COUNT(*) >= ? FROM {fts.PENDING}", (fts_tail.BATCH_ROWS,)).fetchone()[0]:
+        fts.index_queued(conn)
     conn.execute("COMMIT")
 
 

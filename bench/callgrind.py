@@ -10,7 +10,9 @@ store and creating the sessions subtracted (both children do them alike for the 
 - hermes-state: `SessionDB.append_message`, one call per message.
 - floor: the same rows through plain SQL on the same schema and triggers, one BEGIN IMMEDIATE
   transaction per message (bench/append.py's `raw_append`): every message committed on its own
-  and findable by search when the call returns.
+  and findable by search when the call returns, each indexed by the triggers as it is written.
+- batched floor: the same durability through the library's own statements written by hand
+  (`raw_append_batched`): each row queued for a batch that every 64th row indexes.
 - hermes-agent: its `hermes_state.SessionDB.append_message`, in the venv of bench/run.py (or
   `--agent-python`), through bench/peer_driver.py, which imports nothing of hermes-state.
 
@@ -28,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-SYSTEMS = ("hermes-state", "floor", "hermes-agent")
+SYSTEMS = ("hermes-state", "batched floor", "floor", "hermes-agent")
 
 
 def child(system: str, n: int, of: int, seed: int, directory: Path) -> None:
@@ -57,12 +59,17 @@ def child(system: str, n: int, of: int, seed: int, directory: Path) -> None:
     sys.path.insert(0, str(BENCH.parent))
     import append  # noqa: PLC0415
     from hermes_state import SessionDB  # noqa: PLC0415
-    if system == "floor":
+    if system in ("floor", "batched floor"):
         raw = append.raw_copy(directory, "raw.db", sessions)
+        write = append.raw_append if system == "floor" else append.raw_append_batched
         for sid, _, msgs in sessions:
             last_uids: dict = {}
             for m in msgs:
-                append.raw_append(raw, sid, m, last_uids)
+                write(raw, sid, m, last_uids)
+        if system == "batched floor":
+            raw.execute("BEGIN IMMEDIATE")
+            append.fts.index_queued(raw)  # what the library does when it closes
+            raw.execute("COMMIT")
         raw.close()
         return
     lib = SessionDB(directory / "library.db")

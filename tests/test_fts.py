@@ -23,9 +23,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hermes_state_fts as fts
+import hermes_state_fts_tail as fts_tail
 from hermes_state import SessionDB, StateDbIncompatibleError, StoreUnavailableError
 
 ALL = fts.FTS_TABLES
+
+
+def index_queue(db: SessionDB) -> None:
+    """Index the rows the handle queued (it does so by itself before it searches and when it closes)."""
+    fts_tail.flush(db._writer, 5.0, db._policy())
 
 
 def integrity(conn) -> None:
@@ -143,6 +149,9 @@ def test_triggers_follow_insert_update_delete_from_any_connection(db, rival):
     user = db.append_message("s", "user", "alpha bravo")
     tool = db.append_message("s", "tool", "alpha charlie output", tool_name="terminal")
     other = insert_raw(rival, "s", "assistant", "delta echo")  # a writer without our function
+    assert ids(rival, "messages_fts", "alpha") == []  # the handle's rows wait in its queue
+    assert substring_ids(rival, "elta ec") == [other]  # the rival's row is indexed by the triggers at once
+    index_queue(db)
     assert ids(rival, "messages_fts", "alpha") == [user, tool]
     assert ids(rival, "messages_fts", "terminal") == [tool]
     assert substring_ids(rival, "lph") == [user, tool]  # tool output too
@@ -375,6 +384,7 @@ def test_a_rebuild_interrupted_halfway_resumes_in_another_process(tmp_path):
 def test_rebuild_fts_rebuilds_an_up_to_date_index_from_scratch(db, rival):
     db.create_session("s", "cli")
     rows = [db.append_message("s", "user", f"item{i} 項目{i}") for i in range(30)]
+    index_queue(db)
     before = indexed_counts(rival)
     status = db.rebuild_fts()
     assert status == {"pending": 0, "total": 30, "indexed": 30, "percent": 100.0, "in_progress": False,
@@ -610,3 +620,118 @@ def test_optimize_refused_on_a_read_only_handle(db):
     with SessionDB(db.db_path, read_only=True) as reader, pytest.raises(Exception) as info:
         reader.optimize_fts()
     assert "read-only" in str(info.value)
+
+
+# --- the writer's queue: the handle's own rows, indexed in batches -------------------------------------
+
+def test_appended_rows_wait_in_the_queue_and_are_indexed_in_one_batch(db, rival):
+    db.create_session("s", "cli")
+    rows = [db.append_message("s", "user", f"batchword{i} shared") for i in range(fts_tail.BATCH_ROWS - 1)]
+    assert rival.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == fts_tail.BATCH_ROWS - 1
+    assert ids(rival, "messages_fts", "shared") == []
+    last = db.append_message("s", "user", "batchword shared")  # the batch's last row indexes all of them
+    assert rival.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 0
+    assert ids(rival, "messages_fts", "shared") == [*rows, last]
+    assert substring_ids(rival, "chword") == [*rows, last]
+    integrity(rival)
+
+
+def test_other_writers_change_queued_rows_and_the_batch_indexes_what_is_there(db, rival):
+    db.create_session("s", "cli")
+    kept = db.append_message("s", "user", "kilo lima")
+    changed = db.append_message("s", "assistant", "mike november", reasoning="oscar thought")
+    gone = db.append_message("s", "tool", "papa quebec", tool_name="terminal")
+    rival.execute("UPDATE messages SET content = 'romeo sierra', reasoning = 'tango' WHERE id = ?", (changed,))
+    rival.execute("DELETE FROM messages WHERE id = ?", (gone,))
+    index_queue(db)
+    assert ids(rival, "messages_fts", "kilo") == [kept]
+    assert ids(rival, "messages_fts", "mike OR papa OR terminal") == []
+    assert ids(rival, "messages_fts", "romeo") == [changed]
+    assert ids(rival, "messages_fts_reasoning", "tango") == [changed]
+    assert substring_ids(rival, "ebec") == []
+    integrity(rival)
+    assert indexed_counts(rival) == expected_counts(rival)
+
+
+def test_every_search_finds_queued_rows(db, hermes_home):
+    db.create_session("s", "cli")
+    for i in range(5):
+        db.append_message("s", "user", f"common{i} zulu")
+    row = db.append_message("s", "assistant", "common tail-only-word yankee", reasoning="xray musing")
+    reader = SessionDB(db.db_path, read_only=True)  # another handle: it cannot index them, it scans them
+    try:
+        assert [h["id"] for h in reader.search_messages("yankee")] == [row]
+        assert [h["id"] for h in reader.search_messages("ankee")] == [row]
+        assert [h["id"] for h in reader.search_messages("xray", include_reasoning=True)] == [row]
+        assert len(reader.search_messages("zulu")) == 5
+    finally:
+        reader.close()
+    assert [h["id"] for h in db.search_messages("yankee")] == [row]  # this handle indexes its queue first
+    assert db._writer.conn.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 0
+
+
+def test_a_handle_that_closes_leaves_nothing_queued(hermes_home):
+    handle = SessionDB()
+    handle.create_session("s", "cli")
+    row = handle.append_message("s", "user", "whiskey")
+    handle.close()
+    conn = sqlite3.connect(handle.db_path)
+    try:
+        assert conn.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 0
+        assert ids(conn, "messages_fts", "whiskey") == [row]
+        integrity(conn)
+    finally:
+        conn.close()
+
+
+def test_rows_left_queued_by_a_handle_that_died_are_indexed_at_the_next_open(db, hermes_home):
+    db.create_session("s", "cli")
+    row = db.append_message("s", "user", "echo foxtrot")
+    db._writer.close(checkpoint=False)  # as if the process died: no flush
+    db._closed = True
+    again = SessionDB(db.db_path)
+    try:
+        conn = again._writer.conn
+        assert conn.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 0
+        assert ids(conn, "messages_fts", "foxtrot") == [row]
+        integrity(conn)
+    finally:
+        again.close()
+
+
+def test_triggers_another_program_replaced_are_never_bypassed(db, rival):
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "before")
+    index_queue(db)
+    # Another program swaps in its own insert trigger (same name, no queue gate) while the handle is open.
+    rival.execute("DROP TRIGGER messages_fts_insert")
+    rival.execute("CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN "
+                  "INSERT INTO messages_fts(rowid, content, tool_name, tool_calls) "
+                  "VALUES (new.id, new.content, new.tool_name, new.tool_calls); END")
+    row = db.append_message("s", "user", "after hotel")
+    assert rival.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 0  # not queued
+    assert ids(rival, "messages_fts", "hotel") == [row]  # indexed once, by that trigger
+    rival.execute(f"INSERT INTO {fts.WORD}({fts.WORD}) VALUES ('integrity-check')")
+
+
+def test_the_layout_before_the_queue_is_converted_without_a_rebuild(db, rival, hermes_home):
+    db.create_session("s", "cli")
+    rows = [db.append_message("s", "user", f"india{i}") for i in range(3)]
+    db.close()
+    conn = sqlite3.connect(db.db_path, isolation_level=None)
+    conn.execute("BEGIN")
+    conn.execute(f"DROP TABLE {fts.PENDING}")
+    for kind, name, sql in fts.UNQUEUED_OBJECTS:
+        if kind == "trigger":
+            conn.execute(f"DROP TRIGGER {name}")
+            conn.execute(sql)
+    conn.execute("COMMIT")
+    conn.close()
+    again = SessionDB(db.db_path)
+    try:
+        state = fts.inspect(again._writer.conn)
+        assert state.declared and state.rebuild is None
+        assert [h["id"] for h in again.search_messages("india1")] == [rows[1]]
+        integrity(again._writer.conn)
+    finally:
+        again.close()

@@ -1,0 +1,176 @@
+"""The full-text objects' declarations: FTS5 tables, their source views, queues and triggers, as SQL.
+
+Owns: the names of the FTS tables and queues, `OBJECTS` (what a current file holds, as
+sqlite_master stores it), the layout one release older that open converts in place, the rebuild
+gate and the writer's-queue gate the triggers apply, and the per-connection TEMP trigger that
+feeds the CJK index. Does not own: creating, rebuilding or checking them (hermes_state_fts).
+
+Transaction contract: none here; this module never touches a connection.
+"""
+from __future__ import annotations
+
+WORD, TRIGRAM, CJK = "messages_fts", "messages_fts_trigram", "messages_fts_cjk"
+REASONING = "messages_fts_reasoning"
+CJK_PENDING = "messages_fts_cjk_pending"
+FTS_TABLES = (WORD, TRIGRAM, CJK, REASONING)
+HIGH_WATER, PROGRESS = "fts_rebuild_high_water", "fts_rebuild_progress"
+# Rows a library handle appended and will index itself, in batches (hermes_state_fts_tail).
+PENDING = "messages_fts_pending"
+
+
+# --- the declared FTS objects ----------------------------------------------------------------------
+
+def rebuild_gate(row_id: str) -> str:
+    # A row is indexed by the triggers iff no rebuild is under way, or it is at or below
+    # the progress marker (already rebuilt), or above the high-water mark (newer than the
+    # rebuild). Rows in (P, H] are left to the rebuild, so none is indexed twice or missed.
+    return (f"(NOT EXISTS (SELECT 1 FROM state_meta WHERE key = '{HIGH_WATER}')"
+            f" OR {row_id} > (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = '{HIGH_WATER}')"
+            f" OR {row_id} <= (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = '{PROGRESS}'))")
+
+
+def _wide(row: str) -> str:
+    # Non-ASCII text (fewer characters than bytes) may hold CJK. Plain SQL, so it runs in any shell.
+    return (f"(length({row}.content) < length(CAST({row}.content AS BLOB))"
+            f" OR length({row}.tool_calls) < length(CAST({row}.tool_calls AS BLOB)))")
+
+
+def _reasoning(row: str) -> str:
+    # A row's reasoning text: reasoning and reasoning_content usually hold the same text, indexed once.
+    return (f"CASE WHEN {row}.reasoning_content IS NULL OR {row}.reasoning_content IS {row}.reasoning "
+            f"THEN {row}.reasoning WHEN {row}.reasoning IS NULL THEN {row}.reasoning_content "
+            f"ELSE {row}.reasoning_content || char(10) || {row}.reasoning END")
+
+
+def _reasons(row: str) -> str:
+    return f"({row}.reasoning <> '' OR {row}.reasoning_content <> '')"
+
+
+def searchable_text(row: str) -> str:
+    """Return SQL for the text a substring search looks in: content, tool name, tool calls of `row`.
+
+    Every role, tool output included; newlines keep a match from spanning two fields.
+    """
+    return (f"COALESCE({row}.content, '') || char(10) || COALESCE({row}.tool_name, '') || char(10) "
+            f"|| COALESCE({row}.tool_calls, '')")
+
+
+CJK_TABLE_SQL = f"CREATE VIRTUAL TABLE {CJK} USING fts5(terms)"
+
+def _unqueued(row_id: str) -> str:
+    # A row in the writer's queue is not in the word, substring or reasoning index yet: the library
+    # handle that wrote it indexes it with others in one batch. Plain SQL, so every writer obeys it.
+    return f"NOT EXISTS (SELECT 1 FROM {PENDING} WHERE id = {row_id})"
+
+
+# (type, name, sql). The sql is what sqlite_master stores; open compares it to decide whether
+# anything must be (re)built, so an up-to-date file costs one catalogue read.
+_TABLES: tuple[tuple[str, str, str], ...] = (
+    ("table", WORD, f"CREATE VIRTUAL TABLE {WORD} USING fts5(content, tool_name, tool_calls, "
+                    "content='messages', content_rowid='id')"),
+    # Substrings of every message's text: trigrams with detail=none store which rows hold each
+    # trigram but no positions, about half the size of a position-full index over less text.
+    # Nothing ranks these hits, so no per-row token counts are kept either (columnsize=0).
+    ("view", "messages_fts_trigram_source",
+     f"CREATE VIEW messages_fts_trigram_source AS SELECT id, {searchable_text('messages')} AS content FROM messages"),
+    # The column is called `content`, as in hermes-agent's own substring table, so that program's
+    # searches of this table run; it answers one-trigram queries from here and scans for longer ones.
+    ("table", TRIGRAM, f"CREATE VIRTUAL TABLE {TRIGRAM} USING fts5(content, content='messages_fts_trigram_source', "
+                       "content_rowid='id', tokenize='trigram', detail='none', columnsize=0)"),
+    ("table", CJK, CJK_TABLE_SQL),
+    ("view", "messages_fts_reasoning_source",
+     f"CREATE VIEW messages_fts_reasoning_source AS SELECT id, {_reasoning('messages')} AS reasoning "
+     f"FROM messages WHERE {_reasons('messages')}"),
+    ("table", REASONING, f"CREATE VIRTUAL TABLE {REASONING} USING fts5(reasoning, "
+                         "content='messages_fts_reasoning_source', content_rowid='id')"),
+    ("table", CJK_PENDING, f"CREATE TABLE {CJK_PENDING} (id INTEGER PRIMARY KEY)"),
+)
+
+
+def _triggers(queued: bool) -> tuple[tuple[str, str, str], ...]:
+    """Return the declared triggers; without `queued`, the layout before the writer's queue existed."""
+    def gate(row_id: str) -> str:  # the rebuild gate, and the queue's when the queue exists
+        return f"{rebuild_gate(row_id)} AND {_unqueued(row_id)}" if queued else rebuild_gate(row_id)
+    return (
+    # The six trigger names below are the ones hermes-agent creates with IF NOT EXISTS and
+    # counts at every start: finding all six, it creates none of its own and rebuilds nothing,
+    # and its writes are indexed by these (plain SQL, so they run in any program).
+    ("trigger", "messages_fts_insert",
+     f"CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages WHEN {gate('new.id')} BEGIN "
+     f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
+     f"VALUES (new.id, new.content, new.tool_name, new.tool_calls); "
+     f"INSERT INTO {REASONING}(rowid, reasoning) SELECT new.id, {_reasoning('new')} WHERE {_reasons('new')}; "
+     "END"),
+    ("trigger", "messages_fts_trigram_insert",
+     f"CREATE TRIGGER messages_fts_trigram_insert AFTER INSERT ON messages WHEN {gate('new.id')} BEGIN "
+     f"INSERT INTO {TRIGRAM}(rowid, content) VALUES (new.id, {searchable_text('new')}); "
+     "END"),
+    ("trigger", "messages_fts_delete",
+     f"CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages WHEN {gate('old.id')} BEGIN "
+     f"INSERT INTO {WORD}({WORD}, rowid, content, tool_name, tool_calls) "
+     f"VALUES ('delete', old.id, old.content, old.tool_name, old.tool_calls); "
+     f"INSERT INTO {REASONING}({REASONING}, rowid, reasoning) SELECT 'delete', old.id, {_reasoning('old')} "
+     f"WHERE {_reasons('old')}; "
+     "END"),
+    ("trigger", "messages_fts_trigram_delete",
+     f"CREATE TRIGGER messages_fts_trigram_delete AFTER DELETE ON messages WHEN {gate('old.id')} BEGIN "
+     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, content) VALUES ('delete', old.id, {searchable_text('old')}); "
+     "END"),
+    ("trigger", "messages_fts_update",
+     "CREATE TRIGGER messages_fts_update AFTER UPDATE OF id, role, content, tool_name, tool_calls ON messages "
+     "BEGIN "
+     f"INSERT INTO {WORD}({WORD}, rowid, content, tool_name, tool_calls) "
+     f"SELECT 'delete', old.id, old.content, old.tool_name, old.tool_calls WHERE {gate('old.id')}; "
+     f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
+     f"SELECT new.id, new.content, new.tool_name, new.tool_calls WHERE {gate('new.id')}; "
+     "END"),
+    ("trigger", "messages_fts_trigram_update",
+     "CREATE TRIGGER messages_fts_trigram_update AFTER UPDATE OF id, role, content, tool_name, tool_calls ON messages "
+     "BEGIN "
+     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, content) SELECT 'delete', old.id, {searchable_text('old')} "
+     f"WHERE {gate('old.id')}; "
+     f"INSERT INTO {TRIGRAM}(rowid, content) SELECT new.id, {searchable_text('new')} WHERE {gate('new.id')}; "
+     "END"),
+    ("trigger", "messages_fts_reasoning_update",
+     "CREATE TRIGGER messages_fts_reasoning_update AFTER UPDATE OF id, reasoning, reasoning_content ON messages "
+     f"BEGIN INSERT INTO {REASONING}({REASONING}, rowid, reasoning) SELECT 'delete', old.id, {_reasoning('old')} "
+     f"WHERE {_reasons('old')} AND {gate('old.id')}; "
+     f"INSERT INTO {REASONING}(rowid, reasoning) SELECT new.id, {_reasoning('new')} "
+     f"WHERE {_reasons('new')} AND {gate('new.id')}; END"),
+    # The CJK index cannot be fed by persistent triggers (they would need our function, and a
+    # plain shell has none), so persistent triggers only queue possibly-CJK rows; this library's
+    # connections drain the queue at once through a TEMP trigger, other writers leave it for the
+    # next open. Deleted and updated rows are queued too, so their stale terms are removed.
+    ("trigger", "messages_fts_cjk_insert",
+     f"CREATE TRIGGER messages_fts_cjk_insert AFTER INSERT ON messages WHEN {_wide('new')} BEGIN "
+     f"INSERT OR REPLACE INTO {CJK_PENDING}(id) VALUES (new.id); "
+     "END"),
+    ("trigger", "messages_fts_cjk_delete",
+     f"CREATE TRIGGER messages_fts_cjk_delete AFTER DELETE ON messages WHEN {_wide('old')} BEGIN "
+     f"INSERT OR REPLACE INTO {CJK_PENDING}(id) VALUES (old.id); "
+     "END"),
+    ("trigger", "messages_fts_cjk_update",
+     "CREATE TRIGGER messages_fts_cjk_update AFTER UPDATE OF id, content, tool_calls ON messages "
+     f"WHEN {_wide('old')} OR {_wide('new')} BEGIN "
+     f"INSERT OR REPLACE INTO {CJK_PENDING}(id) SELECT old.id WHERE old.id IS NOT new.id; "
+     f"INSERT OR REPLACE INTO {CJK_PENDING}(id) VALUES (new.id); "
+     "END"),
+    )
+
+
+OBJECTS = (*_TABLES, ("table", PENDING, f"CREATE TABLE {PENDING} (id INTEGER PRIMARY KEY)"), *_triggers(True))
+# The layout one release older: no writer's queue, triggers without its gate. Open converts it in
+# place (the indexes it holds are complete), with no rebuild.
+UNQUEUED_OBJECTS = (*_TABLES, *_triggers(False))
+OBJECT_NAMES = frozenset(name for _, name, _ in OBJECTS)
+
+# Per writable connection, created at open (temp schema only: no lock on the file). REPLACE
+# re-fires it for a queued id.
+DRAIN_TRIGGER_SQL = (
+    f"CREATE TEMP TRIGGER IF NOT EXISTS hermes_fts_cjk_drain AFTER INSERT ON {CJK_PENDING} BEGIN "
+    f"DELETE FROM {CJK} WHERE rowid = new.id; "
+    f"INSERT INTO {CJK}(rowid, terms) SELECT id, t FROM "
+    f"(SELECT id, hermes_cjk_terms(content, tool_calls) AS t FROM messages WHERE id = new.id) "
+    "WHERE t IS NOT NULL; "
+    f"DELETE FROM {CJK_PENDING} WHERE id = new.id; "
+    "END")
