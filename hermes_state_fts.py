@@ -361,6 +361,7 @@ def ensure_fts(writer: Writer, patience_s: float, policy: RetryPolicy, *, writab
             index_queued(conn)  # rows a handle that did not close left queued
             drain_cjk(conn, OPEN_CATCH_UP_ROWS)
         state = inspect(conn)
+    cached_state(conn)  # the append path decides from this cache (re-read only after a schema change)
     return state.work_pending
 
 

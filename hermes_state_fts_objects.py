@@ -165,9 +165,10 @@ UNQUEUED_OBJECTS = (*_TABLES, *_triggers(False))
 OBJECT_NAMES = frozenset(name for _, name, _ in OBJECTS)
 
 # Per writable connection, created at open (temp schema only: no lock on the file). REPLACE
-# re-fires it for a queued id.
+# re-fires it for a queued id. A row in the writer's queue is left for its batch.
 DRAIN_TRIGGER_SQL = (
-    f"CREATE TEMP TRIGGER IF NOT EXISTS hermes_fts_cjk_drain AFTER INSERT ON {CJK_PENDING} BEGIN "
+    f"CREATE TEMP TRIGGER IF NOT EXISTS hermes_fts_cjk_drain AFTER INSERT ON {CJK_PENDING} "
+    f"WHEN NOT EXISTS (SELECT 1 FROM main.{PENDING} WHERE id = new.id) BEGIN "
     f"DELETE FROM {CJK} WHERE rowid = new.id; "
     f"INSERT INTO {CJK}(rowid, terms) SELECT id, t FROM "
     f"(SELECT id, hermes_cjk_terms(content, tool_calls) AS t FROM messages WHERE id = new.id) "

@@ -61,10 +61,29 @@ def reserve_id(conn: sqlite3.Connection) -> int | None:
     return None
 
 
+# Rows queued per connection since its queue was last counted: the count is read only when this
+# says a batch may be due (a rollback or another path emptying the queue makes it only too high).
+_since_count: dict[int, int] = {}
+
+
 def after_insert(conn: sqlite3.Connection) -> None:
     """Index the queue in one batch once it holds BATCH_ROWS rows (inside the caller's transaction)."""
-    if conn.execute(f"SELECT COUNT(*) >= ? FROM {fts.PENDING}", (BATCH_ROWS,)).fetchone()[0]:
-        fts.index_queued(conn)
+    queued = _since_count.get(id(conn), 0) + 1
+    if queued >= BATCH_ROWS:
+        queued = conn.execute(f"SELECT COUNT(*) FROM {fts.PENDING}").fetchone()[0]
+        if queued >= BATCH_ROWS:
+            index_batch(conn)
+            queued = 0
+    if len(_since_count) > 256:
+        _since_count.clear()  # entries of closed connections; a live one only counts its queue once more
+    _since_count[id(conn)] = queued
+
+
+def index_batch(conn: sqlite3.Connection) -> None:
+    """Index the queued rows into every index, the CJK one included (needs the library's SQL function)."""
+    fts.index_queued(conn)
+    while fts.drain_cjk(conn):
+        pass
 
 
 def flush(writer: Writer, patience_s: float, policy: RetryPolicy) -> None:
@@ -79,6 +98,6 @@ def flush(writer: Writer, patience_s: float, policy: RetryPolicy) -> None:
         with writer.transaction(patience_s, policy) as conn:
             state = fts.inspect(conn)
             if state.declared and state.queued:
-                fts.index_queued(conn)
+                index_batch(conn)
     except Exception as exc:  # noqa: BLE001 - searches scan queued rows; the next batch or open indexes them
         logger.info("indexing the queued messages was put off: %s", exc)

@@ -93,7 +93,7 @@ def raw_append_batched(conn: sqlite3.Connection, sid: str, m: dict, last_uids: d
                                       json.dumps(calls, ensure_ascii=False) if calls is not None else None,
                                       m.get("tool_name"), ts, uuid.uuid4().hex, call_uids, call_uid))
     if conn.execute(f"SELECT COUNT(*) >= ? FROM {fts.PENDING}", (fts_tail.BATCH_ROWS,)).fetchone()[0]:
-        fts.index_queued(conn)
+        fts_tail.index_batch(conn)
     conn.execute("COMMIT")
 
 

@@ -1,11 +1,12 @@
 """Instructions per appended message, counted by valgrind's callgrind: a figure machine load cannot move.
 
-    python bench/callgrind.py [-n 600] [--base 200] [--systems hermes-state,floor,hermes-agent]
+    python bench/callgrind.py [-n 768] [--base 256] [--systems hermes-state,floor,hermes-agent]
 
 Each system appends the corpus's first `--base` messages in one child process and its first `-n`
 messages in another, both under `valgrind --tool=callgrind`; the difference of the two totals over
 `n - base` is what one append costs, with interpreter start-up, imports, generating the corpus, opening the
-store and creating the sessions subtracted (both children do them alike for the whole corpus). Systems:
+store and creating the sessions subtracted (both children do them alike for the whole corpus). The defaults
+are multiples of the library's batch (64 rows), so the window holds whole batches. Systems:
 
 - hermes-state: `SessionDB.append_message`, one call per message.
 - floor: the same rows through plain SQL on the same schema and triggers, one BEGIN IMMEDIATE
@@ -68,7 +69,7 @@ def child(system: str, n: int, of: int, seed: int, directory: Path) -> None:
                 write(raw, sid, m, last_uids)
         if system == "batched floor":
             raw.execute("BEGIN IMMEDIATE")
-            append.fts.index_queued(raw)  # what the library does when it closes
+            append.fts_tail.index_batch(raw)  # what the library does when it closes
             raw.execute("COMMIT")
         raw.close()
         return
@@ -108,8 +109,8 @@ def count(python: Path, system: str, n: int, of: int, seed: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-n", type=int, default=600, help="messages of the larger child (default 600)")
-    parser.add_argument("--base", type=int, default=200, help="messages of the smaller child (default 200)")
+    parser.add_argument("-n", type=int, default=768, help="messages of the larger child (default 768)")
+    parser.add_argument("--base", type=int, default=256, help="messages of the smaller child (default 256)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of " + ", ".join(SYSTEMS))
     parser.add_argument("--agent-python", help="a Python that has hermes-agent 0.19.0 installed")

@@ -173,6 +173,7 @@ def test_triggers_follow_insert_update_delete_from_any_connection(db, rival):
 def test_updates_that_do_not_touch_text_leave_the_indexes_alone(db, rival):
     db.create_session("s", "cli")
     row = db.append_message("s", "user", "東京 alpha")
+    index_queue(db)
     traced: list[str] = []
     rival.set_trace_callback(traced.append)
     rival.execute("UPDATE messages SET active = 0, compacted = 1 WHERE id = ?", (row,))
@@ -180,12 +181,14 @@ def test_updates_that_do_not_touch_text_leave_the_indexes_alone(db, rival):
     assert rival.execute("SELECT COUNT(*) FROM messages_fts_cjk_pending").fetchone()[0] == 0
 
 
-def test_library_writes_feed_the_cjk_index_at_once(db, rival):
+def test_library_writes_feed_the_cjk_index_with_their_batch(db, rival):
     db.create_session("s", "cli")
     cjk = db.append_message("s", "user", "iPhone16を買った")
     db.append_message("s", "user", "café au lait, plain latin")
     calls = db.append_message("s", "assistant", "", tool_calls=[{"id": "c1", "function": {"name": "web_search",
                                                                                           "arguments": '{"q": "天気"}'}}])
+    assert rival.execute("SELECT COUNT(*) FROM messages_fts_cjk").fetchone()[0] == 0  # queued for the batch
+    index_queue(db)
     rows = dict(rival.execute("SELECT rowid, terms FROM messages_fts_cjk"))
     assert sorted(rows) == [cjk, calls]
     assert rows[cjk] == "iPhone16 を買 買っ った た"
@@ -460,11 +463,15 @@ def test_open_of_a_current_database_starts_no_worker_and_installs_the_temp_trigg
     again = SessionDB(db.db_path)
     assert again._fts_worker is None
     osaka = again.append_message("s", "user", "大阪")
-    # The handle's TEMP trigger indexed the CJK row in the write itself: nothing is left queued.
+    again.merge_messages("s", [again.append_message("s", "user", "京都"), again.append_message("s", "user", "神戸")])
+    index_queue(again)
+    # The batch indexed the appended rows; the merge's update was indexed by the handle's TEMP
+    # trigger in the write itself: nothing is left queued.
     shell = raw_conn()
     assert shell.execute(f"SELECT COUNT(*) FROM {fts.CJK_PENDING}").fetchone()[0] == 0
     assert ids(shell, fts.CJK, '"大阪"') == [osaka]
-    assert [h["content"] for h in again.search_messages("大阪")[0]["context"]] == ["東京", "大阪"]
+    assert ids(shell, fts.CJK, '"神戸"') == [osaka + 1]
+    assert [h["content"] for h in again.search_messages("大阪")[0]["context"]] == ["東京", "大阪", "京都\n\n神戸"]
     again.close()
 
 
