@@ -182,7 +182,7 @@ class SessionDB:
         if self._fts is not None:
             self._fts.stop()
         if not self.read_only:  # the rows this handle queued, so other programs' searches find them
-            fts_tail.flush(self._writer, self._WRITE_PATIENCE_S, self._policy())
+            fts_tail.flush(self._writer, 0.0, self._policy())  # one try: a busy file indexes them at the next open
         self._closed = True
         self._writer.close(checkpoint=not self.read_only)
 

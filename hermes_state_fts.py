@@ -136,8 +136,8 @@ TOKEN_FUNCTION = _TOKEN_FUNCTION
 
 def cached_catalogue(conn: sqlite3.Connection) -> tuple[int, int, _Catalogue] | None:
     """Return this connection's cached (token, schema version, catalogue), or None before `cached_state` ran."""
-    with _catalogues_lock:
-        return _catalogues.get(id(conn))
+    # One dict read, atomic as it is: no lock, so an interrupt in a write's path can never leave one held.
+    return _catalogues.get(id(conn))
 
 
 def cached_state(conn: sqlite3.Connection) -> FtsState:

@@ -26,7 +26,7 @@ from hermes_state_writer import RetryPolicy, Writer
 
 # Rows per batch: each costs one FTS5 segment per index instead of one per row. Searches scan
 # at most this many queued rows of a handle that has not searched or closed since.
-BATCH_ROWS = 64
+BATCH_ROWS = 128
 
 # The new row's id, as AUTOINCREMENT would pick it, queued in one statement that also checks the
 # schema cookie and this connection's token (see fts.cached_state): no row is queued when the

@@ -6,14 +6,14 @@ Each system appends the corpus's first `--base` messages in one child process an
 messages in another, both under `valgrind --tool=callgrind`; the difference of the two totals over
 `n - base` is what one append costs, with interpreter start-up, imports, generating the corpus, opening the
 store and creating the sessions subtracted (both children do them alike for the whole corpus). The defaults
-are multiples of the library's batch (64 rows), so the window holds whole batches. Systems:
+are multiples of the library's batch (128 rows), so the window holds whole batches. Systems:
 
 - hermes-state: `SessionDB.append_message`, one call per message.
 - floor: the same rows through plain SQL on the same schema and triggers, one BEGIN IMMEDIATE
   transaction per message (bench/append.py's `raw_append`): every message committed on its own
   and findable by search when the call returns, each indexed by the triggers as it is written.
 - batched floor: the same durability through the library's own statements written by hand
-  (`raw_append_batched`): each row queued for a batch that every 64th row indexes.
+  (`raw_append_batched`): each row queued for a batch that every 128th row indexes.
 - hermes-agent: its `hermes_state.SessionDB.append_message`, in the venv of bench/run.py (or
   `--agent-python`), through bench/peer_driver.py, which imports nothing of hermes-state.
 

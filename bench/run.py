@@ -6,7 +6,9 @@ Every system gets the same corpus (bench/corpus.py) and the same queries, in one
 
 - hermes-state: `SessionDB.append_message`, one call per message; `search_messages` (limit 20).
 - the floor: the same rows written with plain SQL on the same schema and triggers, one
-  transaction per message (bench/append.py), and each search as the bare FTS5 MATCH of the
+  transaction per message (bench/append.py), each row indexed by the triggers as it is written;
+  and the batched floor: the same durability through the statements the library runs (each
+  row queued, every 128th indexing the batch), by hand. Each search is the bare FTS5 MATCH of the
   index that serves it, fetching the newest 20 matching rows: no ranking, snippets or context.
 - hermes-agent (PyPI) and openai-agents' `SQLiteSession` (PyPI), each in its own virtual
   environment under bench/.venvs (created on first use; their pinned dependencies clash),
@@ -147,13 +149,15 @@ def file_bytes(path: Path) -> int:
     return sum(os.path.getsize(p) for p in (path, Path(f"{path}-wal")) if os.path.exists(p))
 
 
-def run(n: int, seed: int, n_queries: int, with_peers: bool) -> dict:
+def run(n: int, seed: int, n_queries: int, with_peers: bool, agent_python: Path | None = None) -> dict:
     sessions = list(corpus.sessions(n_messages=n, seed=seed))
     raw_text = sum(corpus.raw_text_bytes(m) for _, _, msgs in sessions for m in msgs)
     kinds = {k: [q for q, _ in v] for k, v in search.queries(corpus, seed, n_queries).items() if k in KINDS}
     if missing := [k for k in KINDS if k not in kinds]:  # a kind renamed in search.py must not vanish quietly
         raise SystemExit(f"bench/search.py no longer generates the query kinds {missing}")
     pythons = {name: peer_python(name, spec) for name, spec in PEERS.items()} if with_peers else {}
+    if agent_python is not None:  # hermes-agent from an existing venv, and no other peer
+        pythons = {"hermes-agent": agent_python}
     with tempfile.TemporaryDirectory(prefix="hermes-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
         os.environ["HERMES_HOME"] = tmp_dir
@@ -167,9 +171,10 @@ def run(n: int, seed: int, n_queries: int, with_peers: bool) -> dict:
         for sid, source, _ in sessions:
             lib.create_session(sid, source)
         raw = append.raw_copy(tmp, "raw.db", sessions)
+        batched = append.raw_copy(tmp, "raw_batched.db", sessions)
         for p in peers:
             p.ask(op="setup")
-        seconds = {"hermes-state": 0.0, "raw SQL floor": 0.0, **{p.name: 0.0 for p in peers}}
+        seconds = {"hermes-state": 0.0, "raw SQL floor": 0.0, "batched SQL floor": 0.0, **{p.name: 0.0 for p in peers}}
         failed: dict[str, str] = {}
         for k, (sid, _, msgs) in enumerate(sessions):
             t0 = time.perf_counter()
@@ -179,8 +184,13 @@ def run(n: int, seed: int, n_queries: int, with_peers: bool) -> dict:
             last_uids: dict = {}
             for m in msgs:
                 append.raw_append(raw, sid, m, last_uids)
+            t2 = time.perf_counter()
+            last_uids = {}
+            for m in msgs:
+                append.raw_append_batched(batched, sid, m, last_uids)
             seconds["hermes-state"] += t1 - t0
-            seconds["raw SQL floor"] += time.perf_counter() - t1
+            seconds["raw SQL floor"] += t2 - t1
+            seconds["batched SQL floor"] += time.perf_counter() - t2
             for p in list(peers):
                 try:
                     seconds[p.name] += p.ask(op="append", session=k)["s"]
@@ -190,10 +200,15 @@ def run(n: int, seed: int, n_queries: int, with_peers: bool) -> dict:
                     failed[p.name] = f"died at session {k} of {len(sessions)}"
                     del seconds[p.name]
         raw.close()
+        batched.execute("BEGIN IMMEDIATE")
+        append.fts_tail.index_batch(batched)  # what the library does when it closes (untimed, as its close)
+        batched.execute("COMMIT")
+        batched.close()
         lib.close()
         searches = {"hermes-state": time_library(tmp / "library.db", kinds),
                     "raw SQL floor": time_floor(tmp / "library.db", kinds)}
-        sizes = {"hermes-state": file_bytes(tmp / "library.db"), "raw SQL floor": file_bytes(tmp / "raw.db")}
+        sizes = {"hermes-state": file_bytes(tmp / "library.db"), "raw SQL floor": file_bytes(tmp / "raw.db"),
+                 "batched SQL floor": file_bytes(tmp / "raw_batched.db")}
         memory_result = memory.measure(tmp / "library.db")
         for p in peers:
             flat = [q for qs in kinds.values() for q in qs]
@@ -219,7 +234,8 @@ def run(n: int, seed: int, n_queries: int, with_peers: bool) -> dict:
             row["search"] = None
         systems[name] = row
     return {"n_messages": n, "seed": seed, "queries_per_kind": {k: len(v) for k, v in kinds.items()},
-            "raw_text_bytes": raw_text, "systems": systems, "peers": PEERS if with_peers else {},
+            "raw_text_bytes": raw_text, "systems": systems,
+            "peers": {name: PEERS[name] for name in pythons},
             "failed_peers": failed, "memory": [memory_result]}
 
 
@@ -256,6 +272,9 @@ def table(result: dict) -> str:
     for peer, why in result.get("failed_peers", {}).items():
         lines.append(f"\n{peer}: no figures, its driver {why}")
     ours, systems = result["systems"]["hermes-state"], result["systems"]
+    if "batched SQL floor" in systems:
+        lines.append(f"\nhermes-state append time / batched SQL floor's: "
+                     f"{ours['append_ratio_to_floor'] / systems['batched SQL floor']['append_ratio_to_floor']:.2f}")
     for peer in (p for p in PEERS if p in systems):
         lines.append(f"\nhermes-state appends {ours['append_per_s'] / systems[peer]['append_per_s']:.2f}x as fast as {peer}")
     return "\n".join(lines)
@@ -268,13 +287,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-peers", action="store_true",
                         help="hermes-state and its floor only (no venvs, no network)")
+    parser.add_argument("--agent-python", type=Path, help="a Python with hermes-agent 0.19.0 installed: the only "
+                        "peer then (no venvs are created)")
     parser.add_argument("--memory-db", type=Path, help="also measure export/recover memory on this existing "
                         "database (read only; minutes per GB)")
     args = parser.parse_args(argv)
     if args.memory_db and not args.memory_db.is_file():
         parser.error(f"{args.memory_db} does not exist")
     started = datetime.datetime.now(datetime.timezone.utc)
-    result = run(args.n, args.seed, args.queries, not args.no_peers)
+    result = run(args.n, args.seed, args.queries, not args.no_peers and args.agent_python is None, args.agent_python)
     if args.memory_db:
         result["memory"].append({"db": str(args.memory_db), **memory.measure(args.memory_db.resolve())})
     result.update(machine=machine(), started_utc=started.isoformat(timespec="seconds"))
