@@ -92,12 +92,13 @@ def flush(writer: Writer, patience_s: float, policy: RetryPolicy) -> None:
     A handle runs it before it searches and when it closes, so its own searches read every row
     from the indexes and other programs find its rows once it is done.
     """
+    if not _since_count.get(id(writer.conn)):
+        return  # nothing queued through this connection since its queue was last emptied: no SQL at all
     try:
-        if not writer.conn.execute(f"SELECT EXISTS (SELECT 1 FROM {fts.PENDING})").fetchone()[0]:
-            return
         with writer.transaction(patience_s, policy) as conn:
             state = fts.inspect(conn)
             if state.declared and state.queued:
                 index_batch(conn)
+        _since_count[id(writer.conn)] = 0
     except Exception as exc:  # noqa: BLE001 - searches scan queued rows; the next batch or open indexes them
         logger.info("indexing the queued messages was put off: %s", exc)

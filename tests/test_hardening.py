@@ -44,6 +44,7 @@ def test_a_hit_in_a_huge_row_gets_a_bounded_snippet(db):
 def test_a_long_read_does_not_hold_the_write_path(db):
     db.create_session("s", "cli")
     db.append_message("s", "user", "something to find")
+    db.search_messages("something")  # a handle indexes the rows it queued before it searches: done here
     reading, appended = threading.Event(), threading.Event()
 
     def slow_statement(sql: str) -> None:
