@@ -35,7 +35,7 @@ ON_CONFLICT = ("skip", "replace", "error")
 PAGE_SESSIONS = 100  # sessions whose ids one read of iter_export fetches
 
 # What a replacing import rewrites: the session-owned rows an export carries (children first).
-_REPLACED = tuple((t.name, condition) for t in SESSION_OWNED if t.export for condition in t.owned_by("(?1)"))
+_REPLACED = tuple((t.name, condition) for t in SESSION_OWNED if t.export for condition in t.owned_by("(?)"))
 _RECOUNT_SQL = recount_sql() + " WHERE id = ?"
 
 
