@@ -53,33 +53,23 @@ class Checked:
     ignored: set[str] = field(default_factory=set)  # "table.column" names this schema lacks
 
 
-def _stored(column: Column, value: Any, name: str, problems: list[str]) -> Any:
-    """Return `value` as the import stores it in `column`; note a problem (and return None) when it cannot be."""
-    if value is None:
-        return None
-    kind = column.type
-    if column.rule == "json_text":  # a serialised document: text must already be JSON
-        if isinstance(value, str):
+def _stored_json(column: Column, value: Any, name: str, problems: list[str]) -> Any:
+    if isinstance(value, str):
+        if column.rule == "json_text":  # a serialised document: text must already be JSON
             try:
                 json.loads(value)
             except (ValueError, RecursionError):
                 problems.append(f"{name} must be valid JSON")
                 return None
-            return replace_surrogates(value)
-        kind = "JSON"
-    if column.json or kind == "JSON":
-        if isinstance(value, str):
-            return replace_surrogates(value)  # JSON text as it was stored
-        try:
-            return encode_json(value, name)
-        except (ValueError, TypeError, RecursionError) as exc:
-            problems.append(str(exc))
-            return None
-    if kind == "TEXT":
-        if type(value) is str:
-            return value if value.isascii() else replace_surrogates(value)  # as every write stores them
-        problems.append(f"{name} must be a string")
+        return replace_surrogates(value)  # JSON text as it was stored
+    try:
+        return encode_json(value, name)
+    except (ValueError, TypeError, RecursionError) as exc:
+        problems.append(str(exc))
         return None
+
+
+def _stored_number(kind: str, value: Any, name: str, problems: list[str]) -> Any:
     if isinstance(value, bool):
         return int(value)
     if isinstance(value, int):
@@ -93,6 +83,20 @@ def _stored(column: Column, value: Any, name: str, problems: list[str]) -> Any:
         problems.append(f"{name} must be a finite number")
         return None
     problems.append(f"{name} must be {'an integer' if kind == 'INTEGER' else 'a number'}")
+    return None
+
+
+def _stored(column: Column, value: Any, name: str, problems: list[str]) -> Any:
+    """Return `value` as the import stores it in `column`; note a problem (and return None) when it cannot be."""
+    if value is None:
+        return None
+    if column.json or column.rule == "json_text":
+        return _stored_json(column, value, name, problems)
+    if column.type != "TEXT":
+        return _stored_number(column.type, value, name, problems)
+    if type(value) is str:
+        return value if value.isascii() else replace_surrogates(value)  # as every write stores them
+    problems.append(f"{name} must be a string")
     return None
 
 
