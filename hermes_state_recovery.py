@@ -471,9 +471,7 @@ def _fix_references(dst: sqlite3.Connection, report: RecoveryReport) -> None:
         "SELECT id FROM sessions WHERE parent_session_id IS NOT NULL "
         "AND parent_session_id NOT IN (SELECT id FROM sessions) ORDER BY id")]
     dst.execute("UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id NOT IN (SELECT id FROM sessions)")
-    for table in _ORPHANS_DROPPED:
-        if not table_exists(dst, table):  # a table made on first use, absent from the source
-            continue
+    for table in (t for t in _ORPHANS_DROPPED if table_exists(dst, t)):  # a first-use table may be absent
         n = dst.execute(f"DELETE FROM {table} WHERE session_id NOT IN (SELECT id FROM sessions)").rowcount
         if n:
             report.orphan_rows_dropped[table] = n
@@ -523,15 +521,6 @@ def recover(source_path: str | os.PathLike, target_path: str | os.PathLike) -> R
     for line in report.losses:
         logger.warning("recover %s: %s", source, line)
     return report
-
-
-def _source_levels(src: sqlite3.Connection) -> tuple[int, int]:
-    # The schema version and layout revision the source's rows were written in: the ladder steps
-    # at or below them already hold. Unreadable numbers mean every step runs.
-    try:
-        return schema.effective_version(src) or 0, schema.read_layout(src)
-    except sqlite3.DatabaseError:
-        return 0, 0
 
 
 def _create_foreign(dst: sqlite3.Connection, name: str, sql: str) -> None:
@@ -596,7 +585,7 @@ def _build(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[tuple[
             report.tables[name] = TableRecovery(source_rows=None, error="its definition cannot be read")
         conn.execute("DELETE FROM state_meta WHERE key IN (?, ?)", (fts.HIGH_WATER, fts.PROGRESS))
 
-    schema.build_file(dst, fill, since=_source_levels(src))
+    schema.build_file(dst, fill, since=schema.written_levels(src))
     report.tables = {n: t for n, t in report.tables.items() if t.copied or t.source_rows or t.lost_ranges or t.error}
     _fix_references(dst, report)  # after the indexes: without them each session's recount scans every message
     fts.register_functions(dst)

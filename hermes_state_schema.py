@@ -277,6 +277,17 @@ def effective_version(conn: sqlite3.Connection) -> int | None:
     return SCHEMA_VERSION if is_own_relabel(conn, version) else version
 
 
+def written_levels(conn: sqlite3.Connection) -> tuple[int, int]:
+    """Return the (schema version, layout revision) a file's rows were written in; (0, 0) when unreadable.
+
+    The ladder steps at or below them already hold for those rows (`recover` passes this to build_file).
+    """
+    try:
+        return effective_version(conn) or 0, read_layout(conn)
+    except sqlite3.DatabaseError:
+        return 0, 0
+
+
 def _set_layout(conn: sqlite3.Connection, revision: int) -> None:
     conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, ?)", (LAYOUT_KEY, str(revision)))
 

@@ -179,3 +179,12 @@ def test_healing_is_a_no_op_on_a_file_without_such_rows(db, conn):
     assert backfill.heal_null_active(conn) == 0
     conn.execute("COMMIT")
     assert conn.execute("SELECT * FROM messages").fetchall() == before
+
+
+def test_the_levels_a_file_was_written_in_are_read_and_an_unreadable_file_counts_as_oldest(db, tmp_path):
+    with sqlite3.connect(db.db_path) as conn:
+        assert schema.written_levels(conn) == (schema.SCHEMA_VERSION, schema.LAYOUT_REVISION)
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not a database" * 100)
+    with sqlite3.connect(garbage) as conn:
+        assert schema.written_levels(conn) == (0, 0)
