@@ -463,24 +463,37 @@ def _find(conn: sqlite3.Connection, plan: QueryPlan, f: _Filters, low: int, high
     return [(i, source) for i, _, source in sorted(found, key=lambda h: (h[1], -h[0]))]
 
 
+# The columns of the indexes whose hits FTS5 snippet() highlights, in their declared order.
+_SNIPPET_COLUMNS = {fts.WORD: ("content", "tool_name", "tool_calls"), fts.REASONING: ("reasoning",)}
+
+
 def _snippets(conn: sqlite3.Connection, plan: QueryPlan,
               hits: list[tuple[int, tuple[str, str] | None]]) -> dict[int, str]:
-    """Return {id: snippet}: FTS5 snippet() for word/trigram hits, a text window for the others."""
+    """Return {id: snippet}: FTS5 snippet() for word/reasoning hits, a text window for the others."""
     out: dict[int, str] = {}
     by_source: dict[tuple[str, str], list[int]] = defaultdict(list)
     for i, source in hits:
         if source is not None:
             by_source[source].append(i)
+    declared = bool(by_source) and fts.cached_state(conn).declared
     for (table, expr), ids in by_source.items():  # one statement per index and OR branch, not per hit
-        column = 0 if table == fts.TRIGRAM else -1
-        columns = ("reasoning", "reasoning_content") if table == fts.REASONING else (
-            "content", "tool_calls", "tool_name")
         # FTS5's snippet() re-tokenizes the whole row for every phrase match, so its cost grows
         # with the square of a long row's size; long rows take the text-window path below.
+        columns = _SNIPPET_COLUMNS.get(table)
+        if declared and columns:
+            # The index is the declared one (default tokenizer): a copy of the rows gives the same
+            # snippets without a seek through every segment of the index per hit (highlight.fts_snippets).
+            out.update(highlight.fts_snippets(conn.execute(
+                f"SELECT rowid, {', '.join(columns)} FROM {table} WHERE rowid IN (SELECT value FROM json_each(?)) "
+                f"AND {' + '.join(f'COALESCE(length({c}), 0)' for c in columns)} <= ?",
+                (json.dumps(ids), _FTS_SNIPPET_MAX_CHARS)).fetchall(), expr, len(columns)))
+            continue
+        column = 0 if table == fts.TRIGRAM else -1
+        sizes = ("reasoning", "reasoning_content") if table == fts.REASONING else ("content", "tool_calls", "tool_name")
         out.update(conn.execute(
             f"SELECT rowid, snippet({table}, {column}, {_SNIPPET_ARGS}) FROM {table} "
             f"WHERE {table} MATCH ? AND rowid IN (SELECT id FROM messages WHERE id IN (SELECT value FROM json_each(?)) "
-            f"AND {' + '.join(f'COALESCE(length({c}), 0)' for c in columns)} <= ?)",
+            f"AND {' + '.join(f'COALESCE(length({c}), 0)' for c in sizes)} <= ?)",
             (expr, json.dumps(ids), _FTS_SNIPPET_MAX_CHARS)))
     rest = [i for i, _ in hits if ">>>" not in (out.get(i) or "")]
     if rest:

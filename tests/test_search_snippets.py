@@ -1,0 +1,89 @@
+"""Snippets of word and reasoning hits: the same text FTS5's snippet() gives on the store's own index."""
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+import pytest
+
+import hermes_state_fts as fts
+import hermes_state_highlight as highlight
+from hermes_state_query import _sanitize_fts5_query
+
+ROWS = [
+    "the quick brown fox jumps over the lazy dog " * 6,
+    "Déjà vu: the deja setting was reset, DEJA again",
+    "chat send failed; the chat-send handler retried chat send twice",
+    "昨日iPhone16を買った and the iPhone16 case too",
+    "kubernetes pods restarting: kubectl get pods shows kubernetes-dashboard",
+    "short",
+    "prefix matches: configuration, configured, config, reconfigure",
+]
+CALLS = [None, '{"function": {"name": "lookup", "arguments": "{\\"q\\": \\"deja\\"}"}}', None, None,
+         '[{"function": {"name": "kubectl"}}]', None, None]
+QUERIES = ["fox", "deja", '"chat send"', "iPhone16", "kubernetes pods", "config*", "fox OR short",
+           "lookup", "kubectl", "dog NOT cat", "zebraquux"]
+
+
+@pytest.fixture
+def conn(db):
+    for i, (text, calls) in enumerate(zip(ROWS, CALLS)):
+        db.create_session(f"s{i}", "cli")
+        if calls:
+            db.append_message(f"s{i}", "assistant", text, tool_calls=[{"id": "c", "type": "function",
+                                                                        "function": {"name": "lookup",
+                                                                                     "arguments": calls}}])
+        else:
+            db.append_message(f"s{i}", "user", text)
+    c = sqlite3.connect(db.db_path)
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize("query", QUERIES)
+def test_a_copy_of_the_rows_gives_the_index_s_own_snippets(conn, query):
+    expected = dict(conn.execute(f"SELECT rowid, snippet({fts.WORD}, -1, '>>>', '<<<', '...', 16) "
+                                 f"FROM {fts.WORD} WHERE {fts.WORD} MATCH ?", (query,)))
+    rows = conn.execute(f"SELECT rowid, content, tool_name, tool_calls FROM {fts.WORD}").fetchall()
+    assert highlight.fts_snippets(rows, query, 3) == expected
+    assert (query == "zebraquux") == (not expected)
+
+
+def test_a_refused_expression_gives_no_snippet_and_leaves_nothing_behind(conn):
+    rows = conn.execute(f"SELECT rowid, content, tool_name, tool_calls FROM {fts.WORD}").fetchall()
+    assert highlight.fts_snippets(rows, '"unbalanced', 3) == {}
+    scratch = highlight._scratch_conn()
+    assert not scratch.in_transaction
+    assert scratch.execute("SELECT COUNT(*) FROM hits3").fetchone()[0] == 0
+    assert highlight.fts_snippets(rows, "fox", 3)  # still usable afterwards
+
+
+def test_each_thread_has_its_own_copy(conn):
+    rows = conn.execute(f"SELECT rowid, content, tool_name, tool_calls FROM {fts.WORD}").fetchall()
+    seen = []
+    threads = [threading.Thread(target=lambda: seen.append(highlight.fts_snippets(rows, "deja", 3))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(seen) == 4 and all(s == seen[0] and s for s in seen)
+
+
+def test_search_snippets_equal_the_index_s_own(db, conn):
+    for query in QUERIES:
+        expected = dict(conn.execute(f"SELECT rowid, snippet({fts.WORD}, -1, '>>>', '<<<', '...', 16) "
+                                     f"FROM {fts.WORD} WHERE {fts.WORD} MATCH ?", (_sanitize_fts5_query(query),)))
+        assert expected or query == "zebraquux"
+        for hit in db.search_messages(query):
+            if hit["id"] in expected:
+                assert hit["snippet"] == expected[hit["id"]], query
+
+
+def test_reasoning_snippets_equal_the_index_s_own(db):
+    db.create_session("r", "cli")
+    row = db.append_message("r", "assistant", "done", reasoning="first I think about the walrus, then about tea")
+    with sqlite3.connect(db.db_path) as c:
+        expected = c.execute(f"SELECT snippet({fts.REASONING}, -1, '>>>', '<<<', '...', 16) FROM {fts.REASONING} "
+                             f"WHERE {fts.REASONING} MATCH 'walrus'").fetchone()[0]
+    hits = db.search_messages("walrus", include_reasoning=True)
+    assert [(h["id"], h["snippet"]) for h in hits] == [(row, expected)]
