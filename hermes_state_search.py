@@ -46,7 +46,7 @@ class SearchResults(list):
         self.complete = complete
 
 _RANK_WINDOW = 1000       # bm25 ranks the newest matches first; see "Ranking" in docs/search.md
-_WINDOW_GROWTH = 16
+_FILTERED_POOL = 50       # ... and at least this many of those passing the filters
 _LIKE_SCAN_ROWS = 20_000  # the most rows any LIKE scan reads
 _CONTEXT_CHARS = 200
 _SNIPPET_ARGS = "'>>>', '<<<', '...', 16"
@@ -121,30 +121,28 @@ def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: i
     """Return up to `need` (id, bm25) of `table`'s matches passing the filters, best first.
 
     bm25 needs every candidate's document length, so ranking all matches of a common word costs
-    a lookup per matching row. Only the newest `_RANK_WINDOW` matches are ranked (a seek from
-    the end of the doclists); when the filters leave too few of them the window grows.
+    a lookup per matching row. Only the newest matches are ranked (docs/search.md, "Ranking"):
+    the newest `_RANK_WINDOW` of them, and further back when that is needed to hold the newest
+    `_FILTERED_POOL` (at least `need`) of those passing the filters. Each bound is one seek from
+    the end of the doclists.
     `skip_queued` leaves out rows waiting in the CJK queue: their index entry may be stale.
     """
     queued = f" AND m.id NOT IN (SELECT id FROM {fts.CJK_PENDING})" if skip_queued else ""
-    rank_sql = (f"SELECT {table}.rowid, bm25({table}) AS score FROM {table} "
-                f"JOIN messages m ON m.id = {table}.rowid{f.join} "
-                f"WHERE {table} MATCH ? AND {table}.rowid BETWEEN ? AND ?{f.sql}{queued} "
-                f"ORDER BY score, {table}.rowid DESC LIMIT ?")
-    window: int | None = _RANK_WINDOW
+    joined = (f"FROM {table} JOIN messages m ON m.id = {table}.rowid{f.join} "
+              f"WHERE {table} MATCH ? AND {table}.rowid BETWEEN ? AND ?{f.sql}{queued}")
     try:
-        while True:
-            floor = low
-            if window is not None:
-                row = conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid BETWEEN ? AND ? "
-                                   "ORDER BY rowid DESC LIMIT 1 OFFSET ?", (expr, low, high, window - 1)).fetchone()
-                if row is None:
-                    window = None  # fewer matches than the window: rank them all
-                else:
-                    floor = row[0]
-            rows = conn.execute(rank_sql, (expr, floor, high, *f.params, need)).fetchall()
-            if len(rows) >= need or window is None:
-                return rows
-            window *= _WINDOW_GROWTH
+        floor = low
+        row = conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid BETWEEN ? AND ? "
+                           "ORDER BY rowid DESC LIMIT 1 OFFSET ?", (expr, low, high, _RANK_WINDOW - 1)).fetchone()
+        if row is not None:  # more matches than the window; else rank them all
+            # Newest first, the filters checked on each row until the pool is full: a filter that
+            # passes few rows makes the window reach further back, never the ranking of all matches.
+            pooled = conn.execute(f"SELECT {table}.rowid {joined} ORDER BY {table}.rowid DESC LIMIT 1 OFFSET ?",
+                                  (expr, low, high, *f.params, max(need, _FILTERED_POOL) - 1)).fetchone()
+            floor = low if pooled is None else min(row[0], pooled[0])
+        return conn.execute(f"SELECT {table}.rowid, bm25({table}) AS score {joined} "
+                            f"ORDER BY score, {table}.rowid DESC LIMIT ?",
+                            (expr, floor, high, *f.params, need)).fetchall()
     except sqlite3.OperationalError as exc:
         if not _is_query_error(exc):
             raise

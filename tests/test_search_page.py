@@ -1,4 +1,4 @@
-"""Snippets of word and reasoning hits: the same text FTS5's snippet() gives on the store's own index."""
+"""A page of search results: snippets equal to FTS5's own, and how far back selective filters make the ranking reach."""
 from __future__ import annotations
 
 import sqlite3
@@ -87,3 +87,32 @@ def test_reasoning_snippets_equal_the_index_s_own(db):
                              f"WHERE {fts.REASONING} MATCH 'walrus'").fetchone()[0]
     hits = db.search_messages("walrus", include_reasoning=True)
     assert [(h["id"], h["snippet"]) for h in hits] == [(row, expected)]
+
+
+# --- the ranking window and selective filters ----------------------------------------------------
+
+@pytest.fixture
+def old_discord_rows(db, monkeypatch):
+    """Six discord rows under 40 newer cli rows, with a ranking window of 3 and a filtered pool of 4."""
+    import hermes_state_search as search
+    monkeypatch.setattr(search, "_RANK_WINDOW", 3)
+    monkeypatch.setattr(search, "_FILTERED_POOL", 4)
+    db.create_session("d", "discord")
+    db.create_session("c", "cli")
+    old = [db.append_message("d", "user", f"common term {'pad ' * i}") for i in range(6)]
+    for i in range(40):
+        db.append_message("c", "user", f"common term {'pad ' * (i % 5)}")
+    return old
+
+
+def test_a_selective_filter_reaches_back_past_the_window(db, old_discord_rows):
+    hits = db.search_messages("common", source_filter=["discord"])
+    assert sorted(h["id"] for h in hits) == old_discord_rows
+    assert [h["id"] for h in hits][0] == old_discord_rows[0]  # bm25: the shortest row ranks first
+    assert len(db.search_messages("common", source_filter=["discord"], limit=2)) == 2
+
+
+def test_filtered_pages_within_the_pool_are_disjoint(db, old_discord_rows):
+    pages = [db.search_messages("common", source_filter=["discord"], limit=2, offset=o) for o in (0, 2)]
+    got = [h["id"] for page in pages for h in page]
+    assert len(got) == len(set(got)) == 4 and set(got) <= set(old_discord_rows)
