@@ -20,6 +20,7 @@ RANKS = {
     "hermes_state_fts": 4, "hermes_state_catalogue": 4,
     "hermes_state_sessions": 4,
     "hermes_state_messages": 5,
+    "hermes_state_hits": 5.5,  # a page of search hits: details, snippets, context
     "hermes_state_conversation": 6, "hermes_state_search": 6, "hermes_state_listings": 6,
     "hermes_state_compression": 7,
     "hermes_state_portability": 8, "hermes_state_recovery": 8, "hermes_state_gateway": 8,

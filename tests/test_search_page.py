@@ -1,6 +1,7 @@
 """A page of search results: snippets equal to FTS5's own, and how far back selective filters make the ranking reach."""
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 
@@ -116,3 +117,38 @@ def test_filtered_pages_within_the_pool_are_disjoint(db, old_discord_rows):
     pages = [db.search_messages("common", source_filter=["discord"], limit=2, offset=o) for o in (0, 2)]
     got = [h["id"] for page in pages for h in page]
     assert len(got) == len(set(got)) == 4 and set(got) <= set(old_discord_rows)
+
+
+# --- one session's in-word hits: read row by row or through the substring index, the same rows ---
+
+@pytest.mark.parametrize("query", ["docker", "ockerfil", "compose", "docker NOT compose", "ocker ompos"])
+def test_a_session_s_rows_are_found_alike_by_reading_them_or_by_the_substring_index(db, monkeypatch, query):
+    import hermes_state_search as search
+    db.create_session("s", "cli")
+    db.create_session("t", "cli")
+    texts = ["docker compose up", "the dockerfile builds", "redockerize compose", "plain words", "DOCKERFILE caps"]
+    for i in range(30):
+        db.append_message("s" if i % 3 else "t", "tool" if i % 4 == 0 else "user", texts[i % 5])
+    answers = []
+    for rows in (0, 10 ** 9):  # never read row by row; always
+        monkeypatch.setattr(search, "_DIRECT_SCAN_ROWS", rows)
+        answers.append([(h["id"], h["snippet"]) for h in db.search_messages(query, session_id="s", limit=50)])
+    assert answers[0] == answers[1] and answers[0]
+
+
+# --- ranking the index alone, then dropping archived rows: the joined ranking's rows, in its order ---
+
+@pytest.mark.parametrize("spare", [0, 1, 3, 50])
+def test_archived_rows_among_the_best_leave_the_ranking_of_the_live_ones_unchanged(db, monkeypatch, spare):
+    import hermes_state_search as search
+    monkeypatch.setattr(search, "_SPARE_RANKED", spare)
+    db.create_session("s", "cli")
+    ids = [db.append_message("s", "user", "common term " + "pad " * (i % 9)) for i in range(40)]
+    with sqlite3.connect(db.db_path) as c:
+        c.execute("UPDATE messages SET active = 0 WHERE id IN (SELECT value FROM json_each(?))",
+                  (json.dumps([i for i in ids if (i % 9) < 3 or i % 4 == 0]),))  # most of the shortest rows
+        expected = [r[0] for r in c.execute(
+            f"SELECT f.rowid FROM {fts.WORD} f JOIN messages m ON m.id = f.rowid WHERE {fts.WORD} MATCH 'common' "
+            f"AND m.active = 1 ORDER BY bm25({fts.WORD}), f.rowid DESC LIMIT 7")]
+    assert [h["id"] for h in db.search_messages("common", limit=7)] == expected
+    assert len(db.search_messages("common", limit=7, include_inactive=True)) == 7
