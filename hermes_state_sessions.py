@@ -455,37 +455,60 @@ def set_session_archived(conn: sqlite3.Connection, session_id: str, archived: bo
                         (flag, session_id)).rowcount == 1
 
 
-def cwd_prefix_sql(prefix: str) -> tuple[str, list[str]]:
-    """Return (SQL condition, params) for "cwd is `prefix` or inside it" ("/repo" matches "/repo/x", not "/repo-2")."""
+def cwd_under_sql(column: str = "cwd") -> str:
+    """Return the SQL condition "`column` is a directory or inside it"; bind it `cwd_under_values(prefix)`."""
+    # A range on the text instead of LIKE: no wildcard escaping, case kept as the file system
+    # keeps it, and '0' is the character after '/'.
+    return f"({column} = ? OR ({column} >= ? AND {column} < ?))"
+
+
+def cwd_under_values(prefix: str) -> list[str]:
+    """Return the values `cwd_under_sql` binds for `prefix` ("/repo" takes "/repo/x", never "/repo-2")."""
     prefix = prefix.rstrip("/") or "/"
     inside = prefix if prefix.endswith("/") else prefix + "/"
-    # A range on the text instead of LIKE: no wildcard escaping, and '0' is the character after '/'.
-    return "(cwd = ? OR (cwd >= ? AND cwd < ?))", [prefix, inside, inside[:-1] + "0"]
+    return [prefix, inside, inside[:-1] + "0"]
+
+
+def cwd_prefix_sql(prefix: str) -> tuple[str, list[str]]:
+    """Return (SQL condition, params) for "cwd is `prefix` or inside it" ("/repo" matches "/repo/x", not "/repo-2")."""
+    return cwd_under_sql(), cwd_under_values(prefix)
+
+
+def session_filters(alias: str = "", *, source: Any = None, exclude_sources: Any = None, cwd_prefix: Any = None,
+                    min_message_count: Any = 0, include_archived: bool = False,
+                    archived_only: bool = False) -> tuple[list[str], list[Any]]:
+    """Return (SQL conditions, params) selecting sessions by source, working directory, size and archive state.
+
+    `alias` prefixes each column ("s." when the query names the table s). Texts must be
+    non-empty strings SQLite can store (ValueError otherwise); an empty `cwd_prefix` filters nothing.
+    """
+    where: list[str] = []
+    params: list[Any] = []
+    if source is not None:
+        where.append(f"{alias}source = ?")
+        params.append(check_id("source", source))
+    if exclude_sources:
+        excluded = [check_id("exclude_sources", s) for s in exclude_sources]
+        where.append(f"{alias}source NOT IN ({', '.join('?' * len(excluded))})")
+        params += excluded
+    if cwd_prefix not in (None, ""):
+        where.append(cwd_under_sql(f"{alias}cwd"))
+        params += cwd_under_values(check_id("cwd_prefix", cwd_prefix))
+    if min_message_count:
+        where.append(f"COALESCE({alias}message_count, 0) >= ?")
+        params.append(check_count("min_message_count", min_message_count))
+    if archived_only or not include_archived:
+        where.append(f"COALESCE({alias}archived, 0) = {1 if archived_only else 0}")
+    return where, params
 
 
 def session_count(conn: sqlite3.Connection, source: str | None = None, cwd_prefix: str | None = None,
                   min_message_count: int = 0, include_archived: bool = False, archived_only: bool = False,
                   exclude_children: bool = False, exclude_sources: list[str] | None = None) -> int:
     """Return how many sessions match: archived ones only when asked, children left out when asked."""
-    where: list[str] = []
-    params: list[Any] = []
-    if source is not None:
-        where.append("source = ?")
-        params.append(source)
-    if exclude_sources:
-        where.append(f"source NOT IN ({', '.join('?' * len(exclude_sources))})")
-        params += list(exclude_sources)
-    if cwd_prefix:
-        condition, values = cwd_prefix_sql(cwd_prefix)
-        where.append(condition)
-        params += values
-    if min_message_count:
-        where.append("COALESCE(message_count, 0) >= ?")
-        params.append(check_count("min_message_count", min_message_count))
-    if archived_only:
-        where.append("COALESCE(archived, 0) = 1")
-    elif not include_archived:
-        where.append("COALESCE(archived, 0) = 0")
+    where, params = session_filters(source=source, exclude_sources=exclude_sources, cwd_prefix=cwd_prefix,
+                                    min_message_count=min_message_count, include_archived=include_archived,
+                                    archived_only=archived_only)
     if exclude_children:
         where.append("parent_session_id IS NULL")
     sql = "SELECT COUNT(*) FROM sessions" + (" WHERE " + " AND ".join(where) if where else "")
