@@ -265,42 +265,21 @@ def update_token_counts(conn: sqlite3.Connection, session_id: str, input_tokens:
     given model, else the session's); `absolute` sets the summary and records no usage row,
     since usage rows are sums of calls and a total would count them twice.
     """
-    counts: dict[str, Any] = dict(zip(_TOKEN_COLUMNS, (input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
-                                                     reasoning_tokens, api_call_count)))
-    counts = {name: check_count(name, value) for name, value in counts.items()}
-    for name, cost in (("estimated_cost_usd", estimated_cost_usd), ("actual_cost_usd", actual_cost_usd)):
-        if cost is not None:
-            counts[name] = check_number(name, cost)
-    if model is not None and (not isinstance(model, str) or not model.strip()):
-        raise ValueError("model must be a non-empty string or None")
-    route = {"model": replace_surrogates(model), **{n: _CHECK[n](v) if v is not None else None for n, v in
-                                                    zip(_ROUTE_COLUMNS, (billing_provider, billing_base_url,
-                                                                         billing_mode))}}
-    labels = {n: _CHECK[n](v) for n, v in zip(_COST_LABELS, (cost_status, cost_source, pricing_version))
-              if v is not None}
+    counts = _checked_counts((input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens,
+                              api_call_count), estimated_cost_usd, actual_cost_usd)
+    route = _checked_route(model, (billing_provider, billing_base_url, billing_mode))
+    labels = _given(_COST_LABELS, (cost_status, cost_source, pricing_version))
     row = conn.execute("SELECT model, api_call_count FROM sessions WHERE id = ?", (session_id,)).fetchone()
     if row is None:
         raise SessionNotFoundError(f"session {session_id!r} not found")
-    session_model, accounted = row[0], (row[1] or 0) > 0
-    if absolute:
-        sets, params = [f"{name} = ?" for name in counts], list(counts.values())
-    else:
+    if not absolute:
         _check_sums_fit(conn, session_id, counts)
-        sets, params = [f"{name} = COALESCE({name}, 0) + ?" for name in counts], list(counts.values())
-    names_route = route["model"] is not None or route["billing_provider"] is not None
-    if not absolute and counts["api_call_count"] > 0 and not accounted and names_route:
-        # The first accounted call: its route replaces the requested one, all fields together.
-        sets += ["model = COALESCE(?, model)", *(f"{n} = ?" for n in _ROUTE_COLUMNS)]
-        params += [route["model"], *(route[n] for n in _ROUTE_COLUMNS)]
-    else:
-        same_route = route["model"] is None or session_model is None or route["model"] == session_model
-        sets.append("model = COALESCE(model, ?)")
-        params.append(route["model"])
-        if same_route:
-            sets += [f"{n} = COALESCE({n}, ?)" for n in _ROUTE_COLUMNS]
-            params += [route[n] for n in _ROUTE_COLUMNS]
-    sets += [f"{n} = ?" for n in labels]
-    params += list(labels.values())
+    sets = [f"{name} = ?" if absolute else f"{name} = COALESCE({name}, 0) + ?" for name in counts]
+    params = list(counts.values())
+    first_accounted = not absolute and counts["api_call_count"] > 0 and not (row[1] or 0) > 0
+    route_sets, route_params = _route_sets(route, row[0], first_accounted)
+    sets += route_sets + [f"{n} = ?" for n in labels]
+    params += route_params + list(labels.values())
     conn.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE id = ?", [*params, session_id])
     if absolute or not any(counts.values()):
         return
@@ -308,6 +287,41 @@ def update_token_counts(conn: sqlite3.Connection, session_id: str, input_tokens:
                                                  (session_id,)).fetchone()[0]
     if usage_model is not None:
         _add_usage(conn, session_id, usage_model, route, counts, time.time() if now is None else now)
+
+
+def _checked_counts(tokens: tuple[Any, ...], estimated_cost_usd: Any, actual_cost_usd: Any) -> dict[str, Any]:
+    # The token counters (all of them, zeros included) and the costs that were given.
+    counts: dict[str, Any] = {name: check_count(name, value) for name, value in zip(_TOKEN_COLUMNS, tokens)}
+    for name, cost in (("estimated_cost_usd", estimated_cost_usd), ("actual_cost_usd", actual_cost_usd)):
+        if cost is not None:
+            counts[name] = check_number(name, cost)
+    return counts
+
+
+def _given(names: tuple[str, ...], values: tuple[Any, ...]) -> dict[str, Any]:
+    # The columns given a value, each checked by its declared rule.
+    return {n: _CHECK[n](v) for n, v in zip(names, values) if v is not None}
+
+
+def _checked_route(model: Any, billing: tuple[Any, ...]) -> dict[str, Any]:
+    # The call's model and billing provider, base URL and mode (None where not given).
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise ValueError("model must be a non-empty string or None")
+    return {"model": replace_surrogates(model),
+            **{n: _CHECK[n](v) if v is not None else None for n, v in zip(_ROUTE_COLUMNS, billing)}}
+
+
+def _route_sets(route: dict[str, Any], session_model: str | None, first_accounted: bool) -> tuple[list[str], list[Any]]:
+    # How a call's route changes the session's: see update_token_counts.
+    if first_accounted and (route["model"] is not None or route["billing_provider"] is not None):
+        # The first accounted call: its route replaces the requested one, all fields together.
+        return (["model = COALESCE(?, model)", *(f"{n} = ?" for n in _ROUTE_COLUMNS)],
+                [route["model"], *(route[n] for n in _ROUTE_COLUMNS)])
+    sets, params = ["model = COALESCE(model, ?)"], [route["model"]]
+    if route["model"] is None or session_model is None or route["model"] == session_model:
+        sets += [f"{n} = COALESCE({n}, ?)" for n in _ROUTE_COLUMNS]
+        params += [route[n] for n in _ROUTE_COLUMNS]
+    return sets, params
 
 
 def _add_usage(conn: sqlite3.Connection, session_id: str, model: str, route: dict[str, Any],

@@ -194,7 +194,6 @@ STILL_TOO_COMPLEX = {
     "hermes_state_portability._check_document": 20,
     "hermes_state_portability._check_graph": 17,
     "hermes_state_portability.import_validated": 40,
-    "hermes_state_sessions.update_token_counts": 34,
 }
 
 
