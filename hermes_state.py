@@ -113,7 +113,7 @@ class SessionDB:
     _ACTIVITY_WRITE_PATIENCE_S, _READ_BUSY_TIMEOUT_S = common.ACTIVITY_WRITE_PATIENCE_S, common.READ_BUSY_TIMEOUT_S
     _WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S = common.WRITE_RETRY_MIN_S, common.WRITE_RETRY_MAX_S
     _WRITE_RETRY_SLOW_MIN_S, _WRITE_RETRY_SLOW_MAX_S = common.WRITE_RETRY_SLOW_MIN_S, common.WRITE_RETRY_SLOW_MAX_S
-    _CHECKPOINT_EVERY_N_WRITES = common.CHECKPOINT_EVERY_N_WRITES
+    _CHECKPOINT_EVERY_N_WRITES, _OPTIMIZE_EVERY_N_WRITES = common.CHECKPOINT_EVERY_N_WRITES, fts.OPTIMIZE_EVERY_N_WRITES
     # Transcript writes wait this long for another holder's compression.
     _COMPRESSION_WAIT_S = compression.COMPRESSION_WAIT_S
     # Rows per FTS rebuild transaction; whether open leaves a rebuild to a background thread (tests turn it off).
@@ -251,6 +251,8 @@ class SessionDB:
         if writes % self._CHECKPOINT_EVERY_N_WRITES == 0:
             writer.passive_checkpoint(conn)
         fts.upkeep(conn, writes)  # a bounded FTS merge every 1,000 writes
+        if fts.optimize_due(writes, self._OPTIMIZE_EVERY_N_WRITES):  # after the lock is let go, in its own transaction
+            self._writer.defer(lambda: fts.optimize_quietly(lambda: self.optimize_fts()))
 
     def _check_writable(self) -> None:
         if self._closed:
@@ -457,13 +459,9 @@ class SessionDB:
                                 self._FTS_REBUILD_CHUNK_ROWS)
         return self.fts_rebuild_status()
 
-    def import_sessions(self, data: Any, on_conflict: str = "skip") -> ImportReport:
-        """Validate all export documents, then import them in one transaction; see ImportReport."""
-        self._check_writable()
-        portability.check_on_conflict(on_conflict)
-        plan = portability.validate(data)  # before the write lock: checking a large input keeps no writer waiting
-        with self._write() as conn:
-            return portability.import_validated(conn, plan, on_conflict)
+    def import_sessions(self, data: Any, on_conflict: str = "skip", *, strict: bool = False) -> ImportReport:
+        """Import export documents (any iterable, read once) in one transaction; see ImportReport and `strict`."""
+        return portability.import_stream(self._write, data, on_conflict, strict)
 
     def get_messages_as_conversation(self, session_id: str, include_ancestors: bool = False,
                                      with_row_ids: bool = False, include_inactive: bool = False,
