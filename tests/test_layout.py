@@ -13,7 +13,7 @@ RANKS = {
     "hermes_state_values": 0.5,
     "hermes_state_common": 1,
     "hermes_state_writer": 2, "hermes_state_render": 2, "hermes_state_lockowners": 2, "hermes_state_home": 2, "hermes_state_provider": 2,
-    "hermes_state_cjk": 2, "hermes_state_highlight": 2, "hermes_state_table": 2,
+    "hermes_state_cjk": 2, "hermes_state_highlight": 2,
     "hermes_state_lineage": 2,
     "hermes_state_titles": 2.5,  # the schema builds the unique-title index after freeing repeats
     "hermes_state_schema": 3, "hermes_state_query": 3,
@@ -28,6 +28,7 @@ RANKS = {
     "hermes_state_maintenance": 8.5,  # deletes what the ledgers (rank 8) describe
     "hermes_state_repair": 8.5,  # repairs a file with the full-text builder (rank 4)
     "hermes_state_upgrade": 9,
+    "hermes_state_table": 9.5,  # the method table and the handle it runs on (opens through the upgrade)
     "hermes_state": 10,
     # Consumers of the facade, not layers of it.
     "hermes_state_commands": 11, "hermes_state_pytest": 11, "hermes_state_web": 11,
