@@ -253,8 +253,8 @@ class SessionDB(table.Handle):
         """Rebuild the FTS indexes to the end in short chunks (resuming one under way); return the status."""
         self._check_writable()  # one transaction per chunk, by design: other writers get turns
         with typed_errors(self.db_path, reading=True):
-            upgrade.rebuild_fts(self._writer, self.db_path, self._WRITE_PATIENCE_S, self._policy(),
-                                self._FTS_REBUILD_CHUNK_ROWS)
+            upgrade.rebuild_fts(self._writer, self.db_path, self.write_patience_s, self._policy(),
+                                self.fts_rebuild_chunk_rows)
         return self.fts_rebuild_status()
 
     def import_sessions(self, data: Any, on_conflict: str = "skip") -> ImportReport:
@@ -291,7 +291,7 @@ class SessionDB(table.Handle):
             self._fts.stop()
         with self._writer.exclusive() as conn:
             self.schema_version, copied, _ = recovery.restore_from(conn, source, lambda conn: upgrade.set_up(
-                conn, self.db_path, self._WRITE_PATIENCE_S, self._policy(), backup=self._backup_before_upgrade,
+                conn, self.db_path, self.write_patience_s, self._policy(), backup=self._backup_before_upgrade,
                 on_give_up=self._log_lock_holders))
         self.upgrade_backup = copied or self.upgrade_backup
         self._open_fts()
@@ -300,7 +300,7 @@ class SessionDB(table.Handle):
         """Give free pages back to the file system; writers wait while it runs (seconds per GB)."""
         self._check_writable()
         with self._writer.exclusive() as conn:
-            return recovery.vacuum(conn, self._WRITE_PATIENCE_S, self._policy())
+            return recovery.vacuum(conn, self.write_patience_s, self._policy())
 
     # --- maintenance: deleting, pruning, the empty-session sweeps (hermes_state_maintenance;
     # docs/maintenance.md). Transcript files go only after COMMIT.

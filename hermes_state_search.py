@@ -45,20 +45,20 @@ class SearchResults(list):
         super().__init__(hits)
         self.complete = complete
 
-_RANK_WINDOW = 1000       # bm25 ranks the newest matches first; see "Ranking" in docs/search.md
+RANK_WINDOW = 1000       # bm25 ranks the newest matches first; see "Ranking" in docs/search.md
 _WINDOW_GROWTH = 16
-_LIKE_SCAN_ROWS = 20_000  # the most rows any LIKE scan reads
+LIKE_SCAN_ROWS = 20_000  # the most rows any LIKE scan reads
 _CONTEXT_CHARS = 200
 _SNIPPET_ARGS = "'>>>', '<<<', '...', 16"
 _FTS_SNIPPET_MAX_CHARS = 16_000  # longer rows get a snippet cut from a window around the first match
 _MAX_ROWID = 2 ** 63 - 1
 _SEARCHABLE = fts.searchable_text("m")  # the text the substring index holds, of message row `m`
-_warned: set[str] = set()
+warned: set[str] = set()  # the keys of warnings this process has logged (each is logged once)
 
 
 def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
+    if key not in warned:
+        warned.add(key)
         logger.warning(message)
 
 
@@ -121,7 +121,7 @@ def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: i
     """Return up to `need` (id, bm25) of `table`'s matches passing the filters, best first.
 
     bm25 needs every candidate's document length, so ranking all matches of a common word costs
-    a lookup per matching row. Only the newest `_RANK_WINDOW` matches are ranked (a seek from
+    a lookup per matching row. Only the newest `RANK_WINDOW` matches are ranked (a seek from
     the end of the doclists); when the filters leave too few of them the window grows.
     `skip_queued` leaves out rows waiting in the CJK queue: their index entry may be stale.
     """
@@ -130,7 +130,7 @@ def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: i
                 f"JOIN messages m ON m.id = {table}.rowid{f.join} "
                 f"WHERE {table} MATCH ? AND {table}.rowid BETWEEN ? AND ?{f.sql}{queued} "
                 f"ORDER BY score, {table}.rowid DESC LIMIT ?")
-    window: int | None = _RANK_WINDOW
+    window: int | None = RANK_WINDOW
     try:
         while True:
             floor = low
@@ -175,7 +175,7 @@ def _like(conn: sqlite3.Connection, groups: tuple[Group, ...], f: _Filters, low:
           only_queued: bool = False, contains: str = _CONTAINS, cut: list[bool] | None = None) -> list[int]:
     """Return the ids of messages in [low, high] matching any of `groups` by LIKE, newest first.
 
-    Reads at most `_LIKE_SCAN_ROWS` rows: the newest of the range, or of the CJK queue. When it
+    Reads at most `LIKE_SCAN_ROWS` rows: the newest of the range, or of the CJK queue. When it
     stopped before the range's oldest row and found fewer than `need`, it appends True to `cut`
     (older matches may exist). Excluded CJK terms are not checked here: the caller's filters carry them.
     """
@@ -188,14 +188,14 @@ def _like(conn: sqlite3.Connection, groups: tuple[Group, ...], f: _Filters, low:
     if only_queued:
         scope = (f" AND m.id IN (SELECT id FROM {fts.CJK_PENDING} WHERE id BETWEEN ? AND ? "
                  "ORDER BY id DESC LIMIT ?)")
-        scope_params: tuple = (low, high, _LIKE_SCAN_ROWS)
+        scope_params: tuple = (low, high, LIKE_SCAN_ROWS)
         stopped = conn.execute(f"SELECT COUNT(*) > ? FROM {fts.CJK_PENDING} WHERE id BETWEEN ? AND ?",
-                               (_LIKE_SCAN_ROWS, low, high)).fetchone()[0]
+                               (LIKE_SCAN_ROWS, low, high)).fetchone()[0]
     else:
         newest = conn.execute("SELECT MAX(id) FROM messages WHERE id <= ?", (high,)).fetchone()[0] or 0
-        stopped = newest - _LIKE_SCAN_ROWS + 1 > low and conn.execute(
-            "SELECT 1 FROM messages WHERE id BETWEEN ? AND ? LIMIT 1", (low, newest - _LIKE_SCAN_ROWS)).fetchone()
-        low = max(low, newest - _LIKE_SCAN_ROWS + 1)
+        stopped = newest - LIKE_SCAN_ROWS + 1 > low and conn.execute(
+            "SELECT 1 FROM messages WHERE id BETWEEN ? AND ? LIMIT 1", (low, newest - LIKE_SCAN_ROWS)).fetchone()
+        low = max(low, newest - LIKE_SCAN_ROWS + 1)
         scope, scope_params = "", ()
     sql = (f"SELECT m.id FROM messages m{f.join} WHERE m.id BETWEEN ? AND ?{scope} AND {condition}{f.sql} "
            "ORDER BY m.id DESC LIMIT ?")
@@ -328,7 +328,7 @@ def _substring_route(a: _Ask) -> list[_Hit]:
 def _scan_route(a: _Ask) -> list[_Hit]:
     if not a.state.tables:
         _warn_once("fts", "full-text search: no FTS index in this database; searching the newest "
-                          f"{_LIKE_SCAN_ROWS} messages with LIKE")
+                          f"{LIKE_SCAN_ROWS} messages with LIKE")
     logger.debug("search %r: last resort LIKE scan", [t.text for t in a.group.terms])
     return [(i, 0.0, None) for i in _like(a.conn, (a.group,), a.filters, a.low, a.high, a.need, cut=a.cut)]
 

@@ -142,31 +142,71 @@ SHARED = SharedHandles()  # the process-wide handles SessionDB.shared() hands ou
 Repair = tuple[set[str], Callable[..., dict[str, Any]] | None]
 
 
-class Handle:
+# The timing knobs: each public name with the name hermes-agent's code and tests use for it.
+# Setting either, on the class or on one handle, sets both; every call reads them afresh.
+KNOBS = {"write_patience_s": "_WRITE_PATIENCE_S", "transcript_write_patience_s": "_TRANSCRIPT_WRITE_PATIENCE_S",
+         "activity_write_patience_s": "_ACTIVITY_WRITE_PATIENCE_S", "read_busy_timeout_s": "_READ_BUSY_TIMEOUT_S",
+         "write_retry_min_s": "_WRITE_RETRY_MIN_S", "write_retry_max_s": "_WRITE_RETRY_MAX_S",
+         "write_retry_slow_min_s": "_WRITE_RETRY_SLOW_MIN_S", "write_retry_slow_max_s": "_WRITE_RETRY_SLOW_MAX_S",
+         "checkpoint_every_n_writes": "_CHECKPOINT_EVERY_N_WRITES", "compression_wait_s": "_COMPRESSION_WAIT_S",
+         "fts_rebuild_chunk_rows": "_FTS_REBUILD_CHUNK_ROWS", "fts_rebuild_in_background": "fts_rebuild_in_background"}
+TWINS = {**KNOBS, **{old: new for new, old in KNOBS.items()}}
+
+
+class Knobs(type):
+    """Keeps each knob's two names equal on a class: setting or deleting one does the same to the other."""
+
+    def __setattr__(cls, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in TWINS:
+            super().__setattr__(TWINS[name], value)
+
+    def __delattr__(cls, name: str) -> None:  # a monkeypatch undoing a class-level setting
+        super().__delattr__(name)
+        if TWINS.get(name) in vars(cls):
+            super().__delattr__(TWINS[name])
+
+
+class Handle(metaclass=Knobs):
     """The base of SessionDB: one open handle, its transactions, and `_run` for the method table."""
 
-    # Timing policy, read at call time so an application or a test can tune it on the class
-    # or on one instance.
-    _WRITE_PATIENCE_S, _TRANSCRIPT_WRITE_PATIENCE_S = common.WRITE_PATIENCE_S, common.TRANSCRIPT_WRITE_PATIENCE_S
-    _ACTIVITY_WRITE_PATIENCE_S, _READ_BUSY_TIMEOUT_S = common.ACTIVITY_WRITE_PATIENCE_S, common.READ_BUSY_TIMEOUT_S
-    _WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S = common.WRITE_RETRY_MIN_S, common.WRITE_RETRY_MAX_S
-    _WRITE_RETRY_SLOW_MIN_S, _WRITE_RETRY_SLOW_MAX_S = common.WRITE_RETRY_SLOW_MIN_S, common.WRITE_RETRY_SLOW_MAX_S
-    _CHECKPOINT_EVERY_N_WRITES = common.CHECKPOINT_EVERY_N_WRITES
+    # Timing policy (see docs/architecture.md, "Timing knobs"), read at call time so an
+    # application or a test can tune it on the class or on one instance.
+    write_patience_s = _WRITE_PATIENCE_S = common.WRITE_PATIENCE_S  # a write's whole wait for the lock
+    transcript_write_patience_s = _TRANSCRIPT_WRITE_PATIENCE_S = common.TRANSCRIPT_WRITE_PATIENCE_S
+    activity_write_patience_s = _ACTIVITY_WRITE_PATIENCE_S = common.ACTIVITY_WRITE_PATIENCE_S
+    read_busy_timeout_s = _READ_BUSY_TIMEOUT_S = common.READ_BUSY_TIMEOUT_S  # a read-only open's busy wait
+    # The jittered sleeps between BEGIN attempts: short ones first, then the slow band.
+    write_retry_min_s = _WRITE_RETRY_MIN_S = common.WRITE_RETRY_MIN_S
+    write_retry_max_s = _WRITE_RETRY_MAX_S = common.WRITE_RETRY_MAX_S
+    write_retry_slow_min_s = _WRITE_RETRY_SLOW_MIN_S = common.WRITE_RETRY_SLOW_MIN_S
+    write_retry_slow_max_s = _WRITE_RETRY_SLOW_MAX_S = common.WRITE_RETRY_SLOW_MAX_S
+    checkpoint_every_n_writes = _CHECKPOINT_EVERY_N_WRITES = common.CHECKPOINT_EVERY_N_WRITES
     # Transcript writes wait this long for another holder's compression.
-    _COMPRESSION_WAIT_S = compression.COMPRESSION_WAIT_S
-    # Rows per FTS rebuild transaction; whether open leaves a rebuild to a background thread (tests turn it off).
-    _FTS_REBUILD_CHUNK_ROWS = fts.REBUILD_CHUNK_ROWS
-    _FTS_REBUILD_IN_BACKGROUND = True
+    compression_wait_s = _COMPRESSION_WAIT_S = compression.COMPRESSION_WAIT_S
+    # Rows per FTS rebuild transaction; whether open leaves a rebuild to a background thread.
+    fts_rebuild_chunk_rows = _FTS_REBUILD_CHUNK_ROWS = fts.REBUILD_CHUNK_ROWS
+    fts_rebuild_in_background = _FTS_REBUILD_IN_BACKGROUND = True
     _shared_key: str | None = None  # set on handles handed out by shared()
     _fts: upgrade.FtsRebuild | None = None  # the background index rebuild this open started, if any
-    # The patience of each kind of table write that does not wait the default _WRITE_PATIENCE_S.
-    _PATIENCE = {"activity": "_ACTIVITY_WRITE_PATIENCE_S", "compression": "_TRANSCRIPT_WRITE_PATIENCE_S"}
+    # The patience of each kind of table write that does not wait the default write_patience_s.
+    _PATIENCE = {"activity": "activity_write_patience_s", "compression": "transcript_write_patience_s"}
     db_path: Path
     profile_home: Path
     read_only: bool
     schema_version: int | None
     upgrade_backup: Path | None
     mode_changes: list[str]
+
+    def __setattr__(self, name: str, value: Any) -> None:  # one handle's knob: both names, as on the class
+        object.__setattr__(self, name, value)
+        if name in TWINS:
+            object.__setattr__(self, TWINS[name], value)
+
+    def __delattr__(self, name: str) -> None:
+        object.__delattr__(self, name)
+        if TWINS.get(name) in vars(self):
+            object.__delattr__(self, TWINS[name])
 
     def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False,
                  backup_before_upgrade: bool = True, force: bool = False, repair: Repair | None = None):
@@ -184,8 +224,8 @@ class Handle:
         attempted, repair_file = repair or (set(), None)
         try:
             opened = open_repairing(lambda: upgrade.open_connection(
-                self.db_path, read_only=read_only, read_busy_s=self._READ_BUSY_TIMEOUT_S,
-                patience_s=self._WRITE_PATIENCE_S, policy=self._policy(), backup=backup_before_upgrade, force=force,
+                self.db_path, read_only=read_only, read_busy_s=self.read_busy_timeout_s,
+                patience_s=self.write_patience_s, policy=self._policy(), backup=backup_before_upgrade, force=force,
                 on_give_up=self._log_lock_holders), self.db_path, attempted, None if read_only else repair_file)
             conn, self.schema_version = opened.conn, opened.schema_version
             self.upgrade_backup, self.mode_changes = opened.upgrade_backup, opened.mode_changes
@@ -203,9 +243,9 @@ class Handle:
         writable = not self.read_only and (self.schema_version or 0) <= SCHEMA_VERSION
         try:
             with typed_errors(self.db_path, reading=True):  # a damaged index page -> StateDbCorruptError
-                self._fts = upgrade.open_fts(self._writer, self.db_path, self._WRITE_PATIENCE_S, self._policy(),
-                                             writable=writable, chunk_rows=self._FTS_REBUILD_CHUNK_ROWS,
-                                             background=self._FTS_REBUILD_IN_BACKGROUND)
+                self._fts = upgrade.open_fts(self._writer, self.db_path, self.write_patience_s, self._policy(),
+                                             writable=writable, chunk_rows=self.fts_rebuild_chunk_rows,
+                                             background=self.fts_rebuild_in_background)
         except BaseException:
             self._writer.close(checkpoint=False)
             raise
@@ -213,6 +253,16 @@ class Handle:
     @property
     def _fts_worker(self) -> Any:  # the background rebuild thread, or None (the FTS tests join it)
         return self._fts.thread if self._fts is not None else None
+
+    def wait_for_fts_rebuild(self, timeout_s: float | None = None) -> bool:
+        """Wait up to `timeout_s` (None: until it ends) for this open's background index rebuild; True once none runs.
+
+        True at once when the open started none; a rebuild that close() stopped counts as ended.
+        """
+        thread = self._fts_worker
+        if thread is not None:
+            thread.join(timeout_s)
+        return thread is None or not thread.is_alive()
 
     def close(self) -> None:
         """Checkpoint (PASSIVE) and close; twice is harmless. A `shared()` handle gives back one use, like `release()`."""
@@ -290,16 +340,17 @@ class Handle:
             yield Transaction(self._writer)
 
     def _policy(self) -> RetryPolicy:
-        return RetryPolicy(self._WRITE_RETRY_MIN_S, self._WRITE_RETRY_MAX_S,
-                           self._WRITE_RETRY_SLOW_MIN_S, self._WRITE_RETRY_SLOW_MAX_S)
+        return RetryPolicy(self.write_retry_min_s, self.write_retry_max_s,
+                           self.write_retry_slow_min_s, self.write_retry_slow_max_s)
 
     def _log_lock_holders(self, patience_s: float) -> None:
         log_write_lock_holders(self.db_path, patience_s)
 
     def _upkeep(self, conn: sqlite3.Connection, writes: int) -> None:
-        if writes % self._CHECKPOINT_EVERY_N_WRITES == 0:
+        if writes % self.checkpoint_every_n_writes == 0:
             passive_checkpoint(conn)
-        fts.upkeep(conn, writes)  # a bounded FTS merge every 1,000 writes
+        if writes % fts.MERGE_EVERY_N_WRITES == 0:  # a bounded FTS merge every 1,000 writes
+            fts.upkeep(conn, writes)
 
     def _check_writable(self) -> None:
         if self._closed:
@@ -315,13 +366,13 @@ class Handle:
     def _write(self, patience_s: float | None = None) -> Iterator[sqlite3.Connection]:
         self._check_writable()
         with typed_errors(self.db_path), self._writer.transaction(
-                self._WRITE_PATIENCE_S if patience_s is None else patience_s, self._policy()) as conn:
+                self.write_patience_s if patience_s is None else patience_s, self._policy()) as conn:
             yield conn
 
     def _transcript_write(self, session_id: str, body: Callable[[sqlite3.Connection], Any]) -> Any:
         self._check_writable()
-        return compression.transcript_write(lambda: self._write(self._TRANSCRIPT_WRITE_PATIENCE_S), self._read,
-                                            session_id, body, wait_s=self._COMPRESSION_WAIT_S)
+        return compression.transcript_write(lambda: self._write(self.transcript_write_patience_s), self._read,
+                                            session_id, body, wait_s=self.compression_wait_s)
 
     @contextmanager
     def _read(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:

@@ -228,7 +228,7 @@ def test_write_patience_counts_time_waiting_for_another_thread(db):
     t = threading.Thread(target=long_writer)
     t.start()
     holding.wait(5)
-    db._WRITE_PATIENCE_S = 0.3
+    db.write_patience_s = 0.3
     t0 = time.monotonic()
     with pytest.raises(SessionPersistenceError):
         db.create_session("late", "cli")

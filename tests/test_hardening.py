@@ -504,7 +504,7 @@ def test_import_validates_before_taking_the_write_lock(db, monkeypatch):
     import hermes_state_portability as portability
     db.create_session("live", "cli")
     writer = ("import sys; from hermes_state import SessionDB; d = SessionDB(sys.argv[1]); "
-              "d._TRANSCRIPT_WRITE_PATIENCE_S = 0; d.append_message('live', 'user', 'during the import'); "
+              "d.transcript_write_patience_s = 0; d.append_message('live', 'user', 'during the import'); "
               "d.close()")
     checked = portability.validate
     outcomes = []

@@ -108,3 +108,38 @@ def test_docs_list_exactly_the_modules_that_exist():
 def test_packaging_ships_every_module():
     shipped = set(re.findall(r'"(hermes_state[a-z_]*)"', (ROOT / "pyproject.toml").read_text()))
     assert {p.stem for p in ROOT.glob("hermes_state*.py")} <= shipped
+
+
+# The names with a leading underscore a test may use: the seed's own (above), and the ones
+# hermes-agent's code and tests use on SessionDB, kept beside the public names as a contract and
+# checked in one place, tests/test_facade.py.
+AGENT_NAMES = {"_contains_cjk", "_conn", *__import__("hermes_state_table").KNOBS.values()}
+STDLIB_NAMES = {"_exit"}  # os._exit: the standard library's documented exit without clean-up
+
+
+def _private_uses(path: Path) -> list[str]:
+    """Return each place in a test module that reaches another module's or an object's underscore name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        name = None
+        if isinstance(node, ast.Attribute) and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            name = node.attr
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] in ("setattr", "getattr", "delattr") \
+                and len(node.args) > 1 and isinstance(node.args[1], ast.Constant):
+            name = node.args[1].value
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module != "__future__":
+            found += [f"{node.lineno}: import {a.name}" for a in node.names
+                      if a.name.startswith("_") and a.name not in ALLOWED_PRIVATE_IMPORTS]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):  # code run in a subprocess
+            found += [f"{node.lineno}: {m}" for m in re.findall(r"\b[a-z]\w*\.(_[A-Za-z]\w*)", node.value)
+                      if not m.startswith("__") and m not in ALLOWED_PRIVATE_IMPORTS]
+        if isinstance(name, str) and name.startswith("_") and not name.startswith("__") \
+                and name not in ALLOWED_PRIVATE_IMPORTS | STDLIB_NAMES \
+                and not (name in AGENT_NAMES and path.name == "test_facade.py"):
+            found.append(f"{node.lineno}: {name}")
+    return found
+
+
+def test_no_test_reaches_an_underscore_name_of_another_module_or_of_sessiondb():
+    leaks = {p.name: uses for p in sorted((ROOT / "tests").glob("*.py")) if (uses := _private_uses(p))}
+    assert not leaks, leaks

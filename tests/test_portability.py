@@ -182,7 +182,7 @@ def test_malformed_input_raises_value_error_and_writes_nothing(db, mutate):
         db.import_sessions(broken(mutate))
     assert isinstance(info.value, ValueError) and info.value.problems
     assert tables(db.db_path) == before
-    assert db._writer.conn.in_transaction is False
+    assert db.in_transaction is False
 
 
 def test_every_problem_is_listed_at_once(db):
