@@ -1,8 +1,11 @@
 """hermes-state: the `SessionDB` facade over one SQLite file per profile.
 
-Owns: opening and closing a handle, choosing each call's transaction and patience, and the
-method table that turns module functions into public methods. It holds no SQL. Re-exports the
-public names.
+Owns: the public methods. Most are one line each in the method table (`name = Entry(kind,
+module function)`), taking their signature and docstring from the module function; explicit
+methods remain where arguments are reshaped or one call composes several steps. Re-exports the
+public names. It holds no SQL and no plumbing: opening and closing, the shared handles, the
+timing knobs and what each kind of call means as a transaction are `hermes_state_table.Handle`,
+the base class.
 
 Transaction contract: every write method is exactly one BEGIN IMMEDIATE transaction (the
 `transaction()` context, which also serves callers); reads run under the handle's read lock,

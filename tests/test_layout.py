@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -143,3 +144,48 @@ def _private_uses(path: Path) -> list[str]:
 def test_no_test_reaches_an_underscore_name_of_another_module_or_of_sessiondb():
     leaks = {p.name: uses for p in sorted((ROOT / "tests").glob("*.py")) if (uses := _private_uses(p))}
     assert not leaks, leaks
+
+
+# --- the write path ------------------------------------------------------------------------------
+# The modules a message write passes through. The base layer (the errors, the value rules and the
+# data dictionary: rank 1 and below, which every module imports) and the CJK text rules are
+# helpers a step calls, not rooms of the path; the rooms are the facade's machinery, the
+# compression check, the transaction and the message rows.
+HELPERS = {name for name, rank in RANKS.items() if rank <= 1} | {"hermes_state_cjk"}
+WRITE_PATH = ["hermes_state_table", "hermes_state_compression", "hermes_state_writer", "hermes_state_messages"]
+
+
+def _modules_run(call: Any) -> list[str]:
+    """Return the library modules whose code runs during `call()`, in the order they first run."""
+    import sys
+    seen: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        path = Path(frame.f_code.co_filename)
+        if event == "call" and path.parent == ROOT and path.stem.startswith("hermes_state") and path.stem not in seen:
+            seen.append(path.stem)
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_a_message_write_crosses_four_modules_plus_the_base_helpers(tmp_path):
+    from hermes_state import SessionDB
+    calls = {"user": ("s", "user", "plain text"), "cjk": ("s", "user", "東京タワーの検索テスト"),
+             "tool result": ("s", "tool", "42"), "tool call": ("s", "assistant", None)}
+    with SessionDB(tmp_path / "state.db") as db:
+        db.create_session("s", "cli")
+        db.append_message("s", "user", "warm-up")  # lazy first-use work is not the write path
+        for case, args in calls.items():
+            extra = {"tool result": {"tool_call_id": "c1", "tool_name": "calc"},
+                     "tool call": {"tool_calls": [{"id": "c2", "type": "function",
+                                                   "function": {"name": "calc", "arguments": "{}"}}]}}.get(case, {})
+            ran = _modules_run(lambda: db.append_message(*args, **extra))
+            rooms = [m for m in ran if m not in HELPERS]
+            assert rooms == WRITE_PATH, (case, ran)
+            assert "hermes_state" not in ran, case  # the facade is a table: its own code never runs
+            assert len(ran) <= 7 + (case == "cjk"), (case, ran)  # with the helpers: no new hop creeps in
+        assert db.get_messages("s")[-1]["tool_calls"]  # the calls were real writes
