@@ -28,6 +28,7 @@ import hermes_state_compression as compression
 import hermes_state_conversation as conversation
 import hermes_state_fts as fts
 import hermes_state_gateway as gateway
+import hermes_state_gateway_sessions as gateway_sessions
 import hermes_state_lineage as lineage
 import hermes_state_listings as listings
 import hermes_state_maintenance as maintenance
@@ -168,6 +169,11 @@ class SessionDB(table.Handle):
     try_acquire_compression_lock = Entry("write", compression.try_acquire_compression_lock)
     refresh_compression_lock = Entry("write", compression.refresh_compression_lock)
     get_compression_lock_holder = Entry("read", compression.get_compression_lock_holder, unknown=None)
+    record_compression_failure_cooldown = Entry("write", compression.record_compression_failure_cooldown)
+    get_compression_failure_cooldown = Entry("read", compression.get_compression_failure_cooldown, unknown=None)
+    clear_compression_failure_cooldown = Entry("write", compression.clear_compression_failure_cooldown)
+    get_compression_fallback_streak = Entry("read", compression.get_compression_fallback_streak, unknown=0)
+    set_compression_fallback_streak = Entry("write", compression.set_compression_fallback_streak)
     claim_runtime = Entry("write", gateway.claim_runtime)
     get_runtime = Entry("read", gateway.get_runtime)
     admit_input = Entry("write", gateway.admit_input)
@@ -183,6 +189,11 @@ class SessionDB(table.Handle):
     list_executions = Entry("read", gateway.list_executions, unknown=[])
     record_receipt = Entry("write", gateway.record_receipt)
     list_receipts = Entry("read", gateway.list_receipts, unknown=[])
+    record_gateway_session_peer = Entry("write", gateway_sessions.record_gateway_session_peer)
+    set_expiry_finalized = Entry("write", gateway_sessions.set_expiry_finalized)
+    find_latest_gateway_session_for_peer = Entry("read", gateway_sessions.find_latest_gateway_session_for_peer, unknown=None)
+    list_gateway_sessions = Entry("read", gateway_sessions.list_gateway_sessions, unknown=[])
+    find_session_by_origin = Entry("read", gateway_sessions.find_session_by_origin, unknown=None)
     owe_delivery = Entry("write", routing.owe_delivery)
     begin_delivery = Entry("activity", routing.begin_delivery)
     mark_delivered = Entry("activity", routing.mark_delivered)

@@ -443,31 +443,25 @@ def _fit_output() -> None:
     render.use_ascii(ascii_only)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the command line; return the exit code."""
-    # An ASCII locale decodes a typed "東京" into surrogate escapes; the bytes themselves are UTF-8.
-    argv = [os.fsencode(a).decode("utf-8", "surrogateescape") for a in sys.argv[1:]] if argv is None else list(argv)
-    debug = "--debug" in argv
-    _fit_output()
-    try:
-        found, rest = split_globals(argv)
-        if found.get("version"):
-            import hermes_state
-            print(f"hermes-state {hermes_state.__version__}")
-            return 0
-        args = build_parser().parse_args(rest)
-        if found.get("profile") is not None:
-            apply_profile(found["profile"], create=args.name == "init")
-        elif found.get("db") is None:
-            _apply_profile_override(["hermes-state"])  # the active profile, unless HERMES_HOME chose one
-        for key in ("db", "json", "nl", "csv", "debug"):
-            setattr(args, key, found.get(key))
-        _check_flags(args, found)
-    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
-        return int(exc.code or 0)
-    except (UsageError, ValueError, ProfileNotFoundError) as exc:
-        print(f"hermes-state: {exc}", file=sys.stderr)
-        return 2
+def _parse(argv: list[str]) -> argparse.Namespace | None:
+    # The parsed command with the global options set on it, its profile applied; None for --version.
+    found, rest = split_globals(argv)
+    if found.get("version"):
+        import hermes_state
+        print(f"hermes-state {hermes_state.__version__}")
+        return None
+    args = build_parser().parse_args(rest)
+    if found.get("profile") is not None:
+        apply_profile(found["profile"], create=args.name == "init")
+    elif found.get("db") is None:
+        _apply_profile_override(["hermes-state"])  # the active profile, unless HERMES_HOME chose one
+    for key in ("db", "json", "nl", "csv", "debug"):
+        setattr(args, key, found.get(key))
+    _check_flags(args, found)
+    return args
+
+
+def _run(args: argparse.Namespace, debug: bool) -> int:
     try:
         return args.func(args)
     except BrokenPipeError:
@@ -482,6 +476,21 @@ def main(argv: list[str] | None = None) -> int:
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError quotes its text
         print(f"hermes-state: {render.safe(message)}", file=sys.stderr)
         return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; return the exit code."""
+    # An ASCII locale decodes a typed "東京" into surrogate escapes; the bytes themselves are UTF-8.
+    argv = [os.fsencode(a).decode("utf-8", "surrogateescape") for a in sys.argv[1:]] if argv is None else list(argv)
+    _fit_output()
+    try:
+        args = _parse(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return int(exc.code or 0)
+    except (UsageError, ValueError, ProfileNotFoundError) as exc:
+        print(f"hermes-state: {exc}", file=sys.stderr)
+        return 2
+    return 0 if args is None else _run(args, "--debug" in argv)
 
 
 if __name__ == "__main__":

@@ -243,24 +243,50 @@ def _markdown(label: str, session: dict[str, Any], messages: list[dict[str, Any]
         if value is not None:
             out.append(f"- {key}: {render.clock_time(value) if key.endswith('_at') else render.safe(value)}")
     for m in messages:
-        extra = [render.clock_time(m.get("timestamp"))]
-        if m.get("token_count") is not None:
-            extra.append(f"{m['token_count']} tokens")
-        name = f" `{render.safe(m['tool_name'])}`" if m.get("tool_name") else ""
-        out += ["", f"## {m['role']}{name} · {' · '.join(extra)}", ""]
-        reasoning = m.get("reasoning") or m.get("reasoning_content")
-        if reasoning:
-            out += ["### reasoning", ""] + [f"> {line}" for line in render.safe(reasoning, keep_newlines=True)
-                                            .splitlines()] + [""]
-        if m.get("content"):
-            fence = "```" if m["role"] == "tool" else ""
-            text = render.safe(render.content_text(m["content"]), keep_newlines=True)
-            out += [fence, text, fence] if fence else [text]
-        if m.get("tool_calls"):
-            out += ["", "### tool calls", ""]
-            for call in m["tool_calls"] if isinstance(m["tool_calls"], list) else [m["tool_calls"]]:
-                out.append(f"- `{render.safe(_call_text(call))}`")
+        out += _markdown_message(m)
     return "\n".join(out).strip() + "\n"
+
+
+def _markdown_message(m: dict[str, Any]) -> list[str]:
+    # One message's heading (role, tool, time, tokens), then its reasoning, text and tool calls.
+    extra = [render.clock_time(m.get("timestamp"))]
+    if m.get("token_count") is not None:
+        extra.append(f"{m['token_count']} tokens")
+    name = f" `{render.safe(m['tool_name'])}`" if m.get("tool_name") else ""
+    out = ["", f"## {m['role']}{name} · {' · '.join(extra)}", ""]
+    reasoning = m.get("reasoning") or m.get("reasoning_content")
+    if reasoning:
+        out += ["### reasoning", ""] + [f"> {line}" for line in render.safe(reasoning, keep_newlines=True)
+                                        .splitlines()] + [""]
+    if m.get("content"):
+        fence = "```" if m["role"] == "tool" else ""
+        text = render.safe(render.content_text(m["content"]), keep_newlines=True)
+        out += [fence, text, fence] if fence else [text]
+    if m.get("tool_calls"):
+        out += ["", "### tool calls", ""]
+        for call in m["tool_calls"] if isinstance(m["tool_calls"], list) else [m["tool_calls"]]:
+            out.append(f"- `{render.safe(_call_text(call))}`")
+    return out
+
+
+def _summary(label: str, s: dict[str, Any], ancestors: list[str], successor: str | None) -> list[str]:
+    # The lines `sessions show` prints above the transcript: who, when, how much, and the chain.
+    cost = render.money(s.get("actual_cost_usd") or s.get("estimated_cost_usd"))
+    lines = [render.safe(label) + f"  ({render.safe(s['id'])})",
+             " · ".join(p for p in (f"source {render.safe(s['source'])}",
+                                    s["model"] and f"model {render.safe(s['model'])}",
+                                    s["user_id"] and f"user {render.safe(s['user_id'])}") if p),
+             f"started {render.clock_time(s['started_at'])} · "
+             + (f"ended {render.clock_time(s['ended_at'])} ({render.safe(s['end_reason'])})"
+                if s["ended_at"] else "open")
+             + f" · {_plural(s['message_count'] or 0, 'message')} · {_plural(s['tool_call_count'] or 0, 'tool call')}",
+             f"tokens in {render.number(s['input_tokens'] or 0)} / out {render.number(s['output_tokens'] or 0)}"
+             + (f" · cost {cost}" if cost else "")]
+    if ancestors:
+        lines.append("continues " + " → ".join(map(render.safe, ancestors)))
+    if successor and successor != s["id"]:
+        lines.append(f"continued in {render.safe(successor)}")
+    return lines
 
 
 def _plural(count: int, noun: str) -> str:
@@ -287,22 +313,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     def human(_: Any) -> str:
         if args.full:
             return _markdown(label, session, messages)
-        s = session
-        cost = render.money(s.get("actual_cost_usd") or s.get("estimated_cost_usd"))
-        lines = [render.safe(label) + f"  ({render.safe(s['id'])})",
-                 " · ".join(p for p in (f"source {render.safe(s['source'])}",
-                                        s["model"] and f"model {render.safe(s['model'])}",
-                                        s["user_id"] and f"user {render.safe(s['user_id'])}") if p),
-                 f"started {render.clock_time(s['started_at'])} · "
-                 + (f"ended {render.clock_time(s['ended_at'])} ({render.safe(s['end_reason'])})"
-                    if s["ended_at"] else "open")
-                 + f" · {_plural(s['message_count'] or 0, 'message')} · {_plural(s['tool_call_count'] or 0, 'tool call')}",
-                 f"tokens in {render.number(s['input_tokens'] or 0)} / out {render.number(s['output_tokens'] or 0)}"
-                 + (f" · cost {cost}" if cost else "")]
-        if ancestors:
-            lines.append("continues " + " → ".join(map(render.safe, ancestors)))
-        if successor and successor != s["id"]:
-            lines.append(f"continued in {render.safe(successor)}")
+        lines = _summary(label, session, ancestors, successor)
         width = term_width()
         earlier = [f"({_plural(hidden, 'earlier message')} not shown; --tail 0 shows them all)"] if hidden else []
         return "\n".join(lines + [""] + earlier + [_message_line(m, width) for m in messages])
@@ -449,44 +460,53 @@ def _mode_problem(path: Path) -> str | None:
     return None
 
 
-def cmd_doctor(args: argparse.Namespace) -> int:
-    """Check the database: schema, integrity, FTS indexes, WAL size, file modes, lock holders."""
-    from hermes_state import SCHEMA_VERSION, SessionDB, StateDbIncompatibleError
-    from hermes_state_lockowners import write_lock_holders
-    path = existing_db(args)
-    checks: list[dict[str, Any]] = []
+def _check(name: str, ok: bool, detail: str) -> dict[str, Any]:
+    return {"check": name, "ok": ok, "detail": detail}
 
-    def check(name: str, ok: bool, detail: str) -> None:
-        checks.append({"check": name, "ok": ok, "detail": detail})
-    # Before any open: a writable open makes the files 0600 itself, which would hide the problem.
-    modes = [p for p in (_mode_problem(Path(f"{path}{s}")) for s in ("", "-wal", "-shm")) if p]
+
+def _schema_check(path: Path) -> tuple[dict[str, Any], int | None]:
+    # The schema's version as a read-only open sees it (None: this library cannot read the file).
+    from hermes_state import SCHEMA_VERSION, SessionDB, StateDbIncompatibleError
     try:
         with SessionDB(path, read_only=True) as db:
             version = db.schema_version
     except StateDbIncompatibleError as exc:
-        check("schema", False, f"{exc} (`hermes-state migrate` upgrades it, keeping a copy)")
-        version = None
-    else:
-        check("schema", version == SCHEMA_VERSION, f"version {version}" + (
-            "" if version == SCHEMA_VERSION else f", this library writes {SCHEMA_VERSION}"))
-    if version == SCHEMA_VERSION:
-        with SessionDB(path) as db:
-            report = db.check_integrity(full=args.full)
-            status = db.fts_rebuild_status()
-        check("integrity", not report["problems"], "ok" if not report["problems"] else
-              "; ".join(report["problems"][:3]) + f" (`hermes-state recover {path} <new path>` salvages it)")
-        for table, result in sorted(report["fts"].items()):  # the same order on every run
-            check(f"fts {table}", result == "ok", result if result == "ok" else
-                  f"{result} (`hermes-state fts rebuild` rebuilds it)")
-        check("fts rebuild", not status["pending"], "none pending" if not status["pending"] else
-              f"{status['pending']} rows not indexed yet (`hermes-state fts rebuild` finishes it)")
+        return _check("schema", False, f"{exc} (`hermes-state migrate` upgrades it, keeping a copy)"), None
+    return _check("schema", version == SCHEMA_VERSION, f"version {version}" + (
+        "" if version == SCHEMA_VERSION else f", this library writes {SCHEMA_VERSION}")), version
+
+
+def _integrity_checks(path: Path, full: bool) -> list[dict[str, Any]]:
+    # SQLite's own check, each full-text index's check and whether a rebuild is still pending.
+    from hermes_state import SessionDB
+    with SessionDB(path) as db:
+        report = db.check_integrity(full=full)
+        status = db.fts_rebuild_status()
+    checks = [_check("integrity", not report["problems"], "ok" if not report["problems"] else
+                     "; ".join(report["problems"][:3]) + f" (`hermes-state recover {path} <new path>` salvages it)")]
+    for table, result in sorted(report["fts"].items()):  # the same order on every run
+        checks.append(_check(f"fts {table}", result == "ok", result if result == "ok" else
+                             f"{result} (`hermes-state fts rebuild` rebuilds it)"))
+    checks.append(_check("fts rebuild", not status["pending"], "none pending" if not status["pending"] else
+                         f"{status['pending']} rows not indexed yet (`hermes-state fts rebuild` finishes it)"))
+    return checks
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Check the database: schema, integrity, FTS indexes, WAL size, file modes, lock holders."""
+    from hermes_state import SCHEMA_VERSION
+    from hermes_state_lockowners import write_lock_holders
+    path = existing_db(args)
+    # Before any open: a writable open makes the files 0600 itself, which would hide the problem.
+    modes = [p for p in (_mode_problem(Path(f"{path}{s}")) for s in ("", "-wal", "-shm")) if p]
+    schema_check, version = _schema_check(path)
+    checks = [schema_check] + (_integrity_checks(path, args.full) if version == SCHEMA_VERSION else [])
     wal = Path(f"{path}-wal")
     size = wal.stat().st_size if wal.exists() else 0
-    check("wal", size < 256 * 2**20, f"{size / 2**20:.1f} MB" + ("" if size < 256 * 2**20 else
-                                                                 " (a long reader may block checkpoints)"))
-    check("file modes", not modes, "; ".join(modes) or "0600")
-    holders = write_lock_holders(path)
-    checks.append({"check": "lock holders", "ok": True, "detail": "; ".join(holders) or "none"})
+    checks.append(_check("wal", size < 256 * 2**20, f"{size / 2**20:.1f} MB" + (
+        "" if size < 256 * 2**20 else " (a long reader may block checkpoints)")))
+    checks.append(_check("file modes", not modes, "; ".join(modes) or "0600"))
+    checks.append(_check("lock holders", True, "; ".join(write_lock_holders(path)) or "none"))
     healthy = all(c["ok"] for c in checks)
     emit(args, {"ok": healthy, "path": str(path), "checks": checks},
          lambda d: "\n".join(f"{'ok ' if c['ok'] else 'BAD'}  {c['check']:<24} {render.safe(c['detail'])}"

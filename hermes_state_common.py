@@ -134,8 +134,8 @@ class Table:
     def owned_by(self, sessions: str) -> tuple[str, ...]:
         """Return WHERE conditions, one per way a row names its session, selecting the rows of `sessions`.
 
-        `sessions` is SQL for a parenthesised list or subquery of session ids, e.g. "(?1)" or
-        "(SELECT value FROM json_each(?1))"; a row matching any condition belongs to them.
+        `sessions` is SQL for a parenthesised list or subquery of session ids, e.g. "(?)" or
+        "(SELECT value FROM json_each(:ids))"; a row matching any condition belongs to them.
         """
         if self.owner is None:
             return ()
@@ -204,9 +204,9 @@ SESSIONS = Table("sessions", (
     Column("title", _T),
     Column("api_call_count", _I, default=0),
     Column("session_key", _T),
-    Column("chat_id", _T),
+    Column("chat_id", _T, rule="platform_id"),
     Column("chat_type", _T),
-    Column("thread_id", _T),
+    Column("thread_id", _T, rule="platform_id"),
     Column("display_name", _T),
     Column("origin_json", _T, rule="json_text"),
     Column("expiry_finalized", _I, default=0, rule="flag"),

@@ -2,8 +2,8 @@
 
 Owns: compressing a transcript in place (the current rows become the archive, the kept context
 is re-inserted as the live generation with its message_uids), rotating a session into a
-compression child, the cross-process `compression_locks` rows, and the checks transcript
-writes make against them.
+compression child, the cross-process `compression_locks` rows, the checks transcript
+writes make against them, and each session's compression failure cooldown and fallback streak.
 Does not own: the message rows themselves (hermes_state_messages writes them and keeps the
 counters), the compression edge and its walks (hermes_state_lineage), the conversation.
 
@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable
 
 import hermes_state_messages as messages
 import hermes_state_sessions as sessions
-from hermes_state_common import check_id, check_number, logger
+from hermes_state_common import SESSIONS, check_id, check_number, logger
 from hermes_state_lineage import COMPRESSION_END_REASON, live_continuation
 from hermes_state_errors import (SessionClosedByCompressionError, SessionCompressionInProgressError,
                                  SessionNotFoundError)
@@ -245,6 +245,52 @@ def _check_holder(conn: sqlite3.Connection, session_id: str, holder: str | None,
         raise SessionCompressionInProgressError(
             f"{holder} does not hold the compression lock of session {session_id!r} ({why}); nothing was "
             "written: acquire the lock again and recompute the kept context")
+
+
+# --- failure cooldown and fallback streak ----------------------------------------------------------
+# Per-session memory of how compression went, so a restarted agent does not retry a failing
+# compression at once, nor forget how many turns in a row fell back to a cheaper one.
+
+def _set_session(conn: sqlite3.Connection, session_id: str, assignments: str, params: tuple) -> None:
+    if conn.execute(f"UPDATE sessions SET {assignments} WHERE id = ?", (*params, session_id)).rowcount == 0:
+        raise SessionNotFoundError(f"session {session_id!r} not found")
+
+
+def record_compression_failure_cooldown(conn: sqlite3.Connection, session_id: str, cooldown_until: float,
+                                        error: str | None = None) -> None:
+    """Hold compression of the session off until `cooldown_until` (epoch seconds), noting the failure's `error`."""
+    until = SESSIONS.column("compression_failure_cooldown_until").check(cooldown_until)
+    text = None if error is None else SESSIONS.column("compression_failure_error").check(error)
+    _set_session(conn, session_id, "compression_failure_cooldown_until = ?, compression_failure_error = ?",
+                 (until, text))
+
+
+def get_compression_failure_cooldown(conn: sqlite3.Connection, session_id: str, *,
+                                     now: float | None = None) -> dict[str, Any] | None:
+    """Return {"cooldown_until", "remaining_seconds", "error"} while a cooldown runs; None when none (or unknown)."""
+    row = conn.execute("SELECT compression_failure_cooldown_until, compression_failure_error FROM sessions "
+                       "WHERE id = ?", (session_id,)).fetchone()
+    now = time.time() if now is None else now
+    if row is None or not isinstance(row[0], (int, float)) or row[0] <= now:
+        return None  # an expired cooldown is simply over; the row keeps it until cleared
+    return {"cooldown_until": row[0], "remaining_seconds": row[0] - now, "error": row[1]}
+
+
+def clear_compression_failure_cooldown(conn: sqlite3.Connection, session_id: str) -> None:
+    """Forget the session's compression failure cooldown and its error."""
+    _set_session(conn, session_id, "compression_failure_cooldown_until = NULL, compression_failure_error = NULL", ())
+
+
+def get_compression_fallback_streak(conn: sqlite3.Connection, session_id: str) -> int:
+    """Return how many compressions in a row fell back for the session (0 when none, or unknown)."""
+    row = conn.execute("SELECT compression_fallback_streak FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    return row[0] if row is not None and isinstance(row[0], int) else 0
+
+
+def set_compression_fallback_streak(conn: sqlite3.Connection, session_id: str, streak: int) -> None:
+    """Store how many compressions in a row fell back for the session (0 resets it)."""
+    _set_session(conn, session_id, "compression_fallback_streak = ?",
+                 (SESSIONS.column("compression_fallback_streak").check(streak),))
 
 
 # --- transcript write checks -----------------------------------------------------------------------

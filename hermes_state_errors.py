@@ -256,19 +256,28 @@ def typed_errors(path: Path, *, reading: bool = False) -> Iterator[None]:
     except RecursionError as exc:  # checking, encoding or quoting an argument nested thousands deep
         raise ValueError("an argument is nested too deeply to check or store") from exc
     except sqlite3.DatabaseError as exc:
-        # "unsupported file format" comes with the generic SQLITE_ERROR code: the header's
-        # format bytes are damaged (no SQLite ever wrote them).
-        if is_corruption(exc) or "unsupported file format" in str(exc):
-            raise corrupt_error(path, exc) from exc
-        if _primary_code(exc) == SQLITE_CANTOPEN:
-            raise StoreUnavailableError(f"{path} cannot be opened as a database file ({exc}): is it a "
-                                        "directory, or a file this process may not read and write?") from exc
-        if _primary_code(exc) == SQLITE_FULL or getattr(exc, "sqlite_errorcode", None) in _WRITE_FAILURE_CODES:
-            raise SessionPersistenceError(
-                f"writing to {path} failed ({exc}): the disk is full or the file reached a size limit. "
-                "The transaction was rolled back; free some space and retry.",
-                code="session_persistence_failed:disk") from exc
-        raise
+        typed = _typed_database_error(path, exc)
+        if typed is None:
+            raise
+        raise typed from exc
+
+
+def _typed_database_error(path: Path, exc: sqlite3.DatabaseError) -> HermesStateError | None:
+    # The library's error for a damaged file, a path that is no database file, or a full disk;
+    # None for every other SQLite error, which propagates untouched.
+    # "unsupported file format" comes with the generic SQLITE_ERROR code: the header's format
+    # bytes are damaged (no SQLite ever wrote them).
+    if is_corruption(exc) or "unsupported file format" in str(exc):
+        return corrupt_error(path, exc)
+    if _primary_code(exc) == SQLITE_CANTOPEN:
+        return StoreUnavailableError(f"{path} cannot be opened as a database file ({exc}): is it a "
+                                     "directory, or a file this process may not read and write?")
+    if _primary_code(exc) == SQLITE_FULL or getattr(exc, "sqlite_errorcode", None) in _WRITE_FAILURE_CODES:
+        return SessionPersistenceError(
+            f"writing to {path} failed ({exc}): the disk is full or the file reached a size limit. "
+            "The transaction was rolled back; free some space and retry.",
+            code="session_persistence_failed:disk")
+    return None
 
 
 # --- why the last open failed ---------------------------------------------------------------------

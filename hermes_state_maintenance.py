@@ -222,16 +222,17 @@ def _busy_error(owed: dict[str, str], verb: str) -> SessionBusyError:
 def delete_rows(conn: sqlite3.Connection, ids: list[str]) -> None:
     """Delete the sessions and every row that belongs to them; other children are detached."""
     ids_json = _ids_json(ids)
-    members = "(SELECT value FROM json_each(?1))"
+    # A named parameter: the same list is read several times by one statement.
+    members = "(SELECT value FROM json_each(:ids))"
     for table in SESSION_OWNED:  # the tables created on first use (the outbox) may be absent
         if table.at_open or table_exists(conn, table.name):
             for owned in table.owned_by(members):
-                conn.execute(f"DELETE FROM {table.name} WHERE {owned}", (ids_json,))
+                conn.execute(f"DELETE FROM {table.name} WHERE {owned}", {"ids": ids_json})
     # A child that is not part of what goes (a branch, a plain child) outlives its parent as a
     # root session: the link goes, the child stays.
     conn.execute(f"UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IN {members} "
-                 f"AND id NOT IN {members}", (ids_json,))
-    conn.execute(f"DELETE FROM sessions WHERE id IN {members}", (ids_json,))
+                 f"AND id NOT IN {members}", {"ids": ids_json})
+    conn.execute(f"DELETE FROM sessions WHERE id IN {members}", {"ids": ids_json})
 
 
 @dataclass(frozen=True)
@@ -258,10 +259,19 @@ def plan_sweep(conn: sqlite3.Connection, selection: Selection, *, delegates: boo
                                            selection.params)}
     if not selected:
         return Plan([], {})
-    links = compression_links(conn)
-    back = {child: parent for parent, child in links.items()}
     spawned = _delegate_index(conn) if delegates else {}
-    groups, seen = [], set()
+    groups = _whole_conversations(compression_links(conn), selected, spawned, delegates)
+    if delegates:
+        groups = _without_live_delegates(conn, groups, selected)
+    return _without_owed_work(conn, groups) if deleting else Plan(groups, {})
+
+
+def _whole_conversations(links: dict[str, str], selected: set[str], spawned: dict[str, set[str]],
+                         delegates: bool) -> list[list[str]]:
+    # The compression chains whose every session is selected, each with its delegates when asked.
+    back = {child: parent for parent, child in links.items()}
+    groups: list[list[str]] = []
+    seen: set[str] = set()
     # Spawners first, so a selected delegate joins the conversation that spawned it.
     spawned_ids = {d for found in spawned.values() for d in found}
     for sid in sorted(selected, key=lambda s: (s in spawned_ids, s)):
@@ -273,13 +283,18 @@ def plan_sweep(conn: sqlite3.Connection, selection: Selection, *, delegates: boo
             group = [m for m in (with_delegates(chain, spawned) if delegates else chain) if m in chain or m not in seen]
             seen.update(group)
             groups.append(group)
-    if delegates:
-        extra = [sid for group in groups for sid in group if sid not in selected]
-        live = {r[0] for r in conn.execute("SELECT id FROM sessions WHERE ended_at IS NULL AND id IN "
-                                           "(SELECT value FROM json_each(?))", (_ids_json(extra),))}
-        groups = [g for g in groups if not live.intersection(g)]
-    if not deleting:
-        return Plan(groups, {})
+    return groups
+
+
+def _without_live_delegates(conn: sqlite3.Connection, groups: list[list[str]], selected: set[str]) -> list[list[str]]:
+    # A delegate that came along unselected must have ended: a running one keeps its conversation.
+    extra = [sid for group in groups for sid in group if sid not in selected]
+    live = {r[0] for r in conn.execute("SELECT id FROM sessions WHERE ended_at IS NULL AND id IN "
+                                       "(SELECT value FROM json_each(?))", (_ids_json(extra),))}
+    return [g for g in groups if not live.intersection(g)]
+
+
+def _without_owed_work(conn: sqlite3.Connection, groups: list[list[str]]) -> Plan:
     owed = owed_work(conn, [sid for group in groups for sid in group])
     kept = [g for g in groups if not owed.keys() & set(g)]
     for group in groups:
@@ -440,20 +455,14 @@ def remove_transcripts(sessions_dir: Any, session_ids: Iterable[str]) -> int:
     Ids that would name a path outside `sessions_dir` are skipped; a file that cannot be removed
     is logged and skipped. Run it after the deleting transaction committed.
     """
-    if sessions_dir is None:
-        return 0
-    base = Path(sessions_dir)
-    if not base.is_dir():
+    if sessions_dir is None or not Path(sessions_dir).is_dir():
         return 0
     ids = [sid for sid in session_ids if _safe_name(sid)]
     wanted = {f"{sid}.json" for sid in ids} | {f"{sid}.jsonl" for sid in ids}
     prefixes = tuple(f"request_dump_{sid}_" for sid in ids)
     removed = 0
-    for path in base.iterdir():
-        name = path.name
-        dump = name.startswith(prefixes) and any(
-            name.startswith(p) and _DUMP_SUFFIX.fullmatch(name[len(p):]) for p in prefixes)
-        if name not in wanted and not dump:
+    for path in Path(sessions_dir).iterdir():
+        if path.name not in wanted and not _is_dump(path.name, prefixes):
             continue
         try:
             path.unlink()
@@ -463,6 +472,12 @@ def remove_transcripts(sessions_dir: Any, session_ids: Iterable[str]) -> int:
         except OSError as exc:
             logger.warning("could not remove transcript file %s: %s", path, exc)
     return removed
+
+
+def _is_dump(name: str, prefixes: tuple[str, ...]) -> bool:
+    # request_dump_<id>_<n>.json of one of the sessions, and not of another id that merely starts alike.
+    return name.startswith(prefixes) and any(
+        name.startswith(p) and _DUMP_SUFFIX.fullmatch(name[len(p):]) for p in prefixes)
 
 
 # --- the public deleting calls: rows in the caller's transaction, files after its COMMIT ------------

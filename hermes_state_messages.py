@@ -69,35 +69,55 @@ def _split_parts(fields: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     return {**fields, "content": _text_of_parts(parts)}, encoded
 
 
-def _prepare(fields: dict[str, Any]) -> tuple[dict[str, Any], list | None]:
-    """Validate and encode one message's fields; return (column values, decoded tool_calls)."""
+def _check_field_names(fields: dict[str, Any]) -> None:
     unknown = fields.keys() - _ACCEPTED
     if unknown:
         raise ValueError(f"unknown message field(s): {', '.join(sorted(unknown))}")
     if fields.get("name") is not None and fields.get("tool_name") not in (None, fields["name"]):
         raise ValueError("name is another spelling of tool_name: give one of them, or the same value")
-    fields, parts = _split_parts(fields)
-    if DISPLAY_KEY in fields:
-        # A conversation dict: its content is what was sent (api_content), and the display
-        # text rides in DISPLAY_KEY. Put each back in its column.
-        if fields.get("api_content") is not None:
-            raise ValueError(f"give api_content or {DISPLAY_KEY}, not both")
-        fields = dict(fields)
-        fields["api_content"] = fields.get("content")
-        fields["content"] = fields.pop(DISPLAY_KEY)
+
+
+def _unwrap_display(fields: dict[str, Any]) -> dict[str, Any]:
+    # A conversation dict: its content is what was sent (api_content), and the display text
+    # rides in DISPLAY_KEY. Put each back in its column.
+    if DISPLAY_KEY not in fields:
+        return fields
+    if fields.get("api_content") is not None:
+        raise ValueError(f"give api_content or {DISPLAY_KEY}, not both")
+    fields = dict(fields)
+    fields["api_content"] = fields.get("content")
+    fields["content"] = fields.pop(DISPLAY_KEY)
+    return fields
+
+
+def _checked_columns(fields: dict[str, Any]) -> dict[str, Any]:
+    # Each given value under its column's name, checked and encoded by that column's rule.
     row: dict[str, Any] = {}
     for key, value in fields.items():
         if value is not None and key not in _IGNORED:
             name = _ALIASES.get(key, key)
             row[name] = _CHECK[name](value)
-    if parts is not None:
-        row["content_parts"] = parts
     if not isinstance(row.get("role"), str) or not row["role"]:
         raise ValueError("role must be a non-empty string")
-    calls = fields.get("tool_calls")
-    if calls is not None and not (isinstance(calls, list) and all(type(c) is dict for c in calls)):
-        calls = decode_json(row["tool_calls"])  # JSON text or SDK objects: read back what is stored
-    return row, calls if isinstance(calls, list) else None
+    return row
+
+
+def _decoded_calls(given: Any, stored: Any) -> list | None:
+    # A list of plain dicts is used as given; JSON text or SDK objects are read back from what is stored.
+    if given is not None and not (isinstance(given, list) and all(type(c) is dict for c in given)):
+        given = decode_json(stored)
+    return given if isinstance(given, list) else None
+
+
+def _prepare(fields: dict[str, Any]) -> tuple[dict[str, Any], list | None]:
+    """Validate and encode one message's fields; return (column values, decoded tool_calls)."""
+    _check_field_names(fields)
+    fields, parts = _split_parts(fields)
+    fields = _unwrap_display(fields)
+    row = _checked_columns(fields)
+    if parts is not None:
+        row["content_parts"] = parts
+    return row, _decoded_calls(fields.get("tool_calls"), row.get("tool_calls"))
 
 
 def _call_ids(calls: Iterable[Any] | None) -> list[str]:
@@ -388,16 +408,14 @@ def _merged_values(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return values
 
 
-def merge_messages(conn: sqlite3.Connection, session_id: str, row_ids: Iterable[int]) -> int:
-    """Fold active same-role (user or assistant) rows into the first; return its id.
-
-    The merged row keeps its own message_uid and lists the others' uids (and what they had
-    absorbed) in absorbed_message_uids; the other rows are deleted and message_count drops.
-    """
+def _merge_ids(row_ids: Any) -> list[int]:
     ids = [] if isinstance(row_ids, (str, bytes)) or not isinstance(row_ids, Iterable) else list(row_ids)
     if len(ids) < 2 or any(isinstance(i, bool) or not isinstance(i, int) for i in ids) or len(set(ids)) != len(ids):
         raise ValueError("row_ids must be at least two distinct integer row ids")
-    require_session(conn, session_id)
+    return ids
+
+
+def _rows_to_merge(conn: sqlite3.Connection, session_id: str, ids: list[int]) -> list[dict[str, Any]]:
     rows = _decoded(row_dicts(conn.execute(
         f"SELECT * FROM messages WHERE session_id = ? AND active = 1 AND id IN ({', '.join('?' * len(ids))}) "
         "ORDER BY id", (session_id, *ids))))
@@ -407,13 +425,29 @@ def merge_messages(conn: sqlite3.Connection, session_id: str, row_ids: Iterable[
     roles = {r["role"] for r in rows}
     if len(roles) != 1 or roles & {"user", "assistant"} != roles:
         raise ValueError(f"only user/user or assistant/assistant rows merge, not {sorted(roles)}")
-    values = _merged_values(rows)
+    return rows
+
+
+def _merge_deltas(rows: list[dict[str, Any]], merged_calls: Any) -> list[int]:
     # The merged row counts once where its parts counted each (the tool calls normally just move
     # to it; non-list tool_calls text changes their count).
     role = rows[0]["role"]
-    merged = counter_amounts(role, decode_json(values["tool_calls"]))
+    merged = counter_amounts(role, decode_json(merged_calls))
     parts = [counter_amounts(role, r["tool_calls"]) for r in rows]
-    deltas = [total - sum(p[i] for p in parts) for i, total in enumerate(merged)]
+    return [total - sum(p[i] for p in parts) for i, total in enumerate(merged)]
+
+
+def merge_messages(conn: sqlite3.Connection, session_id: str, row_ids: Iterable[int]) -> int:
+    """Fold active same-role (user or assistant) rows into the first; return its id.
+
+    The merged row keeps its own message_uid and lists the others' uids (and what they had
+    absorbed) in absorbed_message_uids; the other rows are deleted and message_count drops.
+    """
+    ids = _merge_ids(row_ids)
+    require_session(conn, session_id)
+    rows = _rows_to_merge(conn, session_id, ids)
+    values = _merged_values(rows)
+    deltas = _merge_deltas(rows, values["tool_calls"])
     conn.execute(f"UPDATE messages SET {', '.join(f'{n} = ?' for n in values)} WHERE id = ?",
                  [*values.values(), rows[0]["id"]])
     conn.execute(f"DELETE FROM messages WHERE id IN ({', '.join('?' * (len(rows) - 1))})",

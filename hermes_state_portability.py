@@ -42,7 +42,7 @@ _USAGE_COLUMNS = tuple(c for c in _USAGE.column_names if c != "session_id")
 # Counters the import derives from the rows it writes, whatever the input says.
 _COUNTERS = frozenset(c.column for c in COUNTERS)
 # What a replacing import rewrites: the session-owned rows an export carries (children first).
-_REPLACED = tuple((t.name, condition) for t in SESSION_OWNED if t.export for condition in t.owned_by("(?1)"))
+_REPLACED = tuple((t.name, condition) for t in SESSION_OWNED if t.export for condition in t.owned_by("(?)"))
 _RECOUNT_SQL = recount_sql() + " WHERE id = ?"
 
 

@@ -171,6 +171,12 @@ def _openai_call(call: Any) -> Any:
     return out
 
 
+def _openai_parts(role: str, content: list[Any]) -> list[Any]:
+    # The content parts the role may carry on this route (every part when it names no types).
+    allowed = _OPENAI_PART_TYPES[role]
+    return [_openai_part(p) for p in content if allowed is None or (isinstance(p, dict) and p.get("type") in allowed)]
+
+
 def _openai_message(index: int, msg: dict[str, Any]) -> dict[str, Any]:
     role = msg.get("role")
     if role not in _OPENAI_KEYS:
@@ -178,13 +184,9 @@ def _openai_message(index: int, msg: dict[str, Any]) -> dict[str, Any]:
     out = {k: msg[k] for k in _OPENAI_KEYS[role] if msg.get(k) is not None}
     content = out.get("content")
     if isinstance(content, list):
-        allowed = _OPENAI_PART_TYPES[role]
-        out["content"] = [_openai_part(p) for p in content
-                          if allowed is None or (isinstance(p, dict) and p.get("type") in allowed)]
-    elif content is None and role != "assistant":
-        out["content"] = ""  # only an assistant turn may omit its content
-    elif role == "assistant" and "content" not in out and not out.get("tool_calls"):
-        out["content"] = ""
+        out["content"] = _openai_parts(role, content)
+    elif content is None and (role != "assistant" or not out.get("tool_calls")):
+        out["content"] = ""  # only an assistant turn that calls tools may omit its content
     if isinstance(out.get("tool_calls"), list):
         out["tool_calls"] = [_openai_call(c) for c in out["tool_calls"]]
     return out

@@ -150,7 +150,7 @@ def parse_query(query: object) -> list[Item]:
     if not isinstance(query, str):
         return []
     text = _drop_zero_width(_clean(query))
-    if text.count('"') % 2:
+    if text.count('"') % 2:  # an unmatched quote: the last one goes
         cut = text.rfind('"')
         text = text[:cut] + " " + text[cut + 1:]
     parts = text.split('"')
@@ -161,23 +161,34 @@ def parse_query(query: object) -> list[Item]:
             phrase = " ".join(part.split())
             if any(ch.isalnum() for ch in phrase):
                 items.append(Term(phrase, quoted=True, prefix=parts[index + 1].startswith("*")))
-            continue
-        for chunk in part.split():
-            if chunk in _OPERATORS:
-                items.append(chunk)
-                continue
-            core = _strip_edges(chunk)
-            if core:
-                items.append(Term(core, quoted=not _bare(core), prefix=chunk.endswith("*")))
-            else:
-                symbols = True
-    if items and not symbols and all(isinstance(item, str) for item in items):
-        # "AND", "OR NOT": operators with nothing to combine are the words being looked for.
-        items = [Term(item, quoted=True) for item in items if isinstance(item, str)]  # all are, as just checked
-    items = _normalize(items)
+        else:
+            symbols = _add_words(items, part) or symbols
+    items = _normalize(items if symbols else _literal_operators(items))
     while items and len(render_query(items, word_term)) > MAX_QUERY_CHARS:
         items = _normalize(items[:-1])
     return items
+
+
+def _literal_operators(items: list[Item]) -> list[Item]:
+    # "AND", "OR NOT": operators with nothing to combine are the words being looked for.
+    if items and all(isinstance(item, str) for item in items):
+        return [Term(item, quoted=True) for item in items if isinstance(item, str)]  # all are, as just checked
+    return items
+
+
+def _add_words(items: list[Item], part: str) -> bool:
+    # The operators and words of unquoted text; True when a chunk was symbols only (and dropped).
+    symbols = False
+    for chunk in part.split():
+        if chunk in _OPERATORS:
+            items.append(chunk)
+            continue
+        core = _strip_edges(chunk)
+        if core:
+            items.append(Term(core, quoted=not _bare(core), prefix=chunk.endswith("*")))
+        else:
+            symbols = True
+    return symbols
 
 
 @dataclass(frozen=True)

@@ -234,6 +234,14 @@ class TableRecovery:
         else:
             self.lost = max(self.source_rows - self.copied, 0)
 
+    def loss(self, name: str) -> str:
+        """Say in a sentence what table `name` lost or had refused."""
+        ranges = ", ".join(f"{a}..{'end' if b is None else b}" for a, b in self.lost_ranges)
+        return (f"{name}: {'an unknown number of' if self.lost is None else self.lost} row(s) lost"
+                + (f" (unreadable rowids {ranges})" if ranges else "")
+                + (f", {self.rejected} refused by the schema" if self.rejected else "")
+                + (f"; first error: {self.error}" if self.error else ""))
+
 
 @dataclass
 class RecoveryReport:
@@ -263,14 +271,7 @@ class RecoveryReport:
             table.finish()
         self.verified = {name: t.source_rows is not None and t.copied == t.source_rows
                          for name, t in self.tables.items() if name in VERIFIED_TABLES}
-        self.losses = []
-        for name, t in self.tables.items():
-            if t.lost or t.lost is None or t.rejected:
-                ranges = ", ".join(f"{a}..{'end' if b is None else b}" for a, b in t.lost_ranges)
-                self.losses.append(f"{name}: {'an unknown number of' if t.lost is None else t.lost} row(s) lost"
-                                   + (f" (unreadable rowids {ranges})" if ranges else "")
-                                   + (f", {t.rejected} refused by the schema" if t.rejected else "")
-                                   + (f"; first error: {t.error}" if t.error else ""))
+        self.losses = [t.loss(name) for name, t in self.tables.items() if t.lost or t.lost is None or t.rejected]
         self.losses += [f"{name}: {n} row(s) dropped, their session was lost"
                         for name, n in self.orphan_rows_dropped.items()]
         self.complete = self.integrity == "ok" and not self.losses
@@ -354,78 +355,94 @@ def _next_readable(conn: sqlite3.Connection, table: str, names: str, after: int)
     return found if _row_after(conn, table, names, found) is not None else None
 
 
-def _copy_rows(src: sqlite3.Connection, dst: sqlite3.Connection, table: str, columns: list[str],
-               report: TableRecovery, rowid: bool) -> None:
-    names = ", ".join(_quote(c) for c in columns)
-    insert = f'INSERT INTO {_quote(table)} ({names}) VALUES ({", ".join("?" * len(columns))})'
+class _RowCopy:
+    """One table's copy from a damaged source into the new file, recording what it met in `report`."""
 
-    def put(rows: list[tuple]) -> None:
-        cast(_Bounded, src).mark = time.monotonic()  # rows arrived: the step limit counts from here
+    def __init__(self, src: sqlite3.Connection, dst: sqlite3.Connection, table: str, columns: list[str],
+                 report: TableRecovery) -> None:
+        self.src, self.dst, self.table, self.report = src, dst, table, report
+        self.names = ", ".join(_quote(c) for c in columns)
+        self.insert = f'INSERT INTO {_quote(table)} ({self.names}) VALUES ({", ".join("?" * len(columns))})'
+
+    def run(self, rowid: bool) -> None:
+        (self.by_rowid if rowid else self.read_on)()
+
+    def put(self, rows: list[tuple]) -> None:
+        """Insert `rows`; the ones the schema refuses are counted and the rest kept."""
+        cast(_Bounded, self.src).mark = time.monotonic()  # rows arrived: the step limit counts from here
         try:
-            with_savepoint(dst, lambda: dst.executemany(insert, rows))
-            report.copied += len(rows)
+            with_savepoint(self.dst, lambda: self.dst.executemany(self.insert, rows))
+            self.report.copied += len(rows)
         except sqlite3.IntegrityError:
             for row in rows:  # find the refused rows one by one; keep the rest
                 try:
-                    dst.execute(insert, row)
-                    report.copied += 1
+                    self.dst.execute(self.insert, row)
+                    self.report.copied += 1
                 except sqlite3.IntegrityError as exc:
-                    report.rejected += 1
-                    report.error = report.error or f"refused: {exc}"
+                    self.report.rejected += 1
+                    self.report.error = self.report.error or f"refused: {exc}"
 
-    def step_over(last: int) -> int | None:
-        # Reading past `last` failed. Copy the next row alone if it reads (a cursor steps one row
-        # ahead, so the error may be the following row's), else skip to where reading works again.
-        # Either way `last` moves forward and the next read copies a row: bounded work per row.
-        row = _row_after(src, table, names, last)
+    def step_over(self, last: int) -> int | None:
+        """Move past `last` after a failed read; return the rowid to go on from, None at the end."""
+        # Copy the next row alone if it reads (a cursor steps one row ahead, so the error may be
+        # the following row's), else skip to where reading works again. Either way `last` moves
+        # forward and the next read copies a row: bounded work per row.
+        row = _row_after(self.src, self.table, self.names, last)
         if row is None:
             return None
         if isinstance(row, tuple):
-            put([row[1:]])
+            self.put([row[1:]])
             return int(row[0])
-        resume = _next_readable(src, table, names, last)
-        report.lost_ranges.append((last + 1, resume))
+        resume = _next_readable(self.src, self.table, self.names, last)
+        self.report.lost_ranges.append((last + 1, resume))
         return resume
 
-    if not rowid:  # no rowid to resume from: read on until the first error, one chunk in memory at a time
+    def read_on(self) -> None:
+        """Copy a table without rowids: read on until the first error, one chunk in memory at a time."""
         cur = None
         while True:
             try:
-                cur = cur or src.execute(f'SELECT {names} FROM {_quote(table)}')
+                cur = cur or self.src.execute(f'SELECT {self.names} FROM {_quote(self.table)}')
                 rows = cur.fetchmany(COPY_CHUNK_ROWS)
             except sqlite3.DatabaseError as exc:
                 if _interrupted(exc):
                     raise
-                report.error = str(exc)
+                self.report.error = str(exc)
                 return
-            put(rows)
+            self.put(rows)
             if len(rows) < COPY_CHUNK_ROWS:
                 return
-    last = _INT_MIN
-    while True:
+
+    def _batch(self, last: int) -> tuple[list[tuple], int, sqlite3.DatabaseError | None]:
+        # The rows after `last` up to a chunk, the highest rowid seen, and the read error if one cut it short.
         batch: list[tuple] = []
-        before = last
         try:
-            for row in src.execute(f'SELECT rowid, {names} FROM {_quote(table)} WHERE rowid > ? ORDER BY rowid '
-                                   'LIMIT ?', (last, COPY_CHUNK_ROWS)):
+            for row in self.src.execute(f'SELECT rowid, {self.names} FROM {_quote(self.table)} WHERE rowid > ? '
+                                        'ORDER BY rowid LIMIT ?', (last, COPY_CHUNK_ROWS)):
                 batch.append(row[1:])
                 last = max(last, row[0])  # a damaged page can hand back smaller rowids: never go back
         except sqlite3.DatabaseError as exc:
-            put(batch)
-            if _interrupted(exc):
-                raise
-            report.error = report.error or str(exc)
-            resumed = step_over(last)
-            if resumed is None:
+            return batch, last, exc
+        return batch, last, None
+
+    def by_rowid(self) -> None:
+        """Copy chunk by chunk in rowid order, stepping over what cannot be read."""
+        last = _INT_MIN
+        while True:
+            before = last
+            batch, last, failed = self._batch(last)
+            self.put(batch)
+            if failed is not None:
+                if _interrupted(failed):
+                    raise failed
+                self.report.error = self.report.error or str(failed)
+            elif len(batch) < COPY_CHUNK_ROWS:
                 return
-            last = resumed
-            continue
-        put(batch)
-        if len(batch) < COPY_CHUNK_ROWS:
-            return
-        if last == before:  # a full batch of rowids at or before `last`: the order is broken here
-            report.error = report.error or f"rows out of rowid order after rowid {last}"
-            resumed = step_over(last)
+            elif last == before:  # a full batch of rowids at or before `last`: the order is broken here
+                self.report.error = self.report.error or f"rows out of rowid order after rowid {last}"
+            else:
+                continue
+            resumed = self.step_over(last)
             if resumed is None:
                 return
             last = resumed
@@ -547,7 +564,7 @@ def _copy_table(src: sqlite3.Connection, dst: sqlite3.Connection, name: str, sql
     if dropped := [c for c in src_cols if c not in columns]:
         report.dropped_columns[name] = dropped
     try:
-        _copy_rows(src, dst, name, columns, result, rowid=not without_rowid)
+        _RowCopy(src, dst, name, columns, result).run(rowid=not without_rowid)
     except sqlite3.DatabaseError as exc:  # only an interrupted step gets here: the rest is read on
         result.error = f"reading it made no progress for {STEP_LIMIT_S:.0f} s ({exc}); the rest was not read"
 

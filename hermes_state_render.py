@@ -103,15 +103,16 @@ def table(rows: list[dict[str, Any]], columns: list[str], *, numeric: Iterable[s
     titles = [(headers or {}).get(c, c) for c in columns]
     cells = [[safe(r.get(c)) for c in columns] for r in rows]
     widths = [max([width(t)] + [width(row[i]) for row in cells]) for i, t in enumerate(titles)]
-    budget = None if max_width is None else max_width - 2 * (len(columns) - 1)
-    cuttable = [i for i, c in enumerate(columns) if c not in kept]
-    while budget is not None and sum(widths) > budget and cuttable and max(widths[i] for i in cuttable) > 4:
-        widest = max(cuttable, key=lambda i: widths[i])
-        widths[widest] -= 1
-    lines = ["  ".join(_pad(truncate(t, w), w, c in numeric) for t, w, c in zip(titles, widths, columns))]
-    for row in cells:
-        lines.append("  ".join(_pad(truncate(v, w), w, c in numeric) for v, w, c in zip(row, widths, columns)))
-    return "\n".join(line.rstrip() for line in lines)
+    if max_width is not None:
+        _fit(widths, [i for i, c in enumerate(columns) if c not in kept], max_width - 2 * (len(columns) - 1))
+    return "\n".join("  ".join(_pad(truncate(v, w), w, c in numeric) for v, w, c in zip(line, widths, columns)).rstrip()
+                     for line in [titles, *cells])
+
+
+def _fit(widths: list[int], cuttable: list[int], budget: int) -> None:
+    # Narrow the widest cuttable column by one until the row fits, none is wider than 4, or none may be cut.
+    while sum(widths) > budget and cuttable and max(widths[i] for i in cuttable) > 4:
+        widths[max(cuttable, key=lambda i: widths[i])] -= 1
 
 
 def relative_time(ts: float | None, now: float | None = None) -> str:

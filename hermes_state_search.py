@@ -500,19 +500,19 @@ def _window_snippets(conn: sqlite3.Connection, ids: list[int], needles: list[str
 # id) index.
 _CONTEXT_SQL = f"""
 SELECT h.id, h.id, h.role, substr(h.content, 1, {_CONTEXT_CHARS})
-  FROM messages h WHERE h.id IN (SELECT value FROM json_each(?1))
+  FROM messages h WHERE h.id IN (SELECT value FROM json_each(:batch))
 UNION ALL
 SELECT h.id, c.id, c.role, substr(c.content, 1, {_CONTEXT_CHARS})
   FROM messages h JOIN messages c ON c.id = (
        SELECT p.id FROM messages p WHERE p.session_id = h.session_id AND p.id < h.id AND +p.active IS h.active
         ORDER BY p.id DESC LIMIT 1)
- WHERE h.id IN (SELECT value FROM json_each(?1))
+ WHERE h.id IN (SELECT value FROM json_each(:batch))
 UNION ALL
 SELECT h.id, c.id, c.role, substr(c.content, 1, {_CONTEXT_CHARS})
   FROM messages h JOIN messages c ON c.id = (
        SELECT n.id FROM messages n WHERE n.session_id = h.session_id AND n.id > h.id AND +n.active IS h.active
         ORDER BY n.id LIMIT 1)
- WHERE h.id IN (SELECT value FROM json_each(?1))"""
+ WHERE h.id IN (SELECT value FROM json_each(:batch))"""
 
 
 def _present(conn: sqlite3.Connection, plan: QueryPlan,
@@ -524,7 +524,7 @@ def _present(conn: sqlite3.Connection, plan: QueryPlan,
         "WHERE m.id IN (SELECT value FROM json_each(?))", (batch,))}
     snippets = _snippets(conn, plan, hits)
     context: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for hit, cid, role, content in sorted(conn.execute(_CONTEXT_SQL, (batch,)), key=lambda r: (r[0], r[1])):
+    for hit, cid, role, content in sorted(conn.execute(_CONTEXT_SQL, {"batch": batch}), key=lambda r: (r[0], r[1])):
         context[hit].append({"id": cid, "role": role, "content": content})
     out = []
     for hit, _ in hits:

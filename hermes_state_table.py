@@ -51,6 +51,18 @@ MODULE_ONLY = frozenset({"now"})
 ASK = object()  # no answer declared for an unknown key: the module function answers itself
 
 
+def _takes_txn(kind: str, function: Callable[..., Any], params: list[inspect.Parameter], unknown: Any) -> bool:
+    """Refuse a function no entry can run; return whether it takes the open Transaction (`txn`)."""
+    # A write that needs an after-commit step takes the open Transaction (`txn`) instead of `conn`.
+    txn = bool(params) and params[0].name == "txn" and kind == "write"
+    if kind not in KINDS or not params or not (params[0].name == "conn" or txn):
+        raise TypeError(f"{function.__name__}: an entry runs a function of `conn` (a write: or `txn`) as one "
+                        f"of {KINDS}")
+    if kind in READS and unknown is ASK and params[1:] and params[1].name.endswith("_id"):
+        raise TypeError(f"{function.__name__} reads by id: its entry must say what an unknown id answers")
+    return txn
+
+
 class Entry(Generic[P, R]):
     """One line of the method table: a public method running `function(conn, ...)` in a transaction of `kind`.
 
@@ -65,13 +77,7 @@ class Entry(Generic[P, R]):
     def __init__(self, kind: Kind, function: Callable[Concatenate[Any, P], R], *, unknown: Any = ASK,
                  pack: str | None = None):
         params = list(inspect.signature(function).parameters.values())
-        # A write that needs an after-commit step takes the open Transaction (`txn`) instead of `conn`.
-        self.txn = bool(params) and params[0].name == "txn" and kind == "write"
-        if kind not in KINDS or not params or not (params[0].name == "conn" or self.txn):
-            raise TypeError(f"{function.__name__}: an entry runs a function of `conn` (a write: or `txn`) as one "
-                            f"of {KINDS}")
-        if kind in READS and unknown is ASK and params[1:] and params[1].name.endswith("_id"):
-            raise TypeError(f"{function.__name__} reads by id: its entry must say what an unknown id answers")
+        self.txn = _takes_txn(kind, function, params, unknown)
         self.kind, self.function, self.unknown, self.pack = kind, function, unknown, pack
         self.public = [p for p in params[1:] if p.name not in MODULE_ONLY and p.name != pack]
         if pack is not None:

@@ -924,3 +924,74 @@ def test_named_lease_has_one_winner_among_racing_threads(tmp_path):
     assert holder == f"t{winners[0]}"
     for h in handles:
         h.close()
+
+
+# --- failure cooldown and fallback streak ------------------------------------------------------------
+
+def test_failure_cooldown_round_trips_while_it_runs_and_clears(db, rival):
+    db.create_session("s", "cli")
+    until = time.time() + 600.0
+    db.record_compression_failure_cooldown("s", until, "summary model timed out")
+    state = db.get_compression_failure_cooldown("s")
+    assert state is not None and state["cooldown_until"] == until and state["error"] == "summary model timed out"
+    assert 0 < state["remaining_seconds"] <= 600.0
+    db.clear_compression_failure_cooldown("s")
+    assert db.get_compression_failure_cooldown("s") is None
+    r = rival.execute("SELECT compression_failure_cooldown_until, compression_failure_error FROM sessions "
+                      "WHERE id = 's'").fetchone()
+    assert tuple(r) == (None, None)
+
+
+def test_failure_cooldown_is_over_once_its_time_passed(conn, db):
+    db.create_session("s", "cli")
+    db.record_compression_failure_cooldown("s", 5000.0)
+    state = compression.get_compression_failure_cooldown(conn, "s", now=4000.0)
+    assert state == {"cooldown_until": 5000.0, "remaining_seconds": 1000.0, "error": None}
+    assert compression.get_compression_failure_cooldown(conn, "s", now=5000.0) is None
+    assert db.get_compression_failure_cooldown("s") is None  # 5000 s after the epoch is long gone
+    # An expired cooldown is left in the row (reading never writes); a new record replaces it.
+    assert conn.execute("SELECT compression_failure_cooldown_until FROM sessions").fetchone()[0] == 5000.0
+
+
+@pytest.mark.parametrize("until, error", [("soon", None), (float("nan"), None), (-1.0, None), (None, None),
+                                          (time.time() + 60, 5)])
+def test_failure_cooldown_refuses_bad_input_and_keeps_the_running_one(db, until, error):
+    db.create_session("s", "cli")
+    running = time.time() + 600.0
+    db.record_compression_failure_cooldown("s", running, "first")
+    with pytest.raises(ValueError, match="compression_failure"):
+        db.record_compression_failure_cooldown("s", until, error)
+    assert db.get_compression_failure_cooldown("s")["cooldown_until"] == running
+
+
+def test_failure_cooldown_of_an_unknown_session(db):
+    with pytest.raises(SessionNotFoundError):
+        db.record_compression_failure_cooldown("nope", time.time() + 60.0, "x")
+    with pytest.raises(SessionNotFoundError):
+        db.clear_compression_failure_cooldown("nope")
+    assert db.get_compression_failure_cooldown("nope") is None
+
+
+def test_fallback_streak_round_trips_and_resets(db, rival):
+    db.create_session("s", "cli")
+    assert db.get_compression_fallback_streak("s") == 0
+    db.set_compression_fallback_streak("s", 3)
+    assert db.get_compression_fallback_streak("s") == 3
+    assert rival.execute("SELECT compression_fallback_streak FROM sessions WHERE id = 's'").fetchone()[0] == 3
+    db.set_compression_fallback_streak("s", 0)
+    assert db.get_compression_fallback_streak("s") == 0
+
+
+@pytest.mark.parametrize("streak", [-1, "3", 2.5, None, True])
+def test_fallback_streak_refuses_a_value_that_is_not_a_count(db, streak):
+    db.create_session("s", "cli")
+    db.set_compression_fallback_streak("s", 2)
+    with pytest.raises(ValueError, match="compression_fallback_streak"):
+        db.set_compression_fallback_streak("s", streak)
+    assert db.get_compression_fallback_streak("s") == 2
+
+
+def test_fallback_streak_of_an_unknown_session(db):
+    assert db.get_compression_fallback_streak("nope") == 0
+    with pytest.raises(SessionNotFoundError):
+        db.set_compression_fallback_streak("nope", 1)
