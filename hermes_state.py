@@ -271,13 +271,9 @@ class SessionDB(table.Handle):
                                 self.fts_rebuild_chunk_rows)
         return self.fts_rebuild_status()
 
-    def import_sessions(self, data: Any, on_conflict: str = "skip") -> ImportReport:
-        """Validate all export documents, then import them in one transaction; see ImportReport."""
-        self._check_writable()
-        portability.check_on_conflict(on_conflict)
-        plan = portability.validate(data)  # before the write lock: checking a large input keeps no writer waiting
-        with self._write() as conn:
-            return portability.import_validated(conn, plan, on_conflict)
+    def import_sessions(self, data: Any, on_conflict: str = "skip", *, strict: bool = False) -> ImportReport:
+        """Import export documents (any iterable, read once) in one transaction; see ImportReport and `strict`."""
+        return portability.import_stream(self._write, data, on_conflict, strict)
 
     def get_messages_as_conversation(self, session_id: str, include_ancestors: bool = False,
                                      with_row_ids: bool = False, include_inactive: bool = False,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 SQLITE_BUSY = 5
 SQLITE_LOCKED = 6
@@ -147,10 +147,14 @@ class ProfileNotFoundError(HermesStateError):
 
 
 class ImportValidationError(HermesStateError, ValueError):
-    """An import's input is malformed; `.problems` lists every problem found. Nothing was written."""
+    """An import's input is malformed; `.problems` lists every problem found. Nothing was written.
 
-    def __init__(self, problems: list[str]):
+    `.errors` holds the same problems as the import report's entries ({"index", "session_id", "error"}).
+    """
+
+    def __init__(self, problems: list[str], errors: Any = ()):
         self.problems = list(problems)
+        self.errors = [dict(e) for e in errors]
         shown = "; ".join(self.problems[:10]) + (f"; and {len(self.problems) - 10} more" if len(self.problems) > 10
                                                  else "")
         super().__init__(f"nothing was imported: {shown}")

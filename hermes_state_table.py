@@ -148,14 +148,14 @@ SHARED = SharedHandles()  # the process-wide handles SessionDB.shared() hands ou
 Repair = tuple[set[str], Callable[..., dict[str, Any]] | None]
 
 
-# The timing knobs: each public name with the name hermes-agent's code and tests use for it.
-# Setting either, on the class or on one handle, sets both; every call reads them afresh.
-KNOBS = {"write_patience_s": "_WRITE_PATIENCE_S", "transcript_write_patience_s": "_TRANSCRIPT_WRITE_PATIENCE_S",
-         "activity_write_patience_s": "_ACTIVITY_WRITE_PATIENCE_S", "read_busy_timeout_s": "_READ_BUSY_TIMEOUT_S",
-         "write_retry_min_s": "_WRITE_RETRY_MIN_S", "write_retry_max_s": "_WRITE_RETRY_MAX_S",
-         "write_retry_slow_min_s": "_WRITE_RETRY_SLOW_MIN_S", "write_retry_slow_max_s": "_WRITE_RETRY_SLOW_MAX_S",
-         "checkpoint_every_n_writes": "_CHECKPOINT_EVERY_N_WRITES", "compression_wait_s": "_COMPRESSION_WAIT_S",
-         "fts_rebuild_chunk_rows": "_FTS_REBUILD_CHUNK_ROWS", "fts_rebuild_in_background": "fts_rebuild_in_background"}
+# The timing knobs: each public name, and the name hermes-agent's code and tests use for it (the
+# same words in capitals after an underscore). Setting either, on the class or on one handle, sets
+# both; every call reads them afresh.
+KNOBS = {name: "_" + name.upper() for name in (
+    "write_patience_s", "transcript_write_patience_s", "activity_write_patience_s", "read_busy_timeout_s",
+    "write_retry_min_s", "write_retry_max_s", "write_retry_slow_min_s", "write_retry_slow_max_s",
+    "checkpoint_every_n_writes", "optimize_every_n_writes", "compression_wait_s",
+    "fts_rebuild_chunk_rows", "fts_rebuild_in_background")}
 TWINS = {**KNOBS, **{old: new for new, old in KNOBS.items()}}
 
 
@@ -188,6 +188,8 @@ class Handle(metaclass=Knobs):
     write_retry_slow_min_s = _WRITE_RETRY_SLOW_MIN_S = common.WRITE_RETRY_SLOW_MIN_S
     write_retry_slow_max_s = _WRITE_RETRY_SLOW_MAX_S = common.WRITE_RETRY_SLOW_MAX_S
     checkpoint_every_n_writes = _CHECKPOINT_EVERY_N_WRITES = common.CHECKPOINT_EVERY_N_WRITES
+    # Writes between whole-index FTS optimizes, run after COMMIT in a write of their own (0: never).
+    optimize_every_n_writes = _OPTIMIZE_EVERY_N_WRITES = fts.OPTIMIZE_EVERY_N_WRITES
     # Transcript writes wait this long for another holder's compression.
     compression_wait_s = _COMPRESSION_WAIT_S = compression.COMPRESSION_WAIT_S
     # Rows per FTS rebuild transaction; whether open leaves a rebuild to a background thread.
@@ -315,6 +317,11 @@ class Handle(metaclass=Knobs):
         """True while this handle holds a transaction open (a write, or a read snapshot)."""
         return not self._closed and self._writer.in_transaction()
 
+    @property
+    def write_count(self) -> int:
+        """How many write transactions this handle has committed: the count the upkeep cadences follow."""
+        return self._writer.writes
+
     @contextmanager
     def tracer(self, callback: Callable[[str], None] | None = None) -> Iterator[list[str]]:
         """Record every SQL statement this handle runs inside the block (and pass each to `callback`).
@@ -355,8 +362,13 @@ class Handle(metaclass=Knobs):
     def _upkeep(self, conn: sqlite3.Connection, writes: int) -> None:
         if writes % self.checkpoint_every_n_writes == 0:
             passive_checkpoint(conn)
+        # The cadences are checked here, so the usual write never enters the FTS module.
         if writes % fts.MERGE_EVERY_N_WRITES == 0:  # a bounded FTS merge every 1,000 writes
             fts.upkeep(conn, writes)
+        every = self.optimize_every_n_writes
+        if every and writes % every == 0 and fts.optimize_due(writes, every):
+            # After the lock is let go, in its own transaction; by name, so a caller's replacement runs.
+            self._writer.defer(lambda: fts.optimize_quietly(lambda: getattr(self, "optimize_fts")()))
 
     def _check_writable(self) -> None:
         if self._closed:

@@ -354,11 +354,13 @@ def test_a_write_taking_txn_leaves_its_files_until_the_outermost_commit(db, tmp_
 
 def test_each_timing_knob_has_hermes_agents_name_on_the_class_and_on_one_handle(db, monkeypatch):
     import hermes_state_table as table
-    assert len(table.KNOBS) == 12 and SessionDB._WRITE_PATIENCE_S == SessionDB.write_patience_s
+    assert len(table.KNOBS) == 13 and SessionDB._WRITE_PATIENCE_S == SessionDB.write_patience_s
+    assert SessionDB._FTS_REBUILD_IN_BACKGROUND is SessionDB.fts_rebuild_in_background is True
     other = SessionDB(db.db_path)
     try:
         for public, agents in table.KNOBS.items():
             default = getattr(SessionDB, public)
+            assert agents.startswith("_") and agents in vars(table.Handle) and public in vars(table.Handle), agents
             assert getattr(SessionDB, agents) == default, agents
             with monkeypatch.context() as patch:
                 patch.setattr(SessionDB, agents, 7)  # the class, by hermes-agent's name

@@ -605,6 +605,51 @@ def test_optimize_is_never_run_by_writes(db):
     assert not [s for s in statements if "'optimize'" in s]
 
 
+def test_the_write_path_optimizes_on_the_handles_cadence_after_commit(db):
+    db.optimize_every_n_writes = 3
+    count, expected = db.write_count, 0  # the handle's commits so far (opening may have written)
+    for _ in range(6):
+        count += 1
+        if count % 3 == 0:
+            count, expected = count + 1, expected + 1  # the optimize commits too, and starts no other
+    with db.tracer() as statements:
+        db.create_session("s", "cli")
+        for i in range(5):
+            db.append_message("s", "user", f"kelp {i}")
+    optimizes = [n for n, s in enumerate(statements) if "'optimize'" in s]
+    assert expected >= 2 and len(optimizes) == expected * len(fts.FTS_TABLES)
+    # Each optimize runs in a transaction of its own, begun after the triggering write committed.
+    before = statements[:optimizes[0]]
+    begin = len(before) - 1 - before[::-1].index("BEGIN IMMEDIATE")
+    assert "COMMIT" in before[:begin] and "COMMIT" not in before[begin:]
+    assert len(db.search_messages("kelp")) == 5
+
+
+def test_a_cadence_of_one_optimizes_once_per_write_and_zero_never(db):
+    calls = []
+    db.optimize_fts = lambda: calls.append(1)  # looked up on the handle each time
+    db.optimize_every_n_writes = 1
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "one")
+    assert len(calls) == 2
+    db.optimize_every_n_writes = 0
+    db.append_message("s", "user", "two")
+    assert len(calls) == 2
+
+
+def test_a_failing_periodic_optimize_is_logged_and_the_write_stands(db, rival, caplog):
+    def fail():
+        raise sqlite3.OperationalError("disk I/O error")
+    db.optimize_fts = fail
+    db.optimize_every_n_writes = 1
+    with caplog.at_level(logging.INFO, logger="hermes_state"):
+        db.create_session("s", "cli")
+        assert db.append_message("s", "user", "kept") > 0
+    assert rival.execute("SELECT content FROM messages").fetchone()[0] == "kept"
+    assert "periodic FTS optimize skipped: disk I/O error" in caplog.text
+    assert db.append_message("s", "user", "and the next write too") > 0
+
+
 def test_optimize_refused_on_a_read_only_handle(db):
     db.create_session("s", "cli")
     with SessionDB(db.db_path, read_only=True) as reader, pytest.raises(Exception) as info:

@@ -15,7 +15,7 @@ RANKS = {
     "hermes_state_common": 1,
     "hermes_state_writer": 2, "hermes_state_render": 2, "hermes_state_lockowners": 2, "hermes_state_home": 2, "hermes_state_provider": 2,
     "hermes_state_cjk": 2, "hermes_state_highlight": 2,
-    "hermes_state_lineage": 2,
+    "hermes_state_lineage": 2, "hermes_state_documents": 2,
     "hermes_state_titles": 2.5,  # the schema builds the unique-title index after freeing repeats
     "hermes_state_schema": 3, "hermes_state_query": 3,
     "hermes_state_fts": 4, "hermes_state_catalogue": 4,
@@ -274,9 +274,6 @@ STILL_TOO_COMPLEX = {
     "hermes_state_conversation.repair_alternation": 18,
     "hermes_state_conversation._stitched": 19,
     "hermes_state_conversation.message": 24,
-    "hermes_state_portability._check_document": 20,
-    "hermes_state_portability._check_graph": 17,
-    "hermes_state_portability.import_validated": 40,
     "hermes_state_sessions.update_token_counts": 34,
 }
 
