@@ -3,10 +3,10 @@
 Owns: the filters every route applies, the route table (which index serves which terms, whether
 its empty answer is exact, whether rows holding a term inside a longer word must be added: CJK
 index, mixed split, word index, substring index, bounded scan, in the order of docs/search.md),
-ranking, snippets, context rows, and `SearchResults` (a list saying whether it is exact).
+ranking, and `SearchResults` (a list saying whether it is exact).
 Does not own: the query language (hermes_state_query), the FTS tables and their upkeep
-(hermes_state_fts), listings and statistics (hermes_state_listings), text windows and
-highlighting (hermes_state_highlight).
+(hermes_state_fts), what each hit of a page carries: details, snippet, context
+(hermes_state_hits), listings and statistics (hermes_state_listings).
 
 Transaction contract: read-only, on the caller's connection, inside one read snapshot.
 """
@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 import hermes_state_fts as fts
-import hermes_state_highlight as highlight
+import hermes_state_hits as hit_page
 from hermes_state_common import check_count, check_id, escape_like, has_surrogate, logger
 from hermes_state_query import Group, QueryPlan, Term, cjk_expression, plan_query, trigram_expression, word_expression
 
@@ -46,11 +45,10 @@ class SearchResults(list):
         self.complete = complete
 
 RANK_WINDOW = 1000       # bm25 ranks the newest matches first; see "Ranking" in docs/search.md
-_WINDOW_GROWTH = 16
+FILTERED_POOL = 50       # ... and at least this many of those passing the filters
+SPARE_RANKED = 20        # best rows ranked beyond the page, in case some of them are archived
 LIKE_SCAN_ROWS = 20_000  # the most rows any LIKE scan reads
-_CONTEXT_CHARS = 200
-_SNIPPET_ARGS = "'>>>', '<<<', '...', 16"
-_FTS_SNIPPET_MAX_CHARS = 16_000  # longer rows get a snippet cut from a window around the first match
+DIRECT_SCAN_ROWS = 500   # an id range this narrow is read row by row, not through the substring index
 _MAX_ROWID = 2 ** 63 - 1
 _SEARCHABLE = fts.searchable_text("m")  # the text the substring index holds, of message row `m`
 warned: set[str] = set()  # the keys of warnings this process has logged (each is logged once)
@@ -105,6 +103,11 @@ class _Filters:
         join = " JOIN sessions s ON s.id = m.session_id" if sources or excluded else ""
         return cls("".join(f" AND {w}" for w in where), tuple(params), join)
 
+    @property
+    def live_only(self) -> bool:
+        """True when the only condition is the default one, that the row is live (active)."""
+        return self.sql == " AND m.active = 1" and not self.join
+
     def plus(self, sql: str, params: list[Any]) -> _Filters:
         """Return these filters and one more condition on `m` (a LIKE check of terms no index serves)."""
         return replace(self, sql=f"{self.sql} AND {sql}", params=(*self.params, *params))
@@ -121,30 +124,40 @@ def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: i
     """Return up to `need` (id, bm25) of `table`'s matches passing the filters, best first.
 
     bm25 needs every candidate's document length, so ranking all matches of a common word costs
-    a lookup per matching row. Only the newest `RANK_WINDOW` matches are ranked (a seek from
-    the end of the doclists); when the filters leave too few of them the window grows.
+    a lookup per matching row. Only the newest matches are ranked (docs/search.md, "Ranking"):
+    the newest `RANK_WINDOW` of them, and further back when that is needed to hold the newest
+    `FILTERED_POOL` (at least `need`) of those passing the filters. Each bound is one seek from
+    the end of the doclists.
     `skip_queued` leaves out rows waiting in the CJK queue: their index entry may be stale.
     """
     queued = f" AND m.id NOT IN (SELECT id FROM {fts.CJK_PENDING})" if skip_queued else ""
-    rank_sql = (f"SELECT {table}.rowid, bm25({table}) AS score FROM {table} "
-                f"JOIN messages m ON m.id = {table}.rowid{f.join} "
-                f"WHERE {table} MATCH ? AND {table}.rowid BETWEEN ? AND ?{f.sql}{queued} "
-                f"ORDER BY score, {table}.rowid DESC LIMIT ?")
-    window: int | None = RANK_WINDOW
+    joined = (f"FROM {table} JOIN messages m ON m.id = {table}.rowid{f.join} "
+              f"WHERE {table} MATCH ? AND {table}.rowid BETWEEN ? AND ?{f.sql}{queued}")
     try:
-        while True:
-            floor = low
-            if window is not None:
-                row = conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid BETWEEN ? AND ? "
-                                   "ORDER BY rowid DESC LIMIT 1 OFFSET ?", (expr, low, high, window - 1)).fetchone()
-                if row is None:
-                    window = None  # fewer matches than the window: rank them all
-                else:
-                    floor = row[0]
-            rows = conn.execute(rank_sql, (expr, floor, high, *f.params, need)).fetchall()
-            if len(rows) >= need or window is None:
-                return rows
-            window *= _WINDOW_GROWTH
+        floor = low
+        row = conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid BETWEEN ? AND ? "
+                           "ORDER BY rowid DESC LIMIT 1 OFFSET ?", (expr, low, high, RANK_WINDOW - 1)).fetchone()
+        if row is not None:  # more matches than the window; else rank them all
+            # Newest first, the filters checked on each row until the pool is full: a filter that
+            # passes few rows makes the window reach further back, never the ranking of all matches.
+            pooled = conn.execute(f"SELECT {table}.rowid {joined} ORDER BY {table}.rowid DESC LIMIT 1 OFFSET ?",
+                                  (expr, low, high, *f.params, max(need, FILTERED_POOL) - 1)).fetchone()
+            floor = low if pooled is None else min(row[0], pooled[0])
+        if f.live_only and not skip_queued:
+            # Nearly every row is live: rank the index's rows alone, then look up only the best
+            # ones, instead of a `messages` lookup for every row of the window. The same rows
+            # come out, in the same order, unless too many of the best are archived.
+            best = conn.execute(f"SELECT rowid, bm25({table}) AS score FROM {table} WHERE {table} MATCH ? "
+                                "AND rowid BETWEEN ? AND ? ORDER BY score, rowid DESC LIMIT ?",
+                                (expr, floor, high, need + SPARE_RANKED)).fetchall()
+            live = {r[0] for r in conn.execute("SELECT id FROM messages WHERE id IN (SELECT value FROM json_each(?)) "
+                                               "AND active = 1", (json.dumps([r[0] for r in best]),))}
+            kept = [r for r in best if r[0] in live]
+            if len(kept) >= need or len(best) < need + SPARE_RANKED:  # a prefix of the order, or all of it
+                return kept[:need]
+        return conn.execute(f"SELECT {table}.rowid, bm25({table}) AS score {joined} "
+                            f"ORDER BY score, {table}.rowid DESC LIMIT ?",
+                            (expr, floor, high, *f.params, need)).fetchall()
     except sqlite3.OperationalError as exc:
         if not _is_query_error(exc):
             raise
@@ -250,21 +263,28 @@ class _Ask:
 
         The substring index gives the rows holding every trigram of the terms (no text read); the
         filters come next, then rows in `known` (hits the caller has already) are left out, and
-        only the rows left are checked for the terms themselves.
+        only the rows left are checked for the terms themselves. A range of at most
+        `DIRECT_SCAN_ROWS` ids (one session's) is checked row by row instead: reading its few
+        rows costs less than seeking each trigram through every segment of the index, and finds
+        the same rows.
         """
         f = self.filters
         known = sorted(known)
-        skip = " AND t.rowid NOT IN (SELECT value FROM json_each(?))" if known else ""
         texts = tuple(t.text for t in self.group.terms)
         contains, params = _contains_sql(texts, _SEARCHABLE)
         if _indexed_excluded(self.group):
             excluded, more = _like_terms((), _indexed_excluded(self.group))
             contains, params = f"{contains} AND {excluded}", [*params, *more]
-        sql = (f"SELECT t.rowid FROM {fts.TRIGRAM} t JOIN messages m ON m.id = t.rowid{f.join} "
-               f"WHERE {fts.TRIGRAM} MATCH ? AND t.rowid BETWEEN ? AND ?{f.sql}{skip} AND {contains} "
-               "ORDER BY t.rowid DESC LIMIT ?")
+        if self.high - self.low < DIRECT_SCAN_ROWS:
+            key, source, grams = "m.id", f"messages m{f.join} WHERE", ()
+        else:
+            key, grams = "t.rowid", (trigram_expression(texts),)
+            source = f"{fts.TRIGRAM} t JOIN messages m ON m.id = t.rowid{f.join} WHERE {fts.TRIGRAM} MATCH ? AND"
+        skip = f" AND {key} NOT IN (SELECT value FROM json_each(?))" if known else ""
+        sql = (f"SELECT {key} FROM {source} {key} BETWEEN ? AND ?{f.sql}{skip} AND {contains} "
+               f"ORDER BY {key} DESC LIMIT ?")
         try:
-            rows = self.conn.execute(sql, (trigram_expression(texts), self.low, self.high, *f.params,
+            rows = self.conn.execute(sql, (*grams, self.low, self.high, *f.params,
                                            *([json.dumps(known)] if known else []), *params,
                                            self.need if need is None else need)).fetchall()
         except sqlite3.OperationalError as exc:
@@ -463,80 +483,6 @@ def _find(conn: sqlite3.Connection, plan: QueryPlan, f: _Filters, low: int, high
     return [(i, source) for i, _, source in sorted(found, key=lambda h: (h[1], -h[0]))]
 
 
-def _snippets(conn: sqlite3.Connection, plan: QueryPlan,
-              hits: list[tuple[int, tuple[str, str] | None]]) -> dict[int, str]:
-    """Return {id: snippet}: FTS5 snippet() for word/trigram hits, a text window for the others."""
-    out: dict[int, str] = {}
-    by_source: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for i, source in hits:
-        if source is not None:
-            by_source[source].append(i)
-    for (table, expr), ids in by_source.items():  # one statement per index and OR branch, not per hit
-        column = 0 if table == fts.TRIGRAM else -1
-        columns = ("reasoning", "reasoning_content") if table == fts.REASONING else (
-            "content", "tool_calls", "tool_name")
-        # FTS5's snippet() re-tokenizes the whole row for every phrase match, so its cost grows
-        # with the square of a long row's size; long rows take the text-window path below.
-        out.update(conn.execute(
-            f"SELECT rowid, snippet({table}, {column}, {_SNIPPET_ARGS}) FROM {table} "
-            f"WHERE {table} MATCH ? AND rowid IN (SELECT id FROM messages WHERE id IN (SELECT value FROM json_each(?)) "
-            f"AND {' + '.join(f'COALESCE(length({c}), 0)' for c in columns)} <= ?)",
-            (expr, json.dumps(ids), _FTS_SNIPPET_MAX_CHARS)))
-    rest = [i for i, _ in hits if ">>>" not in (out.get(i) or "")]
-    if rest:
-        out.update(_window_snippets(conn, rest, plan.needles))
-    return out
-
-
-def _window_snippets(conn: sqlite3.Connection, ids: list[int], needles: list[str]) -> dict[int, str]:
-    """Return {id: snippet} cut from a window around the first match of content (else tool_calls, reasoning)."""
-    return highlight.window_snippets(conn.execute(
-        "SELECT id, content, tool_calls, reasoning_content, reasoning FROM messages "
-        "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)), needles)
-
-
-# Previous message, the hit itself and next message of the same session and generation (active
-# or archived), for every hit in one statement; `+active` keeps the planner on the (session_id,
-# id) index.
-_CONTEXT_SQL = f"""
-SELECT h.id, h.id, h.role, substr(h.content, 1, {_CONTEXT_CHARS})
-  FROM messages h WHERE h.id IN (SELECT value FROM json_each(:batch))
-UNION ALL
-SELECT h.id, c.id, c.role, substr(c.content, 1, {_CONTEXT_CHARS})
-  FROM messages h JOIN messages c ON c.id = (
-       SELECT p.id FROM messages p WHERE p.session_id = h.session_id AND p.id < h.id AND +p.active IS h.active
-        ORDER BY p.id DESC LIMIT 1)
- WHERE h.id IN (SELECT value FROM json_each(:batch))
-UNION ALL
-SELECT h.id, c.id, c.role, substr(c.content, 1, {_CONTEXT_CHARS})
-  FROM messages h JOIN messages c ON c.id = (
-       SELECT n.id FROM messages n WHERE n.session_id = h.session_id AND n.id > h.id AND +n.active IS h.active
-        ORDER BY n.id LIMIT 1)
- WHERE h.id IN (SELECT value FROM json_each(:batch))"""
-
-
-def _present(conn: sqlite3.Connection, plan: QueryPlan,
-             hits: list[tuple[int, tuple[str, str] | None]]) -> list[dict[str, Any]]:
-    batch = json.dumps([i for i, _ in hits])
-    rows = {r[0]: r for r in conn.execute(
-        "SELECT m.id, m.session_id, m.role, m.timestamp, m.tool_name, s.source, s.model, s.started_at, s.title "
-        "FROM messages m LEFT JOIN sessions s ON s.id = m.session_id "
-        "WHERE m.id IN (SELECT value FROM json_each(?))", (batch,))}
-    snippets = _snippets(conn, plan, hits)
-    context: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for hit, cid, role, content in sorted(conn.execute(_CONTEXT_SQL, {"batch": batch}), key=lambda r: (r[0], r[1])):
-        context[hit].append({"id": cid, "role": role, "content": content})
-    out = []
-    for hit, _ in hits:
-        row = rows.get(hit)
-        if row is None:
-            continue
-        out.append({"id": row[0], "session_id": row[1], "role": row[2], "timestamp": row[3], "tool_name": row[4],
-                    "snippet": snippets.get(hit, ""), "context": context.get(hit, []),
-                    "source": row[5], "model": row[6], "session_started": row[7], "title": row[8]})
-    return out
-
-
 def search_messages(conn: sqlite3.Connection, query: Any, source_filter: Any = None, exclude_sources: Any = None,
                     role_filter: Any = None, session_id: str | None = None, limit: int = 20, offset: int = 0,
                     include_inactive: bool = False, include_reasoning: bool = False) -> SearchResults:
@@ -569,4 +515,4 @@ def search_messages(conn: sqlite3.Connection, query: Any, source_filter: Any = N
         if unique.get(i) is None:
             unique[i] = source
     page = list(unique.items())[offset:offset + limit]
-    return SearchResults(_present(conn, plan, page) if page else [], complete=not cut)
+    return SearchResults(hit_page.present(conn, plan.needles, page) if page else [], complete=not cut)
