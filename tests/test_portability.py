@@ -191,7 +191,7 @@ def test_malformed_input_is_reported_and_writes_nothing(db, mutate, problem):
     assert report.errors[0]["index"] == 0 and report.errors[0]["error"].startswith(problem), report.errors
     assert report.imported == report.skipped == () and report.messages == 0
     assert tables(db.db_path) == before
-    assert db._writer.conn.in_transaction is False
+    assert db.in_transaction is False
 
 
 @pytest.mark.parametrize("mutate,problem", list(MALFORMED.values())[:3], ids=list(MALFORMED)[:3])
