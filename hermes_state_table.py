@@ -34,8 +34,8 @@ import hermes_state_fts as fts
 import hermes_state_schema as schema
 import hermes_state_upgrade as upgrade
 from hermes_state_common import SCHEMA_VERSION, has_surrogate
-from hermes_state_errors import (HermesStateError, ReadOnlyError, StateDbIncompatibleError, describe_init_failure,
-                                 set_last_init_error, typed_errors)
+from hermes_state_errors import (TRANSLATABLE, HermesStateError, ReadOnlyError, StateDbIncompatibleError,
+                                 describe_init_failure, raise_typed, set_last_init_error, typed_errors)
 from hermes_state_home import check_db_path_allowed, get_hermes_home
 from hermes_state_lockowners import log_write_lock_holders
 from hermes_state_repair import open_repairing
@@ -384,9 +384,13 @@ class Handle(metaclass=Knobs):
     @contextmanager
     def _write(self, patience_s: float | None = None) -> Iterator[sqlite3.Connection]:
         self._check_writable()
-        with typed_errors(self.db_path), self._writer.transaction(
-                self.write_patience_s if patience_s is None else patience_s, self._policy()) as conn:
-            yield conn
+        # Not `with typed_errors(...)`: a successful write runs no code of the errors module.
+        try:
+            with self._writer.transaction(self.write_patience_s if patience_s is None else patience_s,
+                                          self._policy()) as conn:
+                yield conn
+        except TRANSLATABLE as exc:
+            raise_typed(exc, self.db_path)
 
     def _transcript_write(self, session_id: str, body: Callable[[sqlite3.Connection], Any]) -> Any:
         self._check_writable()
@@ -397,8 +401,11 @@ class Handle(metaclass=Knobs):
     def _read(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
         if self._closed:
             raise HermesStateError(f"SessionDB for {self.db_path} is closed")
-        with typed_errors(self.db_path, reading=True), self._writer.reading(snapshot) as conn:
-            yield conn
+        try:
+            with self._writer.reading(snapshot) as conn:
+                yield conn
+        except TRANSLATABLE as exc:
+            raise_typed(exc, self.db_path, reading=True)
 
     def _run(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
         # Every table method comes through here: the one place that maps a kind to its transaction.
