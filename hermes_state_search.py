@@ -137,13 +137,25 @@ def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: i
         floor = low
         row = conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid BETWEEN ? AND ? "
                            "ORDER BY rowid DESC LIMIT 1 OFFSET ?", (expr, low, high, _RANK_WINDOW - 1)).fetchone()
+        live_only = f.live_only and not skip_queued
         if row is not None:  # more matches than the window; else rank them all
             # Newest first, the filters checked on each row until the pool is full: a filter that
             # passes few rows makes the window reach further back, never the ranking of all matches.
-            pooled = conn.execute(f"SELECT {table}.rowid {joined} ORDER BY {table}.rowid DESC LIMIT 1 OFFSET ?",
-                                  (expr, low, high, *f.params, max(need, _FILTERED_POOL) - 1)).fetchone()
-            floor = low if pooled is None else min(row[0], pooled[0])
-        if f.live_only and not skip_queued:
+            pool = max(need, _FILTERED_POOL)
+            if live_only:
+                pooled = conn.execute(f"SELECT {table}.rowid {joined} ORDER BY {table}.rowid DESC LIMIT 1 OFFSET ?",
+                                      (expr, low, high, *f.params, pool - 1)).fetchone()
+                floor = low if pooled is None else min(row[0], pooled[0])
+            else:
+                # A caller's filter may pass few rows: the scan that finds the pool scores it too.
+                # When the pool reaches back past the window's start (or holds every passing
+                # row), it is all the window's passing rows, and no second scan is needed.
+                scored = conn.execute(f"SELECT {table}.rowid, bm25({table}) {joined} "
+                                      f"ORDER BY {table}.rowid DESC LIMIT ?", (expr, low, high, *f.params, pool)).fetchall()
+                if len(scored) < pool or scored[-1][0] <= row[0]:
+                    return sorted(scored, key=lambda r: (r[1], -r[0]))[:need]
+                floor = row[0]
+        if live_only:
             # Nearly every row is live: rank the index's rows alone, then look up only the best
             # ones, instead of a `messages` lookup for every row of the window. The same rows
             # come out, in the same order, unless too many of the best are archived.
