@@ -38,6 +38,7 @@ import hermes_state_routing as routing
 import hermes_state_search as search
 import hermes_state_sessions as sessions
 import hermes_state_table as table
+import hermes_state_telegram as telegram
 import hermes_state_titles as titles
 import hermes_state_upgrade as upgrade
 import hermes_state_writer as writer
@@ -406,6 +407,17 @@ class SessionDB:
     list_prune_candidates = Entry("snapshot", maintenance.list_prune_candidates, pack="filters")
     archive_sessions = Entry("write", maintenance.archive_sessions, pack="filters")
     count_empty_sessions = Entry("snapshot", maintenance.count_empty_sessions)
+    apply_telegram_topic_migration = Entry("write", telegram.apply_telegram_topic_migration)
+    bind_telegram_topic = Entry("write", telegram.bind_telegram_topic)
+    get_telegram_topic_binding = Entry("read", telegram.get_telegram_topic_binding, unknown=None)
+    get_telegram_topic_binding_by_session = Entry("read", telegram.get_telegram_topic_binding_by_session, unknown=None)
+    is_telegram_session_linked_to_topic = Entry("read", telegram.is_telegram_session_linked_to_topic, unknown=False)
+    list_telegram_topic_bindings_for_chat = Entry("read", telegram.list_telegram_topic_bindings_for_chat, unknown=[])
+    delete_telegram_topic_binding = Entry("write", telegram.delete_telegram_topic_binding)
+    enable_telegram_topic_mode = Entry("write", telegram.enable_telegram_topic_mode)
+    disable_telegram_topic_mode = Entry("write", telegram.disable_telegram_topic_mode)
+    is_telegram_topic_mode_enabled = Entry("read", telegram.is_telegram_topic_mode_enabled, unknown=False)
+    list_unlinked_telegram_sessions_for_user = Entry("read", telegram.list_unlinked_telegram_sessions_for_user, unknown=[])
     get_meta = Entry("read", maintenance.get_meta, unknown=None)
     set_meta = Entry("write", maintenance.set_meta)
     to_provider_messages = staticmethod(to_provider_messages)

@@ -103,6 +103,10 @@ class TitleConflictError(HermesStateError, ValueError):
     """Another session already carries that title."""
 
 
+class TopicBindingConflictError(HermesStateError, ValueError):
+    """The session is already linked to another Telegram topic; unbind that topic first."""
+
+
 class SessionBusyError(HermesStateError):
     """Delete/prune refused: ledger work for the session is still live."""
 

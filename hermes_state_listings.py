@@ -217,6 +217,12 @@ def _rich_rows(conn: sqlite3.Connection, columns: str, where: str, params: list[
     return rows
 
 
+def rich_rows(conn: sqlite3.Connection, where: str, params: list[Any], tail: str = "",
+              tail_params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    """Return the sessions `where` selects (SQL over `s`), every column plus `preview` and `last_active`."""
+    return _rich_rows(conn, "s.*", where, params, tail, tail_params)
+
+
 def _project_tips(conn: sqlite3.Connection, rows: list[dict[str, Any]], columns: str) -> list[dict[str, Any]]:
     """Replace each compressed root on the page by its live tip, keeping the root's start."""
     out = []

@@ -29,6 +29,8 @@ READS = {
     "count_empty_sessions", "get_meta", "list_prune_candidates", "list_sessions_rich", "search_sessions",
     "search_sessions_by_id", "list_cron_job_runs", "get_compression_tip", "resolve_session_id",
     "get_compression_lineage", "export_session_lineage",
+    "get_telegram_topic_binding", "get_telegram_topic_binding_by_session", "is_telegram_session_linked_to_topic",
+    "list_telegram_topic_bindings_for_chat", "is_telegram_topic_mode_enabled", "list_unlinked_telegram_sessions_for_user",
     "find_latest_gateway_session_for_peer", "list_gateway_sessions", "find_session_by_origin",
     "get_compression_failure_cooldown", "get_compression_fallback_streak",
 }
