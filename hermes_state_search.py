@@ -50,7 +50,6 @@ _SPARE_RANKED = 20        # best rows ranked beyond the page, in case some of th
 _LIKE_SCAN_ROWS = 20_000  # the most rows any LIKE scan reads
 _DIRECT_SCAN_ROWS = 500   # an id range this narrow is read row by row, not through the substring index
 _MAX_ROWID = 2 ** 63 - 1
-_SEARCHABLE = fts.searchable_text("m")  # the text the substring index holds, of message row `m`
 _warned: set[str] = set()
 
 
@@ -240,12 +239,6 @@ def _like(conn: sqlite3.Connection, groups: tuple[Group, ...], f: _Filters, low:
     return ids
 
 
-def _contains_sql(texts: tuple[str, ...], text_sql: str) -> tuple[str, list[str]]:
-    """Return SQL true when `text_sql` contains every text (ASCII letters case folded), and its parameters."""
-    folded = ["".join(c.lower() if c.isascii() else c for c in text) for text in texts]
-    return " AND ".join([f"instr(lower({text_sql}), ?) > 0"] * len(texts)), folded
-
-
 @dataclass(frozen=True)
 class _Ask:
     """One OR branch being routed: the branch, where to look, and how many hits are wanted."""
@@ -293,10 +286,10 @@ class _Ask:
         f = self.filters
         known = sorted(known)
         texts = tuple(t.text for t in self.group.terms)
-        contains, params = _contains_sql(texts, _SEARCHABLE)
-        if _indexed_excluded(self.group):
-            excluded, more = _like_terms((), _indexed_excluded(self.group))
-            contains, params = f"{contains} AND {excluded}", [*params, *more]
+        # LIKE per column, not instr() in the lowered concatenation the index holds: the same rows
+        # (a term holds no line break, so none spans two columns; both fold ASCII letters only),
+        # without building and lowering a copy of each candidate's text.
+        contains, params = _like_terms(self.group.terms, _indexed_excluded(self.group))
         if self.high - self.low < _DIRECT_SCAN_ROWS:
             key, source, grams = "m.id", f"messages m{f.join} WHERE", ()
         else:
