@@ -137,11 +137,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 _JSON_SPACE = " \t\n\r"
-_READ_BYTES = 1 << 20
+_READ_BYTES = 1 << 18
 
 
 class _JsonStream:
-    """The text of an export file, read a megabyte at a time, with the JSON values in it decoded one by one."""
+    """The text of an export file, read 256 KB at a time, with the JSON values in it decoded one by one."""
 
     def __init__(self, source: BinaryIO, name: str) -> None:
         self.source, self.name = source, name
@@ -197,7 +197,7 @@ class _JsonStream:
 def iter_documents(source: BinaryIO, name: str) -> Iterator[Any]:
     """Yield the documents of an export file one at a time: JSON Lines, one JSON document, or one JSON list.
 
-    Memory holds one document (and a megabyte of text) whatever the file's size. Text that is not
+    Memory holds one document (and 256 KB of text) whatever the file's size. Text that is not
     UTF-8 or not JSON raises ValueError naming `name` and the place, when the reader gets there.
     """
     stream = _JsonStream(source, name)

@@ -100,15 +100,23 @@ def _stored(column: Column, value: Any, name: str, problems: list[str]) -> Any:
     return None
 
 
-def _row(given: dict[str, Any], table: Table, names: tuple[str, ...], prefix: str, problems: list[str],
+def _columns(table: Table, names: tuple[str, ...]) -> tuple[tuple[str, Column], ...]:
+    return tuple((name, table.column(name)) for name in names)
+
+
+# Each table's imported columns with their declarations, looked up once.
+_SESSION_SPEC, _MESSAGE_SPEC = _columns(_SESSIONS, SESSION_COLUMNS), _columns(_MESSAGES, MESSAGE_COLUMNS)
+_USAGE_SPEC = _columns(_USAGE, USAGE_COLUMNS)
+
+
+def _row(given: dict[str, Any], spec: tuple[tuple[str, Column], ...], prefix: str, problems: list[str],
          required: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Return every column of `names` as stored: the given value checked, or the column's default.
+    """Return every column of `spec` as stored: the given value checked, or the column's default.
 
     A `required` column must be a non-empty string.
     """
     row = {}
-    for name in names:
-        column = table.column(name)
+    for name, column in spec:
         if name in required:
             value = given.get(name)
             if isinstance(value, str) and value:
@@ -170,7 +178,7 @@ def _check_session(given: dict[str, Any], checked: Checked) -> None:
     _unknown(checked, "sessions", given, SESSION_COLUMNS)
     started = given.get("started_at")
     rest = {k: v for k, v in given.items() if k not in ("id", "started_at")}
-    session = _row(rest, _SESSIONS, SESSION_COLUMNS, "", problems, required=("source",))
+    session = _row(rest, _SESSION_SPEC, "", problems, required=("source",))
     session["id"] = checked.session_id
     if is_finite(started):
         session["started_at"] = float(started)
@@ -193,7 +201,7 @@ def _check_messages(messages: list[Any], checked: Checked, started_at: Any) -> N
         _unknown(checked, "messages", given, MESSAGE_COLUMNS, frozenset({"id", "session_id"}))
         if "session_id" in given and given["session_id"] != sid:
             problems.append(f"{where}.session_id {given['session_id']!r} is not the session it is filed under")
-        row = _row(given, _MESSAGES, MESSAGE_COLUMNS, where + ".", problems, required=("role",))
+        row = _row(given, _MESSAGE_SPEC, where + ".", problems, required=("role",))
         if row["timestamp"] is None:
             row["timestamp"] = default_ts  # written without one: when the session started
         elif not is_finite(row["timestamp"]):
@@ -224,7 +232,7 @@ def _check_usage(usage: list[Any], checked: Checked) -> None:
             problems.append(f"{where} must be an object, not {type(given).__name__}")
             continue
         _unknown(checked, "session_model_usage", given, USAGE_COLUMNS, frozenset({"session_id"}))
-        row = _row(given, _USAGE, USAGE_COLUMNS, where + ".", problems, required=("model",))
+        row = _row(given, _USAGE_SPEC, where + ".", problems, required=("model",))
         pair = (row["model"], row["task"])
         if pair in pairs:
             problems.append(f"{where} repeats the (model, task) pair {pair!r}")

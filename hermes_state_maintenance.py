@@ -31,6 +31,7 @@ from hermes_state_errors import HermesStateError, SessionBusyError
 from hermes_state_gateway import LIVE_EXECUTION_STATES
 from hermes_state_lineage import COMPRESSION_CHILD_SQL, COMPRESSION_END_REASON, WALK_CAP
 from hermes_state_routing import DELEGATION_OPEN_STATES, DELIVERY_OWED_STATES
+from hermes_state_sessions import cwd_under_sql, cwd_under_values
 
 AUTO_PRUNE_KEY = "last_auto_prune"  # state_meta: when the last automatic prune ran (epoch seconds)
 
@@ -65,10 +66,8 @@ def _like(name: str, value: Any) -> str:
     return "%" + escape_like(_text(name, value)) + "%"
 
 
-def _under(name: str, value: Any) -> tuple[str, str]:
-    # The directory itself, or anything below it: "/repo" takes "/repo/x", never "/repo-x".
-    path = _text(name, value).rstrip("/")
-    return path, escape_like(path) + "/%"
+def _under(name: str, value: Any) -> tuple[str, ...]:
+    return tuple(cwd_under_values(_text(name, value)))  # the directory itself, or anything below it
 
 
 def _flag(name: str, value: Any) -> int:
@@ -93,7 +92,7 @@ FILTERS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "user_id": ("s.user_id = ?", _text),
     "chat_id": ("s.chat_id = ?", _text),
     "chat_type": ("s.chat_type = ?", _text),
-    "cwd_prefix": ("(RTRIM(s.cwd, '/') = ? OR s.cwd LIKE ? ESCAPE '\\')", _under),
+    "cwd_prefix": (cwd_under_sql("s.cwd"), _under),
     "archived": ("COALESCE(s.archived, 0) = ?", _flag),
     "min_messages": ("COALESCE(s.message_count, 0) >= ?", check_count),
     "max_messages": ("COALESCE(s.message_count, 0) <= ?", check_count),

@@ -19,6 +19,7 @@ inside the caller's write transaction.
 """
 from __future__ import annotations
 
+import functools
 import sqlite3
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -228,8 +229,26 @@ _SCRATCH_SQL = (f"DROP TABLE IF EXISTS {_SCRATCH}",
 _ROW_COLUMNS = tuple(c for c in SESSION_COLUMNS if c not in DERIVED)
 _INSERT_SESSION = f"INSERT INTO sessions ({', '.join(_ROW_COLUMNS)}) VALUES ({', '.join('?' * len(_ROW_COLUMNS))})"
 _UPDATE_SESSION = f"UPDATE sessions SET {', '.join(f'{c} = ?' for c in _ROW_COLUMNS if c != 'id')} WHERE id = ?"
-_INSERT_MESSAGE = (f"INSERT INTO messages (session_id, {', '.join(MESSAGE_COLUMNS)}) "
-                   f"VALUES ({', '.join('?' * (len(MESSAGE_COLUMNS) + 1))})")
+_MESSAGE_ROW = f"({', '.join('?' * (len(MESSAGE_COLUMNS) + 1))})"
+# Messages go in several rows per INSERT: the full-text indexes flush their pending terms at the
+# end of every statement, so one statement per row would write one index segment per message.
+# A few fixed batch sizes keep the prepared statements few (each size is one cached statement).
+_MESSAGE_BATCHES = (64, 16, 4, 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _insert_messages(rows: int) -> str:
+    return f"INSERT INTO messages (session_id, {', '.join(MESSAGE_COLUMNS)}) VALUES " + ", ".join([_MESSAGE_ROW] * rows)
+
+
+def _write_messages(conn: sqlite3.Connection, session_id: str, rows: list[tuple[Any, ...]]) -> None:
+    start = 0
+    for size in _MESSAGE_BATCHES:
+        while len(rows) - start >= size:
+            conn.execute(_insert_messages(size), [v for row in rows[start:start + size] for v in (session_id, *row)])
+            start += size
+
+
 _INSERT_USAGE = (f"INSERT INTO session_model_usage (session_id, {', '.join(USAGE_COLUMNS)}) "
                  f"VALUES ({', '.join('?' * (len(USAGE_COLUMNS) + 1))})")
 # Titles are set last, so titles swapped between replaced sessions never meet on the unique index.
@@ -277,7 +296,7 @@ def _write_one(conn: sqlite3.Connection, checked: Checked, state: _Import) -> No
     else:
         conn.execute(_INSERT_SESSION, tuple(row[c] for c in _ROW_COLUMNS))
         state.imported.append(sid)
-    conn.executemany(_INSERT_MESSAGE, ((sid, *m) for m in checked.messages))
+    _write_messages(conn, sid, checked.messages)
     conn.executemany(_INSERT_USAGE, ((sid, *u) for u in checked.usage))
     conn.execute(_RECOUNT_SQL, (sid,))  # the meaning the write path keeps
     state.messages += len(checked.messages)

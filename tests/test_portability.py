@@ -321,6 +321,18 @@ def test_import_memory_stays_flat_in_the_number_of_documents(tmp_path):
     assert peaks[1] < peaks[0] * 2
 
 
+@pytest.mark.parametrize("count", [0, 1, 3, 4, 17, 64, 85, 150])
+def test_every_message_is_written_once_in_input_order_whatever_the_count(db, rival, count):
+    doc = good_doc("many")
+    doc["messages"] = [{"role": "user", "content": f"line {n} walrus", "timestamp": 2.0 + n} for n in range(count)]
+    assert db.import_sessions(doc).messages == count
+    rows = rival.execute("SELECT content FROM messages WHERE session_id = 'many' ORDER BY id").fetchall()
+    assert [r[0] for r in rows] == [f"line {n} walrus" for n in range(count)]
+    assert len(db.search_messages("walrus", limit=200)) == count  # every row indexed
+    assert db.get_session("many")["message_count"] == count
+    assert set(db.check_integrity()["fts"].values()) == {"ok"}
+
+
 def test_hand_written_rows_get_what_a_fresh_write_would_give(db, rival):
     doc = {"id": "hand", "source": "cli", "started_at": 50.0, "model_config": '{"t": 1}',
            "messages": [{"role": "user", "content": "bad \udc80 half"}, {"role": "assistant", "content": "ok"}]}
