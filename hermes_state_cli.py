@@ -137,7 +137,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 _JSON_SPACE = " \t\n\r"
-_READ_BYTES = 1 << 18
+READ_BYTES = 1 << 18
 
 
 class _JsonStream:
@@ -154,7 +154,7 @@ class _JsonStream:
         """Read more (at least as much as is still unparsed, so a long document costs linear time); False at the end."""
         if self.eof:
             return False
-        chunk = self.source.read(max(_READ_BYTES, len(self.text) - self.pos))
+        chunk = self.source.read(max(READ_BYTES, len(self.text) - self.pos))
         try:
             more = self.utf8.decode(chunk, final=not chunk)
         except UnicodeDecodeError as exc:

@@ -176,7 +176,7 @@ def _check_session(given: dict[str, Any], checked: Checked) -> None:
     else:
         problems.append("session id must be a non-empty string")
     _unknown(checked, "sessions", given, SESSION_COLUMNS)
-    started = given.get("started_at")
+    started: Any = given.get("started_at")
     rest = {k: v for k, v in given.items() if k not in ("id", "started_at")}
     session = _row(rest, _SESSION_SPEC, "", problems, required=("source",))
     session["id"] = checked.session_id

@@ -120,7 +120,8 @@ _SNIPPET_ARGS = "'>>>', '<<<', '...', 16"
 _scratch = threading.local()
 
 
-def _scratch_conn() -> sqlite3.Connection:
+def scratch_conn() -> sqlite3.Connection:
+    """Return this thread's in-memory scratch connection, where snippets are worked out."""
     conn = getattr(_scratch, "conn", None)
     if conn is None:
         conn = _scratch.conn = sqlite3.connect(":memory:", isolation_level=None)
@@ -137,7 +138,7 @@ def fts_snippets(rows: list[tuple[Any, ...]], expr: str, columns: int) -> dict[i
     """
     if not rows:
         return {}
-    conn = _scratch_conn()
+    conn = scratch_conn()
     table = _scratch.tables.get(columns)
     if table is None:
         table = f"hits{columns}"

@@ -23,7 +23,7 @@ import functools
 import sqlite3
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, cast
 
 from hermes_state_common import SESSION_OWNED, recount_sql, shown
 from hermes_state_documents import (DERIVED, EXPORT_FORMAT, EXPORT_VERSION, MESSAGE_COLUMNS, SESSION_COLUMNS,  # noqa: F401
@@ -272,7 +272,7 @@ _UNROOTED = (
 
 
 def _write_one(conn: sqlite3.Connection, checked: Checked, state: _Import) -> None:
-    sid, session = checked.session_id, checked.session
+    sid, session = cast(str, checked.session_id), checked.session  # a checked document without problems has one
     exists = conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone() is not None
     if exists and state.on_conflict == "error":
         raise ImportConflictError(f"session {sid!r} already exists (document {checked.index}); nothing was "

@@ -44,18 +44,18 @@ class SearchResults(list):
         super().__init__(hits)
         self.complete = complete
 
-_RANK_WINDOW = 1000       # bm25 ranks the newest matches first; see "Ranking" in docs/search.md
-_FILTERED_POOL = 50       # ... and at least this many of those passing the filters
-_SPARE_RANKED = 20        # best rows ranked beyond the page, in case some of them are archived
-_LIKE_SCAN_ROWS = 20_000  # the most rows any LIKE scan reads
-_DIRECT_SCAN_ROWS = 500   # an id range this narrow is read row by row, not through the substring index
+RANK_WINDOW = 1000       # bm25 ranks the newest matches first; see "Ranking" in docs/search.md
+FILTERED_POOL = 50       # ... and at least this many of those passing the filters
+SPARE_RANKED = 20        # best rows ranked beyond the page, in case some of them are archived
+LIKE_SCAN_ROWS = 20_000  # the most rows any LIKE scan reads
+DIRECT_SCAN_ROWS = 500   # an id range this narrow is read row by row, not through the substring index
 _MAX_ROWID = 2 ** 63 - 1
-_warned: set[str] = set()
+warned: set[str] = set()  # the keys of warnings this process has logged (each is logged once)
 
 
 def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
+    if key not in warned:
+        warned.add(key)
         logger.warning(message)
 
 
@@ -124,8 +124,8 @@ def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: i
 
     bm25 needs every candidate's document length, so ranking all matches of a common word costs
     a lookup per matching row. Only the newest matches are ranked (docs/search.md, "Ranking"):
-    the newest `_RANK_WINDOW` of them, and further back when that is needed to hold the newest
-    `_FILTERED_POOL` (at least `need`) of those passing the filters. Each bound is one seek from
+    the newest `RANK_WINDOW` of them, and further back when that is needed to hold the newest
+    `FILTERED_POOL` (at least `need`) of those passing the filters. Each bound is one seek from
     the end of the doclists.
     `skip_queued` leaves out rows waiting in the CJK queue: their index entry may be stale.
     """
@@ -134,7 +134,7 @@ def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: i
               f"WHERE {table} MATCH ? AND {table}.rowid BETWEEN ? AND ?{f.sql}{queued}")
     live_only = f.live_only and not skip_queued
     try:
-        floor, pool = _window(conn, table, expr, joined, f, low, high, max(need, _FILTERED_POOL), live_only)
+        floor, pool = _window(conn, table, expr, joined, f, low, high, max(need, FILTERED_POOL), live_only)
         if pool is not None:
             return sorted(pool, key=lambda r: (r[1], -r[0]))[:need]
         if live_only and (best := _live_ranked(conn, table, expr, floor, high, need)) is not None:
@@ -153,7 +153,7 @@ def _window(conn: sqlite3.Connection, table: str, expr: str, joined: str, f: _Fi
             pool: int, live_only: bool) -> tuple[int, list[tuple[int, float]] | None]:
     """Return where the ranking window starts and, when they are all of its passing rows, those rows scored."""
     row = conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid BETWEEN ? AND ? "
-                       "ORDER BY rowid DESC LIMIT 1 OFFSET ?", (expr, low, high, _RANK_WINDOW - 1)).fetchone()
+                       "ORDER BY rowid DESC LIMIT 1 OFFSET ?", (expr, low, high, RANK_WINDOW - 1)).fetchone()
     if row is None:
         return low, None  # fewer matches than the window: rank them all
     # Newest first, the filters checked on each row until the pool is full: a filter that passes
@@ -179,11 +179,11 @@ def _live_ranked(conn: sqlite3.Connection, table: str, expr: str, floor: int, hi
     """
     best = conn.execute(f"SELECT rowid, bm25({table}) AS score FROM {table} WHERE {table} MATCH ? "
                         "AND rowid BETWEEN ? AND ? ORDER BY score, rowid DESC LIMIT ?",
-                        (expr, floor, high, need + _SPARE_RANKED)).fetchall()
+                        (expr, floor, high, need + SPARE_RANKED)).fetchall()
     live = {r[0] for r in conn.execute("SELECT id FROM messages WHERE id IN (SELECT value FROM json_each(?)) "
                                        "AND active = 1", (json.dumps([r[0] for r in best]),))}
     kept = [r for r in best if r[0] in live]
-    return kept[:need] if len(kept) >= need or len(best) < need + _SPARE_RANKED else None
+    return kept[:need] if len(kept) >= need or len(best) < need + SPARE_RANKED else None
 
 
 _CONTAINS = ("(COALESCE(m.content LIKE ? ESCAPE '\\', 0) OR COALESCE(m.tool_calls LIKE ? ESCAPE '\\', 0)"
@@ -209,7 +209,7 @@ def _like(conn: sqlite3.Connection, groups: tuple[Group, ...], f: _Filters, low:
           only_queued: bool = False, contains: str = _CONTAINS, cut: list[bool] | None = None) -> list[int]:
     """Return the ids of messages in [low, high] matching any of `groups` by LIKE, newest first.
 
-    Reads at most `_LIKE_SCAN_ROWS` rows: the newest of the range, or of the CJK queue. When it
+    Reads at most `LIKE_SCAN_ROWS` rows: the newest of the range, or of the CJK queue. When it
     stopped before the range's oldest row and found fewer than `need`, it appends True to `cut`
     (older matches may exist). Excluded CJK terms are not checked here: the caller's filters carry them.
     """
@@ -222,14 +222,14 @@ def _like(conn: sqlite3.Connection, groups: tuple[Group, ...], f: _Filters, low:
     if only_queued:
         scope = (f" AND m.id IN (SELECT id FROM {fts.CJK_PENDING} WHERE id BETWEEN ? AND ? "
                  "ORDER BY id DESC LIMIT ?)")
-        scope_params: tuple = (low, high, _LIKE_SCAN_ROWS)
+        scope_params: tuple = (low, high, LIKE_SCAN_ROWS)
         stopped = conn.execute(f"SELECT COUNT(*) > ? FROM {fts.CJK_PENDING} WHERE id BETWEEN ? AND ?",
-                               (_LIKE_SCAN_ROWS, low, high)).fetchone()[0]
+                               (LIKE_SCAN_ROWS, low, high)).fetchone()[0]
     else:
         newest = conn.execute("SELECT MAX(id) FROM messages WHERE id <= ?", (high,)).fetchone()[0] or 0
-        stopped = newest - _LIKE_SCAN_ROWS + 1 > low and conn.execute(
-            "SELECT 1 FROM messages WHERE id BETWEEN ? AND ? LIMIT 1", (low, newest - _LIKE_SCAN_ROWS)).fetchone()
-        low = max(low, newest - _LIKE_SCAN_ROWS + 1)
+        stopped = newest - LIKE_SCAN_ROWS + 1 > low and conn.execute(
+            "SELECT 1 FROM messages WHERE id BETWEEN ? AND ? LIMIT 1", (low, newest - LIKE_SCAN_ROWS)).fetchone()
+        low = max(low, newest - LIKE_SCAN_ROWS + 1)
         scope, scope_params = "", ()
     sql = (f"SELECT m.id FROM messages m{f.join} WHERE m.id BETWEEN ? AND ?{scope} AND {condition}{f.sql} "
            "ORDER BY m.id DESC LIMIT ?")
@@ -279,7 +279,7 @@ class _Ask:
         The substring index gives the rows holding every trigram of the terms (no text read); the
         filters come next, then rows in `known` (hits the caller has already) are left out, and
         only the rows left are checked for the terms themselves. A range of at most
-        `_DIRECT_SCAN_ROWS` ids (one session's) is checked row by row instead: reading its few
+        `DIRECT_SCAN_ROWS` ids (one session's) is checked row by row instead: reading its few
         rows costs less than seeking each trigram through every segment of the index, and finds
         the same rows.
         """
@@ -290,7 +290,7 @@ class _Ask:
         # (a term holds no line break, so none spans two columns; both fold ASCII letters only),
         # without building and lowering a copy of each candidate's text.
         contains, params = _like_terms(self.group.terms, _indexed_excluded(self.group))
-        if self.high - self.low < _DIRECT_SCAN_ROWS:
+        if self.high - self.low < DIRECT_SCAN_ROWS:
             key, source, grams = "m.id", f"messages m{f.join} WHERE", ()
         else:
             key, grams = "t.rowid", (trigram_expression(texts),)
@@ -363,7 +363,7 @@ def _substring_route(a: _Ask) -> list[_Hit]:
 def _scan_route(a: _Ask) -> list[_Hit]:
     if not a.state.tables:
         _warn_once("fts", "full-text search: no FTS index in this database; searching the newest "
-                          f"{_LIKE_SCAN_ROWS} messages with LIKE")
+                          f"{LIKE_SCAN_ROWS} messages with LIKE")
     logger.debug("search %r: last resort LIKE scan", [t.text for t in a.group.terms])
     return [(i, 0.0, None) for i in _like(a.conn, (a.group,), a.filters, a.low, a.high, a.need, cut=a.cut)]
 

@@ -23,7 +23,7 @@ def documents_of(text: str | bytes, name: str = "export.jsonl") -> list:
 @pytest.fixture
 def tiny_reads(monkeypatch):
     """Read 7 bytes at a time, so documents, numbers and UTF-8 characters straddle the reads."""
-    monkeypatch.setattr(cli, "_READ_BYTES", 7)
+    monkeypatch.setattr(cli, "READ_BYTES", 7)
 
 
 @pytest.mark.parametrize("text", [
@@ -73,16 +73,16 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_
 def test_any_documents_written_any_way_read_back_equal(docs, layout, read):
     text = {"lines": "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs),
             "list": json.dumps(docs, ensure_ascii=False), "pretty": json.dumps(docs, indent=3)}[layout]
-    original = cli._READ_BYTES
-    cli._READ_BYTES = read  # not monkeypatch: hypothesis runs this many times in one test
+    original = cli.READ_BYTES
+    cli.READ_BYTES = read  # not monkeypatch: hypothesis runs this many times in one test
     try:
         assert documents_of(text) == docs
     finally:
-        cli._READ_BYTES = original
+        cli.READ_BYTES = original
 
 
 def test_reading_holds_one_document_not_the_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "_READ_BYTES", 1 << 16)
+    monkeypatch.setattr(cli, "READ_BYTES", 1 << 16)
 
     def peak(n: int) -> int:
         path = tmp_path / f"{n}.jsonl"

@@ -130,7 +130,7 @@ def hits(db: SessionDB, query: str) -> list[str]:
 
 @pytest.fixture
 def no_background(monkeypatch):
-    monkeypatch.setattr(SessionDB, "_FTS_REBUILD_IN_BACKGROUND", False)
+    monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", False)
 
 
 # --- a file hermes-state made ----------------------------------------------------------------------

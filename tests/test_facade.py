@@ -237,8 +237,10 @@ def test_the_table_covers_the_plain_delegations():
     assert {"get_session", "get_delegation", "list_sessions", "search_messages", "append_message",
             "mark_delivered", "export_session", "update_session", "set_session_title", "get_resume_conversations"} <= names
     assert len(names) > 50
-    # Methods that reshape arguments or compose several steps stay explicit.
-    assert not {"iter_export", "restore", "persist_failed_turn_input", "delete_sessions"} & names
+    # Methods that reshape arguments or compose several steps stay explicit; a write whose only
+    # second step comes after COMMIT (removing transcript files) is a table line taking `txn`.
+    assert not {"iter_export", "restore", "persist_failed_turn_input", "delete_session"} & names
+    assert {"delete_sessions", "prune_sessions", "delete_empty_sessions", "delete_session_if_empty"} <= names
 
 
 def test_every_table_method_shows_the_module_functions_signature_and_docstring():
@@ -251,7 +253,7 @@ def test_every_table_method_shows_the_module_functions_signature_and_docstring()
     for name, entry in _table().items():
         method = getattr(SessionDB, name)
         module_params = list(inspect.signature(entry.function).parameters.values())
-        assert module_params[0].name == "conn", name
+        assert module_params[0].name == ("txn" if entry.txn else "conn"), name
         shown = list(inspect.signature(method).parameters.values())
         expected = [p for p in module_params[1:] if p.name not in MODULE_ONLY and p.name != entry.pack]
         assert shown[0].name == "self" and shown[1:len(expected) + 1] == expected, name
@@ -321,3 +323,59 @@ def test_keywords_are_packed_for_a_packing_entry(db, rival):
     assert list(inspect.signature(SessionDB.update_session).parameters) == ["self", "session_id", "columns"]
     db.update_session(session_id="s", cwd="/x", title="T")
     assert tuple(rival.execute("SELECT cwd, title FROM sessions").fetchone()) == ("/x", "T")
+
+
+def test_a_write_taking_txn_leaves_its_files_until_the_outermost_commit(db, tmp_path):
+    sessions_dir = tmp_path / "sessions"
+    sessions_dir.mkdir()
+    for sid in ("a", "b"):
+        db.create_session(sid, "cli")
+        (sessions_dir / f"{sid}.json").write_text("{}")
+    with pytest.raises(RuntimeError):
+        with db.transaction():
+            assert db.delete_sessions(["a"], sessions_dir=sessions_dir) == 1
+            assert (sessions_dir / "a.json").exists()  # not before COMMIT
+            raise RuntimeError("the enclosing transaction fails")
+    assert db.get_session("a") is not None and (sessions_dir / "a.json").exists()  # rolled back, file kept
+    with db.transaction():
+        assert db.delete_session_if_empty("b", sessions_dir=sessions_dir) is True
+        assert (sessions_dir / "b.json").exists()
+    assert db.get_session("b") is None and not (sessions_dir / "b.json").exists()
+    import hermes_state_maintenance as maintenance
+    import hermes_state_table as table
+    with pytest.raises(TypeError, match="txn"):  # only a write may take the Transaction
+        table.Entry("read", maintenance.delete_sessions_and_transcripts)
+
+
+# --- hermes-agent's own names -----------------------------------------------------------------------
+# The one place this suite uses names with a leading underscore: the ones hermes-agent's code and
+# tests use on SessionDB, kept as a contract beside the public names (tests/test_layout.py checks
+# that no other test reaches an underscore name).
+
+def test_each_timing_knob_has_hermes_agents_name_on_the_class_and_on_one_handle(db, monkeypatch):
+    import hermes_state_table as table
+    assert len(table.KNOBS) == 13 and SessionDB._WRITE_PATIENCE_S == SessionDB.write_patience_s
+    assert SessionDB._FTS_REBUILD_IN_BACKGROUND is SessionDB.fts_rebuild_in_background is True
+    other = SessionDB(db.db_path)
+    try:
+        for public, agents in table.KNOBS.items():
+            default = getattr(SessionDB, public)
+            assert agents.startswith("_") and agents in vars(table.Handle) and public in vars(table.Handle), agents
+            assert getattr(SessionDB, agents) == default, agents
+            with monkeypatch.context() as patch:
+                patch.setattr(SessionDB, agents, 7)  # the class, by hermes-agent's name
+                assert getattr(SessionDB, public) == 7 and getattr(db, public) == 7, public
+                setattr(db, public, 3)  # one handle, by the public name: the other keeps the class's
+                assert getattr(db, agents) == 3 and getattr(other, agents) == 7 == getattr(other, public), agents
+            delattr(db, agents)
+            assert getattr(SessionDB, public) == default == getattr(db, public), public
+    finally:
+        other.close()
+
+
+def test_hermes_agents_helper_names_answer_like_the_public_ones(db):
+    from hermes_state_cjk import has_cjk
+    assert SessionDB._contains_cjk("日本語mixed") is True and SessionDB._contains_cjk("") is False
+    assert SessionDB._contains_cjk is has_cjk
+    db.create_session("s", "cli", model="m")  # `_conn`: the connection, rows readable by column name
+    assert db._conn.execute("SELECT model FROM sessions WHERE id = 's'").fetchone()["model"] == "m"

@@ -506,7 +506,7 @@ def test_a_bad_document_lets_go_of_the_write_lock_while_the_rest_is_checked(db, 
     # the first lock conflict, so it fails if the import still holds the lock.
     db.create_session("live", "cli")
     writer = ("import sys; from hermes_state import SessionDB; d = SessionDB(sys.argv[1]); "
-              "d._TRANSCRIPT_WRITE_PATIENCE_S = 0; d.append_message('live', 'user', 'during the import'); "
+              "d.transcript_write_patience_s = 0; d.append_message('live', 'user', 'during the import'); "
               "d.close()")
     outcomes = []
 

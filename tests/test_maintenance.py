@@ -277,7 +277,7 @@ def test_auto_prune_runs_once_per_interval_and_a_future_marker_does_not_stop_it(
 
 def test_auto_prune_reports_a_locked_store_and_leaves_no_marker(db, rival):
     old_ended(db, rival, "old")
-    db._WRITE_PATIENCE_S = 0.3
+    db.write_patience_s = 0.3
     rival.execute("BEGIN IMMEDIATE")
     try:
         result = db.maybe_auto_prune_and_vacuum(retention_days=90)

@@ -190,7 +190,7 @@ def test_malformed_input_is_reported_and_writes_nothing(db, mutate, problem):
     assert report.errors[0]["index"] == 0 and report.errors[0]["error"].startswith(problem), report.errors
     assert report.imported == report.skipped == () and report.messages == 0
     assert tables(db.db_path) == before
-    assert db._writer.conn.in_transaction is False
+    assert db.in_transaction is False
 
 
 @pytest.mark.parametrize("mutate,problem", list(MALFORMED.values())[:3], ids=list(MALFORMED)[:3])
@@ -415,6 +415,32 @@ def test_property_export_import_export_is_identical(specs):
             assert other.export_all() == exported
             for doc in exported:
                 assert other.get_session(doc["session"]["id"])["message_count"] == doc["session"]["message_count"]
+
+
+CORRUPTIONS = [("id", None), ("source", ""), ("started_at", "noon"), ("user_id", 5), ("model_config", "{x"),
+               ("input_tokens", 1.5), ("message role", None), ("message timestamp", float("inf"))]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 3), st.none() | st.sampled_from(CORRUPTIONS)), min_size=1, max_size=6))
+def test_property_an_import_is_all_or_nothing_and_names_each_bad_document(specs):
+    docs, bad = [], []
+    for index, (messages, corruption) in enumerate(specs):
+        doc = good_doc(f"p{index}")
+        doc["messages"] = [{"role": "user", "content": f"m{k}", "timestamp": 2.0} for k in range(messages)] or \
+            [{"role": "user", "content": "only", "timestamp": 2.0}]
+        if corruption is not None:
+            name, value = corruption
+            target = doc["messages"][0] if name.startswith("message ") else doc["session"]
+            target[name.removeprefix("message ")] = value
+            bad.append(index)
+        docs.append(doc)
+    with tempfile.TemporaryDirectory() as tmp:
+        with SessionDB(Path(tmp) / "p.db") as db:
+            report = db.import_sessions(iter(docs))
+            written = len(db.list_sessions(limit=100))
+        assert sorted({e["index"] for e in report.errors}) == bad
+        assert report.ok is (not bad) and written == (0 if bad else len(docs))
 
 
 def test_a_row_without_uid_is_exported_with_the_uid_its_conversation_shows(db, rival, tmp_path):

@@ -53,7 +53,7 @@ def test_a_copy_of_the_rows_gives_the_index_s_own_snippets(conn, query):
 def test_a_refused_expression_gives_no_snippet_and_leaves_nothing_behind(conn):
     rows = conn.execute(f"SELECT rowid, content, tool_name, tool_calls FROM {fts.WORD}").fetchall()
     assert highlight.fts_snippets(rows, '"unbalanced', 3) == {}
-    scratch = highlight._scratch_conn()
+    scratch = highlight.scratch_conn()
     assert not scratch.in_transaction
     assert scratch.execute("SELECT COUNT(*) FROM hits3").fetchone()[0] == 0
     assert highlight.fts_snippets(rows, "fox", 3)  # still usable afterwards
@@ -96,8 +96,8 @@ def test_reasoning_snippets_equal_the_index_s_own(db):
 def old_discord_rows(db, monkeypatch):
     """Six discord rows under 40 newer cli rows, with a ranking window of 3 and a filtered pool of 4."""
     import hermes_state_search as search
-    monkeypatch.setattr(search, "_RANK_WINDOW", 3)
-    monkeypatch.setattr(search, "_FILTERED_POOL", 4)
+    monkeypatch.setattr(search, "RANK_WINDOW", 3)
+    monkeypatch.setattr(search, "FILTERED_POOL", 4)
     db.create_session("d", "discord")
     db.create_session("c", "cli")
     old = [db.append_message("d", "user", f"common term {'pad ' * i}") for i in range(6)]
@@ -131,7 +131,7 @@ def test_a_session_s_rows_are_found_alike_by_reading_them_or_by_the_substring_in
         db.append_message("s" if i % 3 else "t", "tool" if i % 4 == 0 else "user", texts[i % 5])
     answers = []
     for rows in (0, 10 ** 9):  # never read row by row; always
-        monkeypatch.setattr(search, "_DIRECT_SCAN_ROWS", rows)
+        monkeypatch.setattr(search, "DIRECT_SCAN_ROWS", rows)
         answers.append([(h["id"], h["snippet"]) for h in db.search_messages(query, session_id="s", limit=50)])
     assert answers[0] == answers[1] and answers[0]
 
@@ -141,7 +141,7 @@ def test_a_session_s_rows_are_found_alike_by_reading_them_or_by_the_substring_in
 @pytest.mark.parametrize("spare", [0, 1, 3, 50])
 def test_archived_rows_among_the_best_leave_the_ranking_of_the_live_ones_unchanged(db, monkeypatch, spare):
     import hermes_state_search as search
-    monkeypatch.setattr(search, "_SPARE_RANKED", spare)
+    monkeypatch.setattr(search, "SPARE_RANKED", spare)
     db.create_session("s", "cli")
     ids = [db.append_message("s", "user", "common term " + "pad " * (i % 9)) for i in range(40)]
     with sqlite3.connect(db.db_path) as c:
@@ -161,8 +161,8 @@ def test_the_ranked_rows_are_the_best_of_the_documented_window(db, monkeypatch, 
     # The window: the newest `window` matches, reaching back to hold the newest max(need, pool)
     # rows passing the filters; its passing rows in bm25 order, newest first among equals.
     import hermes_state_search as search
-    monkeypatch.setattr(search, "_RANK_WINDOW", window)
-    monkeypatch.setattr(search, "_FILTERED_POOL", pool)
+    monkeypatch.setattr(search, "RANK_WINDOW", window)
+    monkeypatch.setattr(search, "FILTERED_POOL", pool)
     db.create_session("d", "discord")
     db.create_session("c", "cli")
     for i in range(60):

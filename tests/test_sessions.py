@@ -1015,8 +1015,3 @@ def test_set_latest_user_api_content_only_touches_the_matching_latest_turn(db, r
     assert [r["api_content"] for r in rows(rival, "s")] == [None, "memory + turn \ufffd"]
     with pytest.raises(SessionNotFoundError):
         db.set_latest_user_api_content("ghost", "x", "y")
-
-
-def test_conn_rows_read_by_name(db):
-    db.create_session("s", "cli", model="m")
-    assert db._conn.execute("SELECT model FROM sessions WHERE id = 's'").fetchone()["model"] == "m"
