@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import hermes_state_portability as portability
 from hermes_state import (EXPORT_FORMAT, EXPORT_VERSION, ImportConflictError, ImportValidationError, SessionDB,
                           TitleConflictError)
 
@@ -247,7 +248,14 @@ def test_titles_swapped_between_replaced_sessions_import(db):
     assert (db.get_session("a")["title"], db.get_session("b")["title"]) == ("Second", "First")
 
 
-def test_a_self_parent_and_a_ring_of_parents_are_cut_not_refused(db, rival):
+@pytest.fixture(params=["walked up", "narrowed from the roots first"])
+def ring_search(request, monkeypatch):
+    """Both ways the import looks for rings: walking up from each session, or from the roots down first."""
+    if request.param != "walked up":
+        monkeypatch.setattr(portability, "_WALK_AT_MOST", 0)
+
+
+def test_a_self_parent_and_a_ring_of_parents_are_cut_not_refused(db, rival, ring_search):
     report = db.import_sessions([good_doc("me", parent_session_id="me")])
     assert report.ok and report.detached_parents == ("me",) and report["detached"] == 1
     # Three in a ring, one hanging below it: the ring is cut once, at its first session in input order.
@@ -259,7 +267,24 @@ def test_a_self_parent_and_a_ring_of_parents_are_cut_not_refused(db, rival):
     assert parents == {"below": "r2", "r1": None, "r2": "r1", "r3": "r2"}
 
 
-def test_a_missing_parent_and_a_ring_both_count_as_detached(db):
+def test_a_ring_through_the_files_sessions_is_cut_and_a_ring_of_the_file_alone_left(db, rival, ring_search):
+    db.import_sessions([good_doc("f1", parent_session_id="f2"), good_doc("f2")])
+    rival.execute("UPDATE sessions SET parent_session_id = 'f1' WHERE id = 'f2'")  # bad data already in the file
+    report = db.import_sessions([good_doc("under", parent_session_id="f1")])
+    assert report.ok and report.detached_parents == ()  # the ring is not the import's: only hung below
+    db.import_sessions([good_doc("a"), good_doc("b", parent_session_id="a")])
+    report = db.import_sessions([good_doc("a", parent_session_id="b")], on_conflict="replace")
+    assert report.detached_parents == ("a",)
+    assert dict(rival.execute("SELECT id, parent_session_id FROM sessions WHERE id IN ('a', 'b')").fetchall()) == {
+        "a": None, "b": "a"}
+
+
+def test_an_empty_input_imports_nothing_and_is_ok(db):
+    report = db.import_sessions(iter([]))
+    assert report.ok and report.imported == () and report["imported"] == 0
+
+
+def test_a_missing_parent_and_a_ring_both_count_as_detached(db, ring_search):
     report = db.import_sessions([good_doc("x", parent_session_id="y"), good_doc("y", parent_session_id="x"),
                                  good_doc("z", parent_session_id="gone")])
     assert sorted(report.detached_parents) == ["x", "z"] and report["detached"] == 2
