@@ -82,7 +82,8 @@ class Entry(Generic[P, R]):
         self.public = [p for p in params[1:] if p.name not in MODULE_ONLY and p.name != pack]
         if pack is not None:
             self.public.append(inspect.Parameter(pack, inspect.Parameter.VAR_KEYWORD, annotation="Any"))
-        self.names = {p.name for p in self.public}
+        # The packed dict's own name is not a keyword: `filters=` is just one more packed key.
+        self.names = {p.name for p in self.public if p.kind is not inspect.Parameter.VAR_KEYWORD}
 
     def __set_name__(self, owner: type, name: str) -> None:
         entry = self

@@ -197,6 +197,18 @@ def test_filters_are_checked_before_anything_is_deleted(db, rival):
         refused(rival, ValueError, db.prune_sessions, bad)
 
 
+
+def test_a_dict_passed_as_filters_is_refused_not_dropped(db, rival):
+    # The filters are keywords; a dict under the keyword's own name must not silently mean "no filter".
+    for sid, source in (("mine", "cli"), ("theirs", "telegram")):
+        db.create_session(sid, source)
+        db.end_session(sid, "done")
+    for call in (db.list_prune_candidates, db.archive_sessions, db.prune_sessions):
+        with pytest.raises(TypeError, match="filters"):
+            call(older_than_days=0, filters={"source": "cli"})
+    assert ids(rival) == {"mine", "theirs"}
+    assert rival.execute("SELECT COUNT(*) FROM sessions WHERE archived = 1").fetchone()[0] == 0
+
 def test_text_filters_match_literally(db, rival):
     for sid, title, cwd in (("a", "100% done", "/repo"), ("b", "1000 done", "/repo/sub"), ("c", "x_y", "/repo-wt")):
         db.create_session(sid, "cli", cwd=cwd)
