@@ -263,7 +263,7 @@ _SET_PARENTS_AND_TITLES = (
     f"(SELECT 1 FROM sessions p WHERE p.id = t.parent) THEN t.parent END FROM {_SCRATCH} t "
     "WHERE t.written AND sessions.id = t.id AND (t.title IS NOT NULL OR t.parent IS NOT NULL)")
 # Imported sessions no walk from a root reaches: each is on a ring of parents or below one.
-_WALK_AT_MOST = 1000  # imported sessions with parents walked up directly, without narrowing first
+WALK_AT_MOST = 1000  # imported sessions with parents walked up directly, without narrowing first
 _UNROOTED = (
     "WITH RECURSIVE reach(id) AS (SELECT id FROM sessions WHERE parent_session_id IS NULL "
     "OR NOT EXISTS (SELECT 1 FROM sessions p WHERE p.id = sessions.parent_session_id) "
@@ -344,8 +344,8 @@ def _finish(conn: sqlite3.Connection, state: _Import) -> None:
     # A few sessions with parents are walked up one by one; many are first narrowed down by one
     # walk down from every root of the file, which costs the file's size rather than the input's.
     linked = [r[0] for r in conn.execute(f"SELECT id FROM {_SCRATCH} WHERE written AND parent IS NOT NULL "
-                                         f"ORDER BY idx LIMIT {_WALK_AT_MOST + 1}")]
-    if len(linked) > _WALK_AT_MOST:
+                                         f"ORDER BY idx LIMIT {WALK_AT_MOST + 1}")]
+    if len(linked) > WALK_AT_MOST:
         linked = [r[0] for r in conn.execute(_UNROOTED)]
     _break_rings(conn, linked, state)
     conn.execute(f"DROP TABLE {_SCRATCH}")

@@ -50,7 +50,6 @@ SPARE_RANKED = 20        # best rows ranked beyond the page, in case some of the
 LIKE_SCAN_ROWS = 20_000  # the most rows any LIKE scan reads
 DIRECT_SCAN_ROWS = 500   # an id range this narrow is read row by row, not through the substring index
 _MAX_ROWID = 2 ** 63 - 1
-_SEARCHABLE = fts.searchable_text("m")  # the text the substring index holds, of message row `m`
 warned: set[str] = set()  # the keys of warnings this process has logged (each is logged once)
 
 
@@ -133,28 +132,13 @@ def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: i
     queued = f" AND m.id NOT IN (SELECT id FROM {fts.CJK_PENDING})" if skip_queued else ""
     joined = (f"FROM {table} JOIN messages m ON m.id = {table}.rowid{f.join} "
               f"WHERE {table} MATCH ? AND {table}.rowid BETWEEN ? AND ?{f.sql}{queued}")
+    live_only = f.live_only and not skip_queued
     try:
-        floor = low
-        row = conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid BETWEEN ? AND ? "
-                           "ORDER BY rowid DESC LIMIT 1 OFFSET ?", (expr, low, high, RANK_WINDOW - 1)).fetchone()
-        if row is not None:  # more matches than the window; else rank them all
-            # Newest first, the filters checked on each row until the pool is full: a filter that
-            # passes few rows makes the window reach further back, never the ranking of all matches.
-            pooled = conn.execute(f"SELECT {table}.rowid {joined} ORDER BY {table}.rowid DESC LIMIT 1 OFFSET ?",
-                                  (expr, low, high, *f.params, max(need, FILTERED_POOL) - 1)).fetchone()
-            floor = low if pooled is None else min(row[0], pooled[0])
-        if f.live_only and not skip_queued:
-            # Nearly every row is live: rank the index's rows alone, then look up only the best
-            # ones, instead of a `messages` lookup for every row of the window. The same rows
-            # come out, in the same order, unless too many of the best are archived.
-            best = conn.execute(f"SELECT rowid, bm25({table}) AS score FROM {table} WHERE {table} MATCH ? "
-                                "AND rowid BETWEEN ? AND ? ORDER BY score, rowid DESC LIMIT ?",
-                                (expr, floor, high, need + SPARE_RANKED)).fetchall()
-            live = {r[0] for r in conn.execute("SELECT id FROM messages WHERE id IN (SELECT value FROM json_each(?)) "
-                                               "AND active = 1", (json.dumps([r[0] for r in best]),))}
-            kept = [r for r in best if r[0] in live]
-            if len(kept) >= need or len(best) < need + SPARE_RANKED:  # a prefix of the order, or all of it
-                return kept[:need]
+        floor, pool = _window(conn, table, expr, joined, f, low, high, max(need, FILTERED_POOL), live_only)
+        if pool is not None:
+            return sorted(pool, key=lambda r: (r[1], -r[0]))[:need]
+        if live_only and (best := _live_ranked(conn, table, expr, floor, high, need)) is not None:
+            return best
         return conn.execute(f"SELECT {table}.rowid, bm25({table}) AS score {joined} "
                             f"ORDER BY score, {table}.rowid DESC LIMIT ?",
                             (expr, floor, high, *f.params, need)).fetchall()
@@ -163,6 +147,43 @@ def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: i
             raise
         logger.info("search query %r was refused by %s: %s", expr, table, exc)
         return []
+
+
+def _window(conn: sqlite3.Connection, table: str, expr: str, joined: str, f: _Filters, low: int, high: int,
+            pool: int, live_only: bool) -> tuple[int, list[tuple[int, float]] | None]:
+    """Return where the ranking window starts and, when they are all of its passing rows, those rows scored."""
+    row = conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid BETWEEN ? AND ? "
+                       "ORDER BY rowid DESC LIMIT 1 OFFSET ?", (expr, low, high, RANK_WINDOW - 1)).fetchone()
+    if row is None:
+        return low, None  # fewer matches than the window: rank them all
+    # Newest first, the filters checked on each row until the pool is full: a filter that passes
+    # few rows makes the window reach further back, never the ranking of all matches.
+    if live_only:
+        pooled = conn.execute(f"SELECT {table}.rowid {joined} ORDER BY {table}.rowid DESC LIMIT 1 OFFSET ?",
+                              (expr, low, high, *f.params, pool - 1)).fetchone()
+        return (low if pooled is None else min(row[0], pooled[0])), None
+    # A caller's filter may pass few rows: the scan that finds the pool scores it too. When the
+    # pool reaches back past the window's start (or holds every passing row), it is all the
+    # window's passing rows, and no second scan is needed.
+    scored = conn.execute(f"SELECT {table}.rowid, bm25({table}) {joined} ORDER BY {table}.rowid DESC LIMIT ?",
+                          (expr, low, high, *f.params, pool)).fetchall()
+    return row[0], (scored if len(scored) < pool or scored[-1][0] <= row[0] else None)
+
+
+def _live_ranked(conn: sqlite3.Connection, table: str, expr: str, floor: int, high: int,
+                 need: int) -> list[tuple[int, float]] | None:
+    """Rank the index's rows alone and keep the live ones; None when too many of the best are archived.
+
+    Nearly every row is live: looking up only the best rows replaces a `messages` lookup for
+    every row of the window. The rows kept are a prefix of the joined ranking's order, or all of it.
+    """
+    best = conn.execute(f"SELECT rowid, bm25({table}) AS score FROM {table} WHERE {table} MATCH ? "
+                        "AND rowid BETWEEN ? AND ? ORDER BY score, rowid DESC LIMIT ?",
+                        (expr, floor, high, need + SPARE_RANKED)).fetchall()
+    live = {r[0] for r in conn.execute("SELECT id FROM messages WHERE id IN (SELECT value FROM json_each(?)) "
+                                       "AND active = 1", (json.dumps([r[0] for r in best]),))}
+    kept = [r for r in best if r[0] in live]
+    return kept[:need] if len(kept) >= need or len(best) < need + SPARE_RANKED else None
 
 
 _CONTAINS = ("(COALESCE(m.content LIKE ? ESCAPE '\\', 0) OR COALESCE(m.tool_calls LIKE ? ESCAPE '\\', 0)"
@@ -218,12 +239,6 @@ def _like(conn: sqlite3.Connection, groups: tuple[Group, ...], f: _Filters, low:
     return ids
 
 
-def _contains_sql(texts: tuple[str, ...], text_sql: str) -> tuple[str, list[str]]:
-    """Return SQL true when `text_sql` contains every text (ASCII letters case folded), and its parameters."""
-    folded = ["".join(c.lower() if c.isascii() else c for c in text) for text in texts]
-    return " AND ".join([f"instr(lower({text_sql}), ?) > 0"] * len(texts)), folded
-
-
 @dataclass(frozen=True)
 class _Ask:
     """One OR branch being routed: the branch, where to look, and how many hits are wanted."""
@@ -271,10 +286,10 @@ class _Ask:
         f = self.filters
         known = sorted(known)
         texts = tuple(t.text for t in self.group.terms)
-        contains, params = _contains_sql(texts, _SEARCHABLE)
-        if _indexed_excluded(self.group):
-            excluded, more = _like_terms((), _indexed_excluded(self.group))
-            contains, params = f"{contains} AND {excluded}", [*params, *more]
+        # LIKE per column, not instr() in the lowered concatenation the index holds: the same rows
+        # (a term holds no line break, so none spans two columns; both fold ASCII letters only),
+        # without building and lowering a copy of each candidate's text.
+        contains, params = _like_terms(self.group.terms, _indexed_excluded(self.group))
         if self.high - self.low < DIRECT_SCAN_ROWS:
             key, source, grams = "m.id", f"messages m{f.join} WHERE", ()
         else:

@@ -252,7 +252,7 @@ def test_titles_swapped_between_replaced_sessions_import(db):
 def ring_search(request, monkeypatch):
     """Both ways the import looks for rings: walking up from each session, or from the roots down first."""
     if request.param != "walked up":
-        monkeypatch.setattr(portability, "_WALK_AT_MOST", 0)
+        monkeypatch.setattr(portability, "WALK_AT_MOST", 0)
 
 
 def test_a_self_parent_and_a_ring_of_parents_are_cut_not_refused(db, rival, ring_search):

@@ -152,3 +152,35 @@ def test_archived_rows_among_the_best_leave_the_ranking_of_the_live_ones_unchang
             f"AND m.active = 1 ORDER BY bm25({fts.WORD}), f.rowid DESC LIMIT 7")]
     assert [h["id"] for h in db.search_messages("common", limit=7)] == expected
     assert len(db.search_messages("common", limit=7, include_inactive=True)) == 7
+
+
+@pytest.mark.parametrize("window, pool", [(3, 4), (10, 4), (10, 30), (100, 4)])
+@pytest.mark.parametrize("filters", [{}, {"source_filter": ["discord"]}, {"source_filter": ["cli"]},
+                                     {"role_filter": ["assistant"]}])
+def test_the_ranked_rows_are_the_best_of_the_documented_window(db, monkeypatch, window, pool, filters):
+    # The window: the newest `window` matches, reaching back to hold the newest max(need, pool)
+    # rows passing the filters; its passing rows in bm25 order, newest first among equals.
+    import hermes_state_search as search
+    monkeypatch.setattr(search, "RANK_WINDOW", window)
+    monkeypatch.setattr(search, "FILTERED_POOL", pool)
+    db.create_session("d", "discord")
+    db.create_session("c", "cli")
+    for i in range(60):
+        db.append_message("d" if i % 7 == 0 else "c", "assistant" if i % 5 == 0 else "user",
+                          "common term " + "pad " * ((i * 7) % 11))
+    sql = (f"SELECT f.rowid, bm25({fts.WORD}) FROM {fts.WORD} f JOIN messages m ON m.id = f.rowid "
+           f"JOIN sessions s ON s.id = m.session_id WHERE {fts.WORD} MATCH 'common' AND m.active = 1 "
+           "AND s.source IN (SELECT value FROM json_each(?)) AND m.role IN (SELECT value FROM json_each(?)) "
+           "ORDER BY f.rowid DESC")
+    with sqlite3.connect(db.db_path) as c:
+        matches = [r[0] for r in c.execute(f"SELECT rowid FROM {fts.WORD} WHERE {fts.WORD} MATCH 'common' "
+                                           "ORDER BY rowid DESC")]
+        passing = c.execute(sql, (json.dumps(filters.get("source_filter", ["discord", "cli"])),
+                                  json.dumps(filters.get("role_filter", ["user", "assistant"])))).fetchall()
+    for limit, offset in ((2, 0), (5, 0), (5, 5), (20, 0)):
+        need = limit + offset
+        floor = matches[window - 1] if len(matches) >= window else 0
+        pooled = passing[max(need, pool) - 1][0] if len(passing) >= max(need, pool) else 0
+        ranked = sorted((r for r in passing if r[0] >= min(floor, pooled)), key=lambda r: (r[1], -r[0]))
+        got = [h["id"] for h in db.search_messages("common", limit=limit, offset=offset, **filters)]
+        assert got == [r[0] for r in ranked[offset:need]], (limit, offset)
