@@ -25,6 +25,7 @@ import os
 import sqlite3
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from types import MappingProxyType
 from typing import (TYPE_CHECKING, Any, AsyncIterator, Callable, Concatenate, Generic, Iterator, Literal, ParamSpec, Self,
                     TypeVar)
 
@@ -157,7 +158,10 @@ KNOBS = {name: "_" + name.upper() for name in (
     "write_retry_min_s", "write_retry_max_s", "write_retry_slow_min_s", "write_retry_slow_max_s",
     "checkpoint_every_n_writes", "optimize_every_n_writes", "compression_wait_s",
     "fts_rebuild_chunk_rows", "fts_rebuild_in_background")}
-TWINS = {**KNOBS, **{old: new for new, old in KNOBS.items()}}
+# hermes-agent's name of each knob and the public twin it stands for, as SessionDB.HERMES_AGENT_ALIASES
+# shows them (read-only): agent code keeps its names, new code and the tests use the public ones.
+HERMES_AGENT_ALIASES = MappingProxyType({agents: public for public, agents in KNOBS.items()})
+TWINS = {**KNOBS, **HERMES_AGENT_ALIASES}
 
 
 class Knobs(type):
@@ -196,6 +200,8 @@ class Handle(metaclass=Knobs):
     # Rows per FTS rebuild transaction; whether open leaves a rebuild to a background thread.
     fts_rebuild_chunk_rows = _FTS_REBUILD_CHUNK_ROWS = fts.REBUILD_CHUNK_ROWS
     fts_rebuild_in_background = _FTS_REBUILD_IN_BACKGROUND = True
+    # {hermes-agent's name: the public name it is an alias of}; setting either sets both.
+    HERMES_AGENT_ALIASES = HERMES_AGENT_ALIASES
     _shared_key: str | None = None  # set on handles handed out by shared()
     _fts: upgrade.FtsRebuild | None = None  # the background index rebuild this open started, if any
     # The patience of each kind of table write that does not wait the default write_patience_s.
