@@ -290,8 +290,9 @@ class _Ask:
         # (a term holds no line break, so none spans two columns; both fold ASCII letters only),
         # without building and lowering a copy of each candidate's text.
         contains, params = _like_terms(self.group.terms, _indexed_excluded(self.group))
+        grams: tuple[str, ...] = ()
         if self.high - self.low < DIRECT_SCAN_ROWS:
-            key, source, grams = "m.id", f"messages m{f.join} WHERE", ()
+            key, source = "m.id", f"messages m{f.join} WHERE"
         else:
             key, grams = "t.rowid", (trigram_expression(texts),)
             source = f"{fts.TRIGRAM} t JOIN messages m ON m.id = t.rowid{f.join} WHERE {fts.TRIGRAM} MATCH ? AND"

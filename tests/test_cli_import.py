@@ -48,7 +48,7 @@ def test_one_document_an_empty_list_and_an_empty_file(tiny_reads):
     ('[{"id": "a"} {"id": "b"}]', "expected ',' or ']' after document, found '{'"),
     ('[{"id": "a"},', "export.jsonl ends inside a list of documents"),
     ('{"id": "a"', "export.jsonl is neither JSON nor JSON Lines"),
-    ("[" * 5000 + "]" * 5000, "nested too deeply"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
 ])
 def test_text_that_is_not_json_is_named_where_it_goes_wrong(text, problem, tiny_reads):
     with pytest.raises(ValueError, match=problem.replace("[", r"\[").replace("(", r"\(")):
