@@ -1,8 +1,11 @@
 """hermes-state: the `SessionDB` facade over one SQLite file per profile.
 
-Owns: opening and closing a handle, choosing each call's transaction and patience, and the
-method table that turns module functions into public methods. It holds no SQL. Re-exports the
-public names.
+Owns: the public methods. Most are one line each in the method table (`name = Entry(kind,
+module function)`), taking their signature and docstring from the module function; explicit
+methods remain where arguments are reshaped or one call composes several steps. Re-exports the
+public names. It holds no SQL and no plumbing: opening and closing, the shared handles, the
+timing knobs and what each kind of call means as a transaction are `hermes_state_table.Handle`,
+the base class.
 
 Transaction contract: every write method is exactly one BEGIN IMMEDIATE transaction (the
 `transaction()` context, which also serves callers); reads run under the handle's read lock,
@@ -36,9 +39,9 @@ import hermes_state_recovery as recovery
 import hermes_state_schema as schema
 import hermes_state_routing as routing
 import hermes_state_search as search
-import hermes_state_fts_tail as fts_tail
 import hermes_state_sessions as sessions
 import hermes_state_table as table
+import hermes_state_telegram as telegram
 import hermes_state_titles as titles
 import hermes_state_upgrade as upgrade
 import hermes_state_writer as writer
@@ -89,216 +92,19 @@ __all__ = [
     "LedgerStateError", "receipt_digest", "input_marker", "strip_echoed_user_input",
 ]
 
-def _resolve_path(db_path: str | os.PathLike | None, home: Path) -> Path:
-    if db_path is None:
-        return home / "state.db"
-    if str(db_path) == ":memory:":
-        return Path(":memory:")
-    return Path(db_path).expanduser().absolute()
-
-
-_SHARED = SharedHandles()
-
-
 def repair_state_db_schema(db_path: str | os.PathLike, *, backup: bool = True) -> dict[str, Any]:
     """Repair a malformed schema or full-text index in place, a copy kept first; return the report."""
     return _repair_file(db_path, backup=backup, check=lambda path: _db_opens_cleanly(path))
 
 
-class SessionDB:
+class SessionDB(table.Handle):
     """One profile's session store: a WAL connection shared by every sibling module."""
-
-    # Timing policy, read at call time so an application or a test can tune it on the class
-    # or on one instance.
-    _WRITE_PATIENCE_S, _TRANSCRIPT_WRITE_PATIENCE_S = common.WRITE_PATIENCE_S, common.TRANSCRIPT_WRITE_PATIENCE_S
-    _ACTIVITY_WRITE_PATIENCE_S, _READ_BUSY_TIMEOUT_S = common.ACTIVITY_WRITE_PATIENCE_S, common.READ_BUSY_TIMEOUT_S
-    _WRITE_RETRY_MIN_S, _WRITE_RETRY_MAX_S = common.WRITE_RETRY_MIN_S, common.WRITE_RETRY_MAX_S
-    _WRITE_RETRY_SLOW_MIN_S, _WRITE_RETRY_SLOW_MAX_S = common.WRITE_RETRY_SLOW_MIN_S, common.WRITE_RETRY_SLOW_MAX_S
-    _CHECKPOINT_EVERY_N_WRITES = common.CHECKPOINT_EVERY_N_WRITES
-    # Transcript writes wait this long for another holder's compression.
-    _COMPRESSION_WAIT_S = compression.COMPRESSION_WAIT_S
-    # Rows per FTS rebuild transaction; whether open leaves a rebuild to a background thread (tests turn it off).
-    _FTS_REBUILD_CHUNK_ROWS = fts.REBUILD_CHUNK_ROWS
-    _FTS_REBUILD_IN_BACKGROUND = True
-    _shared_key: str | None = None  # set on handles handed out by shared()
-    _fts: upgrade.FtsRebuild | None = None  # the background index rebuild this open started, if any
-    # The patience of each kind of table write that does not wait the default _WRITE_PATIENCE_S.
-    _PATIENCE = {"activity": "_ACTIVITY_WRITE_PATIENCE_S", "compression": "_TRANSCRIPT_WRITE_PATIENCE_S"}
 
     def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False,
                  backup_before_upgrade: bool = True, force: bool = False):
-        # Absolute, so a later chdir or HERMES_HOME change cannot move this handle.
-        self.profile_home = get_hermes_home().absolute()
-        self.db_path = _resolve_path(db_path, self.profile_home)
-        self.read_only, self._backup_before_upgrade = read_only, backup_before_upgrade
-        self._closed, self._fts = False, None
-        check_db_path_allowed(self.db_path)  # before any directory, file or pragma
-        # A writable file gets a second connection for reads (opened on first read); read-only
-        # handles and in-memory databases (a second connection would be another database) do not.
-        separate_reads = not read_only and str(self.db_path) != ":memory:"
-        # force: add the store's tables even to another program's database. upgrade_backup: the copy
-        # written before this handle upgraded the file; mode_changes: files this open tightened to 0600.
-        try:
-            opened = open_repairing(lambda: upgrade.open_connection(
-                self.db_path, read_only=read_only, read_busy_s=self._READ_BUSY_TIMEOUT_S,
-                patience_s=self._WRITE_PATIENCE_S, policy=self._policy(), backup=backup_before_upgrade, force=force,
-                on_give_up=self._log_lock_holders), self.db_path, _repair_attempted_paths,
-                None if read_only else repair_state_db_schema)
-            conn, self.schema_version = opened.conn, opened.schema_version
-            self.upgrade_backup, self.mode_changes = opened.upgrade_backup, opened.mode_changes
-            self._writer = Writer(conn, on_give_up=self._log_lock_holders, open_reader=(
-                lambda: schema.connect_reader(self.db_path)) if separate_reads else None)
-            self._writer.after_commit.append(self._upkeep)
-            self._open_fts()
-        except Exception as exc:  # kept for a caller that reports the failure later (a slash command)
-            set_last_init_error(describe_init_failure(exc))
-            raise
-
-    # --- lifecycle -----------------------------------------------------------------------------------
-
-    def _open_fts(self) -> None:
-        writable = not self.read_only and (self.schema_version or 0) <= SCHEMA_VERSION
-        try:
-            with typed_errors(self.db_path, reading=True):  # a damaged index page -> StateDbCorruptError
-                self._fts = upgrade.open_fts(self._writer, self.db_path, self._WRITE_PATIENCE_S, self._policy(),
-                                             writable=writable, chunk_rows=self._FTS_REBUILD_CHUNK_ROWS,
-                                             background=self._FTS_REBUILD_IN_BACKGROUND)
-        except BaseException:
-            self._writer.close(checkpoint=False)
-            raise
-
-    @property
-    def _fts_worker(self) -> Any:  # the background rebuild thread, or None (the FTS tests join it)
-        return self._fts.thread if self._fts is not None else None
-
-    def close(self) -> None:
-        """Checkpoint (PASSIVE) and close; twice is harmless. A `shared()` handle gives back one use, like `release()`."""
-        if self._shared_key is None or _SHARED.release(self._shared_key, self):
-            self._close_now()
-
-    def _close_now(self) -> None:
-        if self._closed:
-            return
-        if self._fts is not None:
-            self._fts.stop()
-        if not self.read_only:  # the rows this handle queued, so other programs' searches find them
-            fts_tail.flush(self._writer, 0.0, self._policy())  # one try: a busy file indexes them at the next open
-        self._closed = True
-        self._writer.close(checkpoint=not self.read_only)
-
-    def __enter__(self) -> "SessionDB":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @classmethod
-    def shared(cls, db_path: str | os.PathLike | None = None) -> "SessionDB":
-        """Return the process-wide handle for a path, counting one more user of it."""
-        path = _resolve_path(db_path, get_hermes_home().absolute())
-        key = os.path.realpath(path)
-
-        def open_handle() -> SessionDB:
-            handle = cls(path)
-            handle._shared_key = key
-            return handle
-        return _SHARED.take(key, open_handle, lambda handle: handle.closed)
-
-    def release(self) -> None:
-        """Give back one use of a shared handle; the last release closes it."""
-        self.close()
-
-    @property
-    def closed(self) -> bool:
-        """True once this handle is closed (for a shared handle: once its last user released it)."""
-        return self._closed
-
-    @property
-    def in_transaction(self) -> bool:
-        """True while this handle holds a transaction open (a write, or a read snapshot)."""
-        return not self._closed and self._writer.in_transaction()
-
-    @contextmanager
-    def tracer(self, callback: Callable[[str], None] | None = None) -> Iterator[list[str]]:
-        """Record every SQL statement this handle runs inside the block (and pass each to `callback`).
-
-        Yields the list the statements are appended to; meant for tests and debugging.
-        """
-        with self._writer.tracing(callback) as statements:
-            yield statements
-
-    # --- the transactions -------------------------------------------------------------------------------
-
-    def transaction(self, *, patience_s: float | None = None) -> AbstractContextManager[Transaction]:
-        """Open one BEGIN IMMEDIATE write transaction for a `with` block; it gets `txn.conn`, `txn.after_commit(fn)`.
-
-        Commits when the block ends, rolls back on any exception (KeyboardInterrupt too). The
-        handle's own methods called inside join it. Callbacks run after COMMIT, in order.
-        """
-        self._check_writable()  # refused at the call, before any SQL, like every write
-        return self._transaction(patience_s)
-
-    @contextmanager
-    def _transaction(self, patience_s: float | None) -> Iterator[Transaction]:
-        with self._write(patience_s):
-            yield Transaction(self._writer)
-
-    def _policy(self) -> RetryPolicy:
-        return RetryPolicy(self._WRITE_RETRY_MIN_S, self._WRITE_RETRY_MAX_S,
-                           self._WRITE_RETRY_SLOW_MIN_S, self._WRITE_RETRY_SLOW_MAX_S)
-
-    def _log_lock_holders(self, patience_s: float) -> None:
-        log_write_lock_holders(self.db_path, patience_s)
-
-    def _upkeep(self, conn: sqlite3.Connection, writes: int) -> None:
-        if writes % self._CHECKPOINT_EVERY_N_WRITES == 0:
-            writer.passive_checkpoint(conn)
-        fts.upkeep(conn, writes)  # a bounded FTS merge every 1,000 writes
-
-    def _check_writable(self) -> None:
-        if self._closed:
-            raise HermesStateError(f"SessionDB for {self.db_path} is closed")
-        if self.read_only:
-            raise ReadOnlyError(f"{self.db_path} was opened read-only; open it without read_only to write")
-        if self.schema_version is not None and self.schema_version > SCHEMA_VERSION:
-            raise StateDbIncompatibleError(
-                f"{self.db_path} has schema version {self.schema_version}, newer than this library's "
-                f"{SCHEMA_VERSION}; writes are refused so nothing is downgraded. Upgrade hermes-state.")
-
-    @contextmanager
-    def _write(self, patience_s: float | None = None) -> Iterator[sqlite3.Connection]:
-        self._check_writable()
-        with typed_errors(self.db_path), self._writer.transaction(
-                self._WRITE_PATIENCE_S if patience_s is None else patience_s, self._policy()) as conn:
-            yield conn
-
-    def _transcript_write(self, session_id: str, body: Callable[[sqlite3.Connection], Any]) -> Any:
-        self._check_writable()
-        return compression.transcript_write(lambda: self._write(self._TRANSCRIPT_WRITE_PATIENCE_S), self._read,
-                                            session_id, body, wait_s=self._COMPRESSION_WAIT_S)
-
-    @contextmanager
-    def _read(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
-        if self._closed:
-            raise HermesStateError(f"SessionDB for {self.db_path} is closed")
-        with typed_errors(self.db_path, reading=True), self._writer.reading(snapshot) as conn:
-            yield conn
-
-    def _run(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
-        # Every table method comes through here: the one place that maps a kind to its transaction.
-        if (key := entry.unstorable(args, kwargs)) is not None:
-            return entry.answer_unknown(key)
-        args, kwargs = entry.arguments(args, kwargs)
-        if entry.function is search.search_messages and not self.read_only and not self._closed:
-            fts_tail.flush(self._writer, 0.0, self._policy())  # its own queued rows: searched from the indexes
-        if entry.kind in table.READS:
-            with self._read(snapshot=entry.kind == "snapshot") as conn:
-                return entry.function(conn, *args, **kwargs)
-        if entry.kind == "transcript":
-            return self._transcript_write(entry.key(args, kwargs), lambda conn: entry.function(conn, *args, **kwargs))
-        patience = getattr(self, self._PATIENCE[entry.kind]) if entry.kind in self._PATIENCE else None
-        with self._write(patience) as conn:
-            return entry.function(conn, *args, **kwargs)
+        # The repair hooks are read from this module at each open: callers replace them here.
+        super().__init__(db_path, read_only=read_only, backup_before_upgrade=backup_before_upgrade, force=force,
+                         repair=(_repair_attempted_paths, repair_state_db_schema))
 
     # --- the method table: one line per public method that only delegates ------------------------------
     # name = Entry(transaction kind, module function, unknown=what a read answers for an unknown id).
@@ -352,7 +158,7 @@ class SessionDB:
     search_sessions = Entry("read", listings.search_sessions)
     search_sessions_by_id = Entry("snapshot", listings.search_sessions_by_id)
     list_cron_job_runs = Entry("read", listings.list_cron_job_runs, unknown=[])
-    search_messages = Entry("snapshot", search.search_messages)
+    search_messages = Entry("snapshot", search.search_messages, indexed=True)
     _sanitize_fts5_query = staticmethod(fts._sanitize_fts5_query)  # the sanitizer, by the name callers know
     _contains_cjk = staticmethod(has_cjk)  # hermes-agent's name for "does this text hold CJK letters"
     fts_rebuild_status = Entry("read", fts.rebuild_status)
@@ -409,6 +215,21 @@ class SessionDB:
     list_prune_candidates = Entry("snapshot", maintenance.list_prune_candidates, pack="filters")
     archive_sessions = Entry("write", maintenance.archive_sessions, pack="filters")
     count_empty_sessions = Entry("snapshot", maintenance.count_empty_sessions)
+    delete_sessions = Entry("write", maintenance.delete_sessions_and_transcripts)
+    prune_sessions = Entry("write", maintenance.prune_sessions_and_transcripts, pack="filters")
+    delete_empty_sessions = Entry("write", maintenance.delete_empty_sessions_and_transcripts)
+    delete_session_if_empty = Entry("write", maintenance.delete_session_if_empty_and_transcripts)
+    apply_telegram_topic_migration = Entry("write", telegram.apply_telegram_topic_migration)
+    bind_telegram_topic = Entry("write", telegram.bind_telegram_topic)
+    get_telegram_topic_binding = Entry("read", telegram.get_telegram_topic_binding, unknown=None)
+    get_telegram_topic_binding_by_session = Entry("read", telegram.get_telegram_topic_binding_by_session, unknown=None)
+    is_telegram_session_linked_to_topic = Entry("read", telegram.is_telegram_session_linked_to_topic, unknown=False)
+    list_telegram_topic_bindings_for_chat = Entry("read", telegram.list_telegram_topic_bindings_for_chat, unknown=[])
+    delete_telegram_topic_binding = Entry("write", telegram.delete_telegram_topic_binding)
+    enable_telegram_topic_mode = Entry("write", telegram.enable_telegram_topic_mode)
+    disable_telegram_topic_mode = Entry("write", telegram.disable_telegram_topic_mode)
+    is_telegram_topic_mode_enabled = Entry("read", telegram.is_telegram_topic_mode_enabled, unknown=False)
+    list_unlinked_telegram_sessions_for_user = Entry("read", telegram.list_unlinked_telegram_sessions_for_user, unknown=[])
     get_meta = Entry("read", maintenance.get_meta, unknown=None)
     set_meta = Entry("write", maintenance.set_meta)
     to_provider_messages = staticmethod(to_provider_messages)
@@ -458,17 +279,13 @@ class SessionDB:
         """Rebuild the FTS indexes to the end in short chunks (resuming one under way); return the status."""
         self._check_writable()  # one transaction per chunk, by design: other writers get turns
         with typed_errors(self.db_path, reading=True):
-            upgrade.rebuild_fts(self._writer, self.db_path, self._WRITE_PATIENCE_S, self._policy(),
-                                self._FTS_REBUILD_CHUNK_ROWS)
+            upgrade.rebuild_fts(self._writer, self.db_path, self.write_patience_s, self._policy(),
+                                self.fts_rebuild_chunk_rows)
         return self.fts_rebuild_status()
 
-    def import_sessions(self, data: Any, on_conflict: str = "skip") -> ImportReport:
-        """Validate all export documents, then import them in one transaction; see ImportReport."""
-        self._check_writable()
-        portability.check_on_conflict(on_conflict)
-        plan = portability.validate(data)  # before the write lock: checking a large input keeps no writer waiting
-        with self._write() as conn:
-            return portability.import_validated(conn, plan, on_conflict)
+    def import_sessions(self, data: Any, on_conflict: str = "skip", *, strict: bool = False) -> ImportReport:
+        """Import export documents (any iterable, read once) in one transaction; see ImportReport and `strict`."""
+        return portability.import_stream(self._write, data, on_conflict, strict)
 
     def get_messages_as_conversation(self, session_id: str, include_ancestors: bool = False,
                                      with_row_ids: bool = False, include_inactive: bool = False,
@@ -496,7 +313,7 @@ class SessionDB:
             self._fts.stop()
         with self._writer.exclusive() as conn:
             self.schema_version, copied, _ = recovery.restore_from(conn, source, lambda conn: upgrade.set_up(
-                conn, self.db_path, self._WRITE_PATIENCE_S, self._policy(), backup=self._backup_before_upgrade,
+                conn, self.db_path, self.write_patience_s, self._policy(), backup=self._backup_before_upgrade,
                 on_give_up=self._log_lock_holders))
         self.upgrade_backup = copied or self.upgrade_backup
         self._open_fts()
@@ -505,15 +322,10 @@ class SessionDB:
         """Give free pages back to the file system; writers wait while it runs (seconds per GB)."""
         self._check_writable()
         with self._writer.exclusive() as conn:
-            return recovery.vacuum(conn, self._WRITE_PATIENCE_S, self._policy())
+            return recovery.vacuum(conn, self.write_patience_s, self._policy())
 
     # --- maintenance: deleting, pruning, the empty-session sweeps (hermes_state_maintenance;
     # docs/maintenance.md). Transcript files go only after COMMIT.
-
-    @property
-    def _conn(self) -> Any:
-        """The handle's connection, rows readable by column name (for tests and agent code that peek)."""
-        return writer.RowConnection(self._writer.conn)
 
     def delete_session(self, session_id: str, sessions_dir: str | os.PathLike | None = None) -> bool:
         """Delete a session with its whole conversation and its delegates; False for an unknown id."""
@@ -521,35 +333,6 @@ class SessionDB:
             return False  # no stored id can hold a lone surrogate
         common.check_id("session_id", session_id)
         return bool(self.delete_sessions([session_id], sessions_dir=sessions_dir))
-
-    def delete_sessions(self, session_ids: list[str], sessions_dir: str | os.PathLike | None = None) -> int:
-        """Delete the listed sessions (conversations and delegates with them) in one transaction; return how many went."""
-        with self._write() as conn:
-            removed = maintenance.delete_sessions(conn, maintenance.id_list(session_ids))
-        maintenance.remove_transcripts(sessions_dir, removed)
-        return len(removed)
-
-    def prune_sessions(self, older_than_days: float | None = 90, source: str | None = None,
-                       sessions_dir: str | os.PathLike | None = None, **filters: Any) -> int:
-        """Delete ended conversations started more than `older_than_days` ago (and matching `filters`); return how many sessions."""
-        with self._write() as conn:
-            removed = maintenance.prune_sessions(conn, older_than_days, source, filters)
-        maintenance.remove_transcripts(sessions_dir, removed)
-        return len(removed)
-
-    def delete_empty_sessions(self, sessions_dir: str | os.PathLike | None = None) -> int:
-        """Delete ended, unarchived sessions that never got a message; return how many."""
-        with self._write() as conn:
-            removed = maintenance.delete_empty_sessions(conn)
-        maintenance.remove_transcripts(sessions_dir, removed)
-        return len(removed)
-
-    def delete_session_if_empty(self, session_id: str, sessions_dir: str | os.PathLike | None = None) -> bool:
-        """Delete the session only if it has no messages, title or children; return whether it went."""
-        with self._write() as conn:
-            removed = maintenance.delete_session_if_empty(conn, session_id)
-        maintenance.remove_transcripts(sessions_dir, [session_id] if removed else [])
-        return removed
 
     def maybe_auto_prune_and_vacuum(self, retention_days: float = 90, min_interval_hours: float = 24,
                                     vacuum: bool = True, sessions_dir: str | os.PathLike | None = None) -> dict[str, Any]:

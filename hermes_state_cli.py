@@ -11,6 +11,8 @@ Does not own: browsing and health commands or how output is printed (hermes_stat
 from __future__ import annotations
 
 import argparse
+import codecs
+import contextlib
 import dataclasses
 import io
 import json
@@ -20,7 +22,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, BinaryIO, Iterable, Iterator
 
 import hermes_state_commands as commands
 import hermes_state_render as render
@@ -134,30 +136,100 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_import(args: argparse.Namespace) -> int:
-    """Import sessions from an export (JSON Lines or one JSON list)."""
-    if args.file == "-":
-        raw = sys.stdin.buffer.read()
-    else:
-        with open(args.file, "rb") as source:
-            raw = source.read()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{args.file} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): "
-                         "an export is JSON Lines") from None
-    try:
-        data = json.loads(text)
-        data = data if isinstance(data, list) else [data]
-    except (ValueError, RecursionError):
+_JSON_SPACE = " \t\n\r"
+READ_BYTES = 1 << 18
+
+
+class _JsonStream:
+    """The text of an export file, read 256 KB at a time, with the JSON values in it decoded one by one."""
+
+    def __init__(self, source: BinaryIO, name: str) -> None:
+        self.source, self.name = source, name
+        self.utf8 = codecs.getincrementaldecoder("utf-8")()
+        self.decoder = json.JSONDecoder()
+        self.text, self.pos, self.eof = "", 0, False
+        self.bytes_read, self.lines_before = 0, 0  # what was read so far, and the newlines dropped from `text`
+
+    def fill(self) -> bool:
+        """Read more (at least as much as is still unparsed, so a long document costs linear time); False at the end."""
+        if self.eof:
+            return False
+        chunk = self.source.read(max(READ_BYTES, len(self.text) - self.pos))
         try:
-            data = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except ValueError as exc:
-            raise ValueError(f"{args.file} is neither JSON nor JSON Lines: {exc}") from exc
-        except RecursionError as exc:  # Python's decoder gives up past about a thousand levels
-            raise ValueError(f"{args.file} holds a value nested too deeply to import") from exc
-    with open_db(args, write=True) as db:
-        report = db.import_sessions(data, on_conflict=args.on_conflict)
+            more = self.utf8.decode(chunk, final=not chunk)
+        except UnicodeDecodeError as exc:
+            offset = self.bytes_read + exc.start
+            raise ValueError(f"{self.name} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {offset}): "
+                             "an export is JSON Lines") from None
+        self.bytes_read += len(chunk)
+        self.eof = not chunk
+        self.lines_before += self.text.count("\n", 0, self.pos)
+        self.text = self.text[self.pos:] + more
+        self.pos = 0
+        return True
+
+    def peek(self) -> str:
+        """Skip whitespace; return the next character, or "" at the end of the input."""
+        while True:
+            while self.pos < len(self.text) and self.text[self.pos] in _JSON_SPACE:
+                self.pos += 1
+            if self.pos < len(self.text) or not self.fill():
+                return self.text[self.pos:self.pos + 1]
+
+    def value(self) -> Any:
+        """Decode the JSON value that starts here, reading more until it is whole."""
+        while True:
+            try:
+                value, end = self.decoder.raw_decode(self.text, self.pos)
+            except json.JSONDecodeError as exc:
+                if self.fill():
+                    continue
+                raise ValueError(f"{self.name} is neither JSON nor JSON Lines: {exc.msg} at line "
+                                 f"{self.lines_before + exc.lineno} column {exc.colno}") from None
+            except RecursionError:  # Python's decoder gives up past about a thousand levels
+                raise ValueError(f"{self.name} holds a value nested too deeply to import") from None
+            if end == len(self.text) and self.fill():
+                continue  # a number or word at the end of what was read may go on
+            self.pos = end
+            return value
+
+
+def iter_documents(source: BinaryIO, name: str) -> Iterator[Any]:
+    """Yield the documents of an export file one at a time: JSON Lines, one JSON document, or one JSON list.
+
+    Memory holds one document (and 256 KB of text) whatever the file's size. Text that is not
+    UTF-8 or not JSON raises ValueError naming `name` and the place, when the reader gets there.
+    """
+    stream = _JsonStream(source, name)
+    if stream.peek() == "\ufeff":  # a byte order mark some editors write
+        stream.pos += 1
+    while (head := stream.peek()) != "":
+        if head != "[":
+            yield stream.value()
+            continue
+        stream.pos += 1  # a list of documents: one element at a time
+        if stream.peek() == "]":
+            stream.pos += 1
+            continue
+        while True:
+            if stream.peek() == "":
+                raise ValueError(f"{name} ends inside a list of documents")
+            yield stream.value()
+            after = stream.peek()
+            stream.pos += 1
+            if after == "]":
+                break
+            if after != ",":
+                raise ValueError(f"{name} is neither JSON nor JSON Lines: expected ',' or ']' after document, "
+                                 f"found {after!r}" if after else f"{name} ends inside a list of documents")
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """Import sessions from an export (JSON Lines, or one JSON document or list), streamed; a bad input writes nothing."""
+    with (contextlib.nullcontext(sys.stdin.buffer) if args.file == "-" else open(args.file, "rb")) as source, \
+            open_db(args, write=True) as db:
+        # strict: a problem anywhere is this command's error (exit 1), and nothing is imported.
+        report = db.import_sessions(iter_documents(source, args.file), on_conflict=args.on_conflict, strict=True)
     _report(args, report, f"imported from {args.file}")
     return 0
 

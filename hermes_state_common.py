@@ -360,6 +360,32 @@ DICTIONARY: dict[str, Table] = {t.name: t for t in (
         Column("created_at", _R),
         Column("updated_at", _R),
     ), owner=_SESSION_ID, recover="verify", at_open=False),
+    # Telegram DM topic mode (hermes-agent's tables, in its columns): created by the explicit
+    # opt-in of hermes_state_telegram, never at open, so a file nobody opted in keeps the
+    # layout it had. A chat's mode row belongs to no session; a binding (one topic thread, one
+    # session) goes with its session.
+    Table("telegram_dm_topic_mode", (
+        Column("chat_id", _T, "PRIMARY KEY"),
+        Column("user_id", _T, "NOT NULL"),
+        Column("enabled", _I, "NOT NULL", default=1, rule="flag"),
+        Column("activated_at", _R, "NOT NULL"),
+        Column("updated_at", _R, "NOT NULL"),
+        Column("has_topics_enabled", _I, rule="flag"),
+        Column("allows_users_to_create_topics", _I, rule="flag"),
+        Column("capability_checked_at", _R),
+        Column("intro_message_id", _T),
+        Column("pinned_message_id", _T),
+    ), at_open=False),
+    Table("telegram_dm_topic_bindings", (
+        Column("chat_id", _T, "NOT NULL"),
+        Column("thread_id", _T, "NOT NULL"),
+        Column("user_id", _T, "NOT NULL"),
+        Column("session_key", _T, "NOT NULL"),
+        Column("session_id", _T, "NOT NULL REFERENCES sessions(id) ON DELETE CASCADE"),
+        Column("managed_mode", _T, "NOT NULL", default="auto"),
+        Column("linked_at", _R, "NOT NULL"),
+        Column("updated_at", _R, "NOT NULL"),
+    ), ("PRIMARY KEY (chat_id, thread_id)",), owner=_SESSION_ID, at_open=False),
 )}
 
 # Tables whose rows belong to a session, children first: a table only references tables

@@ -36,7 +36,7 @@ from hermes_state_errors import (SessionClosedByCompressionError, SessionCompres
 DEFAULT_LOCK_TTL_S = 300.0
 # How long a transcript write waits for another holder's compression before giving up.
 COMPRESSION_WAIT_S = 5.0
-_POLL_MIN_S, _POLL_MAX_S = 0.05, 0.10
+POLL_MIN_S, POLL_MAX_S = 0.05, 0.10
 
 # Columns a rotation child takes from its parent unless the caller overrides them: who the
 # conversation belongs to, where the gateway routes it, and the workspace it runs in. Titles
@@ -352,7 +352,7 @@ def wait_for_compression(read: Callable[[], AbstractContextManager[sqlite3.Conne
             raise SessionCompressionInProgressError(
                 f"session {session_id!r} is being compressed by {blocker}; waited {max(timeout_s, 0):.1f}s, "
                 "the transcript write was not made: retry after the compression finishes")
-        sleep(min(random.uniform(_POLL_MIN_S, _POLL_MAX_S), remaining))
+        sleep(min(random.uniform(POLL_MIN_S, POLL_MAX_S), remaining))
 
 
 def transcript_write(write: Callable[[], AbstractContextManager[sqlite3.Connection]],

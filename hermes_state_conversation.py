@@ -44,6 +44,23 @@ def derived_uid(session_id: str, row_id: int) -> str:
     return uuid.uuid5(_DERIVED_UID_NAMESPACE, f"{session_id}/{row_id}").hex
 
 
+def _add_row_fields(msg: dict[str, Any], r: dict[str, Any]) -> None:
+    # The wire fields every role may carry, under their conversation names.
+    if r["tool_calls"] is not None:
+        msg["tool_calls"] = decode_json(r["tool_calls"])
+    if r["tool_call_id"] is not None:
+        msg["tool_call_id"] = r["tool_call_id"]
+    if r["tool_name"] is not None:
+        msg["name"] = r["tool_name"]
+    msg["timestamp"] = r["timestamp"]
+    if r["observed"]:
+        msg["observed"] = True  # a side remark the agent saw but was not asked to answer
+    if r["platform_message_id"] is not None:
+        msg["message_id"] = r["platform_message_id"]
+    if r["effect_disposition"] is not None:
+        msg["effect_disposition"] = r["effect_disposition"]
+
+
 class _Projector:
     """Turns rows into conversation dicts, deriving tool-call uids the rows lack."""
 
@@ -63,41 +80,19 @@ class _Projector:
         elif api_content is not None and api_content != content:
             # Runtime-only (never sent): lets replace_messages/compression write both columns back.
             msg[DISPLAY_KEY] = content
-        if r["tool_calls"] is not None:
-            msg["tool_calls"] = decode_json(r["tool_calls"])
-        if r["tool_call_id"] is not None:
-            msg["tool_call_id"] = r["tool_call_id"]
-        if r["tool_name"] is not None:
-            msg["name"] = r["tool_name"]
-        msg["timestamp"] = r["timestamp"]
-        if r["observed"]:
-            msg["observed"] = True  # a side remark the agent saw but was not asked to answer
-        if r["platform_message_id"] is not None:
-            msg["message_id"] = r["platform_message_id"]
-        if r["effect_disposition"] is not None:
-            msg["effect_disposition"] = r["effect_disposition"]
+        _add_row_fields(msg, r)
         if role == "assistant":
-            if r["finish_reason"] is not None:
-                msg["finish_reason"] = r["finish_reason"]
-            if api_content is None and isinstance(msg["content"], str) and _MEMORY_OPEN in msg["content"]:
-                # Recalled memory the model echoed into its answer is not part of the answer.
-                # Bytes recorded as sent (api_content) are replayed as they are.
-                msg["content"] = strip_memory_context(msg["content"])
             self._assistant(msg, r)
-        msg["message_uid"] = r["message_uid"] or derived_uid(r["session_id"], r["id"])
-        if self.with_row_ids:
-            msg["_row_id"] = r["id"]
-        if role == "assistant" and r["tool_call_uids"] is not None:
-            msg["_tool_call_uids"] = self.turn_uids
-        if role == "tool" and r["tool_call_id"] is not None:
-            derived = self._answer_uid(r["tool_call_id"], r["tool_call_uid"])
-            if derived is not None:
-                msg["_tool_call_uid"] = derived
-        if r["absorbed_message_uids"] is not None:
-            msg["_absorbed_message_uids"] = decode_json(r["absorbed_message_uids"])
+        self._add_uids(msg, r)
         return msg
 
     def _assistant(self, msg: dict[str, Any], r: dict[str, Any]) -> None:
+        if r["finish_reason"] is not None:
+            msg["finish_reason"] = r["finish_reason"]
+        if r["api_content"] is None and isinstance(msg["content"], str) and _MEMORY_OPEN in msg["content"]:
+            # Recalled memory the model echoed into its answer is not part of the answer.
+            # Bytes recorded as sent (api_content) are replayed as they are.
+            msg["content"] = strip_memory_context(msg["content"])
         for key in _REASONING_TEXT:
             if r[key] is not None and (r[key] != "" or key == "reasoning_content"):
                 msg[key] = r[key]
@@ -107,6 +102,20 @@ class _Projector:
         uids = decode_json(r["tool_call_uids"]) if r["tool_call_uids"] is not None else {}
         self.turn_uids = uids if isinstance(uids, dict) else {}
         self.answered = {}
+
+    def _add_uids(self, msg: dict[str, Any], r: dict[str, Any]) -> None:
+        # The message's own uid (derived when the row has none), then the runtime-only keys.
+        msg["message_uid"] = r["message_uid"] or derived_uid(r["session_id"], r["id"])
+        if self.with_row_ids:
+            msg["_row_id"] = r["id"]
+        if r["role"] == "assistant" and r["tool_call_uids"] is not None:
+            msg["_tool_call_uids"] = self.turn_uids
+        if r["role"] == "tool" and r["tool_call_id"] is not None:
+            derived = self._answer_uid(r["tool_call_id"], r["tool_call_uid"])
+            if derived is not None:
+                msg["_tool_call_uid"] = derived
+        if r["absorbed_message_uids"] is not None:
+            msg["_absorbed_message_uids"] = decode_json(r["absorbed_message_uids"])
 
     def _answer_uid(self, tool_call_id: str, stored: str | None) -> str | None:
         # The Nth result of one call id answers the Nth uid of a merged turn's list.
@@ -164,26 +173,41 @@ def repair_alternation(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     while i < len(messages):
         msg = messages[i]
         if msg.get("role") == "assistant" and msg.get("tool_calls"):
-            wanted = {c.get("id") for c in msg["tool_calls"] if isinstance(c, dict)}
-            j = i + 1
-            while j < len(messages) and messages[j].get("role") == "tool":
-                j += 1
-            results = messages[i + 1:j]
-            if wanted and wanted <= {r.get("tool_call_id") for r in results}:
-                out.append(msg)
-                out.extend(r for r in results if r.get("tool_call_id") in wanted)
-            i = j
-            continue
-        if msg.get("role") == "tool":
+            i = _take_answered_turn(messages, i, out)
+        elif msg.get("role") == "tool":
             i += 1  # a result nobody asked for
-            continue
-        if msg.get("role") == "assistant" and out and out[-1].get("role") == "assistant" \
-                and not out[-1].get("tool_calls"):
-            out[-1] = msg
         else:
-            out.append(msg)
-        i += 1
+            if _supersedes(msg, out):
+                out[-1] = msg
+            else:
+                out.append(msg)
+            i += 1
     return out
+
+
+def _take_answered_turn(messages: list[dict[str, Any]], i: int, out: list[dict[str, Any]]) -> int:
+    # The tool-calling turn at `i` and the results answering it go to `out` only when every call
+    # is answered; return the index past its results.
+    wanted = {c.get("id") for c in messages[i]["tool_calls"] if isinstance(c, dict)}
+    j = i + 1
+    while j < len(messages) and messages[j].get("role") == "tool":
+        j += 1
+    results = messages[i + 1:j]
+    if wanted and wanted <= {r.get("tool_call_id") for r in results}:
+        out.append(messages[i])
+        out.extend(r for r in results if r.get("tool_call_id") in wanted)
+    return j
+
+
+def _supersedes(msg: dict[str, Any], out: list[dict[str, Any]]) -> bool:
+    # An assistant reply right after another one that called no tools replaces it.
+    return bool(msg.get("role") == "assistant" and out and out[-1].get("role") == "assistant"
+                and not out[-1].get("tool_calls"))
+
+
+def _repeats_prompt(msg: dict[str, Any], last: dict[str, Any] | None) -> bool:
+    return (last is not None and msg["role"] == "user" and last["role"] == "user"
+            and msg["content"] == last["content"])
 
 
 def _stitched(conn: sqlite3.Connection, session_id: str, include_ancestors: bool, with_row_ids: bool,
@@ -203,18 +227,20 @@ def _stitched(conn: sqlite3.Connection, session_id: str, include_ancestors: bool
             msg = projector.message(r)
             if msg["message_uid"] in seen:
                 continue  # a rotation copy of a message an ancestor already replayed
-            last = out[-1][1] if out else None
-            repeated = (collapse and last is not None and msg["role"] == "user" and last["role"] == "user"
-                        and msg["content"] == last["content"])
+            repeated = collapse and _repeats_prompt(msg, out[-1][1] if out else None)
             collapse = include_ancestors and sid != session_id
             if repeated:
                 continue
             out.append((sid, msg))
             emitted.append(msg["message_uid"])
         seen.update(emitted)
-    kept = strip_background_review_harness([m for _, m in out])
-    kept_ids = {id(m) for m in kept}
-    return [(sid, m) for sid, m in out if id(m) in kept_ids]
+    return _without_harness(out)
+
+
+def _without_harness(pairs: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    # The background review's prompts and replies go; each kept message keeps its session id.
+    kept = {id(m) for m in strip_background_review_harness([m for _, m in pairs])}
+    return [(sid, m) for sid, m in pairs if id(m) in kept]
 
 
 def get_messages_as_conversation(conn: sqlite3.Connection, session_id: str, include_ancestors: bool = False,

@@ -2,8 +2,9 @@
 
 Owns: the one root `HermesStateError` and every typed error the library raises,
 `is_sqlite_lock_error`, `classify_persistence_error`, and `typed_errors`, the context manager
-every read and write runs under so bad data and bad input surface as typed errors. Imports
-nothing of ours.
+under which bad data and bad input surface as typed errors (`translate` is its one mapping;
+the handle's reads and writes call `raise_typed` only when something failed). Imports nothing
+of ours.
 
 Every error says what happened and what to do next. SQLite errors are classified by their
 result code (`sqlite_errorcode & 0xFF`), and only by message text when no code exists.
@@ -13,7 +14,7 @@ from __future__ import annotations
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, NoReturn
 
 SQLITE_BUSY = 5
 SQLITE_LOCKED = 6
@@ -103,6 +104,10 @@ class TitleConflictError(HermesStateError, ValueError):
     """Another session already carries that title."""
 
 
+class TopicBindingConflictError(HermesStateError, ValueError):
+    """The session is already linked to another Telegram topic; unbind that topic first."""
+
+
 class SessionBusyError(HermesStateError):
     """Delete/prune refused: ledger work for the session is still live."""
 
@@ -147,10 +152,14 @@ class ProfileNotFoundError(HermesStateError):
 
 
 class ImportValidationError(HermesStateError, ValueError):
-    """An import's input is malformed; `.problems` lists every problem found. Nothing was written."""
+    """An import's input is malformed; `.problems` lists every problem found. Nothing was written.
 
-    def __init__(self, problems: list[str]):
+    `.errors` holds the same problems as the import report's entries ({"index", "session_id", "error"}).
+    """
+
+    def __init__(self, problems: list[str], errors: Any = ()):
         self.problems = list(problems)
+        self.errors = [dict(e) for e in errors]
         shown = "; ".join(self.problems[:10]) + (f"; and {len(self.problems) - 10} more" if len(self.problems) > 10
                                                  else "")
         super().__init__(f"nothing was imported: {shown}")
@@ -221,6 +230,11 @@ def corrupt_error(path: Path, exc: BaseException) -> StateDbCorruptError:
         f"run `hermes-state recover {path} <new path>` to salvage what is readable.")
 
 
+# The failures `typed_errors` may translate. A hot path catches exactly these and calls
+# `raise_typed`, so this module runs no code at all while nothing fails.
+TRANSLATABLE: tuple[type[BaseException], ...] = (sqlite3.Error, UnicodeError, OverflowError, RecursionError)
+
+
 @contextmanager
 def typed_errors(path: Path, *, reading: bool = False) -> Iterator[None]:
     """Re-raise SQLite failures that mean bad data or bad input as the library's typed errors.
@@ -235,31 +249,43 @@ def typed_errors(path: Path, *, reading: bool = False) -> Iterator[None]:
     """
     try:
         yield
-    except sqlite3.DataError as exc:
-        if _primary_code(exc) != SQLITE_TOOBIG:
-            raise
+    except TRANSLATABLE as exc:
+        raise_typed(exc, path, reading=reading)
+
+
+def raise_typed(exc: BaseException, path: Path, *, reading: bool = False) -> NoReturn:
+    """Raise the typed error `typed_errors` maps `exc` to (from `exc`), or `exc` itself when it maps none."""
+    typed = translate(exc, path, reading=reading)
+    if typed is None:
+        raise exc
+    raise typed from exc
+
+
+def translate(exc: BaseException, path: Path, *, reading: bool = False) -> BaseException | None:
+    """Return the typed error `typed_errors` raises for `exc`, or None when `exc` propagates untouched."""
+    if isinstance(exc, sqlite3.DataError) and _primary_code(exc) == SQLITE_TOOBIG:
         if reading:
-            raise corrupt_error(path, exc) from exc
-        raise ValueError(f"a value is larger than SQLite can store ({exc})") from exc
-    except UnicodeEncodeError as exc:
-        raise ValueError("a text argument contains a lone surrogate (U+D800..U+DFFF), which SQLite can "
-                         "neither store nor look up") from exc
-    except UnicodeDecodeError as exc:  # SQLite's message quotes a damaged schema name that is not UTF-8
-        raise corrupt_error(path, exc) from exc
-    except (sqlite3.ProgrammingError, sqlite3.InterfaceError) as exc:
+            return corrupt_error(path, exc)
+        return ValueError(f"a value is larger than SQLite can store ({exc})")
+    if isinstance(exc, UnicodeEncodeError):
+        return ValueError("a text argument contains a lone surrogate (U+D800..U+DFFF), which SQLite can "
+                          "neither store nor look up")
+    if isinstance(exc, UnicodeDecodeError):  # SQLite's message quotes a damaged schema name that is not UTF-8
+        return corrupt_error(path, exc)
+    if isinstance(exc, sqlite3.DataError):  # any other DataError propagates untouched
+        return None
+    if isinstance(exc, (sqlite3.ProgrammingError, sqlite3.InterfaceError)):
         text = str(exc).lower()
         if "binding parameter" in text or "not supported" in text:
-            raise ValueError(f"a value cannot be stored or looked up in SQLite: {exc}") from exc
-        raise
-    except OverflowError as exc:
-        raise ValueError(f"an integer is out of SQLite's 64-bit range: {exc}") from exc
-    except RecursionError as exc:  # checking, encoding or quoting an argument nested thousands deep
-        raise ValueError("an argument is nested too deeply to check or store") from exc
-    except sqlite3.DatabaseError as exc:
-        typed = _typed_database_error(path, exc)
-        if typed is None:
-            raise
-        raise typed from exc
+            return ValueError(f"a value cannot be stored or looked up in SQLite: {exc}")
+        return None
+    if isinstance(exc, OverflowError):
+        return ValueError(f"an integer is out of SQLite's 64-bit range: {exc}")
+    if isinstance(exc, RecursionError):  # checking, encoding or quoting an argument nested thousands deep
+        return ValueError("an argument is nested too deeply to check or store")
+    if isinstance(exc, sqlite3.DatabaseError):
+        return _typed_database_error(path, exc)
+    return None
 
 
 def _typed_database_error(path: Path, exc: sqlite3.DatabaseError) -> HermesStateError | None:

@@ -23,6 +23,7 @@ import json
 import sqlite3
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 from hermes_state_cjk import (CJK_CHARS, CJK_RUN, cjk_index_text, cjk_query_text, cjk_terms,  # noqa: F401
                                has_cjk, register_functions)
@@ -35,6 +36,11 @@ from hermes_state_fts_objects import (CJK, CJK_PENDING, CJK_TABLE_SQL, DRAIN_TRI
                                       UNQUEUED_OBJECTS, WORD, rebuild_gate, searchable_text)
 
 MERGE_EVERY_N_WRITES = 1000
+# A whole-index optimize from the write path, every this many writes of one handle (0: never).
+# It rewrites every index while holding the write lock, about 65 microseconds per stored
+# message (over a second at 20,000 messages), so it is rare by default: the bounded merge
+# above already keeps the segment count low. See docs/search.md.
+OPTIMIZE_EVERY_N_WRITES = 1_000_000
 MERGE_PAGES = 200            # bounded work per merge: a few milliseconds, never a full optimize
 REBUILD_CHUNK_ROWS = 2000    # messages per rebuild transaction (tens of milliseconds of lock)
 OPEN_CATCH_UP_ROWS = 2000    # queued CJK rows an open indexes before returning; the rest go background
@@ -453,6 +459,25 @@ def optimize(conn: sqlite3.Connection) -> int:
     for table in present:
         conn.execute(f"INSERT INTO {table}({table}) VALUES ('optimize')")
     return len(present)
+
+
+_optimizing = threading.local()  # set while a write-path optimize runs, so its own commit starts no other
+
+
+def optimize_due(writes: int, every: int) -> bool:
+    """Tell whether write number `writes` should be followed by a whole-index optimize (every `every`; 0 never)."""
+    return bool(every) and writes % every == 0 and not getattr(_optimizing, "active", False)
+
+
+def optimize_quietly(run: Callable[[], object]) -> None:
+    """Call `run` (the handle's optimize); log a failure, never raise: the write that scheduled it has committed."""
+    _optimizing.active = True
+    try:
+        run()
+    except Exception as exc:  # noqa: BLE001 - upkeep must never fail the caller's write
+        logger.info("periodic FTS optimize skipped: %s", exc)
+    finally:
+        _optimizing.active = False
 
 
 def upkeep(conn: sqlite3.Connection, writes: int) -> None:

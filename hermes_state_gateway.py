@@ -71,15 +71,20 @@ class Ledger:
     """A ledger table: the word its errors use, its key column and its state table.
 
     `moves` maps each state to the states a row in it may move to; a state not in it is final.
+    `counted` names the argument a caller's key is checked as (a row id: a non-negative integer)
+    before any lookup, so every accessor of the ledger refuses a bad id alike.
     """
 
     table: str
     what: str
     moves: dict[str, frozenset[str]]
     key: str = "id"
+    counted: str | None = None
 
     def get(self, conn: sqlite3.Connection, key: Any) -> dict[str, Any] | None:
         """Return the row with this key (JSON columns decoded), or None."""
+        if self.counted is not None:
+            check_count(self.counted, key)
         rows = fetch(conn, self.table, f"{self.key} = ?", (key,), order=self.key)
         return rows[0] if rows else None
 
@@ -118,9 +123,11 @@ def _listing(ledger: Ledger, conn: sqlite3.Connection, session_id: str | None,
 # An admission waits queued, runs started, and ends in a terminal state; one whose owner died
 # turns unknown (claim_runtime) and is settled by resolve_unknown, never requeued.
 ADMISSIONS = Ledger("session_admissions", "admission", {
-    "queued": frozenset({"started", "cancelled"}), "started": _TERMINAL, "unknown": _TERMINAL})
+    "queued": frozenset({"started", "cancelled"}), "started": _TERMINAL, "unknown": _TERMINAL},
+    counted="admission_id")
 # An execution runs, then ends; one whose owner died turns unknown and the next owner settles it.
-EXECUTIONS = Ledger("worker_executions", "execution", {"running": _TERMINAL, "unknown": _TERMINAL})
+EXECUTIONS = Ledger("worker_executions", "execution", {"running": _TERMINAL, "unknown": _TERMINAL},
+                    counted="execution_id")
 
 
 # --- runtime epoch ------------------------------------------------------------------------------
@@ -220,7 +227,6 @@ def next_admission(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] 
 
 def get_admission(conn: sqlite3.Connection, admission_id: int) -> dict[str, Any] | None:
     """Return one admission (payload decoded), or None."""
-    check_count("admission_id", admission_id)
     return ADMISSIONS.get(conn, admission_id)
 
 
@@ -231,7 +237,6 @@ def list_admissions(conn: sqlite3.Connection, session_id: str | None = None,
 
 
 def _admission(conn: sqlite3.Connection, admission_id: Any) -> dict[str, Any]:
-    check_count("admission_id", admission_id)
     return ADMISSIONS.row(conn, admission_id)
 
 
@@ -281,7 +286,6 @@ def resolve_unknown(conn: sqlite3.Connection, admission_id: int, resolution: str
 # --- worker executions and receipts ---------------------------------------------------------------
 
 def _execution(conn: sqlite3.Connection, execution_id: Any) -> dict[str, Any]:
-    check_count("execution_id", execution_id)
     return EXECUTIONS.row(conn, execution_id)
 
 
@@ -315,7 +319,6 @@ def finish_execution(conn: sqlite3.Connection, execution_id: int, state: str, ep
 
 def get_execution(conn: sqlite3.Connection, execution_id: int) -> dict[str, Any] | None:
     """Return one execution row, or None."""
-    check_count("execution_id", execution_id)
     return EXECUTIONS.get(conn, execution_id)
 
 

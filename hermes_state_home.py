@@ -43,7 +43,7 @@ _bypass_lock = threading.Lock()
 _bypass_depth = 0
 # The user's home as the process started with it: a test that sets HOME=tmp_path must not make
 # the guard forget where the production root is.
-_HOME_AT_IMPORT = os.environ.get("HOME")
+HOME_AT_IMPORT = os.environ.get("HOME")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -221,7 +221,7 @@ def _cmdline_runs_pytest(args: list[str]) -> bool:
     return False
 
 
-def _ancestor_runs_pytest(pid: int | None = None, proc_root: str = "/proc") -> bool:
+def ancestor_runs_pytest(pid: int | None = None, proc_root: str = "/proc") -> bool:
     """Walk this process and its ancestors in /proc; True if one runs pytest. Never raises."""
     pid = os.getpid() if pid is None else pid
     seen: set[int] = set()
@@ -250,7 +250,7 @@ def is_test_context() -> bool:
     """Tell whether this process runs under a test (pytest env vars, or a pytest ancestor on Linux)."""
     if any(os.environ.get(name) for name in TEST_CONTEXT_ENVS):
         return True
-    return sys.platform.startswith("linux") and _ancestor_runs_pytest()
+    return sys.platform.startswith("linux") and ancestor_runs_pytest()
 
 
 def _norm(path: str) -> str:
@@ -265,7 +265,7 @@ def real_hermes_roots() -> list[Path]:
     """
     roots = [default_hermes_root()]
     if sys.platform != "win32":
-        homes = [_HOME_AT_IMPORT]
+        homes = [HOME_AT_IMPORT]
         try:
             import pwd  # POSIX only
 

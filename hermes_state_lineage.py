@@ -29,8 +29,10 @@ WALK_CAP = 10_000  # sessions a walk may visit
 # exactly; several such children -> the lowest rowid (the one the rotation inserted). Databases
 # written before that stamp (the child created in its own write right after the end) fall back
 # to p's oldest child started no earlier than COMPRESSION_EDGE_SLACK_S before p ended. Branches
-# and other later children are never the edge while an exact child exists. Successor and
-# ancestor walks both use this one fragment, so they always agree.
+# and other later children are never the edge while an exact child exists. A session ended by
+# compression without an end time (imported from hermes-agent, which follows the parent link
+# alone) takes its oldest child. Successor and ancestor walks both use this one fragment, so
+# they always agree.
 COMPRESSION_EDGE_SLACK_S = 1.0
 # Two lookups, not one ORDER BY: SQLite's ORDER BY in a correlated subquery cannot name the outer row.
 COMPRESSION_CHILD_SQL = (
@@ -38,7 +40,8 @@ COMPRESSION_CHILD_SQL = (
     "(SELECT cc.id FROM sessions cc WHERE cc.parent_session_id = p.id AND cc.started_at = p.ended_at "
     "ORDER BY cc.rowid LIMIT 1), "
     "(SELECT cc.id FROM sessions cc WHERE cc.parent_session_id = p.id "
-    f"AND cc.started_at >= p.ended_at - {COMPRESSION_EDGE_SLACK_S!r} ORDER BY cc.started_at, cc.rowid LIMIT 1)) END")
+    f"AND (p.ended_at IS NULL OR cc.started_at >= p.ended_at - {COMPRESSION_EDGE_SLACK_S!r}) "
+    "ORDER BY cc.started_at, cc.rowid LIMIT 1)) END")
 
 
 def compression_ancestor_ids(conn: sqlite3.Connection, session_id: str) -> list[str]:

@@ -22,6 +22,7 @@ from hermes_state_common import check_count, check_id, check_number, escape_like
 from hermes_state_errors import HermesStateError
 from hermes_state_home import default_hermes_root
 from hermes_state_lineage import COMPRESSION_CHILD_SQL, COMPRESSION_END_REASON, compression_successor_id
+from hermes_state_sessions import session_filters
 
 check_text = check_id  # a filter's text: a non-empty string SQLite can store
 
@@ -217,6 +218,12 @@ def _rich_rows(conn: sqlite3.Connection, columns: str, where: str, params: list[
     return rows
 
 
+def rich_rows(conn: sqlite3.Connection, where: str, params: list[Any], tail: str = "",
+              tail_params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    """Return the sessions `where` selects (SQL over `s`), every column plus `preview` and `last_active`."""
+    return _rich_rows(conn, "s.*", where, params, tail, tail_params)
+
+
 def _project_tips(conn: sqlite3.Connection, rows: list[dict[str, Any]], columns: str) -> list[dict[str, Any]]:
     """Replace each compressed root on the page by its live tip, keeping the root's start."""
     out = []
@@ -234,27 +241,12 @@ def _project_tips(conn: sqlite3.Connection, rows: list[dict[str, Any]], columns:
 
 def _rich_filters(source: Any, exclude_sources: Any, cwd_prefix: Any, include_children: bool, min_message_count: Any,
                   include_archived: bool, archived_only: bool, id_query: Any, search_query: Any) -> tuple[str, list[Any]]:
-    where, params = ["1"], []
-    if source is not None:
-        where.append("s.source = ?")
-        params.append(check_text("source", source))
-    if exclude_sources:
-        excluded = [check_text("exclude_sources", s) for s in exclude_sources]
-        where.append(f"s.source NOT IN ({', '.join('?' * len(excluded))})")
-        params.extend(excluded)
-    if cwd_prefix is not None:
-        base = check_text("cwd_prefix", cwd_prefix).rstrip("/")
-        where.append("(RTRIM(s.cwd, '/') = ? OR s.cwd LIKE ? ESCAPE '\\')")
-        params += [base, escape_like(base) + "/%"]
+    where, params = session_filters("s.", source=source, exclude_sources=exclude_sources, cwd_prefix=cwd_prefix,
+                                    min_message_count=min_message_count, include_archived=include_archived,
+                                    archived_only=archived_only)
+    where.insert(0, "1")
     if not include_children:
         where.append(_TOP_LEVEL_SQL)
-    if min_message_count:
-        where.append("COALESCE(s.message_count, 0) >= ?")
-        params.append(check_count("min_message_count", min_message_count))
-    if archived_only:
-        where.append("COALESCE(s.archived, 0) = 1")
-    elif not include_archived:
-        where.append("COALESCE(s.archived, 0) = 0")
     if search_query is not None:
         text = "%" + escape_like(check_text("search_query", search_query)) + "%"
         matches = ["s.title LIKE ? ESCAPE '\\'", "s.id LIKE ? ESCAPE '\\'"]

@@ -12,12 +12,14 @@ compression edge (hermes_state_lineage), VACUUM (hermes_state_recovery).
 
 Transaction contract: every function runs inside the caller's transaction (a write
 transaction for those that change rows) and never commits. `remove_transcripts` touches
-files only, and the caller runs it after COMMIT, so a rolled-back delete keeps its files.
+files only, and the caller runs it after COMMIT, so a rolled-back delete keeps its files; the
+`*_and_transcripts` calls (the facade's) take the open Transaction and leave it to after COMMIT.
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import sqlite3
 import time
@@ -31,6 +33,8 @@ from hermes_state_errors import HermesStateError, SessionBusyError
 from hermes_state_gateway import LIVE_EXECUTION_STATES
 from hermes_state_lineage import COMPRESSION_CHILD_SQL, COMPRESSION_END_REASON, WALK_CAP
 from hermes_state_routing import DELEGATION_OPEN_STATES, DELIVERY_OWED_STATES
+from hermes_state_sessions import cwd_under_sql, cwd_under_values
+from hermes_state_writer import Transaction
 
 AUTO_PRUNE_KEY = "last_auto_prune"  # state_meta: when the last automatic prune ran (epoch seconds)
 
@@ -65,10 +69,8 @@ def _like(name: str, value: Any) -> str:
     return "%" + escape_like(_text(name, value)) + "%"
 
 
-def _under(name: str, value: Any) -> tuple[str, str]:
-    # The directory itself, or anything below it: "/repo" takes "/repo/x", never "/repo-x".
-    path = _text(name, value).rstrip("/")
-    return path, escape_like(path) + "/%"
+def _under(name: str, value: Any) -> tuple[str, ...]:
+    return tuple(cwd_under_values(_text(name, value)))  # the directory itself, or anything below it
 
 
 def _flag(name: str, value: Any) -> int:
@@ -93,7 +95,7 @@ FILTERS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "user_id": ("s.user_id = ?", _text),
     "chat_id": ("s.chat_id = ?", _text),
     "chat_type": ("s.chat_type = ?", _text),
-    "cwd_prefix": ("(RTRIM(s.cwd, '/') = ? OR s.cwd LIKE ? ESCAPE '\\')", _under),
+    "cwd_prefix": (cwd_under_sql("s.cwd"), _under),
     "archived": ("COALESCE(s.archived, 0) = ?", _flag),
     "min_messages": ("COALESCE(s.message_count, 0) >= ?", check_count),
     "max_messages": ("COALESCE(s.message_count, 0) <= ?", check_count),
@@ -475,6 +477,46 @@ def _is_dump(name: str, prefixes: tuple[str, ...]) -> bool:
     # request_dump_<id>_<n>.json of one of the sessions, and not of another id that merely starts alike.
     return name.startswith(prefixes) and any(
         name.startswith(p) and _DUMP_SUFFIX.fullmatch(name[len(p):]) for p in prefixes)
+
+
+# --- the public deleting calls: rows in the caller's transaction, files after its COMMIT ------------
+
+def _files_after_commit(txn: Transaction, sessions_dir: Any, removed: list[str]) -> None:
+    # Deferred to the outermost COMMIT: a rolled-back delete (an enclosing transaction too) keeps its files.
+    if removed:
+        txn.after_commit(lambda: remove_transcripts(sessions_dir, removed))
+
+
+def delete_sessions_and_transcripts(txn: Transaction, session_ids: list[str],
+                                    sessions_dir: str | os.PathLike | None = None) -> int:
+    """Delete the listed sessions (conversations and delegates with them) in one transaction; return how many went."""
+    removed = delete_sessions(txn.conn, id_list(session_ids))
+    _files_after_commit(txn, sessions_dir, removed)
+    return len(removed)
+
+
+def prune_sessions_and_transcripts(txn: Transaction, older_than_days: float | None = 90, source: str | None = None,
+                                   sessions_dir: str | os.PathLike | None = None,
+                                   filters: dict[str, Any] | None = None) -> int:
+    """Delete ended conversations started more than `older_than_days` ago (and matching `filters`); return how many sessions."""
+    removed = prune_sessions(txn.conn, older_than_days, source, filters)
+    _files_after_commit(txn, sessions_dir, removed)
+    return len(removed)
+
+
+def delete_empty_sessions_and_transcripts(txn: Transaction, sessions_dir: str | os.PathLike | None = None) -> int:
+    """Delete ended, unarchived sessions that never got a message; return how many."""
+    removed = delete_empty_sessions(txn.conn)
+    _files_after_commit(txn, sessions_dir, removed)
+    return len(removed)
+
+
+def delete_session_if_empty_and_transcripts(txn: Transaction, session_id: str,
+                                            sessions_dir: str | os.PathLike | None = None) -> bool:
+    """Delete the session only if it has no messages, title or children; return whether it went."""
+    removed = delete_session_if_empty(txn.conn, session_id)
+    _files_after_commit(txn, sessions_dir, [session_id] if removed else [])
+    return removed
 
 
 # --- state_meta and automatic maintenance ----------------------------------------------------------

@@ -1,7 +1,9 @@
 """Export and import of sessions in a versioned, JSON-ready format.
 
-Owns: the export document (`EXPORT_FORMAT`, `EXPORT_VERSION`), `export_session`, `export_session_lineage`, `iter_export`
-(streams one session at a time), and `import_sessions` with its validation and `ImportReport`.
+Owns: `export_session`, `export_session_lineage`, `iter_export` (streams one session at a
+time), and the import: `import_stream` (any iterable, read once, one transaction), `validate`
+and `import_validated` (a whole input in memory), and `ImportReport`. The document format and
+the checks of one document are hermes_state_documents'.
 Does not own: recovery, backups and restores of whole files (hermes_state_recovery), deleting
 sessions, or the write paths agents use (hermes_state_sessions, hermes_state_messages).
 
@@ -10,37 +12,29 @@ generation (the compression archive included) in row order, and the per-model us
 Row ids are local to a file and are not exported; `message_uid` is a message's identity.
 
 Transaction contract: `export_session` runs under the caller's lock (a snapshot read
-transaction for a consistent session). `validate` touches no database and needs no lock, in
-linear time; `import_validated` (and `import_sessions`, which validates first) runs inside the
-caller's one write transaction, checks what depends on the file, then writes.
-`iter_export` takes the facade's read context factory and opens one short read per page.
+transaction for a consistent session); `iter_export` takes the facade's read context factory
+and opens one short read per page. `import_stream` takes the write context factory and opens
+the one write transaction itself. `validate` touches no database; `import_validated` runs
+inside the caller's write transaction.
 """
 from __future__ import annotations
 
+import functools
 import sqlite3
-import time
-import uuid
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, cast
 
-from hermes_state_common import (COUNTERS, DICTIONARY, SESSION_OWNED, Column, Table, check_stored, is_finite, is_uid,
-                                 recount_sql, shown)
+from hermes_state_common import SESSION_OWNED, recount_sql, shown
+from hermes_state_documents import (DERIVED, EXPORT_FORMAT, EXPORT_VERSION, MESSAGE_COLUMNS, SESSION_COLUMNS,  # noqa: F401
+                                    USAGE_COLUMNS, Checked, check_document)
 from hermes_state_conversation import derived_uid
 from hermes_state_lineage import compression_chain_ids
-from hermes_state_errors import ImportConflictError, ImportValidationError, TitleConflictError
+from hermes_state_errors import ImportConflictError, ImportValidationError
 
-EXPORT_FORMAT = "hermes-state-export"
-EXPORT_VERSION = 1
 ON_CONFLICT = ("skip", "replace", "error")
 PAGE_SESSIONS = 100  # sessions whose ids one read of iter_export fetches
 
-_SESSIONS, _MESSAGES, _USAGE = DICTIONARY["sessions"], DICTIONARY["messages"], DICTIONARY["session_model_usage"]
-_SESSION_COLUMNS = _SESSIONS.column_names
-_MESSAGE_COLUMNS = tuple(c for c in _MESSAGES.column_names if c not in ("id", "session_id"))
-_USAGE_COLUMNS = tuple(c for c in _USAGE.column_names if c != "session_id")
-# Counters the import derives from the rows it writes, whatever the input says.
-_COUNTERS = frozenset(c.column for c in COUNTERS)
 # What a replacing import rewrites: the session-owned rows an export carries (children first).
 _REPLACED = tuple((t.name, condition) for t in SESSION_OWNED if t.export for condition in t.owned_by("(?)"))
 _RECOUNT_SQL = recount_sql() + " WHERE id = ?"
@@ -99,27 +93,46 @@ def iter_export(read: Callable[..., AbstractContextManager[sqlite3.Connection]],
         after = ids[-1]
 
 
-# --- import: validation -------------------------------------------------------------------------
+# --- import -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class ImportReport:
-    """What `import_sessions` did: session ids per outcome and how many message rows it wrote."""
+    """What `import_sessions` did: session ids per outcome, message rows written, and any problems.
+
+    `errors` lists every problem found, each as {"index", "session_id" (when known), "error"};
+    when it is not empty, `ok` is False and nothing was written (every id list is empty).
+    """
 
     imported: tuple[str, ...] = ()
     replaced: tuple[str, ...] = ()
     skipped: tuple[str, ...] = ()
-    detached_parents: tuple[str, ...] = ()  # sessions whose parent was in neither the input nor the file
+    # Sessions whose parent link was cut: the parent was in neither the input nor the file, or
+    # the link would have closed a ring of parents (each ring is cut once, at its first session
+    # in input order).
+    detached_parents: tuple[str, ...] = ()
     messages: int = 0
     # "table.column" names the input carried that this schema lacks (an older layout's extra
     # columns, say); their values were not imported.
     ignored_columns: tuple[str, ...] = ()
+    errors: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """True when the input had no problem (and so was imported)."""
+        return not self.errors
+
+    @property
+    def problems(self) -> list[str]:
+        """Each error as one line of text: which document, which session, what is wrong."""
+        return [f"document {e['index']}" + (f" (session {e['session_id']!r})" if "session_id" in e else "")
+                + f": {e['error']}" for e in self.errors]
 
     def __getitem__(self, key: str) -> Any:
-        """Read the report as hermes-agent's import result: ok, imported, skipped, detached (counts) and ids."""
+        """Read the report as hermes-agent's import result: ok, imported, skipped, detached (counts), ids, errors."""
         written = self.imported + self.replaced
-        upstream = {"ok": True, "imported": len(written), "skipped": len(self.skipped),
+        upstream = {"ok": self.ok, "imported": len(written), "skipped": len(self.skipped),
                     "detached": len(self.detached_parents), "imported_ids": list(written),
-                    "skipped_ids": list(self.skipped), "errors": []}
+                    "skipped_ids": list(self.skipped), "errors": [dict(e) for e in self.errors]}
         if key not in upstream:
             raise KeyError(key)
         return upstream[key]
@@ -132,167 +145,306 @@ class ImportReport:
             return default
 
 
+class _Stopped(Exception):
+    """Raised inside the write transaction at the first problem, so that it rolls back."""
+
+
+@dataclass
+class _Import:
+    """The running state of one import: outcomes so far and every problem found."""
+
+    on_conflict: str
+    imported: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    detached: list[str] = field(default_factory=list)
+    messages: int = 0
+    ignored: set[str] = field(default_factory=set)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+
+    def fail(self, index: int, session_id: str | None, problems: Iterable[str]) -> None:
+        """Note problems of document `index`."""
+        for problem in problems:
+            entry: dict[str, Any] = {"index": index}
+            if session_id is not None:
+                entry["session_id"] = session_id
+            entry["error"] = problem
+            self.errors.append(entry)
+
+    def report(self) -> ImportReport:
+        """Return the report; with errors, nothing was written and no id is listed."""
+        if self.errors:
+            return ImportReport(errors=tuple(self.errors))
+        return ImportReport(tuple(self.imported), tuple(self.replaced), tuple(self.skipped), tuple(self.detached),
+                            self.messages, tuple(sorted(self.ignored)))
+
+
 @dataclass
 class _Plan:
-    sessions: list[dict[str, Any]] = field(default_factory=list)
-    messages: list[list[dict[str, Any]]] = field(default_factory=list)
-    usage: list[list[dict[str, Any]]] = field(default_factory=list)
-    ignored: set[str] = field(default_factory=set)
+    """A whole input checked in memory by `validate`: one Checked per document, in input order."""
+
+    checked: list[Checked] = field(default_factory=list)
+
+    @property
+    def sessions(self) -> list[dict[str, Any]]:
+        """The session rows, in input order."""
+        return [c.session for c in self.checked]
 
 
-def _documents(data: Any) -> list[Any]:
+def check_on_conflict(on_conflict: Any) -> str:
+    """Return `on_conflict` when it is one of ON_CONFLICT, else raise ValueError."""
+    if not isinstance(on_conflict, str) or on_conflict not in ON_CONFLICT:
+        raise ValueError(f"on_conflict must be one of {', '.join(ON_CONFLICT)}, not {shown(on_conflict)}")
+    return on_conflict
+
+
+def _numbered(data: Any, state: _Import) -> Iterator[tuple[int, Any]]:
+    """Yield (index, document) from `data`, read once; a ValueError from the input ends it as a problem."""
     if isinstance(data, dict):
-        return [data]
+        yield 0, data
+        return
     if isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
-        raise ImportValidationError(["the input must be an export document or a list of them"])
-    return list(data)
+        raise ImportValidationError(["the input must be an export document or an iterable of them"])
+    source = iter(data)
+    index = 0
+    while True:
+        try:
+            document = next(source)
+        except StopIteration:
+            return
+        except ValueError as exc:  # a reader that parses a file as it goes: the rest cannot be read
+            state.fail(index, None, [f"the input could not be read: {exc}"])
+            return
+        yield index, document
+        index += 1
 
 
-def _value(where: str, column: Column, value: Any, problems: list[str]) -> Any:
-    """Check that `value` fits its column and SQLite stores it faithfully; return it (JSON encoded if needed)."""
-    try:
-        return check_stored(column, value)
-    except ValueError as exc:
-        problems.append(f"{where}: {exc}")
-        return None
+# The import's own bookkeeping, in the connection's temporary database (never in the file):
+# one row per document, so the input is never held in memory, and the last steps are SQL.
+_SCRATCH = "temp.hermes_import"
+_SCRATCH_SQL = (f"DROP TABLE IF EXISTS {_SCRATCH}",
+                f"CREATE TABLE {_SCRATCH} (id TEXT PRIMARY KEY, idx INTEGER NOT NULL, parent TEXT, title TEXT, "
+                "written INTEGER NOT NULL)",
+                f"CREATE INDEX {_SCRATCH}_title ON hermes_import (title)")
+_ROW_COLUMNS = tuple(c for c in SESSION_COLUMNS if c not in DERIVED)
+_INSERT_SESSION = f"INSERT INTO sessions ({', '.join(_ROW_COLUMNS)}) VALUES ({', '.join('?' * len(_ROW_COLUMNS))})"
+_UPDATE_SESSION = f"UPDATE sessions SET {', '.join(f'{c} = ?' for c in _ROW_COLUMNS if c != 'id')} WHERE id = ?"
+_MESSAGE_ROW = f"({', '.join('?' * (len(MESSAGE_COLUMNS) + 1))})"
+# Messages go in several rows per INSERT: the full-text indexes flush their pending terms at the
+# end of every statement, so one statement per row would write one index segment per message.
+# A few fixed batch sizes keep the prepared statements few (each size is one cached statement).
+_MESSAGE_BATCHES = (64, 16, 4, 1)
 
 
-def _columns(where: str, given: Any, known: tuple[str, ...], table: Table, problems: list[str]) -> dict[str, Any]:
-    if not isinstance(given, dict):
-        problems.append(f"{where} must be an object, not {type(given).__name__}")
-        return {}
-    columns = {c: table.column(c) for c in known}
-    return {c: _value(where, columns[c], given[c], problems) if c in given else columns[c].default for c in known}
+@functools.lru_cache(maxsize=None)
+def _insert_messages(rows: int) -> str:
+    return f"INSERT INTO messages (session_id, {', '.join(MESSAGE_COLUMNS)}) VALUES " + ", ".join([_MESSAGE_ROW] * rows)
 
 
-def _text_required(where: str, row: dict[str, Any], name: str, problems: list[str]) -> None:
-    if not isinstance(row.get(name), str) or not row[name]:
-        problems.append(f"{where}: {name} must be a non-empty string")
+def _write_messages(conn: sqlite3.Connection, session_id: str, rows: list[tuple[Any, ...]]) -> None:
+    start = 0
+    for size in _MESSAGE_BATCHES:
+        while len(rows) - start >= size:
+            conn.execute(_insert_messages(size), [v for row in rows[start:start + size] for v in (session_id, *row)])
+            start += size
 
 
-def _number_required(where: str, row: dict[str, Any], name: str, problems: list[str]) -> None:
-    value = row.get(name)
-    if not is_finite(value):
-        problems.append(f"{where}: {name} must be a finite number of epoch seconds")
+_INSERT_USAGE = (f"INSERT INTO session_model_usage (session_id, {', '.join(USAGE_COLUMNS)}) "
+                 f"VALUES ({', '.join('?' * (len(USAGE_COLUMNS) + 1))})")
+# Titles are set last, so titles swapped between replaced sessions never meet on the unique index.
+_TITLE_REPEATED = (f"SELECT t.idx, t.id, t.title FROM {_SCRATCH} t WHERE t.title IS NOT NULL AND EXISTS "
+                   f"(SELECT 1 FROM {_SCRATCH} u WHERE u.title = t.title AND u.idx < t.idx) ORDER BY t.idx")
+_TITLE_TAKEN = (f"SELECT t.idx, t.id, t.title, s.id FROM {_SCRATCH} t JOIN sessions s ON s.title = t.title "
+                "WHERE t.written ORDER BY t.idx")
+_PARENT_MISSING = (f"SELECT id FROM {_SCRATCH} t WHERE written AND parent IS NOT NULL "
+                   "AND NOT EXISTS (SELECT 1 FROM sessions s WHERE s.id = t.parent) ORDER BY idx")
+_SET_PARENTS_AND_TITLES = (
+    f"UPDATE sessions SET title = t.title, parent_session_id = CASE WHEN EXISTS "
+    f"(SELECT 1 FROM sessions p WHERE p.id = t.parent) THEN t.parent END FROM {_SCRATCH} t "
+    "WHERE t.written AND sessions.id = t.id AND (t.title IS NOT NULL OR t.parent IS NOT NULL)")
+# Imported sessions no walk from a root reaches: each is on a ring of parents or below one.
+WALK_AT_MOST = 1000  # imported sessions with parents walked up directly, without narrowing first
+_UNROOTED = (
+    "WITH RECURSIVE reach(id) AS (SELECT id FROM sessions WHERE parent_session_id IS NULL "
+    "OR NOT EXISTS (SELECT 1 FROM sessions p WHERE p.id = sessions.parent_session_id) "
+    "UNION SELECT s.id FROM sessions s JOIN reach r ON s.parent_session_id = r.id) "
+    f"SELECT t.id FROM {_SCRATCH} t WHERE t.written AND t.parent IS NOT NULL "
+    "AND t.id NOT IN (SELECT id FROM reach) ORDER BY t.idx")
 
 
-def _check_message(where: str, session_id: Any, given: Any, problems: list[str]) -> dict[str, Any]:
-    row = _columns(where, given, _MESSAGE_COLUMNS, _MESSAGES, problems)
-    if not row:
-        return row
-    if given.get("session_id", session_id) != session_id:
-        problems.append(f"{where}: session_id {given['session_id']!r} is not the session it is filed under")
-    _text_required(where, row, "role", problems)
-    _number_required(where, row, "timestamp", problems)
-    for flag in ("active", "compacted", "observed"):
-        if row[flag] not in (0, 1, None):  # NULL is kept: older programs wrote it, and it reads as "not live"
-            problems.append(f"{where}: {flag} must be 0, 1 or null")
-    uid = row["message_uid"]
-    if uid is None:
-        row["message_uid"] = uuid.uuid4().hex  # hand-written input: issue one, as a fresh insert would
-    elif not is_uid(uid):
-        problems.append(f"{where}: message_uid must be 32 lowercase hex digits")
-    return row
+def _write_one(conn: sqlite3.Connection, checked: Checked, state: _Import) -> None:
+    sid, session = cast(str, checked.session_id), checked.session  # a checked document without problems has one
+    exists = conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone() is not None
+    if exists and state.on_conflict == "error":
+        raise ImportConflictError(f"session {sid!r} already exists (document {checked.index}); nothing was "
+                                  "imported. Import with on_conflict='skip' or 'replace' to go on.")
+    written = not exists or state.on_conflict == "replace"
+    if not conn.execute(f"INSERT OR IGNORE INTO {_SCRATCH} VALUES (?, ?, ?, ?, ?)",
+                        (sid, checked.index, session["parent_session_id"], session["title"], written)).rowcount:
+        state.fail(checked.index, sid, ["the session appears more than once in the input"])
+        raise _Stopped
+    state.ignored |= checked.ignored
+    if not written:
+        state.skipped.append(sid)
+        return
+    # Parent and title are set once every document is in (see _finish).
+    row = dict(session, parent_session_id=None, title=None)
+    if exists:
+        for table, owned in _REPLACED:
+            conn.execute(f"DELETE FROM {table} WHERE {owned}", (sid,))
+        conn.execute(_UPDATE_SESSION, (*(row[c] for c in _ROW_COLUMNS if c != "id"), sid))
+        state.replaced.append(sid)
+    else:
+        conn.execute(_INSERT_SESSION, tuple(row[c] for c in _ROW_COLUMNS))
+        state.imported.append(sid)
+    _write_messages(conn, sid, checked.messages)
+    conn.executemany(_INSERT_USAGE, ((sid, *u) for u in checked.usage))
+    conn.execute(_RECOUNT_SQL, (sid,))  # the meaning the write path keeps
+    state.messages += len(checked.messages)
 
 
-def _note_unknown(plan: _Plan, table: str, given: Any, known: tuple[str, ...], ignored: frozenset[str]) -> None:
-    if isinstance(given, dict):
-        plan.ignored.update(f"{table}.{c}" for c in set(given) - set(known) - ignored)
+def _parent(conn: sqlite3.Connection, session_id: str) -> str | None:
+    row = conn.execute("SELECT parent_session_id FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    return None if row is None else row[0]
 
 
-_DOCUMENT_KEYS = frozenset({"format", "version", "session", "messages", "model_usage"})
+def _break_rings(conn: sqlite3.Connection, candidates: list[str], state: _Import) -> None:
+    # In input order, a session whose parents lead back to itself loses its parent. Linear: a
+    # walk stops at a session an earlier walk settled (it reaches a root, or only sits below a
+    # ring), and cutting a link never makes a settled session unsettled.
+    settled: set[str] = set()
+    for sid in candidates:
+        if sid in settled:
+            continue
+        path, on_path = [sid], {sid}
+        node = _parent(conn, sid)
+        while node is not None and node not in settled and node not in on_path:
+            path.append(node)
+            on_path.add(node)
+            node = _parent(conn, node)
+        if node == sid:
+            conn.execute("UPDATE sessions SET parent_session_id = NULL WHERE id = ?", (sid,))
+            state.detached.append(sid)
+            settled.update(path)
+        elif node is None or node in settled:
+            settled.update(path)
+        else:  # a ring above that does not pass through sid: only the way up to it is settled
+            settled.update(path[:path.index(node)])
 
 
-def _session_object(document: dict[str, Any]) -> Any:
-    """Return a document's session columns: `session`, or the top level (hermes-agent's own export).
+def _finish(conn: sqlite3.Connection, state: _Import) -> None:
+    for index, sid, title in conn.execute(_TITLE_REPEATED).fetchall():
+        state.fail(index, sid, [f"title {title!r} is used by an earlier session of the input"])
+    for index, sid, title, holder in conn.execute(_TITLE_TAKEN).fetchall():
+        state.fail(index, sid, [f"title {title!r} is already in use by session {holder!r}"])
+    if state.errors:
+        raise _Stopped
+    state.detached.extend(r[0] for r in conn.execute(_PARENT_MISSING))
+    conn.execute(_SET_PARENTS_AND_TITLES)
+    # A few sessions with parents are walked up one by one; many are first narrowed down by one
+    # walk down from every root of the file, which costs the file's size rather than the input's.
+    linked = [r[0] for r in conn.execute(f"SELECT id FROM {_SCRATCH} WHERE written AND parent IS NOT NULL "
+                                         f"ORDER BY idx LIMIT {WALK_AT_MOST + 1}")]
+    if len(linked) > WALK_AT_MOST:
+        linked = [r[0] for r in conn.execute(_UNROOTED)]
+    _break_rings(conn, linked, state)
+    conn.execute(f"DROP TABLE {_SCRATCH}")
 
-    A document with `session` is read from it alone: the top-level copy this library's export
-    writes is there for hermes-agent's readers. A top-level document without `source` or
-    `started_at` gets "import" and the time of the import, as hermes-agent's import does.
+
+def write_checked(conn: sqlite3.Connection, checked: Iterable[Checked], state: _Import) -> None:
+    """Write checked documents inside the caller's write transaction; raise _Stopped at the first problem.
+
+    Nothing is committed here: on _Stopped (or any error) the caller's transaction must roll back.
     """
-    if "session" in document:
-        return document["session"]
-    top = {k: v for k, v in document.items() if k not in _DOCUMENT_KEYS}
-    top.setdefault("source", "import")
-    top.setdefault("started_at", time.time())
-    return top
+    for statement in _SCRATCH_SQL:
+        conn.execute(statement)
+    for document in checked:
+        if document.problems:
+            state.fail(document.index, document.session_id, document.problems)
+            raise _Stopped
+        _write_one(conn, document, state)
+    if state.errors:  # the input could not be read to its end
+        raise _Stopped
+    _finish(conn, state)
 
 
-def _check_document(index: int, document: Any, plan: _Plan, problems: list[str]) -> None:
-    where = f"document {index}"
-    if not isinstance(document, dict):
-        problems.append(f"{where} must be an object, not {type(document).__name__}")
-        return
-    if document.get("format", EXPORT_FORMAT) != EXPORT_FORMAT:
-        problems.append(f"{where}: format {document.get('format')!r} is not {EXPORT_FORMAT!r}")
-    version = document.get("version", EXPORT_VERSION)
-    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= EXPORT_VERSION:
-        problems.append(f"{where}: export version {version!r} is not one this library reads "
-                        f"(1..{EXPORT_VERSION}); upgrade hermes-state to import it")
-        return
-    given = _session_object(document)
-    _note_unknown(plan, "sessions", given, _SESSION_COLUMNS, frozenset())
-    session = _columns(f"{where} session", given, _SESSION_COLUMNS, _SESSIONS, problems)
-    if not session:
-        return
-    sid = session["id"]
-    where = f"session {sid!r}" if isinstance(sid, str) and sid else where
-    _text_required(where, session, "id", problems)
-    _text_required(where, session, "source", problems)
-    _number_required(where, session, "started_at", problems)
-    parent = session["parent_session_id"]
-    if parent is not None and (not isinstance(parent, str) or not parent):
-        problems.append(f"{where}: parent_session_id must be a non-empty string or null")
-    title = session["title"]
-    if title is not None and not isinstance(title, str):
-        problems.append(f"{where}: title must be a string or null")
-    messages = document.get("messages", [])
-    usage = document.get("model_usage", [])
-    if not isinstance(messages, list) or not isinstance(usage, list):
-        problems.append(f"{where}: messages and model_usage must be lists")
-        return
-    plan.sessions.append(session)
-    plan.messages.append([_check_message(f"{where} message {n}", sid, m, problems) for n, m in enumerate(messages)])
-    for m in messages:
-        _note_unknown(plan, "messages", m, _MESSAGE_COLUMNS, frozenset({"id", "session_id"}))
-    usage_rows = []
-    for n, given in enumerate(usage):
-        _note_unknown(plan, "session_model_usage", given, _USAGE_COLUMNS, frozenset({"session_id"}))
-        row = _columns(f"{where} model_usage {n}", given, _USAGE_COLUMNS, _USAGE, problems)
-        if row:
-            _text_required(f"{where} model_usage {n}", row, "model", problems)
-            usage_rows.append(row)
-    plan.usage.append(usage_rows)
+def import_stream(write: Callable[[], AbstractContextManager[sqlite3.Connection]], data: Any,
+                  on_conflict: str = "skip", strict: bool = False) -> ImportReport:
+    """Import export documents from any iterable, read once, in one write transaction; see `ImportReport`.
+
+    Opens the transaction itself (`write()` gives it). Each document is checked and then
+    written at once, so memory holds one document at a time. At the first problem the
+    transaction rolls back, letting go of the write lock, and the rest of the input is still
+    checked document by document, so the report names every malformed document; nothing is
+    written. With `strict`, a report with problems is raised as ImportValidationError instead.
+    `on_conflict` decides what happens to a session id the file already has: "skip" leaves it,
+    "replace" rewrites its row, messages and usage in place (its children and ledger rows stay
+    attached), "error" raises ImportConflictError. Ids and uids are kept; parents are restored
+    whatever the input order; a parent found in neither the input nor the file becomes NULL, and
+    a ring of parents is cut at its first session. Message counters are recomputed.
+    """
+    check_on_conflict(on_conflict)
+    state = _Import(on_conflict)
+    documents = _numbered(data, state)
+    try:
+        with write() as conn:
+            write_checked(conn, (check_document(index, document) for index, document in documents), state)
+    except _Stopped:
+        for index, document in documents:  # without the lock: the rest, one document at a time
+            checked = check_document(index, document)
+            state.fail(index, checked.session_id, checked.problems)
+    report = state.report()
+    if strict and not report.ok:
+        raise ImportValidationError(report.problems, errors=report.errors)
+    return report
 
 
-def _check_graph(plan: _Plan, problems: list[str]) -> None:
-    ids = [s["id"] for s in plan.sessions]
-    seen: set[str] = set()
-    for sid in ids:
-        if sid in seen:
-            problems.append(f"session {sid!r} appears more than once in the input")
-        seen.add(sid)
-    parents = {s["id"]: s["parent_session_id"] for s in plan.sessions}
-    cycle = find_cycle(parents, parents.get, parents)  # a parent outside the input ends the walk
-    if cycle is not None:
-        problems.append(f"session {cycle!r} is its own ancestor through parent_session_id")
-    titles: dict[str, str] = {}
-    for session in plan.sessions:
-        title = session["title"]
-        if title is not None and title in titles:
-            problems.append(f"sessions {titles[title]!r} and {session['id']!r} carry the same title {title!r}")
-        elif title is not None:
-            titles[title] = session["id"]
-    for session, usage in zip(plan.sessions, plan.usage):
-        keys = [(u["model"], u["task"]) for u in usage]
-        if len(keys) != len(set(keys)):
-            problems.append(f"session {session['id']!r}: model_usage repeats a (model, task) pair")
-    for session, messages in zip(plan.sessions, plan.messages):
-        # Archived generations legitimately repeat a uid (a message kept by two compressions);
-        # the live generation names each message once.
-        live = [m.get("message_uid") for m in messages if m.get("active") == 1]
-        if len(live) != len(set(live)):
-            problems.append(f"session {session['id']!r}: a message_uid appears twice among the live rows")
+def validate(data: Any) -> _Plan:
+    """Check a whole input in memory without touching any database; raise ImportValidationError listing every problem.
+
+    Besides each document, it checks what documents say about each other: repeated session ids
+    and repeated titles. Rings of parents are not problems: the import cuts them.
+    """
+    state = _Import("skip")
+    plan = _Plan()
+    ids: set[str] = set()
+    titles: set[str] = set()
+    for index, document in _numbered(data, state):
+        checked = check_document(index, document)
+        problems = list(checked.problems)
+        sid, title = checked.session_id, checked.session.get("title")
+        if sid is not None and sid in ids:
+            problems.append("the session appears more than once in the input")
+        if isinstance(title, str) and title in titles:
+            problems.append(f"title {title!r} is used by an earlier session of the input")
+        ids.add(sid) if sid is not None else None
+        titles.add(title) if isinstance(title, str) else None
+        state.fail(index, sid, problems)
+        plan.checked.append(checked)
+    if state.errors:
+        raise ImportValidationError(state.report().problems, errors=tuple(state.errors))
+    return plan
+
+
+def import_validated(conn: sqlite3.Connection, plan: _Plan, on_conflict: str = "skip") -> ImportReport:
+    """Write a plan `validate` returned, inside the caller's write transaction; see `import_stream`.
+
+    Problems that depend on the file (a title another session holds) raise ImportValidationError;
+    the caller's transaction must then roll back.
+    """
+    state = _Import(check_on_conflict(on_conflict))
+    try:
+        write_checked(conn, iter(plan.checked), state)
+    except _Stopped:
+        raise ImportValidationError(ImportReport(errors=tuple(state.errors)).problems,
+                                    errors=tuple(state.errors)) from None
+    return state.report()
+
+
+def import_sessions(conn: sqlite3.Connection, data: Any, on_conflict: str = "skip") -> ImportReport:
+    """Validate a whole input, then import it inside the caller's write transaction (raising on any problem)."""
+    check_on_conflict(on_conflict)
+    return import_validated(conn, validate(data), on_conflict)
 
 
 def find_cycle(starts: Iterable[str], parent_of: Callable[[str], str | None], mine: Any) -> str | None:
@@ -316,113 +468,6 @@ def find_cycle(starts: Iterable[str], parent_of: Callable[[str], str | None], mi
                 return found
         done.update(path)
     return None
-
-
-def validate(data: Any) -> _Plan:
-    """Check a whole input without touching any database; raise ImportValidationError listing every problem."""
-    problems: list[str] = []
-    plan = _Plan()
-    for index, document in enumerate(_documents(data)):
-        _check_document(index, document, plan, problems)
-    if not problems:
-        _check_graph(plan, problems)
-    if problems:
-        raise ImportValidationError(problems)
-    return plan
-
-
-# --- import: writing ----------------------------------------------------------------------------
-
-def _insert(conn: sqlite3.Connection, table: str, row: dict[str, Any]) -> None:
-    conn.execute(f"INSERT INTO {table} ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
-                 tuple(row.values()))
-
-
-def import_sessions(conn: sqlite3.Connection, data: Any, on_conflict: str = "skip") -> ImportReport:
-    """Import export documents; validate everything first, then write in the caller's transaction.
-
-    `on_conflict` decides what happens to a session id the file already has: "skip" leaves it,
-    "replace" rewrites its row, messages and usage in place (its children and ledger rows stay
-    attached), "error" raises ImportConflictError. Ids and uids are kept; parents are restored
-    whatever the input order, and a parent found in neither the input nor the file becomes NULL.
-    Message counters are recomputed from the rows written.
-    """
-    check_on_conflict(on_conflict)
-    return import_validated(conn, validate(data), on_conflict)
-
-
-def check_on_conflict(on_conflict: Any) -> str:
-    """Return `on_conflict` when it is one of ON_CONFLICT, else raise ValueError."""
-    if not isinstance(on_conflict, str) or on_conflict not in ON_CONFLICT:
-        raise ValueError(f"on_conflict must be one of {', '.join(ON_CONFLICT)}, not {shown(on_conflict)}")
-    return on_conflict
-
-
-def _file_parent(conn: sqlite3.Connection, session_id: str) -> str | None:
-    row = conn.execute("SELECT parent_session_id FROM sessions WHERE id = ?", (session_id,)).fetchone()
-    return None if row is None else row[0]
-
-
-def import_validated(conn: sqlite3.Connection, plan: _Plan, on_conflict: str = "skip") -> ImportReport:
-    """Write a plan `validate` returned, inside the caller's write transaction; see `import_sessions`.
-
-    Validation needs no lock, so the caller validates first and takes the write lock only for
-    this part: a large input never keeps other writers waiting while it is being checked.
-    """
-    existing = {sid for sid in (s["id"] for s in plan.sessions)
-                if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (sid,)).fetchone()}
-    if existing and on_conflict == "error":
-        raise ImportConflictError(f"{len(existing)} session(s) already exist: {', '.join(sorted(existing)[:5])}")
-    todo = [i for i, s in enumerate(plan.sessions) if on_conflict == "replace" or s["id"] not in existing]
-    written = {plan.sessions[i]["id"] for i in todo}
-    for i in todo:
-        session = plan.sessions[i]
-        if session["title"] is not None:
-            row = conn.execute("SELECT id FROM sessions WHERE title = ?", (session["title"],)).fetchone()
-            if row is not None and row[0] not in written:
-                raise TitleConflictError(f"title {session['title']!r} of imported session {session['id']!r} "
-                                         f"is already used by session {row[0]!r}")
-    known = {s["id"] for s in plan.sessions} | existing
-    # With the file's rows in the picture, a replaced parent link can close a ring through
-    # sessions the input does not carry (A in the file under B, and the input puts B under A).
-    planned = {plan.sessions[i]["id"]: plan.sessions[i]["parent_session_id"] for i in todo}
-    ring = find_cycle(planned, lambda sid: planned[sid] if sid in planned else _file_parent(conn, sid), planned)
-    if ring is not None:
-        raise ImportValidationError([f"session {ring!r} would become its own ancestor through parent_session_id "
-                                     "together with sessions already in the file"])
-    detached, count = [], 0
-    # First pass without parents and titles, so neither the input order nor titles swapped
-    # between replaced sessions can trip a constraint; the second pass sets both.
-    for i in todo:
-        row = {k: v for k, v in plan.sessions[i].items() if k not in _COUNTERS}
-        row.update(parent_session_id=None, title=None)
-        if row["id"] in existing:
-            for table, owned in _REPLACED:
-                conn.execute(f"DELETE FROM {table} WHERE {owned}", (row["id"],))
-            conn.execute(f"UPDATE sessions SET {', '.join(f'{k} = ?' for k in row if k != 'id')} WHERE id = ?",
-                         (*(v for k, v in row.items() if k != "id"), row["id"]))
-        else:
-            _insert(conn, "sessions", row)
-    for i in todo:
-        session = plan.sessions[i]
-        parent = session["parent_session_id"]
-        if parent is not None and parent not in known and not conn.execute(
-                "SELECT 1 FROM sessions WHERE id = ?", (parent,)).fetchone():
-            parent = None
-            detached.append(session["id"])
-        conn.execute("UPDATE sessions SET parent_session_id = ?, title = ? WHERE id = ?",
-                     (parent, session["title"], session["id"]))
-        for message in plan.messages[i]:
-            _insert(conn, "messages", {"session_id": session["id"], **message})
-            count += 1
-        for usage in plan.usage[i]:
-            _insert(conn, "session_model_usage", {"session_id": session["id"], **usage})
-        conn.execute(_RECOUNT_SQL, (session["id"],))  # the meaning the write path keeps
-    return ImportReport(
-        imported=tuple(plan.sessions[i]["id"] for i in todo if plan.sessions[i]["id"] not in existing),
-        replaced=tuple(plan.sessions[i]["id"] for i in todo if plan.sessions[i]["id"] in existing),
-        skipped=tuple(s["id"] for s in plan.sessions if s["id"] in existing and on_conflict == "skip"),
-        detached_parents=tuple(detached), messages=count, ignored_columns=tuple(sorted(plan.ignored)))
 
 
 def export_session_lineage(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:

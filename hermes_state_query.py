@@ -67,8 +67,16 @@ def _bare(text: str) -> bool:
 
 
 def word_term(term: Term) -> str:
-    """Write one term for a unicode61 index: a bareword when FTS5 reads it as one, else a phrase."""
-    body = term.text if not term.quoted and _bare(term.text) else f'"{term.text}"'
+    """Write one term for a unicode61 index: a bareword when FTS5 reads it as one, else a phrase.
+
+    A colon inside a phrase is written as a space: the tokenizer splits there anyway, so
+    `error:timeout` finds the same rows, and no colon is left for a reader to take for a
+    column filter.
+    """
+    if not term.quoted and _bare(term.text):
+        body = term.text
+    else:
+        body = '"' + (" ".join(term.text.replace(":", " ").split()) if ":" in term.text else term.text) + '"'
     return body + ("*" if term.prefix else "")
 
 

@@ -29,7 +29,7 @@ import hermes_state_catalogue as catalogue
 import hermes_state_fts as fts
 import hermes_state_schema as schema
 from hermes_state_common import (DICTIONARY, RECOVER_EXCLUDED, RECOVER_VERIFIED, SCHEMA_VERSION, TABLE_SQL, logger,
-                                 recount_sql)
+                                 recount_sql, table_exists)
 from hermes_state_errors import StateDbCorruptError, StateDbIncompatibleError, typed_errors
 from hermes_state_writer import RetryPolicy, retry_on_lock
 
@@ -471,7 +471,7 @@ def _fix_references(dst: sqlite3.Connection, report: RecoveryReport) -> None:
         "SELECT id FROM sessions WHERE parent_session_id IS NOT NULL "
         "AND parent_session_id NOT IN (SELECT id FROM sessions) ORDER BY id")]
     dst.execute("UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id NOT IN (SELECT id FROM sessions)")
-    for table in _ORPHANS_DROPPED:
+    for table in (t for t in _ORPHANS_DROPPED if table_exists(dst, t)):  # a first-use table may be absent
         n = dst.execute(f"DELETE FROM {table} WHERE session_id NOT IN (SELECT id FROM sessions)").rowcount
         if n:
             report.orphan_rows_dropped[table] = n
@@ -585,7 +585,7 @@ def _build(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[tuple[
             report.tables[name] = TableRecovery(source_rows=None, error="its definition cannot be read")
         conn.execute("DELETE FROM state_meta WHERE key IN (?, ?)", (fts.HIGH_WATER, fts.PROGRESS))
 
-    schema.build_file(dst, fill)
+    schema.build_file(dst, fill, since=schema.written_levels(src))
     report.tables = {n: t for n, t in report.tables.items() if t.copied or t.source_rows or t.lost_ranges or t.error}
     _fix_references(dst, report)  # after the indexes: without them each session's recount scans every message
     fts.register_functions(dst)

@@ -20,13 +20,15 @@ import sqlite3
 import stat
 import sys
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, cast
 
-from hermes_state_common import (COUNTERS, DICTIONARY, INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
+from hermes_state_common import (COUNTERS, INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
                                  SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, logger, object_exists,
-                                 recount_sql, sql_literal, table_exists)
+                                 recount_sql, table_exists)
+import hermes_state_backfill as backfill
+from hermes_state_backfill import default_sql, rebuild_to_declared, table_columns  # noqa: F401 (re-exported)
 from hermes_state_titles import free_duplicate_titles
 from hermes_state_writer import RetryPolicy, Writer, retry_on_lock
 from hermes_state_errors import StateDbJournalError
@@ -204,11 +206,6 @@ def read_version(conn: sqlite3.Connection) -> int | None:
     return row[0] if row and row[0] is not None else 0
 
 
-def table_columns(conn: sqlite3.Connection, table: str) -> set[str]:
-    """Return the names of `table`'s columns (hidden ones included), from PRAGMA table_xinfo."""
-    return {r[1] for r in conn.execute(f"PRAGMA table_xinfo({table})")}
-
-
 def missing_columns(conn: sqlite3.Connection) -> dict[str, list[tuple[str, str]]]:
     """Return {table: [(column, declaration), ...]} for declared columns the file lacks."""
     out: dict[str, list[tuple[str, str]]] = {}
@@ -244,9 +241,10 @@ def needs_migration(conn: sqlite3.Connection) -> bool:
 #      role, 8 KB pages, content_parts);
 #   2  full-text triggers and columns shaped so hermes-agent finds them (its six trigger
 #      names, a `content` column in the substring index); a uid for every row any program inserts;
-#   3  async_delegations and session_model_usage in the real system's columns and keys.
+#   3  async_delegations and session_model_usage in the real system's columns and keys;
+#   4  no message row with active NULL (hidden from every read by a column added without its default).
 LAYOUT_KEY = "hermes_state_layout"
-LAYOUT_REVISION = 3
+LAYOUT_REVISION = 4
 # The number earlier releases of this library wrote as their schema version; the real system has
 # not defined it, so a file carrying it is relabelled at its next writable open.
 RELABELLED_VERSION = 32
@@ -277,6 +275,17 @@ def effective_version(conn: sqlite3.Connection) -> int | None:
     """Return the stored schema version, reading this library's own former 32 as 31."""
     version = read_version(conn)
     return SCHEMA_VERSION if is_own_relabel(conn, version) else version
+
+
+def written_levels(conn: sqlite3.Connection) -> tuple[int, int]:
+    """Return the (schema version, layout revision) a file's rows were written in; (0, 0) when unreadable.
+
+    The ladder steps at or below them already hold for those rows (`recover` passes this to build_file).
+    """
+    try:
+        return effective_version(conn) or 0, read_layout(conn)
+    except sqlite3.DatabaseError:
+        return 0, 0
 
 
 def _set_layout(conn: sqlite3.Connection, revision: int) -> None:
@@ -397,6 +406,18 @@ def layout_step(revision: int, what: str) -> Callable[[_Run], _Run]:
     return _registrar(LAYOUT_STEPS, LAYOUT_REVISION, revision, what)
 
 
+@step(16, "a subagent's session names its parent in model_config `_delegate_from` ('__orphaned__' once unlinked)")
+def v16_delegate_markers(conn: sqlite3.Connection) -> None:
+    """Mark the subagent rows written before the marker, so listings hide them and their parent's delete takes them."""
+    backfill.mark_delegate_rows(conn)
+
+
+@step(17, "token usage is kept per model in session_model_usage; older sessions get one row from their totals")
+def v17_seed_model_usage(conn: sqlite3.Connection) -> None:
+    """Seed one usage row per session that used tokens before the per-model table existed."""
+    backfill.seed_model_usage(conn)
+
+
 @step(27, "session titles are unique: later holders of a repeated title become 'T #2', 'T #3', ...")
 def v27_unique_titles(conn: sqlite3.Connection) -> None:
     """Number duplicate titles (`T`, `T #2`, ...) so the unique-title index can be built."""
@@ -418,67 +439,16 @@ def layout2_foreign_rows(conn: sqlite3.Connection) -> None:
     backfill_message_uids(conn)
 
 
-def _table_pk(conn: sqlite3.Connection, table: str) -> tuple[str, ...]:
-    return tuple(r[1] for r in sorted((r for r in conn.execute(f"PRAGMA table_info({table})") if r[5]),
-                                      key=lambda r: r[5]))
-
-
-def _declared_pk(table: str) -> tuple[str, ...]:
-    declared = DICTIONARY[table]
-    for constraint in declared.constraints:
-        if constraint.startswith("PRIMARY KEY"):
-            return tuple(c.strip() for c in constraint[constraint.index("(") + 1:constraint.rindex(")")].split(","))
-    return tuple(c.name for c in declared.columns if "PRIMARY KEY" in c.constraint)
-
-
-def rebuild_to_declared(conn: sqlite3.Connection, table: str, sources: dict[str, tuple[str, ...]] | None = None,
-                        computed: dict[str, str] | None = None) -> None:
-    """Rebuild `table` in its declared shape, keeping every row; runs inside the caller's write transaction.
-
-    A declared column takes its value from the column of the same name, else from the first of
-    its `sources` (names an older layout gave it) that holds one, else from `computed` (SQL over
-    the old row), else its default ('' or 0 for a NOT NULL column without one). Columns the
-    declaration does not know are dropped; indexes are rebuilt afterwards by the open.
-    """
-    have = table_columns(conn, table)
-    declared = DICTIONARY[table]
-    picks = []
-    for column in declared.columns:
-        found = [c for c in (column.name, *(sources or {}).get(column.name, ())) if c in have]
-        fallback = (computed or {}).get(column.name, default_sql(column.default))
-        if fallback == "NULL" and "NOT NULL" in column.constraint:
-            fallback = "''" if column.type == "TEXT" else "0"
-        picks.append(f"COALESCE({', '.join(found)}, {fallback})" if found else fallback)
-    rebuilt = f"{table}_rebuilt"
-    conn.execute(replace(declared, name=rebuilt).sql)
-    conn.execute(f"INSERT INTO {rebuilt} ({', '.join(declared.column_names)}) SELECT {', '.join(picks)} FROM {table}")
-    conn.execute(f"DROP TABLE {table}")
-    conn.execute(f"ALTER TABLE {rebuilt} RENAME TO {table}")
-
-
-# The columns earlier releases of this library invented for async_delegations, by the real
-# column each stands for; a file hermes-agent made and such a release upgraded has both, the
-# invented ones empty.
-_INVENTED_DELEGATION_COLUMNS = {"delegation_id": ("id",), "origin_session": ("origin_session_id",),
-                                "task_json": ("payload_json",), "dispatched_at": ("created_at", "updated_at"),
-                                "updated_at": ("created_at",)}
-
-
 @layout_step(3, "async_delegations and session_model_usage have the real system's columns and keys")
 def layout3_real_tables(conn: sqlite3.Connection) -> None:
-    """Rebuild async_delegations and session_model_usage in the real shape, keeping their rows.
+    """Rebuild async_delegations and session_model_usage in the real shape, keeping their rows."""
+    backfill.adopt_real_tables(conn)
 
-    A delegation's id, origin, payload and creation time move to delegation_id, origin_session,
-    task_json and dispatched_at; a finished one gets completed_at. Usage rows get the real key
-    (session, model, billing provider, base URL, mode, task), with '' for the billing parts.
-    """
-    invented = {old for olds in _INVENTED_DELEGATION_COLUMNS.values() for old in olds} - {"updated_at"}
-    if invented & table_columns(conn, "async_delegations"):
-        rebuild_to_declared(conn, "async_delegations", sources=_INVENTED_DELEGATION_COLUMNS, computed={
-            "completed_at": "CASE WHEN state IN ('completed', 'failed', 'cancelled') THEN updated_at END"})
-    if _table_pk(conn, "session_model_usage") != _declared_pk("session_model_usage"):
-        rebuild_to_declared(conn, "session_model_usage", sources={"first_seen": ("updated_at",),
-                                                                  "last_seen": ("updated_at",)})
+
+@layout_step(4, "a message stored with no active flag (a column added without its default) is live again")
+def layout4_null_active(conn: sqlite3.Connection) -> None:
+    """Mark live the messages stored with active NULL, which every read hid, and recount their sessions."""
+    backfill.heal_null_active(conn)
 
 
 def _set_version(conn: sqlite3.Connection, version: int) -> None:
@@ -508,13 +478,15 @@ def _finish(conn: sqlite3.Connection) -> None:
         _set_layout(conn, LAYOUT_REVISION)
 
 
-def build_file(conn: sqlite3.Connection, fill: Callable[[sqlite3.Connection], None] | None = None) -> None:
+def build_file(conn: sqlite3.Connection, fill: Callable[[sqlite3.Connection], None] | None = None, *,
+               since: tuple[int, int] = (0, 0)) -> None:
     """Give an empty database the whole current layout: every declared table, index and trigger, the versions.
 
     The one way a new file is made: a fresh open and `recover` both come here. `fill(conn)` runs
     once the tables exist and before any index is built (recover copies rows there); the rows it
-    wrote then get message uids and go through every step of both ladders, since rows salvaged
-    from a damaged file may predate any of them. Runs inside the caller's write transaction.
+    wrote then get message uids and go through the steps of both ladders past `since` (the schema
+    version and layout revision the rows were written in; by default every step, since rows
+    salvaged from a damaged file may predate any of them). Runs inside the caller's write transaction.
     """
     for sql in TABLE_SQL:
         conn.execute(sql)
@@ -522,8 +494,10 @@ def build_file(conn: sqlite3.Connection, fill: Callable[[sqlite3.Connection], No
     if fill is not None:
         fill(conn)
         backfill_message_uids(conn)
-        for later in (*LADDER, *LAYOUT_STEPS):
-            later.run(conn)
+        for ladder, reached in ((LADDER, since[0]), (LAYOUT_STEPS, since[1])):
+            for later in ladder:
+                if later.version > reached:
+                    later.run(conn)
     _finish(conn)
 
 
@@ -577,11 +551,6 @@ def migrate(writer: Writer, patience_s: float, policy: RetryPolicy,
             conn.execute(f"DROP INDEX IF EXISTS {name}")
         _finish(conn)
     return found or 0
-
-
-def default_sql(default: object) -> str:
-    """Return SQL for the value a column the file lacks reads as: its declared default, else NULL."""
-    return "NULL" if default is None else sql_literal(default)
 
 
 def integrity_problems(conn: sqlite3.Connection, full: bool = False) -> list[str]:

@@ -3,10 +3,10 @@
 Owns: the filters every route applies, the route table (which index serves which terms, whether
 its empty answer is exact, whether rows holding a term inside a longer word must be added: CJK
 index, mixed split, word index, substring index, bounded scan, in the order of docs/search.md),
-ranking, snippets, context rows, and `SearchResults` (a list saying whether it is exact).
+ranking, and `SearchResults` (a list saying whether it is exact).
 Does not own: the query language (hermes_state_query), the FTS tables and their upkeep
-(hermes_state_fts), listings and statistics (hermes_state_listings), text windows and
-highlighting (hermes_state_highlight).
+(hermes_state_fts), what each hit of a page carries: details, snippet, context
+(hermes_state_hits), listings and statistics (hermes_state_listings).
 
 Transaction contract: read-only, on the caller's connection, inside one read snapshot.
 """
@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 import hermes_state_fts as fts
-import hermes_state_highlight as highlight
+import hermes_state_hits as hit_page
 from hermes_state_common import check_count, check_id, escape_like, has_surrogate, logger
 from hermes_state_query import Group, QueryPlan, Term, cjk_expression, plan_query, trigram_expression, word_expression
 
@@ -45,20 +44,18 @@ class SearchResults(list):
         super().__init__(hits)
         self.complete = complete
 
-_RANK_WINDOW = 1000       # bm25 ranks the newest matches first; see "Ranking" in docs/search.md
-_WINDOW_GROWTH = 16
-_LIKE_SCAN_ROWS = 20_000  # the most rows any LIKE scan reads
-_CONTEXT_CHARS = 200
-_SNIPPET_ARGS = "'>>>', '<<<', '...', 16"
-_FTS_SNIPPET_MAX_CHARS = 16_000  # longer rows get a snippet cut from a window around the first match
+RANK_WINDOW = 1000       # bm25 ranks the newest matches first; see "Ranking" in docs/search.md
+FILTERED_POOL = 50       # ... and at least this many of those passing the filters
+SPARE_RANKED = 20        # best rows ranked beyond the page, in case some of them are archived
+LIKE_SCAN_ROWS = 20_000  # the most rows any LIKE scan reads
+DIRECT_SCAN_ROWS = 500   # an id range this narrow is read row by row, not through the substring index
 _MAX_ROWID = 2 ** 63 - 1
-_SEARCHABLE = fts.searchable_text("m")  # the text the substring index holds, of message row `m`
-_warned: set[str] = set()
+warned: set[str] = set()  # the keys of warnings this process has logged (each is logged once)
 
 
 def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
+    if key not in warned:
+        warned.add(key)
         logger.warning(message)
 
 
@@ -105,6 +102,11 @@ class _Filters:
         join = " JOIN sessions s ON s.id = m.session_id" if sources or excluded else ""
         return cls("".join(f" AND {w}" for w in where), tuple(params), join)
 
+    @property
+    def live_only(self) -> bool:
+        """True when the only condition is the default one, that the row is live (active)."""
+        return self.sql == " AND m.active = 1" and not self.join
+
     def plus(self, sql: str, params: list[Any]) -> _Filters:
         """Return these filters and one more condition on `m` (a LIKE check of terms no index serves)."""
         return replace(self, sql=f"{self.sql} AND {sql}", params=(*self.params, *params))
@@ -121,35 +123,67 @@ def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: i
     """Return up to `need` (id, bm25) of `table`'s matches passing the filters, best first.
 
     bm25 needs every candidate's document length, so ranking all matches of a common word costs
-    a lookup per matching row. Only the newest `_RANK_WINDOW` matches are ranked (a seek from
-    the end of the doclists); when the filters leave too few of them the window grows.
+    a lookup per matching row. Only the newest matches are ranked (docs/search.md, "Ranking"):
+    the newest `RANK_WINDOW` of them, and further back when that is needed to hold the newest
+    `FILTERED_POOL` (at least `need`) of those passing the filters. Each bound is one seek from
+    the end of the doclists.
     `skip_queued` leaves out rows waiting in the CJK queue: their index entry may be stale.
     """
     queued = f" AND m.id NOT IN (SELECT id FROM {fts.CJK_PENDING})" if skip_queued else ""
-    rank_sql = (f"SELECT {table}.rowid, bm25({table}) AS score FROM {table} "
-                f"JOIN messages m ON m.id = {table}.rowid{f.join} "
-                f"WHERE {table} MATCH ? AND {table}.rowid BETWEEN ? AND ?{f.sql}{queued} "
-                f"ORDER BY score, {table}.rowid DESC LIMIT ?")
-    window: int | None = _RANK_WINDOW
+    joined = (f"FROM {table} JOIN messages m ON m.id = {table}.rowid{f.join} "
+              f"WHERE {table} MATCH ? AND {table}.rowid BETWEEN ? AND ?{f.sql}{queued}")
+    live_only = f.live_only and not skip_queued
     try:
-        while True:
-            floor = low
-            if window is not None:
-                row = conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid BETWEEN ? AND ? "
-                                   "ORDER BY rowid DESC LIMIT 1 OFFSET ?", (expr, low, high, window - 1)).fetchone()
-                if row is None:
-                    window = None  # fewer matches than the window: rank them all
-                else:
-                    floor = row[0]
-            rows = conn.execute(rank_sql, (expr, floor, high, *f.params, need)).fetchall()
-            if len(rows) >= need or window is None:
-                return rows
-            window *= _WINDOW_GROWTH
+        floor, pool = _window(conn, table, expr, joined, f, low, high, max(need, FILTERED_POOL), live_only)
+        if pool is not None:
+            return sorted(pool, key=lambda r: (r[1], -r[0]))[:need]
+        if live_only and (best := _live_ranked(conn, table, expr, floor, high, need)) is not None:
+            return best
+        return conn.execute(f"SELECT {table}.rowid, bm25({table}) AS score {joined} "
+                            f"ORDER BY score, {table}.rowid DESC LIMIT ?",
+                            (expr, floor, high, *f.params, need)).fetchall()
     except sqlite3.OperationalError as exc:
         if not _is_query_error(exc):
             raise
         logger.info("search query %r was refused by %s: %s", expr, table, exc)
         return []
+
+
+def _window(conn: sqlite3.Connection, table: str, expr: str, joined: str, f: _Filters, low: int, high: int,
+            pool: int, live_only: bool) -> tuple[int, list[tuple[int, float]] | None]:
+    """Return where the ranking window starts and, when they are all of its passing rows, those rows scored."""
+    row = conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid BETWEEN ? AND ? "
+                       "ORDER BY rowid DESC LIMIT 1 OFFSET ?", (expr, low, high, RANK_WINDOW - 1)).fetchone()
+    if row is None:
+        return low, None  # fewer matches than the window: rank them all
+    # Newest first, the filters checked on each row until the pool is full: a filter that passes
+    # few rows makes the window reach further back, never the ranking of all matches.
+    if live_only:
+        pooled = conn.execute(f"SELECT {table}.rowid {joined} ORDER BY {table}.rowid DESC LIMIT 1 OFFSET ?",
+                              (expr, low, high, *f.params, pool - 1)).fetchone()
+        return (low if pooled is None else min(row[0], pooled[0])), None
+    # A caller's filter may pass few rows: the scan that finds the pool scores it too. When the
+    # pool reaches back past the window's start (or holds every passing row), it is all the
+    # window's passing rows, and no second scan is needed.
+    scored = conn.execute(f"SELECT {table}.rowid, bm25({table}) {joined} ORDER BY {table}.rowid DESC LIMIT ?",
+                          (expr, low, high, *f.params, pool)).fetchall()
+    return row[0], (scored if len(scored) < pool or scored[-1][0] <= row[0] else None)
+
+
+def _live_ranked(conn: sqlite3.Connection, table: str, expr: str, floor: int, high: int,
+                 need: int) -> list[tuple[int, float]] | None:
+    """Rank the index's rows alone and keep the live ones; None when too many of the best are archived.
+
+    Nearly every row is live: looking up only the best rows replaces a `messages` lookup for
+    every row of the window. The rows kept are a prefix of the joined ranking's order, or all of it.
+    """
+    best = conn.execute(f"SELECT rowid, bm25({table}) AS score FROM {table} WHERE {table} MATCH ? "
+                        "AND rowid BETWEEN ? AND ? ORDER BY score, rowid DESC LIMIT ?",
+                        (expr, floor, high, need + SPARE_RANKED)).fetchall()
+    live = {r[0] for r in conn.execute("SELECT id FROM messages WHERE id IN (SELECT value FROM json_each(?)) "
+                                       "AND active = 1", (json.dumps([r[0] for r in best]),))}
+    kept = [r for r in best if r[0] in live]
+    return kept[:need] if len(kept) >= need or len(best) < need + SPARE_RANKED else None
 
 
 _CONTAINS = ("(COALESCE(m.content LIKE ? ESCAPE '\\', 0) OR COALESCE(m.tool_calls LIKE ? ESCAPE '\\', 0)"
@@ -176,7 +210,7 @@ def _like(conn: sqlite3.Connection, groups: tuple[Group, ...], f: _Filters, low:
           queue: str = fts.CJK_PENDING) -> list[int]:
     """Return the ids of messages in [low, high] matching any of `groups` by LIKE, newest first.
 
-    Reads at most `_LIKE_SCAN_ROWS` rows: the newest of the range, or of `queue`. When it
+    Reads at most `LIKE_SCAN_ROWS` rows: the newest of the range, or of `queue`. When it
     stopped before the range's oldest row and found fewer than `need`, it appends True to `cut`
     (older matches may exist). Excluded CJK terms are not checked here: the caller's filters carry them.
     """
@@ -189,14 +223,14 @@ def _like(conn: sqlite3.Connection, groups: tuple[Group, ...], f: _Filters, low:
     if only_queued:
         scope = (f" AND m.id IN (SELECT id FROM {queue} WHERE id BETWEEN ? AND ? "
                  "ORDER BY id DESC LIMIT ?)")
-        scope_params: tuple = (low, high, _LIKE_SCAN_ROWS)
+        scope_params: tuple = (low, high, LIKE_SCAN_ROWS)
         stopped = conn.execute(f"SELECT COUNT(*) > ? FROM {queue} WHERE id BETWEEN ? AND ?",
-                               (_LIKE_SCAN_ROWS, low, high)).fetchone()[0]
+                               (LIKE_SCAN_ROWS, low, high)).fetchone()[0]
     else:
         newest = conn.execute("SELECT MAX(id) FROM messages WHERE id <= ?", (high,)).fetchone()[0] or 0
-        stopped = newest - _LIKE_SCAN_ROWS + 1 > low and conn.execute(
-            "SELECT 1 FROM messages WHERE id BETWEEN ? AND ? LIMIT 1", (low, newest - _LIKE_SCAN_ROWS)).fetchone()
-        low = max(low, newest - _LIKE_SCAN_ROWS + 1)
+        stopped = newest - LIKE_SCAN_ROWS + 1 > low and conn.execute(
+            "SELECT 1 FROM messages WHERE id BETWEEN ? AND ? LIMIT 1", (low, newest - LIKE_SCAN_ROWS)).fetchone()
+        low = max(low, newest - LIKE_SCAN_ROWS + 1)
         scope, scope_params = "", ()
     sql = (f"SELECT m.id FROM messages m{f.join} WHERE m.id BETWEEN ? AND ?{scope} AND {condition}{f.sql} "
            "ORDER BY m.id DESC LIMIT ?")
@@ -204,12 +238,6 @@ def _like(conn: sqlite3.Connection, groups: tuple[Group, ...], f: _Filters, low:
     if stopped and len(ids) < need and cut is not None:
         cut.append(True)
     return ids
-
-
-def _contains_sql(texts: tuple[str, ...], text_sql: str) -> tuple[str, list[str]]:
-    """Return SQL true when `text_sql` contains every text (ASCII letters case folded), and its parameters."""
-    folded = ["".join(c.lower() if c.isascii() else c for c in text) for text in texts]
-    return " AND ".join([f"instr(lower({text_sql}), ?) > 0"] * len(texts)), folded
 
 
 @dataclass(frozen=True)
@@ -254,21 +282,29 @@ class _Ask:
 
         The substring index gives the rows holding every trigram of the terms (no text read); the
         filters come next, then rows in `known` (hits the caller has already) are left out, and
-        only the rows left are checked for the terms themselves.
+        only the rows left are checked for the terms themselves. A range of at most
+        `DIRECT_SCAN_ROWS` ids (one session's) is checked row by row instead: reading its few
+        rows costs less than seeking each trigram through every segment of the index, and finds
+        the same rows.
         """
         f = self.filters
         known = sorted(known)
-        skip = " AND t.rowid NOT IN (SELECT value FROM json_each(?))" if known else ""
         texts = tuple(t.text for t in self.group.terms)
-        contains, params = _contains_sql(texts, _SEARCHABLE)
-        if _indexed_excluded(self.group):
-            excluded, more = _like_terms((), _indexed_excluded(self.group))
-            contains, params = f"{contains} AND {excluded}", [*params, *more]
-        sql = (f"SELECT t.rowid FROM {fts.TRIGRAM} t JOIN messages m ON m.id = t.rowid{f.join} "
-               f"WHERE {fts.TRIGRAM} MATCH ? AND t.rowid BETWEEN ? AND ?{f.sql}{skip} AND {contains} "
-               "ORDER BY t.rowid DESC LIMIT ?")
+        # LIKE per column, not instr() in the lowered concatenation the index holds: the same rows
+        # (a term holds no line break, so none spans two columns; both fold ASCII letters only),
+        # without building and lowering a copy of each candidate's text.
+        contains, params = _like_terms(self.group.terms, _indexed_excluded(self.group))
+        grams: tuple[str, ...] = ()
+        if self.high - self.low < DIRECT_SCAN_ROWS:
+            key, source = "m.id", f"messages m{f.join} WHERE"
+        else:
+            key, grams = "t.rowid", (trigram_expression(texts),)
+            source = f"{fts.TRIGRAM} t JOIN messages m ON m.id = t.rowid{f.join} WHERE {fts.TRIGRAM} MATCH ? AND"
+        skip = f" AND {key} NOT IN (SELECT value FROM json_each(?))" if known else ""
+        sql = (f"SELECT {key} FROM {source} {key} BETWEEN ? AND ?{f.sql}{skip} AND {contains} "
+               f"ORDER BY {key} DESC LIMIT ?")
         try:
-            rows = self.conn.execute(sql, (trigram_expression(texts), self.low, self.high, *f.params,
+            rows = self.conn.execute(sql, (*grams, self.low, self.high, *f.params,
                                            *([json.dumps(known)] if known else []), *params,
                                            self.need if need is None else need)).fetchall()
         except sqlite3.OperationalError as exc:
@@ -332,7 +368,7 @@ def _substring_route(a: _Ask) -> list[_Hit]:
 def _scan_route(a: _Ask) -> list[_Hit]:
     if not a.state.tables:
         _warn_once("fts", "full-text search: no FTS index in this database; searching the newest "
-                          f"{_LIKE_SCAN_ROWS} messages with LIKE")
+                          f"{LIKE_SCAN_ROWS} messages with LIKE")
     logger.debug("search %r: last resort LIKE scan", [t.text for t in a.group.terms])
     return [(i, 0.0, None) for i in _like(a.conn, (a.group,), a.filters, a.low, a.high, a.need, cut=a.cut)]
 
@@ -470,80 +506,6 @@ def _find(conn: sqlite3.Connection, plan: QueryPlan, f: _Filters, low: int, high
     return [(i, source) for i, _, source in sorted(found, key=lambda h: (h[1], -h[0]))]
 
 
-def _snippets(conn: sqlite3.Connection, plan: QueryPlan,
-              hits: list[tuple[int, tuple[str, str] | None]]) -> dict[int, str]:
-    """Return {id: snippet}: FTS5 snippet() for word/trigram hits, a text window for the others."""
-    out: dict[int, str] = {}
-    by_source: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for i, source in hits:
-        if source is not None:
-            by_source[source].append(i)
-    for (table, expr), ids in by_source.items():  # one statement per index and OR branch, not per hit
-        column = 0 if table == fts.TRIGRAM else -1
-        columns = ("reasoning", "reasoning_content") if table == fts.REASONING else (
-            "content", "tool_calls", "tool_name")
-        # FTS5's snippet() re-tokenizes the whole row for every phrase match, so its cost grows
-        # with the square of a long row's size; long rows take the text-window path below.
-        out.update(conn.execute(
-            f"SELECT rowid, snippet({table}, {column}, {_SNIPPET_ARGS}) FROM {table} "
-            f"WHERE {table} MATCH ? AND rowid IN (SELECT id FROM messages WHERE id IN (SELECT value FROM json_each(?)) "
-            f"AND {' + '.join(f'COALESCE(length({c}), 0)' for c in columns)} <= ?)",
-            (expr, json.dumps(ids), _FTS_SNIPPET_MAX_CHARS)))
-    rest = [i for i, _ in hits if ">>>" not in (out.get(i) or "")]
-    if rest:
-        out.update(_window_snippets(conn, rest, plan.needles))
-    return out
-
-
-def _window_snippets(conn: sqlite3.Connection, ids: list[int], needles: list[str]) -> dict[int, str]:
-    """Return {id: snippet} cut from a window around the first match of content (else tool_calls, reasoning)."""
-    return highlight.window_snippets(conn.execute(
-        "SELECT id, content, tool_calls, reasoning_content, reasoning FROM messages "
-        "WHERE id IN (SELECT value FROM json_each(?))", (json.dumps(ids),)), needles)
-
-
-# Previous message, the hit itself and next message of the same session and generation (active
-# or archived), for every hit in one statement; `+active` keeps the planner on the (session_id,
-# id) index.
-_CONTEXT_SQL = f"""
-SELECT h.id, h.id, h.role, substr(h.content, 1, {_CONTEXT_CHARS})
-  FROM messages h WHERE h.id IN (SELECT value FROM json_each(:batch))
-UNION ALL
-SELECT h.id, c.id, c.role, substr(c.content, 1, {_CONTEXT_CHARS})
-  FROM messages h JOIN messages c ON c.id = (
-       SELECT p.id FROM messages p WHERE p.session_id = h.session_id AND p.id < h.id AND +p.active IS h.active
-        ORDER BY p.id DESC LIMIT 1)
- WHERE h.id IN (SELECT value FROM json_each(:batch))
-UNION ALL
-SELECT h.id, c.id, c.role, substr(c.content, 1, {_CONTEXT_CHARS})
-  FROM messages h JOIN messages c ON c.id = (
-       SELECT n.id FROM messages n WHERE n.session_id = h.session_id AND n.id > h.id AND +n.active IS h.active
-        ORDER BY n.id LIMIT 1)
- WHERE h.id IN (SELECT value FROM json_each(:batch))"""
-
-
-def _present(conn: sqlite3.Connection, plan: QueryPlan,
-             hits: list[tuple[int, tuple[str, str] | None]]) -> list[dict[str, Any]]:
-    batch = json.dumps([i for i, _ in hits])
-    rows = {r[0]: r for r in conn.execute(
-        "SELECT m.id, m.session_id, m.role, m.timestamp, m.tool_name, s.source, s.model, s.started_at, s.title "
-        "FROM messages m LEFT JOIN sessions s ON s.id = m.session_id "
-        "WHERE m.id IN (SELECT value FROM json_each(?))", (batch,))}
-    snippets = _snippets(conn, plan, hits)
-    context: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for hit, cid, role, content in sorted(conn.execute(_CONTEXT_SQL, {"batch": batch}), key=lambda r: (r[0], r[1])):
-        context[hit].append({"id": cid, "role": role, "content": content})
-    out = []
-    for hit, _ in hits:
-        row = rows.get(hit)
-        if row is None:
-            continue
-        out.append({"id": row[0], "session_id": row[1], "role": row[2], "timestamp": row[3], "tool_name": row[4],
-                    "snippet": snippets.get(hit, ""), "context": context.get(hit, []),
-                    "source": row[5], "model": row[6], "session_started": row[7], "title": row[8]})
-    return out
-
-
 def search_messages(conn: sqlite3.Connection, query: Any, source_filter: Any = None, exclude_sources: Any = None,
                     role_filter: Any = None, session_id: str | None = None, limit: int = 20, offset: int = 0,
                     include_inactive: bool = False, include_reasoning: bool = False) -> SearchResults:
@@ -576,4 +538,4 @@ def search_messages(conn: sqlite3.Connection, query: Any, source_filter: Any = N
         if unique.get(i) is None:
             unique[i] = source
     page = list(unique.items())[offset:offset + limit]
-    return SearchResults(_present(conn, plan, page) if page else [], complete=not cut)
+    return SearchResults(hit_page.present(conn, plan.needles, page) if page else [], complete=not cut)

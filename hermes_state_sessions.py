@@ -265,42 +265,21 @@ def update_token_counts(conn: sqlite3.Connection, session_id: str, input_tokens:
     given model, else the session's); `absolute` sets the summary and records no usage row,
     since usage rows are sums of calls and a total would count them twice.
     """
-    counts: dict[str, Any] = dict(zip(_TOKEN_COLUMNS, (input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
-                                                     reasoning_tokens, api_call_count)))
-    counts = {name: check_count(name, value) for name, value in counts.items()}
-    for name, cost in (("estimated_cost_usd", estimated_cost_usd), ("actual_cost_usd", actual_cost_usd)):
-        if cost is not None:
-            counts[name] = check_number(name, cost)
-    if model is not None and (not isinstance(model, str) or not model.strip()):
-        raise ValueError("model must be a non-empty string or None")
-    route = {"model": replace_surrogates(model), **{n: _CHECK[n](v) if v is not None else None for n, v in
-                                                    zip(_ROUTE_COLUMNS, (billing_provider, billing_base_url,
-                                                                         billing_mode))}}
-    labels = {n: _CHECK[n](v) for n, v in zip(_COST_LABELS, (cost_status, cost_source, pricing_version))
-              if v is not None}
+    counts = _checked_counts((input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens,
+                              api_call_count), estimated_cost_usd, actual_cost_usd)
+    route = _checked_route(model, (billing_provider, billing_base_url, billing_mode))
+    labels = _given(_COST_LABELS, (cost_status, cost_source, pricing_version))
     row = conn.execute("SELECT model, api_call_count FROM sessions WHERE id = ?", (session_id,)).fetchone()
     if row is None:
         raise SessionNotFoundError(f"session {session_id!r} not found")
-    session_model, accounted = row[0], (row[1] or 0) > 0
-    if absolute:
-        sets, params = [f"{name} = ?" for name in counts], list(counts.values())
-    else:
+    if not absolute:
         _check_sums_fit(conn, session_id, counts)
-        sets, params = [f"{name} = COALESCE({name}, 0) + ?" for name in counts], list(counts.values())
-    names_route = route["model"] is not None or route["billing_provider"] is not None
-    if not absolute and counts["api_call_count"] > 0 and not accounted and names_route:
-        # The first accounted call: its route replaces the requested one, all fields together.
-        sets += ["model = COALESCE(?, model)", *(f"{n} = ?" for n in _ROUTE_COLUMNS)]
-        params += [route["model"], *(route[n] for n in _ROUTE_COLUMNS)]
-    else:
-        same_route = route["model"] is None or session_model is None or route["model"] == session_model
-        sets.append("model = COALESCE(model, ?)")
-        params.append(route["model"])
-        if same_route:
-            sets += [f"{n} = COALESCE({n}, ?)" for n in _ROUTE_COLUMNS]
-            params += [route[n] for n in _ROUTE_COLUMNS]
-    sets += [f"{n} = ?" for n in labels]
-    params += list(labels.values())
+    sets = [f"{name} = ?" if absolute else f"{name} = COALESCE({name}, 0) + ?" for name in counts]
+    params = list(counts.values())
+    first_accounted = not absolute and counts["api_call_count"] > 0 and not (row[1] or 0) > 0
+    route_sets, route_params = _route_sets(route, row[0], first_accounted)
+    sets += route_sets + [f"{n} = ?" for n in labels]
+    params += route_params + list(labels.values())
     conn.execute(f"UPDATE sessions SET {', '.join(sets)} WHERE id = ?", [*params, session_id])
     if absolute or not any(counts.values()):
         return
@@ -308,6 +287,41 @@ def update_token_counts(conn: sqlite3.Connection, session_id: str, input_tokens:
                                                  (session_id,)).fetchone()[0]
     if usage_model is not None:
         _add_usage(conn, session_id, usage_model, route, counts, time.time() if now is None else now)
+
+
+def _checked_counts(tokens: tuple[Any, ...], estimated_cost_usd: Any, actual_cost_usd: Any) -> dict[str, Any]:
+    # The token counters (all of them, zeros included) and the costs that were given.
+    counts: dict[str, Any] = {name: check_count(name, value) for name, value in zip(_TOKEN_COLUMNS, tokens)}
+    for name, cost in (("estimated_cost_usd", estimated_cost_usd), ("actual_cost_usd", actual_cost_usd)):
+        if cost is not None:
+            counts[name] = check_number(name, cost)
+    return counts
+
+
+def _given(names: tuple[str, ...], values: tuple[Any, ...]) -> dict[str, Any]:
+    # The columns given a value, each checked by its declared rule.
+    return {n: _CHECK[n](v) for n, v in zip(names, values) if v is not None}
+
+
+def _checked_route(model: Any, billing: tuple[Any, ...]) -> dict[str, Any]:
+    # The call's model and billing provider, base URL and mode (None where not given).
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise ValueError("model must be a non-empty string or None")
+    return {"model": replace_surrogates(model),
+            **{n: _CHECK[n](v) if v is not None else None for n, v in zip(_ROUTE_COLUMNS, billing)}}
+
+
+def _route_sets(route: dict[str, Any], session_model: str | None, first_accounted: bool) -> tuple[list[str], list[Any]]:
+    # How a call's route changes the session's: see update_token_counts.
+    if first_accounted and (route["model"] is not None or route["billing_provider"] is not None):
+        # The first accounted call: its route replaces the requested one, all fields together.
+        return (["model = COALESCE(?, model)", *(f"{n} = ?" for n in _ROUTE_COLUMNS)],
+                [route["model"], *(route[n] for n in _ROUTE_COLUMNS)])
+    sets, params = ["model = COALESCE(model, ?)"], [route["model"]]
+    if route["model"] is None or session_model is None or route["model"] == session_model:
+        sets += [f"{n} = COALESCE({n}, ?)" for n in _ROUTE_COLUMNS]
+        params += [route[n] for n in _ROUTE_COLUMNS]
+    return sets, params
 
 
 def _add_usage(conn: sqlite3.Connection, session_id: str, model: str, route: dict[str, Any],
@@ -455,37 +469,60 @@ def set_session_archived(conn: sqlite3.Connection, session_id: str, archived: bo
                         (flag, session_id)).rowcount == 1
 
 
-def cwd_prefix_sql(prefix: str) -> tuple[str, list[str]]:
-    """Return (SQL condition, params) for "cwd is `prefix` or inside it" ("/repo" matches "/repo/x", not "/repo-2")."""
+def cwd_under_sql(column: str = "cwd") -> str:
+    """Return the SQL condition "`column` is a directory or inside it"; bind it `cwd_under_values(prefix)`."""
+    # A range on the text instead of LIKE: no wildcard escaping, case kept as the file system
+    # keeps it, and '0' is the character after '/'.
+    return f"({column} = ? OR ({column} >= ? AND {column} < ?))"
+
+
+def cwd_under_values(prefix: str) -> list[str]:
+    """Return the values `cwd_under_sql` binds for `prefix` ("/repo" takes "/repo/x", never "/repo-2")."""
     prefix = prefix.rstrip("/") or "/"
     inside = prefix if prefix.endswith("/") else prefix + "/"
-    # A range on the text instead of LIKE: no wildcard escaping, and '0' is the character after '/'.
-    return "(cwd = ? OR (cwd >= ? AND cwd < ?))", [prefix, inside, inside[:-1] + "0"]
+    return [prefix, inside, inside[:-1] + "0"]
+
+
+def cwd_prefix_sql(prefix: str) -> tuple[str, list[str]]:
+    """Return (SQL condition, params) for "cwd is `prefix` or inside it" ("/repo" matches "/repo/x", not "/repo-2")."""
+    return cwd_under_sql(), cwd_under_values(prefix)
+
+
+def session_filters(alias: str = "", *, source: Any = None, exclude_sources: Any = None, cwd_prefix: Any = None,
+                    min_message_count: Any = 0, include_archived: bool = False,
+                    archived_only: bool = False) -> tuple[list[str], list[Any]]:
+    """Return (SQL conditions, params) selecting sessions by source, working directory, size and archive state.
+
+    `alias` prefixes each column ("s." when the query names the table s). Texts must be
+    non-empty strings SQLite can store (ValueError otherwise); an empty `cwd_prefix` filters nothing.
+    """
+    where: list[str] = []
+    params: list[Any] = []
+    if source is not None:
+        where.append(f"{alias}source = ?")
+        params.append(check_id("source", source))
+    if exclude_sources:
+        excluded = [check_id("exclude_sources", s) for s in exclude_sources]
+        where.append(f"{alias}source NOT IN ({', '.join('?' * len(excluded))})")
+        params += excluded
+    if cwd_prefix not in (None, ""):
+        where.append(cwd_under_sql(f"{alias}cwd"))
+        params += cwd_under_values(check_id("cwd_prefix", cwd_prefix))
+    if min_message_count:
+        where.append(f"COALESCE({alias}message_count, 0) >= ?")
+        params.append(check_count("min_message_count", min_message_count))
+    if archived_only or not include_archived:
+        where.append(f"COALESCE({alias}archived, 0) = {1 if archived_only else 0}")
+    return where, params
 
 
 def session_count(conn: sqlite3.Connection, source: str | None = None, cwd_prefix: str | None = None,
                   min_message_count: int = 0, include_archived: bool = False, archived_only: bool = False,
                   exclude_children: bool = False, exclude_sources: list[str] | None = None) -> int:
     """Return how many sessions match: archived ones only when asked, children left out when asked."""
-    where: list[str] = []
-    params: list[Any] = []
-    if source is not None:
-        where.append("source = ?")
-        params.append(source)
-    if exclude_sources:
-        where.append(f"source NOT IN ({', '.join('?' * len(exclude_sources))})")
-        params += list(exclude_sources)
-    if cwd_prefix:
-        condition, values = cwd_prefix_sql(cwd_prefix)
-        where.append(condition)
-        params += values
-    if min_message_count:
-        where.append("COALESCE(message_count, 0) >= ?")
-        params.append(check_count("min_message_count", min_message_count))
-    if archived_only:
-        where.append("COALESCE(archived, 0) = 1")
-    elif not include_archived:
-        where.append("COALESCE(archived, 0) = 0")
+    where, params = session_filters(source=source, exclude_sources=exclude_sources, cwd_prefix=cwd_prefix,
+                                    min_message_count=min_message_count, include_archived=include_archived,
+                                    archived_only=archived_only)
     if exclude_children:
         where.append("parent_session_id IS NULL")
     sql = "SELECT COUNT(*) FROM sessions" + (" WHERE " + " AND ".join(where) if where else "")

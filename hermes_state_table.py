@@ -1,14 +1,18 @@
-"""The facade's method table: how one line turns a module function into a public method.
+"""The facade's machinery: the method table, and the handle the table's methods run on.
 
 Owns: `Entry` (one table line: the transaction kind, the module function, what a read answers
 for an unknown key, which keywords are packed into a dict), the methods it generates (the
 module function's signature without `conn`, its docstring, for help(), inspect and editors),
-the lone-surrogate rule for reads, and `AsyncFacade` with `add_async_twins` (the coroutine and
+the lone-surrogate rule for reads; `Handle`, the base of SessionDB: opening and closing a
+handle, the shared-handle registry, the timing knobs, and `_run`, the one place that turns a
+kind into its transaction; and `AsyncFacade` with `add_async_twins` (the coroutine and
 async-generator twins AsyncSessionDB is made of).
-Does not own: what a kind means as a transaction; the class the entries sit in does that in its
-`_run(entry, args, kwargs)`, the only method a generated one calls.
+Does not own: what a module function does, the upgrade an open runs (hermes_state_upgrade),
+BEGIN/COMMIT themselves (hermes_state_writer).
 
-Transaction contract: none here; this module never touches a connection.
+Transaction contract: a write kind is one `Writer.transaction()` (BEGIN IMMEDIATE) with the
+patience the kind names; a transcript write first checks, inside it, that no other holder is
+compressing the session; reads run under the read lock, "snapshot" in one read transaction.
 """
 from __future__ import annotations
 
@@ -17,9 +21,27 @@ import copy
 import functools
 import inspect
 import itertools
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Concatenate, Generic, Literal, ParamSpec, TypeVar
+import os
+import sqlite3
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from types import MappingProxyType
+from typing import (TYPE_CHECKING, Any, AsyncIterator, Callable, Concatenate, Generic, Iterator, Literal, ParamSpec, Self,
+                    TypeVar)
 
-from hermes_state_common import has_surrogate
+import hermes_state_common as common
+import hermes_state_compression as compression
+import hermes_state_fts as fts
+import hermes_state_fts_tail as fts_tail
+import hermes_state_schema as schema
+import hermes_state_upgrade as upgrade
+from hermes_state_common import SCHEMA_VERSION, has_surrogate
+from hermes_state_errors import (TRANSLATABLE, HermesStateError, ReadOnlyError, StateDbIncompatibleError,
+                                 describe_init_failure, raise_typed, set_last_init_error, typed_errors)
+from hermes_state_home import check_db_path_allowed, get_hermes_home
+from hermes_state_lockowners import log_write_lock_holders
+from hermes_state_repair import open_repairing
+from hermes_state_writer import RetryPolicy, RowConnection, SharedHandles, Transaction, Writer, passive_checkpoint
 
 P = ParamSpec("P")  # one per line: checkers take a type variable only from its own assignment
 R = TypeVar("R")
@@ -31,6 +53,18 @@ MODULE_ONLY = frozenset({"now"})
 ASK = object()  # no answer declared for an unknown key: the module function answers itself
 
 
+def _takes_txn(kind: str, function: Callable[..., Any], params: list[inspect.Parameter], unknown: Any) -> bool:
+    """Refuse a function no entry can run; return whether it takes the open Transaction (`txn`)."""
+    # A write that needs an after-commit step takes the open Transaction (`txn`) instead of `conn`.
+    txn = bool(params) and params[0].name == "txn" and kind == "write"
+    if kind not in KINDS or not params or not (params[0].name == "conn" or txn):
+        raise TypeError(f"{function.__name__}: an entry runs a function of `conn` (a write: or `txn`) as one "
+                        f"of {KINDS}")
+    if kind in READS and unknown is ASK and params[1:] and params[1].name.endswith("_id"):
+        raise TypeError(f"{function.__name__} reads by id: its entry must say what an unknown id answers")
+    return txn
+
+
 class Entry(Generic[P, R]):
     """One line of the method table: a public method running `function(conn, ...)` in a transaction of `kind`.
 
@@ -38,21 +72,21 @@ class Entry(Generic[P, R]):
     fresh copy each call) or an exception class to raise. A read whose first parameter is an id
     must declare it. Text holding a lone surrogate, which SQLite can neither store nor look up,
     gets that answer without a query. `pack` names the function's dict parameter that the public
-    method takes as `**keywords` instead.
+    method takes as `**keywords` instead. A write function whose first parameter is `txn` gets the
+    open Transaction, so it can leave a step (removing files) until after COMMIT.
     """
 
     def __init__(self, kind: Kind, function: Callable[Concatenate[Any, P], R], *, unknown: Any = ASK,
-                 pack: str | None = None):
+                 pack: str | None = None, indexed: bool = False):
         params = list(inspect.signature(function).parameters.values())
-        if kind not in KINDS or not params or params[0].name != "conn":
-            raise TypeError(f"{function.__name__}: an entry runs a function of `conn` as one of {KINDS}")
-        if kind in READS and unknown is ASK and params[1:] and params[1].name.endswith("_id"):
-            raise TypeError(f"{function.__name__} reads by id: its entry must say what an unknown id answers")
+        self.indexed = indexed  # a read of the full-text indexes: the handle indexes the rows it queued first
+        self.txn = _takes_txn(kind, function, params, unknown)
         self.kind, self.function, self.unknown, self.pack = kind, function, unknown, pack
         self.public = [p for p in params[1:] if p.name not in MODULE_ONLY and p.name != pack]
         if pack is not None:
             self.public.append(inspect.Parameter(pack, inspect.Parameter.VAR_KEYWORD, annotation="Any"))
-        self.names = {p.name for p in self.public}
+        # The packed dict's own name is not a keyword: `filters=` is just one more packed key.
+        self.names = {p.name for p in self.public if p.kind is not inspect.Parameter.VAR_KEYWORD}
 
     def __set_name__(self, owner: type, name: str) -> None:
         entry = self
@@ -104,6 +138,302 @@ def entries(cls: type) -> dict[str, Entry]:
     return {name: member.entry for name, member in vars(cls).items() if hasattr(member, "entry")}
 
 
+def resolve_path(db_path: str | os.PathLike | None, home: Path) -> Path:
+    """Return the absolute path a handle opens: `home`/state.db by default, ":memory:" as it is."""
+    if db_path is None:
+        return home / "state.db"
+    if str(db_path) == ":memory:":
+        return Path(":memory:")
+    return Path(db_path).expanduser().absolute()
+
+
+SHARED = SharedHandles()  # the process-wide handles SessionDB.shared() hands out
+# The repair an open may try once per path: the paths tried so far, and the repair itself.
+Repair = tuple[set[str], Callable[..., dict[str, Any]] | None]
+
+
+# The timing knobs: each public name, and the name hermes-agent's code and tests use for it (the
+# same words in capitals after an underscore). Setting either, on the class or on one handle, sets
+# both; every call reads them afresh.
+KNOBS = {name: "_" + name.upper() for name in (
+    "write_patience_s", "transcript_write_patience_s", "activity_write_patience_s", "read_busy_timeout_s",
+    "write_retry_min_s", "write_retry_max_s", "write_retry_slow_min_s", "write_retry_slow_max_s",
+    "checkpoint_every_n_writes", "optimize_every_n_writes", "compression_wait_s",
+    "fts_rebuild_chunk_rows", "fts_rebuild_in_background")}
+# hermes-agent's name of each knob and the public twin it stands for, as SessionDB.HERMES_AGENT_ALIASES
+# shows them (read-only): agent code keeps its names, new code and the tests use the public ones.
+HERMES_AGENT_ALIASES = MappingProxyType({agents: public for public, agents in KNOBS.items()})
+TWINS = {**KNOBS, **HERMES_AGENT_ALIASES}
+
+
+class Knobs(type):
+    """Keeps each knob's two names equal on a class: setting or deleting one does the same to the other."""
+
+    def __setattr__(cls, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name in TWINS:
+            super().__setattr__(TWINS[name], value)
+
+    def __delattr__(cls, name: str) -> None:  # a monkeypatch undoing a class-level setting
+        super().__delattr__(name)
+        if TWINS.get(name) in vars(cls):
+            super().__delattr__(TWINS[name])
+
+
+class Handle(metaclass=Knobs):
+    """The base of SessionDB: one open handle, its transactions, and `_run` for the method table."""
+
+    # Timing policy (see docs/architecture.md, "Timing knobs"), read at call time so an
+    # application or a test can tune it on the class or on one instance.
+    write_patience_s = _WRITE_PATIENCE_S = common.WRITE_PATIENCE_S  # a write's whole wait for the lock
+    transcript_write_patience_s = _TRANSCRIPT_WRITE_PATIENCE_S = common.TRANSCRIPT_WRITE_PATIENCE_S
+    activity_write_patience_s = _ACTIVITY_WRITE_PATIENCE_S = common.ACTIVITY_WRITE_PATIENCE_S
+    read_busy_timeout_s = _READ_BUSY_TIMEOUT_S = common.READ_BUSY_TIMEOUT_S  # a read-only open's busy wait
+    # The jittered sleeps between BEGIN attempts: short ones first, then the slow band.
+    write_retry_min_s = _WRITE_RETRY_MIN_S = common.WRITE_RETRY_MIN_S
+    write_retry_max_s = _WRITE_RETRY_MAX_S = common.WRITE_RETRY_MAX_S
+    write_retry_slow_min_s = _WRITE_RETRY_SLOW_MIN_S = common.WRITE_RETRY_SLOW_MIN_S
+    write_retry_slow_max_s = _WRITE_RETRY_SLOW_MAX_S = common.WRITE_RETRY_SLOW_MAX_S
+    checkpoint_every_n_writes = _CHECKPOINT_EVERY_N_WRITES = common.CHECKPOINT_EVERY_N_WRITES
+    # Writes between whole-index FTS optimizes, run after COMMIT in a write of their own (0: never).
+    optimize_every_n_writes = _OPTIMIZE_EVERY_N_WRITES = fts.OPTIMIZE_EVERY_N_WRITES
+    # Transcript writes wait this long for another holder's compression.
+    compression_wait_s = _COMPRESSION_WAIT_S = compression.COMPRESSION_WAIT_S
+    # Rows per FTS rebuild transaction; whether open leaves a rebuild to a background thread.
+    fts_rebuild_chunk_rows = _FTS_REBUILD_CHUNK_ROWS = fts.REBUILD_CHUNK_ROWS
+    fts_rebuild_in_background = _FTS_REBUILD_IN_BACKGROUND = True
+    # {hermes-agent's name: the public name it is an alias of}; setting either sets both.
+    HERMES_AGENT_ALIASES = HERMES_AGENT_ALIASES
+    _shared_key: str | None = None  # set on handles handed out by shared()
+    _fts: upgrade.FtsRebuild | None = None  # the background index rebuild this open started, if any
+    # The patience of each kind of table write that does not wait the default write_patience_s.
+    _PATIENCE = {"activity": "activity_write_patience_s", "compression": "transcript_write_patience_s"}
+    db_path: Path
+    profile_home: Path
+    read_only: bool
+    schema_version: int | None
+    upgrade_backup: Path | None
+    mode_changes: list[str]
+
+    def __setattr__(self, name: str, value: Any) -> None:  # one handle's knob: both names, as on the class
+        object.__setattr__(self, name, value)
+        if name in TWINS:
+            object.__setattr__(self, TWINS[name], value)
+
+    def __delattr__(self, name: str) -> None:
+        object.__delattr__(self, name)
+        if TWINS.get(name) in vars(self):
+            object.__delattr__(self, TWINS[name])
+
+    def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False,
+                 backup_before_upgrade: bool = True, force: bool = False, repair: Repair | None = None):
+        # Absolute, so a later chdir or HERMES_HOME change cannot move this handle.
+        self.profile_home = get_hermes_home().absolute()
+        self.db_path = resolve_path(db_path, self.profile_home)
+        self.read_only, self._backup_before_upgrade = read_only, backup_before_upgrade
+        self._closed, self._fts = False, None
+        check_db_path_allowed(self.db_path)  # before any directory, file or pragma
+        # A writable file gets a second connection for reads (opened on first read); read-only
+        # handles and in-memory databases (a second connection would be another database) do not.
+        separate_reads = not read_only and str(self.db_path) != ":memory:"
+        # force: add the store's tables even to another program's database. upgrade_backup: the copy
+        # written before this handle upgraded the file; mode_changes: files this open tightened to 0600.
+        attempted, repair_file = repair or (set(), None)
+        try:
+            opened = open_repairing(lambda: upgrade.open_connection(
+                self.db_path, read_only=read_only, read_busy_s=self.read_busy_timeout_s,
+                patience_s=self.write_patience_s, policy=self._policy(), backup=backup_before_upgrade, force=force,
+                on_give_up=self._log_lock_holders), self.db_path, attempted, None if read_only else repair_file)
+            conn, self.schema_version = opened.conn, opened.schema_version
+            self.upgrade_backup, self.mode_changes = opened.upgrade_backup, opened.mode_changes
+            self._writer = Writer(conn, on_give_up=self._log_lock_holders, open_reader=(
+                lambda: schema.connect_reader(self.db_path)) if separate_reads else None)
+            self._writer.after_commit.append(self._upkeep)
+            self._open_fts()
+        except Exception as exc:  # kept for a caller that reports the failure later (a slash command)
+            set_last_init_error(describe_init_failure(exc))
+            raise
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+
+    def _open_fts(self) -> None:
+        writable = not self.read_only and (self.schema_version or 0) <= SCHEMA_VERSION
+        try:
+            with typed_errors(self.db_path, reading=True):  # a damaged index page -> StateDbCorruptError
+                self._fts = upgrade.open_fts(self._writer, self.db_path, self.write_patience_s, self._policy(),
+                                             writable=writable, chunk_rows=self.fts_rebuild_chunk_rows,
+                                             background=self.fts_rebuild_in_background)
+        except BaseException:
+            self._writer.close(checkpoint=False)
+            raise
+
+    @property
+    def _fts_worker(self) -> Any:  # the background rebuild thread, or None (the FTS tests join it)
+        return self._fts.thread if self._fts is not None else None
+
+    def wait_for_fts_rebuild(self, timeout_s: float | None = None) -> bool:
+        """Wait up to `timeout_s` (None: until it ends) for this open's background index rebuild; True once none runs.
+
+        True at once when the open started none; a rebuild that close() stopped counts as ended.
+        """
+        thread = self._fts_worker
+        if thread is not None:
+            thread.join(timeout_s)
+        return thread is None or not thread.is_alive()
+
+    def close(self) -> None:
+        """Checkpoint (PASSIVE) and close; twice is harmless. A `shared()` handle gives back one use, like `release()`."""
+        if self._shared_key is None or SHARED.release(self._shared_key, self):
+            self._close_now()
+
+    def _close_now(self) -> None:
+        if self._closed:
+            return
+        if self._fts is not None:
+            self._fts.stop()
+        if not self.read_only:  # the rows this handle queued, so other programs' searches find them
+            fts_tail.flush(self._writer, 0.0, self._policy())  # one try: a busy file indexes them at the next open
+        self._closed = True
+        self._writer.close(checkpoint=not self.read_only)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @classmethod
+    def shared(cls, db_path: str | os.PathLike | None = None) -> Self:
+        """Return the process-wide handle for a path, counting one more user of it."""
+        path = resolve_path(db_path, get_hermes_home().absolute())
+        key = os.path.realpath(path)
+
+        def open_handle() -> Handle:
+            handle = cls(path)
+            handle._shared_key = key
+            return handle
+        return SHARED.take(key, open_handle, lambda handle: handle.closed)
+
+    def release(self) -> None:
+        """Give back one use of a shared handle; the last release closes it."""
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        """True once this handle is closed (for a shared handle: once its last user released it)."""
+        return self._closed
+
+    @property
+    def in_transaction(self) -> bool:
+        """True while this handle holds a transaction open (a write, or a read snapshot)."""
+        return not self._closed and self._writer.in_transaction()
+
+    @property
+    def write_count(self) -> int:
+        """How many write transactions this handle has committed: the count the upkeep cadences follow."""
+        return self._writer.writes
+
+    @contextmanager
+    def tracer(self, callback: Callable[[str], None] | None = None) -> Iterator[list[str]]:
+        """Record every SQL statement this handle runs inside the block (and pass each to `callback`).
+
+        Yields the list the statements are appended to; meant for tests and debugging.
+        """
+        with self._writer.tracing(callback) as statements:
+            yield statements
+
+    @property
+    def _conn(self) -> Any:
+        """The handle's connection, rows readable by column name (for tests and agent code that peek)."""
+        return RowConnection(self._writer.conn)
+
+    # --- the transactions -------------------------------------------------------------------------------
+
+    def transaction(self, *, patience_s: float | None = None) -> AbstractContextManager[Transaction]:
+        """Open one BEGIN IMMEDIATE write transaction for a `with` block; it gets `txn.conn`, `txn.after_commit(fn)`.
+
+        Commits when the block ends, rolls back on any exception (KeyboardInterrupt too). The
+        handle's own methods called inside join it. Callbacks run after COMMIT, in order.
+        """
+        self._check_writable()  # refused at the call, before any SQL, like every write
+        return self._transaction(patience_s)
+
+    @contextmanager
+    def _transaction(self, patience_s: float | None) -> Iterator[Transaction]:
+        with self._write(patience_s):
+            yield Transaction(self._writer)
+
+    def _policy(self) -> RetryPolicy:
+        return RetryPolicy(self.write_retry_min_s, self.write_retry_max_s,
+                           self.write_retry_slow_min_s, self.write_retry_slow_max_s)
+
+    def _log_lock_holders(self, patience_s: float) -> None:
+        log_write_lock_holders(self.db_path, patience_s)
+
+    def _upkeep(self, conn: sqlite3.Connection, writes: int) -> None:
+        if writes % self.checkpoint_every_n_writes == 0:
+            passive_checkpoint(conn)
+        # The cadences are checked here, so the usual write never enters the FTS module.
+        if writes % fts.MERGE_EVERY_N_WRITES == 0:  # a bounded FTS merge every 1,000 writes
+            fts.upkeep(conn, writes)
+        every = self.optimize_every_n_writes
+        if every and writes % every == 0 and fts.optimize_due(writes, every):
+            # After the lock is let go, in its own transaction; by name, so a caller's replacement runs.
+            self._writer.defer(lambda: fts.optimize_quietly(lambda: getattr(self, "optimize_fts")()))
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise HermesStateError(f"SessionDB for {self.db_path} is closed")
+        if self.read_only:
+            raise ReadOnlyError(f"{self.db_path} was opened read-only; open it without read_only to write")
+        if self.schema_version is not None and self.schema_version > SCHEMA_VERSION:
+            raise StateDbIncompatibleError(
+                f"{self.db_path} has schema version {self.schema_version}, newer than this library's "
+                f"{SCHEMA_VERSION}; writes are refused so nothing is downgraded. Upgrade hermes-state.")
+
+    @contextmanager
+    def _write(self, patience_s: float | None = None) -> Iterator[sqlite3.Connection]:
+        self._check_writable()
+        # Not `with typed_errors(...)`: a successful write runs no code of the errors module.
+        try:
+            with self._writer.transaction(self.write_patience_s if patience_s is None else patience_s,
+                                          self._policy()) as conn:
+                yield conn
+        except TRANSLATABLE as exc:
+            raise_typed(exc, self.db_path)
+
+    def _transcript_write(self, session_id: str, body: Callable[[sqlite3.Connection], Any]) -> Any:
+        self._check_writable()
+        return compression.transcript_write(lambda: self._write(self.transcript_write_patience_s), self._read,
+                                            session_id, body, wait_s=self.compression_wait_s)
+
+    @contextmanager
+    def _read(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
+        if self._closed:
+            raise HermesStateError(f"SessionDB for {self.db_path} is closed")
+        try:
+            with self._writer.reading(snapshot) as conn:
+                yield conn
+        except TRANSLATABLE as exc:
+            raise_typed(exc, self.db_path, reading=True)
+
+    def _run(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
+        # Every table method comes through here: the one place that maps a kind to its transaction.
+        if (key := entry.unstorable(args, kwargs)) is not None:
+            return entry.answer_unknown(key)
+        args, kwargs = entry.arguments(args, kwargs)
+        if entry.indexed and not self.read_only and not self._closed:
+            fts_tail.flush(self._writer, 0.0, self._policy())  # one try; a busy file: the search scans them
+        if entry.kind in READS:
+            with self._read(snapshot=entry.kind == "snapshot") as conn:
+                return entry.function(conn, *args, **kwargs)
+        if entry.kind == "transcript":
+            return self._transcript_write(entry.key(args, kwargs), lambda conn: entry.function(conn, *args, **kwargs))
+        patience = getattr(self, self._PATIENCE[entry.kind]) if entry.kind in self._PATIENCE else None
+        with self._write(patience) as conn:
+            return entry.function(Transaction(self._writer) if entry.txn else conn, *args, **kwargs)
+
+
 def _twin(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     if not name.startswith("iter_"):
         @functools.wraps(method)  # keeps the name, docstring and signature for help() and editors
@@ -151,6 +481,7 @@ def add_async_twins(sync_cls: type, async_cls: type, skip: set[str]) -> None:
     A twin is a coroutine running the method on a worker thread; an `iter_*` method's twin is an
     async generator. Each keeps the method's name, signature and docstring.
     """
-    for name, member in list(vars(sync_cls).items()):
+    members = {name: member for cls in reversed(sync_cls.__mro__[:-1]) for name, member in vars(cls).items()}
+    for name, member in members.items():  # the base's methods too (Handle's), the subclass's winning
         if not name.startswith("_") and name not in skip and callable(member):
             setattr(async_cls, name, _twin(name, member))

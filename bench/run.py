@@ -263,12 +263,14 @@ def table(result: dict) -> str:
         lines.append(f"| {name} | {r['append_per_s']:,.0f} | {r['append_ratio_to_floor']:.2f} | {search_cell} | "
                      f"{ratio_cell} | {r['db_to_raw_text']:.2f} |")
     searched = [n for n, r in result["systems"].items() if r["search"]]
-    lines += ["", "| search p50 / p95 ms by kind (queries without hits) | " + " | ".join(searched) + " |",
-              "|---|" + "---|" * len(searched)]
+    lines += ["", "| search p50 / p95 ms by kind (queries without hits) | " + " | ".join(searched)
+              + " | hermes-state target |", "|---|" + "---|" * (len(searched) + 1)]
+    ours_search = result["systems"]["hermes-state"]["search"]
     for kind in result["queries_per_kind"]:
         cells = [f"{r['search'][kind]['p50_ms']:.2f} / {r['search'][kind]['p95_ms']:.2f} "
                  f"({r['search'][kind]['no_hits']} empty)" for r in result["systems"].values() if r["search"]]
-        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+        check = search.target_check(result["n_messages"], ours_search[kind]["p50_ms"], ours_search[kind]["p95_ms"])
+        lines.append(f"| {kind} | " + " | ".join(cells) + f" | {check} |")
     for peer, why in result.get("failed_peers", {}).items():
         lines.append(f"\n{peer}: no figures, its driver {why}")
     ours, systems = result["systems"]["hermes-state"], result["systems"]

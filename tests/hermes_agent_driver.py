@@ -81,7 +81,30 @@ def _end(db, sid: str, reason: str) -> None:
     db.end_session(sid, reason)
 
 
-OPS = {"create": _create, "append": _append, "appends": _appends, "messages": _messages, "session": _session,
+def _create_for(db, sid: str, source: str, user_id: str) -> str:
+    return db.create_session(sid, source, user_id=user_id)
+
+
+def _bind_topic(db, chat_id: str, thread_id: str, user_id: str, sid: str) -> str | None:
+    # A refusal is an answer here (the tests compare it), not a failure of the run.
+    try:
+        db.bind_telegram_topic(chat_id=chat_id, thread_id=thread_id, user_id=user_id,
+                               session_key=f"key-{thread_id}", session_id=sid)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _topic(db, chat_id: str, thread_id: str) -> dict | None:
+    return db.get_telegram_topic_binding(chat_id=chat_id, thread_id=thread_id)
+
+
+def _unlinked(db, chat_id: str, user_id: str) -> list:
+    return [s["id"] for s in db.list_unlinked_telegram_sessions_for_user(chat_id=chat_id, user_id=user_id)]
+
+
+OPS = {"create_for": _create_for, "bind_topic": _bind_topic, "topic": _topic, "unlinked": _unlinked,
+       "create": _create, "append": _append, "appends": _appends, "messages": _messages, "session": _session,
        "search": _search, "sessions": _sessions, "tokens": _tokens, "title": _title, "end": _end}
 
 if __name__ == "__main__":

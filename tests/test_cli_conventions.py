@@ -15,7 +15,7 @@ import pytest
 import hermes_state
 from hermes_state import SessionDB
 from hermes_state_cli import main
-from test_cli_commands import _run_in_terminal, run
+from test_commands import run, run_in_terminal
 
 LONG_ID = "00000000-0000-0000-0000-000000000000-very-long-session-key"
 
@@ -45,10 +45,10 @@ def test_piped_output_cuts_nothing_so_ids_can_be_copied(long_ids):
 
 
 def test_a_narrow_terminal_cuts_other_columns_never_the_id(long_ids):
-    out = _run_in_terminal(long_ids, "sessions", "list", env={"COLUMNS": "70"})
+    out = run_in_terminal(long_ids, "sessions", "list", env={"COLUMNS": "70"})
     assert LONG_ID in out and "…" in out  # the title was cut, the id was not
     assert "A title long enough that a table has to cut it somewhere on the way" not in out
-    stats = _run_in_terminal(long_ids, "sessions", "stats", env={"COLUMNS": "70"})
+    stats = run_in_terminal(long_ids, "sessions", "stats", env={"COLUMNS": "70"})
     assert LONG_ID in stats
 
 
@@ -61,8 +61,8 @@ def test_version_is_the_distributions_version(capsys):
 
 
 def test_no_color_turns_highlighting_off_on_a_terminal(long_ids):
-    assert "\x1b[1;33m" in _run_in_terminal(long_ids, "sessions", "search", "words")
-    plain = _run_in_terminal(long_ids, "sessions", "search", "words", env={"NO_COLOR": "1"})
+    assert "\x1b[1;33m" in run_in_terminal(long_ids, "sessions", "search", "words")
+    plain = run_in_terminal(long_ids, "sessions", "search", "words", env={"NO_COLOR": "1"})
     assert "\x1b[" not in plain and ">>>words<<<" in plain
 
 

@@ -130,7 +130,7 @@ def hits(db: SessionDB, query: str) -> list[str]:
 
 @pytest.fixture
 def no_background(monkeypatch):
-    monkeypatch.setattr(SessionDB, "_FTS_REBUILD_IN_BACKGROUND", False)
+    monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", False)
 
 
 # --- a file hermes-state made ----------------------------------------------------------------------
@@ -263,6 +263,36 @@ def test_an_open_handle_keeps_writing_while_the_agent_starts_and_writes(tmp_path
 
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_telegram_topic_bindings_are_shared_and_one_topic_per_session_holds_in_both(tmp_path):
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        for sid in ("ours", "theirs", "free"):
+            db.create_session(sid, "telegram", user_id="u1")
+        db.bind_telegram_topic(chat_id="c1", thread_id="1", user_id="u1", session_key="key-1", session_id="ours")
+    found, refused, bound, unlinked = agent(path, ["topic", "c1", "1"], ["bind_topic", "c1", "2", "u1", "ours"],
+                                            ["bind_topic", "c1", "2", "u1", "theirs"], ["unlinked", "c1", "u1"])
+    assert found["session_id"] == "ours" and found["session_key"] == "key-1"
+    assert "already linked" in refused and bound is None and unlinked == ["free"]
+    with SessionDB(path) as db:
+        assert db.get_telegram_topic_binding(chat_id="c1", thread_id="2")["session_id"] == "theirs"
+        with pytest.raises(ValueError, match="already linked"):
+            db.bind_telegram_topic(chat_id="c1", thread_id="3", user_id="u1", session_key="k", session_id="theirs")
+        assert [s["id"] for s in db.list_unlinked_telegram_sessions_for_user(chat_id="c1", user_id="u1")] == ["free"]
+
+
+def test_topic_tables_the_agent_made_are_read_as_they_are(tmp_path):
+    path = tmp_path / "state.db"
+    agent(path, ["create_for", "s1", "telegram", "u1"], ["bind_topic", "c1", "7", "u1", "s1"])
+    with sqlite3.connect(path) as conn:
+        before = sorted(conn.execute("SELECT name, sql FROM sqlite_master WHERE name LIKE '%telegram%'"))
+    with SessionDB(path) as db:
+        assert db.get_telegram_topic_binding(chat_id="c1", thread_id="7")["session_id"] == "s1"
+        db.apply_telegram_topic_migration()  # the same tables: nothing to add
+        assert db.get_meta("telegram_dm_topic_schema_version") == "2"
+    with sqlite3.connect(path) as conn:
+        assert sorted(conn.execute("SELECT name, sql FROM sqlite_master WHERE name LIKE '%telegram%'")) == before
 
 
 def test_browsing_an_agent_file_changes_no_byte_of_it(tmp_path, capsys):

@@ -716,7 +716,7 @@ def test_wait_polls_until_the_holder_releases(db, conn, rival, plant_lock):
     fake = FakeClock(on_sleep=lambda n: n == 3 and rival.execute("DELETE FROM compression_locks"))
     compression.wait_for_compression(reader(conn), "s", clock=fake.clock, sleep=fake.sleep)
     assert len(fake.sleeps) == 3
-    assert all(compression._POLL_MIN_S <= s <= compression._POLL_MAX_S for s in fake.sleeps)
+    assert all(compression.POLL_MIN_S <= s <= compression.POLL_MAX_S for s in fake.sleeps)
 
 
 def test_wait_gives_up_after_the_timeout(db, conn, plant_lock):
@@ -726,7 +726,7 @@ def test_wait_gives_up_after_the_timeout(db, conn, plant_lock):
     with pytest.raises(SessionCompressionInProgressError, match="waited 5.0s"):
         compression.wait_for_compression(reader(conn), "s", clock=fake.clock, sleep=fake.sleep)
     assert fake.t == pytest.approx(5.0)  # never sleeps past the deadline
-    assert len(fake.sleeps) >= 5000 / (compression._POLL_MAX_S * 1000)
+    assert len(fake.sleeps) >= 5000 / (compression.POLL_MAX_S * 1000)
 
 
 def test_wait_inside_a_write_transaction_raises_without_sleeping(db, conn, plant_lock):

@@ -1,7 +1,7 @@
 """Transcript writes through the facade honour compression (R-COMP-3, issue 5 wiring).
 
 append_message, replace_messages, merge_messages and clear_messages wait up to
-`SessionDB._COMPRESSION_WAIT_S` while another holder compresses the session, then raise
+`SessionDB.compression_wait_s` while another holder compresses the session, then raise
 SessionCompressionInProgressError; a session compression closed refuses them with
 SessionClosedByCompressionError naming its live continuation. Checked from `rival`.
 """
@@ -30,7 +30,7 @@ def transcript(rival, sid: str) -> list[tuple]:
 @pytest.fixture
 def quick(db):
     """The handle with a short compression wait, so giving up is quick."""
-    db._COMPRESSION_WAIT_S = 0.3
+    db.compression_wait_s = 0.3
     return db
 
 
@@ -57,7 +57,7 @@ def test_a_transcript_write_waits_then_raises_in_progress(quick, rival, write, p
         WRITES[write](quick, ids)
     waited = time.monotonic() - started
     # It gave the holder the handle's whole wait (not the 5 s default) before giving up.
-    assert quick._COMPRESSION_WAIT_S <= waited < 3.0
+    assert quick.compression_wait_s <= waited < 3.0
     assert transcript(rival, "s") == before
 
 

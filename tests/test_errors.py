@@ -111,7 +111,8 @@ def test_a_value_past_sqlites_size_limit_is_bad_input_when_writing_and_damage_wh
 def test_a_message_past_the_length_limit_is_refused_whole(db):
     # SQLite's default limit is 1 GB; lowered on the handle's own connection to stand in for it.
     db.create_session("s", "cli")
-    db._writer.conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1000)
+    with db.transaction() as txn:
+        txn.conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1000)
     with pytest.raises(ValueError, match="larger than SQLite can store"):
         db.append_message("s", "user", "x" * 5000)
     assert db.get_messages("s") == [] and db.get_session("s")["message_count"] == 0

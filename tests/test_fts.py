@@ -14,6 +14,7 @@ import re
 import shutil
 import sqlite3
 import subprocess
+import sys
 import tempfile
 from contextlib import nullcontext
 from pathlib import Path
@@ -30,8 +31,8 @@ ALL = fts.FTS_TABLES
 
 
 def index_queue(db: SessionDB) -> None:
-    """Index the rows the handle queued (it does so by itself before it searches and when it closes)."""
-    fts_tail.flush(db._writer, 5.0, db._policy())
+    """Index the rows the handle queued: it does so before it searches (and when it closes)."""
+    db.search_messages("index the queue first")
 
 
 def integrity(conn) -> None:
@@ -124,7 +125,7 @@ def insert_raw(conn, session_id: str, role: str, content: str) -> int:
 @pytest.fixture
 def manual(monkeypatch):
     """Rebuilds are driven by hand in these tests: no background thread."""
-    monkeypatch.setattr(SessionDB, "_FTS_REBUILD_IN_BACKGROUND", False)
+    monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", False)
 
 
 # --- objects and triggers ----------------------------------------------------------------------
@@ -312,22 +313,22 @@ def test_a_database_without_fts_is_rebuilt_in_chunks_never_twice(tmp_path, manua
     assert db.fts_rebuild_status() == {"pending": 40, "total": 40, "indexed": 0, "percent": 0.0,
                                        "in_progress": True, "cjk_pending": 0}
     # The rebuild is driven by hand, one chunk per transaction of the handle's own connection.
-    with db._write() as conn:
-        assert fts.rebuild_step(conn, 10)
+    with db.transaction() as txn:
+        assert fts.rebuild_step(txn.conn, 10)
     # writes while the rebuild runs: above H (trigger), inside (P, H] (left to the rebuild), below P (trigger)
     fresh = db.append_message("s", "user", "fresh 検索")
-    with db._write() as conn:  # raw SQL on the handle's connection, so its TEMP trigger runs too
-        conn.execute("UPDATE messages SET content = 'changed 語彙' WHERE id = ?", (rows[30],))
-        conn.execute("DELETE FROM messages WHERE id = ?", (rows[31],))
-        conn.execute("INSERT INTO messages (id, session_id, role, content, timestamp) "
-                     "VALUES (?, 's', 'user', 'reborn', 1.0)", (rows[31],))  # an explicit id in (P, H]
-        conn.execute("UPDATE messages SET content = 'renewed' WHERE id = ?", (rows[31],))
-        conn.execute("UPDATE messages SET content = 'early 語彙' WHERE id = ?", (rows[2],))
+    with db.transaction() as txn:  # raw SQL on the handle's connection, so its TEMP trigger runs too
+        txn.conn.execute("UPDATE messages SET content = 'changed 語彙' WHERE id = ?", (rows[30],))
+        txn.conn.execute("DELETE FROM messages WHERE id = ?", (rows[31],))
+        txn.conn.execute("INSERT INTO messages (id, session_id, role, content, timestamp) "
+                         "VALUES (?, 's', 'user', 'reborn', 1.0)", (rows[31],))  # an explicit id in (P, H]
+        txn.conn.execute("UPDATE messages SET content = 'renewed' WHERE id = ?", (rows[31],))
+        txn.conn.execute("UPDATE messages SET content = 'early 語彙' WHERE id = ?", (rows[2],))
     assert db.fts_rebuild_status()["indexed"] == 10
     assert [h["id"] for h in db.search_messages("changed")] == [rows[30]]  # found while not indexed yet
     while True:
-        with db._write() as conn:
-            if not fts.rebuild_step(conn, 10):
+        with db.transaction() as txn:
+            if not fts.rebuild_step(txn.conn, 10):
                 break
     assert rival.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE 'fts_rebuild%'").fetchone()[0] == 0
     integrity(rival)
@@ -343,18 +344,18 @@ def test_a_database_without_fts_is_rebuilt_in_chunks_never_twice(tmp_path, manua
 
 
 def _partial_rebuild(path: str, chunks: int) -> None:
-    SessionDB._FTS_REBUILD_IN_BACKGROUND = False
+    SessionDB.fts_rebuild_in_background = False
     db = SessionDB(path)
-    with db._write() as conn:
-        fts.start_rebuild(conn)
+    with db.transaction() as txn:
+        fts.start_rebuild(txn.conn)
     for _ in range(chunks):
-        with db._write() as conn:
-            fts.rebuild_step(conn, 25)
+        with db.transaction() as txn:
+            fts.rebuild_step(txn.conn, 25)
     os._exit(0)  # stop here, as a killed process would: no close, no checkpoint, no tidy-up
 
 
 def _finish_rebuild(path: str) -> None:
-    SessionDB._FTS_REBUILD_IN_BACKGROUND = False
+    SessionDB.fts_rebuild_in_background = False
     with SessionDB(path) as db:
         assert db.fts_rebuild_status()["in_progress"]
         db.append_message("s", "user", "written by the resumer 再開")
@@ -402,8 +403,7 @@ def test_the_background_thread_finishes_a_rebuild(tmp_path):
     _fill(path, 60)
     _drop_fts(path)
     with SessionDB(path) as db:
-        db._fts_worker.join(30)
-        assert not db._fts_worker.is_alive()
+        assert db.wait_for_fts_rebuild(30)
         assert db.fts_rebuild_status()["percent"] == 100.0
     conn = plain(path)
     assert indexed_counts(conn) == expected_counts(conn)
@@ -414,18 +414,18 @@ def test_close_stops_the_background_thread_and_another_open_finishes_its_rebuild
     path = tmp_path / "state.db"
     _fill(path, 60)
     _drop_fts(path)
-    monkeypatch.setattr(SessionDB, "_FTS_REBUILD_CHUNK_ROWS", 1)
+    monkeypatch.setattr(SessionDB, "fts_rebuild_chunk_rows", 1)
     # A long pause between chunks makes the interruption deterministic: the worker indexes one
     # row, then waits on its stop event, which close() sets.
     worker = fts.background_worker
     monkeypatch.setattr(fts, "background_worker", lambda *args: worker(*args, pause_s=60.0))
     db = SessionDB(path)
     db.close()
-    assert not db._fts_worker.is_alive()
+    assert db.wait_for_fts_rebuild(timeout_s=0)  # close() stopped it
     with SessionDB(path, read_only=True) as ro:  # what it did not finish is still marked pending
         status = ro.fts_rebuild_status()
     assert status["in_progress"] is True and 0 < status["pending"] < 60
-    monkeypatch.setattr(SessionDB, "_FTS_REBUILD_IN_BACKGROUND", False)
+    monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", False)
     with SessionDB(path) as db:
         assert db.rebuild_fts()["pending"] == 0  # resumes the interrupted rebuild
     conn = plain(path)
@@ -461,7 +461,7 @@ def test_open_of_a_current_database_starts_no_worker_and_installs_the_temp_trigg
     db.append_message("s", "user", "東京")
     db.close()
     again = SessionDB(db.db_path)
-    assert again._fts_worker is None
+    assert again.wait_for_fts_rebuild(timeout_s=0) and not again.fts_rebuild_status()["in_progress"]
     osaka = again.append_message("s", "user", "大阪")
     again.merge_messages("s", [again.append_message("s", "user", "京都"), again.append_message("s", "user", "神戸")])
     index_queue(again)
@@ -477,15 +477,15 @@ def test_open_of_a_current_database_starts_no_worker_and_installs_the_temp_trigg
 
 # --- merge upkeep ------------------------------------------------------------------------------------
 
-def test_a_bounded_merge_runs_every_1000_writes(db, raw_conn):
+def test_a_bounded_merge_runs_every_1000_writes(db, raw_conn, monkeypatch):
+    assert fts.MERGE_EVERY_N_WRITES == 1000
+    monkeypatch.setattr(fts, "MERGE_EVERY_N_WRITES", 3)  # read at each commit: 1,000 real writes would take seconds
     db.create_session("s", "cli")
-    db._writer.writes = 998  # no seam moves the write count: 998 real writes would take seconds
     with db.tracer() as traced:
-        db.append_message("s", "user", "one")
-        assert not [s for s in traced if "'merge'" in s]
-        db.append_message("s", "user", "two")  # the 1,000th write
+        for n in range(6):  # wherever the count stands, six writes hold exactly two multiples of 3
+            db.append_message("s", "user", f"message {n}")
     merges = [s for s in traced if "'merge'" in s]
-    assert len(merges) == len(ALL) and all(t in " ".join(merges) for t in ALL)
+    assert len(merges) == 2 * len(ALL) and all(t in " ".join(merges) for t in ALL)
     assert not [s for s in traced if "optimize" in s]
     integrity(raw_conn())
 
@@ -521,7 +521,8 @@ def test_every_index_stays_consistent_after_random_writes(ops):
         for op, arg, text, by_shell in ops:
             existing = [r[0] for r in shell.execute("SELECT id FROM messages ORDER BY id")]
             # Raw SQL from another program, or on the handle's own connection (its TEMP trigger runs).
-            with nullcontext(shell) if by_shell else db._write() as conn:
+            with nullcontext(shell) if by_shell else db.transaction() as txn:
+                conn = shell if by_shell else txn.conn
                 if op == "insert":
                     insert_raw(conn, "s", arg, text)
                 elif existing:
@@ -622,6 +623,51 @@ def test_optimize_is_never_run_by_writes(db):
     assert not [s for s in statements if "'optimize'" in s]
 
 
+def test_the_write_path_optimizes_on_the_handles_cadence_after_commit(db):
+    db.optimize_every_n_writes = 3
+    count, expected = db.write_count, 0  # the handle's commits so far (opening may have written)
+    for _ in range(6):
+        count += 1
+        if count % 3 == 0:
+            count, expected = count + 1, expected + 1  # the optimize commits too, and starts no other
+    with db.tracer() as statements:
+        db.create_session("s", "cli")
+        for i in range(5):
+            db.append_message("s", "user", f"kelp {i}")
+    optimizes = [n for n, s in enumerate(statements) if "'optimize'" in s]
+    assert expected >= 2 and len(optimizes) == expected * len(fts.FTS_TABLES)
+    # Each optimize runs in a transaction of its own, begun after the triggering write committed.
+    before = statements[:optimizes[0]]
+    begin = len(before) - 1 - before[::-1].index("BEGIN IMMEDIATE")
+    assert "COMMIT" in before[:begin] and "COMMIT" not in before[begin:]
+    assert len(db.search_messages("kelp")) == 5
+
+
+def test_a_cadence_of_one_optimizes_once_per_write_and_zero_never(db):
+    calls = []
+    db.optimize_fts = lambda: calls.append(1)  # looked up on the handle each time
+    db.optimize_every_n_writes = 1
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "one")
+    assert len(calls) == 2
+    db.optimize_every_n_writes = 0
+    db.append_message("s", "user", "two")
+    assert len(calls) == 2
+
+
+def test_a_failing_periodic_optimize_is_logged_and_the_write_stands(db, rival, caplog):
+    def fail():
+        raise sqlite3.OperationalError("disk I/O error")
+    db.optimize_fts = fail
+    db.optimize_every_n_writes = 1
+    with caplog.at_level(logging.INFO, logger="hermes_state"):
+        db.create_session("s", "cli")
+        assert db.append_message("s", "user", "kept") > 0
+    assert rival.execute("SELECT content FROM messages").fetchone()[0] == "kept"
+    assert "periodic FTS optimize skipped: disk I/O error" in caplog.text
+    assert db.append_message("s", "user", "and the next write too") > 0
+
+
 def test_optimize_refused_on_a_read_only_handle(db):
     db.create_session("s", "cli")
     with SessionDB(db.db_path, read_only=True) as reader, pytest.raises(Exception) as info:
@@ -674,7 +720,11 @@ def test_every_search_finds_queued_rows(db, hermes_home):
     finally:
         reader.close()
     assert [h["id"] for h in db.search_messages("yankee")] == [row]  # this handle indexes its queue first
-    assert db._writer.conn.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 0
+    conn = sqlite3.connect(db.db_path)
+    try:
+        assert conn.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 0
+    finally:
+        conn.close()
 
 
 def test_a_handle_that_closes_leaves_nothing_queued(hermes_home):
@@ -691,19 +741,27 @@ def test_a_handle_that_closes_leaves_nothing_queued(hermes_home):
         conn.close()
 
 
-def test_rows_left_queued_by_a_handle_that_died_are_indexed_at_the_next_open(db, hermes_home):
-    db.create_session("s", "cli")
-    row = db.append_message("s", "user", "echo foxtrot")
-    db._writer.close(checkpoint=False)  # as if the process died: no flush
-    db._closed = True
-    again = SessionDB(db.db_path)
+def test_rows_left_queued_by_a_handle_that_died_are_indexed_at_the_next_open(hermes_home):
+    path = hermes_home / "died.db"
+    # A process that appends and dies without closing its handle: its row stays queued.
+    died = subprocess.run([sys.executable, "-c", "import os, signal; from hermes_state import SessionDB; "
+                           f"db = SessionDB({str(path)!r}); db.create_session('s', 'cli'); "
+                           "db.append_message('s', 'user', 'echo foxtrot'); os.kill(os.getpid(), signal.SIGKILL)"],
+                          cwd=Path(__file__).resolve().parents[1], env={**os.environ, "HERMES_HOME": str(hermes_home)})
+    assert died.returncode == -9
+    conn = sqlite3.connect(path)
     try:
-        conn = again._writer.conn
+        assert conn.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 1
+    finally:
+        conn.close()
+    SessionDB(path).close()
+    conn = sqlite3.connect(path)
+    try:
         assert conn.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 0
-        assert ids(conn, "messages_fts", "foxtrot") == [row]
+        assert ids(conn, "messages_fts", "foxtrot") == [1]
         integrity(conn)
     finally:
-        again.close()
+        conn.close()
 
 
 def test_triggers_another_program_replaced_are_never_bypassed(db, rival):
@@ -734,11 +792,12 @@ def test_the_layout_before_the_queue_is_converted_without_a_rebuild(db, rival, h
             conn.execute(sql)
     conn.execute("COMMIT")
     conn.close()
-    again = SessionDB(db.db_path)
-    try:
-        state = fts.inspect(again._writer.conn)
-        assert state.declared and state.rebuild is None
+    with SessionDB(db.db_path) as again:
         assert [h["id"] for h in again.search_messages("india1")] == [rows[1]]
-        integrity(again._writer.conn)
+    conn = sqlite3.connect(db.db_path)
+    try:
+        state = fts.inspect(conn)
+        assert state.declared and state.rebuild is None
+        integrity(conn)
     finally:
-        again.close()
+        conn.close()

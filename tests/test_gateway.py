@@ -187,6 +187,16 @@ def test_list_and_get_admissions(gw):
     assert gw.get_admission(999) is None
 
 
+@pytest.mark.parametrize("bad", [-1, True, "1", 1.5, 2**63])
+def test_every_accessor_of_a_ledger_row_refuses_a_bad_id_by_its_name(gw, bad):
+    epoch = gw.claim_runtime()
+    for name, call in (("admission_id", gw.get_admission), ("execution_id", gw.get_execution),
+                       ("admission_id", lambda i: gw.start_admission(i, epoch)),
+                       ("execution_id", lambda i: gw.finish_execution(i, "completed", epoch))):
+        with pytest.raises(ValueError, match=f"^{name} "):
+            call(bad)
+
+
 # --- executions and receipts ---------------------------------------------------------------------
 
 def test_receipt_digest_is_sha256_of_canonical_json():

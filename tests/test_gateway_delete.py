@@ -34,6 +34,9 @@ def rows_naming(rival: sqlite3.Connection, session_id: str) -> dict[str, int]:
     }
     if rival.execute("SELECT 1 FROM sqlite_master WHERE name = 'delivery_obligations'").fetchone():
         found["outbox"] = count(rival, "SELECT COUNT(*) FROM delivery_obligations WHERE session_id = ?", session_id)
+    if rival.execute("SELECT 1 FROM sqlite_master WHERE name = 'telegram_dm_topic_bindings'").fetchone():
+        found["topics"] = count(rival, "SELECT COUNT(*) FROM telegram_dm_topic_bindings WHERE session_id = ?",
+                                session_id)
     return found
 
 
@@ -55,6 +58,8 @@ def fill(db, session_id: str, epoch: int) -> None:
     db.record_delegation(f"d-{session_id}", session_id)
     db.update_delegation(f"d-{session_id}", state="completed")
     db.set_route("gateway", f"key-{session_id}", {"session_id": session_id})
+    db.bind_telegram_topic(chat_id="chat", thread_id=f"thread-{session_id}", user_id="u", session_key="k",
+                           session_id=session_id)
 
 
 @pytest.fixture
@@ -147,4 +152,4 @@ def test_the_tables_a_session_owns_are_the_ones_the_dictionary_declares():
     # rows_naming above checks each of them; a table added to the dictionary joins deletion by itself.
     assert {t.name for t in SESSION_OWNED} == {
         "messages", "session_model_usage", "compression_locks", "session_admissions", "worker_executions",
-        "worker_receipts", "async_delegations", "gateway_routing", "delivery_obligations"}
+        "worker_receipts", "async_delegations", "gateway_routing", "delivery_obligations", "telegram_dm_topic_bindings"}

@@ -465,26 +465,29 @@ def test_import_refuses_non_finite_numbers_in_every_real_column(db, bad):
         cases.append(doc)
     assert len(cases) > 5
     for doc in cases:
+        report = db.import_sessions(doc)
+        assert not report.ok and "must be a finite number" in report.errors[0]["error"], report.errors
         with pytest.raises(ImportValidationError):
-            db.import_sessions(doc)
+            db.import_sessions(doc, strict=True)
     assert db.get_session("s") is None
 
 
-def test_import_replace_refuses_a_parent_ring_closed_by_rows_in_the_file(db):
-    from hermes_state import ImportValidationError
+def test_import_cuts_a_parent_ring_closed_by_rows_in_the_file(db, rival):
     db.create_session("a", "cli")
     db.create_session("b", "cli", parent_session_id="a")
-    with pytest.raises(ImportValidationError, match="own ancestor"):
-        db.import_sessions(_document("a", parent="b"), on_conflict="replace")
-    assert db.get_session("a")["parent_session_id"] is None
+    report = db.import_sessions(_document("a", parent="b"), on_conflict="replace")
+    assert report.ok and report.detached_parents == ("a",)
+    parents = dict(rival.execute("SELECT id, parent_session_id FROM sessions").fetchall())
+    assert parents == {"a": None, "b": "a"}
     # A longer ring through several file rows, and one inside the input alone.
     db.create_session("c", "cli", parent_session_id="b")
-    with pytest.raises(ImportValidationError, match="own ancestor"):
-        db.import_sessions(_document("a", parent="c"), on_conflict="replace")
-    with pytest.raises(ImportValidationError, match="own ancestor"):
-        db.import_sessions([_document("x", parent="y"), _document("y", parent="x")])
-    report = db.import_sessions(_document("c", parent="a"), on_conflict="replace")  # no ring: accepted
-    assert report.replaced == ("c",)
+    assert db.import_sessions(_document("a", parent="c"), on_conflict="replace").detached_parents == ("a",)
+    report = db.import_sessions([_document("x", parent="y"), _document("y", parent="x")])
+    assert report.imported == ("x", "y") and report.detached_parents == ("x",)
+    assert db.get_session("y")["parent_session_id"] == "x"
+    report = db.import_sessions(_document("c", parent="a"), on_conflict="replace")  # no ring: kept
+    assert report.replaced == ("c",) and report.detached_parents == ()
+    assert db.get_session("c")["parent_session_id"] == "a"
 
 
 def test_import_validation_of_a_long_parent_chain_is_linear():
@@ -499,27 +502,29 @@ def test_import_validation_of_a_long_parent_chain_is_linear():
     assert len(plans[0].sessions) == n
 
 
-def test_import_validates_before_taking_the_write_lock(db, monkeypatch):
-    # While the input is being checked, another process writes a transcript row at once: it
-    # gives up on the first lock conflict, so it fails if the import already holds the lock.
-    import hermes_state_portability as portability
+def test_a_bad_document_lets_go_of_the_write_lock_while_the_rest_is_checked(db, rival):
+    # After the bad document, another process writes a transcript row at once: it gives up on
+    # the first lock conflict, so it fails if the import still holds the lock.
     db.create_session("live", "cli")
     writer = ("import sys; from hermes_state import SessionDB; d = SessionDB(sys.argv[1]); "
-              "d._TRANSCRIPT_WRITE_PATIENCE_S = 0; d.append_message('live', 'user', 'during the import'); "
+              "d.transcript_write_patience_s = 0; d.append_message('live', 'user', 'during the import'); "
               "d.close()")
-    checked = portability.validate
     outcomes = []
 
-    def validate_while_another_process_writes(data):
+    def documents():
+        yield from (_document(f"i{n}") for n in range(20))
+        yield {"format": "hermes-state-export", "version": 1, "session": {"source": "cli", "started_at": 1.0}}  # no id
         outcomes.append(subprocess.run([sys.executable, "-c", writer, str(db.db_path)], capture_output=True,
                                        text=True, env={**os.environ, "HERMES_STATE_DB_GUARD_BYPASS": "1"},
                                        timeout=60))
-        return checked(data)
+        yield from (_document(f"j{n}") for n in range(5))
+        yield _document("late", started_at="noon")
 
-    monkeypatch.setattr(portability, "validate", validate_while_another_process_writes)
-    report = db.import_sessions([_document(f"i{n}") for n in range(50)])
-    assert len(report.imported) == 50
+    report = db.import_sessions(documents())
     assert outcomes and outcomes[0].returncode == 0, outcomes[0].stderr[-500:]
+    assert [(e["index"], e["error"]) for e in report.errors] == [
+        (20, "session id is required"), (26, "started_at must be a finite number of epoch seconds")]
+    assert [r[0] for r in rival.execute("SELECT id FROM sessions")] == ["live"]  # nothing imported
     assert [m["content"] for m in db.get_messages("live")] == ["during the import"]
 
 

@@ -356,26 +356,26 @@ def test_ancestor_walk(tmp_path: Path, argv: list[str], expected: bool) -> None:
         tmp_path / "proc",
         {1: (0, ["/sbin/init"]), 50: (1, argv), 100: (50, ["python", "worker.py"])},
     )
-    assert home_mod._ancestor_runs_pytest(100, proc) is expected
+    assert home_mod.ancestor_runs_pytest(100, proc) is expected
 
 
 def test_ancestor_walk_survives_garbage(tmp_path: Path) -> None:
     proc = tmp_path / "proc"
     _fake_proc(proc, {10: (11, ["a"]), 11: (10, ["b"])})  # a cycle
-    assert home_mod._ancestor_runs_pytest(10, str(proc)) is False
+    assert home_mod.ancestor_runs_pytest(10, str(proc)) is False
     (proc / "12").mkdir()
     (proc / "12" / "cmdline").write_bytes(b"x\0")
     (proc / "12" / "stat").write_text("garbage")
-    assert home_mod._ancestor_runs_pytest(12, str(proc)) is False
-    assert home_mod._ancestor_runs_pytest(999, str(proc)) is False  # no such process
+    assert home_mod.ancestor_runs_pytest(12, str(proc)) is False
+    assert home_mod.ancestor_runs_pytest(999, str(proc)) is False  # no such process
 
 
 def test_ancestor_walk_is_bounded(tmp_path: Path) -> None:
     chain = {pid: (pid - 1, ["sh"]) for pid in range(2, 200)}
     chain[1] = (0, ["python", "-m", "pytest"])
     proc = _fake_proc(tmp_path / "proc", chain)
-    assert home_mod._ancestor_runs_pytest(199, proc) is False  # gave up after 64 steps
-    assert home_mod._ancestor_runs_pytest(40, proc) is True
+    assert home_mod.ancestor_runs_pytest(199, proc) is False  # gave up after 64 steps
+    assert home_mod.ancestor_runs_pytest(40, proc) is True
 
 
 def test_is_production_db(fake_home: Path, tmp_path: Path, monkeypatch) -> None:
@@ -472,7 +472,7 @@ def test_in_process_bypass_covers_threads_started_by_the_test(fake_home: Path) -
 def test_guard_outside_test_context_allows(fake_home: Path, monkeypatch) -> None:
     for name in home_mod.TEST_CONTEXT_ENVS:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(home_mod, "_ancestor_runs_pytest", lambda *a, **k: False)
+    monkeypatch.setattr(home_mod, "ancestor_runs_pytest", lambda *a, **k: False)
     assert not is_test_context()
     check_db_path_allowed(fake_home / ".hermes" / "state.db")
 
@@ -584,7 +584,7 @@ def test_a_faked_home_does_not_hide_the_real_root(fake_home: Path, tmp_path: Pat
     with pytest.raises(RuntimeError, match="production database"):
         check_db_path_allowed(account_root / "state.db")
     started_with = tmp_path / "original-home"
-    monkeypatch.setattr(home_mod, "_HOME_AT_IMPORT", str(started_with))
+    monkeypatch.setattr(home_mod, "HOME_AT_IMPORT", str(started_with))
     assert is_production_db(started_with / ".hermes" / "state.db")
     with pytest.raises(RuntimeError, match=str(started_with / ".hermes")):
         check_db_path_allowed(started_with / ".hermes" / "state.db")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -13,9 +14,10 @@ RANKS = {
     "hermes_state_values": 0.5,
     "hermes_state_common": 1,
     "hermes_state_writer": 2, "hermes_state_render": 2, "hermes_state_lockowners": 2, "hermes_state_home": 2, "hermes_state_provider": 2,
-    "hermes_state_cjk": 2, "hermes_state_highlight": 2, "hermes_state_table": 2,
-    "hermes_state_lineage": 2,
+    "hermes_state_cjk": 2, "hermes_state_highlight": 2,
+    "hermes_state_lineage": 2, "hermes_state_documents": 2,
     "hermes_state_titles": 2.5,  # the schema builds the unique-title index after freeing repeats
+    "hermes_state_backfill": 2.5,  # the bodies of the ladder's data steps, which the schema registers
     "hermes_state_schema": 3, "hermes_state_query": 3,
     "hermes_state_fts_objects": 3.5,  # the full-text objects' SQL, which the builder (rank 4) creates
     "hermes_state_fts": 4, "hermes_state_catalogue": 4,
@@ -23,14 +25,17 @@ RANKS = {
     "hermes_state_sessions": 4,
     "hermes_state_gateway_sessions": 4.5,  # the gateway peer of a session row, beside the session rules
     "hermes_state_messages": 5,
+    "hermes_state_hits": 5.5,  # a page of search hits: details, snippets, context
     "hermes_state_conversation": 6, "hermes_state_search": 6, "hermes_state_listings": 6,
     "hermes_state_compression": 7,
+    "hermes_state_telegram": 6.5,  # topic bindings; the unlinked-session list uses the listings' rows
     "hermes_state_portability": 8, "hermes_state_recovery": 8, "hermes_state_gateway": 8,
     "hermes_state_routing": 8.2,  # the delivery ledgers, on the gateway's ledger machinery and epoch
     "hermes_state_ownership": 8.4,  # reads where the routing says a conversation moved on
     "hermes_state_maintenance": 8.5,  # deletes what the ledgers (rank 8) describe
     "hermes_state_repair": 8.5,  # repairs a file with the full-text builder (rank 4)
     "hermes_state_upgrade": 9,
+    "hermes_state_table": 9.5,  # the method table and the handle it runs on (opens through the upgrade)
     "hermes_state": 10,
     # Consumers of the facade, not layers of it.
     "hermes_state_commands": 11, "hermes_state_pytest": 11, "hermes_state_web": 11,
@@ -68,7 +73,7 @@ MAX_LINES = 600
 # The facade is one line per delegating method (its method table) plus the methods that reshape
 # arguments or compose several steps. The common module holds the data dictionary, one line per
 # declared column; it grows with the tables, not with logic.
-LONGER = {"hermes_state": 596}
+LONGER = {"hermes_state": 450}
 
 
 def test_no_module_imports_another_modules_private_names():
@@ -110,6 +115,89 @@ def test_docs_list_exactly_the_modules_that_exist():
 def test_packaging_ships_every_module():
     shipped = set(re.findall(r'"(hermes_state[a-z_]*)"', (ROOT / "pyproject.toml").read_text()))
     assert {p.stem for p in ROOT.glob("hermes_state*.py")} <= shipped
+
+
+# The names with a leading underscore a test may use: the seed's own (above). hermes-agent's names on
+# SessionDB are held by its own tests in the conformance ratchet and by the public mapping
+# SessionDB.HERMES_AGENT_ALIASES; no test of this project spells one.
+STDLIB_NAMES = {"_exit"}  # os._exit: the standard library's documented exit without clean-up
+
+
+def _private_uses(path: Path) -> list[str]:
+    """Return each place in a test module that reaches another module's or an object's underscore name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        name = None
+        if isinstance(node, ast.Attribute) and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            name = node.attr
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] in ("setattr", "getattr", "delattr") \
+                and len(node.args) > 1 and isinstance(node.args[1], ast.Constant):
+            name = node.args[1].value
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module != "__future__":
+            found += [f"{node.lineno}: import {a.name}" for a in node.names
+                      if a.name.startswith("_") and a.name not in ALLOWED_PRIVATE_IMPORTS]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and not re.fullmatch(r"[\w.]+", node.value):  # code run in a subprocess, not a name as data
+            found += [f"{node.lineno}: {m}" for m in re.findall(r"\b[a-z]\w*\.(_[A-Za-z]\w*)", node.value)
+                      if not m.startswith("__") and m not in ALLOWED_PRIVATE_IMPORTS]
+        if isinstance(name, str) and name.startswith("_") and not name.startswith("__") \
+                and name not in ALLOWED_PRIVATE_IMPORTS | STDLIB_NAMES:
+            found.append(f"{node.lineno}: {name}")
+    return found
+
+
+def test_no_test_reaches_an_underscore_name_of_another_module_or_of_sessiondb():
+    leaks = {p.name: uses for p in sorted((ROOT / "tests").glob("*.py")) if (uses := _private_uses(p))}
+    assert not leaks, leaks
+
+
+# --- the write path ------------------------------------------------------------------------------
+# The modules a message write passes through. The rooms are the facade's machinery, the
+# compression check, the transaction and the message rows. Besides them a write reads the one
+# declaration of its columns (the value rules and the data dictionary, rank 1 and below), and
+# SQLite calls the CJK term function inside the insert. The errors module translates a failure
+# only once something failed: a successful write runs none of its code.
+HELPERS = {name for name, rank in RANKS.items() if rank <= 1} | {"hermes_state_cjk"}
+# The last two queue the row for its batch of index work (the cached catalogue says whether it may).
+WRITE_PATH = ["hermes_state_table", "hermes_state_compression", "hermes_state_writer", "hermes_state_messages",
+              "hermes_state_fts_tail", "hermes_state_fts"]
+
+
+def _modules_run(call: Any) -> list[str]:
+    """Return the library modules whose code runs during `call()`, in the order they first run."""
+    import sys
+    seen: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        path = Path(frame.f_code.co_filename)
+        if event == "call" and path.parent == ROOT and path.stem.startswith("hermes_state") and path.stem not in seen:
+            seen.append(path.stem)
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_a_message_write_crosses_four_modules_plus_the_base_helpers(tmp_path):
+    from hermes_state import SessionDB
+    calls = {"user": ("s", "user", "plain text"), "cjk": ("s", "user", "東京タワーの検索テスト"),
+             "tool result": ("s", "tool", "42"), "tool call": ("s", "assistant", None)}
+    with SessionDB(tmp_path / "state.db") as db:
+        db.create_session("s", "cli")
+        db.append_message("s", "user", "warm-up")  # lazy first-use work is not the write path
+        for case, args in calls.items():
+            extra = {"tool result": {"tool_call_id": "c1", "tool_name": "calc"},
+                     "tool call": {"tool_calls": [{"id": "c2", "type": "function",
+                                                   "function": {"name": "calc", "arguments": "{}"}}]}}.get(case, {})
+            ran = _modules_run(lambda: db.append_message(*args, **extra))
+            rooms = [m for m in ran if m not in HELPERS]
+            assert rooms == WRITE_PATH, (case, ran)
+            assert "hermes_state" not in ran, case  # the facade is a table: its own code never runs
+            assert "hermes_state_errors" not in ran, case
+            assert len(ran) <= 8 + (case == "cjk"), (case, ran)  # with the helpers: no new hop creeps in
+        assert db.get_messages("s")[-1]["tool_calls"]  # the calls were real writes
 
 
 # McCabe cyclomatic complexity, counted as radon counts it (its ComplexityVisitor), so that
@@ -187,28 +275,10 @@ def f(xs, y):
     assert _complexity(inner) == 2
 
 
-# Functions still above the limit, each with the complexity it may not exceed until it is split.
-# The list only shrinks: a function that drops to the limit must leave it.
-STILL_TOO_COMPLEX = {
-    "hermes_state_conversation.repair_alternation": 18,
-    "hermes_state_conversation._stitched": 19,
-    "hermes_state_conversation.message": 24,
-    "hermes_state_portability._check_document": 20,
-    "hermes_state_portability._check_graph": 17,
-    "hermes_state_portability.import_validated": 40,
-    "hermes_state_sessions.update_token_counts": 34,
-}
-
-
 def test_no_library_function_is_too_complex():
-    found, measured = [], {}
+    found = []
     for path in sorted(ROOT.glob("hermes_state*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                name, score = f"{path.stem}.{node.name}", _complexity(node)
-                measured[name] = max(score, measured.get(name, 0))
-                if score > STILL_TOO_COMPLEX.get(name, MAX_COMPLEXITY):
-                    found.append(f"{path.name}:{node.lineno} {node.name} ({score})")
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _complexity(node) > MAX_COMPLEXITY:
+                found.append(f"{path.name}:{node.lineno} {node.name} ({_complexity(node)})")
     assert found == [], "split these by responsibility into smaller named functions:\n" + "\n".join(found)
-    done = sorted(n for n in STILL_TOO_COMPLEX if measured.get(n, 0) <= MAX_COMPLEXITY)
-    assert done == [], f"now within the limit; remove them from STILL_TOO_COMPLEX: {done}"

@@ -197,6 +197,18 @@ def test_filters_are_checked_before_anything_is_deleted(db, rival):
         refused(rival, ValueError, db.prune_sessions, bad)
 
 
+
+def test_a_dict_passed_as_filters_is_refused_not_dropped(db, rival):
+    # The filters are keywords; a dict under the keyword's own name must not silently mean "no filter".
+    for sid, source in (("mine", "cli"), ("theirs", "telegram")):
+        db.create_session(sid, source)
+        db.end_session(sid, "done")
+    for call in (db.list_prune_candidates, db.archive_sessions, db.prune_sessions):
+        with pytest.raises(TypeError, match="filters"):
+            call(older_than_days=0, filters={"source": "cli"})
+    assert ids(rival) == {"mine", "theirs"}
+    assert rival.execute("SELECT COUNT(*) FROM sessions WHERE archived = 1").fetchone()[0] == 0
+
 def test_text_filters_match_literally(db, rival):
     for sid, title, cwd in (("a", "100% done", "/repo"), ("b", "1000 done", "/repo/sub"), ("c", "x_y", "/repo-wt")):
         db.create_session(sid, "cli", cwd=cwd)
@@ -277,7 +289,7 @@ def test_auto_prune_runs_once_per_interval_and_a_future_marker_does_not_stop_it(
 
 def test_auto_prune_reports_a_locked_store_and_leaves_no_marker(db, rival):
     old_ended(db, rival, "old")
-    db._WRITE_PATIENCE_S = 0.3
+    db.write_patience_s = 0.3
     rival.execute("BEGIN IMMEDIATE")
     try:
         result = db.maybe_auto_prune_and_vacuum(retention_days=90)

@@ -102,7 +102,7 @@ def test_a_failing_ownership_read_appends_nothing(gw, rival, monkeypatch):
     monkeypatch.setattr(hermes_state_ownership, "find_input_owner", broken)
     error = refused(rival, OwnershipReadError, gw.persist_failed_turn_input, "s", "hello", "im-fail")
     assert isinstance(error.__cause__, sqlite3.OperationalError) and "nothing was appended" in str(error)
-    assert not gw._writer.conn.in_transaction
+    assert not gw.in_transaction
 
 
 def test_bad_calls_append_nothing(gw, rival):
@@ -155,9 +155,9 @@ def test_waits_out_a_compression_of_the_target(gw, rival):
     other = SessionDB(gw.db_path)
     try:
         holder = other.acquire_compression_lock("s")
-        gw._COMPRESSION_WAIT_S = 0.2
+        gw.compression_wait_s = 0.2
         refused(rival, SessionCompressionInProgressError, gw.persist_failed_turn_input, "s", "hi", "im-c")
-        gw._COMPRESSION_WAIT_S = 10.0
+        gw.compression_wait_s = 10.0
         releaser = threading.Timer(0.3, other.release_compression_lock, args=("s", holder))
         releaser.start()
         assert isinstance(gw.persist_failed_turn_input("s", "hi", "im-c"), int)   # appended once it finished

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import hermes_state_portability as portability
 from hermes_state import (EXPORT_FORMAT, EXPORT_VERSION, ImportConflictError, ImportValidationError, SessionDB,
                           TitleConflictError)
 
@@ -145,58 +146,225 @@ def broken(mutate) -> list:
     return docs
 
 
+# What is wrong, and the problem the report names (the document is always the first, index 0).
 MALFORMED = {
-    "missing id": lambda d: d[0]["session"].pop("id"),
-    "empty id": lambda d: d[0]["session"].update(id=""),
-    "id of wrong type": lambda d: d[0]["session"].update(id=7),
-    "missing source": lambda d: d[0]["session"].pop("source"),
-    "started_at text": lambda d: d[0]["session"].update(started_at="yesterday"),
-    "column of wrong type": lambda d: d[0]["session"].update(input_tokens=[1]),
-    "text where a number belongs": lambda d: d[0]["session"].update(input_tokens="12"),
-    "number where text belongs": lambda d: d[0]["messages"][0].update(content=5),
-    "float where an integer belongs": lambda d: d[0]["messages"][0].update(token_count=1.5),
-    "message without role": lambda d: d[0]["messages"][0].pop("role"),
-    "message timestamp NaN": lambda d: d[0]["messages"][0].update(timestamp=float("nan")),
-    "bad uid": lambda d: d[0]["messages"][0].update(message_uid="XYZ"),
-    "active not a flag": lambda d: d[0]["messages"][0].update(active=7),
-    "message filed under another session": lambda d: d[0]["messages"][0].update(session_id="b"),
-    "messages not a list": lambda d: d[0].update(messages={"role": "user"}),
-    "duplicate ids": lambda d: d[1]["session"].update(id="a"),
-    "self parent": lambda d: d[0]["session"].update(parent_session_id="a"),
-    "parent cycle": lambda d: (d[0]["session"].update(parent_session_id="b"),
-                               d[1]["session"].update(parent_session_id="a")),
-    "one uid twice among live rows": lambda d: d[0]["messages"].extend(
+    "missing id": (lambda d: d[0]["session"].pop("id"), "session id is required"),
+    "empty id": (lambda d: d[0]["session"].update(id=""), "session id must be a non-empty string"),
+    "id of wrong type": (lambda d: d[0]["session"].update(id=7), "session id must be a non-empty string"),
+    "missing source": (lambda d: d[0]["session"].pop("source"), "source must be a non-empty string"),
+    "started_at text": (lambda d: d[0]["session"].update(started_at="yesterday"),
+                        "started_at must be a finite number of epoch seconds"),
+    "column of wrong type": (lambda d: d[0]["session"].update(input_tokens=[1]), "input_tokens must be an integer"),
+    "text where a number belongs": (lambda d: d[0]["session"].update(input_tokens="12"),
+                                    "input_tokens must be an integer"),
+    "number where text belongs": (lambda d: d[0]["messages"][0].update(content=5),
+                                  "messages[0].content must be a string"),
+    "float where an integer belongs": (lambda d: d[0]["messages"][0].update(token_count=1.5),
+                                       "messages[0].token_count must be an integer"),
+    "message without role": (lambda d: d[0]["messages"][0].pop("role"), "messages[0].role must be a non-empty string"),
+    "message timestamp NaN": (lambda d: d[0]["messages"][0].update(timestamp=float("nan")),
+                              "messages[0].timestamp must be a finite number"),
+    "bad uid": (lambda d: d[0]["messages"][0].update(message_uid="XYZ"),
+                "messages[0].message_uid must be 32 lowercase hex digits"),
+    "active not a flag": (lambda d: d[0]["messages"][0].update(active=7), "messages[0].active must be 0, 1 or null"),
+    "message filed under another session": (lambda d: d[0]["messages"][0].update(session_id="b"),
+                                            "messages[0].session_id 'b' is not the session it is filed under"),
+    "messages not a list": (lambda d: d[0].update(messages={"role": "user"}), "messages must be a list"),
+    "model_config not JSON": (lambda d: d[0]["session"].update(model_config="{oops"), "model_config must be valid JSON"),
+    "usage without model": (lambda d: d[0].update(model_usage=[{"input_tokens": 3}]),
+                            "model_usage[0].model must be a non-empty string"),
+    "one uid twice among live rows": (lambda d: d[0]["messages"].extend(
         [dict(d[0]["messages"][0], message_uid="ab" * 16), dict(d[0]["messages"][0], message_uid="ab" * 16)]),
-    "duplicate titles": lambda d: (d[0]["session"].update(title="T"), d[1]["session"].update(title="T")),
-    "newer export version": lambda d: d[0].update(version=EXPORT_VERSION + 1),
-    "another format": lambda d: d[0].update(format="something-else"),
-    "not an object": lambda d: d.append("hello"),
+        f"messages[2].message_uid {'ab' * 16} appears twice among the live messages"),
+    "newer export version": (lambda d: d[0].update(version=EXPORT_VERSION + 1), "export version 2 is not one"),
+    "another format": (lambda d: d[0].update(format="something-else"), "format 'something-else' is not"),
+    "not an object": (lambda d: d.insert(0, "hello"), "the document must be an object, not str"),
 }
 
 
-@pytest.mark.parametrize("mutate", MALFORMED.values(), ids=MALFORMED.keys())
-def test_malformed_input_raises_value_error_and_writes_nothing(db, mutate):
+@pytest.mark.parametrize("mutate,problem", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_input_is_reported_and_writes_nothing(db, mutate, problem):
     populate(db)
     before = tables(db.db_path)
-    with pytest.raises(ImportValidationError) as info:
-        db.import_sessions(broken(mutate))
-    assert isinstance(info.value, ValueError) and info.value.problems
+    report = db.import_sessions(broken(mutate))
+    assert not report.ok and report["ok"] is False and report["imported"] == 0
+    assert report.errors[0]["index"] == 0 and report.errors[0]["error"].startswith(problem), report.errors
+    assert report.imported == report.skipped == () and report.messages == 0
     assert tables(db.db_path) == before
-    assert db._writer.conn.in_transaction is False
+    assert db.in_transaction is False
 
 
-def test_every_problem_is_listed_at_once(db):
+@pytest.mark.parametrize("mutate,problem", list(MALFORMED.values())[:3], ids=list(MALFORMED)[:3])
+def test_strict_raises_what_the_report_would_list(db, mutate, problem):
     with pytest.raises(ImportValidationError) as info:
-        db.import_sessions(broken(lambda d: (d[0]["session"].pop("id"), d[1]["messages"][0].pop("role"))))
-    assert len(info.value.problems) == 2
+        db.import_sessions(broken(mutate), strict=True)
+    assert isinstance(info.value, ValueError) and problem in info.value.problems[0]
+    assert info.value.errors[0]["error"] == problem and "nothing was imported" in str(info.value)
+    assert db.get_session("b") is None
 
 
-def test_a_title_taken_in_the_file_raises_before_writing(db):
+def test_the_report_names_the_session_when_the_document_names_one(db):
+    report = db.import_sessions(broken(lambda d: (d[0]["session"].pop("id"), d[1]["messages"][0].pop("role"))))
+    assert report["errors"] == [{"index": 0, "error": "session id is required"},
+                                {"index": 1, "session_id": "b", "error": "messages[0].role must be a non-empty string"}]
+    assert report.problems[1] == "document 1 (session 'b'): messages[0].role must be a non-empty string"
+
+
+def test_every_malformed_document_is_listed_not_only_the_first(db, rival):
+    docs = [good_doc(f"s{n}") for n in range(6)]
+    docs[1]["session"]["started_at"] = None
+    docs[4]["messages"][0]["role"] = ""
+    docs[4]["session"]["user_id"] = {"not": "text"}
+    report = db.import_sessions(iter(docs))
+    assert [(e["index"], e["error"]) for e in report.errors] == [
+        (1, "started_at must be a finite number of epoch seconds"),
+        (4, "user_id must be a string"), (4, "messages[0].role must be a non-empty string")]
+    assert rival.execute("SELECT count(*) FROM sessions").fetchone()[0] == 0
+
+
+def test_what_documents_say_about_each_other_is_checked_too(db, rival):
+    report = db.import_sessions([good_doc("a", title="T"), good_doc("b", title="T"), good_doc("a")])
+    assert [(e["index"], e["error"]) for e in report.errors] == [(2, "the session appears more than once in the input")]
+    report = db.import_sessions([good_doc("a", title="T"), good_doc("b", title="T")])
+    assert report.errors == ({"index": 1, "session_id": "b", "error": "title 'T' is used by an earlier session of "
+                                                                       "the input"},)
+    assert rival.execute("SELECT count(*) FROM sessions").fetchone()[0] == 0
+
+
+def test_a_title_taken_in_the_file_is_reported_and_nothing_written(db):
     populate(db)
     before = tables(db.db_path)
-    with pytest.raises(TitleConflictError):
-        db.import_sessions([good_doc("a"), good_doc("b", title="Parent")])
+    report = db.import_sessions([good_doc("a"), good_doc("b", title="Parent")])
+    assert report.errors == ({"index": 1, "session_id": "b", "error": "title 'Parent' is already in use by session 'p'"},)
     assert tables(db.db_path) == before
+    with pytest.raises(ImportValidationError, match="already in use"):
+        db.import_sessions([good_doc("b", title="Parent")], strict=True)
+
+
+def test_titles_swapped_between_replaced_sessions_import(db):
+    db.import_sessions([good_doc("a", title="First"), good_doc("b", title="Second")])
+    report = db.import_sessions([good_doc("a", title="Second"), good_doc("b", title="First")], on_conflict="replace")
+    assert report.ok and report.replaced == ("a", "b")
+    assert (db.get_session("a")["title"], db.get_session("b")["title"]) == ("Second", "First")
+
+
+@pytest.fixture(params=["walked up", "narrowed from the roots first"])
+def ring_search(request, monkeypatch):
+    """Both ways the import looks for rings: walking up from each session, or from the roots down first."""
+    if request.param != "walked up":
+        monkeypatch.setattr(portability, "WALK_AT_MOST", 0)
+
+
+def test_a_self_parent_and_a_ring_of_parents_are_cut_not_refused(db, rival, ring_search):
+    report = db.import_sessions([good_doc("me", parent_session_id="me")])
+    assert report.ok and report.detached_parents == ("me",) and report["detached"] == 1
+    # Three in a ring, one hanging below it: the ring is cut once, at its first session in input order.
+    docs = [good_doc("below", parent_session_id="r2"), good_doc("r1", parent_session_id="r3"),
+            good_doc("r2", parent_session_id="r1"), good_doc("r3", parent_session_id="r2")]
+    report = db.import_sessions(docs)
+    assert report.detached_parents == ("r1",)
+    parents = dict(rival.execute("SELECT id, parent_session_id FROM sessions WHERE id != 'me'").fetchall())
+    assert parents == {"below": "r2", "r1": None, "r2": "r1", "r3": "r2"}
+
+
+def test_a_ring_through_the_files_sessions_is_cut_and_a_ring_of_the_file_alone_left(db, rival, ring_search):
+    db.import_sessions([good_doc("f1", parent_session_id="f2"), good_doc("f2")])
+    rival.execute("UPDATE sessions SET parent_session_id = 'f1' WHERE id = 'f2'")  # bad data already in the file
+    report = db.import_sessions([good_doc("under", parent_session_id="f1")])
+    assert report.ok and report.detached_parents == ()  # the ring is not the import's: only hung below
+    db.import_sessions([good_doc("a"), good_doc("b", parent_session_id="a")])
+    report = db.import_sessions([good_doc("a", parent_session_id="b")], on_conflict="replace")
+    assert report.detached_parents == ("a",)
+    assert dict(rival.execute("SELECT id, parent_session_id FROM sessions WHERE id IN ('a', 'b')").fetchall()) == {
+        "a": None, "b": "a"}
+
+
+def test_an_empty_input_imports_nothing_and_is_ok(db):
+    report = db.import_sessions(iter([]))
+    assert report.ok and report.imported == () and report["imported"] == 0
+
+
+def test_a_missing_parent_and_a_ring_both_count_as_detached(db, ring_search):
+    report = db.import_sessions([good_doc("x", parent_session_id="y"), good_doc("y", parent_session_id="x"),
+                                 good_doc("z", parent_session_id="gone")])
+    assert sorted(report.detached_parents) == ["x", "z"] and report["detached"] == 2
+
+
+def test_an_unreadable_input_ends_the_import_as_a_problem(db, rival):
+    def documents():
+        yield good_doc("a")
+        raise ValueError("line 2: Expecting ',' delimiter")
+
+    report = db.import_sessions(documents())
+    assert report.errors == ({"index": 1, "error": "the input could not be read: line 2: Expecting ',' delimiter"},)
+    assert rival.execute("SELECT count(*) FROM sessions").fetchone()[0] == 0
+
+
+def test_an_input_that_is_no_iterable_of_documents_raises(db):
+    for wrong in ("a string", b"bytes", 42, None):
+        with pytest.raises(ImportValidationError, match="iterable of them"):
+            db.import_sessions(wrong)
+
+
+def test_on_conflict_error_midway_rolls_back_what_came_before(db, rival):
+    db.import_sessions(good_doc("old"))
+    with pytest.raises(ImportConflictError, match="'old' already exists"):
+        db.import_sessions(iter([good_doc("new"), good_doc("old")]), on_conflict="error")
+    assert [r[0] for r in rival.execute("SELECT id FROM sessions")] == ["old"]
+
+
+def test_any_iterable_is_read_once_as_it_goes(db, rival):
+    pulled = []
+
+    def documents():
+        for n in range(4):
+            pulled.append(n)
+            yield good_doc(f"g{n}")
+
+    stream = documents()
+    report = db.import_sessions(stream)
+    assert report.imported == ("g0", "g1", "g2", "g3") and pulled == [0, 1, 2, 3]
+    assert next(stream, None) is None  # consumed, never rewound
+    assert rival.execute("SELECT count(*) FROM messages").fetchone()[0] == 4
+
+
+def test_import_memory_stays_flat_in_the_number_of_documents(tmp_path):
+    def documents(n):
+        for s in range(n):
+            doc = good_doc(f"s{s:04d}")
+            doc["messages"] = [{"role": "user", "content": f"{s} " + "x" * 4000, "timestamp": 2.0}] * 10
+            yield doc
+
+    peaks = []
+    for n, name in ((5, "small.db"), (60, "large.db")):
+        with SessionDB(tmp_path / name) as db:
+            tracemalloc.start()
+            assert db.import_sessions(documents(n)).messages == n * 10
+            peaks.append(tracemalloc.get_traced_memory()[1])
+            tracemalloc.stop()
+    # One document is ~40 KB and 60 of them 2.4 MB; the import holds one document at a time.
+    assert peaks[1] < peaks[0] * 2
+
+
+@pytest.mark.parametrize("count", [0, 1, 3, 4, 17, 64, 85, 150])
+def test_every_message_is_written_once_in_input_order_whatever_the_count(db, rival, count):
+    doc = good_doc("many")
+    doc["messages"] = [{"role": "user", "content": f"line {n} walrus", "timestamp": 2.0 + n} for n in range(count)]
+    assert db.import_sessions(doc).messages == count
+    rows = rival.execute("SELECT content FROM messages WHERE session_id = 'many' ORDER BY id").fetchall()
+    assert [r[0] for r in rows] == [f"line {n} walrus" for n in range(count)]
+    assert len(db.search_messages("walrus", limit=200)) == count  # every row indexed
+    assert db.get_session("many")["message_count"] == count
+    assert set(db.check_integrity()["fts"].values()) == {"ok"}
+
+
+def test_hand_written_rows_get_what_a_fresh_write_would_give(db, rival):
+    doc = {"id": "hand", "source": "cli", "started_at": 50.0, "model_config": '{"t": 1}',
+           "messages": [{"role": "user", "content": "bad \udc80 half"}, {"role": "assistant", "content": "ok"}]}
+    assert db.import_sessions([doc]).ok
+    rows = rival.execute("SELECT content, timestamp, length(message_uid) FROM messages ORDER BY id").fetchall()
+    assert [tuple(r) for r in rows] == [("bad \ufffd half", 50.0, 32), ("ok", 50.0, 32)]
+    assert db.get_session("hand")["model_config"] == '{"t": 1}'
 
 
 def test_columns_this_schema_lacks_are_ignored_and_reported(db):
@@ -272,6 +440,32 @@ def test_property_export_import_export_is_identical(specs):
             assert other.export_all() == exported
             for doc in exported:
                 assert other.get_session(doc["session"]["id"])["message_count"] == doc["session"]["message_count"]
+
+
+CORRUPTIONS = [("id", None), ("source", ""), ("started_at", "noon"), ("user_id", 5), ("model_config", "{x"),
+               ("input_tokens", 1.5), ("message role", None), ("message timestamp", float("inf"))]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 3), st.none() | st.sampled_from(CORRUPTIONS)), min_size=1, max_size=6))
+def test_property_an_import_is_all_or_nothing_and_names_each_bad_document(specs):
+    docs, bad = [], []
+    for index, (messages, corruption) in enumerate(specs):
+        doc = good_doc(f"p{index}")
+        doc["messages"] = [{"role": "user", "content": f"m{k}", "timestamp": 2.0} for k in range(messages)] or \
+            [{"role": "user", "content": "only", "timestamp": 2.0}]
+        if corruption is not None:
+            name, value = corruption
+            target = doc["messages"][0] if name.startswith("message ") else doc["session"]
+            target[name.removeprefix("message ")] = value
+            bad.append(index)
+        docs.append(doc)
+    with tempfile.TemporaryDirectory() as tmp:
+        with SessionDB(Path(tmp) / "p.db") as db:
+            report = db.import_sessions(iter(docs))
+            written = len(db.list_sessions(limit=100))
+        assert sorted({e["index"] for e in report.errors}) == bad
+        assert report.ok is (not bad) and written == (0 if bad else len(docs))
 
 
 def test_a_row_without_uid_is_exported_with_the_uid_its_conversation_shows(db, rival, tmp_path):

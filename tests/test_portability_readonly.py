@@ -17,7 +17,8 @@ from hermes_state import (ReadOnlyError, SessionDB, StateDbBusyError, StateDbInc
 READS = {
     "get_session", "get_messages", "get_messages_as_conversation", "get_session_title", "resolve_session_by_title",
     "get_next_title_in_lineage", "get_lineage", "get_descendants", "list_sessions", "usage_by_model",
-    "top_sessions_by_tokens", "search_messages", "fts_rebuild_status", "get_compression_successor",
+    "top_sessions_by_tokens", "search_messages", "fts_rebuild_status", "wait_for_fts_rebuild",
+    "get_compression_successor",
     "get_compression_ancestors", "export_session", "export_all", "iter_export", "backup",
     "close", "release", "shared", "to_provider_messages", "tracer",
     "count_sessions", "check_integrity", "get_runtime", "next_admission", "get_admission", "list_admissions",
@@ -29,6 +30,8 @@ READS = {
     "count_empty_sessions", "get_meta", "list_prune_candidates", "list_sessions_rich", "search_sessions",
     "search_sessions_by_id", "list_cron_job_runs", "get_compression_tip", "resolve_session_id",
     "get_compression_lineage", "export_session_lineage",
+    "get_telegram_topic_binding", "get_telegram_topic_binding_by_session", "is_telegram_session_linked_to_topic",
+    "list_telegram_topic_bindings_for_chat", "is_telegram_topic_mode_enabled", "list_unlinked_telegram_sessions_for_user",
     "find_latest_gateway_session_for_peer", "list_gateway_sessions", "find_session_by_origin",
     "get_compression_failure_cooldown", "get_compression_fallback_streak",
 }
@@ -102,7 +105,7 @@ def test_a_read_only_session_leaves_the_file_bytes_unchanged(db, tmp_path):
 def test_an_exclusive_rival_makes_the_open_wait_then_report_busy(db, monkeypatch):
     db.create_session("s", "cli")
     db.close()
-    monkeypatch.setattr(SessionDB, "_READ_BUSY_TIMEOUT_S", 1.0)  # the 5 s default, shortened for the suite
+    monkeypatch.setattr(SessionDB, "read_busy_timeout_s", 1.0)  # the 5 s default, shortened for the suite
     rival = sqlite3.connect(db.db_path, isolation_level=None)
     rival.execute("PRAGMA locking_mode = EXCLUSIVE")
     rival.execute("BEGIN IMMEDIATE")

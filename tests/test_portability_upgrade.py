@@ -44,7 +44,7 @@ def test_the_fixture_is_an_old_layout(agent_db):
 
 
 def test_opening_writable_backs_up_first_then_upgrades_with_every_row(agent_db, caplog, monkeypatch):
-    monkeypatch.setattr(SessionDB, "_FTS_REBUILD_IN_BACKGROUND", False)
+    monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", False)
     original = rows(agent_db, OLD_MESSAGES)
     with caplog.at_level(logging.INFO, logger="hermes_state"):
         db = SessionDB(agent_db)
@@ -102,7 +102,7 @@ def bulk_up_old_index(path: Path) -> None:
 
 
 def test_after_upgrade_and_rebuild_the_file_is_no_larger_than_a_fresh_one(agent_db, tmp_path, monkeypatch):
-    monkeypatch.setattr(SessionDB, "_FTS_REBUILD_IN_BACKGROUND", False)
+    monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", False)
     bulk_up_old_index(agent_db)
     with SessionDB(agent_db, backup_before_upgrade=False) as db:
         db.rebuild_fts()  # the background rebuild's work; the freed pages are given back after it
@@ -125,8 +125,7 @@ def test_the_background_rebuild_gives_the_space_back_too(agent_db):
     bulk_up_old_index(agent_db)
     before = agent_db.stat().st_size
     with SessionDB(agent_db, backup_before_upgrade=False) as db:
-        db._fts_worker.join(30)
-        assert not db._fts_worker.is_alive()
+        assert db.wait_for_fts_rebuild(30)
         assert db.fts_rebuild_status()["pending"] == 0
     assert rows(agent_db, "PRAGMA auto_vacuum") == [(2,)]  # incremental from now on
     assert agent_db.stat().st_size < before / 2
@@ -170,7 +169,7 @@ def v32_db(tmp_path) -> Path:
 
 
 def test_a_file_this_library_labelled_32_is_relabelled_31_with_its_layout_revision(v32_db, monkeypatch):
-    monkeypatch.setattr(SessionDB, "_FTS_REBUILD_IN_BACKGROUND", False)
+    monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", False)
     assert rows(v32_db, "SELECT version FROM schema_version") == [(32,)]
     before = rows(v32_db, "SELECT id, session_id, role, content, message_uid FROM messages ORDER BY id")
     with SessionDB(v32_db) as db:

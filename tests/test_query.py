@@ -20,7 +20,8 @@ from hermes_state_query import Group, Term, _sanitize_fts5_query
     ("chat-send", '"chat-send"'), ("my-app.config.ts", '"my-app.config.ts"'), ("under_score", '"under_score"'),
     ('say "hello world', "say hello world"), ('"exact phrase" rest', '"exact phrase" rest'),
     ("deploy*", "deploy*"), ('"foo bar"*', '"foo bar"*'), ("#123", "123"), ("50%", "50"),
-    ("NEAR(a b, 3)", '"NEAR(a" b 3'), ("col:term", '"col:term"'), ("^start", "start"), ("((x))", "x"),
+    ("NEAR(a b, 3)", '"NEAR(a" b 3'), ("col:term", '"col term"'), ("^start", "start"), ("((x))", "x"),
+    ("error:timeout", '"error timeout"'), ('"a : b" c:', '"a b" c'), ("TODO: fix", "TODO fix"),
     ("", ""), ("   ", ""), ("***", ""), ('""', ""), ("東京", "東京"), ("a\x00b", "a b"),
 ])
 def test_sanitizer_examples(text, expected):

@@ -10,6 +10,7 @@ import pytest
 
 import hermes_state
 import hermes_state_repair as repair
+from hermes_state_repair import ATTEMPTED_PATHS
 from hermes_state import SessionDB, StateDbCorruptError, is_malformed_db_error, repair_state_db_schema
 
 
@@ -57,8 +58,13 @@ def path(tmp_path) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_attempts(monkeypatch):
-    monkeypatch.setattr(hermes_state, "_repair_attempted_paths", set())
+def fresh_attempts():
+    # The paths an open already tried to repair are remembered per process; each test starts afresh.
+    saved = set(ATTEMPTED_PATHS)
+    ATTEMPTED_PATHS.clear()
+    yield
+    ATTEMPTED_PATHS.clear()
+    ATTEMPTED_PATHS.update(saved)
 
 
 def test_malformed_class_is_told_by_code_and_text():

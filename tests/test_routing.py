@@ -104,8 +104,8 @@ def test_an_owner_passing_its_epoch_is_fenced(gw, rival):
 
 def test_delivery_bookkeeping_is_an_activity_write(gw, rival, monkeypatch):
     ob = gw.owe_delivery("s", "a")
-    monkeypatch.setattr(gw, "_ACTIVITY_WRITE_PATIENCE_S", 0.05)
-    monkeypatch.setattr(gw, "_WRITE_PATIENCE_S", 60.0)   # would hang the test if these used it
+    monkeypatch.setattr(gw, "activity_write_patience_s", 0.05)
+    monkeypatch.setattr(gw, "write_patience_s", 60.0)   # would hang the test if these used it
     rival.execute("BEGIN IMMEDIATE")
     try:
         for call in (lambda: gw.begin_delivery(ob), lambda: gw.mark_delivered(ob), lambda: gw.mark_failed(ob, "x")):

@@ -42,9 +42,9 @@ def test_fresh_database_has_the_declared_shape(db, rival):
         fks = [r for r in rival.execute(f"PRAGMA foreign_key_list({ledger})") if r[2] == "sessions"]
         assert fks and fks[0][6] == "RESTRICT", ledger
     assert rival.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    with db._write() as conn:  # the handle's write connection
-        assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
-        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    with db.transaction() as txn:  # the handle's write connection
+        assert txn.conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert txn.conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
 
 
 def test_a_new_file_gets_the_page_size_and_an_existing_file_keeps_its_own(tmp_path):
@@ -68,8 +68,8 @@ def test_ledger_rows_restrict_session_delete(db, rival):
     db.create_session("s", "cli")
     rival.execute("INSERT INTO session_admissions (session_id, state) VALUES ('s', 'queued')")
     with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
-        with db._write() as conn:
-            conn.execute("DELETE FROM sessions WHERE id='s'")
+        with db.transaction() as txn:
+            txn.conn.execute("DELETE FROM sessions WHERE id='s'")
     assert rival.execute("SELECT COUNT(*) FROM sessions WHERE id='s'").fetchone()[0] == 1
 
 
@@ -181,7 +181,7 @@ def test_open_of_current_database_takes_no_write_lock_and_scans_nothing(db, riva
         return conn
 
     monkeypatch.setattr(schema, "connect", traced)
-    monkeypatch.setattr(SessionDB, "_WRITE_PATIENCE_S", 0.2)
+    monkeypatch.setattr(SessionDB, "write_patience_s", 0.2)
     rival.execute("BEGIN IMMEDIATE")  # a writer elsewhere does not block a current open
     try:
         other = SessionDB(db.db_path)
@@ -289,7 +289,7 @@ def test_read_only_opens(tmp_path, raw_conn):
 def test_read_only_open_waits_then_reports_busy(tmp_path, monkeypatch):
     path = tmp_path / "state.db"
     SessionDB(path).close()
-    monkeypatch.setattr(SessionDB, "_READ_BUSY_TIMEOUT_S", 0.2)  # tuned on the class, read at call time
+    monkeypatch.setattr(SessionDB, "read_busy_timeout_s", 0.2)  # tuned on the class, read at call time
     locker = sqlite3.connect(path, isolation_level=None)
     locker.execute("PRAGMA journal_mode=DELETE")  # an exclusive lock blocks readers only without WAL
     locker.execute("BEGIN EXCLUSIVE")

@@ -15,7 +15,7 @@ from hermes_state import SessionDB
 @pytest.fixture
 def planted(db, monkeypatch):
     """Old sessions holding identifiers in every role, under newer filler the scan would stop at."""
-    monkeypatch.setattr(search, "_LIKE_SCAN_ROWS", 20)  # any scan limit must not matter for indexed pieces
+    monkeypatch.setattr(search, "LIKE_SCAN_ROWS", 20)  # any scan limit must not matter for indexed pieces
     ids = {}
     db.create_session("old", "cli")
     ids["user"] = db.append_message("old", "user", "order QX7731-ZEBRA arrived damaged")
@@ -74,7 +74,7 @@ def test_patterns_that_crash_sqlites_trigram_like_are_never_sent_to_it(tmp_path)
 
 
 def test_a_query_no_index_serves_says_when_its_scan_stopped_early(db, monkeypatch):
-    monkeypatch.setattr(search, "_LIKE_SCAN_ROWS", 10)
+    monkeypatch.setattr(search, "LIKE_SCAN_ROWS", 10)
     db.create_session("s", "cli")
     old = db.append_message("s", "user", "old abqzcd mention")
     for i in range(30):
@@ -83,7 +83,7 @@ def test_a_query_no_index_serves_says_when_its_scan_stopped_early(db, monkeypatc
     assert partial.complete is False and partial == []
     db.append_message("s", "user", "new xxqzyy mention")
     assert db.search_messages("qz", limit=1).complete is True  # the newest hit fills the page: exact
-    monkeypatch.setattr(search, "_LIKE_SCAN_ROWS", 1000)
+    monkeypatch.setattr(search, "LIKE_SCAN_ROWS", 1000)
     full = db.search_messages("qz")
     assert full.complete is True and old in [h["id"] for h in full]
 

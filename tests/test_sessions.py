@@ -967,6 +967,25 @@ def test_archive_flag_and_counts(db, rival):
     assert db.set_session_archived("b", False) is True and row(rival, "b")["archived"] == 0
 
 
+def test_count_listing_and_prune_agree_on_a_working_directory(db):
+    # One definition of "inside this directory" serves the count, the listing and the prune
+    # filter: the directory itself and what is below it, in the file system's own case.
+    cwds = {"same": "/repo", "slash": "/repo/", "below": "/repo/x/y", "sibling": "/repo-2", "digit": "/repo0",
+            "upper": "/Repo/x", "elsewhere": "/srv"}
+    for sid, cwd in cwds.items():
+        db.create_session(sid, "cli", cwd=cwd)
+        db.end_session(sid, "user_exit")
+    inside = {"same", "slash", "below"}
+    for prefix in ("/repo", "/repo/", "/repo//"):
+        assert db.session_count(cwd_prefix=prefix) == len(inside)
+        assert {r["id"] for r in db.list_sessions_rich(cwd_prefix=prefix, limit=50)} == inside
+        assert {r["id"] for r in db.list_prune_candidates(older_than_days=None, cwd_prefix=prefix)} \
+            == inside
+    assert db.session_count(cwd_prefix="/") == len(cwds)
+    with pytest.raises(ValueError):
+        db.list_sessions_rich(source=7)
+
+
 def test_get_messages_pages_live_rows_in_insertion_order(db, rival):
     db.create_session("s", "cli")
     for i in range(7):
@@ -996,8 +1015,3 @@ def test_set_latest_user_api_content_only_touches_the_matching_latest_turn(db, r
     assert [r["api_content"] for r in rows(rival, "s")] == [None, "memory + turn \ufffd"]
     with pytest.raises(SessionNotFoundError):
         db.set_latest_user_api_content("ghost", "x", "y")
-
-
-def test_conn_rows_read_by_name(db):
-    db.create_session("s", "cli", model="m")
-    assert db._conn.execute("SELECT model FROM sessions WHERE id = 's'").fetchone()["model"] == "m"

@@ -96,7 +96,7 @@ def test_write_waits_for_rival_then_succeeds(db, rival):
 
 
 def test_write_gives_up_after_patience_with_typed_error_and_warning(db, rival, caplog):
-    db._WRITE_PATIENCE_S = 0.3  # tune one instance (SPEC R-WRITE-3)
+    db.write_patience_s = 0.3  # tune one instance (SPEC R-WRITE-3)
     rival.execute("BEGIN IMMEDIATE")
     with caplog.at_level(logging.WARNING, logger="hermes_state"):
         t0 = time.monotonic()
@@ -120,7 +120,7 @@ def test_write_gives_up_after_patience_with_typed_error_and_warning(db, rival, c
 
 
 def test_patience_is_a_class_attribute_read_at_call_time(db, rival, monkeypatch):
-    monkeypatch.setattr(SessionDB, "_WRITE_PATIENCE_S", 0.2)  # after the handle opened
+    monkeypatch.setattr(SessionDB, "write_patience_s", 0.2)  # after the handle opened
     rival.execute("BEGIN IMMEDIATE")
     try:
         started = time.monotonic()
@@ -146,7 +146,7 @@ def test_passive_checkpoint_every_n_writes(db):
     db.close()
     # Opening a current database writes nothing, so this handle's write count starts at zero.
     handle = SessionDB(db.db_path)
-    handle._CHECKPOINT_EVERY_N_WRITES = 5
+    handle.checkpoint_every_n_writes = 5
     with handle.tracer() as traced:
         for i in range(12):
             handle.create_session(f"s{i}", "cli")

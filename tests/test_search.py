@@ -106,7 +106,7 @@ def test_mixed_and_or_queries_fall_back_like_latin_ones(db, mixed, query, names)
 
 
 def test_a_mixed_query_finds_substrings_older_than_the_like_scan(db, mixed, monkeypatch):
-    monkeypatch.setattr(search, "_LIKE_SCAN_ROWS", 2)  # the LIKE scan sees the newest 2 rows only
+    monkeypatch.setattr(search, "LIKE_SCAN_ROWS", 2)  # the LIKE scan sees the newest 2 rows only
     for i in range(5):
         db.append_message("s", "user", f"filler {i}")
     assert _ids(db, "東京 ockerfil") == {mixed["dockerfile"]}
@@ -250,7 +250,7 @@ def test_filters_combine_with_every_route(db, query):
 
 
 def test_pagination_is_disjoint_and_complete(db, monkeypatch):
-    monkeypatch.setattr(search, "_RANK_WINDOW", 3)  # force the ranking window to grow
+    monkeypatch.setattr(search, "RANK_WINDOW", 3)  # force the ranking window to grow
     db.create_session("s", "cli")
     db.create_session("t", "discord")
     want = {db.append_message("s" if i % 5 else "t", "user", f"common term {'pad ' * (i % 7)}") for i in range(40)}
@@ -306,14 +306,14 @@ def test_bad_paging_or_filters_raise_value_error(db, bad):
 
 
 def test_search_while_a_rebuild_runs_finds_rows_not_indexed_yet(tmp_path, monkeypatch):
-    monkeypatch.setattr(SessionDB, "_FTS_REBUILD_IN_BACKGROUND", False)
+    monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", False)
     path = tmp_path / "state.db"
     with SessionDB(path) as db:
         db.create_session("s", "cli")
         rows = [db.append_message("s", "user", f"rebuild{i} 再構築") for i in range(10)]
-        with db._write() as conn:
-            fts.start_rebuild(conn)
-            fts.rebuild_step(conn, 4)
+        with db.transaction() as txn:
+            fts.start_rebuild(txn.conn)
+            fts.rebuild_step(txn.conn, 4)
         assert db.fts_rebuild_status()["pending"] == 6
         for i in (1, 8):
             assert [h["id"] for h in db.search_messages(f"rebuild{i}")] == [rows[i]]
@@ -331,7 +331,7 @@ def test_a_read_only_handle_on_a_database_without_fts_degrades_and_says_so(tmp_p
     for name in fts.FTS_TABLES:
         conn.execute(f"DROP TABLE {name}")
     conn.close()
-    search._warned.clear()
+    search.warned.clear()
     with caplog.at_level(logging.WARNING, logger="hermes_state"), SessionDB(path, read_only=True) as ro:
         assert [h["id"] for h in ro.search_messages("hello")] == [latin]
         assert [h["id"] for h in ro.search_messages("東京")] == [cjk]
@@ -348,7 +348,7 @@ def test_cjk_falls_back_to_trigram_when_the_cjk_index_is_missing(tmp_path, caplo
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("DROP TABLE messages_fts_cjk")
     conn.close()
-    search._warned.clear()
+    search.warned.clear()
     with caplog.at_level(logging.WARNING, logger="hermes_state"), SessionDB(path, read_only=True) as ro:
         (hit,) = ro.search_messages("東京タ")
         assert hit["id"] == row and hit["snippet"] == ">>>東京タ<<<ワー"  # trigram's own snippet
@@ -470,4 +470,3 @@ def test_a_cjk_term_with_other_characters_is_matched_literally(db):
     db.append_message("b", "user", "达成100完成率是目标")
     assert [h["session_id"] for h in db.search_messages("100%完成")] == ["a"]
     assert sorted(h["session_id"] for h in db.search_messages("完成率")) == ["a", "b"]   # letters only: both
-    assert SessionDB._contains_cjk("日本語mixed") is True and SessionDB._contains_cjk("") is False

@@ -169,7 +169,7 @@ def test_a_closed_pipe_ends_quietly(filled):
     assert out.stdout.count("\n") == 2 and "Error" not in out.stderr and "Traceback" not in out.stderr
 
 
-def _run_in_terminal(home: Path, *argv: str, env: dict[str, str] | None = None) -> str:
+def run_in_terminal(home: Path, *argv: str, env: dict[str, str] | None = None) -> str:
     """Run the command with stdout and stderr on a pseudo-terminal; return everything it printed."""
     leader, follower = pty.openpty()
     env = {**os.environ, "HERMES_HOME": str(home), "TERM": "xterm", **(env or {})}
@@ -196,14 +196,14 @@ def _run_in_terminal(home: Path, *argv: str, env: dict[str, str] | None = None) 
 
 
 def test_highlighting_and_progress_appear_only_on_a_terminal(filled):
-    on_tty = _run_in_terminal(filled, "sessions", "search", "kanban")
+    on_tty = run_in_terminal(filled, "sessions", "search", "kanban")
     assert "\x1b[1;33mkanban\x1b[0m" in on_tty and ">>>" not in on_tty
     piped = run(filled, "sessions", "search", "kanban").stdout
     assert ">>>kanban<<<" in piped and "\x1b[" not in piped
     with SessionDB() as db:
         for i in range(3000):
             db.append_message("s1", "user", f"filler message {i}")
-    progress = _run_in_terminal(filled, "fts", "rebuild")
+    progress = run_in_terminal(filled, "fts", "rebuild")
     assert "rebuilding the search index" in progress
     quiet = run(filled, "fts", "rebuild")
     assert quiet.returncode == 0 and quiet.stderr == ""

@@ -1,0 +1,112 @@
+"""hermes_state_messages on a bare connection: rows, uids, tool-call pairing, counters, merge and rewrite."""
+from __future__ import annotations
+
+import pytest
+
+import hermes_state_messages as messages
+from hermes_state_errors import SessionNotFoundError
+
+
+@pytest.fixture
+def s(db, conn):
+    db.create_session("s", "cli")
+    return conn
+
+
+def _counters(conn, sid="s"):
+    return tuple(conn.execute("SELECT message_count, tool_call_count FROM sessions WHERE id = ?", (sid,)).fetchone())
+
+
+def test_insert_issues_a_uid_and_only_live_rows_move_the_counters(s):
+    first = messages.insert_message(s, "s", {"role": "user", "content": "hi"})
+    messages.insert_message(s, "s", {"role": "user", "content": "archived"}, active=0)
+    uid = s.execute("SELECT message_uid FROM messages WHERE id = ?", (first,)).fetchone()[0]
+    assert len(uid) == 32 and int(uid, 16) >= 0
+    assert _counters(s) == (1, 0)
+    with pytest.raises(SessionNotFoundError):
+        messages.insert_message(s, "ghost", {"role": "user", "content": "x"})
+
+
+def test_a_tool_result_is_paired_with_the_call_that_asked_for_it(s):
+    messages.append_message(s, "s", "assistant", tool_calls=[{"id": "c1", "type": "function"},
+                                                            {"id": "c2", "type": "function"}])
+    messages.append_message(s, "s", "tool", "result two", tool_call_id="c2")
+    rows = messages.get_messages(s, "s")
+    issued = rows[0]["tool_call_uids"]
+    assert set(issued) == {"c1", "c2"} and rows[1]["tool_call_uid"] == issued["c2"]
+    assert _counters(s) == (2, 2)
+
+
+def test_bad_fields_are_refused_before_anything_is_written(s):
+    for fields, match in (({"role": "user", "colour": "red"}, "unknown message field"),
+                          ({"role": "tool", "name": "a", "tool_name": "b"}, "another spelling"),
+                          ({"role": ""}, "role"),
+                          ({"role": "user", "content": [1, 2]}, "content-part")):
+        with pytest.raises(ValueError, match=match):
+            messages.insert_message(s, "s", fields)
+    assert s.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 0 and _counters(s) == (0, 0)
+
+
+def test_list_content_is_stored_as_its_text_and_its_parts(s):
+    parts = [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:x"}}]
+    messages.insert_message(s, "s", {"role": "user", "content": parts})
+    stored = s.execute("SELECT content FROM messages").fetchone()[0]
+    assert stored == "look"
+    assert messages.get_messages(s, "s")[0]["content"] == parts
+
+
+def test_merge_folds_same_role_rows_into_the_first_and_fixes_the_counters(s):
+    a = messages.append_message(s, "s", "assistant", "one", tool_calls=[{"id": "c1"}])
+    b = messages.append_message(s, "s", "assistant", "two", tool_calls=[{"id": "c2"}])
+    uid_b = s.execute("SELECT message_uid FROM messages WHERE id = ?", (b,)).fetchone()[0]
+    assert messages.merge_messages(s, "s", [a, b]) == a
+    rows = messages.get_messages(s, "s")
+    assert [r["id"] for r in rows] == [a]
+    assert uid_b in rows[0]["absorbed_message_uids"]
+    assert _counters(s) == (1, 2)  # the row counts once; both calls moved to it
+
+
+def test_merge_refuses_what_cannot_be_folded_and_changes_nothing(s):
+    u = messages.append_message(s, "s", "user", "question")
+    a = messages.append_message(s, "s", "assistant", "answer")
+    for ids, match in (([u], "at least two"), ([u, u], "distinct"), ([u, True], "integer"),
+                       ([u, a], "only user/user"), ([u, 999], "not active messages")):
+        with pytest.raises(ValueError, match=match):
+            messages.merge_messages(s, "s", ids)
+    assert len(messages.get_messages(s, "s")) == 2 and _counters(s) == (2, 0)
+
+
+def test_replace_validates_every_message_before_deleting_the_old_ones(s):
+    messages.append_message(s, "s", "user", "old")
+    with pytest.raises(ValueError, match="message 1"):
+        messages.replace_messages(s, "s", [{"role": "user", "content": "new"}, {"role": ""}])
+    assert [r["content"] for r in messages.get_messages(s, "s")] == ["old"]
+    assert messages.replace_messages(s, "s", [{"role": "user", "content": "new"},
+                                              {"role": "assistant", "content": "reply"}]) == 2
+    assert [r["content"] for r in messages.get_messages(s, "s")] == ["new", "reply"] and _counters(s) == (2, 0)
+
+
+def test_message_list_refuses_one_uid_twice_and_what_is_not_a_list_of_dicts():
+    uid = "a" * 32
+    with pytest.raises(ValueError, match="same message_uid"):
+        messages.message_list([{"message_uid": uid}, {"message_uid": uid}])
+    for bad in ("text", {"role": "user"}, None, [1]):
+        with pytest.raises(ValueError):
+            messages.message_list(bad)
+
+
+def test_tool_call_uid_helpers():
+    issued = messages.issue_tool_call_uids([{"id": "c1"}, {"id": "c1"}, {"id": "c2"}, "junk"])
+    assert set(issued) == {"c1", "c2"} and issued["c1"] != issued["c2"]
+    assert messages.issue_tool_call_uids([]) is None
+    assert messages.pick_tool_call_uid(["u0", "u1"], 1) == "u1"
+    assert messages.pick_tool_call_uid(["u0", "u1"], 5) == "u1"  # past the list: the last one
+    assert messages.pick_tool_call_uid("shared", 3) == "shared" and messages.pick_tool_call_uid(None, 0) is None
+
+
+def test_clear_and_count(s):
+    messages.append_message(s, "s", "user", "a")
+    messages.insert_message(s, "s", {"role": "user", "content": "old"}, active=0)
+    assert messages.message_count(s, "s") == 1 and messages.message_count(s) == 1
+    assert messages.message_count(s, "\ud800") == 0
+    assert messages.clear_messages(s, "s") == 2 and _counters(s) == (0, 0)
