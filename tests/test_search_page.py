@@ -36,6 +36,7 @@ def conn(db):
                                                                                      "arguments": calls}}])
         else:
             db.append_message(f"s{i}", "user", text)
+    db.search_messages("x")  # the handle indexes the rows it queued before it searches: then the index holds them
     c = sqlite3.connect(db.db_path)
     yield c
     c.close()
@@ -83,6 +84,7 @@ def test_search_snippets_equal_the_index_s_own(db, conn):
 def test_reasoning_snippets_equal_the_index_s_own(db):
     db.create_session("r", "cli")
     row = db.append_message("r", "assistant", "done", reasoning="first I think about the walrus, then about tea")
+    db.search_messages("x")  # indexes the handle's queued rows
     with sqlite3.connect(db.db_path) as c:
         expected = c.execute(f"SELECT snippet({fts.REASONING}, -1, '>>>', '<<<', '...', 16) FROM {fts.REASONING} "
                              f"WHERE {fts.REASONING} MATCH 'walrus'").fetchone()[0]
@@ -144,6 +146,7 @@ def test_archived_rows_among_the_best_leave_the_ranking_of_the_live_ones_unchang
     monkeypatch.setattr(search, "SPARE_RANKED", spare)
     db.create_session("s", "cli")
     ids = [db.append_message("s", "user", "common term " + "pad " * (i % 9)) for i in range(40)]
+    db.search_messages("x")  # indexes the handle's queued rows
     with sqlite3.connect(db.db_path) as c:
         c.execute("UPDATE messages SET active = 0 WHERE id IN (SELECT value FROM json_each(?))",
                   (json.dumps([i for i in ids if (i % 9) < 3 or i % 4 == 0]),))  # most of the shortest rows
@@ -168,6 +171,7 @@ def test_the_ranked_rows_are_the_best_of_the_documented_window(db, monkeypatch, 
     for i in range(60):
         db.append_message("d" if i % 7 == 0 else "c", "assistant" if i % 5 == 0 else "user",
                           "common term " + "pad " * ((i * 7) % 11))
+    db.search_messages("x")  # indexes the handle's queued rows
     sql = (f"SELECT f.rowid, bm25({fts.WORD}) FROM {fts.WORD} f JOIN messages m ON m.id = f.rowid "
            f"JOIN sessions s ON s.id = m.session_id WHERE {fts.WORD} MATCH 'common' AND m.active = 1 "
            "AND s.source IN (SELECT value FROM json_each(?)) AND m.role IN (SELECT value FROM json_each(?)) "
