@@ -41,10 +41,8 @@ _RAW_COUNT = ("UPDATE sessions SET message_count = message_count + 1, tool_call_
               "last_activity_at = ? WHERE id = ?")
 
 
-
-
-def raw_append(conn: sqlite3.Connection, sid: str, m: dict, last_uids: dict) -> None:
-    """The floor: the same row written with plain SQL, one transaction per message."""
+def _raw_row(sid: str, m: dict, last_uids: dict) -> tuple[tuple, tuple]:
+    """The message row's values (as _RAW_INSERT takes them) and the counter update's, uids issued as the library does."""
     calls = m.get("tool_calls")
     ts = time.time()
     call_uids = None
@@ -56,11 +54,18 @@ def raw_append(conn: sqlite3.Connection, sid: str, m: dict, last_uids: dict) -> 
         call_uids = json.dumps(issued)
     elif m["role"] == "tool":
         call_uid = last_uids.get(m.get("tool_call_id"))
+    row = (sid, m["role"], m.get("content"), m.get("tool_call_id"),
+           json.dumps(calls, ensure_ascii=False) if calls is not None else None,
+           m.get("tool_name"), ts, uuid.uuid4().hex, call_uids, call_uid)
+    return row, (len(calls) if calls and m["role"] == "assistant" else 0, ts, sid)
+
+
+def raw_append(conn: sqlite3.Connection, sid: str, m: dict, last_uids: dict) -> None:
+    """The floor: the same row written with plain SQL, one transaction per message."""
+    row, count = _raw_row(sid, m, last_uids)
     conn.execute("BEGIN IMMEDIATE")
-    conn.execute(_RAW_INSERT, (sid, m["role"], m.get("content"), m.get("tool_call_id"),
-                               json.dumps(calls, ensure_ascii=False) if calls is not None else None,
-                               m.get("tool_name"), ts, uuid.uuid4().hex, call_uids, call_uid))
-    conn.execute(_RAW_COUNT, (len(calls) if calls and m["role"] == "assistant" else 0, ts, sid))
+    conn.execute(_RAW_INSERT, row)
+    conn.execute(_RAW_COUNT, count)
     conn.execute("COMMIT")
 
 
@@ -75,23 +80,11 @@ def raw_append_batched(conn: sqlite3.Connection, sid: str, m: dict, last_uids: d
     Same durability as `raw_append` (one transaction per message; a search finds a queued row by
     scanning the queue), the statements hermes_state_fts_tail runs, written by hand.
     """
-    calls = m.get("tool_calls")
-    ts = time.time()
-    call_uids = None
-    call_uid = None
-    if calls and m["role"] == "assistant":
-        issued = {c["id"]: uuid.uuid4().hex for c in calls}
-        last_uids.clear()
-        last_uids.update(issued)
-        call_uids = json.dumps(issued)
-    elif m["role"] == "tool":
-        call_uid = last_uids.get(m.get("tool_call_id"))
+    row, count = _raw_row(sid, m, last_uids)
     conn.execute("BEGIN IMMEDIATE")
-    conn.execute(_RAW_COUNT, (len(calls) if calls and m["role"] == "assistant" else 0, ts, sid))
+    conn.execute(_RAW_COUNT, count)
     row_id = conn.execute(_RAW_QUEUE).lastrowid
-    conn.execute(_RAW_QUEUED_INSERT, (row_id, sid, m["role"], m.get("content"), m.get("tool_call_id"),
-                                      json.dumps(calls, ensure_ascii=False) if calls is not None else None,
-                                      m.get("tool_name"), ts, uuid.uuid4().hex, call_uids, call_uid))
+    conn.execute(_RAW_QUEUED_INSERT, (row_id, *row))
     if conn.execute(f"SELECT COUNT(*) >= ? FROM {fts.PENDING}", (fts_tail.BATCH_ROWS,)).fetchone()[0]:
         fts_tail.index_batch(conn)
     conn.execute("COMMIT")
