@@ -2,10 +2,14 @@
 
 Owns: compressing a transcript in place (the current rows become the archive, the kept context
 is re-inserted as the live generation with its message_uids), rotating a session into a
-compression child, the cross-process `compression_locks` rows, the checks transcript
-writes make against them, and each session's compression failure cooldown and fallback streak.
-Does not own: the message rows themselves (hermes_state_messages writes them and keeps the
-counters), the compression edge and its walks (hermes_state_lineage), the conversation.
+compression child, the cross-process `compression_locks` rows and the holders it issues
+(`new_holder`), waiting for another holder to finish (`wait_for_compression`), and each
+session's compression failure cooldown and fallback streak. Does not own: the message rows
+themselves (hermes_state_messages writes them and keeps the counters), the transcript guard
+(`check_transcript_writable` and the retry of `write_transcript`, beside the message rows in
+hermes_state_messages; `check_transcript_writable` and `transcript_write` stay importable here),
+whether a holder is alive (hermes_state_holders, re-exported here), the compression edge and its
+walks (hermes_state_lineage), the conversation.
 
 Transaction contract: every function taking `conn` runs inside the caller's transaction (the
 facade opens one BEGIN IMMEDIATE per public write) and never opens or commits one itself; an
