@@ -16,6 +16,7 @@ catalogue reads and takes no write lock, so opening costs the same for any numbe
 """
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import stat
@@ -110,7 +111,7 @@ def connect(path: Path, *, read_only: bool = False, read_busy_s: float = READ_BU
     conn = sqlite3.connect(target, uri=uri, isolation_level=None, check_same_thread=False,
                            timeout=read_busy_s if read_only else SQLITE_BUSY_TIMEOUT_S)
     conn.execute("PRAGMA foreign_keys = ON")
-    conn.text_factory = lenient_text
+    conn.text_factory = LENIENT_TEXT
     return conn
 
 
@@ -126,10 +127,15 @@ def lenient_text(raw: bytes) -> str:
         return raw.decode("utf-8", "replace")
 
 
+# The connections' text_factory: lenient_text's rule run as C code (a bad byte becomes U+FFFD, the
+# rest decodes as UTF-8), so reading a row runs no Python at all.
+LENIENT_TEXT = functools.partial(str, encoding="utf-8", errors="replace")
+
+
 def connect_reader(path: Path) -> sqlite3.Connection:
     """Open a handle's second connection, for reads only (it refuses writes), on a writable database."""
     conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=SQLITE_BUSY_TIMEOUT_S)
-    conn.text_factory = lenient_text
+    conn.text_factory = LENIENT_TEXT
     conn.execute("PRAGMA query_only = ON")
     return conn
 

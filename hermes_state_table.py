@@ -13,8 +13,8 @@ Does not own: what a module function does, the upgrade an open runs (hermes_stat
 BEGIN/COMMIT themselves (hermes_state_writer).
 
 Transaction contract: a write kind is one `Writer.transaction()` (BEGIN IMMEDIATE) with the
-patience the kind names; a transcript write first checks, inside it, that no other holder is
-compressing the session; reads run under the read lock, "snapshot" in one read transaction.
+patience the kind names; a transcript write first checks, inside it, that compression neither
+closed the session nor holds it (hermes_state_messages' transcript guard), and waits once if it does; reads run under the read lock, "snapshot" in one read transaction.
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_fts as fts
 import hermes_state_fts_tail as fts_tail
+import hermes_state_messages as messages
 import hermes_state_schema as schema
 import hermes_state_upgrade as upgrade
 from hermes_state_common import SCHEMA_VERSION, has_surrogate
@@ -454,8 +455,11 @@ class Handle(metaclass=Knobs):
 
     def _transcript_write(self, session_id: str, body: Callable[[sqlite3.Connection], Any]) -> Any:
         self._check_writable()
-        return compression.transcript_write(lambda: self._write(self.transcript_write_patience_s), self._read,
-                                            session_id, body, wait_s=self.compression_wait_s)
+        # The guard and the retry sit beside the message rows; compression's code runs only when
+        # another holder is compressing the session (the wait, holding no lock).
+        return messages.write_transcript(
+            lambda: self._write(self.transcript_write_patience_s), session_id, body,
+            lambda: compression.wait_for_compression(self._read, session_id, timeout_s=self.compression_wait_s))
 
     @contextmanager
     def _read(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
