@@ -1,14 +1,16 @@
 """Search latency and index size: SessionDB.search_messages on N messages (p50 < 25 ms at 1M).
 
-    python bench/search.py [-n 200000] [--seed 1] [--db PATH] [--queries 150] [--clock wall|cpu]
+    python bench/search.py [-n 200000] [--seed 1] [--db PATH] [--queries 150] [--clock wall|cpu] [--repeat 3]
 
 Builds (or reuses, with --db pointing at an existing file built by it) a database of N messages from the project's
 corpus (bench/corpus.py), written through the library's own insert path, one transaction per
-session, so every trigger and the CJK queue run as in production. Then it times search_messages
+session (the rows queued and indexed in batches, as append_message does), so every index and the
+CJK queue are built as in production. Then it times search_messages
 (limit 20, snippets and context included) for the corpus's three query kinds -- common words, a rare
 word plus a common one, 2-character CJK terms -- plus substrings of words (served by the trigram
-index) and a few filtered queries; each query runs once to warm the cache, then is timed. It prints
-p50/p95 per kind, the build time, and the database size divided by the raw text size (content,
+index) and a few filtered queries; each query runs once to warm the cache, then is timed `--repeat`
+times and its best time counts, by the wall clock and by CPU time at once. It prints p50/p95 per
+kind for both clocks, each checked against the targets, the load on the machine while it timed, the build time, and the database size divided by the raw text size (content,
 tool_calls and tool_name bytes), with the bytes of each index from dbstat. The run is appended to
 bench/results/<date>-search.json.
 """
@@ -207,6 +209,15 @@ def time_queries(db: SessionDB, kinds: dict[str, list[tuple[str, dict]]],
     return results
 
 
+def cpu_pressure() -> float | None:
+    """The share of the last minute some runnable task waited for a core (Linux PSI, percent), else None."""
+    try:
+        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+        return float(dict(f.split("=") for f in line.split()[1:])["avg60"])
+    except (OSError, IndexError, KeyError, ValueError):
+        return None
+
+
 def _git_commit() -> str | None:
     try:
         return subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -256,9 +267,11 @@ def main() -> None:
     kinds = queries(corpus, args.seed, args.queries)
     kinds["substring of tool output"] = tool_output_pieces(args.db, args.seed, 40)
     report["load_before"] = [round(x, 2) for x in os.getloadavg()]
+    report["cpu_pressure_before"] = cpu_pressure()
     report["search"] = time_queries(db, kinds, time.process_time if args.clock == "cpu" else time.perf_counter,
                                     args.repeat)
     report["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    report["cpu_pressure_after"] = cpu_pressure()
     if report.get("planted"):
         report["recall"] = recall(db, report.pop("planted"))
     db.close()
@@ -274,8 +287,9 @@ def main() -> None:
           f"database {db_bytes / mb:.0f} MB = {report['ratio_db_to_raw']:.2f}x raw", file=sys.stderr)
     for group, size in sorted(report["sizes"].items(), key=lambda kv: -kv[1]):
         print(f"  {group:28s} {size / mb:8.0f} MB  {size / report['raw_text_bytes']:.2f}x raw", file=sys.stderr)
-    print(f"  load average {report['load_before']} before the queries, {report['load_after']} after; "
-          f"best of {args.repeat} per query", file=sys.stderr)
+    print(f"  load average {report['load_before']} before the queries, {report['load_after']} after "
+          f"(a task waited for a core {report['cpu_pressure_before']}% / {report['cpu_pressure_after']}% of the "
+          f"minute); best of {args.repeat} per query", file=sys.stderr)
     for kind, r in report["search"].items():
         print(f"  {kind:28s} wall p50 {r['wall']['p50_ms']:6.2f} p95 {r['wall']['p95_ms']:6.2f} ms   "
               f"cpu p50 {r['cpu']['p50_ms']:6.2f} p95 {r['cpu']['p95_ms']:6.2f} ms   ({r['queries']} queries, "
