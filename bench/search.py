@@ -2,17 +2,17 @@
 
     python bench/search.py [-n 200000] [--seed 1] [--db PATH] [--queries 150] [--clock wall|cpu] [--repeat 3]
 
-Builds (or reuses, with --db pointing at an existing file built by it) a database of N messages from the project's
-corpus (bench/corpus.py), written through the library's own insert path, one transaction per
-session (the rows queued and indexed in batches, as append_message does), so every index and the
-CJK queue are built as in production. Then it times search_messages
-(limit 20, snippets and context included) for the corpus's three query kinds -- common words, a rare
-word plus a common one, 2-character CJK terms -- plus substrings of words (served by the trigram
-index) and a few filtered queries; each query runs once to warm the cache, then is timed `--repeat`
-times and its best time counts, by the wall clock and by CPU time at once. It prints p50/p95 per
-kind for both clocks, each checked against the targets, the load on the machine while it timed, the build time, and the database size divided by the raw text size (content,
-tool_calls and tool_name bytes), with the bytes of each index from dbstat. The run is appended to
-bench/results/<date>-search.json.
+Builds (or reuses, with --db pointing at an existing file built by it) a database of N messages from
+the project's corpus (bench/corpus.py), written through the library's own insert path, one
+transaction per session (the rows queued and indexed in batches, as append_message does), so every
+index and the CJK queue are built as in production. Then it times search_messages (limit 20,
+snippets and context included) for the corpus's three query kinds -- common words, a rare word plus
+a common one, 2-character CJK terms -- plus substrings of words (served by the trigram index) and a
+few filtered queries; each query runs once to warm the cache, then is timed `--repeat` times and its
+best time counts, by the wall clock and by CPU time at once. It prints p50/p95 per kind for both
+clocks, each checked against the targets, the load on the machine while it timed, the build time,
+and the database size divided by the raw text size (content, tool_calls and tool_name bytes), with
+the bytes of each index from dbstat. The run is appended to bench/results/<date>-search.json.
 """
 from __future__ import annotations
 
