@@ -111,11 +111,12 @@ class SessionDB(table.Handle):
     # no row can have, it answers the empty value of the function's return type (None, [], 0, False).
     # Kinds: read, snapshot (one read transaction), write, transcript (transcript patience, waits out
     # another holder's compression), compression (transcript patience: the compression itself),
-    # activity (short patience: bookkeeping that must never stall a turn).
+    # activity (short patience: bookkeeping that must never stall a turn). A function parameter
+    # annotated `Keywords` (a dict) is offered by the method as `**keywords`.
     get_session = Lookup("read", sessions.get_session)
     end_session = Entry("write", sessions.end_session)
     reopen_session = Entry("write", sessions.reopen_session)
-    update_session = Entry("write", sessions.update_session, pack="columns")
+    update_session = Entry("write", sessions.update_session)
     update_token_counts = Entry("write", sessions.update_token_counts)
     archive_session = Entry("write", sessions.archive_session)
     unarchive_session = Entry("write", sessions.unarchive_session)
@@ -165,7 +166,7 @@ class SessionDB(table.Handle):
     fts_rebuild_status = Entry("read", fts.rebuild_status)
     optimize_fts = Entry("write", fts.optimize)
     compress_in_place = Entry("compression", compression.compress_in_place)
-    rotate_session = Entry("compression", compression.rotate_session, pack="child_columns")
+    rotate_session = Entry("compression", compression.rotate_session)
     acquire_compression_lock = Entry("write", compression.acquire_compression_lock)
     release_compression_lock = Entry("write", compression.release_compression_lock)
     try_acquire_compression_lock = Entry("write", compression.try_acquire_compression_lock)
@@ -213,11 +214,11 @@ class SessionDB(table.Handle):
     export_session = Lookup("snapshot", portability.export_session)
     export_session_lineage = Lookup("snapshot", portability.export_session_lineage)
     backup = Entry("read", recovery.backup_to)
-    list_prune_candidates = Entry("snapshot", maintenance.list_prune_candidates, pack="filters")
-    archive_sessions = Entry("write", maintenance.archive_sessions, pack="filters")
+    list_prune_candidates = Entry("snapshot", maintenance.list_prune_candidates)
+    archive_sessions = Entry("write", maintenance.archive_sessions)
     count_empty_sessions = Entry("snapshot", maintenance.count_empty_sessions)
     delete_sessions = Entry("write", maintenance.delete_sessions_and_transcripts)
-    prune_sessions = Entry("write", maintenance.prune_sessions_and_transcripts, pack="filters")
+    prune_sessions = Entry("write", maintenance.prune_sessions_and_transcripts)
     delete_empty_sessions = Entry("write", maintenance.delete_empty_sessions_and_transcripts)
     delete_session_if_empty = Entry("write", maintenance.delete_session_if_empty_and_transcripts)
     apply_telegram_topic_migration = Entry("write", telegram.apply_telegram_topic_migration)

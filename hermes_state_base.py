@@ -1,7 +1,7 @@
 """The ground floor under the data dictionary: the logger, timing defaults, SQL and text helpers.
 
 Owns: the library's one logger, the timing policy's default values (`WRITE_PATIENCE_S`, ...),
-`PAGE_SIZE`, `DAY_S`, SQLite's integer range (`INT_MIN`, `INT_MAX`) and the lone-surrogate
+`PAGE_SIZE`, `DAY_S`, `Keywords` (a dict parameter offered as keyword arguments), SQLite's integer range (`INT_MIN`, `INT_MAX`) and the lone-surrogate
 pattern; `split_sql`, `row_dicts`, `object_exists`/`table_exists` (the one catalogue read),
 `escape_like`, `strip_surrogates` (a search term's cleanup), `check_scalar` (a value SQLite keeps
 faithfully) and `shown` (a bad value quoted cut short in an error message). Does not own:
@@ -36,6 +36,12 @@ SQLITE_BUSY_TIMEOUT_S = 1.0  # SQLite's own wait per attempt; the writer retries
 # page is left empty around them, on 8 KB pages about a tenth. An existing file keeps its size.
 PAGE_SIZE = 8192
 DAY_S = 86400.0  # seconds in a day, for the day-counted policies (pruning, the idle sweep)
+
+# A module function's dict parameter that its public method takes as keyword arguments:
+# `db.update_session(sid, title="x")` reaches `update_session(conn, sid, columns={"title": "x"})`.
+# The facade's method table reads this annotation (`Keywords`, or `Keywords | None`) from the
+# function's signature, so the function itself declares which parameter that is.
+Keywords = dict[str, Any]
 
 # SQLite's INTEGER is a signed 64-bit value; Python ints outside it fail at bind time.
 INT_MIN, INT_MAX = -2**63, 2**63 - 1

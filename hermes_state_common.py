@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, cast
 
 from hermes_state_base import (ACTIVITY_WRITE_PATIENCE_S, CHECKPOINT_EVERY_N_WRITES, DAY_S, INT_MAX,  # noqa: F401
-                               INT_MIN, LONE_SURROGATE, PAGE_SIZE, READ_BUSY_TIMEOUT_S, SQLITE_BUSY_TIMEOUT_S,
+                               INT_MIN, LONE_SURROGATE, PAGE_SIZE, Keywords, READ_BUSY_TIMEOUT_S, SQLITE_BUSY_TIMEOUT_S,
                                TRANSCRIPT_WRITE_PATIENCE_S, WRITE_PATIENCE_S, WRITE_RETRY_FAST_WINDOW_S,
                                WRITE_RETRY_MAX_S, WRITE_RETRY_MIN_S, WRITE_RETRY_SLOW_MAX_S, WRITE_RETRY_SLOW_MIN_S,
                                check_scalar, escape_like, logger, object_exists, row_dicts, shown, split_sql,

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable
 
 import hermes_state_messages as messages
 import hermes_state_sessions as sessions
-from hermes_state_common import SESSIONS, check_number, logger
+from hermes_state_common import SESSIONS, Keywords, check_number, logger
 # Holder liveness and the transcript guard live below; their names stay importable here.
 from hermes_state_holders import (UNKNOWN_PIDNS, holder_is_gone, lock_is_live, own_pidns,  # noqa: F401
                                   parse_holder)
@@ -321,7 +321,7 @@ def compress_in_place(conn: sqlite3.Connection, session_id: str, kept_messages: 
 
 
 def rotate_session(conn: sqlite3.Connection, parent_id: str, child_id: str, kept_messages: Iterable[dict[str, Any]],
-                   child_columns: dict[str, Any] | None = None, *, holder: str | None = None,
+                   child_columns: Keywords | None = None, *, holder: str | None = None,
                    now: float | None = None) -> str:
     """Continue the parent in a new child session holding `kept_messages`; return the child id.
 

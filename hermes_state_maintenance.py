@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable
 
-from hermes_state_common import (DAY_S, LIVE_ADMISSION_SQL, SESSION_OWNED, check_count, check_id,
+from hermes_state_common import (DAY_S, LIVE_ADMISSION_SQL, SESSION_OWNED, Keywords, check_count, check_id,
                                  check_number, escape_like, logger, row_dicts, table_exists)
 from hermes_state_errors import HermesStateError, SessionBusyError
 from hermes_state_gateway import LIVE_EXECUTION_STATES
@@ -317,7 +317,7 @@ def _candidate_rows(conn: sqlite3.Connection, plan: Plan) -> list[dict[str, Any]
 # --- the calls -----------------------------------------------------------------------------------
 
 def list_prune_candidates(conn: sqlite3.Connection, older_than_days: Any = None, source: Any = None,
-                          filters: dict[str, Any] | None = None, *, now: float | None = None) -> list[dict[str, Any]]:
+                          filters: Keywords | None = None, *, now: float | None = None) -> list[dict[str, Any]]:
     """Return the sessions prune_sessions with the same arguments would delete, oldest first."""
     plan = plan_sweep(conn, select_sessions(older_than_days, source, filters, now=now))
     return _candidate_rows(conn, plan)
@@ -336,7 +336,7 @@ def prune_sessions(conn: sqlite3.Connection, older_than_days: Any = 90, source: 
 
 
 def archive_sessions(conn: sqlite3.Connection, older_than_days: Any = None, source: Any = None,
-                     filters: dict[str, Any] | None = None, *, now: float | None = None) -> int:
+                     filters: Keywords | None = None, *, now: float | None = None) -> int:
     """Archive the ended, unarchived conversations matching the filters; return how many sessions."""
     selection = select_sessions(older_than_days, source, filters, now=now)
     selection = Selection(selection.where + " AND COALESCE(s.archived, 0) = 0", selection.params)
@@ -497,7 +497,7 @@ def delete_sessions_and_transcripts(txn: Transaction, session_ids: list[str],
 
 def prune_sessions_and_transcripts(txn: Transaction, older_than_days: float | None = 90, source: str | None = None,
                                    sessions_dir: str | os.PathLike | None = None,
-                                   filters: dict[str, Any] | None = None) -> int:
+                                   filters: Keywords | None = None) -> int:
     """Delete ended conversations started more than `older_than_days` ago (and matching `filters`); return how many sessions."""
     removed = prune_sessions(txn.conn, older_than_days, source, filters)
     _files_after_commit(txn, sessions_dir, removed)

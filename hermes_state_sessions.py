@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 import hermes_state_lineage as lineage
-from hermes_state_common import (COUNTER_RESET_SQL, DAY_S,  # noqa: F401 - COUNTER_RESET_SQL re-exported
+from hermes_state_common import (COUNTER_RESET_SQL, DAY_S, Keywords,  # noqa: F401 - COUNTER_RESET_SQL re-exported
                                  INT_MAX, SESSION_COLUMN_NAMES, SESSIONS, TABLE_COLUMNS, check_count, check_id,
                                  check_number, replace_surrogates, row_dicts)
 from hermes_state_errors import SessionClosedByCompressionError, SessionNotFoundError
@@ -208,7 +208,7 @@ def reopen_session(conn: sqlite3.Connection, session_id: str) -> None:
                  (session_id,))
 
 
-def update_session(conn: sqlite3.Connection, session_id: str, columns: dict[str, Any]) -> None:
+def update_session(conn: sqlite3.Connection, session_id: str, columns: Keywords) -> None:
     """Set the given columns (None clears one); unknown or library-kept columns raise ValueError.
 
     Columns another verb owns (user_id, started_at, ended_at, end_reason, archived, auto_archived, pinned)

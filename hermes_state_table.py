@@ -58,6 +58,16 @@ MODULE_ONLY = frozenset({"now"})
 ASK = object()  # no answer declared for an unknown key: the module function answers itself
 
 
+def keywords_parameter(params: list[inspect.Parameter]) -> str | None:
+    """Return the name of the parameter annotated `Keywords` (taken as keyword arguments), else None."""
+    # Every library module postpones annotations, so each is the text written in the signature.
+    marked = [p.name for p in params
+              if isinstance(p.annotation, str) and p.annotation.split("|")[0].strip().rsplit(".")[-1] == "Keywords"]
+    if len(marked) > 1:
+        raise TypeError(f"only one parameter can take the keyword arguments, not {marked}")
+    return marked[0] if marked else None
+
+
 def _takes_txn(kind: str, function: Callable[..., Any], params: list[inspect.Parameter], unknown: Any) -> bool:
     """Refuse a function no entry can run; return whether it takes the open Transaction (`txn`)."""
     # A write that needs an after-commit step takes the open Transaction (`txn`) instead of `conn`.
@@ -77,8 +87,8 @@ class Entry(Generic[P, R]):
     `unknown` is what a read answers for a key no row can have: a value such as None or [] (a
     fresh copy each call) or an exception class to raise. A read whose first parameter is an id
     must declare it (a `Lookup` takes it from the return type). Text holding a lone surrogate, which SQLite can neither store nor look up,
-    gets that answer without a query. `pack` names the function's dict parameter that the public
-    method takes as `**keywords` instead. A write function whose first parameter is `txn` gets the
+    gets that answer without a query. The function's dict parameter annotated `Keywords` (or the
+    one `pack` names) is taken by the public method as `**keywords` instead. A write function whose first parameter is `txn` gets the
     open Transaction, so it can leave a step (removing files) until after COMMIT.
     """
 
@@ -87,6 +97,7 @@ class Entry(Generic[P, R]):
         params = list(inspect.signature(function).parameters.values())
         self.indexed = indexed  # a read of the full-text indexes: the handle indexes the rows it queued first
         self.txn = _takes_txn(kind, function, params, unknown)
+        pack = keywords_parameter(params) if pack is None else pack
         self.kind, self.function, self.unknown, self.pack = kind, function, unknown, pack
         self.public = [p for p in params[1:] if p.name not in MODULE_ONLY and p.name != pack]
         if pack is not None:

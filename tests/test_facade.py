@@ -410,6 +410,33 @@ def test_keywords_are_packed_for_a_packing_entry(db, rival):
     assert tuple(rival.execute("SELECT cwd, title FROM sessions").fetchone()) == ("/x", "T")
 
 
+def test_the_packed_parameter_is_the_one_the_module_function_annotates_keywords():
+    import inspect
+    import hermes_state_common as common
+    from hermes_state_common import Keywords
+    from hermes_state_table import Entry, keywords_parameter
+    packed = {name: method.entry.pack for name, method in vars(SessionDB).items()
+              if getattr(method, "entry", None) is not None and method.entry.pack}
+    assert packed == {"update_session": "columns", "rotate_session": "child_columns", "list_prune_candidates": "filters",
+                      "archive_sessions": "filters", "prune_sessions": "filters"}
+    for name, parameter in packed.items():
+        shown = list(inspect.signature(getattr(SessionDB, name)).parameters.values())
+        assert shown[-1].name == parameter and shown[-1].kind is inspect.Parameter.VAR_KEYWORD, name
+
+    def two(conn, a: Keywords, b: common.Keywords | None = None) -> None:
+        """Two marked parameters."""
+    params = list(inspect.signature(two).parameters.values())
+    assert keywords_parameter(params[:2]) == "a" and keywords_parameter([params[0], params[2]]) == "b"
+    assert keywords_parameter(params[:1]) is None
+    with pytest.raises(TypeError, match="only one parameter"):
+        Entry("write", two)
+
+    def plain(conn, a: dict[str, int]) -> None:
+        """A dict that is not marked stays a dict parameter."""
+    assert Entry("write", plain).pack is None
+    assert Entry("write", plain, pack="a").pack == "a"  # an explicit pack still wins
+
+
 def test_a_write_taking_txn_leaves_its_files_until_the_outermost_commit(db, tmp_path):
     sessions_dir = tmp_path / "sessions"
     sessions_dir.mkdir()
