@@ -246,14 +246,12 @@ class SessionDB(table.Handle):
         with self._write() as conn:
             return sessions.create_session(conn, session_id, source, columns)
 
-    def ensure_session(self, session_id: str, source: str, model: str | None = None, *,
-                       model_config: Any = None, system_prompt: str | None = None, user_id: str | None = None,
-                       parent_session_id: str | None = None, **columns: Any) -> str:
+    @table.same_arguments(create_session)
+    def ensure_session(self, session_id: str, source: str, model: str | None = None, **columns: Any) -> str:
         """Create the session unless it exists (an existing row is left as it is); return the id."""
-        columns.update(model=model, model_config=model_config, system_prompt=system_prompt, user_id=user_id,
-                       parent_session_id=parent_session_id)
+        # create_session's named columns arrive in `columns`; one left out means no value, as None does.
         with self._write() as conn:
-            return sessions.ensure_session(conn, session_id, source, columns)
+            return sessions.ensure_session(conn, session_id, source, dict(columns, model=model))
 
     def update_delegation(self, delegation_id: str, **changes: Any) -> None:
         """Move a delegation on (`state=`) and/or set its `result=` or `target=`; a finished one is final."""

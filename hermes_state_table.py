@@ -4,10 +4,11 @@ Owns: `Entry` (one table line: the transaction kind, the module function, what a
 for an unknown key, which keywords are packed into a dict) and `Lookup` (a read by key, whose
 answer for an unknown key is the empty value of its return type), the methods it generates (the
 module function's signature without `conn`, its docstring, for help(), inspect and editors),
-the lone-surrogate rule for reads; `Handle`, the base of SessionDB: opening and closing a
-handle, the shared-handle registry, the timing knobs, and `_run`, the one place that turns a
-kind into its transaction; and `AsyncFacade` with `add_async_twins` (the coroutine and
-async-generator twins AsyncSessionDB is made of).
+the lone-surrogate rule for reads, `same_arguments` (one parameter list for two methods);
+`Handle`, the base of SessionDB: opening and closing a handle, the shared-handle registry, the
+timing knobs, and `_run`, the one place that turns a kind into its transaction; and
+`AsyncFacade` with `add_async_twins` (the coroutine and async-generator twins AsyncSessionDB is
+made of).
 Does not own: what a module function does, the upgrade an open runs (hermes_state_upgrade),
 BEGIN/COMMIT themselves (hermes_state_writer).
 
@@ -169,6 +170,19 @@ class Lookup(Entry[P, R]):
             raise TypeError(f"{function.__name__}: a lookup is a read whose return type has an empty value "
                             f"(None, [], 0, False); give this one an Entry with unknown=")
         super().__init__(kind, function, unknown=answer)
+
+
+def same_arguments(template: Callable[P, Any]) -> Callable[[Callable[..., R]], Callable[P, R]]:
+    """Give the decorated method `template`'s parameters, for help(), inspect and type checkers.
+
+    For two public methods that take the same arguments: the parameters are written once, on
+    `template`; the decorated method receives them as they are passed (named ones in its **keywords).
+    """
+    def adopt(method: Callable[..., R]) -> Callable[P, R]:
+        shown = inspect.signature(template).replace(return_annotation=inspect.signature(method).return_annotation)
+        method.__signature__ = shown  # type: ignore[attr-defined]
+        return method
+    return adopt
 
 
 def entries(cls: type) -> dict[str, Entry]:

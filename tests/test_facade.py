@@ -384,6 +384,24 @@ def test_a_lookup_is_refused_for_a_write_or_a_return_type_with_no_empty_value(db
     assert first is not db.get_messages("s\ud800") and db.get_messages("s\ud800") == []
 
 
+def test_ensure_session_takes_create_sessions_arguments_and_stores_each(db, rival):
+    import inspect
+    from hermes_state import AsyncSessionDB
+    assert inspect.signature(SessionDB.ensure_session) == inspect.signature(SessionDB.create_session)
+    assert inspect.signature(AsyncSessionDB.ensure_session) == inspect.signature(SessionDB.create_session)
+    db.create_session("p", "cli")
+    assert db.ensure_session("c", "cli", "m", model_config={"k": 1}, system_prompt="sp", user_id="basic:bo",
+                             parent_session_id="p", title="T") == "c"
+    row = rival.execute("SELECT source, model, model_config, system_prompt, user_id, parent_session_id, title "
+                        "FROM sessions WHERE id = 'c'").fetchone()
+    assert tuple(row) == ("cli", "m", '{"k": 1}', "sp", "basic:bo", "p", "T")
+    with pytest.raises(TypeError, match="positional"):
+        db.ensure_session("d", "cli", "m", {"k": 1})  # the named columns are keywords only, as in create_session
+    with pytest.raises(ValueError, match="unknown session column"):
+        db.ensure_session("d", "cli", colour="red")
+    assert rival.execute("SELECT COUNT(*) FROM sessions WHERE id = 'd'").fetchone()[0] == 0
+
+
 def test_keywords_are_packed_for_a_packing_entry(db, rival):
     import inspect
     db.create_session("s", "cli")
