@@ -110,23 +110,32 @@ def measure(n: int, per_session: int, seed: int, workdir: Path) -> dict:
             for document in db.iter_export():
                 out.write(json.dumps(document, ensure_ascii=False) + "\n")
     result = {"messages": messages, "sessions": sessions, "export_mb": round(export.stat().st_size / 1e6, 1),
-              "append_msg_s": round(messages / append_s)}
+              "append_msg_s": round(messages / append_s), "load_before": _load()}
     for kind in CHILDREN:
         result[kind] = run_child(kind, export, workdir)
         if kind != "floor":
             assert result[kind]["messages"] == messages, (kind, result[kind]["messages"], messages)
             result[kind]["msg_s"] = round(messages / result[kind]["seconds"])
             result[kind]["rate_vs_append"] = round(result[kind]["msg_s"] / result["append_msg_s"], 2)
+    result["load_after"] = _load()
     for p in (source, Path(f"{source}-wal"), Path(f"{source}-shm"), export):
         p.unlink(missing_ok=True)
     return result
 
 
+def _load() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages: the machine may be shared, and this says how busy it was."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not available on this platform
+        return None
+
+
 def table(sizes: list[dict]) -> str:
     """Render the run as a Markdown table."""
     lines = ["| input | export MB | floor MB | stream: peak MB (over floor) | list: peak MB (over floor) | "
-             "append msg/s | stream msg/s (÷ append) | list msg/s (÷ append) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "append msg/s | stream msg/s (÷ append) | list msg/s (÷ append) | load average (1, 5, 15 min) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in sizes:
         floor = r["floor"]["peak_rss_mb"]
         lines.append(
@@ -134,7 +143,7 @@ def table(sizes: list[dict]) -> str:
             f"{r['stream']['peak_rss_mb']} (+{r['stream']['peak_rss_mb'] - floor:.1f}) | "
             f"{r['list']['peak_rss_mb']} (+{r['list']['peak_rss_mb'] - floor:.1f}) | {r['append_msg_s']:,} | "
             f"{r['stream']['msg_s']:,} ({r['stream']['rate_vs_append']}) | "
-            f"{r['list']['msg_s']:,} ({r['list']['rate_vs_append']}) |")
+            f"{r['list']['msg_s']:,} ({r['list']['rate_vs_append']}) | {r['load_before']} → {r['load_after']} |")
     small, large = sizes[0], sizes[-1]
     for kind in ("stream", "list"):
         grow = (large[kind]["peak_rss_mb"] - large["floor"]["peak_rss_mb"]) - \
