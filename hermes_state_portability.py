@@ -216,9 +216,10 @@ class _Import:
         """Return the report; with errors, nothing was written and no id is listed."""
         if self.errors:
             return ImportReport(errors=tuple(self.errors))
-        outcomes = (self.imported, self.replaced, self.skipped, self.detached)
-        return ImportReport(*(tuple(o.ids) for o in outcomes), self.messages, tuple(sorted(self.ignored)),
-                            (), *(o.count for o in outcomes))
+        return ImportReport(tuple(self.imported.ids), tuple(self.replaced.ids), tuple(self.skipped.ids),
+                            tuple(self.detached.ids), self.messages, tuple(sorted(self.ignored)),
+                            imported_count=self.imported.count, replaced_count=self.replaced.count,
+                            skipped_count=self.skipped.count, detached_count=self.detached.count)
 
 
 @dataclass
