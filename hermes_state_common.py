@@ -1,47 +1,198 @@
-"""Shared ground of hermes-state: the data dictionary, the declared schema, constants and small helpers.
+"""Shared ground of hermes-state: the data dictionary with each column's value rule, the declared schema, constants.
 
 Owns: the data dictionary (`DICTIONARY`: every table's columns with their type, default, value
 rule and JSON flag; which rows belong to a session; what recover and export do with a table;
-how the session counters are recounted), `SCHEMA_SQL` generated from it, `SCHEMA_VERSION`, the
-timing constants' default values, `check_stored`, `escape_like`, `split_sql`, `row_dicts` and `table_exists`/`object_exists`.
+how the session counters are recounted), the value rules themselves (`COLUMN_RULES` and the
+checks they are made of: `check_id`, `check_count`, `check_number`, `is_uid`, JSON encoding and
+decoding, lone surrogates replaced), `SCHEMA_SQL` generated from the dictionary, `SCHEMA_VERSION`,
+the timing constants' default values, `check_stored` (an imported value) and the one logger.
 Does not own: transactions (hermes_state_writer), migrations (hermes_state_schema), FTS
-objects (hermes_state_fts), any query. Runs no SQL of its own beyond the one catalogue read of
-`object_exists`. Imports only the standard library and hermes_state_values (whose value
-checks and JSON helpers it re-exports).
+objects (hermes_state_fts), any query; the SQL and text helpers (statements, rows, the
+catalogue read, LIKE escaping, `shown`) live in hermes_state_sql and are re-exported here. Runs
+no SQL. Imports only the standard library and hermes_state_sql, so a write checks its values
+without leaving this module.
 """
 from __future__ import annotations
 
-import logging
+import json
 import math
-import sqlite3
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, cast
 
-from hermes_state_values import (COLUMN_RULES, INT_MAX, INT_MIN, check_count, check_id,  # noqa: F401
-                                 check_number, check_scalar, decode_json, encode_json, has_surrogate,
-                                 is_finite, is_uid, replace_surrogates, shown, strip_surrogates)
-# (re-exported: callers import the value checks from here)
-
-# The library's one logger; applications route it (see configure_error_log).
-logger = logging.getLogger("hermes_state")
+from hermes_state_base import (ACTIVITY_WRITE_PATIENCE_S, CHECKPOINT_EVERY_N_WRITES, DAY_S, INT_MAX,  # noqa: F401
+                               INT_MIN, LONE_SURROGATE, PAGE_SIZE, READ_BUSY_TIMEOUT_S, SQLITE_BUSY_TIMEOUT_S,
+                               TRANSCRIPT_WRITE_PATIENCE_S, WRITE_PATIENCE_S, WRITE_RETRY_FAST_WINDOW_S,
+                               WRITE_RETRY_MAX_S, WRITE_RETRY_MIN_S, WRITE_RETRY_SLOW_MAX_S, WRITE_RETRY_SLOW_MIN_S,
+                               check_scalar, escape_like, logger, object_exists, row_dicts, shown, split_sql,
+                               strip_surrogates, table_exists)
+# (re-exported: callers import the constants and the SQL and text helpers from here)
 
 SCHEMA_VERSION = 31  # the real system's numbering; this library's own revisions: see hermes_state_schema
 
-# Default values of the timing policy. SessionDB copies them as class attributes and reads
-# them at call time, so applications and tests tune them there, not here.
-WRITE_PATIENCE_S = 20.0             # ordinary writes
-TRANSCRIPT_WRITE_PATIENCE_S = 60.0  # message appends: a failure ends the agent's turn
-ACTIVITY_WRITE_PATIENCE_S = 0.5     # best-effort bookkeeping that must never stall a turn
-WRITE_RETRY_MIN_S, WRITE_RETRY_MAX_S = 0.020, 0.150             # jitter while the wait is young
-WRITE_RETRY_SLOW_MIN_S, WRITE_RETRY_SLOW_MAX_S = 0.250, 1.000   # jitter after the fast window
-WRITE_RETRY_FAST_WINDOW_S = 2.0
-CHECKPOINT_EVERY_N_WRITES = 50
-READ_BUSY_TIMEOUT_S = 5.0    # a read-only open waits this long once, then reports busy
-SQLITE_BUSY_TIMEOUT_S = 1.0  # SQLite's own wait per attempt; the writer retries above it
-# Page size of a new file. Message rows are often 1-4 KB; on 4 KB pages a fifth of each table
-# page is left empty around them, on 8 KB pages about a tenth. An existing file keeps its size.
-PAGE_SIZE = 8192
-DAY_S = 86400.0  # seconds in a day, for the day-counted policies (pruning, the idle sweep)
+# --- the value rules ---------------------------------------------------------------------------
+# What a caller's value for a column must be, and how it is stored: one small family of checks,
+# so every API refuses the same bad values the same way. Column.rule names one of COLUMN_RULES.
+
+def replace_surrogates(text: str | None) -> str | None:
+    """Replace each lone surrogate with U+FFFD (sqlite3 cannot bind one); leave everything else as it is.
+
+    Stored text keeps a visible mark where the unstorable code point was, so scraped text
+    with one bad character is kept rather than refused.
+    """
+    if text is None or not isinstance(text, str) or text.isascii():
+        return text
+    return LONE_SURROGATE.sub("\ufffd", text) if LONE_SURROGATE.search(text) else text
+
+
+def has_surrogate(text: str) -> bool:
+    """Return True when `text` holds a lone surrogate (SQLite cannot store or look it up)."""
+    return not text.isascii() and LONE_SURROGATE.search(text) is not None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not standard JSON")
+
+
+def _model_dump(obj: Any) -> Any:
+    # Provider SDK objects (pydantic models such as the openai package's tool calls) dump
+    # themselves; duck-typed, so the library imports neither the SDK nor pydantic.
+    dump = getattr(obj, "model_dump", None)
+    if callable(dump) and not isinstance(obj, type):
+        return dump(mode="json", exclude_none=True)
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
+def encode_json(value: Any, field: str) -> str | None:
+    """Serialise `value` for a JSON column; raise ValueError naming `field` when it cannot be.
+
+    A str that parses as (standard) JSON is taken as already serialised and stored as it is,
+    since callers pass provider payloads pre-encoded; so "123" reads back as the int 123. Any
+    other str is encoded as a JSON string, so it reads back as that same str. Objects with a
+    `model_dump()` method (pydantic models, e.g. provider SDK types), at any depth, are stored
+    as their JSON dump without None fields.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            json.loads(value, parse_constant=_reject_constant)  # NaN/Infinity are not JSON text
+        except ValueError:
+            return replace_surrogates(json.dumps(value, ensure_ascii=False))
+        except RecursionError as exc:
+            raise ValueError(f"{field} is nested too deeply to store as JSON") from exc
+        return replace_surrogates(value)
+    try:
+        return replace_surrogates(json.dumps(value, ensure_ascii=False, default=_model_dump))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{field} is not JSON-serialisable: {exc}") from exc
+    except RecursionError as exc:
+        raise ValueError(f"{field} is nested too deeply to store as JSON") from exc
+
+
+def decode_json(text: Any) -> Any:
+    """Decode a JSON column; return the text itself when it is not valid JSON."""
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):  # not JSON, or nested past what Python can decode
+        return text
+
+
+def is_finite(value: Any) -> bool:
+    """Return True for an int or float that is a finite number (bools are not numbers here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def check_count(name: str, value: Any) -> int:
+    """Return `value` when it is a non-negative 64-bit integer, else raise ValueError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, not {shown(value)}")
+    if value > INT_MAX:
+        raise ValueError(f"{name} = {value} is out of range: SQLite integers are signed 64-bit")
+    return value
+
+
+def check_number(name: str, value: Any, *, positive: bool = False) -> float:
+    """Return `value` as a float when it is finite and >= 0 (> 0 with `positive`), else raise ValueError."""
+    if not is_finite(value) or value < 0 or (positive and value == 0):
+        kind = "a positive" if positive else "a non-negative"
+        raise ValueError(f"{name} must be {kind} finite number, not {shown(value)}")
+    return float(value)
+
+
+def check_id(name: str, value: Any, *, optional: bool = False) -> Any:
+    """Return `value` when it is a non-empty string SQLite can store (or None, when `optional`), else raise ValueError."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a non-empty string, not {shown(value)}")
+    if has_surrogate(value):
+        raise ValueError(f"{name} contains a lone surrogate (U+D800..U+DFFF), which cannot be stored")
+    return value
+
+
+_UID = re.compile(r"[0-9a-f]{32}")
+
+
+def is_uid(value: Any) -> bool:
+    """Tell whether `value` has the form of a message uid (32 lowercase hex digits)."""
+    return isinstance(value, str) and _UID.fullmatch(value) is not None
+
+
+# Each rule returns the value as stored or raises ValueError naming the column; None never
+# reaches one (it stores NULL).
+
+def _as_text(name: str, value: Any) -> str:
+    if type(value) is str and value.isascii():
+        return value  # the common case: a C-speed scan, and only non-ASCII text can hold a lone surrogate
+    if isinstance(value, str):
+        return cast(str, replace_surrogates(value))  # text in, text out
+    raise ValueError(f"{name} must be a string or None, not {type(value).__name__}")
+
+
+def _as_platform_id(name: str, value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # platforms hand out numeric ids; the column is TEXT
+    return _as_text(name, value)
+
+
+def _as_time(name: str, value: Any) -> float:
+    if not is_finite(value):
+        raise ValueError(f"{name} must be a finite number of epoch seconds, not {shown(value)}")
+    return float(value)
+
+
+def _as_flag(name: str, value: Any) -> int:
+    if value not in (0, 1) or not isinstance(value, (bool, int)):
+        raise ValueError(f"{name} must be a bool (or 0/1), not {shown(value)}")
+    return int(value)
+
+
+def _as_json_text(name: str, value: Any) -> str | None:
+    # Text is kept as given (the caller's own serialisation); anything else is encoded.
+    return value if isinstance(value, str) else encode_json(value, name)
+
+
+def _as_uid(name: str, value: Any) -> str:
+    text = _as_text(name, value)
+    if not is_uid(text):
+        raise ValueError(f"{name} must be 32 lowercase hex digits, not {shown(text)}")
+    return text
+
+
+COLUMN_RULES: dict[str, Callable[[str, Any], Any]] = {
+    "text": _as_text, "platform_id": _as_platform_id, "uid": _as_uid, "flag": _as_flag,
+    "count": check_count, "number": check_number, "time": _as_time,
+    "json": lambda name, value: encode_json(value, name), "json_text": _as_json_text,
+}
+
 
 # --- the data dictionary -------------------------------------------------------------------------
 # Every fact about a table lives here, once: its columns (type, constraint, default, the rule a
@@ -180,83 +331,40 @@ _TOKEN_COLUMNS = tuple(Column(f"{kind}_tokens", _I, default=0)
                        for kind in ("input", "output", "cache_read", "cache_write", "reasoning"))
 
 SESSIONS = Table("sessions", (
-    Column("id", _T, "PRIMARY KEY", rule=None),
-    Column("source", _T, "NOT NULL"),
-    Column("user_id", _T),
-    Column("model", _T),
-    Column("model_config", _T, rule="json_text"),
-    Column("system_prompt", _T),
-    Column("parent_session_id", _T, "REFERENCES sessions(id)"),
-    Column("started_at", _R, "NOT NULL"),
-    Column("ended_at", _R),
-    Column("end_reason", _T),
-    Column("message_count", _I, default=0, rule=None),
+    Column("id", _T, "PRIMARY KEY", rule=None), Column("source", _T, "NOT NULL"), Column("user_id", _T),
+    Column("model", _T), Column("model_config", _T, rule="json_text"), Column("system_prompt", _T),
+    Column("parent_session_id", _T, "REFERENCES sessions(id)"), Column("started_at", _R, "NOT NULL"),
+    Column("ended_at", _R), Column("end_reason", _T), Column("message_count", _I, default=0, rule=None),
     Column("tool_call_count", _I, default=0, rule=None),
     *_TOKEN_COLUMNS,
-    Column("billing_provider", _T),
-    Column("billing_base_url", _T),
-    Column("billing_mode", _T),
-    Column("estimated_cost_usd", _R),
-    Column("actual_cost_usd", _R),
-    Column("cost_status", _T),
-    Column("cost_source", _T),
-    Column("pricing_version", _T),
-    Column("title", _T),
-    Column("api_call_count", _I, default=0),
-    Column("session_key", _T),
-    Column("chat_id", _T, rule="platform_id"),
-    Column("chat_type", _T),
-    Column("thread_id", _T, rule="platform_id"),
-    Column("display_name", _T),
-    Column("origin_json", _T, rule="json_text"),
-    Column("expiry_finalized", _I, default=0, rule="flag"),
-    Column("cwd", _T),
-    Column("git_branch", _T),
-    Column("git_repo_root", _T),
-    Column("handoff_state", _T),
-    Column("handoff_platform", _T),
-    Column("handoff_error", _T),
-    Column("compression_failure_cooldown_until", _R),
-    Column("compression_failure_error", _T),
-    Column("compression_fallback_streak", _I, "NOT NULL", default=0),
-    Column("profile_name", _T),
-    Column("transport_profile", _T),
-    Column("rewind_count", _I, "NOT NULL", default=0),
-    Column("archived", _I, "NOT NULL", default=0, rule="flag"),
-    Column("auto_archived", _I, default=0, rule="flag"),
-    Column("pinned", _I, default=0, rule="flag"),
-    Column("title_source", _T),
-    Column("last_activity_at", _R),
+    Column("billing_provider", _T), Column("billing_base_url", _T), Column("billing_mode", _T),
+    Column("estimated_cost_usd", _R), Column("actual_cost_usd", _R), Column("cost_status", _T),
+    Column("cost_source", _T), Column("pricing_version", _T), Column("title", _T),
+    Column("api_call_count", _I, default=0), Column("session_key", _T), Column("chat_id", _T, rule="platform_id"),
+    Column("chat_type", _T), Column("thread_id", _T, rule="platform_id"), Column("display_name", _T),
+    Column("origin_json", _T, rule="json_text"), Column("expiry_finalized", _I, default=0, rule="flag"),
+    Column("cwd", _T), Column("git_branch", _T), Column("git_repo_root", _T), Column("handoff_state", _T),
+    Column("handoff_platform", _T), Column("handoff_error", _T), Column("compression_failure_cooldown_until", _R),
+    Column("compression_failure_error", _T), Column("compression_fallback_streak", _I, "NOT NULL", default=0),
+    Column("profile_name", _T), Column("transport_profile", _T), Column("rewind_count", _I, "NOT NULL", default=0),
+    Column("archived", _I, "NOT NULL", default=0, rule="flag"), Column("auto_archived", _I, default=0, rule="flag"),
+    Column("pinned", _I, default=0, rule="flag"), Column("title_source", _T), Column("last_activity_at", _R),
 ), recover="verify", export=True, counters=COUNTERS)
 
 MESSAGES = Table("messages", (
     Column("id", _I, "PRIMARY KEY AUTOINCREMENT", rule=None),
-    Column("session_id", _T, "NOT NULL REFERENCES sessions(id)", rule=None),
-    Column("role", _T, "NOT NULL"),
-    Column("content", _T),
-    Column("tool_call_id", _T),
-    Column("tool_calls", _T, rule="json", json=True),
-    Column("tool_name", _T),
-    Column("timestamp", _R, "NOT NULL", rule="time"),
-    Column("token_count", _I),
-    Column("finish_reason", _T),
-    Column("reasoning", _T),
-    Column("reasoning_content", _T),
+    Column("session_id", _T, "NOT NULL REFERENCES sessions(id)", rule=None), Column("role", _T, "NOT NULL"),
+    Column("content", _T), Column("tool_call_id", _T), Column("tool_calls", _T, rule="json", json=True),
+    Column("tool_name", _T), Column("timestamp", _R, "NOT NULL", rule="time"), Column("token_count", _I),
+    Column("finish_reason", _T), Column("reasoning", _T), Column("reasoning_content", _T),
     Column("reasoning_details", _T, rule="json", json=True),
     Column("codex_reasoning_items", _T, rule="json", json=True),
-    Column("codex_message_items", _T, rule="json", json=True),
-    Column("effect_disposition", _T),
-    Column("platform_message_id", _T, rule="platform_id"),
-    Column("observed", _I, default=0, rule="flag"),
-    Column("active", _I, "NOT NULL", default=1, rule=None),
-    Column("compacted", _I, "NOT NULL", default=0, rule=None),
-    Column("api_content", _T),
-    Column("display_kind", _T),
-    Column("display_metadata", _T, rule="json", json=True),
-    Column("message_uid", _T, rule="uid"),
-    Column("absorbed_message_uids", _T, rule="json", json=True),
-    Column("tool_call_uids", _T, rule="json", json=True),
-    Column("tool_call_uid", _T),
+    Column("codex_message_items", _T, rule="json", json=True), Column("effect_disposition", _T),
+    Column("platform_message_id", _T, rule="platform_id"), Column("observed", _I, default=0, rule="flag"),
+    Column("active", _I, "NOT NULL", default=1, rule=None), Column("compacted", _I, "NOT NULL", default=0, rule=None),
+    Column("api_content", _T), Column("display_kind", _T), Column("display_metadata", _T, rule="json", json=True),
+    Column("message_uid", _T, rule="uid"), Column("absorbed_message_uids", _T, rule="json", json=True),
+    Column("tool_call_uids", _T, rule="json", json=True), Column("tool_call_uid", _T),
     Column("content_parts", _T, rule="json", json=True),
 ), owner=_SESSION_ID, recover="verify", export=True)
 
@@ -278,8 +386,7 @@ DICTIONARY: dict[str, Table] = {t.name: t for t in (
     ), ("PRIMARY KEY (session_id, model, billing_provider, billing_base_url, billing_mode, task)",),
         owner=_SESSION_ID, export=True),
     Table("state_meta", (
-        Column("key", _T, "PRIMARY KEY"),
-        Column("value", _T),
+        Column("key", _T, "PRIMARY KEY"), Column("value", _T),
     )),
     Table("gateway_routing", (
         Column("scope", _T, "NOT NULL", default=""), Column("session_key", _T, "NOT NULL"),
@@ -287,10 +394,8 @@ DICTIONARY: dict[str, Table] = {t.name: t for t in (
     ), ("PRIMARY KEY (scope, session_key)",),
         owner="CASE WHEN json_valid(entry_json) THEN json_extract(entry_json, '$.session_id') END"),
     Table("compression_locks", (
-        Column("session_id", _T, "PRIMARY KEY"),
-        Column("holder", _T, "NOT NULL"),
-        Column("acquired_at", _R, "NOT NULL"),
-        Column("expires_at", _R, "NOT NULL"),
+        Column("session_id", _T, "PRIMARY KEY"), Column("holder", _T, "NOT NULL"),
+        Column("acquired_at", _R, "NOT NULL"), Column("expires_at", _R, "NOT NULL"),
     ), owner=_SESSION_ID),
     # hermes-agent's columns (delivery_* hand a result back; its index idx_async_delegations_delivery
     # is declared under its name, so it finds it) plus this library's target.
@@ -304,40 +409,22 @@ DICTIONARY: dict[str, Table] = {t.name: t for t in (
         Column("owner_pid", _I), Column("owner_started_at", _I), Column("task_json", _T, rule="json", json=True),
         Column("delivery_claim", _T), Column("delivery_claimed_at", _R), Column("target", _T)), owner="origin_session"),
     Table("runtime_epoch", (
-        Column("id", _I, "PRIMARY KEY CHECK (id = 1)"),
-        Column("epoch", _I, "NOT NULL"),
-        Column("instance_id", _T),
-        Column("pid", _I),
-        Column("started_at", _R),
+        Column("id", _I, "PRIMARY KEY CHECK (id = 1)"), Column("epoch", _I, "NOT NULL"), Column("instance_id", _T),
+        Column("pid", _I), Column("started_at", _R),
     ), recover="exclude"),
     Table("session_admissions", (
-        _ROW_ID,
-        _PINNED_SESSION,
-        Column("admission_key", _T),
-        Column("payload_json", _T, rule="json", json=True),
-        Column("state", _T, "NOT NULL", default="queued"),
-        _EPOCH,
-        Column("resolution", _T),
-        Column("created_at", _R),
-        _STARTED,
-        _FINISHED,
+        _ROW_ID, _PINNED_SESSION, Column("admission_key", _T), Column("payload_json", _T, rule="json", json=True),
+        Column("state", _T, "NOT NULL", default="queued"), _EPOCH, Column("resolution", _T), Column("created_at", _R),
+        _STARTED, _FINISHED,
     ), owner=_SESSION_ID, recover="exclude"),
     Table("worker_executions", (
-        _ROW_ID,
-        _PINNED_SESSION,
-        Column("kind", _T, "NOT NULL"),
-        Column("state", _T, "NOT NULL", default="running"),
-        _EPOCH,
-        _STARTED,
-        _FINISHED,
+        _ROW_ID, _PINNED_SESSION, Column("kind", _T, "NOT NULL"), Column("state", _T, "NOT NULL", default="running"),
+        _EPOCH, _STARTED, _FINISHED,
     ), owner=_SESSION_ID, recover="exclude"),
     Table("worker_receipts", (
-        Column("execution_id", _I, "NOT NULL REFERENCES worker_executions(id) ON DELETE RESTRICT"),
-        _PINNED_SESSION,
-        Column("seq", _I, "NOT NULL"),
-        Column("payload_json", _T, "NOT NULL", rule="json", json=True),
-        Column("digest", _T, "NOT NULL"),
-        Column("recorded_at", _R),
+        Column("execution_id", _I, "NOT NULL REFERENCES worker_executions(id) ON DELETE RESTRICT"), _PINNED_SESSION,
+        Column("seq", _I, "NOT NULL"), Column("payload_json", _T, "NOT NULL", rule="json", json=True),
+        Column("digest", _T, "NOT NULL"), Column("recorded_at", _R),
     ), ("PRIMARY KEY (execution_id, seq)",), owner=_SESSION_ID, owner_via=("execution_id", "worker_executions"),
         recover="exclude"),
     Table("schema_version", (
@@ -345,19 +432,11 @@ DICTIONARY: dict[str, Table] = {t.name: t for t in (
     ), recover="rebuild"),
     # The gateway outbox: created by the gateway module on first use, never at open.
     Table("delivery_obligations", (
-        _ROW_ID,
-        Column("session_id", _T, "NOT NULL"),
-        Column("obligation_key", _T, "UNIQUE"),
-        Column("payload_json", _T, "NOT NULL", rule="json", json=True),
-        Column("platform", _T),
-        Column("chat_id", _T),
-        Column("thread_id", _T),
-        Column("state", _T, "NOT NULL", default="pending"),
-        Column("attempts", _I, "NOT NULL", default=0),
-        Column("fence", _I, "NOT NULL", default=0),
-        Column("recovered", _I, "NOT NULL", default=0),
-        Column("last_error", _T),
-        Column("created_at", _R),
+        _ROW_ID, Column("session_id", _T, "NOT NULL"), Column("obligation_key", _T, "UNIQUE"),
+        Column("payload_json", _T, "NOT NULL", rule="json", json=True), Column("platform", _T), Column("chat_id", _T),
+        Column("thread_id", _T), Column("state", _T, "NOT NULL", default="pending"),
+        Column("attempts", _I, "NOT NULL", default=0), Column("fence", _I, "NOT NULL", default=0),
+        Column("recovered", _I, "NOT NULL", default=0), Column("last_error", _T), Column("created_at", _R),
         Column("updated_at", _R),
     ), owner=_SESSION_ID, recover="verify", at_open=False),
     # Telegram DM topic mode (hermes-agent's tables, in its columns): created by the explicit
@@ -365,25 +444,17 @@ DICTIONARY: dict[str, Table] = {t.name: t for t in (
     # layout it had. A chat's mode row belongs to no session; a binding (one topic thread, one
     # session) goes with its session.
     Table("telegram_dm_topic_mode", (
-        Column("chat_id", _T, "PRIMARY KEY"),
-        Column("user_id", _T, "NOT NULL"),
-        Column("enabled", _I, "NOT NULL", default=1, rule="flag"),
-        Column("activated_at", _R, "NOT NULL"),
-        Column("updated_at", _R, "NOT NULL"),
-        Column("has_topics_enabled", _I, rule="flag"),
-        Column("allows_users_to_create_topics", _I, rule="flag"),
-        Column("capability_checked_at", _R),
-        Column("intro_message_id", _T),
-        Column("pinned_message_id", _T),
+        Column("chat_id", _T, "PRIMARY KEY"), Column("user_id", _T, "NOT NULL"),
+        Column("enabled", _I, "NOT NULL", default=1, rule="flag"), Column("activated_at", _R, "NOT NULL"),
+        Column("updated_at", _R, "NOT NULL"), Column("has_topics_enabled", _I, rule="flag"),
+        Column("allows_users_to_create_topics", _I, rule="flag"), Column("capability_checked_at", _R),
+        Column("intro_message_id", _T), Column("pinned_message_id", _T),
     ), at_open=False),
     Table("telegram_dm_topic_bindings", (
-        Column("chat_id", _T, "NOT NULL"),
-        Column("thread_id", _T, "NOT NULL"),
-        Column("user_id", _T, "NOT NULL"),
+        Column("chat_id", _T, "NOT NULL"), Column("thread_id", _T, "NOT NULL"), Column("user_id", _T, "NOT NULL"),
         Column("session_key", _T, "NOT NULL"),
         Column("session_id", _T, "NOT NULL REFERENCES sessions(id) ON DELETE CASCADE"),
-        Column("managed_mode", _T, "NOT NULL", default="auto"),
-        Column("linked_at", _R, "NOT NULL"),
+        Column("managed_mode", _T, "NOT NULL", default="auto"), Column("linked_at", _R, "NOT NULL"),
         Column("updated_at", _R, "NOT NULL"),
     ), ("PRIMARY KEY (chat_id, thread_id)",), owner=_SESSION_ID, at_open=False),
 )}
@@ -505,38 +576,3 @@ def check_stored(column: Column, value: Any) -> Any:
         return value
     raise ValueError(f"{column.name} must be {'an integer' if column.type == 'INTEGER' else 'a number'} or null, "
                      f"not {type(value).__name__}")
-
-
-def escape_like(text: str, escape: str = "\\") -> str:
-    """Escape `%`, `_` and the escape character for a LIKE pattern using ESCAPE `escape`."""
-    return text.replace(escape, escape * 2).replace("%", escape + "%").replace("_", escape + "_")
-
-
-def split_sql(script: str) -> list[str]:
-    """Split an SQL script into complete statements (never use executescript inside a transaction)."""
-    out, buf = [], ""
-    for line in script.splitlines(keepends=True):
-        buf += line
-        if sqlite3.complete_statement(buf):
-            if buf.strip().strip(";").strip():
-                out.append(buf.strip())
-            buf = ""
-    if buf.strip():
-        out.append(buf.strip())
-    return out
-
-
-def row_dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
-    """Return the cursor's remaining rows as dicts keyed by column name."""
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, row)) for row in cur.fetchall()]
-
-
-def object_exists(conn: sqlite3.Connection, kind: str, name: str) -> bool:
-    """Tell whether the database of `conn` has a `kind` (table, view, index, trigger) named `name`."""
-    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = ? AND name = ?", (kind, name)).fetchone() is not None
-
-
-def table_exists(conn: sqlite3.Connection, name: str) -> bool:
-    """Tell whether the database of `conn` has a table named `name` (a catalogue read)."""
-    return object_exists(conn, "table", name)

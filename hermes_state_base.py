@@ -1,0 +1,113 @@
+"""The ground floor under the data dictionary: the logger, timing defaults, SQL and text helpers.
+
+Owns: the library's one logger, the timing policy's default values (`WRITE_PATIENCE_S`, ...),
+`PAGE_SIZE`, `DAY_S`, SQLite's integer range (`INT_MIN`, `INT_MAX`) and the lone-surrogate
+pattern; `split_sql`, `row_dicts`, `object_exists`/`table_exists` (the one catalogue read),
+`escape_like`, `strip_surrogates` (a search term's cleanup), `check_scalar` (a value SQLite keeps
+faithfully) and `shown` (a bad value quoted cut short in an error message). Does not own:
+columns, tables and the rule a column's value passes (hermes_state_common), transactions
+(hermes_state_writer). Imports only the standard library; hermes_state_common re-exports every
+public name, so callers import them from there.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import re
+import reprlib
+import sqlite3
+from typing import Any
+
+# The library's one logger; applications route it (see configure_error_log).
+logger = logging.getLogger("hermes_state")
+
+# Default values of the timing policy. SessionDB copies them as class attributes and reads
+# them at call time, so applications and tests tune them there, not here.
+WRITE_PATIENCE_S = 20.0             # ordinary writes
+TRANSCRIPT_WRITE_PATIENCE_S = 60.0  # message appends: a failure ends the agent's turn
+ACTIVITY_WRITE_PATIENCE_S = 0.5     # best-effort bookkeeping that must never stall a turn
+WRITE_RETRY_MIN_S, WRITE_RETRY_MAX_S = 0.020, 0.150             # jitter while the wait is young
+WRITE_RETRY_SLOW_MIN_S, WRITE_RETRY_SLOW_MAX_S = 0.250, 1.000   # jitter after the fast window
+WRITE_RETRY_FAST_WINDOW_S = 2.0
+CHECKPOINT_EVERY_N_WRITES = 50
+READ_BUSY_TIMEOUT_S = 5.0    # a read-only open waits this long once, then reports busy
+SQLITE_BUSY_TIMEOUT_S = 1.0  # SQLite's own wait per attempt; the writer retries above it
+# Page size of a new file. Message rows are often 1-4 KB; on 4 KB pages a fifth of each table
+# page is left empty around them, on 8 KB pages about a tenth. An existing file keeps its size.
+PAGE_SIZE = 8192
+DAY_S = 86400.0  # seconds in a day, for the day-counted policies (pruning, the idle sweep)
+
+# SQLite's INTEGER is a signed 64-bit value; Python ints outside it fail at bind time.
+INT_MIN, INT_MAX = -2**63, 2**63 - 1
+# A lone surrogate code point: sqlite3 can neither bind one nor find a row by it.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+# Error messages quote the bad value, cut short: a plain repr() of a deeply nested list raises
+# RecursionError, and one of a huge string floods the message.
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 3, 60, 60
+
+
+def shown(value: Any) -> str:
+    """Return a short repr of `value` for an error message; never raises, however deep or large the value."""
+    try:
+        return _SHOWN.repr(value)
+    except Exception:  # noqa: BLE001 - a hostile __repr__ must not replace the error being reported
+        return f"<{type(value).__name__}>"
+
+
+def strip_surrogates(text: str | None) -> str | None:
+    """Remove lone surrogates (sqlite3 cannot bind them); leave everything else byte for byte."""
+    if text is None or not isinstance(text, str):
+        return text
+    return LONE_SURROGATE.sub("", text) if LONE_SURROGATE.search(text) else text
+
+
+def check_scalar(name: str, value: Any) -> Any:
+    """Return `value` if SQLite stores it faithfully (None, str, bool, 64-bit int, non-NaN float)."""
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, int):
+        if not INT_MIN <= value <= INT_MAX:
+            raise ValueError(f"{name} = {value} is out of range: SQLite integers are signed 64-bit")
+        return value
+    if isinstance(value, float):
+        if math.isnan(value):
+            raise ValueError(f"{name} cannot be NaN (SQLite would store NULL)")
+        return value
+    raise ValueError(f"{name} must be a str, int, float, bool or None, not {type(value).__name__}")
+
+
+def escape_like(text: str, escape: str = "\\") -> str:
+    """Escape `%`, `_` and the escape character for a LIKE pattern using ESCAPE `escape`."""
+    return text.replace(escape, escape * 2).replace("%", escape + "%").replace("_", escape + "_")
+
+
+def split_sql(script: str) -> list[str]:
+    """Split an SQL script into complete statements (never use executescript inside a transaction)."""
+    out, buf = [], ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            if buf.strip().strip(";").strip():
+                out.append(buf.strip())
+            buf = ""
+    if buf.strip():
+        out.append(buf.strip())
+    return out
+
+
+def row_dicts(cur: sqlite3.Cursor) -> list[dict[str, Any]]:
+    """Return the cursor's remaining rows as dicts keyed by column name."""
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def object_exists(conn: sqlite3.Connection, kind: str, name: str) -> bool:
+    """Tell whether the database of `conn` has a `kind` (table, view, index, trigger) named `name`."""
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = ? AND name = ?", (kind, name)).fetchone() is not None
+
+
+def table_exists(conn: sqlite3.Connection, name: str) -> bool:
+    """Tell whether the database of `conn` has a table named `name` (a catalogue read)."""
+    return object_exists(conn, "table", name)
