@@ -37,7 +37,6 @@ PAGE_SESSIONS = 100  # sessions whose ids one read of iter_export fetches
 
 # What a replacing import rewrites: the session-owned rows an export carries (children first).
 _REPLACED = tuple((t.name, condition) for t in SESSION_OWNED if t.export for condition in t.owned_by("(?)"))
-_RECOUNT_SQL = recount_sql() + " WHERE id = ?"
 
 
 # --- export -------------------------------------------------------------------------------------
@@ -197,6 +196,7 @@ class _Import:
     skipped: _Ids = field(init=False)
     detached: _Ids = field(init=False)
     messages: int = 0
+    pending: list[tuple[Any, ...]] = field(default_factory=list)  # message rows not written yet
     ignored: set[str] = field(default_factory=set)
     errors: list[dict[str, Any]] = field(default_factory=list)
 
@@ -269,6 +269,7 @@ _SCRATCH_SQL = (f"DROP TABLE IF EXISTS {_SCRATCH}",
                 f"CREATE TABLE {_SCRATCH} (id TEXT PRIMARY KEY, idx INTEGER NOT NULL, parent TEXT, title TEXT, "
                 "written INTEGER NOT NULL)",
                 f"CREATE INDEX {_SCRATCH}_title ON hermes_import (title)")
+_RECOUNT_SQL = recount_sql() + f" WHERE id IN (SELECT id FROM {_SCRATCH} WHERE written)"
 _ROW_COLUMNS = tuple(c for c in SESSION_COLUMNS if c not in DERIVED)
 _INSERT_SESSION = f"INSERT INTO sessions ({', '.join(_ROW_COLUMNS)}) VALUES ({', '.join('?' * len(_ROW_COLUMNS))})"
 _UPDATE_SESSION = f"UPDATE sessions SET {', '.join(f'{c} = ?' for c in _ROW_COLUMNS if c != 'id')} WHERE id = ?"
@@ -284,12 +285,15 @@ def _insert_messages(rows: int) -> str:
     return f"INSERT INTO messages (session_id, {', '.join(MESSAGE_COLUMNS)}) VALUES " + ", ".join([_MESSAGE_ROW] * rows)
 
 
-def _write_messages(conn: sqlite3.Connection, session_id: str, rows: list[tuple[Any, ...]]) -> None:
+def _write_messages(conn: sqlite3.Connection, pending: list[tuple[Any, ...]], final: bool = False) -> None:
+    # Rows wait here (each with its session id first) across sessions, so that sessions of one
+    # message still go in batches: only full batches are written until the end (`final`).
     start = 0
-    for size in _MESSAGE_BATCHES:
-        while len(rows) - start >= size:
-            conn.execute(_insert_messages(size), [v for row in rows[start:start + size] for v in (session_id, *row)])
+    for size in _MESSAGE_BATCHES if final else _MESSAGE_BATCHES[:1]:
+        while len(pending) - start >= size:
+            conn.execute(_insert_messages(size), [v for row in pending[start:start + size] for v in row])
             start += size
+    del pending[:start]
 
 
 _INSERT_USAGE = (f"INSERT INTO session_model_usage (session_id, {', '.join(USAGE_COLUMNS)}) "
@@ -340,9 +344,9 @@ def _write_one(conn: sqlite3.Connection, checked: Checked, state: _Import) -> No
     else:
         conn.execute(_INSERT_SESSION, tuple(row[c] for c in _ROW_COLUMNS))
         state.imported.append(sid)
-    _write_messages(conn, sid, checked.messages)
+    state.pending.extend((sid, *row) for row in checked.messages)
+    _write_messages(conn, state.pending)
     conn.executemany(_INSERT_USAGE, ((sid, *u) for u in checked.usage))
-    conn.execute(_RECOUNT_SQL, (sid,))  # the meaning the write path keeps
     state.messages += len(checked.messages)
 
 
@@ -382,6 +386,8 @@ def _finish(conn: sqlite3.Connection, state: _Import) -> None:
         state.fail(index, sid, [f"title {title!r} is already in use by session {holder!r}"])
     if state.errors:
         raise _Stopped
+    _write_messages(conn, state.pending, final=True)
+    conn.execute(_RECOUNT_SQL)  # the counters the write path keeps, from the rows written
     state.detached.extend(r[0] for r in conn.execute(_PARENT_MISSING))
     conn.execute(_SET_PARENTS_AND_TITLES)
     # A few sessions with parents are walked up one by one; many are first narrowed down by one
