@@ -56,7 +56,7 @@ from hermes_state_recovery import RecoveryReport, TableRecovery, recover
 from hermes_state_repair import (ATTEMPTED_PATHS as _repair_attempted_paths, db_opens_cleanly as _db_opens_cleanly,
                                  is_malformed_db_error, open_repairing, repair_state_db_schema as _repair_file)
 from hermes_state_common import SCHEMA_VERSION
-from hermes_state_table import Entry
+from hermes_state_table import Entry, Lookup
 from hermes_state_writer import RetryPolicy, SharedHandles, Transaction, Writer
 from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
                                  ImportValidationError,
@@ -107,11 +107,12 @@ class SessionDB(table.Handle):
                          repair=(_repair_attempted_paths, repair_state_db_schema))
 
     # --- the method table: one line per public method that only delegates ------------------------------
-    # name = Entry(transaction kind, module function, unknown=what a read answers for an unknown id).
+    # name = Entry(transaction kind, module function). name = Lookup(...) for a read by key: for a key
+    # no row can have, it answers the empty value of the function's return type (None, [], 0, False).
     # Kinds: read, snapshot (one read transaction), write, transcript (transcript patience, waits out
     # another holder's compression), compression (transcript patience: the compression itself),
     # activity (short patience: bookkeeping that must never stall a turn).
-    get_session = Entry("read", sessions.get_session, unknown=None)
+    get_session = Lookup("read", sessions.get_session)
     end_session = Entry("write", sessions.end_session)
     reopen_session = Entry("write", sessions.reopen_session)
     update_session = Entry("write", sessions.update_session, pack="columns")
@@ -130,26 +131,26 @@ class SessionDB(table.Handle):
     session_count = Entry("read", sessions.session_count)
     set_session_title = Entry("write", titles.set_session_title)
     set_auto_title_if_empty = Entry("write", titles.set_auto_title_if_empty)
-    get_session_title = Entry("read", titles.get_session_title, unknown=None)
-    get_session_by_title = Entry("read", titles.get_session_by_title, unknown=None)
-    resolve_session_by_title = Entry("read", titles.resolve_session_by_title, unknown=None)
+    get_session_title = Lookup("read", titles.get_session_title)
+    get_session_by_title = Lookup("read", titles.get_session_by_title)
+    resolve_session_by_title = Lookup("read", titles.resolve_session_by_title)
     get_next_title_in_lineage = Entry("read", titles.get_next_title_in_lineage)
     sanitize_title = staticmethod(titles.sanitize_title)
     append_message = Entry("transcript", message_rows.append_message)
     merge_messages = Entry("transcript", message_rows.merge_messages)
-    get_messages = Entry("read", message_rows.get_messages, unknown=[])
-    message_count = Entry("read", message_rows.message_count, unknown=0)
+    get_messages = Lookup("read", message_rows.get_messages)
+    message_count = Lookup("read", message_rows.message_count)
     set_latest_user_api_content = Entry("transcript", message_rows.set_latest_user_api_content)
     replace_messages = Entry("transcript", message_rows.replace_messages)
     clear_messages = Entry("transcript", message_rows.clear_messages)
-    get_resume_conversations = Entry("snapshot", conversation.get_resume_conversations, unknown=([], []))
-    get_ancestor_display_prefix = Entry("snapshot", conversation.get_ancestor_display_prefix, unknown=[])
-    get_lineage = Entry("read", lineage.get_lineage, unknown=[])
-    get_descendants = Entry("read", lineage.get_descendants, unknown=[])
-    get_compression_successor = Entry("read", lineage.compression_successor_id, unknown=None)
-    get_compression_ancestors = Entry("read", lineage.compression_ancestor_ids, unknown=[])
-    get_compression_lineage = Entry("snapshot", lineage.compression_chain_ids, unknown=[])
-    resolve_session_id = Entry("read", listings.resolve_session_id, unknown=None)
+    get_resume_conversations = Lookup("snapshot", conversation.get_resume_conversations)
+    get_ancestor_display_prefix = Lookup("snapshot", conversation.get_ancestor_display_prefix)
+    get_lineage = Lookup("read", lineage.get_lineage)
+    get_descendants = Lookup("read", lineage.get_descendants)
+    get_compression_successor = Lookup("read", lineage.compression_successor_id)
+    get_compression_ancestors = Lookup("read", lineage.compression_ancestor_ids)
+    get_compression_lineage = Lookup("snapshot", lineage.compression_chain_ids)
+    resolve_session_id = Lookup("read", listings.resolve_session_id)
     list_sessions = Entry("read", listings.list_sessions)
     count_sessions = Entry("read", listings.count_sessions)
     usage_by_model = Entry("read", listings.usage_by_model)
@@ -157,7 +158,7 @@ class SessionDB(table.Handle):
     list_sessions_rich = Entry("snapshot", listings.list_sessions_rich)
     search_sessions = Entry("read", listings.search_sessions)
     search_sessions_by_id = Entry("snapshot", listings.search_sessions_by_id)
-    list_cron_job_runs = Entry("read", listings.list_cron_job_runs, unknown=[])
+    list_cron_job_runs = Lookup("read", listings.list_cron_job_runs)
     search_messages = Entry("snapshot", search.search_messages, indexed=True)
     _sanitize_fts5_query = staticmethod(fts._sanitize_fts5_query)  # the sanitizer, by the name callers know
     _contains_cjk = staticmethod(has_cjk)  # hermes-agent's name for "does this text hold CJK letters"
@@ -169,48 +170,48 @@ class SessionDB(table.Handle):
     release_compression_lock = Entry("write", compression.release_compression_lock)
     try_acquire_compression_lock = Entry("write", compression.try_acquire_compression_lock)
     refresh_compression_lock = Entry("write", compression.refresh_compression_lock)
-    get_compression_lock_holder = Entry("read", compression.get_compression_lock_holder, unknown=None)
+    get_compression_lock_holder = Lookup("read", compression.get_compression_lock_holder)
     record_compression_failure_cooldown = Entry("write", compression.record_compression_failure_cooldown)
-    get_compression_failure_cooldown = Entry("read", compression.get_compression_failure_cooldown, unknown=None)
+    get_compression_failure_cooldown = Lookup("read", compression.get_compression_failure_cooldown)
     clear_compression_failure_cooldown = Entry("write", compression.clear_compression_failure_cooldown)
-    get_compression_fallback_streak = Entry("read", compression.get_compression_fallback_streak, unknown=0)
+    get_compression_fallback_streak = Lookup("read", compression.get_compression_fallback_streak)
     set_compression_fallback_streak = Entry("write", compression.set_compression_fallback_streak)
     claim_runtime = Entry("write", gateway.claim_runtime)
     get_runtime = Entry("read", gateway.get_runtime)
     admit_input = Entry("write", gateway.admit_input)
-    next_admission = Entry("read", gateway.next_admission, unknown=None)
+    next_admission = Lookup("read", gateway.next_admission)
     start_admission = Entry("write", gateway.start_admission)
     finish_admission = Entry("write", gateway.finish_admission)
     resolve_unknown = Entry("write", gateway.resolve_unknown)
-    get_admission = Entry("read", gateway.get_admission, unknown=None)
-    list_admissions = Entry("read", gateway.list_admissions, unknown=[])
+    get_admission = Lookup("read", gateway.get_admission)
+    list_admissions = Lookup("read", gateway.list_admissions)
     start_execution = Entry("write", gateway.start_execution)
     finish_execution = Entry("write", gateway.finish_execution)
-    get_execution = Entry("read", gateway.get_execution, unknown=None)
-    list_executions = Entry("read", gateway.list_executions, unknown=[])
+    get_execution = Lookup("read", gateway.get_execution)
+    list_executions = Lookup("read", gateway.list_executions)
     record_receipt = Entry("write", gateway.record_receipt)
-    list_receipts = Entry("read", gateway.list_receipts, unknown=[])
+    list_receipts = Lookup("read", gateway.list_receipts)
     record_gateway_session_peer = Entry("write", gateway_sessions.record_gateway_session_peer)
     set_expiry_finalized = Entry("write", gateway_sessions.set_expiry_finalized)
-    find_latest_gateway_session_for_peer = Entry("read", gateway_sessions.find_latest_gateway_session_for_peer, unknown=None)
-    list_gateway_sessions = Entry("read", gateway_sessions.list_gateway_sessions, unknown=[])
-    find_session_by_origin = Entry("read", gateway_sessions.find_session_by_origin, unknown=None)
+    find_latest_gateway_session_for_peer = Lookup("read", gateway_sessions.find_latest_gateway_session_for_peer)
+    list_gateway_sessions = Lookup("read", gateway_sessions.list_gateway_sessions)
+    find_session_by_origin = Lookup("read", gateway_sessions.find_session_by_origin)
     owe_delivery = Entry("write", routing.owe_delivery)
     begin_delivery = Entry("activity", routing.begin_delivery)
     mark_delivered = Entry("activity", routing.mark_delivered)
     mark_failed = Entry("activity", routing.mark_failed)
     recover_deliveries = Entry("write", routing.recover_deliveries)
-    list_owed = Entry("read", routing.list_owed, unknown=[])
-    get_delivery = Entry("read", routing.get_delivery, unknown=None)
+    list_owed = Lookup("read", routing.list_owed)
+    get_delivery = Lookup("read", routing.get_delivery)
     set_route = Entry("write", routing.set_route)
-    get_route = Entry("read", routing.get_route, unknown=None)
-    list_routes = Entry("read", routing.list_routes, unknown=[])
+    get_route = Lookup("read", routing.get_route)
+    list_routes = Lookup("read", routing.list_routes)
     delete_route = Entry("write", routing.delete_route)
     record_delegation = Entry("write", routing.record_delegation)
-    get_delegation = Entry("read", routing.get_delegation, unknown=None)
-    list_delegations = Entry("read", routing.list_delegations, unknown=[])
-    export_session = Entry("snapshot", portability.export_session, unknown=None)
-    export_session_lineage = Entry("snapshot", portability.export_session_lineage, unknown=None)
+    get_delegation = Lookup("read", routing.get_delegation)
+    list_delegations = Lookup("read", routing.list_delegations)
+    export_session = Lookup("snapshot", portability.export_session)
+    export_session_lineage = Lookup("snapshot", portability.export_session_lineage)
     backup = Entry("read", recovery.backup_to)
     list_prune_candidates = Entry("snapshot", maintenance.list_prune_candidates, pack="filters")
     archive_sessions = Entry("write", maintenance.archive_sessions, pack="filters")
@@ -221,16 +222,16 @@ class SessionDB(table.Handle):
     delete_session_if_empty = Entry("write", maintenance.delete_session_if_empty_and_transcripts)
     apply_telegram_topic_migration = Entry("write", telegram.apply_telegram_topic_migration)
     bind_telegram_topic = Entry("write", telegram.bind_telegram_topic)
-    get_telegram_topic_binding = Entry("read", telegram.get_telegram_topic_binding, unknown=None)
-    get_telegram_topic_binding_by_session = Entry("read", telegram.get_telegram_topic_binding_by_session, unknown=None)
-    is_telegram_session_linked_to_topic = Entry("read", telegram.is_telegram_session_linked_to_topic, unknown=False)
-    list_telegram_topic_bindings_for_chat = Entry("read", telegram.list_telegram_topic_bindings_for_chat, unknown=[])
+    get_telegram_topic_binding = Lookup("read", telegram.get_telegram_topic_binding)
+    get_telegram_topic_binding_by_session = Lookup("read", telegram.get_telegram_topic_binding_by_session)
+    is_telegram_session_linked_to_topic = Lookup("read", telegram.is_telegram_session_linked_to_topic)
+    list_telegram_topic_bindings_for_chat = Lookup("read", telegram.list_telegram_topic_bindings_for_chat)
     delete_telegram_topic_binding = Entry("write", telegram.delete_telegram_topic_binding)
     enable_telegram_topic_mode = Entry("write", telegram.enable_telegram_topic_mode)
     disable_telegram_topic_mode = Entry("write", telegram.disable_telegram_topic_mode)
-    is_telegram_topic_mode_enabled = Entry("read", telegram.is_telegram_topic_mode_enabled, unknown=False)
-    list_unlinked_telegram_sessions_for_user = Entry("read", telegram.list_unlinked_telegram_sessions_for_user, unknown=[])
-    get_meta = Entry("read", maintenance.get_meta, unknown=None)
+    is_telegram_topic_mode_enabled = Lookup("read", telegram.is_telegram_topic_mode_enabled)
+    list_unlinked_telegram_sessions_for_user = Lookup("read", telegram.list_unlinked_telegram_sessions_for_user)
+    get_meta = Lookup("read", maintenance.get_meta)
     set_meta = Entry("write", maintenance.set_meta)
     to_provider_messages = staticmethod(to_provider_messages)
 
@@ -245,14 +246,12 @@ class SessionDB(table.Handle):
         with self._write() as conn:
             return sessions.create_session(conn, session_id, source, columns)
 
-    def ensure_session(self, session_id: str, source: str, model: str | None = None, *,
-                       model_config: Any = None, system_prompt: str | None = None, user_id: str | None = None,
-                       parent_session_id: str | None = None, **columns: Any) -> str:
+    @table.same_arguments(create_session)
+    def ensure_session(self, session_id: str, source: str, model: str | None = None, **columns: Any) -> str:
         """Create the session unless it exists (an existing row is left as it is); return the id."""
-        columns.update(model=model, model_config=model_config, system_prompt=system_prompt, user_id=user_id,
-                       parent_session_id=parent_session_id)
+        # create_session's named columns arrive in `columns`; one left out means no value, as None does.
         with self._write() as conn:
-            return sessions.ensure_session(conn, session_id, source, columns)
+            return sessions.ensure_session(conn, session_id, source, dict(columns, model=model))
 
     def update_delegation(self, delegation_id: str, **changes: Any) -> None:
         """Move a delegation on (`state=`) and/or set its `result=` or `target=`; a finished one is final."""

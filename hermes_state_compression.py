@@ -2,10 +2,14 @@
 
 Owns: compressing a transcript in place (the current rows become the archive, the kept context
 is re-inserted as the live generation with its message_uids), rotating a session into a
-compression child, the cross-process `compression_locks` rows, the checks transcript
-writes make against them, and each session's compression failure cooldown and fallback streak.
-Does not own: the message rows themselves (hermes_state_messages writes them and keeps the
-counters), the compression edge and its walks (hermes_state_lineage), the conversation.
+compression child, the cross-process `compression_locks` rows and the holders it issues
+(`new_holder`), waiting for another holder to finish (`wait_for_compression`), and each
+session's compression failure cooldown and fallback streak. Does not own: the message rows
+themselves (hermes_state_messages writes them and keeps the counters), the transcript guard
+(`check_transcript_writable` and the retry of `write_transcript`, beside the message rows in
+hermes_state_messages; `check_transcript_writable` and `transcript_write` stay importable here),
+whether a holder is alive (hermes_state_holders, re-exported here), the compression edge and its
+walks (hermes_state_lineage), the conversation.
 
 Transaction contract: every function taking `conn` runs inside the caller's transaction (the
 facade opens one BEGIN IMMEDIATE per public write) and never opens or commits one itself; an
@@ -18,7 +22,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import socket
 import sqlite3
 import time
@@ -28,8 +31,12 @@ from typing import Any, Callable, Iterable
 
 import hermes_state_messages as messages
 import hermes_state_sessions as sessions
-from hermes_state_common import SESSIONS, check_id, check_number, logger
-from hermes_state_lineage import COMPRESSION_END_REASON, live_continuation
+from hermes_state_common import SESSIONS, check_number, logger
+# Holder liveness and the transcript guard live below; their names stay importable here.
+from hermes_state_holders import (UNKNOWN_PIDNS, holder_is_gone, lock_is_live, own_pidns,  # noqa: F401
+                                  parse_holder)
+from hermes_state_lineage import COMPRESSION_END_REASON
+from hermes_state_messages import check_transcript_writable as check_transcript_writable
 from hermes_state_errors import (SessionClosedByCompressionError, SessionCompressionInProgressError,
                                  SessionNotFoundError)
 
@@ -45,78 +52,11 @@ INHERITED_COLUMNS = ("source", "model", "model_config", "user_id", "session_key"
                      "thread_id", "display_name", "origin_json", "cwd", "git_branch", "git_repo_root",
                      "profile_name", "transport_profile")
 
-_PID = re.compile(r"(?:^|\s)pid=(\d+)(?:\s|$)")
-_HOST = re.compile(r"(?:^|\s)host=(\S+)")
-_PIDNS = re.compile(r"(?:^|\s)pidns=(\S+)")
-# Written when this process cannot read its pid namespace: a pid it names proves nothing here.
-UNKNOWN_PIDNS = "-"
-
-
-# --- holders and liveness ------------------------------------------------------------------------
-
-def own_pidns() -> str:
-    """Return this process's pid-namespace id (the inode of /proc/self/ns/pid), or UNKNOWN_PIDNS."""
-    # Containers with host networking share the host name but not pids: the namespace says
-    # whose pid numbers a holder string uses. Read each time: a fork may sit in a new one.
-    try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
-    except (OSError, ValueError):
-        return UNKNOWN_PIDNS
-
+# --- holders and locks ----------------------------------------------------------------------------
 
 def new_holder() -> str:
     """Return a fresh holder string for this process: `pid=<n> host=<name> pidns=<id|-> token=<hex>`."""
     return f"pid={os.getpid()} host={socket.gethostname()} pidns={own_pidns()} token={uuid.uuid4().hex}"
-
-
-def parse_holder(holder: str) -> tuple[int | None, str | None, str | None]:
-    """Return (pid, host, pidns) named by a holder string; each is None when absent or malformed."""
-    pid = _PID.search(holder or "")
-    host = _HOST.search(holder or "")
-    pidns = _PIDNS.search(holder or "")
-    return (int(pid.group(1)) if pid else None), (host.group(1) if host else None), \
-        (pidns.group(1) if pidns else None)
-
-
-def holder_is_gone(holder: str) -> bool:
-    """Return True only when the holder's process is provably gone: same host and pid namespace, no such pid.
-
-    Any doubt counts as alive: another host, another or unknown pid namespace (a container
-    sharing the host name; a holder string without `pidns=`), a missing or zero pid, a pid we
-    may not signal (PermissionError: it exists), a recycled pid that is alive again, or a
-    platform where signal 0 is not a harmless probe (on Windows os.kill would terminate it).
-    """
-    pid, host, pidns = parse_holder(holder)
-    if os.name != "posix" or pid is None or pid <= 0 or host != socket.gethostname():
-        return False
-    if pidns is None or pidns == UNKNOWN_PIDNS or pidns != own_pidns():
-        return False
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False
-    return _is_zombie(pid)
-
-
-def _is_zombie(pid: int) -> bool:
-    # A process that exited but was not reaped yet still answers signal 0, for as long as its
-    # parent lives; /proc says it is dead ('Z' zombie, 'X' dead). Off Linux: no proof, alive.
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    # The command name in parentheses may hold spaces or ')'; the state follows the last ')'.
-    state = stat[stat.rfind(b")") + 1:].split()[:1]
-    return state in ([b"Z"], [b"X"])
-
-
-def _lock_is_live(holder: str, expires_at: float, now: float) -> bool:
-    return expires_at > now and not holder_is_gone(holder)
 
 
 def _lock_row(conn: sqlite3.Connection, session_id: str) -> tuple[str, float] | None:
@@ -133,7 +73,7 @@ def foreign_lock_holder(conn: sqlite3.Connection, session_id: str, holder: str |
     row = _lock_row(conn, session_id)
     if row is None or row[0] == holder:
         return None
-    return row[0] if _lock_is_live(row[0], row[1], time.time() if now is None else now) else None
+    return row[0] if lock_is_live(row[0], row[1], time.time() if now is None else now) else None
 
 
 # --- compression locks -----------------------------------------------------------------------------
@@ -151,7 +91,7 @@ def acquire_compression_lock(conn: sqlite3.Connection, session_id: str, ttl_s: f
     _require_open(conn, session_id)
     row = _lock_row(conn, session_id)
     if row is not None:
-        if _lock_is_live(row[0], row[1], now):
+        if lock_is_live(row[0], row[1], now):
             return None
         logger.info("reclaiming compression lock of session %r from %s (%s)", session_id, row[0],
                     "expired" if row[1] <= now else "holder process is gone")
@@ -189,7 +129,7 @@ def try_acquire_compression_lock(conn: sqlite3.Connection, session_id: str, hold
     ttl_seconds = check_number("ttl_seconds", ttl_seconds, positive=True)
     now = time.time() if now is None else now
     row = _lock_row(conn, session_id)
-    if row is not None and row[0] != holder and _lock_is_live(row[0], row[1], now):
+    if row is not None and row[0] != holder and lock_is_live(row[0], row[1], now):
         return False
     conn.execute("INSERT INTO compression_locks (session_id, holder, acquired_at, expires_at) VALUES (?, ?, ?, ?) "
                  "ON CONFLICT (session_id) DO UPDATE SET holder = excluded.holder, "
@@ -215,7 +155,7 @@ def refresh_compression_lock(conn: sqlite3.Connection, session_id: str, holder: 
 def get_compression_lock_holder(conn: sqlite3.Connection, session_id: str, *, now: float | None = None) -> str | None:
     """Return who holds the session's live compression lock, or None (expired locks do not count)."""
     row = _lock_row(conn, session_id) if session_id else None
-    if row is None or not _lock_is_live(row[0], row[1], time.time() if now is None else now):
+    if row is None or not lock_is_live(row[0], row[1], time.time() if now is None else now):
         return None
     return row[0]
 
@@ -235,7 +175,7 @@ def _check_holder(conn: sqlite3.Connection, session_id: str, holder: str | None,
     """
     row = _lock_row(conn, session_id)
     if holder is None:
-        if row is not None and _lock_is_live(row[0], row[1], now):
+        if row is not None and lock_is_live(row[0], row[1], now):
             raise SessionCompressionInProgressError(
                 f"session {session_id!r} is being compressed by {row[0]}; nothing was written, "
                 "retry after it finishes")
@@ -295,38 +235,13 @@ def set_compression_fallback_streak(conn: sqlite3.Connection, session_id: str, s
 
 # --- transcript write checks -----------------------------------------------------------------------
 
-def _closed_error(conn: sqlite3.Connection, session_id: str) -> SessionClosedByCompressionError:
-    return SessionClosedByCompressionError(session_id, live_continuation(conn, session_id))
-
-
 def _require_open(conn: sqlite3.Connection, session_id: str) -> dict[str, Any]:
     row = sessions.get_session(conn, session_id)
     if row is None:
         raise SessionNotFoundError(f"session {session_id!r} not found")
     if row["end_reason"] == COMPRESSION_END_REASON:
-        raise _closed_error(conn, session_id)
+        raise messages.closed_error(conn, session_id)
     return row
-
-
-def check_transcript_writable(conn: sqlite3.Connection, session_id: str, holder: str | None = None, *,
-                              now: float | None = None) -> None:
-    """Refuse a transcript write to a session compression closed or another holder is compressing.
-
-    Raises SessionClosedByCompressionError (naming the live continuation) or
-    SessionCompressionInProgressError; call it first inside the write transaction. An unknown
-    session passes: the write itself reports it.
-    """
-    row = conn.execute(
-        "SELECT s.end_reason, l.holder, l.expires_at FROM sessions s "
-        "LEFT JOIN compression_locks l ON l.session_id = s.id WHERE s.id = ?", (session_id,)).fetchone()
-    if row is None:
-        return
-    if row[0] == COMPRESSION_END_REASON:
-        raise _closed_error(conn, session_id)
-    if row[1] is not None and row[1] != holder and _lock_is_live(row[1], row[2], time.time() if now is None else now):
-        raise SessionCompressionInProgressError(
-            f"session {session_id!r} is being compressed by {row[1]}; the transcript write was not made, "
-            "retry after the compression finishes")
 
 
 def wait_for_compression(read: Callable[[], AbstractContextManager[sqlite3.Connection]], session_id: str, *,
@@ -362,19 +277,11 @@ def transcript_write(write: Callable[[], AbstractContextManager[sqlite3.Connecti
 
     The common case costs one indexed lookup inside the transaction. Only when another holder
     is compressing the session does it leave the transaction, wait (holding no lock) up to
-    `wait_s` with `wait_for_compression`, and try once more.
+    `wait_s` with `wait_for_compression`, and try once more. (The handle calls
+    hermes_state_messages.write_transcript itself, so a write runs no code of this module.)
     """
-    check_id("session_id", session_id)
-
-    def attempt() -> Any:
-        with write() as conn:
-            check_transcript_writable(conn, session_id)
-            return body(conn)
-    try:
-        return attempt()
-    except SessionCompressionInProgressError:
-        wait_for_compression(read, session_id, timeout_s=wait_s)
-    return attempt()
+    return messages.write_transcript(write, session_id, body,
+                                     lambda: wait_for_compression(read, session_id, timeout_s=wait_s))
 
 
 # --- generations ---------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ See docs/search.md for the design and its trade-offs.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import sqlite3
@@ -134,6 +135,7 @@ _TOKEN_FUNCTION = "hermes_fts_connection_token"
 _CACHED_CONNECTIONS = 64
 _tokens = itertools.count(1)
 _catalogues: dict[int, tuple[int, int, _Catalogue]] = {}  # id(conn) -> (token, schema version, catalogue)
+CATALOGUES = _catalogues  # the same dict: the append path reads it without a call (see cached_catalogue)
 _catalogues_lock = threading.Lock()
 
 
@@ -163,7 +165,8 @@ def cached_state(conn: sqlite3.Connection) -> FtsState:
         if (token, version) == entry[:2]:
             return _state(entry[2], *live)  # pyright: ignore[reportPossiblyUnboundVariable]  # set when the tokens match
     token = next(_tokens)
-    conn.create_function(_TOKEN_FUNCTION, 0, lambda: token, deterministic=True)
+    # int(token) is C code: SQLite calls it inside every append's queueing statement without running Python.
+    conn.create_function(_TOKEN_FUNCTION, 0, functools.partial(int, token), deterministic=True)
     # The cookie is read before the catalogue: a change in between only makes the next call re-read.
     version = conn.execute("PRAGMA schema_version").fetchone()[0]
     catalogue = _read_catalogue(conn)
@@ -258,13 +261,17 @@ def _index_range(conn: sqlite3.Connection, low: int, high: int) -> None:
     conn.execute(f"DELETE FROM {PENDING} WHERE id > ? AND id <= ?", (low, high))
 
 
+# The rows a batch takes: queued, and not left to a rebuild under way.
+_QUEUED = f"id IN (SELECT id FROM {PENDING}) AND {rebuild_gate('id')}"
+
+
 def index_queued(conn: sqlite3.Connection) -> None:
     """Index every row of the writer's queue into the word, substring and reasoning indexes, and empty it.
 
     Must run inside the caller's write transaction. One statement per index for the whole batch,
     so FTS5 writes one segment per index for it. Rows a rebuild under way will index are skipped.
     """
-    queued = f"id IN (SELECT id FROM {PENDING}) AND {rebuild_gate('id')}"
+    queued = _QUEUED
     conn.execute(f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
                  f"SELECT id, content, tool_name, tool_calls FROM messages WHERE {queued}")
     conn.execute(f"INSERT INTO {TRIGRAM}(rowid, content) SELECT id, content FROM messages_fts_trigram_source "
@@ -317,6 +324,13 @@ def drain_cjk(conn: sqlite3.Connection, limit: int = OPEN_CATCH_UP_ROWS) -> bool
                  "AS t FROM messages WHERE id IN (SELECT value FROM json_each(?))) WHERE t IS NOT NULL", (batch,))
     conn.execute(f"DELETE FROM {CJK_PENDING} WHERE id IN (SELECT value FROM json_each(?))", (batch,))
     return len(ids) == limit
+
+
+def index_batch(conn: sqlite3.Connection) -> None:
+    """Index the queued rows into every index, the CJK one included (needs the library's SQL function)."""
+    index_queued(conn)
+    while drain_cjk(conn):
+        pass
 
 
 def advance(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS) -> bool:

@@ -1,19 +1,22 @@
-"""Message rows: validate, insert, read, merge and rewrite a session's transcript.
+"""Message rows: validate, insert, read, merge and rewrite a session's transcript, and guard its writes.
 
 Owns: turning caller fields (keyword arguments, a `get_messages` row or a conversation dict)
 into `messages` column values, issuing `message_uid`s and tool-call uids and pairing tool
-results with their call, inserting rows while keeping the session's counters, reading raw rows,
-merging same-role turns, and whole-transcript rewrites.
-Does not own: the session row's rules (hermes_state_sessions), compression generations
-(hermes_state_compression), the conversation projection (hermes_state_conversation).
+results with their call, inserting rows while keeping the session's counters, queueing each new
+row for its batch of index work (`reserve_id`, `after_insert`, `BATCH_ROWS`), reading raw rows,
+merging same-role turns, whole-transcript rewrites, and the transcript guard
+(`check_transcript_writable`, and `write_transcript`, which retries once after a compression).
+Does not own: the session row's rules (hermes_state_sessions), compression generations and
+locks (hermes_state_compression), the batch's statements (hermes_state_fts), the conversation
+projection (hermes_state_conversation), copying a message's stored fields (hermes_state_copies).
 
 Counters: `message_count` counts a session's ACTIVE rows and `tool_call_count` the tool calls
 of its active assistant rows (the data dictionary's COUNTERS); every write here keeps both in
 the same transaction.
 
-Transaction contract: write functions run inside the caller's write transaction and never
-open or commit one; every message is validated before the first statement that changes
-anything. Read functions run under the caller's lock.
+Transaction contract: write functions run inside the caller's write transaction and never open or
+commit one (`write_transcript` opens its own through the callable it is given); every message is
+validated before the first statement that changes anything. Reads run under the caller's lock.
 """
 from __future__ import annotations
 
@@ -21,12 +24,17 @@ import json
 import sqlite3
 import time
 import uuid
+from contextlib import AbstractContextManager
 from typing import Any, Callable, Iterable, cast
 
-from hermes_state_common import (COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES, check_count, counter_amounts,
-                                 decode_json, encode_json, has_surrogate, is_uid, replace_surrogates, row_dicts)
-from hermes_state_errors import SessionNotFoundError
-import hermes_state_fts_tail as fts_tail
+import hermes_state_fts as fts
+from hermes_state_common import (COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES, check_count, check_id,
+                                 counter_amounts, decode_json, encode_json, has_surrogate, is_uid, replace_surrogates,
+                                 row_dicts)
+from hermes_state_copies import message_list as message_list, with_stored_fields as with_stored_fields
+from hermes_state_errors import SessionClosedByCompressionError, SessionCompressionInProgressError, SessionNotFoundError
+from hermes_state_holders import lock_is_live
+from hermes_state_lineage import COMPRESSION_END_REASON, live_continuation
 from hermes_state_sessions import ARCHIVE_LIFT_SQL, require_session, reset_counters
 
 # --- preparing values --------------------------------------------------------------------------
@@ -156,6 +164,61 @@ def _pair_tool_call_uid(conn: sqlite3.Connection, session_id: str, tool_call_id:
     return pick_tool_call_uid(value, nth)
 
 
+# --- the index queue (why a library connection queues its rows: hermes_state_fts_tail) -----------
+# Rows per batch: each costs one FTS5 segment per index instead of one per row. Searches scan
+# at most this many queued rows of a handle that has not searched or closed since.
+BATCH_ROWS = 128
+
+# The new row's id, as AUTOINCREMENT would pick it, queued in one statement that also checks the schema
+# cookie and this connection's token (see fts.cached_state): no row is queued when the catalogue may
+# have changed since it was read, so a file whose triggers another program replaced is never indexed twice.
+_RESERVE_SQL = (f"INSERT OR REPLACE INTO {fts.PENDING}(id) SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence "
+                "WHERE name = 'messages'), 0), COALESCE((SELECT MAX(id) FROM messages), 0)) + 1 "
+                f"FROM pragma_schema_version WHERE schema_version = ? AND {fts.TOKEN_FUNCTION}() = ?")
+
+
+def reserve_id(conn: sqlite3.Connection) -> int | None:
+    """Queue the id the next message row will get and return it; None when the triggers must index it.
+
+    The caller inserts the row with this id in the same transaction. Only a file holding exactly
+    the declared FTS objects (with no rebuild needed) queues rows.
+    """
+    for _ in range(2):
+        entry = fts.CATALOGUES.get(id(conn))  # the cached catalogue: one dict read, no lock, no call
+        if entry is None:
+            fts.cached_state(conn)  # reads the catalogue and gives this connection its token
+            continue
+        token, version, catalogue = entry
+        if not (catalogue.declared and catalogue.pending):
+            return None
+        try:
+            cursor = conn.execute(_RESERVE_SQL, (version, token))
+        except sqlite3.OperationalError:
+            cursor = None  # no token function on this connection: a new connection reusing an old id()
+        if cursor is not None and cursor.rowcount == 1:
+            return cursor.lastrowid
+        fts.cached_state(conn)  # the schema changed: read the catalogue again, then decide again
+    return None
+
+
+# Rows queued per connection since its queue was last counted: the count is read only when this
+# says a batch may be due (a rollback or another path emptying the queue makes it only too high).
+QUEUED_SINCE_COUNT: dict[int, int] = {}
+
+
+def after_insert(conn: sqlite3.Connection) -> None:
+    """Index the queue in one batch once it holds BATCH_ROWS rows (inside the caller's transaction)."""
+    queued = QUEUED_SINCE_COUNT.get(id(conn), 0) + 1
+    if queued >= BATCH_ROWS:
+        queued = conn.execute(f"SELECT COUNT(*) FROM {fts.PENDING}").fetchone()[0]
+        if queued >= BATCH_ROWS:
+            fts.index_batch(conn)
+            queued = 0
+    if len(QUEUED_SINCE_COUNT) > 256:
+        QUEUED_SINCE_COUNT.clear()  # entries of closed connections; a live one only counts its queue once more
+    QUEUED_SINCE_COUNT[id(conn)] = queued
+
+
 # --- writing rows ----------------------------------------------------------------------------
 
 # A live row moves the session's counters (by the dictionary's rule) and its activity time.
@@ -195,13 +258,13 @@ def _write_row(conn: sqlite3.Connection, session_id: str, row: dict[str, Any], c
         row["tool_call_uid"] = _pair_tool_call_uid(conn, session_id, row["tool_call_id"], active)
     row["session_id"], row["active"], row["compacted"] = session_id, active, compacted
     row.setdefault("observed", 0)
-    # Indexed with others in one batch instead of by the triggers one by one (hermes_state_fts_tail).
-    queued = fts_tail.reserve_id(conn)
+    # Indexed with others in one batch instead of by the triggers one by one (the index queue above).
+    queued = reserve_id(conn)
     if queued is not None:
         row["id"] = queued
     row_id = cast(int, conn.execute(_insert_sql(tuple(row)), tuple(row.values())).lastrowid)  # an INSERT sets it
     if queued is not None:
-        fts_tail.after_insert(conn)
+        after_insert(conn)
     return row_id
 
 
@@ -257,6 +320,53 @@ def append_message(conn: sqlite3.Connection, session_id: str, role: str, content
             raise ValueError(f"message_uid {uid!r} is already a live message of session {session_id!r}")
         fields = with_stored_fields(conn, session_id, [fields])[0]
     return insert_message(conn, session_id, fields)
+
+
+# --- the transcript guard: compression may have closed the session, or another holder holds it ---
+def closed_error(conn: sqlite3.Connection, session_id: str) -> SessionClosedByCompressionError:
+    """Return the error refusing a write to a session compression closed, naming its live continuation."""
+    return SessionClosedByCompressionError(session_id, live_continuation(conn, session_id))
+
+
+def check_transcript_writable(conn: sqlite3.Connection, session_id: str, holder: str | None = None, *,
+                              now: float | None = None) -> None:
+    """Refuse a transcript write to a session compression closed or another holder is compressing.
+
+    Raises SessionClosedByCompressionError (naming the live continuation) or
+    SessionCompressionInProgressError; call it first inside the write transaction. An unknown
+    session passes: the write itself reports it.
+    """
+    row = conn.execute(
+        "SELECT s.end_reason, l.holder, l.expires_at FROM sessions s "
+        "LEFT JOIN compression_locks l ON l.session_id = s.id WHERE s.id = ?", (session_id,)).fetchone()
+    if row is None:
+        return
+    if row[0] == COMPRESSION_END_REASON:
+        raise closed_error(conn, session_id)
+    if row[1] is not None and row[1] != holder and lock_is_live(row[1], row[2], time.time() if now is None else now):
+        raise SessionCompressionInProgressError(
+            f"session {session_id!r} is being compressed by {row[1]}; the transcript write was not made, "
+            "retry after the compression finishes")
+
+
+def write_transcript(write: Callable[[], AbstractContextManager[sqlite3.Connection]], session_id: str,
+                     body: Callable[[sqlite3.Connection], Any], wait: Callable[[], None]) -> Any:
+    """Run `body(conn)` in a write transaction (`write()`) after `check_transcript_writable`; return its result.
+
+    Only when another holder is compressing the session does it leave the transaction, call
+    `wait()` (holding no lock: hermes_state_compression.wait_for_compression) and try once more.
+    """
+    check_id("session_id", session_id)
+
+    def attempt() -> Any:
+        with write() as conn:
+            check_transcript_writable(conn, session_id)
+            return body(conn)
+    try:
+        return attempt()
+    except SessionCompressionInProgressError:
+        wait()
+    return attempt()
 
 
 def _decoded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -462,61 +572,6 @@ def merge_messages(conn: sqlite3.Connection, session_id: str, row_ids: Iterable[
                  [r["id"] for r in rows[1:]])
     conn.execute(f"UPDATE sessions SET {COUNTER_ADD_SQL} WHERE id = ?", (*deltas, session_id))
     return rows[0]["id"]
-
-
-def message_list(messages: Iterable[dict[str, Any]], what: str = "message") -> list[dict[str, Any]]:
-    """Return `messages` as a list of dicts; raise ValueError for anything else or one message_uid twice.
-
-    A uid names one message: two live rows with the same uid would be two copies of it in one
-    generation, which compression and replay cannot tell apart.
-    """
-    if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Iterable):
-        raise ValueError(f"{what}s must be a list of message dicts")
-    out = list(messages)
-    first_with: dict[str, int] = {}
-    for index, message in enumerate(out):
-        if not isinstance(message, dict):
-            raise ValueError(f"{what} {index} is not a dict")
-        uid = message.get("message_uid")
-        if isinstance(uid, str) and uid in first_with:
-            raise ValueError(f"{what}s {first_with[uid]} and {index} have the same message_uid {uid!r}; "
-                             "a message appears at most once in a generation")
-        if isinstance(uid, str):
-            first_with[uid] = index
-    return out
-
-
-# What a stored row knows about a message that its conversation dict does not carry. A copy
-# (compression, rotation) keeps these unless the caller's dict gives its own value.
-_KEPT_FROM_STORED = ("timestamp", "effect_disposition", "observed", "platform_message_id", "display_kind",
-                     "display_metadata", "token_count", "finish_reason")
-
-
-def with_stored_fields(conn: sqlite3.Connection, session_id: str,
-                       messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Return `messages` with the fields a conversation dict drops filled from the stored row of its uid.
-
-    The row is looked up by message_uid (this session's live row first, then its archive,
-    then any other copy); keys the dict already carries (not None) win.
-    """
-    uids = [m["message_uid"] for m in messages if isinstance(m.get("message_uid"), str)]
-    if not uids:
-        return messages
-    stored: dict[str | None, dict[str, Any]] = {}
-    # Ascending preference: later rows overwrite earlier ones in `stored`.
-    for row in row_dicts(conn.execute(
-            f"SELECT message_uid, {', '.join(_KEPT_FROM_STORED)} FROM messages "
-            "WHERE message_uid IN (SELECT value FROM json_each(?)) "
-            "ORDER BY session_id = ?, active, id", (json.dumps(uids), session_id))):
-        stored[row.pop("message_uid")] = row
-    out = []
-    for message in messages:
-        known = stored.get(message.get("message_uid"))
-        if known:
-            message = {**{k: v for k, v in known.items() if v is not None},
-                       **{k: v for k, v in message.items() if v is not None or k not in known}}
-        out.append(message)
-    return out
 
 
 def replace_messages(conn: sqlite3.Connection, session_id: str, messages: Iterable[dict[str, Any]]) -> int:

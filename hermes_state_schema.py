@@ -3,7 +3,8 @@
 Owns: opening the SQLite connection with the library's pragmas, `build_file()` (the one
 builder of a new file: a fresh open and `recover` both use it), `_reconcile_columns()`
 (declarative ADD COLUMN from the data dictionary), the versioned migration ladder (a registry
-of `@step` functions, each saying what changed); the read-only check lives in hermes_state_catalogue.
+filled by `step()`/`layout_step()`, each step saying what changed); the read-only check lives in
+hermes_state_catalogue.
 Does not own: the FTS tables (hermes_state_fts), the declared tables themselves
 (hermes_state_common) or any session/message query.
 
@@ -15,6 +16,7 @@ catalogue reads and takes no write lock, so opening costs the same for any numbe
 """
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import stat
@@ -22,7 +24,7 @@ import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, cast
+from typing import Callable, Iterator, TypeVar, cast
 
 from hermes_state_common import (COUNTERS, INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
                                  SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, logger, object_exists,
@@ -109,7 +111,7 @@ def connect(path: Path, *, read_only: bool = False, read_busy_s: float = READ_BU
     conn = sqlite3.connect(target, uri=uri, isolation_level=None, check_same_thread=False,
                            timeout=read_busy_s if read_only else SQLITE_BUSY_TIMEOUT_S)
     conn.execute("PRAGMA foreign_keys = ON")
-    conn.text_factory = lenient_text
+    conn.text_factory = LENIENT_TEXT
     return conn
 
 
@@ -125,10 +127,15 @@ def lenient_text(raw: bytes) -> str:
         return raw.decode("utf-8", "replace")
 
 
+# The connections' text_factory: lenient_text's rule run as C code (a bad byte becomes U+FFFD, the
+# rest decodes as UTF-8), so reading a row runs no Python at all.
+LENIENT_TEXT = functools.partial(str, encoding="utf-8", errors="replace")
+
+
 def connect_reader(path: Path) -> sqlite3.Connection:
     """Open a handle's second connection, for reads only (it refuses writes), on a writable database."""
     conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=SQLITE_BUSY_TIMEOUT_S)
-    conn.text_factory = lenient_text
+    conn.text_factory = LENIENT_TEXT
     conn.execute("PRAGMA query_only = ON")
     return conn
 
@@ -371,7 +378,7 @@ class Step:
 
     version: int
     what: str
-    run: Callable[[sqlite3.Connection], None]
+    run: Callable[[sqlite3.Connection], object]  # what it returns (a backfill's count) is not read
 
     def __iter__(self) -> Iterator:
         return iter((self.version, self.run))
@@ -384,7 +391,7 @@ class Step:
 # version), so rows already in its shape must come out unchanged.
 LADDER: list[Step] = []
 LAYOUT_STEPS: list[Step] = []
-_Run = Callable[[sqlite3.Connection], None]
+_Run = TypeVar("_Run", bound=Callable[[sqlite3.Connection], object])  # a step's function, handed back as it came
 
 
 def _registrar(ladder: list[Step], top: int, version: int, what: str) -> Callable[[_Run], _Run]:
@@ -406,16 +413,12 @@ def layout_step(revision: int, what: str) -> Callable[[_Run], _Run]:
     return _registrar(LAYOUT_STEPS, LAYOUT_REVISION, revision, what)
 
 
-@step(16, "a subagent's session names its parent in model_config `_delegate_from` ('__orphaned__' once unlinked)")
-def v16_delegate_markers(conn: sqlite3.Connection) -> None:
-    """Mark the subagent rows written before the marker, so listings hide them and their parent's delete takes them."""
-    backfill.mark_delegate_rows(conn)
-
-
-@step(17, "token usage is kept per model in session_model_usage; older sessions get one row from their totals")
-def v17_seed_model_usage(conn: sqlite3.Connection) -> None:
-    """Seed one usage row per session that used tokens before the per-model table existed."""
-    backfill.seed_model_usage(conn)
+# A step that is one backfill is registered as data: the step's name, the version it reaches,
+# what changed, and the backfill itself, whose own docstring says what it does to the rows.
+v16_delegate_markers = step(16, "a subagent's session names its parent in model_config `_delegate_from` "
+                                "('__orphaned__' once unlinked)")(backfill.mark_delegate_rows)
+v17_seed_model_usage = step(17, "token usage is kept per model in session_model_usage; older sessions get one "
+                                "row from their totals")(backfill.seed_model_usage)
 
 
 @step(27, "session titles are unique: later holders of a repeated title become 'T #2', 'T #3', ...")
@@ -433,22 +436,12 @@ def v27_unique_titles(conn: sqlite3.Connection) -> None:
             n += 1
 
 
-@layout_step(2, "every message row has a uid, also one another program inserted without it")
-def layout2_foreign_rows(conn: sqlite3.Connection) -> None:
-    """Give a uid to every message another program inserted without one (the uid index finds them)."""
-    backfill_message_uids(conn)
-
-
-@layout_step(3, "async_delegations and session_model_usage have the real system's columns and keys")
-def layout3_real_tables(conn: sqlite3.Connection) -> None:
-    """Rebuild async_delegations and session_model_usage in the real shape, keeping their rows."""
-    backfill.adopt_real_tables(conn)
-
-
-@layout_step(4, "a message stored with no active flag (a column added without its default) is live again")
-def layout4_null_active(conn: sqlite3.Connection) -> None:
-    """Mark live the messages stored with active NULL, which every read hid, and recount their sessions."""
-    backfill.heal_null_active(conn)
+layout2_foreign_rows = layout_step(2, "every message row has a uid, also one another program inserted "
+                                     "without it")(backfill_message_uids)
+layout3_real_tables = layout_step(3, "async_delegations and session_model_usage have the real system's columns "
+                                     "and keys")(backfill.adopt_real_tables)
+layout4_null_active = layout_step(4, "a message stored with no active flag (a column added without its default) "
+                                     "is live again")(backfill.heal_null_active)
 
 
 def _set_version(conn: sqlite3.Connection, version: int) -> None:

@@ -162,12 +162,26 @@ def _window(conn: sqlite3.Connection, table: str, expr: str, joined: str, f: _Fi
         pooled = conn.execute(f"SELECT {table}.rowid {joined} ORDER BY {table}.rowid DESC LIMIT 1 OFFSET ?",
                               (expr, low, high, *f.params, pool - 1)).fetchone()
         return (low if pooled is None else min(row[0], pooled[0])), None
-    # A caller's filter may pass few rows: the scan that finds the pool scores it too. When the
-    # pool reaches back past the window's start (or holds every passing row), it is all the
-    # window's passing rows, and no second scan is needed.
-    scored = conn.execute(f"SELECT {table}.rowid, bm25({table}) {joined} ORDER BY {table}.rowid DESC LIMIT ?",
-                          (expr, low, high, *f.params, pool)).fetchall()
-    return row[0], (scored if len(scored) < pool or scored[-1][0] <= row[0] else None)
+    # A caller's filter may pass few rows: one scan, newest first, scores every passing row of the
+    # window and goes on past its start until it holds the pool. Its rows are then the ranked ones:
+    # a second statement would pay bm25's pass over each term's whole doclist again.
+    return row[0], _scored_back_to(conn, f"SELECT {table}.rowid, bm25({table}) {joined} ORDER BY {table}.rowid DESC",
+                                   (expr, low, high, *f.params), row[0], pool)
+
+
+def _scored_back_to(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...], start: int,
+                    pool: int) -> list[tuple[int, float]]:
+    """Return the (rowid, score) rows of `sql` (newest first) down to `start`, and on until `pool` of them."""
+    scored: list[tuple[int, float]] = []
+    cursor = conn.execute(sql, params)
+    try:
+        for r in cursor:  # stepped lazily: the scan stops where the loop does
+            if r[0] < start and len(scored) >= pool:
+                break
+            scored.append(r)
+    finally:
+        cursor.close()
+    return scored
 
 
 def _live_ranked(conn: sqlite3.Connection, table: str, expr: str, floor: int, high: int,

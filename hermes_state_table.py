@@ -1,18 +1,20 @@
 """The facade's machinery: the method table, and the handle the table's methods run on.
 
 Owns: `Entry` (one table line: the transaction kind, the module function, what a read answers
-for an unknown key, which keywords are packed into a dict), the methods it generates (the
+for an unknown key, which keywords are packed into a dict) and `Lookup` (a read by key, whose
+answer for an unknown key is the empty value of its return type), the methods it generates (the
 module function's signature without `conn`, its docstring, for help(), inspect and editors),
-the lone-surrogate rule for reads; `Handle`, the base of SessionDB: opening and closing a
-handle, the shared-handle registry, the timing knobs, and `_run`, the one place that turns a
-kind into its transaction; and `AsyncFacade` with `add_async_twins` (the coroutine and
-async-generator twins AsyncSessionDB is made of).
+the lone-surrogate rule for reads, `same_arguments` (one parameter list for two methods);
+`Handle`, the base of SessionDB: opening and closing a handle, the shared-handle registry, the
+timing knobs, and `_run`, the one place that turns a kind into its transaction; and
+`AsyncFacade` with `add_async_twins` (the coroutine and async-generator twins AsyncSessionDB is
+made of).
 Does not own: what a module function does, the upgrade an open runs (hermes_state_upgrade),
 BEGIN/COMMIT themselves (hermes_state_writer).
 
 Transaction contract: a write kind is one `Writer.transaction()` (BEGIN IMMEDIATE) with the
-patience the kind names; a transcript write first checks, inside it, that no other holder is
-compressing the session; reads run under the read lock, "snapshot" in one read transaction.
+patience the kind names; a transcript write first checks, inside it, that compression neither
+closed the session nor holds it (hermes_state_messages' transcript guard), and waits once if it does; reads run under the read lock, "snapshot" in one read transaction.
 """
 from __future__ import annotations
 
@@ -23,6 +25,8 @@ import inspect
 import itertools
 import os
 import sqlite3
+import types
+import typing
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from types import MappingProxyType
@@ -33,6 +37,7 @@ import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_fts as fts
 import hermes_state_fts_tail as fts_tail
+import hermes_state_messages as messages
 import hermes_state_schema as schema
 import hermes_state_upgrade as upgrade
 from hermes_state_common import SCHEMA_VERSION, has_surrogate
@@ -61,7 +66,8 @@ def _takes_txn(kind: str, function: Callable[..., Any], params: list[inspect.Par
         raise TypeError(f"{function.__name__}: an entry runs a function of `conn` (a write: or `txn`) as one "
                         f"of {KINDS}")
     if kind in READS and unknown is ASK and params[1:] and params[1].name.endswith("_id"):
-        raise TypeError(f"{function.__name__} reads by id: its entry must say what an unknown id answers")
+        raise TypeError(f"{function.__name__} reads by id: its entry must say what an unknown id answers "
+                        f"(a Lookup reads it from the return type)")
     return txn
 
 
@@ -70,7 +76,7 @@ class Entry(Generic[P, R]):
 
     `unknown` is what a read answers for a key no row can have: a value such as None or [] (a
     fresh copy each call) or an exception class to raise. A read whose first parameter is an id
-    must declare it. Text holding a lone surrogate, which SQLite can neither store nor look up,
+    must declare it (a `Lookup` takes it from the return type). Text holding a lone surrogate, which SQLite can neither store nor look up,
     gets that answer without a query. `pack` names the function's dict parameter that the public
     method takes as `**keywords` instead. A write function whose first parameter is `txn` gets the
     open Transaction, so it can leave a step (removing files) until after COMMIT.
@@ -131,6 +137,51 @@ class Entry(Generic[P, R]):
 
     if TYPE_CHECKING:  # what type checkers and editors see: the module function without `conn`
         def __get__(self, obj: Any, owner: Any = None) -> Callable[P, R]: ...
+
+
+def empty_answer(hint: Any) -> Any:
+    """Return the empty value of a return type: None, [], 0, False or a tuple of those; ASK for any other type."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType) and type(None) in args:
+        return None  # an optional result: "not found"
+    if hint is list or origin is list:
+        return []
+    if hint is bool or hint is int:
+        return hint()  # False, 0
+    if origin is tuple and args and Ellipsis not in args:
+        parts = tuple(empty_answer(arg) for arg in args)
+        return ASK if any(part is ASK for part in parts) else parts
+    return ASK
+
+
+class Lookup(Entry[P, R]):
+    """A table line for a read by key: for a key no row can have, it answers the empty value of its return type.
+
+    That is None for an optional result, [] for a list, 0 for a count, False for a yes/no and a
+    tuple of those for a tuple, so the answer is read from the module function's annotation
+    instead of written again beside it. A return type with no empty value is refused: such a
+    read declares its answer with `Entry(..., unknown=...)`.
+    """
+
+    def __init__(self, kind: Literal["read", "snapshot"], function: Callable[Concatenate[Any, P], R]):
+        answer = empty_answer(typing.get_type_hints(function).get("return")) if kind in READS else ASK
+        if answer is ASK:
+            raise TypeError(f"{function.__name__}: a lookup is a read whose return type has an empty value "
+                            f"(None, [], 0, False); give this one an Entry with unknown=")
+        super().__init__(kind, function, unknown=answer)
+
+
+def same_arguments(template: Callable[P, Any]) -> Callable[[Callable[..., R]], Callable[P, R]]:
+    """Give the decorated method `template`'s parameters, for help(), inspect and type checkers.
+
+    For two public methods that take the same arguments: the parameters are written once, on
+    `template`; the decorated method receives them as they are passed (named ones in its **keywords).
+    """
+    def adopt(method: Callable[..., R]) -> Callable[P, R]:
+        shown = inspect.signature(template).replace(return_annotation=inspect.signature(method).return_annotation)
+        method.__signature__ = shown  # type: ignore[attr-defined]
+        return method
+    return adopt
 
 
 def entries(cls: type) -> dict[str, Entry]:
@@ -404,8 +455,11 @@ class Handle(metaclass=Knobs):
 
     def _transcript_write(self, session_id: str, body: Callable[[sqlite3.Connection], Any]) -> Any:
         self._check_writable()
-        return compression.transcript_write(lambda: self._write(self.transcript_write_patience_s), self._read,
-                                            session_id, body, wait_s=self.compression_wait_s)
+        # The guard and the retry sit beside the message rows; compression's code runs only when
+        # another holder is compressing the session (the wait, holding no lock).
+        return messages.write_transcript(
+            lambda: self._write(self.transcript_write_patience_s), session_id, body,
+            lambda: compression.wait_for_compression(self._read, session_id, timeout_s=self.compression_wait_s))
 
     @contextmanager
     def _read(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:

@@ -108,3 +108,19 @@ def test_counters_recount_in_sql_what_each_written_row_adds(rows):
             expected = [a + b for a, b in zip(expected, amounts)]
     columns = ", ".join(c.column for c in common.COUNTERS)
     assert list(conn.execute(f"SELECT {columns} FROM sessions").fetchone()) == expected
+
+
+def test_the_helpers_under_the_dictionary_stay_importable_from_it():
+    import hermes_state_base as base
+    for name in ("escape_like", "split_sql", "row_dicts", "object_exists", "table_exists", "strip_surrogates",
+                 "check_scalar", "shown", "logger", "INT_MIN", "INT_MAX", "WRITE_PATIENCE_S",
+                 "TRANSCRIPT_WRITE_PATIENCE_S", "ACTIVITY_WRITE_PATIENCE_S", "WRITE_RETRY_MIN_S", "WRITE_RETRY_MAX_S",
+                 "WRITE_RETRY_SLOW_MIN_S", "WRITE_RETRY_SLOW_MAX_S", "WRITE_RETRY_FAST_WINDOW_S",
+                 "CHECKPOINT_EVERY_N_WRITES", "READ_BUSY_TIMEOUT_S", "SQLITE_BUSY_TIMEOUT_S", "PAGE_SIZE", "DAY_S"):
+        assert getattr(common, name) is getattr(base, name), name
+    assert common.logger.name == "hermes_state"
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (a, b)")
+    conn.execute("INSERT INTO t VALUES (1, 'x')")
+    assert common.table_exists(conn, "t") and not common.table_exists(conn, "u")
+    assert common.row_dicts(conn.execute("SELECT * FROM t")) == [{"a": 1, "b": "x"}]

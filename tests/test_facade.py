@@ -317,6 +317,91 @@ def test_a_read_by_id_must_declare_its_unknown_answer():
         table.Entry("read", len)
 
 
+# What each read answered for an unknown key when the table still wrote the answer beside each
+# line, written out by hand: a Lookup, which reads it from the return annotation, must agree.
+DECLARED_UNKNOWN: dict[str, Any] = {
+    **dict.fromkeys([
+        "get_session", "get_session_title", "get_session_by_title", "resolve_session_by_title",
+        "get_compression_successor", "resolve_session_id", "get_compression_lock_holder",
+        "get_compression_failure_cooldown", "next_admission", "get_admission", "get_execution",
+        "find_latest_gateway_session_for_peer", "find_session_by_origin", "get_delivery", "get_route",
+        "get_delegation", "export_session", "export_session_lineage", "get_telegram_topic_binding",
+        "get_telegram_topic_binding_by_session", "get_meta"], None),
+    **{name: [] for name in [
+        "get_messages", "get_ancestor_display_prefix", "get_lineage", "get_descendants",
+        "get_compression_ancestors", "get_compression_lineage", "list_cron_job_runs", "list_admissions",
+        "list_executions", "list_receipts", "list_gateway_sessions", "list_owed", "list_routes",
+        "list_delegations", "list_telegram_topic_bindings_for_chat", "list_unlinked_telegram_sessions_for_user"]},
+    "message_count": 0, "get_compression_fallback_streak": 0,
+    "is_telegram_session_linked_to_topic": False, "is_telegram_topic_mode_enabled": False,
+    "get_resume_conversations": ([], []),
+}
+# The reads the module function answers in full (listings, counts and searches over filters): no
+# answer of their own, so text SQLite cannot store goes to the function as it is.
+ANSWERS_ITSELF = {"distinct_session_cwds", "session_count", "get_next_title_in_lineage", "list_sessions",
+                  "count_sessions", "usage_by_model", "top_sessions_by_tokens", "list_sessions_rich",
+                  "search_sessions", "search_sessions_by_id", "search_messages", "fts_rebuild_status",
+                  "get_runtime", "backup", "list_prune_candidates", "count_empty_sessions"}
+
+
+def test_each_lookup_answers_an_unknown_key_as_the_table_declared_it():
+    import hermes_state_table as table
+    found = _table()
+    for name, answer in DECLARED_UNKNOWN.items():
+        entry = found[name]
+        assert isinstance(entry, table.Lookup), name
+        # 0 == False in Python: the types must match too (repr tells 0 from False, inside a tuple also).
+        assert entry.unknown == answer and repr(entry.unknown) == repr(answer), name
+    for name in ANSWERS_ITSELF:
+        assert found[name].kind in ("read", "snapshot") and found[name].unknown is table.ASK, name
+    # Every other read is one of the two lists: a new read is placed in one on purpose.
+    reads = {name for name, entry in found.items() if entry.kind in ("read", "snapshot")}
+    assert reads == DECLARED_UNKNOWN.keys() | ANSWERS_ITSELF
+
+
+def test_a_lookups_answer_is_the_empty_value_of_its_return_type():
+    from typing import Optional, Union
+    import hermes_state_table as table
+    assert [table.empty_answer(hint) for hint in (dict[str, Any] | None, Optional[int], Union[None, str], list,
+                                                  list[str], int, bool, tuple[list[str], int], tuple[bool])] == [
+        None, None, None, [], [], 0, False, ([], 0), (False,)]
+    for hint in (str, dict[str, Any], tuple[int, ...], tuple[list[str], str], None, type(None), float):
+        assert table.empty_answer(hint) is table.ASK, hint
+
+
+def test_a_lookup_is_refused_for_a_write_or_a_return_type_with_no_empty_value(db):
+    import hermes_state_routing as routing
+    import hermes_state_titles as titles
+    import hermes_state_table as table
+    with pytest.raises(TypeError, match="empty value"):
+        table.Lookup("read", titles.get_next_title_in_lineage)  # -> str: "" would be a title
+    with pytest.raises(TypeError, match="empty value"):
+        table.Lookup("write", routing.set_route)  # type: ignore[arg-type]
+    assert table.Lookup("read", routing.get_delegation).unknown is None
+    db.create_session("s", "cli")
+    first = db.get_messages("s\ud800")
+    first.append({"role": "user"})  # the caller may change what it got: the next answer is fresh
+    assert first is not db.get_messages("s\ud800") and db.get_messages("s\ud800") == []
+
+
+def test_ensure_session_takes_create_sessions_arguments_and_stores_each(db, rival):
+    import inspect
+    from hermes_state import AsyncSessionDB
+    assert inspect.signature(SessionDB.ensure_session) == inspect.signature(SessionDB.create_session)
+    assert inspect.signature(AsyncSessionDB.ensure_session) == inspect.signature(SessionDB.create_session)
+    db.create_session("p", "cli")
+    assert db.ensure_session("c", "cli", "m", model_config={"k": 1}, system_prompt="sp", user_id="basic:bo",
+                             parent_session_id="p", title="T") == "c"
+    row = rival.execute("SELECT source, model, model_config, system_prompt, user_id, parent_session_id, title "
+                        "FROM sessions WHERE id = 'c'").fetchone()
+    assert tuple(row) == ("cli", "m", '{"k": 1}', "sp", "basic:bo", "p", "T")
+    with pytest.raises(TypeError, match="positional"):
+        db.ensure_session("d", "cli", "m", {"k": 1})  # the named columns are keywords only, as in create_session
+    with pytest.raises(ValueError, match="unknown session column"):
+        db.ensure_session("d", "cli", colour="red")
+    assert rival.execute("SELECT COUNT(*) FROM sessions WHERE id = 'd'").fetchone()[0] == 0
+
+
 def test_keywords_are_packed_for_a_packing_entry(db, rival):
     import inspect
     db.create_session("s", "cli")

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import ast
 import re
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +18,18 @@ RANKS = {
     "hermes_state_common": 1,
     "hermes_state_writer": 2, "hermes_state_render": 2, "hermes_state_lockowners": 2, "hermes_state_home": 2, "hermes_state_provider": 2,
     "hermes_state_cjk": 2, "hermes_state_highlight": 2,
+    "hermes_state_holders": 2,  # whether a compression lock's holder is alive, for the transcript guard
     "hermes_state_lineage": 2, "hermes_state_documents": 2,
     "hermes_state_titles": 2.5,  # the schema builds the unique-title index after freeing repeats
     "hermes_state_backfill": 2.5,  # the bodies of the ladder's data steps, which the schema registers
     "hermes_state_schema": 3, "hermes_state_query": 3,
     "hermes_state_fts_objects": 3.5,  # the full-text objects' SQL, which the builder (rank 4) creates
     "hermes_state_fts": 4, "hermes_state_catalogue": 4,
-    "hermes_state_fts_tail": 4.5,  # the rows a handle indexes itself, in batches, on the builder's SQL
     "hermes_state_sessions": 4,
     "hermes_state_gateway_sessions": 4.5,  # the gateway peer of a session row, beside the session rules
+    "hermes_state_copies": 4.8,  # a message copied into a generation: the fields its stored row keeps
     "hermes_state_messages": 5,
+    "hermes_state_fts_tail": 5.2,  # the handle's flush of the queue the message write fills
     "hermes_state_hits": 5.5,  # a page of search hits: details, snippets, context
     "hermes_state_conversation": 6, "hermes_state_search": 6, "hermes_state_listings": 6,
     "hermes_state_compression": 7,
@@ -153,15 +157,14 @@ def test_no_test_reaches_an_underscore_name_of_another_module_or_of_sessiondb():
 
 
 # --- the write path ------------------------------------------------------------------------------
-# The modules a message write passes through. The rooms are the facade's machinery, the
-# compression check, the transaction and the message rows. Besides them a write reads the one
-# declaration of its columns (the value rules and the data dictionary, rank 1 and below), and
-# SQLite calls the CJK term function inside the insert. The errors module translates a failure
-# only once something failed: a successful write runs none of its code.
-HELPERS = {name for name, rank in RANKS.items() if rank <= 1} | {"hermes_state_cjk"}
-# The last two queue the row for its batch of index work (the cached catalogue says whether it may).
-WRITE_PATH = ["hermes_state_table", "hermes_state_compression", "hermes_state_writer", "hermes_state_messages",
-              "hermes_state_fts_tail", "hermes_state_fts"]
+# The modules whose code a message write runs, in the order they first run: the facade's
+# machinery, the message rows (the transcript guard, the row and its queueing), the data
+# dictionary (the value rules) and the writer's transaction. Compression runs only when another
+# holder is compressing the session; the errors module only once something failed.
+WRITE_PATH = ["hermes_state_table", "hermes_state_messages", "hermes_state_common", "hermes_state_writer"]
+# The append that fills a batch also runs the batch's statements, and SQLite calls the CJK
+# function for the CJK index inside them.
+BATCH_PATH = [*WRITE_PATH, "hermes_state_fts", "hermes_state_cjk"]
 
 
 def _modules_run(call: Any) -> list[str]:
@@ -181,24 +184,32 @@ def _modules_run(call: Any) -> list[str]:
     return seen
 
 
-def test_a_message_write_crosses_four_modules_plus_the_base_helpers(tmp_path):
+def test_a_message_write_crosses_four_modules(tmp_path):
     from hermes_state import SessionDB
-    calls = {"user": ("s", "user", "plain text"), "cjk": ("s", "user", "東京タワーの検索テスト"),
-             "tool result": ("s", "tool", "42"), "tool call": ("s", "assistant", None)}
+    import hermes_state_fts_tail as fts_tail
+    calls = [("user", ("s", "user", "plain text"), {}), ("cjk", ("s", "user", "東京タワーの検索テスト"), {}),
+             ("tool call", ("s", "assistant", None), {"tool_calls": [{"id": "c2", "type": "function", "function": {
+                 "name": "calc", "arguments": "{}"}}]}),
+             ("tool result", ("s", "tool", "42"), {"tool_call_id": "c2", "tool_name": "calc"}),
+             ("unpaired tool result", ("s", "tool", "43"), {"tool_call_id": "c9", "tool_name": "calc"})]
     with SessionDB(tmp_path / "state.db") as db:
         db.create_session("s", "cli")
         db.append_message("s", "user", "warm-up")  # lazy first-use work is not the write path
-        for case, args in calls.items():
-            extra = {"tool result": {"tool_call_id": "c1", "tool_name": "calc"},
-                     "tool call": {"tool_calls": [{"id": "c2", "type": "function",
-                                                   "function": {"name": "calc", "arguments": "{}"}}]}}.get(case, {})
+        for case, args, extra in calls:
             ran = _modules_run(lambda: db.append_message(*args, **extra))
-            rooms = [m for m in ran if m not in HELPERS]
-            assert rooms == WRITE_PATH, (case, ran)
-            assert "hermes_state" not in ran, case  # the facade is a table: its own code never runs
-            assert "hermes_state_errors" not in ran, case
-            assert len(ran) <= 8 + (case == "cjk"), (case, ran)  # with the helpers: no new hop creeps in
-        assert db.get_messages("s")[-1]["tool_calls"]  # the calls were real writes
+            assert ran == WRITE_PATH, (case, ran)
+            assert len(ran) <= 4, case
+        rows = db.get_messages("s")
+        assert rows[3]["tool_calls"] and rows[4]["tool_call_uid"] == rows[3]["tool_call_uids"]["c2"]  # real writes
+        for n in range(len(rows), fts_tail.BATCH_ROWS - 1):
+            db.append_message("s", "user", f"filler {n}")
+        assert db.message_count("s") == fts_tail.BATCH_ROWS - 1
+        ran = _modules_run(lambda: db.append_message("s", "user", "東京 the batch's last row"))
+        assert ran == BATCH_PATH, ran
+        # The batch really ran: the queue is empty and the CJK index finds the row.
+        with closing(sqlite3.connect(tmp_path / "state.db")) as other:
+            assert other.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 0
+        assert db.search_messages("東京")
 
 
 # McCabe cyclomatic complexity, counted as radon counts it (its ComplexityVisitor), so that

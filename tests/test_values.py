@@ -97,3 +97,21 @@ def test_the_column_rules_store_each_kind_as_declared():
         with pytest.raises(ValueError, match="c"):
             rules[rule]("c", bad)
     assert values.is_uid("0123456789abcdef" * 2) and not values.is_uid("0123456789ABCDEF" * 2)
+
+
+# Every name this module offered before the rules joined the data dictionary: a caller importing
+# one from here keeps working, and gets the very object the dictionary uses.
+OFFERED = ("COLUMN_RULES", "INT_MAX", "INT_MIN", "check_count", "check_id", "check_number", "check_scalar",
+           "decode_json", "encode_json", "has_surrogate", "is_finite", "is_uid", "replace_surrogates", "shown",
+           "strip_surrogates")
+
+
+def test_every_name_it_offered_is_still_importable_and_is_the_dictionarys_own():
+    import hermes_state_common as common
+    assert set(values.__all__) == set(OFFERED)
+    for name in OFFERED:
+        assert getattr(values, name) is getattr(common, name), name
+    # The rules a write runs are the dictionary's own code, so a write never leaves it to check a value.
+    for name in ("check_id", "check_count", "encode_json", "replace_surrogates", "has_surrogate"):
+        assert getattr(values, name).__module__ == "hermes_state_common", name
+    assert {rule.__module__ for rule in values.COLUMN_RULES.values()} == {"hermes_state_common"}
