@@ -17,7 +17,8 @@ For each of two inputs (n corpus messages, then n × scale), in one run:
    program pays before it does anything.
 
 Memory is reported over the floor and as the growth from the small input to the large one;
-rates as messages per second and as the import's rate ÷ the append rate of the same run. The
+rates as messages per second and as the import's rate ÷ the append rate of the same run, beside
+the load average before and after each input (on a shared machine only the ratios compare). The
 run is saved to bench/results/<date>-import.json. Timings come from inside each child (the
 interpreter's start is not counted).
 """
@@ -55,7 +56,7 @@ def child(kind: str, export: str, target: str) -> dict:
     if kind == "stream":
         from hermes_state_cli import main  # noqa: PLC0415
         with open(os.devnull, "w") as quiet:
-            saved, sys.stdout = sys.stdout, quiet  # the report lists every id; it is not what is measured
+            saved, sys.stdout = sys.stdout, quiet  # the report is not what is measured
             try:
                 code = main(["--db", target, "sessions", "import", export])
             finally:
