@@ -282,9 +282,10 @@ class SessionDB(table.Handle):
                                 self.fts_rebuild_chunk_rows)
         return self.fts_rebuild_status()
 
-    def import_sessions(self, data: Any, on_conflict: str = "skip", *, strict: bool = False) -> ImportReport:
-        """Import export documents (any iterable, read once) in one transaction; see ImportReport and `strict`."""
-        return portability.import_stream(self._write, data, on_conflict, strict)
+    def import_sessions(self, data: Any, on_conflict: str = "skip", *, strict: bool = False,
+                        max_ids: int | None = None) -> ImportReport:
+        """Import export documents (any iterable, read once) in one transaction; see ImportReport, `strict`, `max_ids`."""
+        return portability.import_stream(self._write, data, on_conflict, strict, max_ids)
 
     def get_messages_as_conversation(self, session_id: str, include_ancestors: bool = False,
                                      with_row_ids: bool = False, include_inactive: bool = False,

@@ -77,5 +77,5 @@ def _is_zombie(pid: int) -> bool:
 
 
 def lock_is_live(holder: str, expires_at: float, now: float) -> bool:
-    """Tell whether a lock of `holder` expiring at `expires_at` still holds at `now` (unexpired, holder not provably gone)."""
+    """Tell whether a lock of `holder` expiring at `expires_at` still holds at `now`: unexpired, holder not gone."""
     return expires_at > now and not holder_is_gone(holder)

@@ -37,7 +37,6 @@ PAGE_SESSIONS = 100  # sessions whose ids one read of iter_export fetches
 
 # What a replacing import rewrites: the session-owned rows an export carries (children first).
 _REPLACED = tuple((t.name, condition) for t in SESSION_OWNED if t.export for condition in t.owned_by("(?)"))
-_RECOUNT_SQL = recount_sql() + " WHERE id = ?"
 
 
 # --- export -------------------------------------------------------------------------------------
@@ -97,10 +96,12 @@ def iter_export(read: Callable[..., AbstractContextManager[sqlite3.Connection]],
 
 @dataclass(frozen=True)
 class ImportReport:
-    """What `import_sessions` did: session ids per outcome, message rows written, and any problems.
+    """What `import_sessions` did: session ids per outcome, how many, message rows written, and any problems.
 
     `errors` lists every problem found, each as {"index", "session_id" (when known), "error"};
-    when it is not empty, `ok` is False and nothing was written (every id list is empty).
+    when it is not empty, `ok` is False and nothing was written (every id list is empty). Each
+    `*_count` counts its outcome's sessions; an import asked for `max_ids` lists only the first
+    that many ids of each outcome, in input order, so the counts can be larger than the lists.
     """
 
     imported: tuple[str, ...] = ()
@@ -115,6 +116,17 @@ class ImportReport:
     # columns, say); their values were not imported.
     ignored_columns: tuple[str, ...] = ()
     errors: tuple[dict[str, Any], ...] = ()
+    imported_count: int = 0
+    replaced_count: int = 0
+    skipped_count: int = 0
+    detached_count: int = 0
+
+    def __post_init__(self) -> None:
+        # A report built from id lists alone counts them: a count is never below its list.
+        for name in ("imported", "replaced", "skipped", "detached"):
+            ids = getattr(self, "detached_parents" if name == "detached" else name)
+            if getattr(self, f"{name}_count") < len(ids):
+                object.__setattr__(self, f"{name}_count", len(ids))
 
     @property
     def ok(self) -> bool:
@@ -130,8 +142,8 @@ class ImportReport:
     def __getitem__(self, key: str) -> Any:
         """Read the report as hermes-agent's import result: ok, imported, skipped, detached (counts), ids, errors."""
         written = self.imported + self.replaced
-        upstream = {"ok": self.ok, "imported": len(written), "skipped": len(self.skipped),
-                    "detached": len(self.detached_parents), "imported_ids": list(written),
+        upstream = {"ok": self.ok, "imported": self.imported_count + self.replaced_count,
+                    "skipped": self.skipped_count, "detached": self.detached_count, "imported_ids": list(written),
                     "skipped_ids": list(self.skipped), "errors": [dict(e) for e in self.errors]}
         if key not in upstream:
             raise KeyError(key)
@@ -150,17 +162,46 @@ class _Stopped(Exception):
 
 
 @dataclass
+class _Ids:
+    """One outcome's session ids: every one, or only the first `kept`, and how many there were."""
+
+    kept: int | None = None
+    ids: list[str] = field(default_factory=list)
+    count: int = 0
+
+    def append(self, session_id: str) -> None:
+        """Count a session; keep its id while fewer than `kept` are kept."""
+        self.count += 1
+        if self.kept is None or len(self.ids) < self.kept:
+            self.ids.append(session_id)
+
+    def extend(self, session_ids: Iterable[str]) -> None:
+        """Count each session of `session_ids` (read once)."""
+        for session_id in session_ids:
+            self.append(session_id)
+
+
+@dataclass
 class _Import:
-    """The running state of one import: outcomes so far and every problem found."""
+    """The running state of one import: outcomes so far and every problem found.
+
+    With `max_ids`, each outcome keeps only its first ids and a count, so that a large import's
+    memory does not grow with the number of sessions.
+    """
 
     on_conflict: str
-    imported: list[str] = field(default_factory=list)
-    replaced: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-    detached: list[str] = field(default_factory=list)
+    max_ids: int | None = None
+    imported: _Ids = field(init=False)
+    replaced: _Ids = field(init=False)
+    skipped: _Ids = field(init=False)
+    detached: _Ids = field(init=False)
     messages: int = 0
+    pending: list[tuple[Any, ...]] = field(default_factory=list)  # message rows not written yet
     ignored: set[str] = field(default_factory=set)
     errors: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.imported, self.replaced, self.skipped, self.detached = (_Ids(self.max_ids) for _ in range(4))
 
     def fail(self, index: int, session_id: str | None, problems: Iterable[str]) -> None:
         """Note problems of document `index`."""
@@ -175,8 +216,10 @@ class _Import:
         """Return the report; with errors, nothing was written and no id is listed."""
         if self.errors:
             return ImportReport(errors=tuple(self.errors))
-        return ImportReport(tuple(self.imported), tuple(self.replaced), tuple(self.skipped), tuple(self.detached),
-                            self.messages, tuple(sorted(self.ignored)))
+        return ImportReport(tuple(self.imported.ids), tuple(self.replaced.ids), tuple(self.skipped.ids),
+                            tuple(self.detached.ids), self.messages, tuple(sorted(self.ignored)),
+                            imported_count=self.imported.count, replaced_count=self.replaced.count,
+                            skipped_count=self.skipped.count, detached_count=self.detached.count)
 
 
 @dataclass
@@ -226,6 +269,7 @@ _SCRATCH_SQL = (f"DROP TABLE IF EXISTS {_SCRATCH}",
                 f"CREATE TABLE {_SCRATCH} (id TEXT PRIMARY KEY, idx INTEGER NOT NULL, parent TEXT, title TEXT, "
                 "written INTEGER NOT NULL)",
                 f"CREATE INDEX {_SCRATCH}_title ON hermes_import (title)")
+_RECOUNT_SQL = recount_sql() + f" WHERE id IN (SELECT id FROM {_SCRATCH} WHERE written)"
 _ROW_COLUMNS = tuple(c for c in SESSION_COLUMNS if c not in DERIVED)
 _INSERT_SESSION = f"INSERT INTO sessions ({', '.join(_ROW_COLUMNS)}) VALUES ({', '.join('?' * len(_ROW_COLUMNS))})"
 _UPDATE_SESSION = f"UPDATE sessions SET {', '.join(f'{c} = ?' for c in _ROW_COLUMNS if c != 'id')} WHERE id = ?"
@@ -241,12 +285,15 @@ def _insert_messages(rows: int) -> str:
     return f"INSERT INTO messages (session_id, {', '.join(MESSAGE_COLUMNS)}) VALUES " + ", ".join([_MESSAGE_ROW] * rows)
 
 
-def _write_messages(conn: sqlite3.Connection, session_id: str, rows: list[tuple[Any, ...]]) -> None:
+def _write_messages(conn: sqlite3.Connection, pending: list[tuple[Any, ...]], final: bool = False) -> None:
+    # Rows wait here (each with its session id first) across sessions, so that sessions of one
+    # message still go in batches: only full batches are written until the end (`final`).
     start = 0
-    for size in _MESSAGE_BATCHES:
-        while len(rows) - start >= size:
-            conn.execute(_insert_messages(size), [v for row in rows[start:start + size] for v in (session_id, *row)])
+    for size in _MESSAGE_BATCHES if final else _MESSAGE_BATCHES[:1]:
+        while len(pending) - start >= size:
+            conn.execute(_insert_messages(size), [v for row in pending[start:start + size] for v in row])
             start += size
+    del pending[:start]
 
 
 _INSERT_USAGE = (f"INSERT INTO session_model_usage (session_id, {', '.join(USAGE_COLUMNS)}) "
@@ -297,9 +344,9 @@ def _write_one(conn: sqlite3.Connection, checked: Checked, state: _Import) -> No
     else:
         conn.execute(_INSERT_SESSION, tuple(row[c] for c in _ROW_COLUMNS))
         state.imported.append(sid)
-    _write_messages(conn, sid, checked.messages)
+    state.pending.extend((sid, *row) for row in checked.messages)
+    _write_messages(conn, state.pending)
     conn.executemany(_INSERT_USAGE, ((sid, *u) for u in checked.usage))
-    conn.execute(_RECOUNT_SQL, (sid,))  # the meaning the write path keeps
     state.messages += len(checked.messages)
 
 
@@ -339,6 +386,8 @@ def _finish(conn: sqlite3.Connection, state: _Import) -> None:
         state.fail(index, sid, [f"title {title!r} is already in use by session {holder!r}"])
     if state.errors:
         raise _Stopped
+    _write_messages(conn, state.pending, final=True)
+    conn.execute(_RECOUNT_SQL)  # the counters the write path keeps, from the rows written
     state.detached.extend(r[0] for r in conn.execute(_PARENT_MISSING))
     conn.execute(_SET_PARENTS_AND_TITLES)
     # A few sessions with parents are walked up one by one; many are first narrowed down by one
@@ -369,7 +418,7 @@ def write_checked(conn: sqlite3.Connection, checked: Iterable[Checked], state: _
 
 
 def import_stream(write: Callable[[], AbstractContextManager[sqlite3.Connection]], data: Any,
-                  on_conflict: str = "skip", strict: bool = False) -> ImportReport:
+                  on_conflict: str = "skip", strict: bool = False, max_ids: int | None = None) -> ImportReport:
     """Import export documents from any iterable, read once, in one write transaction; see `ImportReport`.
 
     Opens the transaction itself (`write()` gives it). Each document is checked and then
@@ -381,10 +430,13 @@ def import_stream(write: Callable[[], AbstractContextManager[sqlite3.Connection]
     "replace" rewrites its row, messages and usage in place (its children and ledger rows stay
     attached), "error" raises ImportConflictError. Ids and uids are kept; parents are restored
     whatever the input order; a parent found in neither the input nor the file becomes NULL, and
-    a ring of parents is cut at its first session. Message counters are recomputed.
+    a ring of parents is cut at its first session. Message counters are recomputed. With
+    `max_ids`, the report lists at most that many ids per outcome (it still counts them all).
     """
     check_on_conflict(on_conflict)
-    state = _Import(on_conflict)
+    if max_ids is not None and (not isinstance(max_ids, int) or isinstance(max_ids, bool) or max_ids < 0):
+        raise ValueError(f"max_ids must be None or a count of ids (0 or more), not {shown(max_ids)}")
+    state = _Import(on_conflict, max_ids)
     documents = _numbered(data, state)
     try:
         with write() as conn:

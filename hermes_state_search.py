@@ -50,6 +50,7 @@ SPARE_RANKED = 20        # best rows ranked beyond the page, in case some of the
 LIKE_SCAN_ROWS = 20_000  # the most rows any LIKE scan reads
 DIRECT_SCAN_ROWS = 500   # an id range this narrow is read row by row, not through the substring index
 _MAX_ROWID = 2 ** 63 - 1
+_FETCH_ROWS = 256        # rows fetched at a time while a scan's end depends on what it reads
 warned: set[str] = set()  # the keys of warnings this process has logged (each is logged once)
 
 
@@ -172,13 +173,14 @@ def _window(conn: sqlite3.Connection, table: str, expr: str, joined: str, f: _Fi
 def _scored_back_to(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...], start: int,
                     pool: int) -> list[tuple[int, float]]:
     """Return the (rowid, score) rows of `sql` (newest first) down to `start`, and on until `pool` of them."""
-    scored: list[tuple[int, float]] = []
     cursor = conn.execute(sql, params)
     try:
-        for r in cursor:  # stepped lazily: the scan stops where the loop does
-            if r[0] < start and len(scored) >= pool:
+        scored: list[tuple[int, float]] = cursor.fetchmany(pool)  # the statement is stepped only as far as fetched
+        while len(scored) >= pool and scored[-1][0] >= start:  # the pool lies inside the window: its other rows too
+            more = cursor.fetchmany(_FETCH_ROWS)
+            scored += [r for r in more if r[0] >= start]
+            if len(more) < _FETCH_ROWS or more[-1][0] < start:
                 break
-            scored.append(r)
     finally:
         cursor.close()
     return scored

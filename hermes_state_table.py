@@ -14,7 +14,8 @@ BEGIN/COMMIT themselves (hermes_state_writer).
 
 Transaction contract: a write kind is one `Writer.transaction()` (BEGIN IMMEDIATE) with the
 patience the kind names; a transcript write first checks, inside it, that compression neither
-closed the session nor holds it (hermes_state_messages' transcript guard), and waits once if it does; reads run under the read lock, "snapshot" in one read transaction.
+closed the session nor holds it (the transcript guard of hermes_state_messages), and waits once
+if another holder does; reads run under the read lock, "snapshot" in one read transaction.
 """
 from __future__ import annotations
 

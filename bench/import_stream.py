@@ -17,7 +17,8 @@ For each of two inputs (n corpus messages, then n × scale), in one run:
    program pays before it does anything.
 
 Memory is reported over the floor and as the growth from the small input to the large one;
-rates as messages per second and as the import's rate ÷ the append rate of the same run. The
+rates as messages per second and as the import's rate ÷ the append rate of the same run, beside
+the load average before and after each input (on a shared machine only the ratios compare). The
 run is saved to bench/results/<date>-import.json. Timings come from inside each child (the
 interpreter's start is not counted).
 """
@@ -55,7 +56,7 @@ def child(kind: str, export: str, target: str) -> dict:
     if kind == "stream":
         from hermes_state_cli import main  # noqa: PLC0415
         with open(os.devnull, "w") as quiet:
-            saved, sys.stdout = sys.stdout, quiet  # the report lists every id; it is not what is measured
+            saved, sys.stdout = sys.stdout, quiet  # the report is not what is measured
             try:
                 code = main(["--db", target, "sessions", "import", export])
             finally:
@@ -110,23 +111,32 @@ def measure(n: int, per_session: int, seed: int, workdir: Path) -> dict:
             for document in db.iter_export():
                 out.write(json.dumps(document, ensure_ascii=False) + "\n")
     result = {"messages": messages, "sessions": sessions, "export_mb": round(export.stat().st_size / 1e6, 1),
-              "append_msg_s": round(messages / append_s)}
+              "append_msg_s": round(messages / append_s), "load_before": _load()}
     for kind in CHILDREN:
         result[kind] = run_child(kind, export, workdir)
         if kind != "floor":
             assert result[kind]["messages"] == messages, (kind, result[kind]["messages"], messages)
             result[kind]["msg_s"] = round(messages / result[kind]["seconds"])
             result[kind]["rate_vs_append"] = round(result[kind]["msg_s"] / result["append_msg_s"], 2)
+    result["load_after"] = _load()
     for p in (source, Path(f"{source}-wal"), Path(f"{source}-shm"), export):
         p.unlink(missing_ok=True)
     return result
 
 
+def _load() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages: the machine may be shared, and this says how busy it was."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # not available on this platform
+        return None
+
+
 def table(sizes: list[dict]) -> str:
     """Render the run as a Markdown table."""
     lines = ["| input | export MB | floor MB | stream: peak MB (over floor) | list: peak MB (over floor) | "
-             "append msg/s | stream msg/s (÷ append) | list msg/s (÷ append) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "append msg/s | stream msg/s (÷ append) | list msg/s (÷ append) | load average (1, 5, 15 min) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in sizes:
         floor = r["floor"]["peak_rss_mb"]
         lines.append(
@@ -134,7 +144,7 @@ def table(sizes: list[dict]) -> str:
             f"{r['stream']['peak_rss_mb']} (+{r['stream']['peak_rss_mb'] - floor:.1f}) | "
             f"{r['list']['peak_rss_mb']} (+{r['list']['peak_rss_mb'] - floor:.1f}) | {r['append_msg_s']:,} | "
             f"{r['stream']['msg_s']:,} ({r['stream']['rate_vs_append']}) | "
-            f"{r['list']['msg_s']:,} ({r['list']['rate_vs_append']}) |")
+            f"{r['list']['msg_s']:,} ({r['list']['rate_vs_append']}) | {r['load_before']} → {r['load_after']} |")
     small, large = sizes[0], sizes[-1]
     for kind in ("stream", "list"):
         grow = (large[kind]["peak_rss_mb"] - large["floor"]["peak_rss_mb"]) - \

@@ -156,3 +156,40 @@ def test_a_missing_file_fails_before_the_database_is_touched(hermes_home, tmp_pa
     assert main(["sessions", "import", str(tmp_path / "nope.jsonl")]) == 1
     assert "nope.jsonl" in capsys.readouterr().err
     assert not (hermes_home / "state.db").exists()
+
+
+def test_the_report_names_the_first_sessions_and_counts_them_all(hermes_home, tmp_path, capsys):
+    SessionDB().close()
+    path = tmp_path / "many.jsonl"
+    path.write_text(export_lines(*(doc(f"s{n:02d}") for n in range(cli.REPORT_IDS + 25))))
+    assert main(["--json", "sessions", "import", str(path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["imported"] == [f"s{n:02d}" for n in range(cli.REPORT_IDS)]
+    assert report["imported_count"] == cli.REPORT_IDS + 25 and report["messages"] == cli.REPORT_IDS + 25
+    assert len(session_ids(hermes_home / "state.db")) == cli.REPORT_IDS + 25
+    assert main(["sessions", "import", str(path)]) == 0  # again: every one skipped, in plain lines
+    out = capsys.readouterr().out
+    assert f"  skipped_count: {cli.REPORT_IDS + 25}\n" in out and "  imported_count: 0\n" in out
+    assert "  skipped: s00, s01, " in out and f"s{cli.REPORT_IDS:02d}" not in out
+
+
+def test_the_reader_asks_for_small_reads_so_none_gets_a_mapping_of_its_own(tmp_path):
+    # A str of four-byte characters takes four bytes each: a read stays under the C allocator's
+    # 128 KB threshold for mapping a block by itself, whose freeing would move the threshold.
+    assert cli.READ_BYTES * 4 < 128 * 1024
+    asked = []
+
+    class Recorded(io.BytesIO):
+        def read(self, size=-1):
+            asked.append(size)
+            return super().read(size)
+
+    docs = [{"id": f"s{n}", "text": "東京 😀 " * 300} for n in range(400)]
+    raw = export_lines(*docs).encode()
+    assert len(raw) > 40 * cli.READ_BYTES
+    assert list(iter_documents(Recorded(raw), "big.jsonl")) == docs
+    assert max(asked) == cli.READ_BYTES
+    huge = {"id": "h", "text": "x" * (5 * cli.READ_BYTES)}  # one document longer than a read is still read whole
+    asked.clear()
+    assert list(iter_documents(Recorded(export_lines(huge).encode()), "huge.jsonl")) == [huge]
+    assert max(asked) > cli.READ_BYTES

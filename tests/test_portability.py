@@ -358,6 +358,27 @@ def test_every_message_is_written_once_in_input_order_whatever_the_count(db, riv
     assert set(db.check_integrity()["fts"].values()) == {"ok"}
 
 
+def test_messages_of_many_small_sessions_go_in_input_order_with_each_sessions_counters(db, rival):
+    # Rows wait across sessions for a full batch: each still lands in its own session, in order.
+    sizes = [1] * 70 + [3, 0, 65, 2] + [1] * 9
+    docs = []
+    for k, size in enumerate(sizes):
+        doc = good_doc(f"s{k:03d}")
+        doc["messages"] = [{"role": "assistant", "content": f"s{k} m{n} heron", "timestamp": 2.0 + n,
+                            "tool_calls": '[{"id": "c", "type": "function", "function": {"name": "ls"}}]'}
+                           for n in range(size)]
+        docs.append(doc)
+    db.import_sessions(good_doc("s071"))  # replaced below: its old row goes, the new ones come
+    report = db.import_sessions(iter(docs), on_conflict="replace")
+    assert report.messages == sum(sizes) and report.replaced == ("s071",)
+    rows = rival.execute("SELECT session_id, content FROM messages ORDER BY id").fetchall()
+    assert [tuple(r) for r in rows] == [(f"s{k:03d}", f"s{k} m{n} heron") for k, size in enumerate(sizes)
+                                        for n in range(size)]
+    counts = {r[0]: (r[1], r[2]) for r in rival.execute("SELECT id, message_count, tool_call_count FROM sessions")}
+    assert counts == {f"s{k:03d}": (size, size) for k, size in enumerate(sizes)}
+    assert len(db.search_messages("heron", limit=500)) == sum(sizes)
+
+
 def test_hand_written_rows_get_what_a_fresh_write_would_give(db, rival):
     doc = {"id": "hand", "source": "cli", "started_at": 50.0, "model_config": '{"t": 1}',
            "messages": [{"role": "user", "content": "bad \udc80 half"}, {"role": "assistant", "content": "ok"}]}
