@@ -32,7 +32,8 @@ from hermes_state_common import logger
 from hermes_state_query import _sanitize_fts5_query  # noqa: F401 - importable here, where callers know it
 from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import StateDbIncompatibleError
-from hermes_state_fts_objects import (CJK, CJK_PENDING, CJK_TABLE_SQL, DRAIN_TRIGGER_SQL, FTS_TABLES,  # noqa: F401
+from hermes_state_fts_objects import (CJK, CJK_PENDING, CJK_TABLE_SQL, DRAIN_TRIGGER_SQL, FTS_OPTIONS,  # noqa: F401
+                                      FTS_TABLES,
                                       HIGH_WATER, OBJECT_NAMES, OBJECTS, PENDING, PROGRESS, REASONING, TRIGRAM,
                                       UNQUEUED_OBJECTS, WORD, rebuild_gate, searchable_text)
 
@@ -214,7 +215,26 @@ def create_fts(conn: sqlite3.Connection) -> None:
     drop_fts_objects(conn)
     for _, _, sql in OBJECTS:
         conn.execute(sql)
+    set_options(conn)
     _set_markers(conn, conn.execute("SELECT MAX(id) FROM messages").fetchone()[0])
+
+
+def options_set(conn: sqlite3.Connection, tables: frozenset[str]) -> bool:
+    """Tell whether each of `tables` holds FTS_OPTIONS in its config (one read of their config tables)."""
+    wanted = {(table, name, value) for table in tables for name, value in FTS_OPTIONS}
+    if not wanted:
+        return True
+    names = ", ".join(f"'{name}'" for name, _ in FTS_OPTIONS)
+    found = conn.execute(" UNION ALL ".join(f"SELECT '{table}', k, v FROM {table}_config WHERE k IN ({names})"
+                                            for table in sorted(tables))).fetchall()
+    return wanted <= set(found)
+
+
+def set_options(conn: sqlite3.Connection, tables: tuple[str, ...] = FTS_TABLES) -> None:
+    """Write FTS_OPTIONS into the config of each of `tables` (inside the caller's write transaction)."""
+    for table in tables:
+        for name, value in FTS_OPTIONS:
+            conn.execute(f"INSERT INTO {table}({table}, rank) VALUES (?, ?)", (name, value))
 
 
 def _set_markers(conn: sqlite3.Connection, high_water: int | None, progress: int = 0) -> None:
@@ -239,6 +259,7 @@ def start_rebuild(conn: sqlite3.Connection) -> None:
     # The CJK table keeps its own text (it is small); dropping it is cheaper than deleting rows.
     conn.execute(f"DROP TABLE {CJK}")
     conn.execute(CJK_TABLE_SQL)
+    set_options(conn, (CJK,))
     conn.execute(f"DELETE FROM {CJK_PENDING}")
     conn.execute(f"DELETE FROM {PENDING}")
     _set_markers(conn, conn.execute("SELECT MAX(id) FROM messages").fetchone()[0])
@@ -376,6 +397,9 @@ def ensure_fts(writer: Writer, patience_s: float, policy: RetryPolicy, *, writab
             elif not catalogue.declared:
                 create_fts(conn)
         state = inspect(conn)
+    if state.declared and not options_set(conn, state.tables):
+        with writer.transaction(patience_s, policy):
+            set_options(conn)  # a file an older release created, or one whose options were changed
     if state.cjk_pending or state.queued:
         with writer.transaction(patience_s, policy):
             index_queued(conn)  # rows a handle that did not close left queued

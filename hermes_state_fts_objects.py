@@ -16,6 +16,10 @@ FTS_TABLES = (WORD, TRIGRAM, CJK, REASONING)
 HIGH_WATER, PROGRESS = "fts_rebuild_high_water", "fts_rebuild_progress"
 # Rows a library handle appended and will index itself, in batches (hermes_state_fts_tail).
 PENDING = "messages_fts_pending"
+# FTS5 options every index keeps in its config table (`<index>_config`, which sqlite_master does not
+# show): open writes them into a file that lacks them, and every program writing the file follows
+# them, since FTS5 reads them from the file.
+FTS_OPTIONS: tuple[tuple[str, int], ...] = (("automerge", 8),)
 
 
 # --- the declared FTS objects ----------------------------------------------------------------------

@@ -167,7 +167,7 @@ def _pair_tool_call_uid(conn: sqlite3.Connection, session_id: str, tool_call_id:
 # --- the index queue (why a library connection queues its rows: hermes_state_fts_tail) -----------
 # Rows per batch: each costs one FTS5 segment per index instead of one per row. Searches scan
 # at most this many queued rows of a handle that has not searched or closed since.
-BATCH_ROWS = 128
+BATCH_ROWS = 256
 
 # The new row's id, as AUTOINCREMENT would pick it, queued in one statement that also checks the schema
 # cookie and this connection's token (see fts.cached_state): no row is queued when the catalogue may

@@ -75,7 +75,7 @@ _RAW_QUEUED_INSERT = _RAW_INSERT.replace("(session_id,", "(id, session_id,").rep
 
 
 def raw_append_batched(conn: sqlite3.Connection, sid: str, m: dict, last_uids: dict) -> None:
-    """The floor of the library's own write path: the row queued for a batch, which every 128th row indexes.
+    """The floor of the library's own write path: the row queued for a batch, which every BATCH_ROWS-th row indexes.
 
     Same durability as `raw_append` (one transaction per message; a search finds a queued row by
     scanning the queue), the statements hermes_state_fts_tail runs, written by hand.
