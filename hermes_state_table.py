@@ -271,6 +271,7 @@ class Handle(metaclass=Knobs):
     _fts: upgrade.FtsRebuild | None = None  # the background index rebuild this open started, if any
     # The patience of each kind of table write that does not wait the default write_patience_s.
     _PATIENCE = {"activity": "activity_write_patience_s", "compression": "transcript_write_patience_s"}
+    _built_policy: tuple[tuple[float, ...], RetryPolicy] | None = None  # (the knobs it was built from, it)
     db_path: Path
     profile_home: Path
     read_only: bool
@@ -427,8 +428,12 @@ class Handle(metaclass=Knobs):
             yield Transaction(self._writer)
 
     def _policy(self) -> RetryPolicy:
-        return RetryPolicy(self.write_retry_min_s, self.write_retry_max_s,
-                           self.write_retry_slow_min_s, self.write_retry_slow_max_s)
+        # The knobs are read at each write (callers tune them on the class or the handle); the
+        # policy is built again only when one of them changed.
+        knobs = (self.write_retry_min_s, self.write_retry_max_s, self.write_retry_slow_min_s, self.write_retry_slow_max_s)
+        if self._built_policy is None or self._built_policy[0] != knobs:
+            self._built_policy = (knobs, RetryPolicy(*knobs))
+        return self._built_policy[1]
 
     def _log_lock_holders(self, patience_s: float) -> None:
         log_write_lock_holders(self.db_path, patience_s)
@@ -455,8 +460,9 @@ class Handle(metaclass=Knobs):
                 f"{SCHEMA_VERSION}; writes are refused so nothing is downgraded. Upgrade hermes-state.")
 
     @contextmanager
-    def _write(self, patience_s: float | None = None) -> Iterator[sqlite3.Connection]:
-        self._check_writable()
+    def _write(self, patience_s: float | None = None, *, checked: bool = False) -> Iterator[sqlite3.Connection]:
+        if not checked:  # a transcript write checked already, before its session id
+            self._check_writable()
         # Not `with typed_errors(...)`: a successful write runs no code of the errors module.
         try:
             with self._writer.transaction(self.write_patience_s if patience_s is None else patience_s,
@@ -470,7 +476,7 @@ class Handle(metaclass=Knobs):
         # The guard and the retry sit beside the message rows; compression's code runs only when
         # another holder is compressing the session (the wait, holding no lock).
         return messages.write_transcript(
-            lambda: self._write(self.transcript_write_patience_s), session_id, body,
+            lambda: self._write(self.transcript_write_patience_s, checked=True), session_id, body,
             lambda: compression.wait_for_compression(self._read, session_id, timeout_s=self.compression_wait_s))
 
     @contextmanager
@@ -485,9 +491,10 @@ class Handle(metaclass=Knobs):
 
     def _run(self, entry: Entry, args: tuple, kwargs: dict) -> Any:
         # Every table method comes through here: the one place that maps a kind to its transaction.
-        if (key := entry.unstorable(args, kwargs)) is not None:
+        if entry.kind in READS and (key := entry.unstorable(args, kwargs)) is not None:
             return entry.answer_unknown(key)
-        args, kwargs = entry.arguments(args, kwargs)
+        if kwargs or entry.pack is not None:  # positional arguments pass as they are
+            args, kwargs = entry.arguments(args, kwargs)
         if entry.indexed and not self.read_only and not self._closed:
             fts_tail.flush(self._writer, 0.0, self._policy())  # one try; a busy file: the search scans them
         if entry.kind in READS:

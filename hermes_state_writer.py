@@ -50,25 +50,21 @@ class RetryPolicy:
 def retry_on_lock(attempt: Callable[[], Any], patience_s: float, policy: RetryPolicy, *,
                   clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                   rng: random.Random | None = None, before_attempt: Callable[[float], None] | None = None,
-                  on_give_up: Callable[[], None] | None = None) -> Any:
+                  on_give_up: Callable[[], None] | None = None, start: float | None = None,
+                  failed: sqlite3.OperationalError | None = None) -> Any:
     """Call `attempt()` until it stops failing with a lock error or `patience_s` runs out.
 
     Raises SessionPersistenceError (code ...:locked) from the last lock error; any other
     error propagates untouched. `before_attempt(remaining_s)` lets the caller cap SQLite's
-    own busy wait so the total never overshoots the deadline.
+    own busy wait so the total never overshoots the deadline. A caller that already made the
+    first attempt at `start` passes its lock error as `failed`: the wait before the next one comes first.
     """
     rng = rng or random.Random()
-    start = clock()
+    start = clock() if start is None else start
     deadline = start + patience_s
+    error = failed
     while True:
-        remaining = deadline - clock()
-        if before_attempt is not None:
-            before_attempt(max(remaining, 0.0))
-        try:
-            return attempt()
-        except sqlite3.OperationalError as exc:
-            if not is_sqlite_lock_error(exc):
-                raise
+        if error is not None:
             now = clock()
             if now >= deadline:
                 if on_give_up is not None:
@@ -76,8 +72,16 @@ def retry_on_lock(attempt: Callable[[], Any], patience_s: float, policy: RetryPo
                 raise SessionPersistenceError(
                     f"database is locked: gave up after {patience_s:.1f}s of retries; another process "
                     "holds the write lock (see the WARNING naming it)",
-                    code="session_persistence_failed:locked") from exc
+                    code="session_persistence_failed:locked") from error
             sleep(min(policy.delay(now - start, rng), max(deadline - now, 0.0)))
+        if before_attempt is not None:
+            before_attempt(max(deadline - clock(), 0.0))
+        try:
+            return attempt()
+        except sqlite3.OperationalError as exc:
+            if not is_sqlite_lock_error(exc):
+                raise
+            error = exc
 
 
 class Writer:
@@ -206,6 +210,7 @@ class Writer:
             # A nested call from inside a transaction joins it: one all-or-nothing unit.
             yield self.conn
             return
+        started = self.clock()
         on_give_up = self.on_give_up
         give_up = (lambda: on_give_up(patience_s)) if on_give_up is not None else None
         remaining = [patience_s]
@@ -215,8 +220,14 @@ class Writer:
 
         committed = False
         try:
-            retry_on_lock(lambda: self._begin(remaining[0]), patience_s, policy or RetryPolicy(), clock=self.clock,
-                          sleep=self.sleep, rng=self.rng, before_attempt=note_remaining, on_give_up=give_up)
+            try:
+                self._begin(patience_s)  # the usual case: the lock is free at once
+            except sqlite3.OperationalError as exc:
+                if not is_sqlite_lock_error(exc):
+                    raise
+                retry_on_lock(lambda: self._begin(remaining[0]), patience_s, policy or RetryPolicy(), clock=self.clock,
+                              sleep=self.sleep, rng=self.rng, before_attempt=note_remaining, on_give_up=give_up,
+                              start=started, failed=exc)
             yield self.conn
             self.conn.execute("COMMIT")
             committed = True
