@@ -114,7 +114,7 @@ def _open_source(path: Path) -> sqlite3.Connection:
     conn.set_progress_handler(conn.overdue, 10_000)
     # Text another client stored as bytes that are not UTF-8 is salvaged with U+FFFD, as the
     # library reads it everywhere else, rather than losing the row.
-    conn.text_factory = schema.lenient_text
+    conn.text_factory = schema.LENIENT_TEXT
     return conn
 
 

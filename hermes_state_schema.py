@@ -121,14 +121,11 @@ def lenient_text(raw: bytes) -> str:
     Another client (the sqlite3 shell, a C program) can store any bytes as TEXT; one such row
     must not make a whole listing or search unreadable.
     """
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return raw.decode("utf-8", "replace")
+    return LENIENT_TEXT(raw)
 
 
-# The connections' text_factory: lenient_text's rule run as C code (a bad byte becomes U+FFFD, the
-# rest decodes as UTF-8), so reading a row runs no Python at all.
+# The connections' text_factory, and lenient_text's one rule: C code (a bad byte becomes U+FFFD,
+# the rest decodes as UTF-8), so reading a row runs no Python at all.
 LENIENT_TEXT = functools.partial(str, encoding="utf-8", errors="replace")
 
 

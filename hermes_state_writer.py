@@ -211,13 +211,6 @@ class Writer:
             yield self.conn
             return
         started = self.clock()
-        on_give_up = self.on_give_up
-        give_up = (lambda: on_give_up(patience_s)) if on_give_up is not None else None
-        remaining = [patience_s]
-
-        def note_remaining(seconds: float) -> None:
-            remaining[0] = seconds
-
         committed = False
         try:
             try:
@@ -225,9 +218,7 @@ class Writer:
             except sqlite3.OperationalError as exc:
                 if not is_sqlite_lock_error(exc):
                     raise
-                retry_on_lock(lambda: self._begin(remaining[0]), patience_s, policy or RetryPolicy(), clock=self.clock,
-                              sleep=self.sleep, rng=self.rng, before_attempt=note_remaining, on_give_up=give_up,
-                              start=started, failed=exc)
+                self._begin_after_busy(exc, started, patience_s, policy or RetryPolicy())
             yield self.conn
             self.conn.execute("COMMIT")
             committed = True
@@ -243,6 +234,18 @@ class Writer:
         if committed:
             for callback in deferred:
                 callback()
+
+    def _begin_after_busy(self, busy: sqlite3.OperationalError, started: float, patience_s: float,
+                          policy: RetryPolicy) -> None:
+        # The first BEGIN (at `started`) found the file busy: retry it within what is left of the patience.
+        on_give_up = self.on_give_up
+        remaining = [patience_s]
+
+        def note_remaining(seconds: float) -> None:
+            remaining[0] = seconds
+        retry_on_lock(lambda: self._begin(remaining[0]), patience_s, policy, clock=self.clock, sleep=self.sleep,
+                      rng=self.rng, before_attempt=note_remaining, start=started, failed=busy,
+                      on_give_up=(lambda: on_give_up(patience_s)) if on_give_up is not None else None)
 
     def _end(self) -> list[Callable[[], object]]:
         # Let go of the transaction this thread began (if it began one): the lock, and the queue
