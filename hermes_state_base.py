@@ -35,6 +35,10 @@ SQLITE_BUSY_TIMEOUT_S = 1.0  # SQLite's own wait per attempt; the writer retries
 # Page size of a new file. Message rows are often 1-4 KB; on 4 KB pages a fifth of each table
 # page is left empty around them, on 8 KB pages about a tenth. An existing file keeps its size.
 PAGE_SIZE = 8192
+# Each connection's page cache, in KiB (SQLite's default is 2,000). A search reads the newest
+# matching rows of a 1-4 KB-row table: a few thousand pages that SQLite's default cache cannot
+# hold, so every query read them again from the OS. The cache grows only as pages are read.
+CACHE_SIZE_KIB = 16384
 DAY_S = 86400.0  # seconds in a day, for the day-counted policies (pruning, the idle sweep)
 
 # A module function's dict parameter that its public method takes as keyword arguments:

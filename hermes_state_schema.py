@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar, cast
 
+from hermes_state_base import CACHE_SIZE_KIB
 from hermes_state_common import (COUNTERS, INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
                                  SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, logger, object_exists,
                                  recount_sql, table_exists)
@@ -115,6 +116,14 @@ def connect(path: Path, *, read_only: bool = False, read_busy_s: float = READ_BU
     return conn
 
 
+def size_cache(conn: sqlite3.Connection) -> None:
+    """Give the connection the library's page cache size; a file locked right now keeps SQLite's default."""
+    try:  # SQLite reads the schema for this pragma, so it waits for a rival's exclusive lock
+        conn.execute(f"PRAGMA cache_size = -{CACHE_SIZE_KIB}")
+    except sqlite3.OperationalError as exc:
+        logger.debug("page cache left at its default: %s", exc)
+
+
 def lenient_text(raw: bytes) -> str:
     """Decode stored text, replacing bytes that are not UTF-8 with U+FFFD.
 
@@ -134,6 +143,7 @@ def connect_reader(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=SQLITE_BUSY_TIMEOUT_S)
     conn.text_factory = LENIENT_TEXT
     conn.execute("PRAGMA query_only = ON")
+    size_cache(conn)
     return conn
 
 

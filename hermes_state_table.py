@@ -47,7 +47,7 @@ from hermes_state_errors import (TRANSLATABLE, HermesStateError, ReadOnlyError, 
 from hermes_state_home import check_db_path_allowed, get_hermes_home
 from hermes_state_lockowners import log_write_lock_holders
 from hermes_state_repair import open_repairing
-from hermes_state_writer import RetryPolicy, RowConnection, SharedHandles, Transaction, Writer, passive_checkpoint
+from hermes_state_writer import RetryPolicy, RowConnection, SharedHandles, Transaction, Writer
 
 P = ParamSpec("P")  # one per line: checkers take a type variable only from its own assignment
 R = TypeVar("R")
@@ -258,6 +258,9 @@ class Handle(metaclass=Knobs):
     write_retry_slow_min_s = _WRITE_RETRY_SLOW_MIN_S = common.WRITE_RETRY_SLOW_MIN_S
     write_retry_slow_max_s = _WRITE_RETRY_SLOW_MAX_S = common.WRITE_RETRY_SLOW_MAX_S
     checkpoint_every_n_writes = _CHECKPOINT_EVERY_N_WRITES = common.CHECKPOINT_EVERY_N_WRITES
+    # Whether that checkpoint runs on a thread of the handle's own (a write then never waits for
+    # its disk syncs) or inside the write that makes it due.
+    checkpoint_in_background = True
     # Writes between whole-index FTS optimizes, run after COMMIT in a write of their own (0: never).
     optimize_every_n_writes = _OPTIMIZE_EVERY_N_WRITES = fts.OPTIMIZE_EVERY_N_WRITES
     # Transcript writes wait this long for another holder's compression.
@@ -310,8 +313,10 @@ class Handle(metaclass=Knobs):
                 on_give_up=self._log_lock_holders), self.db_path, attempted, None if read_only else repair_file)
             conn, self.schema_version = opened.conn, opened.schema_version
             self.upgrade_backup, self.mode_changes = opened.upgrade_backup, opened.mode_changes
+            # The opener names the path, not the handle: the checkpoint thread keeps it, and must
+            # not keep a dropped handle alive.
             self._writer = Writer(conn, on_give_up=self._log_lock_holders, open_reader=(
-                lambda: schema.connect_reader(self.db_path)) if separate_reads else None)
+                functools.partial(schema.connect_reader, self.db_path)) if separate_reads else None)
             self._writer.after_commit.append(self._upkeep)
             self._open_fts()
         except Exception as exc:  # kept for a caller that reports the failure later (a slash command)
@@ -440,7 +445,7 @@ class Handle(metaclass=Knobs):
 
     def _upkeep(self, conn: sqlite3.Connection, writes: int) -> None:
         if writes % self.checkpoint_every_n_writes == 0:
-            passive_checkpoint(conn)
+            self._writer.checkpoint(background=self.checkpoint_in_background)
         # The cadences are checked here, so the usual write never enters the FTS module.
         if writes % fts.MERGE_EVERY_N_WRITES == 0:  # a bounded FTS merge every 1,000 writes
             fts.upkeep(conn, writes)

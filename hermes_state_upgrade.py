@@ -117,12 +117,15 @@ def open_connection(path: Path, *, read_only: bool, read_busy_s: float, patience
     try:
         with typed_errors(path, reading=True):  # "not a database" at open -> StateDbCorruptError
             if read_only:
-                return Opened(conn, catalogue.check_read_only(conn, path, read_busy_s))
-            catalogue.check_ours(conn, path, force=force)  # before any write or chmod: it may be another's file
-            changes = schema.tighten_files(path)
-            catalogue.clean_partial_copies(path)  # a killed upgrade's half-written copy
-            version, copy, more = set_up(conn, path, patience_s, policy, backup=backup, on_give_up=on_give_up)
-            return Opened(conn, version, copy, changes + more)
+                opened = Opened(conn, catalogue.check_read_only(conn, path, read_busy_s))
+            else:
+                catalogue.check_ours(conn, path, force=force)  # before any write or chmod: it may be another's file
+                changes = schema.tighten_files(path)
+                catalogue.clean_partial_copies(path)  # a killed upgrade's half-written copy
+                version, copy, more = set_up(conn, path, patience_s, policy, backup=backup, on_give_up=on_give_up)
+                opened = Opened(conn, version, copy, changes + more)
+        schema.size_cache(conn)  # once the file has been read: the pragma waits on a locked one
+        return opened
     except BaseException:
         conn.close()
         raise

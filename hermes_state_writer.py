@@ -2,9 +2,9 @@
 
 Owns: `RetryPolicy` (jittered retry timing), `retry_on_lock`, `Writer` (the shared
 connection, its lock, the one place that says BEGIN IMMEDIATE / COMMIT / ROLLBACK, the
-callbacks deferred until COMMIT, and its own close), `Transaction` (what a write body is
-handed), `SharedHandles` (the process-wide handles `SessionDB.shared()` counts) and
-`passive_checkpoint`.
+callbacks deferred until COMMIT, and its own close), `Checkpointer` (a writer's PASSIVE
+checkpoints on a thread of their own), `Transaction` (what a write body is handed),
+`SharedHandles` (the process-wide handles `SessionDB.shared()` counts) and `passive_checkpoint`.
 Does not own: opening connections or pragmas (hermes_state_schema), what a write does.
 
 Transaction contract: `Writer.transaction()` retries only the BEGIN, with jittered sleeps
@@ -21,6 +21,7 @@ import random
 import sqlite3
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -111,6 +112,11 @@ class Writer:
         self._busy_ms = int(SQLITE_BUSY_TIMEOUT_S * 1000)
         self._txn_thread: int | None = None
         self._deferred: list[Callable[[], object]] = []
+        # Checkpoints off the write path need a connection of their own, so only a writer with a
+        # separate reader (a file, not :memory:) has them.
+        self.checkpoints = Checkpointer(open_reader) if open_reader is not None else None
+        if self.checkpoints is not None:  # a writer dropped unclosed lets its thread end too
+            weakref.finalize(self, self.checkpoints.stop, False)
 
     def close(self, *, checkpoint: bool = True) -> None:
         """Close the connections (after a PASSIVE checkpoint unless told not to); idempotent."""
@@ -118,6 +124,8 @@ class Writer:
             if self.closed:
                 return
             self.closed = True
+            if self.checkpoints is not None:
+                self.checkpoints.stop()  # waits for a checkpoint under way, and closes its connection
             if self._reader is not None:
                 self._reader.close()
             if checkpoint:
@@ -266,6 +274,13 @@ class Writer:
             raise HermesStateError("after_commit needs an open write transaction of this thread; it has ended")
         self._deferred.append(callback)
 
+    def checkpoint(self, background: bool = True) -> None:
+        """Run a PASSIVE checkpoint: on the checkpoint thread when asked and this writer has one, else here."""
+        if background and self.checkpoints is not None:
+            self.checkpoints.request()
+        else:
+            passive_checkpoint(self.conn)
+
     @contextmanager
     def exclusive(self) -> Iterator[sqlite3.Connection]:
         """Lend the write connection under the lock, outside any transaction (VACUUM, a backup into it)."""
@@ -336,6 +351,59 @@ class SharedHandles:
                 return False
             del self._entries[key]
             return True
+
+
+class Checkpointer:
+    """A writer's PASSIVE checkpoints, run on a thread of their own so that no write waits for their disk syncs.
+
+    A checkpoint copies the frames committed before it began, and SQLite starts the log over at
+    a write only when every frame is copied. While writes keep coming the log therefore grows,
+    until SQLite's automatic checkpoint on the writer's connection (in the COMMIT that takes the
+    log past 1,000 frames) copies the few frames left, and the next write starts the log over.
+    """
+
+    def __init__(self, open_conn: Callable[[], sqlite3.Connection]):
+        self._open_conn = open_conn
+        self._wake = threading.Event()
+        self._guard = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def request(self) -> None:
+        """Start a checkpoint on the thread; asked while one runs, one more starts after it."""
+        with self._guard:
+            if self._stopping:
+                return
+            if self._thread is None or not self._thread.is_alive():  # first use, or a forked child
+                self._thread = threading.Thread(target=self._loop, name="hermes-state-checkpoint", daemon=True)
+                self._thread.start()
+        self._wake.set()
+
+    def _loop(self) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            while True:
+                self._wake.wait()
+                self._wake.clear()
+                if self._stopping:
+                    return
+                if conn is None:
+                    conn = self._open_conn()
+                passive_checkpoint(conn)
+        except sqlite3.Error as exc:  # the connection could not be opened: the next request tries again
+            logger.info("PASSIVE checkpoint skipped: %s", exc)
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def stop(self, wait: bool = True) -> None:
+        """End the thread once the checkpoint it runs (if any) is done; with `wait`, return only then."""
+        with self._guard:
+            self._stopping = True
+            thread = self._thread
+        self._wake.set()
+        if wait and thread is not None and thread is not threading.current_thread():
+            thread.join()
 
 
 def passive_checkpoint(conn: sqlite3.Connection) -> None:

@@ -147,6 +147,7 @@ def test_passive_checkpoint_every_n_writes(db):
     # Opening a current database writes nothing, so this handle's write count starts at zero.
     handle = SessionDB(db.db_path)
     handle.checkpoint_every_n_writes = 5
+    handle.checkpoint_in_background = False  # inline, so the trace shows where (tests/test_checkpoints.py: the thread)
     with handle.tracer() as traced:
         for i in range(12):
             handle.create_session(f"s{i}", "cli")

@@ -1,0 +1,150 @@
+"""The PASSIVE checkpoint every N writes runs on a thread of the handle's own: the write that makes it
+due does not wait for it, nothing is lost, the log stays bounded, and close() and a dropped handle
+end the thread."""
+from __future__ import annotations
+
+import gc
+import os
+import sqlite3
+import struct
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hermes_state import SessionDB
+
+THREAD = "hermes-state-checkpoint"
+
+
+def wal_index(path: Path) -> tuple[int, int]:
+    """(frames in the log, frames copied into the database), read from the -shm file's header.
+
+    The first 48 bytes are the log's header (its frame count at offset 16), repeated once; the
+    checkpoint's record follows at offset 96, starting with the frames it copied. Native byte order.
+    """
+    head = Path(f"{path}-shm").read_bytes()[:100]
+    return struct.unpack_from("=I", head, 16)[0], struct.unpack_from("=I", head, 96)[0]
+
+
+def wait_until(condition, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.005)
+    return condition()
+
+
+def checkpoint_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == THREAD]
+
+
+@pytest.fixture
+def fresh(db):
+    """A new handle on the db fixture's file, whose write count starts at zero."""
+    db.close()
+    handle = SessionDB(db.db_path)
+    yield handle
+    handle.close()
+
+
+def test_the_due_checkpoint_runs_on_the_thread_not_in_the_write(fresh):
+    fresh.checkpoint_every_n_writes = 5
+    with fresh.tracer() as traced:
+        for i in range(5):
+            fresh.create_session(f"s{i}", "cli")
+        # The 5th commit asked for it; the thread copies the log while the handle's own
+        # connections run no checkpoint at all.
+        assert wait_until(lambda: wal_index(fresh.db_path)[1] > 0)
+    frames, copied = wal_index(fresh.db_path)
+    assert copied == frames
+    assert not [s for s in traced if "wal_checkpoint" in s]
+    assert len(checkpoint_threads()) >= 1
+
+
+def test_no_thread_before_a_checkpoint_is_due_nor_for_a_read_only_handle(fresh):
+    before = len(checkpoint_threads())
+    for i in range(3):
+        fresh.create_session(f"s{i}", "cli")  # 3 of 50 writes: nothing due yet
+    reader = SessionDB(fresh.db_path, read_only=True)
+    try:
+        assert reader.get_session("s1") is not None
+        assert len(checkpoint_threads()) == before
+    finally:
+        reader.close()
+
+
+def test_inline_checkpoints_when_asked(fresh):
+    fresh.checkpoint_every_n_writes = 5
+    fresh.checkpoint_in_background = False
+    before = len(checkpoint_threads())
+    with fresh.tracer() as traced:
+        for i in range(5):
+            fresh.create_session(f"s{i}", "cli")
+    assert traced[-1] == "PRAGMA wal_checkpoint(PASSIVE)"  # inside the 5th write, after its COMMIT
+    assert traced[-2] == "COMMIT"
+    assert len(checkpoint_threads()) == before
+
+
+def test_close_waits_for_the_thread_and_removes_the_log(fresh):
+    fresh.checkpoint_every_n_writes = 2
+    for i in range(20):
+        fresh.create_session(f"s{i}", "cli")
+    threads = checkpoint_threads()
+    assert threads
+    fresh.close()
+    for thread in threads:
+        assert not thread.is_alive()
+    # Every connection is closed, so SQLite folded the log into the file and removed it.
+    assert not Path(f"{fresh.db_path}-wal").exists()
+    conn = sqlite3.connect(fresh.db_path)
+    try:
+        assert conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 20
+    finally:
+        conn.close()
+
+
+def test_a_dropped_handle_ends_its_thread(db):
+    db.close()
+    handle = SessionDB(db.db_path)
+    handle.checkpoint_every_n_writes = 2
+    for i in range(4):
+        handle.create_session(f"s{i}", "cli")
+    assert wait_until(lambda: len(checkpoint_threads()) >= 1)
+    mine = checkpoint_threads()
+    del handle
+    gc.collect()
+    assert wait_until(lambda: not any(t.is_alive() for t in mine))
+
+
+def test_writers_on_two_threads_lose_nothing_and_the_log_stays_bounded(fresh, raw_conn):
+    # A checkpoint due every 5th write: the thread is often asked again while it runs, and the
+    # writers never wait for it. While writes keep coming, SQLite's own checkpoint (at 1,000
+    # frames, in the COMMIT that crosses it) copies what the thread left and the log starts over.
+    fresh.checkpoint_every_n_writes = 5
+    fresh.create_session("a", "cli")
+    fresh.create_session("b", "cli")
+    text = "x" * 3000
+    errors: list[BaseException] = []
+
+    def write(sid: str) -> None:
+        try:
+            for i in range(300):
+                fresh.append_message(sid, "user", f"{sid} {i} {text}")
+        except BaseException as exc:  # reported below; a thread's exception would vanish
+            errors.append(exc)
+    writers = [threading.Thread(target=write, args=(sid,)) for sid in ("a", "b")]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join()
+    assert errors == []
+    rival = raw_conn()
+    page = rival.execute("PRAGMA page_size").fetchone()[0]
+    # Thousands of frames were written; the log never held much more than SQLite's threshold.
+    assert os.path.getsize(f"{fresh.db_path}-wal") < 3000 * (page + 24)
+    assert rival.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 600
+    assert rival.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert len(fresh.search_messages("b 299")) >= 1
