@@ -23,12 +23,11 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-import uuid
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Iterable, cast
 
 import hermes_state_fts as fts
-from hermes_state_common import (COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES, check_count, check_id,
+from hermes_state_common import (COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES, check_count, check_id, new_uid,
                                  counter_amounts, decode_json, encode_json, has_surrogate, is_uid, replace_surrogates,
                                  row_dicts)
 from hermes_state_copies import message_list as message_list, with_stored_fields as with_stored_fields
@@ -136,7 +135,7 @@ def _call_ids(calls: Iterable[Any] | None) -> list[str]:
 def issue_tool_call_uids(calls: list | None) -> dict[str, str] | None:
     """Return {tool_call_id: uid} for an assistant turn; repeats of one id share a uid."""
     ids = _call_ids(calls)
-    return {cid: uuid.uuid4().hex for cid in dict.fromkeys(ids)} or None
+    return {cid: new_uid() for cid in dict.fromkeys(ids)} or None
 
 
 def pick_tool_call_uid(value: Any, nth: int) -> str | None:
@@ -249,7 +248,7 @@ def _write_row(conn: sqlite3.Connection, session_id: str, row: dict[str, Any], c
     else:
         require_session(conn, session_id)
     if "message_uid" not in row:
-        row["message_uid"] = uuid.uuid4().hex
+        row["message_uid"] = new_uid()
     if calls and role == "assistant" and "tool_call_uids" not in row:
         issued = issue_tool_call_uids(calls)
         if issued:

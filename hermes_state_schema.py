@@ -21,13 +21,12 @@ import os
 import sqlite3
 import stat
 import sys
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar, cast
 
 from hermes_state_base import CACHE_SIZE_KIB
-from hermes_state_common import (COUNTERS, INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
+from hermes_state_common import (COUNTERS, INDEX_SQL, new_uid, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
                                  SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, logger, object_exists,
                                  recount_sql, table_exists)
 import hermes_state_backfill as backfill
@@ -356,7 +355,7 @@ def backfill_message_uids(conn: sqlite3.Connection) -> int:
     Rows written before message_uid existed get one once, as a fresh insert would. Set-based,
     so an upgrade of a large file costs one pass, not one statement per row.
     """
-    conn.create_function("hermes_new_uid", 0, lambda: uuid.uuid4().hex, deterministic=False)
+    conn.create_function("hermes_new_uid", 0, new_uid, deterministic=False)
     return conn.execute("UPDATE messages SET message_uid = hermes_new_uid() WHERE message_uid IS NULL").rowcount
 
 

@@ -19,7 +19,8 @@ are multiples of the library's batch (256 rows), so the window holds whole batch
 
 `--lever NAME=VALUE` (repeatable) measures a setting other than the library's own, in every
 system of this repository (hermes-agent keeps its own): `batch` (rows per batch), `merge_every` and
-`merge_pages` (the writer's bounded merge: every so many writes, so many pages), and the FTS5
+`merge_pages` (the writer's bounded merge: every so many writes, so many pages), `cache_kib` (each
+connection's page cache), `checkpoint_in_background` (0: the checkpoint inside the write), and the FTS5
 options stored in each index's config, `automerge`, `crisismerge`, `usermerge`, `pgsz`, which the
 library writes into every index of the new file (the floors' files are made by the library too).
 
@@ -41,7 +42,9 @@ SYSTEMS = ("hermes-state", "batched floor", "floor", "hermes-agent")
 FTS_OPTIONS = ("automerge", "crisismerge", "usermerge", "pgsz")
 MODULE_LEVERS = {"batch": ("hermes_state_messages", "BATCH_ROWS"),  # the floor reads hermes_state_fts_tail's
                  "merge_every": ("hermes_state_fts", "MERGE_EVERY_N_WRITES"),
-                 "merge_pages": ("hermes_state_fts", "MERGE_PAGES")}
+                 "merge_pages": ("hermes_state_fts", "MERGE_PAGES"),
+                 "cache_kib": ("hermes_state_schema", "CACHE_SIZE_KIB"),  # each connection's page cache
+                 "checkpoint_in_background": ("hermes_state", "SessionDB.checkpoint_in_background")}
 
 
 def parse_lever(text: str) -> tuple[str, int]:
@@ -59,7 +62,9 @@ def set_levers(levers: dict[str, int]) -> None:
     for name, value in levers.items():
         if name in MODULE_LEVERS:
             module, constant = MODULE_LEVERS[name]
-            setattr(importlib.import_module(module), constant, value)
+            owner, _, attribute = constant.rpartition(".")  # "Class.attribute" names a class attribute
+            target = importlib.import_module(module)
+            setattr(getattr(target, owner) if owner else target, attribute, value)
             if name == "batch":
                 setattr(importlib.import_module("hermes_state_fts_tail"), constant, value)
     options = dict(fts.FTS_OPTIONS)

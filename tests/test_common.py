@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import uuid
 
 import pytest
 from hypothesis import given, settings
@@ -82,6 +83,18 @@ def test_table_exists_and_uids():
     conn.execute("CREATE TABLE present (x)")
     assert common.table_exists(conn, "present") and not common.table_exists(conn, "absent")
     assert common.is_uid("0" * 32) and not common.is_uid("0" * 31) and not common.is_uid(None)
+
+
+def test_new_uids_are_uuid4_hex_and_distinct():
+    uids = [common.new_uid() for _ in range(2000)]
+    assert len(set(uids)) == len(uids)
+    for uid in uids:
+        assert common.is_uid(uid)
+        parsed = uuid.UUID(hex=uid)
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and parsed.hex == uid
+    # The random bits vary: every hex position but the version digit takes several values.
+    varying = [len({u[i] for u in uids}) for i in range(32)]
+    assert varying[12] == 1 and all(n > 1 for i, n in enumerate(varying) if i != 12)
 
 
 _ROW = st.tuples(st.sampled_from(["user", "assistant", "tool"]), st.sampled_from([0, 1]),
