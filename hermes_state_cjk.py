@@ -51,7 +51,7 @@ def cjk_index_text(text: str) -> str:
         pieces.extend(_run_terms(match.group()))
         pos = match.end()
     pieces.append(text[pos:].strip())
-    return " ".join(p for p in pieces if p)
+    return " ".join(filter(None, pieces))  # the non-empty pieces
 
 
 def cjk_query_text(text: str) -> tuple[str, bool]:

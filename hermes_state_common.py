@@ -245,7 +245,7 @@ class Column:
 
     def check(self, value: Any) -> Any:
         """Return a caller's (non-None) value as stored, or raise ValueError naming the column."""
-        return COLUMN_RULES[cast(str, self.rule)](self.name, value)  # only columns with a rule are checked
+        return COLUMN_RULES[self.rule](self.name, value)  # type: ignore[index]  # only columns with a rule are checked
 
 
 @dataclass(frozen=True)
@@ -494,7 +494,7 @@ def recount_sql(columns: tuple[str, ...] | None = None) -> str:
 
 def counter_amounts(role: str, tool_calls: Any) -> tuple[int, ...]:
     """Return what one live row adds to each counter, in COUNTERS order (COUNTER_ADD_SQL's parameters)."""
-    return tuple(c.adds(role, tool_calls) for c in COUNTERS)
+    return tuple([c.adds(role, tool_calls) for c in COUNTERS])  # a list: no generator resumed per counter
 
 
 # An assignment list for UPDATE sessions SET ...: the live generation is empty again.

@@ -20,16 +20,17 @@ validated before the first statement that changes anything. Reads run under the 
 """
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import time
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Iterable, cast
+from typing import Any, Callable, Iterable
 
 import hermes_state_fts as fts
-from hermes_state_common import (COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES, check_count, check_id, new_uid,
-                                 counter_amounts, decode_json, encode_json, has_surrogate, is_uid, replace_surrogates,
-                                 row_dicts)
+from hermes_state_common import (COLUMN_RULES, COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES, check_count, check_id,
+                                 counter_amounts, decode_json, encode_json, has_surrogate, is_uid, new_uid,
+                                 replace_surrogates, row_dicts)
 from hermes_state_copies import message_list as message_list, with_stored_fields as with_stored_fields
 from hermes_state_errors import SessionClosedByCompressionError, SessionCompressionInProgressError, SessionNotFoundError
 from hermes_state_holders import lock_is_live
@@ -40,8 +41,8 @@ from hermes_state_sessions import ARCHIVE_LIFT_SQL, require_session, reset_count
 
 # Set by insert_message's arguments, never by the fields themselves.
 _POSITIONAL = frozenset({"session_id", "active", "compacted"})
-# How each column a caller may give is checked and encoded: by its declared rule.
-_CHECK = {c.name: c.check for c in MESSAGES.columns if c.rule is not None}
+# How each column a caller may give is checked and encoded: its declared rule, bound to its name.
+_CHECK = {c.name: functools.partial(COLUMN_RULES[c.rule], c.name) for c in MESSAGES.columns if c.rule is not None}
 _WRITABLE = frozenset(_CHECK)
 # Keys a conversation dict or a get_messages row may carry: renamed, or decided by the arguments.
 _ALIASES = {"name": "tool_name", "_tool_call_uids": "tool_call_uids", "_tool_call_uid": "tool_call_uid",
@@ -261,7 +262,8 @@ def _write_row(conn: sqlite3.Connection, session_id: str, row: dict[str, Any], c
     queued = reserve_id(conn)
     if queued is not None:
         row["id"] = queued
-    row_id = cast(int, conn.execute(_insert_sql(tuple(row)), tuple(row.values())).lastrowid)  # an INSERT sets it
+    # An INSERT sets lastrowid (typed Optional for other statements).
+    row_id: int = conn.execute(_insert_sql(tuple(row)), tuple(row.values())).lastrowid  # type: ignore[assignment]
     if queued is not None:
         after_insert(conn)
     return row_id

@@ -1,8 +1,8 @@
 """The write path: the retrying BEGIN IMMEDIATE transaction and WAL upkeep.
 
 Owns: `RetryPolicy` (jittered retry timing), `retry_on_lock`, `Writer` (the shared
-connection, its lock, the one place that says BEGIN IMMEDIATE / COMMIT / ROLLBACK, the
-callbacks deferred until COMMIT, and its own close), `Checkpointer` (a writer's PASSIVE
+connection, its lock, the callbacks deferred until COMMIT, and its own close),
+`WriteTransaction` (the one place that says BEGIN IMMEDIATE / COMMIT / ROLLBACK), `Checkpointer` (a writer's PASSIVE
 checkpoints on a thread of their own), `Transaction` (what a write body is handed),
 `SharedHandles` (the process-wide handles `SessionDB.shared()` counts) and `passive_checkpoint`.
 Does not own: opening connections or pragmas (hermes_state_schema), what a write does.
@@ -206,42 +206,20 @@ class Writer:
         """Return True when the calling thread is inside this writer's transaction."""
         return self._txn_thread == threading.get_ident()
 
-    @contextmanager
-    def transaction(self, patience_s: float, policy: RetryPolicy | None = None) -> Iterator[sqlite3.Connection]:
+    def transaction(self, patience_s: float, policy: RetryPolicy | None = None) -> WriteTransaction:
         """Run the body once inside BEGIN IMMEDIATE ... COMMIT, retrying only the BEGIN.
 
         Any exception, KeyboardInterrupt included, raised after the BEGIN and before the COMMIT
         rolls back and frees the connection for the next write. Callbacks handed to `defer()`
         run after the COMMIT, once the lock is released, in order; a rollback drops them.
         """
-        if self.in_transaction_here():
-            # A nested call from inside a transaction joins it: one all-or-nothing unit.
-            yield self.conn
-            return
-        started = self.clock()
-        committed = False
-        try:
-            try:
-                self._begin(patience_s)  # the usual case: the lock is free at once
-            except sqlite3.OperationalError as exc:
-                if not is_sqlite_lock_error(exc):
-                    raise
-                self._begin_after_busy(exc, started, patience_s, policy or RetryPolicy())
-            yield self.conn
-            self.conn.execute("COMMIT")
-            committed = True
-            self.writes += 1
-            for hook in self.after_commit:
-                hook(self.conn, self.writes)
-        except BaseException:
-            if self.in_transaction_here() and self.conn.in_transaction:
-                self.conn.execute("ROLLBACK")
-            raise
-        finally:
-            deferred = self._end()
-        if committed:
-            for callback in deferred:
-                callback()
+        return WriteTransaction(self, patience_s, policy)
+
+    def _roll_back_here(self) -> None:
+        # Roll back the transaction this thread began, if it is still open (a failed COMMIT leaves it so).
+        # This thread's first: a connection that close() closed must not be touched.
+        if self.in_transaction_here() and self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
 
     def _begin_after_busy(self, busy: sqlite3.OperationalError, started: float, patience_s: float,
                           policy: RetryPolicy) -> None:
@@ -308,6 +286,66 @@ class Writer:
             finally:
                 if conn.in_transaction:
                     conn.execute("COMMIT")
+
+
+class WriteTransaction:
+    """`Writer.transaction()`'s context manager: BEGIN IMMEDIATE on entry; COMMIT (or ROLLBACK) and the callbacks on exit.
+
+    A class rather than a generator: every write enters one, and a generator-based context
+    manager costs several times as much to enter and leave.
+    """
+
+    __slots__ = ("writer", "patience_s", "policy", "nested", "open")
+
+    def __init__(self, writer: Writer, patience_s: float, policy: RetryPolicy | None):
+        self.writer, self.patience_s, self.policy, self.nested, self.open = writer, patience_s, policy, False, False
+
+    def __enter__(self) -> sqlite3.Connection:
+        writer = self.writer
+        if writer.in_transaction_here():
+            # A nested call from inside a transaction joins it: one all-or-nothing unit.
+            self.nested = True
+            return writer.conn
+        started = writer.clock()
+        try:
+            try:
+                writer._begin(self.patience_s)  # the usual case: the lock is free at once
+            except sqlite3.OperationalError as exc:
+                if not is_sqlite_lock_error(exc):
+                    raise
+                writer._begin_after_busy(exc, started, self.patience_s, self.policy or RetryPolicy())
+            self.open = True
+            return writer.conn
+        except BaseException:  # an interrupt just after a BEGIN that succeeded: let go of it
+            writer._roll_back_here()
+            writer._end()
+            raise
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if self.nested:
+            return
+        writer = self.writer
+        try:
+            if exc_type is None:
+                writer.conn.execute("COMMIT")
+                writer.writes += 1
+                for hook in writer.after_commit:
+                    hook(writer.conn, writer.writes)
+        finally:
+            writer._roll_back_here()  # the body failed, the COMMIT failed or an interrupt came: none stays open
+            deferred = writer._end()
+            self.open = False  # only now: an interrupt before this line leaves __del__ to let go
+        if exc_type is None:
+            for callback in deferred:
+                callback()
+
+    def __del__(self) -> None:
+        # Entered and never exited: an interrupt landed between the entry and the `with` block
+        # taking over (a tracer can put one there). Let go of the transaction, as the `with` would.
+        if self.open:
+            self.open = False
+            self.writer._roll_back_here()
+            self.writer._end()
 
 
 class Transaction:
