@@ -398,7 +398,11 @@ class Checkpointer:
     a write only when every frame is copied. While writes keep coming the log therefore grows,
     until SQLite's automatic checkpoint on the writer's connection (in the COMMIT that takes the
     log past 1,000 frames) copies the few frames left, and the next write starts the log over.
+    The thread ends after `IDLE_S` without a checkpoint to run (the next one starts another), so
+    a process between bursts of writes holds no extra thread that a fork would copy.
     """
+
+    IDLE_S = 2.0
 
     def __init__(self, open_conn: Callable[[], sqlite3.Connection]):
         self._open_conn = open_conn
@@ -412,16 +416,21 @@ class Checkpointer:
         with self._guard:
             if self._stopping:
                 return
-            if self._thread is None or not self._thread.is_alive():  # first use, or a forked child
+            if self._thread is None or not self._thread.is_alive():  # first use, after an idle end, or a forked child
                 self._thread = threading.Thread(target=self._loop, name="hermes-state-checkpoint", daemon=True)
                 self._thread.start()
-        self._wake.set()
+            self._wake.set()  # under the guard: a thread deciding to end sees it
 
     def _loop(self) -> None:
         conn: sqlite3.Connection | None = None
         try:
             while True:
-                self._wake.wait()
+                if not self._wake.wait(self.IDLE_S):
+                    with self._guard:
+                        if not self._wake.is_set():  # nothing asked meanwhile: end; a request starts a new thread
+                            if self._thread is threading.current_thread():
+                                self._thread = None
+                            return
                 self._wake.clear()
                 if self._stopping:
                     return

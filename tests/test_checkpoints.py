@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from hermes_state import SessionDB
+from hermes_state_writer import Checkpointer
 
 THREAD = "hermes-state-checkpoint"
 
@@ -104,6 +105,25 @@ def test_close_waits_for_the_thread_and_removes_the_log(fresh):
         assert conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0] == 20
     finally:
         conn.close()
+
+
+def test_an_idle_thread_ends_and_the_next_checkpoint_starts_another(fresh, monkeypatch):
+    monkeypatch.setattr(Checkpointer, "IDLE_S", 0.05)
+    fresh.checkpoint_every_n_writes = 2
+    for i in range(2):
+        fresh.create_session(f"s{i}", "cli")
+    assert wait_until(lambda: wal_index(fresh.db_path)[1] > 0)
+    first = checkpoint_threads()
+    # No checkpoint to run for longer than IDLE_S: the thread ends (a fork now copies none).
+    assert wait_until(lambda: not any(t.is_alive() for t in first))
+    for i in range(2, 4):
+        fresh.create_session(f"s{i}", "cli")  # the first of these starts the log over (all of it was copied)
+
+    def copied_again() -> bool:
+        frames, copied = wal_index(fresh.db_path)
+        return frames > 0 and copied == frames
+    assert wait_until(copied_again)  # a new thread ran the next checkpoint: nothing else copies 2 writes' frames
+    assert fresh.get_session("s3") is not None
 
 
 def test_a_dropped_handle_ends_its_thread(db):
