@@ -20,7 +20,6 @@ validated before the first statement that changes anything. Reads run under the 
 """
 from __future__ import annotations
 
-import functools
 import json
 import sqlite3
 import time
@@ -28,7 +27,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Callable, Iterable
 
 import hermes_state_fts as fts
-from hermes_state_common import (COLUMN_RULES, COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES, check_count, check_id,
+from hermes_state_common import (COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES, check_count, check_id,
                                  counter_amounts, decode_json, encode_json, has_surrogate, is_uid, new_uid,
                                  replace_surrogates, row_dicts)
 from hermes_state_copies import message_list as message_list, with_stored_fields as with_stored_fields
@@ -42,7 +41,7 @@ from hermes_state_sessions import ARCHIVE_LIFT_SQL, require_session, reset_count
 # Set by insert_message's arguments, never by the fields themselves.
 _POSITIONAL = frozenset({"session_id", "active", "compacted"})
 # How each column a caller may give is checked and encoded: its declared rule, bound to its name.
-_CHECK = {c.name: functools.partial(COLUMN_RULES[c.rule], c.name) for c in MESSAGES.columns if c.rule is not None}
+_CHECK = {c.name: c.checker() for c in MESSAGES.columns if c.rule is not None}
 _WRITABLE = frozenset(_CHECK)
 # Keys a conversation dict or a get_messages row may carry: renamed, or decided by the arguments.
 _ALIASES = {"name": "tool_name", "_tool_call_uids": "tool_call_uids", "_tool_call_uid": "tool_call_uid",

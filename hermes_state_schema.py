@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Callable, Iterator, TypeVar, cast
 
 from hermes_state_base import CACHE_SIZE_KIB
-from hermes_state_common import (COUNTERS, INDEX_SQL, new_uid, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
-                                 SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, logger, object_exists,
-                                 recount_sql, table_exists)
+from hermes_state_common import (COUNTERS, INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
+                                 SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, logger, new_uid,
+                                 object_exists, recount_sql, table_exists)
 import hermes_state_backfill as backfill
 from hermes_state_backfill import default_sql, rebuild_to_declared, table_columns  # noqa: F401 (re-exported)
 from hermes_state_titles import free_duplicate_titles
