@@ -41,6 +41,31 @@ PAGE_SIZE = 8192
 CACHE_SIZE_KIB = 16384
 DAY_S = 86400.0  # seconds in a day, for the day-counted policies (pruning, the idle sweep)
 
+
+def has_wal_reset_bug(version: tuple[int, int, int]) -> bool:
+    """Tell whether SQLite `version` has the WAL-reset bug (3.7.0 to 3.51.2; fixed in 3.51.3, 3.50.7 and 3.44.6)."""
+    if not (3, 7, 0) <= version < (3, 51, 3):
+        return False
+    return not ((3, 50, 7) <= version < (3, 51, 0) or (3, 44, 6) <= version < (3, 45, 0))
+
+
+# SQLite documents a race in these versions: two connections checkpointing, or one checkpointing
+# while another's commit starts the log over, can leave the log's index wrong, and a later
+# checkpoint then skips committed pages (sqlite.org/wal.html, "the WAL-reset bug"). The library
+# reads the linked version once; on an affected build a process never gets a second checkpointing
+# connection of the library's own.
+WAL_RESET_BUG = has_wal_reset_bug(sqlite3.sqlite_version_info)
+
+
+def wal_reset_advice() -> str:
+    """Return the sentence that says the linked SQLite has the WAL-reset bug, what the library does, and the remedy."""
+    return (f"the SQLite this Python links ({sqlite3.sqlite_version}) has the WAL-reset bug (3.7.0 to 3.51.2), "
+            "which can corrupt a WAL database when two connections checkpoint or write at the same moment; "
+            "hermes-state therefore runs every checkpoint on the writing connection itself, but other "
+            "processes sharing the file can still meet it. Remedy: a Python whose sqlite3 links SQLite "
+            "3.51.3 or newer (or the fixed 3.50.7 / 3.44.6); pysqlite3-binary 0.5.4 bundles 3.51.1, which is "
+            "still affected")
+
 # A module function's dict parameter that its public method takes as keyword arguments:
 # `db.update_session(sid, title="x")` reaches `update_session(conn, sid, columns={"title": "x"})`.
 # The facade's method table reads this annotation (`Keywords`, or `Keywords | None`) from the

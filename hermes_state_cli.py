@@ -30,6 +30,7 @@ import hermes_state_serve as serve
 from hermes_state_commands import age, emit, existing_db, non_negative, open_db, parse_when, written_atomically
 from hermes_state_errors import HermesStateError, ProfileNotFoundError, SessionNotFoundError
 from hermes_state_home import _apply_profile_override, display_hermes_home, hermes_home_override, profile_home
+from hermes_state_writer import note_wal_reset_bug
 
 # Global flags, accepted before or after the command (as sqlite-utils and `llm logs` users type them).
 _FLAGS = {"--json": "json", "--nl": "nl", "--csv": "csv", "--debug": "debug", "--version": "version"}
@@ -562,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     # An ASCII locale decodes a typed "東京" into surrogate escapes; the bytes themselves are UTF-8.
     argv = [os.fsencode(a).decode("utf-8", "surrogateescape") for a in sys.argv[1:]] if argv is None else list(argv)
     _fit_output()
+    note_wal_reset_bug(said_elsewhere=True)  # `doctor` reports it; every other command stays quiet about it
     try:
         args = _parse(argv)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)

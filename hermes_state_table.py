@@ -37,7 +37,6 @@ from typing import (TYPE_CHECKING, Any, AsyncIterator, Callable, Concatenate, Ge
 import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_fts as fts
-import hermes_state_fts_tail as fts_tail
 import hermes_state_messages as messages
 import hermes_state_schema as schema
 import hermes_state_upgrade as upgrade
@@ -94,9 +93,8 @@ class Entry(Generic[P, R]):
     """
 
     def __init__(self, kind: Kind, function: Callable[Concatenate[Any, P], R], *, unknown: Any = ASK,
-                 pack: str | None = None, indexed: bool = False):
+                 pack: str | None = None):
         params = list(inspect.signature(function).parameters.values())
-        self.indexed = indexed  # a read of the full-text indexes: the handle indexes the rows it queued first
         self.txn = _takes_txn(kind, function, params, unknown)
         pack = keywords_parameter(params) if pack is None else pack
         self.kind, self.function, self.unknown, self.pack = kind, function, unknown, pack
@@ -229,11 +227,55 @@ HERMES_AGENT_ALIASES = MappingProxyType({agents: public for public, agents in KN
 TWINS = {**KNOBS, **HERMES_AGENT_ALIASES}
 
 
+def _seconds(name: str, value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__} {common.shown(value)}")
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"{name} must be a finite number of seconds, 0 or more, not {value!r}")
+    return value
+
+
+def _cadence(name: str, value: Any) -> Any:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TypeError(f"{name} must be a whole number of writes (0 or None: never), not "
+                        f"{type(value).__name__} {common.shown(value)}")
+    if value is not None and value < 0:
+        raise ValueError(f"{name} must be 0 or more (0 or None: never), not {value}")
+    return value
+
+
+def _rows(name: str, value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise (ValueError if isinstance(value, int) and not isinstance(value, bool) else TypeError)(
+            f"{name} must be a whole number of rows, 1 or more, not {common.shown(value)}")
+    return value
+
+
+def _flag(name: str, value: Any) -> Any:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, not {type(value).__name__} {common.shown(value)}")
+    return value
+
+
+# What each knob accepts, checked when it is set (on the class or one handle): a bad value is refused
+# there, with its name, instead of failing every later write, perhaps after that write's COMMIT.
+KNOB_RULES: dict[str, Callable[[str, Any], Any]] = {
+    **{name: _seconds for name in KNOBS if name.endswith("_s")},
+    "checkpoint_every_n_writes": _cadence, "optimize_every_n_writes": _cadence,
+    "fts_rebuild_chunk_rows": _rows, "fts_rebuild_in_background": _flag, "checkpoint_in_background": _flag}
+
+
+def check_knob(name: str, value: Any) -> Any:
+    """Return `value` if the knob `name` (public or hermes-agent's name) accepts it; else raise TypeError or ValueError."""
+    rule = KNOB_RULES.get(HERMES_AGENT_ALIASES.get(name, name))
+    return value if rule is None else rule(name, value)
+
+
 class Knobs(type):
     """Keeps each knob's two names equal on a class: setting or deleting one does the same to the other."""
 
     def __setattr__(cls, name: str, value: Any) -> None:
-        super().__setattr__(name, value)
+        super().__setattr__(name, check_knob(name, value))
         if name in TWINS:
             super().__setattr__(TWINS[name], value)
 
@@ -283,7 +325,7 @@ class Handle(metaclass=Knobs):
     mode_changes: list[str]
 
     def __setattr__(self, name: str, value: Any) -> None:  # one handle's knob: both names, as on the class
-        object.__setattr__(self, name, value)
+        object.__setattr__(self, name, check_knob(name, value))
         if name in TWINS:
             object.__setattr__(self, TWINS[name], value)
 
@@ -360,8 +402,8 @@ class Handle(metaclass=Knobs):
             return
         if self._fts is not None:
             self._fts.stop()
-        if not self.read_only:  # the rows this handle queued, so other programs' searches find them
-            fts_tail.flush(self._writer, 0.0, self._policy())  # one try: a busy file indexes them at the next open
+        if not self.read_only and not self._writer.closed:  # the rows this handle queued, for other programs
+            fts.flush_queue(self._writer, self._policy())
         self._closed = True
         self._writer.close(checkpoint=not self.read_only)
 
@@ -389,8 +431,8 @@ class Handle(metaclass=Knobs):
 
     @property
     def closed(self) -> bool:
-        """True once this handle is closed (for a shared handle: once its last user released it)."""
-        return self._closed
+        """True once this handle is closed (for a shared handle: once its last user released it; in a forked child: always)."""
+        return self._closed or self._writer.closed
 
     @property
     def in_transaction(self) -> bool:
@@ -444,7 +486,8 @@ class Handle(metaclass=Knobs):
         log_write_lock_holders(self.db_path, patience_s)
 
     def _upkeep(self, conn: sqlite3.Connection, writes: int) -> None:
-        if writes % self.checkpoint_every_n_writes == 0:
+        every = self.checkpoint_every_n_writes  # 0 or None: never (SQLite's own automatic checkpoint remains)
+        if every and writes % every == 0:
             self._writer.checkpoint(background=self.checkpoint_in_background)
         # The cadences are checked here, so the usual write never enters the FTS module.
         if writes % fts.MERGE_EVERY_N_WRITES == 0:  # a bounded FTS merge every 1,000 writes
@@ -454,9 +497,12 @@ class Handle(metaclass=Knobs):
             # After the lock is let go, in its own transaction; by name, so a caller's replacement runs.
             self._writer.defer(lambda: fts.optimize_quietly(lambda: getattr(self, "optimize_fts")()))
 
+    def _refuse_if_closed(self) -> None:
+        if self._closed or self._writer.closed:  # the writer alone is closed in a forked child
+            raise HermesStateError(self._writer.closed_reason or f"SessionDB for {self.db_path} is closed")
+
     def _check_writable(self) -> None:
-        if self._closed:
-            raise HermesStateError(f"SessionDB for {self.db_path} is closed")
+        self._refuse_if_closed()
         if self.read_only:
             raise ReadOnlyError(f"{self.db_path} was opened read-only; open it without read_only to write")
         if self.schema_version is not None and self.schema_version > SCHEMA_VERSION:
@@ -486,8 +532,7 @@ class Handle(metaclass=Knobs):
 
     @contextmanager
     def _read(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
-        if self._closed:
-            raise HermesStateError(f"SessionDB for {self.db_path} is closed")
+        self._refuse_if_closed()
         try:
             with self._writer.reading(snapshot) as conn:
                 yield conn
@@ -500,8 +545,6 @@ class Handle(metaclass=Knobs):
             return entry.answer_unknown(key)
         if kwargs or entry.pack is not None:  # positional arguments pass as they are
             args, kwargs = entry.arguments(args, kwargs)
-        if entry.indexed and not self.read_only and not self._closed:
-            fts_tail.flush(self._writer, 0.0, self._policy())  # one try; a busy file: the search scans them
         if entry.kind in READS:
             with self._read(snapshot=entry.kind == "snapshot") as conn:
                 return entry.function(conn, *args, **kwargs)

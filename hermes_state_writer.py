@@ -4,16 +4,19 @@ Owns: `RetryPolicy` (jittered retry timing), `retry_on_lock`, `Writer` (the shar
 connection, its lock, the callbacks deferred until COMMIT, and its own close),
 `WriteTransaction` (the one place that says BEGIN IMMEDIATE / COMMIT / ROLLBACK), `Checkpointer` (a writer's PASSIVE
 checkpoints on a thread of their own), `Transaction` (what a write body is handed),
-`SharedHandles` (the process-wide handles `SessionDB.shared()` counts) and `passive_checkpoint`.
-Does not own: opening connections or pragmas (hermes_state_schema), what a write does.
+`SharedHandles` (the process-wide handles `SessionDB.shared()` counts), `passive_checkpoint`, and
+what becomes of a writer in a forked child (it refuses every use).
+Does not own: opening connections or pragmas (hermes_state_schema), what a write does, the fork
+gate every stretch of SQLite work passes (hermes_state_fork).
 
 Transaction contract: `Writer.transaction()` retries only the BEGIN, with jittered sleeps
 taken while NOT holding the Python lock, runs its body exactly once, commits or rolls back,
 and raises `SessionPersistenceError(code="session_persistence_failed:locked")` from the
 SQLite error when patience runs out. A nested call from the same thread joins the open
 transaction. An exception of any kind between BEGIN and COMMIT (KeyboardInterrupt too) rolls
-back and leaves the connection ready for the next write. Time, sleep and randomness are
-injectable, so retry tests never really wait.
+back and leaves the connection ready for the next write. Once COMMIT has returned, nothing the
+writer runs (its upkeep hooks) can turn the committed write into an error. Time, sleep and
+randomness are injectable, so retry tests never really wait.
 """
 from __future__ import annotations
 
@@ -26,10 +29,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from hermes_state_common import (SQLITE_BUSY_TIMEOUT_S, WRITE_RETRY_FAST_WINDOW_S, WRITE_RETRY_MAX_S,
-                                 WRITE_RETRY_MIN_S, WRITE_RETRY_SLOW_MAX_S, WRITE_RETRY_SLOW_MIN_S, logger)
+import hermes_state_fork as fork
+from hermes_state_common import (SQLITE_BUSY_TIMEOUT_S, WAL_RESET_BUG, WRITE_RETRY_FAST_WINDOW_S, WRITE_RETRY_MAX_S,
+                                 WRITE_RETRY_MIN_S, WRITE_RETRY_SLOW_MAX_S, WRITE_RETRY_SLOW_MIN_S, logger,
+                                 wal_reset_advice)
 from hermes_state_errors import HermesStateError, SessionPersistenceError, is_sqlite_lock_error
-
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -49,7 +53,7 @@ class RetryPolicy:
 
 
 def retry_on_lock(attempt: Callable[[], Any], patience_s: float, policy: RetryPolicy, *,
-                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], object] = time.sleep,
                   rng: random.Random | None = None, before_attempt: Callable[[float], None] | None = None,
                   on_give_up: Callable[[], None] | None = None, start: float | None = None,
                   failed: sqlite3.OperationalError | None = None) -> Any:
@@ -85,6 +89,25 @@ def retry_on_lock(attempt: Callable[[], Any], patience_s: float, policy: RetryPo
             error = exc
 
 
+class Cancelled(HermesStateError):
+    """A background write gave up waiting because its owner is closing (never reaches a caller of the library)."""
+
+
+# Whether a writer may run its checkpoints on a connection of their own: a second checkpointing
+# connection in the process is exactly the pattern the WAL-reset bug needs, so not on such a build.
+SECOND_CHECKPOINTER = not WAL_RESET_BUG
+WAL_RESET_SAID = threading.Event()  # set once the WAL-reset bug was said in this process
+
+
+def note_wal_reset_bug(*, said_elsewhere: bool = False) -> None:
+    """Log, once per process, that the linked SQLite has the WAL-reset bug; `said_elsewhere` only marks it said."""
+    # The command line says it in `doctor` instead of on every command's stderr.
+    if WAL_RESET_BUG and not WAL_RESET_SAID.is_set():
+        WAL_RESET_SAID.set()
+        if not said_elsewhere:
+            logger.warning("%s", wal_reset_advice())
+
+
 class Writer:
     """The shared connection, its lock, and the retrying BEGIN IMMEDIATE transaction."""
 
@@ -109,14 +132,30 @@ class Writer:
         # they do periodic upkeep (PASSIVE checkpoint, FTS merge) and must not raise.
         self.after_commit: list[Callable[[sqlite3.Connection, int], None]] = []
         self.closed = False
+        self.closed_reason: str | None = None  # why a closed writer refuses work, when not close() (a fork)
         self._busy_ms = int(SQLITE_BUSY_TIMEOUT_S * 1000)
         self._txn_thread: int | None = None
         self._deferred: list[Callable[[], object]] = []
         # Checkpoints off the write path need a connection of their own, so only a writer with a
-        # separate reader (a file, not :memory:) has them.
-        self.checkpoints = Checkpointer(open_reader) if open_reader is not None else None
+        # separate reader (a file, not :memory:) has them, and only where a second checkpointing
+        # connection is safe.
+        self.checkpoints = Checkpointer(open_reader) if open_reader is not None and SECOND_CHECKPOINTER else None
         if self.checkpoints is not None:  # a writer dropped unclosed lets its thread end too
             weakref.finalize(self, self.checkpoints.stop, False)
+        if open_reader is not None:
+            note_wal_reset_bug()
+        fork.tell_child(self)
+
+    def after_fork_in_child(self, parent: int) -> None:
+        """In a forked child: refuse every later use of this writer, and never touch its connections again."""
+        if self.closed:
+            return
+        self.closed = True
+        self.closed_reason = (f"this SessionDB was opened by process {parent} before os.fork(), and a SQLite "
+                              "connection cannot cross a fork; open a new SessionDB in this process")
+        self.lock, self.read_lock = threading.RLock(), threading.RLock()  # a parent thread may have held them
+        self._txn_thread, self._deferred = None, []
+        fork.INHERITED.extend(conn for conn in (self.conn, self._reader) if conn is not None)
 
     def close(self, *, checkpoint: bool = True) -> None:
         """Close the connections (after a PASSIVE checkpoint unless told not to); idempotent."""
@@ -126,11 +165,12 @@ class Writer:
             self.closed = True
             if self.checkpoints is not None:
                 self.checkpoints.stop()  # waits for a checkpoint under way, and closes its connection
-            if self._reader is not None:
-                self._reader.close()
-            if checkpoint:
-                passive_checkpoint(self.conn)
-            self.conn.close()
+            with fork.GATE.work():  # after the thread's end: its last checkpoint may need the gate
+                if self._reader is not None:
+                    self._reader.close()
+                if checkpoint:
+                    passive_checkpoint(self.conn)
+                self.conn.close()
 
     @contextmanager
     def tracing(self, callback: Callable[[str], None] | None = None) -> Iterator[list[str]]:
@@ -162,32 +202,37 @@ class Writer:
             self._reader = self._open_reader()
         return self._reader
 
-    def _cap_busy_timeout(self, remaining_s: float) -> None:
+    def _cap_busy_timeout(self, remaining_s: float, cap_s: float = SQLITE_BUSY_TIMEOUT_S) -> None:
         # SQLite's own busy wait is 1 s, but never longer than the patience left, so a
         # 0.5 s activity write cannot block for a whole second. Runs under the lock.
-        want = max(0, min(int(SQLITE_BUSY_TIMEOUT_S * 1000), int(remaining_s * 1000)))
+        want = max(0, min(int(cap_s * 1000), int(remaining_s * 1000)))
         if want != self._busy_ms:
             self.conn.execute(f"PRAGMA busy_timeout = {want}")
             self._busy_ms = want
 
     def _check_open(self) -> None:
         if self.closed:
-            raise HermesStateError("this SessionDB is closed; open a new one")
+            raise HermesStateError(self.closed_reason or "this SessionDB is closed; open a new one")
 
-    def _begin(self, remaining_s: float) -> None:
+    def _begin(self, remaining_s: float, background: bool = False) -> None:
         # Another thread of this process may hold the connection; waiting for it counts
         # against this write's patience like waiting for another process does. Every line from
         # the lock on is covered by the handler: an interrupt anywhere here (a KeyboardInterrupt)
-        # leaves neither the Python lock held nor a transaction open.
-        started, held, was_open = self.clock(), False, True
+        # leaves neither the Python lock held nor a transaction open. The fork gate is held from
+        # the Python lock on, until the lock is let go. A library thread's write (`background`)
+        # waits on SQLite in short steps so that its owner's close() never waits long for it.
+        started, held, gated, was_open = self.clock(), False, False, True
         try:
             held = self.lock.acquire(timeout=max(remaining_s, 0.0))
             if not held:
                 busy = sqlite3.OperationalError("database is locked (another thread of this process is writing)")
                 busy.sqlite_errorcode = 5  # type: ignore[attr-defined]
                 raise busy
+            fork.GATE.enter()  # after the Python lock: a thread that forks holding it is not waited for
+            gated = True
             self._check_open()
-            self._cap_busy_timeout(remaining_s - (self.clock() - started))
+            self._cap_busy_timeout(remaining_s - (self.clock() - started),
+                                   BACKGROUND_BUSY_S if background else SQLITE_BUSY_TIMEOUT_S)
             was_open = self.conn.in_transaction
             self.conn.execute("BEGIN IMMEDIATE")
             self._txn_thread = threading.get_ident()
@@ -195,6 +240,8 @@ class Writer:
             if held:
                 if not was_open and self.conn.in_transaction:
                     self.conn.execute("ROLLBACK")
+                if gated:
+                    fork.GATE.leave()
                 self.lock.release()  # never sleep between retries holding the Python lock
             raise
 
@@ -206,14 +253,17 @@ class Writer:
         """Return True when the calling thread is inside this writer's transaction."""
         return self._txn_thread == threading.get_ident()
 
-    def transaction(self, patience_s: float, policy: RetryPolicy | None = None) -> WriteTransaction:
+    def transaction(self, patience_s: float, policy: RetryPolicy | None = None, *,
+                    stop: threading.Event | None = None, quiet: bool = False) -> WriteTransaction:
         """Run the body once inside BEGIN IMMEDIATE ... COMMIT, retrying only the BEGIN.
 
         Any exception, KeyboardInterrupt included, raised after the BEGIN and before the COMMIT
         rolls back and frees the connection for the next write. Callbacks handed to `defer()`
         run after the COMMIT, once the lock is released, in order; a rollback drops them.
+        `stop` marks a library thread's write: it gives up (Cancelled) as soon as `stop` is set.
+        `quiet` is for upkeep that fails softly: running out of patience logs no lock holders.
         """
-        return WriteTransaction(self, patience_s, policy)
+        return WriteTransaction(self, patience_s, policy, stop, quiet)
 
     def _roll_back_here(self) -> None:
         # Roll back the transaction this thread began, if it is still open (a failed COMMIT leaves it so).
@@ -222,15 +272,19 @@ class Writer:
             self.conn.execute("ROLLBACK")
 
     def _begin_after_busy(self, busy: sqlite3.OperationalError, started: float, patience_s: float,
-                          policy: RetryPolicy) -> None:
+                          policy: RetryPolicy, stop: threading.Event | None, quiet: bool) -> None:
         # The first BEGIN (at `started`) found the file busy: retry it within what is left of the patience.
-        on_give_up = self.on_give_up
+        # Only a write that fails its caller names the lock holders; upkeep that gives up says nothing.
+        on_give_up = None if quiet else self.on_give_up
         remaining = [patience_s]
+        sleep: Callable[[float], object] = self.sleep if stop is None else stop.wait  # a stop wakes it early
 
         def note_remaining(seconds: float) -> None:
+            if stop is not None and stop.is_set():
+                raise Cancelled("a background write stopped waiting for the lock: its handle is closing")
             remaining[0] = seconds
-        retry_on_lock(lambda: self._begin(remaining[0]), patience_s, policy, clock=self.clock, sleep=self.sleep,
-                      rng=self.rng, before_attempt=note_remaining, start=started, failed=busy,
+        retry_on_lock(lambda: self._begin(remaining[0], stop is not None), patience_s, policy, clock=self.clock,
+                      sleep=sleep, rng=self.rng, before_attempt=note_remaining, start=started, failed=busy,
                       on_give_up=(lambda: on_give_up(patience_s)) if on_give_up is not None else None)
 
     def _end(self) -> list[Callable[[], object]]:
@@ -240,6 +294,7 @@ class Writer:
             return []
         deferred, self._deferred = self._deferred, []
         self._txn_thread = None
+        fork.GATE.leave()
         self.lock.release()
         return deferred
 
@@ -262,7 +317,7 @@ class Writer:
     @contextmanager
     def exclusive(self) -> Iterator[sqlite3.Connection]:
         """Lend the write connection under the lock, outside any transaction (VACUUM, a backup into it)."""
-        with self.lock:
+        with self.lock, fork.GATE.work():
             self._check_open()
             yield self.conn
 
@@ -274,7 +329,7 @@ class Writer:
         transaction wrote); otherwise it runs on the read connection when there is one.
         """
         separate = self._open_reader is not None and not self.in_transaction_here()
-        with self.read_lock if separate else self.lock:
+        with self.read_lock if separate else self.lock, fork.GATE.work():
             self._check_open()
             conn = self._read_conn() if separate else self.conn
             if not snapshot or conn.in_transaction:
@@ -295,10 +350,12 @@ class WriteTransaction:
     manager costs several times as much to enter and leave.
     """
 
-    __slots__ = ("writer", "patience_s", "policy", "nested", "open")
+    __slots__ = ("writer", "patience_s", "policy", "nested", "open", "stop", "quiet")
 
-    def __init__(self, writer: Writer, patience_s: float, policy: RetryPolicy | None):
+    def __init__(self, writer: Writer, patience_s: float, policy: RetryPolicy | None,
+                 stop: threading.Event | None = None, quiet: bool = False):
         self.writer, self.patience_s, self.policy, self.nested, self.open = writer, patience_s, policy, False, False
+        self.stop, self.quiet = stop, quiet
 
     def __enter__(self) -> sqlite3.Connection:
         writer = self.writer
@@ -309,11 +366,12 @@ class WriteTransaction:
         started = writer.clock()
         try:
             try:
-                writer._begin(self.patience_s)  # the usual case: the lock is free at once
+                writer._begin(self.patience_s, self.stop is not None)  # the usual case: the lock is free at once
             except sqlite3.OperationalError as exc:
                 if not is_sqlite_lock_error(exc):
                     raise
-                writer._begin_after_busy(exc, started, self.patience_s, self.policy or RetryPolicy())
+                writer._begin_after_busy(exc, started, self.patience_s, self.policy or RetryPolicy(), self.stop,
+                                         self.quiet)
             self.open = True
             return writer.conn
         except BaseException:  # an interrupt just after a BEGIN that succeeded: let go of it
@@ -330,7 +388,11 @@ class WriteTransaction:
                 writer.conn.execute("COMMIT")
                 writer.writes += 1
                 for hook in writer.after_commit:
-                    hook(writer.conn, writer.writes)
+                    try:
+                        hook(writer.conn, writer.writes)
+                    except Exception as exc:  # noqa: BLE001 - the write has committed: upkeep cannot undo that
+                        logger.warning("upkeep after a committed write failed; the write stands (%s: %s)",
+                                       type(exc).__name__, exc)
         finally:
             writer._roll_back_here()  # the body failed, the COMMIT failed or an interrupt came: none stays open
             deferred = writer._end()
@@ -368,6 +430,12 @@ class SharedHandles:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._entries: dict[str, list[Any]] = {}  # key -> [handle, users]
+        fork.tell_child(self)
+
+    def after_fork_in_child(self, parent: int) -> None:
+        """In a forked child: forget the parent's handles (the child opens its own)."""
+        self._lock = threading.Lock()
+        self._entries = {}
 
     def take(self, key: str, open_handle: Callable[[], Any], is_closed: Callable[[Any], bool]) -> Any:
         """Return the open handle for `key` (opening one when there is none or it was closed); count one user."""
@@ -391,8 +459,15 @@ class SharedHandles:
             return True
 
 
+# How long a library thread's write lets SQLite wait for the lock in one go, between looks at its stop.
+BACKGROUND_BUSY_S = 0.1
+
+
 class Checkpointer:
     """A writer's PASSIVE checkpoints, run on a thread of their own so that no write waits for their disk syncs.
+
+    Only on a SQLite without the WAL-reset bug (`SECOND_CHECKPOINTER`): its connection is a second
+    checkpointer in the process. Each checkpoint holds the fork gate.
 
     A checkpoint copies the frames committed before it began, and SQLite starts the log over at
     a write only when every frame is copied. While writes keep coming the log therefore grows,
@@ -434,14 +509,16 @@ class Checkpointer:
                 self._wake.clear()
                 if self._stopping:
                     return
-                if conn is None:
-                    conn = self._open_conn()
-                passive_checkpoint(conn)
+                with fork.GATE.work():  # never inside SQLite while the process forks
+                    if conn is None:
+                        conn = self._open_conn()
+                    passive_checkpoint(conn)
         except sqlite3.Error as exc:  # the connection could not be opened: the next request tries again
             logger.info("PASSIVE checkpoint skipped: %s", exc)
         finally:
             if conn is not None:
-                conn.close()
+                with fork.GATE.work():
+                    conn.close()
 
     def stop(self, wait: bool = True) -> None:
         """End the thread once the checkpoint it runs (if any) is done; with `wait`, return only then."""

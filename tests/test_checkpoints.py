@@ -1,6 +1,12 @@
-"""The PASSIVE checkpoint every N writes runs on a thread of the handle's own: the write that makes it
-due does not wait for it, nothing is lost, the log stays bounded, and close() and a dropped handle
-end the thread."""
+"""Where the PASSIVE checkpoint every N writes runs.
+
+On a SQLite with the WAL-reset bug (every Python on these machines: 3.40.1) a process never gets a
+second checkpointing connection of the library's own: the checkpoint runs inside the write, on the
+writing connection, and the linked version is reported once. On a fixed build it runs on a thread
+of the handle's own: the write that makes it due does not wait for it, nothing is lost, the log
+stays bounded, and close() and a dropped handle end the thread. Those tests pretend a fixed build
+(`thread_allowed`), since none is linked here.
+"""
 from __future__ import annotations
 
 import gc
@@ -11,9 +17,13 @@ import threading
 import time
 from pathlib import Path
 
+import logging
+
 import pytest
 
+import hermes_state_writer as writer
 from hermes_state import SessionDB
+from hermes_state_common import has_wal_reset_bug
 from hermes_state_writer import Checkpointer
 
 THREAD = "hermes-state-checkpoint"
@@ -43,12 +53,68 @@ def checkpoint_threads() -> list[threading.Thread]:
 
 
 @pytest.fixture
-def fresh(db):
-    """A new handle on the db fixture's file, whose write count starts at zero."""
+def thread_allowed(monkeypatch):
+    """Pretend the linked SQLite is free of the WAL-reset bug, so handles opened now get the thread."""
+    monkeypatch.setattr(writer, "SECOND_CHECKPOINTER", True)
+
+
+@pytest.fixture
+def fresh(db, thread_allowed):
+    """A new handle on the db fixture's file, whose write count starts at zero (and a checkpoint thread)."""
     db.close()
     handle = SessionDB(db.db_path)
     yield handle
     handle.close()
+
+
+@pytest.mark.parametrize("version, affected", [
+    ((3, 6, 23), False), ((3, 7, 0), True), ((3, 40, 1), True), ((3, 44, 5), True), ((3, 44, 6), False),
+    ((3, 45, 0), True), ((3, 50, 6), True), ((3, 50, 7), False), ((3, 51, 1), True), ((3, 51, 2), True),
+    ((3, 51, 3), False), ((3, 53, 0), False)])
+def test_the_wal_reset_range_and_its_backports(version, affected):
+    assert has_wal_reset_bug(version) is affected
+
+
+def test_an_affected_build_checkpoints_on_the_writing_connection_only(db, monkeypatch):
+    monkeypatch.setattr(writer, "SECOND_CHECKPOINTER", not has_wal_reset_bug((3, 40, 1)))  # as on this machine
+    db.close()
+    handle = SessionDB(db.db_path)
+    try:
+        handle.checkpoint_every_n_writes = 5
+        before = len(checkpoint_threads())
+        with handle.tracer() as traced:
+            for i in range(5):
+                handle.create_session(f"s{i}", "cli")
+        # The checkpoint background=True asks for runs inside the 5th write, on its own connection.
+        assert handle.checkpoint_in_background is True
+        assert traced[-2:] == ["COMMIT", "PRAGMA wal_checkpoint(PASSIVE)"]
+        frames, copied = wal_index(handle.db_path)
+        assert copied == frames > 0
+        assert len(checkpoint_threads()) == before
+    finally:
+        handle.close()
+
+
+def test_an_affected_build_is_reported_once_with_the_remedy(db, monkeypatch, caplog):
+    monkeypatch.setattr(writer, "WAL_RESET_BUG", True)
+    monkeypatch.setattr(writer, "WAL_RESET_SAID", threading.Event())
+    db.close()
+    with caplog.at_level(logging.WARNING, logger="hermes_state"):
+        for _ in range(3):
+            SessionDB(db.db_path).close()
+        SessionDB(db.db_path, read_only=True).close()
+    said = [r.getMessage() for r in caplog.records if "WAL-reset" in r.getMessage()]
+    assert len(said) == 1
+    assert sqlite3.sqlite_version in said[0] and "3.51.3" in said[0] and "pysqlite3-binary" in said[0]
+
+
+def test_a_fixed_build_says_nothing(db, monkeypatch, caplog):
+    monkeypatch.setattr(writer, "WAL_RESET_BUG", False)
+    monkeypatch.setattr(writer, "WAL_RESET_SAID", threading.Event())
+    db.close()
+    with caplog.at_level(logging.WARNING, logger="hermes_state"):
+        SessionDB(db.db_path).close()
+    assert not [r for r in caplog.records if "WAL-reset" in r.getMessage()]
 
 
 def test_the_due_checkpoint_runs_on_the_thread_not_in_the_write(fresh):
@@ -126,7 +192,7 @@ def test_an_idle_thread_ends_and_the_next_checkpoint_starts_another(fresh, monke
     assert fresh.get_session("s3") is not None
 
 
-def test_a_dropped_handle_ends_its_thread(db):
+def test_a_dropped_handle_ends_its_thread(db, thread_allowed):
     db.close()
     handle = SessionDB(db.db_path)
     handle.checkpoint_every_n_writes = 2

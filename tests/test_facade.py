@@ -479,11 +479,12 @@ def test_each_timing_knob_has_hermes_agents_name_on_the_class_and_on_one_handle(
             default = getattr(SessionDB, public)
             assert agents.startswith("_") and agents in vars(table.Handle) and public in vars(table.Handle), agents
             assert getattr(SessionDB, agents) == default, agents
+            first, second = (False, True) if isinstance(default, bool) else (7, 3)
             with monkeypatch.context() as patch:
-                patch.setattr(SessionDB, agents, 7)  # the class, by hermes-agent's name
-                assert getattr(SessionDB, public) == 7 and getattr(db, public) == 7, public
-                setattr(db, public, 3)  # one handle, by the public name: the other keeps the class's
-                assert getattr(db, agents) == 3 and getattr(other, agents) == 7 == getattr(other, public), agents
+                patch.setattr(SessionDB, agents, first)  # the class, by hermes-agent's name
+                assert getattr(SessionDB, public) == first and getattr(db, public) == first, public
+                setattr(db, public, second)  # one handle, by the public name: the other keeps the class's
+                assert getattr(db, agents) == second and getattr(other, agents) == first == getattr(other, public)
             delattr(db, agents)
             assert getattr(SessionDB, public) == default == getattr(db, public), public
     finally:
