@@ -160,7 +160,7 @@ class SessionDB(table.Handle):
     search_sessions = Entry("read", listings.search_sessions)
     search_sessions_by_id = Entry("snapshot", listings.search_sessions_by_id)
     list_cron_job_runs = Lookup("read", listings.list_cron_job_runs)
-    search_messages = Entry("snapshot", search.search_messages, indexed=True)
+    search_messages = Entry("snapshot", search.search_messages)
     _sanitize_fts5_query = staticmethod(fts._sanitize_fts5_query)  # the sanitizer, by the name callers know
     _contains_cjk = staticmethod(has_cjk)  # hermes-agent's name for "does this text hold CJK letters"
     fts_rebuild_status = Entry("read", fts.rebuild_status)

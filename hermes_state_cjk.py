@@ -3,7 +3,8 @@
 Owns: which characters are CJK letters (`CJK_CHARS`, `CJK_RUN`), the index text of a message
 (every maximal CJK run re-emitted as overlapping bigrams, `cjk_index_text`), the same transform
 for a query term (`cjk_query_text`), and `hermes_cjk_terms(content, tool_calls)`, the SQL function
-the CJK index is fed through (`register_functions`).
+the CJK index is fed through (`register_functions`); `fold_text`, unicode61's case and accent
+folding, as the SQL function `hermes_fold` that scans of rows not indexed yet match through.
 Does not own: the FTS tables, triggers and queue that use it (hermes_state_fts).
 
 Transaction contract: none; pure text functions. The SQL function never raises, since it runs
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import unicodedata
 
 from hermes_state_common import logger
 
@@ -88,6 +90,21 @@ def cjk_terms(content: object, tool_calls: object = None) -> str | None:
         return None
 
 
+# Each accented Latin letter and its base letter, as the word index's unicode61 folds them ("Déjà"
+# is found by "deja"); one str.translate, C speed, so a scan of many queued rows stays cheap.
+_UNACCENTED = {ord(c): base for c in map(chr, range(0xC0, 0x250))
+               if (base := unicodedata.normalize("NFD", c)[0]) != c and base.isascii() and base.isalpha()}
+
+
+def fold_text(value: object) -> str | None:
+    """Return `value` as text with case and Latin accents folded as the word index folds them (None for NULL)."""
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else str(value)
+    return text.lower() if text.isascii() else text.translate(_UNACCENTED).lower()
+
+
 def register_functions(conn: sqlite3.Connection) -> None:
-    """Register `hermes_cjk_terms(content, tool_calls)` on this connection (read-only handles too)."""
+    """Register `hermes_cjk_terms(content, tool_calls)` and `hermes_fold(text)` on this connection (read-only handles too)."""
     conn.create_function("hermes_cjk_terms", 2, cjk_terms, deterministic=True)
+    conn.create_function("hermes_fold", 1, fold_text, deterministic=True)

@@ -4,14 +4,15 @@ Owns: `messages_fts` (unicode61 words of content, tool_name, tool_calls), `messa
 (substrings of every message's content, tool name and tool calls), `messages_fts_reasoning` (words of reasoning text),
 `messages_fts_cjk` (CJK runs as bigrams, from hermes_state_cjk) with its queue `messages_fts_cjk_pending`,
 the triggers that keep them in sync (all declared in `OBJECTS`), the rebuild markers
-`fts_rebuild_high_water`/`fts_rebuild_progress`, the chunked resumable rebuild, the periodic merge,
+`fts_rebuild_high_water`/`fts_rebuild_progress`, the chunked resumable rebuild, the writer's queue
+batch (`index_batch`, and `flush_queue`, a closing handle indexing what it left queued), the periodic merge,
 and `FtsState` (what exists and what is pending; `cached_state` keeps it per connection for searches).
 Does not own: the query language (hermes_state_query), running searches (hermes_state_search) or
 writing message rows (hermes_state_messages).
 
 Transaction contract: functions taking a connection run inside the caller's write transaction (or
-read under its lock) and never commit. `ensure_fts`, `run_pending` and `rebuild` take the Writer and
-open their own short write transactions, one per chunk. `upkeep` runs after a COMMIT and never raises.
+read under its lock) and never commit. `ensure_fts`, `run_pending`, `rebuild` and `flush_queue` take
+the Writer and open their own short write transactions, one per chunk. `upkeep` runs after a COMMIT and never raises.
 Persistent triggers use plain SQL only, so a sqlite3 shell can read and write (DELETE too) the file;
 the CJK terms come from a Python function that only this library's connections register.
 See docs/search.md for the design and its trade-offs.
@@ -45,7 +46,7 @@ MERGE_EVERY_N_WRITES = 1000
 OPTIMIZE_EVERY_N_WRITES = 1_000_000
 MERGE_PAGES = 200            # bounded work per merge: a few milliseconds, never a full optimize
 REBUILD_CHUNK_ROWS = 2000    # messages per rebuild transaction (tens of milliseconds of lock)
-OPEN_CATCH_UP_ROWS = 2000    # queued CJK rows an open indexes before returning; the rest go background
+CJK_BATCH_ROWS = 2000        # queued CJK rows (another program's) one batch indexes at most
 
 
 def _normalized(sql: str | None) -> str:
@@ -330,7 +331,7 @@ def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS)
     return upper < high_water
 
 
-def drain_cjk(conn: sqlite3.Connection, limit: int = OPEN_CATCH_UP_ROWS) -> bool:
+def drain_cjk(conn: sqlite3.Connection, limit: int = CJK_BATCH_ROWS) -> bool:
     """Index (or un-index) up to `limit` queued CJK rows; return whether more remain queued.
 
     Must run inside the caller's write transaction. Idempotent per row: the old terms are
@@ -348,10 +349,37 @@ def drain_cjk(conn: sqlite3.Connection, limit: int = OPEN_CATCH_UP_ROWS) -> bool
 
 
 def index_batch(conn: sqlite3.Connection) -> None:
-    """Index the queued rows into every index, the CJK one included (needs the library's SQL function)."""
+    """Index the writer's queue into every index, and up to CJK_BATCH_ROWS of the CJK queue (needs the library's SQL function).
+
+    Bounded: another program may have queued many CJK rows; each batch takes its share, and
+    searches scan the rest meanwhile.
+    """
     index_queued(conn)
-    while drain_cjk(conn):
-        pass
+    drain_cjk(conn)
+
+
+# Rows queued per connection since its queue was last counted: the count is read only when this
+# says a batch may be due (a rollback or another path emptying the queue makes it only too high).
+QUEUED_SINCE_COUNT: dict[int, int] = {}
+
+
+def flush_queue(writer: Writer, policy: RetryPolicy) -> None:
+    """Index whatever the writer's queue holds, in one short write transaction of its own; never raises.
+
+    A handle runs it when it closes, so other programs' searches find its rows in the indexes.
+    One try: a file another process holds leaves the rows queued (searches still find them, and
+    the next batch of any library handle indexes them), and that is logged, not warned about.
+    """
+    if not QUEUED_SINCE_COUNT.get(id(writer.conn)):
+        return  # nothing queued through this connection since its queue was last emptied: no SQL at all
+    try:
+        with writer.transaction(0.0, policy, quiet=True) as conn:
+            state = inspect(conn)
+            if state.declared and (state.queued or state.cjk_pending):
+                index_batch(conn)
+        QUEUED_SINCE_COUNT[id(writer.conn)] = 0
+    except Exception as exc:  # noqa: BLE001 - searches scan queued rows; the next batch indexes them
+        logger.info("indexing the queued messages was put off: %s", exc)
 
 
 def advance(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS) -> bool:
@@ -373,17 +401,19 @@ def install_write_triggers(conn: sqlite3.Connection) -> None:
     conn.execute(DRAIN_TRIGGER_SQL)
 
 
-def ensure_fts(writer: Writer, patience_s: float, policy: RetryPolicy, *, writable: bool) -> bool:
-    """Make the FTS objects exist and catch up a short CJK queue; return whether work remains.
+def ensure_fts(writer: Writer, patience_s: float, policy: RetryPolicy, *, writable: bool) -> FtsState | None:
+    """Make the FTS objects exist as declared; return what is pending (None on a read-only handle).
 
-    Opens its own write transactions, and only when something is missing or queued: an
-    up-to-date file costs a few catalogue reads. A read-only (or newer-schema) handle only
-    registers the SQL function. Raises StateDbIncompatibleError when SQLite lacks FTS5.
+    Opens a write transaction only when an object is missing or differs: an up-to-date file
+    costs a few catalogue reads and takes no write lock, whatever its queues hold (the caller
+    leaves queued rows to work off the open path, and searches scan them meanwhile). A
+    read-only (or newer-schema) handle only registers the SQL function. Raises
+    StateDbIncompatibleError when SQLite lacks FTS5.
     """
     conn = writer.conn
     register_functions(conn)
     if not writable:
-        return False
+        return None
     if not fts5_available(conn):
         raise StateDbIncompatibleError(
             f"this SQLite ({sqlite3.sqlite_version}) lacks FTS5 with the trigram tokenizer (3.34+), which "
@@ -400,13 +430,8 @@ def ensure_fts(writer: Writer, patience_s: float, policy: RetryPolicy, *, writab
     if state.declared and not options_set(conn, state.tables):
         with writer.transaction(patience_s, policy):
             set_options(conn)  # a file an older release created, or one whose options were changed
-    if state.cjk_pending or state.queued:
-        with writer.transaction(patience_s, policy):
-            index_queued(conn)  # rows a handle that did not close left queued
-            drain_cjk(conn, OPEN_CATCH_UP_ROWS)
-        state = inspect(conn)
     cached_state(conn)  # the append path decides from this cache (re-read only after a schema change)
-    return state.work_pending
+    return state
 
 
 def run_pending(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_rows: int = REBUILD_CHUNK_ROWS,
@@ -417,7 +442,9 @@ def run_pending(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_ro
     holding any lock, so other writers get their turn.
     """
     while stop is None or not stop.is_set():
-        with writer.transaction(patience_s, policy) as conn:
+        # A background run (`stop` given) stops waiting for the lock as soon as its handle closes,
+        # holds the fork gate for each chunk, and fails quietly: it resumes at the next open.
+        with writer.transaction(patience_s, policy, stop=stop, quiet=stop is not None) as conn:
             more = advance(conn, chunk_rows)
         if not more:
             return True

@@ -163,9 +163,14 @@ def _pair_tool_call_uid(conn: sqlite3.Connection, session_id: str, tool_call_id:
     return pick_tool_call_uid(value, nth)
 
 
-# --- the index queue (why a library connection queues its rows: hermes_state_fts_tail) -----------
-# Rows per batch: each costs one FTS5 segment per index instead of one per row. Searches scan
-# at most this many queued rows of a handle that has not searched or closed since.
+# --- the index queue ------------------------------------------------------------------------------
+# FTS5 writes a segment in every index at the end of each statement that changes it: indexing each
+# message on its own wrote three segments per message. So a library handle's new row skips the
+# triggers' indexing and waits in the writer's queue (`messages_fts_pending`); every BATCH_ROWS-th
+# row indexes the whole queue, one statement per index (one segment each). A queued row is
+# committed like any other, searches scan the queue for it, and no index's content source holds
+# it until it is indexed, so any program's FTS5 rebuild agrees with the queue. Other programs'
+# rows are indexed by the triggers at once.
 BATCH_ROWS = 256
 
 # The new row's id, as AUTOINCREMENT would pick it, queued in one statement that also checks the schema
@@ -200,22 +205,17 @@ def reserve_id(conn: sqlite3.Connection) -> int | None:
     return None
 
 
-# Rows queued per connection since its queue was last counted: the count is read only when this
-# says a batch may be due (a rollback or another path emptying the queue makes it only too high).
-QUEUED_SINCE_COUNT: dict[int, int] = {}
-
-
 def after_insert(conn: sqlite3.Connection) -> None:
     """Index the queue in one batch once it holds BATCH_ROWS rows (inside the caller's transaction)."""
-    queued = QUEUED_SINCE_COUNT.get(id(conn), 0) + 1
+    queued = fts.QUEUED_SINCE_COUNT.get(id(conn), 0) + 1
     if queued >= BATCH_ROWS:
         queued = conn.execute(f"SELECT COUNT(*) FROM {fts.PENDING}").fetchone()[0]
         if queued >= BATCH_ROWS:
             fts.index_batch(conn)
             queued = 0
-    if len(QUEUED_SINCE_COUNT) > 256:
-        QUEUED_SINCE_COUNT.clear()  # entries of closed connections; a live one only counts its queue once more
-    QUEUED_SINCE_COUNT[id(conn)] = queued
+    if len(fts.QUEUED_SINCE_COUNT) > 256:
+        fts.QUEUED_SINCE_COUNT.clear()  # entries of closed connections; a live one only counts its queue once more
+    fts.QUEUED_SINCE_COUNT[id(conn)] = queued
 
 
 # --- writing rows ----------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterator, TypeVar, cast
 
 from hermes_state_base import CACHE_SIZE_KIB
+from hermes_state_cjk import register_functions
 from hermes_state_common import (COUNTERS, INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
                                  SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, logger, new_uid,
                                  object_exists, recount_sql, table_exists)
@@ -143,6 +144,7 @@ def connect_reader(path: Path) -> sqlite3.Connection:
     conn.text_factory = LENIENT_TEXT
     conn.execute("PRAGMA query_only = ON")
     size_cache(conn)
+    register_functions(conn)  # its scans of rows not indexed yet fold text as the index does
     return conn
 
 

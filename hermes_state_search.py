@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable
 
 import hermes_state_fts as fts
 import hermes_state_hits as hit_page
+from hermes_state_cjk import fold_text
 from hermes_state_common import check_count, check_id, escape_like, has_surrogate, logger
 from hermes_state_query import Group, QueryPlan, Term, cjk_expression, plan_query, trigram_expression, word_expression
 
@@ -206,18 +207,27 @@ _CONTAINS = ("(COALESCE(m.content LIKE ? ESCAPE '\\', 0) OR COALESCE(m.tool_call
              " OR COALESCE(m.tool_name LIKE ? ESCAPE '\\', 0))")
 _IN_REASONING = ("(COALESCE(m.reasoning LIKE ? ESCAPE '\\', 0) OR COALESCE(m.reasoning_content LIKE ? ESCAPE '\\', 0))")
 
+# The same tests for rows no index holds yet (queued), folding case and Latin accents as the word
+# index does, so "deja" finds a queued "Déjà" as it finds an indexed one (instr: no LIKE pattern).
+_FOLDED = {contains: "(" + " OR ".join(f"COALESCE(instr(hermes_fold(m.{column}), ?), 0) > 0" for column in columns) + ")"
+           for contains, columns in ((_CONTAINS, ("content", "tool_calls", "tool_name")),
+                                     (_IN_REASONING, ("reasoning", "reasoning_content")))}
+
 # A hit while routing: (message id, bm25 score or 0.0 for a LIKE hit, (table, expression) that
 # FTS5 snippet() can highlight it with, or None for a text-window snippet).
 _Hit = tuple[int, float, tuple[str, str] | None]
 
 
 def _like_terms(terms: tuple[Term, ...], excluded: tuple[Term, ...] = (),
-                contains: str = _CONTAINS) -> tuple[str, list[str]]:
-    """Return SQL true when message `m` contains every term and no excluded one (LIKE, substrings)."""
+                contains: str = _CONTAINS, folded: bool = False) -> tuple[str, list[str]]:
+    """Return SQL true when message `m` contains every term and no excluded one (substrings; `folded`: as the index folds)."""
     parts, params = [], []
+    if folded:
+        contains = _FOLDED[contains]
     for term, negated in [(t, False) for t in terms] + [(t, True) for t in excluded]:
         parts.append(("NOT " if negated else "") + contains)
-        params += [f"%{escape_like(term.text)}%"] * contains.count("?")
+        pattern = fold_text(term.text) or "" if folded else f"%{escape_like(term.text)}%"
+        params += [pattern] * contains.count("?")
     return "(" + " AND ".join(parts) + ")", params
 
 
@@ -231,8 +241,8 @@ def _like(conn: sqlite3.Connection, groups: tuple[Group, ...], f: _Filters, low:
     (older matches may exist). Excluded CJK terms are not checked here: the caller's filters carry them.
     """
     ors, params = [], []
-    for group in groups:
-        sql, group_params = _like_terms(group.terms, _indexed_excluded(group), contains)
+    for group in groups:  # queued rows are few: each one's text is folded as the index folds it
+        sql, group_params = _like_terms(group.terms, _indexed_excluded(group), contains, folded=only_queued)
         ors.append(sql)
         params += group_params
     condition = "(" + " OR ".join(ors) + ")"

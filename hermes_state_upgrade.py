@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 import hermes_state_catalogue as catalogue
+import hermes_state_fork as fork
 import hermes_state_fts as fts
 import hermes_state_recovery as recovery
 import hermes_state_schema as schema
@@ -153,17 +154,20 @@ def set_up(conn: sqlite3.Connection, db_path: Path, patience_s: float, policy: R
 # --- after the migration: the FTS indexes, and the space the old layout held ------------------------
 
 class FtsRebuild:
-    """The background thread that finishes a pending FTS rebuild, then gives back the freed space."""
+    """The background thread that finishes pending index work (a rebuild, queued rows), then gives back freed space."""
 
-    def __init__(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, chunk_rows: int):
+    def __init__(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, chunk_rows: int, *,
+                 rebuilding: bool = True):
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self._run, name="hermes-state-fts", daemon=True,
-                                       args=(writer, db_path, patience_s, policy, chunk_rows))
+                                       args=(writer, db_path, patience_s, policy, chunk_rows, rebuilding))
 
-    def _run(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, chunk_rows: int) -> None:
+    def _run(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, chunk_rows: int,
+             rebuilding: bool) -> None:
         fts.background_worker(writer, patience_s, policy, chunk_rows, self.stop_event)
-        if not self.stop_event.is_set():
-            with writer.exclusive() as conn:  # a background thread has nobody to raise to
+        if rebuilding and not self.stop_event.is_set():
+            # The fork gate after the lock, as for every write of a library thread; nobody to raise to.
+            with writer.exclusive() as conn, fork.GATE.work():
                 reclaim_after_upgrade(conn, db_path, patience_s, policy, quiet=True)
 
     def stop(self, timeout_s: float = STOP_WAIT_S) -> None:
@@ -174,20 +178,22 @@ class FtsRebuild:
 
 def open_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, *, writable: bool,
              chunk_rows: int = fts.REBUILD_CHUNK_ROWS, background: bool = True) -> FtsRebuild | None:
-    """Build missing FTS objects, catch up a short CJK queue, and start the rebuild thread when one is pending.
+    """Build missing FTS objects, and start the background thread when index work is pending.
 
-    Returns the running rebuild, or None. On a writable handle this also installs the
-    connection's TEMP trigger that feeds the CJK index as rows are written.
+    Returns the running thread's handle, or None. Pending work is a rebuild, or rows left queued
+    (by another program's non-ASCII writes, or a handle that died): the open itself never takes
+    the write lock for them. On a writable handle this also installs the connection's TEMP
+    trigger that feeds the CJK index as rows are written.
     """
-    pending = fts.ensure_fts(writer, patience_s, policy, writable=writable)
+    state = fts.ensure_fts(writer, patience_s, policy, writable=writable)
     if writable:
         # The trigger lives in the connection's temp schema only: no lock on the file, no cost at open.
         fts.install_write_triggers(writer.conn)
-    if not (pending and background):
+    if state is None or not (state.work_pending and background):
         return None
-    rebuild = FtsRebuild(writer, db_path, patience_s, policy, chunk_rows)
-    rebuild.thread.start()
-    return rebuild
+    work = FtsRebuild(writer, db_path, patience_s, policy, chunk_rows, rebuilding=state.rebuild is not None)
+    work.thread.start()
+    return work
 
 
 def rebuild_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy,

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import corpus  # noqa: E402
 
 import hermes_state_fts as fts  # noqa: E402
-import hermes_state_fts_tail as fts_tail  # noqa: E402
+import hermes_state_messages as message_rows  # noqa: E402
 from hermes_state import SessionDB  # noqa: E402
 
 _RAW_INSERT = ("INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name, timestamp, "
@@ -78,15 +78,15 @@ def raw_append_batched(conn: sqlite3.Connection, sid: str, m: dict, last_uids: d
     """The floor of the library's own write path: the row queued for a batch, which every BATCH_ROWS-th row indexes.
 
     Same durability as `raw_append` (one transaction per message; a search finds a queued row by
-    scanning the queue), the statements hermes_state_fts_tail runs, written by hand.
+    scanning the queue), the statements the library's batch runs, written by hand.
     """
     row, count = _raw_row(sid, m, last_uids)
     conn.execute("BEGIN IMMEDIATE")
     conn.execute(_RAW_COUNT, count)
     row_id = conn.execute(_RAW_QUEUE).lastrowid
     conn.execute(_RAW_QUEUED_INSERT, (row_id, *row))
-    if conn.execute(f"SELECT COUNT(*) >= ? FROM {fts.PENDING}", (fts_tail.BATCH_ROWS,)).fetchone()[0]:
-        fts_tail.index_batch(conn)
+    if conn.execute(f"SELECT COUNT(*) >= ? FROM {fts.PENDING}", (message_rows.BATCH_ROWS,)).fetchone()[0]:
+        fts.index_batch(conn)
     conn.execute("COMMIT")
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 SYSTEMS = ("hermes-state", "batched floor", "floor", "hermes-agent")
 FTS_OPTIONS = ("automerge", "crisismerge", "usermerge", "pgsz")
-MODULE_LEVERS = {"batch": ("hermes_state_messages", "BATCH_ROWS"),  # the floor reads hermes_state_fts_tail's
+MODULE_LEVERS = {"batch": ("hermes_state_messages", "BATCH_ROWS"),  # the floor reads hermes_state_messages'
                  "merge_every": ("hermes_state_fts", "MERGE_EVERY_N_WRITES"),
                  "merge_pages": ("hermes_state_fts", "MERGE_PAGES"),
                  "cache_kib": ("hermes_state_schema", "CACHE_SIZE_KIB"),  # each connection's page cache
@@ -66,7 +66,7 @@ def set_levers(levers: dict[str, int]) -> None:
             target = importlib.import_module(module)
             setattr(getattr(target, owner) if owner else target, attribute, value)
             if name == "batch":
-                setattr(importlib.import_module("hermes_state_fts_tail"), constant, value)
+                setattr(importlib.import_module("hermes_state_messages"), constant, value)
     options = dict(fts.FTS_OPTIONS)
     options.update((name, value) for name, value in levers.items() if name in FTS_OPTIONS)
     fts.FTS_OPTIONS = tuple(options.items())
@@ -108,7 +108,7 @@ def child(system: str, n: int, of: int, seed: int, directory: Path, levers: dict
                 write(raw, sid, m, last_uids)
         if system == "batched floor":
             raw.execute("BEGIN IMMEDIATE")
-            append.fts_tail.index_batch(raw)  # what the library does when it closes
+            append.fts.index_batch(raw)  # what the library does when it closes
             raw.execute("COMMIT")
         raw.close()
         return

@@ -201,7 +201,7 @@ def run(n: int, seed: int, n_queries: int, with_peers: bool, agent_python: Path 
                     del seconds[p.name]
         raw.close()
         batched.execute("BEGIN IMMEDIATE")
-        append.fts_tail.index_batch(batched)  # what the library does when it closes (untimed, as its close)
+        append.fts.index_batch(batched)  # what the library does when it closes (untimed, as its close)
         batched.execute("COMMIT")
         batched.close()
         lib.close()

@@ -88,6 +88,20 @@ def conn(db, raw_conn):
 
 
 @pytest.fixture
+def index_queue() -> Callable[[SessionDB], None]:
+    """Return `index(handle)`: index the rows `handle` queued now, as its next batch (or its close) would.
+
+    A search never does it (a read writes nothing): it scans the queued rows instead.
+    """
+    import hermes_state_fts as fts
+
+    def index(handle: SessionDB) -> None:
+        with handle.transaction() as txn:
+            fts.index_batch(txn.conn)
+    return index
+
+
+@pytest.fixture
 def plant_lock(db, raw_conn) -> Callable[..., None]:
     """Return `plant(session_id, holder, expires_in_s=300.0)`: write a compression lock row directly.
 

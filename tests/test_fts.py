@@ -24,15 +24,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hermes_state_fts as fts
-import hermes_state_fts_tail as fts_tail
+import hermes_state_messages as message_rows
 from hermes_state import SessionDB, StateDbIncompatibleError, StoreUnavailableError
 
 ALL = fts.FTS_TABLES
 
 
 def index_queue(db: SessionDB) -> None:
-    """Index the rows the handle queued: it does so before it searches (and when it closes)."""
-    db.search_messages("index the queue first")
+    """Index the rows the handle queued now, as its next batch (or its close) would."""
+    with db.transaction() as txn:
+        fts.index_batch(txn.conn)
 
 
 def integrity(conn) -> None:
@@ -215,7 +216,7 @@ def test_cjk_index_text_and_query_text():
 
 # --- writers without the tokenizer ---------------------------------------------------------------
 
-def test_plain_sqlite3_writes_are_caught_up_at_the_next_open(tmp_path, manual):
+def test_plain_sqlite3_writes_are_caught_up_after_the_next_open(tmp_path):
     path = tmp_path / "state.db"
     with SessionDB(path) as db:
         db.create_session("s", "cli")
@@ -234,7 +235,8 @@ def test_plain_sqlite3_writes_are_caught_up_at_the_next_open(tmp_path, manual):
         assert [h["id"] for h in ro.search_messages("福岡")] == [kept]
         assert ro.search_messages("名古屋") == [] and ro.search_messages("ログ") == []
     assert shell.execute("SELECT COUNT(*) FROM messages_fts_cjk_pending").fetchone()[0] == 4  # ro wrote nothing
-    with SessionDB(path) as db:
+    with SessionDB(path) as db:  # the open leaves the queue to its background work
+        assert db.wait_for_fts_rebuild(30)
         assert db.fts_rebuild_status()["cjk_pending"] == 0
         assert ids(shell, "messages_fts_cjk", '"項目"') == [new]
         assert ids(shell, "messages_fts_cjk", '"福岡"') == [kept]
@@ -261,7 +263,8 @@ def test_delete_from_a_plain_sqlite3_shell(db, rival):
     assert ids(rival, "messages_fts", "keep") == [kept]
     integrity(rival)
     with SessionDB(db.db_path) as again:
-        assert [h["id"] for h in again.search_messages("東京")] == [kept]
+        assert [h["id"] for h in again.search_messages("東京")] == [kept]  # found before the queue is worked off
+        assert again.wait_for_fts_rebuild(30)
     assert ids(rival, "messages_fts_cjk", '"東京"') == [kept]
 
 
@@ -331,6 +334,8 @@ def test_a_database_without_fts_is_rebuilt_in_chunks_never_twice(tmp_path, manua
             if not fts.rebuild_step(txn.conn, 10):
                 break
     assert rival.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE 'fts_rebuild%'").fetchone()[0] == 0
+    with db.transaction() as txn:  # the row the handle queued meanwhile, as its next batch would
+        fts.index_batch(txn.conn)
     integrity(rival)
     assert indexed_counts(rival) == expected_counts(rival)
     assert ids(rival, "messages_fts", "changed") == [rows[30]] and ids(rival, "messages_fts", "word31") == []
@@ -537,8 +542,8 @@ def test_every_index_stays_consistent_after_random_writes(ops):
                         conn.execute("DELETE FROM messages WHERE id = ?", (target,))
         integrity(shell)
         db.close()
-        with SessionDB(path):  # catches up what the shell wrote
-            pass
+        with SessionDB(path) as again:  # its background work catches up what the shell wrote
+            assert again.wait_for_fts_rebuild(30)
         integrity(shell)
         assert indexed_counts(shell) == expected_counts(shell)
         shell.close()
@@ -679,8 +684,8 @@ def test_optimize_refused_on_a_read_only_handle(db):
 
 def test_appended_rows_wait_in_the_queue_and_are_indexed_in_one_batch(db, rival):
     db.create_session("s", "cli")
-    rows = [db.append_message("s", "user", f"batchword{i} shared") for i in range(fts_tail.BATCH_ROWS - 1)]
-    assert rival.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == fts_tail.BATCH_ROWS - 1
+    rows = [db.append_message("s", "user", f"batchword{i} shared") for i in range(message_rows.BATCH_ROWS - 1)]
+    assert rival.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == message_rows.BATCH_ROWS - 1
     assert ids(rival, "messages_fts", "shared") == []
     last = db.append_message("s", "user", "batchword shared")  # the batch's last row indexes all of them
     assert rival.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 0
@@ -719,10 +724,13 @@ def test_every_search_finds_queued_rows(db, hermes_home):
         assert len(reader.search_messages("zulu")) == 5
     finally:
         reader.close()
-    assert [h["id"] for h in db.search_messages("yankee")] == [row]  # this handle indexes its queue first
+    assert [h["id"] for h in db.search_messages("yankee")] == [row]  # this handle scans its own queue too
+    assert [h["id"] for h in db.search_messages("ankee")] == [row]
     conn = sqlite3.connect(db.db_path)
     try:
-        assert conn.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 0
+        assert conn.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 6  # a search writes nothing
+        db.close()
+        assert conn.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 0  # its close indexes them
     finally:
         conn.close()
 
@@ -741,7 +749,7 @@ def test_a_handle_that_closes_leaves_nothing_queued(hermes_home):
         conn.close()
 
 
-def test_rows_left_queued_by_a_handle_that_died_are_indexed_at_the_next_open(hermes_home):
+def test_rows_left_queued_by_a_handle_that_died_are_indexed_after_the_next_open(hermes_home):
     path = hermes_home / "died.db"
     # A process that appends and dies without closing its handle: its row stays queued.
     died = subprocess.run([sys.executable, "-c", "import os, signal; from hermes_state import SessionDB; "
@@ -754,7 +762,9 @@ def test_rows_left_queued_by_a_handle_that_died_are_indexed_at_the_next_open(her
         assert conn.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 1
     finally:
         conn.close()
-    SessionDB(path).close()
+    with SessionDB(path) as again:  # off the open path: the open returns, its background work indexes the row
+        assert [h["id"] for h in again.search_messages("foxtrot")] == [1]
+        assert again.wait_for_fts_rebuild(30)
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 0

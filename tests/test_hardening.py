@@ -11,6 +11,8 @@ import threading
 import time
 
 import pytest
+
+import hermes_state_fts as fts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -44,7 +46,8 @@ def test_a_hit_in_a_huge_row_gets_a_bounded_snippet(db):
 def test_a_long_read_does_not_hold_the_write_path(db):
     db.create_session("s", "cli")
     db.append_message("s", "user", "something to find")
-    db.search_messages("something")  # a handle indexes the rows it queued before it searches: done here
+    with db.transaction() as txn:  # index the queued row now, as the handle's next batch would
+        fts.index_batch(txn.conn)
     reading, appended = threading.Event(), threading.Event()
 
     def slow_statement(sql: str) -> None:

@@ -36,7 +36,8 @@ def conn(db):
                                                                                      "arguments": calls}}])
         else:
             db.append_message(f"s{i}", "user", text)
-    db.search_messages("x")  # the handle indexes the rows it queued before it searches: then the index holds them
+    with db.transaction() as txn:  # index the queued rows now, as the handle's next batch would
+        fts.index_batch(txn.conn)
     c = sqlite3.connect(db.db_path)
     yield c
     c.close()
@@ -81,10 +82,10 @@ def test_search_snippets_equal_the_index_s_own(db, conn):
                 assert hit["snippet"] == expected[hit["id"]], query
 
 
-def test_reasoning_snippets_equal_the_index_s_own(db):
+def test_reasoning_snippets_equal_the_index_s_own(db, index_queue):
     db.create_session("r", "cli")
     row = db.append_message("r", "assistant", "done", reasoning="first I think about the walrus, then about tea")
-    db.search_messages("x")  # indexes the handle's queued rows
+    index_queue(db)
     with sqlite3.connect(db.db_path) as c:
         expected = c.execute(f"SELECT snippet({fts.REASONING}, -1, '>>>', '<<<', '...', 16) FROM {fts.REASONING} "
                              f"WHERE {fts.REASONING} MATCH 'walrus'").fetchone()[0]
@@ -95,8 +96,8 @@ def test_reasoning_snippets_equal_the_index_s_own(db):
 # --- the ranking window and selective filters ----------------------------------------------------
 
 @pytest.fixture
-def old_discord_rows(db, monkeypatch):
-    """Six discord rows under 40 newer cli rows, with a ranking window of 3 and a filtered pool of 4."""
+def old_discord_rows(db, monkeypatch, index_queue):
+    """Six discord rows under 40 newer cli rows (indexed), with a ranking window of 3 and a filtered pool of 4."""
     import hermes_state_search as search
     monkeypatch.setattr(search, "RANK_WINDOW", 3)
     monkeypatch.setattr(search, "FILTERED_POOL", 4)
@@ -105,6 +106,7 @@ def old_discord_rows(db, monkeypatch):
     old = [db.append_message("d", "user", f"common term {'pad ' * i}") for i in range(6)]
     for i in range(40):
         db.append_message("c", "user", f"common term {'pad ' * (i % 5)}")
+    index_queue(db)
     return old
 
 
@@ -141,12 +143,12 @@ def test_a_session_s_rows_are_found_alike_by_reading_them_or_by_the_substring_in
 # --- ranking the index alone, then dropping archived rows: the joined ranking's rows, in its order ---
 
 @pytest.mark.parametrize("spare", [0, 1, 3, 50])
-def test_archived_rows_among_the_best_leave_the_ranking_of_the_live_ones_unchanged(db, monkeypatch, spare):
+def test_archived_rows_among_the_best_leave_the_ranking_of_the_live_ones_unchanged(db, monkeypatch, spare, index_queue):
     import hermes_state_search as search
     monkeypatch.setattr(search, "SPARE_RANKED", spare)
     db.create_session("s", "cli")
     ids = [db.append_message("s", "user", "common term " + "pad " * (i % 9)) for i in range(40)]
-    db.search_messages("x")  # indexes the handle's queued rows
+    index_queue(db)
     with sqlite3.connect(db.db_path) as c:
         c.execute("UPDATE messages SET active = 0 WHERE id IN (SELECT value FROM json_each(?))",
                   (json.dumps([i for i in ids if (i % 9) < 3 or i % 4 == 0]),))  # most of the shortest rows
@@ -160,7 +162,7 @@ def test_archived_rows_among_the_best_leave_the_ranking_of_the_live_ones_unchang
 @pytest.mark.parametrize("window, pool", [(3, 4), (10, 4), (10, 30), (100, 4)])
 @pytest.mark.parametrize("filters", [{}, {"source_filter": ["discord"]}, {"source_filter": ["cli"]},
                                      {"role_filter": ["assistant"]}])
-def test_the_ranked_rows_are_the_best_of_the_documented_window(db, monkeypatch, window, pool, filters):
+def test_the_ranked_rows_are_the_best_of_the_documented_window(db, monkeypatch, window, pool, filters, index_queue):
     # The window: the newest `window` matches, reaching back to hold the newest max(need, pool)
     # rows passing the filters; its passing rows in bm25 order, newest first among equals.
     import hermes_state_search as search
@@ -171,7 +173,7 @@ def test_the_ranked_rows_are_the_best_of_the_documented_window(db, monkeypatch, 
     for i in range(60):
         db.append_message("d" if i % 7 == 0 else "c", "assistant" if i % 5 == 0 else "user",
                           "common term " + "pad " * ((i * 7) % 11))
-    db.search_messages("x")  # indexes the handle's queued rows
+    index_queue(db)
     sql = (f"SELECT f.rowid, bm25({fts.WORD}) FROM {fts.WORD} f JOIN messages m ON m.id = f.rowid "
            f"JOIN sessions s ON s.id = m.session_id WHERE {fts.WORD} MATCH 'common' AND m.active = 1 "
            "AND s.source IN (SELECT value FROM json_each(?)) AND m.role IN (SELECT value FROM json_each(?)) "

@@ -13,8 +13,8 @@ from hermes_state import SessionDB
 
 
 @pytest.fixture
-def planted(db, monkeypatch):
-    """Old sessions holding identifiers in every role, under newer filler the scan would stop at."""
+def planted(db, monkeypatch, index_queue):
+    """Old sessions holding identifiers in every role, under newer filler the scan would stop at (all indexed)."""
     monkeypatch.setattr(search, "LIKE_SCAN_ROWS", 20)  # any scan limit must not matter for indexed pieces
     ids = {}
     db.create_session("old", "cli")
@@ -27,6 +27,7 @@ def planted(db, monkeypatch):
     db.create_session("new", "cli")
     for i in range(120):
         db.append_message("new", "user" if i % 2 else "tool", f"filler message number {i} about nothing", tool_call_id="x")
+    index_queue(db)
     return ids
 
 
