@@ -17,18 +17,21 @@ __version__ = "0.1.0"  # the one place the version is written (pyproject.toml re
 
 import os
 import sqlite3
-import sys  # noqa: F401  (hermes-agent's tests patch hermes_state.sys.platform)
+import sys  # hermes-agent's tests also patch hermes_state.sys.platform
 import time  # noqa: F401  (and hermes_state.time.time)
+import types
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import hermes_state_common as common
 import hermes_state_compression as compression
 import hermes_state_conversation as conversation
+import hermes_state_excerpts as excerpts
 import hermes_state_fts as fts
 import hermes_state_gateway as gateway
 import hermes_state_gateway_sessions as gateway_sessions
+import hermes_state_handoffs as handoffs
 import hermes_state_lineage as lineage
 import hermes_state_listings as listings
 import hermes_state_maintenance as maintenance
@@ -36,6 +39,7 @@ import hermes_state_messages as message_rows
 import hermes_state_ownership as ownership
 import hermes_state_portability as portability
 import hermes_state_recovery as recovery
+import hermes_state_rewind as rewind
 import hermes_state_schema as schema
 import hermes_state_routing as routing
 import hermes_state_search as search
@@ -50,12 +54,13 @@ from hermes_state_cjk import has_cjk
 from hermes_state_query import MAX_QUERY_CHARS as MAX_FTS5_QUERY_CHARS  # noqa: F401 - hermes-agent's name
 from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
 from hermes_state_ownership import input_marker
-from hermes_state_provider import ReasoningFieldMemory, strip_echoed_user_input, to_provider_messages
+from hermes_state_provider import ReasoningFieldMemory, sanitize_context, strip_echoed_user_input, to_provider_messages
 from hermes_state_listings import workspace_key
 from hermes_state_recovery import RecoveryReport, TableRecovery, recover
 from hermes_state_repair import (ATTEMPTED_PATHS as _repair_attempted_paths, db_opens_cleanly as _db_opens_cleanly,
                                  is_malformed_db_error, open_repairing, repair_state_db_schema as _repair_file)
-from hermes_state_common import SCHEMA_VERSION
+from hermes_state_common import DEFERRED_INDEX_SQL, SCHEMA_SQL, SCHEMA_VERSION
+from hermes_state_fts_objects import FTS_SQL, FTS_TRIGRAM_SQL
 from hermes_state_table import Entry, Lookup
 from hermes_state_writer import RetryPolicy, SharedHandles, Transaction, Writer
 from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
@@ -72,6 +77,18 @@ from hermes_state_lockowners import configure_error_log, log_write_lock_holders
 from hermes_state_errors import (StateDbJournalError, describe_init_failure, format_session_db_unavailable,
                                  get_last_init_error, set_last_init_error)
 from hermes_state_schema import apply_wal_with_fallback
+# hermes-agent's module exposes its imports as public names, and its callers' tests patch some of
+# them (hermes_state.time.time, hermes_state.random, hermes_state.logger): the same names are here,
+# the logger being this library's own ("hermes_state").
+import asyncio  # noqa: E402,F401
+import json  # noqa: E402,F401
+import logging  # noqa: E402,F401
+import random  # noqa: E402,F401
+import re  # noqa: E402,F401
+import threading  # noqa: E402,F401
+from typing import Dict, List, Optional, Tuple, TypeVar  # noqa: E402,F401,UP035
+from hermes_state_base import logger  # noqa: E402,F401
+T = TypeVar("T")
 # hermes-agent's private names for the same process-wide state, which its callers and tests reset.
 _set_last_init_error = set_last_init_error
 _wal_fallback_warned_paths = schema.wal_fallback_warned
@@ -90,11 +107,56 @@ __all__ = [
     "recover", "RecoveryReport", "TableRecovery", "ImportReport", "ImportValidationError", "ImportConflictError",
     "EXPORT_FORMAT", "EXPORT_VERSION", "Transaction", "repair_state_db_schema", "is_malformed_db_error",
     "LedgerStateError", "receipt_digest", "input_marker", "strip_echoed_user_input",
+    "DEFAULT_DB_PATH", "SCHEMA_SQL", "FTS_SQL", "FTS_TRIGRAM_SQL", "DEFERRED_INDEX_SQL", "sanitize_context",
 ]
 
 def repair_state_db_schema(db_path: str | os.PathLike, *, backup: bool = True) -> dict[str, Any]:
     """Repair a malformed schema or full-text index in place, a copy kept first; return the report."""
     return _repair_file(db_path, backup=backup, check=lambda path: _db_opens_cleanly(path))
+
+
+class _DefaultPath:
+    """Where `SessionDB()` opens: <HERMES_HOME>/state.db as resolved at each call, or the path a caller pinned."""
+
+    def __init__(self) -> None:
+        self.pinned: Path | None = None
+
+    def current(self) -> Path:
+        """Return the pinned path, else get_hermes_home() / "state.db" now."""
+        return self.pinned or get_hermes_home() / "state.db"
+
+    def pin(self, value: str | os.PathLike | None) -> None:
+        """Pin `value` (None unpins); pinning the path the home resolves to now pins nothing, so an undo restores."""
+        path = None if value is None else Path(value)
+        self.pinned = None if path == get_hermes_home() / "state.db" else path
+
+
+_default_path = _DefaultPath()
+
+
+class _Module(types.ModuleType):
+    # hermes-agent's DEFAULT_DB_PATH is a module attribute its callers read and patch. Here it is
+    # computed when read, so it follows HERMES_HOME as every default path must; assigning it pins
+    # SessionDB()'s default, deleting it unpins.
+    @property
+    def DEFAULT_DB_PATH(self) -> Path:  # noqa: N802 - the agent's name
+        return _default_path.current()
+
+    @DEFAULT_DB_PATH.setter
+    def DEFAULT_DB_PATH(self, value: str | os.PathLike) -> None:  # noqa: N802
+        _default_path.pin(value)
+
+    @DEFAULT_DB_PATH.deleter
+    def DEFAULT_DB_PATH(self) -> None:  # noqa: N802
+        _default_path.pin(None)
+
+    def __dir__(self) -> list[str]:
+        return sorted({*self.__dict__, "DEFAULT_DB_PATH"})
+
+
+sys.modules[__name__].__class__ = _Module
+if TYPE_CHECKING:
+    DEFAULT_DB_PATH: Path
 
 
 class SessionDB(table.Handle):
@@ -103,7 +165,8 @@ class SessionDB(table.Handle):
     def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False,
                  backup_before_upgrade: bool = True, force: bool = False):
         # The repair hooks are read from this module at each open: callers replace them here.
-        super().__init__(db_path, read_only=read_only, backup_before_upgrade=backup_before_upgrade, force=force,
+        # No path: DEFAULT_DB_PATH, which is <HERMES_HOME>/state.db now unless a caller pinned it.
+        super().__init__(_default_path.pinned if db_path is None else db_path, read_only=read_only, backup_before_upgrade=backup_before_upgrade, force=force,
                          repair=(_repair_attempted_paths, repair_state_db_schema))
 
     # --- the method table: one line per public method that only delegates ------------------------------
@@ -235,6 +298,37 @@ class SessionDB(table.Handle):
     get_meta = Lookup("read", maintenance.get_meta)
     set_meta = Entry("write", maintenance.set_meta)
     to_provider_messages = staticmethod(to_provider_messages)
+    # hermes-agent's names (docs/api.md, "hermes-agent's names"): its handoffs, routing entries,
+    # rewinds, excerpts and start-up sweeps.
+    MAX_TITLE_LENGTH = titles.TITLE_MAX_CHARS
+    request_handoff = Entry("write", handoffs.request_handoff)
+    claim_handoff = Entry("write", handoffs.claim_handoff)
+    complete_handoff = Entry("write", handoffs.complete_handoff)
+    fail_handoff = Entry("write", handoffs.fail_handoff)
+    get_handoff_state = Lookup("read", handoffs.get_handoff_state)
+    list_pending_handoffs = Entry("read", handoffs.list_pending_handoffs)
+    save_gateway_routing_entry = Entry("write", routing.save_gateway_routing_entry)
+    load_gateway_routing_entries = Entry("read", routing.load_gateway_routing_entries)
+    replace_gateway_routing_entries = Entry("write", routing.replace_gateway_routing_entries)
+    delete_gateway_routing_entries = Entry("write", routing.delete_gateway_routing_entries)
+    rewind_to_message = Entry("transcript", rewind.rewind_to_message)
+    restore_rewound = Entry("transcript", rewind.restore_rewound)
+    archive_and_compact = Entry("compression", rewind.archive_and_compact)
+    has_archived_messages = Lookup("read", rewind.has_archived_messages)
+    get_messages_around = Entry("snapshot", excerpts.get_messages_around, unknown=excerpts.EMPTY_AROUND)
+    get_anchored_view = Entry("snapshot", excerpts.get_anchored_view, unknown=excerpts.EMPTY_ANCHORED)
+    list_recent_user_messages = Lookup("read", excerpts.list_recent_user_messages)
+    has_platform_message_id = Lookup("read", excerpts.has_platform_message_id)
+    update_session_meta = Entry("write", sessions.update_session_meta)
+    promote_to_session_reset = Entry("write", sessions.promote_to_session_reset)
+    record_auxiliary_usage = Entry("activity", sessions.record_auxiliary_usage)
+    finalize_orphaned_compression_sessions = Entry("write", maintenance.finalize_orphaned_compression_sessions)
+    prune_empty_ghost_sessions = Entry("write", maintenance.prune_empty_ghost_sessions_and_transcripts)
+
+    def _execute_write(self, body: Callable[[sqlite3.Connection], Any]) -> Any:
+        """Run `body(conn)` in one `transaction()` and return its result (hermes-agent's name for that seam)."""
+        with self.transaction() as txn:
+            return body(txn.conn)
 
     # --- explicit methods: the arguments are reshaped, or one call composes several steps --------------
 
@@ -341,6 +435,16 @@ class SessionDB(table.Handle):
         self._check_writable()  # a read-only or closed handle is the caller's mistake, not an unattended failure
         return maintenance.auto_prune_and_vacuum(self._write, self.vacuum if vacuum else None, retention_days,
                                                  min_interval_hours, sessions_dir)
+
+    def get_conversation_root(self, session_id: str) -> str:
+        """Return the top of the session's parent links (the session itself when it has none, or is unknown)."""
+        with self._read() as conn:
+            return lineage.get_conversation_root(conn, session_id)
+
+    def resolve_resume_session_id(self, session_id: str) -> str:
+        """Return the session a resume of `session_id` loads: its compression chain's live tip, else the id itself."""
+        with self._read() as conn:
+            return lineage.resolve_resume_session_id(conn, session_id)
 
     def get_compression_tip(self, session_id: str) -> str | None:
         """Return the live tip of the session's compression chain; the id itself when nothing continues it."""

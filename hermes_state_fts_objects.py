@@ -9,6 +9,8 @@ Transaction contract: none here; this module never touches a connection.
 """
 from __future__ import annotations
 
+import re
+
 WORD, TRIGRAM, CJK = "messages_fts", "messages_fts_trigram", "messages_fts_cjk"
 REASONING = "messages_fts_reasoning"
 CJK_PENDING = "messages_fts_cjk_pending"
@@ -179,3 +181,17 @@ DRAIN_TRIGGER_SQL = (
     "WHERE t IS NOT NULL; "
     f"DELETE FROM {CJK_PENDING} WHERE id = new.id; "
     "END")
+
+
+# --- the declarations as scripts, under hermes-agent's names -----------------------------------------
+
+def _script(objects: tuple[tuple[str, str, str], ...]) -> str:
+    # Each statement as sqlite_master stores it, made idempotent, so the script runs on any file.
+    return "".join(re.sub(r"^CREATE (VIRTUAL TABLE|TABLE|VIEW|TRIGGER) ", r"CREATE \1 IF NOT EXISTS ", sql) + ";\n"
+                   for _, _, sql in objects)
+
+
+# The full-text objects except the substring index (word, reasoning and CJK indexes, their
+# queues and triggers), and the substring index alone. Run after SCHEMA_SQL.
+FTS_SQL = _script(tuple(o for o in OBJECTS if "trigram" not in o[1]))
+FTS_TRIGRAM_SQL = _script(tuple(o for o in OBJECTS if "trigram" in o[1]))

@@ -2,8 +2,8 @@
 
 Owns: `COMPRESSION_END_REASON`, the compression edge (`COMPRESSION_CHILD_SQL`: which child
 continues a session compression closed), the walks along it (`compression_successor_id`,
-`compression_ancestor_ids`, `live_continuation`, `compression_chain_ids`) and the plain parent-link walks
-(`get_lineage`, `get_descendants`). Every walk is cycle-safe and visits at most `WALK_CAP`
+`compression_ancestor_ids`, `live_continuation`, `compression_chain_ids`, `resolve_resume_session_id`)
+and the plain parent-link walks (`get_lineage`, `get_descendants`, `get_conversation_root`). Every walk is cycle-safe and visits at most `WALK_CAP`
 sessions, so bad data is bounded, never an endless loop.
 Does not own: writing sessions or ending them (hermes_state_sessions), rotating
 (hermes_state_compression).
@@ -17,7 +17,7 @@ import sqlite3
 from collections import defaultdict
 from typing import Any
 
-from hermes_state_common import row_dicts
+from hermes_state_common import has_surrogate, row_dicts
 
 # The end reason rotate_session stamps on a parent it continues in a compression child.
 COMPRESSION_END_REASON = "compression"
@@ -177,3 +177,18 @@ def compression_chain_ids(conn: sqlite3.Connection, session_id: str) -> list[str
         chain.append(row[0])
         seen.add(row[0])
     return chain
+
+
+def get_conversation_root(conn: sqlite3.Connection, session_id: str) -> str:
+    """Return the top of the session's parent links (the session itself when it has no parent, or is unknown)."""
+    if not isinstance(session_id, str) or has_surrogate(session_id):
+        return session_id  # no stored id is anything else
+    chain = get_lineage(conn, session_id)
+    return chain[0]["id"] if chain else session_id
+
+
+def resolve_resume_session_id(conn: sqlite3.Connection, session_id: str) -> str:
+    """Return the session a resume of `session_id` should load: its compression chain's live tip, else the id itself."""
+    if not isinstance(session_id, str) or has_surrogate(session_id):
+        return session_id
+    return compression_successor_id(conn, session_id) or session_id

@@ -4,7 +4,8 @@ Owns: `to_provider_messages` (stored conversation -> request messages), the per-
 reasoning carriers (`reasoning_carriers`), the strict OpenAI route (`is_openai_route`: only
 the keys the Chat Completions schema declares for each role), and `ReasoningFieldMemory`,
 the per-session record of fields a route rejected by name, and `strip_echoed_user_input` (a
-server's echo of the input just sent, dropped from its reply items).
+server's echo of the input just sent, dropped from its reply items) and `sanitize_context` (recalled
+memory's fences taken out of text).
 Does not own: reading or writing rows (hermes_state_conversation builds the conversation).
 
 Transaction contract: none. Pure functions over dicts; the input conversation (the history)
@@ -318,3 +319,20 @@ def strip_echoed_user_input(items: Sequence[dict[str, Any]], sent_texts: Any) ->
                 del out[index]
             break
     return out
+
+
+# --- recalled memory, fenced out of text that goes back into a prompt ---------------------------
+# The agent wraps recalled memory in <memory-context> tags with a note saying it is background,
+# not user input. Text that is stored or quoted again must not carry that fence, or the memory
+# would come back as if the user had written it.
+_MEMORY_BLOCK = re.compile(r"<memory-context>.*?</memory-context>", re.IGNORECASE | re.DOTALL)
+_MEMORY_TAG = re.compile(r"</?memory-context>", re.IGNORECASE)
+_MEMORY_NOTE = re.compile(r"\[System note: The following is recalled memory context, NOT new user input\. "
+                          r"Treat as informational background data\.\]\s*", re.IGNORECASE)
+
+
+def sanitize_context(text: str) -> str:
+    """Return `text` without recalled-memory fences: whole <memory-context> blocks, stray tags and the memory note."""
+    if not isinstance(text, str):
+        raise TypeError(f"sanitize_context() takes a str, not {type(text).__name__}")
+    return _MEMORY_NOTE.sub("", _MEMORY_TAG.sub("", _MEMORY_BLOCK.sub("", text)))

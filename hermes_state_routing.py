@@ -1,7 +1,8 @@
 """Where a conversation's traffic goes: the routing table, the delivery outbox and async delegations.
 
 Owns: `gateway_routing` (scope, session_key -> an entry naming the session that serves it, and
-`forward_targets`, where a conversation moved on), `delivery_obligations` (replies owed,
+`forward_targets`, where a conversation moved on; also hermes-agent's verbs over the same table,
+which keep each entry as opaque JSON text), `delivery_obligations` (replies owed,
 created here on first use and never at open) and `async_delegations` (work handed to another
 agent, by origin session). The outbox and the delegations are ledgers on the gateway's
 machinery (hermes_state_gateway.Ledger): a state table each, one compare-and-set transition.
@@ -15,10 +16,12 @@ Reads run under the caller's lock and never create anything.
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 from typing import Any, cast
 
-from hermes_state_common import DELIVERY_OBLIGATIONS_SQL, check_count, check_id, check_scalar, encode_json, table_exists
+from hermes_state_common import (DELIVERY_OBLIGATIONS_SQL, check_count, check_id, check_scalar, encode_json,
+                                 has_surrogate, table_exists)
 from hermes_state_errors import LedgerStateError
 from hermes_state_gateway import Ledger, check_epoch_if_given, fetch, stamp
 from hermes_state_sessions import require_session
@@ -59,6 +62,62 @@ def delete_route(conn: sqlite3.Connection, scope: str, session_key: str) -> bool
     """Remove the entry for (scope, session_key); return whether there was one."""
     return conn.execute("DELETE FROM gateway_routing WHERE scope = ? AND session_key = ?",
                         (scope, session_key)).rowcount > 0
+
+
+# hermes-agent's gateway keeps its session-key map here as JSON text per key, in one scope (''
+# by default): the text is stored and read back byte for byte, and it need not name a session.
+
+def _check_scope(scope: Any) -> str:
+    if not isinstance(scope, str) or has_surrogate(scope):
+        raise ValueError(f"scope must be a string ('' for the default scope), not {scope!r}")
+    return scope
+
+
+def _check_entry_json(session_key: Any, entry_json: Any) -> tuple[str, str]:
+    check_id("session_key", session_key)
+    if not isinstance(entry_json, str) or has_surrogate(entry_json):
+        raise ValueError(f"entry_json for {session_key!r} must be JSON text (a str), not {type(entry_json).__name__}")
+    try:
+        json.loads(entry_json)
+    except ValueError:
+        raise ValueError(f"entry_json for {session_key!r} is not valid JSON: {entry_json[:80]!r}") from None
+    return session_key, entry_json
+
+
+def save_gateway_routing_entry(conn: sqlite3.Connection, session_key: str, entry_json: str, *, scope: str = "",
+                               now: float | None = None) -> None:
+    """Store (or replace) the JSON text of one session key's routing entry in `scope`."""
+    row = _check_entry_json(session_key, entry_json)
+    conn.execute("INSERT INTO gateway_routing (scope, session_key, entry_json, updated_at) VALUES (?, ?, ?, ?) "
+                 "ON CONFLICT(scope, session_key) DO UPDATE SET entry_json = excluded.entry_json, "
+                 "updated_at = excluded.updated_at", (_check_scope(scope), *row, stamp(now)))
+
+
+def load_gateway_routing_entries(conn: sqlite3.Connection, *, scope: str = "") -> dict[str, str]:
+    """Return {session_key: entry JSON text} of `scope`, by key."""
+    return dict(conn.execute("SELECT session_key, entry_json FROM gateway_routing WHERE scope = ? ORDER BY session_key",
+                             (_check_scope(scope),)).fetchall())
+
+
+def replace_gateway_routing_entries(conn: sqlite3.Connection, entries: dict[str, str], *, scope: str = "",
+                                    now: float | None = None) -> None:
+    """Make `entries` ({session_key: entry JSON text}) the whole content of `scope`; other scopes are kept."""
+    if not isinstance(entries, dict):
+        raise ValueError(f"entries must be a dict of session_key -> JSON text, not {type(entries).__name__}")
+    rows = [_check_entry_json(key, text) for key, text in entries.items()]  # all checked before the first change
+    scope, when = _check_scope(scope), stamp(now)
+    conn.execute("DELETE FROM gateway_routing WHERE scope = ?", (scope,))
+    conn.executemany("INSERT INTO gateway_routing (scope, session_key, entry_json, updated_at) VALUES (?, ?, ?, ?)",
+                     [(scope, key, text, when) for key, text in rows])
+
+
+def delete_gateway_routing_entries(conn: sqlite3.Connection, session_keys: list[str], *, scope: str = "") -> None:
+    """Remove the entries of `session_keys` from `scope`; keys with no entry are ignored."""
+    if isinstance(session_keys, str) or not isinstance(session_keys, (list, tuple, set, frozenset)):
+        raise ValueError(f"session_keys must be a list of keys, not {type(session_keys).__name__}")
+    keys = [check_id("session_key", key) for key in session_keys]
+    conn.executemany("DELETE FROM gateway_routing WHERE scope = ? AND session_key = ?",
+                     [(_check_scope(scope), key) for key in keys])
 
 
 def forward_targets(conn: sqlite3.Connection, session_id: str) -> list[str]:

@@ -188,6 +188,21 @@ def _close(conn: sqlite3.Connection, session_id: str, end_reason: str, now: floa
         require_session(conn, session_id)
 
 
+# An end a later session reset may take over: the agent closed its handle without the user
+# ending the conversation, so the reset is the real end.
+PROMOTABLE_END_REASON = "agent_close"
+
+
+def promote_to_session_reset(conn: sqlite3.Connection, session_id: str, reason: str = "session_reset", *,
+                             now: float | None = None) -> bool:
+    """End a live session, or one only the agent's close ended, with `reason`; False for any other or unknown one."""
+    check_id("reason", reason)
+    return conn.execute("UPDATE sessions SET ended_at = ?, end_reason = ? WHERE id = ? "
+                        "AND (ended_at IS NULL OR end_reason = ?)",
+                        (time.time() if now is None else now, replace_surrogates(reason), session_id,
+                         PROMOTABLE_END_REASON)).rowcount > 0
+
+
 def reopen_session(conn: sqlite3.Connection, session_id: str) -> None:
     """Clear ended_at/end_reason, and an archive that only the idle sweep made.
 
@@ -289,6 +304,30 @@ def update_token_counts(conn: sqlite3.Connection, session_id: str, input_tokens:
         _add_usage(conn, session_id, usage_model, route, counts, time.time() if now is None else now)
 
 
+# The model an auxiliary call is filed under when the caller does not name one.
+UNKNOWN_AUX_MODEL = "unknown"
+
+
+def record_auxiliary_usage(conn: sqlite3.Connection, session_id: str, task: str, *, model: str | None = None,
+                           billing_provider: str | None = None, billing_base_url: str | None = None,
+                           input_tokens: int = 0, output_tokens: int = 0, cache_read_tokens: int = 0,
+                           cache_write_tokens: int = 0, reasoning_tokens: int = 0,
+                           estimated_cost_usd: float | None = None, now: float | None = None) -> None:
+    """Add one auxiliary call (a title, a summary: `task`) to the session's usage rows; the session's totals stay.
+
+    The row is keyed by task, model ("unknown" when not given) and billing route; each call
+    counts one API call there.
+    """
+    check_id("task", task)
+    counts = _checked_counts((input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, 1),
+                             estimated_cost_usd, None)
+    route = _checked_route(model, (billing_provider, billing_base_url, None))
+    require_session(conn, session_id)
+    _check_sums_fit(conn, session_id, counts)
+    _add_usage(conn, session_id, route["model"] or UNKNOWN_AUX_MODEL, route, counts,
+               time.time() if now is None else now, task)
+
+
 def _checked_counts(tokens: tuple[Any, ...], estimated_cost_usd: Any, actual_cost_usd: Any) -> dict[str, Any]:
     # The token counters (all of them, zeros included) and the costs that were given.
     counts: dict[str, Any] = {name: check_count(name, value) for name, value in zip(_TOKEN_COLUMNS, tokens)}
@@ -325,17 +364,17 @@ def _route_sets(route: dict[str, Any], session_model: str | None, first_accounte
 
 
 def _add_usage(conn: sqlite3.Connection, session_id: str, model: str, route: dict[str, Any],
-               counts: dict[str, Any], now: float) -> None:
+               counts: dict[str, Any], now: float, task: str = "") -> None:
     names = [n for n in counts if n in TABLE_COLUMNS["session_model_usage"]]
     conn.execute(
         f"INSERT INTO session_model_usage (session_id, model, {', '.join(_ROUTE_COLUMNS)}, task, "
         f"{', '.join(names)}, updated_at, first_seen, last_seen) "
-        f"VALUES (?, ?, ?, ?, ?, '', {', '.join('?' * len(names))}, ?, ?, ?) "
+        f"VALUES (?, ?, ?, ?, ?, ?, {', '.join('?' * len(names))}, ?, ?, ?) "
         # The real system's key: usage per model and billing route ('' for a part not known).
         f"ON CONFLICT (session_id, model, billing_provider, billing_base_url, billing_mode, task) DO UPDATE SET "
         f"{', '.join(f'{n} = COALESCE({n}, 0) + excluded.{n}' for n in names)}, updated_at = excluded.updated_at, "
         "last_seen = excluded.last_seen",
-        [session_id, model, *(route[n] or "" for n in _ROUTE_COLUMNS), *(counts[n] for n in names), now, now, now])
+        [session_id, model, *(route[n] or "" for n in _ROUTE_COLUMNS), task, *(counts[n] for n in names), now, now, now])
 
 
 def _check_sums_fit(conn: sqlite3.Connection, session_id: str, counts: dict[str, Any]) -> None:
@@ -400,6 +439,19 @@ def auto_archive(conn: sqlite3.Connection, idle_days: float, *, now: float | Non
 def update_system_prompt(conn: sqlite3.Connection, session_id: str, system_prompt: str | None) -> None:
     """Store the system prompt the session's turns are built with (None clears it)."""
     _set_columns(conn, session_id, {"system_prompt": system_prompt})
+
+
+def update_session_meta(conn: sqlite3.Connection, session_id: str, model_config_json: str | None,
+                        model: str | None = None) -> None:
+    """Store the session's model config (JSON text, or None to clear it) and, when given, its model."""
+    if model_config_json is not None and not isinstance(model_config_json, str):
+        raise ValueError(f"model_config_json must be JSON text (a str) or None, not {type(model_config_json).__name__}")
+    columns: dict[str, Any] = {"model_config": model_config_json}
+    if model is not None:
+        if not isinstance(model, str) or not model.strip():
+            raise ValueError("model must be a non-empty string or None")
+        columns["model"] = model
+    _set_columns(conn, session_id, columns)
 
 
 def update_session_model(conn: sqlite3.Connection, session_id: str, model: str) -> None:
