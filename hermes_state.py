@@ -19,7 +19,6 @@ import os
 import sqlite3
 import sys  # hermes-agent's tests also patch hermes_state.sys.platform
 import time  # noqa: F401  (and hermes_state.time.time)
-import types
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -31,6 +30,7 @@ import hermes_state_excerpts as excerpts
 import hermes_state_fts as fts
 import hermes_state_gateway as gateway
 import hermes_state_gateway_sessions as gateway_sessions
+import hermes_state_home as home
 import hermes_state_handoffs as handoffs
 import hermes_state_lineage as lineage
 import hermes_state_listings as listings
@@ -44,6 +44,7 @@ import hermes_state_schema as schema
 import hermes_state_routing as routing
 import hermes_state_search as search
 import hermes_state_sessions as sessions
+import hermes_state_sweeps as sweeps
 import hermes_state_table as table
 import hermes_state_telegram as telegram
 import hermes_state_titles as titles
@@ -115,46 +116,8 @@ def repair_state_db_schema(db_path: str | os.PathLike, *, backup: bool = True) -
     return _repair_file(db_path, backup=backup, check=lambda path: _db_opens_cleanly(path))
 
 
-class _DefaultPath:
-    """Where `SessionDB()` opens: <HERMES_HOME>/state.db as resolved at each call, or the path a caller pinned."""
-
-    def __init__(self) -> None:
-        self.pinned: Path | None = None
-
-    def current(self) -> Path:
-        """Return the pinned path, else get_hermes_home() / "state.db" now."""
-        return self.pinned or get_hermes_home() / "state.db"
-
-    def pin(self, value: str | os.PathLike | None) -> None:
-        """Pin `value` (None unpins); pinning the path the home resolves to now pins nothing, so an undo restores."""
-        path = None if value is None else Path(value)
-        self.pinned = None if path == get_hermes_home() / "state.db" else path
-
-
-_default_path = _DefaultPath()
-
-
-class _Module(types.ModuleType):
-    # hermes-agent's DEFAULT_DB_PATH is a module attribute its callers read and patch. Here it is
-    # computed when read, so it follows HERMES_HOME as every default path must; assigning it pins
-    # SessionDB()'s default, deleting it unpins.
-    @property
-    def DEFAULT_DB_PATH(self) -> Path:  # noqa: N802 - the agent's name
-        return _default_path.current()
-
-    @DEFAULT_DB_PATH.setter
-    def DEFAULT_DB_PATH(self, value: str | os.PathLike) -> None:  # noqa: N802
-        _default_path.pin(value)
-
-    @DEFAULT_DB_PATH.deleter
-    def DEFAULT_DB_PATH(self) -> None:  # noqa: N802
-        _default_path.pin(None)
-
-    def __dir__(self) -> list[str]:
-        return sorted({*self.__dict__, "DEFAULT_DB_PATH"})
-
-
-sys.modules[__name__].__class__ = _Module
+# DEFAULT_DB_PATH: <HERMES_HOME>/state.db when read, unless a caller pinned it (hermes_state_home).
+sys.modules[__name__].__class__ = home.DefaultPathModule
 if TYPE_CHECKING:
     DEFAULT_DB_PATH: Path
 
@@ -166,7 +129,8 @@ class SessionDB(table.Handle):
                  backup_before_upgrade: bool = True, force: bool = False):
         # The repair hooks are read from this module at each open: callers replace them here.
         # No path: DEFAULT_DB_PATH, which is <HERMES_HOME>/state.db now unless a caller pinned it.
-        super().__init__(_default_path.pinned if db_path is None else db_path, read_only=read_only, backup_before_upgrade=backup_before_upgrade, force=force,
+        super().__init__(home.DEFAULT_PATH.pinned if db_path is None else db_path, read_only=read_only,
+                         backup_before_upgrade=backup_before_upgrade, force=force,
                          repair=(_repair_attempted_paths, repair_state_db_schema))
 
     # --- the method table: one line per public method that only delegates ------------------------------
@@ -322,8 +286,8 @@ class SessionDB(table.Handle):
     update_session_meta = Entry("write", sessions.update_session_meta)
     promote_to_session_reset = Entry("write", sessions.promote_to_session_reset)
     record_auxiliary_usage = Entry("activity", sessions.record_auxiliary_usage)
-    finalize_orphaned_compression_sessions = Entry("write", maintenance.finalize_orphaned_compression_sessions)
-    prune_empty_ghost_sessions = Entry("write", maintenance.prune_empty_ghost_sessions_and_transcripts)
+    finalize_orphaned_compression_sessions = Entry("write", sweeps.finalize_orphaned_compression_sessions)
+    prune_empty_ghost_sessions = Entry("write", sweeps.prune_empty_ghost_sessions_and_transcripts)
 
     def _execute_write(self, body: Callable[[sqlite3.Connection], Any]) -> Any:
         """Run `body(conn)` in one `transaction()` and return its result (hermes-agent's name for that seam)."""

@@ -17,8 +17,8 @@ import copy
 import sqlite3
 from typing import Any, Iterable
 
-from hermes_state_common import check_count
-from hermes_state_messages import decoded_rows
+from hermes_state_common import check_count, row_dicts
+from hermes_state_gateway import decoded
 
 PREVIEW_CHARS = 80  # a preview longer than this ends in "..." at this length
 _ELLIPSIS = "..."
@@ -27,6 +27,15 @@ _HAS_TEXT = "content IS NOT NULL AND content != '' AND content_parts IS NULL"
 # What a window around a message that is not there answers.
 EMPTY_AROUND: dict[str, Any] = {"window": [], "messages_before": 0, "messages_after": 0}
 EMPTY_ANCHORED: dict[str, Any] = {**EMPTY_AROUND, "bookend_start": [], "bookend_end": []}
+
+
+def decoded_rows(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dict[str, Any]]:
+    """Run a SELECT of whole message rows; return them as get_messages does (JSON decoded, parts as content)."""
+    rows = [decoded("messages", row) for row in row_dicts(conn.execute(sql, params))]
+    for row in rows:
+        if row.get("content_parts") is not None:
+            row["content"] = row["content_parts"]
+    return rows
 
 
 def _check_id(name: str, value: Any) -> int:

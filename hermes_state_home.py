@@ -6,7 +6,8 @@ child processes, and the guard that stops a test process from opening a producti
 
 Does not own: opening anything. Nothing here creates a directory or opens a database; the one write is
 `os.environ["HERMES_HOME"]` in `_apply_profile_override`. Every answer is computed at call time from the
-environment and the file system, so tests may change `HOME`/`HERMES_HOME` freely. The one thing kept from
+environment and the file system, so tests may change `HOME`/`HERMES_HOME` freely (hermes-agent's
+`DEFAULT_DB_PATH` too: computed when read, unless a caller assigned it). The one thing kept from
 import time is `HOME` as it was then: the guard still knows the real root when a test fakes `HOME`.
 
 Transaction contract: none; this module never touches SQLite.
@@ -18,6 +19,7 @@ import os
 import re
 import sys
 import threading
+import types
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Mapping, MutableSequence
@@ -337,3 +339,46 @@ def check_db_path_allowed(path: str | os.PathLike[str]) -> None:
         "the live database, mark it @pytest.mark.live_system_guard_bypass (in-process) or set "
         f"{GUARD_BYPASS_ENV}=1 in the environment of a child process."
     )
+
+
+# --- hermes-agent's DEFAULT_DB_PATH ------------------------------------------------------------------
+
+class DefaultPath:
+    """Where `SessionDB()` opens: get_hermes_home() / "state.db" as resolved at each call, or the path a caller pinned."""
+
+    def __init__(self) -> None:
+        self.pinned: Path | None = None
+
+    def current(self) -> Path:
+        """Return the pinned path, else get_hermes_home() / "state.db" now."""
+        return self.pinned or get_hermes_home() / "state.db"
+
+    def pin(self, value: str | os.PathLike[str] | None) -> None:
+        """Pin `value` (None unpins); the path the home resolves to now pins nothing, so restoring the old value unpins."""
+        path = None if value is None else Path(value)
+        self.pinned = None if path == get_hermes_home() / "state.db" else path
+
+
+DEFAULT_PATH = DefaultPath()
+
+
+class DefaultPathModule(types.ModuleType):
+    """The class of the `hermes_state` module: its DEFAULT_DB_PATH is read through DEFAULT_PATH."""
+
+    # hermes-agent's DEFAULT_DB_PATH is a module attribute its callers read and patch. Here it is
+    # computed when read, so it follows HERMES_HOME as every default path must; assigning it pins
+    # SessionDB()'s default, deleting it unpins.
+    @property
+    def DEFAULT_DB_PATH(self) -> Path:  # noqa: N802 - hermes-agent's name
+        return DEFAULT_PATH.current()
+
+    @DEFAULT_DB_PATH.setter
+    def DEFAULT_DB_PATH(self, value: str | os.PathLike[str]) -> None:  # noqa: N802
+        DEFAULT_PATH.pin(value)
+
+    @DEFAULT_DB_PATH.deleter
+    def DEFAULT_DB_PATH(self) -> None:  # noqa: N802
+        DEFAULT_PATH.pin(None)
+
+    def __dir__(self) -> list[str]:
+        return sorted({*self.__dict__, "DEFAULT_DB_PATH"})

@@ -439,53 +439,6 @@ def delete_session_if_empty(conn: sqlite3.Connection, session_id: Any) -> bool:
     return True
 
 
-
-# --- hermes-agent's two start-up sweeps -------------------------------------------------------------
-
-# The TUI creates its session row before the first turn; one closed without a turn, untitled,
-# is a ghost the session list should not show once it is a day old.
-GHOST_SOURCE = "tui"
-GHOST_MIN_AGE_S = DAY_S
-# A continuation compression created but whose process died before its first API call never
-# got an end; after a week the sweep ends it under this reason.
-ORPHANED_COMPRESSION_REASON = "orphaned_compression"
-ORPHANED_COMPRESSION_MIN_AGE_S = 7 * DAY_S
-
-
-def _ghost_selection(now: float) -> Selection:
-    return Selection("s.source = ? AND s.ended_at IS NOT NULL AND s.title IS NULL AND COALESCE(s.archived, 0) = 0 "
-                     "AND s.started_at < ? AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id)",
-                     (GHOST_SOURCE, now - GHOST_MIN_AGE_S))
-
-
-def prune_empty_ghost_sessions(conn: sqlite3.Connection, *, now: float | None = None) -> list[str]:
-    """Delete TUI sessions ended without a message or title, started over a day ago; return their ids."""
-    plan = plan_sweep(conn, _ghost_selection(time.time() if now is None else now), delegates=False)
-    if plan.ids:
-        delete_rows(conn, plan.ids)
-    return plan.ids
-
-
-def prune_empty_ghost_sessions_and_transcripts(txn: Transaction, sessions_dir: str | os.PathLike | None = None) -> int:
-    """Delete the empty TUI ghost sessions (and, after COMMIT, their transcript files); return how many."""
-    removed = prune_empty_ghost_sessions(txn.conn)
-    _files_after_commit(txn, sessions_dir, removed)
-    return len(removed)
-
-
-def finalize_orphaned_compression_sessions(conn: sqlite3.Connection, *, now: float | None = None) -> int:
-    """End, as 'orphaned_compression', week-old continuations of a compression that never made an API call; return how many.
-
-    A candidate is still open, has message rows, no accounted API call, and a parent that
-    compression ended.
-    """
-    now = time.time() if now is None else now
-    return conn.execute(
-        "UPDATE sessions SET ended_at = ?, end_reason = ? WHERE ended_at IS NULL AND COALESCE(api_call_count, 0) = 0 "
-        "AND started_at < ? AND EXISTS (SELECT 1 FROM messages m WHERE m.session_id = sessions.id) "
-        "AND EXISTS (SELECT 1 FROM sessions p WHERE p.id = sessions.parent_session_id AND p.end_reason = ?)",
-        (now, ORPHANED_COMPRESSION_REASON, now - ORPHANED_COMPRESSION_MIN_AGE_S, COMPRESSION_END_REASON)).rowcount
-
 # --- transcript files ----------------------------------------------------------------------------
 
 _DUMP_SUFFIX = re.compile(r"[^_/\\]*\.json")

@@ -390,11 +390,6 @@ def get_messages(conn: sqlite3.Connection, session_id: str, include_inactive: bo
         # SQLite takes OFFSET only after a LIMIT; -1 means no limit.
         sql += " LIMIT ? OFFSET ?"
         params += [-1 if limit is None else check_count("limit", limit), check_count("offset", offset)]
-    return decoded_rows(conn, sql, params)
-
-
-def decoded_rows(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dict[str, Any]]:
-    """Run a SELECT of whole message rows; return them as get_messages does (JSON decoded, parts as content)."""
     rows = _decoded(row_dicts(conn.execute(sql, params)))
     for row in rows:
         if row.get("content_parts") is not None:

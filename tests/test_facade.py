@@ -326,22 +326,29 @@ DECLARED_UNKNOWN: dict[str, Any] = {
         "get_compression_failure_cooldown", "next_admission", "get_admission", "get_execution",
         "find_latest_gateway_session_for_peer", "find_session_by_origin", "get_delivery", "get_route",
         "get_delegation", "export_session", "export_session_lineage", "get_telegram_topic_binding",
-        "get_telegram_topic_binding_by_session", "get_meta"], None),
+        "get_telegram_topic_binding_by_session", "get_meta", "get_handoff_state"], None),
     **{name: [] for name in [
         "get_messages", "get_ancestor_display_prefix", "get_lineage", "get_descendants",
         "get_compression_ancestors", "get_compression_lineage", "list_cron_job_runs", "list_admissions",
         "list_executions", "list_receipts", "list_gateway_sessions", "list_owed", "list_routes",
-        "list_delegations", "list_telegram_topic_bindings_for_chat", "list_unlinked_telegram_sessions_for_user"]},
+        "list_delegations", "list_telegram_topic_bindings_for_chat", "list_unlinked_telegram_sessions_for_user",
+        "list_recent_user_messages"]},
     "message_count": 0, "get_compression_fallback_streak": 0,
     "is_telegram_session_linked_to_topic": False, "is_telegram_topic_mode_enabled": False,
+    "has_archived_messages": False, "has_platform_message_id": False,
     "get_resume_conversations": ([], []),
 }
+# Reads by id whose answer for an unknown key is a value no return type implies (an Entry's `unknown=`).
+ENTRY_UNKNOWN = {"get_messages_around": {"window": [], "messages_before": 0, "messages_after": 0},
+                 "get_anchored_view": {"window": [], "messages_before": 0, "messages_after": 0,
+                                       "bookend_start": [], "bookend_end": []}}
 # The reads the module function answers in full (listings, counts and searches over filters): no
 # answer of their own, so text SQLite cannot store goes to the function as it is.
 ANSWERS_ITSELF = {"distinct_session_cwds", "session_count", "get_next_title_in_lineage", "list_sessions",
                   "count_sessions", "usage_by_model", "top_sessions_by_tokens", "list_sessions_rich",
                   "search_sessions", "search_sessions_by_id", "search_messages", "fts_rebuild_status",
-                  "get_runtime", "backup", "list_prune_candidates", "count_empty_sessions"}
+                  "get_runtime", "backup", "list_prune_candidates", "count_empty_sessions",
+                  "list_pending_handoffs", "load_gateway_routing_entries"}
 
 
 def test_each_lookup_answers_an_unknown_key_as_the_table_declared_it():
@@ -354,9 +361,11 @@ def test_each_lookup_answers_an_unknown_key_as_the_table_declared_it():
         assert entry.unknown == answer and repr(entry.unknown) == repr(answer), name
     for name in ANSWERS_ITSELF:
         assert found[name].kind in ("read", "snapshot") and found[name].unknown is table.ASK, name
-    # Every other read is one of the two lists: a new read is placed in one on purpose.
+    for name, answer in ENTRY_UNKNOWN.items():
+        assert not isinstance(found[name], table.Lookup) and found[name].unknown == answer, name
+    # Every other read is one of the lists: a new read is placed in one on purpose.
     reads = {name for name, entry in found.items() if entry.kind in ("read", "snapshot")}
-    assert reads == DECLARED_UNKNOWN.keys() | ANSWERS_ITSELF
+    assert reads == DECLARED_UNKNOWN.keys() | ANSWERS_ITSELF | ENTRY_UNKNOWN.keys()
 
 
 def test_a_lookups_answer_is_the_empty_value_of_its_return_type():

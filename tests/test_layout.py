@@ -28,6 +28,7 @@ RANKS = {
     "hermes_state_fts_objects": 3.5,  # the full-text objects' SQL, which the builder (rank 4) creates
     "hermes_state_fts": 4, "hermes_state_catalogue": 4,
     "hermes_state_sessions": 4,
+    "hermes_state_handoffs": 4.2,  # a session's handoff columns
     "hermes_state_gateway_sessions": 4.5,  # the gateway peer of a session row, beside the session rules
     "hermes_state_copies": 4.8,  # a message copied into a generation: the fields its stored row keeps
     "hermes_state_messages": 5,
@@ -37,9 +38,12 @@ RANKS = {
     "hermes_state_telegram": 6.5,  # topic bindings; the unlinked-session list uses the listings' rows
     "hermes_state_portability": 8, "hermes_state_recovery": 8, "hermes_state_gateway": 8,
     "hermes_state_routing": 8.2,  # the delivery ledgers, on the gateway's ledger machinery and epoch
+    "hermes_state_excerpts": 8.1,  # message rows decoded as the ledgers' rows are
+    "hermes_state_rewind": 8.3,  # archives through compression, reads the target as an excerpt does
     "hermes_state_ownership": 8.4,  # reads where the routing says a conversation moved on
     "hermes_state_maintenance": 8.5,  # deletes what the ledgers (rank 8) describe
-    "hermes_state_repair": 8.5,  # repairs a file with the full-text builder (rank 4)
+    "hermes_state_repair": 8.5,
+    "hermes_state_sweeps": 8.7,  # hermes-agent's start-up sweeps, on maintenance's planner  # repairs a file with the full-text builder (rank 4)
     "hermes_state_upgrade": 9,
     "hermes_state_table": 9.5,  # the method table and the handle it runs on (opens through the upgrade)
     "hermes_state": 10,
