@@ -5,8 +5,8 @@ Owns: the handoff lifecycle kept in `sessions.handoff_state`, `handoff_platform`
 platform that takes it over claims it (`running`), and it ends `completed` or `failed` (with
 the error). A new request is accepted only when no handoff is pending or running; completing
 or failing is recorded whatever the state was, since the platform that did the work is the one
-that knows. An unknown session is an answer here (False, None, no row), never an error, as the
-gateway polling these calls expects.
+that knows. The yes/no calls answer False for an unknown session, as hermes-agent's gateway
+expects; recording an end for one raises SessionNotFoundError, as every write naming no session.
 Does not own: the session rows' other columns (hermes_state_sessions) or the gateway's routing
 entries (hermes_state_routing).
 
@@ -20,6 +20,7 @@ import sqlite3
 from typing import Any
 
 from hermes_state_common import check_id, replace_surrogates, row_dicts
+from hermes_state_errors import SessionNotFoundError
 
 PENDING, RUNNING, COMPLETED, FAILED = "pending", "running", "completed", "failed"
 # The states in which a handoff is still under way: a new request waits until it ends.
@@ -49,17 +50,21 @@ def claim_handoff(conn: sqlite3.Connection, session_id: str) -> bool:
                         (RUNNING, session_id, PENDING)).rowcount > 0
 
 
-def complete_handoff(conn: sqlite3.Connection, session_id: str) -> None:
-    """Record the handoff as completed (its error cleared); an unknown session changes nothing."""
+def _record_end(conn: sqlite3.Connection, session_id: str, state: str, error: str | None) -> None:
     check_id("session_id", session_id)
-    conn.execute("UPDATE sessions SET handoff_state = ?, handoff_error = NULL WHERE id = ?", (COMPLETED, session_id))
+    if conn.execute("UPDATE sessions SET handoff_state = ?, handoff_error = ? WHERE id = ?",
+                    (state, error, session_id)).rowcount == 0:
+        raise SessionNotFoundError(f"session {session_id!r} not found")
+
+
+def complete_handoff(conn: sqlite3.Connection, session_id: str) -> None:
+    """Record the handoff as completed (its error cleared); an unknown session raises SessionNotFoundError."""
+    _record_end(conn, session_id, COMPLETED, None)
 
 
 def fail_handoff(conn: sqlite3.Connection, session_id: str, error: str) -> None:
-    """Record the handoff as failed with `error`; an unknown session changes nothing."""
-    check_id("session_id", session_id)
-    conn.execute("UPDATE sessions SET handoff_state = ?, handoff_error = ? WHERE id = ?",
-                 (FAILED, _check_text("error", error), session_id))
+    """Record the handoff as failed with `error`; an unknown session raises SessionNotFoundError."""
+    _record_end(conn, session_id, FAILED, _check_text("error", error))
 
 
 def get_handoff_state(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:

@@ -21,7 +21,6 @@ from typing import Any, Iterable
 import hermes_state_compression as compression
 from hermes_state_common import recount_sql
 from hermes_state_excerpts import decoded_rows
-from hermes_state_sessions import require_session
 
 _RECOUNT_SQL = recount_sql() + " WHERE id = ?"
 
@@ -37,11 +36,10 @@ def rewind_to_message(conn: sqlite3.Connection, session_id: str, target_message_
 
     Returns {"rewound_count", "target_message" (the row as get_messages gave it before the
     rewind), "new_head_id" (the last live row left, or None)}. The rows are kept, and
-    `restore_rewound` puts them back. A target that is not a live row of the session, or not a
-    user turn, raises ValueError and changes nothing.
+    `restore_rewound` puts them back. A target that is not a live row of the session (an unknown
+    session has none), or not a user turn, raises ValueError and changes nothing.
     """
     _check_row_id("target_message_id", target_message_id)
-    require_session(conn, session_id)
     found = decoded_rows(conn, "SELECT * FROM messages WHERE id = ? AND session_id = ? AND active = 1",
                          (target_message_id, session_id))
     if not found:

@@ -6,15 +6,24 @@ Runs inside hermes-agent's virtual environment and imports nothing of hermes-sta
 module has the same name): only the published package, through the methods its API names.
 Reads one JSON list of operations, each a list `[name, *args]`, runs them in order on one
 SessionDB and prints one JSON list of their results. Any exception ends the run with its
-traceback on stderr and exit status 1: the tests treat every raw error of the agent as a failure.
+traceback on stderr and exit status 1: the tests treat every raw error of the agent as a failure;
+only the `try` operation turns an exception into an answer (the names of its classes).
+
+The generic operations (`call`, `try`, `age`, `query`) also run in hermes-state's own process
+(tests/test_dropin.py imports `run`), so both programs see exactly the same steps: an argument
+`{"$": n}` is the n-th operation's full result, `{"dir": name}` a directory beside the database,
+and `call`'s projection picks what is compared (see `project`).
 """
 from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 
 def main() -> None:
@@ -25,13 +34,85 @@ def main() -> None:
 
     ops = json.load(sys.stdin)
     db = SessionDB(db_path=path)
-    results: list = []
     try:
-        for name, *args in ops:
-            results.append(OPS[name](db, *args))
+        results = run(db, path, ops)
     finally:
         db.close()
     json.dump(results, sys.stdout, ensure_ascii=False)
+
+
+def run(db: Any, path: Path, ops: list) -> list:
+    """Run `ops` on `db` (whose file is `path`) and return their results, JSON-ready."""
+    full: list = []  # each operation's whole result, for {"$": n} references
+    shown: list = []
+    for name, *args in ops:
+        args = _resolve(args, full, path)
+        if name in GENERIC:
+            result, answer = GENERIC[name](db, path, *args)
+        else:
+            result = answer = OPS[name](db, *args)
+        full.append(result)
+        shown.append(json.loads(json.dumps(answer, default=repr)))
+    return shown
+
+
+def _resolve(value: Any, full: list, path: Path) -> Any:
+    if isinstance(value, dict) and set(value) == {"$"}:
+        return full[value["$"]]
+    if isinstance(value, dict) and set(value) == {"dir"}:
+        folder = path.parent / value["dir"]
+        folder.mkdir(exist_ok=True)
+        return folder
+    if isinstance(value, list):
+        return [_resolve(v, full, path) for v in value]
+    if isinstance(value, dict):
+        return {k: _resolve(v, full, path) for k, v in value.items()}
+    return value
+
+
+def project(value: Any, spec: Any) -> Any:
+    """Return the part of `value` a test compares: "ids" (rows -> their ids), a key list, or {key: spec}."""
+    if spec is None:
+        return value
+    if spec == "ids":
+        return [row["id"] for row in value]
+    if isinstance(spec, list):
+        if isinstance(value, list):
+            return [{k: row.get(k) for k in spec} for row in value]
+        return None if value is None else {k: value.get(k) for k in spec}
+    if isinstance(spec, dict):
+        return {k: project(value[k], sub) for k, sub in spec.items()}
+    raise ValueError(f"unknown projection {spec!r}")
+
+
+def _call(db: Any, path: Path, method: str, args: list, kwargs: dict | None = None, spec: Any = None) -> tuple:
+    result = getattr(db, method)(*args, **(kwargs or {}))
+    return result, project(result, spec)
+
+
+def _try(db: Any, path: Path, method: str, args: list, kwargs: dict | None = None, spec: Any = None) -> tuple:
+    try:
+        return _call(db, path, method, args, kwargs, spec)
+    except Exception as exc:  # the answer is which kind of error it was
+        raised = {"raised": [cls.__name__ for cls in type(exc).__mro__]}
+        return raised, raised
+
+
+def _age(db: Any, path: Path, session_id: str, seconds: float) -> tuple:
+    # Backdate a session's start, as a long-running install's rows are: a raw write beside the handle.
+    with closing(sqlite3.connect(str(path), timeout=10)) as conn:
+        conn.execute("UPDATE sessions SET started_at = ? WHERE id = ?", (time.time() - seconds, session_id))
+        conn.commit()
+    return None, None
+
+
+def _query(db: Any, path: Path, sql: str, params: list | None = None) -> tuple:
+    with closing(sqlite3.connect(str(path), timeout=10)) as conn:
+        rows = [list(r) for r in conn.execute(sql, params or [])]
+    return rows, rows
+
+
+GENERIC = {"call": _call, "try": _try, "age": _age, "query": _query}
 
 
 def _create(db, sid: str, source: str = "cli") -> str:
@@ -81,6 +162,10 @@ def _end(db, sid: str, reason: str) -> None:
     db.end_session(sid, reason)
 
 
+def _create_child(db, sid: str, parent: str, source: str = "cli") -> str:
+    return db.create_session(sid, source, parent_session_id=parent)
+
+
 def _create_for(db, sid: str, source: str, user_id: str) -> str:
     return db.create_session(sid, source, user_id=user_id)
 
@@ -103,7 +188,7 @@ def _unlinked(db, chat_id: str, user_id: str) -> list:
     return [s["id"] for s in db.list_unlinked_telegram_sessions_for_user(chat_id=chat_id, user_id=user_id)]
 
 
-OPS = {"create_for": _create_for, "bind_topic": _bind_topic, "topic": _topic, "unlinked": _unlinked,
+OPS = {"create_for": _create_for, "create_child": _create_child, "bind_topic": _bind_topic, "topic": _topic, "unlinked": _unlinked,
        "create": _create, "append": _append, "appends": _appends, "messages": _messages, "session": _session,
        "search": _search, "sessions": _sessions, "tokens": _tokens, "title": _title, "end": _end}
 

@@ -34,6 +34,9 @@ READS = {
     "list_telegram_topic_bindings_for_chat", "is_telegram_topic_mode_enabled", "list_unlinked_telegram_sessions_for_user",
     "find_latest_gateway_session_for_peer", "list_gateway_sessions", "find_session_by_origin",
     "get_compression_failure_cooldown", "get_compression_fallback_streak",
+    "get_handoff_state", "list_pending_handoffs", "load_gateway_routing_entries", "has_archived_messages",
+    "get_messages_around", "get_anchored_view", "list_recent_user_messages", "has_platform_message_id",
+    "get_conversation_root", "resolve_resume_session_id",
 }
 
 
