@@ -51,7 +51,7 @@ AGENT_PYTHON, WHY_NOT = _find_agent()
 
 
 @pytest.fixture(autouse=True)
-def _need_agent():
+def need_agent():
     if AGENT_PYTHON is None:
         if os.environ.get("HERMES_STATE_REQUIRE_AGENT"):
             pytest.fail(f"HERMES_STATE_REQUIRE_AGENT is set but {WHY_NOT}")

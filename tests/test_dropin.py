@@ -18,20 +18,12 @@ import pytest
 
 import hermes_agent_driver as driver
 from hermes_state import SessionDB
-from test_coexistence import AGENT_PYTHON, WHY_NOT, agent
+from test_coexistence import AGENT_PYTHON, agent, need_agent  # noqa: F401 - need_agent: the autouse fixture
 
 pytestmark = pytest.mark.hermes_agent
 
 DAY = 86400.0
 CALL = [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]
-
-
-@pytest.fixture(autouse=True)
-def _need_agent():
-    if AGENT_PYTHON is None:
-        if os.environ.get("HERMES_STATE_REQUIRE_AGENT"):
-            pytest.fail(f"HERMES_STATE_REQUIRE_AGENT is set but {WHY_NOT}")
-        pytest.skip(WHY_NOT)
 
 
 def ours(path: Path, ops: list) -> list:
