@@ -104,6 +104,17 @@ def test_rewind_and_restore_keep_the_session_counters_exact(db):
     assert not db.has_archived_messages("s")
 
 
+def test_a_session_compression_closed_refuses_rewind_restore_and_archive(db):
+    from hermes_state import SessionClosedByCompressionError
+    ids = _turns(db, n=1)
+    db.rotate_session("s", "s2", [{"role": "user", "content": "question 0"}])
+    for call in (lambda: db.rewind_to_message("s", ids[0]), lambda: db.restore_rewound("s", 0),
+                 lambda: db.archive_and_compact("s", [])):
+        with pytest.raises(SessionClosedByCompressionError, match="s2"):
+            call()
+    assert [m["id"] for m in db.get_messages("s", include_inactive=True)] == ids
+
+
 def test_restore_leaves_compacted_generations_archived(db):
     ids = _turns(db)
     assert db.archive_and_compact("s", [{"role": "user", "content": "summary"}]) == 1
