@@ -449,7 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tail", type=non_negative, metavar="N", help="only the last N messages (0: all)")
     p.add_argument("--full", action="store_true", help="every message whole, with tool calls and reasoning (Markdown)")
     p = _command(ssub, "search", commands.cmd_search, "full-text search (words, CJK, substrings)")
-    p.add_argument("query")
+    _SEARCH_PARSER[:] = [p]
+    p.add_argument("query", nargs="+")
     p.add_argument("-n", "--limit", type=non_negative, default=20)
     p.add_argument("--offset", type=non_negative, default=0)
     p.add_argument("--source", action="append", help="only these sources (repeatable)")
@@ -523,6 +524,39 @@ def _fit_output() -> None:
     render.use_ascii(ascii_only)
 
 
+def words_last(parser: argparse.ArgumentParser, tail: list[str]) -> list[str]:
+    """Put a command's options first and its words after `--`, so that `-rust` is a word, not an option.
+
+    A token is an option when it is one of `parser`'s option strings (`--limit=5`, `-n5` too),
+    or starts with `--`; any other token starting with `-` is a word of the query.
+    """
+    options: list[str] = []
+    words: list[str] = []
+    known = parser._option_string_actions  # argparse's own table of option strings
+    i = 0
+    while i < len(tail):
+        token = tail[i]
+        name = token.split("=", 1)[0]
+        action = known.get(name) or (known.get(token[:2]) if token[2:].isdigit() else None)
+        if token == "--":
+            words += tail[i + 1:]
+            break
+        if action is not None:
+            options.append(token)
+            if action.nargs != 0 and token in known and i + 1 < len(tail):
+                options.append(tail[i + 1])  # the option's value, whatever it looks like
+                i += 1
+        elif token.startswith("--"):
+            options.append(token)  # argparse says what is wrong with it
+        else:
+            words.append(token)
+        i += 1
+    return options + ["--", *words]
+
+
+_SEARCH_PARSER: list[argparse.ArgumentParser] = []  # set by build_parser: the parser of `sessions search`
+
+
 def _parse(argv: list[str]) -> argparse.Namespace | None:
     # The parsed command with the global options set on it, its profile applied; None for --version.
     found, rest = split_globals(argv)
@@ -530,7 +564,10 @@ def _parse(argv: list[str]) -> argparse.Namespace | None:
         import hermes_state
         print(f"hermes-state {hermes_state.__version__}")
         return None
-    args = build_parser().parse_args(rest)
+    parser = build_parser()
+    if rest[:2] == ["sessions", "search"]:
+        rest = rest[:2] + words_last(_SEARCH_PARSER[0], rest[2:])
+    args = parser.parse_args(rest)
     if found.get("profile") is not None:
         apply_profile(found["profile"], create=args.name == "init")
     elif found.get("db") is None:

@@ -321,10 +321,20 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def query_text(words: list[str]) -> str:
+    """Join the words of a command line into one query.
+
+    The shell takes the quotes off `-"a phrase"`, which arrives as the one word `-a phrase`:
+    such a word is the phrase to leave out again.
+    """
+    return " ".join(f'-"{w[1:]}"' if w.startswith("-") and len(w.split()) > 1 and '"' not in w else w
+                    for w in words)
+
+
 def cmd_search(args: argparse.Namespace) -> int:
     """Search every message's text (words, CJK, substrings)."""
     with open_db(args) as db:
-        hits = db.search_messages(args.query, source_filter=args.source, role_filter=args.role,
+        hits = db.search_messages(query_text(args.query), source_filter=args.source, role_filter=args.role,
                                   limit=limit_of(args), offset=args.offset, include_reasoning=args.reasoning)
     color = use_color()
 

@@ -114,21 +114,27 @@ def trigram_expression(texts: tuple[str, ...]) -> str:
 
 
 def _normalize(items: list[Item]) -> list[Item]:
+    # Each run of operators between two terms becomes at most "OR" then "NOT": the last AND/OR of
+    # the run says how the terms join ("a AND OR b" is "a OR b"), and the run negates the next term
+    # when it ends with NOT ("a AND NOT b" is "a NOT b", "a OR NOT b" keeps both). A leading NOT
+    # is kept (it excludes within what the other terms match); other operators at either end go.
     out: list[Item] = []
+    run: list[str] = []
     terms = 0
     for item in items:
         if isinstance(item, str):
-            if not out:
-                continue                 # a leading operator has nothing on its left
-            if isinstance(out[-1], str):
-                out[-1] = item           # "a AND NOT b": the last operator of a run wins
-            else:
-                out.append(item)
-        elif terms < MAX_QUERY_TERMS:
-            out.append(item)
-            terms += 1
-    while out and isinstance(out[-1], str):
-        out.pop()                        # a trailing operator has nothing on its right
+            run.append(item)
+            continue
+        if terms >= MAX_QUERY_TERMS:
+            break
+        joins = [op for op in run if op != "NOT"]
+        if out and joins and joins[-1] == "OR":
+            out.append("OR")
+        if run and run[-1] == "NOT":
+            out.append("NOT")
+        out.append(item)
+        terms += 1
+        run = []
     return out
 
 
@@ -170,7 +176,12 @@ def parse_query(query: object) -> list[Item]:
             if any(ch.isalnum() for ch in phrase):
                 items.append(Term(phrase, quoted=True, prefix=parts[index + 1].startswith("*")))
         else:
-            symbols = _add_words(items, part) or symbols
+            # `-"a phrase"` leaves the phrase out: a `-` alone right before the opening quote.
+            negated = (part.endswith("-") and (len(part) == 1 or part[-2].isspace()) and index + 1 < len(parts)
+                       and any(ch.isalnum() for ch in parts[index + 1]))
+            symbols = _add_words(items, part[:-1] if negated else part) or symbols
+            if negated:
+                items.append("NOT")
     items = _normalize(items if symbols else _literal_operators(items))
     while items and len(render_query(items, word_term)) > MAX_QUERY_CHARS:
         items = _normalize(items[:-1])
@@ -191,6 +202,9 @@ def _add_words(items: list[Item], part: str) -> bool:
         if chunk in _OPERATORS:
             items.append(chunk)
             continue
+        if len(chunk) > 1 and chunk[0] == "-" and chunk[1].isalnum():
+            items.append("NOT")  # `-word` leaves the word out; a `-` inside a word (chat-send) is no operator
+            chunk = chunk[1:]
         core = _strip_edges(chunk)
         if core:
             items.append(Term(core, quoted=not _bare(core), prefix=chunk.endswith("*")))
@@ -219,7 +233,7 @@ def _groups(items: list[Item]) -> list[Group]:
     negate = False
     for item in [*items, "OR"]:
         if item == "OR":
-            if terms:  # never empty after _normalize; a group of exclusions alone has no meaning
+            if terms or excluded:  # a group of exclusions alone: every message without them
                 groups.append(Group(tuple(terms), tuple(excluded)))
             terms, excluded, negate = [], [], False
         elif item == "NOT":
@@ -231,8 +245,12 @@ def _groups(items: list[Item]) -> list[Group]:
 
 
 def render_query(items: list[Item], term: Callable[[Term], str]) -> str:
-    """Render parsed items as an FTS5 expression in canonical form, each term through `term`."""
-    return " OR ".join(_render(term, g.terms, g.excluded) for g in _groups(items))
+    """Render parsed items as an FTS5 expression in canonical form, each term through `term`.
+
+    A group of exclusions alone ("NOT x") is left out: FTS5 cannot express it (the search
+    answers it by scanning).
+    """
+    return " OR ".join(_render(term, g.terms, g.excluded) for g in _groups(items) if g.terms)
 
 
 def _sanitize_fts5_query(query: object) -> str:
@@ -268,5 +286,13 @@ def plan_query(query: object) -> QueryPlan | None:
     if not isinstance(query, str):
         return None
     chunks = _clean(query).replace('"', " ").translate({0x200B: None, 0xFEFF: None}).split()
-    groups = _groups(_normalize([c if c in _OPERATORS else Term(c) for c in chunks]))
+    items: list[Item] = []
+    for chunk in chunks:
+        if chunk in _OPERATORS:
+            items.append(chunk)
+        elif len(chunk) > 1 and chunk[0] == "-":
+            items += ["NOT", Term(chunk[1:])]
+        else:
+            items.append(Term(chunk))
+    groups = _groups(_normalize(items))
     return QueryPlan(tuple(groups), like_only=True) if groups else None

@@ -238,11 +238,11 @@ def _like(conn: sqlite3.Connection, groups: tuple[Group, ...], f: _Filters, low:
 
     Reads at most `LIKE_SCAN_ROWS` rows: the newest of the range, or of `queue`. When it
     stopped before the range's oldest row and found fewer than `need`, it appends True to `cut`
-    (older matches may exist). Excluded CJK terms are not checked here: the caller's filters carry them.
+    (older matches may exist). A group with no terms matches every row without its exclusions.
     """
     ors, params = [], []
     for group in groups:  # queued rows are few: each one's text is folded as the index folds it
-        sql, group_params = _like_terms(group.terms, _indexed_excluded(group), contains, folded=only_queued)
+        sql, group_params = _like_terms(group.terms, group.excluded, contains, folded=only_queued)
         ors.append(sql)
         params += group_params
     condition = "(" + " OR ".join(ors) + ")"
@@ -278,6 +278,7 @@ class _Ask:
     high: int
     need: int
     cut: list[bool] = field(default_factory=list)  # a scan stopped early (see SearchResults.complete)
+    bare: _Filters = _Filters()  # the caller's filters alone, without the branch's exclusions
 
     def ranked(self, table: str, expr: str, *, snippet: bool = False,
                filters: _Filters | None = None) -> list[_Hit]:
@@ -350,11 +351,6 @@ class _Ask:
 def _indexed_excluded(g: Group) -> tuple[Term, ...]:
     """Excluded terms an index checks (`NOT x` in its expression): those without CJK."""
     return tuple(t for t in g.excluded if not t.cjk)
-
-
-def _like_excluded(g: Group) -> tuple[Term, ...]:
-    # The CJK index holds CJK rows only, so it cannot say which rows lack a CJK term: LIKE does.
-    return tuple(t for t in g.excluded if t.cjk)
 
 
 def _cjk_route(a: _Ask) -> list[_Hit]:
@@ -444,27 +440,44 @@ ROUTES: tuple[_Route, ...] = (
 )
 
 
-def _answer(routes: tuple[_Route, ...], ask: _Ask) -> tuple[_Route, list[_Hit]]:
-    """Return the first route of `routes` that applies and answers, with its hits (the last one always does)."""
+def _answer(routes: tuple[_Route, ...], ask: _Ask, bare: _Ask | None = None) -> tuple[_Route, list[_Hit]]:
+    """Return the first route of `routes` that applies and answers, with its hits (the last one always does).
+
+    `bare` is the branch without its exclusions: when a route finds rows for it, the route
+    answers even if the exclusions left nothing, so `a -b` never finds a row that `a` would not.
+    """
     for route in routes:
         if route.applies(ask):
             found = route.run(ask)
-            if found or route.exact(ask.group):
+            if found or route.exact(ask.group) or (bare is not None and route.run(replace(bare, need=1))):
                 return route, found
     raise AssertionError("a route table ends with a route that always applies and answers")
+
+
+def _excluding(f: _Filters, g: Group, reasoning: bool) -> _Filters:
+    """Return `f` and: the message holds none of the branch's excluded terms, as substrings of its text.
+
+    An index's `NOT x` leaves out rows with the word x; this leaves out rows with x anywhere
+    (inside a longer word, in a CJK run, in rows not indexed yet), as a term is found anywhere.
+    With `reasoning` the models' reasoning must not hold them either.
+    """
+    if not g.excluded:
+        return f
+    f = f.plus(*_like_terms((), g.excluded))
+    return f.plus(*_like_terms((), g.excluded, _IN_REASONING)) if reasoning else f
 
 
 def _find_group(ask: _Ask) -> list[_Hit]:
     """Route one OR branch of the query through ROUTES; return its hits in any order."""
     g = ask.group
-    if _like_excluded(g):
-        # "docker NOT 東京": checking the candidates' text keeps the rows that have no CJK at all.
-        ask = replace(ask, filters=ask.filters.plus(*_like_terms((), _like_excluded(g))))
+    if not g.terms:  # "NOT docker" alone: the newest messages without it
+        return [(i, 0.0, None) for i in _like(ask.conn, (g,), ask.filters, ask.low, ask.high, ask.need, cut=ask.cut)]
+    bare = replace(ask, group=Group(g.terms), filters=ask.bare, cut=[]) if g.excluded else None
     if CJK_ROUTE.serves(g) and not ask.has(fts.CJK):
         _warn_once("cjk", "full-text search: the CJK index is missing, so CJK queries use the trigram index "
                           "(3+ characters) or a bounded LIKE scan; open the database writable to build it")
-    route, found = _answer(ROUTES, ask)
-    if found and route.whole_words and SUBSTRING_ROUTE.applies(ask) and not CJK_ROUTE.exact(g):
+    route, found = _answer(ROUTES, ask, bare)
+    if route.whole_words and SUBSTRING_ROUTE.applies(ask) and not CJK_ROUTE.exact(g):
         # Whole words rank first; every other row holding a term inside a longer word follows,
         # newest first, so a piece seen anywhere is found even when some row has it as a word.
         # Those rows (score 0.0) sort after every ranked hit, so once k ranked rows are found the
@@ -504,7 +517,7 @@ REASONING_ROUTES: tuple[_Route, ...] = (
 
 def _reasoning_hits(a: _Ask) -> list[_Hit]:
     """Return a branch's hits in reasoning text, from the first of REASONING_ROUTES that applies."""
-    return _answer(REASONING_ROUTES, a)[1]
+    return _answer(REASONING_ROUTES, a)[1] if a.group.terms else []  # exclusions alone: the content scan has them
 
 
 def _find(conn: sqlite3.Connection, plan: QueryPlan, f: _Filters, low: int, high: int,
@@ -518,14 +531,15 @@ def _find(conn: sqlite3.Connection, plan: QueryPlan, f: _Filters, low: int, high
     """
     cut = [] if cut is None else cut
     found: list[tuple[int, float, tuple[str, str] | None]]
-    if plan.like_only:
+    if plan.like_only:  # every group's exclusions are in its own LIKE condition
         found = [(i, 0.0, None) for i in _like(conn, plan.groups, f, low, high, need, cut=cut)]
         if include_reasoning:
             found += [(i, 0.0, None) for i in _like(conn, plan.groups, f, low, high, need, contains=_IN_REASONING,
                                                     cut=cut)]
     else:
         state = fts.cached_state(conn)  # the catalogue is re-read only after a schema change
-        asks = [_Ask(conn, group, f, state, low, high, need, cut) for group in plan.groups]
+        asks = [_Ask(conn, group, _excluding(f, group, include_reasoning), state, low, high, need, cut, f)
+                for group in plan.groups]
         found = [hit for ask in asks for hit in _find_group(ask)]
         if include_reasoning:
             found += [hit for ask in asks for hit in _reasoning_hits(ask)]

@@ -28,6 +28,23 @@ def test_sanitizer_examples(text, expected):
     assert _sanitize_fts5_query(text) == expected
 
 
+@pytest.mark.parametrize("text,expected", [
+    ("docker -rust", "docker NOT rust"), ('docker -"rust lang" x', 'docker x NOT "rust lang"'),
+    ("NOT docker deploy", "deploy NOT docker"), ("-docker deploy", "deploy NOT docker"),
+    ("a OR -b c", "a OR c NOT b"), ("chat-send -x-y", '"chat-send" NOT "x-y"'), ("--x", "x"),
+    ("a - b", "a b"), ('a-"b c"', 'a "b c"'), ("-docker", ""), ("NOT docker", ""), ("a OR NOT b", "a"),
+])
+def test_a_minus_or_a_leading_not_excludes(text, expected):
+    assert _sanitize_fts5_query(text) == expected
+
+
+def test_exclusions_alone_make_a_group_of_their_own():
+    assert query.plan_query("-docker").groups == (Group((), (Term("docker"),)),)
+    assert query.plan_query('NOT "a b"').groups == (Group((), (Term("a b", quoted=True),)),)
+    assert query.plan_query("x OR -y").groups == (Group((Term("x"),)), Group((), (Term("y"),)))
+    assert query.plan_query("🎉 -🎊").groups == (Group((Term("🎉"),), (Term("🎊"),)),)
+
+
 def test_sanitizer_caps_length_and_terms():
     out = _sanitize_fts5_query("a-b " * 2000)
     assert len(out) <= query.MAX_QUERY_CHARS and out.count('"a-b"') == query.MAX_QUERY_TERMS
@@ -97,10 +114,12 @@ def test_any_input_gives_an_expression_match_accepts_and_sanitizing_is_idempoten
         assert clean == ""
         return
     if plan.like_only:
-        assert clean == "" and plan.needles
+        assert clean == "" and all(g.terms or g.excluded for g in plan.groups)
         return
     for group in plan.groups:
-        assert group.terms
+        assert group.terms or group.excluded
+        if not group.terms:  # exclusions alone: answered by a scan, never by MATCH
+            continue
         cjk = tuple(t for t in group.terms if t.cjk)
         word = query.word_expression(group.terms, group.excluded)
         match_conn.execute("SELECT rowid FROM w WHERE w MATCH ?", (word,)).fetchall()
