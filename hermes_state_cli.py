@@ -301,6 +301,10 @@ def cmd_recover(args: argparse.Namespace) -> int:
     commands.check_new_file(Path(args.target), "recover")
     report = recovery.recover(source, Path(args.target))
     _report(args, report, f"recovered {source} into {args.target}")
+    if not report.complete:  # `recover a b && mv b a` must not go on after a loss
+        print(f"hermes-state: the recovered copy is not complete: {len(report.losses)} loss(es), listed above",
+              file=sys.stderr)
+        return 1
     return 0
 
 

@@ -460,14 +460,17 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mode_problem(path: Path) -> str | None:
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except FileNotFoundError:
-        return None
-    if os.name == "posix" and mode & 0o077:
-        return f"{path.name} is readable by others (mode {mode:o}): run `chmod 600 {path}`"
-    return None
+def _loose_modes(path: Path) -> list[tuple[Path, int]]:
+    """Return the database's files (itself, -wal, -shm) that others can read, with their modes."""
+    found = []
+    for file in (Path(f"{path}{suffix}") for suffix in ("", "-wal", "-shm")):
+        try:
+            mode = stat.S_IMODE(os.stat(file).st_mode)
+        except FileNotFoundError:
+            continue
+        if os.name == "posix" and mode & 0o077:
+            found.append((file, mode))
+    return found
 
 
 def _check(name: str, ok: bool, detail: str) -> dict[str, Any]:
@@ -507,15 +510,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from hermes_state import SCHEMA_VERSION
     from hermes_state_lockowners import write_lock_holders
     path = existing_db(args)
-    # Before any open: a writable open makes the files 0600 itself, which would hide the problem.
-    modes = [p for p in (_mode_problem(Path(f"{path}{s}")) for s in ("", "-wal", "-shm")) if p]
+    before = _loose_modes(path)  # before any open: a writable open makes the files private itself
     schema_check, version = _schema_check(path)
     checks = [schema_check] + (_integrity_checks(path, args.full) if version == SCHEMA_VERSION else [])
     wal = Path(f"{path}-wal")
     size = wal.stat().st_size if wal.exists() else 0
     checks.append(_check("wal", size < 256 * 2**20, f"{size / 2**20:.1f} MB" + (
         "" if size < 256 * 2**20 else " (a long reader may block checkpoints)")))
-    checks.append(_check("file modes", not modes, "; ".join(modes) or "0600"))
+    # The integrity checks' writable open makes the files private: a problem it mended is reported
+    # as mended (ok), and only one still there now as a fault.
+    still = _loose_modes(path)
+    fixed = [f"{file.name} {mode:o} -> 600" for file, mode in before if file not in dict(still)]
+    checks.append(_check("file modes", not still, "; ".join(
+        f"{file.name} is readable by others (mode {mode:o}): run `chmod 600 {file}`" for file, mode in still)
+        or (f"fixed: {', '.join(fixed)}" if fixed else "0600")))
     checks.append(_check("lock holders", True, "; ".join(write_lock_holders(path)) or "none"))
     healthy = all(c["ok"] for c in checks)
     emit(args, {"ok": healthy, "path": str(path), "checks": checks},

@@ -259,6 +259,8 @@ class RecoveryReport:
     placeholder_sessions: list[str] = field(default_factory=list)  # made for messages whose session was lost
     detached_parents: list[str] = field(default_factory=list)      # sessions whose parent was lost
     orphan_rows_dropped: dict[str, int] = field(default_factory=dict)
+    # Sessions that have fewer live messages than they counted: id -> [counted, kept].
+    sessions_short: dict[str, list[int]] = field(default_factory=dict)
     integrity: str = ""
     # For sessions, messages and delivery_obligations: whether copied == the source's count.
     verified: dict[str, bool] = field(default_factory=dict)
@@ -274,6 +276,8 @@ class RecoveryReport:
         self.losses = [t.loss(name) for name, t in self.tables.items() if t.lost or t.lost is None or t.rejected]
         self.losses += [f"{name}: {n} row(s) dropped, their session was lost"
                         for name, n in self.orphan_rows_dropped.items()]
+        self.losses += [f"session {sid}: {counted - kept} of its {counted} messages lost"
+                        for sid, (counted, kept) in self.sessions_short.items()]
         self.complete = self.integrity == "ok" and not self.losses
 
 
@@ -475,6 +479,10 @@ def _fix_references(dst: sqlite3.Connection, report: RecoveryReport) -> None:
         n = dst.execute(f"DELETE FROM {table} WHERE session_id NOT IN (SELECT id FROM sessions)").rowcount
         if n:
             report.orphan_rows_dropped[table] = n
+    # Before the recount: a session's own count, from the source, says how many live messages it had.
+    report.sessions_short = {sid: [counted, kept] for sid, counted, kept in dst.execute(
+        "SELECT s.id, s.message_count, (SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id AND m.active = 1) "
+        "AS kept FROM sessions s WHERE s.message_count > kept ORDER BY s.id")}
     dst.execute(recount_sql())  # counters describe the rows that exist now
 
 

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import hermes_state_fts as fts
 from hermes_state import SessionDB
 
 # Words that are pieces of one another (rust / rusty / trust), a hyphenated word, CJK runs
@@ -22,6 +23,11 @@ def _text(rng: random.Random) -> str:
     return " ".join(rng.choice(VOCABULARY) for _ in range(rng.randint(1, 5)))
 
 
+def _index_queue(db: SessionDB) -> None:
+    with db.transaction() as txn:  # what the handle's next batch, or its close, does
+        fts.index_batch(txn.conn)
+
+
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
     """Two stores of the same texts: one fully indexed, one whose newest rows wait to be indexed."""
@@ -32,12 +38,12 @@ def stores(tmp_path_factory):
     indexed.create_session("s", "cli")
     for text in texts:
         indexed.append_message("s", rng.choice(["user", "assistant", "tool"]), text)
-    indexed.search_messages("index the queue")  # a handle indexes its own queue before it searches
+    _index_queue(indexed)
     waiting = SessionDB(root / "waiting.db")
     waiting.create_session("s", "cli")
     for text in texts[:60]:
         waiting.append_message("s", "user", text)
-    waiting.search_messages("index the queue")
+    _index_queue(waiting)
     for text in texts[60:80]:  # queued by this handle, not indexed until it searches or closes
         waiting.append_message("s", "assistant", text)
     shell = sqlite3.connect(root / "waiting.db")  # another program: its CJK rows wait in the CJK queue
