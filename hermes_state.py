@@ -179,6 +179,7 @@ class SessionDB(table.Handle):
     get_compression_ancestors = Lookup("read", lineage.compression_ancestor_ids)
     get_compression_lineage = Lookup("snapshot", lineage.compression_chain_ids)
     resolve_session_id = Lookup("read", listings.resolve_session_id)
+    session_ids_with_prefix = Entry("read", listings.session_ids_with_prefix)
     list_sessions = Entry("read", listings.list_sessions)
     count_sessions = Entry("read", listings.count_sessions)
     usage_by_model = Entry("read", listings.usage_by_model)

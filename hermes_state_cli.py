@@ -28,7 +28,7 @@ import hermes_state_commands as commands
 import hermes_state_render as render
 import hermes_state_serve as serve
 from hermes_state_commands import age, emit, existing_db, non_negative, open_db, parse_when, written_atomically
-from hermes_state_errors import HermesStateError, ProfileNotFoundError, SessionNotFoundError
+from hermes_state_errors import AmbiguousSessionIdError, HermesStateError, ProfileNotFoundError, SessionNotFoundError
 from hermes_state_home import _apply_profile_override, display_hermes_home, hermes_home_override, profile_home
 from hermes_state_writer import note_wal_reset_bug
 
@@ -112,7 +112,7 @@ def _report(args: argparse.Namespace, value: Any, title: str) -> None:
 # --- moving data: export, import, delete, prune, recover, backup, restore ------------------------
 
 def _exported(db: Any, session_id: str) -> dict[str, Any]:
-    document = db.export_session(session_id)
+    document = db.export_session(commands.session_id_of(db, session_id))
     if document is None:
         raise SessionNotFoundError(f"session {session_id!r} not found")
     return document
@@ -262,6 +262,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     """Delete a session's whole conversation (every compression part) and its delegates; --dry-run lists them."""
     from hermes_state import SessionBusyError, SessionNotFoundError
     with open_db(args, write=not args.dry_run) as db:
+        args.session_id = commands.session_id_of(db, args.session_id)
         if db.get_session(args.session_id) is None:
             raise SessionNotFoundError(f"session {args.session_id!r} not found")
         rows = commands.delete_candidates(db, args.session_id)
@@ -426,69 +427,145 @@ _GLOBALS_HELP = """global options (before or after the command):
   --version            print the version and exit"""
 
 
-def _command(sub: Any, name: str, func: Any, help_text: str) -> argparse.ArgumentParser:
-    parser = sub.add_parser(name, help=help_text, description=func.__doc__,
-                            epilog=_GLOBALS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+# Two or three examples per command, shown by its --help.
+EXAMPLES = {
+    "list": ["sessions list -n 50", "sessions list --source telegram --since 7d",
+             "sessions list --model gpt-5 --json"],
+    "show": ["sessions show demo_t                  # a unique prefix of the id is enough",
+             "sessions show demo_docker --tail 10", "sessions show demo_docker --full > docker.md"],
+    "search": ["sessions search docker image", "sessions search docker -rust --role user",
+               "sessions search 東京 --source telegram --since 30d"],
+    "export": ["sessions export -o all.jsonl", "sessions export demo_docker demo_tokyo",
+               "sessions export --source cli | gzip > cli.jsonl.gz"],
+    "import": ["sessions import all.jsonl", "sessions import all.jsonl --on-conflict replace",
+               "gunzip -c cli.jsonl.gz | hermes-state sessions import -"],
+    "rename": ['sessions rename demo_docker "Docker build, fixed"', 'sessions rename demo_docker ""'],
+    "delete": ["sessions delete demo_docker_2 --dry-run", "sessions delete demo_docker_2"],
+    "prune": ["sessions prune --older-than 90d --dry-run", "sessions prune --older-than 30d --source cron"],
+    "stats": ["sessions stats", "sessions stats --json"],
+    "recover": ["recover state.db rescued.db && mv rescued.db state.db   # only when nothing was lost",
+                "recover state.db rescued.db --json"],
+    "backup": ["backup ~/backups/state-$(date +%F).db", "--profile coder backup coder.db"],
+    "restore": ["restore ~/backups/state-2026-11-30.db"],
+    "doctor": ["doctor", "doctor --full --json"],
+    "fts": ["fts status", "fts rebuild"],
+    "init": ["init", "--profile coder init", "--db other.db init --force"],
+    "migrate": ["migrate", "migrate --no-backup"],
+    "vacuum": ["vacuum", "--db /path/to/state.db vacuum"],
+    "demo": ["demo", "demo --keep"],
+    "serve": ["serve", "serve --port 0", "--profile coder serve --port 8002"],
+}
+
+QUERY_SYNTAX = """query syntax:
+  docker image          both words, anywhere in a message (pieces of words too: ocker)
+  "docker image"        the phrase
+  docker OR podman      either
+  docker -rust          docker, and not rust (NOT rust is the same); -"a phrase" leaves out a phrase
+  -rust                 the newest messages without rust
+  deploy*               words starting with deploy
+  chat-send  src/a.py   a term with - . / @ inside is one term
+  東京                  CJK of any length
+A query starting with - needs no --."""
+
+
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Help as written (examples keep their lines), with each option's default after its text."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        shown = default is not None and default is not False and default != argparse.SUPPRESS
+        if action.option_strings and shown and "default" not in text:
+            text += f" (default: {default})"
+        return text
+
+
+def _epilog(name: str, extra: str = "") -> str:
+    examples = "\n".join(f"  hermes-state {line}" if not line.startswith("gunzip") else f"  {line}"
+                         for line in EXAMPLES.get(name, []))
+    return "\n\n".join(part for part in (extra, f"examples:\n{examples}" if examples else "", _GLOBALS_HELP) if part)
+
+
+def _command(sub: Any, name: str, func: Any, help_text: str, extra: str = "") -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help=help_text, description=func.__doc__, epilog=_epilog(name, extra),
+                            formatter_class=_Help)
     parser.set_defaults(func=func, name=name)
     return parser
+
+
+def _since_until(p: argparse.ArgumentParser, what: str) -> None:
+    when = "7d, 12h, 3mo, 1y, today, yesterday, 2026-11-01 or epoch seconds"
+    p.add_argument("--since", type=parse_when, metavar="WHEN", help=f"{what} at or after WHEN ({when})")
+    p.add_argument("--until", type=parse_when, metavar="WHEN", help=f"{what} before WHEN")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the argument parser of every command (global flags are taken out before it runs)."""
     parser = argparse.ArgumentParser(prog="hermes-state", description="Browse, search and maintain a hermes-state "
-                                     "database.", epilog=_GLOBALS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sessions = sub.add_parser("sessions", help="list, show, search, export, import, rename, delete, prune, stats")
-    ssub = sessions.add_subparsers(dest="action", required=True, metavar="ACTION")
+                                     "database.", epilog=_GLOBALS_HELP, formatter_class=_Help)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sessions = sub.add_parser("sessions", help="list, show, search, export, import, rename, delete, prune, stats",
+                              description="Work with the sessions of the store.", formatter_class=_Help,
+                              epilog=_GLOBALS_HELP)
+    sessions.set_defaults(name="sessions")
+    _SESSIONS_PARSER[:] = [sessions]
+    ssub = sessions.add_subparsers(dest="action", metavar="ACTION")
     p = _command(ssub, "list", commands.cmd_list, "sessions, most recently active first")
-    p.add_argument("-n", "--limit", type=non_negative, default=20)
-    p.add_argument("--offset", type=non_negative, default=0)
-    p.add_argument("--source")
-    p.add_argument("--model")
-    p.add_argument("--since", type=parse_when, help="active since (7d, 12h, 2026-11-01, epoch seconds)")
-    p.add_argument("--until", type=parse_when, help="active before")
+    p.add_argument("-n", "--limit", type=non_negative, default=20, help="how many sessions to show; 0 shows all")
+    p.add_argument("--offset", type=non_negative, default=0, help="skip this many first (for the next page)")
+    p.add_argument("--source", help="only sessions from this source (cli, telegram, cron, ...; any case)")
+    p.add_argument("--model", help="only sessions of this model (openai/gpt-5, or gpt-5 after any provider)")
+    _since_until(p, "active")
     p.add_argument("--archived", action="store_true", help="include archived sessions")
     p = _command(ssub, "show", commands.cmd_show, "one session and its transcript")
-    p.add_argument("session_id")
+    p.add_argument("session_id", help="the session's id, or a unique prefix of it")
     p.add_argument("--tail", type=non_negative, metavar="N", help="only the last N messages (0: all)")
     p.add_argument("--full", action="store_true", help="every message whole, with tool calls and reasoning (Markdown)")
-    p = _command(ssub, "search", commands.cmd_search, "full-text search (words, CJK, substrings)")
+    p = _command(ssub, "search", commands.cmd_search, "full-text search (words, CJK, substrings)", QUERY_SYNTAX)
     _SEARCH_PARSER[:] = [p]
-    p.add_argument("query", nargs="+")
-    p.add_argument("-n", "--limit", type=non_negative, default=20)
-    p.add_argument("--offset", type=non_negative, default=0)
-    p.add_argument("--source", action="append", help="only these sources (repeatable)")
+    p.add_argument("query", nargs="+", help="what to look for (see the query syntax below)")
+    p.add_argument("-n", "--limit", type=non_negative, default=20, help="how many hits to show; 0 shows all")
+    p.add_argument("--offset", type=non_negative, default=0, help="skip this many first (for the next page)")
+    p.add_argument("--source", action="append", help="only these sources (repeatable; any case)")
     p.add_argument("--role", action="append", choices=commands.ROLES, help="only these roles (repeatable)")
+    p.add_argument("--model", help="only sessions of this model (openai/gpt-5, or gpt-5 after any provider)")
+    _since_until(p, "messages written")
     p.add_argument("--reasoning", action="store_true", help="search the models' reasoning too")
     p = _command(ssub, "export", cmd_export, "sessions as JSON Lines (one per line)")
-    p.add_argument("session_ids", nargs="*")
-    p.add_argument("--source")
-    p.add_argument("-o", "--output", help="write to a file instead of stdout")
+    p.add_argument("session_ids", nargs="*", metavar="SESSION_ID", help="these sessions (ids or unique prefixes); "
+                   "none: every session")
+    p.add_argument("--source", help="only sessions from this source")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (replaced only once complete) instead of "
+                   "stdout")
     p = _command(ssub, "import", cmd_import, "sessions from an export file ('-' for stdin)")
-    p.add_argument("file")
-    p.add_argument("--on-conflict", choices=["skip", "replace", "error"], default="skip")
+    p.add_argument("file", help="an export: JSON Lines, one JSON document or a list ('-': stdin)")
+    p.add_argument("--on-conflict", choices=["skip", "replace", "error"], default="skip",
+                   help="what to do with a session that is already there")
     p = _command(ssub, "rename", commands.cmd_rename, "set a session's title ('' clears it)")
-    p.add_argument("session_id")
-    p.add_argument("title")
+    p.add_argument("session_id", help="the session's id, or a unique prefix of it")
+    p.add_argument("title", help="the new title; '' clears it")
     p = _command(ssub, "delete", cmd_delete, "delete a session and its messages")
-    p.add_argument("session_id")
+    p.add_argument("session_id", help="the session's id, or a unique prefix of it")
     p.add_argument("--dry-run", action="store_true", help="say what would be deleted; change nothing")
     p = _command(ssub, "prune", cmd_prune, "delete ended sessions older than an age")
     p.add_argument("--older-than", type=age, required=True, metavar="AGE", help="30d, 12h, 2w, or a number of days")
-    p.add_argument("--source")
+    p.add_argument("--source", help="only sessions from this source")
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted; change nothing")
-    _command(ssub, "stats", commands.cmd_stats, "usage and cost per model, largest sessions")
+    p = _command(ssub, "stats", commands.cmd_stats, "usage and cost per model, largest sessions")
+    p.add_argument("--source", action="append", help="only these sources (repeatable; any case)")
+    _since_until(p, "sessions started")
     p = _command(sub, "recover", cmd_recover, "copy what is readable of a damaged database into a new file")
-    p.add_argument("source")
-    p.add_argument("target")
+    p.add_argument("source", help="the damaged database (never written)")
+    p.add_argument("target", help="the new file to write (must not exist)")
     p = _command(sub, "backup", cmd_backup, "a consistent copy of the live database")
-    p.add_argument("target")
+    p.add_argument("target", help="the copy's file name (must not exist)")
     p = _command(sub, "restore", cmd_restore, "replace the database with a validated backup")
-    p.add_argument("source")
+    p.add_argument("source", help="a backup made by `backup` (or any valid copy)")
     p = _command(sub, "doctor", commands.cmd_doctor, "check schema, integrity, indexes, WAL, file modes, locks")
     p.add_argument("--full", action="store_true", help="the full integrity check (slower) instead of the quick one")
     p = _command(sub, "fts", commands.cmd_fts, "full-text index status or rebuild")
-    p.add_argument("action", choices=["status", "rebuild"])
+    p.add_argument("action", choices=["status", "rebuild"], help="status: how far indexing is; rebuild: index "
+                   "everything again (progress on stderr)")
     p = _command(sub, "init", commands.cmd_init, "create the database, or bring an older one up to date")
     p.add_argument("--force", action="store_true", help="add the store's tables even to another program's database")
     p = _command(sub, "migrate", cmd_migrate, "upgrade an existing older database, copying it first")
@@ -497,9 +574,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "demo", cmd_demo, "fill a throw-away home with samples and show them")
     p.add_argument("--keep", action="store_true", help="keep the demo home to explore it afterwards")
     p = _command(sub, "serve", serve.cmd_serve, "browse sessions in a web page (Datasette), read-only")
-    p.add_argument("--port", type=serve.port_number, default=8001, help="port (default 8001; 0 picks a free one)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; any other "
-                   "address lets other machines read the store, which has no authentication)")
+    p.add_argument("--port", type=serve.port_number, default=8001, help="port to listen on; 0 picks a free one")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (any other than loopback lets other "
+                   "machines read the store, which has no authentication)")
     return parser
 
 
@@ -558,7 +635,8 @@ def words_last(parser: argparse.ArgumentParser, tail: list[str]) -> list[str]:
     return options + ["--", *words]
 
 
-_SEARCH_PARSER: list[argparse.ArgumentParser] = []  # set by build_parser: the parser of `sessions search`
+_SEARCH_PARSER: list[argparse.ArgumentParser] = []    # set by build_parser: the parser of `sessions search`
+_SESSIONS_PARSER: list[argparse.ArgumentParser] = []  # ... and of `sessions`
 
 
 def _parse(argv: list[str]) -> argparse.Namespace | None:
@@ -572,6 +650,10 @@ def _parse(argv: list[str]) -> argparse.Namespace | None:
     if rest[:2] == ["sessions", "search"]:
         rest = rest[:2] + words_last(_SEARCH_PARSER[0], rest[2:])
     args = parser.parse_args(rest)
+    if args.command is None or (args.command == "sessions" and args.action is None):
+        # A bare `hermes-state` (or `hermes-state sessions`) lists what there is to run.
+        (parser if args.command is None else _SESSIONS_PARSER[0]).print_help()
+        raise SystemExit(2)
     if found.get("profile") is not None:
         apply_profile(found["profile"], create=args.name == "init")
     elif found.get("db") is None:
@@ -591,6 +673,9 @@ def _run(args: argparse.Namespace, debug: bool) -> int:
         return 0
     except KeyboardInterrupt:
         return 130
+    except AmbiguousSessionIdError as exc:  # the command line named no one session: a usage error
+        print(f"hermes-state: {render.safe(exc)}", file=sys.stderr)
+        return 2
     except (HermesStateError, ValueError, KeyError, OSError, sqlite3.Error, RecursionError) as exc:
         if debug:
             traceback.print_exc()

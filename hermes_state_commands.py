@@ -195,6 +195,28 @@ def delete_candidates(db: Any, session_id: str) -> list[dict[str, Any]]:
     return [r for r in rows if r is not None]
 
 
+SHOWN_CANDIDATES = 10  # ids an ambiguous prefix's error names
+
+
+def session_id_of(db: Any, text: str) -> str:
+    """Return the session whose id is `text`, or the only one whose id starts with it (as git takes a short hash).
+
+    An unknown id raises SessionNotFoundError; a prefix of several ids raises
+    AmbiguousSessionIdError naming them.
+    """
+    from hermes_state_errors import AmbiguousSessionIdError, SessionNotFoundError
+    found = db.resolve_session_id(text)
+    if found is not None:
+        return found
+    candidates = db.session_ids_with_prefix(text, limit=SHOWN_CANDIDATES + 1) if text else []
+    if len(candidates) > 1:
+        more = " and more" if len(candidates) > SHOWN_CANDIDATES else ""
+        raise AmbiguousSessionIdError(f"{text!r} starts more than one session id: "
+                                      f"{', '.join(candidates[:SHOWN_CANDIDATES])}{more}; give more of it",
+                                      candidates[:SHOWN_CANDIDATES])
+    raise SessionNotFoundError(f"session {text!r} not found")
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     """List sessions, most recently active first."""
     filters = dict(source=args.source, include_archived=args.archived, model=args.model, since=args.since,
@@ -297,6 +319,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     """Show one session and its live transcript."""
     from hermes_state import SessionNotFoundError
     with open_db(args) as db:
+        args.session_id = session_id_of(db, args.session_id)
         session = db.get_session(args.session_id)
         if session is None:
             raise SessionNotFoundError(f"session {args.session_id!r} not found")
@@ -360,6 +383,7 @@ def cmd_rename(args: argparse.Namespace) -> int:
     """Set (or clear, with "") a session's title."""
     from hermes_state import SessionNotFoundError
     with open_db(args, write=True) as db:
+        args.session_id = session_id_of(db, args.session_id)
         # set_session_title answers True/False (as hermes-agent's does); the stored title is read back.
         if db.set_session_title(args.session_id, args.title) is False:
             raise SessionNotFoundError(f"session {args.session_id!r} not found")

@@ -100,6 +100,14 @@ class SessionNotFoundError(HermesStateError, KeyError):
         return str(self.args[0]) if self.args else "session not found"
 
 
+class AmbiguousSessionIdError(HermesStateError, ValueError):
+    """An id prefix starts more than one session; `candidates` holds (some of) their ids."""
+
+    def __init__(self, message: str, candidates: list[str]) -> None:
+        super().__init__(message)
+        self.candidates = candidates
+
+
 class TitleConflictError(HermesStateError, ValueError):
     """Another session already carries that title."""
 

@@ -353,3 +353,13 @@ def resolve_session_id(conn: sqlite3.Connection, session_id_or_prefix: Any) -> s
                                        (escape_like(session_id_or_prefix) + "%",))
             if r[0].startswith(session_id_or_prefix)]
     return rows[0] if len(rows) == 1 else None
+
+
+def session_ids_with_prefix(conn: sqlite3.Connection, prefix: Any, limit: int = 20) -> list[str]:
+    """Return the ids of sessions that start with `prefix` (case-sensitive, as ids are), in id order."""
+    check_id("prefix", prefix)
+    limit = check_count("limit", limit)
+    # A range of the primary key: every id starting with the prefix sorts between these two.
+    rows = conn.execute("SELECT id FROM sessions WHERE id >= ? AND id < ? ORDER BY id LIMIT ?",
+                        (prefix, prefix + "\U0010ffff", limit))
+    return [r[0] for r in rows if r[0].startswith(prefix)]

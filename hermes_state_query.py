@@ -157,9 +157,9 @@ def parse_query(query: object) -> list[Item]:
 
     Balanced "phrases" are kept, an unmatched quote is dropped, special characters at a word's
     edges are dropped (#123 -> 123, 50% -> 50), a word with inner punctuation becomes a phrase
-    (chat-send, src/main.py, don't), AND/OR/NOT at either end are dropped (a query of operator
-    words only is taken literally), and a trailing `*` stays a prefix query. At most 32 terms
-    and 2,048 characters.
+    (chat-send, src/main.py, don't), `-word` and `-"a phrase"` are NOT, AND/OR at either end
+    and a trailing NOT are dropped (a query of operator words only is taken literally), and a
+    trailing `*` stays a prefix query. At most 32 terms and 2,048 characters.
     """
     if not isinstance(query, str):
         return []
@@ -176,9 +176,7 @@ def parse_query(query: object) -> list[Item]:
             if any(ch.isalnum() for ch in phrase):
                 items.append(Term(phrase, quoted=True, prefix=parts[index + 1].startswith("*")))
         else:
-            # `-"a phrase"` leaves the phrase out: a `-` alone right before the opening quote.
-            negated = (part.endswith("-") and (len(part) == 1 or part[-2].isspace()) and index + 1 < len(parts)
-                       and any(ch.isalnum() for ch in parts[index + 1]))
+            negated = index + 1 < len(parts) and _negates_phrase(part, parts[index + 1])
             symbols = _add_words(items, part[:-1] if negated else part) or symbols
             if negated:
                 items.append("NOT")
@@ -186,6 +184,12 @@ def parse_query(query: object) -> list[Item]:
     while items and len(render_query(items, word_term)) > MAX_QUERY_CHARS:
         items = _normalize(items[:-1])
     return items
+
+
+def _negates_phrase(before: str, phrase: str) -> bool:
+    # `-"a phrase"` leaves the phrase out: a `-` alone right before the opening quote.
+    return (before.endswith("-") and (len(before) == 1 or before[-2].isspace())
+            and any(ch.isalnum() for ch in phrase))
 
 
 def _literal_operators(items: list[Item]) -> list[Item]:
