@@ -34,6 +34,7 @@ import hermes_state_home as home
 import hermes_state_handoffs as handoffs
 import hermes_state_lineage as lineage
 import hermes_state_listings as listings
+import hermes_state_usage as usage_stats
 import hermes_state_maintenance as maintenance
 import hermes_state_messages as message_rows
 import hermes_state_ownership as ownership
@@ -180,6 +181,9 @@ class SessionDB(table.Handle):
     get_compression_lineage = Lookup("snapshot", lineage.compression_chain_ids)
     resolve_session_id = Lookup("read", listings.resolve_session_id)
     session_ids_with_prefix = Entry("read", listings.session_ids_with_prefix)
+    usage = Entry("read", usage_stats.usage)
+    largest_sessions = Entry("read", usage_stats.largest_sessions)
+    stored_names = Entry("read", usage_stats.stored_names)
     list_sessions = Entry("read", listings.list_sessions)
     count_sessions = Entry("read", listings.count_sessions)
     usage_by_model = Entry("read", listings.usage_by_model)

@@ -33,7 +33,8 @@ from hermes_state_home import _apply_profile_override, display_hermes_home, herm
 from hermes_state_writer import note_wal_reset_bug
 
 # Global flags, accepted before or after the command (as sqlite-utils and `llm logs` users type them).
-_FLAGS = {"--json": "json", "--nl": "nl", "--csv": "csv", "--debug": "debug", "--version": "version"}
+_FLAGS = {"--json": "json", "--nl": "nl", "--csv": "csv", "--epoch": "epoch", "--debug": "debug",
+          "--version": "version"}
 _VALUED = {"--db": "db", "--profile": "profile", "-p": "profile"}
 _FORMATS = ("json", "nl", "csv")
 # What each command does with the global flags; any other given flag is refused, not ignored.
@@ -310,10 +311,13 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
-    """Write a consistent copy of the live database (safe while writers run)."""
-    commands.check_new_file(Path(args.target), "backup")
+    """Write a consistent copy of the live database (safe while writers run); into DIR/ it keeps the file's name, as cp does."""
+    target = Path(args.target).expanduser()
+    if target.is_dir() or args.target.endswith(("/", os.sep)):
+        target = target / commands.db_path(args).name
+    commands.check_new_file(target, "backup")
     with open_db(args) as db:
-        result = db.backup(args.target)
+        result = db.backup(target)
     _report(args, {"target": str(result)}, f"backed up to {result}")
     return 0
 
@@ -422,7 +426,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 _GLOBALS_HELP = """global options (before or after the command):
   --db PATH            database file (default: <HERMES_HOME>/state.db)
   --profile, -p NAME   a named profile of the current root (HERMES_HOME's, else ~/.hermes)
-  --json | --nl | --csv  machine output: JSON, JSON Lines, CSV (where a command has rows)
+  --json | --nl | --csv  machine output: JSON, JSON Lines, CSV (where a command has rows);
+                       times in ISO 8601 with their offset
+  --epoch              machine output keeps times as stored: epoch seconds
   --debug              show the traceback of a failure
   --version            print the version and exit"""
 
@@ -442,7 +448,8 @@ EXAMPLES = {
     "rename": ['sessions rename demo_docker "Docker build, fixed"', 'sessions rename demo_docker ""'],
     "delete": ["sessions delete demo_docker_2 --dry-run", "sessions delete demo_docker_2"],
     "prune": ["sessions prune --older-than 90d --dry-run", "sessions prune --older-than 30d --source cron"],
-    "stats": ["sessions stats", "sessions stats --json"],
+    "stats": ["sessions stats", "sessions stats --by day --since 30d",
+              "sessions stats --by month --group source --json"],
     "recover": ["recover state.db rescued.db && mv rescued.db state.db   # only when nothing was lost",
                 "recover state.db rescued.db --json"],
     "backup": ["backup ~/backups/state-$(date +%F).db", "--profile coder backup coder.db"],
@@ -552,6 +559,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source", help="only sessions from this source")
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted; change nothing")
     p = _command(ssub, "stats", commands.cmd_stats, "usage and cost per model, largest sessions")
+    p.add_argument("--by", choices=["day", "week", "month"], help="one row per period (of the sessions' start) "
+                   "and model or source, with a bar on a terminal")
+    p.add_argument("--group", choices=["model", "source"], default="model", help="what the rows are per")
     p.add_argument("--source", action="append", help="only these sources (repeatable; any case)")
     _since_until(p, "sessions started")
     p = _command(sub, "recover", cmd_recover, "copy what is readable of a damaged database into a new file")
@@ -658,7 +668,7 @@ def _parse(argv: list[str]) -> argparse.Namespace | None:
         apply_profile(found["profile"], create=args.name == "init")
     elif found.get("db") is None:
         _apply_profile_override(["hermes-state"])  # the active profile, unless HERMES_HOME chose one
-    for key in ("db", "json", "nl", "csv", "debug"):
+    for key in ("db", "json", "nl", "csv", "epoch", "debug"):
         setattr(args, key, found.get(key))
     _check_flags(args, found)
     return args

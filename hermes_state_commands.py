@@ -49,7 +49,20 @@ def existing_db(args: argparse.Namespace) -> Path:
         raise HermesStateError(f"{path} does not exist yet (`hermes-state init` creates it)")
     if path.stat().st_size == 0:
         raise HermesStateError(f"{path} is empty (0 bytes), not a database yet (`hermes-state init` creates one)")
+    if _looks_like_export(path):
+        raise HermesStateError(f"{path} is an export (JSON), not a database: load it into a store with "
+                               f"`hermes-state sessions import {path}`")
     return path
+
+
+def _looks_like_export(path: Path) -> bool:
+    # A database starts with SQLite's header; an export with JSON (a BOM and blanks may come first).
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return False
+    return not head.startswith(b"SQLite format 3\0") and head.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] in (b"{", b"[")
 
 
 def open_db(args: argparse.Namespace, *, write: bool = False):
@@ -96,7 +109,13 @@ def written_atomically(target: str | None) -> Iterator[TextIO]:
 
 def emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str], *,
          rows: list[dict[str, Any]] | None = None, columns: list[str] | None = None) -> None:
-    """Print `data` as JSON / JSON Lines / CSV when asked, else its human form."""
+    """Print `data` as JSON / JSON Lines / CSV when asked, else its human form.
+
+    Machine forms give epoch times as ISO 8601 with their offset, unless `--epoch` keeps the stored numbers.
+    """
+    if (args.json or args.nl or args.csv) and not getattr(args, "epoch", False):
+        data = render.iso_times(data)
+        rows = None if rows is None else render.iso_times(rows)
     if args.json:
         print(render.as_json(data))
     elif args.nl:
@@ -217,11 +236,24 @@ def session_id_of(db: Any, text: str) -> str:
     raise SessionNotFoundError(f"session {text!r} not found")
 
 
+def name_filters(db: Any, sources: list[str] | None, model: str | None) -> dict[str, list[str]]:
+    """Return the stored names a command line's sources and model stand for: any case; a model also without its provider."""
+    from hermes_state_usage import matching_names
+    known = db.stored_names() if sources or model else {}
+    found: dict[str, list[str]] = {}
+    if sources:
+        found["sources"] = sorted({name for typed in sources for name in matching_names(typed, known["source"])})
+    if model:
+        found["models"] = matching_names(model, known["model"], provider=True)
+    return found
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     """List sessions, most recently active first."""
-    filters = dict(source=args.source, include_archived=args.archived, model=args.model, since=args.since,
-                   until=args.until)
     with open_db(args) as db:
+        names = name_filters(db, [args.source] if args.source else None, args.model)
+        filters: dict[str, Any] = dict(source=names.get("sources"), include_archived=args.archived,
+                                       model=names.get("models"), since=args.since, until=args.until)
         rows = db.list_sessions(limit=limit_of(args), offset=args.offset, order="activity", **filters)
         total = db.count_sessions(**filters)
     shown = [dict(r, title=render.session_label(r["title"], r["preview"]), messages=r["message_count"],
@@ -357,8 +389,10 @@ def query_text(words: list[str]) -> str:
 def cmd_search(args: argparse.Namespace) -> int:
     """Search every message's text (words, CJK, substrings)."""
     with open_db(args) as db:
-        hits = db.search_messages(query_text(args.query), source_filter=args.source, role_filter=args.role,
-                                  limit=limit_of(args), offset=args.offset, include_reasoning=args.reasoning)
+        names = name_filters(db, args.source, args.model)
+        hits = db.search_messages(query_text(args.query), source_filter=names.get("sources"), role_filter=args.role,
+                                  limit=limit_of(args), offset=args.offset, include_reasoning=args.reasoning,
+                                  since=args.since, until=args.until, model_filter=names.get("models"))
     color = use_color()
 
     def human(_: Any) -> str:
@@ -374,9 +408,16 @@ def cmd_search(args: argparse.Namespace) -> int:
             lines += [sid + render.truncate(rest, None if width is None else max(width - render.width(sid), 10)),
                       "  " + render.highlight(h["snippet"], color=color)]
         return "\n".join(lines)
-    rows = [{k: v for k, v in h.items() if k != "context"} for h in hits] if args.csv else hits
-    emit(args, hits, human, rows=rows)
+    machine = [_plain_hit(h) for h in hits]
+    rows = [{k: v for k, v in h.items() if k != "context"} for h in machine] if args.csv else machine
+    emit(args, machine, human, rows=rows)
     return 0
+
+
+def _plain_hit(hit: dict[str, Any]) -> dict[str, Any]:
+    # For machines: the snippet's text without markers, and where the matches are in it.
+    text, matches = render.unmarked(hit.get("snippet") or "")
+    return dict(hit, snippet=text, matches=matches)
 
 
 def cmd_rename(args: argparse.Namespace) -> int:
@@ -393,36 +434,63 @@ def cmd_rename(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_stats(args: argparse.Namespace) -> int:
-    """Show token usage and cost per model (with totals) and the largest sessions."""
-    with open_db(args) as db:
-        data = {"by_model": db.usage_by_model(include_unset=True), "top_sessions": db.top_sessions_by_tokens()}
-    models = data["by_model"]
-    totals = {"model": "total", "session_count": sum(r["session_count"] for r in models),
-              "input_tokens": sum(r["input_tokens"] for r in models),
-              "output_tokens": sum(r["output_tokens"] for r in models),
-              "estimated_cost_usd": sum(r["estimated_cost_usd"] or 0 for r in models)}
+_USAGE_HEADERS = {"session_count": "sessions", "input_tokens": "input", "output_tokens": "output", "cost_usd": "cost"}
+_USAGE_NUMBERS = set(_USAGE_HEADERS)
 
-    def pretty(r: dict[str, Any]) -> dict[str, Any]:
-        return dict(r, model=r["model"] if r["model"] is not None else "(no model)",
-                    session_count=render.number(r["session_count"]), input_tokens=render.number(r["input_tokens"]),
-                    output_tokens=render.number(r["output_tokens"]), estimated_cost_usd=render.money(
-                        r["estimated_cost_usd"]))
+
+def _usage_row(r: dict[str, Any], by: str) -> dict[str, Any]:
+    # One row as people read it: numbers grouped, cost in dollars, an unnamed group named.
+    return dict(r, **{by: r[by] if r[by] is not None else f"(no {by})"}, session_count=render.number(r["session_count"]),
+                input_tokens=render.number(r["input_tokens"]), output_tokens=render.number(r["output_tokens"]),
+                cost_usd=render.money(r["cost_usd"]))
+
+
+def _total(rows: list[dict[str, Any]], by: str) -> dict[str, Any]:
+    return {by: "total", **{k: sum(r[k] or 0 for r in rows) for k in ("session_count", "input_tokens",
+                                                                        "output_tokens", "cost_usd")}}
+
+
+def _bars(rows: list[dict[str, Any]], width: int) -> list[str]:
+    # A bar per row, as long as its cost (its tokens when nothing is priced) against the largest.
+    key = "cost_usd" if any(r["cost_usd"] for r in rows) else "tokens"
+    values = [(r["cost_usd"] or 0) if key == "cost_usd" else r["input_tokens"] + r["output_tokens"] for r in rows]
+    top = max(values, default=0) or 1
+    return ["█" * max(round(v / top * width), 1 if v else 0) for v in values]
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """Show sessions, tokens and cost per model (or source), overall or per day, week or month, and the largest sessions."""
+    by = args.group
+    with open_db(args) as db:
+        names = name_filters(db, args.source, None)
+        filters: dict[str, Any] = dict(sources=names.get("sources"), since=args.since, until=args.until)
+        rows = db.usage(by=by, period=args.by, **filters)
+        top = db.largest_sessions(**filters) if args.by is None else []
+    for r in rows:
+        if args.by is None:
+            del r["period"]
+    data: dict[str, Any] = {f"by_{by}": rows} if args.by else {f"by_{by}": rows, "top_sessions": top}
 
     def human(_: Any) -> str:
         width = term_width()
-        by_model = render.table([pretty(r) for r in models] + [pretty(totals)],
-                                ["model", "session_count", "input_tokens", "output_tokens", "estimated_cost_usd"],
-                                numeric={"session_count", "input_tokens", "output_tokens", "estimated_cost_usd"},
-                                headers={"session_count": "sessions", "input_tokens": "input",
-                                         "output_tokens": "output", "estimated_cost_usd": "cost"}, max_width=width,
-                                keep={"model"})
-        top = render.table([dict(r, title=render.session_label(r["title"]), total_tokens=render.number(
-                               r["total_tokens"])) for r in data["top_sessions"]],
-                           ["id", "title", "model", "total_tokens"], numeric={"total_tokens"},
-                           headers={"total_tokens": "tokens"}, max_width=width, keep={"id"})
-        return f"{by_model}\n\nlargest sessions\n{top}"
-    emit(args, data, human, rows=models)
+        columns = ([] if args.by is None else ["period"]) + [by, *_USAGE_HEADERS]
+        shown = [_usage_row(r, by) for r in rows]
+        if args.by is None:
+            shown.append(_usage_row(_total(rows, by), by))
+        elif width is not None and rows:  # a bar per row, on a terminal only
+            for r, bar in zip(shown, _bars(rows, 30)):
+                r["bar"] = bar
+            columns.append("bar")
+        table = render.table(shown, columns, numeric=_USAGE_NUMBERS, headers={**_USAGE_HEADERS, "bar": ""},
+                             max_width=width, keep={by, "period"}) if rows else "no sessions"
+        if args.by is not None:
+            return table
+        largest = render.table([dict(r, title=render.session_label(r["title"]), total_tokens=render.number(
+                                    r["total_tokens"])) for r in top],
+                               ["id", "title", "model", "total_tokens"], numeric={"total_tokens"},
+                               headers={"total_tokens": "tokens"}, max_width=width, keep={"id"})
+        return f"{table}\n\nlargest sessions\n{largest}"
+    emit(args, data, human, rows=rows)
     return 0
 
 
@@ -436,7 +504,7 @@ def cmd_fts(args: argparse.Namespace) -> int:
         else:
             data = _with_progress("rebuilding the search index", db.rebuild_fts,
                                   lambda: _indexed_of_total(db.fts_rebuild_status()))
-    emit(args, data, lambda d: "  ".join(f"{k}={v}" for k, v in d.items()))
+    emit(args, data, lambda d: "\n".join(render.plain(d, indent="")))
     return 0
 
 

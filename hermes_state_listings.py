@@ -55,14 +55,19 @@ def _session_filters(source: Any, include_archived: bool, model: Any, since: Any
                      until: Any) -> tuple[str, list[Any]]:
     """Return the WHERE clause and parameters of a session listing; bad filter types raise ValueError."""
     for name, value in (("source", source), ("model", model)):
-        if value is not None and not isinstance(value, str):
-            raise ValueError(f"{name} must be a string or None")
+        if value is not None and not isinstance(value, str) and not (
+                isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
+            raise ValueError(f"{name} must be a string, a list of strings or None")
     # Filters are spliced in only when given, so the planner can pick idx_sessions_source.
-    where, params = ["1"], []
+    where: list[str] = ["1"]
+    params: list[Any] = []
     for column, value in (("s.source", source), ("s.model", model)):
-        if value is not None:
+        if isinstance(value, str):
             where.append(f"{column} = ?")
             params.append(value)
+        elif value is not None:  # any of these names
+            where.append(f"{column} IN ({', '.join('?' * len(value))})" if value else "0")
+            params += list(value)
     for op, name, value in ((">=", "since", since), ("<", "until", until)):
         if value is not None:
             where.append(f"{_ACTIVITY} {op} ?")
@@ -72,8 +77,8 @@ def _session_filters(source: Any, include_archived: bool, model: Any, since: Any
     return " AND ".join(where), params
 
 
-def list_sessions(conn: sqlite3.Connection, source: str | None = None, limit: int = 20, offset: int = 0,
-                  include_archived: bool = False, *, model: str | None = None, since: float | None = None,
+def list_sessions(conn: sqlite3.Connection, source: str | list[str] | None = None, limit: int = 20, offset: int = 0,
+                  include_archived: bool = False, *, model: str | list[str] | None = None, since: float | None = None,
                   until: float | None = None, order: str = "started") -> list[dict[str, Any]]:
     """Return a page of sessions, newest first, each with `preview` and `last_active`, in one query.
 
@@ -81,7 +86,8 @@ def list_sessions(conn: sqlite3.Connection, source: str | None = None, limit: in
     first 63 characters with line breaks as spaces, '' when none) and `last_active` (the latest
     message time, else `started_at`). `order` is "started" (by `started_at`, stable for paging)
     or "activity" (by last activity); pinned sessions are not moved to the top. `since`/`until`
-    (epoch seconds) keep sessions whose last activity is in [since, until).
+    (epoch seconds) keep sessions whose last activity is in [since, until). `source` and `model`
+    are a name, or a list of names any of which matches.
     """
     if order not in _ORDERS:
         raise ValueError(f"order must be one of {sorted(_ORDERS)}, not {order!r}")
@@ -91,8 +97,9 @@ def list_sessions(conn: sqlite3.Connection, source: str | None = None, limit: in
     return row_dicts(conn.execute(sql, (*params, limit, offset)))
 
 
-def count_sessions(conn: sqlite3.Connection, source: str | None = None, include_archived: bool = False, *,
-                   model: str | None = None, since: float | None = None, until: float | None = None) -> int:
+def count_sessions(conn: sqlite3.Connection, source: str | list[str] | None = None, include_archived: bool = False,
+                   *, model: str | list[str] | None = None, since: float | None = None,
+                   until: float | None = None) -> int:
     """Return how many sessions a listing with these filters pages through."""
     where, params = _session_filters(source, include_archived, model, since, until)
     return conn.execute(f"SELECT COUNT(*) FROM sessions s WHERE {where}", params).fetchone()[0]

@@ -17,7 +17,7 @@ import re
 import sys
 import time
 import unicodedata
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Iterable, TextIO
 
 ELLIPSIS = "…"
@@ -132,22 +132,30 @@ def relative_time(ts: float | None, now: float | None = None) -> str:
     return time.strftime("%Y-%m-%d", time.localtime(ts))
 
 
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "mo": 30 * 86400, "y": 365 * 86400}
 
 
 def parse_age_days(text: str) -> float:
-    """Return an age in days from "7d", "12h", "30m", "2w" or a bare number of days; ValueError otherwise."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw]?)", text.strip())
+    """Return an age in days from "7d", "12h", "30m", "2w", "3mo", "1y" or a bare number of days; ValueError otherwise."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(mo|[smhdwy])?", text.strip().lower())
     if not match:
-        raise ValueError(f"not an age: {text!r} (use 7d, 12h, 2w or a number of days)")
+        raise ValueError(f"not an age: {text!r} (use 7d, 12h, 2w, 3mo, 1y or a number of days)")
     return float(match.group(1)) * _UNIT_S[match.group(2) or "d"] / 86400
 
 
+_AGO = re.compile(r"(\d+(?:\.\d+)?)\s*(mo|[smhdwy])")
+
+
 def parse_when(text: str, now: float | None = None) -> float:
-    """Return epoch seconds for "7d", "12h", "30m" (ago), an ISO date or date-time, or epoch seconds."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhdw])", text.strip())
+    """Return epoch seconds for an age ago (7d, 12h, 3mo, 1y), today or yesterday (local midnight), an ISO date or epoch seconds."""
+    now = time.time() if now is None else now
+    word = text.strip().lower()
+    if word in ("today", "yesterday"):
+        midnight = datetime.fromtimestamp(now).replace(hour=0, minute=0, second=0, microsecond=0)
+        return (midnight - timedelta(days=1 if word == "yesterday" else 0)).timestamp()
+    match = _AGO.fullmatch(word)
     if match:
-        return (time.time() if now is None else now) - float(match.group(1)) * _UNIT_S[match.group(2)]
+        return now - float(match.group(1)) * _UNIT_S[match.group(2)]
     try:
         seconds = float(text)
     except ValueError:
@@ -158,7 +166,8 @@ def parse_when(text: str, now: float | None = None) -> float:
     try:
         return datetime.fromisoformat(text.strip()).timestamp()
     except ValueError:
-        raise ValueError(f"not a time: {text!r} (use 7d, 12h, 2026-11-30 or epoch seconds)") from None
+        raise ValueError(f"not a time: {text!r} (use 7d, 12h, 3mo, 1y, today, yesterday, 2026-11-30 or "
+                         "epoch seconds)") from None
 
 
 def clock_time(ts: float | None) -> str:
@@ -215,6 +224,38 @@ def highlight(snippet: str, *, color: bool) -> str:
     if not color:
         return text
     return text.replace(">>>", _BOLD_ON).replace("<<<", _BOLD_OFF)
+
+
+def unmarked(snippet: str) -> tuple[str, list[list[int]]]:
+    """Return a snippet without its `>>>`/`<<<` markers, and the [start, end) offsets of each match in that text."""
+    text, matches, at = [], [], 0
+    for i, piece in enumerate(re.split(">>>|<<<", snippet)):
+        if i % 2 and piece:
+            matches.append([at, at + len(piece)])
+        text.append(piece)
+        at += len(piece)
+    return "".join(text), matches
+
+
+TIME_KEYS = frozenset({"timestamp", "last_active", "session_started", "first_seen", "last_seen"})
+
+
+def iso_times(value: Any) -> Any:
+    """Return `value` with every epoch time (keys ending in `_at` or `_until`, `timestamp`, ...) as ISO 8601 with its offset."""
+    if isinstance(value, dict):
+        return {k: (iso_time(v) if (k in TIME_KEYS or k.endswith(("_at", "_until"))) and isinstance(v, (int, float))
+                    and not isinstance(v, bool) else iso_times(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [iso_times(v) for v in value]
+    return value
+
+
+def iso_time(ts: float) -> str:
+    """Return epoch seconds as local ISO 8601 with the UTC offset (2026-12-01T10:01:56.250000+01:00)."""
+    try:
+        return datetime.fromtimestamp(ts).astimezone().isoformat()
+    except (OverflowError, OSError, ValueError):  # far outside what the platform's clock can show
+        return str(ts)
 
 
 def money(value: Any) -> str:

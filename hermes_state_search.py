@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable
 import hermes_state_fts as fts
 import hermes_state_hits as hit_page
 from hermes_state_cjk import fold_text
-from hermes_state_common import check_count, check_id, escape_like, has_surrogate, logger
+from hermes_state_common import check_count, check_id, check_number, escape_like, has_surrogate, logger
 from hermes_state_query import Group, QueryPlan, Term, cjk_expression, plan_query, trigram_expression, word_expression
 
 # --- full-text search --------------------------------------------------------------
@@ -82,26 +82,33 @@ class _Filters:
 
     @classmethod
     def build(cls, source_filter: Any, exclude_sources: Any, role_filter: Any, session_id: Any,
-              include_inactive: bool) -> _Filters:
+              include_inactive: bool, since: Any = None, until: Any = None, model_filter: Any = None) -> _Filters:
         """Validate the caller's filters and return their SQL; bad types raise ValueError."""
         if session_id is not None:
             check_id("session_id", session_id)
         sources = _name_list("source_filter", source_filter)
         excluded = _name_list("exclude_sources", exclude_sources)
         roles = _name_list("role_filter", role_filter)
+        models = None if model_filter is None else _name_list("model_filter", model_filter)
         where: list[str] = []
         params: list[Any] = []
         if not include_inactive:
             where.append("m.active = 1")
         for column, values, op in (("m.role", roles, "IN"), ("s.source", sources, "IN"),
-                                   ("s.source", excluded, "NOT IN")):
+                                   ("s.source", excluded, "NOT IN"), ("s.model", models, "IN")):
             if values:
                 where.append(f"{column} {op} ({', '.join('?' * len(values))})")
                 params.extend(values)
+        if models == []:
+            where.append("0")  # no model asked for: nothing passes
+        for op, name, value in ((">=", "since", since), ("<", "until", until)):
+            if value is not None:
+                where.append(f"m.timestamp {op} ?")
+                params.append(check_number(name, value))
         if session_id is not None:
             where.append("m.session_id = ?")
             params.append(session_id)
-        join = " JOIN sessions s ON s.id = m.session_id" if sources or excluded else ""
+        join = " JOIN sessions s ON s.id = m.session_id" if sources or excluded or models is not None else ""
         return cls("".join(f" AND {w}" for w in where), tuple(params), join)
 
     @property
@@ -548,18 +555,21 @@ def _find(conn: sqlite3.Connection, plan: QueryPlan, f: _Filters, low: int, high
 
 def search_messages(conn: sqlite3.Connection, query: Any, source_filter: Any = None, exclude_sources: Any = None,
                     role_filter: Any = None, session_id: str | None = None, limit: int = 20, offset: int = 0,
-                    include_inactive: bool = False, include_reasoning: bool = False) -> SearchResults:
+                    include_inactive: bool = False, include_reasoning: bool = False, *, since: float | None = None,
+                    until: float | None = None, model_filter: Any = None) -> SearchResults:
     """Search message text, best match first; any query text is accepted and never raises.
 
     Each hit: id, session_id, role, timestamp, tool_name, snippet (matches in >>> <<<), context
     (previous message, the hit, next message of the session, content cut to 200 characters), source, model,
     session_started, title (the session's). Active rows only unless `include_inactive`; the
-    reasoning text is searched too with `include_reasoning`. Bad limit/offset or filter
+    reasoning text is searched too with `include_reasoning`. `since`/`until` (epoch seconds)
+    bound the messages' time; `model_filter` keeps sessions of these models (exact names). Bad limit/offset or filter
     types raise ValueError. The result is a SearchResults list whose `complete` says whether
     it is exact (see there). Run it in one read snapshot (the facade does).
     """
     limit, offset = check_count("limit", limit), check_count("offset", offset)
-    f = _Filters.build(source_filter, exclude_sources, role_filter, session_id, include_inactive)
+    f = _Filters.build(source_filter, exclude_sources, role_filter, session_id, include_inactive, since, until,
+                       model_filter)
     plan = plan_query(query)
     if plan is None or limit == 0:
         return SearchResults()

@@ -272,9 +272,9 @@ def test_prune_dry_run_lists_and_changes_nothing_then_prune_says_what_went(ended
 
 
 def test_older_than_takes_ages_like_since(ended, capsys):
-    for good in ("7d", "12h", "2w", "30m", "1.5", "0"):
+    for good in ("7d", "12h", "2w", "30m", "3mo", "1y", "1.5", "0"):
         assert main(["sessions", "prune", "--older-than", good, "--dry-run"]) == 0, good
-    for bad in ("soon", "-3", "7y", ""):
+    for bad in ("soon", "-3", "7x", ""):
         assert main(["sessions", "prune", "--older-than", bad]) == 2, bad
     capsys.readouterr()
 

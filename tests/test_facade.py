@@ -348,7 +348,8 @@ ANSWERS_ITSELF = {"distinct_session_cwds", "session_count", "get_next_title_in_l
                   "count_sessions", "usage_by_model", "top_sessions_by_tokens", "list_sessions_rich",
                   "search_sessions", "search_sessions_by_id", "search_messages", "fts_rebuild_status",
                   "get_runtime", "backup", "list_prune_candidates", "count_empty_sessions",
-                  "list_pending_handoffs", "load_gateway_routing_entries"}
+                  "list_pending_handoffs", "load_gateway_routing_entries",
+                  "session_ids_with_prefix", "usage", "largest_sessions", "stored_names"}
 
 
 def test_each_lookup_answers_an_unknown_key_as_the_table_declared_it():

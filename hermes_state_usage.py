@@ -1,0 +1,89 @@
+"""Usage statistics: sessions, tokens and cost per model or source, over the whole store or per period.
+
+Owns: `usage` (totals per model or per source, with source and time filters, optionally per day,
+week or month of the sessions' start, local time), `largest_sessions` (the same filters), and
+matching what people type against the stored names (`matching_names`: any case; a model also by
+the part after its provider, `gpt-5` for `openai/gpt-5`).
+Does not own: the unfiltered per-model totals hermes-agent's callers read (`usage_by_model` in
+hermes_state_listings), drawing them (hermes_state_commands, hermes_state_web).
+
+Transaction contract: read-only, one statement each, on the caller's connection.
+"""
+from __future__ import annotations
+
+import sqlite3
+from typing import Any, Iterable
+
+from hermes_state_common import check_count, check_id, check_number, row_dicts
+
+# A period's label, from a session's start (local time): 2026-11-30, the Monday 2026-11-30, 2026-11.
+PERIODS = {
+    "day": "date(started_at, 'unixepoch', 'localtime')",
+    "week": "date(started_at, 'unixepoch', 'localtime', '-6 days', 'weekday 1')",
+    "month": "strftime('%Y-%m', started_at, 'unixepoch', 'localtime')",
+}
+GROUPS = {"model": "model", "source": "source"}
+
+
+def matching_names(typed: str, stored: Iterable[str | None], *, provider: bool = False) -> list[str]:
+    """Return the stored names `typed` stands for: equal in any case, or (`provider`) the part after a `provider/`."""
+    want = typed.casefold()
+    return sorted({name for name in stored if name is not None and (
+        name.casefold() == want or provider and "/" in name and name.casefold().rsplit("/", 1)[1] == want)})
+
+
+def _where(sources: Any, models: Any, since: Any, until: Any) -> tuple[str, list[Any]]:
+    where, params = ["1"], []
+    for column, names in (("source", sources), ("model", models)):
+        if names is not None:
+            names = [check_id(column, n) for n in ([names] if isinstance(names, str) else names)]
+            where.append(f"{column} IN ({', '.join('?' * len(names))})" if names else "0")
+            params += names
+    for op, name, value in ((">=", "since", since), ("<", "until", until)):
+        if value is not None:
+            where.append(f"started_at {op} ?")
+            params.append(check_number(name, value))
+    return " AND ".join(where), params
+
+
+def stored_names(conn: sqlite3.Connection) -> dict[str, list[str]]:
+    """Return the distinct sources and models the sessions hold."""
+    return {column: [r[0] for r in conn.execute(f"SELECT DISTINCT {column} FROM sessions WHERE {column} IS NOT NULL "
+                                                f"ORDER BY 1")] for column in ("source", "model")}
+
+
+def usage(conn: sqlite3.Connection, *, by: str = "model", period: str | None = None, sources: Any = None,
+          models: Any = None, since: float | None = None, until: float | None = None) -> list[dict[str, Any]]:
+    """Return session_count, input_tokens, output_tokens and cost_usd per `by` (model or source), per `period` if given.
+
+    `period` is day, week (from Monday) or month, of the sessions' start in local time;
+    `sources`/`models` are exact stored names; `since`/`until` (epoch seconds) bound the
+    sessions' start. Rows are ordered by period, then by cost (costliest first); a group
+    without a name (no model) comes last with `None`.
+    """
+    if by not in GROUPS:
+        raise ValueError(f"by must be one of {sorted(GROUPS)}, not {by!r}")
+    if period is not None and period not in PERIODS:
+        raise ValueError(f"period must be one of {sorted(PERIODS)} or None, not {period!r}")
+    where, params = _where(sources, models, since, until)
+    label = PERIODS[period] if period else "NULL"
+    column = GROUPS[by]
+    return row_dicts(conn.execute(
+        f"""SELECT {label} AS period, {column} AS {by}, COUNT(*) AS session_count,
+                   COALESCE(SUM(input_tokens), 0) AS input_tokens, COALESCE(SUM(output_tokens), 0) AS output_tokens,
+                   SUM(COALESCE(actual_cost_usd, estimated_cost_usd)) AS cost_usd
+              FROM sessions WHERE {where}
+             GROUP BY 1, 2
+             ORDER BY 1, {column} IS NULL, cost_usd IS NULL, cost_usd DESC, {column}""", params))
+
+
+def largest_sessions(conn: sqlite3.Connection, limit: int = 10, *, sources: Any = None, models: Any = None,
+                     since: float | None = None, until: float | None = None) -> list[dict[str, Any]]:
+    """Return the sessions with the most tokens in and out (id, title, model, total_tokens, cost), filtered as `usage`."""
+    limit = check_count("limit", limit)
+    where, params = _where(sources, models, since, until)
+    return row_dicts(conn.execute(
+        f"""SELECT id, title, model, COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0) AS total_tokens,
+                   COALESCE(actual_cost_usd, estimated_cost_usd) AS cost_usd
+              FROM sessions WHERE {where}
+             ORDER BY total_tokens DESC, started_at DESC, id LIMIT ?""", (*params, limit)))
