@@ -82,7 +82,6 @@ from hermes_state_schema import apply_wal_with_fallback
 # hermes-agent's module exposes its imports as public names, and its callers' tests patch some of
 # them (hermes_state.time.time, hermes_state.random, hermes_state.logger): the same names are here,
 # the logger being this library's own ("hermes_state").
-import asyncio  # noqa: E402,F401
 import json  # noqa: E402,F401
 import logging  # noqa: E402,F401
 import random  # noqa: E402,F401
@@ -111,6 +110,15 @@ __all__ = [
     "LedgerStateError", "receipt_digest", "input_marker", "strip_echoed_user_input",
     "DEFAULT_DB_PATH", "SCHEMA_SQL", "FTS_SQL", "FTS_TRIGRAM_SQL", "DEFERRED_INDEX_SQL", "sanitize_context",
 ]
+
+def __getattr__(name: str) -> Any:
+    # hermes-agent's module has `asyncio` among its names; it is loaded on first use here, as
+    # importing it costs a fifth of this module's start-up.
+    if name == "asyncio":
+        import asyncio
+        return asyncio
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def repair_state_db_schema(db_path: str | os.PathLike, *, backup: bool = True) -> dict[str, Any]:
     """Repair a malformed schema or full-text index in place, a copy kept first; return the report."""

@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import sqlite3
 import time
-import uuid
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Iterable
 
@@ -56,6 +54,8 @@ INHERITED_COLUMNS = ("source", "model", "model_config", "user_id", "session_key"
 
 def new_holder() -> str:
     """Return a fresh holder string for this process: `pid=<n> host=<name> pidns=<id|-> token=<hex>`."""
+    import socket  # here, not at start-up: uuid and socket take a tenth of `import hermes_state`
+    import uuid
     return f"pid={os.getpid()} host={socket.gethostname()} pidns={own_pidns()} token={uuid.uuid4().hex}"
 
 

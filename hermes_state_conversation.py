@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 import sqlite3
-import uuid
 from typing import Any
 
 import hermes_state_lineage as lineage
@@ -36,12 +35,13 @@ _REASONING_JSON = ("reasoning_details", "codex_reasoning_items", "codex_message_
 # Rows written by older programs may lack a message_uid. They get a stable one derived from
 # where they live, so a copy made from the conversation (compression, rotation) keeps naming
 # the same message and replay across a compression seam shows it once.
-_DERIVED_UID_NAMESPACE = uuid.UUID("5b0c3f52-2d7e-4f8a-9a35-7c1e0e6f4a21")
+_DERIVED_UID_NAMESPACE = "5b0c3f52-2d7e-4f8a-9a35-7c1e0e6f4a21"
 
 
 def derived_uid(session_id: str, row_id: int) -> str:
     """Return the stable uid the conversation gives a stored row that has none."""
-    return uuid.uuid5(_DERIVED_UID_NAMESPACE, f"{session_id}/{row_id}").hex
+    import uuid  # here, not at start-up: uuid loads the platform module, which `import hermes_state` need not
+    return uuid.uuid5(uuid.UUID(_DERIVED_UID_NAMESPACE), f"{session_id}/{row_id}").hex
 
 
 def _add_row_fields(msg: dict[str, Any], r: dict[str, Any]) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hermes_state_common import COUNTERS, DICTIONARY, Column, Table
-from hermes_state_values import INT_MAX, INT_MIN, encode_json, is_finite, is_uid, replace_surrogates
+from hermes_state_common import INT_MAX, INT_MIN, encode_json, is_finite, is_uid, replace_surrogates
 
 EXPORT_FORMAT = "hermes-state-export"
 EXPORT_VERSION = 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 
 _PID = re.compile(r"(?:^|\s)pid=(\d+)(?:\s|$)")
 _HOST = re.compile(r"(?:^|\s)host=(\S+)")
@@ -47,6 +46,7 @@ def holder_is_gone(holder: str) -> bool:
     may not signal (PermissionError: it exists), a recycled pid that is alive again, or a
     platform where signal 0 is not a harmless probe (on Windows os.kill would terminate it).
     """
+    import socket  # here, not at start-up: few calls need the host name
     pid, host, pidns = parse_holder(holder)
     if os.name != "posix" or pid is None or pid <= 0 or host != socket.gethostname():
         return False

@@ -19,7 +19,6 @@ if another holder does; reads run under the read lock, "snapshot" in one read tr
 """
 from __future__ import annotations
 
-import asyncio
 import copy
 import functools
 import inspect
@@ -555,18 +554,25 @@ class Handle(metaclass=Knobs):
             return entry.function(Transaction(self._writer) if entry.txn else conn, *args, **kwargs)
 
 
+async def _to_thread(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    # asyncio is imported here, not at start-up (a fifth of `import hermes_state`): whoever awaits
+    # this runs an event loop, so the module is loaded already and the import costs nothing.
+    import asyncio
+    return await asyncio.to_thread(func, *args, **kwargs)
+
+
 def _twin(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     if not name.startswith("iter_"):
         @functools.wraps(method)  # keeps the name, docstring and signature for help() and editors
         async def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return await asyncio.to_thread(getattr(self.db, name), *args, **kwargs)
+            return await _to_thread(getattr(self.db, name), *args, **kwargs)
         return call
 
     @functools.wraps(method)
     async def stream(self: Any, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
         # Each item is read on a worker thread: the event loop never waits for the database.
-        items, done = await asyncio.to_thread(getattr(self.db, name), *args, **kwargs), object()
-        while (item := await asyncio.to_thread(next, items, done)) is not done:
+        items, done = await _to_thread(getattr(self.db, name), *args, **kwargs), object()
+        while (item := await _to_thread(next, items, done)) is not done:
             yield item
     return stream
 
@@ -587,7 +593,7 @@ class AsyncFacade:
 
     async def close(self) -> None:
         """Close the wrapped handle (on a worker thread)."""
-        await asyncio.to_thread(self.db.close)
+        await _to_thread(self.db.close)
 
     async def __aenter__(self) -> Any:
         return self

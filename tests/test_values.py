@@ -1,4 +1,4 @@
-"""hermes_state_values: the value checks every API shares, surrogate handling, JSON columns and the column rules."""
+"""The value checks every API shares (in the data dictionary): surrogate handling, JSON columns and the column rules."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import hermes_state_values as values
+import hermes_state_common as values
 
 
 def test_surrogates_are_stripped_or_replaced_and_nothing_else_changes():
@@ -99,18 +99,7 @@ def test_the_column_rules_store_each_kind_as_declared():
     assert values.is_uid("0123456789abcdef" * 2) and not values.is_uid("0123456789ABCDEF" * 2)
 
 
-# Every name this module offered before the rules joined the data dictionary: a caller importing
-# one from here keeps working, and gets the very object the dictionary uses.
-OFFERED = ("COLUMN_RULES", "INT_MAX", "INT_MIN", "check_count", "check_id", "check_number", "check_scalar",
-           "decode_json", "encode_json", "has_surrogate", "is_finite", "is_uid", "replace_surrogates", "shown",
-           "strip_surrogates")
-
-
-def test_every_name_it_offered_is_still_importable_and_is_the_dictionarys_own():
-    import hermes_state_common as common
-    assert set(values.__all__) == set(OFFERED)
-    for name in OFFERED:
-        assert getattr(values, name) is getattr(common, name), name
+def test_the_rules_a_write_runs_are_the_dictionarys_own_code():
     # The rules a write runs are the dictionary's own code, so a write never leaves it to check a value.
     for name in ("check_id", "check_count", "encode_json", "replace_surrogates", "has_surrogate"):
         assert getattr(values, name).__module__ == "hermes_state_common", name

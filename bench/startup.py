@@ -1,0 +1,93 @@
+"""Start-up time, side by side with sqlite-utils: `import hermes_state` and `hermes-state sessions list`.
+
+    python bench/startup.py [--python PY] [--other-python PY] [--runs 10]
+
+`--python` runs hermes-state (default: this interpreter), `--other-python` sqlite-utils (default:
+the same one). One interpreter holding both (a venv with `pip install . sqlite-utils`, not an
+editable install, whose import hook adds its own start-up cost) compares the packages alone.
+
+Each round runs every command once, in alternating order, so a busy machine slows both sides
+alike; the figures are medians over the rounds (bytecode cached: one warm-up round first). The
+floor is a bare `python -c pass` of each interpreter, measured in the same rounds. The store is a
+fresh 2,000-message file (100 sessions of 20 messages) in a temporary HERMES_HOME, which
+`sqlite-utils rows state.db sessions --limit 20` reads too. Goals: each ratio at most 0.75.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _store(home: Path) -> Path:
+    from hermes_state import SessionDB
+    path = home / "state.db"
+    with SessionDB(path) as db:
+        for s in range(100):
+            db.create_session(f"bench_{s:03d}", "cli", "openai/gpt-5", title=f"Session {s}")
+            for m in range(20):
+                db.append_message(f"bench_{s:03d}", "user" if m % 2 else "assistant", f"message {m} about docker")
+    return path
+
+
+def _time(argv: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    elapsed = (time.perf_counter() - start) * 1000
+    if done.returncode != 0:
+        raise SystemExit(f"{argv} failed: {done.stderr.decode(errors='replace')}")
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--python", default=sys.executable, help="a Python where hermes-state is installed")
+    parser.add_argument("--other-python", help="a Python where sqlite-utils is installed (default: --python)")
+    parser.add_argument("--runs", type=int, default=10)
+    args = parser.parse_args()
+    ours = args.python
+    other = Path(args.other_python or args.python)
+    with tempfile.TemporaryDirectory() as scratch:
+        home = Path(scratch)
+        db = _store(home)
+        env = {**os.environ, "HERMES_HOME": str(home), "COLUMNS": "100"}
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        commands = {
+            "python (ours)": [ours, "-c", "pass"],
+            "python (other)": [str(other), "-c", "pass"],
+            "import hermes_state": [ours, "-c", "import hermes_state"],
+            "import sqlite_utils": [str(other), "-c", "import sqlite_utils"],
+            "hermes-state sessions list": [ours, "-m", "hermes_state_cli", "sessions", "list"],
+            "sqlite-utils rows --limit 20": [str(other), "-m", "sqlite_utils", "rows", str(db), "sessions", "--limit",
+                                             "20"],
+        }
+        for argv in commands.values():  # warm-up: bytecode written, files in the page cache
+            _time(argv, env)
+        times: dict[str, list[float]] = {name: [] for name in commands}
+        names = list(commands)
+        for round_ in range(args.runs):
+            for name in (names if round_ % 2 == 0 else names[::-1]):
+                times[name].append(_time(commands[name], env))
+    median = {name: statistics.median(t) for name, t in times.items()}
+    for name, value in median.items():
+        print(f"{name:<30} {value:7.1f} ms  (min {min(times[name]):.1f})")
+    print()
+    for ours_name, theirs in (("import hermes_state", "import sqlite_utils"),
+                              ("hermes-state sessions list", "sqlite-utils rows --limit 20")):
+        ratio = median[ours_name] / median[theirs]
+        above = (median[ours_name] - median["python (ours)"]) / (median[theirs] - median["python (other)"])
+        fastest = min(times[ours_name]) / min(times[theirs])
+        print(f"{ours_name} / {theirs}: {ratio:.2f}  (goal <= 0.75: {'met' if ratio <= 0.75 else 'NOT met'}); "
+              f"above each interpreter's floor: {above:.2f}; fastest runs: {fastest:.2f}")
+
+
+if __name__ == "__main__":
+    main()
