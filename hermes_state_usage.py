@@ -32,8 +32,9 @@ def matching_names(typed: str, stored: Iterable[str | None], *, provider: bool =
         name.casefold() == want or provider and "/" in name and name.casefold().rsplit("/", 1)[1] == want)})
 
 
-def _where(sources: Any, models: Any, since: Any, until: Any) -> tuple[str, list[Any]]:
-    where, params = ["1"], []
+def _where(sources: Any, models: Any, since: Any, until: Any, include_archived: bool = True) -> tuple[str, list[Any]]:
+    where: list[str] = ["1" if include_archived else "COALESCE(archived, 0) = 0"]
+    params: list[Any] = []
     for column, names in (("source", sources), ("model", models)):
         if names is not None:
             names = [check_id(column, n) for n in ([names] if isinstance(names, str) else names)]
@@ -53,19 +54,21 @@ def stored_names(conn: sqlite3.Connection) -> dict[str, list[str]]:
 
 
 def usage(conn: sqlite3.Connection, *, by: str = "model", period: str | None = None, sources: Any = None,
-          models: Any = None, since: float | None = None, until: float | None = None) -> list[dict[str, Any]]:
+          models: Any = None, since: float | None = None, until: float | None = None,
+          include_archived: bool = True) -> list[dict[str, Any]]:
     """Return session_count, input_tokens, output_tokens and cost_usd per `by` (model or source), per `period` if given.
 
     `period` is day, week (from Monday) or month, of the sessions' start in local time;
     `sources`/`models` are exact stored names; `since`/`until` (epoch seconds) bound the
     sessions' start. Rows are ordered by period, then by cost (costliest first); a group
-    without a name (no model) comes last with `None`.
+    without a name (no model) comes last with `None`. Archived sessions count unless
+    `include_archived` is False.
     """
     if by not in GROUPS:
         raise ValueError(f"by must be one of {sorted(GROUPS)}, not {by!r}")
     if period is not None and period not in PERIODS:
         raise ValueError(f"period must be one of {sorted(PERIODS)} or None, not {period!r}")
-    where, params = _where(sources, models, since, until)
+    where, params = _where(sources, models, since, until, include_archived)
     label = PERIODS[period] if period else "NULL"
     column = GROUPS[by]
     return row_dicts(conn.execute(

@@ -162,19 +162,23 @@ async def sessions_page(datasette, request):
     found = await _off_loop(_list_sessions, database.path, filters, SESSIONS_PER_PAGE + 1,
                             (page - 1) * SESSIONS_PER_PAGE)
     sessions = [dict(r, link=_session_url(name, r["id"]), cost=_cost(r), tokens=_tokens(r),
-                     last=_fmt_time(r["last_active"]), label=r["title"] or _one_line(r["preview"]) or "(untitled)")
+                     last=_fmt_time(r["last_active"]), label=r["title"] or _one_line(r["preview"]),
+                     untitled=not r["title"])
                 for r in found[:SESSIONS_PER_PAGE]]
     pager = _pager(request, page, len(found) > SESSIONS_PER_PAGE)
     if _wants_json(request):
         return _json({"database": name, "page": page, "filters": _shown_filters(request),
-                      "sessions": [{k: v for k, v in r.items() if k not in ("link", "cost", "tokens", "last", "label")}
-                                   for r in sessions], **pager})
+                      "sessions": [{k: v for k, v in r.items() if k not in ("link", "cost", "tokens", "last", "label",
+                                                                            "untitled")}
+                                   for r in sessions], "usage_per_day": await _off_loop(_usage_per_day, database.path,
+                                                                                       filters), **pager})
     # The filter choices: one SELECT each on Datasette's read-only connection.
     choices = {column: [r[0] for r in (await database.execute(_CHOICES_SQL.format(column=column))).rows]
                for column in ("source", "model")}
+    usage = await _off_loop(_usage_per_day, database.path, filters) if page == 1 else []
     return await _render(datasette, request, SESSIONS_HTML, {
         "database": name, "sessions": sessions, "page": page, "choices": choices, "args": _shown_filters(request),
-        "search_url": f"{PREFIX}/{quote(name, safe='')}/search", **pager})
+        "search_url": f"{PREFIX}/{quote(name, safe='')}/search", "chart": usage_chart(usage), **pager})
 
 
 def _shown_filters(request) -> dict[str, str]:
@@ -192,6 +196,13 @@ def _session_filters(request) -> dict[str, Any]:
             raise DatasetteError(str(exc), title="Bad filter", status=400) from None
     return {"source": shown["source"] or None, "model": shown["model"] or None, "since": since,
             "include_archived": shown["archived"] not in ("", "0")}
+
+
+def _usage_per_day(path: str, filters: dict[str, Any]) -> list[dict[str, Any]]:
+    # The session list's filters, applied to the sessions' start: usage per day and model.
+    with SessionDB(path, read_only=True) as db:
+        return db.usage(by="model", period="day", sources=filters["source"], models=filters["model"],
+                        since=filters["since"], include_archived=filters["include_archived"])
 
 
 def _list_sessions(path: str, filters: dict[str, Any], limit: int, offset: int) -> list[dict[str, Any]]:
@@ -308,7 +319,10 @@ def _message_view(row: dict[str, Any]) -> dict[str, Any]:
     calls = stored if isinstance(stored, list) else []
     reasoning = next((row[k] for k in ("reasoning", "reasoning_content") if isinstance(row.get(k), str)
                       and row[k].strip()), None)
-    return {"id": row["id"], "role": row["role"], "content": _text(row.get("content")),
+    content = _text(row.get("content"))
+    return {"id": row["id"], "role": row["role"], "content": content,
+            "html": markdown(content) if row["role"] in ("user", "assistant") and isinstance(row.get("content"), str)
+            else None,
             "when": _fmt_time(row.get("timestamp")), "tool_name": row.get("tool_name"),
             "reasoning": reasoning, "calls": [_call_view(c) for c in calls]}
 
@@ -411,6 +425,81 @@ def _cost(row: dict[str, Any]) -> str:
     return f"${cost:,.4f}" if isinstance(cost, (int, float)) else ""
 
 
+_MARKDOWN: list[Any] = []  # the parser, made on first use (None when markdown-it-py is not installed)
+
+
+def markdown(text: str) -> Markup | None:
+    """Return a message's Markdown as HTML (code, lists, links; any HTML in it escaped), or None without markdown-it-py."""
+    if not _MARKDOWN:
+        try:
+            from markdown_it import MarkdownIt
+        except ImportError:  # the page shows the text as it is
+            _MARKDOWN.append(None)
+        else:
+            # CommonMark with raw HTML off: a stored <script> is text. Links keep markdown-it's own
+            # check, which refuses javascript:, vbscript:, file: and data: (but images) URLs.
+            _MARKDOWN.append(MarkdownIt("commonmark", {"html": False}).enable("table").enable("strikethrough"))
+    parser = _MARKDOWN[0]
+    return None if parser is None else Markup(parser.render(text))
+
+
+# --- the usage chart: an SVG drawn here, so the page needs no script and no network -------------
+
+CHART_WIDTH, CHART_HEIGHT, CHART_LEFT, CHART_BOTTOM = 760, 180, 70, 24
+PALETTE = ("#3b82f6", "#10b981", "#f59e0b", "#ef4444", "#8b5cf6", "#14b8a6", "#ec4899", "#84cc16", "#6b7280")
+
+
+def _days(first: str, last: str) -> list[str]:
+    from datetime import date, timedelta
+    start, end = date.fromisoformat(first), date.fromisoformat(last)
+    return [(start + timedelta(days=n)).isoformat() for n in range((end - start).days + 1)]
+
+
+def usage_chart(rows: list[dict[str, Any]]) -> Markup:
+    """Draw usage per day as stacked bars, one colour per model, in SVG (cost when priced, else tokens)."""
+    if not rows:
+        return Markup("")
+    priced = any(r["cost_usd"] for r in rows)
+    def amount(r: dict[str, Any]) -> float:
+        return float(r["cost_usd"] or 0) if priced else float(r["input_tokens"] + r["output_tokens"])
+    models = sorted({r["model"] for r in rows}, key=lambda m: (-sum(amount(r) for r in rows if r["model"] == m),
+                                                              m is None, m or ""))
+    colour = {m: PALETTE[min(i, len(PALETTE) - 1)] for i, m in enumerate(models)}
+    days = _days(rows[0]["period"], rows[-1]["period"])
+    per_day: dict[str, list[dict[str, Any]]] = {d: [] for d in days}
+    for r in rows:
+        per_day[r["period"]].append(r)
+    top = max(sum(amount(r) for r in day) for day in per_day.values()) or 1.0
+    plot_w, plot_h = CHART_WIDTH - CHART_LEFT, CHART_HEIGHT - CHART_BOTTOM
+    step = plot_w / len(days)
+    bar = max(step * 0.8, 1.0)
+    unit = (lambda v: f"${v:,.4f}") if priced else (lambda v: f"{v:,.0f} tokens")
+    parts = [Markup('<svg class="hs-chart" xmlns="http://www.w3.org/2000/svg" role="img" width="%d" height="%d" '
+                    'viewBox="0 0 %d %d"><title>%s per day, by model</title>')
+             % (CHART_WIDTH, CHART_HEIGHT, CHART_WIDTH, CHART_HEIGHT, "Cost" if priced else "Tokens"),
+             Markup('<text x="%d" y="12" text-anchor="end" class="hs-axis">%s</text>') % (CHART_LEFT - 6, unit(top)),
+             Markup('<text x="%d" y="%d" text-anchor="end" class="hs-axis">0</text>') % (CHART_LEFT - 6, plot_h),
+             Markup('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/>') % (CHART_LEFT, plot_h, CHART_WIDTH, plot_h)]
+    for i, day in enumerate(days):
+        y = float(plot_h)
+        for r in sorted(per_day[day], key=lambda r: models.index(r["model"])):
+            if not amount(r):
+                continue
+            height = amount(r) / top * (plot_h - 14)
+            y -= height
+            parts.append(Markup('<rect class="hs-bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s" '
+                                'data-day="%s" data-model="%s"><title>%s · %s: %s, %s sessions</title></rect>')
+                         % (CHART_LEFT + i * step, y, bar, height, colour[r["model"]], day, r["model"] or "",
+                            day, r["model"] or "(no model)", unit(amount(r)), r["session_count"]))
+    for i in sorted({0, len(days) - 1}):
+        parts.append(Markup('<text x="%.1f" y="%d" text-anchor="%s" class="hs-axis">%s</text>')
+                     % (CHART_LEFT + i * step + (bar if i else 0), CHART_HEIGHT - 8, "end" if i else "start", days[i]))
+    parts.append(Markup("</svg>"))
+    legend = Markup("").join(Markup('<li><span class="hs-swatch" style="background:%s"></span>%s</li>')
+                             % (colour[m], m or "(no model)") for m in models)
+    return Markup("").join(parts) + Markup('<ul class="hs-legend">%s</ul>') % legend
+
+
 _MARK = re.compile(r">>>(.*?)<<<", re.S)
 
 
@@ -439,7 +528,14 @@ _STYLE = """<style>
 .hs-msg pre { font-family: monospace; font-size: 0.9em; background: #f6f6f6; padding: 0.4em; }
 .hs-msg details summary { cursor: pointer; color: #555; }
 .hs-lineage li.current { font-weight: bold; } .hs-sessions td.hs-time { white-space: nowrap; }
-.hs-sessions td.hs-id { font-family: monospace; font-size: 0.85em; word-break: break-all; }
+.hs-sessions td.hs-id, .hs-id { font-family: monospace; font-size: 0.85em; white-space: nowrap; }
+.hs-untitled { color: #777; font-style: italic; } .hs-untitled-mark { color: #999; font-size: 0.85em; }
+.hs-anchor { color: #bbb; text-decoration: none; margin-left: 0.5em; } .hs-anchor:hover { color: #555; }
+.hs-md p, .hs-md ul, .hs-md ol { margin: 0.3em 0; } .hs-md pre { white-space: pre; overflow-x: auto; }
+.hs-md code { background: #f3f3f3; padding: 0 0.2em; }
+.hs-chart { max-width: 100%; height: auto; } .hs-axis { font-size: 11px; fill: #555; }
+.hs-legend { list-style: none; padding: 0; display: flex; flex-wrap: wrap; gap: 0.4em 1.2em; font-size: 0.85em; }
+.hs-swatch { display: inline-block; width: 0.8em; height: 0.8em; margin-right: 0.3em; vertical-align: middle; }
 .hs-filters { margin: 0.5em 0; } .hs-filters label { margin-right: 0.8em; }
 mark { background: #fde68a; }
 </style>"""
@@ -465,9 +561,10 @@ SESSIONS_HTML = """{% extends "base.html" %}
 <label>active since <input name="since" value="{{ args.since }}" placeholder="7d, 12h, 2026-11-01" size="14"></label>
 <label><input type="checkbox" name="archived" value="1"{% if args.archived not in ("", "0") %} checked{% endif %}> archived too</label>
 <input type="submit" value="Filter"></form>
+{% if chart %}<h2>Usage per day</h2><div class="hs-usage">{{ chart }}</div>{% endif %}
 <table class="rows-and-columns hs-sessions"><thead><tr><th>Session</th><th>ID</th><th>Source</th><th>Model</th>
 <th>Messages</th><th>Tokens in / out</th><th>Cost</th><th>Last activity</th><th>Ended</th></tr></thead><tbody>
-{% for s in sessions %}<tr><td><a href="{{ urls.path(s.link) }}">{{ s.label }}</a></td><td class="hs-id">{{ s.id }}</td>
+{% for s in sessions %}<tr><td>{% if s.untitled %}<span class="hs-untitled-mark">(untitled)</span> {% endif %}<a href="{{ urls.path(s.link) }}"{% if s.untitled %} class="hs-untitled"{% endif %}>{{ s.label }}</a></td><td class="hs-id">{{ s.id }}</td>
 <td>{{ s.source }}</td><td>{{ s.model or "" }}</td><td>{{ s.message_count or 0 }}</td><td>{{ s.tokens }}</td><td>{{ s.cost }}</td>
 <td class="hs-time">{{ s.last }}</td><td>{{ s.end_reason or "" }}{% if s.archived %} (archived){% endif %}</td></tr>
 {% else %}<tr><td colspan="9">No sessions{% if page > 1 %} on this page{% endif %}.</td></tr>{% endfor %}
@@ -477,11 +574,11 @@ Page {{ page }} {% if next_url %}<a href="{{ next_url }}">older &rarr;</a>{% end
 {% endblock %}"""
 
 SESSION_HTML = """{% extends "base.html" %}
-{% block title %}{{ session.title or session.id }}{% endblock %}
+{% block title %}{{ session.title or "(untitled) " ~ session.id }}{% endblock %}
 {% block extra_head %}""" + _STYLE + """{% endblock %}
 {% block crumbs %}{{ crumbs.nav(request=request, database=database) }}{% endblock %}
 {% block content %}<p><a href="{{ urls.path(sessions_url) }}">&larr; all sessions</a></p>
-<h1>{{ session.title or session.id }}</h1>
+<h1>{% if session.title %}{{ session.title }}{% else %}<span class="hs-untitled">(untitled)</span> <span class="hs-id">{{ session.id }}</span>{% endif %}</h1>
 <table class="hs-meta">{% for label, value in details %}<tr><th>{{ label }}</th><td>{{ value }}</td></tr>
 {% endfor %}</table>
 {% if chain %}<h2>Compression chain</h2><ol class="hs-lineage">{% for sid, relation in chain %}
@@ -493,11 +590,12 @@ SESSION_HTML = """{% extends "base.html" %}
 {% endfor %}</ul>{% endif %}
 <h2>Conversation</h2>
 {% for m in messages %}<div class="hs-msg {{ m.role }}" id="m{{ m.id }}"><span class="hs-role">{{ m.role }}</span>
-<span class="hs-when">{{ m.when }}</span>
+<span class="hs-when">{{ m.when }}</span><a class="hs-anchor" href="#m{{ m.id }}" title="link to this message">#</a>
 {% if m.reasoning %}<details class="hs-reasoning"><summary>reasoning</summary><pre>{{ m.reasoning }}</pre></details>{% endif %}
 {% if m.role == "tool" %}<details class="hs-tool-result"><summary>result of {{ m.tool_name or "tool" }}
 ({{ m.content|length }} characters)</summary><pre>{{ m.content }}</pre></details>
 {% elif m.role == "system" %}<details><summary>system prompt</summary><pre>{{ m.content }}</pre></details>
+{% elif m.html %}<div class="hs-md">{{ m.html }}</div>
 {% elif m.content %}<div class="hs-text">{{ m.content }}</div>{% endif %}
 {% for c in m.calls %}<details class="hs-tool-call"><summary>calls {{ c.name }}</summary><pre>{{ c.arguments }}</pre></details>
 {% endfor %}</div>{% else %}<p>No messages.</p>{% endfor %}

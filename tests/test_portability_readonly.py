@@ -37,6 +37,7 @@ READS = {
     "get_handoff_state", "list_pending_handoffs", "load_gateway_routing_entries", "has_archived_messages",
     "get_messages_around", "get_anchored_view", "list_recent_user_messages", "has_platform_message_id",
     "get_conversation_root", "resolve_resume_session_id",
+    "session_ids_with_prefix", "usage", "largest_sessions", "stored_names",
 }
 
 
