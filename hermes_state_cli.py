@@ -17,6 +17,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import sqlite3
 import sys
 import tempfile
@@ -231,15 +232,64 @@ def iter_documents(source: BinaryIO, name: str) -> Iterator[Any]:
                                  f"found {after!r}" if after else f"{name} ends inside a list of documents")
 
 
+@contextlib.contextmanager
+def _import_target(args: argparse.Namespace) -> Iterator[Any]:
+    """Open the store to import into; `--db NEW.db` makes it, as `sqlite-utils insert` does, and a failed import takes it away again.
+
+    A profile's store is never created by an import (`init` does that).
+    """
+    from hermes_state import SessionDB
+    path = commands.db_path(args)
+    if not (args.db and not path.exists()):
+        with open_db(args, write=True) as db:
+            yield db
+        return
+    commands.check_new_file(path, "database")
+    try:
+        with SessionDB(path) as db:
+            yield db
+    except BaseException:
+        for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            leftover.unlink(missing_ok=True)
+        raise
+
+
+def _ids(ids: Iterable[str], count: int) -> str:
+    shown = list(ids)
+    if not count:
+        return "none"
+    more = count - len(shown)
+    return ", ".join(map(render.safe, shown)) + (f" … and {more:,} more" if more > 0 else "")
+
+
+def _import_lines(report: Any, source: str) -> str:
+    """The import report for people: the counts first, then the sessions of each outcome."""
+    counts = (f"{report.imported_count:,} imported, {report.replaced_count:,} replaced, "
+              f"{report.skipped_count:,} skipped (already there); {report.messages:,} messages written")
+    lines = [f"imported from {render.safe(source)}: {counts}"]
+    for name in ("imported", "replaced", "skipped"):
+        lines.append(f"  {name}: {_ids(getattr(report, name), getattr(report, name + '_count'))}")
+    if report.detached_count:
+        lines.append(f"  parent link cut (parent not there): {_ids(report.detached_parents, report.detached_count)}")
+    if report.ignored_columns:
+        lines.append(f"  columns this schema lacks, not imported: {', '.join(report.ignored_columns)}")
+    return "\n".join(lines)
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     """Import sessions from an export (JSON Lines, or one JSON document or list), streamed; a bad input writes nothing."""
+    from hermes_state_errors import ImportConflictError
     with (contextlib.nullcontext(sys.stdin.buffer) if args.file == "-" else open(args.file, "rb")) as source, \
-            open_db(args, write=True) as db:
+            _import_target(args) as db:
         # strict: a problem anywhere is this command's error (exit 1), and nothing is imported. The
         # report names the first few sessions of each outcome and counts them all: memory stays flat.
-        report = db.import_sessions(iter_documents(source, args.file), on_conflict=args.on_conflict, strict=True,
-                                    max_ids=REPORT_IDS)
-    _report(args, report, f"imported from {args.file}")
+        try:
+            report = db.import_sessions(iter_documents(source, args.file), on_conflict=args.on_conflict, strict=True,
+                                        max_ids=REPORT_IDS)
+        except ImportConflictError as exc:  # the library names its argument; the user typed a flag
+            raise ImportConflictError(re.sub(r"on_conflict='(\w+)'", r"--on-conflict \1",
+                                             str(exc).replace("' or '", "' or on_conflict='"))) from None
+    emit(args, _plain(report), lambda _: _import_lines(report, args.file))
     return 0
 
 

@@ -169,8 +169,11 @@ def test_the_report_names_the_first_sessions_and_counts_them_all(hermes_home, tm
     assert len(session_ids(hermes_home / "state.db")) == cli.REPORT_IDS + 25
     assert main(["sessions", "import", str(path)]) == 0  # again: every one skipped, in plain lines
     out = capsys.readouterr().out
-    assert f"  skipped_count: {cli.REPORT_IDS + 25}\n" in out and "  imported_count: 0\n" in out
+    first = out.splitlines()[0]
+    assert first.endswith(f": 0 imported, 0 replaced, {cli.REPORT_IDS + 25} skipped (already there); "
+                          "0 messages written")  # the counts come first
     assert "  skipped: s00, s01, " in out and f"s{cli.REPORT_IDS:02d}" not in out
+    assert f"s{cli.REPORT_IDS - 1:02d} … and 25 more\n" in out
 
 
 def test_the_reader_asks_for_small_reads_so_none_gets_a_mapping_of_its_own(tmp_path):
@@ -193,3 +196,33 @@ def test_the_reader_asks_for_small_reads_so_none_gets_a_mapping_of_its_own(tmp_p
     asked.clear()
     assert list(iter_documents(Recorded(export_lines(huge).encode()), "huge.jsonl")) == [huge]
     assert max(asked) > cli.READ_BYTES
+
+
+def test_a_conflict_names_the_flag_the_user_typed(hermes_home, tmp_path, capsys):
+    SessionDB().close()
+    path = tmp_path / "one.jsonl"
+    path.write_text(export_lines(doc("a")))
+    assert main(["sessions", "import", str(path)]) == 0
+    assert main(["sessions", "import", str(path), "--on-conflict", "error"]) == 1
+    err = capsys.readouterr().err
+    assert "--on-conflict skip or --on-conflict replace" in err and "on_conflict=" not in err
+
+
+def test_import_into_a_new_db_file_creates_the_store(hermes_home, tmp_path, capsys):
+    path = tmp_path / "one.jsonl"
+    path.write_text(export_lines(doc("a"), doc("b")))
+    target = tmp_path / "new.db"
+    assert main(["--db", str(target), "sessions", "import", str(path)]) == 0
+    assert "2 imported" in capsys.readouterr().out and session_ids(target) == ["a", "b"]
+    assert not (hermes_home / "state.db").exists()  # a profile's store is still never created by an import
+    assert main(["sessions", "import", str(path)]) == 1
+    assert "does not exist yet" in capsys.readouterr().err and not (hermes_home / "state.db").exists()
+
+
+def test_a_failed_import_into_a_new_db_file_leaves_no_file(hermes_home, tmp_path, capsys):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"no id": true}\n')
+    target = tmp_path / "new.db"
+    assert main(["--db", str(target), "sessions", "import", str(path)]) == 1
+    assert "nothing was imported" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir() if p != hermes_home) == ["bad.jsonl"]
