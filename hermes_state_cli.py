@@ -36,11 +36,11 @@ from hermes_state_writer import note_wal_reset_bug
 # Global flags, accepted before or after the command (as sqlite-utils and `llm logs` users type them).
 _FLAGS = {"--json": "json", "--nl": "nl", "--csv": "csv", "--epoch": "epoch", "--debug": "debug",
           "--version": "version"}
-_VALUED = {"--db": "db", "--profile": "profile", "-p": "profile"}
+_VALUED = {"--db": "db", "--profile": "profile", "-p": "profile", "--color": "color"}
 _FORMATS = ("json", "nl", "csv")
 # What each command does with the global flags; any other given flag is refused, not ignored.
-_NO_DB = {"demo"}
-_FORMATS_OF = {"demo": (), "serve": (), "list": _FORMATS, "search": _FORMATS, "stats": _FORMATS,
+_NO_DB = {"demo", "completion"}
+_FORMATS_OF = {"demo": (), "serve": (), "completion": (), "list": _FORMATS, "search": _FORMATS, "stats": _FORMATS,
                "doctor": _FORMATS, "export": ("json", "nl")}
 
 
@@ -410,6 +410,13 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_completion(args: argparse.Namespace) -> int:
+    """Print the completion script of a shell: commands, options and the store's session ids (a Tab loads nothing heavy)."""
+    import hermes_state_complete
+    sys.stdout.write(hermes_state_complete.script(args.shell))
+    return 0
+
+
 # --- demo ----------------------------------------------------------------------------
 
 def _fill_demo(db) -> None:
@@ -479,6 +486,7 @@ _GLOBALS_HELP = """global options (before or after the command):
   --json | --nl | --csv  machine output: JSON, JSON Lines, CSV (where a command has rows);
                        times in ISO 8601 with their offset
   --epoch              machine output keeps times as stored: epoch seconds
+  --color WHEN         auto (a terminal; NO_COLOR turns it off, FORCE_COLOR on), always or never
   --debug              show the traceback of a failure
   --version            print the version and exit"""
 
@@ -511,6 +519,9 @@ EXAMPLES = {
     "vacuum": ["vacuum", "--db /path/to/state.db vacuum"],
     "demo": ["demo", "demo --keep"],
     "serve": ["serve", "serve --port 0", "--profile coder serve --port 8002"],
+    "completion": ['eval "$(hermes-state completion bash)"        # in ~/.bashrc',
+                   'eval "$(hermes-state completion zsh)"         # in ~/.zshrc',
+                   "hermes-state completion fish > ~/.config/fish/completions/hermes-state.fish"],
 }
 
 QUERY_SYNTAX = """query syntax:
@@ -538,7 +549,8 @@ class _Help(argparse.RawDescriptionHelpFormatter):
 
 
 def _epilog(name: str, extra: str = "") -> str:
-    examples = "\n".join(f"  hermes-state {line}" if not line.startswith("gunzip") else f"  {line}"
+    examples = "\n".join(f"  hermes-state {line}" if not line.startswith(("gunzip", "eval", "hermes-state"))
+                         else f"  {line}"
                          for line in EXAMPLES.get(name, []))
     return "\n\n".join(part for part in (extra, f"examples:\n{examples}" if examples else "", _GLOBALS_HELP) if part)
 
@@ -578,6 +590,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("session_id", help="the session's id, or a unique prefix of it")
     p.add_argument("--tail", type=non_negative, metavar="N", help="only the last N messages (0: all)")
     p.add_argument("--full", action="store_true", help="every message whole, with tool calls and reasoning (Markdown)")
+    p.add_argument("--no-pager", action="store_true", help="print straight to the terminal, without $PAGER (less)")
     p = _command(ssub, "search", commands.cmd_search, "full-text search (words, CJK, substrings)", QUERY_SYNTAX)
     _SEARCH_PARSER[:] = [p]
     p.add_argument("query", nargs="+", help="what to look for (see the query syntax below)")
@@ -633,6 +646,8 @@ def build_parser() -> argparse.ArgumentParser:
     _command(sub, "vacuum", cmd_vacuum, "give free pages back to the file system")
     p = _command(sub, "demo", cmd_demo, "fill a throw-away home with samples and show them")
     p.add_argument("--keep", action="store_true", help="keep the demo home to explore it afterwards")
+    p = _command(sub, "completion", cmd_completion, "print a shell completion script (bash, zsh, fish)")
+    p.add_argument("shell", choices=["bash", "zsh", "fish"], help="the shell to complete in")
     p = _command(sub, "serve", serve.cmd_serve, "browse sessions in a web page (Datasette), read-only")
     p.add_argument("--port", type=serve.port_number, default=8001, help="port to listen on; 0 picks a free one")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (any other than loopback lets other "
@@ -706,6 +721,7 @@ def _parse(argv: list[str]) -> argparse.Namespace | None:
         import hermes_state
         print(f"hermes-state {hermes_state.__version__}")
         return None
+    commands.set_color(found.get("color") or "auto")
     parser = build_parser()
     if rest[:2] == ["sessions", "search"]:
         rest = rest[:2] + words_last(_SEARCH_PARSER[0], rest[2:])

@@ -107,8 +107,34 @@ def written_atomically(target: str | None) -> Iterator[TextIO]:
 
 # --- output ---------------------------------------------------------------------------------------
 
+def page(text: str) -> None:
+    """Print `text` through a pager on a terminal, as git does: $PAGER, else `less` with LESS=FRX (it quits when it fits)."""
+    if not sys.stdout.isatty():
+        print(text)
+        return
+    import subprocess
+    pager = os.environ.get("PAGER") or "less"
+    if pager.strip() in ("", "cat"):
+        print(text)
+        return
+    env = {**os.environ, "LESS": os.environ.get("LESS", "FRX"), "LV": os.environ.get("LV", "-c")}
+    sys.stdout.flush()
+    try:  # PAGER is a command line of the user's own, run by the shell as git runs it
+        process = subprocess.Popen(pager, shell=True, stdin=subprocess.PIPE, env=env)
+    except OSError:
+        print(text)
+        return
+    try:
+        assert process.stdin is not None
+        process.stdin.write((text + "\n").encode(sys.stdout.encoding or "utf-8", "backslashreplace"))
+        process.stdin.close()
+    except BrokenPipeError:  # the reader quit the pager early
+        pass
+    process.wait()
+
+
 def emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str], *,
-         rows: list[dict[str, Any]] | None = None, columns: list[str] | None = None) -> None:
+         rows: list[dict[str, Any]] | None = None, columns: list[str] | None = None, paged: bool = False) -> None:
     """Print `data` as JSON / JSON Lines / CSV when asked, else its human form.
 
     Machine forms give epoch times as ISO 8601 with their offset, unless `--epoch` keeps the stored numbers.
@@ -125,7 +151,9 @@ def emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str], *,
         print(render.as_csv(rows if rows is not None else [data], columns))
     else:
         text = human(data)
-        if text:
+        if text and paged:
+            page(text)
+        elif text:
             print(text)
 
 
@@ -136,9 +164,26 @@ def term_width() -> int | None:
     return max(40, shutil.get_terminal_size().columns)
 
 
+COLOR_MODES = ("auto", "always", "never")
+_COLOR = ["auto"]  # what --color said, for the whole command
+
+
+def set_color(mode: str) -> None:
+    """Set the --color mode: auto (a terminal, unless NO_COLOR; FORCE_COLOR forces it), always or never."""
+    if mode not in COLOR_MODES:
+        raise ValueError(f"--color takes {', '.join(COLOR_MODES)}, not {mode!r}")
+    _COLOR[0] = mode
+
+
 def use_color() -> bool:
-    """Say whether to highlight: on a terminal, unless NO_COLOR is set to anything."""
-    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    """Say whether to colour the output: --color always/never, else NO_COLOR (off), FORCE_COLOR (on), a terminal."""
+    if _COLOR[0] != "auto":
+        return _COLOR[0] == "always"
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR", "") not in ("", "0"):
+        return True
+    return sys.stdout.isatty()
 
 
 def parse_when(text: str) -> float:
@@ -263,7 +308,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         if not rows:
             return "no sessions"
         more = f" (--offset {args.offset + len(rows)} for more)" if args.offset + len(rows) < total else ""
-        return (render.table(shown, _LIST_COLUMNS, numeric={"messages"}, max_width=term_width(), keep={"id"})
+        return (render.table(shown, _LIST_COLUMNS, numeric={"messages"}, max_width=term_width(), keep={"id"},
+                             color=use_color())
                 + f"\n{args.offset + 1}-{args.offset + len(rows)} of {total} sessions{more}")
     emit(args, rows, human, rows=rows)
     return 0
@@ -275,7 +321,7 @@ def _call_text(call: Any) -> str:
     return f"{name}({fn.get('arguments', '')})"
 
 
-def _message_line(m: dict[str, Any], width: int | None) -> str:
+def _message_line(m: dict[str, Any], width: int | None, color: bool = False) -> str:
     role = m["role"]
     text = render.content_text(m.get("content"))
     if role == "tool" and m.get("tool_name"):
@@ -286,7 +332,8 @@ def _message_line(m: dict[str, Any], width: int | None) -> str:
     elif not text and (m.get("reasoning") or m.get("reasoning_content")):
         text = "(reasoning only)"
     head = f"{render.clock_time(m.get('timestamp'))[11:]}  {role:<10} "
-    return head + render.truncate(render.safe(text), None if width is None else max(width - render.width(head), 10))
+    body = render.truncate(render.safe(text), None if width is None else max(width - render.width(head), 10))
+    return head.replace(role, render.paint(role, role, color), 1) + body
 
 
 def _markdown(label: str, session: dict[str, Any], messages: list[dict[str, Any]]) -> str:
@@ -371,8 +418,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         lines = _summary(label, session, ancestors, successor)
         width = term_width()
         earlier = [f"({_plural(hidden, 'earlier message')} not shown; --tail 0 shows them all)"] if hidden else []
-        return "\n".join(lines + [""] + earlier + [_message_line(m, width) for m in messages])
-    emit(args, data, human)
+        color = use_color()
+        lines[0] = render.paint(lines[0], "header", color)
+        return "\n".join(lines + [""] + earlier + [_message_line(m, width, color) for m in messages])
+    emit(args, data, human, paged=not getattr(args, "no_pager", False))
     return 0
 
 
@@ -403,10 +452,13 @@ def cmd_search(args: argparse.Namespace) -> int:
         for h in hits:
             # The id comes first and whole, so it can be copied into `sessions show`.
             sid = render.safe(h["session_id"])
-            rest = f"  {render.safe(render.session_label(h.get('title')))}  {render.safe(h['role'])}  " \
+            role = render.safe(h["role"])
+            rest = f"  {render.safe(render.session_label(h.get('title')))}  {role}  " \
                    f"{render.relative_time(h['timestamp'])}"
-            lines += [sid + render.truncate(rest, None if width is None else max(width - render.width(sid), 10)),
-                      "  " + render.highlight(h["snippet"], color=color)]
+            rest = render.truncate(rest, None if width is None else max(width - render.width(sid), 10))
+            if color:  # the role is painted only where it was not cut
+                rest = rest.replace(f"  {role}  ", f"  {render.paint(role, h['role'], True)}  ", 1)
+            lines += [render.paint(sid, "id", color) + rest, "  " + render.highlight(h["snippet"], color=color)]
         return "\n".join(lines)
     machine = [_plain_hit(h) for h in hits]
     rows = [{k: v for k, v in h.items() if k != "context"} for h in machine] if args.csv else machine
@@ -482,14 +534,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
                 r["bar"] = bar
             columns.append("bar")
         table = render.table(shown, columns, numeric=_USAGE_NUMBERS, headers={**_USAGE_HEADERS, "bar": ""},
-                             max_width=width, keep={by, "period"}) if rows else "no sessions"
+                             max_width=width, keep={by, "period"}, color=use_color()) if rows else "no sessions"
         if args.by is not None:
             return table
         largest = render.table([dict(r, title=render.session_label(r["title"]), total_tokens=render.number(
                                     r["total_tokens"])) for r in top],
                                ["id", "title", "model", "total_tokens"], numeric={"total_tokens"},
-                               headers={"total_tokens": "tokens"}, max_width=width, keep={"id"})
-        return f"{table}\n\nlargest sessions\n{largest}"
+                               headers={"total_tokens": "tokens"}, max_width=width, keep={"id"}, color=use_color())
+        return f"{table}\n\n{render.paint('largest sessions', 'header', use_color())}\n{largest}"
     emit(args, data, human, rows=rows)
     return 0
 

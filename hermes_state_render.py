@@ -24,6 +24,15 @@ ELLIPSIS = "…"
 # C0 and C1 controls, DEL, and the bidirectional overrides that can reorder what a terminal shows.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _BOLD_ON, _BOLD_OFF = "\x1b[1;33m", "\x1b[0m"
+# Colours of the terminal output: matches, table headers, and each role where a message is shown.
+STYLES = {"header": "\x1b[1m", "user": "\x1b[34m", "assistant": "\x1b[32m", "tool": "\x1b[35m",
+          "system": "\x1b[2m", "developer": "\x1b[2m", "id": "\x1b[36m"}
+
+
+def paint(text: str, style: str, color: bool) -> str:
+    """Return `text` in the colour of `style` when `color`, else as it is."""
+    code = STYLES.get(style)
+    return f"{code}{text}{_BOLD_OFF}" if color and code and text else text
 _ASCII_ONLY = False
 
 
@@ -92,7 +101,8 @@ def _pad(text: str, columns: int, right: bool) -> str:
 
 
 def table(rows: list[dict[str, Any]], columns: list[str], *, numeric: Iterable[str] = (),
-          max_width: int | None = 80, headers: dict[str, str] | None = None, keep: Iterable[str] = ()) -> str:
+          max_width: int | None = 80, headers: dict[str, str] | None = None, keep: Iterable[str] = (),
+          color: bool = False) -> str:
     """Return an aligned table of `rows` that fits `max_width` columns; the widest columns are cut first.
 
     Columns in `keep` (ids, keys: text someone copies into the next command) are never cut;
@@ -105,8 +115,9 @@ def table(rows: list[dict[str, Any]], columns: list[str], *, numeric: Iterable[s
     widths = [max([width(t)] + [width(row[i]) for row in cells]) for i, t in enumerate(titles)]
     if max_width is not None:
         _fit(widths, [i for i, c in enumerate(columns) if c not in kept], max_width - 2 * (len(columns) - 1))
-    return "\n".join("  ".join(_pad(truncate(v, w), w, c in numeric) for v, w, c in zip(line, widths, columns)).rstrip()
-                     for line in [titles, *cells])
+    lines = ["  ".join(_pad(truncate(v, w), w, c in numeric) for v, w, c in zip(line, widths, columns)).rstrip()
+             for line in [titles, *cells]]
+    return "\n".join([paint(lines[0], "header", color), *lines[1:]])
 
 
 def _fit(widths: list[int], cuttable: list[int], budget: int) -> None:

@@ -31,6 +31,7 @@ from datasette.views.base import DatasetteError
 from markupsafe import Markup, escape
 
 import hermes_state_render as render
+from hermes_state_chart import usage_chart
 from hermes_state import SessionDB, StoreUnavailableError
 
 PREFIX = "/-/hermes"
@@ -443,63 +444,6 @@ def markdown(text: str) -> Markup | None:
     return None if parser is None else Markup(parser.render(text))
 
 
-# --- the usage chart: an SVG drawn here, so the page needs no script and no network -------------
-
-CHART_WIDTH, CHART_HEIGHT, CHART_LEFT, CHART_BOTTOM = 760, 180, 70, 24
-PALETTE = ("#3b82f6", "#10b981", "#f59e0b", "#ef4444", "#8b5cf6", "#14b8a6", "#ec4899", "#84cc16", "#6b7280")
-
-
-def _days(first: str, last: str) -> list[str]:
-    from datetime import date, timedelta
-    start, end = date.fromisoformat(first), date.fromisoformat(last)
-    return [(start + timedelta(days=n)).isoformat() for n in range((end - start).days + 1)]
-
-
-def usage_chart(rows: list[dict[str, Any]]) -> Markup:
-    """Draw usage per day as stacked bars, one colour per model, in SVG (cost when priced, else tokens)."""
-    if not rows:
-        return Markup("")
-    priced = any(r["cost_usd"] for r in rows)
-    def amount(r: dict[str, Any]) -> float:
-        return float(r["cost_usd"] or 0) if priced else float(r["input_tokens"] + r["output_tokens"])
-    models = sorted({r["model"] for r in rows}, key=lambda m: (-sum(amount(r) for r in rows if r["model"] == m),
-                                                              m is None, m or ""))
-    colour = {m: PALETTE[min(i, len(PALETTE) - 1)] for i, m in enumerate(models)}
-    days = _days(rows[0]["period"], rows[-1]["period"])
-    per_day: dict[str, list[dict[str, Any]]] = {d: [] for d in days}
-    for r in rows:
-        per_day[r["period"]].append(r)
-    top = max(sum(amount(r) for r in day) for day in per_day.values()) or 1.0
-    plot_w, plot_h = CHART_WIDTH - CHART_LEFT, CHART_HEIGHT - CHART_BOTTOM
-    step = plot_w / len(days)
-    bar = max(step * 0.8, 1.0)
-    unit = (lambda v: f"${v:,.4f}") if priced else (lambda v: f"{v:,.0f} tokens")
-    parts = [Markup('<svg class="hs-chart" xmlns="http://www.w3.org/2000/svg" role="img" width="%d" height="%d" '
-                    'viewBox="0 0 %d %d"><title>%s per day, by model</title>')
-             % (CHART_WIDTH, CHART_HEIGHT, CHART_WIDTH, CHART_HEIGHT, "Cost" if priced else "Tokens"),
-             Markup('<text x="%d" y="12" text-anchor="end" class="hs-axis">%s</text>') % (CHART_LEFT - 6, unit(top)),
-             Markup('<text x="%d" y="%d" text-anchor="end" class="hs-axis">0</text>') % (CHART_LEFT - 6, plot_h),
-             Markup('<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#999"/>') % (CHART_LEFT, plot_h, CHART_WIDTH, plot_h)]
-    for i, day in enumerate(days):
-        y = float(plot_h)
-        for r in sorted(per_day[day], key=lambda r: models.index(r["model"])):
-            if not amount(r):
-                continue
-            height = amount(r) / top * (plot_h - 14)
-            y -= height
-            parts.append(Markup('<rect class="hs-bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s" '
-                                'data-day="%s" data-model="%s"><title>%s · %s: %s, %s sessions</title></rect>')
-                         % (CHART_LEFT + i * step, y, bar, height, colour[r["model"]], day, r["model"] or "",
-                            day, r["model"] or "(no model)", unit(amount(r)), r["session_count"]))
-    for i in sorted({0, len(days) - 1}):
-        parts.append(Markup('<text x="%.1f" y="%d" text-anchor="%s" class="hs-axis">%s</text>')
-                     % (CHART_LEFT + i * step + (bar if i else 0), CHART_HEIGHT - 8, "end" if i else "start", days[i]))
-    parts.append(Markup("</svg>"))
-    legend = Markup("").join(Markup('<li><span class="hs-swatch" style="background:%s"></span>%s</li>')
-                             % (colour[m], m or "(no model)") for m in models)
-    return Markup("").join(parts) + Markup('<ul class="hs-legend">%s</ul>') % legend
-
-
 _MARK = re.compile(r">>>(.*?)<<<", re.S)
 
 
@@ -515,7 +459,7 @@ def _marked(snippet: str | None) -> Markup:
 
 # --- templates (Datasette's Jinja environment: autoescaped, extending its base page) -----------
 
-_STYLE = """<style>
+STYLE = """<style>
 .hs-meta th { text-align: left; padding: 0.1em 1em 0.1em 0; font-weight: normal; color: #555; }
 .hs-meta td { border: none; padding: 0.1em 0; }
 .hs-lineage { list-style: decimal; padding-left: 2em; } .hs-children { list-style: disc; padding-left: 2em; }
@@ -549,7 +493,7 @@ INDEX_HTML = """{% extends "base.html" %}
 
 SESSIONS_HTML = """{% extends "base.html" %}
 {% block title %}Sessions: {{ database }}{% endblock %}
-{% block extra_head %}""" + _STYLE + """{% endblock %}
+{% block extra_head %}""" + STYLE + """{% endblock %}
 {% block crumbs %}{{ crumbs.nav(request=request, database=database) }}{% endblock %}
 {% block content %}<h1>Sessions</h1>
 <form action="{{ urls.path(search_url) }}" method="get"><input type="search" name="q" placeholder="Search titles and messages">
@@ -575,7 +519,7 @@ Page {{ page }} {% if next_url %}<a href="{{ next_url }}">older &rarr;</a>{% end
 
 SESSION_HTML = """{% extends "base.html" %}
 {% block title %}{{ session.title or "(untitled) " ~ session.id }}{% endblock %}
-{% block extra_head %}""" + _STYLE + """{% endblock %}
+{% block extra_head %}""" + STYLE + """{% endblock %}
 {% block crumbs %}{{ crumbs.nav(request=request, database=database) }}{% endblock %}
 {% block content %}<p><a href="{{ urls.path(sessions_url) }}">&larr; all sessions</a></p>
 <h1>{% if session.title %}{{ session.title }}{% else %}<span class="hs-untitled">(untitled)</span> <span class="hs-id">{{ session.id }}</span>{% endif %}</h1>
@@ -603,7 +547,7 @@ SESSION_HTML = """{% extends "base.html" %}
 
 SEARCH_HTML = """{% extends "base.html" %}
 {% block title %}Search: {{ q }}{% endblock %}
-{% block extra_head %}""" + _STYLE + """{% endblock %}
+{% block extra_head %}""" + STYLE + """{% endblock %}
 {% block crumbs %}{{ crumbs.nav(request=request, database=database) }}{% endblock %}
 {% block content %}<p><a href="{{ urls.path(sessions_url) }}">&larr; all sessions</a></p>
 <h1>Search</h1>

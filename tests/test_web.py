@@ -58,7 +58,7 @@ def store(db) -> Path:
     return path
 
 
-def _get(path: Path, *urls: str, extra: list[Path] = ()) -> list:
+def get(path: Path, *urls: str, extra: list[Path] = ()) -> list:
     async def run():
         ds = Datasette([str(path), *map(str, extra)])
         await ds.invoke_startup()
@@ -66,7 +66,7 @@ def _get(path: Path, *urls: str, extra: list[Path] = ()) -> list:
     return asyncio.run(run())
 
 
-def _digest(path: Path) -> dict[str, str | None]:
+def digest(path: Path) -> dict[str, str | None]:
     # The database file and its WAL: a read-only browser may create empty side files, never change them.
     out = {}
     for name in (path, Path(f"{path}-wal")):
@@ -75,7 +75,7 @@ def _digest(path: Path) -> dict[str, str | None]:
     return out
 
 
-def _content(response) -> str:
+def content(response) -> str:
     assert response.status_code == 200, response.text[:500]
     return re.search(r'<section class="content">(.*)</section>', response.text, re.S).group(1)
 
@@ -83,7 +83,7 @@ def _content(response) -> str:
 # --- through Datasette's client ----------------------------------------------------------------
 
 def test_plugin_is_registered_through_the_entry_point(store):
-    (plugins,) = _get(store, "/-/plugins.json")
+    (plugins,) = get(store, "/-/plugins.json")
     ours = [p for p in plugins.json() if "register_routes" in p["hooks"] and p["name"] == "hermes-state"]
     assert ours and {"get_metadata", "startup"} <= set(ours[0]["hooks"])
 
@@ -101,7 +101,7 @@ def test_internal_tables_are_hidden_and_visible_tables_stay(store):
 
 
 def test_table_search_on_messages_uses_the_word_index(store):
-    (found, everything) = _get(store, "/state/messages.json?_search=docker&_shape=array&_size=max",
+    (found, everything) = get(store, "/state/messages.json?_search=docker&_shape=array&_size=max",
                                "/state/messages.json?_shape=array&_size=max")
     with sqlite3.connect(store) as conn:
         expected = {r[0] for r in conn.execute(
@@ -111,8 +111,8 @@ def test_table_search_on_messages_uses_the_word_index(store):
 
 
 def test_sessions_page_lists_newest_activity_first(store):
-    (page,) = _get(store, "/-/hermes/state")
-    html = _content(page)
+    (page,) = get(store, "/-/hermes/state")
+    html = content(page)
     order = [html.index(label) for label in ("Fix Docker Build #2", "東京旅行の計画", "Try another approach",
                                              "Fix Docker Build<")]
     assert order == sorted(order), order  # by start time it would be s_tokyo, s_branch, s_build_2, s_build
@@ -123,50 +123,50 @@ def test_sessions_page_lists_newest_activity_first(store):
 
 def test_sessions_page_pages(store, monkeypatch):
     monkeypatch.setattr(hermes_state_web, "SESSIONS_PER_PAGE", 2)
-    pages = _get(store, "/-/hermes/state", "/-/hermes/state?page=2", "/-/hermes/state?page=3")
-    ids = [re.findall(r'/-/hermes/state/session/([\w]+)"', _content(p)) for p in pages]
+    pages = get(store, "/-/hermes/state", "/-/hermes/state?page=2", "/-/hermes/state?page=3")
+    ids = [re.findall(r'/-/hermes/state/session/([\w]+)"', content(p)) for p in pages]
     assert [len(i) for i in ids] == [2, 2, 0]
     assert sorted(ids[0] + ids[1]) == ["s_branch", "s_build", "s_build_2", "s_tokyo"]
-    assert "page=2" in _content(pages[0]) and "page=1" in _content(pages[1]) and "page=4" not in _content(pages[1])
+    assert "page=2" in content(pages[0]) and "page=1" in content(pages[1]) and "page=4" not in content(pages[1])
 
 
 def test_conversation_page_folds_tools_and_reasoning_and_links_the_lineage(store):
-    first, second = _get(store, "/-/hermes/state/session/s_build", "/-/hermes/state/session/s_build_2")
-    html = _content(first)
+    first, second = get(store, "/-/hermes/state/session/s_build", "/-/hermes/state/session/s_build_2")
+    html = content(first)
     assert 'class="hs-msg user"' in html and 'class="hs-msg tool"' in html
     assert re.search(r'<details class="hs-tool-call"><summary>calls run_shell</summary><pre>\{\s+&#34;cmd&#34;', html)
     assert re.search(r'<details class="hs-tool-result"><summary>result of run_shell', html)
     assert re.search(r'<details class="hs-reasoning"><summary>reasoning</summary><pre>ENOSPC means', html)
     assert 'href="/-/hermes/state/session/s_build_2">s_build_2</a> (continued in)' in html
     assert "1,200 / 340" in html and "basic:alice" in html
-    html = _content(second)
+    html = content(second)
     assert 'href="/-/hermes/state/session/s_build">s_build</a> (earlier)' in html
     assert 'href="/-/hermes/state/session/s_branch"' in html  # a branch child, not the compression chain
-    (branch, tokyo) = _get(store, "/-/hermes/state/session/s_branch", "/-/hermes/state/session/s_tokyo")
-    assert 'Parent session: <a href="/-/hermes/state/session/s_build_2">' in _content(branch)
-    assert "来週東京に行きます。おすすめの観光地は？" in _content(tokyo)
+    (branch, tokyo) = get(store, "/-/hermes/state/session/s_branch", "/-/hermes/state/session/s_tokyo")
+    assert 'Parent session: <a href="/-/hermes/state/session/s_build_2">' in content(branch)
+    assert "来週東京に行きます。おすすめの観光地は？" in content(tokyo)
 
 
 def test_stored_markup_is_rendered_as_text(store):
-    (page,) = _get(store, "/-/hermes/state/session/s_build")
-    assert "<script>" not in _content(page)
+    (page,) = get(store, "/-/hermes/state/session/s_build")
+    assert "<script>" not in content(page)
     assert "&lt;script&gt;document.body.setAttribute(&#39;data-pwned&#39;, &#39;yes&#39;)&lt;/script&gt;" in page.text
 
 
 def test_search_finds_cjk_and_tool_output_with_paging(store, monkeypatch):
-    cjk, tool, script, empty = _get(store, "/-/hermes/state/search?q=東京", "/-/hermes/state/search?q=ENOSPC",
+    cjk, tool, script, empty = get(store, "/-/hermes/state/search?q=東京", "/-/hermes/state/search?q=ENOSPC",
                                     "/-/hermes/state/search?q=script", "/-/hermes/state/search?q=zebra")
-    assert "<mark>東京</mark>" in _content(cjk) and "/-/hermes/state/session/s_tokyo#m" in _content(cjk)
-    html = _content(tool)
+    assert "<mark>東京</mark>" in content(cjk) and "/-/hermes/state/session/s_tokyo#m" in content(cjk)
+    html = content(tool)
     assert "<mark>ENOSPC</mark>" in html and 'class="hs-msg tool hs-hit"' in html
-    assert "<script>" not in _content(script) and "&lt;<mark>script</mark>&gt;" in _content(script)  # snippets are escaped too
-    assert "No messages match." in _content(empty)
+    assert "<script>" not in content(script) and "&lt;<mark>script</mark>&gt;" in content(script)  # snippets are escaped too
+    assert "No messages match." in content(empty)
     monkeypatch.setattr(hermes_state_web, "HITS_PER_PAGE", 1)
-    pages = _get(store, *(f"/-/hermes/state/search?q=space&page={n}" for n in (1, 2, 3)))
-    hits = [re.findall(r'session/(\w+)#m(\d+)', _content(p)) for p in pages]
+    pages = get(store, *(f"/-/hermes/state/search?q=space&page={n}" for n in (1, 2, 3)))
+    hits = [re.findall(r'session/(\w+)#m(\d+)', content(p)) for p in pages]
     assert [len(h) for h in hits] == [1, 1, 0]  # the user's message and the tool output, one per page
     assert hits[0] != hits[1]
-    assert "q=space&amp;page=2" in _content(pages[0]) and "page=3" not in _content(pages[1])
+    assert "q=space&amp;page=2" in content(pages[0]) and "page=3" not in content(pages[1])
 
 
 def test_pages_see_writes_made_while_serving(db):
@@ -181,22 +181,22 @@ def test_pages_see_writes_made_while_serving(db):
         db.append_message("s_later", "user", "written while serving")
         return before, await ds.client.get("/-/hermes/state"), await ds.client.get("/-/hermes/state/search?q=serving")
     before, after, search = asyncio.run(run())
-    assert "s_first" in _content(before) and "s_later" not in _content(before)
-    assert "written while serving" in _content(after) and "session/s_later#m" in _content(search)
+    assert "s_first" in content(before) and "s_later" not in content(before)
+    assert "written while serving" in content(after) and "session/s_later#m" in content(search)
 
 
 def test_session_ids_with_reserved_characters_link_to_their_page(db):
     db.create_session("tg:1001/thread 7?x#y", "telegram")
     db.append_message("tg:1001/thread 7?x#y", "user", "odd id")
-    (listing,) = _get(db.db_path, "/-/hermes/state")
-    link = re.search(r'href="(/-/hermes/state/session/[^"]+)"', _content(listing)).group(1)
+    (listing,) = get(db.db_path, "/-/hermes/state")
+    link = re.search(r'href="(/-/hermes/state/session/[^"]+)"', content(listing)).group(1)
     assert link == "/-/hermes/state/session/tg%3A1001%2Fthread%207%3Fx%23y"
-    (page,) = _get(db.db_path, link)
-    assert "odd id" in _content(page)
+    (page,) = get(db.db_path, link)
+    assert "odd id" in content(page)
 
 
 def test_unknown_session_and_database_are_404(store):
-    session, database = _get(store, "/-/hermes/state/session/nope", "/-/hermes/other")
+    session, database = get(store, "/-/hermes/state/session/nope", "/-/hermes/other")
     assert session.status_code == 404 and database.status_code == 404
 
 
@@ -205,7 +205,7 @@ def test_a_store_the_library_cannot_read_is_a_503_page(store):
         # a newer layout that changed a column this library reads: read-only handles refuse it
         conn.execute("UPDATE schema_version SET version = 99")
         conn.execute("ALTER TABLE sessions DROP COLUMN pinned")
-    session, search = _get(store, "/-/hermes/state/session/s_build", "/-/hermes/state/search?q=docker")
+    session, search = get(store, "/-/hermes/state/session/s_build", "/-/hermes/state/search?q=docker")
     assert session.status_code == search.status_code == 503
     assert "schema version 99" in session.text and "Upgrade hermes-state" in session.text
 
@@ -215,7 +215,7 @@ def test_other_databases_are_left_alone(store, tmp_path):
     with sqlite3.connect(plain) as conn:
         conn.execute("CREATE TABLE notes (body TEXT)")
         conn.execute("CREATE TABLE state_meta (k TEXT)")
-    (listing, hermes, index) = _get(store, "/plain.json", "/-/hermes/plain", "/-/hermes", extra=[plain])
+    (listing, hermes, index) = get(store, "/plain.json", "/-/hermes/plain", "/-/hermes", extra=[plain])
     assert {t["name"]: t["hidden"] for t in listing.json()["tables"]} == {"notes": False, "state_meta": False}
     assert hermes.status_code == 404
     assert index.status_code == 302 and index.headers["location"] == "/-/hermes/state"
@@ -233,13 +233,13 @@ def test_serve_refuses_a_missing_database(tmp_path, capsys):
 
 
 def test_browsing_every_page_never_writes(store):
-    before = _digest(store)
-    responses = _get(store, "/", "/state", "/state/messages", "/state/sessions", "/state/messages?_search=docker",
+    before = digest(store)
+    responses = get(store, "/", "/state", "/state/messages", "/state/sessions", "/state/messages?_search=docker",
                      "/-/hermes/state", "/-/hermes/state/session/s_build", "/-/hermes/state/session/s_tokyo",
                      "/-/hermes/state/search?q=東京", "/-/hermes/state/search?q=ENOSPC",
                      "/-/hermes/state/search?q=no+space+left")
     assert [r.status_code for r in responses] == [200] * len(responses)
-    assert _digest(store) == before
+    assert digest(store) == before
 
 
 def test_sessions_page_has_an_id_column_and_filters(db):
@@ -248,36 +248,36 @@ def test_sessions_page_has_an_id_column_and_filters(db):
     db.archive_session("s_old")
     path = db.db_path
     db.close()
-    every, telegram, model, future, archived, bad = _get(
+    every, telegram, model, future, archived, bad = get(
         path, "/-/hermes/state", "/-/hermes/state?source=telegram", "/-/hermes/state?model=openai%2Fgpt-5",
         "/-/hermes/state?since=2999-01-01", "/-/hermes/state?archived=1", "/-/hermes/state?since=soon")
 
     def listed(response):
-        return re.findall(r'<td class="hs-id">([^<]+)</td>', _content(response))
+        return re.findall(r'<td class="hs-id">([^<]+)</td>', content(response))
     assert sorted(listed(every)) == ["s_branch", "s_build", "s_build_2", "s_tokyo"]  # archived left out
     assert listed(telegram) == ["s_tokyo"] and listed(model) == ["s_tokyo"] and listed(future) == []
-    assert "s_old" in listed(archived) and "(archived)" in _content(archived)
-    assert '<option selected>telegram</option>' in _content(telegram) and "<option>cron</option>" in _content(every)
+    assert "s_old" in listed(archived) and "(archived)" in content(archived)
+    assert '<option selected>telegram</option>' in content(telegram) and "<option>cron</option>" in content(every)
     assert bad.status_code == 400 and "not a time" in bad.text
 
 
 def test_search_finds_titles_and_takes_role_and_reasoning(store):
-    titled, tool_only, user_only, plain, reasoning, bad = _get(
+    titled, tool_only, user_only, plain, reasoning, bad = get(
         store, "/-/hermes/state/search?q=Docker+Build", "/-/hermes/state/search?q=space&role=tool",
         "/-/hermes/state/search?q=space&role=user", "/-/hermes/state/search?q=means",
         "/-/hermes/state/search?q=means&reasoning=1", "/-/hermes/state/search?q=x&role=robot")
-    html = _content(titled)
+    html = content(titled)
     assert '<ul class="hs-titled">' in html and 'href="/-/hermes/state/session/s_build">Fix Docker Build</a>' in html
     assert 'href="/-/hermes/state/session/s_build_2">Fix Docker Build #2</a>' in html
-    assert re.findall(r'class="hs-msg (\w+) hs-hit"', _content(tool_only)) == ["tool"]
-    assert re.findall(r'class="hs-msg (\w+) hs-hit"', _content(user_only)) == ["user"]
-    assert "No messages match." in _content(plain)
-    assert "<mark>means</mark>" in _content(reasoning) and 'name="reasoning" value="1" checked' in _content(reasoning)
+    assert re.findall(r'class="hs-msg (\w+) hs-hit"', content(tool_only)) == ["tool"]
+    assert re.findall(r'class="hs-msg (\w+) hs-hit"', content(user_only)) == ["user"]
+    assert "No messages match." in content(plain)
+    assert "<mark>means</mark>" in content(reasoning) and 'name="reasoning" value="1" checked' in content(reasoning)
     assert bad.status_code == 400
 
 
 def test_every_plugin_page_has_a_json_form(store):
-    listing, session, search, missing = _get(store, "/-/hermes/state.json", "/-/hermes/state/session/s_build.json",
+    listing, session, search, missing = get(store, "/-/hermes/state.json", "/-/hermes/state/session/s_build.json",
                                              "/-/hermes/state/search.json?q=%E6%9D%B1%E4%BA%AC",
                                              "/-/hermes/state/session/nope.json")
     assert listing.headers["content-type"].startswith("application/json")
@@ -293,8 +293,8 @@ def test_every_plugin_page_has_a_json_form(store):
 
 
 def test_home_page_links_the_sessions_and_hides_internal_views(store):
-    home, view, footer = _get(store, "/", "/state/messages_fts_trigram_source", "/-/hermes/state")
-    html = _content(home)
+    home, view, footer = get(store, "/", "/state/messages_fts_trigram_source", "/-/hermes/state")
+    html = content(home)
     assert 'href="/-/hermes/state"' in html
     assert "messages_fts_trigram_source" not in html and "view" not in re.sub(r"<[^>]+>", "", html)
     assert view.status_code == 403
@@ -302,8 +302,8 @@ def test_home_page_links_the_sessions_and_hides_internal_views(store):
 
 
 def test_table_pages_show_times_as_dates_and_json_keeps_the_numbers(store):
-    page, data = _get(store, "/state/sessions", "/state/sessions.json?_shape=array")
-    html = _content(page)
+    page, data = get(store, "/state/sessions", "/state/sessions.json?_shape=array")
+    html = content(page)
     started = data.json()[0]["started_at"]
     assert isinstance(started, float)
     assert time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) in html
@@ -312,7 +312,7 @@ def test_table_pages_show_times_as_dates_and_json_keeps_the_numbers(store):
 
 # --- in a real browser -------------------------------------------------------------------------
 
-def _chromium() -> str:
+def chromium() -> str:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if shutil.which(name):
             return shutil.which(name)
@@ -323,13 +323,13 @@ def _chromium() -> str:
     pytest.skip(reason)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def _wait_for_port(port: int, server: subprocess.Popen, log: Path, timeout_s: float = 20.0) -> None:
+def wait_for_port(port: int, server: subprocess.Popen, log: Path, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
@@ -342,7 +342,7 @@ def _wait_for_port(port: int, server: subprocess.Popen, log: Path, timeout_s: fl
     pytest.fail(f"hermes-state serve did not listen on port {port} within {timeout_s} s: {log.read_text()}")
 
 
-def _stop(process: subprocess.Popen) -> None:
+def stop(process: subprocess.Popen) -> None:
     # Each child runs in its own process group, so this ends Chromium's helpers too.
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGTERM)
@@ -353,53 +353,53 @@ def _stop(process: subprocess.Popen) -> None:
             process.wait(10)
 
 
-def _browse(browser: str, profile: Path, url: str, *flags: str) -> str:
+def browse(browser: str, profile: Path, url: str, *flags: str) -> str:
     args = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={profile}",
             *flags, url]
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         out, _ = process.communicate(timeout=60)
     except subprocess.TimeoutExpired:
-        _stop(process)
+        stop(process)
         pytest.fail(f"Chromium did not finish loading {url} within 60 s")
     finally:
-        _stop(process)
+        stop(process)
     assert process.returncode == 0, f"Chromium failed on {url} with exit code {process.returncode}"
     return out.decode("utf-8")
 
 
 def test_pages_render_in_headless_chromium(store, tmp_path):
-    browser = _chromium()
-    before = _digest(store)
-    port, log = _free_port(), tmp_path / "serve.log"
+    browser = chromium()
+    before = digest(store)
+    port, log = free_port(), tmp_path / "serve.log"
     with log.open("wb") as out:
         server = subprocess.Popen([sys.executable, "-m", "hermes_state_cli", "serve", "--db", str(store),
                                    "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True)
     try:
-        _wait_for_port(port, server, log)
+        wait_for_port(port, server, log)
         base, profile = f"http://127.0.0.1:{port}/-/hermes/state", tmp_path / "chromium-profile"
-        dom = _browse(browser, profile, f"{base}/session/s_build", "--dump-dom")
+        dom = browse(browser, profile, f"{base}/session/s_build", "--dump-dom")
         body = re.search(r"<body[^>]*>", dom).group(0)
         assert "data-pwned" not in body  # the stored <script> never ran
         assert "&lt;script&gt;document.body.setAttribute" in dom
         assert "The disk is full; prune old images." in dom and "calls run_shell" in dom
-        dom = _browse(browser, profile, f"{base}/search?q=%E6%9D%B1%E4%BA%AC", "--dump-dom")
+        dom = browse(browser, profile, f"{base}/search?q=%E6%9D%B1%E4%BA%AC", "--dump-dom")
         assert "<mark>東京</mark>" in dom and "東京旅行の計画 &lt;b&gt;bold&lt;/b&gt;" in dom
-        dom = _browse(browser, profile, f"{base}?source=telegram&since=30d", "--dump-dom")
+        dom = browse(browser, profile, f"{base}?source=telegram&since=30d", "--dump-dom")
         assert re.findall(r'<td class="hs-id">([^<]+)</td>', dom) == ["s_tokyo"] and "<option selected=" in dom
-        dom = _browse(browser, profile, f"{base}/search?q=Docker+Build&role=tool&reasoning=1", "--dump-dom")
+        dom = browse(browser, profile, f"{base}/search?q=Docker+Build&role=tool&reasoning=1", "--dump-dom")
         assert 'href="/-/hermes/state/session/s_build">Fix Docker Build</a>' in dom and 'checked=""' in dom
-        dom = _browse(browser, profile, f"http://127.0.0.1:{port}/", "--dump-dom")
+        dom = browse(browser, profile, f"http://127.0.0.1:{port}/", "--dump-dom")
         assert 'href="/-/hermes/state"' in dom and "messages_fts_trigram_source" not in dom
         shot = tmp_path / "session.png"
-        _browse(browser, profile, f"{base}/session/s_build", f"--screenshot={shot}", "--window-size=1100,900",
+        browse(browser, profile, f"{base}/session/s_build", f"--screenshot={shot}", "--window-size=1100,900",
                 "--hide-scrollbars")
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
         assert "Serving" in log.read_text() and "127.0.0.1" in log.read_text()
     finally:
-        _stop(server)
-    assert _digest(store) == before
+        stop(server)
+    assert digest(store) == before
 
 
 def test_without_chromium_the_browser_test_skips_unless_ci_requires_it(tmp_path):

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+import hermes_state_chart as chart
 import hermes_state_web as web
 from hermes_state import SessionDB
-from test_web import _browse, _chromium, _content, _digest, _free_port, _get, _stop, _wait_for_port
+from test_web import browse, chromium, content, digest, free_port, get, stop, wait_for_port
 
 DAY = 86400.0
 MARKDOWN = ("Run this:\n\n```sh\ndocker system prune\n```\n\n- first **bold** item\n- second\n\n"
@@ -48,7 +49,7 @@ def _bars(html: str) -> list[tuple[str, str, float]]:
 
 
 def test_the_sessions_page_draws_usage_per_day_stacked_by_model(usage_store):
-    html = _content(_get(usage_store, "/-/hermes/state")[0])
+    html = content(get(usage_store, "/-/hermes/state")[0])
     bars = _bars(html)
     today = datetime.now().strftime("%Y-%m-%d")
     two_ago = (datetime.now() - timedelta(days=2)).strftime("%Y-%m-%d")
@@ -62,13 +63,13 @@ def test_the_sessions_page_draws_usage_per_day_stacked_by_model(usage_store):
 
 
 def test_the_chart_takes_the_session_lists_filters(usage_store):
-    telegram, cli = (_content(r) for r in _get(usage_store, "/-/hermes/state?source=telegram",
+    telegram, cli = (content(r) for r in get(usage_store, "/-/hermes/state?source=telegram",
                                                "/-/hermes/state?source=cli&model=openai/gpt-5"))
     assert {m for _, m, _ in _bars(telegram)} == {"anthropic/claude-sonnet-4.6"}
     assert {m for _, m, _ in _bars(cli)} == {"openai/gpt-5"}
-    nothing = _content(_get(usage_store, "/-/hermes/state?source=cron")[0])
+    nothing = content(get(usage_store, "/-/hermes/state?source=cron")[0])
     assert "<svg" not in nothing
-    data = _get(usage_store, "/-/hermes/state.json?source=telegram")[0].json()
+    data = get(usage_store, "/-/hermes/state.json?source=telegram")[0].json()
     assert [(r["model"], r["cost_usd"]) for r in data["usage_per_day"]] == [("anthropic/claude-sonnet-4.6", 0.2)]
 
 
@@ -76,15 +77,15 @@ def test_a_chart_of_tokens_when_nothing_is_priced():
     rows = [{"period": "2026-11-01", "model": "m", "session_count": 1, "input_tokens": 10, "output_tokens": 5,
              "cost_usd": None}, {"period": "2026-11-03", "model": "<b>x</b>", "session_count": 2,
                                  "input_tokens": 30, "output_tokens": 0, "cost_usd": None}]
-    svg = str(web.usage_chart(rows))
+    svg = str(chart.usage_chart(rows))
     assert "Tokens per day" in svg and "30 tokens" in svg and "&lt;b&gt;x&lt;/b&gt;" in svg and "<b>" not in svg
     assert [d for d, _, _ in _bars(svg)] == ["2026-11-01", "2026-11-03"]
     assert 'x="70.0"' in svg and svg.count("hs-bar") == 2  # three days wide, the empty day left blank
-    assert str(web.usage_chart([])) == ""
+    assert str(chart.usage_chart([])) == ""
 
 
 def test_messages_render_markdown_with_html_escaped(usage_store):
-    html = _content(_get(usage_store, "/-/hermes/state/session/a")[0])
+    html = content(get(usage_store, "/-/hermes/state/session/a")[0])
     assert '<pre><code class="language-sh">docker system prune' in html
     assert "<li>first <strong>bold</strong> item</li>" in html
     assert '<a href="https://docs.docker.com/">the docs</a>' in html
@@ -93,8 +94,8 @@ def test_messages_render_markdown_with_html_escaped(usage_store):
 
 
 def test_ids_do_not_wrap_untitled_sessions_look_untitled_and_messages_link_to_themselves(usage_store):
-    listing, page = (_content(r) for r in _get(usage_store, "/-/hermes/state", "/-/hermes/state/session/b"))
-    assert "white-space: nowrap" in web._STYLE and "break-all" not in web._STYLE
+    listing, page = (content(r) for r in get(usage_store, "/-/hermes/state", "/-/hermes/state/session/b"))
+    assert "white-space: nowrap" in web.STYLE and "break-all" not in web.STYLE
     assert '<span class="hs-untitled-mark">(untitled)</span> <a href="/-/hermes/state/session/b" ' \
            'class="hs-untitled">hello from b</a>' in listing
     assert '>Titled session</a>' in listing and 'class="hs-untitled">Titled' not in listing
@@ -104,23 +105,23 @@ def test_ids_do_not_wrap_untitled_sessions_look_untitled_and_messages_link_to_th
 
 
 def test_the_chart_and_markdown_in_headless_chromium(usage_store, tmp_path):
-    browser = _chromium()
-    before = _digest(usage_store)
-    port, log = _free_port(), tmp_path / "serve.log"
+    browser = chromium()
+    before = digest(usage_store)
+    port, log = free_port(), tmp_path / "serve.log"
     with log.open("wb") as out:
         server = subprocess.Popen([sys.executable, "-m", "hermes_state_cli", "serve", "--db", str(usage_store),
                                    "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_for_port(port, server, log)
+        wait_for_port(port, server, log)
         base, profile = f"http://127.0.0.1:{port}/-/hermes/state", tmp_path / "chromium-profile"
-        dom = _browse(browser, profile, base, "--dump-dom")
+        dom = browse(browser, profile, base, "--dump-dom")
         assert len(_bars(dom)) == 3 and '<svg class="hs-chart"' in dom
-        dom = _browse(browser, profile, f"{base}/session/a", "--dump-dom")
+        dom = browse(browser, profile, f"{base}/session/a", "--dump-dom")
         assert "<strong>bold</strong>" in dom and 'href="javascript' not in dom
         assert re.search(r"<img[^>]*onerror", dom) is None
         shot = tmp_path / "usage.png"
-        _browse(browser, profile, base, f"--screenshot={shot}", "--window-size=1100,700", "--hide-scrollbars")
+        browse(browser, profile, base, f"--screenshot={shot}", "--window-size=1100,700", "--hide-scrollbars")
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
     finally:
-        _stop(server)
-    assert _digest(usage_store) == before
+        stop(server)
+    assert digest(usage_store) == before

@@ -1,0 +1,129 @@
+"""Terminal habits: --color with NO_COLOR and FORCE_COLOR, a pager for long sessions, shell completion."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import hermes_state_commands as commands
+from hermes_state import SessionDB
+from hermes_state_cli import main
+from test_commands import run, run_in_terminal
+
+ESC = "\x1b["
+
+
+@pytest.fixture
+def store(hermes_home):
+    with SessionDB() as db:
+        for sid in ("demo_tokyo", "demo_docker", "demo_docker_2"):
+            db.create_session(sid, "cli", title=sid.title())
+            db.append_message(sid, "user", f"docker question in {sid}")
+            db.append_message(sid, "assistant", "an answer")
+    return hermes_home
+
+
+@pytest.fixture(autouse=True)
+def _auto_color():
+    yield
+    commands.set_color("auto")
+
+
+def test_color_flag_and_environment(store, monkeypatch):
+    for env, argv, coloured in (({}, [], False), ({"FORCE_COLOR": "1"}, [], True), ({"FORCE_COLOR": "0"}, [], False),
+                                ({"NO_COLOR": "1", "FORCE_COLOR": "1"}, [], False),
+                                ({"NO_COLOR": "1"}, ["--color", "always"], True), ({}, ["--color", "always"], True),
+                                ({"FORCE_COLOR": "1"}, ["--color", "never"], False)):
+        clean = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+        out = subprocess.run([sys.executable, "-m", "hermes_state_cli", *argv, "sessions", "search", "docker"],
+                             capture_output=True, text=True, env={**clean, "HERMES_HOME": str(store), **env}).stdout
+        assert (ESC in out) is coloured, (env, argv, out)
+    assert main(["--color", "sometimes", "sessions", "list"]) == 2
+
+
+def test_roles_headers_and_ids_are_coloured_not_only_matches(store, capsys):
+    assert main(["--color", "always", "sessions", "search", "docker", "-n", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"{ESC}36mdemo_" in out and f"{ESC}34muser{ESC}0m" in out and f"{ESC}1;33mdocker{ESC}0m" in out
+    assert main(["--color", "always", "sessions", "list"]) == 0
+    assert capsys.readouterr().out.startswith(f"{ESC}1mid ")
+    assert main(["--color", "always", "sessions", "show", "demo_tokyo"]) == 0
+    out = capsys.readouterr().out
+    assert f"{ESC}32massistant{ESC}0m" in out and out.startswith(f"{ESC}1mDemo_Tokyo")
+
+
+def test_show_goes_through_the_pager_on_a_terminal_only(store):
+    pager = 'sed "s/^/PAGED: /"'
+    paged = run_in_terminal(store, "sessions", "show", "demo_tokyo", env={"PAGER": pager, "NO_COLOR": "1"})
+    assert "PAGED: Demo_Tokyo  (demo_tokyo)" in paged and "PAGED: 0" in paged  # every line went through it
+    direct = run_in_terminal(store, "sessions", "show", "demo_tokyo", "--no-pager", env={"PAGER": pager,
+                                                                                        "NO_COLOR": "1"})
+    assert "PAGED" not in direct and "Demo_Tokyo  (demo_tokyo)" in direct
+    piped = run(store, "sessions", "show", "demo_tokyo")
+    assert "PAGED" not in piped.stdout and "Demo_Tokyo" in piped.stdout
+    assert "PAGED" not in run_in_terminal(store, "sessions", "show", "demo_tokyo", env={"PAGER": "cat"})
+    colours = run_in_terminal(store, "sessions", "show", "demo_tokyo", env={"PAGER": pager})
+    assert f"PAGED: {ESC}1mDemo_Tokyo" in colours  # colours go through to the pager (less -R shows them)
+
+
+def test_the_default_pager_is_less_quitting_when_the_page_fits(store):
+    if not shutil.which("less"):
+        pytest.skip("less is not installed: the default pager cannot be checked")
+    env = {k: v for k, v in os.environ.items() if k not in ("PAGER", "LESS")}
+    out = run_in_terminal(store, "sessions", "show", "demo_tokyo", env={**env, "PAGER": ""})
+    assert "Demo_Tokyo" in out and "an answer" in out  # less -F printed it and quit: the run ended
+
+
+def _bash_complete(store, words: list[str]) -> list[str]:
+    script = run(store, "completion", "bash").stdout
+    line = " ".join(words)
+    program = f"""{script}
+COMP_WORDS=({line}); COMP_CWORD=$(( ${{#COMP_WORDS[@]}} - 1 ))
+_hermes_state
+printf '%s\\n' "${{COMPREPLY[@]}}"
+"""
+    done = subprocess.run(["bash", "-c", program], capture_output=True, text=True,
+                          env={**os.environ, "HERMES_HOME": str(store)}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [w for w in done.stdout.splitlines() if w]
+
+
+def test_bash_completes_commands_actions_and_ids_from_the_store(store, tmp_path):
+    if not shutil.which("bash"):
+        pytest.skip("bash is not installed")
+    assert _bash_complete(store, ["hermes-state", "se"]) == ["sessions", "serve"]
+    assert _bash_complete(store, ["hermes-state", "sessions", "sh"]) == ["show"]
+    assert _bash_complete(store, ["hermes-state", "sessions", "show", "demo_d"]) == ["demo_docker", "demo_docker_2"]
+    assert _bash_complete(store, ["hermes-state", "--json", "sessions", "delete", "demo_t"]) == ["demo_tokyo"]
+    other = tmp_path / "other.db"
+    with SessionDB(other) as db:
+        db.create_session("elsewhere", "cli")
+    assert _bash_complete(store, ["hermes-state", "--db", str(other), "sessions", "show", "e"]) == ["elsewhere"]
+    assert _bash_complete(store, ["hermes-state", "--", ""]) == [] or True  # never fails on odd input
+
+
+def test_the_id_lister_loads_nothing_of_the_library_and_writes_nothing(store):
+    before = (store / "state.db").read_bytes()
+    code = ("import sys, hermes_state_complete as c; print(c.ids('demo_d')); "
+            "print(sorted(m for m in sys.modules if m.startswith('hermes_state')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "HERMES_HOME": str(store)}).stdout.splitlines()
+    assert out == ["['demo_docker', 'demo_docker_2']", "['hermes_state_complete']"]
+    assert (store / "state.db").read_bytes() == before  # SQLite's reader may add empty -wal/-shm files, no more
+    assert all(p.stat().st_size == 0 for p in store.iterdir() if p.name.endswith("-wal"))
+    assert subprocess.run([sys.executable, "-m", "hermes_state_complete", "ids", "x"], capture_output=True,
+                          env={**os.environ, "HERMES_HOME": str(store / "nowhere")}).stdout == b""
+    assert not (store / "nowhere").exists()
+
+
+def test_zsh_and_fish_scripts(store):
+    zsh, fish = run(store, "completion", "zsh").stdout, run(store, "completion", "fish").stdout
+    assert "bashcompinit" in zsh and "complete -o default -F _hermes_state hermes-state" in zsh
+    assert "hermes_state_complete ids (commandline -ct)" in fish and "-a 'list show search" in fish
+    for shell, text in (("zsh", zsh), ("fish", fish)):
+        if shutil.which(shell):
+            assert subprocess.run([shell, "-n"], input=text, text=True).returncode == 0
+    assert run(store, "completion", "tcsh").returncode == 2
