@@ -1,0 +1,300 @@
+"""Side by side with hermes-agent on a store shaped like a heavy user's: one command, one table.
+
+    python bench/heavy.py --scale 0.125 --agent-python /path/to/hermes-agent/venv/bin/python
+    python bench/heavy.py --scale 1      # the full profile (bench/heavy_corpus.py): about 155,000 messages
+
+Builds (once per scale and seed, kept in --dir) hermes-agent's file from bench/heavy_corpus.py:
+hermes-agent creates its schema through its own SessionDB, then every session and message goes
+in by plain SQL INSERTs on that file, so hermes-agent's own triggers index them (its API would
+take hours at this size; the rows are the same). hermes-state's file is made as a user moving
+in makes it: a copy of hermes-agent's file, opened by `SessionDB` (the constructor and the
+background index build are timed). Then both files are opened by bench/heavy_driver.py, each in
+its own venv, and every operation runs on both in turns: one untimed call, then --repeats timed
+calls; the table gives the p50 (and p95 for searches) by CPU time and by the wall clock, and
+recall on the planted needles. The run is saved to bench/results/<date>-heavy.json.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+
+import heavy_corpus as hc  # noqa: E402
+
+DEFAULT_AGENT = ROOT / "bench" / ".venvs" / "hermes-agent" / "bin" / "python"
+SEARCH_P95_MS = 25.0
+INSTANT_MS = 5.0
+
+
+def load() -> str:
+    """The 1, 5 and 15 minute load averages, as text."""
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def build_agent_file(path: Path, profile: hc.Profile, agent_python: Path) -> dict:
+    """Write hermes-agent's file: its schema from its own SessionDB, the rows by plain SQL (its triggers index them)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        p.unlink(missing_ok=True)
+    driver(agent_python, "hermes-agent", path, {}).close()
+    truth: dict[str, list[int]] = {k: [] for k in hc.queries(profile) if k != "common word"}
+    terms = {k: (q.strip('"').lower()) for k, q in hc.queries(profile).items() if k in truth}
+    sources: dict[int, str] = {}
+    text_bytes = prompt_bytes = n_messages = n_sessions = 0
+    t0 = time.perf_counter()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN")
+    pending = 0
+    for s in hc.sessions(profile):
+        calls = sum(len(m.get("tool_calls") or ()) for m in s.messages)
+        conn.execute("INSERT INTO sessions (id, source, model, system_prompt, started_at, ended_at, end_reason, "
+                     "message_count, tool_call_count) VALUES (?, ?, 'gpt-test', ?, ?, ?, ?, ?, ?)",
+                     (s.id, s.source, s.system_prompt, s.started_at, s.ended_at,
+                      None if s.ended_at is None else "completed", len(s.messages), calls))
+        n_sessions += 1
+        for m in s.messages:
+            tool_calls = json.dumps(m["tool_calls"]) if m.get("tool_calls") else None
+            cur = conn.execute("INSERT INTO messages (session_id, role, content, tool_call_id, tool_calls, tool_name, "
+                               "timestamp) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                               (s.id, m["role"], m.get("content"), m.get("tool_call_id"), tool_calls,
+                                m.get("tool_name"), m["timestamp"]))
+            text = "\n".join(x for x in (m.get("content"), tool_calls, m.get("tool_name")) if x).lower()
+            for kind, term in terms.items():
+                if term in text:
+                    truth[kind].append(cur.lastrowid)
+                    sources[cur.lastrowid] = s.source
+            n_messages += 1
+            pending += 1
+            if pending >= 2000:
+                conn.execute("COMMIT")
+                conn.execute("BEGIN")
+                pending = 0
+        t, p = hc.raw_text_bytes(s)
+        text_bytes += t
+        prompt_bytes += p
+    conn.execute("COMMIT")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return {"messages": n_messages, "sessions": n_sessions, "text_bytes": text_bytes, "prompt_bytes": prompt_bytes,
+            "build_s": time.perf_counter() - t0, "bytes": file_bytes(path),
+            "truth": truth, "truth_filtered": {k: [i for i in v if sources[i] == hc.NEEDLE_SOURCE]
+                                               for k, v in truth.items()}}
+
+
+def file_bytes(path: Path) -> int:
+    """The database file and its WAL, in bytes."""
+    return sum(os.path.getsize(p) for p in (path, Path(f"{path}-wal")) if os.path.exists(p))
+
+
+MOVE_IN = r"""
+import json, os, sys, time, threading
+from pathlib import Path
+path = Path(sys.argv[1])
+from hermes_state import SessionDB
+first = []
+t0 = time.perf_counter()
+db = SessionDB(path)
+opened = time.perf_counter() - t0
+st = db.fts_rebuild_status()
+db.wait_for_fts_rebuild()
+done = time.perf_counter() - t0
+after = db.fts_rebuild_status()
+db.close()
+print(json.dumps({"open_s": opened, "status_at_open": st, "indexed_s": done, "status": after}))
+"""
+
+
+def move_in(agent_file: Path, ours: Path) -> dict:
+    """Copy hermes-agent's file and open it with hermes-state, as a user moving in does; time each part."""
+    ours.parent.mkdir(parents=True, exist_ok=True)
+    for p in ours.parent.iterdir():
+        if p.is_file():
+            p.unlink()
+    t0 = time.perf_counter()
+    shutil.copyfile(agent_file, ours)
+    copy_s = time.perf_counter() - t0
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HERMES_HOME=str(ours.parent))
+    out = subprocess.run([sys.executable, "-c", MOVE_IN, str(ours)], env=env, check=True, capture_output=True,
+                         text=True, cwd=ours.parent)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result.update(copy_s=copy_s, bytes=file_bytes(ours))
+    return result
+
+
+class Driver:
+    """A running bench/heavy_driver.py: send a command, get its JSON answer."""
+
+    def __init__(self, python: Path, system: str, path: Path, queries: dict):
+        env = dict(os.environ, HERMES_HOME=str(path.parent), HEAVY_QUERIES=json.dumps(queries),
+                   PYTHONPATH=str(ROOT) if system == "hermes-state" else "")
+        self.system = system
+        self.proc = subprocess.Popen([str(python), str(BENCH / "heavy_driver.py"), system, str(path)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+                                     cwd=path.parent)
+        self.ready = self.read()
+
+    def read(self) -> dict:
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise RuntimeError(f"{self.system}'s driver ended (see its stderr above)")
+        return json.loads(line)
+
+    def ask(self, **command) -> dict:
+        self.proc.stdin.write(json.dumps(command) + "\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+        return self.read()
+
+    def close(self) -> None:
+        self.ask(op="close")
+        self.proc.wait()
+
+
+def driver(python: Path, system: str, path: Path, queries: dict) -> Driver:
+    """Start a driver for `system` on `path`."""
+    return Driver(python, system, path, queries)
+
+
+def p(values: list[float], q: float) -> float:
+    """The q-quantile of `values` (nearest rank)."""
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def recall(found: list[int], truth: list[int]) -> float | None:
+    """Share of the planted rows found (None when nothing was planted)."""
+    return None if not truth else len(set(found) & set(truth)) / len(truth)
+
+
+def run(args: argparse.Namespace) -> dict:
+    profile = hc.Profile(scale=args.scale, seed=args.seed)
+    base = Path(args.dir) / f"scale{args.scale:g}-seed{args.seed}"
+    agent_file, ours = base / "agent" / "state.db", base / "ours" / "state.db"
+    meta_path = base / "build.json"
+    if args.rebuild or not meta_path.exists():
+        print(f"building hermes-agent's file at scale {args.scale:g} ... (load {load()})", file=sys.stderr)
+        meta = build_agent_file(agent_file, profile, args.agent_python)
+        meta_path.write_text(json.dumps(meta))
+        meta.pop("move_in", None)
+    meta = json.loads(meta_path.read_text())
+    if args.rebuild or args.move_in or "move_in" not in meta:
+        print(f"moving in (copy + open) ... (load {load()})", file=sys.stderr)
+        meta["move_in"] = move_in(agent_file, ours)
+        meta_path.write_text(json.dumps(meta))
+    queries = hc.queries(profile)
+    systems = [driver(args.agent_python, "hermes-agent", agent_file, queries),
+               driver(Path(sys.executable), "hermes-state", ours, queries)]
+    names = [n for n in systems[0].ready["ops"] if n in systems[1].ready["ops"]]
+    if args.only:
+        names = [n for n in names if any(o in n for o in args.only)]
+    results: dict = {s.system: {} for s in systems}
+    load_before = load()
+    for name in names:
+        for s in (systems if hash(name) % 2 else systems[::-1]):
+            results[s.system][name] = s.ask(op="time", name=name, repeats=args.repeats)
+    load_after = load()
+    rec: dict = {s.system: {} for s in systems}
+    for kind in queries:
+        if kind == "common word":
+            continue
+        for filtered in (False, True):
+            truth = meta["truth_filtered" if filtered else "truth"][kind]
+            for s in systems:
+                ids = s.ask(op="hits", kind=kind, filtered=filtered)["ids"]
+                rec[s.system][f"search: {kind}" + (" + source" if filtered else "")] = recall(ids, truth)
+    for s in systems:
+        s.close()
+    peaks = {}
+    if not args.only or any("giant" in o for o in args.only):
+        for python, system, path in ((args.agent_python, "hermes-agent", agent_file),
+                                     (Path(sys.executable), "hermes-state", ours)):
+            d = driver(python, system, path, queries)
+            peaks[system] = d.ask(op="peak", name="giant: whole conversation")
+            d.close()
+    return {"profile": vars(profile) | {"scale": args.scale}, "meta": {k: v for k, v in meta.items()
+                                                                        if not k.startswith("truth")},
+            "results": results, "recall": rec, "peaks": peaks, "load": [load_before, load_after],
+            "repeats": args.repeats}
+
+
+def report(run_: dict) -> str:
+    m = run_["meta"]
+    lines = [f"store: {m['sessions']:,} sessions, {m['messages']:,} messages, message text "
+             f"{m['text_bytes'] / 1e6:,.0f} MB, cron prompts {m['prompt_bytes'] / 1e6:,.0f} MB; "
+             f"hermes-agent's file {m['bytes'] / 1e6:,.0f} MB (built in {m['build_s']:.0f} s)"]
+    mi = m.get("move_in", {})
+    if mi:
+        lines.append(f"moving in: copy {mi['copy_s']:.1f} s, constructor blocks {mi['open_s']:.2f} s, indexes done "
+                     f"{mi['indexed_s']:.1f} s after the open began; file after {mi['bytes'] / 1e6:,.0f} MB "
+                     f"({mi['bytes'] / (m['text_bytes'] + m['prompt_bytes']):.2f}x all text, "
+                     f"{mi['bytes'] / m['text_bytes']:.2f}x the message text)")
+    lines.append(f"load average before / after the timed part: {run_['load'][0]}  ->  {run_['load'][1]}; "
+                 f"p50 of {run_['repeats']} repeats")
+    lines.append("")
+    lines.append("| operation | hermes-agent CPU / wall p50 ms | hermes-state CPU / wall p50 ms | hermes-state p95 wall "
+                 "| ratio (wall p50) | result (agent / state) | recall (agent / state) | goal |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    ra, rs = run_["results"]["hermes-agent"], run_["results"]["hermes-state"]
+    for name in rs:
+        a, s = ra[name], rs[name]
+        aw, sw = statistics.median(a["wall"]), statistics.median(s["wall"])
+        ac, sc = statistics.median(a["cpu"]), statistics.median(s["cpu"])
+        p95 = p(s["wall"], 0.95)
+        ra_, rs_ = run_["recall"]["hermes-agent"].get(name), run_["recall"]["hermes-state"].get(name)
+        rec = "" if rs_ is None else f"{'-' if ra_ is None else f'{ra_:.2f}'} / {rs_:.2f}"
+        if name.startswith("search"):
+            ok = (sw <= aw or sw <= aw + INSTANT_MS or "substring" in name) and p95 <= SEARCH_P95_MS \
+                and (rs_ is None or rs_ == 1.0)
+        elif name == "giant: whole conversation":
+            ok = sw <= 0.5 * aw
+        else:
+            ok = sw <= 5.0
+        lines.append(f"| {name} | {ac:.2f} / {aw:.2f} | {sc:.2f} / {sw:.2f} | {p95:.2f} | {sw / aw:.2f} | "
+                     f"{a['result']} / {s['result']} | {rec} | {'met' if ok else '**missed**'} |")
+    for system, pk in run_.get("peaks", {}).items():
+        lines.append(f"\n{system}: giant conversation peak RSS {pk['after'] / 1024:.1f} MB "
+                     f"(+{(pk['after'] - pk['before']) / 1024:.1f} MB over the open handle), {pk['s'] * 1000:.0f} ms")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scale", type=float, default=0.125, help="1 is the full profile (default 1/8)")
+    ap.add_argument("--seed", type=int, default=31)
+    ap.add_argument("--repeats", type=int, default=11)
+    ap.add_argument("--dir", default="/tmp/heavy-bench", help="where the files are built and kept")
+    ap.add_argument("--agent-python", type=Path, default=DEFAULT_AGENT)
+    ap.add_argument("--rebuild", action="store_true", help="build both files again")
+    ap.add_argument("--move-in", action="store_true", help="copy and open hermes-agent's file again")
+    ap.add_argument("--only", action="append", help="time only operations whose name holds this (repeatable)")
+    ap.add_argument("--no-save", action="store_true")
+    args = ap.parse_args()
+    r = run(args)
+    text = report(r)
+    print(text)
+    if not args.no_save:
+        out = BENCH / "results" / f"{datetime.date.today().isoformat()}-heavy.json"
+        runs = json.loads(out.read_text()) if out.exists() else []
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip()
+        runs.append(r | {"machine": {"python": platform.python_version(), "sqlite": sqlite3.sqlite_version,
+                                     "cpus": os.cpu_count(), "commit": commit,
+                                     "when": datetime.datetime.now(datetime.timezone.utc).isoformat()},
+                         "table": text})
+        out.write_text(json.dumps(runs, indent=1))
+
+
+if __name__ == "__main__":
+    main()
