@@ -34,7 +34,7 @@ sys.path.insert(0, str(BENCH))
 
 import heavy_corpus as hc  # noqa: E402
 
-DEFAULT_AGENT = ROOT / "bench" / ".venvs" / "hermes-agent" / "bin" / "python"
+DEFAULT_AGENT = Path(os.environ.get("HERMES_AGENT_PYTHON") or ROOT / "bench" / ".venvs" / "hermes-agent" / "bin" / "python")
 SEARCH_P95_MS = 25.0
 INSTANT_MS = 5.0
 
