@@ -286,6 +286,7 @@ class _Ask:
     need: int
     cut: list[bool] = field(default_factory=list)  # a scan stopped early (see SearchResults.complete)
     bare: _Filters = _Filters()  # the caller's filters alone, without the branch's exclusions
+    refused: list[bool] = field(default_factory=list)  # the substring index refused the query
 
     def ranked(self, table: str, expr: str, *, snippet: bool = False,
                filters: _Filters | None = None) -> list[_Hit]:
@@ -345,6 +346,7 @@ class _Ask:
             if not _is_query_error(exc):
                 raise
             logger.info("substring query %r was refused: %s", texts, exc)
+            self.refused.append(True)
             return []
         return [(r[0], 0.0, None) for r in rows]
 
@@ -428,9 +430,11 @@ class _Route:
         return (self.index is None or self.index in a.state.tables) and self.serves(a.group)
 
 
-# The trigram index finds a piece by its trigrams: it serves terms of at least 3 characters.
+# The trigram index finds a piece by its trigrams: it serves terms of at least 3 characters. It
+# holds every row (those it does not cover yet are scanned by `uncovered`), so when it accepted
+# the query its empty answer is the answer: an absent word reads no text beyond its candidates.
 SUBSTRING_ROUTE = _Route("substring index", fts.TRIGRAM, lambda g: all(len(t.text) >= 3 for t in g.terms),
-                         _substring_route)
+                         _substring_route, exact=lambda g: True)
 # For terms of CJK letters only the bigram index is exact: its bigrams are exact substrings.
 CJK_ROUTE = _Route("cjk index", fts.CJK, lambda g: any(t.cjk for t in g.terms), _cjk_route,
                    exact=lambda g: all(t.cjk_letters for t in g.terms), whole_words=True)
@@ -455,8 +459,10 @@ def _answer(routes: tuple[_Route, ...], ask: _Ask, bare: _Ask | None = None) -> 
     """
     for route in routes:
         if route.applies(ask):
+            before = len(ask.refused)
             found = route.run(ask)
-            if found or route.exact(ask.group) or (bare is not None and route.run(replace(bare, need=1))):
+            answered = route.exact(ask.group) and len(ask.refused) == before  # a refusal is no answer
+            if found or answered or (bare is not None and route.run(replace(bare, need=1))):
                 return route, found
     raise AssertionError("a route table ends with a route that always applies and answers")
 

@@ -475,3 +475,22 @@ def test_a_cjk_term_with_other_characters_is_matched_literally(db):
     db.append_message("b", "user", "达成100完成率是目标")
     assert [h["session_id"] for h in db.search_messages("100%完成")] == ["a"]
     assert sorted(h["session_id"] for h in db.search_messages("完成率")) == ["a", "b"]   # letters only: both
+
+
+def test_a_word_found_nowhere_is_answered_by_the_substring_index_alone(db, words_and_pieces):
+    with db.tracer() as absent:
+        hits = db.search_messages("qwzxvyk")
+    assert list(hits) == [] and hits.complete
+    assert any("messages_fts_trigram MATCH" in sql for sql in absent)
+    # No LIKE scan over the newest rows: the index's empty answer covers every row.
+    assert not any(sql.startswith("SELECT m.id FROM messages m") for sql in absent)
+
+
+def test_a_refused_substring_query_still_falls_back_to_the_scan(db, words_and_pieces, monkeypatch):
+    monkeypatch.setattr(search, "trigram_expression", lambda texts: "AND AND")  # FTS5 refuses it
+    with db.tracer() as trace:
+        hits = [h["id"] for h in db.search_messages("ockeriz")]
+    assert hits == sorted((i for i, text in words_and_pieces.items() if "ockeriz" in text), reverse=True)
+    assert any(sql.startswith("SELECT m.id FROM messages m") for sql in trace)
+    # The scan's empty answer is still an answer after the refusal.
+    assert list(db.search_messages("qwzxvyk")) == []
