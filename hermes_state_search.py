@@ -50,6 +50,13 @@ FILTERED_POOL = 50       # ... and at least this many of those passing the filte
 SPARE_RANKED = 20        # best rows ranked beyond the page, in case some of them are archived
 LIKE_SCAN_ROWS = 20_000  # the most rows any LIKE scan reads
 DIRECT_SCAN_ROWS = 500   # an id range this narrow is read row by row, not through the substring index
+# Trigrams of a base64 payload (an image a tool returned): a letter, '+' or '/', a letter. Prose and
+# code hardly ever hold even a few of them; a payload of 0.5 MB holds all twelve (199 of 200 random
+# ones did). Such a payload also holds nearly every other trigram, so it is a candidate of every
+# substring lookup and would be read and checked in full each time; the lookup leaves out the rows
+# holding all twelve, and nobody searches for a piece of base64. Their whole words are still found.
+PAYLOAD_TRIGRAMS = ("q+z", "j/x", "x+q", "z/j", "k+q", "q/w", "v+j", "j/v", "x/z", "z+x", "w+k", "k/w")
+_NOT_PAYLOAD = " NOT (" + " AND ".join(f'"{g}"' for g in PAYLOAD_TRIGRAMS) + ")"
 _MAX_ROWID = 2 ** 63 - 1
 _FETCH_ROWS = 256        # rows fetched at a time while a scan's end depends on what it reads
 warned: set[str] = set()  # the keys of warnings this process has logged (each is logged once)
@@ -317,7 +324,8 @@ class _Ask:
 
         The substring index gives the rows holding every trigram of the terms (no text read); the
         filters come next, then rows in `known` (hits the caller has already) are left out, and
-        only the rows left are checked for the terms themselves. A range of at most
+        only the rows left are checked for the terms themselves. Rows holding a base64 payload
+        (all of PAYLOAD_TRIGRAMS) are no candidates. A range of at most
         `DIRECT_SCAN_ROWS` ids (one session's) is checked row by row instead: reading its few
         rows costs less than seeking each trigram through every segment of the index, and finds
         the same rows.
@@ -333,7 +341,7 @@ class _Ask:
         if self.high - self.low < DIRECT_SCAN_ROWS:
             key, source = "m.id", f"messages m{f.join} WHERE"
         else:
-            key, grams = "t.rowid", (trigram_expression(texts),)
+            key, grams = "t.rowid", (f"({trigram_expression(texts)}){_NOT_PAYLOAD}",)
             source = f"{fts.TRIGRAM} t JOIN messages m ON m.id = t.rowid{f.join} WHERE {fts.TRIGRAM} MATCH ? AND"
         skip = f" AND {key} NOT IN (SELECT value FROM json_each(?))" if known else ""
         sql = (f"SELECT {key} FROM {source} {key} BETWEEN ? AND ?{f.sql}{skip} AND {contains} "

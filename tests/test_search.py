@@ -494,3 +494,24 @@ def test_a_refused_substring_query_still_falls_back_to_the_scan(db, words_and_pi
     assert any(sql.startswith("SELECT m.id FROM messages m") for sql in trace)
     # The scan's empty answer is still an answer after the refusal.
     assert list(db.search_messages("qwzxvyk")) == []
+
+
+def _payload(seed: int) -> str:
+    """A base64 image payload of about 0.7 MB, as a vision tool returns it."""
+    import base64
+    import random
+    return "data:image/png;base64," + base64.b64encode(random.Random(seed).randbytes(520_000)).decode()
+
+
+def test_a_base64_payload_is_no_substring_candidate_but_its_words_are_found(db, index_queue):
+    payload = _payload(3)
+    assert all(g in payload.lower() for g in search.PAYLOAD_TRIGRAMS)  # the precondition the lookup relies on
+    piece = next(payload[i:i + 7] for i in range(1000, 10_000) if payload[i:i + 7].isalpha())
+    db.create_session("s", "cli")
+    shot = db.append_message("s", "tool", payload, tool_name="vision")
+    prose = db.append_message("s", "assistant", f"the checksum was x{piece}y yesterday")
+    worded = db.append_message("s", "tool", "screenshot taken " + payload, tool_name="vision")
+    index_queue(db)
+    assert piece.lower() in payload.lower() and shot < prose < worded
+    assert [h["id"] for h in db.search_messages(piece)] == [prose]  # not the two rows holding the payload
+    assert [h["id"] for h in db.search_messages("screenshot")] == [worded]
