@@ -13,6 +13,7 @@ Transaction contract: read-only, on the caller's connection, inside one read sna
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
@@ -57,6 +58,26 @@ DIRECT_SCAN_ROWS = 500   # an id range this narrow is read row by row, not throu
 # holding all twelve, and nobody searches for a piece of base64. Their whole words are still found.
 PAYLOAD_TRIGRAMS = ("q+z", "j/x", "x+q", "z/j", "k+q", "q/w", "v+j", "j/v", "x/z", "z+x", "w+k", "k/w")
 _NOT_PAYLOAD = " NOT (" + " AND ".join(f'"{g}"' for g in PAYLOAD_TRIGRAMS) + ")"
+_ASCII_TOKEN = re.compile(r"[A-Za-z0-9]+")  # what the word index (unicode61) makes a token of, in ASCII text
+
+
+def in_word_phrase(text: str) -> str | None:
+    """Return a word-index expression that every row holding `text` (ASCII) as a substring matches, or None.
+
+    Inside a longer word the piece's first token may continue to the left and its last to the
+    right; the tokens between are whole words, in order. So the first token is left out when the
+    piece starts inside a token, the last becomes a prefix when it ends inside one, and the rest
+    is a phrase the word index answers from its positions. None when too little is left.
+    """
+    if not text.isascii():
+        return None
+    tokens = _ASCII_TOKEN.findall(text)
+    if text[:1].isalnum():
+        tokens = tokens[1:]
+    star = "*" if text[-1:].isalnum() else ""
+    if not tokens or (len(tokens) == 1 and star and len(tokens[0]) < 3):
+        return None
+    return '"' + " ".join(tokens) + '"' + star
 _MAX_ROWID = 2 ** 63 - 1
 _FETCH_ROWS = 256        # rows fetched at a time while a scan's end depends on what it reads
 warned: set[str] = set()  # the keys of warnings this process has logged (each is logged once)
@@ -325,7 +346,8 @@ class _Ask:
         The substring index gives the rows holding every trigram of the terms (no text read); the
         filters come next, then rows in `known` (hits the caller has already) are left out, and
         only the rows left are checked for the terms themselves. Rows holding a base64 payload
-        (all of PAYLOAD_TRIGRAMS) are no candidates. A range of at most
+        (all of PAYLOAD_TRIGRAMS) are no candidates. A piece holding a whole word takes its
+        candidates from the word index instead (`in_word_phrase`). A range of at most
         `DIRECT_SCAN_ROWS` ids (one session's) is checked row by row instead: reading its few
         rows costs less than seeking each trigram through every segment of the index, and finds
         the same rows.
@@ -338,8 +360,15 @@ class _Ask:
         # without building and lowering a copy of each candidate's text.
         contains, params = _like_terms(self.group.terms, _indexed_excluded(self.group))
         grams: tuple[str, ...] = ()
+        phrases = [p for p in map(in_word_phrase, texts) if p is not None]
         if self.high - self.low < DIRECT_SCAN_ROWS:
             key, source = "m.id", f"messages m{f.join} WHERE"
+        elif phrases and fts.WORD in self.state.tables:
+            # A piece with a whole word inside ("kube-proxy-7f3", a phrase): the word index's
+            # positions find its candidates, where the trigrams of its common words would each
+            # name most of the store.
+            key, grams = "w.rowid", (" AND ".join(phrases),)
+            source = f"{fts.WORD} w JOIN messages m ON m.id = w.rowid{f.join} WHERE {fts.WORD} MATCH ? AND"
         else:
             key, grams = "t.rowid", (f"({trigram_expression(texts)}){_NOT_PAYLOAD}",)
             source = f"{fts.TRIGRAM} t JOIN messages m ON m.id = t.rowid{f.join} WHERE {fts.TRIGRAM} MATCH ? AND"

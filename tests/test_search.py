@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sqlite3
 import string
 
@@ -515,3 +516,28 @@ def test_a_base64_payload_is_no_substring_candidate_but_its_words_are_found(db, 
     assert piece.lower() in payload.lower() and shot < prose < worded
     assert [h["id"] for h in db.search_messages(piece)] == [prose]  # not the two rows holding the payload
     assert [h["id"] for h in db.search_messages("screenshot")] == [worded]
+
+
+IN_WORD_TEXTS = ["the kube-proxy-7f3 pod restarted", "see xkube-proxy-7f3abc in the log", "kube proxy 7f3 apart",
+                 "an orange submarine protocol draft", "blood-orange submarine protocols", "orange, submarine protocol",
+                 "snake_case_name stays", "unsnake_case_names here", "proxy-7f3 only", "Kube-Proxy-7F3B upper"]
+
+
+@pytest.mark.parametrize("piece", ["kube-proxy-7f3", "orange submarine protocol", "snake_case_name", "-proxy-7f3",
+                                   "e-proxy-7", "range submarine prot", "proxy 7f3 apart"])
+def test_a_piece_holding_whole_words_finds_every_row_holding_it(db, index_queue, piece):
+    db.create_session("s", "cli")
+    db.create_session("t", "cli")
+    ids = {db.append_message("s" if i % 2 else "t", "user", text): text for i, text in enumerate(IN_WORD_TEXTS)}
+    for i in range(600):  # a range wider than one session's direct read
+        db.append_message("t", "tool", f"filler {i}", tool_name="terminal")
+    index_queue(db)
+    def words(text: str) -> str:
+        return " " + " ".join(re.findall("[a-z0-9]+", text.lower())) + " "
+    # the rows holding it as a substring, and those holding its words in a row (the word index's phrase)
+    truth = {i for i, text in ids.items() if piece.lower() in text.lower() or words(piece) in words(text)}
+    query = f'"{piece}"' if " " in piece else piece
+    with db.tracer() as trace:
+        assert {h["id"] for h in db.search_messages(query, limit=50)} == truth
+    if search.in_word_phrase(piece) is not None:  # candidates from the word index, not the trigrams
+        assert not any("messages_fts_trigram MATCH" in sql for sql in trace)
