@@ -1,6 +1,7 @@
 """hermes_state_messages on a bare connection: rows, uids, tool-call pairing, counters, merge and rewrite."""
 from __future__ import annotations
 
+import json
 import pytest
 
 import hermes_state_messages as messages
@@ -110,3 +111,22 @@ def test_clear_and_count(s):
     assert messages.message_count(s, "s") == 1 and messages.message_count(s) == 1
     assert messages.message_count(s, "\ud800") == 0
     assert messages.clear_messages(s, "s") == 2 and _counters(s) == (0, 0)
+
+
+def test_counts_and_pages_leave_out_rows_that_are_not_live(db):
+    db.create_session("s", "cli")
+    db.create_session("t", "cli")
+    ids = [db.append_message("s" if i % 3 else "t", "user", f"m{i}") for i in range(40)]
+    with db.transaction() as txn:  # archived generations, as a compression leaves them
+        txn.conn.execute("UPDATE messages SET active = 0 WHERE id IN (SELECT value FROM json_each(?))",
+                         (json.dumps(ids[5:30:4]),))
+    live = [i for i in ids if i not in ids[5:30:4]]
+    mine = [i for k, i in enumerate(ids) if k % 3]
+    assert db.message_count() == len(live)
+    assert db.message_count(session_id="s") == len([i for i in mine if i in live])
+    every = [m["id"] for m in db.get_messages("s")]
+    assert every == [i for i in mine if i in live]
+    for limit, offset in ((5, 0), (5, 3), (100, 7), (1, len(every) - 1), (4, len(every))):
+        assert [m["id"] for m in db.get_messages("s", limit=limit, offset=offset)] == every[offset:offset + limit]
+    assert [m["id"] for m in db.get_messages("s", include_inactive=True, limit=6, offset=2)] == mine[2:8]
+    assert [m["id"] for m in db.get_messages("s", offset=len(every) - 2)] == every[-2:]
