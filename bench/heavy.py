@@ -178,6 +178,26 @@ def recall(found: list[int], truth: list[int]) -> float | None:
     return None if not truth else len(set(found) & set(truth)) / len(truth)
 
 
+def memory_test(agent_file: Path, ours: Path, base: Path, handles: int, queries: dict, agent_python: Path) -> dict:
+    """Open `handles` copies of each system's file in one process, search each; return the resident sizes."""
+    out = {}
+    for python, system, source in ((agent_python, "hermes-agent", agent_file),
+                                   (Path(sys.executable), "hermes-state", ours)):
+        root = base / "memory" / system
+        for k in range(handles):
+            target = root / f"profile{k:02d}" / "state.db"
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, target)
+        env = dict(os.environ, PYTHONPATH=str(ROOT) if system == "hermes-state" else "")
+        picked = [q for k, q in queries.items() if k in ("common word", "rare word", "phrase", "2-char CJK",
+                                                          "substring in tool output")]
+        done = subprocess.run([str(python), str(BENCH / "heavy_memory.py"), system, str(root), json.dumps(picked)],
+                              env=env, check=True, capture_output=True, text=True, cwd=root)
+        out[system] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
 def run(args: argparse.Namespace) -> dict:
     profile = hc.Profile(scale=args.scale, seed=args.seed)
     base = Path(args.dir) / f"scale{args.scale:g}-seed{args.seed}"
@@ -223,7 +243,8 @@ def run(args: argparse.Namespace) -> dict:
             d = driver(python, system, path, queries)
             peaks[system] = d.ask(op="peak", name="giant: whole conversation")
             d.close()
-    return {"profile": vars(profile) | {"scale": args.scale}, "meta": {k: v for k, v in meta.items()
+    memory = memory_test(agent_file, ours, base, args.memory, queries, args.agent_python) if args.memory else {}
+    return {"profile": vars(profile) | {"scale": args.scale}, "memory": memory, "meta": {k: v for k, v in meta.items()
                                                                         if not k.startswith("truth")},
             "results": results, "recall": rec, "peaks": peaks, "load": [load_before, load_after],
             "repeats": args.repeats}
@@ -266,6 +287,10 @@ def report(run_: dict) -> str:
     for system, pk in run_.get("peaks", {}).items():
         lines.append(f"\n{system}: giant conversation peak RSS {pk['after'] / 1024:.1f} MB "
                      f"(+{(pk['after'] - pk['before']) / 1024:.1f} MB over the open handle), {pk['s'] * 1000:.0f} ms")
+    for system, mem in run_.get("memory", {}).items():
+        lines.append(f"\n{system}: {mem['handles']} handles, each having searched and listed: RSS "
+                     f"{mem['after']['VmRSS'] / 1024:.1f} MB (peak {mem['after']['VmHWM'] / 1024:.1f} MB; "
+                     f"{mem['before']['VmRSS'] / 1024:.1f} MB before the first open)")
     return "\n".join(lines)
 
 
@@ -279,6 +304,8 @@ def main() -> None:
     ap.add_argument("--rebuild", action="store_true", help="build both files again")
     ap.add_argument("--move-in", action="store_true", help="copy and open hermes-agent's file again")
     ap.add_argument("--only", action="append", help="time only operations whose name holds this (repeatable)")
+    ap.add_argument("--memory", type=int, default=0, metavar="N",
+                    help="also open N copies of each file in one process and report its resident size")
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args()
     r = run(args)
