@@ -39,6 +39,11 @@ PAGE_SIZE = 8192
 # matching rows of a 1-4 KB-row table: a few thousand pages that SQLite's default cache cannot
 # hold, so every query read them again from the OS. The cache grows only as pages are read.
 CACHE_SIZE_KIB = 16384
+# SQLite's soft heap limit for the whole process, in KiB, set by the first connection when the
+# program has set none (0: never set). Many handles in one process (a gateway holding a profile
+# each) would otherwise keep up to two full caches apiece; past this limit SQLite reuses a
+# connection's own cache pages instead of taking more memory. Soft: no allocation ever fails.
+SOFT_HEAP_LIMIT_KIB = 49152
 DAY_S = 86400.0  # seconds in a day, for the day-counted policies (pruning, the idle sweep)
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar, cast
 
-from hermes_state_base import CACHE_SIZE_KIB
+from hermes_state_base import CACHE_SIZE_KIB, SOFT_HEAP_LIMIT_KIB
 from hermes_state_cjk import register_functions
 from hermes_state_common import (COUNTERS, INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
                                  SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, logger, new_uid,
@@ -118,6 +118,9 @@ def connect(path: Path, *, read_only: bool = False, read_busy_s: float = READ_BU
 
 def size_cache(conn: sqlite3.Connection) -> None:
     """Give the connection the library's page cache size; a file locked right now keeps SQLite's default."""
+    if SOFT_HEAP_LIMIT_KIB and not conn.execute("PRAGMA soft_heap_limit").fetchone()[0]:
+        # Process-wide, and only when the program has not chosen one itself (see SOFT_HEAP_LIMIT_KIB).
+        conn.execute(f"PRAGMA soft_heap_limit = {SOFT_HEAP_LIMIT_KIB * 1024}")
     try:  # SQLite reads the schema for this pragma, so it waits for a rival's exclusive lock
         conn.execute(f"PRAGMA cache_size = -{CACHE_SIZE_KIB}")
     except sqlite3.OperationalError as exc:

@@ -517,3 +517,26 @@ def test_open_rebuilds_a_dropped_title_index_without_touching_distinct_titles(tm
 def test_free_duplicate_titles_is_a_no_op_while_the_index_exists(conn):
     conn.execute("INSERT INTO sessions (id, source, started_at, title) VALUES ('x', 'cli', 1, 'T')")
     assert titles.free_duplicate_titles(conn) == []
+
+
+def _soft_heap_limit(value: int | None = None) -> int:
+    probe = sqlite3.connect(":memory:")
+    try:
+        sql = "PRAGMA soft_heap_limit" + ("" if value is None else f" = {value}")
+        return probe.execute(sql).fetchone()[0]
+    finally:
+        probe.close()
+
+
+def test_an_open_sets_a_soft_heap_limit_only_when_the_program_set_none(tmp_path):
+    import hermes_state_base
+    before = _soft_heap_limit()
+    try:
+        _soft_heap_limit(0)
+        SessionDB(tmp_path / "a.db").close()
+        assert _soft_heap_limit() == hermes_state_base.SOFT_HEAP_LIMIT_KIB * 1024
+        _soft_heap_limit(7 * 1024 * 1024)  # the program's own choice stays
+        SessionDB(tmp_path / "b.db").close()
+        assert _soft_heap_limit() == 7 * 1024 * 1024
+    finally:
+        _soft_heap_limit(before)
