@@ -273,7 +273,13 @@ def _whole_conversations(links: dict[str, str], selected: set[str], spawned: dic
     seen: set[str] = set()
     # Spawners first, so a selected delegate joins the conversation that spawned it.
     spawned_ids = {d for found in spawned.values() for d in found}
+    # Most sessions (every cron run) have no compression link and no delegate: each is a whole
+    # conversation of its own, with no walk to make.
+    linked = links.keys() | back.keys() | spawned.keys() | spawned_ids
     for sid in sorted(selected, key=lambda s: (s in spawned_ids, s)):
+        if sid not in linked:
+            groups.append([sid])
+            continue
         if sid in seen:
             continue
         chain = conversation(sid, links, back)
@@ -288,6 +294,8 @@ def _whole_conversations(links: dict[str, str], selected: set[str], spawned: dic
 def _without_live_delegates(conn: sqlite3.Connection, groups: list[list[str]], selected: set[str]) -> list[list[str]]:
     # A delegate that came along unselected must have ended: a running one keeps its conversation.
     extra = [sid for group in groups for sid in group if sid not in selected]
+    if not extra:
+        return groups
     live = {r[0] for r in conn.execute("SELECT id FROM sessions WHERE ended_at IS NULL AND id IN "
                                        "(SELECT value FROM json_each(?))", (_ids_json(extra),))}
     return [g for g in groups if not live.intersection(g)]
@@ -295,6 +303,8 @@ def _without_live_delegates(conn: sqlite3.Connection, groups: list[list[str]], s
 
 def _without_owed_work(conn: sqlite3.Connection, groups: list[list[str]]) -> Plan:
     owed = owed_work(conn, [sid for group in groups for sid in group])
+    if not owed:
+        return Plan(groups, {})
     kept = [g for g in groups if not owed.keys() & set(g)]
     for group in groups:
         if owed.keys() & set(group):
