@@ -223,8 +223,12 @@ def _stitched(conn: sqlite3.Connection, session_id: str, include_ancestors: bool
         # Repeated prompts collapse in the ancestors and across each seam (a prompt re-sent on
         # resume); inside the session itself a repeat is the user's own and stays.
         collapse = include_ancestors
-        for r in row_dicts(conn.execute(sql, (sid,))):
-            msg = projector.message(r)
+        # Row by row, not fetched whole: only the conversation is held, never a second copy of
+        # the session as raw rows beside it (a 33,000-message session is tens of megabytes).
+        cur = conn.execute(sql, (sid,))
+        names = [d[0] for d in cur.description]
+        for row in cur:
+            msg = projector.message(dict(zip(names, row)))
             if msg["message_uid"] in seen:
                 continue  # a rotation copy of a message an ancestor already replayed
             repeated = collapse and _repeats_prompt(msg, out[-1][1] if out else None)
