@@ -536,7 +536,7 @@ def test_a_piece_holding_whole_words_finds_every_row_holding_it(db, index_queue,
         return " " + " ".join(re.findall("[a-z0-9]+", text.lower())) + " "
     # the rows holding it as a substring, and those holding its words in a row (the word index's phrase)
     truth = {i for i, text in ids.items() if piece.lower() in text.lower() or words(piece) in words(text)}
-    query = f'"{piece}"' if " " in piece else piece
+    query = f'"{piece}"' if " " in piece or piece.startswith("-") else piece  # a bare leading - excludes
     with db.tracer() as trace:
         assert {h["id"] for h in db.search_messages(query, limit=50)} == truth
     if search.in_word_phrase(piece) is not None:  # candidates from the word index, not the trigrams
