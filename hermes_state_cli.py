@@ -202,13 +202,14 @@ class _JsonStream:
             return value
 
 
-def iter_documents(source: BinaryIO, name: str) -> Iterator[Any]:
+def iter_documents(source: BinaryIO, name: str, stream: _JsonStream | None = None) -> Iterator[Any]:
     """Yield the documents of an export file one at a time: JSON Lines, one JSON document, or one JSON list.
 
     Memory holds one document (and a few reads of text) whatever the file's size. Text that is not
     UTF-8 or not JSON raises ValueError naming `name` and the place, when the reader gets there.
+    `stream` (a reader of `source` made by the caller) lets the caller see how far it has read.
     """
-    stream = _JsonStream(source, name)
+    stream = stream or _JsonStream(source, name)
     if stream.peek() == "\ufeff":  # a byte order mark some editors write
         stream.pos += 1
     while (head := stream.peek()) != "":
@@ -283,12 +284,20 @@ def cmd_import(args: argparse.Namespace) -> int:
             _import_target(args) as db:
         # strict: a problem anywhere is this command's error (exit 1), and nothing is imported. The
         # report names the first few sessions of each outcome and counts them all: memory stays flat.
+        total = None if args.file == "-" else Path(args.file).stat().st_size
+        progress = render.Progress("importing", unit="bytes")
+        stream = _JsonStream(source, args.file)
+
+        def documents() -> Iterator[Any]:
+            for document in iter_documents(source, args.file, stream):
+                progress.update(stream.bytes_read, total)
+                yield document
         try:
-            report = db.import_sessions(iter_documents(source, args.file), on_conflict=args.on_conflict, strict=True,
-                                        max_ids=REPORT_IDS)
+            report = db.import_sessions(documents(), on_conflict=args.on_conflict, strict=True, max_ids=REPORT_IDS)
         except ImportConflictError as exc:  # the library names its argument; the user typed a flag
             raise ImportConflictError(re.sub(r"on_conflict='(\w+)'", r"--on-conflict \1",
                                              str(exc).replace("' or '", "' or on_conflict='"))) from None
+        progress.done(f"{report.imported_count + report.replaced_count:,} sessions")
     emit(args, _plain(report), lambda _: _import_lines(report, args.file))
     return 0
 
@@ -351,7 +360,9 @@ def cmd_recover(args: argparse.Namespace) -> int:
     if not source.is_file():
         raise HermesStateError(f"{source} does not exist or is not a file")
     commands.check_new_file(Path(args.target), "recover")
-    report = recovery.recover(source, Path(args.target))
+    target = Path(args.target).expanduser().absolute()
+    report = commands.with_progress("recovering", lambda: recovery.recover(source, target),
+                                    commands.growing_file(target, source.stat().st_size), unit="bytes")
     _report(args, report, f"recovered {source} into {args.target}")
     if not report.complete:  # `recover a b && mv b a` must not go on after a loss
         print(f"hermes-state: the recovered copy is not complete: {len(report.losses)} loss(es), listed above",
@@ -367,7 +378,9 @@ def cmd_backup(args: argparse.Namespace) -> int:
         target = target / commands.db_path(args).name
     commands.check_new_file(target, "backup")
     with open_db(args) as db:
-        result = db.backup(target)
+        whole = target.expanduser().absolute()
+        result = commands.with_progress("backing up", lambda: db.backup(target),
+                                        commands.growing_file(whole, db.db_path.stat().st_size), unit="bytes")
     _report(args, {"target": str(result)}, f"backed up to {result}")
     return 0
 
@@ -443,10 +456,24 @@ def _fill_demo(db) -> None:
     db.append_message("demo_cron", "user", "Summarise today's error logs (50% disk alert on alice@example.com's host)")
 
 
+def _demo_home(args: argparse.Namespace) -> str:
+    # `demo --keep` keeps its samples where the user's HERMES_HOME (as set when the command
+    # started) points, so that the next commands see them; never in a home that holds a store.
+    given = args.hermes_home if args.keep else None
+    if not given:
+        return tempfile.mkdtemp(prefix="hermes-demo-")
+    home = Path(given).expanduser()
+    if (home / "state.db").exists():
+        raise HermesStateError(f"HERMES_HOME is {home}, which holds a store already: demo --keep fills only a "
+                               "new home (unset HERMES_HOME for a throw-away one)")
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return str(home)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Fill a throw-away HERMES_HOME with sample sessions and show what the library holds."""
     from hermes_state import SessionDB
-    home = tempfile.mkdtemp(prefix="hermes-demo-")
+    home = _demo_home(args)
     try:
         with hermes_home_override(home), SessionDB() as db:
             _fill_demo(db)
@@ -716,6 +743,7 @@ _SESSIONS_PARSER: list[argparse.ArgumentParser] = []  # ... and of `sessions`
 
 def _parse(argv: list[str]) -> argparse.Namespace | None:
     # The parsed command with the global options set on it, its profile applied; None for --version.
+    hermes_home = os.environ.get("HERMES_HOME")  # as the user set it, before a profile is applied
     found, rest = split_globals(argv)
     if found.get("version"):
         import hermes_state
@@ -736,6 +764,7 @@ def _parse(argv: list[str]) -> argparse.Namespace | None:
         _apply_profile_override(["hermes-state"])  # the active profile, unless HERMES_HOME chose one
     for key in ("db", "json", "nl", "csv", "epoch", "debug"):
         setattr(args, key, found.get(key))
+    args.hermes_home = hermes_home
     _check_flags(args, found)
     return args
 

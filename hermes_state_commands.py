@@ -554,7 +554,7 @@ def cmd_fts(args: argparse.Namespace) -> int:
         if args.action == "status":
             data = db.fts_rebuild_status()
         else:
-            data = _with_progress("rebuilding the search index", db.rebuild_fts,
+            data = with_progress("rebuilding the search index", db.rebuild_fts,
                                   lambda: _indexed_of_total(db.fts_rebuild_status()))
     emit(args, data, lambda d: "\n".join(render.plain(d, indent="")))
     return 0
@@ -564,9 +564,18 @@ def _indexed_of_total(status: dict[str, Any]) -> tuple[int, int | None]:
     return int(status["indexed"]), int(status["total"])
 
 
-def _with_progress(label: str, work: Callable[[], Any], poll: Callable[[], tuple[int, int | None]]) -> Any:
+def growing_file(target: Path, total: int | None) -> Callable[[], tuple[int, int | None]]:
+    """Return a poll of how far a copy being written under `target`'s temporary name has got (bytes of `total`)."""
+    def poll() -> tuple[int, int | None]:
+        sizes = [p.stat().st_size for p in target.parent.glob(f"{target.name}.partial-*") if p.is_file()]
+        return (max(sizes) if sizes else (target.stat().st_size if target.exists() else 0)), total
+    return poll
+
+
+def with_progress(label: str, work: Callable[[], Any], poll: Callable[[], tuple[int, int | None]],
+                  unit: str = "") -> Any:
     """Run `work` while a progress line (on a terminal) shows what `poll` reports."""
-    progress = render.Progress(label)
+    progress = render.Progress(label, unit=unit)
     if not progress.enabled:
         return work()
     result: list[Any] = []
@@ -582,7 +591,7 @@ def _with_progress(label: str, work: Callable[[], Any], poll: Callable[[], tuple
     while worker.is_alive():
         try:
             progress.update(*poll())
-        except HermesStateError:
+        except (HermesStateError, OSError):  # the thing polled is not there yet, or gone already
             pass
         worker.join(0.2)
     if failure:

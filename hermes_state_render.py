@@ -309,22 +309,32 @@ def as_csv(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
 # --- progress ----------------------------------------------------------------------------------
 
 class Progress:
-    """Progress of long work on stderr, redrawn in place; silent when stderr is not a terminal."""
+    """Progress of long work on stderr, redrawn in place, with the total and the rate; silent when stderr is not a terminal.
 
-    def __init__(self, label: str, stream: TextIO | None = None):
+    `unit="bytes"` shows amounts in MB.
+    """
+
+    def __init__(self, label: str, stream: TextIO | None = None, unit: str = "", started: float | None = None):
         self.label = label
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty()
+        self.unit = unit
         self._last = 0.0
+        self.started = time.monotonic() if started is None else started  # the rate counts from here
+
+    def _amount(self, value: float) -> str:
+        return f"{value / 1e6:,.1f} MB" if self.unit == "bytes" else f"{value:,.0f}"
 
     def update(self, done: int, total: int | None = None) -> None:
-        """Show `done` (of `total`), at most ten times a second."""
+        """Show `done` (of `total`) and the rate so far, at most ten times a second."""
         if not self.enabled or time.monotonic() - self._last < 0.1:
             return
         self._last = time.monotonic()
         share = f" ({100 * done / total:.0f}%)" if total else ""
-        of = f" of {total:,}" if total else ""
-        self.stream.write(f"\r{self.label}: {done:,}{of}{share}\x1b[K")
+        of = f" of {self._amount(total)}" if total else ""
+        elapsed = self._last - self.started
+        rate = f", {self._amount(done / elapsed)}/s" if elapsed > 0.5 and done else ""
+        self.stream.write(f"\r{self.label}: {self._amount(done)}{of}{share}{rate}\x1b[K")
         self.stream.flush()
 
     def done(self, message: str = "") -> None:

@@ -127,3 +127,53 @@ def test_zsh_and_fish_scripts(store):
         if shutil.which(shell):
             assert subprocess.run([shell, "-n"], input=text, text=True).returncode == 0
     assert run(store, "completion", "tcsh").returncode == 2
+
+
+def test_long_work_shows_progress_on_a_terminal_only(store, tmp_path):
+    export = tmp_path / "all.jsonl"
+    assert run(store, "sessions", "export", "-o", str(export)).returncode == 0
+    cases = [("backing up", ["backup", str(tmp_path / "copy.db")]),
+             ("recovering", ["recover", str(store / "state.db"), str(tmp_path / "rescued.db")]),
+             ("importing", ["--db", str(tmp_path / "fresh.db"), "sessions", "import", str(export)])]
+    for label, argv in cases:
+        seen = run_in_terminal(store, *argv)
+        assert f"{label}: " in seen and " MB" in seen, (label, seen)
+    for label, argv in cases:
+        for path in (tmp_path / "copy.db", tmp_path / "rescued.db", tmp_path / "fresh.db"):
+            path.unlink(missing_ok=True)
+        piped = run(store, *argv)
+        assert piped.returncode == 0 and label not in piped.stderr, (label, piped.stderr)
+    assert "(100%)" in render_line(1000, 1000) and "MB/s" in render_line(10**7, 2 * 10**7, elapsed=2.0)
+
+
+def render_line(done: int, total: int, elapsed: float = 0.0) -> str:
+    import io
+    import hermes_state_render as render
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+    out = Terminal()
+    import time
+    progress = render.Progress("copying", stream=out, unit="bytes", started=time.monotonic() - elapsed)
+    progress.update(done, total)
+    return out.getvalue()
+
+
+def test_demo_keep_fills_the_home_hermes_home_names_and_never_one_with_a_store(tmp_path):
+    home = tmp_path / "fresh-home"
+    env = {**os.environ, "HERMES_HOME": str(home)}
+    kept = subprocess.run([sys.executable, "-m", "hermes_state_cli", "demo", "--keep"], capture_output=True,
+                          text=True, env=env)
+    assert kept.returncode == 0 and f"HERMES_HOME={home} hermes-state sessions list" in kept.stdout
+    listed = subprocess.run([sys.executable, "-m", "hermes_state_cli", "sessions", "list"], capture_output=True,
+                            text=True, env=env)
+    assert "demo_tokyo" in listed.stdout
+    before = (home / "state.db").read_bytes()
+    again = subprocess.run([sys.executable, "-m", "hermes_state_cli", "demo", "--keep"], capture_output=True,
+                           text=True, env=env)
+    assert again.returncode == 1 and "holds a store already" in again.stderr
+    assert (home / "state.db").read_bytes() == before
+    throwaway = subprocess.run([sys.executable, "-m", "hermes_state_cli", "demo"], capture_output=True, text=True,
+                               env=env)
+    assert throwaway.returncode == 0 and str(home) not in throwaway.stdout  # without --keep: a new temporary home
