@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+from contextlib import contextmanager
 import hashlib
 import os
 import re
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import datasette.version
 import pytest
@@ -368,16 +370,26 @@ def browse(browser: str, profile: Path, url: str, *flags: str) -> str:
     return out.decode("utf-8")
 
 
-def test_pages_render_in_headless_chromium(store, tmp_path):
-    browser = chromium()
-    before = digest(store)
-    port, log = free_port(), tmp_path / "serve.log"
+@contextmanager
+def serving(path: Path, log: Path) -> Iterator[int]:
+    """Run `hermes-state serve` on `path` at a free port (its output in `log`); yield the port, then stop it."""
+    port = free_port()
     with log.open("wb") as out:
-        server = subprocess.Popen([sys.executable, "-m", "hermes_state_cli", "serve", "--db", str(store),
+        server = subprocess.Popen([sys.executable, "-m", "hermes_state_cli", "serve", "--db", str(path),
                                    "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
                                   start_new_session=True)
     try:
         wait_for_port(port, server, log)
+        yield port
+    finally:
+        stop(server)
+
+
+def test_pages_render_in_headless_chromium(store, tmp_path):
+    browser = chromium()
+    before = digest(store)
+    log = tmp_path / "serve.log"
+    with serving(store, log) as port:
         base, profile = f"http://127.0.0.1:{port}/-/hermes/state", tmp_path / "chromium-profile"
         dom = browse(browser, profile, f"{base}/session/s_build", "--dump-dom")
         body = re.search(r"<body[^>]*>", dom).group(0)
@@ -397,8 +409,6 @@ def test_pages_render_in_headless_chromium(store, tmp_path):
                 "--hide-scrollbars")
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
         assert "Serving" in log.read_text() and "127.0.0.1" in log.read_text()
-    finally:
-        stop(server)
     assert digest(store) == before
 
 

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import re
 import sqlite3
-import subprocess
-import sys
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -14,7 +12,7 @@ import pytest
 import hermes_state_chart as chart
 import hermes_state_web as web
 from hermes_state import SessionDB
-from test_web import browse, chromium, content, digest, free_port, get, stop, wait_for_port
+from test_web import browse, chromium, content, digest, get, serving
 
 DAY = 86400.0
 MARKDOWN = ("Run this:\n\n```sh\ndocker system prune\n```\n\n- first **bold** item\n- second\n\n"
@@ -107,12 +105,7 @@ def test_ids_do_not_wrap_untitled_sessions_look_untitled_and_messages_link_to_th
 def test_the_chart_and_markdown_in_headless_chromium(usage_store, tmp_path):
     browser = chromium()
     before = digest(usage_store)
-    port, log = free_port(), tmp_path / "serve.log"
-    with log.open("wb") as out:
-        server = subprocess.Popen([sys.executable, "-m", "hermes_state_cli", "serve", "--db", str(usage_store),
-                                   "--port", str(port)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_for_port(port, server, log)
+    with serving(usage_store, tmp_path / "serve.log") as port:
         base, profile = f"http://127.0.0.1:{port}/-/hermes/state", tmp_path / "chromium-profile"
         dom = browse(browser, profile, base, "--dump-dom")
         assert len(_bars(dom)) == 3 and '<svg class="hs-chart"' in dom
@@ -122,6 +115,4 @@ def test_the_chart_and_markdown_in_headless_chromium(usage_store, tmp_path):
         shot = tmp_path / "usage.png"
         browse(browser, profile, base, f"--screenshot={shot}", "--window-size=1100,700", "--hide-scrollbars")
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
-    finally:
-        stop(server)
     assert digest(usage_store) == before
