@@ -394,7 +394,9 @@ def cmd_restore(args: argparse.Namespace) -> int:
     if path.exists() and Path(args.source).resolve() == path.resolve():
         raise HermesStateError(f"{args.source} is the database itself; restore from a backup copy of it")
     with SessionDB(path) as db:
-        db.restore(args.source)
+        total = Path(args.source).stat().st_size  # the pages it copies go through the live file's WAL
+        commands.with_progress("restoring", lambda: db.restore(args.source),
+                               commands.files_growing(total, Path(f"{db.db_path}-wal")), unit="bytes")
     _report(args, {"restored": str(path), "source": args.source}, f"restored {path} from {args.source}")
     return 0
 
@@ -403,9 +405,16 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     """Upgrade an existing older database now, writing a consistent copy of it first (unless --no-backup)."""
     from hermes_state import SessionDB
     path = existing_db(args)
-    with SessionDB(path, backup_before_upgrade=not args.no_backup) as db:
-        data = {"path": str(path), "schema_version": db.schema_version,
-                "backup": str(db.upgrade_backup) if db.upgrade_backup else None, "mode_changes": db.mode_changes}
+
+    def upgrade() -> dict[str, Any]:
+        with SessionDB(path, backup_before_upgrade=not args.no_backup) as db:
+            return {"path": str(path), "schema_version": db.schema_version,
+                    "backup": str(db.upgrade_backup) if db.upgrade_backup else None, "mode_changes": db.mode_changes}
+    # The copy written first (under a temporary name, then its own), then the upgrade's writes to the WAL.
+    size = path.stat().st_size
+    watched = [Path(f"{path}-wal")] + ([] if args.no_backup else [path.with_name(f"{path.name}.pre-v*.bak*")])
+    data = commands.with_progress("upgrading", upgrade,
+                                  commands.files_growing(size * len(watched), *watched), unit="bytes")
     emit(args, data, lambda d: f"{display_hermes_home(d['path'])} is at schema v{d['schema_version']}"
                                + (f"; the file before the upgrade is {d['backup']}" if d["backup"] else "")
                                + "".join(f"\nchanged {c}" for c in d["mode_changes"]))
@@ -416,7 +425,10 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
     """Give free pages back to the file system (writers wait while it runs)."""
     with open_db(args, write=True) as db:
         before = db.db_path.stat().st_size
-        result = db.vacuum()
+        # SQLite rewrites into a hidden temporary file, then copies the result back through the WAL:
+        # the line moves during the copy back.
+        result = commands.with_progress("vacuuming", db.vacuum,
+                                        commands.files_growing(before, Path(f"{db.db_path}-wal")), unit="bytes")
         after = db.db_path.stat().st_size
     data = {"bytes_before": before, "bytes_after": after, **(result or {})}
     emit(args, data, lambda d: f"{render.number(d['bytes_before'])} -> {render.number(d['bytes_after'])} bytes")

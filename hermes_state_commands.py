@@ -554,21 +554,55 @@ def cmd_fts(args: argparse.Namespace) -> int:
         if args.action == "status":
             data = db.fts_rebuild_status()
         else:
-            data = with_progress("rebuilding the search index", db.rebuild_fts,
-                                  lambda: _indexed_of_total(db.fts_rebuild_status()))
+            data = with_progress("rebuilding the search index", db.rebuild_fts, _rebuilt_of_total(db), unit="rows")
     emit(args, data, lambda d: "\n".join(render.plain(d, indent="")))
     return 0
 
 
-def _indexed_of_total(status: dict[str, Any]) -> tuple[int, int | None]:
-    return int(status["indexed"]), int(status["total"])
+def _rebuilt_of_total(db: Any) -> Callable[[], tuple[int, int | None]]:
+    # Until the rebuild has begun, the status still says the old index is whole: count from 0.
+    begun = False
+
+    def poll() -> tuple[int, int | None]:
+        nonlocal begun
+        status = db.fts_rebuild_status()
+        begun = begun or bool(status["in_progress"])
+        return (int(status["indexed"]) if begun else 0), int(status["total"])
+    return poll
 
 
 def growing_file(target: Path, total: int | None) -> Callable[[], tuple[int, int | None]]:
     """Return a poll of how far a copy being written under `target`'s temporary name has got (bytes of `total`)."""
     def poll() -> tuple[int, int | None]:
         sizes = [p.stat().st_size for p in target.parent.glob(f"{target.name}.partial-*") if p.is_file()]
-        return (max(sizes) if sizes else (target.stat().st_size if target.exists() else 0)), total
+        done = max(sizes) if sizes else (target.stat().st_size if target.exists() else 0)
+        return (min(done, total) if total else done), total  # a copy that rebuilds indexes may outgrow its source
+    return poll
+
+
+def files_growing(total: int | None, *patterns: Path) -> Callable[[], tuple[int, int | None]]:
+    """Return a poll of the bytes files matching `patterns` (globs) gained since the poll was made, of `total`.
+
+    For work that writes through SQLite into a file one can watch: a database's WAL (restore,
+    vacuum, an upgrade) or a copy appearing beside it. A WAL the work reuses shows growth only
+    past its old size: the line is a hint of how far the work has got, never more than `total`.
+    """
+    def sizes() -> dict[Path, int]:
+        found = {}
+        for pattern in patterns:
+            for path in pattern.parent.glob(pattern.name):
+                try:
+                    found[path] = path.stat().st_size
+                except OSError:  # gone between the listing and the look
+                    pass
+        return found
+    before = sizes()
+    most = 0  # a WAL folded back into the file shrinks again: the line never goes backwards
+
+    def poll() -> tuple[int, int | None]:
+        nonlocal most
+        most = max(most, sum(max(size - before.get(path, 0), 0) for path, size in sizes().items()))
+        return (min(most, total) if total else most), total
     return poll
 
 
@@ -587,13 +621,17 @@ def with_progress(label: str, work: Callable[[], Any], poll: Callable[[], tuple[
         except BaseException as exc:  # re-raised in the caller's thread
             failure.append(exc)
     worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    while worker.is_alive():
+
+    def show() -> None:
         try:
             progress.update(*poll())
         except (HermesStateError, OSError):  # the thing polled is not there yet, or gone already
             pass
+    show()  # a first line at once (nothing done yet), so that short work is seen too
+    worker.start()
+    while worker.is_alive():
         worker.join(0.2)
+        show()
     if failure:
         raise failure[0]
     progress.done()

@@ -311,7 +311,7 @@ def as_csv(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
 class Progress:
     """Progress of long work on stderr, redrawn in place, with the total and the rate; silent when stderr is not a terminal.
 
-    `unit="bytes"` shows amounts in MB.
+    `unit="bytes"` shows amounts in MB; another unit ("rows") follows the total and the rate.
     """
 
     def __init__(self, label: str, stream: TextIO | None = None, unit: str = "", started: float | None = None):
@@ -322,8 +322,10 @@ class Progress:
         self._last = 0.0
         self.started = time.monotonic() if started is None else started  # the rate counts from here
 
-    def _amount(self, value: float) -> str:
-        return f"{value / 1e6:,.1f} MB" if self.unit == "bytes" else f"{value:,.0f}"
+    def _amount(self, value: float, unit: bool = True) -> str:
+        if self.unit == "bytes":
+            return f"{value / 1e6:,.1f} MB"
+        return f"{value:,.0f}" + (f" {self.unit}" if unit and self.unit else "")
 
     def update(self, done: int, total: int | None = None) -> None:
         """Show `done` (of `total`) and the rate so far, at most ten times a second."""
@@ -334,11 +336,12 @@ class Progress:
         of = f" of {self._amount(total)}" if total else ""
         elapsed = self._last - self.started
         rate = f", {self._amount(done / elapsed)}/s" if elapsed > 0.5 and done else ""
-        self.stream.write(f"\r{self.label}: {self._amount(done)}{of}{share}{rate}\x1b[K")
+        self.stream.write(f"\r{self.label}: {self._amount(done, unit=not total)}{of}{share}{rate}\x1b[K")
         self.stream.flush()
 
     def done(self, message: str = "") -> None:
         """End the progress line (with a last message)."""
         if self.enabled:
-            self.stream.write(f"\r{self.label}: {message or 'done'}\x1b[K\n")
+            took = time.monotonic() - self.started
+            self.stream.write(f"\r{self.label}: {message or 'done'} in {took:.1f} s\x1b[K\n")
             self.stream.flush()

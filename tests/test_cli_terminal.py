@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -144,6 +146,55 @@ def test_long_work_shows_progress_on_a_terminal_only(store, tmp_path):
         piped = run(store, *argv)
         assert piped.returncode == 0 and label not in piped.stderr, (label, piped.stderr)
     assert "(100%)" in render_line(1000, 1000) and "MB/s" in render_line(10**7, 2 * 10**7, elapsed=2.0)
+
+
+def test_restore_vacuum_and_migrate_show_progress_on_a_terminal_only(store, tmp_path):
+    import gzip
+    copy = tmp_path / "copy.db"
+    assert run(store, "backup", str(copy)).returncode == 0
+    older = tmp_path / "agent.db"  # a hermes-agent 0.19.0 file: migrate upgrades it, copying it first
+    fixture = Path(__file__).parent / "fixtures" / "hermes_agent_0.19.0.db.gz"
+    cases = [("restoring", ["restore", str(copy)]), ("vacuuming", ["vacuum"]),
+             ("upgrading", ["--db", str(older), "migrate"])]
+    for piped in (False, True):
+        for label, argv in cases:
+            older.write_bytes(gzip.decompress(fixture.read_bytes()))
+            for old in tmp_path.glob("agent.db?*"):
+                old.unlink()
+            if piped:
+                done = run(store, *argv)
+                assert done.returncode == 0 and label not in done.stderr, (label, done.stderr)
+            else:
+                seen = run_in_terminal(store, *argv)
+                assert re.search(rf"{label}: [0-9.,]+ MB of [0-9.,]+ MB \(\d+%\)", seen), (label, seen)
+                assert re.search(rf"{label}: done in \d+\.\d s", seen) and "Traceback" not in seen, (label, seen)
+    assert "demo_tokyo" in run(store, "sessions", "list").stdout  # the restored store is whole
+    assert list(tmp_path.glob("agent.db.pre-v*.bak")), "migrate wrote its copy first"
+    missing = run_in_terminal(store, "restore", str(tmp_path / "nothing.db"))
+    assert "does not exist" in missing and "restoring" not in missing  # refused before any work starts
+
+
+def test_the_progress_of_a_file_written_counts_only_new_bytes_and_never_goes_back(tmp_path):
+    wal, copies = tmp_path / "state.db-wal", tmp_path / "state.db.pre-v31-x.bak*"
+    wal.write_bytes(b"x" * 100)  # a WAL left from before: its old bytes are not this work's
+    poll = commands.files_growing(1000, wal, copies)
+    assert poll() == (0, 1000)
+    wal.write_bytes(b"x" * 400)
+    (tmp_path / "state.db.pre-v31-x.bak.partial-1-abcdef12").write_bytes(b"y" * 200)
+    assert poll() == (500, 1000)
+    wal.write_bytes(b"")  # folded back into the file: the line stays where it got to
+    assert poll() == (500, 1000)
+    wal.write_bytes(b"x" * 5000)
+    assert poll() == (1000, 1000)  # never past the total
+    assert commands.files_growing(None, tmp_path / "missing-*")() == (0, None)
+
+
+def test_a_failure_during_work_with_progress_is_the_commands_error(store, tmp_path):
+    damaged = tmp_path / "damaged.db"
+    damaged.write_bytes(b"SQLite format 3\x00" + b"\xff" * 8192)  # a header, then garbage
+    seen = run_in_terminal(store, "restore", str(damaged))
+    assert "hermes-state:" in seen and "Traceback" not in seen, seen
+    assert "demo_tokyo" in run(store, "sessions", "list").stdout  # nothing was replaced
 
 
 def render_line(done: int, total: int, elapsed: float = 0.0) -> str:

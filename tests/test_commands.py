@@ -155,13 +155,14 @@ def test_init_creates_and_demo_keep_leaves_a_home_to_explore(tmp_path):
     created = run(home, "init", "--json")
     assert created.returncode == 0 and json.loads(created.stdout)["created"] is True
     assert json.loads(run(home, "init", "--json").stdout)["created"] is False
-    demo = run(home, "demo", "--keep")
+    before = (home / "state.db").read_bytes()
+    refused = run(home, "demo", "--keep")  # the samples never go into a home that holds a store
+    assert refused.returncode == 1 and "holds a store already" in refused.stderr
+    assert (home / "state.db").read_bytes() == before
+    demo = run(tmp_path / "new-home", "demo", "--keep")
     kept = demo.stdout.split("HERMES_HOME=")[1].split()[0]
-    try:
-        assert "demo_tokyo" in run(Path(kept), "sessions", "list").stdout
-    finally:
-        import shutil
-        shutil.rmtree(kept, ignore_errors=True)
+    assert Path(kept) == tmp_path / "new-home"
+    assert "demo_tokyo" in run(Path(kept), "sessions", "list").stdout
 
 
 def test_a_closed_pipe_ends_quietly(filled):
