@@ -549,8 +549,9 @@ EXAMPLES = {
               "sessions stats --by month --group source --json"],
     "recover": ["recover state.db rescued.db && mv rescued.db state.db   # only when nothing was lost",
                 "recover state.db rescued.db --json"],
-    "backup": ["backup ~/backups/state-$(date +%F).db", "--profile coder backup coder.db"],
-    "restore": ["restore ~/backups/state-2026-11-30.db"],
+    "backup": ["backup ~/backups/state-$(date +%F).db", "backup ~/backups/          # keeps the name: state.db",
+               "--profile coder backup coder.db"],
+    "restore": ["restore ~/backups/state-2026-11-30.db", "--profile coder restore coder.db"],
     "doctor": ["doctor", "doctor --full --json"],
     "fts": ["fts status", "fts rebuild"],
     "init": ["init", "--profile coder init", "--db other.db init --force"],
@@ -603,8 +604,9 @@ def _command(sub: Any, name: str, func: Any, help_text: str, extra: str = "") ->
 
 def _since_until(p: argparse.ArgumentParser, what: str) -> None:
     when = "7d, 12h, 3mo, 1y, today, yesterday, 2026-11-01 or epoch seconds"
-    p.add_argument("--since", type=parse_when, metavar="WHEN", help=f"{what} at or after WHEN ({when})")
-    p.add_argument("--until", type=parse_when, metavar="WHEN", help=f"{what} before WHEN")
+    p.add_argument("--since", type=parse_when, metavar="WHEN",
+                   help=f"{what} at or after WHEN ({when}; default: from the first)")
+    p.add_argument("--until", type=parse_when, metavar="WHEN", help=f"{what} before WHEN (default: up to now)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -621,13 +623,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(ssub, "list", commands.cmd_list, "sessions, most recently active first")
     p.add_argument("-n", "--limit", type=non_negative, default=20, help="how many sessions to show; 0 shows all")
     p.add_argument("--offset", type=non_negative, default=0, help="skip this many first (for the next page)")
-    p.add_argument("--source", help="only sessions from this source (cli, telegram, cron, ...; any case)")
-    p.add_argument("--model", help="only sessions of this model (openai/gpt-5, or gpt-5 after any provider)")
+    p.add_argument("--source",
+                   help="only sessions from this source (cli, telegram, cron, ...; any case; default: every source)")
+    p.add_argument("--model",
+                   help="only sessions of this model (openai/gpt-5, or gpt-5 after any provider; default: every model)")
     _since_until(p, "active")
     p.add_argument("--archived", action="store_true", help="include archived sessions")
     p = _command(ssub, "show", commands.cmd_show, "one session and its transcript")
     p.add_argument("session_id", help="the session's id, or a unique prefix of it")
-    p.add_argument("--tail", type=non_negative, metavar="N", help="only the last N messages (0: all)")
+    p.add_argument("--tail", type=non_negative, metavar="N", help="only the last N messages (0: all; default: all)")
     p.add_argument("--full", action="store_true", help="every message whole, with tool calls and reasoning (Markdown)")
     p.add_argument("--no-pager", action="store_true", help="print straight to the terminal, without $PAGER (less)")
     p = _command(ssub, "search", commands.cmd_search, "full-text search (words, CJK, substrings)", QUERY_SYNTAX)
@@ -635,17 +639,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("query", nargs="+", help="what to look for (see the query syntax below)")
     p.add_argument("-n", "--limit", type=non_negative, default=20, help="how many hits to show; 0 shows all")
     p.add_argument("--offset", type=non_negative, default=0, help="skip this many first (for the next page)")
-    p.add_argument("--source", action="append", help="only these sources (repeatable; any case)")
-    p.add_argument("--role", action="append", choices=commands.ROLES, help="only these roles (repeatable)")
-    p.add_argument("--model", help="only sessions of this model (openai/gpt-5, or gpt-5 after any provider)")
+    p.add_argument("--source", action="append",
+                   help="only these sources (repeatable; any case; default: every source)")
+    p.add_argument("--role", action="append", choices=commands.ROLES,
+                   help="only these roles (repeatable; default: every role)")
+    p.add_argument("--model",
+                   help="only sessions of this model (openai/gpt-5, or gpt-5 after any provider; default: every model)")
     _since_until(p, "messages written")
     p.add_argument("--reasoning", action="store_true", help="search the models' reasoning too")
     p = _command(ssub, "export", cmd_export, "sessions as JSON Lines (one per line)")
     p.add_argument("session_ids", nargs="*", metavar="SESSION_ID", help="these sessions (ids or unique prefixes); "
                    "none: every session")
-    p.add_argument("--source", help="only sessions from this source")
-    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (replaced only once complete) instead of "
-                   "stdout")
+    p.add_argument("--source", help="only sessions from this source (default: every source)")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (replaced only once complete; "
+                   "default: stdout)")
     p = _command(ssub, "import", cmd_import, "sessions from an export file ('-' for stdin)")
     p.add_argument("file", help="an export: JSON Lines, one JSON document or a list ('-': stdin)")
     p.add_argument("--on-conflict", choices=["skip", "replace", "error"], default="skip",
@@ -658,13 +665,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="say what would be deleted; change nothing")
     p = _command(ssub, "prune", cmd_prune, "delete ended sessions older than an age")
     p.add_argument("--older-than", type=age, required=True, metavar="AGE", help="30d, 12h, 2w, or a number of days")
-    p.add_argument("--source", help="only sessions from this source")
+    p.add_argument("--source", help="only sessions from this source (default: every source)")
     p.add_argument("--dry-run", action="store_true", help="list what would be deleted; change nothing")
     p = _command(ssub, "stats", commands.cmd_stats, "usage and cost per model, largest sessions")
     p.add_argument("--by", choices=["day", "week", "month"], help="one row per period (of the sessions' start) "
-                   "and model or source, with a bar on a terminal")
+                   "and model or source, with a bar on a terminal (default: totals per model)")
     p.add_argument("--group", choices=["model", "source"], default="model", help="what the rows are per")
-    p.add_argument("--source", action="append", help="only these sources (repeatable; any case)")
+    p.add_argument("--source", action="append",
+                   help="only these sources (repeatable; any case; default: every source)")
     _since_until(p, "sessions started")
     p = _command(sub, "recover", cmd_recover, "copy what is readable of a damaged database into a new file")
     p.add_argument("source", help="the damaged database (never written)")

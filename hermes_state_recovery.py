@@ -58,7 +58,8 @@ def _built_atomically(target: Path) -> Iterator[Path]:
     # The body fills a new private file under a temporary name; only a complete file takes the
     # target's name, and a failure leaves nothing behind.
     partial = catalogue.partial_path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.parent.is_dir():  # as open() and the command line: no folder is made on the way
+        raise FileNotFoundError(f"{target.parent} does not exist: create the folder first, or write the copy elsewhere")
     _private_new_file(partial)
     try:
         yield partial

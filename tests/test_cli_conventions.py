@@ -179,6 +179,20 @@ def test_backup_and_recover_never_create_directories(hermes_home, tmp_path, caps
     assert not (tmp_path / "nope").exists()
 
 
+def test_the_library_agrees_with_the_command_line_on_a_missing_folder(hermes_home, tmp_path):
+    from hermes_state_recovery import recover
+    with SessionDB() as db:
+        db.create_session("keep", "cli")
+        with pytest.raises(FileNotFoundError, match="does not exist: create the folder first"):
+            db.backup(tmp_path / "nope" / "x.db")
+        made = tmp_path / "made"
+        made.mkdir()
+        assert db.backup(made / "x.db") == made / "x.db"  # an existing folder is all it needs
+    with pytest.raises(FileNotFoundError, match="create the folder first"):
+        recover(hermes_home / "state.db", tmp_path / "nope" / "y.db")
+    assert not (tmp_path / "nope").exists() and [p.name for p in made.iterdir()] == ["x.db"]
+
+
 def test_restore_onto_the_live_file_itself_is_refused(hermes_home, capsys):
     with SessionDB() as db:
         db.create_session("keep", "cli")
