@@ -4,11 +4,13 @@ Owns: turning caller fields (keyword arguments, a `get_messages` row or a conver
 into `messages` column values, issuing `message_uid`s and tool-call uids and pairing tool
 results with their call, inserting rows while keeping the session's counters, queueing each new
 row for its batch of index work (`reserve_id`, `after_insert`, `BATCH_ROWS`), reading raw rows,
-merging same-role turns, whole-transcript rewrites, and the transcript guard
+merging same-role turns, whole-transcript rewrites, a message copied into a generation
+(`message_list`: one message_uid at most once; `with_stored_fields`: what a conversation dict
+drops, from the stored row of its uid), and the transcript guard
 (`check_transcript_writable`, and `write_transcript`, which retries once after a compression).
 Does not own: the session row's rules (hermes_state_sessions), compression generations and
 locks (hermes_state_compression), the batch's statements (hermes_state_fts), the conversation
-projection (hermes_state_conversation), copying a message's stored fields (hermes_state_copies).
+projection (hermes_state_conversation).
 
 Counters: `message_count` counts a session's ACTIVE rows and `tool_call_count` the tool calls
 of its active assistant rows (the data dictionary's COUNTERS); every write here keeps both in
@@ -30,7 +32,6 @@ import hermes_state_fts as fts
 from hermes_state_common import (COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES, NOT_LIVE_SQL, check_count, check_id,
                                  counter_amounts, decode_json, encode_json, has_surrogate, is_uid, new_uid,
                                  replace_surrogates, row_dicts)
-from hermes_state_copies import message_list as message_list, with_stored_fields as with_stored_fields
 from hermes_state_errors import SessionClosedByCompressionError, SessionCompressionInProgressError, SessionNotFoundError
 from hermes_state_holders import lock_is_live
 from hermes_state_lineage import COMPRESSION_END_REASON, live_continuation
@@ -161,6 +162,63 @@ def _pair_tool_call_uid(conn: sqlite3.Connection, session_id: str, tool_call_id:
             "SELECT COUNT(*) FROM messages WHERE session_id = ? AND id > ? AND active = ? AND role = 'tool' "
             "AND tool_call_id = ?", (session_id, found[0], active, tool_call_id)).fetchone()[0]
     return pick_tool_call_uid(value, nth)
+
+
+# --- a message copied into a generation -------------------------------------------------------
+
+def message_list(messages: Iterable[dict[str, Any]], what: str = "message") -> list[dict[str, Any]]:
+    """Return `messages` as a list of dicts; raise ValueError for anything else or one message_uid twice.
+
+    A uid names one message: two live rows with the same uid would be two copies of it in one
+    generation, which compression and replay cannot tell apart.
+    """
+    if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Iterable):
+        raise ValueError(f"{what}s must be a list of message dicts")
+    out = list(messages)
+    first_with: dict[str, int] = {}
+    for index, message in enumerate(out):
+        if not isinstance(message, dict):
+            raise ValueError(f"{what} {index} is not a dict")
+        uid = message.get("message_uid")
+        if isinstance(uid, str) and uid in first_with:
+            raise ValueError(f"{what}s {first_with[uid]} and {index} have the same message_uid {uid!r}; "
+                             "a message appears at most once in a generation")
+        if isinstance(uid, str):
+            first_with[uid] = index
+    return out
+
+
+# What a stored row knows about a message that its conversation dict does not carry. A copy
+# (compression, rotation) keeps these unless the caller's dict gives its own value.
+_KEPT_FROM_STORED = ("timestamp", "effect_disposition", "observed", "platform_message_id", "display_kind",
+                     "display_metadata", "token_count", "finish_reason")
+
+
+def with_stored_fields(conn: sqlite3.Connection, session_id: str,
+                       messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Return `messages` with the fields a conversation dict drops filled from the stored row of its uid.
+
+    The row is looked up by message_uid (this session's live row first, then its archive,
+    then any other copy); keys the dict already carries (not None) win.
+    """
+    uids = [m["message_uid"] for m in messages if isinstance(m.get("message_uid"), str)]
+    if not uids:
+        return messages
+    stored: dict[str | None, dict[str, Any]] = {}
+    # Ascending preference: later rows overwrite earlier ones in `stored`.
+    for row in row_dicts(conn.execute(
+            f"SELECT message_uid, {', '.join(_KEPT_FROM_STORED)} FROM messages "
+            "WHERE message_uid IN (SELECT value FROM json_each(?)) "
+            "ORDER BY session_id = ?, active, id", (json.dumps(uids), session_id))):
+        stored[row.pop("message_uid")] = row
+    out = []
+    for message in messages:
+        known = stored.get(message.get("message_uid"))
+        if known:
+            message = {**{k: v for k, v in known.items() if v is not None},
+                       **{k: v for k, v in message.items() if v is not None or k not in known}}
+        out.append(message)
+    return out
 
 
 # --- the index queue ------------------------------------------------------------------------------

@@ -96,6 +96,18 @@ def test_message_list_refuses_one_uid_twice_and_what_is_not_a_list_of_dicts():
             messages.message_list(bad)
 
 
+def test_with_stored_fields_fills_what_a_conversation_dict_drops(tmp_path):
+    from hermes_state import SessionDB
+    with SessionDB(tmp_path / "state.db") as db:
+        db.create_session("s", "cli")
+        db.append_message("s", "user", "hi", timestamp=123.0, finish_reason="stop")
+        uid = db.get_messages("s")[0]["message_uid"]
+        with db.transaction() as txn:
+            filled = messages.with_stored_fields(txn.conn, "s", [{"message_uid": uid, "content": "hi again"}])
+    assert filled[0]["timestamp"] == 123.0 and filled[0]["finish_reason"] == "stop"
+    assert filled[0]["content"] == "hi again"  # the dict's own keys win
+
+
 def test_tool_call_uid_helpers():
     issued = messages.issue_tool_call_uids([{"id": "c1"}, {"id": "c1"}, {"id": "c2"}, "junk"])
     assert set(issued) == {"c1", "c2"} and issued["c1"] != issued["c2"]
