@@ -15,6 +15,7 @@ from typing import Any, Callable
 from markupsafe import Markup
 
 WIDTH, HEIGHT, LEFT, BOTTOM, HEADROOM = 760, 180, 70, 24, 14
+MAX_BAR = 40  # a bar's widest: a week of history is a row of bars, not one slab across the chart
 PALETTE = ("#3b82f6", "#10b981", "#f59e0b", "#ef4444", "#8b5cf6", "#14b8a6", "#ec4899", "#84cc16", "#6b7280")
 
 
@@ -74,7 +75,7 @@ def usage_chart(rows: list[dict[str, Any]]) -> Markup:
         per_day[r["period"]].append(r)
     top = max(sum(amount(r) for r in day) for day in per_day.values()) or 1.0
     step = (WIDTH - LEFT) / len(days)
-    bar, scale = max(step * 0.8, 1.0), (HEIGHT - BOTTOM - HEADROOM) / top
+    bar, scale = min(max(step * 0.8, 1.0), MAX_BAR), (HEIGHT - BOTTOM - HEADROOM) / top
     parts = _frame(unit(top), what)
     for i, day in enumerate(days):
         parts += _stack(LEFT + i * step, bar, day, per_day[day], scale, colour, amount, unit)

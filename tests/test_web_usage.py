@@ -79,6 +79,8 @@ def test_a_chart_of_tokens_when_nothing_is_priced():
     assert "Tokens per day" in svg and "30 tokens" in svg and "&lt;b&gt;x&lt;/b&gt;" in svg and "<b>" not in svg
     assert [d for d, _, _ in _bars(svg)] == ["2026-11-01", "2026-11-03"]
     assert 'x="70.0"' in svg and svg.count("hs-bar") == 2  # three days wide, the empty day left blank
+    widths = {float(w) for w in re.findall(r'class="hs-bar" [^>]*width="([\d.]+)"', svg)}
+    assert widths == {chart.MAX_BAR}  # a few days are bars of their own width, not slabs across the chart
     assert str(chart.usage_chart([])) == ""
 
 
