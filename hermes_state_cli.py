@@ -761,6 +761,14 @@ _SEARCH_PARSER: list[argparse.ArgumentParser] = []    # set by build_parser: the
 _SESSIONS_PARSER: list[argparse.ArgumentParser] = []  # ... and of `sessions`
 
 
+def parse_command(words: list[str]) -> argparse.Namespace:
+    """Parse a command line without its global flags (a query starting with - included); exit 2 when it is wrong."""
+    parser = build_parser()
+    if words[:2] == ["sessions", "search"]:
+        words = words[:2] + words_last(_SEARCH_PARSER[0], words[2:])
+    return parser.parse_args(words)
+
+
 def _parse(argv: list[str]) -> argparse.Namespace | None:
     # The parsed command with the global options set on it, its profile applied; None for --version.
     hermes_home = os.environ.get("HERMES_HOME")  # as the user set it, before a profile is applied
@@ -770,13 +778,10 @@ def _parse(argv: list[str]) -> argparse.Namespace | None:
         print(f"hermes-state {hermes_state.__version__}")
         return None
     commands.set_color(found.get("color") or "auto")
-    parser = build_parser()
-    if rest[:2] == ["sessions", "search"]:
-        rest = rest[:2] + words_last(_SEARCH_PARSER[0], rest[2:])
-    args = parser.parse_args(rest)
+    args = parse_command(rest)
     if args.command is None or (args.command == "sessions" and args.action is None):
         # A bare `hermes-state` (or `hermes-state sessions`) lists what there is to run.
-        (parser if args.command is None else _SESSIONS_PARSER[0]).print_help()
+        (build_parser() if args.command is None else _SESSIONS_PARSER[0]).print_help()
         raise SystemExit(2)
     if found.get("profile") is not None:
         apply_profile(found["profile"], create=args.name == "init")

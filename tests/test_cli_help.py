@@ -1,7 +1,6 @@
 """--help that teaches: every option's text and default, examples that parse, the query syntax, a bare command."""
 from __future__ import annotations
 
-import argparse
 import re
 import shlex
 
@@ -10,61 +9,81 @@ import pytest
 import hermes_state_cli as cli
 from test_commands import run
 
-
-def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
-    """Yield (command words, its parser) for every command and `sessions` action."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                if any(isinstance(a, argparse._SubParsersAction) for a in sub._actions):
-                    yield from _commands(sub, path + (name,))
-                else:
-                    yield path + (name,), sub
+# Every command and `sessions` action, as the top-level and `sessions` help list them.
+SESSIONS = ["list", "show", "search", "export", "import", "rename", "delete", "prune", "stats"]
+TOP = ["recover", "backup", "restore", "doctor", "fts", "init", "migrate", "vacuum", "demo", "completion", "serve"]
+COMMANDS = [("sessions", a) for a in SESSIONS] + [(c,) for c in TOP]
 
 
-COMMANDS = list(_commands(cli.build_parser()))
+def _help(capsys, *words: str) -> str:
+    with pytest.raises(SystemExit) as done:
+        cli.parse_command([*words, "--help"])
+    assert done.value.code == 0
+    return capsys.readouterr().out
 
 
-def test_every_command_is_covered():
-    names = {words[-1] for words, _ in COMMANDS}
-    assert {"list", "show", "search", "export", "import", "stats", "recover", "backup", "restore", "doctor", "fts",
-            "migrate", "vacuum", "serve", "demo", "completion"} <= names
-    assert names <= set(cli.EXAMPLES), names - set(cli.EXAMPLES)
+def _options(text: str) -> dict[str, str]:
+    """Return {the option as listed ("-n LIMIT, --limit LIMIT"): its help text} from the "options:" part of --help."""
+    part = text.split("\noptions:\n", 1)[1].split("\n\n", 1)[0]
+    found: dict[str, str] = {}
+    last = None
+    for line in part.splitlines():
+        head = re.match(r"  (-\S.*?)(?:  +(\S.*))?$", line)
+        if head and not line.startswith("   "):
+            last = head.group(1)
+            found[last] = head.group(2) or ""
+        elif last is not None:
+            found[last] += " " + line.strip()
+    return found
 
 
-@pytest.mark.parametrize("words", [w for w, _ in COMMANDS], ids=" ".join)
-def test_every_option_has_help_and_says_its_default(words):
-    parser = dict(COMMANDS)[words]
-    text = parser.format_help()
-    for action in parser._actions:
-        if isinstance(action, argparse._HelpAction):
+def test_the_command_lists_name_every_command(hermes_home):
+    top = run(hermes_home).stdout
+    sessions = run(hermes_home, "sessions").stdout
+    assert all(f"    {name}" in top for name in ["sessions", *TOP])
+    assert all(f"    {name}" in sessions for name in SESSIONS)
+    assert set(cli.EXAMPLES) == set(SESSIONS) | set(TOP)
+
+
+@pytest.mark.parametrize("words", COMMANDS, ids=" ".join)
+def test_every_option_has_help_and_says_its_default(words, capsys):
+    text = _help(capsys, *words)
+    usage = " ".join(text.split("\n\n", 1)[0].split())
+    options = _options(text)
+    for listed, help_text in options.items():
+        if listed.startswith("-h"):
             continue
-        assert action.help, (words, action.dest)
-        takes_value = action.nargs != 0 and not isinstance(action, (argparse._StoreTrueAction,
-                                                                     argparse._StoreFalseAction))
-        if action.option_strings and takes_value and not action.required:
-            # every option with a value says what happens without it, in its own words or argparse's
-            assert "default" in (cli._Help("x")._get_help_string(action) or ""), (words, action.option_strings)
+        assert help_text.strip(), (words, listed)
+        name, *value = listed.split(",")[-1].split()
+        required = f"[{name}" not in usage
+        if value and not required:  # an option that takes a value says what happens without it
+            assert "default" in help_text, (words, listed, help_text)
     assert "examples:" in text and "global options" in text
 
 
-@pytest.mark.parametrize("words", [w for w, _ in COMMANDS], ids=" ".join)
-def test_each_command_has_two_or_three_examples_that_parse(words):
+@pytest.mark.parametrize("words", COMMANDS, ids=" ".join)
+def test_each_command_has_two_or_three_examples_that_parse(words, capsys):
     examples = cli.EXAMPLES[words[-1]]
     assert 2 <= len(examples) <= 3, (words, examples)
+    shown = _help(capsys, *words)
     for line in examples:
+        assert line.split("  #")[0].strip() in shown  # --help shows each one
         command = re.sub(r"\$\([^)]*\)", "X", line)  # what the shell would put there
-        argv = shlex.split(command.split("  #")[0].split("|")[0].split(">")[0].split("&&")[0], posix=True)
-        if argv[0] in ("gunzip", "eval"):  # a shell line around the command: its own part is checked elsewhere
+        argv = shlex.split(command.split("  #")[0].split("|")[0].split(">")[0].split("&&")[0])
+        if argv[0] in ("gunzip", "eval"):  # a shell line around the command; its own part is the next example
             continue
         if argv[0] == "hermes-state":
             argv = argv[1:]
         _, rest = cli.split_globals(argv)
-        parser = cli.build_parser()
-        if rest[:2] == ["sessions", "search"]:  # as the command line reads a query starting with -
-            rest = rest[:2] + cli.words_last(cli._SEARCH_PARSER[0], rest[2:])
-        args = parser.parse_args(rest)  # a wrong example would exit 2 here
+        args = cli.parse_command(rest)  # a wrong example exits 2 here
         assert (args.command, args.name) == (words[0], words[-1]), line
+
+
+def test_a_wrong_command_line_is_a_usage_error_not_a_traceback(capsys):
+    for words in (["sessions", "list", "--limit", "many"], ["sessions", "stats", "--by", "year"], ["nope"]):
+        with pytest.raises(SystemExit) as done:
+            cli.parse_command(words)
+        assert done.value.code == 2 and "error:" in capsys.readouterr().err
 
 
 def test_search_help_shows_the_query_syntax(hermes_home):
@@ -78,8 +97,6 @@ def test_search_help_shows_the_query_syntax(hermes_home):
 def test_a_bare_command_lists_the_commands(hermes_home):
     bare = run(hermes_home)
     assert bare.returncode == 2 and "the following arguments are required" not in bare.stderr + bare.stdout
-    listed = bare.stdout + bare.stderr
-    for name in ("sessions", "recover", "backup", "doctor", "serve", "completion"):
-        assert f"    {name}" in listed
+    assert "    recover" in bare.stdout and "    completion" in bare.stdout
     sessions = run(hermes_home, "sessions")
-    assert sessions.returncode == 2 and "search" in sessions.stdout + sessions.stderr
+    assert sessions.returncode == 2 and "    search" in sessions.stdout
