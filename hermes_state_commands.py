@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, TextIO
 import hermes_state_render as render
 from hermes_state_errors import HermesStateError
 from hermes_state_home import display_hermes_home, get_hermes_home
+from hermes_state_lockowners import open_in_this_process
 
 # --- opening and printing -----------------------------------------------------------------------
 
@@ -57,6 +58,10 @@ def existing_db(args: argparse.Namespace) -> Path:
 
 def _looks_like_export(path: Path) -> bool:
     # A database starts with SQLite's header; an export with JSON (a BOM and blanks may come first).
+    # A file this process already has open is a database in use, and is never opened with a plain
+    # descriptor (closing it would drop the process's locks on it).
+    if open_in_this_process(path):
+        return False
     try:
         with open(path, "rb") as f:
             head = f.read(64)
@@ -664,8 +669,21 @@ def _loose_modes(path: Path) -> list[tuple[Path, int]]:
     return found
 
 
-def _check(name: str, ok: bool, detail: str) -> dict[str, Any]:
-    return {"check": name, "ok": ok, "detail": detail}
+def _check(name: str, ok: bool, detail: str, *, warn: bool = False) -> dict[str, Any]:
+    # `warn`: true of the environment rather than of the file; said, but no reason to exit 1.
+    return {"check": name, "ok": ok, "detail": detail, **({"warn": True} if warn else {})}
+
+
+def _label(check: dict[str, Any]) -> str:
+    return "BAD " if not check["ok"] else "warn" if check.get("warn") else "ok  "
+
+
+def _sqlite_check() -> dict[str, Any]:
+    # Whether the SQLite this Python links has the WAL-reset bug, and what to do about it.
+    from hermes_state_base import WAL_RESET_BUG, wal_reset_advice
+    import sqlite3
+    return _check("sqlite", True, wal_reset_advice() if WAL_RESET_BUG else f"{sqlite3.sqlite_version}",
+                  warn=WAL_RESET_BUG)
 
 
 def _schema_check(path: Path) -> tuple[dict[str, Any], int | None]:
@@ -716,8 +734,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         f"{file.name} is readable by others (mode {mode:o}): run `chmod 600 {file}`" for file, mode in still)
         or (f"fixed: {', '.join(fixed)}" if fixed else "0600")))
     checks.append(_check("lock holders", True, "; ".join(write_lock_holders(path)) or "none"))
+    checks.append(_sqlite_check())
     healthy = all(c["ok"] for c in checks)
     emit(args, {"ok": healthy, "path": str(path), "checks": checks},
-         lambda d: "\n".join(f"{'ok ' if c['ok'] else 'BAD'}  {c['check']:<24} {render.safe(c['detail'])}"
+         lambda d: "\n".join(f"{_label(c)} {c['check']:<24} {render.safe(c['detail'])}"
                              for c in d["checks"]), rows=checks)
     return 0 if healthy else 1

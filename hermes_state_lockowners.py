@@ -2,8 +2,9 @@
 
 Owns: decoding `/proc/locks` for the three files of one database (`state.db`, `-wal`, `-shm`),
 turning each WRITE lock into a readable sentence with the owner's command line, logging that once
-when a writer gives up ("database is locked"), and the `configure_error_log(home)` helper that
-routes those warnings to `<home>/logs/errors.log`.
+when a writer gives up ("database is locked"), telling whether this process has a descriptor open
+on a database (`open_in_this_process`: then no plain copy of it may be made), and the
+`configure_error_log(home)` helper that routes those warnings to `<home>/logs/errors.log`.
 
 Does not own: retrying, timeouts or transactions (the caller decides when patience ran out and calls
 `log_write_lock_holders` once), nor any SQL. It never opens the database files: closing any
@@ -135,6 +136,23 @@ def _database_inodes(db_path: str | os.PathLike) -> dict[tuple[int, int], str]:
             continue
         inodes[(st.st_dev, st.st_ino)] = os.path.basename(path)
     return inodes
+
+
+def open_in_this_process(db_path: str | os.PathLike) -> bool:
+    """Tell whether any descriptor of this process is open on a database's files (True when that cannot be told)."""
+    files = _database_inodes(db_path)
+    try:
+        descriptors = os.listdir("/proc/self/fd")
+    except OSError:
+        return True  # no way to see this process's descriptors here: assume the worst
+    for fd in descriptors:
+        try:
+            found = os.stat(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile (the listing's own descriptor among them)
+        if (found.st_dev, found.st_ino) in files:
+            return True
+    return False
 
 
 def write_lock_holders(db_path: str | os.PathLike) -> list[str]:

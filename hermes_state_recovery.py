@@ -53,17 +53,35 @@ def _private_new_file(path: Path) -> None:
     os.close(fd)
 
 
+def _link_into_place(partial: Path, target: Path) -> None:
+    # A hard link never replaces anything: a file that appeared at `target` meanwhile (a restarting
+    # gateway's new state.db, say) is kept, and this copy fails instead. Where the file system has no
+    # hard links, the name is taken only if it is still free, with a moment's race left.
+    try:
+        os.link(partial, target)
+    except FileExistsError:
+        raise FileExistsError(f"{target} appeared while the copy was being made; it was left as it is, "
+                              "and the copy was discarded: choose a new name") from None
+    except OSError:
+        if target.exists():
+            raise FileExistsError(f"{target} appeared while the copy was being made; it was left as it is, "
+                                  "and the copy was discarded: choose a new name") from None
+        os.replace(partial, target)
+        return
+    partial.unlink()
+
+
 @contextmanager
 def _built_atomically(target: Path) -> Iterator[Path]:
     # The body fills a new private file under a temporary name; only a complete file takes the
-    # target's name, and a failure leaves nothing behind.
+    # target's name, never over a file, and a failure leaves nothing behind.
     partial = catalogue.partial_path(target)
     if not target.parent.is_dir():  # as open() and the command line: no folder is made on the way
         raise FileNotFoundError(f"{target.parent} does not exist: create the folder first, or write the copy elsewhere")
     _private_new_file(partial)
     try:
         yield partial
-        os.replace(partial, target)
+        _link_into_place(partial, target)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
@@ -131,7 +149,7 @@ def check_restorable(source: str | os.PathLike) -> Path:
             if verdict != ["ok"]:
                 raise StateDbCorruptError(f"{path} fails integrity_check ({'; '.join(verdict[:3])}); nothing "
                                           "was restored. Run `recover` on it to salvage what is readable.")
-            version = catalogue.restorable_version(conn, path, fts.OBJECTS)  # an earlier release's 32 restores as 31
+            version = catalogue.restorable_version(conn, path, fts.OWN_OBJECTS)  # an earlier release's 32 restores as 31
     finally:
         conn.close()
     if version is None:
@@ -210,8 +228,10 @@ def check_integrity(read: Callable[[], AbstractContextManager[sqlite3.Connection
         problems = schema.integrity_problems(conn, full)
     report: dict[str, str] = {}
     if write is not None:
-        with write() as conn:
-            report = fts.integrity_report(conn)
+        # One write transaction per index: each check reads every text its index holds.
+        for table in fts.FTS_TABLES:
+            with write() as conn:
+                report.update(fts.integrity_report(conn, (table,)))
     return {"ok": not problems and all(v == "ok" for v in report.values()), "problems": problems, "fts": report}
 
 

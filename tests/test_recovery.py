@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,30 @@ def test_recover_refuses_an_existing_target_and_a_non_database(tmp_path):
     with pytest.raises(StateDbCorruptError):
         recover(junk, tmp_path / "out.db")
     assert not (tmp_path / "out.db").exists()
+    assert not list(tmp_path.glob("*.partial-*"))
+
+
+@pytest.mark.parametrize("how", ["backup", "recover"])
+def test_a_target_that_appears_while_the_copy_is_made_is_kept(tmp_path, monkeypatch, how):
+    # A restarting gateway creates a new state.db at the name after the check that it was free.
+    import hermes_state_recovery as recovery
+    src, target = tmp_path / "state.db", tmp_path / "copy.db"
+    build(src, sessions=1)
+    real = os.link
+
+    def a_gateway_got_there_first(partial, into, **kwargs):
+        if Path(into) == target:  # just before the finished copy is linked into place
+            target.write_bytes(b"a new store")
+        real(partial, into, **kwargs)
+
+    monkeypatch.setattr(os, "link", a_gateway_got_there_first)
+    with pytest.raises(FileExistsError, match="appeared while the copy was being made"):
+        if how == "backup":
+            with SessionDB(src) as db:
+                db.backup(target)
+        else:
+            recover(src, target)
+    assert target.read_bytes() == b"a new store"
     assert not list(tmp_path.glob("*.partial-*"))
 
 
@@ -395,22 +420,37 @@ def test_restore_refuses_a_damaged_or_foreign_file_and_changes_nothing(db, tmp_p
     db.create_session("t", "cli")  # still writable
 
 
+def _fails_on_a_huge_value(path) -> bool:
+    try:
+        SessionDB(path, read_only=True).close()
+    except StateDbCorruptError as exc:
+        return "too big" in str(exc)
+    return False
+
+
 def test_restore_and_open_call_a_record_that_claims_a_huge_value_damage(db, tmp_path):
-    # Random bytes over the schema's last page sometimes make SQLite read a length past its limit
+    # Random bytes over a page of the schema sometimes make SQLite read a length past its limit
     # ("string or blob too big"): that is a damaged file, not a raw DataError.
     import random
     db.create_session("s", "cli")
-    base = db.backup(tmp_path / "saved.db").read_bytes()
+    saved = db.backup(tmp_path / "saved.db")
+    base = saved.read_bytes()
+    with closing(sqlite3.connect(saved)) as conn:
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+        pages = [r[0] for r in conn.execute("SELECT pageno FROM dbstat WHERE name = 'sqlite_schema' "
+                                            "AND pagetype = 'leaf' ORDER BY pageno")]
     bad = tmp_path / "bad.db"
-    for seed in range(20_000):  # about 1 in 400 patterns does it; the first is found within a second or two
+    for seed in range(20_000):  # a few patterns in a thousand do it
         data = bytearray(base)
-        data[-2000:] = random.Random(seed).randbytes(2000)
+        end = pages[seed % len(pages)] * size
+        data[end - 2000:end] = random.Random(seed).randbytes(2000)
         bad.write_bytes(bytes(data))
         raw = sqlite3.connect(bad)
         try:
             raw.execute("PRAGMA integrity_check").fetchall()
         except sqlite3.DataError:
-            break
+            if _fails_on_a_huge_value(bad):  # not first on a catalogue entry the same bytes broke
+                break
         except (sqlite3.DatabaseError, UnicodeDecodeError):
             pass
         finally:

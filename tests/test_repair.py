@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ import hermes_state
 import hermes_state_repair as repair
 from hermes_state_repair import ATTEMPTED_PATHS
 from hermes_state import SessionDB, StateDbCorruptError, is_malformed_db_error, repair_state_db_schema
+from test_locks_kept import locks_held
 
 
 def _store(path: Path, sessions: int = 2, per_session: int = 3) -> None:
@@ -117,8 +121,13 @@ def test_twin_catalogue_row_is_removed_with_every_row_kept(path, caplog):
     with caplog.at_level(logging.WARNING, logger="hermes_state"):
         report = repair_state_db_schema(path)
     assert report["repaired"] and report["strategy"] == "dedup_schema"
-    assert Path(report["backup_path"]).read_bytes() == damaged  # the copy is taken before any change
-    assert _counts(path) == (2, 6)
+    copy = sqlite3.connect(report["backup_path"])  # the copy is taken before any change: twin row and all
+    try:
+        copy.execute("PRAGMA writable_schema = ON")
+        assert copy.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'messages_fts'").fetchone()[0] == 2
+    finally:
+        copy.close()
+    assert damaged != path.read_bytes() and _counts(path) == (2, 6)
     assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
     assert "no session or message was changed" in caplog.records[0].message
     with SessionDB(path) as db:
@@ -162,22 +171,39 @@ def test_escalates_to_dropping_the_index_when_earlier_passes_do_not_heal(path):
         assert len(db.search_messages("kiwi")) == 6
 
 
-def test_garbage_file_reports_failure_keeps_a_copy_and_never_raises(tmp_path):
+def test_garbage_file_reports_failure_keeps_its_bytes_aside_and_never_raises_or_writes(tmp_path):
     path = tmp_path / "state.db"
     damaged = b"SQLite format 3\x00" + b"\x01\x02\x03\x04" * 300
     path.write_bytes(damaged)
     report = repair_state_db_schema(path)
     assert report["repaired"] is False and report["error"]
-    assert Path(report["backup_path"]).read_bytes() == damaged
     assert path.read_bytes() == damaged
+    # SQLite cannot read it to copy it; nothing of this process has it open, so its bytes are copied.
+    assert Path(report["backup_path"]).read_bytes() == damaged
 
 
-def test_a_repair_that_does_not_heal_puts_the_file_back(path):
+def test_garbage_file_this_process_holds_open_is_not_copied_with_a_plain_descriptor(tmp_path):
+    path = tmp_path / "state.db"
+    damaged = b"SQLite format 3\x00" + b"\x01\x02\x03\x04" * 300
+    path.write_bytes(damaged)
+    with open(path, "rb"):  # closing a second descriptor on it would drop this process's locks on it
+        report = repair_state_db_schema(path)
+    assert report["repaired"] is False and "copied aside" in report["error"]
+    assert path.read_bytes() == damaged
+    assert not list(tmp_path.glob("*.bak*"))  # nor a half-made copy
+
+
+def test_a_repair_that_does_not_heal_writes_no_copy_back_and_keeps_every_row(path):
     _twin_catalogue_row(path)
-    damaged = path.read_bytes()
     report = repair.repair_state_db_schema(path, check=lambda p: "pretend never healthy")
     assert report["repaired"] is False and report["error"] == "pretend never healthy"
-    assert path.read_bytes() == damaged
+    assert _counts(path) == (2, 6)  # the steps touched derived objects only
+    copy = sqlite3.connect(report["backup_path"])  # the copy: the file as found, twin row and all
+    try:
+        copy.execute("PRAGMA writable_schema = ON")
+        assert copy.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'messages_fts'").fetchone()[0] == 2
+    finally:
+        copy.close()
 
 
 def test_only_a_malformed_catalogue_is_repaired_at_open():
@@ -200,10 +226,10 @@ def test_failed_copy_stops_before_any_change(path, monkeypatch):
     _twin_catalogue_row(path)
     damaged = path.read_bytes()
 
-    def no_space(*_a, **_k):
-        raise OSError(28, "No space left on device")
+    def no_space(_path):
+        raise sqlite3.OperationalError("database or disk is full")
 
-    monkeypatch.setattr(repair.shutil, "copy2", no_space)
+    monkeypatch.setattr(repair, "copy_aside", no_space)
     report = repair_state_db_schema(path)
     assert report["repaired"] is False and "copied aside" in report["error"]
     assert path.read_bytes() == damaged
@@ -266,3 +292,65 @@ def test_two_processes_repairing_at_once_lose_no_row(path):
     assert _counts(path) == (2, 6)
     with SessionDB(path) as db:
         assert len(db.search_messages("kiwi")) == 6
+
+
+# --- what a repair does to the locks this process holds, and to triggers it did not make --------
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="reads the kernel's lock table, a Linux file")
+def test_no_repair_path_drops_the_locks_this_process_holds(path):
+    db = SessionDB(path)  # a live handle: its WAL connection holds its locks the whole time
+    try:
+        db.create_session("live", "cli")
+        held = locks_held(path)
+        assert ("shm", "READ", "128-128") in held, held  # SQLite's mark that a connection uses the WAL
+        _twin_catalogue_row(path)
+        for step in (lambda: repair.db_opens_cleanly(path),
+                     lambda: repair.repair_state_db_schema(path, check=lambda p: "pretend never healthy"),
+                     lambda: SessionDB(path).close(),  # an open that repairs the catalogue
+                     lambda: repair_state_db_schema(path)):
+            step()
+            assert held <= locks_held(path), step
+        db.append_message("live", "user", "still writing")  # and the live handle carries on
+        assert Path(f"{path}-wal").exists() and db.message_count("live") == 1
+    finally:
+        db.close()
+    assert _counts(path) == (3, 7)
+
+
+def plant_endless_trigger(path: Path) -> None:
+    """Give the file a trigger of someone else's that never ends, on every new session."""
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("CREATE TRIGGER hog AFTER INSERT ON sessions BEGIN SELECT COUNT(*) FROM (WITH RECURSIVE "
+                     "c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c); END")
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def test_a_planted_trigger_never_runs_and_no_step_is_unbounded(path, tmp_path):
+    # A trigger that never ends on every new session, and a twin catalogue row: the repair's write
+    # probe would run the trigger (for ever, holding the write lock). In a child, so a hang fails.
+    plant_endless_trigger(path)
+    _twin_catalogue_row(path)
+    child = subprocess.run([sys.executable, "-c", (
+        "import sys, json; from hermes_state import SessionDB, repair_state_db_schema; "
+        "r = repair_state_db_schema(sys.argv[1]); SessionDB(sys.argv[1], read_only=True).close(); "
+        "print(json.dumps(r))"), str(path)], capture_output=True, text=True, timeout=120,
+        cwd=Path(__file__).resolve().parents[1], env={**os.environ, "HERMES_HOME": str(tmp_path)})
+    assert child.returncode == 0, child.stderr
+    assert '"repaired": true' in child.stdout and '"dedup_schema"' in child.stdout
+    assert _counts(path) == (2, 6)  # no probe row was left either
+
+
+def test_a_step_past_its_deadline_is_interrupted_and_rolled_back(path, monkeypatch):
+    plant_endless_trigger(path)
+    monkeypatch.setattr(repair, "WRITE_PROBE_S", 0.5)
+    conn = repair.connect(path)
+    try:  # called directly, the probe does run the trigger: the deadline cuts it short
+        with pytest.raises(sqlite3.OperationalError, match="interrupted"):
+            repair.write_probe(conn)
+        assert not conn.in_transaction
+    finally:
+        conn.close()
+    assert _counts(path) == (2, 6)
