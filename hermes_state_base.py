@@ -3,7 +3,8 @@
 Owns: the library's one logger, the timing policy's default values (`WRITE_PATIENCE_S`, ...),
 `PAGE_SIZE`, `DAY_S`, `Keywords` (a dict parameter offered as keyword arguments), SQLite's integer range (`INT_MIN`, `INT_MAX`) and the lone-surrogate
 pattern; `split_sql`, `row_dicts`, `object_exists`/`table_exists` (the one catalogue read),
-`escape_like`, `strip_surrogates` (a search term's cleanup), `check_scalar` (a value SQLite keeps
+`escape_like`, `contains_sql`/`prefix_range` (substring and prefix tests with no LIKE pattern),
+`strip_surrogates` (a search term's cleanup), `check_scalar` (a value SQLite keeps
 faithfully) and `shown` (a bad value quoted cut short in an error message). Does not own:
 columns, tables and the rule a column's value passes (hermes_state_common), transactions
 (hermes_state_writer). Imports only the standard library; hermes_state_common re-exports every
@@ -116,6 +117,27 @@ def check_scalar(name: str, value: Any) -> Any:
             raise ValueError(f"{name} cannot be NaN (SQLite would store NULL)")
         return value
     raise ValueError(f"{name} must be a str, int, float, bool or None, not {type(value).__name__}")
+
+
+def contains_sql(column: str) -> str:
+    """Return SQL true when `column` contains the bound text, ASCII letters case-insensitive (as LIKE '%x%')."""
+    # instr, not LIKE: SQLite refuses a LIKE pattern over 50,000 bytes, and instr needs no escaping.
+    return f"COALESCE(instr(lower({column}), lower(?)), 0) > 0"
+
+
+def prefix_range(prefix: str) -> tuple[str, str | None]:
+    """Return (low, high): the texts starting with `prefix` are those >= low and < high (None: no bound)."""
+    # SQLite compares text as UTF-8 bytes, which orders as code points: the next text after every
+    # one starting with `prefix` is `prefix` with its last character moved one on.
+    head = prefix
+    while head:
+        last = ord(head[-1]) + 1
+        if last == 0xD800:
+            last = 0xE000  # surrogates cannot be stored
+        if last <= 0x10FFFF:
+            return prefix, head[:-1] + chr(last)
+        head = head[:-1]
+    return prefix, None
 
 
 def escape_like(text: str, escape: str = "\\") -> str:

@@ -25,7 +25,7 @@ import json
 import sqlite3
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from hermes_state_cjk import (CJK_CHARS, CJK_RUN, cjk_index_text, cjk_query_text, cjk_terms,  # noqa: F401
                                has_cjk, register_functions)
@@ -33,10 +33,10 @@ from hermes_state_common import logger
 from hermes_state_query import _sanitize_fts5_query  # noqa: F401 - importable here, where callers know it
 from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import StateDbIncompatibleError
-from hermes_state_fts_objects import (CJK, CJK_PENDING, CJK_TABLE_SQL, DRAIN_TRIGGER_SQL, FTS_OPTIONS,  # noqa: F401
-                                      FTS_TABLES,
-                                      HIGH_WATER, OBJECT_NAMES, OBJECTS, PENDING, PROGRESS, REASONING, TRIGRAM,
-                                      UNQUEUED_OBJECTS, WORD, rebuild_gate, searchable_text)
+from hermes_state_fts_objects import (CJK, CJK_PENDING, CJK_TABLE_SQL, CONVERTIBLE_LAYOUTS,  # noqa: F401
+                                      DRAIN_TRIGGER_SQL, FTS_OPTIONS, FTS_TABLES, HIGH_WATER, OBJECT_NAMES, OBJECTS,
+                                      OWN_OBJECTS, PENDING, PROGRESS, REASONING, TRIGRAM, UNGATED_OBJECTS,
+                                      UNQUEUED_OBJECTS, WORD, reasoning_text, reasons, rebuild_gate, searchable_text)
 
 MERGE_EVERY_N_WRITES = 1000
 # A whole-index optimize from the write path, every this many writes of one handle (0: never).
@@ -75,7 +75,7 @@ class _Catalogue:
     declared: bool
     tables: frozenset[str]
     queue: bool                       # the CJK queue table exists
-    unqueued: bool = False            # exactly the layout before the writer's queue (converted in place)
+    convertible: bool = False         # exactly an older layout that open converts in place
     pending: bool = False             # the writer's queue table exists
 
 
@@ -90,9 +90,9 @@ def _read_catalogue(conn: sqlite3.Connection) -> _Catalogue:
         elif kind == "trigger" and "messages_fts" in (sql or ""):
             foreign = True  # an older layout's trigger writing our tables would double-index rows
     declared = not foreign and all(found.get(name) == _normalized(sql) for _, name, sql in OBJECTS)
-    unqueued = (not foreign and PENDING not in found
-                and all(found.get(name) == _normalized(sql) for _, name, sql in UNQUEUED_OBJECTS))
-    return _Catalogue(declared, frozenset(t for t in FTS_TABLES if t in found), CJK_PENDING in found, unqueued,
+    convertible = not declared and not foreign and any(
+        all(found.get(name) == _normalized(sql) for _, name, sql in layout) for layout in CONVERTIBLE_LAYOUTS)
+    return _Catalogue(declared, frozenset(t for t in FTS_TABLES if t in found), CJK_PENDING in found, convertible,
                       PENDING in found)
 
 
@@ -270,10 +270,11 @@ def _index_range(conn: sqlite3.Connection, low: int, high: int) -> None:
     """Index the messages with low < id <= high into all three tables (none of them is indexed yet)."""
     conn.execute(f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
                  "SELECT id, content, tool_name, tool_calls FROM messages WHERE id > ? AND id <= ?", (low, high))
-    conn.execute(f"INSERT INTO {TRIGRAM}(rowid, content) SELECT id, content FROM messages_fts_trigram_source "
+    # From the table itself: the content sources leave out the range until its markers move on.
+    conn.execute(f"INSERT INTO {TRIGRAM}(rowid, content) SELECT id, {searchable_text('messages')} FROM messages "
                  "WHERE id > ? AND id <= ?", (low, high))
-    conn.execute(f"INSERT INTO {REASONING}(rowid, reasoning) SELECT id, reasoning FROM messages_fts_reasoning_source "
-                 "WHERE id > ? AND id <= ?", (low, high))
+    conn.execute(f"INSERT INTO {REASONING}(rowid, reasoning) SELECT id, {reasoning_text('messages')} FROM messages "
+                 f"WHERE id > ? AND id <= ? AND {reasons('messages')}", (low, high))
     # The CJK table is a plain FTS5 table (rows delete by rowid), so clearing the range first
     # makes this idempotent with rows the queue already handled.
     conn.execute(f"DELETE FROM {CJK} WHERE rowid > ? AND rowid <= ?", (low, high))
@@ -283,8 +284,16 @@ def _index_range(conn: sqlite3.Connection, low: int, high: int) -> None:
     conn.execute(f"DELETE FROM {PENDING} WHERE id > ? AND id <= ?", (low, high))
 
 
-# The rows a batch takes: queued, and not left to a rebuild under way.
+# The rows a batch takes: queued, and not left to a rebuild under way. Its three statements read the
+# table itself (the content sources leave queued rows out until the queue is emptied).
 _QUEUED = f"id IN (SELECT id FROM {PENDING}) AND {rebuild_gate('id')}"
+_INDEX_QUEUED_SQL = (
+    f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
+    f"SELECT id, content, tool_name, tool_calls FROM messages WHERE {_QUEUED}",
+    f"INSERT INTO {TRIGRAM}(rowid, content) SELECT id, {searchable_text('messages')} FROM messages WHERE {_QUEUED}",
+    f"INSERT INTO {REASONING}(rowid, reasoning) SELECT id, {reasoning_text('messages')} FROM messages "
+    f"WHERE {_QUEUED} AND {reasons('messages')}",
+    f"DELETE FROM {PENDING}")
 
 
 def index_queued(conn: sqlite3.Connection) -> None:
@@ -293,22 +302,28 @@ def index_queued(conn: sqlite3.Connection) -> None:
     Must run inside the caller's write transaction. One statement per index for the whole batch,
     so FTS5 writes one segment per index for it. Rows a rebuild under way will index are skipped.
     """
-    queued = _QUEUED
-    conn.execute(f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
-                 f"SELECT id, content, tool_name, tool_calls FROM messages WHERE {queued}")
-    conn.execute(f"INSERT INTO {TRIGRAM}(rowid, content) SELECT id, content FROM messages_fts_trigram_source "
-                 f"WHERE {queued}")
-    conn.execute(f"INSERT INTO {REASONING}(rowid, reasoning) SELECT id, reasoning FROM messages_fts_reasoning_source "
-                 f"WHERE {queued}")
-    conn.execute(f"DELETE FROM {PENDING}")
+    for sql in _INDEX_QUEUED_SQL:
+        conn.execute(sql)
 
 
-def _add_queue(conn: sqlite3.Connection) -> None:
-    # The layout before the writer's queue: its indexes are complete, only the queue and the
-    # triggers that honour it are new. Nothing is rebuilt.
-    previous = {name: sql for _, name, sql in UNQUEUED_OBJECTS}
+def _convert_in_place(conn: sqlite3.Connection) -> None:
+    # An older layout whose indexes are complete: only views, triggers, the queue table and the word
+    # index's content source differ. FTS5 reads a table's options from its CREATE statement, so the
+    # word index's is rewritten in the catalogue (the schema cookie moves on, so every connection
+    # reads it again); nothing is re-indexed. Inside the caller's write transaction.
+    found = {name: _normalized(sql) for name, sql in conn.execute(
+        "SELECT name, sql FROM sqlite_master WHERE name LIKE 'messages\\_fts%' ESCAPE '\\' OR type = 'trigger'")}
     for kind, name, sql in OBJECTS:
-        if previous.get(name) != sql:
+        if found.get(name) == _normalized(sql):
+            continue
+        if kind == "table" and name in found:
+            conn.execute("PRAGMA writable_schema = ON")
+            try:
+                conn.execute("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = ?", (sql, name))
+                conn.execute(f"PRAGMA schema_version = {conn.execute('PRAGMA schema_version').fetchone()[0] + 1}")
+            finally:
+                conn.execute("PRAGMA writable_schema = OFF")
+        else:
             conn.execute(f'DROP {kind.upper()} IF EXISTS "{name}"')
             conn.execute(sql)
 
@@ -422,8 +437,12 @@ def ensure_fts(writer: Writer, patience_s: float, policy: RetryPolicy, *, writab
     if not state.declared:
         with writer.transaction(patience_s, policy):
             catalogue = _read_catalogue(conn)  # another process may have built them meanwhile
-            if catalogue.unqueued:
-                _add_queue(conn)
+            if catalogue.convertible:
+                try:
+                    _convert_in_place(conn)
+                except sqlite3.DatabaseError as exc:  # a SQLite that refuses catalogue edits (defensive mode)
+                    logger.info("the full-text objects could not be converted in place (%s); rebuilding them", exc)
+                    create_fts(conn)
             elif not catalogue.declared:
                 create_fts(conn)
         state = inspect(conn)
@@ -496,21 +515,23 @@ def rebuild_status(conn: sqlite3.Connection) -> dict[str, object]:
             "in_progress": state.rebuild is not None, "cjk_pending": cjk_pending}
 
 
-def integrity_report(conn: sqlite3.Connection) -> dict[str, str]:
-    """Return {table: "ok" or the error} of FTS5's own integrity-check for every index present.
+def integrity_report(conn: sqlite3.Connection, tables: Iterable[str] | None = None, *,
+                     compare: bool = True) -> dict[str, str]:
+    """Return {table: "ok" or the error} of FTS5's own integrity-check for each index present (or of `tables`).
 
-    FTS5 runs the check as a write command, so it needs a writable connection; it changes nothing.
+    With `compare` the check also compares each index with its content source (rank 1): a row
+    indexed twice or stale terms are caught, not only a damaged structure. FTS5 runs it as a
+    write command, so it needs a writable connection; it changes nothing, and queued rows need no
+    flush first (the content sources leave them out, as the indexes do).
     """
     report = {}
-    state = inspect(conn)
-    if state.queued and state.declared:
-        index_queued(conn)  # FTS5 checks an index against its content: queued rows must be in it first
-    for table in state.tables:
+    present = inspect(conn).tables
+    for table in sorted(present if tables is None else set(tables) & present):
         try:
-            conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
+            conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', {int(compare)})")
             report[table] = "ok"
         except sqlite3.DatabaseError as exc:
-            report[table] = str(exc)
+            report[table] = f"{exc} (the index disagrees with the messages it was built from)"
     return report
 
 

@@ -41,14 +41,15 @@ def _wide(row: str) -> str:
             f" OR length({row}.tool_calls) < length(CAST({row}.tool_calls AS BLOB)))")
 
 
-def _reasoning(row: str) -> str:
-    # A row's reasoning text: reasoning and reasoning_content usually hold the same text, indexed once.
+def reasoning_text(row: str) -> str:
+    """Return SQL for `row`'s reasoning text: reasoning and reasoning_content usually hold the same text, indexed once."""
     return (f"CASE WHEN {row}.reasoning_content IS NULL OR {row}.reasoning_content IS {row}.reasoning "
             f"THEN {row}.reasoning WHEN {row}.reasoning IS NULL THEN {row}.reasoning_content "
             f"ELSE {row}.reasoning_content || char(10) || {row}.reasoning END")
 
 
-def _reasons(row: str) -> str:
+def reasons(row: str) -> str:
+    """Return SQL true when `row` has reasoning text."""
     return f"({row}.reasoning <> '' OR {row}.reasoning_content <> '')"
 
 
@@ -69,34 +70,51 @@ def _unqueued(row_id: str) -> str:
     return f"NOT EXISTS (SELECT 1 FROM {PENDING} WHERE id = {row_id})"
 
 
-# (type, name, sql). The sql is what sqlite_master stores; open compares it to decide whether
-# anything must be (re)built, so an up-to-date file costs one catalogue read.
-_TABLES: tuple[tuple[str, str, str], ...] = (
+def indexed(row_id: str) -> str:
+    """Return SQL true when row `row_id` belongs in the word, substring and reasoning indexes now.
+
+    Not while it waits in the writer's queue or in the range a rebuild under way has still to
+    index. The indexes' content sources hold exactly these rows, so FTS5's own `rebuild` and
+    `integrity-check`, run by any program, agree with what the library indexed.
+    """
+    return f"{rebuild_gate(row_id)} AND {_unqueued(row_id)}"
+
+
+def _tables(gated: bool) -> tuple[tuple[str, str, str], ...]:
+    """Return the declared tables and source views; without `gated`, the layout whose sources held every row."""
+    where = f" WHERE {indexed('messages.id')}" if gated else ""
+    also = f" AND {indexed('messages.id')}" if gated else ""
+    word_source = (("view", "messages_fts_source",
+                    "CREATE VIEW messages_fts_source AS SELECT id, content, tool_name, tool_calls FROM messages"
+                    f"{where}"),) if gated else ()
+    return (
+    *word_source,
     ("table", WORD, f"CREATE VIRTUAL TABLE {WORD} USING fts5(content, tool_name, tool_calls, "
-                    "content='messages', content_rowid='id')"),
+                    f"content='{'messages_fts_source' if gated else 'messages'}', content_rowid='id')"),
     # Substrings of every message's text: trigrams with detail=none store which rows hold each
     # trigram but no positions, about half the size of a position-full index over less text.
     # Nothing ranks these hits, so no per-row token counts are kept either (columnsize=0).
     ("view", "messages_fts_trigram_source",
-     f"CREATE VIEW messages_fts_trigram_source AS SELECT id, {searchable_text('messages')} AS content FROM messages"),
+     f"CREATE VIEW messages_fts_trigram_source AS SELECT id, {searchable_text('messages')} AS content FROM messages"
+     f"{where}"),
     # The column is called `content`, as in hermes-agent's own substring table, so that program's
     # searches of this table run; it answers one-trigram queries from here and scans for longer ones.
     ("table", TRIGRAM, f"CREATE VIRTUAL TABLE {TRIGRAM} USING fts5(content, content='messages_fts_trigram_source', "
                        "content_rowid='id', tokenize='trigram', detail='none', columnsize=0)"),
     ("table", CJK, CJK_TABLE_SQL),
     ("view", "messages_fts_reasoning_source",
-     f"CREATE VIEW messages_fts_reasoning_source AS SELECT id, {_reasoning('messages')} AS reasoning "
-     f"FROM messages WHERE {_reasons('messages')}"),
+     f"CREATE VIEW messages_fts_reasoning_source AS SELECT id, {reasoning_text('messages')} AS reasoning "
+     f"FROM messages WHERE {reasons('messages')}{also}"),
     ("table", REASONING, f"CREATE VIRTUAL TABLE {REASONING} USING fts5(reasoning, "
                          "content='messages_fts_reasoning_source', content_rowid='id')"),
     ("table", CJK_PENDING, f"CREATE TABLE {CJK_PENDING} (id INTEGER PRIMARY KEY)"),
-)
+    )
 
 
 def _triggers(queued: bool) -> tuple[tuple[str, str, str], ...]:
     """Return the declared triggers; without `queued`, the layout before the writer's queue existed."""
     def gate(row_id: str) -> str:  # the rebuild gate, and the queue's when the queue exists
-        return f"{rebuild_gate(row_id)} AND {_unqueued(row_id)}" if queued else rebuild_gate(row_id)
+        return indexed(row_id) if queued else rebuild_gate(row_id)
     return (
     # The six trigger names below are the ones hermes-agent creates with IF NOT EXISTS and
     # counts at every start: finding all six, it creates none of its own and rebuilds nothing,
@@ -105,7 +123,7 @@ def _triggers(queued: bool) -> tuple[tuple[str, str, str], ...]:
      f"CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages WHEN {gate('new.id')} BEGIN "
      f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
      f"VALUES (new.id, new.content, new.tool_name, new.tool_calls); "
-     f"INSERT INTO {REASONING}(rowid, reasoning) SELECT new.id, {_reasoning('new')} WHERE {_reasons('new')}; "
+     f"INSERT INTO {REASONING}(rowid, reasoning) SELECT new.id, {reasoning_text('new')} WHERE {reasons('new')}; "
      "END"),
     ("trigger", "messages_fts_trigram_insert",
      f"CREATE TRIGGER messages_fts_trigram_insert AFTER INSERT ON messages WHEN {gate('new.id')} BEGIN "
@@ -115,8 +133,8 @@ def _triggers(queued: bool) -> tuple[tuple[str, str, str], ...]:
      f"CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages WHEN {gate('old.id')} BEGIN "
      f"INSERT INTO {WORD}({WORD}, rowid, content, tool_name, tool_calls) "
      f"VALUES ('delete', old.id, old.content, old.tool_name, old.tool_calls); "
-     f"INSERT INTO {REASONING}({REASONING}, rowid, reasoning) SELECT 'delete', old.id, {_reasoning('old')} "
-     f"WHERE {_reasons('old')}; "
+     f"INSERT INTO {REASONING}({REASONING}, rowid, reasoning) SELECT 'delete', old.id, {reasoning_text('old')} "
+     f"WHERE {reasons('old')}; "
      "END"),
     ("trigger", "messages_fts_trigram_delete",
      f"CREATE TRIGGER messages_fts_trigram_delete AFTER DELETE ON messages WHEN {gate('old.id')} BEGIN "
@@ -139,10 +157,10 @@ def _triggers(queued: bool) -> tuple[tuple[str, str, str], ...]:
      "END"),
     ("trigger", "messages_fts_reasoning_update",
      "CREATE TRIGGER messages_fts_reasoning_update AFTER UPDATE OF id, reasoning, reasoning_content ON messages "
-     f"BEGIN INSERT INTO {REASONING}({REASONING}, rowid, reasoning) SELECT 'delete', old.id, {_reasoning('old')} "
-     f"WHERE {_reasons('old')} AND {gate('old.id')}; "
-     f"INSERT INTO {REASONING}(rowid, reasoning) SELECT new.id, {_reasoning('new')} "
-     f"WHERE {_reasons('new')} AND {gate('new.id')}; END"),
+     f"BEGIN INSERT INTO {REASONING}({REASONING}, rowid, reasoning) SELECT 'delete', old.id, {reasoning_text('old')} "
+     f"WHERE {reasons('old')} AND {gate('old.id')}; "
+     f"INSERT INTO {REASONING}(rowid, reasoning) SELECT new.id, {reasoning_text('new')} "
+     f"WHERE {reasons('new')} AND {gate('new.id')}; END"),
     # The CJK index cannot be fed by persistent triggers (they would need our function, and a
     # plain shell has none), so persistent triggers only queue possibly-CJK rows; this library's
     # connections drain the queue at once through a TEMP trigger, other writers leave it for the
@@ -164,10 +182,16 @@ def _triggers(queued: bool) -> tuple[tuple[str, str, str], ...]:
     )
 
 
-OBJECTS = (*_TABLES, ("table", PENDING, f"CREATE TABLE {PENDING} (id INTEGER PRIMARY KEY)"), *_triggers(True))
-# The layout one release older: no writer's queue, triggers without its gate. Open converts it in
-# place (the indexes it holds are complete), with no rebuild.
-UNQUEUED_OBJECTS = (*_TABLES, *_triggers(False))
+_QUEUE = ("table", PENDING, f"CREATE TABLE {PENDING} (id INTEGER PRIMARY KEY)")
+OBJECTS = (*_tables(True), _QUEUE, *_triggers(True))
+# Older layouts whose indexes hold exactly what the declared layout's would: open converts them in
+# place, with no rebuild. One release older, the content sources held every row (queued ones too);
+# two releases older, there was no writer's queue and the triggers had no queue gate.
+UNGATED_OBJECTS = (*_tables(False), _QUEUE, *_triggers(True))
+UNQUEUED_OBJECTS = (*_tables(False), *_triggers(False))
+CONVERTIBLE_LAYOUTS = (UNGATED_OBJECTS, UNQUEUED_OBJECTS)
+# Every object a release of this schema version made: what a file to restore may carry.
+OWN_OBJECTS = frozenset(obj for layout in (OBJECTS, *CONVERTIBLE_LAYOUTS) for obj in layout)
 OBJECT_NAMES = frozenset(name for _, name, _ in OBJECTS)
 
 # Per writable connection, created at open (temp schema only: no lock on the file). REPLACE

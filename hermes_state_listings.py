@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Callable
 
-from hermes_state_common import check_count, check_id, check_number, escape_like, row_dicts
+from hermes_state_common import check_count, check_id, check_number, contains_sql, prefix_range, row_dicts
 from hermes_state_errors import HermesStateError
 from hermes_state_home import default_hermes_root
 from hermes_state_lineage import COMPRESSION_CHILD_SQL, COMPRESSION_END_REASON, compression_successor_id
@@ -255,12 +255,13 @@ def _rich_filters(source: Any, exclude_sources: Any, cwd_prefix: Any, include_ch
     if not include_children:
         where.append(_TOP_LEVEL_SQL)
     if search_query is not None:
-        text = "%" + escape_like(check_text("search_query", search_query)) + "%"
-        matches = ["s.title LIKE ? ESCAPE '\\'", "s.id LIKE ? ESCAPE '\\'"]
+        # instr, not LIKE: the same ASCII-case-insensitive substrings, with no pattern length limit.
+        text = check_text("search_query", search_query)
+        matches = [contains_sql("s.title"), contains_sql("s.id")]
         params += [text, text]
         if id_query is not None:
-            matches.append("s.id LIKE ? ESCAPE '\\'")
-            params.append("%" + escape_like(check_text("id_query", id_query)) + "%")
+            matches.append(contains_sql("s.id"))
+            params.append(check_text("id_query", id_query))
         where.append("(" + " OR ".join(matches) + ")")
     return " AND ".join(where), params
 
@@ -314,12 +315,11 @@ def search_sessions_by_id(conn: sqlite3.Connection, query: str, limit: int = 20,
     """
     text = check_text("query", query)
     limit = check_count("limit", limit)
-    pattern = "%" + escape_like(text) + "%"
     where, params = _rich_filters(None, None, None, False, 0, include_archived, False, None, None)
     columns = _columns(conn, False)
-    rows = _rich_rows(conn, columns, f"{where} AND s.id LIKE ? ESCAPE '\\'", [*params, pattern],
-                      "ORDER BY CASE WHEN LOWER(s.id) = LOWER(?) THEN 0 WHEN s.id LIKE ? ESCAPE '\\' THEN 1 ELSE 2 END, "
-                      "s.started_at DESC, s.id LIMIT ?", (text, escape_like(text) + "%", limit))
+    rows = _rich_rows(conn, columns, f"{where} AND {contains_sql('s.id')}", [*params, text],
+                      "ORDER BY CASE WHEN LOWER(s.id) = LOWER(?) THEN 0 WHEN instr(LOWER(s.id), LOWER(?)) = 1 THEN 1 "
+                      "ELSE 2 END, s.started_at DESC, s.id LIMIT ?", (text, text, limit))
     return _project_tips(conn, rows, columns)
 
 
@@ -355,10 +355,12 @@ def resolve_session_id(conn: sqlite3.Connection, session_id_or_prefix: Any) -> s
         return None
     if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id_or_prefix,)).fetchone():
         return session_id_or_prefix
-    # LIKE is case-insensitive for ASCII; an id prefix is not, so the prefix is compared again.
-    rows = [r[0] for r in conn.execute("SELECT id FROM sessions WHERE id LIKE ? ESCAPE '\\' LIMIT 50",
-                                       (escape_like(session_id_or_prefix) + "%",))
-            if r[0].startswith(session_id_or_prefix)]
+    # The ids with this prefix, case-sensitive: a range of the primary key, then the exact test
+    # (no LIKE pattern, so a prefix of any length is fine). Two rows are enough to say "ambiguous".
+    low, high = prefix_range(session_id_or_prefix)
+    rows = [r[0] for r in conn.execute(
+        "SELECT id FROM sessions WHERE id >= ? AND (? IS NULL OR id < ?) AND substr(id, 1, length(?)) = ? "
+        "ORDER BY id LIMIT 2", (low, high, high, low, low))]
     return rows[0] if len(rows) == 1 else None
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable
 
 from hermes_state_common import (DAY_S, LIVE_ADMISSION_SQL, SESSION_OWNED, Keywords, check_count, check_id,
-                                 check_number, escape_like, logger, row_dicts, table_exists)
+                                 check_number, contains_sql, logger, row_dicts, table_exists)
 from hermes_state_errors import HermesStateError, SessionBusyError
 from hermes_state_gateway import LIVE_EXECUTION_STATES
 from hermes_state_lineage import COMPRESSION_CHILD_SQL, COMPRESSION_END_REASON, WALK_CAP
@@ -66,7 +66,7 @@ def _text(name: str, value: Any) -> str:
 
 
 def _like(name: str, value: Any) -> str:
-    return "%" + escape_like(_text(name, value)) + "%"
+    return _text(name, value)  # matched with instr (contains_sql): no LIKE pattern, no length limit
 
 
 def _under(name: str, value: Any) -> tuple[str, ...]:
@@ -87,9 +87,9 @@ _COST = "COALESCE(s.actual_cost_usd, s.estimated_cost_usd)"
 FILTERS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
     "started_after": ("s.started_at >= ?", check_number),
     "started_before": ("s.started_at < ?", check_number),
-    "title_like": ("s.title LIKE ? ESCAPE '\\'", _like),
-    "model_like": ("s.model LIKE ? ESCAPE '\\'", _like),
-    "branch_like": ("s.git_branch LIKE ? ESCAPE '\\'", _like),
+    "title_like": (contains_sql("s.title"), _like),
+    "model_like": (contains_sql("s.model"), _like),
+    "branch_like": (contains_sql("s.git_branch"), _like),
     "end_reason": ("s.end_reason = ?", _text),
     "provider": ("LOWER(s.billing_provider) = LOWER(?)", _text),
     "user_id": ("s.user_id = ?", _text),

@@ -166,11 +166,13 @@ class Writer:
             if self.checkpoints is not None:
                 self.checkpoints.stop()  # waits for a checkpoint under way, and closes its connection
             with fork.GATE.work():  # after the thread's end: its last checkpoint may need the gate
-                if self._reader is not None:
-                    self._reader.close()
-                if checkpoint:
-                    passive_checkpoint(self.conn)
-                self.conn.close()
+                try:
+                    if self._reader is not None:
+                        self._reader.close()
+                    if checkpoint:
+                        passive_checkpoint(self.conn)
+                finally:  # whatever went wrong above, the connection is let go of
+                    self.conn.close()
 
     @contextmanager
     def tracing(self, callback: Callable[[str], None] | None = None) -> Iterator[list[str]]:

@@ -37,8 +37,30 @@ def index_queue(db: SessionDB) -> None:
 
 
 def integrity(conn) -> None:
+    # rank 1: FTS5 also compares each index with its content source (rank 0 checks the structure only)
     for table in ALL:
-        conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
+        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 1)")
+
+
+def lay_out(path, layout) -> None:
+    """Turn the file's full-text objects into an older release's `layout`, keeping what the indexes hold."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("BEGIN IMMEDIATE")
+    wanted = {name for _, name, _ in layout}
+    for kind, name, _ in fts.OBJECTS:
+        if name not in wanted:
+            conn.execute(f"DROP {kind.upper()} {name}")
+    for kind, name, sql in layout:
+        if kind == "table":  # FTS5 reads its options from the statement: rewrite it, as an older release wrote it
+            conn.execute("PRAGMA writable_schema = ON")
+            conn.execute("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = ?", (sql, name))
+            conn.execute(f"PRAGMA schema_version = {conn.execute('PRAGMA schema_version').fetchone()[0] + 1}")
+            conn.execute("PRAGMA writable_schema = OFF")
+        else:
+            conn.execute(f"DROP {kind.upper()} IF EXISTS {name}")
+            conn.execute(sql)
+    conn.execute("COMMIT")
+    conn.close()
 
 
 def ids(conn, table: str, expr: str) -> list[int]:
@@ -136,7 +158,7 @@ def test_fresh_database_has_every_fts_object_and_no_rebuild(db, rival):
     assert {name for _, name, _ in fts.OBJECTS} <= names
     vt = {r[0]: r[1] for r in rival.execute(
         "SELECT name, sql FROM sqlite_master WHERE name IN (SELECT value FROM json_each(?))", (json.dumps(ALL),))}
-    assert "content='messages'" in vt["messages_fts"] and "tool_calls" in vt["messages_fts"]
+    assert "content='messages_fts_source'" in vt["messages_fts"] and "tool_calls" in vt["messages_fts"]
     assert "tokenize='trigram'" in vt["messages_fts_trigram"]
     assert rival.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE 'fts_rebuild%'").fetchone()[0] == 0
     # persistent triggers never call a function a plain shell lacks
@@ -793,15 +815,7 @@ def test_the_layout_before_the_queue_is_converted_without_a_rebuild(db, rival, h
     db.create_session("s", "cli")
     rows = [db.append_message("s", "user", f"india{i}") for i in range(3)]
     db.close()
-    conn = sqlite3.connect(db.db_path, isolation_level=None)
-    conn.execute("BEGIN")
-    conn.execute(f"DROP TABLE {fts.PENDING}")
-    for kind, name, sql in fts.UNQUEUED_OBJECTS:
-        if kind == "trigger":
-            conn.execute(f"DROP TRIGGER {name}")
-            conn.execute(sql)
-    conn.execute("COMMIT")
-    conn.close()
+    lay_out(db.db_path, fts.UNQUEUED_OBJECTS)
     with SessionDB(db.db_path) as again:
         assert [h["id"] for h in again.search_messages("india1")] == [rows[1]]
     conn = sqlite3.connect(db.db_path)
@@ -811,3 +825,39 @@ def test_the_layout_before_the_queue_is_converted_without_a_rebuild(db, rival, h
         integrity(conn)
     finally:
         conn.close()
+
+
+def test_the_layout_whose_sources_held_queued_rows_is_converted_without_a_rebuild(hermes_home):
+    path = hermes_home / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+        rows = [db.append_message("s", "user", f"juliet{i}") for i in range(3)]
+    lay_out(path, fts.UNGATED_OBJECTS)
+    with SessionDB(path) as again:
+        assert again.wait_for_fts_rebuild(30)
+        assert [h["id"] for h in again.search_messages("juliet1")] == [rows[1]]
+    conn = sqlite3.connect(path)
+    try:
+        state = fts.inspect(conn)
+        assert state.declared and state.rebuild is None
+        integrity(conn)
+        assert "messages_fts_source" in conn.execute(f"SELECT sql FROM sqlite_master WHERE name = '{fts.WORD}'").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def test_another_programs_fts5_rebuild_while_rows_are_queued_leaves_every_index_exact(db, rival):
+    # hermes-agent's rebuild_fts() runs FTS5's own 'rebuild' on the indexes it knows, in place: it
+    # reads each index's content source, which holds no queued row, so the batch indexes each once.
+    db.create_session("s", "cli")
+    queued = [db.append_message("s", "user", f"kilo{i} lima", reasoning=f"mike{i}") for i in range(3)]
+    assert rival.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 3
+    for table in (fts.WORD, fts.TRIGRAM, fts.REASONING):
+        rival.execute(f"INSERT INTO {table}({table}) VALUES ('rebuild')")
+    integrity(rival)
+    db.close()  # its close indexes the queue
+    integrity(rival)
+    assert ids(rival, "messages_fts", "lima") == queued
+    assert ids(rival, "messages_fts_reasoning", "mike1") == [queued[1]]
+    assert substring_ids(rival, "ilo2") == [queued[2]]
+    assert indexed_counts(rival) == expected_counts(rival)

@@ -651,3 +651,20 @@ def test_a_copy_killed_mid_write_is_cleaned_at_the_next_open(tmp_path):
     assert leftovers and any(n.endswith("-journal") for n in leftovers), leftovers
     SessionDB(path).close()
     assert [p.name for p in tmp_path.iterdir() if ".partial-" in p.name] == []
+
+
+# --- text far longer than any LIKE pattern SQLite accepts (50,000 bytes) -------------------------
+
+@pytest.mark.parametrize("long", ["_" * 25_001, "東" * 16_700, "%" * 60_000])
+def test_long_text_in_id_and_title_lookups_answers_without_a_raw_sqlite_error(db, long):
+    db.create_session("a_b", "cli", title="東京 trip")
+    db.create_session("a" + long, "cli", title="plain")  # one session that does match (by its id)
+    assert db.resolve_session_id(long) is None
+    assert db.resolve_session_id("a" + long[:30_000]) == "a" + long
+    assert [s["id"] for s in db.search_sessions_by_id(long)] == ["a" + long]
+    assert [s["id"] for s in db.list_sessions_rich(search_query=long)] == ["a" + long]
+    assert db.list_prune_candidates(older_than_days=0, title_like=long) == []
+    assert db.list_prune_candidates(older_than_days=0, model_like=long + long) == []
+    db.create_session("Zq-9", "cli")
+    assert db.resolve_session_id("Zq") == "Zq-9" and db.resolve_session_id("zq") is None  # prefixes stay exact-case
+    assert [s["id"] for s in db.list_sessions_rich(search_query="A_B")] == ["a_b"]  # substrings fold ASCII case
