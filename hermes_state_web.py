@@ -77,8 +77,8 @@ def startup(datasette):
 @hookimpl
 def get_metadata(datasette, key, database, table):
     """Hide internal tables and configure full-text search on `messages`."""
-    # Datasette only detects an FTS table declared content="messages" or content=[messages];
-    # this schema writes content='messages', so the search table is named here.
+    # Datasette ties an FTS table to the table its content= names; the word index reads a view of
+    # messages (the rows indexed so far), so the search table is named here.
     stores = _STORES.get(datasette, {})
     metadata: dict[str, Any] = {"databases": {
         name: {"tables": {
@@ -388,11 +388,18 @@ def _session_url(database: str, session_id: str) -> str:
     return f"{PREFIX}/{quote(database, safe='')}/session/{quote(session_id, safe='')}"
 
 
+# The last page any listing can have: its offset must fit SQLite's integer.
+MAX_PAGE = (2**63 - 1) // max(SESSIONS_PER_PAGE, HITS_PER_PAGE)
+
+
 def _page_number(request) -> int:
-    try:
-        return max(1, int(request.args.get("page", "1")))
-    except ValueError:
-        return 1
+    """Return the page asked for (1 when none is); a page that is not a whole number from 1 to MAX_PAGE is a 400 page."""
+    text = request.args.get("page", "").strip() or "1"
+    page = int(text) if text.isascii() and text.isdigit() and len(text) <= 20 else 0
+    if not 1 <= page <= MAX_PAGE:
+        raise DatasetteError(f"page must be a whole number from 1 to {MAX_PAGE}, not {text[:40]!r}",
+                             title="Bad page", status=400)
+    return page
 
 
 def _pager(request, page: int, more: bool) -> dict[str, str | None]:

@@ -425,3 +425,13 @@ def test_without_chromium_the_browser_test_skips_unless_ci_requires_it(tmp_path)
     required = subprocess.run(argv, capture_output=True, text=True, env={**env, "HERMES_STATE_REQUIRE_BROWSER": "1"},
                               cwd=ROOT, timeout=120)
     assert required.returncode == 1 and "1 failed" in required.stdout, required.stdout[-2000:]
+
+
+@pytest.mark.parametrize("page", ["99999999999999999999", "0", "-1", "two", "1e3", "٣", str(2**63)])
+def test_a_page_number_out_of_range_or_not_a_number_is_a_clean_400(store, page, caplog):
+    listing, search, last = get(store, f"/-/hermes/state?page={page}", f"/-/hermes/state/search?q=space&page={page}",
+                                 "/-/hermes/state?page=2")
+    for response in (listing, search):
+        assert response.status_code == 400 and "page must be a whole number" in response.text
+    assert last.status_code == 200
+    assert not [r for r in caplog.records if r.exc_info]  # no traceback in the log
