@@ -15,6 +15,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
+import importlib
 import os
 import sqlite3
 import sys  # hermes-agent's tests also patch hermes_state.sys.platform
@@ -111,12 +112,14 @@ __all__ = [
     "DEFAULT_DB_PATH", "SCHEMA_SQL", "FTS_SQL", "FTS_TRIGRAM_SQL", "DEFERRED_INDEX_SQL", "sanitize_context",
 ]
 
+# hermes-agent's module has these among its names; they load on first use here, as importing
+# asyncio costs a fifth of this module's start-up. dir() lists them all the same.
+_LAZY_MODULES = ("asyncio",)
+
+
 def __getattr__(name: str) -> Any:
-    # hermes-agent's module has `asyncio` among its names; it is loaded on first use here, as
-    # importing it costs a fifth of this module's start-up.
-    if name == "asyncio":
-        import asyncio
-        return asyncio
+    if name in _LAZY_MODULES:
+        return importlib.import_module(name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -381,4 +381,4 @@ class DefaultPathModule(types.ModuleType):
         DEFAULT_PATH.pin(None)
 
     def __dir__(self) -> list[str]:
-        return sorted({*self.__dict__, "DEFAULT_DB_PATH"})
+        return sorted({*self.__dict__, "DEFAULT_DB_PATH", *self.__dict__.get("_LAZY_MODULES", ())})

@@ -157,7 +157,7 @@ def _private_uses(path: Path) -> list[str]:
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
                 and not re.fullmatch(r"[\w.]+", node.value):  # code run in a subprocess, not a name as data
             found += [f"{node.lineno}: {m}" for m in re.findall(r"\b[a-z]\w*\.(_[A-Za-z]\w*)", node.value)
-                      if not m.startswith("__") and m not in ALLOWED_PRIVATE_IMPORTS]
+                      if not m.startswith("__") and m not in ALLOWED_PRIVATE_IMPORTS | STDLIB_NAMES]
         if isinstance(name, str) and name.startswith("_") and not name.startswith("__") \
                 and name not in ALLOWED_PRIVATE_IMPORTS | STDLIB_NAMES:
             found.append(f"{node.lineno}: {name}")
