@@ -681,7 +681,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("target", help="the copy's file name (must not exist)")
     p = _command(sub, "restore", cmd_restore, "replace the database with a validated backup")
     p.add_argument("source", help="a backup made by `backup` (or any valid copy)")
-    p = _command(sub, "doctor", commands.cmd_doctor, "check schema, integrity, indexes, WAL, file modes, locks")
+    p = _command(sub, "doctor", commands.cmd_doctor, "check schema, integrity, indexes, WAL, file modes, locks, replication")
     p.add_argument("--full", action="store_true", help="the full integrity check (slower) instead of the quick one")
     p = _command(sub, "fts", commands.cmd_fts, "full-text index status or rebuild")
     p.add_argument("action", choices=["status", "rebuild"], help="status: how far indexing is; rebuild: index "

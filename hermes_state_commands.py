@@ -686,6 +686,25 @@ def _sqlite_check() -> dict[str, Any]:
                   warn=WAL_RESET_BUG)
 
 
+def _replication_check(path: Path) -> dict[str, Any]:
+    # Whether Litestream replicates this file, from what it leaves beside the file and in /proc.
+    from hermes_state_replicas import litestream_status
+    status = litestream_status(path)
+    if not status["pids"] and status["folder"] is None:
+        return _check("replication", True, "none seen (docs/scaling.md: a copy off this machine with Litestream)")
+    if not status["pids"]:
+        return _check("replication", True, f"Litestream replicated this file before ({status['folder'].name} is "
+                      "here), but no Litestream process has it open now: the replica is not keeping up", warn=True)
+    waiting, after = status["frames_waiting"], status["written_after_s"]
+    where = ("it has taken no change set yet" if status["txid"] is None else
+             f"its copy of the log is at transaction {status['txid']}, " + (
+                 "every change written so far" if waiting == 0 else
+                 f"{waiting} log pages behind" if waiting is not None else
+                 f"the log was written {after} s after it"))
+    return _check("replication", True, f"Litestream (PID {', '.join(map(str, status['pids']))}) is replicating it; "
+                  f"{where} (what reached the replica: `litestream sync -wait`)")
+
+
 def _schema_check(path: Path) -> tuple[dict[str, Any], int | None]:
     # The schema's version as a read-only open sees it (None: this library cannot read the file).
     from hermes_state import SCHEMA_VERSION, SessionDB, StateDbIncompatibleError
@@ -715,7 +734,7 @@ def _integrity_checks(path: Path, full: bool) -> list[dict[str, Any]]:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    """Check the database: schema, integrity, FTS indexes, WAL size, file modes, lock holders."""
+    """Check the database: schema, integrity, FTS indexes, WAL size, file modes, lock holders, replication."""
     from hermes_state import SCHEMA_VERSION
     from hermes_state_lockowners import write_lock_holders
     path = existing_db(args)
@@ -734,6 +753,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         f"{file.name} is readable by others (mode {mode:o}): run `chmod 600 {file}`" for file, mode in still)
         or (f"fixed: {', '.join(fixed)}" if fixed else "0600")))
     checks.append(_check("lock holders", True, "; ".join(write_lock_holders(path)) or "none"))
+    checks.append(_replication_check(path))
     checks.append(_sqlite_check())
     healthy = all(c["ok"] for c in checks)
     emit(args, {"ok": healthy, "path": str(path), "checks": checks},

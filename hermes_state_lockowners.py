@@ -216,3 +216,32 @@ def configure_error_log(home: str | os.PathLike) -> logging.Handler:
     if logger.getEffectiveLevel() > logging.WARNING:
         logger.setLevel(logging.WARNING)
     return handler
+
+
+def processes_with_open(db_path: str | os.PathLike, program: str) -> list[int]:
+    """List the PIDs of other processes running `program` that have one of the database's files open."""
+    files = _database_inodes(db_path)
+    if not files or not sys.platform.startswith("linux"):
+        return []
+    found = []
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != os.getpid()]
+    except OSError:
+        return []
+    for pid in pids:
+        cmdline = _read_cmdline(pid)
+        if not cmdline or os.path.basename(cmdline.split()[0]) != program:
+            continue
+        try:
+            descriptors = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue  # another user's process, or gone meanwhile
+        for fd in descriptors:
+            try:
+                st = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in files:
+                found.append(pid)
+                break
+    return found

@@ -21,6 +21,7 @@ RANKS = {
     "hermes_state_cjk": 2, "hermes_state_highlight": 2,
     "hermes_state_holders": 2,  # whether a compression lock's holder is alive, for the transcript guard
     "hermes_state_lineage": 2, "hermes_state_documents": 2,
+    "hermes_state_replicas": 2.5,  # whether Litestream replicates a file, from /proc and its folder
     "hermes_state_titles": 2.5,  # the schema builds the unique-title index after freeing repeats
     "hermes_state_backfill": 2.5,  # the bodies of the ladder's data steps, which the schema registers
     "hermes_state_schema": 3, "hermes_state_query": 3,

@@ -9,6 +9,7 @@ test is skipped, saying so; with HERMES_STATE_REQUIRE_LITESTREAM=1 (as in CI) it
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -85,3 +86,39 @@ def test_a_replica_taken_under_writes_restores_every_acknowledged_message(tmp_pa
         assert [h["id"] for h in db.search_messages(mark, include_inactive=True)] == [row_id]
         db.append_message("steady-0", "user", "the restored store takes writes")
         assert db.search_messages("restored")[0]["session_id"] == "steady-0"
+
+
+def _replication_line(db_path) -> dict:
+    done = subprocess.run([sys.executable, "-m", "hermes_state_cli", "--db", str(db_path), "--json", "doctor"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode in (0, 1), done.stderr
+    return next(c for c in json.loads(done.stdout)["checks"] if c["check"] == "replication")
+
+
+def test_doctor_says_whether_litestream_is_replicating_the_file(tmp_path):
+    db_path = tmp_path / "home" / "state.db"
+    db_path.parent.mkdir()
+    with SessionDB(db_path) as db:
+        db.create_session("s", "cli")
+    assert "none seen" in _replication_line(db_path)["detail"]
+    config = tmp_path / "litestream.yml"
+    config.write_text(CONFIG.format(db=db_path, replica=tmp_path / "replica"))
+    replicator = subprocess.Popen([LITESTREAM, "replicate", "-config", str(config)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 15
+        while "is replicating" not in (line := _replication_line(db_path))["detail"]:
+            assert replicator.poll() is None and time.monotonic() < deadline, line
+            time.sleep(0.2)
+        assert f"PID {replicator.pid}" in line["detail"] and not line.get("warn"), line
+        with SessionDB(db_path) as db:  # a write; Litestream takes it within its monitor interval
+            db.append_message("s", "user", "a change to ship")
+            while "every change written so far" not in (line := _replication_line(db_path))["detail"]:
+                assert time.monotonic() < deadline + 15, line
+                time.sleep(0.2)
+        assert "transaction" in line["detail"], line
+    finally:
+        replicator.send_signal(signal.SIGTERM)
+        replicator.wait(30)
+    stopped = _replication_line(db_path)  # its folder is left beside the file, and nothing takes changes now
+    assert stopped["warn"] and "not keeping up" in stopped["detail"], stopped
