@@ -25,6 +25,7 @@ import traceback
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator
 
+import hermes_state_auth as auth
 import hermes_state_commands as commands
 import hermes_state_render as render
 import hermes_state_serve as serve
@@ -40,8 +41,8 @@ _VALUED = {"--db": "db", "--profile": "profile", "-p": "profile", "--color": "co
 _FORMATS = ("json", "nl", "csv")
 # What each command does with the global flags; any other given flag is refused, not ignored.
 _NO_DB = {"demo", "completion"}
-_FORMATS_OF = {"demo": (), "serve": (), "completion": (), "list": _FORMATS, "search": _FORMATS, "stats": _FORMATS,
-               "doctor": _FORMATS, "export": ("json", "nl")}
+_FORMATS_OF = {"demo": (), "serve": (), "passwd": (), "completion": (), "list": _FORMATS, "search": _FORMATS,
+               "stats": _FORMATS, "doctor": _FORMATS, "export": ("json", "nl")}
 
 
 class UsageError(Exception):
@@ -558,7 +559,9 @@ EXAMPLES = {
     "migrate": ["migrate", "migrate --no-backup"],
     "vacuum": ["vacuum", "--db /path/to/state.db vacuum"],
     "demo": ["demo", "demo --keep"],
-    "serve": ["serve", "serve --port 0", "--profile coder serve --port 8002"],
+    "serve": ["serve --port 0", "--profile coder serve --port 8002",
+              "serve --host 0.0.0.0 --allow-host box.lan   # after `hermes-state passwd NAME`"],
+    "passwd": ["passwd alice", "passwd alice --delete", "passwd alice --password-file /srv/hermes/web-passwords"],
     "completion": ['eval "$(hermes-state completion bash)"        # in ~/.bashrc',
                    'eval "$(hermes-state completion zsh)"         # in ~/.zshrc',
                    "hermes-state completion fish > ~/.config/fish/completions/hermes-state.fish"],
@@ -698,7 +701,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "serve", serve.cmd_serve, "browse sessions in a web page (Datasette), read-only")
     p.add_argument("--port", type=serve.port_number, default=8001, help="port to listen on; 0 picks a free one")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (any other than loopback lets other "
-                   "machines read the store, which has no authentication)")
+                   "machines connect, and needs a user made by `passwd`)")
+    p.add_argument("--allow-host", action="append", type=serve.host_name, metavar="NAME",
+                   help="answer only requests for this host name (repeatable; default: the --host address, "
+                   "this machine's names for 0.0.0.0, and localhost)")
+    login = p.add_mutually_exclusive_group()
+    login.add_argument("--password-file", metavar="PATH", help="check HTTP basic logins against this file "
+                       "(default: <HERMES_HOME root>/web-passwords off loopback; none on loopback)")
+    login.add_argument("--no-auth", action="store_true", help="serve beyond loopback without a password "
+                       "(anyone who can connect reads every conversation)")
+    p = _command(sub, "passwd", auth.cmd_passwd, "set a password for serve's HTTP basic login")
+    p.add_argument("user", metavar="NAME", help="the user's name (1-64 letters, digits, . _ @ -)")
+    p.add_argument("--delete", action="store_true", help="remove the user instead")
+    p.add_argument("--password-file", metavar="PATH",
+                   help="the file to write (default: <HERMES_HOME root>/web-passwords, mode 0600)")
     return parser
 
 
@@ -706,6 +722,8 @@ def _check_flags(args: argparse.Namespace, found: dict[str, Any]) -> None:
     name = args.name
     if name in _NO_DB and (found.get("db") or found.get("profile")):
         raise UsageError(f"{name} works in a throw-away home: --db and --profile do not apply")
+    if name == "passwd" and found.get("db"):
+        raise UsageError("passwd writes the password file of the Hermes home, not a database: --db does not apply")
     allowed = _FORMATS_OF.get(name, ("json",))
     for fmt in _FORMATS:
         if found.get(fmt) and fmt not in allowed:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 COMMANDS = ["sessions", "recover", "backup", "restore", "doctor", "fts", "init", "migrate", "vacuum", "demo",
-            "serve", "completion"]
+            "serve", "passwd", "completion"]
 ACTIONS = ["list", "show", "search", "export", "import", "rename", "delete", "prune", "stats"]
 TAKES_ID = ["show", "rename", "delete", "export"]
 FLAGS = ["--db", "--profile", "--json", "--nl", "--csv", "--epoch", "--color", "--debug", "--help", "--version"]

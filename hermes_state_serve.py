@@ -5,8 +5,11 @@ a one-line error, and port 0 picks a free port whose real number is printed), th
 an explicit `--host` reaches other machines, and the guard in front of Datasette: a request
 whose Host header is not the name or address the server was started on is refused with 403
 (a web page the user visits cannot read the store through DNS rebinding), and anything but a
-plain GET or HEAD must come from the server's own page (its Origin header).
-Does not own: the pages (hermes_state_web) or opening the database (hermes_state_commands).
+plain GET or HEAD must come from the server's own page (its Origin header). Off loopback a
+password is required (`--no-auth` serves without one, under a loud warning), and `--allow-host`
+replaces the names the guard accepts.
+Does not own: the pages (hermes_state_web), opening the database (hermes_state_commands) or the
+logins (hermes_state_auth).
 Nothing here writes to the database.
 """
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 from urllib.parse import quote, urlsplit
 
+import hermes_state_auth as auth
 from hermes_state_commands import open_db
 from hermes_state_errors import HermesStateError
 from hermes_state_home import display_hermes_home
@@ -116,12 +120,20 @@ class HostGuard:
         return None
 
 
+def host_name(text: str) -> str:
+    """Parse an `--allow-host` value: a host name or address, lower case, without a port."""
+    name = _host_name(text)
+    if not name:
+        raise argparse.ArgumentTypeError(f"not a host name: {text!r}")
+    return name
+
+
 def warning_for(host: str) -> str | None:
-    """Return the warning to print before serving on `host`, or None for a loopback address."""
+    """Return the warning to print before serving on `host` without a password, or None for a loopback address."""
     if is_loopback(host):
         return None
-    return (f"warning: serving on {host}, which other machines can reach: the store has no authentication, "
-            "so anyone who can connect can read every conversation")
+    return (f"WARNING: serving on {host} with NO AUTHENTICATION (--no-auth): anyone who can connect to this "
+            "port can read every conversation in the store")
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -155,8 +167,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # A read-only open first: a missing file is an error (never created), an unknown schema is named.
     with open_db(args) as db:
         path = str(db.db_path)
-    warning = warning_for(args.host)
-    if warning:
+    logins = auth.logins_for(is_loopback(args.host), args.password_file, args.no_auth)
+    warning = warning_for(args.host) if logins is None else None
+    if warning:  # on every start, before anything listens
         print(warning, file=sys.stderr, flush=True)
     sock = bind(args.host, args.port)
     port = sock.getsockname()[1]
@@ -164,10 +177,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # would tell SQLite the file never changes while the agent keeps writing it: never used.
     ds = Datasette([path])
     name = next(n for n, d in ds.databases.items() if d.path == path)
-    shown = f"[{args.host}]" if ":" in args.host else args.host
+    host = args.allow_host[0] if args.allow_host else args.host
+    shown = f"[{host}]" if ":" in host else host
+    login = "" if logins is None else f", login as a user of {display_hermes_home(logins.path)}"
     print(f"Serving {display_hermes_home(Path(path))} read-only at "
-          f"http://{shown}:{port}/-/hermes/{quote(name, safe='')} (Ctrl-C stops)", flush=True)
-    app = HostGuard(ds.app(), allowed_hosts(args.host), port)
+          f"http://{shown}:{port}/-/hermes/{quote(name, safe='')} (Ctrl-C stops{login})", flush=True)
+    app = ds.app() if logins is None else auth.AuthGuard(ds.app(), logins)
+    app = HostGuard(app, frozenset(args.allow_host) if args.allow_host else allowed_hosts(args.host), port)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", workers=1)
     try:
         uvicorn.Server(config).run(sockets=[sock])

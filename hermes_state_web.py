@@ -31,6 +31,7 @@ from datasette.views.base import DatasetteError
 from markupsafe import Markup, escape
 
 import hermes_state_render as render
+from hermes_state_auth import ACTOR_SCOPE_KEY
 from hermes_state_chart import usage_chart
 from hermes_state import SessionDB, StoreUnavailableError
 
@@ -91,6 +92,12 @@ def get_metadata(datasette, key, database, table):
                                   for name in stores)
         metadata["description_html"] = str(Markup("Browse the sessions and search the messages: %s") % links)
     return metadata
+
+
+@hookimpl
+def actor_from_request(datasette, request):
+    """Return the user `serve` checked the password of, as actor `basic:<name>` (None without a login)."""
+    return request.scope.get(ACTOR_SCOPE_KEY)
 
 
 @hookimpl

@@ -11,7 +11,7 @@ from test_commands import run
 
 # Every command and `sessions` action, as the top-level and `sessions` help list them.
 SESSIONS = ["list", "show", "search", "export", "import", "rename", "delete", "prune", "stats"]
-TOP = ["recover", "backup", "restore", "doctor", "fts", "init", "migrate", "vacuum", "demo", "completion", "serve"]
+TOP = ["recover", "backup", "restore", "doctor", "fts", "init", "migrate", "vacuum", "demo", "completion", "serve", "passwd"]
 COMMANDS = [("sessions", a) for a in SESSIONS] + [(c,) for c in TOP]
 
 

@@ -52,17 +52,17 @@ def test_a_port_in_use_is_one_line_and_nothing_is_announced(store):
                          "(pick another with --port, or 0 for any free one)\n"
 
 
-def test_another_interface_warns_that_the_store_has_no_authentication(store):
+def test_another_interface_without_auth_warns_that_the_store_has_no_authentication(store):
     with socket.socket() as taken:  # the port is taken, so nothing is ever exposed
         taken.bind(("0.0.0.0", 0))
         taken.listen()
-        out = _serve("--host", "0.0.0.0", "--port", str(taken.getsockname()[1]), home=store)
+        out = _serve("--host", "0.0.0.0", "--no-auth", "--port", str(taken.getsockname()[1]), home=store)
     assert out.returncode == 1
     warning, error = out.stderr.splitlines()
-    assert "0.0.0.0" in warning and "no authentication" in warning and "in use" in error
+    assert "0.0.0.0" in warning and "NO AUTHENTICATION" in warning and "in use" in error
     assert serve.warning_for("127.0.0.1") is None and serve.warning_for("localhost") is None
     assert serve.warning_for("::1") is None and serve.warning_for("127.0.0.2") is None
-    assert "no authentication" in serve.warning_for("192.168.1.20")
+    assert "NO AUTHENTICATION" in serve.warning_for("192.168.1.20")
 
 
 @pytest.fixture
