@@ -25,47 +25,61 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import hermes_state_common as common
-import hermes_state_compression as compression
-import hermes_state_conversation as conversation
-import hermes_state_excerpts as excerpts
-import hermes_state_fts as fts
-import hermes_state_gateway as gateway
-import hermes_state_gateway_sessions as gateway_sessions
 import hermes_state_home as home
-import hermes_state_handoffs as handoffs
-import hermes_state_lineage as lineage
-import hermes_state_listings as listings
-import hermes_state_usage as usage_stats
-import hermes_state_maintenance as maintenance
-import hermes_state_messages as message_rows
-import hermes_state_ownership as ownership
-import hermes_state_portability as portability
-import hermes_state_recovery as recovery
-import hermes_state_rewind as rewind
-import hermes_state_schema as schema
-import hermes_state_routing as routing
-import hermes_state_search as search
-import hermes_state_sessions as sessions
-import hermes_state_sweeps as sweeps
 import hermes_state_table as table
-import hermes_state_telegram as telegram
 import hermes_state_titles as titles
-import hermes_state_upgrade as upgrade
 import hermes_state_writer as writer
-from hermes_state_gateway import receipt_digest
-from hermes_state_cjk import has_cjk
-from hermes_state_query import MAX_QUERY_CHARS as MAX_FTS5_QUERY_CHARS  # noqa: F401 - hermes-agent's name
-from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
-from hermes_state_ownership import input_marker
 from hermes_state_provider import ReasoningFieldMemory, sanitize_context, strip_echoed_user_input, to_provider_messages
-from hermes_state_listings import workspace_key
-from hermes_state_recovery import RecoveryReport, TableRecovery, recover
-from hermes_state_repair import (ATTEMPTED_PATHS as _repair_attempted_paths, db_opens_cleanly as _db_opens_cleanly,
-                                 is_malformed_db_error, open_repairing, repair_state_db_schema as _repair_file)
 from hermes_state_common import DEFERRED_INDEX_SQL, SCHEMA_SQL, SCHEMA_VERSION
-from hermes_state_fts_objects import FTS_SQL, FTS_TRIGRAM_SQL
 from hermes_state_table import Entry, Lookup
 from hermes_state_writer import RetryPolicy, SharedHandles, Transaction, Writer
+if TYPE_CHECKING:  # what checkers see; at run time each module is imported at its first use (below)
+    import hermes_state_compression as compression
+    import hermes_state_conversation as conversation
+    import hermes_state_excerpts as excerpts
+    import hermes_state_fts as fts
+    import hermes_state_gateway as gateway
+    import hermes_state_gateway_sessions as gateway_sessions
+    import hermes_state_handoffs as handoffs
+    import hermes_state_lineage as lineage
+    import hermes_state_listings as listings
+    import hermes_state_usage as usage_stats
+    import hermes_state_maintenance as maintenance
+    import hermes_state_messages as message_rows
+    import hermes_state_ownership as ownership
+    import hermes_state_portability as portability
+    import hermes_state_recovery as recovery
+    import hermes_state_rewind as rewind
+    import hermes_state_schema as schema
+    import hermes_state_routing as routing
+    import hermes_state_search as search
+    import hermes_state_sessions as sessions
+    import hermes_state_sweeps as sweeps
+    import hermes_state_telegram as telegram
+    import hermes_state_upgrade as upgrade
+    from hermes_state_gateway import receipt_digest
+    from hermes_state_cjk import has_cjk
+    from hermes_state_query import MAX_QUERY_CHARS as MAX_FTS5_QUERY_CHARS  # noqa: F401 - hermes-agent's name
+    from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
+    from hermes_state_ownership import input_marker
+    from hermes_state_listings import workspace_key
+    from hermes_state_recovery import RecoveryReport, TableRecovery, recover
+    from hermes_state_repair import (ATTEMPTED_PATHS as _repair_attempted_paths, db_opens_cleanly as _db_opens_cleanly,
+                                     is_malformed_db_error, open_repairing, repair_state_db_schema as _repair_file)
+    from hermes_state_fts_objects import FTS_SQL, FTS_TRIGRAM_SQL
+    from hermes_state_lockowners import configure_error_log, log_write_lock_holders
+    from hermes_state_schema import apply_wal_with_fallback
+# The modules behind the method table and the explicit methods, imported at their first use: a
+# program that opens a store and lists its sessions does not pay for the gateway ledgers or recovery.
+table.later(globals(), compression="hermes_state_compression", conversation="hermes_state_conversation",
+            excerpts="hermes_state_excerpts", fts="hermes_state_fts", gateway="hermes_state_gateway",
+            gateway_sessions="hermes_state_gateway_sessions", handoffs="hermes_state_handoffs",
+            lineage="hermes_state_lineage", listings="hermes_state_listings", usage_stats="hermes_state_usage",
+            maintenance="hermes_state_maintenance", message_rows="hermes_state_messages",
+            ownership="hermes_state_ownership", portability="hermes_state_portability",
+            recovery="hermes_state_recovery", rewind="hermes_state_rewind", schema="hermes_state_schema",
+            routing="hermes_state_routing", search="hermes_state_search", sessions="hermes_state_sessions",
+            sweeps="hermes_state_sweeps", telegram="hermes_state_telegram", upgrade="hermes_state_upgrade")
 from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
                                  ImportValidationError,
                                  LedgerStateError, OwnershipReadError, ProfileNotFoundError, ReadOnlyError,
@@ -76,10 +90,8 @@ from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportC
                                  classify_persistence_error, is_sqlite_lock_error, typed_errors)
 from hermes_state_home import (check_db_path_allowed, child_env, default_hermes_root,  # noqa: F401
                                display_hermes_home, get_hermes_home, hermes_home_override, profile_home)
-from hermes_state_lockowners import configure_error_log, log_write_lock_holders
 from hermes_state_errors import (StateDbJournalError, describe_init_failure, format_session_db_unavailable,
                                  get_last_init_error, set_last_init_error)
-from hermes_state_schema import apply_wal_with_fallback
 # hermes-agent's module exposes its imports as public names, and its callers' tests patch some of
 # them (hermes_state.time.time, hermes_state.random, hermes_state.logger): the same names are here,
 # the logger being this library's own ("hermes_state").
@@ -93,7 +105,6 @@ from hermes_state_base import logger  # noqa: E402,F401
 T = TypeVar("T")
 # hermes-agent's private names for the same process-wide state, which its callers and tests reset.
 _set_last_init_error = set_last_init_error
-_wal_fallback_warned_paths = schema.wal_fallback_warned
 
 __all__ = [
     "apply_wal_with_fallback", "get_last_init_error", "format_session_db_unavailable", "StateDbJournalError",
@@ -112,20 +123,48 @@ __all__ = [
     "DEFAULT_DB_PATH", "SCHEMA_SQL", "FTS_SQL", "FTS_TRIGRAM_SQL", "DEFERRED_INDEX_SQL", "sanitize_context",
 ]
 
-# hermes-agent's module has these among its names; they load on first use here, as importing
-# asyncio costs a fifth of this module's start-up. dir() lists them all the same.
-_LAZY_MODULES = ("asyncio",)
+# Names whose module is imported at their first read, as {name: (module, its name there or None
+# for the module itself)}; dir() lists them all the same. hermes-agent's module has asyncio among
+# its names (importing it costs a fifth of this module's start-up); the rest are this module's public
+# names (and hermes-agent's private ones) from modules most programs never need. A name read once
+# is kept here, so it is imported once and a caller's replacement of it is what later reads get.
+_LAZY_MODULES: dict[str, tuple[str, str | None]] = {
+    "asyncio": ("asyncio", None),
+    "receipt_digest": ("hermes_state_gateway", "receipt_digest"), "has_cjk": ("hermes_state_cjk", "has_cjk"),
+    "MAX_FTS5_QUERY_CHARS": ("hermes_state_query", "MAX_QUERY_CHARS"),
+    **{name: ("hermes_state_portability", name) for name in ("EXPORT_FORMAT", "EXPORT_VERSION", "ImportReport")},
+    "input_marker": ("hermes_state_ownership", "input_marker"), "workspace_key": ("hermes_state_listings", "workspace_key"),
+    **{name: ("hermes_state_recovery", name) for name in ("RecoveryReport", "TableRecovery", "recover")},
+    **{name: ("hermes_state_repair", name) for name in ("is_malformed_db_error", "open_repairing")},
+    "_repair_attempted_paths": ("hermes_state_repair", "ATTEMPTED_PATHS"),
+    "_db_opens_cleanly": ("hermes_state_repair", "db_opens_cleanly"),
+    "_repair_file": ("hermes_state_repair", "repair_state_db_schema"),
+    **{name: ("hermes_state_fts_objects", name) for name in ("FTS_SQL", "FTS_TRIGRAM_SQL")},
+    **{name: ("hermes_state_lockowners", name) for name in ("configure_error_log", "log_write_lock_holders")},
+    "apply_wal_with_fallback": ("hermes_state_schema", "apply_wal_with_fallback"),
+    "_wal_fallback_warned_paths": ("hermes_state_schema", "wal_fallback_warned"),
+    # hermes-agent's names for the background-review filter the conversation applies.
+    "_is_background_review_harness_message": ("hermes_state_conversation", "is_background_review_harness_message"),
+    "_strip_background_review_harness": ("hermes_state_conversation", "strip_background_review_harness"),
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY_MODULES:
-        return importlib.import_module(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _LAZY_MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module_name, attribute = _LAZY_MODULES[name]
+    module = importlib.import_module(module_name)
+    if attribute is None:
+        return module
+    value = globals()[name] = getattr(module, attribute)
+    return value
 
 
 def repair_state_db_schema(db_path: str | os.PathLike, *, backup: bool = True) -> dict[str, Any]:
     """Repair a malformed schema or full-text index in place, a copy kept first; return the report."""
-    return _repair_file(db_path, backup=backup, check=lambda path: _db_opens_cleanly(path))
+    # Read as attributes of this module, so a caller's replacement of either hook is the one called.
+    this = sys.modules[__name__]
+    return this._repair_file(db_path, backup=backup, check=lambda path: this._db_opens_cleanly(path))
 
 
 # DEFAULT_DB_PATH: <HERMES_HOME>/state.db when read, unless a caller pinned it (hermes_state_home).
@@ -143,7 +182,7 @@ class SessionDB(table.Handle):
         # No path: DEFAULT_DB_PATH, which is <HERMES_HOME>/state.db now unless a caller pinned it.
         super().__init__(home.DEFAULT_PATH.pinned if db_path is None else db_path, read_only=read_only,
                          backup_before_upgrade=backup_before_upgrade, force=force,
-                         repair=(_repair_attempted_paths, repair_state_db_schema))
+                         repair=(sys.modules[__name__]._repair_attempted_paths, repair_state_db_schema))
 
     # --- the method table: one line per public method that only delegates ------------------------------
     # name = Entry(transaction kind, module function). name = Lookup(...) for a read by key: for a key
@@ -175,7 +214,7 @@ class SessionDB(table.Handle):
     get_session_by_title = Lookup("read", titles.get_session_by_title)
     resolve_session_by_title = Lookup("read", titles.resolve_session_by_title)
     get_next_title_in_lineage = Entry("read", titles.get_next_title_in_lineage)
-    sanitize_title = staticmethod(titles.sanitize_title)
+    sanitize_title = table.static(titles.sanitize_title)
     append_message = Entry("transcript", message_rows.append_message)
     merge_messages = Entry("transcript", message_rows.merge_messages)
     get_messages = Lookup("read", message_rows.get_messages)
@@ -204,8 +243,8 @@ class SessionDB(table.Handle):
     search_sessions_by_id = Entry("snapshot", listings.search_sessions_by_id)
     list_cron_job_runs = Lookup("read", listings.list_cron_job_runs)
     search_messages = Entry("snapshot", search.search_messages)
-    _sanitize_fts5_query = staticmethod(fts._sanitize_fts5_query)  # the sanitizer, by the name callers know
-    _contains_cjk = staticmethod(has_cjk)  # hermes-agent's name for "does this text hold CJK letters"
+    _sanitize_fts5_query = table.static(fts._sanitize_fts5_query)  # the sanitizer, by the name callers know
+    _contains_cjk = table.static(table.deferred("hermes_state_cjk", "has_cjk"))  # hermes-agent's name for "does this text hold CJK letters"
     fts_rebuild_status = Entry("read", fts.rebuild_status)
     optimize_fts = Entry("write", fts.optimize)
     compress_in_place = Entry("compression", compression.compress_in_place)
@@ -432,11 +471,6 @@ class SessionDB(table.Handle):
             return None  # no stored id can hold a lone surrogate
         with self._read() as conn:
             return lineage.compression_successor_id(conn, session_id) or session_id
-
-
-# hermes-agent's names for the background-review filter the conversation applies.
-_is_background_review_harness_message = conversation.is_background_review_harness_message
-_strip_background_review_harness = conversation.strip_background_review_harness
 
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:

@@ -33,6 +33,16 @@ WRITE_RETRY_FAST_WINDOW_S = 2.0
 CHECKPOINT_EVERY_N_WRITES = 50
 READ_BUSY_TIMEOUT_S = 5.0    # a read-only open waits this long once, then reports busy
 SQLITE_BUSY_TIMEOUT_S = 1.0  # SQLite's own wait per attempt; the writer retries above it
+# How long a transcript write waits for another holder's compression before giving up.
+COMPRESSION_WAIT_S = 5.0
+# The full-text indexes' upkeep (hermes_state_fts does it): a bounded merge every this many writes.
+FTS_MERGE_EVERY_N_WRITES = 1000
+# A whole-index optimize from the write path, every this many writes of one handle (0: never).
+# It rewrites every index while holding the write lock, about 65 microseconds per stored
+# message (over a second at 20,000 messages), so it is rare by default: the bounded merge
+# above already keeps the segment count low. See docs/search.md.
+FTS_OPTIMIZE_EVERY_N_WRITES = 1_000_000
+FTS_REBUILD_CHUNK_ROWS = 2000  # messages per rebuild transaction (tens of milliseconds of lock)
 # Page size of a new file. Message rows are often 1-4 KB; on 4 KB pages a fifth of each table
 # page is left empty around them, on 8 KB pages about a tenth. An existing file keeps its size.
 PAGE_SIZE = 8192

@@ -22,7 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, cast
 
-from hermes_state_base import (ACTIVITY_WRITE_PATIENCE_S, CHECKPOINT_EVERY_N_WRITES, DAY_S, INT_MAX,  # noqa: F401
+from hermes_state_base import (ACTIVITY_WRITE_PATIENCE_S, CHECKPOINT_EVERY_N_WRITES, COMPRESSION_WAIT_S,  # noqa: F401
+                               DAY_S, FTS_MERGE_EVERY_N_WRITES, FTS_OPTIMIZE_EVERY_N_WRITES, FTS_REBUILD_CHUNK_ROWS, INT_MAX,
                                INT_MIN, LONE_SURROGATE, PAGE_SIZE, Keywords, READ_BUSY_TIMEOUT_S, SQLITE_BUSY_TIMEOUT_S,
                                TRANSCRIPT_WRITE_PATIENCE_S, WRITE_PATIENCE_S, WRITE_RETRY_FAST_WINDOW_S,
                                WRITE_RETRY_MAX_S, WRITE_RETRY_MIN_S, WRITE_RETRY_SLOW_MAX_S, WRITE_RETRY_SLOW_MIN_S,

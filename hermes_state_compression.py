@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable
 
 import hermes_state_messages as messages
 import hermes_state_sessions as sessions
-from hermes_state_common import SESSIONS, Keywords, check_number, logger
+from hermes_state_common import COMPRESSION_WAIT_S, SESSIONS, Keywords, check_number, logger  # noqa: F401 - the wait, by its name here
 # Holder liveness and the transcript guard live below; their names stay importable here.
 from hermes_state_holders import (UNKNOWN_PIDNS, holder_is_gone, lock_is_live, own_pidns,  # noqa: F401
                                   parse_holder)
@@ -39,8 +39,6 @@ from hermes_state_errors import (SessionClosedByCompressionError, SessionCompres
                                  SessionNotFoundError)
 
 DEFAULT_LOCK_TTL_S = 300.0
-# How long a transcript write waits for another holder's compression before giving up.
-COMPRESSION_WAIT_S = 5.0
 POLL_MIN_S, POLL_MAX_S = 0.05, 0.10
 
 # Columns a rotation child takes from its parent unless the caller overrides them: who the

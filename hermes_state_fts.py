@@ -29,7 +29,7 @@ from typing import Callable, Iterable
 
 from hermes_state_cjk import (CJK_CHARS, CJK_RUN, cjk_index_text, cjk_query_text, cjk_terms,  # noqa: F401
                                has_cjk, register_functions)
-from hermes_state_common import logger
+from hermes_state_common import FTS_MERGE_EVERY_N_WRITES, FTS_OPTIMIZE_EVERY_N_WRITES, FTS_REBUILD_CHUNK_ROWS, logger
 from hermes_state_query import _sanitize_fts5_query  # noqa: F401 - importable here, where callers know it
 from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import StateDbIncompatibleError
@@ -38,14 +38,11 @@ from hermes_state_fts_objects import (CJK, CJK_PENDING, CJK_TABLE_SQL, CONVERTIB
                                       OWN_OBJECTS, PENDING, PROGRESS, REASONING, TRIGRAM, UNGATED_OBJECTS,
                                       UNQUEUED_OBJECTS, WORD, reasoning_text, reasons, rebuild_gate, searchable_text)
 
-MERGE_EVERY_N_WRITES = 1000
-# A whole-index optimize from the write path, every this many writes of one handle (0: never).
-# It rewrites every index while holding the write lock, about 65 microseconds per stored
-# message (over a second at 20,000 messages), so it is rare by default: the bounded merge
-# above already keeps the segment count low. See docs/search.md.
-OPTIMIZE_EVERY_N_WRITES = 1_000_000
+# The upkeep cadences' defaults (hermes_state_base says why each is what it is), by their names here.
+MERGE_EVERY_N_WRITES = FTS_MERGE_EVERY_N_WRITES
+OPTIMIZE_EVERY_N_WRITES = FTS_OPTIMIZE_EVERY_N_WRITES
 MERGE_PAGES = 200            # bounded work per merge: a few milliseconds, never a full optimize
-REBUILD_CHUNK_ROWS = 2000    # messages per rebuild transaction (tens of milliseconds of lock)
+REBUILD_CHUNK_ROWS = FTS_REBUILD_CHUNK_ROWS
 CJK_BATCH_ROWS = 2000        # queued CJK rows (another program's) one batch indexes at most
 
 

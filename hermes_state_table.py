@@ -8,7 +8,9 @@ the lone-surrogate rule for reads, `same_arguments` (one parameter list for two 
 `Handle`, the base of SessionDB: opening and closing a handle, the shared-handle registry, the
 timing knobs, and `_run`, the one place that turns a kind into its transaction; and
 `AsyncFacade` with `add_async_twins` (the coroutine and async-generator twins AsyncSessionDB is
-made of).
+made of); `later` (a sibling module imported at its first use) and `Pending` (a class attribute
+built at its first read), which keep `import hermes_state` from importing and inspecting every
+module the table names.
 Does not own: what a module function does, the upgrade an open runs (hermes_state_upgrade),
 BEGIN/COMMIT themselves (hermes_state_writer).
 
@@ -21,10 +23,13 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import inspect
 import itertools
 import os
 import sqlite3
+import sys
+import threading
 import types
 import typing
 from contextlib import AbstractContextManager, contextmanager
@@ -34,18 +39,21 @@ from typing import (TYPE_CHECKING, Any, AsyncIterator, Callable, Concatenate, Ge
                     TypeVar)
 
 import hermes_state_common as common
-import hermes_state_compression as compression
-import hermes_state_fts as fts
-import hermes_state_messages as messages
-import hermes_state_schema as schema
-import hermes_state_upgrade as upgrade
-from hermes_state_common import SCHEMA_VERSION, has_surrogate
+from hermes_state_common import (COMPRESSION_WAIT_S, FTS_MERGE_EVERY_N_WRITES, FTS_OPTIMIZE_EVERY_N_WRITES,
+                                 FTS_REBUILD_CHUNK_ROWS, SCHEMA_VERSION, has_surrogate)
 from hermes_state_errors import (TRANSLATABLE, HermesStateError, ReadOnlyError, StateDbIncompatibleError,
                                  describe_init_failure, raise_typed, set_last_init_error, typed_errors)
 from hermes_state_home import check_db_path_allowed, get_hermes_home
-from hermes_state_lockowners import log_write_lock_holders
-from hermes_state_repair import open_repairing
 from hermes_state_writer import RetryPolicy, RowConnection, SharedHandles, Transaction, Writer
+
+if TYPE_CHECKING:
+    import hermes_state_compression as compression
+    import hermes_state_fts as fts
+    import hermes_state_lockowners as lockowners
+    import hermes_state_messages as messages
+    import hermes_state_repair as repairs
+    import hermes_state_schema as schema
+    import hermes_state_upgrade as upgrade
 
 P = ParamSpec("P")  # one per line: checkers take a type variable only from its own assignment
 R = TypeVar("R")
@@ -55,6 +63,122 @@ READS = ("read", "snapshot")
 # The modules' injected clock: a module's own tests pass it, a caller of the facade never does.
 MODULE_ONLY = frozenset({"now"})
 ASK = object()  # no answer declared for an unknown key: the module function answers itself
+
+
+# --- first use: modules imported, and class attributes built, when they are first needed ---------------
+# `import hermes_state` used to import every module the method table names and read ~150
+# signatures; most programs use a handful of methods. A module is now imported at its first use
+# and a table method built at its first read, by the same code, so what a caller sees is unchanged.
+
+class Deferred:
+    """A function of a sibling module that is not imported yet; calling it imports the module."""
+
+    __slots__ = ("later", "name")
+
+    def __init__(self, later: Later, name: str):
+        self.later, self.name = later, name
+
+    def resolve(self) -> Any:
+        """Import the module (once) and return the attribute this names."""
+        return getattr(self.later.load(), self.name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<{self.later.module_name}.{self.name}, imported at first use>"
+
+
+class Later:
+    """A sibling module bound to a name of a module's namespace, imported at its first use.
+
+    Before the module is imported, an attribute read gives a `Deferred` reference to it (so a
+    method table line can name a function without importing its module); once the module is
+    imported, by anyone, a read gives the module's own attribute and binds the name to the module
+    itself, so later reads cost what a module attribute costs. A constant is therefore read only
+    where its module is imported already; Python's import lock makes the first import run once.
+    """
+
+    def __init__(self, namespace: dict[str, Any], alias: str, module_name: str):
+        self._namespace, self._alias, self.module_name = namespace, alias, module_name
+
+    def load(self) -> types.ModuleType:
+        """Import the module (once) and bind the name to it; return it."""
+        module = importlib.import_module(self.module_name)
+        if self._namespace.get(self._alias) is self:
+            self._namespace[self._alias] = module
+        return module
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and inspect probe for dunder names: not module attributes
+            raise AttributeError(name)
+        return getattr(self.load(), name) if self.module_name in sys.modules else Deferred(self, name)
+
+    def __repr__(self) -> str:
+        return f"<module {self.module_name!r}, imported at first use>"
+
+
+def later(namespace: dict[str, Any], **modules: str) -> None:
+    """Bind each alias of `namespace` to its module (alias=module name), imported at its first use (a `Later`)."""
+    for alias, name in modules.items():
+        namespace[alias] = sys.modules.get(name) or Later(namespace, alias, name)
+
+
+def resolved(value: Any) -> Any:
+    """Return what a `Deferred` names (importing its module), or `value` itself."""
+    return value.resolve() if isinstance(value, Deferred) else value
+
+
+def deferred(module_name: str, name: str) -> Any:
+    """Return `name` of a module no namespace binds: as a `Later` attribute read gives it (see there)."""
+    return getattr(Later({}, "", module_name), name)
+
+
+_BUILDING = threading.Lock()  # one built value is kept per class attribute, whichever thread built first
+
+
+class Pending:
+    """A class attribute built at its first read (on the class or an instance), then replaced there by what was built.
+
+    Subclasses say what `build()` returns: a plain function (or staticmethod), so from its first
+    read on the attribute is exactly what a `def` would have made, and reads cost nothing extra.
+    """
+
+    _owner: type
+    _name: str
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._owner, self._name = owner, name
+
+    def build(self) -> Any:
+        """Return the attribute's value (a function or a staticmethod)."""
+        raise NotImplementedError
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        built: Any = vars(self._owner).get(self._name)
+        if built is self:
+            made = self.build()  # outside the lock: it may import a module, which takes the import lock
+            with _BUILDING:
+                built = vars(self._owner).get(self._name)
+                if built is self:
+                    setattr(self._owner, self._name, made)
+                    built = made
+        return built.__get__(obj, owner)
+
+
+class Static(Pending):
+    """A table line for a plain function of a module imported at first use: a staticmethod once read."""
+
+    def __init__(self, function: Deferred):
+        self.function = function
+
+    def build(self) -> Any:
+        return staticmethod(self.function.resolve())
+
+
+def static(function: Callable[P, R]) -> Callable[P, R]:
+    """Return `staticmethod(function)`, or for a `Deferred` function one that imports its module at first read."""
+    return Static(function) if isinstance(function, Deferred) else staticmethod(function)  # type: ignore[return-value]
 
 
 def keywords_parameter(params: list[inspect.Parameter]) -> str | None:
@@ -80,7 +204,7 @@ def _takes_txn(kind: str, function: Callable[..., Any], params: list[inspect.Par
     return txn
 
 
-class Entry(Generic[P, R]):
+class Entry(Pending, Generic[P, R]):
     """One line of the method table: a public method running `function(conn, ...)` in a transaction of `kind`.
 
     `unknown` is what a read answers for a key no row can have: a value such as None or [] (a
@@ -88,23 +212,37 @@ class Entry(Generic[P, R]):
     must declare it (a `Lookup` takes it from the return type). Text holding a lone surrogate, which SQLite can neither store nor look up,
     gets that answer without a query. The function's dict parameter annotated `Keywords` (or the
     one `pack` names) is taken by the public method as `**keywords` instead. A write function whose first parameter is `txn` gets the
-    open Transaction, so it can leave a step (removing files) until after COMMIT.
+    open Transaction, so it can leave a step (removing files) until after COMMIT. A `Deferred`
+    function (of a module imported at first use) is imported, checked and made into the method at
+    the method's first read; any other is checked at once.
     """
 
     def __init__(self, kind: Kind, function: Callable[Concatenate[Any, P], R], *, unknown: Any = ASK,
                  pack: str | None = None):
-        params = list(inspect.signature(function).parameters.values())
-        self.txn = _takes_txn(kind, function, params, unknown)
-        pack = keywords_parameter(params) if pack is None else pack
         self.kind, self.function, self.unknown, self.pack = kind, function, unknown, pack
+        self.prepared = False
+        if not isinstance(function, Deferred):  # a mistaken line is refused where it is written
+            self.prepare()
+
+    def prepare(self) -> None:
+        """Read the module function's parameters (importing its module first, for a `Deferred` one) and check the line."""
+        self.function, self.unknown = resolved(self.function), resolved(self.unknown)
+        params = list(inspect.signature(self.function).parameters.values())
+        self.txn = _takes_txn(self.kind, self.function, params, self.unknown)
+        pack = keywords_parameter(params) if self.pack is None else self.pack
+        self.pack = pack
         self.public = [p for p in params[1:] if p.name not in MODULE_ONLY and p.name != pack]
         if pack is not None:
             self.public.append(inspect.Parameter(pack, inspect.Parameter.VAR_KEYWORD, annotation="Any"))
         # The packed dict's own name is not a keyword: `filters=` is just one more packed key.
         self.names = {p.name for p in self.public if p.kind is not inspect.Parameter.VAR_KEYWORD}
+        self.prepared = True
 
-    def __set_name__(self, owner: type, name: str) -> None:
-        entry = self
+    def build(self) -> Any:
+        """Return the public method: a plain function, so help(), inspect and pickling see one."""
+        if not self.prepared:
+            self.prepare()
+        entry, owner, name = self, self._owner, self._name
 
         def method(self: Any, *args: Any, **kwargs: Any) -> Any:
             return self._run(entry, args, kwargs)
@@ -114,7 +252,7 @@ class Entry(Generic[P, R]):
         method.__signature__ = inspect.signature(self.function).replace(  # type: ignore[attr-defined]
             parameters=[own, *self.public])
         method.entry = self  # type: ignore[attr-defined]
-        setattr(owner, name, method)  # a plain function from here on: help(), inspect and pickling see one
+        return method
 
     def arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """Return the module function's (args, kwargs) for a public call; refuse the module-only keywords."""
@@ -173,11 +311,16 @@ class Lookup(Entry[P, R]):
     """
 
     def __init__(self, kind: Literal["read", "snapshot"], function: Callable[Concatenate[Any, P], R]):
-        answer = empty_answer(typing.get_type_hints(function).get("return")) if kind in READS else ASK
+        super().__init__(kind, function)
+
+    def prepare(self) -> None:
+        self.function = resolved(self.function)
+        answer = empty_answer(typing.get_type_hints(self.function).get("return")) if self.kind in READS else ASK
         if answer is ASK:
-            raise TypeError(f"{function.__name__}: a lookup is a read whose return type has an empty value "
+            raise TypeError(f"{self.function.__name__}: a lookup is a read whose return type has an empty value "
                             f"(None, [], 0, False); give this one an Entry with unknown=")
-        super().__init__(kind, function, unknown=answer)
+        self.unknown = answer
+        super().prepare()
 
 
 def same_arguments(template: Callable[P, Any]) -> Callable[[Callable[..., R]], Callable[P, R]]:
@@ -194,8 +337,8 @@ def same_arguments(template: Callable[P, Any]) -> Callable[[Callable[..., R]], C
 
 
 def entries(cls: type) -> dict[str, Entry]:
-    """Return the method table of `cls`: {method name: its entry}."""
-    return {name: member.entry for name, member in vars(cls).items() if hasattr(member, "entry")}
+    """Return the method table of `cls`: {method name: its entry}, every method built."""
+    return {name: member.entry for name in list(vars(cls)) if hasattr(member := getattr(cls, name), "entry")}
 
 
 def resolve_path(db_path: str | os.PathLike | None, home: Path) -> Path:
@@ -207,6 +350,10 @@ def resolve_path(db_path: str | os.PathLike | None, home: Path) -> Path:
     return Path(db_path).expanduser().absolute()
 
 
+# What a handle needs only once it opens, writes or closes: imported then, not with the facade.
+later(globals(), compression="hermes_state_compression", fts="hermes_state_fts", lockowners="hermes_state_lockowners",
+      messages="hermes_state_messages", repairs="hermes_state_repair", schema="hermes_state_schema",
+      upgrade="hermes_state_upgrade")
 SHARED = SharedHandles()  # the process-wide handles SessionDB.shared() hands out
 # The repair an open may try once per path: the paths tried so far, and the repair itself.
 Repair = tuple[set[str], Callable[..., dict[str, Any]] | None]
@@ -303,11 +450,11 @@ class Handle(metaclass=Knobs):
     # its disk syncs) or inside the write that makes it due.
     checkpoint_in_background = True
     # Writes between whole-index FTS optimizes, run after COMMIT in a write of their own (0: never).
-    optimize_every_n_writes = _OPTIMIZE_EVERY_N_WRITES = fts.OPTIMIZE_EVERY_N_WRITES
+    optimize_every_n_writes = _OPTIMIZE_EVERY_N_WRITES = FTS_OPTIMIZE_EVERY_N_WRITES
     # Transcript writes wait this long for another holder's compression.
-    compression_wait_s = _COMPRESSION_WAIT_S = compression.COMPRESSION_WAIT_S
+    compression_wait_s = _COMPRESSION_WAIT_S = COMPRESSION_WAIT_S
     # Rows per FTS rebuild transaction; whether open leaves a rebuild to a background thread.
-    fts_rebuild_chunk_rows = _FTS_REBUILD_CHUNK_ROWS = fts.REBUILD_CHUNK_ROWS
+    fts_rebuild_chunk_rows = _FTS_REBUILD_CHUNK_ROWS = FTS_REBUILD_CHUNK_ROWS
     fts_rebuild_in_background = _FTS_REBUILD_IN_BACKGROUND = True
     # {hermes-agent's name: the public name it is an alias of}; setting either sets both.
     HERMES_AGENT_ALIASES = HERMES_AGENT_ALIASES
@@ -348,7 +495,7 @@ class Handle(metaclass=Knobs):
         # written before this handle upgraded the file; mode_changes: files this open tightened to 0600.
         attempted, repair_file = repair or (set(), None)
         try:
-            opened = open_repairing(lambda: upgrade.open_connection(
+            opened = repairs.open_repairing(lambda: upgrade.open_connection(
                 self.db_path, read_only=read_only, read_busy_s=self.read_busy_timeout_s,
                 patience_s=self.write_patience_s, policy=self._policy(), backup=backup_before_upgrade, force=force,
                 on_give_up=self._log_lock_holders), self.db_path, attempted, None if read_only else repair_file)
@@ -482,14 +629,14 @@ class Handle(metaclass=Knobs):
         return self._built_policy[1]
 
     def _log_lock_holders(self, patience_s: float) -> None:
-        log_write_lock_holders(self.db_path, patience_s)
+        lockowners.log_write_lock_holders(self.db_path, patience_s)
 
     def _upkeep(self, conn: sqlite3.Connection, writes: int) -> None:
         every = self.checkpoint_every_n_writes  # 0 or None: never (SQLite's own automatic checkpoint remains)
         if every and writes % every == 0:
             self._writer.checkpoint(background=self.checkpoint_in_background)
         # The cadences are checked here, so the usual write never enters the FTS module.
-        if writes % fts.MERGE_EVERY_N_WRITES == 0:  # a bounded FTS merge every 1,000 writes
+        if writes % FTS_MERGE_EVERY_N_WRITES == 0:  # a bounded FTS merge every 1,000 writes
             fts.upkeep(conn, writes)
         every = self.optimize_every_n_writes
         if every and writes % every == 0 and fts.optimize_due(writes, every):
@@ -602,13 +749,26 @@ class AsyncFacade:
         await self.close()
 
 
+class Twin(Pending):
+    """An async facade's twin of one method of the sync class, made at its first read (see `add_async_twins`)."""
+
+    def __init__(self, sync_cls: type, name: str):
+        self.sync_cls, self.name = sync_cls, name
+
+    def build(self) -> Any:
+        return _twin(self.name, getattr(self.sync_cls, self.name))
+
+
 def add_async_twins(sync_cls: type, async_cls: type, skip: set[str]) -> None:
     """Give `async_cls` a twin of every public method of `sync_cls` not in `skip` (calls go to `self.db`).
 
     A twin is a coroutine running the method on a worker thread; an `iter_*` method's twin is an
-    async generator. Each keeps the method's name, signature and docstring.
+    async generator. Each keeps the method's name, signature and docstring; it is made at its
+    first read, as the method it wraps is.
     """
     members = {name: member for cls in reversed(sync_cls.__mro__[:-1]) for name, member in vars(cls).items()}
     for name, member in members.items():  # the base's methods too (Handle's), the subclass's winning
-        if not name.startswith("_") and name not in skip and callable(member):
-            setattr(async_cls, name, _twin(name, member))
+        if not name.startswith("_") and name not in skip and (callable(member) or isinstance(member, Pending)):
+            twin = Twin(sync_cls, name)
+            twin.__set_name__(async_cls, name)
+            setattr(async_cls, name, twin)

@@ -425,8 +425,7 @@ def test_the_packed_parameter_is_the_one_the_module_function_annotates_keywords(
     import hermes_state_common as common
     from hermes_state_common import Keywords
     from hermes_state_table import Entry, keywords_parameter
-    packed = {name: method.entry.pack for name, method in vars(SessionDB).items()
-              if getattr(method, "entry", None) is not None and method.entry.pack}
+    packed = {name: entry.pack for name, entry in _table().items() if entry.pack}
     assert packed == {"update_session": "columns", "rotate_session": "child_columns", "list_prune_candidates": "filters",
                       "archive_sessions": "filters", "prune_sessions": "filters"}
     for name, parameter in packed.items():
