@@ -39,8 +39,8 @@ from typing import (TYPE_CHECKING, Any, AsyncIterator, Callable, Concatenate, Ge
                     TypeVar)
 
 import hermes_state_common as common
-from hermes_state_common import (COMPRESSION_WAIT_S, FTS_MERGE_EVERY_N_WRITES, FTS_OPTIMIZE_EVERY_N_WRITES,
-                                 FTS_REBUILD_CHUNK_ROWS, SCHEMA_VERSION, has_surrogate)
+from hermes_state_common import (COMPRESSION_WAIT_S, FTS_OPTIMIZE_EVERY_N_WRITES, FTS_REBUILD_CHUNK_ROWS,
+                                 SCHEMA_VERSION, has_surrogate)
 from hermes_state_errors import (TRANSLATABLE, HermesStateError, ReadOnlyError, StateDbIncompatibleError,
                                  describe_init_failure, raise_typed, set_last_init_error, typed_errors)
 from hermes_state_home import check_db_path_allowed, get_hermes_home
@@ -636,7 +636,7 @@ class Handle(metaclass=Knobs):
         if every and writes % every == 0:
             self._writer.checkpoint(background=self.checkpoint_in_background)
         # The cadences are checked here, so the usual write never enters the FTS module.
-        if writes % FTS_MERGE_EVERY_N_WRITES == 0:  # a bounded FTS merge every 1,000 writes
+        if writes % fts.MERGE_EVERY_N_WRITES == 0:  # a bounded FTS merge every 1,000 writes
             fts.upkeep(conn, writes)
         every = self.optimize_every_n_writes
         if every and writes % every == 0 and fts.optimize_due(writes, every):

@@ -506,3 +506,90 @@ def test_the_peeking_connection_reads_rows_by_column_name(db):
     with db.transaction() as txn:
         row = RowConnection(txn.conn).execute("SELECT model FROM sessions WHERE id = 's'").fetchone()
     assert row["model"] == row[0] == "m"
+
+
+# --- start-up: what `import hermes_state` loads, and what a first read loads ----------------------------
+# Asserted by what is in sys.modules of a fresh interpreter, never by timing (bench/startup.py times it).
+
+# Modules a program that only imports the library never needs: the ledgers, recovery, export and
+# import, search, maintenance, the transcript writes, the full-text machinery, the upgrade, asyncio.
+NOT_AT_IMPORT = ["hermes_state_gateway", "hermes_state_gateway_sessions", "hermes_state_routing",
+                 "hermes_state_recovery", "hermes_state_portability", "hermes_state_search",
+                 "hermes_state_maintenance", "hermes_state_messages", "hermes_state_compression",
+                 "hermes_state_fts", "hermes_state_upgrade", "hermes_state_schema", "asyncio", "uuid"]
+
+
+def _fresh(code: str, home: Any) -> Any:
+    import json
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=os.getcwd(),
+                          env={**os.environ, "HERMES_HOME": str(home)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_importing_the_library_loads_none_of_the_modules_a_method_needs_only_when_called(tmp_path):
+    code = ("import json, sys, inspect, hermes_state as h\n"
+            "at_import = sorted(sys.modules)\n"
+            "listed = 'search_messages' in dir(h.SessionDB) and 'recover' in dir(h) and 'asyncio' in dir(h)\n"
+            "still = sorted(sys.modules)\n"
+            "sig = str(inspect.signature(h.SessionDB.search_messages))\n"
+            "after_read = sorted(sys.modules)\n"
+            "print(json.dumps([at_import, listed, still == at_import, sig, after_read]))")
+    at_import, listed, unchanged, signature, after_read = _fresh(code, tmp_path)
+    assert not set(NOT_AT_IMPORT) & set(at_import), sorted(set(NOT_AT_IMPORT) & set(at_import))
+    assert listed and unchanged  # dir() lists the lazy names without loading them
+    assert "hermes_state_search" in after_read and signature.startswith("(self, query")  # the first read loads it
+    import inspect
+    import hermes_state_search as search
+    assert signature == str(inspect.signature(SessionDB.search_messages))
+    assert list(inspect.signature(search.search_messages).parameters)[1:] == \
+        list(inspect.signature(SessionDB.search_messages).parameters)[1:]
+
+
+def test_opening_a_store_and_listing_its_sessions_loads_no_ledger_export_search_or_write_module(tmp_path):
+    with SessionDB(tmp_path / "state.db") as db:
+        db.create_session("s", "cli")
+    code = ("import json, sys, hermes_state as h\n"
+            "with h.SessionDB() as db: rows = db.list_sessions()\n"
+            "print(json.dumps([[r['id'] for r in rows], sorted(sys.modules)]))")
+    ids, loaded = _fresh(code, tmp_path)
+    assert ids == ["s"]
+    unneeded = {"hermes_state_gateway", "hermes_state_routing", "hermes_state_portability", "hermes_state_search",
+                "hermes_state_maintenance", "hermes_state_compression", "hermes_state_messages", "asyncio"}
+    assert not unneeded & set(loaded), sorted(unneeded & set(loaded))
+
+
+def test_lazily_exported_names_are_the_modules_own_objects():
+    import hermes_state
+    import hermes_state_portability as portability
+    import hermes_state_recovery as recovery
+    import hermes_state_schema as schema
+    from hermes_state import FTS_SQL, ImportReport, recover  # noqa: F401 - the from-import itself is under test
+    assert ImportReport is portability.ImportReport and recover is recovery.recover
+    assert hermes_state._wal_fallback_warned_paths is schema.wal_fallback_warned
+    assert hermes_state.apply_wal_with_fallback is schema.apply_wal_with_fallback
+    assert set(hermes_state.__all__) <= set(dir(hermes_state))
+    with pytest.raises(AttributeError):
+        hermes_state.no_such_name  # noqa: B018
+
+
+def test_methods_built_at_first_read_are_one_object_whichever_thread_reads_first(tmp_path):
+    # A fresh interpreter: every method is still unbuilt there, and 8 threads race to read them all
+    # (== : a classmethod read gives a new bound method each time, equal to the last).
+    code = ("import json, threading, hermes_state as h\n"
+            "names = [n for n in dir(h.SessionDB) if not n.startswith('__')]\n"
+            "seen = []\n"
+            "barrier = threading.Barrier(8)\n"
+            "def read():\n"
+            "    barrier.wait()\n"
+            "    seen.append([getattr(h.SessionDB, n) for n in names] + [getattr(h.AsyncSessionDB, n, None) for n in names])\n"
+            "threads = [threading.Thread(target=read) for _ in range(8)]\n"
+            "[t.start() for t in threads]; [t.join() for t in threads]\n"
+            "final = [getattr(h.SessionDB, n) for n in names] + [getattr(h.AsyncSessionDB, n, None) for n in names]\n"
+            "print(json.dumps([len(names), all(all(a == b for a, b in zip(s, final)) for s in seen),"
+            " type(vars(h.SessionDB)['append_message']).__name__]))")
+    count, same, kind = _fresh(code, tmp_path)
+    assert count > 100 and same
+    assert kind == "function"  # once read, the class holds a plain function: no per-call indirection
