@@ -20,15 +20,12 @@ import os
 import re
 import sqlite3
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator
 
-import hermes_state_auth as auth
 import hermes_state_commands as commands
 import hermes_state_render as render
-import hermes_state_serve as serve
 from hermes_state_commands import age, emit, existing_db, non_negative, open_db, parse_when, written_atomically
 from hermes_state_errors import AmbiguousSessionIdError, HermesStateError, ProfileNotFoundError, SessionNotFoundError
 from hermes_state_home import _apply_profile_override, display_hermes_home, hermes_home_override, profile_home
@@ -474,6 +471,7 @@ def _demo_home(args: argparse.Namespace) -> str:
     # started) points, so that the next commands see them; never in a home that holds a store.
     given = args.hermes_home if args.keep else None
     if not given:
+        import tempfile  # here: only the demo makes a directory
         return tempfile.mkdtemp(prefix="hermes-demo-")
     home = Path(given).expanduser()
     if (home / "state.db").exists():
@@ -612,8 +610,11 @@ def _since_until(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--until", type=parse_when, metavar="WHEN", help=f"{what} before WHEN (default: up to now)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the argument parser of every command (global flags are taken out before it runs)."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Build the argument parser of every command (global flags are taken out before it runs).
+
+    With `only` naming another command, serve and passwd are listed but not built.
+    """
     parser = argparse.ArgumentParser(prog="hermes-state", description="Browse, search and maintain a hermes-state "
                                      "database.", epilog=_GLOBALS_HELP, formatter_class=_Help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -698,23 +699,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the demo home to explore it afterwards")
     p = _command(sub, "completion", cmd_completion, "print a shell completion script (bash, zsh, fish)")
     p.add_argument("shell", choices=["bash", "zsh", "fish"], help="the shell to complete in")
-    p = _command(sub, "serve", serve.cmd_serve, "browse sessions in a web page (Datasette), read-only")
-    p.add_argument("--port", type=serve.port_number, default=8001, help="port to listen on; 0 picks a free one")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (any other than loopback lets other "
-                   "machines connect, and needs a user made by `passwd`)")
-    p.add_argument("--allow-host", action="append", type=serve.host_name, metavar="NAME",
-                   help="answer only requests for this host name (repeatable; default: the --host address, "
-                   "this machine's names for 0.0.0.0, and localhost)")
-    login = p.add_mutually_exclusive_group()
-    login.add_argument("--password-file", metavar="PATH", help="check HTTP basic logins against this file "
-                       "(default: <HERMES_HOME root>/web-passwords off loopback; none on loopback)")
-    login.add_argument("--no-auth", action="store_true", help="serve beyond loopback without a password "
-                       "(anyone who can connect reads every conversation)")
-    p = _command(sub, "passwd", auth.cmd_passwd, "set a password for serve's HTTP basic login")
-    p.add_argument("user", metavar="NAME", help="the user's name (1-64 letters, digits, . _ @ -)")
-    p.add_argument("--delete", action="store_true", help="remove the user instead")
-    p.add_argument("--password-file", metavar="PATH",
-                   help="the file to write (default: <HERMES_HOME root>/web-passwords, mode 0600)")
+    # serve and passwd load the web server's and the password file's modules (a third of the start-up
+    # of any other command): with `only` naming another command they are listed, not built.
+    serve_help = "browse sessions in a web page (Datasette), read-only"
+    passwd_help = "set a password for serve's HTTP basic login"
+    if only in (None, "serve"):
+        import hermes_state_serve as serve
+        p = _command(sub, "serve", serve.cmd_serve, serve_help)
+        p.add_argument("--port", type=serve.port_number, default=8001, help="port to listen on; 0 picks a free one")
+        p.add_argument("--host", default="127.0.0.1", help="address to listen on (any other than loopback lets other "
+                       "machines connect, and needs a user made by `passwd`)")
+        p.add_argument("--allow-host", action="append", type=serve.host_name, metavar="NAME",
+                       help="answer only requests for this host name (repeatable; default: the --host address, "
+                       "this machine's names for 0.0.0.0, and localhost)")
+        login = p.add_mutually_exclusive_group()
+        login.add_argument("--password-file", metavar="PATH", help="check HTTP basic logins against this file "
+                           "(default: <HERMES_HOME root>/web-passwords off loopback; none on loopback)")
+        login.add_argument("--no-auth", action="store_true", help="serve beyond loopback without a password "
+                           "(anyone who can connect reads every conversation)")
+    else:
+        sub.add_parser("serve", help=serve_help)
+    if only in (None, "passwd"):
+        import hermes_state_auth as auth
+        p = _command(sub, "passwd", auth.cmd_passwd, passwd_help)
+        p.add_argument("user", metavar="NAME", help="the user's name (1-64 letters, digits, . _ @ -)")
+        p.add_argument("--delete", action="store_true", help="remove the user instead")
+        p.add_argument("--password-file", metavar="PATH",
+                       help="the file to write (default: <HERMES_HOME root>/web-passwords, mode 0600)")
+    else:
+        sub.add_parser("passwd", help=passwd_help)
     return parser
 
 
@@ -781,7 +794,8 @@ _SESSIONS_PARSER: list[argparse.ArgumentParser] = []  # ... and of `sessions`
 
 def parse_command(words: list[str]) -> argparse.Namespace:
     """Parse a command line without its global flags (a query starting with - included); exit 2 when it is wrong."""
-    parser = build_parser()
+    # Only the command given is built in full (the first word not an option; none: all, for --help).
+    parser = build_parser(only=next((w for w in words if not w.startswith("-")), None))
     if words[:2] == ["sessions", "search"]:
         words = words[:2] + words_last(_SEARCH_PARSER[0], words[2:])
     return parser.parse_args(words)

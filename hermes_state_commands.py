@@ -16,7 +16,6 @@ import re
 import shutil
 import stat
 import sys
-import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -98,6 +97,7 @@ def written_atomically(target: str | None) -> Iterator[TextIO]:
     check_new_file(path, "file")
     if path.is_dir():
         raise HermesStateError(f"{path} is a directory; give a file name")
+    import tempfile  # here, not at start-up: only the commands that write a file need it
     fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)  # O_EXCL, 0600
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
