@@ -14,7 +14,8 @@ fresh 2,000-message file (100 sessions of 20 messages) in a temporary HERMES_HOM
 them: the `hermes-state` and `sqlite-utils` scripts installed beside each interpreter (else
 `python -m`), from that scratch directory, so no checkout on the way is imported instead.
 Goals: each ratio at most 0.75. It also prints the machine's load average, which the figures
-depend on.
+depend on, and where each interpreter imports the two packages from (an editable install or a
+checkout on the way shows up there).
 """
 from __future__ import annotations
 
@@ -59,6 +60,13 @@ def _program(python: str, script: str, module: str) -> list[str]:
     return [str(installed)] if installed.is_file() else [python, "-m", module]
 
 
+def _origin(python: str, package: str, env: dict[str, str], cwd: Path) -> str:
+    """Return the file `python` imports `package` from, run as the timed commands run."""
+    done = subprocess.run([python, "-c", f"import {package}; print({package}.__file__)"], env=env, cwd=cwd,
+                          capture_output=True, text=True)
+    return done.stdout.strip() or done.stderr.strip().splitlines()[-1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default=sys.executable, help="a Python where hermes-state is installed")
@@ -88,7 +96,11 @@ def main() -> None:
         for round_ in range(args.runs):
             for name in (names if round_ % 2 == 0 else names[::-1]):
                 times[name].append(_time(commands[name], env, home))
+        where = {package: _origin(python, package, env, home) for python, package in
+                 ((ours, "hermes_state"), (str(other), "sqlite_utils"))}
     median = {name: statistics.median(t) for name, t in times.items()}
+    for package, origin in where.items():
+        print(f"{package} imported from {origin}")
     if hasattr(os, "getloadavg"):
         print("load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
     for name, value in median.items():

@@ -568,7 +568,6 @@ def test_lazily_exported_names_are_the_modules_own_objects():
     import hermes_state_schema as schema
     from hermes_state import FTS_SQL, ImportReport, recover  # noqa: F401 - the from-import itself is under test
     assert ImportReport is portability.ImportReport and recover is recovery.recover
-    assert hermes_state._wal_fallback_warned_paths is schema.wal_fallback_warned
     assert hermes_state.apply_wal_with_fallback is schema.apply_wal_with_fallback
     assert set(hermes_state.__all__) <= set(dir(hermes_state))
     with pytest.raises(AttributeError):
