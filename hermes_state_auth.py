@@ -134,7 +134,8 @@ def validate_name(name: str) -> str:
 
 
 def _loose(mode: int) -> bool:
-    return bool(mode & 0o077)
+    # Windows has no group and other bits (its modes say 0666): there the ACLs decide, unchecked.
+    return os.name == "posix" and bool(mode & 0o077)
 
 
 def _no_file(path: Path) -> HermesStateError:
