@@ -557,7 +557,7 @@ EXAMPLES = {
     "migrate": ["migrate", "migrate --no-backup"],
     "vacuum": ["vacuum", "--db /path/to/state.db vacuum"],
     "demo": ["demo", "demo --keep"],
-    "serve": ["serve --port 0", "--profile coder serve --port 8002",
+    "serve": ["serve --port 0", "--profile coder serve --port 8002", "serve --all-profiles",
               "serve --host 0.0.0.0 --allow-host box.lan   # after `hermes-state passwd NAME`"],
     "passwd": ["passwd alice", "passwd alice --delete", "passwd alice --password-file /srv/hermes/web-passwords"],
     "completion": ['eval "$(hermes-state completion bash)"        # in ~/.bashrc',
@@ -717,6 +717,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                            "(default: <HERMES_HOME root>/web-passwords off loopback; none on loopback)")
         login.add_argument("--no-auth", action="store_true", help="serve beyond loopback without a password "
                            "(anyone who can connect reads every conversation)")
+        p.add_argument("--all-profiles", action="store_true", help="serve the default profile and every named "
+                       "one of the root, each under its own name")
     else:
         sub.add_parser("serve", help=serve_help)
     if only in (None, "passwd"):

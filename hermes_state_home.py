@@ -105,6 +105,29 @@ def profile_home(name: str) -> Path:
     return root if name == DEFAULT_PROFILE else root / "profiles" / name
 
 
+def profiles_root() -> Path:
+    """Return the root whose profiles there are: `HERMES_HOME`'s (its root when it is a profile), else the default."""
+    home = get_hermes_home()
+    # A profile's home is <root>/profiles/<name>: its root is two levels up.
+    return home.parent.parent if home.parent.name == "profiles" else home
+
+
+def profile_homes(root: str | os.PathLike[str]) -> list[tuple[str, Path]]:
+    """Return (name, home) of "default" (the root itself) and of each named profile under `root`, by name.
+
+    A directory under `profiles/` whose name is not a valid profile name is not a profile.
+    Nothing is created or opened; a missing root or `profiles/` gives only the default.
+    """
+    base = Path(root).expanduser()
+    homes = [(DEFAULT_PROFILE, base)]
+    try:
+        entries = sorted((p.name, p) for p in (base / "profiles").iterdir() if p.is_dir())
+    except OSError:  # no profiles directory (yet), or one that cannot be listed
+        return homes
+    return homes + [(name, path) for name, path in entries
+                    if _PROFILE_NAME_RE.fullmatch(name) and name != DEFAULT_PROFILE]
+
+
 # Leading options of the hermes-state command that take their value as the next token.
 _VALUE_OPTIONS = frozenset({"--db"})
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from hermes_state_common import check_count, check_id, check_number, contains_sql, prefix_range, row_dicts
 from hermes_state_errors import HermesStateError
-from hermes_state_home import default_hermes_root
+from hermes_state_home import default_hermes_root, profile_homes
 from hermes_state_lineage import COMPRESSION_CHILD_SQL, COMPRESSION_END_REASON, compression_successor_id
 from hermes_state_sessions import session_filters
 
@@ -147,11 +147,7 @@ def list_across_profiles(open_read_only: Callable[[Path], AbstractContextManager
     See `hermes_state.list_sessions_across_profiles`: one profile's failure is reported in
     "errors", never raised.
     """
-    base = Path(root).expanduser() if root is not None else default_hermes_root()
-    homes = [("default", base)]
-    profiles_dir = base / "profiles"
-    if profiles_dir.is_dir():
-        homes += sorted((p.name, p) for p in profiles_dir.iterdir() if p.is_dir())
+    homes = profile_homes(root if root is not None else default_hermes_root())
     limit = check_count("limit", filters.pop("limit", 20))
     offset = check_count("offset", filters.pop("offset", 0))
     found: list[dict[str, Any]] = []
@@ -163,7 +159,9 @@ def list_across_profiles(open_read_only: Callable[[Path], AbstractContextManager
                 found += [dict(row, profile=name) for row in db.list_sessions(limit=offset + limit, **filters)]
         except (HermesStateError, sqlite3.Error, OSError) as exc:
             errors.append({"profile": name, "error": f"{type(exc).__name__}: {exc}"})
-    found.sort(key=lambda row: (row["started_at"], row["profile"], row["id"]), reverse=True)
+    # Merged in the order each profile was listed in: by start, or by last activity.
+    when = "last_active" if filters.get("order") == "activity" else "started_at"
+    found.sort(key=lambda row: (row[when], row["profile"], row["id"]), reverse=True)
     return {"sessions": found[offset:offset + limit], "errors": errors}
 
 

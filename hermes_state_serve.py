@@ -10,6 +10,7 @@ password is required (`--no-auth` serves without one, under a loud warning), and
 replaces the names the guard accepts.
 Does not own: the pages (hermes_state_web), opening the database (hermes_state_commands) or the
 logins (hermes_state_auth).
+With `--all-profiles` it serves every profile of the root instead of one file (the plugin opens them).
 Nothing here writes to the database.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ from urllib.parse import quote, urlsplit
 import hermes_state_auth as auth
 from hermes_state_commands import open_db
 from hermes_state_errors import HermesStateError
-from hermes_state_home import display_hermes_home
+from hermes_state_home import display_hermes_home, profiles_root
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 _SAFE_METHODS = frozenset({"GET", "HEAD"})
@@ -157,6 +158,28 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _one_store(datasette: Any, args: argparse.Namespace) -> tuple[Any, str, str]:
+    # A read-only open first: a missing file is an error (never created), an unknown schema is named.
+    with open_db(args) as db:
+        path = str(db.db_path)
+    # Datasette opens a mutable file with mode=ro and sees each committed write. --immutable
+    # would tell SQLite the file never changes while the agent keeps writing it: never used.
+    ds = datasette([path])
+    name = next(n for n, d in ds.databases.items() if d.path == path)
+    return ds, display_hermes_home(Path(path)), f"/-/hermes/{quote(name, safe='')}"
+
+
+def _every_profile(datasette: Any, args: argparse.Namespace) -> tuple[Any, str, str]:
+    # Each profile's store is opened by the plugin, which serves those that open and says why the others do not.
+    if args.db:
+        raise HermesStateError("--all-profiles serves every profile of the root; it takes no --db")
+    root = profiles_root()
+    if not root.is_dir():
+        raise HermesStateError(f"{root} does not exist: there is no profile to serve")
+    ds = datasette([], metadata={"plugins": {"hermes-state": {"profiles_root": str(root)}}})
+    return ds, f"every profile of {display_hermes_home(root)}", "/-/hermes"
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Browse the database in Datasette on 127.0.0.1, read-only (needs the [web] extra)."""
     try:
@@ -164,24 +187,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from datasette.app import Datasette
     except ImportError:
         raise HermesStateError("hermes-state serve needs Datasette: pip install 'hermes-state[web]'") from None
-    # A read-only open first: a missing file is an error (never created), an unknown schema is named.
-    with open_db(args) as db:
-        path = str(db.db_path)
+    choose = _every_profile if getattr(args, "all_profiles", False) else _one_store
+    ds, what, page = choose(Datasette, args)
     logins = auth.logins_for(is_loopback(args.host), args.password_file, args.no_auth)
     warning = warning_for(args.host) if logins is None else None
     if warning:  # on every start, before anything listens
         print(warning, file=sys.stderr, flush=True)
     sock = bind(args.host, args.port)
     port = sock.getsockname()[1]
-    # Datasette opens a mutable file with mode=ro and sees each committed write. --immutable
-    # would tell SQLite the file never changes while the agent keeps writing it: never used.
-    ds = Datasette([path])
-    name = next(n for n, d in ds.databases.items() if d.path == path)
     host = args.allow_host[0] if args.allow_host else args.host
     shown = f"[{host}]" if ":" in host else host
     login = "" if logins is None else f", login as a user of {display_hermes_home(logins.path)}"
-    print(f"Serving {display_hermes_home(Path(path))} read-only at "
-          f"http://{shown}:{port}/-/hermes/{quote(name, safe='')} (Ctrl-C stops{login})", flush=True)
+    print(f"Serving {what} read-only at http://{shown}:{port}{page} (Ctrl-C stops{login})", flush=True)
     app = ds.app() if logins is None else auth.AuthGuard(ds.app(), logins)
     app = HostGuard(app, frozenset(args.allow_host) if args.allow_host else allowed_hosts(args.host), port)
     config = uvicorn.Config(app, log_level="warning", lifespan="on", workers=1)

@@ -18,13 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import sqlite3
 import time
 import weakref
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
 from urllib.parse import quote, unquote, urlencode
 
 from datasette import hookimpl
+from datasette.database import Database
 from datasette.utils.asgi import NotFound, Response
 from datasette.version import __version__ as datasette_version
 from datasette.views.base import DatasetteError
@@ -33,7 +38,8 @@ from markupsafe import Markup, escape
 import hermes_state_render as render
 from hermes_state_auth import ACTOR_SCOPE_KEY
 from hermes_state_chart import usage_chart
-from hermes_state import SessionDB, StoreUnavailableError
+from hermes_state import HermesStateError, SessionDB, StateDbCorruptError, StoreUnavailableError
+from hermes_state_home import profile_homes
 
 PREFIX = "/-/hermes"
 SESSIONS_PER_PAGE = 50
@@ -53,6 +59,23 @@ ROLES = ("user", "assistant", "tool", "system", "developer")
 _STORES: "weakref.WeakKeyDictionary[Any, dict[str, list[str]]]" = weakref.WeakKeyDictionary()
 # The internal views of each store (the search indexes' sources), refused to every actor.
 _VIEWS: "weakref.WeakKeyDictionary[Any, dict[str, set[str]]]" = weakref.WeakKeyDictionary()
+# The name of Datasette's plugin configuration; `profiles_root` in it serves every profile of that root.
+PLUGIN = "hermes-state"
+# The pages across every profile served, under PREFIX (a profile named so is reached through Datasette's own pages).
+EVERY_PROFILE = "all"
+
+
+@dataclass
+class Fleet:
+    """The profiles of one root that a Datasette instance serves, each as a database named after its profile."""
+
+    root: Path
+    names: list[str] = field(default_factory=list)  # every profile found at the last look, "default" first
+    problems: dict[str, str] = field(default_factory=dict)  # profile -> why its store is not served, what to do
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+_FLEETS: "weakref.WeakKeyDictionary[Any, Fleet]" = weakref.WeakKeyDictionary()
 
 
 # --- hooks ---------------------------------------------------------------------------------------
@@ -72,6 +95,7 @@ def startup(datasette):
                 views[name] = set(await database.view_names())
         _STORES[datasette] = stores
         _VIEWS[datasette] = views
+        await refresh_profiles(datasette)
     return inner
 
 
@@ -125,7 +149,9 @@ def register_routes():
     # Each page also answers as JSON with a `.json` suffix, like Datasette's own pages.
     json_suffix = r"(?P<format>\.json)?"
     return [
-        (rf"^{PREFIX}/?$", index_page),
+        (rf"^{PREFIX}{json_suffix}/?$", index_page),
+        (rf"^{PREFIX}/{EVERY_PROFILE}{json_suffix}/?$", all_sessions_page),
+        (rf"^{PREFIX}/{EVERY_PROFILE}/search{json_suffix}$", all_search_page),
         (rf"^{PREFIX}/(?P<database>[^/]+?){json_suffix}/?$", sessions_page),
         (rf"^{PREFIX}/(?P<database>[^/]+)/session/(?P<session_id>[^/]+?){json_suffix}$", session_page),
         (rf"^{PREFIX}/(?P<database>[^/]+)/search{json_suffix}$", search_page),
@@ -149,14 +175,251 @@ def database_actions(datasette, actor, database):
             {"href": datasette.urls.path(base + "/search"), "label": "Search messages"}]
 
 
+# --- every profile of a root ---------------------------------------------------------------------
+
+def profiles_root(datasette) -> Path | None:
+    """Return the root whose profiles this Datasette serves (plugin setting `profiles_root`), or None."""
+    config = datasette.plugin_config(PLUGIN) or {}
+    root = config.get("profiles_root") if isinstance(config, dict) else None
+    return Path(root).expanduser() if root else None
+
+
+async def refresh_profiles(datasette) -> Fleet | None:
+    """Serve each profile of the root not served yet whose store opens; note why the others do not.
+
+    Cheap while nothing changed: one listing of the profiles directory, plus a read-only open
+    of each profile not served yet. Returns None when this Datasette serves no profiles root.
+    """
+    root = profiles_root(datasette)
+    if root is None:
+        return None
+    fleet = _FLEETS.get(datasette)
+    if fleet is None:
+        fleet = _FLEETS.setdefault(datasette, Fleet(root))
+    stores, views = _STORES.setdefault(datasette, {}), _VIEWS.setdefault(datasette, {})
+    async with fleet.lock:  # two requests never add the same profile twice
+        homes = await asyncio.to_thread(profile_homes, root)
+        waiting = [(name, home / "state.db") for name, home in homes if name not in stores]
+        # Concurrently: a busy profile waits out its read patience without holding up the others.
+        problems = await asyncio.gather(*(asyncio.to_thread(_check_store, path) for _, path in waiting))
+        for (name, path), problem in zip(waiting, problems):
+            if problem is None:
+                problem = await _add_store(datasette, name, path)
+            if problem is None:
+                fleet.problems.pop(name, None)
+            else:
+                fleet.problems[name] = problem
+        fleet.names = [name for name, _ in homes]
+        for gone in set(fleet.problems) - set(fleet.names):  # its directory was removed
+            del fleet.problems[gone]
+    return fleet
+
+
+def _check_store(path: Path) -> str | None:
+    try:
+        SessionDB(path, read_only=True).close()
+    except (HermesStateError, sqlite3.Error, OSError) as exc:
+        return problem_sentence(exc)
+    return None
+
+
+async def _add_store(datasette, name: str, path: Path) -> str | None:
+    # Datasette opens the file with mode=ro, as for a file named on its command line.
+    database = datasette.add_database(Database(datasette, path=str(path), is_mutable=True), name=name)
+    try:
+        tables = await database.table_names()
+        view_names = set(await database.view_names())
+    except sqlite3.Error as exc:  # damaged between the check and now
+        datasette.remove_database(database.name)
+        return problem_sentence(exc)
+    _STORES[datasette][database.name] = [t for t in tables if t not in VISIBLE_TABLES]
+    _VIEWS[datasette][database.name] = view_names
+    return None
+
+
+def problem_sentence(exc: BaseException) -> str:
+    """Say what is wrong with a store and what to do about it, from the library's typed error."""
+    guidance = getattr(exc, "guidance", None)
+    # A damaged file's message already names `hermes-state recover`; the unavailable ones carry their advice.
+    return f"{exc}. {guidance}" if guidance else str(exc)
+
+
+def _served(datasette, fleet: Fleet) -> list[str]:
+    stores = _STORES.get(datasette, {})
+    return [name for name in fleet.names if name in stores]
+
+
+async def _visible(datasette, request, names: list[str]) -> list[str]:
+    await datasette.ensure_permissions(request.actor, ["view-instance"])
+    return [name for name in names
+            if await datasette.permission_allowed(request.actor, "view-database", name, default=True)]
+
+
+async def _each_profile(datasette, names: list[str], read: Callable[..., Any], *args: Any
+                        ) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """Run `read(path, *args)` for each profile at once; return {profile: result} and the profiles that failed."""
+    paths = [datasette.get_database(name).path for name in names]
+    outcomes = await asyncio.gather(*(asyncio.to_thread(read, path, *args) for path in paths), return_exceptions=True)
+    results, errors = {}, []
+    for name, outcome in zip(names, outcomes):
+        if isinstance(outcome, (HermesStateError, sqlite3.Error, OSError)):
+            errors.append({"profile": name, "error": problem_sentence(outcome)})
+        elif isinstance(outcome, BaseException):
+            raise outcome
+        else:
+            results[name] = outcome
+    return results, errors
+
+
+def _fleet_errors(fleet: Fleet, more: list[dict[str, str]]) -> list[dict[str, str]]:
+    found = [{"profile": name, "error": text} for name, text in fleet.problems.items()] + more
+    return sorted(found, key=lambda e: (e["profile"] != "default", e["profile"]))
+
+
 # --- pages ---------------------------------------------------------------------------------------
 
 async def index_page(datasette, request):
-    """List the hermes-state databases; go straight to the sessions when there is one."""
+    """List the hermes-state databases (every profile, with its counts); go straight to the sessions when there is one."""
+    fleet = await refresh_profiles(datasette)
+    if fleet is not None:
+        return await _profiles_index(datasette, request, fleet)
     stores = list(_STORES.get(datasette, {}))
+    if _wants_json(request):
+        return _json({"databases": [{"name": name, "url": _store_url(name)} for name in stores]})
     if len(stores) == 1:
         return Response.redirect(datasette.urls.path(f"{PREFIX}/{quote(stores[0], safe='')}"))
     return await _render(datasette, request, INDEX_HTML, {"stores": stores, "prefix": PREFIX})
+
+
+def _profile_summary(path: str) -> dict[str, Any]:
+    with SessionDB(path, read_only=True) as db:
+        latest = db.list_sessions(limit=1, order="activity", include_archived=True)
+        return {"sessions": db.session_count(include_archived=True), "messages": db.message_count(),
+                "last_activity": latest[0]["last_active"] if latest else None, "size_bytes": os.path.getsize(path)}
+
+
+async def _profiles_index(datasette, request, fleet: Fleet):
+    names = await _visible(datasette, request, _served(datasette, fleet))
+    summaries, failed = await _each_profile(datasette, names, _profile_summary)
+    profiles = [{"profile": name, "url": _store_url(name), **summaries[name]} for name in names if name in summaries]
+    errors = _fleet_errors(fleet, failed)
+    if _wants_json(request):
+        return _json({"root": str(fleet.root), "profiles": profiles, "errors": errors,
+                      "sessions_url": _store_url(EVERY_PROFILE), "search_url": _store_url(EVERY_PROFILE) + "/search"})
+    shown = [dict(p, last=_fmt_time(p["last_activity"]), size=_size(p["size_bytes"])) for p in profiles]
+    return await _render(datasette, request, PROFILES_HTML, {
+        "profiles": shown, "errors": errors, "all_url": _store_url(EVERY_PROFILE),
+        "search_url": _store_url(EVERY_PROFILE) + "/search"})
+
+
+async def _as_database(page, datasette, request):
+    # Without a profiles root, /-/hermes/all is the pages of a database named "all" (all.db).
+    request.scope.setdefault("url_route", {}).setdefault("kwargs", {})["database"] = EVERY_PROFILE
+    return await page(datasette, request)
+
+
+def _profile_listing(path: str, filters: dict[str, Any], limit: int, usage: bool) -> dict[str, Any]:
+    with SessionDB(path, read_only=True) as db:  # one open per profile: its sessions and its usage per day
+        return {"sessions": db.list_sessions(limit=limit, order="activity", **filters),
+                "usage": db.usage(by="model", period="day", sources=filters["source"], models=filters["model"],
+                                  since=filters["since"], include_archived=filters["include_archived"])
+                if usage else []}
+
+
+async def all_sessions_page(datasette, request):
+    """Show the sessions of every profile, newest activity first, with the one-profile filters and a chart by profile."""
+    fleet = await refresh_profiles(datasette)
+    if fleet is None:
+        return await _as_database(sessions_page, datasette, request)
+    page = _page_number(request)
+    filters = _session_filters(request)
+    names = await _visible(datasette, request, _served(datasette, fleet))
+    want_usage = page == 1 or _wants_json(request)
+    # Each profile gives its first page * N + 1 rows; the page is cut from the merged order.
+    listed, failed = await _each_profile(datasette, names, _profile_listing, filters,
+                                         page * SESSIONS_PER_PAGE + 1, want_usage)
+    merged = sorted(((name, row) for name, found in listed.items() for row in found["sessions"]),
+                    key=lambda item: (item[1]["last_active"] or 0, item[0], item[1]["id"]), reverse=True)
+    found = merged[(page - 1) * SESSIONS_PER_PAGE:page * SESSIONS_PER_PAGE + 1]
+    sessions = [dict(r, profile=name, link=_session_url(name, r["id"]), cost=_cost(r), tokens=_tokens(r),
+                     last=_fmt_time(r["last_active"]), label=r["title"] or _one_line(r["preview"]),
+                     untitled=not r["title"])
+                for name, r in found[:SESSIONS_PER_PAGE]]
+    usage = _usage_by_profile({name: found["usage"] for name, found in listed.items()})
+    pager = _pager(request, page, len(found) > SESSIONS_PER_PAGE)
+    errors = _fleet_errors(fleet, failed)
+    if _wants_json(request):
+        return _json({"profiles": list(listed), "page": page, "filters": _shown_filters(request),
+                      "sessions": [{k: v for k, v in r.items() if k not in _SHOWN_ONLY} for r in sessions],
+                      "errors": errors, "usage_per_day": usage, **pager})
+    choices: dict[str, set[str]] = {"source": set(), "model": set()}
+    for name in listed:
+        try:
+            for column in choices:
+                rows = (await datasette.get_database(name).execute(_CHOICES_SQL.format(column=column))).rows
+                choices[column].update(r[0] for r in rows)
+        except sqlite3.Error:  # damaged since its listing: that listing already stands
+            continue
+    return await _render(datasette, request, SESSIONS_HTML, {
+        "database": None, "everywhere": True, "sessions": sessions, "page": page, "errors": errors,
+        "choices": {k: sorted(v) for k, v in choices.items()}, "args": _shown_filters(request),
+        "search_url": _store_url(EVERY_PROFILE) + "/search",
+        "chart": usage_chart(usage, by="profile") if page == 1 else "", **pager})
+
+
+def _usage_by_profile(per_profile: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    # Each profile's usage per day and model, added up per day: the chart stacks profiles.
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for name, found in per_profile.items():
+        for r in found:
+            row = rows.setdefault((r["period"], name), {"period": r["period"], "profile": name, "session_count": 0,
+                                                        "input_tokens": 0, "output_tokens": 0, "cost_usd": None})
+            for key in ("session_count", "input_tokens", "output_tokens"):
+                row[key] += r[key] or 0
+            if r["cost_usd"] is not None:
+                row["cost_usd"] = (row["cost_usd"] or 0.0) + r["cost_usd"]
+    return [rows[key] for key in sorted(rows)]
+
+
+async def all_search_page(datasette, request):
+    """Search the messages and titles of every profile with the library's search, each hit with its profile."""
+    fleet = await refresh_profiles(datasette)
+    if fleet is None:
+        return await _as_database(search_page, datasette, request)
+    query, role, reasoning = _search_args(request)
+    page = _page_number(request)
+    names = await _visible(datasette, request, _served(datasette, fleet))
+    found: list[dict[str, Any]] = []
+    titled: list[dict[str, Any]] = []
+    failed: list[dict[str, str]] = []
+    if query:
+        hits, failed = await _each_profile(datasette, names, _search, query, [role] if role else None, reasoning,
+                                           page * HITS_PER_PAGE + 1, 0)
+        # Relevance ranks of two files do not compare: the hits take turns, each profile's best first.
+        turns = sorted(((i, names.index(name), dict(h, profile=name)) for name, found_here in hits.items()
+                        for i, h in enumerate(found_here)), key=lambda t: (t[0], t[1]))
+        found = [h for _, _, h in turns][(page - 1) * HITS_PER_PAGE:page * HITS_PER_PAGE + 1]
+        if page == 1:
+            for name in hits:
+                try:
+                    titled += [dict(r, profile=name) for r in await _titled(datasette.get_database(name), query)]
+                except sqlite3.Error:
+                    continue
+            titled = sorted(titled, key=lambda r: (r["last_activity"] or 0, r["profile"], r["id"]),
+                            reverse=True)[:HITS_PER_PAGE]
+    more = len(found) > HITS_PER_PAGE
+    found = found[:HITS_PER_PAGE]
+    pager = _pager(request, page, more)
+    errors = _fleet_errors(fleet, failed)
+    if _wants_json(request):
+        return _json({"profiles": names, "q": query, "role": role or None, "reasoning": reasoning, "page": page,
+                      "sessions": titled, "hits": found, "errors": errors, **pager})
+    return await _render(datasette, request, SEARCH_HTML, {
+        "database": None, "everywhere": True, "q": query, "hits": _hit_views(found), "errors": errors,
+        "titled": [dict(r, link=_session_url(r["profile"], r["id"]), last=_fmt_time(r["last_activity"]))
+                   for r in titled],
+        "page": page, "role": role, "roles": ROLES, "reasoning": reasoning,
+        "sessions_url": _store_url(EVERY_PROFILE), **pager})
 
 
 _CHOICES_SQL = "SELECT DISTINCT {column} FROM sessions WHERE {column} IS NOT NULL ORDER BY {column} LIMIT 200"
@@ -176,8 +439,7 @@ async def sessions_page(datasette, request):
     pager = _pager(request, page, len(found) > SESSIONS_PER_PAGE)
     if _wants_json(request):
         return _json({"database": name, "page": page, "filters": _shown_filters(request),
-                      "sessions": [{k: v for k, v in r.items() if k not in ("link", "cost", "tokens", "last", "label",
-                                                                            "untitled")}
+                      "sessions": [{k: v for k, v in r.items() if k not in _SHOWN_ONLY}
                                    for r in sessions], "usage_per_day": await _off_loop(_usage_per_day, database.path,
                                                                                        filters), **pager})
     # The filter choices: one SELECT each on Datasette's read-only connection.
@@ -187,6 +449,10 @@ async def sessions_page(datasette, request):
     return await _render(datasette, request, SESSIONS_HTML, {
         "database": name, "sessions": sessions, "page": page, "choices": choices, "args": _shown_filters(request),
         "search_url": f"{PREFIX}/{quote(name, safe='')}/search", "chart": usage_chart(usage), **pager})
+
+
+# What a listing row carries for the HTML page only; its JSON form leaves these out.
+_SHOWN_ONLY = ("link", "cost", "tokens", "last", "label", "untitled")
 
 
 def _shown_filters(request) -> dict[str, str]:
@@ -241,11 +507,7 @@ async def session_page(datasette, request):
 async def search_page(datasette, request):
     """Search messages with the library's search (same routing, CJK and substring recall)."""
     name, database = await _store(datasette, request)
-    query = request.args.get("q", "").strip()
-    role = request.args.get("role", "").strip()
-    reasoning = request.args.get("reasoning", "") not in ("", "0")
-    if role and role not in ROLES:
-        raise DatasetteError(f"role must be one of {', '.join(ROLES)}, not {role!r}", title="Bad filter", status=400)
+    query, role, reasoning = _search_args(request)
     page = _page_number(request)
     found: list[dict[str, Any]] = []
     titled: list[dict[str, Any]] = []
@@ -253,24 +515,42 @@ async def search_page(datasette, request):
         found = await _off_loop(_search, database.path, query, [role] if role else None, reasoning,
                                 HITS_PER_PAGE + 1, (page - 1) * HITS_PER_PAGE)
         if page == 1:  # sessions whose title holds the words, above the messages that do
-            # An older file (hermes-agent's) has no last_activity_at: its sessions sort by their start.
-            activity = ("COALESCE(last_activity_at, started_at)" if "last_activity_at" in
-                        await database.table_columns("sessions") else "started_at")
-            titled = [dict(r) for r in (await database.execute(_TITLES_SQL.format(activity=activity), {
-                "pattern": "%" + re.sub(r"([\\%_])", r"\\\1", query) + "%", "limit": HITS_PER_PAGE})).rows]
+            titled = await _titled(database, query)
     more = len(found) > HITS_PER_PAGE
     found = found[:HITS_PER_PAGE]
     pager = _pager(request, page, more)
     if _wants_json(request):
         return _json({"database": name, "q": query, "role": role or None, "reasoning": reasoning, "page": page,
                       "sessions": titled, "hits": found, **pager})
-    hits = [dict(h, snippet=_marked(h["snippet"]), when=_fmt_time(h["timestamp"]),
-                 link=_session_url(name, h["session_id"]) + f"#m{h['id']}",
-                 session_label=h.get("title") or h["session_id"]) for h in found]
+    hits = _hit_views([dict(h, profile=name) for h in found])
     titled = [dict(r, link=_session_url(name, r["id"]), last=_fmt_time(r["last_activity"])) for r in titled]
     return await _render(datasette, request, SEARCH_HTML, {
         "database": name, "q": query, "hits": hits, "titled": titled, "page": page, "role": role,
         "roles": ROLES, "reasoning": reasoning, "sessions_url": f"{PREFIX}/{quote(name, safe='')}", **pager})
+
+
+def _search_args(request) -> tuple[str, str, bool]:
+    """Return the query, the role (a 400 page for an unknown one) and whether reasoning is searched."""
+    query = request.args.get("q", "").strip()
+    role = request.args.get("role", "").strip()
+    if role and role not in ROLES:
+        raise DatasetteError(f"role must be one of {', '.join(ROLES)}, not {role!r}", title="Bad filter", status=400)
+    return query, role, request.args.get("reasoning", "") not in ("", "0")
+
+
+async def _titled(database, query: str) -> list[dict[str, Any]]:
+    """Return the sessions whose title holds `query` (one SELECT on Datasette's read-only connection)."""
+    # An older file (hermes-agent's) has no last_activity_at: its sessions sort by their start.
+    activity = ("COALESCE(last_activity_at, started_at)" if "last_activity_at" in
+                await database.table_columns("sessions") else "started_at")
+    return [dict(r) for r in (await database.execute(_TITLES_SQL.format(activity=activity), {
+        "pattern": "%" + re.sub(r"([\\%_])", r"\\\1", query) + "%", "limit": HITS_PER_PAGE})).rows]
+
+
+def _hit_views(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [dict(h, snippet=_marked(h["snippet"]), when=_fmt_time(h["timestamp"]),
+                 link=_session_url(h["profile"], h["session_id"]) + f"#m{h['id']}",
+                 session_label=h.get("title") or h["session_id"]) for h in found]
 
 
 # Titles are short and few: a LIKE over the sessions table (case-insensitive for ASCII) finds them.
@@ -352,14 +632,20 @@ async def _off_loop(read, *args):
     """Run a blocking library read on a worker thread; an unavailable store is a 503 page."""
     try:
         return await asyncio.to_thread(read, *args)
-    except StoreUnavailableError as exc:
-        raise DatasetteError(f"{exc}. {exc.guidance}", title="Store unavailable", status=exc.http_status) from exc
+    except (StoreUnavailableError, StateDbCorruptError) as exc:
+        raise DatasetteError(problem_sentence(exc), title="Store unavailable",
+                             status=StoreUnavailableError.http_status) from exc
 
 
 # --- helpers ---------------------------------------------------------------------------------
 
 async def _store(datasette, request):
     name = unquote(request.url_vars["database"])
+    if name not in _STORES.get(datasette, {}):
+        fleet = await refresh_profiles(datasette)  # a profile made, or a store set right, since the last look
+        if fleet is not None and name in fleet.problems:
+            raise DatasetteError(fleet.problems[name], title="Store unavailable",
+                                 status=StoreUnavailableError.http_status)
     if name not in _STORES.get(datasette, {}):
         raise NotFound(f"No hermes-state database named {name}")
     # The pages show table contents, so they need what Datasette's own table pages need.
@@ -414,6 +700,17 @@ def _pager(request, page: int, more: bool) -> dict[str, str | None]:
         args = [(k, v) for k in request.args.keys() if k != "page" for v in request.args.getlist(k)]
         return "?" + urlencode([*args, ("page", n)])
     return {"prev_url": url(page - 1) if page > 1 else None, "next_url": url(page + 1) if more else None}
+
+
+def _size(size_bytes: int) -> str:
+    if size_bytes < 1024:
+        return f"{size_bytes:,} bytes"
+    value, unit = size_bytes / 1024, "KiB"
+    for bigger in ("MiB", "GiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:,.1f} {unit}"
 
 
 def _fmt_time(ts: float | None) -> str:
@@ -495,8 +792,29 @@ STYLE = """<style>
 .hs-legend { list-style: none; padding: 0; display: flex; flex-wrap: wrap; gap: 0.4em 1.2em; font-size: 0.85em; }
 .hs-swatch { display: inline-block; width: 0.8em; height: 0.8em; margin-right: 0.3em; vertical-align: middle; }
 .hs-filters { margin: 0.5em 0; } .hs-filters label { margin-right: 0.8em; }
+.hs-errors { border-left: 4px solid #ef4444; padding: 0.2em 0.8em; margin: 0.8em 0; background: #fef2f2; }
 mark { background: #fde68a; }
 </style>"""
+
+# The profiles an aggregate page could not read, each with what to do about it.
+ERRORS = """{% if errors %}<div class="hs-errors"><p>Not shown, each for its own reason:</p><ul>
+{% for e in errors %}<li><a class="hs-profile" href="{{ urls.path('""" + PREFIX + """/' ~ (e.profile|urlencode)) }}">{{ e.profile }}</a>: {{ e.error }}</li>
+{% endfor %}</ul></div>{% endif %}"""
+
+PROFILES_HTML = """{% extends "base.html" %}
+{% block title %}hermes-state profiles{% endblock %}
+{% block extra_head %}""" + STYLE + """{% endblock %}
+{% block content %}<h1>Profiles</h1>
+<p><a href="{{ urls.path(all_url) }}">Sessions of every profile</a></p>
+<form action="{{ urls.path(search_url) }}" method="get"><input type="search" name="q" placeholder="Search every profile">
+<input type="submit" value="Search"></form>
+<table class="rows-and-columns hs-profiles"><thead><tr><th>Profile</th><th>Sessions</th><th>Messages</th>
+<th>Last activity</th><th>File size</th></tr></thead><tbody>
+{% for p in profiles %}<tr><td><a href="{{ urls.path(p.url) }}">{{ p.profile }}</a></td><td>{{ "{:,}".format(p.sessions) }}</td>
+<td>{{ "{:,}".format(p.messages) }}</td><td class="hs-time">{{ p.last }}</td><td>{{ p.size }}</td></tr>
+{% else %}<tr><td colspan="5">No profile can be read.</td></tr>{% endfor %}</tbody></table>
+""" + ERRORS + """
+{% endblock %}"""
 
 INDEX_HTML = """{% extends "base.html" %}
 {% block title %}hermes-state databases{% endblock %}
@@ -506,10 +824,11 @@ INDEX_HTML = """{% extends "base.html" %}
 {% endblock %}"""
 
 SESSIONS_HTML = """{% extends "base.html" %}
-{% block title %}Sessions: {{ database }}{% endblock %}
+{% block title %}Sessions: {{ database or "every profile" }}{% endblock %}
 {% block extra_head %}""" + STYLE + """{% endblock %}
 {% block crumbs %}{{ crumbs.nav(request=request, database=database) }}{% endblock %}
-{% block content %}<h1>Sessions</h1>
+{% block content %}<h1>Sessions{% if everywhere %} of every profile{% endif %}</h1>
+""" + ERRORS + """
 <form action="{{ urls.path(search_url) }}" method="get"><input type="search" name="q" placeholder="Search titles and messages">
 <input type="submit" value="Search"></form>
 <form method="get" class="hs-filters"><label>source <select name="source"><option value="">any</option>
@@ -520,12 +839,12 @@ SESSIONS_HTML = """{% extends "base.html" %}
 <label><input type="checkbox" name="archived" value="1"{% if args.archived not in ("", "0") %} checked{% endif %}> archived too</label>
 <input type="submit" value="Filter"></form>
 {% if chart %}<h2>Usage per day</h2><div class="hs-usage">{{ chart }}</div>{% endif %}
-<table class="rows-and-columns hs-sessions"><thead><tr><th>Session</th><th>ID</th><th>Source</th><th>Model</th>
+<table class="rows-and-columns hs-sessions"><thead><tr>{% if everywhere %}<th>Profile</th>{% endif %}<th>Session</th><th>ID</th><th>Source</th><th>Model</th>
 <th>Messages</th><th>Tokens in / out</th><th>Cost</th><th>Last activity</th><th>Ended</th></tr></thead><tbody>
-{% for s in sessions %}<tr><td>{% if s.untitled %}<span class="hs-untitled-mark">(untitled)</span> {% endif %}<a href="{{ urls.path(s.link) }}"{% if s.untitled %} class="hs-untitled"{% endif %}>{{ s.label }}</a></td><td class="hs-id">{{ s.id }}</td>
+{% for s in sessions %}<tr>{% if everywhere %}<td class="hs-profile">{{ s.profile }}</td>{% endif %}<td>{% if s.untitled %}<span class="hs-untitled-mark">(untitled)</span> {% endif %}<a href="{{ urls.path(s.link) }}"{% if s.untitled %} class="hs-untitled"{% endif %}>{{ s.label }}</a></td><td class="hs-id">{{ s.id }}</td>
 <td>{{ s.source }}</td><td>{{ s.model or "" }}</td><td>{{ s.message_count or 0 }}</td><td>{{ s.tokens }}</td><td>{{ s.cost }}</td>
 <td class="hs-time">{{ s.last }}</td><td>{{ s.end_reason or "" }}{% if s.archived %} (archived){% endif %}</td></tr>
-{% else %}<tr><td colspan="9">No sessions{% if page > 1 %} on this page{% endif %}.</td></tr>{% endfor %}
+{% else %}<tr><td colspan="{{ 10 if everywhere else 9 }}">No sessions{% if page > 1 %} on this page{% endif %}.</td></tr>{% endfor %}
 </tbody></table>
 <p class="hs-pager">{% if prev_url %}<a href="{{ prev_url }}">&larr; newer</a>{% endif %}
 Page {{ page }} {% if next_url %}<a href="{{ next_url }}">older &rarr;</a>{% endif %}</p>
@@ -564,18 +883,19 @@ SEARCH_HTML = """{% extends "base.html" %}
 {% block extra_head %}""" + STYLE + """{% endblock %}
 {% block crumbs %}{{ crumbs.nav(request=request, database=database) }}{% endblock %}
 {% block content %}<p><a href="{{ urls.path(sessions_url) }}">&larr; all sessions</a></p>
-<h1>Search</h1>
+<h1>Search{% if everywhere %} every profile{% endif %}</h1>
+""" + ERRORS + """
 <form method="get"><input type="search" name="q" value="{{ q }}" autofocus>
 <label>role <select name="role"><option value="">any</option>
 {% for r in roles %}<option{% if r == role %} selected{% endif %}>{{ r }}</option>{% endfor %}</select></label>
 <label><input type="checkbox" name="reasoning" value="1"{% if reasoning %} checked{% endif %}> reasoning too</label>
 <input type="submit" value="Search"></form>
 {% if titled %}<h2>Sessions titled</h2><ul class="hs-titled">{% for t in titled %}
-<li><a href="{{ urls.path(t.link) }}">{{ t.title }}</a> <span class="hs-when">{{ t.source }} · {{ t.last }}</span></li>
+<li><a href="{{ urls.path(t.link) }}">{{ t.title }}</a> <span class="hs-when">{% if everywhere %}{{ t.profile }} · {% endif %}{{ t.source }} · {{ t.last }}</span></li>
 {% endfor %}</ul>{% endif %}
 {% if q %}{% if titled %}<h2>Messages</h2>{% endif %}{% for h in hits %}<div class="hs-msg {{ h.role }} hs-hit"><span class="hs-role">{{ h.role }}</span>
 {% if h.tool_name %}<span class="hs-when">{{ h.tool_name }}</span>{% endif %}<span class="hs-when">{{ h.when }}</span>
-in <a href="{{ urls.path(h.link) }}">{{ h.session_label }}</a> <span class="hs-when">{{ h.source }}</span>
+in {% if everywhere %}<span class="hs-profile">{{ h.profile }}</span>: {% endif %}<a href="{{ urls.path(h.link) }}">{{ h.session_label }}</a> <span class="hs-when">{{ h.source }}</span>
 <div class="hs-text">{{ h.snippet }}</div></div>
 {% else %}<p>No messages match.</p>{% endfor %}
 <p class="hs-pager">{% if prev_url %}<a href="{{ prev_url }}">&larr; better matches</a>{% endif %}
