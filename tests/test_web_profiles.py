@@ -12,7 +12,7 @@ from datasette.app import Datasette
 import hermes_state_cli
 import hermes_state_web
 from hermes_state import SessionDB, list_sessions_across_profiles
-from tests.test_web import browse, chromium, content, digest, stop, wait_for_port, free_port
+from test_web import content, digest
 
 GARBAGE = b"this is not a database, only bytes " * 200
 
