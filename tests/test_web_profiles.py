@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,8 @@ from datasette.app import Datasette
 import hermes_state_cli
 import hermes_state_web
 from hermes_state import SessionDB, list_sessions_across_profiles
-from test_web import content, digest
+from hermes_state_home import hermes_home_override
+from test_web import browse, chromium, content, digest, free_port, stop, wait_for_port
 
 GARBAGE = b"this is not a database, only bytes " * 200
 
@@ -259,9 +263,34 @@ def test_the_library_lists_across_profiles_by_activity_when_asked(root):
     assert [s["id"] for s in by_activity] == ["d_old", "c_mid", "d_new"]
 
 
-def test_serve_all_profiles_refuses_a_db_and_a_missing_root(tmp_path, monkeypatch, capsys):
+def test_serve_all_profiles_refuses_a_db_and_a_missing_root(tmp_path, capsys):
     assert hermes_state_cli.main(["serve", "--all-profiles", "--db", str(tmp_path / "x.db")]) == 1
     assert "takes no --db" in capsys.readouterr().err
-    monkeypatch.setenv("HERMES_HOME", str(tmp_path / "nowhere"))
-    assert hermes_state_cli.main(["serve", "--all-profiles"]) == 1
+    with hermes_home_override(tmp_path / "nowhere"):
+        assert hermes_state_cli.main(["serve", "--all-profiles"]) == 1
     assert "there is no profile to serve" in capsys.readouterr().err and not (tmp_path / "nowhere").exists()
+
+
+def test_every_profile_renders_in_headless_chromium(root, tmp_path):
+    browser = chromium()
+    log, port = tmp_path / "serve.log", free_port()
+    env = {**os.environ, "HERMES_HOME": str(root)}
+    with log.open("wb") as out:
+        server = subprocess.Popen([sys.executable, "-m", "hermes_state_cli", "serve", "--all-profiles", "--port",
+                                   str(port)], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        wait_for_port(port, server, log)
+        base, profile = f"http://127.0.0.1:{port}/-/hermes", tmp_path / "chromium-profile"
+        dom = browse(browser, profile, f"{base}/all", "--dump-dom")
+        assert re.findall(r'<td class="hs-profile">(\w+)</td>', dom) == ["default", "coder", "default"]
+        assert 'data-profile="coder"' in dom and "hermes-state recover" in dom and ">broken</a>" in dom
+        dom = browse(browser, profile, f"{base}/broken", "--dump-dom")
+        assert "not a usable SQLite database" in dom and "hermes-state recover" in dom
+        dom = browse(browser, profile, base, "--dump-dom")
+        assert 'href="/-/hermes/coder">coder</a>' in dom and 'href="/-/hermes/default">default</a>' in dom
+        shot = tmp_path / "profiles.png"
+        browse(browser, profile, f"{base}/all", f"--screenshot={shot}", "--window-size=1100,900", "--hide-scrollbars")
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+        assert "every profile of" in log.read_text()
+    finally:
+        stop(server)
