@@ -557,7 +557,7 @@ EXAMPLES = {
     "migrate": ["migrate", "migrate --no-backup"],
     "vacuum": ["vacuum", "--db /path/to/state.db vacuum"],
     "demo": ["demo", "demo --keep"],
-    "serve": ["serve --port 0", "--profile coder serve --port 8002", "serve --all-profiles",
+    "serve": ["serve --port 0", "serve --all-profiles",
               "serve --host 0.0.0.0 --allow-host box.lan   # after `hermes-state passwd NAME`"],
     "passwd": ["passwd alice", "passwd alice --delete", "passwd alice --password-file /srv/hermes/web-passwords"],
     "completion": ['eval "$(hermes-state completion bash)"        # in ~/.bashrc',
