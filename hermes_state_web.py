@@ -352,19 +352,24 @@ async def all_sessions_page(datasette, request):
         return _json({"profiles": list(listed), "page": page, "filters": _shown_filters(request),
                       "sessions": [{k: v for k, v in r.items() if k not in _SHOWN_ONLY} for r in sessions],
                       "errors": errors, "usage_per_day": usage, **pager})
+    return await _render(datasette, request, SESSIONS_HTML, {
+        "database": None, "everywhere": True, "sessions": sessions, "page": page, "errors": errors,
+        "choices": await _choices_across(datasette, list(listed)), "args": _shown_filters(request),
+        "search_url": _store_url(EVERY_PROFILE) + "/search",
+        "chart": usage_chart(usage, by="profile") if page == 1 else "", **pager})
+
+
+async def _choices_across(datasette, names: list[str]) -> dict[str, list[str]]:
+    """Return the filter choices of every profile named: one SELECT each on Datasette's read-only connection."""
     choices: dict[str, set[str]] = {"source": set(), "model": set()}
-    for name in listed:
+    for name in names:
         try:
             for column in choices:
                 rows = (await datasette.get_database(name).execute(_CHOICES_SQL.format(column=column))).rows
                 choices[column].update(r[0] for r in rows)
         except sqlite3.Error:  # damaged since its listing: that listing already stands
             continue
-    return await _render(datasette, request, SESSIONS_HTML, {
-        "database": None, "everywhere": True, "sessions": sessions, "page": page, "errors": errors,
-        "choices": {k: sorted(v) for k, v in choices.items()}, "args": _shown_filters(request),
-        "search_url": _store_url(EVERY_PROFILE) + "/search",
-        "chart": usage_chart(usage, by="profile") if page == 1 else "", **pager})
+    return {k: sorted(v) for k, v in choices.items()}
 
 
 def _usage_by_profile(per_profile: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
