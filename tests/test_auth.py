@@ -21,6 +21,7 @@ from typing import Iterator
 import pytest
 
 import hermes_state_auth as auth
+from hermes_state import SessionDB
 from hermes_state_errors import HermesStateError
 from hermes_state_home import hermes_home_override
 from test_serve import store  # noqa: F401  (a fixture: a home whose store holds "private words")
@@ -355,3 +356,23 @@ def test_no_auth_starts_with_a_warning_on_every_start(store, tmp_path):
             warning = next(line for line in printed.splitlines() if "WARNING" in line)
             assert "0.0.0.0" in warning and "NO AUTHENTICATION" in warning and "every conversation" in warning
             assert _get(port, "/-/hermes/state/session/s1")[0] == 200
+
+
+def test_every_profile_off_loopback_opens_with_the_same_login(users, tmp_path):
+    # A second profile beside the default one: its pages take the login of the root's password file.
+    with SessionDB(users / "profiles" / "coder" / "state.db") as db:
+        db.create_session("c1", "telegram")
+        db.append_message("c1", "user", "coder's secret")
+    with _running(users, tmp_path / "serve.log", "--all-profiles", "--host", "0.0.0.0") as (port, announced):
+        assert f":{port}/-/hermes " in announced and "login as a user of" in announced
+        for path in ("/-/hermes", "/-/hermes/coder/session/c1", "/-/hermes/all.json"):
+            status, _, body = _get(port, path)
+            assert status == 401 and "secret" not in body and "private" not in body, path
+            assert _get(port, path, ("alice", "wrong password"))[0] == 401, path
+        status, _, body = _get(port, "/-/hermes/default/session/s1", ("alice", PASSWORD))
+        assert status == 200 and "private words" in body
+        status, _, body = _get(port, "/-/hermes/coder/session/c1", ("alice", PASSWORD))
+        assert status == 200 and "secret" in body
+        listed = json.loads(_get(port, "/-/hermes/all.json", ("bob", PASSWORD))[2])
+        assert {(s["profile"], s["id"]) for s in listed["sessions"]} == {("default", "s1"), ("coder", "c1")}
+        assert listed["errors"] == []
