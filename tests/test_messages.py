@@ -142,3 +142,15 @@ def test_counts_and_pages_leave_out_rows_that_are_not_live(db):
         assert [m["id"] for m in db.get_messages("s", limit=limit, offset=offset)] == every[offset:offset + limit]
     assert [m["id"] for m in db.get_messages("s", include_inactive=True, limit=6, offset=2)] == mine[2:8]
     assert [m["id"] for m in db.get_messages("s", offset=len(every) - 2)] == every[-2:]
+
+
+def test_every_page_is_the_slice_of_the_whole_list_from_either_end(s):
+    # Pages past the middle are read backwards; each must still be exactly the slice, inactive rows too.
+    for i in range(23):
+        messages.insert_message(s, "s", {"role": "user", "content": f"m{i}"}, active=0 if i % 4 == 1 else 1)
+    for include_inactive in (False, True):
+        whole = messages.get_messages(s, "s", include_inactive=include_inactive)
+        for limit in (None, 0, 1, 3, 7, 30):
+            for offset in range(len(whole) + 3):
+                page = messages.get_messages(s, "s", include_inactive=include_inactive, limit=limit, offset=offset)
+                assert page == (whole[offset:] if limit is None else whole[offset:offset + limit])
