@@ -526,6 +526,13 @@ INPUT_MARKER_SQL = ("CASE WHEN json_valid(display_metadata) "
 NOT_LIVE_SQL = "active IS NOT 1"
 # The states in which an admission still occupies its session's queue.
 LIVE_ADMISSION_SQL = "state IN ('queued', 'started', 'unknown')"
+# Sessions whose model_config may mark them as a delegate or a branch; a query naming either
+# LIKE term can read them from idx_sessions_marked.
+DELEGATE_LIKE_SQL = "model_config LIKE '%_delegate_from%'"
+BRANCH_LIKE_SQL = "model_config LIKE '%_branched_from%'"
+MARKED_SESSION_SQL = f"{DELEGATE_LIKE_SQL} OR {BRANCH_LIKE_SQL}"
+# An archived session; the partial index below and every filter using it spell it identically.
+ARCHIVED_SQL = "COALESCE(archived, 0) <> 0"
 
 INDEX_SQL: tuple[str, ...] = (
     "CREATE INDEX IF NOT EXISTS idx_sessions_source ON sessions(source)",
@@ -533,6 +540,22 @@ INDEX_SQL: tuple[str, ...] = (
     "CREATE INDEX IF NOT EXISTS idx_sessions_started ON sessions(started_at DESC)",
     "CREATE UNIQUE INDEX IF NOT EXISTS idx_sessions_title_unique ON sessions(title) WHERE title IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS idx_sessions_key ON sessions(session_key, started_at DESC)",
+    # Every column after system_prompt sits behind it in the row, so reading one from a cron run's
+    # row (a prompt of 200 KB or more) walks the prompt's overflow pages. Counts, listings and
+    # prune's selection read these columns for many rows at once: from here they read no row.
+    # No column an append moves (message_count, the counters, archived) is in it, so an append
+    # never rewrites its entry.
+    "CREATE INDEX IF NOT EXISTS idx_sessions_listing ON sessions(started_at DESC, id, parent_session_id, "
+    "end_reason, ended_at, source, model, title)",
+    # The same for ended sessions (what prune reads), with the columns an append moves: a live
+    # session is not in it, so its appends leave it alone.
+    "CREATE INDEX IF NOT EXISTS idx_sessions_ended ON sessions(started_at, id, parent_session_id, end_reason, "
+    "ended_at, source, model, title, message_count, archived) WHERE ended_at IS NOT NULL",
+    # The archived sessions, usually few: "not archived" is "not in here", read without a row.
+    f"CREATE INDEX IF NOT EXISTS idx_sessions_archived ON sessions(id, archived) WHERE {ARCHIVED_SQL}",
+    # The few delegate and branch sessions, found without reading every session's model_config.
+    f"CREATE INDEX IF NOT EXISTS idx_sessions_marked ON sessions(id, parent_session_id, model_config) "
+    f"WHERE {MARKED_SESSION_SQL}",
     "CREATE INDEX IF NOT EXISTS idx_messages_session ON messages(session_id, timestamp)",
     "CREATE INDEX IF NOT EXISTS idx_messages_session_id ON messages(session_id, id)",
     "CREATE INDEX IF NOT EXISTS idx_messages_uid ON messages(message_uid)",

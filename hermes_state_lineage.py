@@ -1,7 +1,7 @@
 """Session lineage: the parent links, the compression edge and every walk over them.
 
 Owns: `COMPRESSION_END_REASON`, the compression edge (`COMPRESSION_CHILD_SQL`: which child
-continues a session compression closed), the walks along it (`compression_successor_id`,
+continues a session compression closed; `compression_links`, every such edge at once), the walks along it (`compression_successor_id`,
 `compression_ancestor_ids`, `live_continuation`, `compression_chain_ids`, `resolve_resume_session_id`)
 and the plain parent-link walks (`get_lineage`, `get_descendants`, `get_conversation_root`). Every walk is cycle-safe and visits at most `WALK_CAP`
 sessions, so bad data is bounded, never an endless loop.
@@ -42,6 +42,13 @@ COMPRESSION_CHILD_SQL = (
     "(SELECT cc.id FROM sessions cc WHERE cc.parent_session_id = p.id "
     f"AND (p.ended_at IS NULL OR cc.started_at >= p.ended_at - {COMPRESSION_EDGE_SLACK_S!r}) "
     "ORDER BY cc.started_at, cc.rowid LIMIT 1)) END")
+
+
+def compression_links(conn: sqlite3.Connection) -> dict[str, str]:
+    """Return {session: the session that continues it} for every session compression closed."""
+    rows = conn.execute(f"SELECT p.id, {COMPRESSION_CHILD_SQL} FROM sessions p "
+                        f"WHERE p.end_reason = '{COMPRESSION_END_REASON}'")
+    return {parent: child for parent, child in rows if child is not None and child != parent}
 
 
 def compression_ancestor_ids(conn: sqlite3.Connection, session_id: str) -> list[str]:

@@ -18,10 +18,11 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Callable
 
-from hermes_state_common import check_count, check_id, check_number, contains_sql, prefix_range, row_dicts
+from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, check_count, check_id, check_number, contains_sql,
+                                 prefix_range, row_dicts)
 from hermes_state_errors import HermesStateError
 from hermes_state_home import default_hermes_root, profile_homes
-from hermes_state_lineage import COMPRESSION_CHILD_SQL, COMPRESSION_END_REASON, compression_successor_id
+from hermes_state_lineage import COMPRESSION_END_REASON, WALK_CAP, compression_links, compression_successor_id
 from hermes_state_sessions import session_filters
 
 check_text = check_id  # a filter's text: a non-empty string SQLite can store
@@ -183,10 +184,12 @@ def workspace_key(session: dict[str, Any]) -> str | None:
 # delegate subagent's row (model_config `_delegate_from`) stays hidden even once detached.
 
 RICH_PREVIEW_CHARS = 60
-_DELEGATE_SQL = ("(s.model_config LIKE '%_delegate_from%' AND json_valid(s.model_config) "
-                 "AND json_extract(s.model_config, '$._delegate_from') IS NOT NULL)")
-_BRANCH_SQL = ("((s.model_config LIKE '%_branched_from%' AND json_valid(s.model_config) "
-               "AND json_extract(s.model_config, '$._branched_from') IS NOT NULL) "
+# The marks are looked up as sets (idx_sessions_marked holds the few marked sessions), so the
+# listing's scan reads no session's model_config: a row of a cron run is never read whole.
+_DELEGATE_SQL = (f"s.id IN (SELECT id FROM sessions WHERE {DELEGATE_LIKE_SQL} AND json_valid(model_config) "
+                 "AND json_extract(model_config, '$._delegate_from') IS NOT NULL)")
+_BRANCH_SQL = (f"(s.id IN (SELECT id FROM sessions WHERE {BRANCH_LIKE_SQL} AND json_valid(model_config) "
+               "AND json_extract(model_config, '$._branched_from') IS NOT NULL) "
                "OR EXISTS (SELECT 1 FROM sessions bp WHERE bp.id = s.parent_session_id AND bp.end_reason = 'branched'))")
 _TOP_LEVEL_SQL = f"((s.parent_session_id IS NULL OR {_BRANCH_SQL}) AND NOT {_DELEGATE_SQL})"
 # The first user message's opening (enough for the preview after line breaks became spaces and
@@ -264,6 +267,56 @@ def _rich_filters(source: Any, exclude_sources: Any, cwd_prefix: Any, include_ch
     return " AND ".join(where), params
 
 
+def _sqlite_order(value: Any) -> tuple[int, Any]:
+    """Return a sort key that orders values as SQLite does: NULL, then numbers, then text, then blobs."""
+    if value is None:
+        return (0, 0)
+    if isinstance(value, (int, float)):
+        return (1, value)
+    return (2, value) if isinstance(value, str) else (3, bytes(value))
+
+
+def _chain_activity(conn: sqlite3.Connection, where: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    """Return (id, activity, started_at) of each listed session compression closed, over its whole chain."""
+    links = compression_links(conn)
+    if not links:
+        return []
+    chains: dict[str, list[str]] = {}
+    for (root,) in conn.execute(f"SELECT s.id FROM sessions s WHERE {where} "
+                                f"AND s.end_reason = '{COMPRESSION_END_REASON}'", params):
+        chain, seen = [root], {root}
+        while chain[-1] in links and links[chain[-1]] not in seen and len(chain) < WALK_CAP:
+            chain.append(links[chain[-1]])
+            seen.add(chain[-1])
+        chains[root] = chain
+    parts = sorted({part for chain in chains.values() for part in chain})
+    own = {sid: (active, started) for sid, active, started in conn.execute(
+        f"SELECT s.id, {_LAST_ACTIVE_SQL}, s.started_at FROM sessions s "
+        "WHERE s.id IN (SELECT value FROM json_each(?))", (json.dumps(parts),))}
+    return [(root, max((own[p][0] for p in chain if p in own), key=_sqlite_order), own[root][1])
+            for root, chain in chains.items() if root in own]
+
+
+def _activity_order(conn: sqlite3.Connection, where: str, params: list[Any], limit: int, offset: int,
+                    follow_chains: bool) -> list[str]:
+    """Return the ids of one page of the listed sessions, latest activity first."""
+    # One pass over idx_sessions_listing with one index probe per session for its latest message
+    # finds the page among sessions that are not compressed; the few compressed conversations
+    # take the walk along their chain, and the two are merged.
+    chained = _chain_activity(conn, where, params) if follow_chains else []
+    if not chained:
+        return [r[0] for r in conn.execute(
+            f"SELECT s.id FROM sessions s WHERE {where} ORDER BY {_LAST_ACTIVE_SQL} DESC, s.started_at DESC, "
+            "s.id DESC LIMIT ? OFFSET ?", (*params, limit, offset))]
+    plain = conn.execute(
+        f"SELECT s.id, {_LAST_ACTIVE_SQL} AS activity, s.started_at FROM sessions s WHERE {where} "
+        "AND s.id NOT IN (SELECT value FROM json_each(?)) ORDER BY activity DESC, s.started_at DESC, s.id DESC "
+        "LIMIT ?", (*params, json.dumps([c[0] for c in chained]), limit + offset)).fetchall()
+    merged = sorted([*plain, *chained], reverse=True,
+                    key=lambda r: (_sqlite_order(r[1]), _sqlite_order(r[2]), r[0]))
+    return [r[0] for r in merged[offset:offset + limit]]
+
+
 def list_sessions_rich(conn: sqlite3.Connection, source: str | None = None, exclude_sources: list[str] | None = None,
                        cwd_prefix: str | None = None, limit: int = 20, offset: int = 0, include_children: bool = False,
                        min_message_count: int = 0, project_compression_tips: bool = True,
@@ -288,16 +341,8 @@ def list_sessions_rich(conn: sqlite3.Connection, source: str | None = None, excl
     else:
         # The order is the conversation's latest activity, so it is computed over every part of
         # each chain before the page is cut (a LIMIT first could drop an old root whose tip is
-        # the most recent thing in the store). UNION keeps a planted cycle finite.
-        follow = (f"UNION SELECT c.root, {COMPRESSION_CHILD_SQL} FROM conv c JOIN sessions p ON p.id = c.id "
-                  f"WHERE p.end_reason = '{COMPRESSION_END_REASON}'") if project_compression_tips else ""
-        order = row_dicts(conn.execute(
-            f"""WITH RECURSIVE conv(root, id) AS (SELECT s.id, s.id FROM sessions s WHERE {where} {follow})
-                SELECT c.root AS id, MAX({_LAST_ACTIVE_SQL}) AS activity, MAX(r.started_at) AS root_started
-                  FROM conv c JOIN sessions s ON s.id = c.id JOIN sessions r ON r.id = c.root
-                 GROUP BY c.root ORDER BY activity DESC, root_started DESC, c.root DESC LIMIT ? OFFSET ?""",
-            (*params, limit, offset)))
-        page = [r["id"] for r in order]
+        # the most recent thing in the store).
+        page = _activity_order(conn, where, params, limit, offset, project_compression_tips)
         by_id = {r["id"]: r for r in _rich_rows(conn, columns, "s.id IN (SELECT value FROM json_each(?))",
                                                 [json.dumps(page)])}
         rows = [by_id[sid] for sid in page if sid in by_id]

@@ -31,7 +31,7 @@ from hermes_state_common import (DAY_S, LIVE_ADMISSION_SQL, SESSION_OWNED, Keywo
                                  check_number, contains_sql, logger, row_dicts, table_exists)
 from hermes_state_errors import HermesStateError, SessionBusyError
 from hermes_state_gateway import LIVE_EXECUTION_STATES
-from hermes_state_lineage import COMPRESSION_CHILD_SQL, COMPRESSION_END_REASON, WALK_CAP
+from hermes_state_lineage import COMPRESSION_END_REASON, WALK_CAP, compression_links
 from hermes_state_routing import DELEGATION_OPEN_STATES, DELIVERY_OWED_STATES
 from hermes_state_sessions import cwd_under_sql, cwd_under_values
 from hermes_state_writer import Transaction
@@ -151,13 +151,6 @@ def select_sessions(older_than_days: Any = None, source: Any = None, filters: di
 
 def _ids_json(ids: Iterable[str]) -> str:
     return json.dumps(list(ids))
-
-
-def compression_links(conn: sqlite3.Connection) -> dict[str, str]:
-    """Return {session: the session that continues it} for every session compression closed."""
-    rows = conn.execute(f"SELECT p.id, {COMPRESSION_CHILD_SQL} FROM sessions p "
-                        f"WHERE p.end_reason = '{COMPRESSION_END_REASON}'")
-    return {parent: child for parent, child in rows if child is not None and child != parent}
 
 
 def conversation(session_id: str, links: dict[str, str], back: dict[str, str]) -> list[str]:
@@ -313,12 +306,18 @@ def _without_owed_work(conn: sqlite3.Connection, groups: list[list[str]]) -> Pla
     return Plan(kept, owed)
 
 
+_LOOKUPS_MAX = 64  # sessions read by id; more are read in one pass over an index
+
+
 def _candidate_rows(conn: sqlite3.Connection, plan: Plan) -> list[dict[str, Any]]:
     root_of = {sid: group[0] for group in plan.groups for sid in group}
+    # Every session of a plan has ended. For many, `+id` keeps SQLite off the id index: one pass
+    # over idx_sessions_ended reads no row, where a lookup per id reads each row past its prompt.
+    by = "ended_at IS NOT NULL AND +id" if len(root_of) > _LOOKUPS_MAX else "id"
     rows = row_dicts(conn.execute(
         "SELECT id, source, model, title, started_at, ended_at, end_reason, message_count, "
         "COALESCE(archived, 0) AS archived, parent_session_id FROM sessions "
-        "WHERE id IN (SELECT value FROM json_each(?)) ORDER BY started_at, id", (_ids_json(root_of),)))
+        f"WHERE {by} IN (SELECT value FROM json_each(?)) ORDER BY started_at, id", (_ids_json(root_of),)))
     for row in rows:
         row["conversation_id"] = root_of[row["id"]]
     return rows

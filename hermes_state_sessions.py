@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 import hermes_state_lineage as lineage
-from hermes_state_common import (COUNTER_RESET_SQL, DAY_S, Keywords,  # noqa: F401 - COUNTER_RESET_SQL re-exported
+from hermes_state_common import (ARCHIVED_SQL, COUNTER_RESET_SQL, DAY_S, Keywords,  # noqa: F401 - COUNTER_RESET_SQL re-exported
                                  INT_MAX, SESSION_COLUMN_NAMES, SESSIONS, TABLE_COLUMNS, check_count, check_id,
                                  check_number, replace_surrogates, row_dicts)
 from hermes_state_errors import SessionClosedByCompressionError, SessionNotFoundError
@@ -563,8 +563,12 @@ def session_filters(alias: str = "", *, source: Any = None, exclude_sources: Any
     if min_message_count:
         where.append(f"COALESCE({alias}message_count, 0) >= ?")
         params.append(check_count("min_message_count", min_message_count))
-    if archived_only or not include_archived:
-        where.append(f"COALESCE({alias}archived, 0) = {1 if archived_only else 0}")
+    # Through idx_sessions_archived: the archive state is read from no session's row.
+    archived = f"{alias}id IN (SELECT id FROM sessions WHERE {ARCHIVED_SQL})"
+    if archived_only:
+        where.append(f"{archived} AND COALESCE({alias}archived, 0) = 1")
+    elif not include_archived:
+        where.append(f"NOT {archived}")
     return where, params
 
 

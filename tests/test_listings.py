@@ -2,6 +2,8 @@
 children stay out of the way; the preview, order and filters behave as documented."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 
@@ -142,3 +144,94 @@ def test_compression_lineage_is_the_whole_chain_and_survives_a_cycle(chain, riva
     assert chain.export_session_lineage("nope") is None
     rival.execute("UPDATE sessions SET parent_session_id = 'tip' WHERE id = 'root'")   # bad data: a ring
     assert sorted(chain.get_compression_lineage("root")) == ["mid", "root", "tip"]
+
+
+def _expected_activity_order(rival) -> list[str]:
+    """The latest-activity order worked out by hand from the raw rows: the model the listing must match."""
+    started = dict(rival.execute("SELECT id, started_at FROM sessions").fetchall())
+    latest = dict(rival.execute("SELECT session_id, MAX(timestamp) FROM messages GROUP BY session_id").fetchall())
+    child = dict(rival.execute("SELECT parent_session_id, id FROM sessions WHERE parent_session_id IS NOT NULL"))
+    reason = dict(rival.execute("SELECT id, end_reason FROM sessions").fetchall())
+    listed = [sid for sid in started if rival.execute(
+        "SELECT parent_session_id IS NULL FROM sessions WHERE id = ?", (sid,)).fetchone()[0]]
+
+    def activity(root: str) -> float:
+        part, seen, best = root, set(), float("-inf")
+        while part is not None and part not in seen:
+            seen.add(part)
+            best = max(best, latest.get(part, started[part]))
+            part = child.get(part) if reason[part] == "compression" else None
+        return best
+
+    return sorted(listed, key=lambda sid: (activity(sid), started[sid], sid), reverse=True)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_latest_activity_order_matches_the_rows(db, rival, seed):
+    import random
+    rng = random.Random(seed)
+    for n in range(30):
+        db.create_session(f"s{n:02d}", rng.choice(["cli", "cron"]))
+        for _ in range(rng.randrange(3)):
+            db.append_message(f"s{n:02d}", "user", "hello")
+        if rng.random() < 0.3:  # continued by compression, sometimes twice
+            tip = f"s{n:02d}"
+            for k in range(rng.randrange(1, 3)):
+                nxt = f"s{n:02d}c{k}"
+                db.rotate_session(tip, nxt, [{"role": "user", "content": "summary"}])
+                tip = nxt
+    for sid, in rival.execute("SELECT id FROM sessions").fetchall():  # spread the times out, with ties
+        rival.execute("UPDATE sessions SET started_at = ? WHERE id = ?", (rng.randrange(1000, 1010), sid))
+    for mid, in rival.execute("SELECT id FROM messages").fetchall():
+        rival.execute("UPDATE messages SET timestamp = ? WHERE id = ?", (rng.randrange(1000, 1040), mid))
+    rival.execute("UPDATE sessions SET ended_at = (SELECT c.started_at FROM sessions c "
+                  "WHERE c.parent_session_id = sessions.id) WHERE end_reason = 'compression'")
+    expected = _expected_activity_order(rival)
+    rows = db.list_sessions_rich(limit=100, order_by_last_active=True, project_compression_tips=True)
+    assert [r.get("_lineage_root_id", r["id"]) for r in rows] == expected
+    page = db.list_sessions_rich(limit=5, offset=3, order_by_last_active=True)
+    assert [r.get("_lineage_root_id", r["id"]) for r in page] == expected[3:8]
+
+
+def test_latest_activity_order_survives_a_ring_of_compressions(chain, rival):
+    # Bad data: tip is closed by compression and continued by root, so the chain has no end.
+    rival.execute("UPDATE sessions SET end_reason = 'compression', "
+                  "ended_at = (SELECT started_at FROM sessions WHERE id = 'root') WHERE id = 'tip'")
+    rival.execute("UPDATE sessions SET parent_session_id = 'tip' WHERE id = 'root'")
+    rival.execute("UPDATE messages SET timestamp = timestamp + 5000 WHERE session_id = 'mid'")
+    rows = chain.list_sessions_rich(limit=10, include_children=True, order_by_last_active=True)
+    firsts = [r.get("_lineage_root_id", r["id"]) for r in rows]
+    assert set(firsts[:3]) == {"root", "mid", "tip"} and firsts[3:] == ["solo"]
+
+
+def _session_scans(db, rival, call) -> list[str]:
+    """Return the plan lines of the call's reads that scan the sessions table (under any alias)."""
+    with db.tracer() as statements:
+        call()
+    scans = []
+    for sql in dict.fromkeys(statements):
+        if not sql.lstrip().upper().startswith(("SELECT", "WITH")):
+            continue
+        for line in (r[3] for r in rival.execute("EXPLAIN QUERY PLAN " + sql)):
+            name = re.match(r"SCAN (\w+)", line)
+            if name and (name[1] == "sessions" or re.search(rf"\bsessions {name[1]}\b", sql)):
+                scans.append(line)
+    return scans
+
+
+def test_counts_listings_and_prune_read_sessions_through_their_indexes(db, rival):
+    # A cron run's row holds its whole prompt: a scan that read rows would walk every prompt.
+    for n in range(80):
+        db.create_session(f"cron_{n:02d}", "cron", system_prompt="p" * 20_000)
+        db.append_message(f"cron_{n:02d}", "user", "run")
+        db.end_session(f"cron_{n:02d}", "cron_complete")
+    db.create_session("root", "cli")
+    db.rotate_session("root", "next", [{"role": "user", "content": "summary"}])
+    db.create_session("helper", "tool", parent_session_id="next", model_config={"_delegate_from": "next"})
+    calls = [db.session_count,
+             lambda: db.list_sessions_rich(limit=50, compact_rows=True, order_by_last_active=True),
+             lambda: db.list_prune_candidates(older_than_days=0)]
+    for call in calls:
+        scans = _session_scans(db, rival, call)
+        assert scans and all("COVERING INDEX" in p for p in scans), scans
+    assert len(db.list_prune_candidates(older_than_days=0)) == 80
