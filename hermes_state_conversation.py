@@ -17,14 +17,16 @@ import sqlite3
 from typing import Any
 
 import hermes_state_lineage as lineage
-from hermes_state_common import decode_json, row_dicts
+from hermes_state_common import decode_json
 from hermes_state_messages import DISPLAY_KEY, pick_tool_call_uid
+from hermes_state_schema import read_strict_text
 
-_CONVERSATION_SQL = ("SELECT id, role, content, api_content, tool_calls, tool_call_id, tool_name, reasoning, "
-                     "reasoning_content, reasoning_details, codex_reasoning_items, codex_message_items, "
-                     "message_uid, absorbed_message_uids, tool_call_uids, tool_call_uid, session_id, content_parts, "
-                     "timestamp, finish_reason, observed, platform_message_id, effect_disposition "
-                     "FROM messages WHERE session_id = ?")
+# The columns a conversation reads, in the order Projector.message unpacks each row.
+_COLUMNS = ("id", "role", "content", "api_content", "tool_calls", "tool_call_id", "tool_name", "reasoning",
+            "reasoning_content", "reasoning_details", "codex_reasoning_items", "codex_message_items",
+            "message_uid", "absorbed_message_uids", "tool_call_uids", "tool_call_uid", "session_id",
+            "content_parts", "timestamp", "finish_reason", "observed", "platform_message_id", "effect_disposition")
+_CONVERSATION_SQL = f"SELECT {', '.join(_COLUMNS)} FROM messages WHERE session_id = ?"
 _LIVE_ONLY, _BY_ID = " AND active = 1", " ORDER BY id"
 # Reasoning fields an assistant turn carries: plain text (reasoning_content "" too: some routes
 # need the empty field; an empty `reasoning` is no reasoning), then JSON ones.
@@ -44,21 +46,34 @@ def derived_uid(session_id: str, row_id: int) -> str:
     return uuid.uuid5(uuid.UUID(_DERIVED_UID_NAMESPACE), f"{session_id}/{row_id}").hex
 
 
-def _add_row_fields(msg: dict[str, Any], r: dict[str, Any]) -> None:
+def _content(role: str, content: Any, api_content: Any, content_parts: Any) -> dict[str, Any]:
+    # Replay fidelity: the bytes that were sent win over the display text; a multimodal
+    # message was sent as its list of parts.
+    msg: dict[str, Any] = {"role": role, "content": api_content if api_content is not None else content}
+    if content_parts is not None:
+        msg["content"] = decode_json(content_parts)
+    elif api_content is not None and api_content != content:
+        # Runtime-only (never sent): lets replace_messages/compression write both columns back.
+        msg[DISPLAY_KEY] = content
+    return msg
+
+
+def _add_wire_fields(msg: dict[str, Any], tool_calls: Any, tool_call_id: Any, tool_name: Any, timestamp: Any,
+                     observed: Any, platform_message_id: Any, effect_disposition: Any) -> None:
     # The wire fields every role may carry, under their conversation names.
-    if r["tool_calls"] is not None:
-        msg["tool_calls"] = decode_json(r["tool_calls"])
-    if r["tool_call_id"] is not None:
-        msg["tool_call_id"] = r["tool_call_id"]
-    if r["tool_name"] is not None:
-        msg["name"] = r["tool_name"]
-    msg["timestamp"] = r["timestamp"]
-    if r["observed"]:
+    if tool_calls is not None:
+        msg["tool_calls"] = decode_json(tool_calls)
+    if tool_call_id is not None:
+        msg["tool_call_id"] = tool_call_id
+    if tool_name is not None:
+        msg["name"] = tool_name
+    msg["timestamp"] = timestamp
+    if observed:
         msg["observed"] = True  # a side remark the agent saw but was not asked to answer
-    if r["platform_message_id"] is not None:
-        msg["message_id"] = r["platform_message_id"]
-    if r["effect_disposition"] is not None:
-        msg["effect_disposition"] = r["effect_disposition"]
+    if platform_message_id is not None:
+        msg["message_id"] = platform_message_id
+    if effect_disposition is not None:
+        msg["effect_disposition"] = effect_disposition
 
 
 class _Projector:
@@ -69,53 +84,50 @@ class _Projector:
         self.turn_uids: dict[str, Any] = {}
         self.answered: dict[str, int] = {}
 
-    def message(self, r: dict[str, Any]) -> dict[str, Any]:
-        """Return the conversation dict of one row (a dict of _CONVERSATION_SQL's columns)."""
-        role, content, api_content = r["role"], r["content"], r["api_content"]
-        # Replay fidelity: the bytes that were sent win over the display text; a multimodal
-        # message was sent as its list of parts.
-        msg: dict[str, Any] = {"role": role, "content": api_content if api_content is not None else content}
-        if r["content_parts"] is not None:
-            msg["content"] = decode_json(r["content_parts"])
-        elif api_content is not None and api_content != content:
-            # Runtime-only (never sent): lets replace_messages/compression write both columns back.
-            msg[DISPLAY_KEY] = content
-        _add_row_fields(msg, r)
+    def message(self, row: tuple[Any, ...]) -> dict[str, Any]:
+        """Return the conversation dict of one row (a tuple of _COLUMNS)."""
+        # One unpacking, no dict per row: a 33,000-message session is read in one pass.
+        (row_id, role, content, api_content, tool_calls, tool_call_id, tool_name, reasoning, reasoning_content,
+         reasoning_details, codex_reasoning_items, codex_message_items, message_uid, absorbed, tool_call_uids,
+         tool_call_uid, session_id, content_parts, timestamp, finish_reason, observed, platform_message_id,
+         effect_disposition) = row
+        msg = _content(role, content, api_content, content_parts)
+        _add_wire_fields(msg, tool_calls, tool_call_id, tool_name, timestamp, observed, platform_message_id,
+                         effect_disposition)
         if role == "assistant":
-            self._assistant(msg, r)
-        self._add_uids(msg, r)
+            self._assistant(msg, api_content, finish_reason, (reasoning, reasoning_content),
+                            (reasoning_details, codex_reasoning_items, codex_message_items), tool_call_uids)
+        # The message's own uid (derived when the row has none), then the runtime-only keys.
+        msg["message_uid"] = message_uid or derived_uid(session_id, row_id)
+        if self.with_row_ids:
+            msg["_row_id"] = row_id
+        if role == "assistant" and tool_call_uids is not None:
+            msg["_tool_call_uids"] = self.turn_uids
+        if role == "tool" and tool_call_id is not None:
+            derived = self._answer_uid(tool_call_id, tool_call_uid)
+            if derived is not None:
+                msg["_tool_call_uid"] = derived
+        if absorbed is not None:
+            msg["_absorbed_message_uids"] = decode_json(absorbed)
         return msg
 
-    def _assistant(self, msg: dict[str, Any], r: dict[str, Any]) -> None:
-        if r["finish_reason"] is not None:
-            msg["finish_reason"] = r["finish_reason"]
-        if r["api_content"] is None and isinstance(msg["content"], str) and _MEMORY_OPEN in msg["content"]:
+    def _assistant(self, msg: dict[str, Any], api_content: Any, finish_reason: Any, texts: tuple[Any, ...],
+                   documents: tuple[Any, ...], tool_call_uids: Any) -> None:
+        if finish_reason is not None:
+            msg["finish_reason"] = finish_reason
+        if api_content is None and isinstance(msg["content"], str) and _MEMORY_OPEN in msg["content"]:
             # Recalled memory the model echoed into its answer is not part of the answer.
             # Bytes recorded as sent (api_content) are replayed as they are.
             msg["content"] = strip_memory_context(msg["content"])
-        for key in _REASONING_TEXT:
-            if r[key] is not None and (r[key] != "" or key == "reasoning_content"):
-                msg[key] = r[key]
-        for key in _REASONING_JSON:
-            if r[key] is not None:
-                msg[key] = decode_json(r[key])
-        uids = decode_json(r["tool_call_uids"]) if r["tool_call_uids"] is not None else {}
+        for key, value in zip(_REASONING_TEXT, texts):
+            if value is not None and (value != "" or key == "reasoning_content"):
+                msg[key] = value
+        for key, value in zip(_REASONING_JSON, documents):
+            if value is not None:
+                msg[key] = decode_json(value)
+        uids = decode_json(tool_call_uids) if tool_call_uids is not None else {}
         self.turn_uids = uids if isinstance(uids, dict) else {}
         self.answered = {}
-
-    def _add_uids(self, msg: dict[str, Any], r: dict[str, Any]) -> None:
-        # The message's own uid (derived when the row has none), then the runtime-only keys.
-        msg["message_uid"] = r["message_uid"] or derived_uid(r["session_id"], r["id"])
-        if self.with_row_ids:
-            msg["_row_id"] = r["id"]
-        if r["role"] == "assistant" and r["tool_call_uids"] is not None:
-            msg["_tool_call_uids"] = self.turn_uids
-        if r["role"] == "tool" and r["tool_call_id"] is not None:
-            derived = self._answer_uid(r["tool_call_id"], r["tool_call_uid"])
-            if derived is not None:
-                msg["_tool_call_uid"] = derived
-        if r["absorbed_message_uids"] is not None:
-            msg["_absorbed_message_uids"] = decode_json(r["absorbed_message_uids"])
 
     def _answer_uid(self, tool_call_id: str, stored: str | None) -> str | None:
         # The Nth result of one call id answers the Nth uid of a merged turn's list.
@@ -137,11 +149,12 @@ def strip_memory_context(text: str) -> str:
 # prompt-cache warmth; builds that persisted its turn left the prompt and the curator's reply in
 # the real transcript, where a resumed agent would take them as standing instructions.
 _HARNESS_PREFIX = "Review the conversation above"
+_HARNESS_ROLES = ("user", "system")
 
 
 def is_background_review_harness_message(message: Any) -> bool:
     """Return True for a stored background-review prompt (a user or system turn starting with it)."""
-    return (isinstance(message, dict) and message.get("role") in ("user", "system")
+    return (isinstance(message, dict) and message.get("role") in _HARNESS_ROLES
             and isinstance(message.get("content"), str) and message["content"].lstrip().startswith(_HARNESS_PREFIX))
 
 
@@ -213,32 +226,47 @@ def _repeats_prompt(msg: dict[str, Any], last: dict[str, Any] | None) -> bool:
 def _stitched(conn: sqlite3.Connection, session_id: str, include_ancestors: bool, with_row_ids: bool,
               include_inactive: bool) -> list[tuple[str, dict[str, Any]]]:
     """Return (session id, message) pairs of the session, its ancestors' first when asked."""
-    chain = [row["id"] for row in lineage.get_lineage(conn, session_id)] if include_ancestors else [session_id]
+    return read_strict_text(conn, lambda: _stitch(conn, session_id, include_ancestors, with_row_ids,
+                                                  include_inactive))
+
+
+def _stitch(conn: sqlite3.Connection, session_id: str, include_ancestors: bool, with_row_ids: bool,
+            include_inactive: bool) -> list[tuple[str, dict[str, Any]]]:
+    chain = [row["id"] for row in lineage.get_lineage(conn, session_id)] if include_ancestors else []
+    chain = chain or [session_id]
     sql = _CONVERSATION_SQL + ("" if include_inactive else _LIVE_ONLY) + _BY_ID
     out: list[tuple[str, dict[str, Any]]] = []
     seen: set[str] = set()
     projector = _Projector(with_row_ids)
-    for sid in chain or [session_id]:
-        emitted = []
+    for sid in chain:
         # Repeated prompts collapse in the ancestors and across each seam (a prompt re-sent on
         # resume); inside the session itself a repeat is the user's own and stays.
-        collapse = include_ancestors
-        # Row by row, not fetched whole: only the conversation is held, never a second copy of
-        # the session as raw rows beside it (a 33,000-message session is tens of megabytes).
-        cur = conn.execute(sql, (sid,))
-        names = [d[0] for d in cur.description]
-        for row in cur:
-            msg = projector.message(dict(zip(names, row)))
-            if msg["message_uid"] in seen:
-                continue  # a rotation copy of a message an ancestor already replayed
-            repeated = collapse and _repeats_prompt(msg, out[-1][1] if out else None)
-            collapse = include_ancestors and sid != session_id
-            if repeated:
-                continue
+        emitted = _read_session(conn, sql, sid, projector, out, seen, include_ancestors,
+                                include_ancestors and sid != session_id)
+        if sid != chain[-1]:  # uids only matter to the sessions after this one
+            seen.update(emitted)
+    harness = any(m["role"] in _HARNESS_ROLES and is_background_review_harness_message(m) for _, m in out)
+    return _without_harness(out) if harness else out
+
+
+def _read_session(conn: sqlite3.Connection, sql: str, sid: str, projector: _Projector,
+                  out: list[tuple[str, dict[str, Any]]], seen: set[str], collapse_first: bool,
+                  collapse_rest: bool) -> list[str]:
+    """Append one session's messages to `out`, skipping replays of `seen`; return their uids."""
+    emitted: list[str] = []
+    collapse = collapse_first
+    # Row by row, not fetched whole: only the conversation is held, never a second copy of
+    # the session as raw rows beside it (a 33,000-message session is tens of megabytes).
+    for row in conn.execute(sql, (sid,)):
+        msg = projector.message(row)
+        if seen and msg["message_uid"] in seen:
+            continue  # a rotation copy of a message an ancestor already replayed
+        repeated = collapse and _repeats_prompt(msg, out[-1][1] if out else None)
+        collapse = collapse_rest
+        if not repeated:
             out.append((sid, msg))
             emitted.append(msg["message_uid"])
-        seen.update(emitted)
-    return _without_harness(out)
+    return emitted
 
 
 def _without_harness(pairs: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:

@@ -88,6 +88,19 @@ def test_text_that_is_not_utf8_reads_with_replacement_characters(db, raw_conn):
     assert "\ufffd" in hit["snippet"] and ">>>bad<<<" in hit["snippet"]
 
 
+def test_a_conversation_read_falls_back_to_replacement_characters_in_an_ancestor(db, raw_conn):
+    # The conversation is read with the strict decoder first; a bad byte anywhere in the chain
+    # makes it read again leniently, and the connection is left lenient for every later read.
+    db.create_session("s", "cli")
+    _plant_invalid_utf8(raw_conn())
+    db.append_message("s", "assistant", "answer")
+    db.rotate_session("s", "next", [{"role": "user", "content": "summary"}])
+    whole = db.get_messages_as_conversation("next", include_ancestors=True)
+    assert [m["content"] for m in whole] == ["ok \ufffd( bad", "answer", "summary"]
+    assert db.get_messages("s")[0]["content"] == "ok \ufffd( bad"
+    assert db.get_messages_as_conversation("next") == [whole[-1]]
+
+
 def test_cli_shows_text_that_is_not_utf8_without_a_traceback(db, raw_conn):
     db.create_session("s", "cli")
     _plant_invalid_utf8(raw_conn())
