@@ -4,7 +4,7 @@ Owns: parsing any input into terms and operators (`parse_query`), the sanitizer 
 its name (`_sanitize_fts5_query`), the plan a search routes (`plan_query`: OR groups of terms that
 must match and terms that must not), and how terms are written for each kind of index: unicode61
 words (`word_expression`), CJK bigrams (`cjk_expression`) and trigram candidates
-(`trigram_expression`).
+(`trigram_expression`, `trigrams`).
 Does not own: which index answers which group (the route table of hermes_state_search) or the
 indexes themselves (hermes_state_fts).
 
@@ -109,8 +109,17 @@ def trigram_expression(texts: tuple[str, ...]) -> str:
     Each trigram is a one-token phrase, which an index without positions can answer; whether
     the trigrams are adjacent is checked on the row afterwards.
     """
-    grams = dict.fromkeys(text[i:i + 3] for text in texts for i in range(len(text) - 2))
-    return " AND ".join('"' + gram.replace('"', '""') + '"' for gram in grams)
+    return " AND ".join(quoted_token(gram) for gram in trigrams(texts))
+
+
+def trigrams(texts: tuple[str, ...]) -> tuple[str, ...]:
+    """Return every trigram of the texts, each once, in order."""
+    return tuple(dict.fromkeys(text[i:i + 3] for text in texts for i in range(len(text) - 2)))
+
+
+def quoted_token(token: str) -> str:
+    """Return `token` as an FTS5 string (one phrase of one token)."""
+    return '"' + token.replace('"', '""') + '"'
 
 
 def _normalize(items: list[Item]) -> list[Item]:

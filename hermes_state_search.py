@@ -22,7 +22,8 @@ import hermes_state_fts as fts
 import hermes_state_hits as hit_page
 from hermes_state_cjk import fold_text
 from hermes_state_common import check_count, check_id, check_number, escape_like, has_surrogate, logger
-from hermes_state_query import Group, QueryPlan, Term, cjk_expression, plan_query, trigram_expression, word_expression
+from hermes_state_query import (Group, QueryPlan, Term, cjk_expression, plan_query, quoted_token, trigram_expression,
+                                trigrams, word_expression)
 
 # --- full-text search --------------------------------------------------------------
 # Routing (docs/search.md): each OR branch of a query is routed on its own. A branch holding CJK
@@ -51,6 +52,7 @@ FILTERED_POOL = 50       # ... and at least this many of those passing the filte
 SPARE_RANKED = 20        # best rows ranked beyond the page, in case some of them are archived
 LIKE_SCAN_ROWS = 20_000  # the most rows any LIKE scan reads
 DIRECT_SCAN_ROWS = 500   # an id range this narrow is read row by row, not through the substring index
+RARE_TRIGRAM_ROWS = 256  # a trigram in fewer rows than this narrows the substring index's candidates alone
 # Trigrams of a base64 payload (an image a tool returned): a letter, '+' or '/', a letter. Prose and
 # code hardly ever hold even a few of them; a payload of 0.5 MB holds all twelve (199 of 200 random
 # ones did). Such a payload also holds nearly every other trigram, so it is a candidate of every
@@ -370,7 +372,7 @@ class _Ask:
             key, grams = "w.rowid", (" AND ".join(phrases),)
             source = f"{fts.WORD} w JOIN messages m ON m.id = w.rowid{f.join} WHERE {fts.WORD} MATCH ? AND"
         else:
-            key, grams = "t.rowid", (f"({trigram_expression(texts)}){_NOT_PAYLOAD}",)
+            key, grams = "t.rowid", (f"({trigram_expression(self._rare_trigrams(texts))}){_NOT_PAYLOAD}",)
             source = f"{fts.TRIGRAM} t JOIN messages m ON m.id = t.rowid{f.join} WHERE {fts.TRIGRAM} MATCH ? AND"
         skip = f" AND {key} NOT IN (SELECT value FROM json_each(?))" if known else ""
         sql = (f"SELECT {key} FROM {source} {key} BETWEEN ? AND ?{f.sql}{skip} AND {contains} "
@@ -386,6 +388,24 @@ class _Ask:
             self.refused.append(True)
             return []
         return [(r[0], 0.0, None) for r in rows]
+
+    def _rare_trigrams(self, texts: tuple[str, ...]) -> tuple[str, ...]:
+        """Return the texts' trigrams that few rows hold (each its own text), or the texts when none is rare."""
+        # The index intersects every trigram's list of rows, so a common one ("qui": half the
+        # store) costs its whole list; the rare ones find the same candidates, and each row is
+        # checked for the terms themselves anyway. A probe reads at most RARE_TRIGRAM_ROWS ids.
+        grams = trigrams(texts)
+        if len(grams) < 3:
+            return texts
+        probe = f"SELECT COUNT(*) FROM (SELECT 1 FROM {fts.TRIGRAM} WHERE {fts.TRIGRAM} MATCH ? LIMIT ?)"
+        try:
+            rare = tuple(g for g in grams if self.conn.execute(
+                probe, (quoted_token(g), RARE_TRIGRAM_ROWS)).fetchone()[0] < RARE_TRIGRAM_ROWS)
+        except sqlite3.OperationalError as exc:
+            if not _is_query_error(exc):
+                raise
+            return texts  # the query itself reports what the index refuses
+        return rare or texts
 
     def has(self, table: str) -> bool:
         """Return True when the database has this FTS table."""

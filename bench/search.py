@@ -87,7 +87,7 @@ def build(path: Path, corpus, n: int, seed: int) -> dict:
             if count % 50_000 < len(msgs):
                 print(f"  {count:,} messages, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         planted += [("new", *p) for p in plant(db, "planted_new", rng, 10)]
-        db.search_messages("planted")  # the handle indexes the rows it queued before it searches
+    with SessionDB(path) as db:  # the first handle's close indexed every row it had queued
         assert db.fts_rebuild_status()["cjk_pending"] == 0
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")

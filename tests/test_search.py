@@ -487,6 +487,24 @@ def test_a_word_found_nowhere_is_answered_by_the_substring_index_alone(db, words
     assert not any(sql.startswith("SELECT m.id FROM messages m") for sql in absent)
 
 
+@pytest.mark.parametrize("rare_below", [4, 1])
+def test_the_substring_index_is_asked_for_its_rare_trigrams_only(db, index_queue, monkeypatch, rare_below):
+    # With rare_below=4, "abc" (in 7 rows) is left out of the index's question and the three
+    # trigrams found in 3 rows find the candidates; with 1, none is rare and all four are asked.
+    monkeypatch.setattr(search, "RARE_TRIGRAM_ROWS", rare_below)
+    db.create_session("s", "cli")
+    for i in range(4):
+        db.append_message("s", "user", f"abc filler {i}")
+    inside = [db.append_message("s", "tool", "xxabcqzwxx"), db.append_message("s", "user", "see abcqzwy here")]
+    db.append_message("s", "user", "abc bcq cqz qzw apart")  # every trigram, never the term
+    index_queue(db)
+    with db.tracer() as trace:
+        hits = [h["id"] for h in db.search_messages("abcqzw")]
+    assert hits == sorted(inside, reverse=True)
+    (asked,) = [sql for sql in trace if sql.startswith("SELECT t.rowid FROM messages_fts_trigram t")]
+    assert '"bcq" AND "cqz" AND "qzw"' in asked and ('"abc"' in asked) == (rare_below == 1)
+
+
 def test_a_refused_substring_query_still_falls_back_to_the_scan(db, words_and_pieces, monkeypatch):
     monkeypatch.setattr(search, "trigram_expression", lambda texts: "AND AND")  # FTS5 refuses it
     with db.tracer() as trace:
