@@ -190,17 +190,22 @@ def fts5_available(conn: sqlite3.Connection) -> bool:
     return True
 
 
-def drop_fts_objects(conn: sqlite3.Connection) -> None:
+def drop_fts_objects(conn: sqlite3.Connection,
+                     retire: Callable[[sqlite3.Connection, str, str], bool] | None = None) -> None:
     """Drop every FTS object, this layout's and an older layout's (tables, views, triggers on messages).
 
     Must run inside the caller's write transaction. `create_fts` builds them again; an upgrade
-    calls this before any back-fill so no old trigger re-indexes rows one by one.
+    calls this before any back-fill so no old trigger re-indexes rows one by one. Each table is
+    first offered to `retire(conn, name, sql)`, which returns True when it has removed the table
+    itself (an upgrade moves the pages of a large old index aside instead of freeing them all now).
     """
     rows = conn.execute("SELECT type, name, sql FROM sqlite_master WHERE type IN ('trigger', 'view', 'table') "
                         "AND (name IN (SELECT value FROM json_each(?)) OR (type = 'trigger' AND tbl_name = 'messages' "
                         "AND sql LIKE '%messages_fts%'))", (json.dumps(sorted(OBJECT_NAMES)),)).fetchall()
     order = {"trigger": 0, "view": 1, "table": 2}  # triggers first: they name the tables
-    for kind, name, _ in sorted(rows, key=lambda r: order[r[0]]):
+    for kind, name, sql in sorted(rows, key=lambda r: order[r[0]]):
+        if kind == "table" and retire is not None and retire(conn, name, sql or ""):
+            continue
         conn.execute(f'DROP {kind.upper()} IF EXISTS "{name}"')
 
 
@@ -451,17 +456,19 @@ def ensure_fts(writer: Writer, patience_s: float, policy: RetryPolicy, *, writab
 
 
 def run_pending(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_rows: int = REBUILD_CHUNK_ROWS,
-                stop: threading.Event | None = None, pause_s: float = 0.0) -> bool:
-    """Run rebuild chunks and CJK catch-up, one write transaction each, until done or `stop` is set.
+                stop: threading.Event | None = None, pause_s: float = 0.0,
+                step: Callable[[sqlite3.Connection], bool] | None = None) -> bool:
+    """Run rebuild chunks and CJK catch-up (or `step`), one write transaction each, until done or `stop` is set.
 
     Returns True when nothing is pending any more. Between chunks it pauses `pause_s` without
-    holding any lock, so other writers get their turn.
+    holding any lock, so other writers get their turn. `step(conn)` does one bounded unit of
+    other work and returns whether more remains.
     """
     while stop is None or not stop.is_set():
         # A background run (`stop` given) stops waiting for the lock as soon as its handle closes,
         # holds the fork gate for each chunk, and fails quietly: it resumes at the next open.
         with writer.transaction(patience_s, policy, stop=stop, quiet=stop is not None) as conn:
-            more = advance(conn, chunk_rows)
+            more = advance(conn, chunk_rows) if step is None else step(conn)
         if not more:
             return True
         if stop is not None and pause_s:

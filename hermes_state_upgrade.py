@@ -3,9 +3,11 @@
 Owns the whole sequence, in order: opening the main connection (`open_connection`); WAL and
 private file modes; detecting a file of an older
 layout; writing the copy taken before anything changes (`start_upgrade`); the migration, with the
-old layout's FTS objects dropped first (`prepare_upgrade`); building the FTS indexes again, on a
-background thread when a full rebuild is pending (`open_fts`, `FtsRebuild`); and giving back the
-space the old layout freed (`reclaim_after_upgrade`).
+old layout's FTS objects removed first (`prepare_upgrade`: the pages of a large old index are
+moved aside into plain `hermes_retired_fts_*` tables, not freed there); on a background thread,
+emptying those tables a short transaction at a time (`clear_retired_step`) and building the FTS
+indexes again (`open_fts`, `FtsRebuild`); and giving back the space the old layout freed
+(`reclaim_after_upgrade`).
 Does not own: the ladder's steps and the declared tables (hermes_state_schema), FTS index
 maintenance (hermes_state_fts), whole-file copies and VACUUM (hermes_state_recovery).
 
@@ -32,6 +34,13 @@ from hermes_state_common import SCHEMA_VERSION, TABLE_SQL, logger
 from hermes_state_errors import StateDbUninitializedError, StoreUnavailableError, typed_errors
 from hermes_state_writer import RetryPolicy, Writer
 
+# An older layout's FTS5 tables are dropped at the upgrade only after their big tables were moved
+# aside under these names (a catalogue change); freeing their pages is left to short transactions.
+RETIRED_PREFIX = "hermes_retired_fts_"
+CLEAR_CHUNK_S = 0.1              # one clearing transaction holds the write lock about this long
+CLEAR_BATCH_ROWS = 32            # rows deleted between two looks at the clock (one may own MBs of overflow)
+_ROW_SHADOWS = ("data", "content", "docsize")  # an FTS5 table's rowid tables: nearly all of its pages
+FTS5_HEADER_ROWS = (1, 10)      # the averages and structure records its constructor reads, even to drop it
 RECLAIM_MIN_FREE = 0.10          # reclaim when more than this share of the file is free pages
 AUTO_RECLAIM_MAX_BYTES = 1 << 30  # above this, a VACUUM blocks writers too long to run unasked
 STOP_WAIT_S = 5.0                # how long close() waits for the chunk under way
@@ -75,14 +84,71 @@ def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = Tru
 
 
 def prepare_upgrade(conn: sqlite3.Connection) -> None:
-    """Drop an older layout's FTS objects and mark the file for reclaiming the space they held.
+    """Remove an older layout's FTS objects and mark the file for reclaiming the space they held.
 
     Runs in the upgrade's first transaction, before any back-fill: the old triggers would
-    otherwise re-index every back-filled row one by one. The indexes are rebuilt in the background.
+    otherwise re-index every back-filled row one by one. An FTS5 table's pages are moved aside
+    (`retire_fts5_table`) rather than freed here; the indexes are rebuilt in the background.
     """
-    fts.drop_fts_objects(conn)
+    fts.drop_fts_objects(conn, retire=retire_fts5_table)
     conn.execute(next(sql for sql in TABLE_SQL if " state_meta (" in sql))  # an old layout may lack it yet
     conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (recovery.RECLAIM_KEY,))
+
+
+def retire_fts5_table(conn: sqlite3.Connection, name: str, sql: str) -> bool:
+    """Drop the FTS5 table `name` after moving its rowid tables aside; return False (nothing changed) when it cannot.
+
+    Dropping an index of gigabytes frees every one of its pages in the dropping transaction,
+    reading each: seconds per gigabyte with writers waiting. Renamed to `hermes_retired_fts_<n>_*`,
+    they are plain tables (nothing reads them) that `clear_retired_step` empties later; the
+    table itself is then dropped over empty stand-ins of the same names. Inside the caller's write
+    transaction; a SQLite that refuses a step (defensive mode) leaves everything as it was.
+    """
+    if "fts5" not in sql.lower():
+        return False
+    number = 1
+    while conn.execute("SELECT 1 FROM sqlite_master WHERE name GLOB ?", (f"{RETIRED_PREFIX}{number}_*",)).fetchone():
+        number += 1
+    conn.execute("SAVEPOINT hermes_retire")
+    try:
+        for shadow in _ROW_SHADOWS:
+            found = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                 (f"{name}_{shadow}",)).fetchone()
+            if found is not None:
+                conn.execute(f'ALTER TABLE "{name}_{shadow}" RENAME TO "{RETIRED_PREFIX}{number}_{shadow}"')
+                conn.execute(found[0])  # the empty stand-in the table's constructor opens
+        conn.execute(f'INSERT INTO "{name}_data" SELECT * FROM "{RETIRED_PREFIX}{number}_data" '
+                     f"WHERE id IN ({', '.join(map(str, FTS5_HEADER_ROWS))})")
+        conn.execute(f'DROP TABLE "{name}"')
+    except sqlite3.DatabaseError as exc:
+        conn.execute("ROLLBACK TO hermes_retire")
+        conn.execute("RELEASE hermes_retire")
+        logger.info("the old full-text table %s is dropped in one piece (%s)", name, exc)
+        return False
+    conn.execute("RELEASE hermes_retire")
+    return True
+
+
+def retired_tables(conn: sqlite3.Connection) -> list[str]:
+    """Return the tables an upgrade moved aside that still wait to be emptied."""
+    return [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name GLOB ? "
+                                       "ORDER BY name", (f"{RETIRED_PREFIX}*",))]
+
+
+def clear_retired_step(conn: sqlite3.Connection, budget_s: float | None = None) -> bool:
+    """Free the next share of the pages an upgrade moved aside (about `budget_s` of work); return whether more remains.
+
+    Inside the caller's write transaction: rows are deleted a few at a time until the budget is
+    spent, and a table is dropped once empty.
+    """
+    deadline = time.monotonic() + (CLEAR_CHUNK_S if budget_s is None else budget_s)
+    for name in retired_tables(conn):
+        while conn.execute(f'DELETE FROM "{name}" WHERE rowid IN '
+                           f'(SELECT rowid FROM "{name}" LIMIT {CLEAR_BATCH_ROWS})').rowcount:
+            if time.monotonic() >= deadline:
+                return True
+        conn.execute(f'DROP TABLE "{name}"')
+    return False
 
 
 @dataclass
@@ -157,13 +223,22 @@ class FtsRebuild:
     """The background thread that finishes pending index work (a rebuild, queued rows), then gives back freed space."""
 
     def __init__(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, chunk_rows: int, *,
-                 rebuilding: bool = True):
+                 rebuilding: bool = True, clearing: bool = False):
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self._run, name="hermes-state-fts", daemon=True,
-                                       args=(writer, db_path, patience_s, policy, chunk_rows, rebuilding))
+                                       args=(writer, db_path, patience_s, policy, chunk_rows, rebuilding, clearing))
 
     def _run(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, chunk_rows: int,
-             rebuilding: bool) -> None:
+             rebuilding: bool, clearing: bool) -> None:
+        if clearing:
+            # First, so that the new indexes fill the pages freed here instead of growing the file.
+            try:
+                fts.run_pending(writer, patience_s, policy, stop=self.stop_event, pause_s=0.02,
+                                step=clear_retired_step)
+            except Exception as exc:  # noqa: BLE001 - a background thread has nobody to raise to
+                if not self.stop_event.is_set():
+                    logger.warning("freeing the pages of the old full-text index stopped (%s); it resumes at the "
+                                   "next open", exc)
         fts.background_worker(writer, patience_s, policy, chunk_rows, self.stop_event)
         if rebuilding and not self.stop_event.is_set():
             # The fork gate after the lock, as for every write of a library thread; nobody to raise to.
@@ -189,16 +264,19 @@ def open_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryPoli
     if writable:
         # The trigger lives in the connection's temp schema only: no lock on the file, no cost at open.
         fts.install_write_triggers(writer.conn)
-    if state is None or not (state.work_pending and background):
+    clearing = state is not None and bool(retired_tables(writer.conn))
+    if state is None or not ((state.work_pending or clearing) and background):
         return None
-    work = FtsRebuild(writer, db_path, patience_s, policy, chunk_rows, rebuilding=state.rebuild is not None)
+    work = FtsRebuild(writer, db_path, patience_s, policy, chunk_rows, rebuilding=state.rebuild is not None or clearing,
+                      clearing=clearing)
     work.thread.start()
     return work
 
 
 def rebuild_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy,
                 chunk_rows: int = fts.REBUILD_CHUNK_ROWS) -> None:
-    """Rebuild the FTS indexes to the end (one transaction per chunk), then reclaim what an upgrade freed."""
+    """Free what an upgrade moved aside and rebuild the FTS indexes to the end (one transaction per chunk), then reclaim."""
+    fts.run_pending(writer, patience_s, policy, step=clear_retired_step)
     fts.rebuild(writer, patience_s, policy, chunk_rows)
     with writer.exclusive() as conn:
         reclaim_after_upgrade(conn, db_path, patience_s, policy)
@@ -222,7 +300,7 @@ def reclaim_after_upgrade(conn: sqlite3.Connection, path: Path, patience_s: floa
 
 
 def _reclaim(conn: sqlite3.Connection, path: Path, patience_s: float, policy: RetryPolicy) -> bool:
-    if fts.inspect(conn).rebuild is not None or not conn.execute(
+    if fts.inspect(conn).rebuild is not None or retired_tables(conn) or not conn.execute(
             "SELECT 1 FROM state_meta WHERE key = ?", (recovery.RECLAIM_KEY,)).fetchone():
         return False  # nothing to give back, or the new indexes are still filling the free pages
     free, pages, page_size = (conn.execute(f"PRAGMA {p}").fetchone()[0]

@@ -10,6 +10,7 @@ import logging
 import sqlite3
 import threading
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -131,6 +132,133 @@ def test_the_ladder_rereads_the_version_under_the_lock(tmp_path, monkeypatch):
         rival.close()
     assert ran == ["another process"]  # the step saw the new version under the lock and did not run again
     assert scalar(path, "SELECT version FROM schema_version") == SCHEMA_VERSION
+
+
+def _grow_old_index(path: Path, documents: int = 300) -> None:
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.execute("BEGIN")  # a large old index, as in a real history
+    for n in range(documents):
+        text = " ".join(f"word{n}x{k}" for k in range(300))
+        raw.execute("INSERT INTO messages_fts(rowid, content) VALUES (?, ?)", (10_000 + n, text))
+        raw.execute("INSERT INTO messages_fts_trigram(rowid, content) VALUES (?, ?)", (10_000 + n, text))
+    raw.execute("COMMIT")
+    raw.close()
+
+
+def _old_index_rows(path: Path) -> dict[str, int]:
+    return {f"{table}_{shadow}": cast(int, scalar(path, f"SELECT COUNT(*) FROM {table}_{shadow}"))
+            for table in ("messages_fts", "messages_fts_trigram") for shadow in ("data", "content", "docsize")}
+
+
+def test_the_upgrade_moves_the_old_index_aside_and_frees_it_later_in_short_transactions(old_file, monkeypatch):
+    _grow_old_index(old_file)
+    before = _old_index_rows(old_file)
+    conn, version, _ = open_writable(old_file)
+    writer = Writer(conn)
+    try:
+        assert version == SCHEMA_VERSION
+        # The upgrade renamed the old tables' pages aside instead of freeing them: every row is still there.
+        moved = {name: cast(int, scalar(old_file, f"SELECT COUNT(*) FROM {name}"))
+                 for name in upgrade.retired_tables(conn)}
+        assert sorted(moved.values()) == sorted(before.values()) and len(moved) == 6
+        assert scalar(old_file, "SELECT COUNT(*) FROM sqlite_master WHERE sql LIKE '%fts5%'") == 0
+        assert scalar(old_file, "PRAGMA integrity_check") == "ok"  # plain tables, not a damaged index
+        free_before = scalar(old_file, "PRAGMA freelist_count")
+        # Emptied a few rows per transaction: here one batch of 4 each, so many turns for other writers.
+        monkeypatch.setattr(upgrade, "CLEAR_BATCH_ROWS", 4)
+        turns = []
+
+        def one_batch(c: sqlite3.Connection) -> bool:
+            turns.append(1)
+            return upgrade.clear_retired_step(c, budget_s=0.0)
+        assert fts.run_pending(writer, 5.0, POLICY, step=one_batch)
+        assert len(turns) >= max(moved.values()) // 4
+        assert upgrade.retired_tables(conn) == []
+        assert cast(int, scalar(old_file, "PRAGMA freelist_count")) > cast(int, free_before)
+        rebuild = upgrade.open_fts(writer, old_file, 5.0, POLICY, writable=True)
+        assert rebuild is not None
+        rebuild.thread.join(30)
+        with writer.reading() as rconn:
+            assert fts.rebuild_status(rconn)["pending"] == 0
+    finally:
+        writer.close()
+    assert scalar(old_file, "PRAGMA integrity_check") == "ok"
+
+
+def test_a_stopped_clearing_resumes_at_the_next_open_and_searches_find_old_rows(old_file, monkeypatch):
+    _grow_old_index(old_file, documents=100)
+    word = scalar(old_file, "SELECT content FROM messages WHERE content LIKE '% %' AND role = 'user' LIMIT 1")
+    term = max(cast(str, word).split(), key=len).strip(".,!?:;\"'()")
+    monkeypatch.setattr(upgrade, "CLEAR_CHUNK_S", 0.0)  # one batch per transaction: the first open cannot finish
+    monkeypatch.setattr(upgrade, "CLEAR_BATCH_ROWS", 1)
+    SessionDB(old_file).close()  # closing stops the background work after the batch under way
+    conn = sqlite3.connect(old_file)
+    try:
+        assert upgrade.retired_tables(conn) != []
+    finally:
+        conn.close()
+    monkeypatch.undo()
+    db = SessionDB(old_file)
+    try:
+        assert db.wait_for_fts_rebuild(60)
+        assert db.search_messages(term) != []
+    finally:
+        db.close()
+    conn = sqlite3.connect(old_file)
+    try:
+        assert upgrade.retired_tables(conn) == []
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        conn.close()
+
+
+def test_writers_take_turns_with_the_clearing(old_file, monkeypatch):
+    _grow_old_index(old_file, documents=100)
+    monkeypatch.setattr(upgrade, "CLEAR_CHUNK_S", 0.0)
+    monkeypatch.setattr(upgrade, "CLEAR_BATCH_ROWS", 2)
+    first = SessionDB(old_file)  # its thread empties the old tables, two rows per transaction
+    errors: list[BaseException] = []
+
+    def write(n: int) -> None:
+        db = SessionDB(old_file)
+        try:
+            db.create_session(f"writer-{n}", source="cli")
+            for k in range(40):
+                db.append_message(f"writer-{n}", role="user", content=f"turn {k} of writer {n}")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            db.close()
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert errors == [] and first.wait_for_fts_rebuild(120)
+        assert [first.message_count(f"writer-{n}") for n in range(3)] == [40, 40, 40]
+        assert len(first.search_messages('"of writer 2"', limit=100)) == 40
+    finally:
+        first.close()
+    conn = sqlite3.connect(old_file)
+    try:
+        assert upgrade.retired_tables(conn) == [] and conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        conn.close()
+
+
+def test_an_old_index_that_cannot_be_moved_aside_is_dropped_in_one_piece(old_file, monkeypatch, caplog):
+    _grow_old_index(old_file, documents=20)
+    monkeypatch.setattr(upgrade, "FTS5_HEADER_ROWS", (-1, -2))  # the table's constructor then fails to drop it
+    caplog.set_level(logging.INFO, logger="hermes_state")
+    conn, version, _ = open_writable(old_file)
+    try:
+        assert version == SCHEMA_VERSION and upgrade.retired_tables(conn) == []
+        assert conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name LIKE 'messages_fts%'").fetchone()[0] == 0
+    finally:
+        conn.close()
+    assert any("dropped in one piece" in r.getMessage() for r in caplog.records)
+    assert scalar(old_file, "PRAGMA integrity_check") == "ok"
 
 
 def test_a_newer_file_is_left_as_it_is(tmp_path):
