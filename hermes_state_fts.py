@@ -24,6 +24,7 @@ import itertools
 import json
 import sqlite3
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -44,6 +45,9 @@ OPTIMIZE_EVERY_N_WRITES = FTS_OPTIMIZE_EVERY_N_WRITES
 MERGE_PAGES = 200            # bounded work per merge: a few milliseconds, never a full optimize
 REBUILD_CHUNK_ROWS = FTS_REBUILD_CHUNK_ROWS
 CJK_BATCH_ROWS = 2000        # queued CJK rows (another program's) one batch indexes at most
+# A library thread's pause between two of its write transactions: longer than the longest sleep of
+# SQLite's busy handler (100 ms), so a writer waiting on the lock always tries once in the gap.
+BACKGROUND_PAUSE_S = 0.12
 
 
 def _normalized(sql: str | None) -> str:
@@ -455,20 +459,67 @@ def ensure_fts(writer: Writer, patience_s: float, policy: RetryPolicy, *, writab
     return state
 
 
+# The lease of the one background thread (of any process) that works off pending index work:
+# every writable open of a file with work pending starts a thread, and two would only take turns
+# with the lock while the processes' own writes wait behind both.
+WORKER_KEY = "background_worker"
+WORKER_LEASE_S = 10.0  # renewed by every chunk; a holder that is killed is provably gone at once
+
+
+def worker_holder() -> str:
+    """Return a fresh holder string for a background thread's lease (this process, a new token)."""
+    from hermes_state_compression import new_holder  # here: only an open that starts a thread needs it
+    return new_holder()
+
+
+def _take_turn(conn: sqlite3.Connection, holder: str) -> bool:
+    """Inside the write transaction: take or renew the lease for `holder`; False when another holds it live."""
+    from hermes_state_holders import lock_is_live
+    now = time.time()
+    row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (WORKER_KEY,)).fetchone()
+    if row is not None and not row[0].startswith(holder):
+        other, _, expires = str(row[0]).rpartition(" until=")
+        try:
+            if lock_is_live(other, float(expires), now):
+                return False
+        except ValueError:
+            pass  # a value this library did not write: taken over
+    conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, ?)",
+                 (WORKER_KEY, f"{holder} until={now + WORKER_LEASE_S:.3f}"))
+    return True
+
+
+def release_turn(writer: Writer, holder: str, policy: RetryPolicy, patience_s: float = 1.0) -> None:
+    """Give back `holder`'s worker lease, so the next open's thread need not wait for it to expire (best effort)."""
+    try:
+        with writer.transaction(patience_s, policy, quiet=True) as conn:
+            conn.execute("DELETE FROM state_meta WHERE key = ? AND substr(value, 1, ?) = ?",
+                         (WORKER_KEY, len(holder), holder))
+    except Exception as exc:  # noqa: BLE001 - the lease expires by itself
+        logger.debug("the background worker's lease is left to expire (%s)", exc)
+
+
 def run_pending(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_rows: int = REBUILD_CHUNK_ROWS,
                 stop: threading.Event | None = None, pause_s: float = 0.0,
-                step: Callable[[sqlite3.Connection], bool] | None = None) -> bool:
+                step: Callable[[sqlite3.Connection], bool] | None = None, holder: str | None = None) -> bool:
     """Run rebuild chunks and CJK catch-up (or `step`), one write transaction each, until done or `stop` is set.
 
     Returns True when nothing is pending any more. Between chunks it pauses `pause_s` without
     holding any lock, so other writers get their turn. `step(conn)` does one bounded unit of
-    other work and returns whether more remains.
+    other work and returns whether more remains. With `holder` (a background thread's), each
+    chunk first takes or renews the one worker lease, and the run ends (False) while another
+    process's thread holds it.
     """
     while stop is None or not stop.is_set():
         # A background run (`stop` given) stops waiting for the lock as soon as its handle closes,
         # holds the fork gate for each chunk, and fails quietly: it resumes at the next open.
         with writer.transaction(patience_s, policy, stop=stop, quiet=stop is not None) as conn:
+            if holder is not None and not _take_turn(conn, holder):
+                return False  # another process's thread is doing this work; two would only take turns
             more = advance(conn, chunk_rows) if step is None else step(conn)
+            if not more and holder is not None:
+                conn.execute("DELETE FROM state_meta WHERE key = ? AND substr(value, 1, ?) = ?",
+                             (WORKER_KEY, len(holder), holder))  # as release_turn, inside this chunk
         if not more:
             return True
         if stop is not None and pause_s:
@@ -477,10 +528,10 @@ def run_pending(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_ro
 
 
 def background_worker(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_rows: int,
-                      stop: threading.Event, pause_s: float = 0.02) -> None:
+                      stop: threading.Event, pause_s: float = BACKGROUND_PAUSE_S, holder: str | None = None) -> None:
     """Thread body: finish pending FTS work in the background; log (never raise) on failure."""
     try:
-        if run_pending(writer, patience_s, policy, chunk_rows, stop, pause_s):
+        if run_pending(writer, patience_s, policy, chunk_rows, stop, pause_s, holder=holder):
             logger.info("full-text index is up to date")
     except Exception as exc:  # noqa: BLE001 - a background thread has nobody to raise to
         if not stop.is_set():

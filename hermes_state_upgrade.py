@@ -225,21 +225,30 @@ class FtsRebuild:
     def __init__(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, chunk_rows: int, *,
                  rebuilding: bool = True, clearing: bool = False):
         self.stop_event = threading.Event()
+        self.holder = fts.worker_holder()  # its lease: one thread of any process does this work at a time
         self.thread = threading.Thread(target=self._run, name="hermes-state-fts", daemon=True,
                                        args=(writer, db_path, patience_s, policy, chunk_rows, rebuilding, clearing))
 
     def _run(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, chunk_rows: int,
              rebuilding: bool, clearing: bool) -> None:
+        try:
+            self._work(writer, db_path, patience_s, policy, chunk_rows, rebuilding, clearing)
+        finally:
+            if self.stop_event.is_set():  # stopped by close(): the next open's thread takes over at once
+                fts.release_turn(writer, self.holder, policy)
+
+    def _work(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, chunk_rows: int,
+              rebuilding: bool, clearing: bool) -> None:
         if clearing:
             # First, so that the new indexes fill the pages freed here instead of growing the file.
             try:
-                fts.run_pending(writer, patience_s, policy, stop=self.stop_event, pause_s=0.02,
-                                step=clear_retired_step)
+                fts.run_pending(writer, patience_s, policy, stop=self.stop_event, pause_s=fts.BACKGROUND_PAUSE_S,
+                                step=clear_retired_step, holder=self.holder)
             except Exception as exc:  # noqa: BLE001 - a background thread has nobody to raise to
                 if not self.stop_event.is_set():
                     logger.warning("freeing the pages of the old full-text index stopped (%s); it resumes at the "
                                    "next open", exc)
-        fts.background_worker(writer, patience_s, policy, chunk_rows, self.stop_event)
+        fts.background_worker(writer, patience_s, policy, chunk_rows, self.stop_event, holder=self.holder)
         if rebuilding and not self.stop_event.is_set():
             # The fork gate after the lock, as for every write of a library thread; nobody to raise to.
             with writer.exclusive() as conn, fork.GATE.work():

@@ -445,7 +445,7 @@ def test_close_stops_the_background_thread_and_another_open_finishes_its_rebuild
     # A long pause between chunks makes the interruption deterministic: the worker indexes one
     # row, then waits on its stop event, which close() sets.
     worker = fts.background_worker
-    monkeypatch.setattr(fts, "background_worker", lambda *args: worker(*args, pause_s=60.0))
+    monkeypatch.setattr(fts, "background_worker", lambda *args, **kwargs: worker(*args, **kwargs, pause_s=60.0))
     db = SessionDB(path)
     db.close()
     assert db.wait_for_fts_rebuild(timeout_s=0)  # close() stopped it

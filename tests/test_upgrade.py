@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import gzip
 import logging
+import os
 import sqlite3
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import cast
 
@@ -247,6 +251,55 @@ def test_writers_take_turns_with_the_clearing(old_file, monkeypatch):
         conn.close()
 
 
+def _lease(path: Path) -> str | None:
+    return cast("str | None", scalar(path, "SELECT MAX(value) FROM state_meta WHERE key = ?", fts.WORKER_KEY))
+
+
+def test_one_thread_of_all_the_handles_on_a_file_does_the_background_work(old_file, monkeypatch):
+    _grow_old_index(old_file, documents=100)
+    monkeypatch.setattr(upgrade, "CLEAR_CHUNK_S", 0.0)  # hundreds of chunks: the first thread is still at work
+    monkeypatch.setattr(upgrade, "CLEAR_BATCH_ROWS", 1)
+    first = SessionDB(old_file)
+    try:
+        deadline = time.monotonic() + 30
+        while _lease(old_file) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        holder = cast(str, _lease(old_file))
+        assert holder.startswith(f"pid={os.getpid()} ")
+        second = SessionDB(old_file)  # its thread finds the lease live and leaves the work to the first
+        try:
+            assert second.wait_for_fts_rebuild(10)
+            assert not first.wait_for_fts_rebuild(0)
+            assert cast(str, _lease(old_file)).split(" until=")[0] == holder.split(" until=")[0]
+        finally:
+            second.close()
+    finally:
+        first.close()  # stops its thread, which gives the lease back
+    assert _lease(old_file) is None
+    monkeypatch.undo()
+    with SessionDB(old_file) as db:
+        assert db.wait_for_fts_rebuild(60)
+    assert _lease(old_file) is None and scalar(old_file, "SELECT COUNT(*) FROM sqlite_master WHERE name GLOB "
+                                               "'hermes_retired_fts_*'") == 0
+
+
+def test_the_lease_of_a_killed_process_is_taken_over_at_once(old_file):
+    _grow_old_index(old_file, documents=20)
+    dead = subprocess.run([sys.executable, "-c", "import hermes_state_fts as f; print(f.worker_holder())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    SessionDB(old_file, backup_before_upgrade=False).close()  # upgraded; its own thread was stopped at once
+    conn = sqlite3.connect(old_file)
+    with conn:
+        conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, ?)",
+                     (fts.WORKER_KEY, f"{dead} until={time.time() + 3600}"))
+    conn.close()
+    with SessionDB(old_file) as db:
+        assert db.wait_for_fts_rebuild(60)
+        assert db.fts_rebuild_status()["pending"] == 0
+    assert _lease(old_file) is None and scalar(old_file, "SELECT COUNT(*) FROM sqlite_master WHERE name GLOB "
+                                               "'hermes_retired_fts_*'") == 0
+
+
 def test_an_old_index_that_cannot_be_moved_aside_is_dropped_in_one_piece(old_file, monkeypatch, caplog):
     _grow_old_index(old_file, documents=20)
     monkeypatch.setattr(upgrade, "FTS5_HEADER_ROWS", (-1, -2))  # the table's constructor then fails to drop it
@@ -279,7 +332,7 @@ def test_stop_ends_the_rebuild_thread_before_the_reclaim(tmp_path, monkeypatch):
     SessionDB(path).close()
     started, reclaimed = threading.Event(), []
 
-    def slow_worker(writer, patience_s, policy, chunk_rows, stop):  # noqa: ANN001
+    def slow_worker(writer, patience_s, policy, chunk_rows, stop, **_):  # noqa: ANN001, ANN003
         started.set()
         stop.wait(30)
     monkeypatch.setattr(fts, "background_worker", slow_worker)
