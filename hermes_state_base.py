@@ -42,7 +42,7 @@ FTS_MERGE_EVERY_N_WRITES = 1000
 # message (over a second at 20,000 messages), so it is rare by default: the bounded merge
 # above already keeps the segment count low. See docs/search.md.
 FTS_OPTIMIZE_EVERY_N_WRITES = 1_000_000
-FTS_REBUILD_CHUNK_ROWS = 2000  # messages per rebuild transaction (tens of milliseconds of lock)
+FTS_REBUILD_CHUNK_ROWS = 2000  # the most messages per rebuild transaction (long rows make chunks smaller)
 # Page size of a new file. Message rows are often 1-4 KB; on 4 KB pages a fifth of each table
 # page is left empty around them, on 8 KB pages about a tenth. An existing file keeps its size.
 PAGE_SIZE = 8192

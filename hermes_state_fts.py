@@ -459,6 +459,20 @@ def ensure_fts(writer: Writer, patience_s: float, policy: RetryPolicy, *, writab
     return state
 
 
+# A chunk's cost follows the bytes of its rows, not their number: 2,000 rows of base64 payloads and
+# long tool output held the lock for over a second. The rows of the next chunk are scaled so that
+# one takes about this long, never more than the chunk size asked for, never under the floor.
+CHUNK_TARGET_S = 0.2
+CHUNK_FLOOR_ROWS = 20
+
+
+def next_chunk_rows(rows: int, took_s: float, most: int) -> int:
+    """Return how many rows the next chunk takes after `rows` took `took_s` (at most `most`)."""
+    if took_s <= 0:
+        return most
+    return max(min(CHUNK_FLOOR_ROWS, most), min(most, int(rows * CHUNK_TARGET_S / took_s)))
+
+
 # The lease of the one background thread (of any process) that works off pending index work:
 # every writable open of a file with work pending starts a thread, and two would only take turns
 # with the lock while the processes' own writes wait behind both.
@@ -510,13 +524,16 @@ def run_pending(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_ro
     chunk first takes or renews the one worker lease, and the run ends (False) while another
     process's thread holds it.
     """
+    rows = chunk_rows
     while stop is None or not stop.is_set():
         # A background run (`stop` given) stops waiting for the lock as soon as its handle closes,
         # holds the fork gate for each chunk, and fails quietly: it resumes at the next open.
         with writer.transaction(patience_s, policy, stop=stop, quiet=stop is not None) as conn:
             if holder is not None and not _take_turn(conn, holder):
                 return False  # another process's thread is doing this work; two would only take turns
-            more = advance(conn, chunk_rows) if step is None else step(conn)
+            started = time.monotonic()
+            more = advance(conn, rows) if step is None else step(conn)
+            rows = next_chunk_rows(rows, time.monotonic() - started, chunk_rows)
             if not more and holder is not None:
                 conn.execute("DELETE FROM state_meta WHERE key = ? AND substr(value, 1, ?) = ?",
                              (WORKER_KEY, len(holder), holder))  # as release_turn, inside this chunk

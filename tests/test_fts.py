@@ -861,3 +861,35 @@ def test_another_programs_fts5_rebuild_while_rows_are_queued_leaves_every_index_
     assert ids(rival, "messages_fts_reasoning", "mike1") == [queued[1]]
     assert substring_ids(rival, "ilo2") == [queued[2]]
     assert indexed_counts(rival) == expected_counts(rival)
+
+
+def test_a_chunk_that_took_long_makes_the_next_one_smaller_within_bounds():
+    most = 2000
+    assert fts.next_chunk_rows(2000, fts.CHUNK_TARGET_S * 4, most) == 500  # four times too long: a quarter
+    assert fts.next_chunk_rows(500, fts.CHUNK_TARGET_S / 2, most) == 1000  # quick: it grows again
+    assert fts.next_chunk_rows(1500, fts.CHUNK_TARGET_S / 100, most) == most  # never past the size asked for
+    assert fts.next_chunk_rows(40, 60.0, most) == fts.CHUNK_FLOOR_ROWS  # never under the floor
+    assert fts.next_chunk_rows(1, 60.0, 1) == 1  # nor over a size asked for below it
+    assert fts.next_chunk_rows(300, 0.0, most) == most
+
+
+def test_the_rebuild_takes_smaller_chunks_when_one_takes_long(tmp_path, monkeypatch):
+    path = tmp_path / "state.db"
+    _fill(path, 60)
+    _drop_fts(path)
+    monkeypatch.setattr(fts, "CHUNK_TARGET_S", 1e-9)  # every chunk is too long: the next takes the floor
+    monkeypatch.setattr(fts, "CHUNK_FLOOR_ROWS", 7)
+    taken: list[int] = []
+    step = fts.rebuild_step
+
+    def counting(conn, chunk_rows=fts.REBUILD_CHUNK_ROWS):  # noqa: ANN001
+        taken.append(chunk_rows)
+        return step(conn, chunk_rows)
+    monkeypatch.setattr(fts, "rebuild_step", counting)
+    monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", False)
+    monkeypatch.setattr(SessionDB, "fts_rebuild_chunk_rows", 30)
+    with SessionDB(path) as db:
+        db.rebuild_fts()
+        assert db.fts_rebuild_status()["pending"] == 0
+        assert len(db.search_messages("common", limit=100)) == 60
+    assert taken[0] == 30 and set(taken[1:]) == {7} and len(taken) >= 5
