@@ -480,12 +480,6 @@ WORKER_KEY = "background_worker"
 WORKER_LEASE_S = 10.0  # renewed by every chunk; a holder that is killed is provably gone at once
 
 
-def worker_holder() -> str:
-    """Return a fresh holder string for a background thread's lease (this process, a new token)."""
-    from hermes_state_compression import new_holder  # here: only an open that starts a thread needs it
-    return new_holder()
-
-
 def _take_turn(conn: sqlite3.Connection, holder: str) -> bool:
     """Inside the write transaction: take or renew the lease for `holder`; False when another holds it live."""
     from hermes_state_holders import lock_is_live

@@ -225,7 +225,8 @@ class FtsRebuild:
     def __init__(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, chunk_rows: int, *,
                  rebuilding: bool = True, clearing: bool = False):
         self.stop_event = threading.Event()
-        self.holder = fts.worker_holder()  # its lease: one thread of any process does this work at a time
+        from hermes_state_compression import new_holder  # here: only an open that starts a thread needs it
+        self.holder = new_holder()  # its lease: one thread of any process does this work at a time
         self.thread = threading.Thread(target=self._run, name="hermes-state-fts", daemon=True,
                                        args=(writer, db_path, patience_s, policy, chunk_rows, rebuilding, clearing))
 

@@ -285,7 +285,7 @@ def test_one_thread_of_all_the_handles_on_a_file_does_the_background_work(old_fi
 
 def test_the_lease_of_a_killed_process_is_taken_over_at_once(old_file):
     _grow_old_index(old_file, documents=20)
-    dead = subprocess.run([sys.executable, "-c", "import hermes_state_fts as f; print(f.worker_holder())"],
+    dead = subprocess.run([sys.executable, "-c", "import hermes_state_compression as c; print(c.new_holder())"],
                           capture_output=True, text=True, check=True).stdout.strip()
     SessionDB(old_file, backup_before_upgrade=False).close()  # upgraded; its own thread was stopped at once
     conn = sqlite3.connect(old_file)
