@@ -222,6 +222,45 @@ def test_the_agents_own_upgraded_history_stays_usable_by_the_agent(tmp_path, no_
     assert_healthy(path)
 
 
+def test_the_agent_works_on_while_the_old_index_is_being_freed(tmp_path, monkeypatch):
+    import hermes_state_upgrade as upgrade
+    path = tmp_path / "state.db"
+    path.write_bytes(gzip.decompress(AGENT_FIXTURE.read_bytes()))
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.execute("BEGIN")  # an old index worth freeing in many turns
+    for n in range(100):
+        raw.execute("INSERT INTO messages_fts_trigram(rowid, content) VALUES (?, ?)",
+                    (50_000 + n, " ".join(f"filler{n}x{k}" for k in range(300))))
+    raw.execute("COMMIT")
+    raw.close()
+    monkeypatch.setattr(upgrade, "CLEAR_CHUNK_S", 0.0)  # one row per transaction: still at it below
+    monkeypatch.setattr(upgrade, "CLEAR_BATCH_ROWS", 1)
+    db = SessionDB(path, backup_before_upgrade=False)
+    try:
+        conn = sqlite3.connect(path)
+        assert upgrade.retired_tables(conn) != []
+        conn.close()
+        got = agent(path, ["append", "agent-00001", "user", "the agent writes while the old index is freed"],
+                    ["search", "freed"], ["session", "agent-00001"])
+        assert got[1] == ["agent-00001"]
+        conn = sqlite3.connect(path)
+        assert upgrade.retired_tables(conn) != []  # it ran while the tables were still there
+        conn.close()
+    finally:
+        db.close()
+    monkeypatch.undo()
+    with SessionDB(path) as db:
+        assert db.wait_for_fts_rebuild(120)
+        assert hits(db, "freed") == ["agent-00001"]
+        assert db.get_session("agent-00001")["message_count"] == got[2]["message_count"]
+        assert_uids_and_counters(db)
+    conn = sqlite3.connect(path)
+    assert upgrade.retired_tables(conn) == []
+    conn.close()
+    assert agent(path, ["search", "freed"]) == [["agent-00001"]]
+    assert_healthy(path)
+
+
 # --- both at once -------------------------------------------------------------------------------------
 
 def test_an_open_handle_keeps_writing_while_the_agent_starts_and_writes(tmp_path):
