@@ -51,6 +51,15 @@ def compression_links(conn: sqlite3.Connection) -> dict[str, str]:
     return {parent: child for parent, child in rows if child is not None and child != parent}
 
 
+def forward_chain(start: str, links: dict[str, str]) -> list[str]:
+    """Return `start` and the sessions that continue it in `links` (from compression_links), in order."""
+    chain, seen = [start], {start}
+    while chain[-1] in links and links[chain[-1]] not in seen and len(chain) < WALK_CAP:
+        chain.append(links[chain[-1]])
+        seen.add(chain[-1])
+    return chain
+
+
 def compression_ancestor_ids(conn: sqlite3.Connection, session_id: str) -> list[str]:
     """Return the compression ancestors' ids, oldest first (not the session itself; [] when none).
 

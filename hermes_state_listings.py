@@ -22,7 +22,7 @@ from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, check_count
                                  prefix_range, row_dicts)
 from hermes_state_errors import HermesStateError
 from hermes_state_home import default_hermes_root, profile_homes
-from hermes_state_lineage import COMPRESSION_END_REASON, WALK_CAP, compression_links, compression_successor_id
+from hermes_state_lineage import COMPRESSION_END_REASON, compression_links, compression_successor_id, forward_chain
 from hermes_state_sessions import session_filters
 
 check_text = check_id  # a filter's text: a non-empty string SQLite can store
@@ -284,11 +284,7 @@ def _chain_activity(conn: sqlite3.Connection, where: str, params: list[Any]) -> 
     chains: dict[str, list[str]] = {}
     for (root,) in conn.execute(f"SELECT s.id FROM sessions s WHERE {where} "
                                 f"AND s.end_reason = '{COMPRESSION_END_REASON}'", params):
-        chain, seen = [root], {root}
-        while chain[-1] in links and links[chain[-1]] not in seen and len(chain) < WALK_CAP:
-            chain.append(links[chain[-1]])
-            seen.add(chain[-1])
-        chains[root] = chain
+        chains[root] = forward_chain(root, links)
     parts = sorted({part for chain in chains.values() for part in chain})
     own = {sid: (active, started) for sid, active, started in conn.execute(
         f"SELECT s.id, {_LAST_ACTIVE_SQL}, s.started_at FROM sessions s "
@@ -304,10 +300,6 @@ def _activity_order(conn: sqlite3.Connection, where: str, params: list[Any], lim
     # finds the page among sessions that are not compressed; the few compressed conversations
     # take the walk along their chain, and the two are merged.
     chained = _chain_activity(conn, where, params) if follow_chains else []
-    if not chained:
-        return [r[0] for r in conn.execute(
-            f"SELECT s.id FROM sessions s WHERE {where} ORDER BY {_LAST_ACTIVE_SQL} DESC, s.started_at DESC, "
-            "s.id DESC LIMIT ? OFFSET ?", (*params, limit, offset))]
     plain = conn.execute(
         f"SELECT s.id, {_LAST_ACTIVE_SQL} AS activity, s.started_at FROM sessions s WHERE {where} "
         "AND s.id NOT IN (SELECT value FROM json_each(?)) ORDER BY activity DESC, s.started_at DESC, s.id DESC "

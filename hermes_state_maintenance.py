@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable
 
-from hermes_state_common import (DAY_S, LIVE_ADMISSION_SQL, SESSION_OWNED, Keywords, check_count, check_id,
-                                 check_number, contains_sql, logger, row_dicts, table_exists)
+from hermes_state_common import (DAY_S, DELEGATE_LIKE_SQL, LIVE_ADMISSION_SQL, SESSION_OWNED, Keywords, check_count,
+                                 check_id, check_number, contains_sql, logger, row_dicts, table_exists)
 from hermes_state_errors import HermesStateError, SessionBusyError
 from hermes_state_gateway import LIVE_EXECUTION_STATES
-from hermes_state_lineage import COMPRESSION_END_REASON, WALK_CAP, compression_links
+from hermes_state_lineage import COMPRESSION_END_REASON, WALK_CAP, compression_links, forward_chain
 from hermes_state_routing import DELEGATION_OPEN_STATES, DELIVERY_OWED_STATES
 from hermes_state_sessions import cwd_under_sql, cwd_under_values
 from hermes_state_writer import Transaction
@@ -159,11 +159,7 @@ def conversation(session_id: str, links: dict[str, str], back: dict[str, str]) -
     while root in back and back[root] not in seen and len(seen) < WALK_CAP:
         root = back[root]
         seen.add(root)
-    chain, seen = [root], {root}
-    while chain[-1] in links and links[chain[-1]] not in seen and len(chain) < WALK_CAP:
-        chain.append(links[chain[-1]])
-        seen.add(chain[-1])
-    return chain
+    return forward_chain(root, links)
 
 
 def _delegate_index(conn: sqlite3.Connection) -> dict[str, set[str]]:
@@ -171,7 +167,7 @@ def _delegate_index(conn: sqlite3.Connection) -> dict[str, set[str]]:
     spawned: dict[str, set[str]] = {}
     rows = conn.execute(
         f"SELECT id, parent_session_id, json_extract(model_config, '{_DELEGATE_MARK}') FROM sessions "
-        f"WHERE model_config LIKE '%_delegate_from%' AND json_valid(model_config) "
+        f"WHERE {DELEGATE_LIKE_SQL} AND json_valid(model_config) "
         f"AND json_extract(model_config, '{_DELEGATE_MARK}') IS NOT NULL")
     for sid, parent, origin in rows:
         for owner in {parent, origin} - {None, sid}:
