@@ -478,6 +478,7 @@ def next_chunk_rows(rows: int, took_s: float, most: int) -> int:
 # with the lock while the processes' own writes wait behind both.
 WORKER_KEY = "background_worker"
 WORKER_LEASE_S = 10.0  # renewed by every chunk; a holder that is killed is provably gone at once
+LEASE_RETRY_S = 1.0    # how often a thread waiting for the lease looks again (one empty write transaction)
 
 
 def _take_turn(conn: sqlite3.Connection, holder: str) -> bool:
@@ -515,26 +516,28 @@ def run_pending(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_ro
     Returns True when nothing is pending any more. Between chunks it pauses `pause_s` without
     holding any lock, so other writers get their turn. `step(conn)` does one bounded unit of
     other work and returns whether more remains. With `holder` (a background thread's), each
-    chunk first takes or renews the one worker lease, and the run ends (False) while another
-    process's thread holds it.
+    chunk first takes or renews the one worker lease; while another thread holds it live, this
+    one looks again every LEASE_RETRY_S and takes over once it is given back or expires.
     """
     rows = chunk_rows
     while stop is None or not stop.is_set():
         # A background run (`stop` given) stops waiting for the lock as soon as its handle closes,
         # holds the fork gate for each chunk, and fails quietly: it resumes at the next open.
         with writer.transaction(patience_s, policy, stop=stop, quiet=stop is not None) as conn:
-            if holder is not None and not _take_turn(conn, holder):
-                return False  # another process's thread is doing this work; two would only take turns
-            started = time.monotonic()
-            more = advance(conn, rows) if step is None else step(conn)
-            rows = next_chunk_rows(rows, time.monotonic() - started, chunk_rows)
+            waiting = holder is not None and not _take_turn(conn, holder)
+            if waiting:  # another thread is doing this work: two would only take turns with the lock
+                more = True
+            else:
+                started = time.monotonic()
+                more = advance(conn, rows) if step is None else step(conn)
+                rows = next_chunk_rows(rows, time.monotonic() - started, chunk_rows)
             if not more and holder is not None:
                 conn.execute("DELETE FROM state_meta WHERE key = ? AND substr(value, 1, ?) = ?",
                              (WORKER_KEY, len(holder), holder))  # as release_turn, inside this chunk
         if not more:
             return True
-        if stop is not None and pause_s:
-            stop.wait(pause_s)
+        if stop is not None and (pause_s or waiting):
+            stop.wait(LEASE_RETRY_S if waiting else pause_s)
     return False
 
 
