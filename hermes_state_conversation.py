@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import re
 import sqlite3
-from typing import Any
+from operator import itemgetter
+from typing import Any, Iterable, Iterator
 
 import hermes_state_lineage as lineage
 from hermes_state_common import decode_json
 from hermes_state_messages import DISPLAY_KEY, pick_tool_call_uid
-from hermes_state_schema import read_strict_text
+from hermes_state_schema import StreamedRead, read_strict_text
 
 # The columns a conversation reads, in the order Projector.message unpacks each row.
 _COLUMNS = ("id", "role", "content", "api_content", "tool_calls", "tool_call_id", "tool_name", "reasoning",
             "reasoning_content", "reasoning_details", "codex_reasoning_items", "codex_message_items",
-            "message_uid", "absorbed_message_uids", "tool_call_uids", "tool_call_uid", "session_id",
-            "content_parts", "timestamp", "finish_reason", "observed", "platform_message_id", "effect_disposition")
+            "message_uid", "absorbed_message_uids", "tool_call_uids", "tool_call_uid", "content_parts",
+            "timestamp", "finish_reason", "observed", "platform_message_id", "effect_disposition")
 _CONVERSATION_SQL = f"SELECT {', '.join(_COLUMNS)} FROM messages WHERE session_id = ?"
 _LIVE_ONLY, _BY_ID = " AND active = 1", " ORDER BY id"
 # Reasoning fields an assistant turn carries: plain text (reasoning_content "" too: some routes
@@ -46,28 +47,19 @@ def derived_uid(session_id: str, row_id: int) -> str:
     return uuid.uuid5(uuid.UUID(_DERIVED_UID_NAMESPACE), f"{session_id}/{row_id}").hex
 
 
-def _content(role: str, content: Any, api_content: Any, content_parts: Any) -> dict[str, Any]:
-    # Replay fidelity: the bytes that were sent win over the display text; a multimodal
-    # message was sent as its list of parts.
-    msg: dict[str, Any] = {"role": role, "content": api_content if api_content is not None else content}
+def _sent_content(msg: dict[str, Any], content: Any, api_content: Any, content_parts: Any) -> None:
+    # Replay fidelity: the bytes that were sent win over the display text (msg["content"] is
+    # api_content already); a multimodal message was sent as its list of parts.
     if content_parts is not None:
         msg["content"] = decode_json(content_parts)
     elif api_content is not None and api_content != content:
         # Runtime-only (never sent): lets replace_messages/compression write both columns back.
         msg[DISPLAY_KEY] = content
-    return msg
 
 
-def _add_wire_fields(msg: dict[str, Any], tool_calls: Any, tool_call_id: Any, tool_name: Any, timestamp: Any,
-                     observed: Any, platform_message_id: Any, effect_disposition: Any) -> None:
-    # The wire fields every role may carry, under their conversation names.
-    if tool_calls is not None:
-        msg["tool_calls"] = decode_json(tool_calls)
-    if tool_call_id is not None:
-        msg["tool_call_id"] = tool_call_id
-    if tool_name is not None:
-        msg["name"] = tool_name
-    msg["timestamp"] = timestamp
+def _add_delivery_fields(msg: dict[str, Any], observed: Any, platform_message_id: Any,
+                         effect_disposition: Any) -> None:
+    # What a gateway recorded about the message's delivery, under the conversation's names.
     if observed:
         msg["observed"] = True  # a side remark the agent saw but was not asked to answer
     if platform_message_id is not None:
@@ -81,6 +73,7 @@ class _Projector:
 
     def __init__(self, with_row_ids: bool):
         self.with_row_ids = with_row_ids
+        self.session_id = ""  # the session whose rows are being read (derives the uids they lack)
         self.turn_uids: dict[str, Any] = {}
         self.answered: dict[str, int] = {}
 
@@ -89,16 +82,33 @@ class _Projector:
         # One unpacking, no dict per row: a 33,000-message session is read in one pass.
         (row_id, role, content, api_content, tool_calls, tool_call_id, tool_name, reasoning, reasoning_content,
          reasoning_details, codex_reasoning_items, codex_message_items, message_uid, absorbed, tool_call_uids,
-         tool_call_uid, session_id, content_parts, timestamp, finish_reason, observed, platform_message_id,
+         tool_call_uid, content_parts, timestamp, finish_reason, observed, platform_message_id,
          effect_disposition) = row
-        msg = _content(role, content, api_content, content_parts)
-        _add_wire_fields(msg, tool_calls, tool_call_id, tool_name, timestamp, observed, platform_message_id,
-                         effect_disposition)
+        # The fields most rows have are set here, the rarer ones by a call only when present: a
+        # 33,000-message session makes this the loop of its read.
+        msg: dict[str, Any] = {"role": role, "content": content if api_content is None else api_content}
+        if api_content is not None or content_parts is not None:
+            _sent_content(msg, content, api_content, content_parts)
+        if tool_calls is not None:
+            msg["tool_calls"] = decode_json(tool_calls)
+        if tool_call_id is not None:
+            msg["tool_call_id"] = tool_call_id
+        if tool_name is not None:
+            msg["name"] = tool_name
+        msg["timestamp"] = timestamp
+        if observed or platform_message_id is not None or effect_disposition is not None:
+            _add_delivery_fields(msg, observed, platform_message_id, effect_disposition)
         if role == "assistant":
             self._assistant(msg, api_content, finish_reason, (reasoning, reasoning_content),
                             (reasoning_details, codex_reasoning_items, codex_message_items), tool_call_uids)
         # The message's own uid (derived when the row has none), then the runtime-only keys.
-        msg["message_uid"] = message_uid or derived_uid(session_id, row_id)
+        msg["message_uid"] = message_uid or derived_uid(self.session_id, row_id)
+        self._add_runtime_keys(msg, row_id, role, tool_call_id, tool_call_uids, tool_call_uid, absorbed)
+        return msg
+
+    def _add_runtime_keys(self, msg: dict[str, Any], row_id: int, role: str, tool_call_id: Any,
+                          tool_call_uids: Any, tool_call_uid: Any, absorbed: Any) -> None:
+        # The runtime-only keys (never sent): the row id when asked, the tool-call uids, the absorbed uids.
         if self.with_row_ids:
             msg["_row_id"] = row_id
         if role == "assistant" and tool_call_uids is not None:
@@ -109,7 +119,6 @@ class _Projector:
                 msg["_tool_call_uid"] = derived
         if absorbed is not None:
             msg["_absorbed_message_uids"] = decode_json(absorbed)
-        return msg
 
     def _assistant(self, msg: dict[str, Any], api_content: Any, finish_reason: Any, texts: tuple[Any, ...],
                    documents: tuple[Any, ...], tool_call_uids: Any) -> None:
@@ -223,56 +232,88 @@ def _repeats_prompt(msg: dict[str, Any], last: dict[str, Any] | None) -> bool:
             and msg["content"] == last["content"])
 
 
+# One stitched read: the messages in order, and where each session's part of them starts.
+_Parts = list[tuple[str, int]]
+
+
 def _stitched(conn: sqlite3.Connection, session_id: str, include_ancestors: bool, with_row_ids: bool,
-              include_inactive: bool) -> list[tuple[str, dict[str, Any]]]:
-    """Return (session id, message) pairs of the session, its ancestors' first when asked."""
+              include_inactive: bool) -> tuple[list[dict[str, Any]], _Parts]:
+    """Return the session's messages, its ancestors' first when asked, and (session id, first index) of each part."""
     return read_strict_text(conn, lambda: _stitch(conn, session_id, include_ancestors, with_row_ids,
                                                   include_inactive))
 
 
 def _stitch(conn: sqlite3.Connection, session_id: str, include_ancestors: bool, with_row_ids: bool,
-            include_inactive: bool) -> list[tuple[str, dict[str, Any]]]:
+            include_inactive: bool) -> tuple[list[dict[str, Any]], _Parts]:
     chain = [row["id"] for row in lineage.get_lineage(conn, session_id)] if include_ancestors else []
     chain = chain or [session_id]
     sql = _CONVERSATION_SQL + ("" if include_inactive else _LIVE_ONLY) + _BY_ID
-    out: list[tuple[str, dict[str, Any]]] = []
+    out: list[dict[str, Any]] = []
+    parts: _Parts = []
     seen: set[str] = set()
     projector = _Projector(with_row_ids)
-    for sid in chain:
-        # Repeated prompts collapse in the ancestors and across each seam (a prompt re-sent on
-        # resume); inside the session itself a repeat is the user's own and stays.
-        emitted = _read_session(conn, sql, sid, projector, out, seen, include_ancestors,
-                                include_ancestors and sid != session_id)
-        if sid != chain[-1]:  # uids only matter to the sessions after this one
-            seen.update(emitted)
-    harness = any(m["role"] in _HARNESS_ROLES and is_background_review_harness_message(m) for _, m in out)
-    return _without_harness(out) if harness else out
+    with StreamedRead(conn) as stream:
+        for sid in chain:
+            parts.append((sid, len(out)))
+            projector.session_id = sid
+            rows = _batches(conn.execute(sql, (sid,)), stream)
+            if not include_ancestors:
+                # No seams to collapse, no replays to skip: every row is a message.
+                out.extend(map(projector.message, rows))
+                continue
+            # Repeated prompts collapse in the ancestors and across each seam (a prompt re-sent on
+            # resume); inside the session itself a repeat is the user's own and stays.
+            _read_part(rows, projector, out, seen, sid != session_id)
+            if sid != chain[-1]:  # uids only matter to the sessions after this one
+                seen.update(m["message_uid"] for m in out[parts[-1][1]:])
+    if any(m["role"] in _HARNESS_ROLES and is_background_review_harness_message(m) for m in out):
+        return _without_harness(out, parts)
+    return out, parts
 
 
-def _read_session(conn: sqlite3.Connection, sql: str, sid: str, projector: _Projector,
-                  out: list[tuple[str, dict[str, Any]]], seen: set[str], collapse_first: bool,
-                  collapse_rest: bool) -> list[str]:
-    """Append one session's messages to `out`, skipping replays of `seen`; return their uids."""
-    emitted: list[str] = []
-    collapse = collapse_first
-    # Row by row, not fetched whole: only the conversation is held, never a second copy of
-    # the session as raw rows beside it (a 33,000-message session is tens of megabytes).
-    for row in conn.execute(sql, (sid,)):
+_BATCH_ROWS = 500
+_CONTENT = _COLUMNS.index("content")
+
+
+def _batches(cursor: sqlite3.Cursor, stream: StreamedRead) -> Iterator[tuple[Any, ...]]:
+    """Yield the cursor's rows, telling `stream` how much text each batch held."""
+    # Row by row from batches, never fetched whole: only the conversation is held, never a
+    # second copy of the session as raw rows beside it (a 33,000-message session is tens of MB).
+    while batch := cursor.fetchmany(_BATCH_ROWS):
+        stream.passed(sum(len(text) for text in map(itemgetter(_CONTENT), batch) if type(text) is str))
+        yield from batch
+
+
+def _read_part(rows: Iterable[tuple[Any, ...]], projector: _Projector, out: list[dict[str, Any]], seen: set[str],
+               collapse_rest: bool) -> None:
+    """Append one session's messages to `out`, skipping replays of `seen` and a prompt repeating the one before."""
+    collapse = True  # the part's first message may repeat the last one of the part before
+    for row in rows:
         msg = projector.message(row)
         if seen and msg["message_uid"] in seen:
             continue  # a rotation copy of a message an ancestor already replayed
-        repeated = collapse and _repeats_prompt(msg, out[-1][1] if out else None)
+        repeated = collapse and _repeats_prompt(msg, out[-1] if out else None)
         collapse = collapse_rest
         if not repeated:
-            out.append((sid, msg))
-            emitted.append(msg["message_uid"])
-    return emitted
+            out.append(msg)
 
 
-def _without_harness(pairs: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
-    # The background review's prompts and replies go; each kept message keeps its session id.
-    kept = {id(m) for m in strip_background_review_harness([m for _, m in pairs])}
-    return [(sid, m) for sid, m in pairs if id(m) in kept]
+def _each_part(messages: list[dict[str, Any]], parts: _Parts) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """Yield (session id, its messages) for each part of a stitched read."""
+    bounds = [start for _, start in parts[1:]] + [len(messages)]
+    for (sid, start), stop in zip(parts, bounds):
+        yield sid, messages[start:stop]
+
+
+def _without_harness(messages: list[dict[str, Any]], parts: _Parts) -> tuple[list[dict[str, Any]], _Parts]:
+    # The background review's prompts and replies go; each part starts where its first kept message is.
+    kept = {id(m) for m in strip_background_review_harness(messages)}
+    out: list[dict[str, Any]] = []
+    new_parts: _Parts = []
+    for sid, part in _each_part(messages, parts):
+        new_parts.append((sid, len(out)))
+        out.extend(m for m in part if id(m) in kept)
+    return out, new_parts
 
 
 def get_messages_as_conversation(conn: sqlite3.Connection, session_id: str, include_ancestors: bool = False,
@@ -290,7 +331,7 @@ def get_messages_as_conversation(conn: sqlite3.Connection, session_id: str, incl
     replayed (same uid) and a user prompt identical to the one just before are skipped; with
     `repair`, see `repair_alternation`. Call it inside one read snapshot.
     """
-    out = [m for _, m in _stitched(conn, session_id, include_ancestors, with_row_ids, include_inactive)]
+    out, _ = _stitched(conn, session_id, include_ancestors, with_row_ids, include_inactive)
     return repair_alternation(out) if repair else out
 
 
@@ -303,4 +344,5 @@ def get_resume_conversations(conn: sqlite3.Connection,
 
 def get_ancestor_display_prefix(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
     """Return the messages the display shows before this session's own: its ancestors' part only."""
-    return [m for sid, m in _stitched(conn, session_id, True, False, False) if sid != session_id]
+    messages, parts = _stitched(conn, session_id, True, False, False)
+    return [m for sid, part in _each_part(messages, parts) if sid != session_id for m in part]

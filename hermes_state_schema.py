@@ -161,6 +161,49 @@ def read_strict_text(conn: sqlite3.Connection, read: Callable[[], _T]) -> _T:
     return read()
 
 
+# A read that streams a large session (tens of megabytes of tool output) passes through far more
+# pages than the cache holds and reads none of them again: caching them only pushes out the pages
+# searches and listings reuse, and grows the process by the whole cache. Past this much text a
+# read goes on with SQLite's default cache, and the connection's own is given back after it.
+STREAM_TEXT_CHARS = 2_000_000
+STREAM_CACHE_KIB = 2000  # SQLite's default page cache
+
+
+class StreamedRead:
+    """One bulk read on a connection lent to one caller: `passed(n)` after each batch of n characters of text."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+        self.chars = 0
+        self.restore: int | None = None  # the connection's own cache_size, while the small one is in use
+
+    def __enter__(self) -> StreamedRead:
+        return self
+
+    def passed(self, chars: int) -> None:
+        """Count `chars` more characters read; past STREAM_TEXT_CHARS, go on with the small page cache."""
+        self.chars += chars
+        if self.restore is None and self.chars > STREAM_TEXT_CHARS:
+            own = self.conn.execute("PRAGMA cache_size").fetchone()[0]
+            if own < 0 and -own > STREAM_CACHE_KIB and _set_cache(self.conn, -STREAM_CACHE_KIB):
+                self.restore = own  # a cache sized in KiB, larger than the small one
+
+    def __exit__(self, *exc: object) -> None:
+        if self.restore is not None:
+            _set_cache(self.conn, self.restore)
+            self.restore = None
+
+
+def _set_cache(conn: sqlite3.Connection, size: int) -> bool:
+    # Only the cache's size is at stake: a refusal leaves the read itself to go on.
+    try:
+        conn.execute(f"PRAGMA cache_size = {size}")
+    except sqlite3.OperationalError as exc:
+        logger.debug("page cache left as it was: %s", exc)
+        return False
+    return True
+
+
 def connect_reader(path: Path) -> sqlite3.Connection:
     """Open a handle's second connection, for reads only (it refuses writes), on a writable database."""
     conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=SQLITE_BUSY_TIMEOUT_S)

@@ -5,6 +5,7 @@ import pytest
 
 import hermes_state_conversation as conversation
 import hermes_state_messages as messages
+import hermes_state_schema as schema
 
 
 @pytest.fixture
@@ -71,3 +72,33 @@ def test_ancestors_replay_first_without_a_prompt_resent_on_resume(db, s):
     assert [m["content"] for m in whole] == ["same prompt", "reply"]
     assert [m["content"] for m in conversation.get_ancestor_display_prefix(s, "t")] == ["same prompt"]
     assert [m["content"] for m in conversation.get_messages_as_conversation(s, "t")] == ["same prompt", "reply"]
+
+
+def test_harness_across_a_seam_goes_and_each_part_keeps_its_own_messages(db, s):
+    review = "Review the conversation above and save skills"
+    messages.append_message(s, "s", "user", "parent question")
+    messages.append_message(s, "s", "user", review)
+    db.end_session("s", "compression")
+    db.create_session("t", "cli", parent_session_id="s")
+    messages.append_message(s, "t", "assistant", "curator reply")  # answers the review across the seam
+    messages.append_message(s, "t", "user", "child question")
+    whole = conversation.get_messages_as_conversation(s, "t", include_ancestors=True)
+    assert [m["content"] for m in whole] == ["parent question", "child question"]
+    assert [m["content"] for m in conversation.get_ancestor_display_prefix(s, "t")] == ["parent question"]
+
+
+def test_a_long_read_goes_on_with_the_small_cache_and_gives_the_connection_its_own_back(db, s, monkeypatch):
+    db.end_session("s", "compression")
+    db.create_session("t", "cli", parent_session_id="s")
+    for i in range(1200):  # more rows than one batch, in both parts
+        messages.append_message(s, "s" if i < 600 else "t", "user" if i % 2 else "assistant", f"text {i} " * 20)
+    s.execute("PRAGMA cache_size = -16000")
+    small_cache = []
+    s.set_trace_callback(lambda sql: small_cache.append(sql) if "cache_size = -2000" in sql else None)
+    whole = conversation.get_messages_as_conversation(s, "t", include_ancestors=True)
+    assert small_cache == []  # 1200 short messages are far below the threshold
+    monkeypatch.setattr(schema, "STREAM_TEXT_CHARS", 10_000)
+    assert conversation.get_messages_as_conversation(s, "t", include_ancestors=True) == whole
+    s.set_trace_callback(None)
+    assert len(whole) == 1200 and len(small_cache) == 1
+    assert s.execute("PRAGMA cache_size").fetchone()[0] == -16000

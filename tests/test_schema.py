@@ -540,3 +540,27 @@ def test_an_open_sets_a_soft_heap_limit_only_when_the_program_set_none(tmp_path)
         assert _soft_heap_limit() == 7 * 1024 * 1024
     finally:
         _soft_heap_limit(before)
+
+
+def test_a_streamed_read_shrinks_a_large_cache_past_the_threshold_and_restores_it(tmp_path):
+    conn = sqlite3.connect(tmp_path / "x.db")
+    cache = lambda: conn.execute("PRAGMA cache_size").fetchone()[0]  # noqa: E731
+    conn.execute("PRAGMA cache_size = -16000")
+    with schema.StreamedRead(conn) as stream:
+        stream.passed(schema.STREAM_TEXT_CHARS)
+        assert cache() == -16000  # not past it yet
+        stream.passed(1)
+        assert cache() == -schema.STREAM_CACHE_KIB
+        stream.passed(schema.STREAM_TEXT_CHARS)
+    assert cache() == -16000
+    with pytest.raises(KeyError), schema.StreamedRead(conn) as stream:
+        stream.passed(schema.STREAM_TEXT_CHARS + 1)
+        raise KeyError("the caller failed mid-read")
+    assert cache() == -16000
+    for own in (500, -1000):  # a cache counted in pages, or one already smaller, is left alone
+        conn.execute(f"PRAGMA cache_size = {own}")
+        with schema.StreamedRead(conn) as stream:
+            stream.passed(schema.STREAM_TEXT_CHARS + 1)
+            assert cache() == own
+        assert cache() == own
+    conn.close()
