@@ -433,7 +433,7 @@ class SessionDB(table.Handle):
         self._open_fts()
 
     def vacuum(self) -> dict[str, int]:
-        """Give free pages back to the file system; writers wait while it runs (seconds per GB)."""
+        """Give free pages back to the file system (building first the indexes an open leaves); writers wait."""
         self._check_writable()
         with self._writer.exclusive() as conn:
             return recovery.vacuum(conn, self.write_patience_s, self._policy())

@@ -293,20 +293,92 @@ def _chain_activity(conn: sqlite3.Connection, where: str, params: list[Any]) -> 
             for root, chain in chains.items() if root in own]
 
 
+def _activity_key(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Order (id, activity, started_at) rows as the listing does: activity, then start, then id."""
+    return _sqlite_order(row[1]), _sqlite_order(row[2]), row[0]
+
+
 def _activity_order(conn: sqlite3.Connection, where: str, params: list[Any], limit: int, offset: int,
                     follow_chains: bool) -> list[str]:
     """Return the ids of one page of the listed sessions, latest activity first."""
-    # One pass over idx_sessions_listing with one index probe per session for its latest message
-    # finds the page among sessions that are not compressed; the few compressed conversations
-    # take the walk along their chain, and the two are merged.
+    # The sessions that are not compressed come from the newest messages (or, without their
+    # index, one pass over the sessions); the few compressed conversations take the walk along
+    # their chain, and the two are merged.
     chained = _chain_activity(conn, where, params) if follow_chains else []
-    plain = conn.execute(
-        f"SELECT s.id, {_LAST_ACTIVE_SQL} AS activity, s.started_at FROM sessions s WHERE {where} "
-        "AND s.id NOT IN (SELECT value FROM json_each(?)) ORDER BY activity DESC, s.started_at DESC, s.id DESC "
-        "LIMIT ?", (*params, json.dumps([c[0] for c in chained]), limit + offset)).fetchall()
-    merged = sorted([*plain, *chained], reverse=True,
-                    key=lambda r: (_sqlite_order(r[1]), _sqlite_order(r[2]), r[0]))
+    excluded = json.dumps([c[0] for c in chained])
+    plain = _latest_from_messages(conn, where, params, excluded, limit + offset)
+    if plain is None:
+        plain = conn.execute(
+            f"SELECT s.id, {_LAST_ACTIVE_SQL} AS activity, s.started_at FROM sessions s WHERE {where} "
+            "AND s.id NOT IN (SELECT value FROM json_each(?)) ORDER BY activity DESC, s.started_at DESC, s.id DESC "
+            "LIMIT ?", (*params, excluded, limit + offset)).fetchall()
+    merged = sorted([*plain, *chained], reverse=True, key=_activity_key)
     return [r[0] for r in merged[offset:offset + limit]]
+
+
+# The walk over the newest messages reads this many index entries a step, and gives up past
+# WALK_MOST (a session holding all the newest messages): one pass over the sessions costs less.
+WALK_ROWS = 256
+WALK_MOST = 16_384
+TIMESTAMP_INDEX = "idx_messages_timestamp"
+
+
+def _latest_from_messages(conn: sqlite3.Connection, where: str, params: list[Any], excluded: str,
+                          wanted: int) -> list[tuple[Any, ...]] | None:
+    """Return (id, activity, started_at) of the `wanted` listed sessions last active, none of `excluded`.
+
+    Reads the messages newest first: a session's first message met is its latest, so the walk
+    stops once `wanted` listed sessions are found and the messages left are older than the last
+    of them. Sessions with no message (their activity is their start) come from the start index,
+    started no earlier than that. None when the messages have no time index, or past WALK_MOST.
+    """
+    if wanted == 0:
+        return []
+    if not conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?",
+                        (TIMESTAMP_INDEX,)).fetchone():
+        return None  # a file of another program or release: the pass over the sessions is the only plan
+    found = _walk_newest_messages(conn, where, params, excluded, wanted)
+    if found is None:
+        return None
+    hits, bound = found
+    # A range of the start index when bounded (an "? IS NULL OR" would make it a scan of all of it).
+    since, since_params = ("AND s.started_at >= ? ", [bound]) if bound is not None else ("", [])
+    quiet = conn.execute(
+        f"SELECT s.id, s.started_at, s.started_at FROM sessions s WHERE {where} "
+        f"AND s.id NOT IN (SELECT value FROM json_each(?)) {since}"
+        "AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id) "
+        "ORDER BY s.started_at DESC, s.id DESC LIMIT ?", (*params, excluded, *since_params, wanted)).fetchall()
+    return sorted([*hits, *quiet], reverse=True, key=_activity_key)[:wanted]
+
+
+def _walk_newest_messages(conn: sqlite3.Connection, where: str, params: list[Any], excluded: str,
+                          wanted: int) -> tuple[list[tuple[Any, ...]], Any] | None:
+    """Return (listed sessions met, newest first, as (id, activity, started_at); the wanted-th's activity or None)."""
+    seen: set[str] = set()
+    hits: list[tuple[Any, ...]] = []
+    cursor = conn.execute(f"SELECT session_id, timestamp FROM messages INDEXED BY {TIMESTAMP_INDEX} "
+                          "ORDER BY timestamp DESC")
+    try:
+        for _ in range(0, WALK_MOST, WALK_ROWS):
+            batch = cursor.fetchmany(WALK_ROWS)
+            if not batch:
+                return hits, None  # every session with a message was met
+            first: dict[str, Any] = {}
+            for sid, stamp in batch:
+                if sid not in seen:
+                    seen.add(sid)
+                    first[sid] = stamp
+            if first:
+                listed = dict(conn.execute(
+                    f"SELECT s.id, s.started_at FROM sessions s WHERE {where} "
+                    "AND s.id IN (SELECT value FROM json_each(?)) AND s.id NOT IN (SELECT value FROM json_each(?))",
+                    (*params, json.dumps(list(first)), excluded)).fetchall())
+                hits += [(sid, stamp, listed[sid]) for sid, stamp in first.items() if sid in listed]
+            if len(hits) >= wanted and _sqlite_order(batch[-1][1]) < _sqlite_order(hits[wanted - 1][1]):
+                return hits, hits[wanted - 1][1]  # every message left is older than the wanted-th session
+        return None
+    finally:
+        cursor.close()
 
 
 def list_sessions_rich(conn: sqlite3.Connection, source: str | None = None, exclude_sources: list[str] | None = None,

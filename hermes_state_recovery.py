@@ -198,6 +198,9 @@ def vacuum(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> 
     before = size()
 
     def attempt() -> None:
+        # The rewrite holds writers anyway: the indexes an open leaves unbuilt come first, so
+        # that the VACUUM packs them too.
+        schema.build_late_indexes(conn)
         conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # takes effect with this VACUUM
         conn.execute("VACUUM")
     retry_on_lock(attempt, patience_s, policy)

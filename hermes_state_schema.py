@@ -27,7 +27,7 @@ from typing import Callable, Iterator, TypeVar, cast
 
 from hermes_state_base import CACHE_SIZE_KIB, SOFT_HEAP_LIMIT_KIB
 from hermes_state_cjk import register_functions
-from hermes_state_common import (COUNTERS, INDEX_SQL, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
+from hermes_state_common import (COUNTERS, INDEX_SQL, LATE_INDEXES, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
                                  SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, logger, new_uid,
                                  object_exists, recount_sql, table_exists)
 import hermes_state_backfill as backfill
@@ -300,7 +300,23 @@ def missing_columns(conn: sqlite3.Connection) -> dict[str, list[tuple[str, str]]
 
 def _missing_indexes(conn: sqlite3.Connection) -> bool:
     have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
-    return any(sql.split(" IF NOT EXISTS ")[1].split()[0] not in have for sql in INDEX_SQL)
+    return any(name not in have and name not in LATE_INDEXES for name in (index_name(sql) for sql in INDEX_SQL))
+
+
+def index_name(sql: str) -> str:
+    """Return the name a `CREATE INDEX IF NOT EXISTS` statement gives its index."""
+    return sql.split(" IF NOT EXISTS ")[1].split()[0]
+
+
+def build_late_indexes(conn: sqlite3.Connection) -> list[str]:
+    """Build the late indexes the file lacks (one statement each, autocommit); return their names."""
+    have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    built = []
+    for sql in INDEX_SQL:
+        if index_name(sql) in LATE_INDEXES and index_name(sql) not in have:
+            conn.execute(sql)
+            built.append(index_name(sql))
+    return built
 
 
 def needs_migration(conn: sqlite3.Connection) -> bool:

@@ -3,8 +3,15 @@ children stay out of the way; the preview, order and filters behave as documente
 from __future__ import annotations
 
 import re
+import tempfile
+from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import hermes_state_listings as listings
+from hermes_state import SessionDB
 
 
 def ids(rows) -> list[str]:
@@ -235,3 +242,40 @@ def test_counts_listings_and_prune_read_sessions_through_their_indexes(db, rival
         scans = _session_scans(db, rival, call)
         assert scans and all("COVERING INDEX" in p for p in scans), scans
     assert len(db.list_prune_candidates(older_than_days=0)) == 80
+
+
+# A store of a few sessions whose starts and message times tie often, some with no message; a
+# start written as text by another program sorts after every number, as SQLite orders values.
+_stores = st.lists(st.tuples(st.sampled_from(["cli", "cron"]), st.sampled_from([1.0, 2.0, 3.0, "2026-01-01"]),
+                             st.lists(st.sampled_from([0.5, 1.0, 2.0, 3.0, 4.0]), max_size=4)),
+                   max_size=9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(store=_stores, source=st.sampled_from([None, "cli"]), limit=st.integers(0, 5), offset=st.integers(0, 4),
+       step=st.sampled_from([1, 2, 256]), most=st.sampled_from([2, 16_384]))
+# A session with no message that started at the very time of the page's last activity belongs on it.
+@example(store=[("cli", 1.0, [2.0]), ("cli", 2.0, []), ("cli", 1.0, [0.5])], source=None, limit=1, offset=0,
+         step=1, most=16_384)
+def test_the_activity_page_from_the_newest_messages_is_the_page_of_the_pass_over_the_sessions(
+        store, source, limit, offset, step, most):
+    with tempfile.TemporaryDirectory() as home, SessionDB(Path(home) / "state.db") as db:
+        for n, (src, _, stamps) in enumerate(store):
+            db.create_session(f"s{n}", src)
+            for stamp in stamps:
+                db.append_message(f"s{n}", "user", "m", timestamp=stamp)
+        with db.transaction() as txn:  # starts that tie with each other and with message times, one a text
+            txn.conn.executemany("UPDATE sessions SET started_at = ? WHERE id = ?",
+                                 [(start, f"s{n}") for n, (_, start, _) in enumerate(store)])
+
+        def page() -> list[str]:
+            return ids(db.list_sessions_rich(source=source, limit=limit, offset=offset, order_by_last_active=True))
+
+        saved = listings.WALK_ROWS, listings.WALK_MOST, listings.TIMESTAMP_INDEX
+        try:
+            listings.WALK_ROWS, listings.WALK_MOST = step, most
+            walked = page()
+            listings.TIMESTAMP_INDEX = "no_such_index"  # the pass over every session
+            assert walked == page()
+        finally:
+            listings.WALK_ROWS, listings.WALK_MOST, listings.TIMESTAMP_INDEX = saved

@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import json
+import re
+import sqlite3
+
 import pytest
 
 import hermes_state_messages as messages
+from hermes_state import SessionDB
 from hermes_state_errors import SessionNotFoundError
 
 
@@ -97,7 +101,6 @@ def test_message_list_refuses_one_uid_twice_and_what_is_not_a_list_of_dicts():
 
 
 def test_with_stored_fields_fills_what_a_conversation_dict_drops(tmp_path):
-    from hermes_state import SessionDB
     with SessionDB(tmp_path / "state.db") as db:
         db.create_session("s", "cli")
         db.append_message("s", "user", "hi", timestamp=123.0, finish_reason="stop")
@@ -154,3 +157,60 @@ def test_every_page_is_the_slice_of_the_whole_list_from_either_end(s):
             for offset in range(len(whole) + 3):
                 page = messages.get_messages(s, "s", include_inactive=include_inactive, limit=limit, offset=offset)
                 assert page == (whole[offset:] if limit is None else whole[offset:offset + limit])
+
+
+def _plan(rival, sql: str) -> str:
+    while True:
+        try:
+            return " | ".join(r[3] for r in rival.execute("EXPLAIN QUERY PLAN " + sql))
+        except sqlite3.OperationalError as exc:  # a function of the library's connections: the plan needs only its name
+            missing = re.fullmatch(r"no such function: (\w+)", str(exc))
+            if missing is None:
+                raise
+            rival.create_function(missing[1], -1, lambda *args: None)
+
+
+def test_the_store_count_walks_the_narrowest_index_and_only_the_activity_listing_reads_it_too(db, rival):
+    db.create_session("s", "cli")
+    db.create_session("t", "cron")
+    for i in range(30):
+        db.append_message("s" if i % 3 else "t", "user" if i % 2 else "assistant", f"message {i} about the orange submarine")
+    with db.tracer() as statements:
+        assert db.message_count() == 30 and db.message_count("s") == 20
+        db.get_messages("s")
+        db.get_messages("s", limit=5, offset=3)
+        db.get_messages_as_conversation("s")
+        db.search_messages("orange")
+        db.search_messages("marin")
+        db.list_sessions_rich(limit=10)
+        assert [r["id"] for r in db.list_sessions_rich(limit=10, order_by_last_active=True)] == ["s", "t"]
+        db.list_prune_candidates(older_than_days=0)
+    reads = [sql for sql in dict.fromkeys(statements) if sql.lstrip().upper().startswith(("SELECT", "WITH"))]
+    picked = [sql for sql in reads if "idx_messages_timestamp" in _plan(rival, sql)]
+    counts = [sql for sql in picked if "SELECT COUNT(*) FROM messages)" in sql]
+    assert len(counts) == 1 and "idx_messages_uid" not in _plan(rival, counts[0])
+    assert [sql for sql in picked if sql not in counts and "INDEXED BY idx_messages_timestamp" not in sql] == []
+
+
+def test_a_file_without_the_time_index_opens_without_building_it_and_vacuum_builds_it(db, rival):
+    for n, sid in enumerate(["a", "b", "c"]):
+        db.create_session(sid, "cli")
+        db.append_message(sid, "user", f"m{n}", timestamp=1000.0 - n)  # the last started, the least recent
+    db.close()
+    rival.execute("DROP INDEX idx_messages_timestamp")  # as an earlier release left the file
+
+    def has_index() -> bool:
+        return bool(rival.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'idx_messages_timestamp'")
+                    .fetchone()[0])
+
+    with SessionDB(db.db_path, read_only=True) as reader:
+        assert reader.message_count() == 3
+        assert [r["id"] for r in reader.list_sessions_rich(order_by_last_active=True)] == ["a", "b", "c"]
+    with SessionDB(db.db_path) as writer:
+        assert not has_index()  # the open did not take the write lock to read every message
+        assert writer.message_count() == 3
+        assert [r["id"] for r in writer.list_sessions_rich(order_by_last_active=True)] == ["a", "b", "c"]
+        writer.vacuum()
+        assert has_index() and rival.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert "idx_messages_timestamp" in _plan(rival, "SELECT COUNT(*) FROM messages")
+        assert [r["id"] for r in writer.list_sessions_rich(order_by_last_active=True)] == ["a", "b", "c"]
