@@ -25,7 +25,7 @@ import json
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 from hermes_state_cjk import (CJK_CHARS, CJK_RUN, cjk_index_text, cjk_query_text, cjk_terms,  # noqa: F401
@@ -35,7 +35,8 @@ from hermes_state_query import _sanitize_fts5_query  # noqa: F401 - importable h
 from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import StateDbIncompatibleError
 from hermes_state_fts_objects import (CJK, CJK_PENDING, CJK_TABLE_SQL, CONVERTIBLE_LAYOUTS,  # noqa: F401
-                                      DRAIN_TRIGGER_SQL, FTS_OPTIONS, FTS_TABLES, HIGH_WATER, OBJECT_NAMES, OBJECTS,
+                                      DRAIN_TRIGGER_SQL, FTS_OPTIONS, FTS_TABLES, HIGH_WATER, MERGE_PENDING,
+                                      OBJECT_NAMES, OBJECTS,
                                       OWN_OBJECTS, PENDING, PROGRESS, REASONING, TRIGRAM, UNGATED_OBJECTS,
                                       UNQUEUED_OBJECTS, WORD, reasoning_text, reasons, rebuild_gate, searchable_text)
 
@@ -63,10 +64,11 @@ class FtsState:
     rebuild: tuple[int, int] | None   # (progress, high water) while a rebuild is under way
     cjk_pending: bool                 # rows wait in the CJK queue
     queued: bool = False              # rows wait in the writer's queue (not in the word, substring, reasoning indexes)
+    merging: bool = False             # a finished rebuild's segments wait to be merged (read by `inspect` only)
 
     @property
     def work_pending(self) -> bool:
-        return self.rebuild is not None or self.cjk_pending or self.queued
+        return self.rebuild is not None or self.cjk_pending or self.queued or self.merging
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,10 @@ def _state(catalogue: _Catalogue, high_water: str | None, progress: str | None, 
 def inspect(conn: sqlite3.Connection) -> FtsState:
     """Read the FTS objects, markers and queue state afresh from the catalogue; never scans messages."""
     catalogue = _read_catalogue(conn)
-    return _state(catalogue, *conn.execute(_live_sql(catalogue)).fetchone())
+    state = _state(catalogue, *conn.execute(_live_sql(catalogue)).fetchone())
+    if conn.execute("SELECT 1 FROM state_meta WHERE key = ?", (MERGE_PENDING,)).fetchone() is None:
+        return state
+    return replace(state, merging=True)
 
 
 # A search takes the catalogue half of FtsState from this cache, checked against the schema cookie
@@ -349,7 +354,32 @@ def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS)
     upper = high_water if row is None else row[0]
     _index_range(conn, progress, upper)
     _set_markers(conn, high_water, upper)
+    if upper >= high_water:  # the last chunk: the segments it left are merged next
+        conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (MERGE_PENDING,))
     return upper < high_water
+
+
+# The pages one merge step writes at most. FTS5's 'merge' with a negative page count merges
+# segments of any level, as an optimize does, but stops after about that many pages.
+MERGE_STEP_PAGES = 1000
+
+
+def merge_step(conn: sqlite3.Connection, pages: int = MERGE_STEP_PAGES) -> bool:
+    """Merge the next share of the segments a finished rebuild left; return whether more remains.
+
+    Must run inside the caller's write transaction. Each index is merged down to one segment in
+    turn, about `pages` pages per call; the marker goes once no index has anything left to merge.
+    """
+    if conn.execute("SELECT 1 FROM state_meta WHERE key = ?", (MERGE_PENDING,)).fetchone() is None:
+        return False
+    present = _read_catalogue(conn).tables
+    for table in (t for t in FTS_TABLES if t in present):
+        before = conn.total_changes
+        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (-max(1, min(pages, MERGE_STEP_PAGES)),))
+        if conn.total_changes - before >= 2:  # FTS5's sign that the command merged something
+            return True
+    conn.execute("DELETE FROM state_meta WHERE key = ?", (MERGE_PENDING,))
+    return False
 
 
 def drain_cjk(conn: sqlite3.Connection, limit: int = CJK_BATCH_ROWS) -> bool:
@@ -404,12 +434,17 @@ def flush_queue(writer: Writer, policy: RetryPolicy) -> None:
 
 
 def advance(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS) -> bool:
-    """Do one bounded unit of pending work (rebuild chunk, else CJK queue); return whether more remains."""
+    """Do one bounded unit of pending work (rebuild chunk, else CJK queue, else merging); return whether more remains.
+
+    `chunk_rows` is the most rows a rebuild chunk or CJK batch takes, and the most pages a merge step writes.
+    """
     if rebuild_step(conn, chunk_rows):
         return True
     index_queued(conn)
     drain_cjk(conn, chunk_rows)
-    return conn.execute(f"SELECT EXISTS (SELECT 1 FROM {CJK_PENDING})").fetchone()[0] == 1
+    if conn.execute(f"SELECT EXISTS (SELECT 1 FROM {CJK_PENDING})").fetchone()[0] == 1:
+        return True
+    return merge_step(conn, chunk_rows)
 
 
 def install_write_triggers(conn: sqlite3.Connection) -> None:

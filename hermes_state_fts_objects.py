@@ -16,6 +16,9 @@ REASONING = "messages_fts_reasoning"
 CJK_PENDING = "messages_fts_cjk_pending"
 FTS_TABLES = (WORD, TRIGRAM, CJK, REASONING)
 HIGH_WATER, PROGRESS = "fts_rebuild_high_water", "fts_rebuild_progress"
+# Set by the rebuild's last chunk: a rebuild leaves each index in dozens of segments, which every
+# search seeks one by one, so they are merged afterwards a bounded step at a time.
+MERGE_PENDING = "fts_merge_after_rebuild"
 # Rows a library handle appended and will index itself, in batches (hermes_state_fts_tail).
 PENDING = "messages_fts_pending"
 # FTS5 options every index keeps in its config table (`<index>_config`, which sqlite_master does not

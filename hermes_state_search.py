@@ -398,9 +398,14 @@ class _Ask:
         if len(grams) < 3:
             return texts
         probe = f"SELECT COUNT(*) FROM (SELECT 1 FROM {fts.TRIGRAM} WHERE {fts.TRIGRAM} MATCH ? LIMIT ?)"
+        rare: tuple[str, ...] = ()
         try:
-            rare = tuple(g for g in grams if self.conn.execute(
-                probe, (quoted_token(g), RARE_TRIGRAM_ROWS)).fetchone()[0] < RARE_TRIGRAM_ROWS)
+            for g in grams:
+                held = self.conn.execute(probe, (quoted_token(g), RARE_TRIGRAM_ROWS)).fetchone()[0]
+                if held == 0:
+                    return (g,)  # no row holds it, so none holds the terms: the rest need no probe
+                if held < RARE_TRIGRAM_ROWS:
+                    rare += (g,)
         except sqlite3.OperationalError as exc:
             if not _is_query_error(exc):
                 raise

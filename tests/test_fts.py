@@ -437,6 +437,71 @@ def test_the_background_thread_finishes_a_rebuild(tmp_path):
     conn.close()
 
 
+def segments(conn, table: str) -> int:
+    """The number of b-trees (segments) an FTS5 index holds: every one has a row in its idx table."""
+    return conn.execute(f"SELECT COUNT(DISTINCT segid) FROM {table}_idx").fetchone()[0]
+
+
+def merge_marked(conn) -> bool:
+    return conn.execute("SELECT 1 FROM state_meta WHERE key = ?", (fts.MERGE_PENDING,)).fetchone() is not None
+
+
+def test_a_finished_rebuild_merges_each_index_into_one_segment(tmp_path, manual):
+    path = tmp_path / "state.db"
+    rows = _fill(path, 120)
+    _drop_fts(path)
+    db = SessionDB(path)
+    rival = plain(path)
+    while True:  # small chunks leave many segments, as a rebuild of a large store does
+        with db.transaction() as txn:
+            more = fts.rebuild_step(txn.conn, 5)
+        assert merge_marked(rival) is not more  # marked by the last chunk, in its own transaction
+        if not more:
+            break
+    assert segments(rival, fts.WORD) > 4 and segments(rival, fts.TRIGRAM) > 4
+    steps = 0
+    while True:
+        with db.transaction() as txn:
+            more = fts.merge_step(txn.conn, 2)  # two pages a step: many bounded steps
+        steps += 1
+        if not more:
+            break
+    assert steps > 3
+    assert not merge_marked(rival)
+    assert [segments(rival, t) for t in (fts.WORD, fts.TRIGRAM, fts.CJK)] == [1, 1, 1]
+    integrity(rival)
+    assert indexed_counts(rival) == expected_counts(rival)
+    assert [h["id"] for h in db.search_messages("word77")] == [rows[77]]
+    with db.transaction() as txn:  # nothing marked: a step is a no-op
+        assert fts.merge_step(txn.conn) is False
+    db.close()
+    rival.close()
+
+
+def test_the_merge_after_a_rebuild_resumes_at_the_next_open(tmp_path, monkeypatch):
+    path = tmp_path / "state.db"
+    _fill(path, 100)  # 20 chunks: past FTS5's crisis merge at 16 segments, 5 are left
+    _drop_fts(path)
+    monkeypatch.setattr(SessionDB, "fts_rebuild_chunk_rows", 5)
+    monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", False)
+    with SessionDB(path) as db:
+        more = True
+        while more:  # one transaction a chunk, as the background thread does
+            with db.transaction() as txn:
+                more = fts.rebuild_step(txn.conn, 5)
+    rival = plain(path)
+    assert merge_marked(rival) and segments(rival, fts.WORD) > 1
+    with SessionDB(path, read_only=True) as ro:  # searches are complete before the merge
+        assert ro.fts_rebuild_status()["in_progress"] is False
+    monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", True)
+    with SessionDB(path) as db:  # the open sees the marker and its thread merges
+        assert db.wait_for_fts_rebuild(30)
+    assert not merge_marked(rival) and segments(rival, fts.WORD) == 1
+    integrity(rival)
+    assert indexed_counts(rival) == expected_counts(rival)
+    rival.close()
+
+
 def test_close_stops_the_background_thread_and_another_open_finishes_its_rebuild(tmp_path, monkeypatch):
     path = tmp_path / "state.db"
     _fill(path, 60)

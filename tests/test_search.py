@@ -487,6 +487,24 @@ def test_a_word_found_nowhere_is_answered_by_the_substring_index_alone(db, words
     assert not any(sql.startswith("SELECT m.id FROM messages m") for sql in absent)
 
 
+def test_a_trigram_no_row_holds_ends_the_probing(db, index_queue):
+    # No row holds "cdq", so none holds the piece: the trigrams after it are never probed, and the
+    # index's question is that one trigram.
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "abc bcd cde qqz qzz and more")
+    inside = db.append_message("s", "tool", "xxabcdzzqyy")
+    index_queue(db)
+    with db.tracer() as trace:
+        hits = db.search_messages("bcdqqzz")
+    assert list(hits) == [] and hits.complete
+    probes = [sql.split("MATCH ")[1].split(" LIMIT")[0] for sql in trace
+              if sql.startswith("SELECT COUNT(*) FROM (SELECT 1 FROM messages_fts_trigram")]
+    assert probes == ["""'"bcd"'""", """'"cdq"'"""]
+    (asked,) = [sql for sql in trace if sql.startswith("SELECT t.rowid FROM messages_fts_trigram t")]
+    assert '"cdq"' in asked and '"qzz"' not in asked
+    assert [h["id"] for h in db.search_messages("bcdzzq")] == [inside]  # every trigram held: found
+
+
 @pytest.mark.parametrize("rare_below", [4, 1])
 def test_the_substring_index_is_asked_for_its_rare_trigrams_only(db, index_queue, monkeypatch, rare_below):
     # With rare_below=4, "abc" (in 7 rows) is left out of the index's question and the three
