@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable
 
 from hermes_state_common import (DAY_S, DELEGATE_LIKE_SQL, LIVE_ADMISSION_SQL, SESSION_OWNED, Keywords, check_count,
-                                 check_id, check_number, contains_sql, logger, row_dicts, table_exists)
+                                 check_id, check_number, contains_sql, logger, table_exists)
 from hermes_state_errors import HermesStateError, SessionBusyError
 from hermes_state_gateway import LIVE_EXECUTION_STATES
 from hermes_state_lineage import COMPRESSION_END_REASON, WALK_CAP, compression_links, forward_chain
@@ -235,16 +235,17 @@ class Plan:
 
 
 def plan_sweep(conn: sqlite3.Connection, selection: Selection, *, delegates: bool = True,
-               deleting: bool = True) -> Plan:
+               deleting: bool = True, selected: set[str] | None = None) -> Plan:
     """Group the selected sessions into whole conversations; keep only those fully selected and owing nothing.
 
     A compression chain is taken only when every session in it is selected (so, with an age
     bound, the newest of them is past it); delegates spawned by a taken conversation go with
     it, and must be ended too. When `deleting`, a conversation with owed work is left whole
-    (see `Plan.owed`).
+    (see `Plan.owed`). `selected` is the selection's ids when the caller has read them already.
     """
-    selected = {r[0] for r in conn.execute(f"SELECT s.id FROM sessions s WHERE {selection.where}",
-                                           selection.params)}
+    if selected is None:
+        selected = {r[0] for r in conn.execute(f"SELECT s.id FROM sessions s WHERE {selection.where}",
+                                               selection.params)}
     if not selected:
         return Plan([], {})
     spawned = _delegate_index(conn) if delegates else {}
@@ -305,18 +306,20 @@ def _without_owed_work(conn: sqlite3.Connection, groups: list[list[str]]) -> Pla
 _LOOKUPS_MAX = 64  # sessions read by id; more are read in one pass over an index
 
 
-def _candidate_rows(conn: sqlite3.Connection, plan: Plan) -> list[dict[str, Any]]:
-    root_of = {sid: group[0] for group in plan.groups for sid in group}
+# What a prune candidate shows, every column in idx_sessions_ended: read without a row.
+_CANDIDATE_KEYS = ("id", "source", "model", "title", "started_at", "ended_at", "end_reason", "message_count",
+                   "archived", "parent_session_id")
+_CANDIDATE_SQL = ("SELECT s.id, s.source, s.model, s.title, s.started_at, s.ended_at, s.end_reason, s.message_count, "
+                  "COALESCE(s.archived, 0), s.parent_session_id FROM sessions s")
+
+
+def _candidate_rows(conn: sqlite3.Connection, root_of: dict[str, str]) -> list[dict[str, Any]]:
     # Every session of a plan has ended. For many, `+id` keeps SQLite off the id index: one pass
     # over idx_sessions_ended reads no row, where a lookup per id reads each row past its prompt.
-    by = "ended_at IS NOT NULL AND +id" if len(root_of) > _LOOKUPS_MAX else "id"
-    rows = row_dicts(conn.execute(
-        "SELECT id, source, model, title, started_at, ended_at, end_reason, message_count, "
-        "COALESCE(archived, 0) AS archived, parent_session_id FROM sessions "
-        f"WHERE {by} IN (SELECT value FROM json_each(?)) ORDER BY started_at, id", (_ids_json(root_of),)))
-    for row in rows:
-        row["conversation_id"] = root_of[row["id"]]
-    return rows
+    by = "s.ended_at IS NOT NULL AND +s.id" if len(root_of) > _LOOKUPS_MAX else "s.id"
+    rows = conn.execute(f"{_CANDIDATE_SQL} WHERE {by} IN (SELECT value FROM json_each(?)) "
+                        "ORDER BY s.started_at, s.id", (_ids_json(root_of),))
+    return [dict(zip(_CANDIDATE_KEYS, row), conversation_id=root_of[row[0]]) for row in rows]
 
 
 # --- the calls -----------------------------------------------------------------------------------
@@ -324,8 +327,17 @@ def _candidate_rows(conn: sqlite3.Connection, plan: Plan) -> list[dict[str, Any]
 def list_prune_candidates(conn: sqlite3.Connection, older_than_days: Any = None, source: Any = None,
                           filters: Keywords | None = None, *, now: float | None = None) -> list[dict[str, Any]]:
     """Return the sessions prune_sessions with the same arguments would delete, oldest first."""
-    plan = plan_sweep(conn, select_sessions(older_than_days, source, filters, now=now))
-    return _candidate_rows(conn, plan)
+    selection = select_sessions(older_than_days, source, filters, now=now)
+    # The selection's own rows, in the order shown: most candidates are among them, so they are
+    # read once, not found again by id.
+    rows = conn.execute(f"{_CANDIDATE_SQL} WHERE {selection.where} ORDER BY s.started_at, s.id",
+                        selection.params).fetchall()
+    selected = {row[0] for row in rows}
+    plan = plan_sweep(conn, selection, selected=selected)
+    root_of = {sid: group[0] for group in plan.groups for sid in group}
+    if not root_of.keys() <= selected:
+        return _candidate_rows(conn, root_of)  # a delegate that came along unselected: read them all by id
+    return [dict(zip(_CANDIDATE_KEYS, row), conversation_id=root_of[row[0]]) for row in rows if row[0] in root_of]
 
 
 def prune_sessions(conn: sqlite3.Connection, older_than_days: Any = 90, source: Any = None,

@@ -341,3 +341,61 @@ def test_auto_prune_racing_a_writer_in_another_process(tmp_path):
     assert check.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert json.loads(json.dumps(result))                   # plain data, as a dashboard would serialise it
     check.close()
+
+
+# --- the candidates list is what prune deletes ---------------------------------------------------------
+
+def test_a_delegate_that_comes_along_young_is_listed_with_its_spawner_in_order(db, rival):
+    db.create_session("old", "cli")
+    db.create_session("young", "tool", parent_session_id="old", model_config={"_delegate_from": "old"})
+    db.create_session("alone", "cli")
+    for sid in ("young", "old", "alone"):
+        db.end_session(sid, "done")
+    age(rival, 40, "old")
+    age(rival, 35, "alone")  # selected too; "young" is not (ended yesterday) but goes with "old"
+    candidates = db.list_prune_candidates(older_than_days=30)
+    assert [(c["id"], c["conversation_id"]) for c in candidates] == [("old", "old"), ("alone", "alone"),
+                                                                    ("young", "old")]
+    row = db.get_session("young")
+    assert {k: candidates[2][k] for k in ("source", "started_at", "ended_at", "end_reason", "parent_session_id")} == {
+        k: row[k] for k in ("source", "started_at", "ended_at", "end_reason", "parent_session_id")}
+    assert db.prune_sessions(30) == 3 and ids(rival) == set()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_candidates_are_exactly_what_prune_deletes_with_every_column(tmp_path, seed):
+    import random
+    rng = random.Random(seed)
+    with SessionDB(tmp_path / "state.db") as db:
+        rival = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+        made: list[str] = []
+        for n in range(40):
+            sid = f"s{n:02d}"
+            kind = rng.random()
+            if kind < 0.2 and made:  # a delegate of an earlier session
+                spawner = rng.choice(made)
+                db.create_session(sid, "tool", parent_session_id=spawner, model_config={"_delegate_from": spawner})
+            elif kind < 0.35 and made:  # a compression continuation of an earlier, still live session
+                live = [m for m in made if db.get_session(m)["ended_at"] is None]
+                if not live:
+                    continue
+                db.rotate_session(rng.choice(live), sid, [{"role": "user", "content": "summary"}])
+            else:
+                db.create_session(sid, rng.choice(["cli", "cron", "telegram"]), title=f"t{n}" if n % 3 else None)
+            made.append(sid)
+            if rng.random() < 0.8:
+                db.end_session(sid, "done")
+            age(rival, rng.uniform(0, 60), sid)
+        days = rng.choice([0, 20, 30, 45])
+        candidates = db.list_prune_candidates(older_than_days=days)
+        by_start = sorted(candidates, key=lambda c: (c["started_at"], c["id"]))
+        assert candidates == by_start
+        for c in candidates:
+            row = db.get_session(c["id"])
+            for key in ("source", "model", "title", "started_at", "ended_at", "end_reason", "message_count",
+                        "parent_session_id"):
+                assert c[key] == row[key], (c["id"], key)
+        before = ids(rival)
+        assert db.prune_sessions(days) == len(candidates)
+        assert before - ids(rival) == {c["id"] for c in candidates}
+        rival.close()
