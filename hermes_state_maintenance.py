@@ -266,7 +266,8 @@ def _whole_conversations(links: dict[str, str], selected: set[str], spawned: dic
     # Most sessions (every cron run) have no compression link and no delegate: each is a whole
     # conversation of its own, with no walk to make.
     linked = links.keys() | back.keys() | spawned.keys() | spawned_ids
-    for sid in sorted(selected, key=lambda s: (s in spawned_ids, s)):
+    order = sorted(selected, key=lambda s: (s in spawned_ids, s)) if spawned_ids else sorted(selected)
+    for sid in order:
         if sid not in linked:
             groups.append([sid])
             continue
