@@ -25,7 +25,8 @@ from typing import Any, Callable, cast
 from hermes_state_base import (ACTIVITY_WRITE_PATIENCE_S, CHECKPOINT_EVERY_N_WRITES, COMPRESSION_WAIT_S,  # noqa: F401
                                DAY_S, FTS_MERGE_EVERY_N_WRITES, FTS_OPTIMIZE_EVERY_N_WRITES, FTS_REBUILD_CHUNK_ROWS, INT_MAX,
                                INT_MIN, LONE_SURROGATE, PAGE_SIZE, Keywords, READ_BUSY_TIMEOUT_S, SQLITE_BUSY_TIMEOUT_S,
-                               TRANSCRIPT_WRITE_PATIENCE_S, WRITE_PATIENCE_S, WRITE_RETRY_FAST_WINDOW_S,
+                               TRANSCRIPT_WRITE_PATIENCE_S, UPGRADE_IN_BACKGROUND_BYTES, WRITE_PATIENCE_S,
+                               WRITE_RETRY_FAST_WINDOW_S,
                                WRITE_RETRY_MAX_S, WRITE_RETRY_MIN_S, WRITE_RETRY_SLOW_MAX_S, WRITE_RETRY_SLOW_MIN_S,
                                WAL_RESET_BUG, check_scalar, contains_sql, escape_like, has_wal_reset_bug, logger,
                                object_exists, prefix_range, row_dicts, shown, split_sql, strip_surrogates, table_exists, wal_reset_advice)
@@ -147,6 +148,23 @@ _UID = re.compile(r"[0-9a-f]{32}")
 def is_uid(value: Any) -> bool:
     """Tell whether `value` has the form of a message uid (32 lowercase hex digits)."""
     return isinstance(value, str) and _UID.fullmatch(value) is not None
+
+
+# Rows written by older programs may lack a message_uid. They get a stable one derived from
+# where they live (the version 5 UUID of "<session id>/<row id>" in this namespace), so a copy
+# made from the conversation keeps naming the same message, replay across a compression seam
+# shows it once, and the upgrade's back-fill stores the very uid readers were shown before it.
+_DERIVED_UID_NAMESPACE = bytes.fromhex("5b0c3f522d7e4f8a9a357c1e0e6f4a21")
+
+
+def derived_uid(session_id: str | bytes, row_id: int) -> str:
+    """Return the stable uid of a stored row that has none: as `uuid.uuid5(namespace, f"{session_id}/{row_id}").hex`."""
+    import hashlib  # here, not at start-up: few calls need it
+    place = session_id if isinstance(session_id, bytes) else session_id.encode()
+    raw = bytearray(hashlib.sha1(_DERIVED_UID_NAMESPACE + place + f"/{row_id}".encode()).digest()[:16])
+    raw[6] = (raw[6] & 0x0F) | 0x50  # version 5
+    raw[8] = (raw[8] & 0x3F) | 0x80  # the RFC 4122 variant
+    return raw.hex()
 
 
 def new_uid() -> str:

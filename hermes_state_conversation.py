@@ -18,7 +18,7 @@ from operator import itemgetter
 from typing import Any, Iterable, Iterator
 
 import hermes_state_lineage as lineage
-from hermes_state_common import decode_json
+from hermes_state_common import decode_json, derived_uid
 from hermes_state_messages import DISPLAY_KEY, pick_tool_call_uid
 from hermes_state_schema import StreamedRead, read_strict_text
 
@@ -33,18 +33,6 @@ _LIVE_ONLY, _BY_ID = " AND active = 1", " ORDER BY id"
 # need the empty field; an empty `reasoning` is no reasoning), then JSON ones.
 _REASONING_TEXT = ("reasoning", "reasoning_content")
 _REASONING_JSON = ("reasoning_details", "codex_reasoning_items", "codex_message_items")
-
-
-# Rows written by older programs may lack a message_uid. They get a stable one derived from
-# where they live, so a copy made from the conversation (compression, rotation) keeps naming
-# the same message and replay across a compression seam shows it once.
-_DERIVED_UID_NAMESPACE = "5b0c3f52-2d7e-4f8a-9a35-7c1e0e6f4a21"
-
-
-def derived_uid(session_id: str, row_id: int) -> str:
-    """Return the stable uid the conversation gives a stored row that has none."""
-    import uuid  # here, not at start-up: uuid loads the platform module, which `import hermes_state` need not
-    return uuid.uuid5(uuid.UUID(_DERIVED_UID_NAMESPACE), f"{session_id}/{row_id}").hex
 
 
 def _sent_content(msg: dict[str, Any], content: Any, api_content: Any, content_parts: Any) -> None:

@@ -25,10 +25,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, cast
 
-from hermes_state_common import SESSION_OWNED, recount_sql, shown
+from hermes_state_common import SESSION_OWNED, derived_uid, recount_sql, shown
 from hermes_state_documents import (DERIVED, EXPORT_FORMAT, EXPORT_VERSION, MESSAGE_COLUMNS, SESSION_COLUMNS,  # noqa: F401
                                     USAGE_COLUMNS, Checked, check_document)
-from hermes_state_conversation import derived_uid
 from hermes_state_lineage import compression_chain_ids
 from hermes_state_errors import ImportConflictError, ImportValidationError
 

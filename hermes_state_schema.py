@@ -28,7 +28,7 @@ from typing import Callable, Iterator, TypeVar, cast
 from hermes_state_base import CACHE_SIZE_KIB, SOFT_HEAP_LIMIT_KIB
 from hermes_state_cjk import register_functions
 from hermes_state_common import (COUNTERS, INDEX_SQL, LATE_INDEXES, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
-                                 SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, logger, new_uid,
+                                 SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, derived_uid, logger,
                                  object_exists, recount_sql, table_exists)
 import hermes_state_backfill as backfill
 from hermes_state_backfill import default_sql, rebuild_to_declared, table_columns  # noqa: F401 (re-exported)
@@ -434,13 +434,17 @@ def _reconcile_columns(conn: sqlite3.Connection) -> list[tuple[str, str]]:
 
 
 def backfill_message_uids(conn: sqlite3.Connection) -> int:
-    """Give every message without a uid a fresh uuid4 hex, in one statement; return how many.
+    """Give every message without a uid the stable uid derived from its place, in one statement; return how many.
 
-    Rows written before message_uid existed get one once, as a fresh insert would. Set-based,
-    so an upgrade of a large file costs one pass, not one statement per row.
+    Rows written before message_uid existed get the uid every reader was shown for them before
+    (a read-only handle, a conversation, an export: see derived_uid), so nothing a client kept
+    from an older file changes name. Set-based, so an upgrade of a large file costs one pass,
+    not one statement per row. The session id goes in as its stored bytes: a damaged one cannot
+    stop the upgrade.
     """
-    conn.create_function("hermes_new_uid", 0, new_uid, deterministic=False)
-    return conn.execute("UPDATE messages SET message_uid = hermes_new_uid() WHERE message_uid IS NULL").rowcount
+    conn.create_function("hermes_derived_uid", 2, derived_uid, deterministic=True)
+    return conn.execute("UPDATE messages SET message_uid = hermes_derived_uid(COALESCE(CAST(session_id AS BLOB), "
+                        "X''), id) WHERE message_uid IS NULL").rowcount
 
 
 def _backfill_counter(column: str) -> Callable[[sqlite3.Connection], object]:

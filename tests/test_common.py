@@ -137,3 +137,15 @@ def test_the_helpers_under_the_dictionary_stay_importable_from_it():
     conn.execute("INSERT INTO t VALUES (1, 'x')")
     assert common.table_exists(conn, "t") and not common.table_exists(conn, "u")
     assert common.row_dicts(conn.execute("SELECT * FROM t")) == [{"a": 1, "b": "x"}]
+
+
+def test_derived_uid_is_the_version_5_uuid_of_the_rows_place():
+    import random
+    import uuid
+    namespace = uuid.UUID("5b0c3f52-2d7e-4f8a-9a35-7c1e0e6f4a21")
+    rng = random.Random(5)
+    for _ in range(2000):
+        sid = "".join(rng.choice("abcXYZ09_-/東京é ") for _ in range(rng.randint(0, 24)))
+        row = rng.randint(-3, 10**13)
+        want = uuid.uuid5(namespace, f"{sid}/{row}").hex
+        assert common.derived_uid(sid, row) == want == common.derived_uid(sid.encode(), row)
