@@ -404,8 +404,11 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from hermes_state import SessionDB
     path = existing_db(args)
 
+    class UpgradeNow(SessionDB):
+        upgrade_in_background_bytes = None  # this command is the upgrade: inside the open, however large the file
+
     def upgrade() -> dict[str, Any]:
-        with SessionDB(path, backup_before_upgrade=not args.no_backup) as db:
+        with UpgradeNow(path, backup_before_upgrade=not args.no_backup) as db:
             return {"path": str(path), "schema_version": db.schema_version,
                     "backup": str(db.upgrade_backup) if db.upgrade_backup else None, "mode_changes": db.mode_changes}
     # The copy written first (under a temporary name, then its own), then the upgrade's writes to the WAL.

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import threading
 import time
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
@@ -26,12 +27,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, cast
 
 import hermes_state_catalogue as catalogue
+import hermes_state_fork as fork
 import hermes_state_fts as fts
 import hermes_state_schema as schema
 from hermes_state_common import (DICTIONARY, RECOVER_EXCLUDED, RECOVER_VERIFIED, SCHEMA_VERSION, TABLE_SQL, logger,
                                  recount_sql, table_exists)
 from hermes_state_errors import StateDbCorruptError, StateDbIncompatibleError, typed_errors
-from hermes_state_writer import RetryPolicy, retry_on_lock
+from hermes_state_writer import Cancelled, RetryPolicy, retry_on_lock
 
 # Declared in the data dictionary: the runtime ledgers are never copied (a recovered file's first
 # owner starts a new epoch); these tables' copied row counts are checked against the source's.
@@ -71,39 +73,89 @@ def _link_into_place(partial: Path, target: Path) -> None:
     partial.unlink()
 
 
+@dataclass
+class _Building:
+    """A copy being built: the temporary file the body fills, and the name it takes once complete."""
+    partial: Path
+    target: Path
+
+
+_RENAME_TRIES = 5
+
+
 @contextmanager
-def _built_atomically(target: Path) -> Iterator[Path]:
+def _built_atomically(target: Path, renamed: Callable[[], Path] | None = None) -> Iterator[_Building]:
     # The body fills a new private file under a temporary name; only a complete file takes the
-    # target's name, never over a file, and a failure leaves nothing behind.
-    partial = catalogue.partial_path(target)
+    # target's name, never over a file, and a failure leaves nothing behind. With `renamed`, a
+    # name taken meanwhile is no failure: the copy takes the next free one it gives.
+    building = _Building(catalogue.partial_path(target), target)
     if not target.parent.is_dir():  # as open() and the command line: no folder is made on the way
         raise FileNotFoundError(f"{target.parent} does not exist: create the folder first, or write the copy elsewhere")
-    _private_new_file(partial)
+    _private_new_file(building.partial)
     try:
-        yield partial
-        _link_into_place(partial, target)
+        yield building
+        for attempt in range(1 if renamed is None else _RENAME_TRIES):
+            try:
+                _link_into_place(building.partial, building.target)
+                break
+            except FileExistsError:
+                if renamed is None or attempt == _RENAME_TRIES - 1:
+                    raise
+                building.target = renamed()
     except BaseException:
-        partial.unlink(missing_ok=True)
+        building.partial.unlink(missing_ok=True)
         raise
 
 
-def backup_to(conn: sqlite3.Connection, target_path: str | os.PathLike) -> Path:
+# A copy that can be stopped goes this many pages a step (16 MB of 4 KB pages).
+STOPPABLE_STEP_PAGES = 4096
+
+
+def backup_to(conn: sqlite3.Connection, target_path: str | os.PathLike, stop: threading.Event | None = None,
+              renamed: Callable[[], Path] | None = None) -> Path:
     """Write a consistent copy of the database (ledgers included) to a new file; return its path.
 
-    Uses SQLite's backup API in one step: other processes keep writing meanwhile (WAL), and the
-    copy is the database as of one moment. Refuses an existing `target_path`. The copy appears
-    under its name only once complete.
+    Uses SQLite's backup API: other processes keep writing meanwhile (WAL), and the copy is the
+    database as of one moment. Refuses an existing `target_path`. The copy appears under its
+    name only once complete; with `renamed`, under the next name it gives if another file took
+    the first one meanwhile. With `stop` (on a connection lent to this copy alone) it goes a
+    bounded step at a time inside one read transaction, lets a fork through between steps, and
+    ends with Cancelled, leaving nothing behind, once `stop` is set.
     """
     target = Path(target_path).expanduser().absolute()
+    if target.exists() and renamed is not None:
+        target = renamed()
     if target.exists():
         raise FileExistsError(f"{target} already exists; choose a new name for the backup")
-    with _built_atomically(target) as partial:
-        dest = sqlite3.connect(partial)
+    with _built_atomically(target, renamed) as building:
+        dest = sqlite3.connect(building.partial)
         try:
-            conn.backup(dest)
+            if stop is None:
+                conn.backup(dest)
+            else:
+                _stepped_backup(conn, dest, stop)
         finally:
             dest.close()
-    return target
+    return building.target
+
+
+def _stepped_backup(conn: sqlite3.Connection, dest: sqlite3.Connection, stop: threading.Event) -> None:
+    # The read transaction is held across the steps: SQLite's backup then reads one snapshot and
+    # never starts over when another process writes between two steps.
+    def between_steps(status: int, remaining: int, total: int) -> None:
+        fork.GATE.leave()  # a fork waiting for the gate goes through here, never inside a step
+        if stop.is_set():
+            fork.GATE.enter()  # the caller's leave() follows the exception
+            raise Cancelled("the copy was stopped before it was complete")
+        fork.GATE.enter()
+
+    conn.execute("BEGIN")
+    try:
+        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # the snapshot starts here
+        with fork.GATE.work():
+            conn.backup(dest, pages=STOPPABLE_STEP_PAGES, progress=between_steps)
+    finally:
+        conn.execute("COMMIT")
 
 
 class _Bounded(sqlite3.Connection):
@@ -536,13 +588,13 @@ def recover(source_path: str | os.PathLike, target_path: str | os.PathLike) -> R
     src.execute("PRAGMA writable_schema = ON")
     src.execute("BEGIN")  # one snapshot for every table, should another process still be writing
     try:
-        with _built_atomically(target) as partial:
+        with _built_atomically(target) as building:
             try:  # (a damaged schema name that is not UTF-8 makes SQLite's error message undecodable)
                 tables = _source_tables(src)
             except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
                 raise StateDbCorruptError(
                     f"{source}: its schema cannot be read ({exc}); nothing can be salvaged") from exc
-            dst = sqlite3.connect(partial, isolation_level=None)
+            dst = sqlite3.connect(building.partial, isolation_level=None)
             try:
                 _build(src, dst, tables, report)
             finally:

@@ -30,6 +30,7 @@ import os
 import sqlite3
 import sys
 import threading
+import time
 import types
 import typing
 from contextlib import AbstractContextManager, contextmanager
@@ -42,7 +43,8 @@ import hermes_state_common as common
 from hermes_state_common import (COMPRESSION_WAIT_S, FTS_OPTIMIZE_EVERY_N_WRITES, FTS_REBUILD_CHUNK_ROWS,
                                  SCHEMA_VERSION, has_surrogate)
 from hermes_state_errors import (TRANSLATABLE, HermesStateError, ReadOnlyError, StateDbIncompatibleError,
-                                 describe_init_failure, raise_typed, set_last_init_error, typed_errors)
+                                 StoreUnavailableError, describe_init_failure, raise_typed, set_last_init_error,
+                                 typed_errors)
 from hermes_state_home import check_db_path_allowed, get_hermes_home
 from hermes_state_writer import RetryPolicy, RowConnection, SharedHandles, Transaction, Writer
 
@@ -397,6 +399,13 @@ def _rows(name: str, value: Any) -> Any:
     return value
 
 
+def _bytes(name: str, value: Any) -> Any:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise (ValueError if isinstance(value, int) and not isinstance(value, bool) else TypeError)(
+            f"{name} must be a whole number of bytes, 0 or more (None: never), not {common.shown(value)}")
+    return value
+
+
 def _flag(name: str, value: Any) -> Any:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, not {type(value).__name__} {common.shown(value)}")
@@ -408,7 +417,8 @@ def _flag(name: str, value: Any) -> Any:
 KNOB_RULES: dict[str, Callable[[str, Any], Any]] = {
     **{name: _seconds for name in KNOBS if name.endswith("_s")},
     "checkpoint_every_n_writes": _cadence, "optimize_every_n_writes": _cadence,
-    "fts_rebuild_chunk_rows": _rows, "fts_rebuild_in_background": _flag, "checkpoint_in_background": _flag}
+    "fts_rebuild_chunk_rows": _rows, "fts_rebuild_in_background": _flag, "checkpoint_in_background": _flag,
+    "upgrade_in_background_bytes": _bytes}
 
 
 def check_knob(name: str, value: Any) -> Any:
@@ -456,10 +466,15 @@ class Handle(metaclass=Knobs):
     # Rows per FTS rebuild transaction; whether open leaves a rebuild to a background thread.
     fts_rebuild_chunk_rows = _FTS_REBUILD_CHUNK_ROWS = FTS_REBUILD_CHUNK_ROWS
     fts_rebuild_in_background = _FTS_REBUILD_IN_BACKGROUND = True
+    # A writable open of an older file at least this large (log included) returns at once: the
+    # copy taken first and the upgrade run on a thread, reads meanwhile read the file as it is,
+    # and writes wait until it is upgraded. None: every upgrade runs inside the open.
+    upgrade_in_background_bytes: int | None = common.UPGRADE_IN_BACKGROUND_BYTES
     # {hermes-agent's name: the public name it is an alias of}; setting either sets both.
     HERMES_AGENT_ALIASES = HERMES_AGENT_ALIASES
     _shared_key: str | None = None  # set on handles handed out by shared()
     _fts: upgrade.FtsRebuild | None = None  # the background index rebuild this open started, if any
+    _move_in: upgrade.MoveIn | None = None  # the background copy and upgrade of an older file, if any
     # The patience of each kind of table write that does not wait the default write_patience_s.
     _PATIENCE = {"activity": "activity_write_patience_s", "compression": "transcript_write_patience_s"}
     _built_policy: tuple[tuple[float, ...], RetryPolicy] | None = None  # (the knobs it was built from, it)
@@ -494,19 +509,28 @@ class Handle(metaclass=Knobs):
         # force: add the store's tables even to another program's database. upgrade_backup: the copy
         # written before this handle upgraded the file; mode_changes: files this open tightened to 0600.
         attempted, repair_file = repair or (set(), None)
+        later_bytes = self.upgrade_in_background_bytes if separate_reads else None
         try:
             opened = repairs.open_repairing(lambda: upgrade.open_connection(
                 self.db_path, read_only=read_only, read_busy_s=self.read_busy_timeout_s,
                 patience_s=self.write_patience_s, policy=self._policy(), backup=backup_before_upgrade, force=force,
-                on_give_up=self._log_lock_holders), self.db_path, attempted, None if read_only else repair_file)
+                on_give_up=self._log_lock_holders, later_bytes=later_bytes),
+                self.db_path, attempted, None if read_only else repair_file)
             conn, self.schema_version = opened.conn, opened.schema_version
             self.upgrade_backup, self.mode_changes = opened.upgrade_backup, opened.mode_changes
+            migrated = threading.Event() if opened.upgrade_later else None
             # The opener names the path, not the handle: the checkpoint thread keeps it, and must
             # not keep a dropped handle alive.
             self._writer = Writer(conn, on_give_up=self._log_lock_holders, open_reader=(
-                functools.partial(schema.connect_reader, self.db_path)) if separate_reads else None)
+                functools.partial(upgrade.connect_reader, self.db_path, migrated)) if separate_reads else None)
             self._writer.after_commit.append(self._upkeep)
-            self._open_fts()
+            if migrated is None:
+                self._open_fts()
+            else:
+                self._move_in = upgrade.MoveIn(self._writer, self.db_path, self.write_patience_s, self._policy(),
+                                               backup=backup_before_upgrade, migrated=migrated,
+                                               finish=self._moved_in, on_give_up=self._log_lock_holders)
+                self._move_in.thread.start()
         except Exception as exc:  # kept for a caller that reports the failure later (a slash command)
             set_last_init_error(describe_init_failure(exc))
             raise
@@ -524,18 +548,50 @@ class Handle(metaclass=Knobs):
             self._writer.close(checkpoint=False)
             raise
 
+    def _moved_in(self, version: int, copy: Path | None) -> None:
+        # On the upgrade's thread, holding the writer's locks, once the file has the current layout.
+        self.schema_version, self.upgrade_backup = version, copy
+        if self._move_in is not None and self._move_in.stop.is_set():
+            return  # a handle closing starts no index work
+        try:
+            self._open_fts()  # closes the writer when it fails: say why to the calls refused from now on
+        except BaseException as exc:
+            self._writer.closed_reason = (f"{self.db_path} was upgraded, but its full-text indexes could not be "
+                                          f"opened ({exc}); open it again")
+            raise
+
+    @property
+    def upgrading(self) -> bool:
+        """True while this open's copy and upgrade of an older file run in the background (writes wait for them)."""
+        return self._move_in is not None and not self._move_in.done.is_set()
+
+    def _wait_moved_in(self, move_in: upgrade.MoveIn) -> None:
+        # A write made while the file is moved in waits for it, as the open itself would have.
+        move_in.done.wait()
+        self._refuse_if_closed()
+        if move_in.error is not None and not move_in.migrated.is_set():
+            raise StoreUnavailableError(
+                f"{self.db_path} could not be upgraded ({move_in.error}); it was left as it was and this write "
+                "was not made. Open it again to retry the upgrade.") from move_in.error
+
     @property
     def _fts_worker(self) -> Any:  # the background rebuild thread, or None (the FTS tests join it)
         return self._fts.thread if self._fts is not None else None
 
     def wait_for_fts_rebuild(self, timeout_s: float | None = None) -> bool:
-        """Wait up to `timeout_s` (None: until it ends) for this open's background index rebuild; True once none runs.
+        """Wait up to `timeout_s` (None: until it ends) for this open's background work; True once none runs.
 
-        True at once when the open started none; a rebuild that close() stopped counts as ended.
+        That is the copy and upgrade of an older file, then the index rebuild. True at once when the
+        open started none; work that close() stopped counts as ended.
         """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if self._move_in is not None:
+            self._move_in.thread.join(timeout_s)
+            if self._move_in.thread.is_alive():
+                return False
         thread = self._fts_worker
         if thread is not None:
-            thread.join(timeout_s)
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
         return thread is None or not thread.is_alive()
 
     def close(self) -> None:
@@ -546,9 +602,15 @@ class Handle(metaclass=Knobs):
     def _close_now(self) -> None:
         if self._closed:
             return
+        move_in = self._move_in
+        if move_in is not None:
+            move_in.stop.set()  # a copy under way ends at its next step, and no upgrade follows it
+            if move_in.migrating.is_set():
+                move_in.thread.join()  # the upgrade itself is not stopped halfway: close once it is done
         if self._fts is not None:
             self._fts.stop()
-        if not self.read_only and not self._writer.closed:  # the rows this handle queued, for other programs
+        # The rows this handle queued, for other programs (a file not upgraded has no queue).
+        if not self.read_only and not self._writer.closed and (move_in is None or move_in.migrated.is_set()):
             fts.flush_queue(self._writer, self._policy())
         self._closed = True
         self._writer.close(checkpoint=not self.read_only)
@@ -651,6 +713,8 @@ class Handle(metaclass=Knobs):
         self._refuse_if_closed()
         if self.read_only:
             raise ReadOnlyError(f"{self.db_path} was opened read-only; open it without read_only to write")
+        if self._move_in is not None:
+            self._wait_moved_in(self._move_in)
         if self.schema_version is not None and self.schema_version > SCHEMA_VERSION:
             raise StateDbIncompatibleError(
                 f"{self.db_path} has schema version {self.schema_version}, newer than this library's "

@@ -32,7 +32,7 @@ import hermes_state_recovery as recovery
 import hermes_state_schema as schema
 from hermes_state_common import SCHEMA_VERSION, TABLE_SQL, logger
 from hermes_state_errors import StateDbUninitializedError, StoreUnavailableError, typed_errors
-from hermes_state_writer import RetryPolicy, Writer
+from hermes_state_writer import Cancelled, RetryPolicy, Writer
 
 # An older layout's FTS5 tables are dropped at the upgrade only after their big tables were moved
 # aside under these names (a catalogue change); freeing their pages is left to short transactions.
@@ -59,10 +59,12 @@ def upgrade_backup_path(db_path: Path, *, now: float | None = None) -> Path:
     return path
 
 
-def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = True) -> Path | None:
+def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = True,
+                  stop: threading.Event | None = None) -> Path | None:
     """Before an older file is upgraded: copy it next to itself (unless told not to) and say so in one INFO line.
 
-    Returns the copy, or None when no upgrade is due (or no copy was asked for).
+    Returns the copy, or None when no upgrade is due (or no copy was asked for). With `stop` the
+    copy can be stopped between two of its steps (see recovery.backup_to).
     """
     if str(db_path) == ":memory:" or not schema.is_older_file(conn):
         return None
@@ -71,7 +73,9 @@ def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = Tru
                     db_path, SCHEMA_VERSION)
         return None
     try:
-        copy = recovery.backup_to(conn, upgrade_backup_path(db_path))
+        # Named again at the end if another opener's copy took the name meanwhile (the same second).
+        copy = recovery.backup_to(conn, upgrade_backup_path(db_path), stop=stop,
+                                  renamed=lambda: upgrade_backup_path(db_path))
     except (OSError, sqlite3.Error) as exc:
         # Never upgrade without the copy the caller was promised; nothing has been changed yet.
         raise StoreUnavailableError(
@@ -159,17 +163,20 @@ class Opened:
     schema_version: int
     upgrade_backup: Path | None = None  # the copy written before an upgrade
     mode_changes: list[str] = field(default_factory=list)  # files tightened to 0600, each with its old mode
+    upgrade_later: bool = False  # an older file left as it is, for MoveIn to copy and upgrade after the open
 
 
 def open_connection(path: Path, *, read_only: bool, read_busy_s: float, patience_s: float, policy: RetryPolicy,
                     backup: bool = True, force: bool = False,
-                    on_give_up: Callable[[float], None] | None = None) -> Opened:
+                    on_give_up: Callable[[float], None] | None = None, later_bytes: int | None = None) -> Opened:
     """Open a handle's main connection and make its file ready for it.
 
     A writable open creates the file 0600 when missing, refuses another program's database
     (ForeignDatabaseError, unless `force`) before anything is written or chmodded, and runs
-    `set_up`; a read-only one only checks that the file can be read as it is. Failures are the
-    library's typed errors, and the connection is closed again on any of them.
+    `set_up`; a read-only one only checks that the file can be read as it is. An older file of
+    `later_bytes` or more is only put in WAL mode: its copy and upgrade are left to MoveIn
+    (`Opened.upgrade_later`). Failures are the library's typed errors, and the connection is
+    closed again on any of them.
     """
     if read_only:
         if not path.is_file() or path.stat().st_size == 0:
@@ -189,8 +196,12 @@ def open_connection(path: Path, *, read_only: bool, read_busy_s: float, patience
                 catalogue.check_ours(conn, path, force=force)  # before any write or chmod: it may be another's file
                 changes = schema.tighten_files(path)
                 catalogue.clean_partial_copies(path)  # a killed upgrade's half-written copy
-                version, copy, more = set_up(conn, path, patience_s, policy, backup=backup, on_give_up=on_give_up)
-                opened = Opened(conn, version, copy, changes + more)
+                if later_bytes is not None and _large_older_file(conn, path, later_bytes):
+                    more = prepare_journal(conn, path, patience_s, policy)
+                    opened = Opened(conn, schema.read_version(conn) or 0, None, changes + more, upgrade_later=True)
+                else:
+                    version, copy, more = set_up(conn, path, patience_s, policy, backup=backup, on_give_up=on_give_up)
+                    opened = Opened(conn, version, copy, changes + more)
         schema.size_cache(conn)  # once the file has been read: the pragma waits on a locked one
         return opened
     except BaseException:
@@ -206,8 +217,7 @@ def set_up(conn: sqlite3.Connection, db_path: Path, patience_s: float, policy: R
     An up-to-date file costs a few catalogue reads and takes no write lock. A file of a newer
     release is left as it is, with a WARNING: the handle then refuses writes.
     """
-    schema.enable_wal(conn, db_path, patience_s, policy)
-    changes = schema.tighten_side_files(db_path)
+    changes = prepare_journal(conn, db_path, patience_s, policy)
     if not schema.needs_migration(conn):
         return schema.read_version(conn) or 0, None, changes
     copy = start_upgrade(conn, db_path, backup=backup)
@@ -215,6 +225,93 @@ def set_up(conn: sqlite3.Connection, db_path: Path, patience_s: float, policy: R
     if found > SCHEMA_VERSION:
         logger.warning("%s has schema version %s, newer than %s: writes are refused", db_path, found, SCHEMA_VERSION)
     return max(found, SCHEMA_VERSION), copy, changes
+
+
+def prepare_journal(conn: sqlite3.Connection, db_path: Path, patience_s: float, policy: RetryPolicy) -> list[str]:
+    """Put the file in WAL mode and make its side files private; return the mode changes."""
+    schema.enable_wal(conn, db_path, patience_s, policy)
+    return schema.tighten_side_files(db_path)
+
+
+def _large_older_file(conn: sqlite3.Connection, path: Path, limit: int) -> bool:
+    # Its size on disk, log included: what the copy taken first has to read.
+    if not schema.is_older_file(conn):
+        return False
+    size = sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
+    return size >= limit
+
+
+# --- an older file moved in after the open returned -------------------------------------------------
+
+def connect_reader(path: Path, migrated: threading.Event | None = None) -> sqlite3.Connection:
+    """Open the handle's read connection; while `migrated` is not set, one that reads the older layout as it is."""
+    conn = schema.connect_reader(path)
+    if migrated is not None and not migrated.is_set():
+        # Temp views are no change to the file, but query_only refuses them too.
+        conn.execute("PRAGMA query_only = OFF")
+        try:
+            catalogue.shadow_missing(conn)
+        finally:
+            conn.execute("PRAGMA query_only = ON")
+    return conn
+
+
+class MoveIn:
+    """An older file's copy and upgrade, on a thread of their own, once the open has returned.
+
+    The copy is taken first, on a connection of its own, and can be stopped between its steps;
+    the upgrade then runs holding the writer's two locks, so the handle's reads (which read the
+    older layout through temp views until `migrated` is set) wait while the schema changes and
+    its writes wait for `done`. `finish(version, copy)` runs once the file is upgraded, still
+    holding both locks. A failure is kept in `error`; the file is then as it was.
+    """
+
+    def __init__(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, *, backup: bool,
+                 migrated: threading.Event, finish: Callable[[int, Path | None], None],
+                 on_give_up: Callable[[float], None] | None = None):
+        self.migrated = migrated            # the file has the current layout: readers need no shadow views
+        self.done = threading.Event()       # the thread has ended, with the file upgraded or not
+        self.stop = threading.Event()       # set by close(): end as soon as that is safe
+        self.migrating = threading.Event()  # the upgrade itself is under way (close waits for it)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="hermes-state-upgrade", daemon=True,
+                                       args=(writer, db_path, patience_s, policy, backup, finish, on_give_up))
+
+    def _run(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, backup: bool,
+             finish: Callable[[int, Path | None], None], on_give_up: Callable[[float], None] | None) -> None:
+        copy: Path | None = None
+        try:
+            copy = self._copy(db_path, backup)
+            with writer.lock, writer.read_lock:
+                if self.stop.is_set() or writer.closed:
+                    raise Cancelled("the handle was closed before its file was upgraded")
+                self.migrating.set()
+                if copy is not None and not schema.is_older_file(writer.conn):
+                    # Another opener upgraded the file meanwhile, with a copy of its own taken first.
+                    copy.unlink(missing_ok=True)
+                    copy = None
+                with typed_errors(db_path):
+                    found = schema.migrate(Writer(writer.conn, on_give_up=on_give_up), patience_s, policy,
+                                           before_upgrade=prepare_upgrade)
+                self.migrated.set()
+                writer.drop_reader()  # the next read opens a connection without the temp views
+                finish(max(found, SCHEMA_VERSION), copy)
+        except BaseException as exc:  # noqa: BLE001 - a background thread has nobody to raise to
+            self.error = exc
+            if not self.migrated.is_set() and copy is not None:
+                copy.unlink(missing_ok=True)  # no upgrade followed it: the next open takes a copy of its own
+            if not isinstance(exc, Cancelled):
+                logger.warning("upgrading %s failed (%s); it was left as it was, and writes are refused until "
+                               "it is opened again", db_path, exc)
+        finally:
+            self.done.set()
+
+    def _copy(self, db_path: Path, backup: bool) -> Path | None:
+        conn = schema.connect_reader(db_path)
+        try:
+            return start_upgrade(conn, db_path, backup=backup, stop=self.stop)
+        finally:
+            conn.close()
 
 
 # --- after the migration: the FTS indexes, and the space the old layout held ------------------------

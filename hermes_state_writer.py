@@ -204,6 +204,13 @@ class Writer:
             self._reader = self._open_reader()
         return self._reader
 
+    def drop_reader(self) -> None:
+        """Close the read connection, if one is open; the next read opens a new one."""
+        with self.read_lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+
     def _cap_busy_timeout(self, remaining_s: float, cap_s: float = SQLITE_BUSY_TIMEOUT_S) -> None:
         # SQLite's own busy wait is 1 s, but never longer than the patience left, so a
         # 0.5 s activity write cannot block for a whole second. Runs under the lock.

@@ -109,6 +109,12 @@ t0 = time.perf_counter()
 db = SessionDB(path)
 opened = time.perf_counter() - t0
 st = db.fts_rebuild_status()
+t1 = time.perf_counter()
+listed = len(db.list_sessions_rich(limit=50))  # a read while the file is moved in
+list_s = time.perf_counter() - t1
+while db.upgrading and not db.wait_for_fts_rebuild(0.25):
+    pass
+upgraded = time.perf_counter() - t0  # the copy and the upgrade are done: writes go through
 while db.fts_rebuild_status()["in_progress"] and not db.wait_for_fts_rebuild(0.25):
     pass
 done = time.perf_counter() - t0  # every message indexed: searches are complete
@@ -116,7 +122,8 @@ db.wait_for_fts_rebuild()
 settled = time.perf_counter() - t0  # the background work ended (segments merged, old pages freed)
 after = db.fts_rebuild_status()
 db.close()
-print(json.dumps({"open_s": opened, "status_at_open": st, "indexed_s": done, "settled_s": settled, "status": after}))
+print(json.dumps({"open_s": opened, "status_at_open": st, "first_listing_s": list_s, "listed": listed,
+                  "upgraded_s": upgraded, "indexed_s": done, "settled_s": settled, "status": after}))
 """
 
 
@@ -260,7 +267,9 @@ def report(run_: dict) -> str:
              f"hermes-agent's file {m['bytes'] / 1e6:,.0f} MB (built in {m['build_s']:.0f} s)"]
     mi = m.get("move_in", {})
     if mi:
-        lines.append(f"moving in: copy {mi['copy_s']:.1f} s, constructor blocks {mi['open_s']:.2f} s, indexes done "
+        lines.append(f"moving in: copy {mi['copy_s']:.1f} s, constructor blocks {mi['open_s']:.2f} s, "
+                     f"a listing of 50 right after it {mi.get('first_listing_s', 0.0):.2f} s, "
+                     f"copied and upgraded (writes wait until then) {mi.get('upgraded_s', mi['open_s']):.1f} s, indexes done "
                      f"{mi['indexed_s']:.1f} s after the open began, background work ended at "
                      f"{mi.get('settled_s', mi['indexed_s']):.1f} s; file after {mi['bytes'] / 1e6:,.0f} MB "
                      f"({mi['bytes'] / (m['text_bytes'] + m['prompt_bytes']):.2f}x all text, "

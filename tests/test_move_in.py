@@ -1,0 +1,293 @@
+"""Moving in a large older file: the open returns at once, the copy and the upgrade run on a thread.
+
+Meanwhile reads read the file as it is, writes wait for the upgrade, close() stops a copy under
+way without leaving anything behind, a failed copy refuses writes with a typed error, and a fork
+during the copy neither hangs nor lets the child use the parent's handle.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import gzip
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import hermes_state_recovery as recovery
+import hermes_state_schema as schema
+from hermes_state import HermesStateError, SCHEMA_VERSION, SessionDB, StoreUnavailableError
+
+FIXTURE = Path(__file__).parent / "fixtures" / "hermes_agent_0.19.0.db.gz"  # hermes-agent's schema 22
+
+
+@pytest.fixture
+def old_file(tmp_path) -> Path:
+    path = tmp_path / "state.db"
+    path.write_bytes(gzip.decompress(FIXTURE.read_bytes()))
+    return path
+
+
+@pytest.fixture
+def in_background(monkeypatch):
+    """Every older file is moved in after the open returns, whatever its size."""
+    monkeypatch.setattr(SessionDB, "upgrade_in_background_bytes", 0)
+
+
+class HeldCopy:
+    """The copy an upgrade takes first, held at its start until released (or stopped by close)."""
+
+    def __init__(self, monkeypatch, fail: BaseException | None = None):
+        self.release, self.started = threading.Event(), threading.Event()
+        real = recovery.backup_to
+
+        def held(conn, target, stop=None, renamed=None):
+            self.started.set()
+            while not self.release.wait(0.02):
+                if stop is not None and stop.is_set():
+                    break
+            if fail is not None:
+                raise fail
+            return real(conn, target, stop=stop, renamed=renamed)
+        monkeypatch.setattr(recovery, "backup_to", held)
+
+
+def version_of(path: Path) -> int:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return conn.execute("SELECT version FROM schema_version").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def copies(path: Path) -> list[str]:
+    return sorted(p.name for p in path.parent.iterdir() if ".pre-v" in p.name)
+
+
+def test_the_open_returns_at_once_reads_meanwhile_and_a_write_waits_for_the_upgrade(old_file, in_background,
+                                                                                    monkeypatch):
+    with SessionDB(old_file, read_only=True) as ro:  # what a reader of the file as it is sees
+        want_sessions = [s["id"] for s in ro.list_sessions_rich(limit=50)]
+        sid = want_sessions[0]
+        want_conversation = ro.get_messages_as_conversation(sid)
+        want_count = ro.message_count()
+    assert want_conversation and want_count
+    held = HeldCopy(monkeypatch)
+    db = SessionDB(old_file)
+    try:
+        assert held.started.wait(10) and db.upgrading
+        assert db.schema_version == 22 and db.upgrade_backup is None
+        assert version_of(old_file) == 22 and copies(old_file) == []  # nothing changed, nothing copied yet
+        # Reads read the file as it is.
+        assert [s["id"] for s in db.list_sessions_rich(limit=50)] == want_sessions
+        assert db.get_messages_as_conversation(sid) == want_conversation
+        assert db.message_count() == want_count
+        # A write waits for the upgrade, then goes through.
+        done: list[object] = []
+        writer = threading.Thread(target=lambda: done.append(db.append_message(sid, "user", "after the move")))
+        writer.start()
+        writer.join(0.5)
+        assert writer.is_alive() and not done and version_of(old_file) == 22
+        held.release.set()
+        writer.join(30)
+        assert done and not db.upgrading
+        assert db.schema_version == SCHEMA_VERSION and version_of(old_file) == SCHEMA_VERSION
+        assert db.upgrade_backup is not None and version_of(db.upgrade_backup) == 22  # the file as it was
+        assert db.message_count() == want_count + 1
+        assert db.get_messages_as_conversation(sid)[:-1] == want_conversation  # uids too: the back-fill derives the same
+        assert db.wait_for_fts_rebuild(60)
+        assert [h["id"] for h in db.search_messages('"after the move"')] == [done[0]]
+    finally:
+        db.close()
+
+
+def test_a_small_older_file_is_still_upgraded_inside_the_open(old_file):
+    assert old_file.stat().st_size < SessionDB.upgrade_in_background_bytes
+    with SessionDB(old_file) as db:
+        assert not db.upgrading and db.schema_version == SCHEMA_VERSION and db.upgrade_backup is not None
+
+
+def test_close_during_the_copy_stops_it_and_leaves_the_file_and_no_copy(old_file, in_background, monkeypatch):
+    held = HeldCopy(monkeypatch)
+    db = SessionDB(old_file)
+    assert held.started.wait(10)
+    started = time.monotonic()
+    db.close()
+    assert time.monotonic() - started < 5
+    assert db.wait_for_fts_rebuild(10)  # the thread ended
+    assert version_of(old_file) == 22
+    assert copies(old_file) == [] and not [p for p in old_file.parent.iterdir() if ".partial-" in p.name]
+    with pytest.raises(HermesStateError):
+        db.create_session("late", "cli")
+    monkeypatch.undo()
+    with SessionDB(old_file) as again:  # the next open upgrades it, with a copy of its own
+        assert again.schema_version == SCHEMA_VERSION and len(copies(old_file)) == 1
+
+
+def test_a_file_another_process_upgraded_meanwhile_keeps_that_ones_copy_only(old_file, in_background, monkeypatch):
+    held = HeldCopy(monkeypatch)
+    db = SessionDB(old_file)
+    try:
+        assert held.started.wait(10)
+        other = subprocess.run([sys.executable, "-c", "import sys; from hermes_state import SessionDB; "
+                                "SessionDB(sys.argv[1]).close()", str(old_file)],
+                               capture_output=True, text=True, timeout=120)
+        assert other.returncode == 0, other.stderr
+        assert version_of(old_file) == SCHEMA_VERSION and len(copies(old_file)) == 1
+        held.release.set()
+        assert db.wait_for_fts_rebuild(60) and not db.upgrading
+        assert db.upgrade_backup is None and len(copies(old_file)) == 1  # its own copy, of the new file, is gone
+        assert version_of(next(old_file.parent.glob("*.pre-v*"))) == 22
+        db.create_session("after", "cli")
+    finally:
+        db.close()
+
+
+def test_a_stopped_stepped_copy_leaves_no_partial_file(old_file, monkeypatch):
+    monkeypatch.setattr(recovery, "STOPPABLE_STEP_PAGES", 1)
+    stop = threading.Event()
+    steps: list[tuple[int, ...]] = []
+
+    class Counting(sqlite3.Connection):
+        def backup(self, target, *, pages=-1, progress=None, **kwargs):  # type: ignore[override]
+            def seen(*args):
+                steps.append(args)
+                if len(steps) == 3:
+                    stop.set()
+                return progress(*args)
+            return super().backup(target, pages=pages, progress=seen, **kwargs)
+    conn = sqlite3.connect(old_file, isolation_level=None, factory=Counting)
+    target = old_file.with_name("copy.db")
+    try:
+        with pytest.raises(HermesStateError):
+            recovery.backup_to(conn, target, stop=stop)
+        assert not conn.in_transaction  # its read transaction ended with it
+    finally:
+        conn.close()
+    assert len(steps) == 3 and steps[-1][1] > 0  # stopped between steps, pages still to copy
+    assert not target.exists() and not [p for p in old_file.parent.iterdir() if ".partial-" in p.name]
+
+
+def test_a_failed_copy_refuses_writes_with_a_typed_error_and_reads_go_on(old_file, in_background, monkeypatch):
+    held = HeldCopy(monkeypatch, fail=OSError(errno.ENOSPC, "No space left on device"))
+    db = SessionDB(old_file)
+    try:
+        held.release.set()
+        assert db.wait_for_fts_rebuild(10) and not db.upgrading
+        with pytest.raises(StoreUnavailableError, match="could not be upgraded"):
+            db.create_session("s", "cli")
+        assert db.list_sessions_rich(limit=5)  # still read as it is
+        assert version_of(old_file) == 22 and copies(old_file) == []
+    finally:
+        db.close()
+
+
+def test_reads_made_while_the_schema_changes_wait_and_see_the_new_layout(old_file, in_background, monkeypatch):
+    gate, entered = threading.Event(), threading.Event()
+    real_migrate = schema.migrate
+
+    def slow_migrate(*args, **kwargs):
+        entered.set()
+        assert gate.wait(10)
+        return real_migrate(*args, **kwargs)
+    monkeypatch.setattr(schema, "migrate", slow_migrate)
+    db = SessionDB(old_file)
+    try:
+        assert entered.wait(30)
+        got: list[object] = []
+        reader = threading.Thread(target=lambda: got.append(db.get_messages_as_conversation(
+            db.list_sessions_rich(limit=1)[0]["id"])))
+        reader.start()
+        reader.join(0.5)
+        assert reader.is_alive() and not got  # waits: the layout is changing under it
+        gate.set()
+        reader.join(30)
+        assert got and all(m["message_uid"] for m in got[0])  # read with the new layout's columns
+    finally:
+        db.close()
+
+
+def test_the_knob_takes_a_size_or_none(monkeypatch):
+    for bad, error in ((-1, ValueError), ("1", TypeError), (1.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="upgrade_in_background_bytes"):
+            SessionDB.upgrade_in_background_bytes = bad
+    monkeypatch.setattr(SessionDB, "upgrade_in_background_bytes", None)
+    assert SessionDB.upgrade_in_background_bytes is None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
+def test_forks_during_the_copy_never_hang_and_children_cannot_use_the_parents_handle(old_file, in_background,
+                                                                                    monkeypatch):
+    monkeypatch.setattr(recovery, "STOPPABLE_STEP_PAGES", 1)  # many steps: forks land between and during them
+    db = SessionDB(old_file)
+    try:
+        codes = []
+        for _ in range(12):
+            pid = os.fork()
+            if pid == 0:  # the child: the parent's handle refuses, a handle of its own reads the file
+                code = 0
+                try:
+                    try:
+                        db.create_session("child", "cli")
+                        code = 3
+                    except HermesStateError:
+                        pass
+                    with SessionDB(old_file, read_only=True) as own:
+                        code = code or (0 if own.list_sessions_rich(limit=5) else 4)
+                except BaseException:  # noqa: BLE001 - any failure is the child's exit code
+                    code = 5
+                os._exit(code)
+            deadline = time.monotonic() + 30
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes.append(os.waitstatus_to_exitcode(status))
+                    break
+                assert time.monotonic() < deadline, "a forked child hung"
+                time.sleep(0.01)
+        assert codes == [0] * 12
+        assert db.wait_for_fts_rebuild(60) and db.schema_version == SCHEMA_VERSION
+        db.create_session("parent", "cli")
+    finally:
+        db.close()
+
+
+def test_a_copy_whose_name_was_taken_meanwhile_takes_the_next_one(old_file):
+    first, second = old_file.with_name("copy.db"), old_file.with_name("copy-2.db")
+
+    class TakenMeanwhile(sqlite3.Connection):
+        def backup(self, target, **kwargs):  # type: ignore[override]
+            first.write_bytes(b"another opener's copy")  # appears while this one is written
+            return super().backup(target, **kwargs)
+    conn = sqlite3.connect(old_file, isolation_level=None, factory=TakenMeanwhile)
+    try:
+        with pytest.raises(FileExistsError):  # without a next name the copy is refused, as before
+            recovery.backup_to(conn, first)
+        first.unlink()
+        assert recovery.backup_to(conn, first, renamed=lambda: second) == second
+    finally:
+        conn.close()
+    assert first.read_bytes() == b"another opener's copy" and version_of(second) == 22
+    assert not [p for p in old_file.parent.iterdir() if ".partial-" in p.name]
+
+
+def test_the_migrate_command_upgrades_inside_its_open_however_large_the_file(old_file, in_background, capsys):
+    from hermes_state_cli import main
+    assert main(["--db", str(old_file), "--json", "migrate"]) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert done["schema_version"] == SCHEMA_VERSION and version_of(old_file) == SCHEMA_VERSION
+    assert done["backup"] and version_of(Path(done["backup"])) == 22
+
+
+def test_a_cli_write_on_a_large_older_file_waits_for_the_upgrade(old_file, in_background, capsys):
+    from hermes_state_cli import main
+    assert main(["--db", str(old_file), "--json", "sessions", "list"]) == 0  # a read: read-only, nothing changes
+    assert version_of(old_file) == 22 and copies(old_file) == []
+    listed = json.loads(capsys.readouterr().out)
+    assert main(["--db", str(old_file), "sessions", "delete", listed[0]["id"]]) == 0
+    assert version_of(old_file) == SCHEMA_VERSION and len(copies(old_file)) == 1
