@@ -85,3 +85,27 @@ def test_open_in_this_process_sees_a_plain_descriptor_and_a_connection(tmp_path)
     finally:
         conn.close()
     assert lockowners.open_in_this_process(tmp_path / "missing.db") is False
+
+
+def test_a_move_in_after_the_open_keeps_a_live_handle_s_locks(tmp_path, monkeypatch):
+    import gzip
+    path = tmp_path / "state.db"
+    path.write_bytes(gzip.decompress((Path(__file__).parent / "fixtures" / "hermes_agent_0.19.0.db.gz").read_bytes()))
+    reader = SessionDB(path, read_only=True)  # a live connection of this process on the old file
+    try:
+        assert reader.list_sessions_rich(limit=1)
+        held = locks_held(path)
+        assert ("shm", "READ", "128-128") in held, held
+        monkeypatch.setattr(SessionDB, "upgrade_in_background_bytes", 0)
+        moving = SessionDB(path)  # its copy (a connection of its own) and its upgrade run on a thread
+        try:
+            assert held <= locks_held(path)
+            assert moving.wait_for_fts_rebuild(60) and not moving.upgrading and moving.upgrade_backup is not None
+            assert held <= locks_held(path)
+            moving.create_session("after", "cli")
+        finally:
+            moving.close()
+        assert held <= locks_held(path)
+        assert reader.get_session("after") is not None  # the live handle reads on
+    finally:
+        reader.close()
