@@ -359,9 +359,10 @@ def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS)
     return upper < high_water
 
 
-# The pages one merge step writes at most. FTS5's 'merge' with a negative page count merges
-# segments of any level, as an optimize does, but stops after about that many pages.
-MERGE_STEP_PAGES = 1000
+# The pages one merge step writes. FTS5's 'merge' with a negative page count merges segments of
+# any level, as an optimize does, but stops after about that many pages: on the heavy store of
+# docs/performance.md, 500 pages took 0.1-0.3 s on a slow machine.
+MERGE_STEP_PAGES = 256
 
 
 def merge_step(conn: sqlite3.Connection, pages: int = MERGE_STEP_PAGES) -> bool:
@@ -375,7 +376,7 @@ def merge_step(conn: sqlite3.Connection, pages: int = MERGE_STEP_PAGES) -> bool:
     present = _read_catalogue(conn).tables
     for table in (t for t in FTS_TABLES if t in present):
         before = conn.total_changes
-        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (-max(1, min(pages, MERGE_STEP_PAGES)),))
+        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (-max(1, pages),))
         if conn.total_changes - before >= 2:  # FTS5's sign that the command merged something
             return True
     conn.execute("DELETE FROM state_meta WHERE key = ?", (MERGE_PENDING,))
@@ -436,7 +437,7 @@ def flush_queue(writer: Writer, policy: RetryPolicy) -> None:
 def advance(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS) -> bool:
     """Do one bounded unit of pending work (rebuild chunk, else CJK queue, else merging); return whether more remains.
 
-    `chunk_rows` is the most rows a rebuild chunk or CJK batch takes, and the most pages a merge step writes.
+    `chunk_rows` is the most rows a rebuild chunk or CJK batch takes.
     """
     if rebuild_step(conn, chunk_rows):
         return True
@@ -444,7 +445,7 @@ def advance(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS) -> b
     drain_cjk(conn, chunk_rows)
     if conn.execute(f"SELECT EXISTS (SELECT 1 FROM {CJK_PENDING})").fetchone()[0] == 1:
         return True
-    return merge_step(conn, chunk_rows)
+    return merge_step(conn)
 
 
 def install_write_triggers(conn: sqlite3.Connection) -> None:

@@ -337,8 +337,10 @@ class FtsRebuild:
 
     def _work(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, chunk_rows: int,
               rebuilding: bool, clearing: bool) -> None:
-        if clearing:
-            # First, so that the new indexes fill the pages freed here instead of growing the file.
+        fts.background_worker(writer, patience_s, policy, chunk_rows, self.stop_event, holder=self.holder)
+        if clearing and not self.stop_event.is_set():
+            # After the indexes, so that searches are complete sooner: the new indexes then grow the
+            # file by their size instead of filling the pages freed here, which later writes reuse.
             try:
                 fts.run_pending(writer, patience_s, policy, stop=self.stop_event, pause_s=fts.BACKGROUND_PAUSE_S,
                                 step=clear_retired_step, holder=self.holder)
@@ -346,7 +348,6 @@ class FtsRebuild:
                 if not self.stop_event.is_set():
                     logger.warning("freeing the pages of the old full-text index stopped (%s); it resumes at the "
                                    "next open", exc)
-        fts.background_worker(writer, patience_s, policy, chunk_rows, self.stop_event, holder=self.holder)
         if rebuilding and not self.stop_event.is_set():
             # The fork gate after the lock, as for every write of a library thread; nobody to raise to.
             with writer.exclusive() as conn, fork.GATE.work():
