@@ -128,34 +128,40 @@ def backup_to(conn: sqlite3.Connection, target_path: str | os.PathLike, stop: th
     if target.exists():
         raise FileExistsError(f"{target} already exists; choose a new name for the backup")
     with _built_atomically(target, renamed) as building:
-        dest = sqlite3.connect(building.partial)
-        try:
-            if stop is None:
+        if stop is None:
+            dest = sqlite3.connect(building.partial)
+            try:
                 conn.backup(dest)
-            else:
-                _stepped_backup(conn, dest, stop)
-        finally:
-            dest.close()
+            finally:
+                dest.close()
+        else:
+            _stepped_backup(conn, building.partial, stop)
     return building.target
 
 
-def _stepped_backup(conn: sqlite3.Connection, dest: sqlite3.Connection, stop: threading.Event) -> None:
-    # The read transaction is held across the steps: SQLite's backup then reads one snapshot and
-    # never starts over when another process writes between two steps.
+def _stepped_backup(conn: sqlite3.Connection, partial: Path, stop: threading.Event) -> None:
+    # Run on a thread of its own, so every call into SQLite is a stretch of the fork gate: a fork
+    # elsewhere waits for the step under way and goes through between two steps, where this thread
+    # holds none of SQLite's mutexes. The read transaction is held across the steps: SQLite's backup
+    # then reads one snapshot and never starts over when another process writes between two steps.
     def between_steps(status: int, remaining: int, total: int) -> None:
-        fork.GATE.leave()  # a fork waiting for the gate goes through here, never inside a step
+        fork.GATE.leave()
         if stop.is_set():
-            fork.GATE.enter()  # the caller's leave() follows the exception
+            fork.GATE.enter()  # the block's own leave() follows the exception
             raise Cancelled("the copy was stopped before it was complete")
         fork.GATE.enter()
 
-    conn.execute("BEGIN")
-    try:
-        conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # the snapshot starts here
-        with fork.GATE.work():
-            conn.backup(dest, pages=STOPPABLE_STEP_PAGES, progress=between_steps)
-    finally:
-        conn.execute("COMMIT")
+    with fork.GATE.work():
+        dest = sqlite3.connect(partial)
+        try:
+            conn.execute("BEGIN")
+            try:
+                conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # the snapshot starts here
+                conn.backup(dest, pages=STOPPABLE_STEP_PAGES, progress=between_steps)
+            finally:
+                conn.execute("COMMIT")
+        finally:
+            dest.close()
 
 
 class _Bounded(sqlite3.Connection):

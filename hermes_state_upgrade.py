@@ -30,7 +30,7 @@ import hermes_state_fork as fork
 import hermes_state_fts as fts
 import hermes_state_recovery as recovery
 import hermes_state_schema as schema
-from hermes_state_common import SCHEMA_VERSION, TABLE_SQL, logger
+from hermes_state_common import SCHEMA_VERSION, TABLE_SQL, logger, object_exists
 from hermes_state_errors import StateDbUninitializedError, StoreUnavailableError, typed_errors
 from hermes_state_writer import Cancelled, RetryPolicy, Writer
 
@@ -66,8 +66,9 @@ def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = Tru
     Returns the copy, or None when no upgrade is due (or no copy was asked for). With `stop` the
     copy can be stopped between two of its steps (see recovery.backup_to).
     """
-    if str(db_path) == ":memory:" or not schema.is_older_file(conn):
-        return None
+    with fork.GATE.work():  # a stretch of SQLite work: on MoveIn's thread, a fork elsewhere waits for it
+        if str(db_path) == ":memory:" or not schema.is_older_file(conn):
+            return None
     if not backup:
         logger.info("upgrading %s to schema version %s (no copy taken first: backup_before_upgrade=False)",
                     db_path, SCHEMA_VERSION)
@@ -94,9 +95,52 @@ def prepare_upgrade(conn: sqlite3.Connection) -> None:
     otherwise re-index every back-filled row one by one. An FTS5 table's pages are moved aside
     (`retire_fts5_table`) rather than freed here; the indexes are rebuilt in the background.
     """
-    fts.drop_fts_objects(conn, retire=retire_fts5_table)
+    kept: list[str] = []
+    fts.drop_fts_objects(conn, retire=lambda c, name, sql: keep_old_substrings(c, name, sql, kept)
+                         or retire_fts5_table(c, name, sql))
     conn.execute(next(sql for sql in TABLE_SQL if " state_meta (" in sql))  # an old layout may lack it yet
     conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (recovery.RECLAIM_KEY,))
+    if kept:  # what it holds: every message written before the upgrade began
+        conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, (SELECT COALESCE(MAX(id), 0) "
+                     "FROM messages))", (fts.OLD_SUBSTRINGS_UPTO,))
+
+
+def keep_old_substrings(conn: sqlite3.Connection, name: str, sql: str, kept: list[str]) -> bool:
+    """Keep an older layout's positional trigram index under OLD_SUBSTRINGS; return False (nothing changed) when it cannot.
+
+    While the new indexes are rebuilt, a search finds the rows not rebuilt yet through it (a
+    phrase of a trigram index is a substring) instead of a bounded scan. FTS5 renames its own
+    tables with it. Inside the caller's write transaction.
+    """
+    folded = " ".join(sql.lower().split())
+    if (name != fts.TRIGRAM or "fts5" not in folded or "trigram" not in folded or "detail" in folded
+            or "content=" in folded.replace(" ", "") or object_exists(conn, "table", fts.OLD_SUBSTRINGS)):
+        return False  # not one whose own text answers a phrase (hermes-agent's is)
+    conn.execute("SAVEPOINT hermes_keep")
+    try:
+        conn.execute(f'ALTER TABLE "{name}" RENAME TO "{fts.OLD_SUBSTRINGS}"')
+    except sqlite3.DatabaseError as exc:
+        conn.execute("ROLLBACK TO hermes_keep")
+        conn.execute("RELEASE hermes_keep")
+        logger.info("the old substring index is not kept for the rebuild (%s)", exc)
+        return False
+    conn.execute("RELEASE hermes_keep")
+    kept.append(name)
+    return True
+
+
+def retire_old_substrings(conn: sqlite3.Connection) -> None:
+    """Once no rebuild needs it, move the kept older substring index aside for clearing (or drop it whole).
+
+    Inside the caller's write transaction; nothing to do when there is none or a rebuild still runs.
+    """
+    found = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?",
+                         (fts.OLD_SUBSTRINGS,)).fetchone()
+    if found is None or fts.inspect(conn).rebuild is not None:
+        return
+    conn.execute("DELETE FROM state_meta WHERE key = ?", (fts.OLD_SUBSTRINGS_UPTO,))
+    if not retire_fts5_table(conn, fts.OLD_SUBSTRINGS, found[0]):
+        conn.execute(f'DROP TABLE "{fts.OLD_SUBSTRINGS}"')
 
 
 def retire_fts5_table(conn: sqlite3.Connection, name: str, sql: str) -> bool:
@@ -279,6 +323,9 @@ class MoveIn:
 
     def _run(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, backup: bool,
              finish: Callable[[int, Path | None], None], on_give_up: Callable[[float], None] | None) -> None:
+        # Every call into SQLite on this thread is a stretch of the fork gate (the migration's
+        # transactions are, by their writer): a fork in another thread while this one holds one of
+        # SQLite's mutexes would leave the child unable to open any database.
         copy: Path | None = None
         try:
             copy = self._copy(db_path, backup)
@@ -286,7 +333,9 @@ class MoveIn:
                 if self.stop.is_set() or writer.closed:
                     raise Cancelled("the handle was closed before its file was upgraded")
                 self.migrating.set()
-                if copy is not None and not schema.is_older_file(writer.conn):
+                with fork.GATE.work():
+                    upgraded_meanwhile = copy is not None and not schema.is_older_file(writer.conn)
+                if upgraded_meanwhile and copy is not None:
                     # Another opener upgraded the file meanwhile, with a copy of its own taken first.
                     copy.unlink(missing_ok=True)
                     copy = None
@@ -294,8 +343,9 @@ class MoveIn:
                     found = schema.migrate(Writer(writer.conn, on_give_up=on_give_up), patience_s, policy,
                                            before_upgrade=prepare_upgrade)
                 self.migrated.set()
-                writer.drop_reader()  # the next read opens a connection without the temp views
-                finish(max(found, SCHEMA_VERSION), copy)
+                with fork.GATE.work():
+                    writer.drop_reader()  # the next read opens a connection without the temp views
+                    finish(max(found, SCHEMA_VERSION), copy)
         except BaseException as exc:  # noqa: BLE001 - a background thread has nobody to raise to
             self.error = exc
             if not self.migrated.is_set() and copy is not None:
@@ -307,11 +357,13 @@ class MoveIn:
             self.done.set()
 
     def _copy(self, db_path: Path, backup: bool) -> Path | None:
-        conn = schema.connect_reader(db_path)
+        with fork.GATE.work():
+            conn = schema.connect_reader(db_path)
         try:
-            return start_upgrade(conn, db_path, backup=backup, stop=self.stop)
+            return start_upgrade(conn, db_path, backup=backup, stop=self.stop)  # the copy's steps are stretches
         finally:
-            conn.close()
+            with fork.GATE.work():
+                conn.close()
 
 
 # --- after the migration: the FTS indexes, and the space the old layout held ------------------------
@@ -341,7 +393,10 @@ class FtsRebuild:
         if clearing and not self.stop_event.is_set():
             # After the indexes, so that searches are complete sooner: the new indexes then grow the
             # file by their size instead of filling the pages freed here, which later writes reuse.
+            # The older substring index searches used meanwhile is moved aside first, to be cleared too.
             try:
+                with writer.transaction(patience_s, policy, stop=self.stop_event, quiet=True) as conn:
+                    retire_old_substrings(conn)
                 fts.run_pending(writer, patience_s, policy, stop=self.stop_event, pause_s=fts.BACKGROUND_PAUSE_S,
                                 step=clear_retired_step, holder=self.holder)
             except Exception as exc:  # noqa: BLE001 - a background thread has nobody to raise to
@@ -372,7 +427,8 @@ def open_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryPoli
     if writable:
         # The trigger lives in the connection's temp schema only: no lock on the file, no cost at open.
         fts.install_write_triggers(writer.conn)
-    clearing = state is not None and bool(retired_tables(writer.conn))
+    clearing = state is not None and (bool(retired_tables(writer.conn))
+                                      or object_exists(writer.conn, "table", fts.OLD_SUBSTRINGS))
     if state is None or not ((state.work_pending or clearing) and background):
         return None
     work = FtsRebuild(writer, db_path, patience_s, policy, chunk_rows, rebuilding=state.rebuild is not None or clearing,
@@ -383,9 +439,11 @@ def open_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryPoli
 
 def rebuild_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy,
                 chunk_rows: int = fts.REBUILD_CHUNK_ROWS) -> None:
-    """Free what an upgrade moved aside and rebuild the FTS indexes to the end (one transaction per chunk), then reclaim."""
-    fts.run_pending(writer, patience_s, policy, step=clear_retired_step)
+    """Rebuild the FTS indexes to the end (one transaction per chunk), free what an upgrade moved aside, then reclaim."""
     fts.rebuild(writer, patience_s, policy, chunk_rows)
+    with writer.transaction(patience_s, policy) as conn:
+        retire_old_substrings(conn)
+    fts.run_pending(writer, patience_s, policy, step=clear_retired_step)
     with writer.exclusive() as conn:
         reclaim_after_upgrade(conn, db_path, patience_s, policy)
 
