@@ -36,7 +36,7 @@ from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import StateDbIncompatibleError
 from hermes_state_fts_objects import (CJK, CJK_PENDING, CJK_TABLE_SQL, CONVERTIBLE_LAYOUTS,  # noqa: F401
                                       DRAIN_TRIGGER_SQL, FTS_OPTIONS, FTS_TABLES, HIGH_WATER, MERGE_PENDING,
-                                      OBJECT_NAMES, OBJECTS,
+                                      OBJECT_NAMES, OBJECTS, OLD_SUBSTRINGS, OLD_SUBSTRINGS_UPTO,
                                       OWN_OBJECTS, PENDING, PROGRESS, REASONING, TRIGRAM, UNGATED_OBJECTS,
                                       UNQUEUED_OBJECTS, WORD, reasoning_text, reasons, rebuild_gate, searchable_text)
 
@@ -65,6 +65,7 @@ class FtsState:
     cjk_pending: bool                 # rows wait in the CJK queue
     queued: bool = False              # rows wait in the writer's queue (not in the word, substring, reasoning indexes)
     merging: bool = False             # a finished rebuild's segments wait to be merged (read by `inspect` only)
+    old_upto: int | None = None       # an older layout's substring index holds the rows up to this id
 
     @property
     def work_pending(self) -> bool:
@@ -80,6 +81,7 @@ class _Catalogue:
     queue: bool                       # the CJK queue table exists
     convertible: bool = False         # exactly an older layout that open converts in place
     pending: bool = False             # the writer's queue table exists
+    old_substrings: bool = False      # an older layout's substring index is kept for the rebuild (OLD_SUBSTRINGS)
 
 
 def _read_catalogue(conn: sqlite3.Connection) -> _Catalogue:
@@ -87,8 +89,9 @@ def _read_catalogue(conn: sqlite3.Connection) -> _Catalogue:
     foreign = False
     for kind, name, table, sql in conn.execute(
             "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE type IN ('table', 'view', 'trigger') "
-            "AND (name LIKE 'messages\\_fts%' ESCAPE '\\' OR (type = 'trigger' AND tbl_name = 'messages'))"):
-        if name in OBJECT_NAMES:
+            "AND (name LIKE 'messages\\_fts%' ESCAPE '\\' OR (type = 'trigger' AND tbl_name = 'messages') "
+            f"OR name = '{OLD_SUBSTRINGS}')"):
+        if name in OBJECT_NAMES or name == OLD_SUBSTRINGS:
             found[name] = _normalized(sql)
         elif kind == "trigger" and "messages_fts" in (sql or ""):
             foreign = True  # an older layout's trigger writing our tables would double-index rows
@@ -96,7 +99,7 @@ def _read_catalogue(conn: sqlite3.Connection) -> _Catalogue:
     convertible = not declared and not foreign and any(
         all(found.get(name) == _normalized(sql) for _, name, sql in layout) for layout in CONVERTIBLE_LAYOUTS)
     return _Catalogue(declared, frozenset(t for t in FTS_TABLES if t in found), CJK_PENDING in found, convertible,
-                      PENDING in found)
+                      PENDING in found, OLD_SUBSTRINGS in found)
 
 
 def _rebuild_range(high_water: str | None, progress: str | None) -> tuple[int, int] | None:
@@ -113,15 +116,17 @@ def _live_sql(catalogue: _Catalogue, token: bool = False) -> str:
     queued = f"EXISTS (SELECT 1 FROM {CJK_PENDING})" if catalogue.queue else "0"
     pending = f"EXISTS (SELECT 1 FROM {PENDING})" if catalogue.pending else "0"
     head = f"{_TOKEN_FUNCTION}(), schema_version, " if token else ""
+    # Only a file that kept an older substring index reads its bound: no cost for any other.
+    old = f", (SELECT value FROM state_meta WHERE key = '{OLD_SUBSTRINGS_UPTO}')" if catalogue.old_substrings else ""
     return (f"SELECT {head}(SELECT value FROM state_meta WHERE key = '{HIGH_WATER}'), "
-            f"(SELECT value FROM state_meta WHERE key = '{PROGRESS}'), {queued}, {pending}"
+            f"(SELECT value FROM state_meta WHERE key = '{PROGRESS}'), {queued}, {pending}{old}"
             + (" FROM pragma_schema_version" if token else ""))
 
 
 def _state(catalogue: _Catalogue, high_water: str | None, progress: str | None, queued: int,
-           pending: int = 0) -> FtsState:
+           pending: int = 0, old_upto: str | None = None) -> FtsState:
     return FtsState(catalogue.declared, catalogue.tables, _rebuild_range(high_water, progress), bool(queued),
-                    bool(pending))
+                    bool(pending), old_upto=None if old_upto is None else int(old_upto))
 
 
 def inspect(conn: sqlite3.Connection) -> FtsState:
@@ -265,6 +270,8 @@ def start_rebuild(conn: sqlite3.Connection) -> None:
     """
     if _markers(conn) is not None:
         return
+    # Rows written since the upgrade are not in an older layout's index: this rebuild does without it.
+    conn.execute("DELETE FROM state_meta WHERE key = ?", (OLD_SUBSTRINGS_UPTO,))
     conn.execute(f"INSERT INTO {WORD}({WORD}) VALUES ('delete-all')")
     conn.execute(f"INSERT INTO {TRIGRAM}({TRIGRAM}) VALUES ('delete-all')")
     conn.execute(f"INSERT INTO {REASONING}({REASONING}) VALUES ('delete-all')")

@@ -19,6 +19,10 @@ HIGH_WATER, PROGRESS = "fts_rebuild_high_water", "fts_rebuild_progress"
 # Set by the rebuild's last chunk: a rebuild leaves each index in dozens of segments, which every
 # search seeks one by one, so they are merged afterwards a bounded step at a time.
 MERGE_PENDING = "fts_merge_after_rebuild"
+# An older layout's substring index (hermes-agent's trigram table), kept under this name while the
+# upgrade's rebuild runs: searches find the rows not rebuilt yet through it instead of a bounded
+# scan. It holds the messages up to the id under OLD_SUBSTRINGS_UPTO in state_meta.
+OLD_SUBSTRINGS, OLD_SUBSTRINGS_UPTO = "hermes_old_substrings", "fts_old_substrings_upto"
 # Rows a library handle appended and will index itself, in batches (hermes_state_fts_tail).
 PENDING = "messages_fts_pending"
 # FTS5 options every index keeps in its config table (`<index>_config`, which sqlite_master does not

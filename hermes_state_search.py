@@ -332,6 +332,12 @@ class _Ask:
         if self.state.rebuild is not None:
             progress, high_water = self.state.rebuild
             low, high = max(self.low, progress + 1), min(self.high, high_water)
+            # The rows an older layout's index still holds are found there, not scanned.
+            held = high if self.state.old_upto is None else min(high, self.state.old_upto)
+            old = None if self.state.old_upto is None or low > held else self._in_old_substrings(low, held)
+            if old is not None:
+                found += old
+                low = held + 1
             if low <= high:
                 found += _like(self.conn, (self.group,), self.filters, low, high, self.need, cut=self.cut)
         if cjk and self.state.cjk_pending:
@@ -341,6 +347,31 @@ class _Ask:
             found += _like(self.conn, (self.group,), self.filters, self.low, self.high, self.need, only_queued=True,
                            cut=self.cut, queue=fts.PENDING)
         return [(i, 0.0, None) for i in found]
+
+    def _in_old_substrings(self, low: int, high: int) -> list[int] | None:
+        """Return the ids of rows in [low, high] holding the terms, found through an older layout's substring index.
+
+        That index (kept while an upgrade's rebuild runs) holds every message written before the
+        upgrade, as it was then; each candidate is checked for the terms on its row as it is now,
+        so a row deleted or changed since is never returned for text it no longer has. None when
+        it cannot answer (a term under 3 characters, a query it refuses): the caller scans instead.
+        """
+        terms = self.group.terms
+        if not terms or any(len(t.text) < 3 for t in terms):
+            return None
+        contains, params = _like_terms(terms, self.group.excluded)
+        f = self.filters
+        try:
+            rows = self.conn.execute(
+                f"SELECT m.id FROM {fts.OLD_SUBSTRINGS} o JOIN messages m ON m.id = o.rowid{f.join} "
+                f"WHERE {fts.OLD_SUBSTRINGS} MATCH ? AND o.rowid BETWEEN ? AND ? AND {contains}{f.sql} "
+                "ORDER BY o.rowid DESC LIMIT ?",
+                (" ".join(quoted_token(t.text) for t in terms), low, high, *params, *f.params, self.need)).fetchall()
+        except sqlite3.OperationalError as exc:
+            if not _is_query_error(exc) and "no such table" not in str(exc):
+                raise
+            return None
+        return [r[0] for r in rows]
 
     def substrings(self, need: int | None = None, known: Iterable[int] = ()) -> list[_Hit]:
         """Return the newest `need` rows (default: all wanted) holding every term as a substring.

@@ -115,6 +115,10 @@ list_s = time.perf_counter() - t1
 while db.upgrading and not db.wait_for_fts_rebuild(0.25):
     pass
 upgraded = time.perf_counter() - t0  # the copy and the upgrade are done: writes go through
+t1 = time.perf_counter()
+hits = db.search_messages(sys.argv[2], limit=20)  # a search while the indexes are rebuilt
+during = {"rebuilding": db.fts_rebuild_status()["in_progress"], "hits": len(hits), "complete": hits.complete,
+          "s": time.perf_counter() - t1}
 while db.fts_rebuild_status()["in_progress"] and not db.wait_for_fts_rebuild(0.25):
     pass
 done = time.perf_counter() - t0  # every message indexed: searches are complete
@@ -123,7 +127,8 @@ settled = time.perf_counter() - t0  # the background work ended (segments merged
 after = db.fts_rebuild_status()
 db.close()
 print(json.dumps({"open_s": opened, "status_at_open": st, "first_listing_s": list_s, "listed": listed,
-                  "upgraded_s": upgraded, "indexed_s": done, "settled_s": settled, "status": after}))
+                  "upgraded_s": upgraded, "search_while_rebuilding": during, "indexed_s": done,
+                  "settled_s": settled, "status": after}))
 """
 
 
@@ -137,8 +142,8 @@ def move_in(agent_file: Path, ours: Path) -> dict:
     shutil.copyfile(agent_file, ours)
     copy_s = time.perf_counter() - t0
     env = dict(os.environ, PYTHONPATH=str(ROOT), HERMES_HOME=str(ours.parent))
-    out = subprocess.run([sys.executable, "-c", MOVE_IN, str(ours)], env=env, check=True, capture_output=True,
-                         text=True, cwd=ours.parent)
+    out = subprocess.run([sys.executable, "-c", MOVE_IN, str(ours), hc.RARE], env=env, check=True,
+                         capture_output=True, text=True, cwd=ours.parent)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     result.update(copy_s=copy_s, bytes=file_bytes(ours))
     return result
@@ -269,7 +274,11 @@ def report(run_: dict) -> str:
     if mi:
         lines.append(f"moving in: copy {mi['copy_s']:.1f} s, constructor blocks {mi['open_s']:.2f} s, "
                      f"a listing of 50 right after it {mi.get('first_listing_s', 0.0):.2f} s, "
-                     f"copied and upgraded (writes wait until then) {mi.get('upgraded_s', mi['open_s']):.1f} s, indexes done "
+                     f"copied and upgraded (writes wait until then) {mi.get('upgraded_s', mi['open_s']):.1f} s, "
+                     + (f"a rare word searched then {w['s'] * 1000:.0f} ms, {w['hits']} hits, complete {w['complete']} "
+                        f"(rebuild under way: {w['rebuilding']}), "
+                        if (w := mi.get('search_while_rebuilding')) else "")
+                     + "indexes done "
                      f"{mi['indexed_s']:.1f} s after the open began, background work ended at "
                      f"{mi.get('settled_s', mi['indexed_s']):.1f} s; file after {mi['bytes'] / 1e6:,.0f} MB "
                      f"({mi['bytes'] / (m['text_bytes'] + m['prompt_bytes']):.2f}x all text, "

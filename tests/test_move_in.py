@@ -224,10 +224,28 @@ def test_the_knob_takes_a_size_or_none(monkeypatch):
 def test_forks_during_the_copy_never_hang_and_children_cannot_use_the_parents_handle(old_file, in_background,
                                                                                     monkeypatch):
     monkeypatch.setattr(recovery, "STOPPABLE_STEP_PAGES", 1)  # many steps: forks land between and during them
+
+    class Slow(sqlite3.Connection):  # each step a little slower, before and after the gate is let go
+        def backup(self, target, *, pages=-1, progress=None, **kwargs):  # type: ignore[override]
+            def paced(*args):
+                time.sleep(0.02)
+                progress(*args)
+                time.sleep(0.02)
+            return super().backup(target, pages=pages, progress=paced, **kwargs)
+    real_reader = schema.connect_reader
+
+    def slow_reader(path):
+        conn = real_reader(path)
+        conn.close()
+        slow = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, factory=Slow)
+        slow.execute("PRAGMA query_only = ON")
+        return slow
+    monkeypatch.setattr(schema, "connect_reader", slow_reader)
     db = SessionDB(old_file)
     try:
-        codes = []
-        for _ in range(12):
+        codes, during = [], []
+        for _ in range(30):
+            during.append(db.upgrading)
             pid = os.fork()
             if pid == 0:  # the child: the parent's handle refuses, a handle of its own reads the file
                 code = 0
@@ -250,7 +268,8 @@ def test_forks_during_the_copy_never_hang_and_children_cannot_use_the_parents_ha
                     break
                 assert time.monotonic() < deadline, "a forked child hung"
                 time.sleep(0.01)
-        assert codes == [0] * 12
+        assert codes == [0] * 30
+        assert sum(during) >= 20, during  # most of them while the copy ran
         assert db.wait_for_fts_rebuild(60) and db.schema_version == SCHEMA_VERSION
         db.create_session("parent", "cli")
     finally:
@@ -291,3 +310,92 @@ def test_a_cli_write_on_a_large_older_file_waits_for_the_upgrade(old_file, in_ba
     listed = json.loads(capsys.readouterr().out)
     assert main(["--db", str(old_file), "sessions", "delete", listed[0]["id"]]) == 0
     assert version_of(old_file) == SCHEMA_VERSION and len(copies(old_file)) == 1
+
+
+# --- searches while the upgrade's rebuild runs: hermes-agent's substring index is kept until it ends ---
+
+@pytest.fixture
+def rebuilding(old_file, monkeypatch):
+    """The upgraded file with its rebuild not started (driven by hand), and scans limited to 3 rows."""
+    import hermes_state_search as search
+    monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", False)
+    monkeypatch.setattr(search, "LIKE_SCAN_ROWS", 3)  # a scan of the rows not rebuilt yet stops early
+    db = SessionDB(old_file)
+    yield db
+    db.close()
+
+
+def names(path: Path, pattern: str) -> list[str]:
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name GLOB ?",
+                                           (pattern,))]
+    finally:
+        conn.close()
+
+
+def test_searches_during_the_rebuild_are_complete_through_the_older_substring_index(rebuilding, old_file):
+    db = rebuilding
+    assert db.fts_rebuild_status()["in_progress"] and names(old_file, "hermes_old_substrings") != []
+    during = db.search_messages("socket", limit=100)
+    assert during.complete and len(during) > 3  # more than the scan's 3 rows: not a bounded scan
+    short = db.search_messages("so", limit=100)  # under 3 characters: the older index cannot answer
+    assert not short.complete
+    db.rebuild_fts()
+    assert names(old_file, "hermes_old_substrings*") == [] and names(old_file, "hermes_retired_fts_*") == []
+    after = db.search_messages("socket", limit=100)
+    assert after.complete and sorted(h["id"] for h in during) == sorted(h["id"] for h in after)
+
+
+def test_rows_changed_after_the_upgrade_are_judged_by_their_text_now(rebuilding, old_file):
+    db = rebuilding
+    hits = [h["id"] for h in db.search_messages("socket", limit=100)]
+    gone, changed = hits[0], hits[1]
+    with db.transaction() as txn:  # raw SQL, as another program's edits would be
+        txn.conn.execute("DELETE FROM messages WHERE id = ?", (gone,))
+        txn.conn.execute("UPDATE messages SET content = 'nothing left here' WHERE id = ?", (changed,))
+    later = [h["id"] for h in db.search_messages("socket", limit=100)]
+    assert gone not in later and changed not in later and sorted(later) == sorted(set(hits) - {gone, changed})
+    fresh = db.append_message(db.list_sessions_rich(limit=1)[0]["id"], "user", "a socket written after the upgrade")
+    assert fresh in [h["id"] for h in db.search_messages("socket", limit=100)]
+
+
+def test_a_new_rebuild_does_without_the_older_index_and_the_thread_removes_it(old_file, monkeypatch):
+    import hermes_state_fts as fts
+    monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", False)
+    with SessionDB(old_file) as db:
+        more = True
+        while more:  # the upgrade's rebuild, to its end (the older index is still there)
+            with db.transaction() as txn:
+                more = fts.rebuild_step(txn.conn)
+        assert names(old_file, "hermes_old_substrings") != []
+        with db.transaction() as txn:  # a later full rebuild (as rebuild_fts starts one) ...
+            fts.start_rebuild(txn.conn)
+        conn = sqlite3.connect(old_file)
+        try:  # ... no longer trusts it: rows written since the upgrade are not in it
+            assert conn.execute("SELECT COUNT(*) FROM state_meta WHERE key = ?", (fts.OLD_SUBSTRINGS_UPTO,)
+                                ).fetchone()[0] == 0
+        finally:
+            conn.close()
+    monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", True)
+    with SessionDB(old_file) as db:  # the background work rebuilds, then moves the older index aside and frees it
+        assert db.wait_for_fts_rebuild(60)
+    assert names(old_file, "hermes_old_substrings*") == [] and names(old_file, "hermes_retired_fts_*") == []
+
+
+def test_only_an_index_that_answers_phrases_from_its_own_text_is_kept(tmp_path, monkeypatch):
+    import hermes_state_upgrade as upgrade
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    conn.execute("BEGIN")
+    for sql in ("CREATE VIRTUAL TABLE messages_fts_trigram USING fts5(content, tokenize='trigram', detail='none')",
+                "CREATE VIRTUAL TABLE messages_fts USING fts5(content)"):
+        name = sql.split()[3]
+        conn.execute(sql)
+        assert upgrade.keep_old_substrings(conn, name, sql, []) is False  # no positions / not a substring index
+    conn.execute("DROP TABLE messages_fts_trigram")
+    sql = "CREATE VIRTUAL TABLE messages_fts_trigram USING fts5(content, tokenize='trigram')"
+    conn.execute(sql)
+    kept: list[str] = []
+    assert upgrade.keep_old_substrings(conn, "messages_fts_trigram", sql, kept) is True and kept
+    assert conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'hermes_old_substrings'").fetchone()[0] == 1
+    conn.execute("ROLLBACK")
