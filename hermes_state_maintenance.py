@@ -318,9 +318,13 @@ def _candidate_rows(conn: sqlite3.Connection, root_of: dict[str, str]) -> list[d
     # Every session of a plan has ended. For many, `+id` keeps SQLite off the id index: one pass
     # over idx_sessions_ended reads no row, where a lookup per id reads each row past its prompt.
     by = "s.ended_at IS NOT NULL AND +s.id" if len(root_of) > _LOOKUPS_MAX else "s.id"
-    rows = conn.execute(f"{_CANDIDATE_SQL} WHERE {by} IN (SELECT value FROM json_each(?)) "
-                        "ORDER BY s.started_at, s.id", (_ids_json(root_of),))
-    return [dict(zip(_CANDIDATE_KEYS, row), conversation_id=root_of[row[0]]) for row in rows]
+    return _as_candidates(conn.execute(f"{_CANDIDATE_SQL} WHERE {by} IN (SELECT value FROM json_each(?)) "
+                                       "ORDER BY s.started_at, s.id", (_ids_json(root_of),)), root_of)
+
+
+def _as_candidates(rows: Iterable[tuple[Any, ...]], root_of: dict[str, str]) -> list[dict[str, Any]]:
+    # Rows of _CANDIDATE_SQL, those of the plan only, each with the conversation it belongs to.
+    return [dict(zip(_CANDIDATE_KEYS, row), conversation_id=root_of[row[0]]) for row in rows if row[0] in root_of]
 
 
 # --- the calls -----------------------------------------------------------------------------------
@@ -338,7 +342,7 @@ def list_prune_candidates(conn: sqlite3.Connection, older_than_days: Any = None,
     root_of = {sid: group[0] for group in plan.groups for sid in group}
     if not root_of.keys() <= selected:
         return _candidate_rows(conn, root_of)  # a delegate that came along unselected: read them all by id
-    return [dict(zip(_CANDIDATE_KEYS, row), conversation_id=root_of[row[0]]) for row in rows if row[0] in root_of]
+    return _as_candidates(rows, root_of)
 
 
 def prune_sessions(conn: sqlite3.Connection, older_than_days: Any = 90, source: Any = None,

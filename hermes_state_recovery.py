@@ -123,9 +123,7 @@ def backup_to(conn: sqlite3.Connection, target_path: str | os.PathLike, stop: th
     ends with Cancelled, leaving nothing behind, once `stop` is set.
     """
     target = Path(target_path).expanduser().absolute()
-    if target.exists() and renamed is not None:
-        target = renamed()
-    if target.exists():
+    if target.exists() and renamed is None:
         raise FileExistsError(f"{target} already exists; choose a new name for the backup")
     with _built_atomically(target, renamed) as building:
         if stop is None:

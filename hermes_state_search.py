@@ -332,12 +332,13 @@ class _Ask:
         if self.state.rebuild is not None:
             progress, high_water = self.state.rebuild
             low, high = max(self.low, progress + 1), min(self.high, high_water)
-            # The rows an older layout's index still holds are found there, not scanned.
-            held = high if self.state.old_upto is None else min(high, self.state.old_upto)
-            old = None if self.state.old_upto is None or low > held else self._in_old_substrings(low, held)
-            if old is not None:
-                found += old
-                low = held + 1
+            upto = self.state.old_upto
+            if upto is not None and low <= min(high, upto):
+                # The rows an older layout's index still holds are found there, not scanned.
+                old = self._in_old_substrings(low, min(high, upto))
+                if old is not None:
+                    found += old
+                    low = min(high, upto) + 1
             if low <= high:
                 found += _like(self.conn, (self.group,), self.filters, low, high, self.need, cut=self.cut)
         if cjk and self.state.cjk_pending:
@@ -368,7 +369,7 @@ class _Ask:
                 "ORDER BY o.rowid DESC LIMIT ?",
                 (" ".join(quoted_token(t.text) for t in terms), low, high, *params, *f.params, self.need)).fetchall()
         except sqlite3.OperationalError as exc:
-            if not _is_query_error(exc) and "no such table" not in str(exc):
+            if not _is_query_error(exc):
                 raise
             return None
         return [r[0] for r in rows]

@@ -186,10 +186,12 @@ def retired_tables(conn: sqlite3.Connection) -> list[str]:
 def clear_retired_step(conn: sqlite3.Connection, budget_s: float | None = None) -> bool:
     """Free the next share of the pages an upgrade moved aside (about `budget_s` of work); return whether more remains.
 
-    Inside the caller's write transaction: rows are deleted a few at a time until the budget is
-    spent, and a table is dropped once empty.
+    Inside the caller's write transaction: the older substring index kept for a rebuild is moved
+    aside first once no rebuild needs it, then rows are deleted a few at a time until the budget
+    is spent, and a table is dropped once empty.
     """
     deadline = time.monotonic() + (CLEAR_CHUNK_S if budget_s is None else budget_s)
+    retire_old_substrings(conn)
     for name in retired_tables(conn):
         while conn.execute(f'DELETE FROM "{name}" WHERE rowid IN '
                            f'(SELECT rowid FROM "{name}" LIMIT {CLEAR_BATCH_ROWS})').rowcount:
@@ -334,11 +336,10 @@ class MoveIn:
                     raise Cancelled("the handle was closed before its file was upgraded")
                 self.migrating.set()
                 with fork.GATE.work():
-                    upgraded_meanwhile = copy is not None and not schema.is_older_file(writer.conn)
-                if upgraded_meanwhile and copy is not None:
-                    # Another opener upgraded the file meanwhile, with a copy of its own taken first.
-                    copy.unlink(missing_ok=True)
-                    copy = None
+                    if copy is not None and not schema.is_older_file(writer.conn):
+                        # Another opener upgraded the file meanwhile, with a copy of its own taken first.
+                        copy.unlink(missing_ok=True)
+                        copy = None
                 with typed_errors(db_path):
                     found = schema.migrate(Writer(writer.conn, on_give_up=on_give_up), patience_s, policy,
                                            before_upgrade=prepare_upgrade)
@@ -393,10 +394,7 @@ class FtsRebuild:
         if clearing and not self.stop_event.is_set():
             # After the indexes, so that searches are complete sooner: the new indexes then grow the
             # file by their size instead of filling the pages freed here, which later writes reuse.
-            # The older substring index searches used meanwhile is moved aside first, to be cleared too.
             try:
-                with writer.transaction(patience_s, policy, stop=self.stop_event, quiet=True) as conn:
-                    retire_old_substrings(conn)
                 fts.run_pending(writer, patience_s, policy, stop=self.stop_event, pause_s=fts.BACKGROUND_PAUSE_S,
                                 step=clear_retired_step, holder=self.holder)
             except Exception as exc:  # noqa: BLE001 - a background thread has nobody to raise to
@@ -441,8 +439,6 @@ def rebuild_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryP
                 chunk_rows: int = fts.REBUILD_CHUNK_ROWS) -> None:
     """Rebuild the FTS indexes to the end (one transaction per chunk), free what an upgrade moved aside, then reclaim."""
     fts.rebuild(writer, patience_s, policy, chunk_rows)
-    with writer.transaction(patience_s, policy) as conn:
-        retire_old_substrings(conn)
     fts.run_pending(writer, patience_s, policy, step=clear_retired_step)
     with writer.exclusive() as conn:
         reclaim_after_upgrade(conn, db_path, patience_s, policy)
