@@ -21,7 +21,10 @@ import hermes_state_highlight as highlight
 
 _CONTEXT_CHARS = 200
 _SNIPPET_ARGS = "'>>>', '<<<', '...', 16"
-_FTS_SNIPPET_MAX_CHARS = 16_000  # longer rows get a snippet cut from a window around the first match
+# Longer rows get a snippet cut from a window around the first match: snippet() tokenizes the whole
+# row (the copy's insert, then snippet() itself), which on a page of tool output cost more than
+# finding the hits did.
+_FTS_SNIPPET_MAX_CHARS = 4_000
 
 # The columns of the indexes whose hits FTS5 snippet() highlights, in their declared order.
 _SNIPPET_COLUMNS = {fts.WORD: ("content", "tool_name", "tool_calls"), fts.REASONING: ("reasoning",)}

@@ -93,6 +93,22 @@ def test_reasoning_snippets_equal_the_index_s_own(db, index_queue):
     assert [(h["id"], h["snippet"]) for h in hits] == [(row, expected)]
 
 
+
+def test_a_long_row_gets_a_window_and_a_short_one_the_index_s_own_snippet(db, index_queue):
+    db.create_session("s", "cli")
+    filler = "alpha beta gamma delta " * 100  # 2,300 characters
+    short = db.append_message("s", "tool", filler + "the walrus sings " + filler[:1000], tool_call_id="c")
+    long = db.append_message("s", "tool", filler + "the walrus sings " + filler, tool_call_id="d")  # 4,617
+    index_queue(db)
+    with sqlite3.connect(db.db_path) as c:
+        expected = c.execute(f"SELECT snippet({fts.WORD}, -1, '>>>', '<<<', '...', 16) FROM {fts.WORD} "
+                             f"WHERE {fts.WORD} MATCH 'walrus' AND rowid = ?", (short,)).fetchone()[0]
+    snippets = {h["id"]: h["snippet"] for h in db.search_messages("walrus")}
+    assert snippets[short] == expected
+    assert snippets[long] != expected  # the index's snippet() would cut 16 tokens; the window is wider
+    assert ">>>walrus<<<" in snippets[long] and snippets[long].startswith("...") and snippets[long].endswith("...")
+    assert len(snippets[long]) < 300
+
 # --- the ranking window and selective filters ----------------------------------------------------
 
 @pytest.fixture
