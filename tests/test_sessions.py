@@ -967,6 +967,20 @@ def test_archive_flag_and_counts(db, rival):
     assert db.set_session_archived("b", False) is True and row(rival, "b")["archived"] == 0
 
 
+
+def test_the_default_count_leaves_out_every_session_another_program_marked_archived(db, rival):
+    # The default count subtracts the archived from all; another program may store any value.
+    marks = {"zero": 0, "one": 1, "two": 2, "text": "yes", "empty": "", "real": 0.5}
+    for sid in marks:
+        db.create_session(sid, "cli")
+    db.create_session("child", "cli", parent_session_id="zero")
+    for sid, value in marks.items():
+        rival.execute("UPDATE sessions SET archived = ? WHERE id = ?", (value, sid))
+    live = {r[0] for r in rival.execute("SELECT id FROM sessions WHERE COALESCE(archived, 0) = 0")}
+    assert live == {"zero", "child"}
+    assert db.session_count() == len(live)
+    assert db.session_count(exclude_children=True) == len(live) - 1
+
 def test_count_listing_and_prune_agree_on_a_working_directory(db):
     # One definition of "inside this directory" serves the count, the listing and the prune
     # filter: the directory itself and what is below it, in the file system's own case.
