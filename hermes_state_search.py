@@ -332,13 +332,13 @@ class _Ask:
         if self.state.rebuild is not None:
             progress, high_water = self.state.rebuild
             low, high = max(self.low, progress + 1), min(self.high, high_water)
-            upto = self.state.old_upto
-            if upto is not None and low <= min(high, upto):
+            held = None if self.state.old_upto is None else min(high, self.state.old_upto)
+            if held is not None and low <= held:
                 # The rows an older layout's index still holds are found there, not scanned.
-                old = self._in_old_substrings(low, min(high, upto))
+                old = self._in_old_substrings(low, held)
                 if old is not None:
                     found += old
-                    low = min(high, upto) + 1
+                    low = held + 1
             if low <= high:
                 found += _like(self.conn, (self.group,), self.filters, low, high, self.need, cut=self.cut)
         if cjk and self.state.cjk_pending:
