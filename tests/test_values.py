@@ -49,6 +49,25 @@ def test_decode_json_gives_back_what_is_not_json():
     assert values.decode_json("[" * 100_000) == "[" * 100_000  # too deep for Python: the text itself
 
 
+def _as_json_loads(text):
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+
+
+@pytest.mark.parametrize("text", [" [1]", "[1] ", "\n{\"a\": 1}\n", "[1] x", '{"a": 1}{"b": 2}', "\ufeff[1]",
+                                  "", "-", "12abc", "tru", "NaN", "1e999", '"a"', "[1, {\"b\": null}]"])
+def test_decode_json_reads_a_column_exactly_as_json_loads_does(text):
+    # Whitespace around the value is allowed, anything after it or a byte-order mark is not.
+    assert repr(values.decode_json(text)) == repr(_as_json_loads(text))
+
+
+@given(st.text(alphabet=' \t\n[]{}",:0123456789.eE+-truefalsnNI\\ab', max_size=24))
+def test_decode_json_agrees_with_json_loads_on_any_text(text):
+    assert repr(values.decode_json(text)) == repr(_as_json_loads(text))
+
+
 @pytest.mark.parametrize("bad", [-1, True, 1.5, "3", 2**63])
 def test_check_count_refuses_what_is_not_a_64_bit_count(bad):
     with pytest.raises(ValueError, match="n"):
