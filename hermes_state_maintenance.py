@@ -33,6 +33,7 @@ from hermes_state_errors import HermesStateError, SessionBusyError
 from hermes_state_gateway import LIVE_EXECUTION_STATES
 from hermes_state_lineage import COMPRESSION_END_REASON, WALK_CAP, compression_links, forward_chain
 from hermes_state_routing import DELEGATION_OPEN_STATES, DELIVERY_OWED_STATES
+from hermes_state_schema import read_strict_text
 from hermes_state_sessions import cwd_under_sql, cwd_under_values
 from hermes_state_writer import Transaction
 
@@ -307,9 +308,8 @@ def _without_owed_work(conn: sqlite3.Connection, groups: list[list[str]]) -> Pla
 _LOOKUPS_MAX = 64  # sessions read by id; more are read in one pass over an index
 
 
-# What a prune candidate shows, every column in idx_sessions_ended: read without a row.
-_CANDIDATE_KEYS = ("id", "source", "model", "title", "started_at", "ended_at", "end_reason", "message_count",
-                   "archived", "parent_session_id")
+# What a prune candidate shows, every column in idx_sessions_ended: read without a row. The
+# columns are in the order _as_candidates unpacks them.
 _CANDIDATE_SQL = ("SELECT s.id, s.source, s.model, s.title, s.started_at, s.ended_at, s.end_reason, s.message_count, "
                   "COALESCE(s.archived, 0), s.parent_session_id FROM sessions s")
 
@@ -324,7 +324,14 @@ def _candidate_rows(conn: sqlite3.Connection, root_of: dict[str, str]) -> list[d
 
 def _as_candidates(rows: Iterable[tuple[Any, ...]], root_of: dict[str, str]) -> list[dict[str, Any]]:
     # Rows of _CANDIDATE_SQL, those of the plan only, each with the conversation it belongs to.
-    return [dict(zip(_CANDIDATE_KEYS, row), conversation_id=root_of[row[0]]) for row in rows if row[0] in root_of]
+    # One dict display per row, half the time of dict(zip(...)): a prune can list thousands.
+    out = []
+    for sid, source, model, title, started_at, ended_at, end_reason, message_count, archived, parent in rows:
+        if sid in root_of:
+            out.append({"id": sid, "source": source, "model": model, "title": title, "started_at": started_at,
+                        "ended_at": ended_at, "end_reason": end_reason, "message_count": message_count,
+                        "archived": archived, "parent_session_id": parent, "conversation_id": root_of[sid]})
+    return out
 
 
 # --- the calls -----------------------------------------------------------------------------------
@@ -333,6 +340,10 @@ def list_prune_candidates(conn: sqlite3.Connection, older_than_days: Any = None,
                           filters: Keywords | None = None, *, now: float | None = None) -> list[dict[str, Any]]:
     """Return the sessions prune_sessions with the same arguments would delete, oldest first."""
     selection = select_sessions(older_than_days, source, filters, now=now)
+    return read_strict_text(conn, lambda: _prune_candidates(conn, selection))
+
+
+def _prune_candidates(conn: sqlite3.Connection, selection: Selection) -> list[dict[str, Any]]:
     # The selection's own rows, in the order shown: most candidates are among them, so they are
     # read once, not found again by id.
     rows = conn.execute(f"{_CANDIDATE_SQL} WHERE {selection.where} ORDER BY s.started_at, s.id",

@@ -362,6 +362,17 @@ def test_a_delegate_that_comes_along_young_is_listed_with_its_spawner_in_order(d
     assert db.prune_sessions(30) == 3 and ids(rival) == set()
 
 
+def test_a_title_another_program_stored_as_bad_bytes_is_listed_with_a_replacement_character(db, rival):
+    db.create_session("broken", "cli")
+    db.create_session("fine", "cli", title="plain")
+    for sid in ("broken", "fine"):
+        db.end_session(sid, "done")
+        age(rival, 40, sid)
+    rival.execute("UPDATE sessions SET title = CAST(x'6f6bff21' AS TEXT) WHERE id = 'broken'")  # "ok", 0xFF, "!"
+    candidates = db.list_prune_candidates(older_than_days=30)
+    assert {c["id"]: c["title"] for c in candidates} == {"broken": "ok\ufffd!", "fine": "plain"}
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_candidates_are_exactly_what_prune_deletes_with_every_column(tmp_path, seed):
     import random
