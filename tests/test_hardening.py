@@ -84,6 +84,9 @@ def test_text_that_is_not_utf8_reads_with_replacement_characters(db, raw_conn):
     assert db.get_messages_as_conversation("s")[1]["content"] == "ok \ufffd( bad"
     (row,) = db.list_sessions()
     assert row["title"] == "T\ufffd(" and row["preview"] == "ok \ufffd( bad"  # the earliest user message
+    for by_activity in (False, True):
+        (rich,) = db.list_sessions_rich(order_by_last_active=by_activity)
+        assert (rich["title"], rich["preview"]) == ("T\ufffd(", "ok \ufffd( bad")
     (hit,) = db.search_messages("bad")
     assert "\ufffd" in hit["snippet"] and ">>>bad<<<" in hit["snippet"]
 
