@@ -245,7 +245,6 @@ class SessionDB(table.Handle):
     search_messages = Entry("snapshot", search.search_messages)
     _sanitize_fts5_query = table.static(fts._sanitize_fts5_query)  # the sanitizer, by the name callers know
     _contains_cjk = table.static(table.deferred("hermes_state_cjk", "has_cjk"))  # hermes-agent's name for "does this text hold CJK letters"
-    fts_rebuild_status = Entry("read", fts.rebuild_status)
     optimize_fts = Entry("write", fts.optimize)
     compress_in_place = Entry("compression", compression.compress_in_place)
     rotate_session = Entry("compression", compression.rotate_session)
@@ -387,6 +386,16 @@ class SessionDB(table.Handle):
         nothing); on a read-only handle "fts" is empty.
         """
         return recovery.check_integrity(self._read, None if self.read_only else self._write, full)
+
+    def fts_rebuild_status(self) -> dict[str, Any]:
+        """Return {pending, total, indexed, percent, in_progress, cjk_pending}; in progress from the open of an older file on."""
+        with self._read() as conn:
+            status = fts.rebuild_status(conn)
+        # While an older file is copied and upgraded its old index is still read, and the rebuild
+        # starts right after: the work is under way, though no rebuild is recorded in the file yet.
+        if self.upgrading:
+            status["in_progress"] = True
+        return status
 
     def rebuild_fts(self) -> dict[str, Any]:
         """Rebuild the FTS indexes to the end in short chunks (resuming one under way); return the status."""

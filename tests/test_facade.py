@@ -346,7 +346,7 @@ ENTRY_UNKNOWN = {"get_messages_around": {"window": [], "messages_before": 0, "me
 # answer of their own, so text SQLite cannot store goes to the function as it is.
 ANSWERS_ITSELF = {"distinct_session_cwds", "session_count", "get_next_title_in_lineage", "list_sessions",
                   "count_sessions", "usage_by_model", "top_sessions_by_tokens", "list_sessions_rich",
-                  "search_sessions", "search_sessions_by_id", "search_messages", "fts_rebuild_status",
+                  "search_sessions", "search_sessions_by_id", "search_messages",
                   "get_runtime", "backup", "list_prune_candidates", "count_empty_sessions",
                   "list_pending_handoffs", "load_gateway_routing_entries",
                   "session_ids_with_prefix", "usage", "largest_sessions", "stored_names"}

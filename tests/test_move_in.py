@@ -82,6 +82,9 @@ def test_the_open_returns_at_once_reads_meanwhile_and_a_write_waits_for_the_upgr
     try:
         assert held.started.wait(10) and db.upgrading
         assert db.schema_version == 22 and db.upgrade_backup is None
+        # Nothing is indexed the new way yet, and the work that will index it is under way.
+        status = db.fts_rebuild_status()
+        assert status["in_progress"] is True and status["pending"] == status["total"] == want_count
         assert version_of(old_file) == 22 and copies(old_file) == []  # nothing changed, nothing copied yet
         # Reads read the file as it is.
         assert [s["id"] for s in db.list_sessions_rich(limit=50)] == want_sessions
