@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import functools
 import json
-import json.scanner
 import math
 import os
 import re
 from dataclasses import dataclass
+from json.scanner import make_scanner
 from typing import Any, Callable, cast
 
 from hermes_state_base import (ACTIVITY_WRITE_PATIENCE_S, CHECKPOINT_EVERY_N_WRITES, COMPRESSION_WAIT_S,  # noqa: F401
@@ -115,7 +115,8 @@ def decode_json(text: Any) -> Any:
 
 # json.loads without its per-call layers (the whitespace matches, the type checks) for the common
 # case, a column holding exactly one JSON value: a 33,000-message session decodes thousands of them.
-_scan_value = json.scanner.make_scanner(json.JSONDecoder())
+# (The cast: the type stubs declare another argument type than the decoder the scanner takes.)
+_scan_value: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, json.JSONDecoder()))
 
 
 def is_finite(value: Any) -> bool:
