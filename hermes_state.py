@@ -388,7 +388,7 @@ class SessionDB(table.Handle):
         return recovery.check_integrity(self._read, None if self.read_only else self._write, full)
 
     def fts_rebuild_status(self) -> dict[str, Any]:
-        """Return {pending, total, indexed, percent, in_progress, cjk_pending}; in progress from the open of an older file on."""
+        """Return {pending, total, indexed, percent, in_progress, cjk_pending} of the full-text indexes (moving in counts)."""
         with self._read() as conn:
             status = fts.rebuild_status(conn)
         # While an older file is copied and upgraded its old index is still read, and the rebuild
