@@ -33,7 +33,7 @@ import hermes_state_schema as schema
 from hermes_state_common import (DICTIONARY, RECOVER_EXCLUDED, RECOVER_VERIFIED, SCHEMA_VERSION, TABLE_SQL, logger,
                                  recount_sql, table_exists)
 from hermes_state_errors import StateDbCorruptError, StateDbIncompatibleError, typed_errors
-from hermes_state_writer import Cancelled, RetryPolicy, retry_on_lock
+from hermes_state_writer import Cancelled, RetryPolicy, reads_elsewhere, retry_on_lock
 
 # Declared in the data dictionary: the runtime ledgers are never copied (a recovered file's first
 # owner starts a new epoch); these tables' copied row counts are checked against the source's.
@@ -109,6 +109,11 @@ def _built_atomically(target: Path, renamed: Callable[[], Path] | None = None) -
 
 # A copy that can be stopped goes this many pages a step (16 MB of 4 KB pages).
 STOPPABLE_STEP_PAGES = 4096
+# Between two steps such a copy waits while another thread of this process reads, at most this
+# long a step: on a file not in the OS cache, its reads and writes would queue in front of the
+# reads someone is waiting for (a listing made while a 16 GB file was moved in took 48 s).
+GIVE_WAY_MAX_S = 1.0
+_GIVE_WAY_POLL_S = 0.005
 
 
 def backup_to(conn: sqlite3.Connection, target_path: str | os.PathLike, stop: threading.Event | None = None,
@@ -119,7 +124,8 @@ def backup_to(conn: sqlite3.Connection, target_path: str | os.PathLike, stop: th
     database as of one moment. Refuses an existing `target_path`. The copy appears under its
     name only once complete; with `renamed`, under the next name it gives if another file took
     the first one meanwhile. With `stop` (on a connection lent to this copy alone) it goes a
-    bounded step at a time inside one read transaction, lets a fork through between steps, and
+    bounded step at a time inside one read transaction, lets a fork through between steps and
+    waits there while another thread of this process reads (at most GIVE_WAY_MAX_S a step), and
     ends with Cancelled, leaving nothing behind, once `stop` is set.
     """
     target = Path(target_path).expanduser().absolute()
@@ -144,6 +150,9 @@ def _stepped_backup(conn: sqlite3.Connection, partial: Path, stop: threading.Eve
     # then reads one snapshot and never starts over when another process writes between two steps.
     def between_steps(status: int, remaining: int, total: int) -> None:
         fork.GATE.leave()
+        give_way = time.monotonic() + GIVE_WAY_MAX_S
+        while reads_elsewhere() and not stop.is_set() and time.monotonic() < give_way:
+            time.sleep(_GIVE_WAY_POLL_S)
         if stop.is_set():
             fork.GATE.enter()  # the block's own leave() follows the exception
             raise Cancelled("the copy was stopped before it was complete")

@@ -20,6 +20,7 @@ randomness are injectable, so retry tests never really wait.
 """
 from __future__ import annotations
 
+import os
 import random
 import sqlite3
 import threading
@@ -106,6 +107,19 @@ def note_wal_reset_bug(*, said_elsewhere: bool = False) -> None:
         WAL_RESET_SAID.set()
         if not said_elsewhere:
             logger.warning("%s", wal_reset_advice())
+
+
+# One entry per read under way in this process, any handle's: the ident of the thread reading. A
+# copy that goes in steps gives way to them between its steps (see recovery.backup_to).
+_READS: list[int] = []
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_READS.clear)  # the parent's readers are not the child's
+
+
+def reads_elsewhere() -> bool:
+    """Tell whether a thread other than this one is inside a read of any handle of this process."""
+    me = threading.get_ident()
+    return any(ident != me for ident in tuple(_READS))
 
 
 class Writer:
@@ -338,18 +352,24 @@ class Writer:
         transaction wrote); otherwise it runs on the read connection when there is one.
         """
         separate = self._open_reader is not None and not self.in_transaction_here()
-        with self.read_lock if separate else self.lock, fork.GATE.work():
-            self._check_open()
-            conn = self._read_conn() if separate else self.conn
-            if not snapshot or conn.in_transaction:
-                yield conn
-                return
-            conn.execute("BEGIN")
-            try:
-                yield conn
-            finally:
-                if conn.in_transaction:
-                    conn.execute("COMMIT")
+        me = threading.get_ident()
+        _READS.append(me)  # waiting for the lock counts: a read is what someone is waiting for
+        try:
+            with self.read_lock if separate else self.lock, fork.GATE.work():
+                self._check_open()
+                conn = self._read_conn() if separate else self.conn
+                if not snapshot or conn.in_transaction:
+                    yield conn
+                    return
+                conn.execute("BEGIN")
+                try:
+                    yield conn
+                finally:
+                    if conn.in_transaction:
+                        conn.execute("COMMIT")
+        finally:
+            if me in _READS:  # not in a child forked during this read: its list starts empty
+                _READS.remove(me)
 
 
 class WriteTransaction:

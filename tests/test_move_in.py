@@ -403,3 +403,127 @@ def test_only_an_index_that_answers_phrases_from_its_own_text_is_kept(tmp_path, 
     assert upgrade.keep_old_substrings(conn, "messages_fts_trigram", sql, kept) is True and kept
     assert conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'hermes_old_substrings'").fetchone()[0] == 1
     conn.execute("ROLLBACK")
+
+
+# --- a stepped copy gives way to reads ----------------------------------------------------------
+
+def _read_until(path: Path, inside: threading.Event, release: threading.Event) -> None:
+    """Stay inside a read of a writer of our own on `path` until `release` is set."""
+    from hermes_state_writer import Writer
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        with Writer(conn).reading():
+            inside.set()
+            release.wait(30)
+    finally:
+        conn.close()
+
+
+def _copy_in_thread(path: Path, target: Path, finished: list[float]) -> threading.Thread:
+    def copy() -> None:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            recovery.backup_to(conn, target, stop=threading.Event())
+            finished.append(time.monotonic())
+        finally:
+            conn.close()
+    thread = threading.Thread(target=copy)
+    thread.start()
+    return thread
+
+
+def test_a_stepped_copy_waits_between_its_steps_while_another_thread_reads(old_file, monkeypatch):
+    monkeypatch.setattr(recovery, "STOPPABLE_STEP_PAGES", 4)  # 25 steps for this file
+    inside, release = threading.Event(), threading.Event()
+    reader = threading.Thread(target=_read_until, args=(old_file, inside, release))
+    reader.start()
+    assert inside.wait(10)
+    finished: list[float] = []
+    target = old_file.with_name("copy.db")
+    copier = _copy_in_thread(old_file, target, finished)
+    try:
+        copier.join(0.4)  # unhindered, this copy takes milliseconds
+        assert copier.is_alive() and not finished and not target.exists()
+    finally:
+        released = time.monotonic()
+        release.set()
+        reader.join(10)
+    copier.join(30)
+    assert finished and finished[0] > released
+    assert version_of(target) == 22 and sqlite3.connect(target).execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_a_read_that_never_ends_only_slows_the_copy_a_bounded_time_a_step(old_file, monkeypatch):
+    monkeypatch.setattr(recovery, "STOPPABLE_STEP_PAGES", 4)
+    monkeypatch.setattr(recovery, "GIVE_WAY_MAX_S", 0.02)
+    inside, release = threading.Event(), threading.Event()
+    reader = threading.Thread(target=_read_until, args=(old_file, inside, release))
+    reader.start()
+    try:
+        assert inside.wait(10)
+        finished: list[float] = []
+        copier = _copy_in_thread(old_file, old_file.with_name("copy.db"), finished)
+        copier.join(30)
+        assert finished and reader.is_alive()  # done while the read still went on
+    finally:
+        release.set()
+        reader.join(10)
+
+
+def test_the_copys_own_read_does_not_make_it_wait(tmp_path, monkeypatch):
+    monkeypatch.setattr(recovery, "STOPPABLE_STEP_PAGES", 1)
+    monkeypatch.setattr(recovery, "GIVE_WAY_MAX_S", 60.0)
+    with SessionDB(tmp_path / "state.db") as db:
+        db.create_session("s", "cli")
+        db.append_message("s", "user", "x" * 20_000)
+        done: list[Path] = []
+        stop = threading.Event()
+        copier = threading.Thread(target=lambda: done.append(db.backup(tmp_path / "copy.db", stop=stop)), daemon=True)
+        copier.start()
+        copier.join(20)  # the backup runs inside a read of its own thread: waiting for it would take minutes
+        stop.set()  # a copy still waiting ends now, not after a minute a step
+        copier.join(10)
+        assert done and done[0].exists()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_does_not_count_its_parents_reads(old_file, monkeypatch):
+    import hermes_state_fork as fork
+    from hermes_state_writer import reads_elsewhere
+    monkeypatch.setattr(fork, "FORK_WAIT_S", 0.2)  # the fork goes ahead while the read still holds the gate
+    inside, release = threading.Event(), threading.Event()
+    reader = threading.Thread(target=_read_until, args=(old_file, inside, release))
+    reader.start()
+    try:
+        assert inside.wait(10) and reads_elsewhere()
+        pid = os.fork()
+        if pid == 0:  # the child: the reading thread was not copied, nor is its read
+            os._exit(1 if reads_elsewhere() else 0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        release.set()
+        reader.join(10)
+    assert not reads_elsewhere()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
+def test_a_child_forked_inside_a_read_ends_that_read_cleanly(old_file):
+    from hermes_state_writer import Writer, reads_elsewhere
+    conn = sqlite3.connect(old_file, isolation_level=None)
+    pid = -1
+    try:
+        with Writer(conn).reading():
+            pid = os.fork()
+        if pid == 0:
+            os._exit(0 if not reads_elsewhere() else 2)
+    except BaseException:
+        if pid == 0:
+            os._exit(3)  # leaving the read failed in the child
+        raise
+    finally:
+        if pid != 0:
+            conn.close()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
