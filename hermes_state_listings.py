@@ -23,7 +23,6 @@ from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, check_count
 from hermes_state_errors import HermesStateError
 from hermes_state_home import default_hermes_root, profile_homes
 from hermes_state_lineage import COMPRESSION_END_REASON, compression_links, compression_successor_id, forward_chain
-from hermes_state_schema import read_strict_text
 from hermes_state_sessions import session_filters
 
 check_text = check_id  # a filter's text: a non-empty string SQLite can store
@@ -399,12 +398,6 @@ def list_sessions_rich(conn: sqlite3.Connection, source: str | None = None, excl
     limit, offset = check_count("limit", limit), check_count("offset", offset)
     where, params = _rich_filters(source, exclude_sources, cwd_prefix, include_children, min_message_count,
                                   include_archived, archived_only, id_query, search_query)
-    return read_strict_text(conn, lambda: _rich_page(conn, where, params, limit, offset, compact_rows,
-                                                     order_by_last_active, project_compression_tips))
-
-
-def _rich_page(conn: sqlite3.Connection, where: str, params: list[Any], limit: int, offset: int, compact_rows: bool,
-               order_by_last_active: bool, project_compression_tips: bool) -> list[dict[str, Any]]:
     columns = _columns(conn, compact_rows)
     if not order_by_last_active:
         rows = _rich_rows(conn, columns, where, params, "ORDER BY s.started_at DESC, s.id DESC LIMIT ? OFFSET ?",

@@ -33,7 +33,6 @@ from hermes_state_errors import HermesStateError, SessionBusyError
 from hermes_state_gateway import LIVE_EXECUTION_STATES
 from hermes_state_lineage import COMPRESSION_END_REASON, WALK_CAP, compression_links, forward_chain
 from hermes_state_routing import DELEGATION_OPEN_STATES, DELIVERY_OWED_STATES
-from hermes_state_schema import read_strict_text
 from hermes_state_sessions import cwd_under_sql, cwd_under_values
 from hermes_state_writer import Transaction
 
@@ -340,10 +339,6 @@ def list_prune_candidates(conn: sqlite3.Connection, older_than_days: Any = None,
                           filters: Keywords | None = None, *, now: float | None = None) -> list[dict[str, Any]]:
     """Return the sessions prune_sessions with the same arguments would delete, oldest first."""
     selection = select_sessions(older_than_days, source, filters, now=now)
-    return read_strict_text(conn, lambda: _prune_candidates(conn, selection))
-
-
-def _prune_candidates(conn: sqlite3.Connection, selection: Selection) -> list[dict[str, Any]]:
     # The selection's own rows, in the order shown: most candidates are among them, so they are
     # read once, not found again by id.
     rows = conn.execute(f"{_CANDIDATE_SQL} WHERE {selection.where} ORDER BY s.started_at, s.id",

@@ -35,7 +35,6 @@ from hermes_state_common import (COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES,
 from hermes_state_errors import SessionClosedByCompressionError, SessionCompressionInProgressError, SessionNotFoundError
 from hermes_state_holders import lock_is_live
 from hermes_state_lineage import COMPRESSION_END_REASON, live_continuation
-from hermes_state_schema import read_strict_text
 from hermes_state_sessions import ARCHIVE_LIFT_SQL, require_session, reset_counters
 
 # --- preparing values --------------------------------------------------------------------------
@@ -457,7 +456,7 @@ def get_messages(conn: sqlite3.Connection, session_id: str, include_inactive: bo
                "ORDER BY id LIMIT ? OFFSET ?) ORDER BY id")
         params += [] if include_inactive else [session_id]
         params += [-1 if limit is None else check_count("limit", limit), check_count("offset", offset)]
-    rows = _decoded(read_strict_text(conn, lambda: row_dicts(conn.execute(sql, params))))
+    rows = _decoded(row_dicts(conn.execute(sql, params)))
     for row in rows:
         if row.get("content_parts") is not None:
             row["content"] = row["content_parts"]

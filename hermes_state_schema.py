@@ -146,8 +146,8 @@ LENIENT_TEXT = functools.partial(str, encoding="utf-8", errors="replace")
 def read_strict_text(conn: sqlite3.Connection, read: Callable[[], _T]) -> _T:
     """Return `read()` run with text decoded by sqlite3's own UTF-8 path, again leniently if a value is not UTF-8.
 
-    For bulk reads on a connection lent to one caller: the lenient factory costs a bytes
-    copy and a call per value (a third of reading a 33,000-message session).
+    For reads on a connection lent to one caller (every read of the method table): the lenient
+    factory costs a bytes copy and a call per value (a third of reading a 33,000-message session).
     """
     factory = conn.text_factory
     conn.text_factory = str

@@ -757,7 +757,9 @@ class Handle(metaclass=Knobs):
             args, kwargs = entry.arguments(args, kwargs)
         if entry.kind in READS:
             with self._read(snapshot=entry.kind == "snapshot") as conn:
-                return entry.function(conn, *args, **kwargs)
+                # sqlite3's own UTF-8 decoding, the lenient one only if a value needs it: the
+                # lenient decoder is a Python call per text value, a third of a large listing's time.
+                return schema.read_strict_text(conn, lambda: entry.function(conn, *args, **kwargs))
         if entry.kind == "transcript":
             return self._transcript_write(entry.key(args, kwargs), lambda conn: entry.function(conn, *args, **kwargs))
         patience = getattr(self, self._PATIENCE[entry.kind]) if entry.kind in self._PATIENCE else None
