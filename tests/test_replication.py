@@ -111,6 +111,7 @@ def test_doctor_says_whether_litestream_is_replicating_the_file(tmp_path):
             assert replicator.poll() is None and time.monotonic() < deadline, line
             time.sleep(0.2)
         assert f"PID {replicator.pid}" in line["detail"] and not line.get("warn"), line
+        assert "`vacuum` leaves the log for Litestream" in line["detail"], line
         with SessionDB(db_path) as db:  # a write; Litestream takes it within its monitor interval
             db.append_message("s", "user", "a change to ship")
             while "every change written so far" not in (line := _replication_line(db_path))["detail"]:
