@@ -31,6 +31,9 @@ WRITE_RETRY_MIN_S, WRITE_RETRY_MAX_S = 0.020, 0.150             # jitter while t
 WRITE_RETRY_SLOW_MIN_S, WRITE_RETRY_SLOW_MAX_S = 0.250, 1.000   # jitter after the fast window
 WRITE_RETRY_FAST_WINDOW_S = 2.0
 CHECKPOINT_EVERY_N_WRITES = 50
+# The log length, in frames, past which the checkpoint thread is treated as behind: SQLite's own
+# automatic checkpoint threshold (wal_autocheckpoint's default). See docs/scaling.md, "How long the log gets".
+WAL_BEHIND_FRAMES = 1000
 READ_BUSY_TIMEOUT_S = 5.0    # a read-only open waits this long once, then reports busy
 SQLITE_BUSY_TIMEOUT_S = 1.0  # SQLite's own wait per attempt; the writer retries above it
 # How long a transcript write waits for another holder's compression before giving up.

@@ -29,7 +29,7 @@ from hermes_state_base import (ACTIVITY_WRITE_PATIENCE_S, CHECKPOINT_EVERY_N_WRI
                                TRANSCRIPT_WRITE_PATIENCE_S, UPGRADE_IN_BACKGROUND_BYTES, WRITE_PATIENCE_S,
                                WRITE_RETRY_FAST_WINDOW_S,
                                WRITE_RETRY_MAX_S, WRITE_RETRY_MIN_S, WRITE_RETRY_SLOW_MAX_S, WRITE_RETRY_SLOW_MIN_S,
-                               WAL_RESET_BUG, check_scalar, contains_sql, escape_like, has_wal_reset_bug, logger,
+                               WAL_BEHIND_FRAMES, WAL_RESET_BUG, check_scalar, contains_sql, escape_like, has_wal_reset_bug, logger,
                                object_exists, prefix_range, row_dicts, shown, split_sql, strip_surrogates, table_exists, wal_reset_advice)
 # (re-exported: callers import the constants and the SQL and text helpers from here)
 

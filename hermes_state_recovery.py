@@ -29,11 +29,12 @@ from typing import Any, Callable, Iterator, cast
 import hermes_state_catalogue as catalogue
 import hermes_state_fork as fork
 import hermes_state_fts as fts
+import hermes_state_replicas as replicas
 import hermes_state_schema as schema
 from hermes_state_common import (DICTIONARY, RECOVER_EXCLUDED, RECOVER_VERIFIED, SCHEMA_VERSION, TABLE_SQL, logger,
                                  recount_sql, table_exists)
 from hermes_state_errors import StateDbCorruptError, StateDbIncompatibleError, typed_errors
-from hermes_state_writer import Cancelled, RetryPolicy, reads_elsewhere, retry_on_lock
+from hermes_state_writer import Cancelled, RetryPolicy, passive_checkpoint, reads_elsewhere, retry_on_lock
 
 # Declared in the data dictionary: the runtime ledgers are never copied (a recovered file's first
 # owner starts a new epoch); these tables' copied row counts are checked against the source's.
@@ -256,7 +257,9 @@ def vacuum(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> 
     """Rewrite the file without its free pages (VACUUM) and switch it to incremental auto-vacuum.
 
     Runs outside any transaction, holding the write lock for the whole rewrite (seconds per GB:
-    writers wait meanwhile). Returns {"bytes_before", "bytes_after"}.
+    writers wait meanwhile). Then a TRUNCATE checkpoint empties the log, unless Litestream
+    replicates the file: then a PASSIVE one, and the log is left for Litestream's own
+    checkpoints. Returns {"bytes_before", "bytes_after"}.
     """
     def size() -> int:
         return conn.execute("PRAGMA page_count").fetchone()[0] * conn.execute("PRAGMA page_size").fetchone()[0]
@@ -270,10 +273,23 @@ def vacuum(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> 
         conn.execute("VACUUM")
     retry_on_lock(attempt, patience_s, policy)
     clear_reclaim_mark(conn, patience_s, policy)
-    try:  # fold the rewritten pages in now, so the file (not only its WAL) shrinks
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-    except sqlite3.Error as exc:
-        logger.info("checkpoint after VACUUM skipped: %s", exc)
+    path = conn.execute("PRAGMA database_list").fetchone()[2]
+    shipping = replicas.replicating(path) if path else []
+    if shipping:
+        # Litestream reads the log's frames while it ships them, holding a read transaction so
+        # that nothing starts the log over meanwhile; a TRUNCATE waits for that transaction with
+        # every writer held up, nearly always in vain, and when it slips into the moment
+        # Litestream lets go for its own checkpoint it cuts the log short under a read ("sync
+        # error ... read page N @ offset: EOF"). A PASSIVE checkpoint copies what it may now;
+        # Litestream's next checkpoint copies the rest, and the file shrinks then.
+        logger.info("%s: Litestream (PID %s) replicates this file: its log is left for Litestream's checkpoints "
+                    "rather than truncated", path, ", ".join(map(str, shipping)))
+        passive_checkpoint(conn)
+    else:
+        try:  # fold the rewritten pages in now, so the file (not only its WAL) shrinks
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        except sqlite3.Error as exc:
+            logger.info("checkpoint after VACUUM skipped: %s", exc)
     return {"bytes_before": before, "bytes_after": size()}
 
 
