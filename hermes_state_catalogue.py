@@ -143,7 +143,8 @@ def partial_path(target: Path) -> Path:
     return target.with_name(f"{target.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
-def _running(pid: int) -> bool:
+def process_running(pid: int) -> bool:
+    """Tell whether a process of this pid may still run (any doubt counts as running)."""
     try:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
@@ -170,7 +171,7 @@ def clean_partial_copies(db_path: Path) -> list[Path]:
     for name in names:
         match = _PARTIAL.search(name)
         if (match is None or match.end() != len(name) or not name.startswith(db_path.name + ".")
-                or int(match.group(1)) == os.getpid() or _running(int(match.group(1)))):
+                or int(match.group(1)) == os.getpid() or process_running(int(match.group(1)))):
             continue
         try:
             (db_path.parent / name).unlink()

@@ -18,9 +18,12 @@ turns; `FtsRebuild.stop()` makes it finish the chunk under way and stop.
 """
 from __future__ import annotations
 
+import os
+import re
 import sqlite3
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -47,6 +50,51 @@ STOP_WAIT_S = 5.0                # how long close() waits for the chunk under wa
 
 
 # --- before the migration: the copy, and the old FTS objects -------------------------------------
+#
+# One copy per upgrade, however many openers race or are killed. A copy is written under a
+# temporary name (`.partial-<pid>-<hex>`: removed by the next open once its writer is gone), then
+# waits, complete and synced, under a pending name (`<final>.pending-<pid>-<hex>`) until its
+# upgrade begins. The upgrade's first transaction holds the database's write lock, so exactly one
+# opener begins it: that transaction records the pending name in state_meta, and once it commits
+# the copy takes its final name. A pending copy whose upgrade never began is removed: by its own
+# process when another opener began first, and, once its process is gone, by the next opener
+# whose upgrade begins (with a complete copy of its own or the one recorded) or by a writable open
+# of the upgraded file. An upgrade resumed after a kill takes no second copy (the file is no
+# longer as it was): it keeps the recorded one. A finished copy is never removed by the library.
+
+UPGRADE_COPY_KEY = "hermes_upgrade_copy"  # state_meta: the pending name of the copy the upgrade began with
+_COPY_NAME = re.compile(r"\.pre-v(\d+)-\d{8}T\d{6}Z(?:-\d+)*\.bak(?:\.pending-(\d+)-[0-9a-f]{8})?")
+_PENDING_SUFFIX = re.compile(r"\.pending-\d+-[0-9a-f]{8}$")
+
+
+@dataclass(frozen=True)
+class UpgradeCopy:
+    """A complete copy an upgrade took first, found beside its database."""
+
+    path: Path
+    version: int                    # the schema version the upgrade goes to
+    pending_pid: int | None = None  # while it waits for its upgrade to begin: the process that wrote it
+
+    @property
+    def final(self) -> Path:
+        """Return the name the copy has (or takes once its upgrade began)."""
+        return self.path.with_name(_PENDING_SUFFIX.sub("", self.path.name))
+
+
+def upgrade_copies(db_path: Path) -> list[UpgradeCopy]:
+    """List the complete pre-upgrade copies beside `db_path`, oldest first, pending ones included."""
+    try:
+        names = os.listdir(db_path.parent)
+    except OSError:
+        return []
+    found = []
+    for name in sorted(names):
+        match = _COPY_NAME.match(name, len(db_path.name))
+        if name.startswith(db_path.name) and match is not None and match.end() == len(name):
+            found.append(UpgradeCopy(db_path.parent / name, int(match.group(1)),
+                                     None if match.group(2) is None else int(match.group(2))))
+    return found
+
 
 def upgrade_backup_path(db_path: Path, *, now: float | None = None) -> Path:
     """Return the name of the copy an upgrade writes first: `state.db.pre-v31-<UTC time>.bak` (the version it upgrades to)."""
@@ -59,33 +107,200 @@ def upgrade_backup_path(db_path: Path, *, now: float | None = None) -> Path:
     return path
 
 
-def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = True,
-                  stop: threading.Event | None = None) -> Path | None:
-    """Before an older file is upgraded: copy it next to itself (unless told not to) and say so in one INFO line.
+def recorded_copy(conn: sqlite3.Connection) -> str | None:
+    """Return the pending name of the copy the upgrade to SCHEMA_VERSION began with, or None when none began."""
+    if not object_exists(conn, "table", "state_meta"):
+        return None
+    row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (UPGRADE_COPY_KEY,)).fetchone()
+    match = _COPY_NAME.search(row[0]) if row is not None and isinstance(row[0], str) else None
+    return row[0] if match is not None and int(match.group(1)) == SCHEMA_VERSION else None
 
-    Returns the copy, or None when no upgrade is due (or no copy was asked for). With `stop` the
-    copy can be stopped between two of its steps (see recovery.backup_to).
+
+def _sync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # a platform that cannot open a folder (Windows) has no entry to sync either
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _sync_copy(path: Path) -> None:
+    # The copy must outlive a power cut before the upgrade changes the file: its bytes and its name.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _sync_folder(path.parent)
+
+
+def _take_final_name(pending: Path) -> Path:
+    # Linked, never renamed over a file; a second opener finishing the same copy finds it done.
+    final = first = UpgradeCopy(pending, SCHEMA_VERSION).final
+    n = 2
+    while True:
+        try:
+            os.link(pending, final)
+            break
+        except FileExistsError:
+            try:
+                if os.path.samefile(pending, final):
+                    break
+            except FileNotFoundError:  # another opener gave it the name and dropped the pending one
+                return final
+            final = first.with_name(f"{first.name[:-len('.bak')]}-{n}.bak")  # another file took the name
+            n += 1
+        except FileNotFoundError:  # the same, before this opener got to it
+            return final
+        except OSError:  # no hard links on this file system: take the name only while it is free
+            if final.exists():
+                raise
+            os.replace(pending, final)
+            _sync_folder(final.parent)
+            return final
+    pending.unlink(missing_ok=True)
+    _sync_folder(final.parent)
+    return final
+
+
+def _settle_pending(db_path: Path, recorded: str | None, *, keep: str | None = None) -> Path | None:
+    # The recorded copy takes its final name once its writer is gone (a running writer does it
+    # itself); every other pending copy whose writer is gone is removed (its upgrade never began).
+    # Returns the recorded copy's path, when it exists.
+    found = None
+    recorded_final = None if recorded is None else UpgradeCopy(db_path.parent / recorded, SCHEMA_VERSION).final.name
+    for copy in upgrade_copies(db_path):
+        writer = copy.pending_pid
+        if writer is None:
+            found = copy.path if copy.path.name == recorded_final else found
+        elif copy.path.name == recorded:
+            running = writer == os.getpid() or catalogue.process_running(writer)
+            found = copy.path if running else _take_final_name(copy.path)
+        elif copy.path.name != keep and writer != os.getpid() and not catalogue.process_running(writer):
+            copy.path.unlink(missing_ok=True)
+            logger.info("removed %s: a copy taken for an upgrade that never began with it (its process "
+                        "is gone)", copy.path.name)
+    return found
+
+
+def tidy_upgrade_copies(conn: sqlite3.Connection, db_path: Path) -> None:
+    """At a writable open of an upgraded file: settle the pending copies killed openers left beside it."""
+    if str(db_path) == ":memory:" or not any(c.pending_pid is not None for c in upgrade_copies(db_path)):
+        return
+    if schema.is_older_file(conn):
+        return  # the upgrade to come settles them, once its own copy is complete
+    _settle_pending(db_path, recorded_copy(conn))
+
+
+class PreUpgradeCopy:
+    """The copy one opener took (or found) before an upgrade, until the upgrade began with it or without it."""
+
+    def __init__(self, db_path: Path, pending: Path | None = None, resumed: Path | None = None):
+        self.db_path, self.pending, self.resumed = db_path, pending, resumed
+        self.recorded = False   # begin() recorded `pending`, in a transaction that may not have committed
+        self.settled = False
+        self.result: Path | None = None
+
+    def begin(self, conn: sqlite3.Connection) -> None:
+        """In the upgrade's first transaction: record this copy as the one it begins with, unless one began earlier.
+
+        The write lock held makes one opener of all the one that records; pending copies of
+        killed openers are then removed (a complete copy, this one or the recorded, exists).
+        """
+        recorded = recorded_copy(conn)
+        if recorded is None and self.pending is not None:
+            if not self.pending.is_file():
+                raise StoreUnavailableError(f"the copy taken before upgrading {self.db_path} ({self.pending}) "
+                                            "disappeared before the upgrade began; the file was not changed")
+            conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, ?)",
+                         (UPGRADE_COPY_KEY, self.pending.name))
+            self.recorded, recorded = True, self.pending.name
+        if recorded is not None:
+            _settle_pending(self.db_path, None, keep=recorded)
+
+    def settle(self, conn: sqlite3.Connection) -> Path | None:
+        """After the upgrade (or its failure): name the copy it began with, or remove this opener's own; return the handle's copy.
+
+        The handle's copy is the one this opener began the upgrade with, or the recorded one of
+        an upgrade it resumed; None when another opener began the upgrade.
+        """
+        if self.settled:
+            return self.result
+        try:
+            recorded = recorded_copy(conn)  # what committed: outside any transaction
+        except sqlite3.Error as exc:  # left as it is: the next open settles it
+            logger.info("the copy taken before upgrading %s is left as %s (%s)", self.db_path, self.pending, exc)
+            return None
+        self.settled = True
+        if self.pending is not None and recorded == self.pending.name:
+            try:
+                self.result = _take_final_name(self.pending)
+            except OSError as exc:  # complete and recorded all the same: a later open names it
+                logger.warning("the copy taken before upgrading %s keeps the name %s (%s)", self.db_path,
+                               self.pending.name, exc)
+                self.result = self.pending
+            logger.info("upgrading %s to schema version %s; a copy of the file as it was is in %s",
+                        self.db_path, SCHEMA_VERSION, self.result)
+        else:
+            self.discard()
+            self.result = self.resumed
+        return self.result
+
+    def discard(self) -> None:
+        """Remove this opener's own copy, unless an upgrade transaction of this opener recorded it."""
+        if self.pending is not None and not (self.recorded and not self.settled):
+            self.pending.unlink(missing_ok=True)
+            self.pending = None
+
+
+def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = True,
+                  stop: threading.Event | None = None) -> PreUpgradeCopy | None:
+    """Before an older file is upgraded: copy it next to itself, complete and synced, under a pending name.
+
+    Returns the copy to pass to the migration (`before_upgrade`) and to settle after it, or None
+    when no upgrade is due (or no copy was asked for: one INFO line says so). An upgrade that
+    began earlier and was cut short takes no new copy: the returned one names the copy it began
+    with. With `stop` the copy can be stopped between two of its steps (see recovery.backup_to).
     """
     with fork.GATE.work():  # a stretch of SQLite work: on MoveIn's thread, a fork elsewhere waits for it
         if str(db_path) == ":memory:" or not schema.is_older_file(conn):
             return None
+        began = recorded_copy(conn)
+    if began is not None:
+        found = _settle_pending(db_path, began)
+        logger.info("resuming the upgrade of %s to schema version %s begun earlier; the copy taken before it "
+                    "began is %s", db_path, SCHEMA_VERSION, found or f"gone ({began})")
+        return PreUpgradeCopy(db_path, resumed=found)
     if not backup:
         logger.info("upgrading %s to schema version %s (no copy taken first: backup_before_upgrade=False)",
                     db_path, SCHEMA_VERSION)
         return None
+    final = upgrade_backup_path(db_path)
     try:
-        # Named again at the end if another opener's copy took the name meanwhile (the same second).
-        copy = recovery.backup_to(conn, upgrade_backup_path(db_path), stop=stop,
-                                  renamed=lambda: upgrade_backup_path(db_path))
+        pending = recovery.backup_to(conn, final.with_name(
+            f"{final.name}.pending-{os.getpid()}-{uuid.uuid4().hex[:8]}"), stop=stop)
+        _sync_copy(pending)
     except (OSError, sqlite3.Error) as exc:
         # Never upgrade without the copy the caller was promised; nothing has been changed yet.
         raise StoreUnavailableError(
             f"{db_path} needs an upgrade, and the copy taken first could not be written ({exc}); the file "
             "was not changed. Free some space (the copy is as large as the file) or open it with "
             "backup_before_upgrade=False.") from exc
-    logger.info("upgrading %s to schema version %s; a copy of the file as it was is in %s",
-                db_path, SCHEMA_VERSION, copy)
-    return copy
+    return PreUpgradeCopy(db_path, pending)
+
+
+def upgrade_step(copy: PreUpgradeCopy | None) -> Callable[[sqlite3.Connection], None]:
+    """Return the migration's first-transaction step: the old FTS objects out, then the copy recorded."""
+    def before_upgrade(conn: sqlite3.Connection) -> None:
+        prepare_upgrade(conn)
+        if copy is not None:
+            copy.begin(conn)
+    return before_upgrade
 
 
 def prepare_upgrade(conn: sqlite3.Connection) -> None:
@@ -242,6 +457,7 @@ def open_connection(path: Path, *, read_only: bool, read_busy_s: float, patience
                 catalogue.check_ours(conn, path, force=force)  # before any write or chmod: it may be another's file
                 changes = schema.tighten_files(path)
                 catalogue.clean_partial_copies(path)  # a killed upgrade's half-written copy
+                tidy_upgrade_copies(conn, path)  # and its complete one, when its upgrade never began
                 if later_bytes is not None and _large_older_file(conn, path, later_bytes):
                     more = prepare_journal(conn, path, patience_s, policy)
                     opened = Opened(conn, schema.read_version(conn) or 0, None, changes + more, upgrade_later=True)
@@ -266,8 +482,12 @@ def set_up(conn: sqlite3.Connection, db_path: Path, patience_s: float, policy: R
     changes = prepare_journal(conn, db_path, patience_s, policy)
     if not schema.needs_migration(conn):
         return schema.read_version(conn) or 0, None, changes
-    copy = start_upgrade(conn, db_path, backup=backup)
-    found = schema.migrate(Writer(conn, on_give_up=on_give_up), patience_s, policy, before_upgrade=prepare_upgrade)
+    taken = start_upgrade(conn, db_path, backup=backup)
+    try:
+        found = schema.migrate(Writer(conn, on_give_up=on_give_up), patience_s, policy,
+                               before_upgrade=upgrade_step(taken))
+    finally:
+        copy = taken.settle(conn) if taken is not None else None
     if found > SCHEMA_VERSION:
         logger.warning("%s has schema version %s, newer than %s: writes are refused", db_path, found, SCHEMA_VERSION)
     return max(found, SCHEMA_VERSION), copy, changes
@@ -328,36 +548,35 @@ class MoveIn:
         # Every call into SQLite on this thread is a stretch of the fork gate (the migration's
         # transactions are, by their writer): a fork in another thread while this one holds one of
         # SQLite's mutexes would leave the child unable to open any database.
-        copy: Path | None = None
+        taken: PreUpgradeCopy | None = None
         try:
-            copy = self._copy(db_path, backup)
+            taken = self._copy(db_path, backup)
             with writer.lock, writer.read_lock:
                 if self.stop.is_set() or writer.closed:
                     raise Cancelled("the handle was closed before its file was upgraded")
                 self.migrating.set()
-                with fork.GATE.work():
-                    if copy is not None and not schema.is_older_file(writer.conn):
-                        # Another opener upgraded the file meanwhile, with a copy of its own taken first.
-                        copy.unlink(missing_ok=True)
-                        copy = None
-                with typed_errors(db_path):
-                    found = schema.migrate(Writer(writer.conn, on_give_up=on_give_up), patience_s, policy,
-                                           before_upgrade=prepare_upgrade)
+                try:
+                    with typed_errors(db_path):
+                        found = schema.migrate(Writer(writer.conn, on_give_up=on_give_up), patience_s, policy,
+                                               before_upgrade=upgrade_step(taken))
+                finally:  # named if the upgrade began with it, else removed (another opener began first)
+                    with fork.GATE.work():
+                        copy = taken.settle(writer.conn) if taken is not None else None
                 self.migrated.set()
                 with fork.GATE.work():
                     writer.drop_reader()  # the next read opens a connection without the temp views
                     finish(max(found, SCHEMA_VERSION), copy)
         except BaseException as exc:  # noqa: BLE001 - a background thread has nobody to raise to
             self.error = exc
-            if not self.migrated.is_set() and copy is not None:
-                copy.unlink(missing_ok=True)  # no upgrade followed it: the next open takes a copy of its own
+            if taken is not None:
+                taken.discard()  # unless the upgrade began with it: the next open takes a copy of its own
             if not isinstance(exc, Cancelled):
                 logger.warning("upgrading %s failed (%s); it was left as it was, and writes are refused until "
                                "it is opened again", db_path, exc)
         finally:
             self.done.set()
 
-    def _copy(self, db_path: Path, backup: bool) -> Path | None:
+    def _copy(self, db_path: Path, backup: bool) -> PreUpgradeCopy | None:
         with fork.GATE.work():
             conn = schema.connect_reader(db_path)
         try:
