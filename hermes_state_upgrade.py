@@ -18,12 +18,9 @@ turns; `FtsRebuild.stop()` makes it finish the chunk under way and stop.
 """
 from __future__ import annotations
 
-import os
-import re
 import sqlite3
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -50,51 +47,10 @@ STOP_WAIT_S = 5.0                # how long close() waits for the chunk under wa
 
 
 # --- before the migration: the copy, and the old FTS objects -------------------------------------
-#
-# One copy per upgrade, however many openers race or are killed. A copy is written under a
-# temporary name (`.partial-<pid>-<hex>`: removed by the next open once its writer is gone), then
-# waits, complete and synced, under a pending name (`<final>.pending-<pid>-<hex>`) until its
-# upgrade begins. The upgrade's first transaction holds the database's write lock, so exactly one
-# opener begins it: that transaction records the pending name in state_meta, and once it commits
-# the copy takes its final name. A pending copy whose upgrade never began is removed: by its own
-# process when another opener began first, and, once its process is gone, by the next opener
-# whose upgrade begins (with a complete copy of its own or the one recorded) or by a writable open
-# of the upgraded file. An upgrade resumed after a kill takes no second copy (the file is no
-# longer as it was): it keeps the recorded one. A finished copy is never removed by the library.
-
-UPGRADE_COPY_KEY = "hermes_upgrade_copy"  # state_meta: the pending name of the copy the upgrade began with
-_COPY_NAME = re.compile(r"\.pre-v(\d+)-\d{8}T\d{6}Z(?:-\d+)*\.bak(?:\.pending-(\d+)-[0-9a-f]{8})?")
-_PENDING_SUFFIX = re.compile(r"\.pending-\d+-[0-9a-f]{8}$")
-
-
-@dataclass(frozen=True)
-class UpgradeCopy:
-    """A complete copy an upgrade took first, found beside its database."""
-
-    path: Path
-    version: int                    # the schema version the upgrade goes to
-    pending_pid: int | None = None  # while it waits for its upgrade to begin: the process that wrote it
-
-    @property
-    def final(self) -> Path:
-        """Return the name the copy has (or takes once its upgrade began)."""
-        return self.path.with_name(_PENDING_SUFFIX.sub("", self.path.name))
-
-
-def upgrade_copies(db_path: Path) -> list[UpgradeCopy]:
-    """List the complete pre-upgrade copies beside `db_path`, oldest first, pending ones included."""
-    try:
-        names = os.listdir(db_path.parent)
-    except OSError:
-        return []
-    found = []
-    for name in sorted(names):
-        match = _COPY_NAME.match(name, len(db_path.name))
-        if name.startswith(db_path.name) and match is not None and match.end() == len(name):
-            found.append(UpgradeCopy(db_path.parent / name, int(match.group(1)),
-                                     None if match.group(2) is None else int(match.group(2))))
-    return found
-
+# One copy per upgrade: written complete under a pending name, recorded by the upgrade's first
+# transaction (one opener of all holds its write lock), then named; the rest is in
+# hermes_state_catalogue ("the copies an upgrade takes first"). An upgrade resumed after a kill
+# takes no second copy (the file is no longer as it was): it keeps the recorded one.
 
 def upgrade_backup_path(db_path: Path, *, now: float | None = None) -> Path:
     """Return the name of the copy an upgrade writes first: `state.db.pre-v31-<UTC time>.bak` (the version it upgrades to)."""
@@ -107,94 +63,13 @@ def upgrade_backup_path(db_path: Path, *, now: float | None = None) -> Path:
     return path
 
 
-def recorded_copy(conn: sqlite3.Connection) -> str | None:
-    """Return the pending name of the copy the upgrade to SCHEMA_VERSION began with, or None when none began."""
-    if not object_exists(conn, "table", "state_meta"):
-        return None
-    row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (UPGRADE_COPY_KEY,)).fetchone()
-    match = _COPY_NAME.search(row[0]) if row is not None and isinstance(row[0], str) else None
-    return row[0] if match is not None and int(match.group(1)) == SCHEMA_VERSION else None
-
-
-def _sync_folder(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return  # a platform that cannot open a folder (Windows) has no entry to sync either
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _sync_copy(path: Path) -> None:
-    # The copy must outlive a power cut before the upgrade changes the file: its bytes and its name.
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    _sync_folder(path.parent)
-
-
-def _take_final_name(pending: Path) -> Path:
-    # Linked, never renamed over a file; a second opener finishing the same copy finds it done.
-    final = first = UpgradeCopy(pending, SCHEMA_VERSION).final
-    n = 2
-    while True:
-        try:
-            os.link(pending, final)
-            break
-        except FileExistsError:
-            try:
-                if os.path.samefile(pending, final):
-                    break
-            except FileNotFoundError:  # another opener gave it the name and dropped the pending one
-                return final
-            final = first.with_name(f"{first.name[:-len('.bak')]}-{n}.bak")  # another file took the name
-            n += 1
-        except FileNotFoundError:  # the same, before this opener got to it
-            return final
-        except OSError:  # no hard links on this file system: take the name only while it is free
-            if final.exists():
-                raise
-            os.replace(pending, final)
-            _sync_folder(final.parent)
-            return final
-    pending.unlink(missing_ok=True)
-    _sync_folder(final.parent)
-    return final
-
-
-def _settle_pending(db_path: Path, recorded: str | None, *, keep: str | None = None) -> Path | None:
-    # The recorded copy takes its final name once its writer is gone (a running writer does it
-    # itself); every other pending copy whose writer is gone is removed (its upgrade never began).
-    # Returns the recorded copy's path, when it exists.
-    found = None
-    recorded_final = None if recorded is None else UpgradeCopy(db_path.parent / recorded, SCHEMA_VERSION).final.name
-    for copy in upgrade_copies(db_path):
-        writer = copy.pending_pid
-        if writer is None:
-            found = copy.path if copy.path.name == recorded_final else found
-        elif copy.path.name == recorded:
-            running = writer == os.getpid() or catalogue.process_running(writer)
-            found = copy.path if running else _take_final_name(copy.path)
-        elif copy.path.name != keep and writer != os.getpid() and not catalogue.process_running(writer):
-            copy.path.unlink(missing_ok=True)
-            logger.info("removed %s: a copy taken for an upgrade that never began with it (its process "
-                        "is gone)", copy.path.name)
-    return found
-
-
 def tidy_upgrade_copies(conn: sqlite3.Connection, db_path: Path) -> None:
     """At a writable open of an upgraded file: settle the pending copies killed openers left beside it."""
-    if str(db_path) == ":memory:" or not any(c.pending_pid is not None for c in upgrade_copies(db_path)):
+    if str(db_path) == ":memory:" or not any(c.pending_pid is not None for c in catalogue.upgrade_copies(db_path)):
         return
     if schema.is_older_file(conn):
         return  # the upgrade to come settles them, once its own copy is complete
-    _settle_pending(db_path, recorded_copy(conn))
+    catalogue.settle_pending_copies(db_path, catalogue.recorded_copy(conn))
 
 
 class PreUpgradeCopy:
@@ -212,16 +87,16 @@ class PreUpgradeCopy:
         The write lock held makes one opener of all the one that records; pending copies of
         killed openers are then removed (a complete copy, this one or the recorded, exists).
         """
-        recorded = recorded_copy(conn)
+        recorded = catalogue.recorded_copy(conn)
         if recorded is None and self.pending is not None:
             if not self.pending.is_file():
                 raise StoreUnavailableError(f"the copy taken before upgrading {self.db_path} ({self.pending}) "
                                             "disappeared before the upgrade began; the file was not changed")
             conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, ?)",
-                         (UPGRADE_COPY_KEY, self.pending.name))
+                         (catalogue.UPGRADE_COPY_KEY, self.pending.name))
             self.recorded, recorded = True, self.pending.name
         if recorded is not None:
-            _settle_pending(self.db_path, None, keep=recorded)
+            catalogue.settle_pending_copies(self.db_path, None, keep=recorded)
 
     def settle(self, conn: sqlite3.Connection) -> Path | None:
         """After the upgrade (or its failure): name the copy it began with, or remove this opener's own; return the handle's copy.
@@ -232,14 +107,14 @@ class PreUpgradeCopy:
         if self.settled:
             return self.result
         try:
-            recorded = recorded_copy(conn)  # what committed: outside any transaction
+            recorded = catalogue.recorded_copy(conn)  # what committed: outside any transaction
         except sqlite3.Error as exc:  # left as it is: the next open settles it
             logger.info("the copy taken before upgrading %s is left as %s (%s)", self.db_path, self.pending, exc)
             return None
         self.settled = True
         if self.pending is not None and recorded == self.pending.name:
             try:
-                self.result = _take_final_name(self.pending)
+                self.result = catalogue.name_upgrade_copy(self.pending)
             except OSError as exc:  # complete and recorded all the same: a later open names it
                 logger.warning("the copy taken before upgrading %s keeps the name %s (%s)", self.db_path,
                                self.pending.name, exc)
@@ -270,9 +145,9 @@ def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = Tru
     with fork.GATE.work():  # a stretch of SQLite work: on MoveIn's thread, a fork elsewhere waits for it
         if str(db_path) == ":memory:" or not schema.is_older_file(conn):
             return None
-        began = recorded_copy(conn)
+        began = catalogue.recorded_copy(conn)
     if began is not None:
-        found = _settle_pending(db_path, began)
+        found = catalogue.settle_pending_copies(db_path, began)
         logger.info("resuming the upgrade of %s to schema version %s begun earlier; the copy taken before it "
                     "began is %s", db_path, SCHEMA_VERSION, found or f"gone ({began})")
         return PreUpgradeCopy(db_path, resumed=found)
@@ -282,9 +157,8 @@ def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = Tru
         return None
     final = upgrade_backup_path(db_path)
     try:
-        pending = recovery.backup_to(conn, final.with_name(
-            f"{final.name}.pending-{os.getpid()}-{uuid.uuid4().hex[:8]}"), stop=stop)
-        _sync_copy(pending)
+        pending = recovery.backup_to(conn, catalogue.pending_path(final), stop=stop)
+        catalogue.sync_copy(pending)
     except (OSError, sqlite3.Error) as exc:
         # Never upgrade without the copy the caller was promised; nothing has been changed yet.
         raise StoreUnavailableError(
