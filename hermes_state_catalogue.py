@@ -316,14 +316,17 @@ def settle_pending_copies(db_path: Path, recorded: str | None, *, keep: str | No
     recorded_final = None if recorded is None else UpgradeCopy(db_path.parent / recorded, SCHEMA_VERSION).final.name
     for copy in upgrade_copies(db_path):
         writer = copy.pending_pid
-        if writer is None:
-            found = copy.path if copy.path.name == recorded_final else found
-        elif copy.path.name == recorded:
-            found = name_upgrade_copy(copy.path) if gone(writer) else copy.path
-        elif copy.path.name != keep and gone(writer):
-            copy.path.unlink(missing_ok=True)
-            logger.info("removed %s: a copy taken for an upgrade that never began with it (its process "
-                        "is gone)", copy.path.name)
+        try:
+            if writer is None:
+                found = copy.path if copy.path.name == recorded_final else found
+            elif copy.path.name == recorded:
+                found = name_upgrade_copy(copy.path) if gone(writer) else copy.path
+            elif copy.path.name != keep and gone(writer):
+                copy.path.unlink(missing_ok=True)
+                logger.info("removed %s: a copy taken for an upgrade that never began with it (its process "
+                            "is gone)", copy.path.name)
+        except OSError as exc:  # a folder that refuses: the copy stays as it is, for a later open
+            logger.warning("could not settle %s (%s)", copy.path, exc)
     return found
 
 

@@ -84,8 +84,7 @@ class PreUpgradeCopy:
     def begin(self, conn: sqlite3.Connection) -> None:
         """In the upgrade's first transaction: record this copy as the one it begins with, unless one began earlier.
 
-        The write lock held makes one opener of all the one that records; pending copies of
-        killed openers are then removed (a complete copy, this one or the recorded, exists).
+        The write lock held makes one opener of all the one that records.
         """
         recorded = catalogue.recorded_copy(conn)
         if recorded is None and self.pending is not None:
@@ -94,15 +93,14 @@ class PreUpgradeCopy:
                                             "disappeared before the upgrade began; the file was not changed")
             conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, ?)",
                          (catalogue.UPGRADE_COPY_KEY, self.pending.name))
-            self.recorded, recorded = True, self.pending.name
-        if recorded is not None:
-            catalogue.settle_pending_copies(self.db_path, None, keep=recorded)
+            self.recorded = True
 
     def settle(self, conn: sqlite3.Connection) -> Path | None:
         """After the upgrade (or its failure): name the copy it began with, or remove this opener's own; return the handle's copy.
 
         The handle's copy is the one this opener began the upgrade with, or the recorded one of
-        an upgrade it resumed; None when another opener began the upgrade.
+        an upgrade it resumed; None when another opener began the upgrade. Once an upgrade began,
+        the pending copies of killed openers are removed too.
         """
         if self.settled:
             return self.result
@@ -111,24 +109,26 @@ class PreUpgradeCopy:
         except sqlite3.Error as exc:  # left as it is: the next open settles it
             logger.info("the copy taken before upgrading %s is left as %s (%s)", self.db_path, self.pending, exc)
             return None
-        self.settled = True
-        if self.pending is not None and recorded == self.pending.name:
+        self.settled, mine, self.pending = True, self.pending, None
+        if mine is not None and recorded == mine.name:
             try:
-                self.result = catalogue.name_upgrade_copy(self.pending)
+                self.result = catalogue.name_upgrade_copy(mine)
             except OSError as exc:  # complete and recorded all the same: a later open names it
-                logger.warning("the copy taken before upgrading %s keeps the name %s (%s)", self.db_path,
-                               self.pending.name, exc)
-                self.result = self.pending
+                logger.warning("the copy taken before upgrading %s keeps the name %s (%s)", self.db_path, mine.name, exc)
+                self.result = mine
             logger.info("upgrading %s to schema version %s; a copy of the file as it was is in %s",
                         self.db_path, SCHEMA_VERSION, self.result)
         else:
-            self.discard()
+            if mine is not None:
+                mine.unlink(missing_ok=True)  # another opener began the upgrade, with a copy of its own
             self.result = self.resumed
+        if recorded is not None:  # the upgrade began with a complete copy: those of killed openers go
+            catalogue.settle_pending_copies(self.db_path, recorded)
         return self.result
 
     def discard(self) -> None:
-        """Remove this opener's own copy, unless an upgrade transaction of this opener recorded it."""
-        if self.pending is not None and not (self.recorded and not self.settled):
+        """Remove this opener's own copy, unless an upgrade transaction of this opener recorded it (settle decides then)."""
+        if self.pending is not None and not self.recorded:
             self.pending.unlink(missing_ok=True)
             self.pending = None
 
