@@ -119,8 +119,11 @@ class PreUpgradeCopy:
             logger.info("upgrading %s to schema version %s; a copy of the file as it was is in %s",
                         self.db_path, SCHEMA_VERSION, self.result)
         else:
-            if mine is not None:
-                mine.unlink(missing_ok=True)  # another opener began the upgrade, with a copy of its own
+            try:
+                if mine is not None:
+                    mine.unlink(missing_ok=True)  # another opener began the upgrade, with a copy of its own
+            except OSError as exc:  # its process's pid in the name: a later open removes it once it is gone
+                logger.warning("could not remove %s (%s)", mine, exc)
             self.result = self.resumed
         if recorded is not None:  # the upgrade began with a complete copy: those of killed openers go
             catalogue.settle_pending_copies(self.db_path, recorded)

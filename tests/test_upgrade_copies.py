@@ -52,7 +52,7 @@ recovery.backup_to = copy_then_wait
 # after that transaction committed (the ladder's first step).
 KILLED = OPEN.format(prepare="""
 import os, signal
-import hermes_state_schema as schema, hermes_state_upgrade as upgrade
+import hermes_state_schema as schema, hermes_state_upgrade as upgrade, hermes_state_writer as writer
 def die(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 point = sys.argv[3]
@@ -60,8 +60,12 @@ if point == "migrate":
     schema.migrate = die
 elif point == "first-transaction":
     upgrade.prepare_upgrade = die
-else:
-    schema._climb = die
+else:  # the next transaction after the first one, which committed
+    first, transaction = upgrade.prepare_upgrade, writer.Writer.transaction
+    def prepare_then_arm(conn):
+        first(conn)
+        writer.Writer.transaction = die
+    upgrade.prepare_upgrade = prepare_then_arm
 """)
 
 
