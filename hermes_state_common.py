@@ -579,14 +579,24 @@ def prompt_hash(prompt: str) -> str:
     return hashlib.sha256(prompt.encode("utf-8")).hexdigest()
 
 
-# A session's system prompt (over `s`, a sessions row) whichever program stored it: the column,
-# which this library and hermes-agent 0.19 write, else the prompt the row's hash names, which
-# hermes-agent 0.20 writes instead (it leaves the column NULL). The subquery runs only for a row
-# whose column is NULL, and then reads one row by its key.
-PROMPT_SQL = "COALESCE(s.system_prompt, (SELECT p.prompt FROM system_prompts p WHERE p.hash = s.system_prompt_hash))"
-# Every column of a sessions row `s` with its prompt read as PROMPT_SQL. The name comes twice on
-# purpose: a row dict (row_dicts) keeps the column's place and takes the later, resolved value.
-SESSION_ROW_SQL = f"s.*, {PROMPT_SQL} AS system_prompt"
+# A session's system prompt whichever program stored it: the column, which this library and
+# hermes-agent 0.19 write, else the prompt the row's hash names, which hermes-agent 0.20 writes
+# instead (it leaves the column NULL). Every column of a sessions row `s`, and the filed prompt
+# only where the column is NULL (a long prompt is never read twice), one row read by its key.
+FILED_PROMPT = "_system_prompt_filed"
+SESSION_ROW_SQL = (f"s.*, CASE WHEN s.system_prompt IS NULL THEN (SELECT p.prompt FROM system_prompts p "
+                   f"WHERE p.hash = s.system_prompt_hash) END AS {FILED_PROMPT}")
+
+
+def session_dicts(cur: Any) -> list[dict[str, Any]]:
+    """Return the cursor's rows (selected with SESSION_ROW_SQL) as dicts whose system_prompt is read as either program stored it."""
+    rows = row_dicts(cur)
+    for row in rows:
+        filed = row.pop(FILED_PROMPT, None)
+        if filed is not None:
+            row["system_prompt"] = filed
+    return rows
+
 
 # The input marker of a message (see input ownership in docs/gateway.md), as one expression:
 # the index below and every lookup must spell it identically for SQLite to use the index.

@@ -17,7 +17,7 @@ import sqlite3
 from collections import defaultdict
 from typing import Any
 
-from hermes_state_common import SESSION_ROW_SQL, has_surrogate, row_dicts
+from hermes_state_common import SESSION_ROW_SQL, has_surrogate, session_dicts
 
 # The end reason rotate_session stamps on a parent it continues in a compression child.
 COMPRESSION_END_REASON = "compression"
@@ -128,7 +128,7 @@ def get_lineage(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any
     Every row is a full `sessions` row. An unknown session gives []. On a cycle the walk stops
     at the first repeated session.
     """
-    rows = row_dicts(conn.execute(
+    rows = session_dicts(conn.execute(
         f"""WITH RECURSIVE lineage(id) AS (
                 SELECT id FROM sessions WHERE id = ?
                 UNION
@@ -153,7 +153,7 @@ def get_descendants(conn: sqlite3.Connection, session_id: str) -> list[dict[str,
     Siblings come in (started_at, id) order. An unknown session or a leaf gives []. On a cycle
     each session appears once.
     """
-    rows = row_dicts(conn.execute(
+    rows = session_dicts(conn.execute(
         f"""WITH RECURSIVE descendants(id) AS (
                 SELECT id FROM sessions WHERE id = ?
                 UNION

@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Callable
 
-from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, SESSION_ROW_SQL, check_count, check_id, check_number, contains_sql,
+from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, SESSION_ROW_SQL, session_dicts, check_count, check_id, check_number, contains_sql,
                                  prefix_range, row_dicts)
 from hermes_state_errors import HermesStateError
 from hermes_state_home import default_hermes_root, profile_homes
@@ -95,7 +95,7 @@ def list_sessions(conn: sqlite3.Connection, source: str | list[str] | None = Non
     limit, offset = check_count("limit", limit), check_count("offset", offset)
     where, params = _session_filters(source, include_archived, model, since, until)
     sql = _LIST_SQL.format(where=where, order=_ORDERS[order])
-    return row_dicts(conn.execute(sql, (*params, limit, offset)))
+    return session_dicts(conn.execute(sql, (*params, limit, offset)))
 
 
 def count_sessions(conn: sqlite3.Connection, source: str | list[str] | None = None, include_archived: bool = False,
@@ -218,7 +218,7 @@ def rich_preview(text: str | None) -> str:
 
 def _rich_rows(conn: sqlite3.Connection, columns: str, where: str, params: list[Any],
                tail: str = "", tail_params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-    rows = row_dicts(conn.execute(
+    rows = session_dicts(conn.execute(
         f"SELECT {columns}, {_PREVIEW_SQL} AS preview, {_LAST_ACTIVE_SQL} AS last_active FROM sessions s "
         f"WHERE {where} {tail}", (*params, *tail_params)))
     for row in rows:
@@ -435,7 +435,7 @@ def search_sessions(conn: sqlite3.Connection, source: str | None = None, limit: 
     """Return every session (children included), newest first, with `last_active`."""
     limit, offset = check_count("limit", limit), check_count("offset", offset)
     where, params = ("s.source = ?", [check_text("source", source)]) if source is not None else ("1", [])
-    return row_dicts(conn.execute(
+    return session_dicts(conn.execute(
         f"SELECT {SESSION_ROW_SQL}, {_LAST_ACTIVE_SQL} AS last_active FROM sessions s WHERE {where} "
         "ORDER BY s.started_at DESC, s.id DESC LIMIT ? OFFSET ?", (*params, limit, offset)))
 

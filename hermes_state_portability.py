@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, cast
 
 import hermes_state_sessions as sessions
-from hermes_state_common import SESSION_OWNED, SESSION_ROW_SQL, derived_uid, recount_sql, shown
+from hermes_state_common import SESSION_OWNED, SESSION_ROW_SQL, derived_uid, recount_sql, session_dicts, shown
 from hermes_state_documents import (DERIVED, EXPORT_FORMAT, EXPORT_VERSION, MESSAGE_COLUMNS, SESSION_COLUMNS,  # noqa: F401
                                     USAGE_COLUMNS, Checked, check_document)
 from hermes_state_lineage import compression_chain_ids
@@ -54,7 +54,7 @@ def export_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] 
     `session` as well (this library's earlier readers). Run it inside one read transaction so
     the session and its rows come from one snapshot.
     """
-    found = _rows(conn, f"SELECT {SESSION_ROW_SQL} FROM sessions s WHERE s.id = ?", (session_id,), ())
+    found = session_dicts(conn.execute(f"SELECT {SESSION_ROW_SQL} FROM sessions s WHERE s.id = ?", (session_id,)))
     if not found:
         return None
     messages = _rows(conn, "SELECT * FROM messages WHERE session_id = ? ORDER BY id", (session_id,), ("session_id",))

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 import hermes_state_lineage as lineage
 from hermes_state_common import (ARCHIVED_SQL, COUNTER_RESET_SQL, DAY_S, SESSION_ROW_SQL, Keywords,  # noqa: F401 - COUNTER_RESET_SQL re-exported
                                  INT_MAX, SESSION_COLUMN_NAMES, SESSIONS, TABLE_COLUMNS, check_count, check_id,
-                                 check_number, prompt_hash, replace_surrogates, row_dicts)
+                                 check_number, prompt_hash, replace_surrogates, row_dicts, session_dicts)
 from hermes_state_errors import SessionClosedByCompressionError, SessionNotFoundError
 from hermes_state_titles import check_title_free, normalize_title, sanitize_title, title_holder
 
@@ -206,7 +206,7 @@ def ensure_session(conn: sqlite3.Connection, session_id: str, source: str, colum
 
 def get_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
     """Return the session row as a dict, or None when it does not exist."""
-    rows = row_dicts(conn.execute(f"SELECT {SESSION_ROW_SQL} FROM sessions s WHERE s.id = ?", (session_id,)))
+    rows = session_dicts(conn.execute(f"SELECT {SESSION_ROW_SQL} FROM sessions s WHERE s.id = ?", (session_id,)))
     return rows[0] if rows else None
 
 
