@@ -589,7 +589,7 @@ SESSION_ROW_SQL = (f"s.*, CASE WHEN s.system_prompt IS NULL THEN (SELECT p.promp
 
 
 def session_dicts(cur: Any) -> list[dict[str, Any]]:
-    """Return the cursor's rows (selected with SESSION_ROW_SQL) as dicts whose system_prompt is read as either program stored it."""
+    """Return the cursor's rows (selected with SESSION_ROW_SQL) as dicts, system_prompt as either program stored it."""
     rows = row_dicts(cur)
     for row in rows:
         filed = row.pop(FILED_PROMPT, None)

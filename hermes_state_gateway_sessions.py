@@ -115,7 +115,8 @@ def list_gateway_sessions(conn: sqlite3.Connection, *, platform: str | None = No
     where.append("NOT EXISTS (SELECT 1 FROM sessions n WHERE n.session_key = s.session_key AND "
                  "(n.started_at > s.started_at OR (n.started_at = s.started_at AND n.rowid > s.rowid)))")
     return session_dicts(conn.execute(
-        f"SELECT {SESSION_ROW_SQL}, COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = s.id), s.started_at) "
+        f"SELECT {SESSION_ROW_SQL}, "
+        "COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = s.id), s.started_at) "
         f"AS last_active FROM sessions s WHERE {' AND '.join(where)} ORDER BY last_active DESC, s.id", params))
 
 

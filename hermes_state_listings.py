@@ -18,8 +18,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Callable
 
-from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, SESSION_ROW_SQL, session_dicts, check_count, check_id, check_number, contains_sql,
-                                 prefix_range, row_dicts)
+from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, SESSION_ROW_SQL, check_count, check_id, check_number,
+                                 contains_sql, prefix_range, row_dicts, session_dicts)
 from hermes_state_errors import HermesStateError
 from hermes_state_home import default_hermes_root, profile_homes
 from hermes_state_lineage import COMPRESSION_END_REASON, compression_links, compression_successor_id, forward_chain

@@ -19,9 +19,9 @@ import time
 from typing import Any, Iterable
 
 import hermes_state_lineage as lineage
-from hermes_state_common import (ARCHIVED_SQL, COUNTER_RESET_SQL, DAY_S, SESSION_ROW_SQL, Keywords,  # noqa: F401 - COUNTER_RESET_SQL re-exported
-                                 INT_MAX, SESSION_COLUMN_NAMES, SESSIONS, TABLE_COLUMNS, check_count, check_id,
-                                 check_number, prompt_hash, replace_surrogates, row_dicts, session_dicts)
+from hermes_state_common import (ARCHIVED_SQL, COUNTER_RESET_SQL, DAY_S, Keywords,  # noqa: F401 - COUNTER_RESET_SQL re-exported
+                                 INT_MAX, SESSION_COLUMN_NAMES, SESSION_ROW_SQL, SESSIONS, TABLE_COLUMNS, check_count,
+                                 check_id, check_number, prompt_hash, replace_surrogates, row_dicts, session_dicts)
 from hermes_state_errors import SessionClosedByCompressionError, SessionNotFoundError
 from hermes_state_titles import check_title_free, normalize_title, sanitize_title, title_holder
 
