@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from hermes_state_common import (DICTIONARY, INDEX_SQL, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES, SCHEMA_VERSION, TABLES, logger,
-                                 object_exists)
+from hermes_state_common import (DICTIONARY, INDEX_SQL, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES, SCHEMA_VERSION, TABLES,
+                                 logger, object_exists, split_sql)
 from hermes_state_errors import (ForeignDatabaseError, StateDbBusyError, StateDbIncompatibleError,
                                  StateDbUninitializedError, is_sqlite_lock_error)
 from hermes_state_schema import (UID_TRIGGER, UID_TRIGGER_SQL, default_sql, effective_version, missing_columns,
@@ -69,11 +69,149 @@ _ACCEPTED = {"trigger": _trigger_accepted, "view": _view_accepted, "table": _tab
              "index": _index_accepted}
 
 
+# --- what hermes-agent releases create --------------------------------------------------------------
+# The full-text objects each known hermes-agent release creates, as it defines them (only runs of
+# whitespace outside quotes may differ): a file both programs use carries them, so a restore
+# accepts them, and nothing that merely resembles them. One statement per object; a release that
+# defines more adds its statements here.
+AGENT_OBJECT_SQL: dict[str, str] = {
+    "hermes-agent 0.19.0": """
+    CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN DELETE FROM messages_fts WHERE rowid =
+    old.id; END;
+    CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN INSERT INTO messages_fts(rowid, content)
+    VALUES ( new.id, COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' ' ||
+    COALESCE(new.tool_calls, '') ); END;
+    CREATE TRIGGER messages_fts_trigram_delete AFTER DELETE ON messages BEGIN DELETE FROM messages_fts_trigram
+    WHERE rowid = old.id; END;
+    CREATE TRIGGER messages_fts_trigram_insert AFTER INSERT ON messages BEGIN INSERT INTO
+    messages_fts_trigram(rowid, content) VALUES ( new.id, COALESCE(new.content, '') || ' ' ||
+    COALESCE(new.tool_name, '') || ' ' || COALESCE(new.tool_calls, '') ); END;
+    CREATE TRIGGER messages_fts_trigram_update AFTER UPDATE ON messages BEGIN DELETE FROM messages_fts_trigram
+    WHERE rowid = old.id; INSERT INTO messages_fts_trigram(rowid, content) VALUES ( new.id,
+    COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' ' || COALESCE(new.tool_calls, '') );
+    END;
+    CREATE TRIGGER messages_fts_update AFTER UPDATE ON messages BEGIN DELETE FROM messages_fts WHERE rowid =
+    old.id; INSERT INTO messages_fts(rowid, content) VALUES ( new.id, COALESCE(new.content, '') || ' ' ||
+    COALESCE(new.tool_name, '') || ' ' || COALESCE(new.tool_calls, '') ); END;
+    CREATE VIRTUAL TABLE messages_fts USING fts5( content );
+    CREATE VIRTUAL TABLE messages_fts_trigram USING fts5( content, tokenize='trigram' );
+""",
+    "hermes-agent 0.20.1": """
+    CREATE VIEW messages_fts_trigram_src AS SELECT id, role, content, tool_name, tool_calls FROM messages WHERE
+    role <> 'tool';
+    CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages WHEN (old.id > COALESCE((SELECT CAST(value AS
+    INTEGER) FROM state_meta WHERE key = 'fts_rebuild_high_water'), -1) OR old.id <= COALESCE((SELECT CAST(value
+    AS INTEGER) FROM state_meta WHERE key = 'fts_rebuild_progress'), -1)) BEGIN INSERT INTO
+    messages_fts(messages_fts, rowid, content, tool_name, tool_calls) VALUES ('delete', old.id, old.content,
+    old.tool_name, old.tool_calls); END;
+    CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages WHEN (new.id > COALESCE((SELECT CAST(value AS
+    INTEGER) FROM state_meta WHERE key = 'fts_rebuild_high_water'), -1) OR new.id <= COALESCE((SELECT CAST(value
+    AS INTEGER) FROM state_meta WHERE key = 'fts_rebuild_progress'), -1)) BEGIN INSERT INTO messages_fts(rowid,
+    content, tool_name, tool_calls) VALUES (new.id, new.content, new.tool_name, new.tool_calls); END;
+    CREATE TRIGGER messages_fts_trigram_delete AFTER DELETE ON messages WHEN old.role <> 'tool' AND (old.id >
+    COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_rebuild_high_water'), -1) OR old.id
+    <= COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_rebuild_progress'), -1)) BEGIN
+    INSERT INTO messages_fts_trigram(messages_fts_trigram, rowid, content, tool_name, tool_calls) VALUES
+    ('delete', old.id, old.content, old.tool_name, old.tool_calls); END;
+    CREATE TRIGGER messages_fts_trigram_insert AFTER INSERT ON messages WHEN new.role <> 'tool' AND (new.id >
+    COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_rebuild_high_water'), -1) OR new.id
+    <= COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_rebuild_progress'), -1)) BEGIN
+    INSERT INTO messages_fts_trigram(rowid, content, tool_name, tool_calls) VALUES (new.id, new.content,
+    new.tool_name, new.tool_calls); END;
+    CREATE TRIGGER messages_fts_trigram_update AFTER UPDATE OF content, tool_name, tool_calls, role ON messages
+    WHEN (old.content IS NOT new.content OR old.tool_name IS NOT new.tool_name OR old.tool_calls IS NOT
+    new.tool_calls OR old.role IS NOT new.role) AND (old.id > COALESCE((SELECT CAST(value AS INTEGER) FROM
+    state_meta WHERE key = 'fts_rebuild_high_water'), -1) OR old.id <= COALESCE((SELECT CAST(value AS INTEGER)
+    FROM state_meta WHERE key = 'fts_rebuild_progress'), -1)) BEGIN INSERT INTO
+    messages_fts_trigram(messages_fts_trigram, rowid, content, tool_name, tool_calls) SELECT 'delete', old.id,
+    old.content, old.tool_name, old.tool_calls WHERE old.role <> 'tool'; INSERT INTO messages_fts_trigram(rowid,
+    content, tool_name, tool_calls) SELECT new.id, new.content, new.tool_name, new.tool_calls WHERE new.role <>
+    'tool'; END;
+    CREATE TRIGGER messages_fts_update AFTER UPDATE OF content, tool_name, tool_calls ON messages WHEN
+    (old.content IS NOT new.content OR old.tool_name IS NOT new.tool_name OR old.tool_calls IS NOT
+    new.tool_calls) AND (old.id > COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE key =
+    'fts_rebuild_high_water'), -1) OR old.id <= COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE
+    key = 'fts_rebuild_progress'), -1)) BEGIN INSERT INTO messages_fts(messages_fts, rowid, content, tool_name,
+    tool_calls) VALUES ('delete', old.id, old.content, old.tool_name, old.tool_calls); INSERT INTO
+    messages_fts(rowid, content, tool_name, tool_calls) VALUES (new.id, new.content, new.tool_name,
+    new.tool_calls); END;
+    CREATE VIRTUAL TABLE messages_fts USING fts5( content, tool_name, tool_calls, content='messages',
+    content_rowid='id' );
+    CREATE VIRTUAL TABLE messages_fts_trigram USING fts5( content, tool_name, tool_calls,
+    content='messages_fts_trigram_src', content_rowid='id', tokenize='trigram' );
+""",
+    "hermes-agent 0.20.1 on a file of 0.19.0 (its update triggers narrowed, no rebuild)": """
+    CREATE TRIGGER messages_fts_trigram_update AFTER UPDATE OF content, tool_name, tool_calls ON messages BEGIN
+    DELETE FROM messages_fts_trigram WHERE rowid = old.id; INSERT INTO messages_fts_trigram(rowid, content)
+    VALUES ( new.id, COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' ' ||
+    COALESCE(new.tool_calls, '') ); END;
+    CREATE TRIGGER messages_fts_update AFTER UPDATE OF content, tool_name, tool_calls ON messages BEGIN DELETE
+    FROM messages_fts WHERE rowid = old.id; INSERT INTO messages_fts(rowid, content) VALUES ( new.id,
+    COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' ' || COALESCE(new.tool_calls, '') );
+    END;
+""",
+    "hermes-agent 0.20.1's CJK index, where its cjk_unicode61 tokenizer is installed": """
+    CREATE VIEW messages_fts_cjk_src AS SELECT id, role, content, tool_name, tool_calls FROM messages WHERE role
+    <> 'tool';
+    CREATE VIRTUAL TABLE messages_fts_cjk USING fts5( content, tool_name, tool_calls,
+    content='messages_fts_cjk_src', content_rowid='id', tokenize='cjk_unicode61' );
+    CREATE TRIGGER messages_fts_cjk_insert AFTER INSERT ON messages WHEN new.role <> 'tool' AND (new.id >
+    COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_cjk_rebuild_high_water'), -1) OR
+    new.id <= COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_cjk_rebuild_progress'),
+    -1)) BEGIN INSERT INTO messages_fts_cjk(rowid, content, tool_name, tool_calls) VALUES (new.id, new.content,
+    new.tool_name, new.tool_calls); END;
+    CREATE TRIGGER messages_fts_cjk_delete AFTER DELETE ON messages WHEN old.role <> 'tool' AND (old.id >
+    COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_cjk_rebuild_high_water'), -1) OR
+    old.id <= COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_cjk_rebuild_progress'),
+    -1)) BEGIN INSERT INTO messages_fts_cjk(messages_fts_cjk, rowid, content, tool_name, tool_calls) VALUES
+    ('delete', old.id, old.content, old.tool_name, old.tool_calls); END;
+    CREATE TRIGGER messages_fts_cjk_update AFTER UPDATE OF content, tool_name, tool_calls, role ON messages WHEN
+    (old.content IS NOT new.content OR old.tool_name IS NOT new.tool_name OR old.tool_calls IS NOT
+    new.tool_calls OR old.role IS NOT new.role) AND (old.id > COALESCE((SELECT CAST(value AS INTEGER) FROM
+    state_meta WHERE key = 'fts_cjk_rebuild_high_water'), -1) OR old.id <= COALESCE((SELECT CAST(value AS
+    INTEGER) FROM state_meta WHERE key = 'fts_cjk_rebuild_progress'), -1)) BEGIN INSERT INTO
+    messages_fts_cjk(messages_fts_cjk, rowid, content, tool_name, tool_calls) SELECT 'delete', old.id,
+    old.content, old.tool_name, old.tool_calls WHERE old.role <> 'tool'; INSERT INTO messages_fts_cjk(rowid,
+    content, tool_name, tool_calls) SELECT new.id, new.content, new.tool_name, new.tool_calls WHERE new.role <>
+    'tool'; END;
+""",
+}
+
+_QUOTED = re.compile(r"('(?:''|[^'])*')")
+_HEAD = re.compile(r"CREATE (VIRTUAL TABLE|TABLE|VIEW|TRIGGER|INDEX|UNIQUE INDEX) (IF NOT EXISTS )?(\w+)")
+
+
+def normalized_sql(sql: str) -> str:
+    """Return a schema statement as compared: whitespace outside quotes as single spaces, no IF NOT EXISTS, no `;`."""
+    parts = _QUOTED.split(sql)
+    flat = "".join(p if i % 2 else re.sub(r"\s+", " ", p) for i, p in enumerate(parts)).strip().rstrip(";").rstrip()
+    head = _HEAD.match(flat)  # sqlite_master keeps a statement without its IF NOT EXISTS
+    return flat if head is None or head.group(2) is None else flat[:head.start(2)] + flat[head.end(2):]
+
+
+def _agent_objects() -> frozenset[tuple[str, str, str]]:
+    found = set()
+    for release, script in AGENT_OBJECT_SQL.items():
+        for statement in split_sql(script):
+            sql = normalized_sql(statement)
+            head = _HEAD.match(sql)
+            if head is None:
+                raise ValueError(f"{release}: not a CREATE statement of a named object: {sql[:80]}")
+            kind = "table" if head.group(1).endswith("TABLE") else head.group(1).split()[-1].lower()
+            found.add((kind, head.group(3), sql))
+    return frozenset(found)
+
+
+# (type, name, normalized SQL) of every object in AGENT_OBJECT_SQL, as sqlite_master names them.
+AGENT_OBJECTS = _agent_objects()
+
+
 def foreign_objects(conn: sqlite3.Connection, own: Iterable[tuple[str, str, str]], *, older: bool) -> list[str]:
     """Name the schema objects of a file this library would not have made (each as "trigger 'x' on t").
 
     `own` lists the library's derived objects (type, name, SQL) as it creates them: a trigger,
-    a view or a virtual table is accepted only when it is one of them exactly. In an `older`
+    a view or a virtual table is accepted only when it is one of them exactly, or one a known
+    hermes-agent release creates (AGENT_OBJECTS, compared as `normalized_sql`). In an `older`
     file (an upgrade is due) an earlier layout's full-text objects are accepted too, as long as
     a trigger writes only to full-text tables: the upgrade drops them before any row is written.
     Tables are data and are all accepted; a UNIQUE index on a declared table must be one of ours
@@ -86,7 +224,7 @@ def foreign_objects(conn: sqlite3.Connection, own: Iterable[tuple[str, str, str]
                         "ESCAPE '\\' ORDER BY type, name").fetchall()
     for kind, name, table, sql in rows:
         sql = sql or ""
-        if (kind, name, sql) in mine:
+        if (kind, name, sql) in mine or (kind, name, normalized_sql(sql)) in AGENT_OBJECTS:
             continue
         accepted = _ACCEPTED.get(kind)
         if accepted is not None and accepted(name, table, sql, older and name.startswith("messages_fts")):

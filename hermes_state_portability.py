@@ -25,7 +25,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, cast
 
-from hermes_state_common import SESSION_OWNED, derived_uid, recount_sql, shown
+import hermes_state_sessions as sessions
+from hermes_state_common import SESSION_OWNED, SESSION_ROW_SQL, derived_uid, recount_sql, session_dicts, shown
 from hermes_state_documents import (DERIVED, EXPORT_FORMAT, EXPORT_VERSION, MESSAGE_COLUMNS, SESSION_COLUMNS,  # noqa: F401
                                     USAGE_COLUMNS, Checked, check_document)
 from hermes_state_lineage import compression_chain_ids
@@ -53,7 +54,7 @@ def export_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] 
     `session` as well (this library's earlier readers). Run it inside one read transaction so
     the session and its rows come from one snapshot.
     """
-    found = _rows(conn, "SELECT * FROM sessions WHERE id = ?", (session_id,), ())
+    found = session_dicts(conn.execute(f"SELECT {SESSION_ROW_SQL} FROM sessions s WHERE s.id = ?", (session_id,)))
     if not found:
         return None
     messages = _rows(conn, "SELECT * FROM messages WHERE session_id = ? ORDER BY id", (session_id,), ("session_id",))
@@ -335,10 +336,13 @@ def _write_one(conn: sqlite3.Connection, checked: Checked, state: _Import) -> No
         return
     # Parent and title are set once every document is in (see _finish).
     row = dict(session, parent_session_id=None, title=None)
+    _file_imported_prompt(conn, row)
     if exists:
         for table, owned in _REPLACED:
             conn.execute(f"DELETE FROM {table} WHERE {owned}", (sid,))
+        before = conn.execute("SELECT system_prompt_hash FROM sessions WHERE id = ?", (sid,)).fetchone()[0]
         conn.execute(_UPDATE_SESSION, (*(row[c] for c in _ROW_COLUMNS if c != "id"), sid))
+        sessions.forget_prompts(conn, [before])
         state.replaced.append(sid)
     else:
         conn.execute(_INSERT_SESSION, tuple(row[c] for c in _ROW_COLUMNS))
@@ -347,6 +351,17 @@ def _write_one(conn: sqlite3.Connection, checked: Checked, state: _Import) -> No
     _write_messages(conn, state.pending)
     conn.executemany(_INSERT_USAGE, ((sid, *u) for u in checked.usage))
     state.messages += len(checked.messages)
+
+
+def _file_imported_prompt(conn: sqlite3.Connection, row: dict[str, Any]) -> None:
+    # A document carries the prompt as text (an export reads it through its hash): it is filed
+    # under its hash as any prompt written here is. A hash without its text names a prompt only
+    # when this file already holds it; otherwise it is dropped rather than left dangling.
+    if row.get("system_prompt") is not None:
+        sessions.file_prompt(conn, row)
+    elif row.get("system_prompt_hash") is not None and conn.execute(
+            "SELECT 1 FROM system_prompts WHERE hash = ?", (row["system_prompt_hash"],)).fetchone() is None:
+        row["system_prompt_hash"] = None
 
 
 def _parent(conn: sqlite3.Connection, session_id: str) -> str | None:

@@ -263,11 +263,51 @@ def apply_wal_with_fallback(conn: sqlite3.Connection, db_label: str = "state.db"
     return mode
 
 
+# hermes-agent 0.20 makes a new file in a rollback-journal mode on a SQLite with the WAL-reset bug
+# (or when its config asks for it), and never switches an existing file's mode. Turning WAL on
+# here would undo that choice for good (the agent keeps WAL once a file has it), so such a file
+# keeps its mode: found at this library's first open (the newer release's system_prompts table,
+# none of this library's layout yet) and remembered under JOURNAL_KEPT_KEY. Every other file is
+# put in WAL as before, one this library fell back from WAL on included (it asks again each open).
+ROLLBACK_MODES = ("delete", "truncate", "persist")
+JOURNAL_KEPT_KEY = "hermes_state_journal_kept"
+kept_rollback_said: set[str] = set()  # paths already logged, so a caller reopening per call logs once
+
+
+def kept_journal_mode(conn: sqlite3.Connection) -> str | None:
+    """Return the rollback-journal mode a file hermes-agent made so keeps, or None when the open sets WAL.
+
+    Records the choice in state_meta the first time (a file the agent made, not yet opened here).
+    """
+    mode = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+    if mode not in ROLLBACK_MODES or not table_exists(conn, "state_meta"):
+        return None
+    if conn.execute("SELECT 1 FROM state_meta WHERE key = ?", (JOURNAL_KEPT_KEY,)).fetchone() is not None:
+        return mode
+    if not table_exists(conn, "system_prompts") or read_layout(conn) != 0:
+        return None
+    conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, ?)", (JOURNAL_KEPT_KEY, mode))
+    return mode
+
+
 def enable_wal(conn: sqlite3.Connection, path: Path | str, patience_s: float, policy: RetryPolicy) -> str:
-    """Give a new file its page size, then WAL (or the fallback journal), waiting out other openers; return the mode."""
+    """Give a new file its page size, then WAL (or the fallback journal), waiting out other openers; return the mode.
+
+    A file hermes-agent made in a rollback-journal mode keeps it (see kept_journal_mode), said once per path.
+    """
     def attempt() -> str:
         if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
             conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # only an empty file takes it
+        elif (kept := kept_journal_mode(conn)) is not None:
+            if str(path) not in kept_rollback_said:
+                kept_rollback_said.add(str(path))
+                logger.info("%s is in journal_mode=%s, as hermes-agent leaves a file it made on a SQLite with the "
+                            "WAL-reset bug (or configured so); it stays so: readers wait while a write commits. "
+                            "Once every program using it links SQLite 3.51.3+ (or 3.50.7 / 3.44.6), "
+                            "`sqlite3 %s 'PRAGMA journal_mode=WAL'` with nothing else open switches it",
+                            path, kept, path)
+            conn.execute("PRAGMA synchronous=FULL")  # rollback mode is durable only with FULL
+            return kept
         return apply_wal_with_fallback(conn, str(path))
     try:
         return retry_on_lock(attempt, patience_s, policy)
