@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
-from hermes_state_cjk import (CJK_CHARS, CJK_RUN, cjk_index_text, cjk_query_text, cjk_terms,  # noqa: F401
+from hermes_state_cjk import (CJK_CHARS, CJK_RUN, cjk_index_text, cjk_query_text, cjk_terms, terms_sql,  # noqa: F401
                                has_cjk, register_functions)
 from hermes_state_common import FTS_MERGE_EVERY_N_WRITES, FTS_OPTIMIZE_EVERY_N_WRITES, FTS_REBUILD_CHUNK_ROWS, logger
 from hermes_state_query import _sanitize_fts5_query  # noqa: F401 - importable here, where callers know it
@@ -296,7 +296,7 @@ def _index_range(conn: sqlite3.Connection, low: int, high: int) -> None:
     # The CJK table is a plain FTS5 table (rows delete by rowid), so clearing the range first
     # makes this idempotent with rows the queue already handled.
     conn.execute(f"DELETE FROM {CJK} WHERE rowid > ? AND rowid <= ?", (low, high))
-    conn.execute(f"INSERT INTO {CJK}(rowid, terms) SELECT id, t FROM (SELECT id, hermes_cjk_terms(content, tool_calls) "
+    conn.execute(f"INSERT INTO {CJK}(rowid, terms) SELECT id, t FROM (SELECT id, {terms_sql('content', 'tool_calls')} "
                  "AS t FROM messages WHERE id > ? AND id <= ?) WHERE t IS NOT NULL", (low, high))
     conn.execute(f"DELETE FROM {CJK_PENDING} WHERE id > ? AND id <= ?", (low, high))
     conn.execute(f"DELETE FROM {PENDING} WHERE id > ? AND id <= ?", (low, high))
@@ -401,7 +401,7 @@ def drain_cjk(conn: sqlite3.Connection, limit: int = CJK_BATCH_ROWS) -> bool:
         return False
     batch = json.dumps(ids)
     conn.execute(f"DELETE FROM {CJK} WHERE rowid IN (SELECT value FROM json_each(?))", (batch,))
-    conn.execute(f"INSERT INTO {CJK}(rowid, terms) SELECT id, t FROM (SELECT id, hermes_cjk_terms(content, tool_calls) "
+    conn.execute(f"INSERT INTO {CJK}(rowid, terms) SELECT id, t FROM (SELECT id, {terms_sql('content', 'tool_calls')} "
                  "AS t FROM messages WHERE id IN (SELECT value FROM json_each(?))) WHERE t IS NOT NULL", (batch,))
     conn.execute(f"DELETE FROM {CJK_PENDING} WHERE id IN (SELECT value FROM json_each(?))", (batch,))
     return len(ids) == limit

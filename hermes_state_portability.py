@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, cast
 
 import hermes_state_sessions as sessions
-from hermes_state_common import SESSION_OWNED, SESSION_ROW_SQL, derived_uid, recount_sql, session_dicts, shown
+from hermes_state_common import SESSION_OWNED, SESSION_ROW_SQL, derived_uid, logger, recount_sql, session_dicts, shown
 from hermes_state_documents import (DERIVED, EXPORT_FORMAT, EXPORT_VERSION, MESSAGE_COLUMNS, SESSION_COLUMNS,  # noqa: F401
                                     USAGE_COLUMNS, Checked, check_document)
 from hermes_state_lineage import compression_chain_ids
@@ -54,16 +54,25 @@ def export_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] 
     `session` as well (this library's earlier readers). Run it inside one read transaction so
     the session and its rows come from one snapshot.
     """
-    found = session_dicts(conn.execute(f"SELECT {SESSION_ROW_SQL} FROM sessions s WHERE s.id = ?", (session_id,)))
+    return _document(conn, session_id.encode("utf-8", "surrogatepass"))
+
+
+def _document(conn: sqlite3.Connection, key: bytes) -> dict[str, Any] | None:
+    # `key` is the id's stored bytes, compared as TEXT (the CAST keeps them as they are), so a
+    # session whose id another program stored as text that is not UTF-8 is found too; its columns
+    # come out decoded as listings show them, id included, and its prompt as either program stored it.
+    found = session_dicts(conn.execute(f"SELECT {SESSION_ROW_SQL} FROM sessions s WHERE s.id = CAST(? AS TEXT)",
+                                       (key,)))
     if not found:
         return None
-    messages = _rows(conn, "SELECT * FROM messages WHERE session_id = ? ORDER BY id", (session_id,), ("session_id",))
+    messages = _rows(conn, "SELECT * FROM messages WHERE session_id = CAST(? AS TEXT) ORDER BY id", (key,),
+                     ("session_id",))
     for message in messages:
         row_id = message.pop("id")
         if message.get("message_uid") is None:  # written by an older program: the uid its conversation shows
-            message["message_uid"] = derived_uid(session_id, row_id)
-    usage = _rows(conn, "SELECT * FROM session_model_usage WHERE session_id = ? ORDER BY model, task",
-                  (session_id,), ("session_id",))
+            message["message_uid"] = derived_uid(key, row_id)
+    usage = _rows(conn, "SELECT * FROM session_model_usage WHERE session_id = CAST(? AS TEXT) ORDER BY model, task",
+                  (key,), ("session_id",))
     return {**found[0], "format": EXPORT_FORMAT, "version": EXPORT_VERSION, "session": dict(found[0]),
             "messages": messages, "model_usage": usage}
 
@@ -74,22 +83,29 @@ def iter_export(read: Callable[..., AbstractContextManager[sqlite3.Connection]],
 
     Memory stays flat: at most one page of ids and one session are held. Each session is one
     consistent snapshot; sessions written while the export runs may or may not be included,
-    and one deleted meanwhile is left out.
+    and one deleted meanwhile is left out. A session whose stored id is not UTF-8 is exported
+    under the id as listings show it (U+FFFD for each bad byte), with a warning naming it.
     """
-    after = ""
+    after = b""
     while True:
         with read() as conn:
-            ids = [r[0] for r in conn.execute(
-                "SELECT id FROM sessions WHERE id > ?" + ("" if source is None else " AND source = ?")
+            # The ids' stored bytes: decoded, a bad byte would turn an id into one no row has (the
+            # session left out), and into a page boundary that sorts before the id itself.
+            keys = [r[0] for r in conn.execute(
+                "SELECT CAST(id AS BLOB) FROM sessions WHERE id > CAST(? AS TEXT)"
+                + ("" if source is None else " AND source = ?")
                 + " ORDER BY id LIMIT ?", (after, page) if source is None else (after, source, page))]
-        for session_id in ids:
+        for key in keys:
             with read(snapshot=True) as conn:
-                document = export_session(conn, session_id)
-            if document is not None:  # deleted meanwhile
-                yield document
-        if len(ids) < page:
+                document = _document(conn, key)
+            if document is None:  # deleted meanwhile
+                continue
+            if document["id"].encode("utf-8", "surrogatepass") != key:
+                logger.warning("session %r: its stored id is not UTF-8; exported as %r", key, document["id"])
+            yield document
+        if len(keys) < page:
             return
-        after = ids[-1]
+        after = keys[-1]
 
 
 # --- import -------------------------------------------------------------------------------------

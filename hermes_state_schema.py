@@ -16,7 +16,6 @@ catalogue reads and takes no write lock, so opening costs the same for any numbe
 """
 from __future__ import annotations
 
-import functools
 import os
 import sqlite3
 import stat
@@ -27,7 +26,7 @@ from typing import Callable, Iterator, TypeVar, cast
 
 from hermes_state_base import CACHE_SIZE_KIB, SOFT_HEAP_LIMIT_KIB
 from hermes_state_cjk import register_functions
-from hermes_state_common import (COUNTERS, INDEX_SQL, LATE_INDEXES, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
+from hermes_state_common import (COUNTERS, INDEX_SQL, LATE_INDEXES, LENIENT_TEXT, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
                                  SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, derived_uid, logger,
                                  object_exists, recount_sql, table_exists)
 import hermes_state_backfill as backfill
@@ -137,10 +136,6 @@ def lenient_text(raw: bytes) -> str:
 
 
 _T = TypeVar("_T")
-
-# The connections' text_factory, and lenient_text's one rule: C code (a bad byte becomes U+FFFD,
-# the rest decodes as UTF-8), so reading a row runs no Python at all.
-LENIENT_TEXT = functools.partial(str, encoding="utf-8", errors="replace")
 
 
 def read_strict_text(conn: sqlite3.Connection, read: Callable[[], _T]) -> _T:

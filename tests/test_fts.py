@@ -233,7 +233,8 @@ def test_cjk_index_text_and_query_text():
     assert fts.cjk_query_text("iPhone16を") == ("iPhone16 を", True)
     assert fts.cjk_terms("plain ascii") is None and fts.cjk_terms("café naïve") is None
     assert fts.cjk_terms(None, '{"q": "検索"}') == '{"q": " 検索 索 "}'
-    assert fts.cjk_terms(b"\xe6\x9d\xb1", 3) is None  # odd types never raise inside a trigger
+    assert fts.cjk_terms(b"\xe6\x9d\xb1", 3) == "東\n3"  # stored text arrives as bytes; a number as its str()
+    assert fts.cjk_terms(b"\xed\xa0\x80", b"\xff") is None  # bytes that are not UTF-8 never raise
 
 
 # --- writers without the tokenizer ---------------------------------------------------------------
