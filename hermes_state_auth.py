@@ -336,21 +336,40 @@ def logins_for(host_is_loopback: bool, password_file: str | None, no_auth: bool)
 # --- failed logins -------------------------------------------------------------------------------
 
 class FailureLimit:
-    """Failed logins per key (an address, a name) in a sliding window, and how long a key must wait."""
+    """Failed logins per key (an address, a name) in a sliding window, and how long a key must wait.
+
+    Addresses sit in a table of the `max_keys` most recently failing ones: a client with more
+    addresses than that already escapes a per-address count by moving on. Names sit in
+    `name_buckets` buckets chosen by a keyed hash (a secret drawn at start) and are never evicted:
+    no flood of other names or addresses can reset a name's failures, only time takes them back.
+    Two names may share a bucket, and then their failures count together (a name can be locked
+    out by someone who knows it anyway). Each key keeps only its last `max_failures` times.
+    """
 
     def __init__(self, max_failures: int = MAX_FAILURES, window_s: float = WINDOW_S,
-                 clock: Callable[[], float] = time.monotonic, max_keys: int = 4096) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_keys: int = 4096, name_buckets: int = 4096) -> None:
         self.max_failures, self.window_s, self.clock, self.max_keys = max_failures, window_s, clock, max_keys
+        self.name_buckets = name_buckets
         self.failures: collections.OrderedDict[str, collections.deque[float]] = collections.OrderedDict()
+        self.names: dict[int, collections.deque[float]] = {}
+        self._bucket_key = secrets.token_bytes(16)
+
+    def _slot(self, key: str) -> tuple[dict[Any, collections.deque[float]], Any]:
+        # A name's failures live in its bucket; any other key's in the table of addresses.
+        if key.startswith("name:"):
+            digest = hmac.digest(self._bucket_key, key.encode("utf-8", "surrogatepass"), "sha256")
+            return self.names, int.from_bytes(digest[:8], "big") % self.name_buckets
+        return self.failures, key
 
     def _recent(self, key: str, now: float) -> collections.deque[float]:
-        found = self.failures.get(key)
+        table, slot = self._slot(key)
+        found = table.get(slot)
         if found is None:
             return collections.deque()
         while found and found[0] <= now - self.window_s:
             found.popleft()
         if not found:
-            del self.failures[key]
+            del table[slot]
         return found
 
     def wait_s(self, keys: Iterable[str]) -> float:
@@ -364,16 +383,19 @@ class FailureLimit:
         """Count a failure for each key now (before the check, so parallel guesses are counted too); return its time."""
         now = self.clock()
         for key in keys:
-            self.failures.setdefault(key, collections.deque()).append(now)
-            self.failures.move_to_end(key)
-        while len(self.failures) > self.max_keys:  # a flood of names or addresses forgets the oldest
+            table, slot = self._slot(key)
+            table.setdefault(slot, collections.deque(maxlen=self.max_failures)).append(now)
+            if table is self.failures:
+                self.failures.move_to_end(slot)
+        while len(self.failures) > self.max_keys:  # a flood of addresses forgets the oldest of them
             self.failures.popitem(last=False)
         return now
 
     def refund(self, keys: Iterable[str], when: float) -> None:
         """Take back the failure `charge` counted at `when` (the login was right)."""
         for key in keys:
-            recent = self.failures.get(key)
+            table, slot = self._slot(key)
+            recent = table.get(slot)
             if recent is not None and when in recent:
                 recent.remove(when)
 

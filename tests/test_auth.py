@@ -302,11 +302,36 @@ def test_failures_lock_a_key_for_the_rest_of_the_window():
     assert limit.wait_s(["address:a"]) == 0 and len(limit.failures["address:a"]) == 2
 
 
-def test_the_limit_forgets_the_oldest_keys_past_its_size():
+def test_the_limit_forgets_the_oldest_addresses_past_its_size():
     limit = auth.FailureLimit(max_failures=1, window_s=60, clock=lambda: 0.0, max_keys=3)
-    for name in "abcd":
-        limit.charge([f"name:{name}"])
-    assert list(limit.failures) == ["name:b", "name:c", "name:d"]
+    for address in "abcd":
+        limit.charge([f"address:{address}"])
+    assert list(limit.failures) == ["address:b", "address:c", "address:d"]
+
+
+def test_address_churn_never_resets_a_names_failures():
+    # A client owning many /64s fails once from each, each time with a name of its own: far more
+    # keys than the address table keeps. The name it guessed before stays locked all the same.
+    now = [1000.0]
+    limit = auth.FailureLimit(max_failures=3, window_s=900, clock=lambda: now[0], max_keys=16)
+    for n in range(3):
+        limit.charge([f"address:2001:db8:0:{n}::/64", "name:alice"])
+    assert limit.wait_s(["name:alice"]) == pytest.approx(900)
+    for n in range(5000):
+        now[0] = 1000.0 + (n + 1) / 100
+        limit.charge([f"address:2001:db8:1:{n:x}::/64", f"name:x{n}"])
+    # Until alice's own failures leave the window at least (a name sharing her bucket adds, never takes).
+    assert limit.wait_s(["address:2001:db8:ffff::/64", "name:alice"]) >= 900 - 50 - 1e-6
+    assert len(limit.failures) <= 16  # memory stays bounded on both sides
+    assert len(limit.names) <= limit.name_buckets
+
+
+def test_the_names_table_is_bounded_without_evicting_anyone():
+    limit = auth.FailureLimit(max_failures=2, window_s=60, clock=lambda: 0.0, name_buckets=8)
+    for n in range(1000):
+        limit.charge([f"name:n{n}"])
+    assert len(limit.names) <= 8 and all(len(recent) <= 2 for recent in limit.names.values())
+    assert all(limit.wait_s([f"name:n{n}"]) == 60 for n in range(1000))  # a full bucket locks; none is forgotten
 
 
 def test_clients_are_counted_by_address_and_ipv6_by_its_64():
