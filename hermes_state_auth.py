@@ -159,9 +159,8 @@ def _decoded(path: Path, raw: bytes) -> str:
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
         what = f"is not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line})"
-        raise PasswordFileError(f"{display_hermes_home(path)} {what}: the file holds only names and hashes, in "
-                                f"ASCII; delete or retype line {line} in an editor, then run "
-                                "`hermes-state passwd NAME` again", f"{path.name} {what}") from None
+        raise PasswordFileError(f"{display_hermes_home(path)} {what}: delete or retype line {line} in an editor, "
+                                "then run `hermes-state passwd NAME` again", f"{path.name} {what}") from None
 
 
 def read_password_file(path: Path) -> dict[str, Hash]:
