@@ -506,17 +506,8 @@ async def all_search_page(datasette, request):
         turns = sorted(((i, names.index(name), dict(h, profile=name)) for name, found_here in hits.items()
                         for i, h in enumerate(found_here)), key=lambda t: (t[0], t[1]))
         found = [h for _, _, h in turns][(page - 1) * HITS_PER_PAGE:page * HITS_PER_PAGE + 1]
-        if page == 1:  # on Datasette's connections, waiting for a lock at most as long as a ProfileGlance
-            titles = await asyncio.gather(*(_titled(datasette.get_database(name), query, briefly=True)
-                                            for name in hits), return_exceptions=True)
-            for name, rows in zip(hits, titles):
-                if isinstance(rows, sqlite3.Error):  # damaged or locked since its hits: those hits stand
-                    continue
-                if isinstance(rows, BaseException):
-                    raise rows
-                titled += [dict(r, profile=name) for r in rows]
-            titled = sorted(titled, key=lambda r: (r["last_activity"] or 0, r["profile"], r["id"]),
-                            reverse=True)[:HITS_PER_PAGE]
+        if page == 1:
+            titled = await _titled_across(datasette, list(hits), query)
     more = len(found) > HITS_PER_PAGE
     found = found[:HITS_PER_PAGE]
     pager = _pager(request, page, more)
@@ -530,6 +521,21 @@ async def all_search_page(datasette, request):
                    for r in titled],
         "page": page, "role": role, "roles": ROLES, "reasoning": reasoning,
         "sessions_url": _store_url(EVERY_PROFILE), **pager})
+
+
+async def _titled_across(datasette, names: list[str], query: str) -> list[dict[str, Any]]:
+    """Return the sessions of the profiles named whose title holds `query`, newest activity first, with their profile."""
+    # On Datasette's connections, all at once, each waiting for a lock no longer than a ProfileGlance.
+    found = await asyncio.gather(*(_titled(datasette.get_database(name), query, briefly=True) for name in names),
+                                 return_exceptions=True)
+    titled: list[dict[str, Any]] = []
+    for name, rows in zip(names, found):
+        if isinstance(rows, sqlite3.Error):  # damaged or locked since its hits: those hits stand
+            continue
+        if isinstance(rows, BaseException):
+            raise rows
+        titled += [dict(r, profile=name) for r in rows]
+    return sorted(titled, key=lambda r: (r["last_activity"] or 0, r["profile"], r["id"]), reverse=True)[:HITS_PER_PAGE]
 
 
 _CHOICES_SQL = "SELECT DISTINCT {column} FROM sessions WHERE {column} IS NOT NULL ORDER BY {column} LIMIT 200"
