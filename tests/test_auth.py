@@ -186,7 +186,7 @@ def _passwd_started(home: Path, name: str, password: str) -> subprocess.Popen:
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     assert process.stdin is not None
     process.stdin.write(password + "\n")
-    process.stdin.close()
+    process.stdin.flush()  # the process starts hashing now; communicate() closes stdin later
     return process
 
 
@@ -196,9 +196,8 @@ def test_passwd_runs_at_once_lose_no_user_and_no_new_password(store):
     runs = [_passwd_started(store, "alice", "the new password")] + [_passwd_started(store, name, f"{name} secret")
                                                                     for name in others]
     for run in runs:
-        assert run.wait(120) == 0 and "Saved the password of" in run.stdout.read(), run.stderr.read()
-        run.stdout.close()
-        run.stderr.close()
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0 and "Saved the password of" in out, err
     path = store / "web-passwords"
     users = auth.read_password_file(path)
     assert sorted(users) == sorted(["alice", *others])
@@ -266,7 +265,7 @@ def test_passwd_and_serve_say_in_one_line_which_file_is_not_utf8(store):
 
 
 def test_a_running_guard_answers_503_when_the_file_stops_being_utf8(logins, capsys):
-    guard = auth.AuthGuard(None, logins)
+    guard = auth.AuthGuard(_unreached, logins)
     assert _ask(guard, _basic("alice", PASSWORD))[0] == 200
     _not_utf8(logins.path)
     sent: list[dict] = []
@@ -371,6 +370,10 @@ def _ask(guard: auth.AuthGuard, authorization: str | None, client: str = "192.0.
     return sent[0]["status"], dict(sent[0]["headers"]), seen
 
 
+async def _unreached(scope, receive, send) -> None:
+    raise AssertionError("the guard passed on a request it was meant to answer itself")
+
+
 def _basic(name: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{name}:{password}".encode()).decode()
 
@@ -383,7 +386,7 @@ def logins(tmp_path) -> auth.Logins:
 
 
 def test_an_unknown_name_costs_one_hash_like_a_known_one(logins, monkeypatch):
-    guard = auth.AuthGuard(None, logins)
+    guard = auth.AuthGuard(_unreached, logins)
     checked: list[auth.Hash] = []
     real = auth.Hash.matches
 
@@ -402,7 +405,7 @@ def test_an_unknown_name_costs_one_hash_like_a_known_one(logins, monkeypatch):
 
 
 def test_the_guard_reads_the_file_again_and_refuses_all_when_it_goes_wrong(logins, capsys):
-    guard = auth.AuthGuard(None, logins)
+    guard = auth.AuthGuard(_unreached, logins)
     assert _ask(guard, _basic("alice", PASSWORD))[0] == 200
     auth.write_password_file(logins.path, "alice", auth.hash_password("a new password"))
     assert _ask(guard, _basic("alice", PASSWORD))[0] == 401  # the remembered login is forgotten
