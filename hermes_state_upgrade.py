@@ -21,9 +21,10 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import hermes_state_catalogue as catalogue
 import hermes_state_fork as fork
@@ -60,11 +61,12 @@ def upgrade_backup_path(db_path: Path, *, now: float | None = None) -> Path:
 
 
 def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = True,
-                  stop: threading.Event | None = None) -> Path | None:
+                  stop: threading.Event | None = None, give_way: Callable[[], bool] | None = None) -> Path | None:
     """Before an older file is upgraded: copy it next to itself (unless told not to) and say so in one INFO line.
 
     Returns the copy, or None when no upgrade is due (or no copy was asked for). With `stop` the
-    copy can be stopped between two of its steps (see recovery.backup_to).
+    copy can be stopped between two of its steps, and `give_way()` says whether it may wait there
+    for this process's reads (see recovery.backup_to).
     """
     with fork.GATE.work():  # a stretch of SQLite work: on MoveIn's thread, a fork elsewhere waits for it
         if str(db_path) == ":memory:" or not schema.is_older_file(conn):
@@ -76,7 +78,7 @@ def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = Tru
     try:
         # Named again at the end if another opener's copy took the name meanwhile (the same second).
         copy = recovery.backup_to(conn, upgrade_backup_path(db_path), stop=stop,
-                                  renamed=lambda: upgrade_backup_path(db_path))
+                                  renamed=lambda: upgrade_backup_path(db_path), give_way=give_way)
     except (OSError, sqlite3.Error) as exc:
         # Never upgrade without the copy the caller was promised; nothing has been changed yet.
         raise StoreUnavailableError(
@@ -320,6 +322,8 @@ class MoveIn:
         self.stop = threading.Event()       # set by close(): end as soon as that is safe
         self.migrating = threading.Event()  # the upgrade itself is under way (close waits for it)
         self.error: BaseException | None = None
+        self._waiting = 0                   # writes of this handle waiting for `done`
+        self._waiting_lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="hermes-state-upgrade", daemon=True,
                                        args=(writer, db_path, patience_s, policy, backup, finish, on_give_up))
 
@@ -357,11 +361,27 @@ class MoveIn:
         finally:
             self.done.set()
 
+    @contextmanager
+    def write_waiting(self) -> Iterator[None]:
+        """Count a write waiting for `done` while the block runs: meanwhile the copy gives way to no read."""
+        with self._waiting_lock:
+            self._waiting += 1
+        try:
+            yield
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
+
+    def give_way(self) -> bool:
+        """Tell whether the copy may wait for this process's reads now: not while a write waits for it."""
+        return self._waiting == 0
+
     def _copy(self, db_path: Path, backup: bool) -> Path | None:
         with fork.GATE.work():
             conn = schema.connect_reader(db_path)
         try:
-            return start_upgrade(conn, db_path, backup=backup, stop=self.stop)  # the copy's steps are stretches
+            # The copy's steps are stretches of the fork gate.
+            return start_upgrade(conn, db_path, backup=backup, stop=self.stop, give_way=self.give_way)
         finally:
             with fork.GATE.work():
                 conn.close()
