@@ -6,7 +6,8 @@ Owns: `messages_fts` (unicode61 words of content, tool_name, tool_calls), `messa
 the triggers that keep them in sync (all declared in `OBJECTS`), the rebuild markers
 `fts_rebuild_high_water`/`fts_rebuild_progress`, the chunked resumable rebuild, the writer's queue
 batch (`index_batch`, and `flush_queue`, a closing handle indexing what it left queued), the periodic merge,
-and `FtsState` (what exists and what is pending; `cached_state` keeps it per connection for searches).
+the bounded merge after a rebuild, reading each index's FTS5 structure record (`Structure`: how many
+levels deep it is, rebuilt when too deep), and `FtsState` (what exists and what is pending; `cached_state` keeps it per connection for searches).
 Does not own: the query language (hermes_state_query), running searches (hermes_state_search) or
 writing message rows (hermes_state_messages).
 
