@@ -149,7 +149,9 @@ def _stepped_backup(conn: sqlite3.Connection, partial: Path, stop: threading.Eve
     # Run on a thread of its own, so every call into SQLite is a stretch of the fork gate: a fork
     # elsewhere waits for the step under way and goes through between two steps, where this thread
     # holds none of SQLite's mutexes. The read transaction is held across the steps: SQLite's backup
-    # then reads one snapshot and never starts over when another process writes between two steps.
+    # then reads one snapshot and never starts over when another process writes between two steps
+    # (under a steady trickle of appends it would never finish). Meanwhile the WAL cannot restart, so
+    # it grows by what others write until the copy ends (docs/scaling.md has the figures).
     def between_steps(status: int, remaining: int, total: int) -> None:
         fork.GATE.leave()
         until = time.monotonic() + GIVE_WAY_MAX_S
