@@ -373,7 +373,7 @@ class SessionDB(table.Handle):
 
     def persist_failed_turn_input(self, session_id: str, message: Any, marker: str) -> int | None:
         """Append a failed turn's user input unless a row already owns `marker`; return the row id or None."""
-        self._check_writable()
+        self._check_writable(self.transcript_write_patience_s)
         with self._read() as conn:  # where it would go, so a compression there is waited out first
             target = ownership.input_target(conn, session_id)
         return self._transcript_write(target, lambda conn: ownership.persist_failed_turn_input(

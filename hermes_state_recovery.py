@@ -118,7 +118,7 @@ _GIVE_WAY_POLL_S = 0.005
 
 
 def backup_to(conn: sqlite3.Connection, target_path: str | os.PathLike, stop: threading.Event | None = None,
-              renamed: Callable[[], Path] | None = None) -> Path:
+              renamed: Callable[[], Path] | None = None, give_way: Callable[[], bool] | None = None) -> Path:
     """Write a consistent copy of the database (ledgers included) to a new file; return its path.
 
     Uses SQLite's backup API: other processes keep writing meanwhile (WAL), and the copy is the
@@ -126,8 +126,9 @@ def backup_to(conn: sqlite3.Connection, target_path: str | os.PathLike, stop: th
     name only once complete; with `renamed`, under the next name it gives if another file took
     the first one meanwhile. With `stop` (on a connection lent to this copy alone) it goes a
     bounded step at a time inside one read transaction, lets a fork through between steps and
-    waits there while another thread of this process reads (at most GIVE_WAY_MAX_S a step), and
-    ends with Cancelled, leaving nothing behind, once `stop` is set.
+    waits there while another thread of this process reads (at most GIVE_WAY_MAX_S a step, and
+    only while `give_way()`, when given, says so), and ends with Cancelled, leaving nothing
+    behind, once `stop` is set.
     """
     target = Path(target_path).expanduser().absolute()
     if target.exists() and renamed is None:
@@ -140,19 +141,23 @@ def backup_to(conn: sqlite3.Connection, target_path: str | os.PathLike, stop: th
             finally:
                 dest.close()
         else:
-            _stepped_backup(conn, building.partial, stop)
+            _stepped_backup(conn, building.partial, stop, give_way)
     return building.target
 
 
-def _stepped_backup(conn: sqlite3.Connection, partial: Path, stop: threading.Event) -> None:
+def _stepped_backup(conn: sqlite3.Connection, partial: Path, stop: threading.Event,
+                    give_way: Callable[[], bool] | None = None) -> None:
     # Run on a thread of its own, so every call into SQLite is a stretch of the fork gate: a fork
     # elsewhere waits for the step under way and goes through between two steps, where this thread
     # holds none of SQLite's mutexes. The read transaction is held across the steps: SQLite's backup
-    # then reads one snapshot and never starts over when another process writes between two steps.
+    # then reads one snapshot and never starts over when another process writes between two steps
+    # (under a steady trickle of appends it would never finish). Meanwhile the WAL cannot restart, so
+    # it grows by what others write until the copy ends (docs/scaling.md has the figures).
     def between_steps(status: int, remaining: int, total: int) -> None:
         fork.GATE.leave()
-        give_way = time.monotonic() + GIVE_WAY_MAX_S
-        while reads_elsewhere() and not stop.is_set() and time.monotonic() < give_way:
+        until = time.monotonic() + GIVE_WAY_MAX_S
+        while (reads_elsewhere() and (give_way is None or give_way()) and not stop.is_set()
+               and time.monotonic() < until):
             time.sleep(_GIVE_WAY_POLL_S)
         if stop.is_set():
             fork.GATE.enter()  # the block's own leave() follows the exception

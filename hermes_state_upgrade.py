@@ -21,9 +21,10 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import hermes_state_catalogue as catalogue
 import hermes_state_fork as fork
@@ -136,14 +137,15 @@ class PreUpgradeCopy:
             self.pending = None
 
 
-def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = True,
-                  stop: threading.Event | None = None) -> PreUpgradeCopy | None:
+def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = True, stop: threading.Event | None = None,
+                  give_way: Callable[[], bool] | None = None) -> PreUpgradeCopy | None:
     """Before an older file is upgraded: copy it next to itself, complete and synced, under a pending name.
 
     Returns the copy to pass to the migration (`before_upgrade`) and to settle after it, or None
     when no upgrade is due (or no copy was asked for: one INFO line says so). An upgrade that
     began earlier and was cut short takes no new copy: the returned one names the copy it began
-    with. With `stop` the copy can be stopped between two of its steps (see recovery.backup_to).
+    with. With `stop` the copy can be stopped between two of its steps, and `give_way()` says
+    whether it may wait there for this process's reads (see recovery.backup_to).
     """
     with fork.GATE.work():  # a stretch of SQLite work: on MoveIn's thread, a fork elsewhere waits for it
         if str(db_path) == ":memory:" or not schema.is_older_file(conn):
@@ -160,7 +162,7 @@ def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = Tru
         return None
     final = upgrade_backup_path(db_path)
     try:
-        pending = recovery.backup_to(conn, catalogue.pending_path(final), stop=stop)
+        pending = recovery.backup_to(conn, catalogue.pending_path(final), stop=stop, give_way=give_way)
         catalogue.sync_copy(pending)
     except (OSError, sqlite3.Error) as exc:
         # Never upgrade without the copy the caller was promised; nothing has been changed yet.
@@ -417,6 +419,8 @@ class MoveIn:
         self.stop = threading.Event()       # set by close(): end as soon as that is safe
         self.migrating = threading.Event()  # the upgrade itself is under way (close waits for it)
         self.error: BaseException | None = None
+        self._waiting = 0                   # writes of this handle waiting for `done`
+        self._waiting_lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="hermes-state-upgrade", daemon=True,
                                        args=(writer, db_path, patience_s, policy, backup, finish, on_give_up))
 
@@ -453,11 +457,27 @@ class MoveIn:
         finally:
             self.done.set()
 
+    @contextmanager
+    def write_waiting(self) -> Iterator[None]:
+        """Count a write waiting for `done` while the block runs: meanwhile the copy gives way to no read."""
+        with self._waiting_lock:
+            self._waiting += 1
+        try:
+            yield
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
+
+    def give_way(self) -> bool:
+        """Tell whether the copy may wait for this process's reads now: not while a write waits for it."""
+        return self._waiting == 0
+
     def _copy(self, db_path: Path, backup: bool) -> PreUpgradeCopy | None:
         with fork.GATE.work():
             conn = schema.connect_reader(db_path)
         try:
-            return start_upgrade(conn, db_path, backup=backup, stop=self.stop)  # the copy's steps are stretches
+            # The copy's steps are stretches of the fork gate.
+            return start_upgrade(conn, db_path, backup=backup, stop=self.stop, give_way=self.give_way)
         finally:
             with fork.GATE.work():
                 conn.close()

@@ -301,6 +301,45 @@ def test_an_agent_file_with_a_message_that_is_not_utf8_finishes_its_rebuild(tmp_
 
 # --- both at once -------------------------------------------------------------------------------------
 
+def test_the_merge_after_a_move_in_ends_and_stays_shallow_while_the_agent_appends(tmp_path, no_background,
+                                                                                  fts_levels):
+    import hermes_state_fts as fts
+    path = tmp_path / "state.db"
+    path.write_bytes(gzip.decompress(AGENT_FIXTURE.read_bytes()))
+    db = SessionDB(path, backup_before_upgrade=False)
+    rival = sqlite3.connect(path, isolation_level=None)
+    try:
+        more = True
+        while more:
+            with db.transaction() as txn:
+                more = fts.rebuild_step(txn.conn, 10)  # small chunks: many segments to merge, as on a large file
+        agent(path, ["create", "ag-trickle", "cli"])
+        last = rival.execute("SELECT MAX(id) FROM messages").fetchone()[0]
+        proc = agent_start(path, ["appends", "ag-trickle", 120, "agent trickle", 0.01])  # each indexed at once
+        steps, deepest = 0, 0
+        while more or steps == 0:
+            while proc.poll() is None:  # one merge step after each row the agent adds
+                newest = rival.execute("SELECT MAX(id) FROM messages").fetchone()[0]
+                if newest != last:
+                    last = newest
+                    break
+            with db.transaction() as txn:
+                more = fts.merge_step(txn.conn, 2)
+            steps += 1
+            deepest = max(deepest, *(fts_levels(rival, t)[0] for t in fts.FTS_TABLES))
+            assert deepest <= 16, f"{deepest} levels after {steps} merge steps"
+            assert steps < 5000, "the merge never ended"
+        agent_wait(proc)
+        assert hits(db, "trickle") == ["ag-trickle"]
+        assert len(db.search_messages("trickle", limit=1000)) == 120
+    finally:
+        rival.close()
+        db.close()
+    got = agent(path, ["search", "trickle"], ["append", "ag-trickle", "user", "one more"], ["session", "ag-trickle"])
+    assert got[0] == ["ag-trickle"] and got[2]["message_count"] == 121
+    assert_healthy(path)
+
+
 def test_an_open_handle_keeps_writing_while_the_agent_starts_and_writes(tmp_path):
     path = tmp_path / "state.db"
     db = SessionDB(path)
