@@ -270,6 +270,13 @@ class Entry(Pending, Generic[P, R]):
         """Return the call's first argument (the session of a transcript write), positional or by name."""
         return args[0] if args else kwargs.get(self.public[0].name)
 
+    def holder(self, args: tuple, kwargs: dict) -> Any:
+        """Return the call's `compression_lock_holder` (the caller's own compression lock), or None."""
+        for index, parameter in enumerate(self.public):
+            if parameter.name == "compression_lock_holder":
+                return args[index] if index < len(args) else kwargs.get(parameter.name)
+        return None
+
     def unstorable(self, args: tuple, kwargs: dict) -> str | None:
         """Return a read's text argument that holds a lone surrogate (no row can match it), else None."""
         if self.kind in READS and self.unknown is not ASK:
@@ -748,13 +755,16 @@ class Handle(metaclass=Knobs):
         except TRANSLATABLE as exc:
             raise_typed(exc, self.db_path)
 
-    def _transcript_write(self, session_id: str, body: Callable[[sqlite3.Connection], Any]) -> Any:
+    def _transcript_write(self, session_id: str, body: Callable[[sqlite3.Connection], Any],
+                          holder: str | None = None) -> Any:
         self._check_writable(self.transcript_write_patience_s)
         # The guard and the retry sit beside the message rows; compression's code runs only when
-        # another holder is compressing the session (the wait, holding no lock).
+        # another holder is compressing the session (the wait, holding no lock). `holder` is the
+        # caller's own compression lock, which lets its writes through.
         return messages.write_transcript(
             lambda: self._write(self.transcript_write_patience_s, checked=True), session_id, body,
-            lambda: compression.wait_for_compression(self._read, session_id, timeout_s=self.compression_wait_s))
+            lambda: compression.wait_for_compression(self._read, session_id, holder=holder,
+                                                     timeout_s=self.compression_wait_s), holder)
 
     @contextmanager
     def _read(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
@@ -777,7 +787,8 @@ class Handle(metaclass=Knobs):
                 # lenient decoder is a Python call per text value, a third of a large listing's time.
                 return schema.read_strict_text(conn, lambda: entry.function(conn, *args, **kwargs))
         if entry.kind == "transcript":
-            return self._transcript_write(entry.key(args, kwargs), lambda conn: entry.function(conn, *args, **kwargs))
+            return self._transcript_write(entry.key(args, kwargs), lambda conn: entry.function(conn, *args, **kwargs),
+                                          entry.holder(args, kwargs))
         patience = getattr(self, self._PATIENCE[entry.kind]) if entry.kind in self._PATIENCE else None
         with self._write(patience) as conn:
             return entry.function(Transaction(self._writer) if entry.txn else conn, *args, **kwargs)
