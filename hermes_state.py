@@ -497,13 +497,13 @@ class SessionDB(table.Handle):
     def maybe_auto_prune_and_vacuum(self, retention_days: float = 90, min_interval_hours: float = 24,
                                     vacuum: bool = True, sessions_dir: str | os.PathLike | None = None,
                                     min_vacuum_interval_days: float = 30) -> dict[str, Any]:
-        """Prune old ended conversations at most once per interval, then VACUUM (at most once per `min_vacuum_interval_days`) if any went."""
+        """Prune old ended conversations at most once per interval, then VACUUM if any went (docs/maintenance.md)."""
         self._check_writable()  # a read-only or closed handle is the caller's mistake, not an unattended failure
         return maintenance.auto_prune_and_vacuum(self._write, self.vacuum if vacuum else None, retention_days,
                                                  min_interval_hours, sessions_dir, min_vacuum_interval_days)
 
     def set_meta(self, key: str, value: str, *, cursor: sqlite3.Cursor | None = None) -> None:
-        """Store `value` under `key` in state_meta, in a write transaction of its own, or on `cursor` in its connection's."""
+        """Store `value` under `key` in state_meta: in a transaction of its own, or on `cursor` in its connection's."""
         if cursor is not None and not isinstance(cursor, sqlite3.Cursor):
             raise TypeError(f"cursor must be a sqlite3.Cursor or None, not {type(cursor).__name__}")
         if cursor is None or cursor.connection is self._writer.conn:
@@ -515,9 +515,9 @@ class SessionDB(table.Handle):
     # --- the token queue: deltas filed cheaply on a turn, applied together (hermes_state_sessions.TokenQueue)
 
     def _token_queue(self) -> sessions.TokenQueue:
-        queue = self.__dict__.get("_queued_tokens")
-        if queue is None:
-            queue = self.__dict__.setdefault("_queued_tokens", sessions.TokenQueue())
+        queue = vars(self).get("_queued_tokens")
+        if queue is None:  # made at the first queued delta; setdefault keeps one if two threads race here
+            queue = vars(self).setdefault("_queued_tokens", sessions.TokenQueue())
         return queue
 
     def queue_token_counts(self, session_id: str, **kwargs: Any) -> None:
@@ -536,7 +536,7 @@ class SessionDB(table.Handle):
     def flush_token_counts(self, timeout: float = 5.0) -> bool:
         """Apply every queued token delta now, waiting up to `timeout` seconds for the lock; True once none wait."""
         patience = common.check_number("timeout", timeout)
-        queue = self.__dict__.get("_queued_tokens")
+        queue = vars(self).get("_queued_tokens")
         if queue is None or not len(queue):
             return True
         if self.closed or self.read_only:
@@ -545,7 +545,7 @@ class SessionDB(table.Handle):
 
     def _close_now(self) -> None:
         # The deltas still queued go in before the handle lets go of the file.
-        queue = self.__dict__.get("_queued_tokens")
+        queue = vars(self).get("_queued_tokens")
         if queue is not None and len(queue) and not self.closed and not self.read_only:
             queue.drain(lambda: self._write())
         super()._close_now()

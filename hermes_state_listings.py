@@ -492,7 +492,7 @@ def _flag(name: str, value: Any) -> bool:
 
 def session_count_by_source(conn: sqlite3.Connection, *, include_archived: bool = False, archived_only: bool = False,
                             exclude_children: bool = False) -> dict[str, int]:
-    """Return {source: number of sessions}, in one grouped count; children left out as list_sessions_rich does, when asked."""
+    """Return {source: number of sessions} in one grouped count; with `exclude_children`, as list_sessions_rich lists."""
     where, params = session_filters("s.", include_archived=_flag("include_archived", include_archived),
                                     archived_only=_flag("archived_only", archived_only))
     if _flag("exclude_children", exclude_children):

@@ -431,7 +431,7 @@ def delete_sessions(conn: sqlite3.Connection, session_ids: Iterable[Any]) -> lis
 
 
 def get_session_delete_targets(conn: sqlite3.Connection, session_id: str) -> list[str]:
-    """Return every session delete_session would remove: the session first, then the rest of its conversation and its delegates.
+    """Return what delete_session would remove: the session, then the rest of its conversation and its delegates.
 
     The whole compression chain goes with any of its sessions (unlike hermes-agent 0.20.1,
     which detaches the other parts); [] for an unknown id.
@@ -567,7 +567,7 @@ def delete_sessions_and_transcripts(txn: Transaction, session_ids: list[str],
 
 def delete_session_and_transcripts(txn: Transaction, session_id: str, sessions_dir: str | os.PathLike | None = None,
                                    expected_delete_ids: list[str] | None = None) -> bool:
-    """Delete the session with its conversation and delegates (only if that is exactly `expected_delete_ids`, when given); return whether it went."""
+    """Delete the session with its conversation and delegates (if given, only when exactly `expected_delete_ids`)."""
     if expected_delete_ids is None:
         removed = delete_sessions(txn.conn, [check_id("session_id", session_id)])
     else:
@@ -608,8 +608,8 @@ def get_meta(conn: sqlite3.Connection, key: Any) -> str | None:
     return None if row is None or row[0] is None else str(row[0])
 
 
-def set_meta(conn: sqlite3.Connection, key: Any, value: Any) -> None:
-    """Store `value` (text, or a number stored as its text) under `key`, replacing what was there."""
+def set_meta(conn: sqlite3.Connection | sqlite3.Cursor, key: Any, value: Any) -> None:
+    """Store `value` (text, or a number stored as its text) under `key`, replacing what was there (`conn` may be a cursor)."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)) or (
             isinstance(value, float) and not math.isfinite(value)):
         raise ValueError(f"value must be a string or a finite number, not {type(value).__name__}")
@@ -617,7 +617,7 @@ def set_meta(conn: sqlite3.Connection, key: Any, value: Any) -> None:
                  (check_id("key", key), str(value)))
 
 
-def list_meta_prefix(conn: sqlite3.Connection, prefix: str) -> list[tuple[str, str]]:
+def list_meta_prefix(conn: sqlite3.Connection, prefix: str) -> list[tuple[str, str | None]]:
     """Return [(key, value), ...] of the state_meta keys starting with `prefix` (matched literally, case kept), by key."""
     if not isinstance(prefix, str):
         raise ValueError(f"prefix must be a string, not {type(prefix).__name__}")

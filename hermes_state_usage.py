@@ -94,7 +94,7 @@ def largest_sessions(conn: sqlite3.Connection, limit: int = 10, *, sources: Any 
 
 def usage_totals(conn: sqlite3.Connection, *, min_message_count: int = 1,
                  include_archived: bool = False) -> dict[str, float]:
-    """Return {"tokens", "cost_usd"} over every session with at least `min_message_count` messages (input + output; billed cost, else the estimate)."""
+    """Return {"tokens", "cost_usd"} (input + output; billed cost, else the estimate) of sessions this large or larger."""
     where = "COALESCE(message_count, 0) >= ?" + ("" if include_archived else " AND COALESCE(archived, 0) = 0")
     tokens, cost = conn.execute(
         "SELECT COALESCE(SUM(COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0)), 0), "
@@ -104,7 +104,7 @@ def usage_totals(conn: sqlite3.Connection, *, min_message_count: int = 1,
 
 
 def logical_size_bytes(conn: sqlite3.Connection) -> int | None:
-    """Return the database's size as SQLite counts it (pages times page size: the file's size once checkpointed), or None."""
+    """Return the database's size as SQLite counts it (pages times page size), or None if it cannot say."""
     try:
         pages = conn.execute("PRAGMA page_count").fetchone()[0]
         size = conn.execute("PRAGMA page_size").fetchone()[0]
