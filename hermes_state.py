@@ -69,6 +69,10 @@ if TYPE_CHECKING:  # what checkers see; at run time each module is imported at i
     from hermes_state_fts_objects import FTS_SQL, FTS_TRIGRAM_SQL
     from hermes_state_lockowners import configure_error_log, log_write_lock_holders
     from hermes_state_schema import apply_wal_with_fallback
+    from hermes_state_listings import (SESSION_STATUS_COMPLETE, SESSION_STATUS_EMPTY, SESSION_STATUS_ERROR,
+                                       SESSION_STATUS_INTERRUPTED, classify_session_status)
+    from hermes_state_messages import (MAX_SAFE_EXPORT_MESSAGES, MAX_SAFE_RESUME_MESSAGES, resolved_max_export_messages,
+                                       resolved_max_resume_messages)
 # The modules behind the method table and the explicit methods, imported at their first use: a
 # program that opens a store and lists its sessions does not pay for the gateway ledgers or recovery.
 table.later(globals(), compression="hermes_state_compression", conversation="hermes_state_conversation",
@@ -85,7 +89,8 @@ from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportC
                                  CompressionSessionBusyError, CompressionSessionClosedError, SessionTurnLeaseLostError,
                                  LedgerStateError, OwnershipReadError, ProfileNotFoundError, ReadOnlyError,
                                  ReceiptDigestError, ReceiptOrderError, SessionBusyError, SessionClosedByCompressionError,
-                                 SessionCompressionInProgressError, SessionNotFoundError, SessionPersistenceError,
+                                 SessionCompressionInProgressError, SessionExportTooLargeError, SessionNotFoundError,
+                                 SessionPersistenceError, SessionResumeTooLargeError, PERSISTENCE_ERROR_CAUSES,
                                  StaleEpochError, StateDbBusyError, StateDbCorruptError, StateDbIncompatibleError,
                                  StateDbUninitializedError, StoreUnavailableError, TitleConflictError,
                                  classify_persistence_error, is_sqlite_lock_error, typed_errors)
@@ -124,6 +129,11 @@ __all__ = [
     "DEFAULT_DB_PATH", "SCHEMA_SQL", "FTS_SQL", "FTS_TRIGRAM_SQL", "DEFERRED_INDEX_SQL", "sanitize_context",
     # hermes-agent 0.20.1: transcript, turn leases and compression
     "CompressionSessionBusyError", "CompressionSessionClosedError", "SessionTurnLeaseLostError",
+    # hermes-agent 0.20.1: lifecycle states, size guards, persistence causes.
+    "SESSION_STATUS_COMPLETE", "SESSION_STATUS_EMPTY", "SESSION_STATUS_ERROR", "SESSION_STATUS_INTERRUPTED",
+    "classify_session_status", "MAX_SAFE_EXPORT_MESSAGES", "MAX_SAFE_RESUME_MESSAGES",
+    "resolved_max_export_messages", "resolved_max_resume_messages", "SessionExportTooLargeError",
+    "SessionResumeTooLargeError", "PERSISTENCE_ERROR_CAUSES",
 ]
 
 # Names whose module is imported at their first read, as {name: (module, its name there or None
@@ -145,6 +155,13 @@ _LAZY_MODULES: dict[str, tuple[str, str | None]] = {
     **{name: ("hermes_state_fts_objects", name) for name in ("FTS_SQL", "FTS_TRIGRAM_SQL")},
     **{name: ("hermes_state_lockowners", name) for name in ("configure_error_log", "log_write_lock_holders")},
     "apply_wal_with_fallback": ("hermes_state_schema", "apply_wal_with_fallback"),
+    # hermes-agent 0.20.1's lifecycle states and size guards.
+    **{name: ("hermes_state_listings", name) for name in (
+        "SESSION_STATUS_COMPLETE", "SESSION_STATUS_EMPTY", "SESSION_STATUS_ERROR", "SESSION_STATUS_INTERRUPTED",
+        "classify_session_status")},
+    **{name: ("hermes_state_messages", name) for name in (
+        "MAX_SAFE_EXPORT_MESSAGES", "MAX_SAFE_RESUME_MESSAGES", "resolved_max_export_messages",
+        "resolved_max_resume_messages")},
     "_wal_fallback_warned_paths": ("hermes_state_schema", "wal_fallback_warned"),
     # hermes-agent's names for the background-review filter the conversation applies.
     "_is_background_review_harness_message": ("hermes_state_conversation", "is_background_review_harness_message"),
@@ -317,7 +334,6 @@ class SessionDB(table.Handle):
     is_telegram_topic_mode_enabled = Lookup("read", telegram.is_telegram_topic_mode_enabled)
     list_unlinked_telegram_sessions_for_user = Lookup("read", telegram.list_unlinked_telegram_sessions_for_user)
     get_meta = Lookup("read", maintenance.get_meta)
-    set_meta = Entry("write", maintenance.set_meta)
     to_provider_messages = staticmethod(to_provider_messages)
     # hermes-agent's names (docs/api.md, "hermes-agent's names"): its handoffs, routing entries,
     # rewinds, excerpts and start-up sweeps.
@@ -360,6 +376,21 @@ class SessionDB(table.Handle):
                                                  unknown={"session_exists": False, "cooldown_until": None,
                                                           "error": None})
     restore_compression_failure_cooldown_row = Entry("write", compression.restore_compression_failure_cooldown_row)
+    # hermes-agent 0.20.1: gateway hygiene, counts, statistics, deletion, size guards (docs/api.md).
+    increment_hygiene_failure_streak = Entry("write", gateway_sessions.increment_hygiene_failure_streak)
+    reset_hygiene_failure_streak = Entry("write", gateway_sessions.reset_hygiene_failure_streak)
+    session_count_by_source = Entry("read", listings.session_count_by_source)
+    session_count_ge = Entry("read", listings.session_count_ge)
+    session_lifecycle_statuses = Entry("read", listings.session_lifecycle_statuses)
+    usage_totals = Entry("read", usage_stats.usage_totals)
+    logical_size_bytes = Entry("snapshot", usage_stats.logical_size_bytes)
+    get_dominant_session_model_route = Lookup("read", sessions.get_dominant_session_model_route)
+    count_open_prune_matches = Entry("snapshot", maintenance.count_open_prune_matches)
+    get_session_delete_targets = Lookup("snapshot", maintenance.get_session_delete_targets)
+    list_meta_prefix = Entry("read", maintenance.list_meta_prefix)
+    assert_export_safe = Lookup("read", message_rows.assert_export_safe)
+    assert_resume_safe = Lookup("snapshot", message_rows.assert_resume_safe)
+    get_resume_message_count = Lookup("snapshot", message_rows.get_resume_message_count)
 
     def _execute_write(self, body: Callable[[sqlite3.Connection], Any]) -> Any:
         """Run `body(conn)` in one `transaction()` and return its result (hermes-agent's name for that seam)."""
@@ -497,19 +528,74 @@ class SessionDB(table.Handle):
     # --- maintenance: deleting, pruning, the empty-session sweeps (hermes_state_maintenance;
     # docs/maintenance.md). Transcript files go only after COMMIT.
 
-    def delete_session(self, session_id: str, sessions_dir: str | os.PathLike | None = None) -> bool:
-        """Delete a session with its whole conversation and its delegates; False for an unknown id."""
+    def delete_session(self, session_id: str, sessions_dir: str | os.PathLike | None = None,
+                       expected_delete_ids: list[str] | None = None) -> bool:
+        """Delete a session with its whole conversation and its delegates; False for an unknown id.
+
+        With `expected_delete_ids` (what get_session_delete_targets answered) it deletes only if
+        that is still exactly what goes, checked in the deleting transaction; else nothing, False.
+        """
         if isinstance(session_id, str) and common.has_surrogate(session_id):
             return False  # no stored id can hold a lone surrogate
         common.check_id("session_id", session_id)
-        return bool(self.delete_sessions([session_id], sessions_dir=sessions_dir))
+        with self.transaction() as txn:
+            return maintenance.delete_session_and_transcripts(txn, session_id, sessions_dir, expected_delete_ids)
 
     def maybe_auto_prune_and_vacuum(self, retention_days: float = 90, min_interval_hours: float = 24,
-                                    vacuum: bool = True, sessions_dir: str | os.PathLike | None = None) -> dict[str, Any]:
-        """Prune old ended conversations at most once per interval, then VACUUM if any went; see docs/maintenance.md."""
+                                    vacuum: bool = True, sessions_dir: str | os.PathLike | None = None,
+                                    min_vacuum_interval_days: float = 30) -> dict[str, Any]:
+        """Prune old ended conversations at most once per interval, then VACUUM if any went (docs/maintenance.md)."""
         self._check_writable()  # a read-only or closed handle is the caller's mistake, not an unattended failure
         return maintenance.auto_prune_and_vacuum(self._write, self.vacuum if vacuum else None, retention_days,
-                                                 min_interval_hours, sessions_dir)
+                                                 min_interval_hours, sessions_dir, min_vacuum_interval_days)
+
+    def set_meta(self, key: str, value: str, *, cursor: sqlite3.Cursor | None = None) -> None:
+        """Store `value` under `key` in state_meta: in a transaction of its own, or on `cursor` in its connection's."""
+        if cursor is not None and not isinstance(cursor, sqlite3.Cursor):
+            raise TypeError(f"cursor must be a sqlite3.Cursor or None, not {type(cursor).__name__}")
+        if cursor is None or cursor.connection is self._writer.conn:
+            with self._write() as conn:  # inside this thread's open transaction of the handle, that one
+                maintenance.set_meta(conn, key, value)
+        else:  # another connection's cursor: its owner's transaction, as the caller asked
+            maintenance.set_meta(cursor, key, value)
+
+    # --- the token queue: deltas filed cheaply on a turn, applied together (hermes_state_sessions.TokenQueue)
+
+    def _token_queue(self) -> sessions.TokenQueue:
+        queue = vars(self).get("_queued_tokens")
+        if queue is None:  # made at the first queued delta; setdefault keeps one if two threads race here
+            queue = vars(self).setdefault("_queued_tokens", sessions.TokenQueue())
+        return queue
+
+    def queue_token_counts(self, session_id: str, **kwargs: Any) -> None:
+        """Queue a token/cost delta (update_token_counts' arguments, checked now) to be applied with others.
+
+        Applied at flush_token_counts(), at close(), and by this call once TokenQueue.BATCH
+        deltas wait. On a closed handle it is update_token_counts, and raises as it does.
+        """
+        if self.closed:
+            self.update_token_counts(session_id, **kwargs)
+            return
+        if self._token_queue().put(session_id, kwargs) >= sessions.TokenQueue.BATCH:
+            # Bookkeeping must not stall a turn: a busy store keeps the deltas for the next chance.
+            self._token_queue().drain(lambda: self._write(self.activity_write_patience_s))
+
+    def flush_token_counts(self, timeout: float = 5.0) -> bool:
+        """Apply every queued token delta now, waiting up to `timeout` seconds for the lock; True once none wait."""
+        patience = common.check_number("timeout", timeout)
+        queue = vars(self).get("_queued_tokens")
+        if queue is None or not len(queue):
+            return True
+        if self.closed or self.read_only:
+            return False
+        return queue.drain(lambda: self._write(min(patience, self.write_patience_s)))
+
+    def _close_now(self) -> None:
+        # The deltas still queued go in before the handle lets go of the file.
+        queue = vars(self).get("_queued_tokens")
+        if queue is not None and len(queue) and not self.closed and not self.read_only:
+            queue.drain(lambda: self._write())
+        super()._close_now()
 
     def get_conversation_root(self, session_id: str) -> str:
         """Return the top of the session's parent links (the session itself when it has none, or is unknown)."""

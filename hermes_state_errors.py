@@ -149,6 +149,25 @@ class SessionClosedByCompressionError(SessionPersistenceError, CompressionSessio
         self.successor_id = successor_id
 
 
+class SessionExportTooLargeError(HermesStateError, ValueError):
+    """A session holds more active messages than an in-memory export may load; export it in a stream instead."""
+
+    def __init__(self, session_id: str, message_count: int, limit: int = 20_000):
+        super().__init__(f"session {session_id!r} has at least {message_count} active messages; "
+                         f"safe in-memory export limit is {limit}")
+        self.session_id, self.message_count, self.limit = session_id, message_count, limit
+
+
+class SessionResumeTooLargeError(HermesStateError, ValueError):
+    """A resume would load more active messages than is safe; export the session instead."""
+
+    def __init__(self, message_count: int, limit: int = 20_000, scope: str = "across its lineage"):
+        super().__init__(f"session has at least {message_count} active messages {scope}; safe resume limit is "
+                         f"{limit}. Export the session instead, or set sessions.max_resume_messages: 0 in "
+                         "config.yaml to disable the guard.")
+        self.message_count, self.limit = message_count, limit
+
+
 class StaleEpochError(HermesStateError):
     """The caller's runtime epoch is older than the current one (a newer owner took over)."""
 
@@ -207,6 +226,11 @@ def is_sqlite_lock_error(exc: BaseException) -> bool:
         return code in _LOCK_CODES
     text = str(exc).lower()
     return any(t in text for t in _LOCK_TEXTS)
+
+
+# Every cause classify_persistence_error names: hermes-agent 0.20.1's, in its order, then this library's own.
+PERSISTENCE_ERROR_CAUSES = ("locked", "compression", "compression_closed", "turn_lease", "disk", "unknown",
+                            "corrupt", "fts_index", "session_row_missing")
 
 
 def classify_persistence_error(exc: BaseException) -> str:

@@ -214,6 +214,26 @@ def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+CONFIG_FILE = "config.yaml"
+
+
+def config_count(section: str, key: str, default: int) -> int:
+    """Return `section.key` of the home's config.yaml as a count of 0 or more, else `default`.
+
+    hermes-agent keeps its settings in that file; a value it would not take (missing, negative,
+    not a number) gives `default`, as it does. Reading YAML needs PyYAML, which hermes-agent's
+    own installation has; without it the defaults apply.
+    """
+    try:
+        import yaml  # type: ignore[import-untyped]
+        with open(get_hermes_home() / CONFIG_FILE, encoding="utf-8") as handle:
+            settings = yaml.safe_load(handle)
+        value = int(settings[section][key])
+    except Exception:  # no PyYAML, no file, unreadable YAML, no such setting or not a number: the default
+        return default
+    return value if value >= 0 else default
+
+
 def display_hermes_home(path: str | os.PathLike[str] | None = None) -> str:
     """Return the home (or `path`) for people to read, as `~/...` when under the user's home."""
     target = os.path.abspath(os.path.expanduser(get_hermes_home() if path is None else path))

@@ -479,3 +479,63 @@ def session_ids_with_prefix(conn: sqlite3.Connection, prefix: Any, limit: int = 
     rows = conn.execute("SELECT id FROM sessions WHERE id >= ? AND id < ? ORDER BY id LIMIT ?",
                         (prefix, prefix + "\U0010ffff", limit))
     return [r[0] for r in rows if r[0].startswith(prefix)]
+
+
+# --- counts and lifecycle states (hermes-agent 0.20.1's names) --------------------------------------
+
+def _flag(name: str, value: Any) -> bool:
+    # A switch: True or False (0 and 1 too); anything else is a mistake, not "truthy".
+    if value not in (True, False) or not isinstance(value, (bool, int)):
+        raise ValueError(f"{name} must be True or False, not {value!r}")
+    return bool(value)
+
+
+def session_count_by_source(conn: sqlite3.Connection, *, include_archived: bool = False, archived_only: bool = False,
+                            exclude_children: bool = False) -> dict[str, int]:
+    """Return {source: number of sessions} in one grouped count; with `exclude_children`, as list_sessions_rich lists."""
+    where, params = session_filters("s.", include_archived=_flag("include_archived", include_archived),
+                                    archived_only=_flag("archived_only", archived_only))
+    if _flag("exclude_children", exclude_children):
+        where.append(_TOP_LEVEL_SQL)
+    sql = "SELECT s.source, COUNT(*) FROM sessions s" + (" WHERE " + " AND ".join(where) if where else "")
+    return dict(conn.execute(sql + " GROUP BY s.source ORDER BY s.source", params).fetchall())
+
+
+def session_count_ge(conn: sqlite3.Connection, n: int = 1) -> bool:
+    """Return whether the store holds at least `n` sessions, archived ones included (reads no more than `n`)."""
+    wanted = check_count("n", n)
+    return conn.execute("SELECT COUNT(*) FROM (SELECT 1 FROM sessions LIMIT ?)", (wanted,)).fetchone()[0] >= wanted
+
+
+SESSION_STATUS_COMPLETE = "complete"
+SESSION_STATUS_INTERRUPTED = "interrupted"
+SESSION_STATUS_ERROR = "error"
+SESSION_STATUS_EMPTY = "empty"
+# The finish reasons that mean the last turn failed (compared trimmed, in any case).
+ERROR_FINISH_REASONS = frozenset({"error", "content_filter"})
+
+
+def classify_session_status(role: str | None, has_tool_calls: bool, finish_reason: str | None) -> str:
+    """Name a session's state from its last message: "error", "interrupted" or "complete" (the benign default)."""
+    if (finish_reason or "").strip().lower() in ERROR_FINISH_REASONS:
+        return SESSION_STATUS_ERROR
+    speaker = (role or "").strip().lower()
+    # The agent never answered a user turn or consumed a tool result, or a tool call is still pending.
+    if speaker in ("user", "tool") or (speaker == "assistant" and has_tool_calls):
+        return SESSION_STATUS_INTERRUPTED
+    return SESSION_STATUS_COMPLETE
+
+
+def session_lifecycle_statuses(conn: sqlite3.Connection, session_ids: list[str]) -> dict[str, str]:
+    """Return {session id: state} from each session's last live message; "empty" for none (an unknown id too)."""
+    if isinstance(session_ids, (str, bytes)) or not isinstance(session_ids, (list, tuple, set, frozenset)):
+        raise ValueError(f"session_ids must be a list of session ids, not {type(session_ids).__name__}")
+    ids = list(dict.fromkeys(check_id("session_ids", sid) for sid in session_ids))
+    # The newest row of each session by its id (an index seek each), then that one row.
+    rows = conn.execute(
+        "SELECT m.session_id, m.role, json_valid(m.tool_calls) AND json_array_length(m.tool_calls) > 0, "
+        "m.finish_reason FROM messages m JOIN (SELECT session_id, MAX(id) AS last FROM messages "
+        "WHERE session_id IN (SELECT value FROM json_each(?)) AND active = 1 GROUP BY session_id) t ON m.id = t.last",
+        (json.dumps(ids),)).fetchall()
+    found = {sid: classify_session_status(role, bool(calls), reason) for sid, role, calls, reason in rows}
+    return {sid: found.get(sid, SESSION_STATUS_EMPTY) for sid in ids}

@@ -33,9 +33,11 @@ from hermes_state_common import (COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES,
                                  check_number,
                                  counter_amounts, decode_json, encode_json, has_surrogate, is_uid, new_uid,
                                  replace_surrogates, row_dicts)
-from hermes_state_errors import (SessionClosedByCompressionError, SessionCompressionInProgressError, SessionNotFoundError,
+from hermes_state_errors import (SessionClosedByCompressionError, SessionCompressionInProgressError,
+                                 SessionExportTooLargeError, SessionNotFoundError, SessionResumeTooLargeError,
                                  SessionTurnLeaseLostError)
 from hermes_state_holders import lock_is_live
+from hermes_state_home import config_count
 from hermes_state_lineage import COMPRESSION_END_REASON, compression_ancestor_ids, live_continuation
 from hermes_state_sessions import ARCHIVE_LIFT_SQL, require_session, reset_counters
 
@@ -604,6 +606,74 @@ def message_count(conn: sqlite3.Connection, session_id: str | None = None) -> in
     return conn.execute(f"SELECT (SELECT COUNT(*) FROM messages WHERE session_id = ?) - "
                         f"(SELECT COUNT(*) FROM messages WHERE session_id = ? AND {NOT_LIVE_SQL})",
                         (session_id, session_id)).fetchone()[0]
+
+
+# --- size guards: how many active rows an in-memory export or a resume would load -----------------
+
+# The most active messages an in-memory export or a resume loads by default (hermes-agent's bounds);
+# config.yaml's sessions.max_export_messages / max_resume_messages change them, 0 turns a guard off.
+MAX_SAFE_EXPORT_MESSAGES = 20_000
+MAX_SAFE_RESUME_MESSAGES = 20_000
+
+
+def resolved_max_export_messages() -> int:
+    """Return the in-memory export guard's limit: config.yaml's sessions.max_export_messages, else 20,000 (0: off)."""
+    return config_count("sessions", "max_export_messages", MAX_SAFE_EXPORT_MESSAGES)
+
+
+def resolved_max_resume_messages() -> int:
+    """Return the resume guard's limit: config.yaml's sessions.max_resume_messages, else 20,000 (0: off)."""
+    return config_count("sessions", "max_resume_messages", MAX_SAFE_RESUME_MESSAGES)
+
+
+def _active_rows(conn: sqlite3.Connection, session_ids: list[str], bound: int | None = None) -> int:
+    # Counting stops one row past the bound: proving a transcript too large never reads all of it.
+    inner = ("SELECT 1 FROM messages WHERE session_id IN (SELECT value FROM json_each(?)) AND active = 1"
+             + ("" if bound is None else " LIMIT ?"))
+    params: list[Any] = [json.dumps(session_ids)] + ([] if bound is None else [bound + 1])
+    return conn.execute(f"SELECT COUNT(*) FROM ({inner})", params).fetchone()[0]
+
+
+def _limit(max_messages: Any, resolved: Callable[[], int]) -> int:
+    if max_messages is None:
+        return resolved()
+    if isinstance(max_messages, bool) or not isinstance(max_messages, int):
+        raise TypeError(f"max_messages must be an integer or None, not {type(max_messages).__name__}")
+    if max_messages < 0:
+        raise ValueError("max_messages must be non-negative")
+    return check_count("max_messages", max_messages)
+
+
+def _resume_ids(conn: sqlite3.Connection, session_id: str) -> list[str]:
+    # What a full resume loads: the session and the compression ancestors it continues.
+    return [*compression_ancestor_ids(conn, session_id), session_id]
+
+
+def get_resume_message_count(conn: sqlite3.Connection, session_id: str) -> int:
+    """Return how many active rows a full resume would load: the session's and its compression ancestors'."""
+    return _active_rows(conn, _resume_ids(conn, check_id("session_id", session_id)))
+
+
+def assert_export_safe(conn: sqlite3.Connection, session_id: str, max_messages: int | None = None) -> int:
+    """Return the session's active row count, or raise SessionExportTooLargeError past the limit (None: config; 0: off).
+
+    Only the session itself counts (an export of it leaves its compression ancestors out).
+    """
+    limit = _limit(max_messages, resolved_max_export_messages)
+    ids = [check_id("session_id", session_id)]
+    count = _active_rows(conn, ids, limit or None)
+    if limit and count > limit:
+        raise SessionExportTooLargeError(session_id, count, limit)
+    return count
+
+
+def assert_resume_safe(conn: sqlite3.Connection, session_id: str, max_messages: int | None = None) -> int:
+    """Return the active rows a resume loads, or raise SessionResumeTooLargeError past the limit (None: config; 0: off)."""
+    limit = _limit(max_messages, resolved_max_resume_messages)
+    count = _active_rows(conn, _resume_ids(conn, check_id("session_id", session_id)), limit or None)
+    if limit and count > limit:
+        raise SessionResumeTooLargeError(count, limit)
+    return count
 
 
 def set_latest_user_api_content(conn: sqlite3.Connection, session_id: str, content: Any, api_content: str) -> int:

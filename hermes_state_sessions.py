@@ -13,16 +13,21 @@ first statement that changes anything. Read functions run under the caller's loc
 """
 from __future__ import annotations
 
+import inspect
 import json
 import sqlite3
+import threading
 import time
-from typing import Any, Iterable
+from contextlib import AbstractContextManager
+from typing import Any, Callable, Iterable
 
 import hermes_state_lineage as lineage
 from hermes_state_common import (ARCHIVED_SQL, COUNTER_RESET_SQL, DAY_S, Keywords,  # noqa: F401 - COUNTER_RESET_SQL re-exported
                                  INT_MAX, SESSION_COLUMN_NAMES, SESSION_ROW_SQL, SESSIONS, TABLE_COLUMNS, check_count,
-                                 check_id, check_number, prompt_hash, replace_surrogates, row_dicts, session_dicts)
-from hermes_state_errors import SessionClosedByCompressionError, SessionNotFoundError
+                                 check_id, check_number, logger, prompt_hash, replace_surrogates, row_dicts,
+                                 session_dicts)
+from hermes_state_errors import HermesStateError, SessionClosedByCompressionError, SessionNotFoundError
+from hermes_state_fork import tell_child
 from hermes_state_titles import check_title_free, normalize_title, sanitize_title, title_holder
 
 # Writing to a session resumes it: an archive only the idle sweep made is lifted, never a
@@ -347,6 +352,79 @@ def update_token_counts(conn: sqlite3.Connection, session_id: str, input_tokens:
         _add_usage(conn, session_id, usage_model, route, counts, time.time() if now is None else now)
 
 
+# --- the token queue: deltas a turn files cheaply, applied together later --------------------------
+
+# The keyword arguments a queued delta may carry: update_token_counts' own, less the injected clock.
+_DELTA_PARAMS = inspect.Signature([p for name, p in inspect.signature(update_token_counts).parameters.items()
+                                   if name not in ("conn", "now")])
+
+
+class TokenQueue:
+    """A handle's queued token/cost deltas, applied in one write transaction by `drain`.
+
+    Each delta is checked when it is queued (a mistake raises there, not later in a log); it
+    keeps the time it was queued, so its usage row says when the call was made. Fork-safe: a
+    forked child starts with an empty queue and a new lock, so the parent's deltas are applied
+    once, by the parent (the child's copy of the lock may have been held when it was copied).
+    """
+
+    # Queued deltas past this many are applied by the queueing call itself (bounding what a
+    # crash could lose and what the queue holds while nobody flushes).
+    BATCH = 64
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, dict[str, Any], float]] = []
+        tell_child(self)
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def put(self, session_id: str, kwargs: dict[str, Any], *, now: float | None = None) -> int:
+        """Check and queue one delta (update_token_counts' arguments); return how many wait now."""
+        bound = _DELTA_PARAMS.bind(check_id("session_id", session_id), **kwargs).arguments
+        bound.pop("session_id")
+        _checked_counts(tuple(bound.get(n, 0) for n in _TOKEN_COLUMNS), bound.get("estimated_cost_usd"),
+                        bound.get("actual_cost_usd"))
+        _checked_route(bound.get("model"), tuple(bound.get(n) for n in _ROUTE_COLUMNS))
+        _given(_COST_LABELS, tuple(bound.get(n) for n in _COST_LABELS))
+        with self._lock:
+            self._pending.append((session_id, bound, time.time() if now is None else now))
+            return len(self._pending)
+
+    def drain(self, write: Callable[[], AbstractContextManager[sqlite3.Connection]]) -> bool:
+        """Apply every queued delta in one write transaction; return False (keeping them queued) if the store refused.
+
+        A delta the store rejects (its session was deleted meanwhile) is logged and dropped
+        alone, inside a savepoint, so it never costs the others.
+        """
+        with self._lock:
+            taken, self._pending = self._pending, []
+        if not taken:
+            return True
+        try:
+            with write() as conn:
+                for session_id, kwargs, queued_at in taken:
+                    conn.execute("SAVEPOINT hermes_token_delta")
+                    try:
+                        update_token_counts(conn, session_id, **kwargs, now=queued_at)
+                    except (HermesStateError, ValueError) as exc:
+                        conn.execute("ROLLBACK TO hermes_token_delta")
+                        logger.warning("queued token counts for session %r dropped: %s", session_id, exc)
+                    conn.execute("RELEASE hermes_token_delta")
+        except HermesStateError as exc:
+            with self._lock:  # first again, in their order, ahead of any queued meanwhile
+                self._pending[:0] = taken
+            logger.warning("queued token counts not applied yet (%d waiting): %s", len(taken), exc)
+            return False
+        return True
+
+    def after_fork_in_child(self, parent: int) -> None:
+        """Start the child's copy empty: the parent applies its own deltas."""
+        self._lock = threading.Lock()
+        self._pending = []
+
+
 # The model an auxiliary call is filed under when the caller does not name one.
 UNKNOWN_AUX_MODEL = "unknown"
 
@@ -355,20 +433,38 @@ def record_auxiliary_usage(conn: sqlite3.Connection, session_id: str, task: str,
                            billing_provider: str | None = None, billing_base_url: str | None = None,
                            input_tokens: int = 0, output_tokens: int = 0, cache_read_tokens: int = 0,
                            cache_write_tokens: int = 0, reasoning_tokens: int = 0,
-                           estimated_cost_usd: float | None = None, now: float | None = None) -> None:
-    """Add one auxiliary call (a title, a summary: `task`) to the session's usage rows; the session's totals stay.
+                           estimated_cost_usd: float | None = None, api_call_count: int = 1,
+                           now: float | None = None) -> None:
+    """Add auxiliary calls (a title, a summary: `task`) to the session's usage rows; the session's totals stay.
 
-    The row is keyed by task, model ("unknown" when not given) and billing route; each call
-    counts one API call there.
+    The row is keyed by task, model ("unknown" when not given) and billing route; the call
+    counts `api_call_count` API calls there (one by default; several when a caller files a
+    batch of calls in one record).
     """
     check_id("task", task)
-    counts = _checked_counts((input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, 1),
-                             estimated_cost_usd, None)
+    counts = _checked_counts((input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens,
+                              api_call_count), estimated_cost_usd, None)
     route = _checked_route(model, (billing_provider, billing_base_url, None))
     require_session(conn, session_id)
     _check_sums_fit(conn, session_id, counts)
     _add_usage(conn, session_id, route["model"] or UNKNOWN_AUX_MODEL, route, counts,
                time.time() if now is None else now, task)
+
+
+def get_dominant_session_model_route(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
+    """Return the main-loop route (model and billing) that served most of the session's API calls, or None.
+
+    Read from the per-route usage rows, not the session row (whose model and billing columns may
+    come from different route changes); auxiliary calls do not count; of equal counts, the one
+    used last wins.
+    """
+    row = conn.execute(
+        "SELECT model, billing_provider, billing_base_url, billing_mode, api_call_count FROM session_model_usage "
+        "WHERE session_id = ? AND task = '' AND api_call_count > 0 "
+        "ORDER BY api_call_count DESC, last_seen DESC, rowid DESC LIMIT 1", (session_id,)).fetchone()
+    if row is None:
+        return None
+    return dict(zip(("model", "billing_provider", "billing_base_url", "billing_mode", "api_call_count"), row))
 
 
 def _checked_counts(tokens: tuple[Any, ...], estimated_cost_usd: Any, actual_cost_usd: Any) -> dict[str, Any]:
@@ -623,13 +719,30 @@ def session_filters(alias: str = "", *, source: Any = None, exclude_sources: Any
     return where, params
 
 
-def session_count(conn: sqlite3.Connection, source: str | None = None, cwd_prefix: str | None = None,
-                  min_message_count: int = 0, include_archived: bool = False, archived_only: bool = False,
-                  exclude_children: bool = False, exclude_sources: list[str] | None = None) -> int:
-    """Return how many sessions match: archived ones only when asked, children left out when asked."""
+def source_list(sources: Any) -> list[str] | None:
+    """Return `sources` (several sources, any of which matches) checked; None or [] means no such filter."""
+    if sources is None:
+        return None
+    if isinstance(sources, (str, bytes)) or not isinstance(sources, (list, tuple, set, frozenset)):
+        raise ValueError(f"sources must be a list of source names, not {type(sources).__name__}")
+    return [check_id("sources", s) for s in sources] or None
+
+
+def session_count(conn: sqlite3.Connection, source: str | None = None, sources: list[str] | None = None,
+                  cwd_prefix: str | None = None, min_message_count: int = 0, include_archived: bool = False,
+                  archived_only: bool = False, exclude_children: bool = False,
+                  exclude_sources: list[str] | None = None) -> int:
+    """Return how many sessions match: archived ones only when asked, children left out when asked.
+
+    `sources` counts sessions of any of those sources; `source`, when given too, wins.
+    """
+    several = source_list(sources)
     where, params = session_filters(source=source, exclude_sources=exclude_sources, cwd_prefix=cwd_prefix,
                                     min_message_count=min_message_count, include_archived=include_archived,
                                     archived_only=archived_only)
+    if several is not None and source is None:
+        where.append(f"source IN ({', '.join('?' * len(several))})")
+        params += several
     if exclude_children:
         where.append("parent_session_id IS NULL")
     if where == session_filters()[0]:

@@ -90,3 +90,24 @@ def largest_sessions(conn: sqlite3.Connection, limit: int = 10, *, sources: Any 
                    COALESCE(actual_cost_usd, estimated_cost_usd) AS cost_usd
               FROM sessions WHERE {where}
              ORDER BY total_tokens DESC, started_at DESC, id LIMIT ?""", (*params, limit)))
+
+
+def usage_totals(conn: sqlite3.Connection, *, min_message_count: int = 1,
+                 include_archived: bool = False) -> dict[str, float]:
+    """Return {"tokens", "cost_usd"} (input + output; billed cost, else the estimate) of sessions this large or larger."""
+    where = "COALESCE(message_count, 0) >= ?" + ("" if include_archived else " AND COALESCE(archived, 0) = 0")
+    tokens, cost = conn.execute(
+        "SELECT COALESCE(SUM(COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0)), 0), "
+        f"COALESCE(SUM(COALESCE(actual_cost_usd, estimated_cost_usd, 0)), 0.0) FROM sessions WHERE {where}",
+        (check_count("min_message_count", min_message_count),)).fetchone()
+    return {"tokens": tokens, "cost_usd": float(cost)}
+
+
+def logical_size_bytes(conn: sqlite3.Connection) -> int | None:
+    """Return the database's size as SQLite counts it (pages times page size), or None if it cannot say."""
+    try:
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+    except sqlite3.Error:
+        return None
+    return pages * size

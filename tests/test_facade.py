@@ -358,6 +358,11 @@ ANSWERS_ITSELF = {"distinct_session_cwds", "session_count", "get_next_title_in_l
                   "get_runtime", "backup", "list_prune_candidates", "count_empty_sessions",
                   "list_pending_handoffs", "load_gateway_routing_entries",
                   "session_ids_with_prefix", "usage", "largest_sessions", "stored_names"}
+# hermes-agent 0.20.1: gateway hygiene, counts, statistics, deletion, size guards.
+DECLARED_UNKNOWN.update({"get_dominant_session_model_route": None, "get_session_delete_targets": [],
+                         "assert_export_safe": 0, "assert_resume_safe": 0, "get_resume_message_count": 0})
+ANSWERS_ITSELF |= {"session_count_by_source", "session_count_ge", "session_lifecycle_statuses", "usage_totals",
+                   "logical_size_bytes", "count_open_prune_matches", "list_meta_prefix"}
 
 
 def test_each_lookup_answers_an_unknown_key_as_the_table_declared_it():
@@ -435,7 +440,8 @@ def test_the_packed_parameter_is_the_one_the_module_function_annotates_keywords(
     from hermes_state_table import Entry, keywords_parameter
     packed = {name: entry.pack for name, entry in _table().items() if entry.pack}
     assert packed == {"update_session": "columns", "rotate_session": "child_columns", "list_prune_candidates": "filters",
-                      "archive_sessions": "filters", "prune_sessions": "filters"}
+                      "archive_sessions": "filters", "prune_sessions": "filters",
+                      "count_open_prune_matches": "filters"}
     for name, parameter in packed.items():
         shown = list(inspect.signature(getattr(SessionDB, name)).parameters.values())
         assert shown[-1].name == parameter and shown[-1].kind is inspect.Parameter.VAR_KEYWORD, name
