@@ -142,6 +142,9 @@ _LAZY_MODULES: dict[str, tuple[str, str | None]] = {
     **{name: ("hermes_state_fts_objects", name) for name in ("FTS_SQL", "FTS_TRIGRAM_SQL")},
     **{name: ("hermes_state_lockowners", name) for name in ("configure_error_log", "log_write_lock_holders")},
     "apply_wal_with_fallback": ("hermes_state_schema", "apply_wal_with_fallback"),
+    # hermes-agent 0.20.1's /skill scaffolding names.
+    **{name: ("hermes_state_listings", name) for name in ("SKILL_EXCERPT_JOINT", "SKILL_SCAFFOLD_SQL_LIKE",
+                                                          "describe_skill_invocation")},
     "_wal_fallback_warned_paths": ("hermes_state_schema", "wal_fallback_warned"),
     # hermes-agent's names for the background-review filter the conversation applies.
     "_is_background_review_harness_message": ("hermes_state_conversation", "is_background_review_harness_message"),
@@ -342,6 +345,19 @@ class SessionDB(table.Handle):
     record_auxiliary_usage = Entry("activity", sessions.record_auxiliary_usage)
     finalize_orphaned_compression_sessions = Entry("write", sweeps.finalize_orphaned_compression_sessions)
     prune_empty_ghost_sessions = Entry("write", sweeps.prune_empty_ghost_sessions_and_transcripts)
+    # hermes-agent 0.20.1: messages, reactions, lookups and search (docs/api.md, "Messages, reactions
+    # and lookups"). A reaction lives in the row's display_metadata under this key, as there.
+    REACTIONS_METADATA_KEY = "reactions"
+    set_message_reaction = Entry("write", message_rows.set_message_reaction)
+    get_message_reactions = Lookup("read", message_rows.get_message_reactions)
+    take_unseen_reactions = Entry("write", message_rows.take_unseen_reactions)
+    get_message_role = Lookup("read", message_rows.get_message_role)
+    latest_message_row_id = Lookup("read", message_rows.latest_message_row_id)
+    latest_user_message_row_id = Lookup("read", message_rows.latest_user_message_row_id)
+    get_first_assistant_text = Entry("read", message_rows.get_first_assistant_text, unknown="")
+    find_pr_url_messages = Entry("read", message_rows.find_pr_url_messages)
+    set_latest_matching_message_display_kind = Entry("write", message_rows.set_latest_matching_message_display_kind)
+    list_skill_scaffolded_sessions = Entry("read", listings.list_skill_scaffolded_sessions)
 
     def _execute_write(self, body: Callable[[sqlite3.Connection], Any]) -> Any:
         """Run `body(conn)` in one `transaction()` and return its result (hermes-agent's name for that seam)."""
@@ -473,6 +489,12 @@ class SessionDB(table.Handle):
         """Return the session a resume of `session_id` loads: its compression chain's live tip, else the id itself."""
         with self._read() as conn:
             return lineage.resolve_resume_session_id(conn, session_id)
+
+    def purge_stale_tool_call_markers(self, *, dry_run: bool = False, backup: bool = True) -> dict[str, Any]:
+        """Empty assistant text that is only a "[tool]" marker (a copy of the file first, unless not `backup`); report the rows."""
+        self._check_writable()
+        return maintenance.purge_stale_tool_call_markers(self._read, self._write, self.backup if backup else None,
+                                                         self.db_path, dry_run)
 
     def get_compression_tip(self, session_id: str) -> str | None:
         """Return the live tip of the session's compression chain; the id itself when nothing continues it."""
