@@ -350,6 +350,11 @@ ANSWERS_ITSELF = {"distinct_session_cwds", "session_count", "get_next_title_in_l
                   "get_runtime", "backup", "list_prune_candidates", "count_empty_sessions",
                   "list_pending_handoffs", "load_gateway_routing_entries",
                   "session_ids_with_prefix", "usage", "largest_sessions", "stored_names"}
+# hermes-agent 0.20.1: messages, reactions and lookups.
+DECLARED_UNKNOWN.update({"get_message_role": None, "latest_message_row_id": None, "latest_user_message_row_id": None,
+                         "get_message_reactions": []})
+ENTRY_UNKNOWN["get_first_assistant_text"] = ""
+ANSWERS_ITSELF |= {"find_pr_url_messages", "list_skill_scaffolded_sessions"}
 
 
 def test_each_lookup_answers_an_unknown_key_as_the_table_declared_it():
