@@ -162,6 +162,9 @@ _LAZY_MODULES: dict[str, tuple[str, str | None]] = {
     **{name: ("hermes_state_messages", name) for name in (
         "MAX_SAFE_EXPORT_MESSAGES", "MAX_SAFE_RESUME_MESSAGES", "resolved_max_export_messages",
         "resolved_max_resume_messages")},
+    # hermes-agent 0.20.1's /skill scaffolding names.
+    **{name: ("hermes_state_listings", name) for name in ("SKILL_EXCERPT_JOINT", "SKILL_SCAFFOLD_SQL_LIKE",
+                                                          "describe_skill_invocation")},
     "_wal_fallback_warned_paths": ("hermes_state_schema", "wal_fallback_warned"),
     # hermes-agent's names for the background-review filter the conversation applies.
     "_is_background_review_harness_message": ("hermes_state_conversation", "is_background_review_harness_message"),
@@ -391,6 +394,19 @@ class SessionDB(table.Handle):
     assert_export_safe = Lookup("read", message_rows.assert_export_safe)
     assert_resume_safe = Lookup("snapshot", message_rows.assert_resume_safe)
     get_resume_message_count = Lookup("snapshot", message_rows.get_resume_message_count)
+    # hermes-agent 0.20.1: messages, reactions, lookups and search (docs/api.md, "Messages, reactions
+    # and lookups"). A reaction lives in the row's display_metadata under this key, as there.
+    REACTIONS_METADATA_KEY = "reactions"
+    set_message_reaction = Entry("write", message_rows.set_message_reaction)
+    get_message_reactions = Lookup("read", message_rows.get_message_reactions)
+    take_unseen_reactions = Entry("write", message_rows.take_unseen_reactions)
+    get_message_role = Lookup("read", message_rows.get_message_role)
+    latest_message_row_id = Lookup("read", message_rows.latest_message_row_id)
+    latest_user_message_row_id = Lookup("read", message_rows.latest_user_message_row_id)
+    get_first_assistant_text = Entry("read", message_rows.get_first_assistant_text, unknown="")
+    find_pr_url_messages = Entry("read", message_rows.find_pr_url_messages)
+    set_latest_matching_message_display_kind = Entry("write", message_rows.set_latest_matching_message_display_kind)
+    list_skill_scaffolded_sessions = Entry("read", listings.list_skill_scaffolded_sessions)
 
     def _execute_write(self, body: Callable[[sqlite3.Connection], Any]) -> Any:
         """Run `body(conn)` in one `transaction()` and return its result (hermes-agent's name for that seam)."""
@@ -606,6 +622,12 @@ class SessionDB(table.Handle):
         """Return the session a resume of `session_id` loads: its compression chain's live tip, else the id itself."""
         with self._read() as conn:
             return lineage.resolve_resume_session_id(conn, session_id)
+
+    def purge_stale_tool_call_markers(self, *, dry_run: bool = False, backup: bool = True) -> dict[str, Any]:
+        """Empty assistant text that is only a "[tool]" marker (a copy of the file first, unless not `backup`); report the rows."""
+        self._check_writable()
+        return maintenance.purge_stale_tool_call_markers(self._read, self._write, self.backup if backup else None,
+                                                         self.db_path, dry_run)
 
     def get_compression_tip(self, session_id: str) -> str | None:
         """Return the live tip of the session's compression chain; the id itself when nothing continues it."""

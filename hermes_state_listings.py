@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, SESSION_ROW_SQL, check_count, check_id, check_number,
-                                 contains_sql, prefix_range, row_dicts, session_dicts)
+                                 contains_sql, escape_like, prefix_range, row_dicts, session_dicts)
 from hermes_state_errors import HermesStateError
 from hermes_state_home import default_hermes_root, profile_homes
 from hermes_state_lineage import COMPRESSION_END_REASON, compression_links, compression_successor_id, forward_chain
@@ -413,16 +413,32 @@ def list_sessions_rich(conn: sqlite3.Connection, source: str | None = None, excl
     return _project_tips(conn, rows, columns) if project_compression_tips else rows
 
 
-def search_sessions_by_id(conn: sqlite3.Connection, query: str, limit: int = 20,
-                          include_archived: bool = True) -> list[dict[str, Any]]:
+def _source_names(name: str, value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise ValueError(f"{name} must be a list of sources or None, not {value!r}")
+    return [check_text(name, v) for v in value]
+
+
+def search_sessions_by_id(conn: sqlite3.Connection, query: str, limit: int = 20, include_archived: bool = True,
+                          source: str | None = None, sources: list[str] | None = None,
+                          exclude_sources: list[str] | None = None) -> list[dict[str, Any]]:
     """Return listed conversations whose id (or their first part's id) contains `query`, exact matches first.
 
     Case-insensitive; then ids starting with the query, then any other match, newest first in
-    each group.
+    each group. `source` keeps one source (it wins over `sources`, several), `exclude_sources`
+    leaves some out.
     """
     text = check_text("query", query)
     limit = check_count("limit", limit)
-    where, params = _rich_filters(None, None, None, False, 0, include_archived, False, None, None)
+    wanted, excluded = _source_names("sources", sources), _source_names("exclude_sources", exclude_sources)
+    if source is not None and source != "":
+        wanted = [check_text("source", source)]
+    where, params = _rich_filters(None, excluded, None, False, 0, include_archived, False, None, None)
+    if wanted:
+        where += f" AND s.source IN ({', '.join('?' * len(wanted))})"
+        params += wanted
     columns = _columns(conn, False)
     rows = _rich_rows(conn, columns, f"{where} AND {contains_sql('s.id')}", [*params, text],
                       "ORDER BY CASE WHEN LOWER(s.id) = LOWER(?) THEN 0 WHEN instr(LOWER(s.id), LOWER(?)) = 1 THEN 1 "
@@ -430,14 +446,75 @@ def search_sessions_by_id(conn: sqlite3.Connection, query: str, limit: int = 20,
     return _project_tips(conn, rows, columns)
 
 
+# A session's workspace (its git repo root, else its working directory) is `workspace_key` or,
+# for a session known only by its working directory, a folder inside it. As in hermes-agent
+# 0.20.1: the root is compared whole, a directory also by prefix (ASCII case folded, as LIKE does).
+_IN_WORKSPACE_SQL = ("CASE WHEN COALESCE(s.git_repo_root, '') <> '' THEN s.git_repo_root = ? "
+                     "ELSE (s.cwd = ? OR s.cwd LIKE ? ESCAPE '\\') END")
+
+
 def search_sessions(conn: sqlite3.Connection, source: str | None = None, limit: int = 20,
-                    offset: int = 0) -> list[dict[str, Any]]:
-    """Return every session (children included), newest first, with `last_active`."""
+                    offset: int = 0, workspace_key: str | None = None) -> list[dict[str, Any]]:
+    """Return every session (children included), newest first, with `last_active`; `workspace_key` keeps one workspace's."""
     limit, offset = check_count("limit", limit), check_count("offset", offset)
     where, params = ("s.source = ?", [check_text("source", source)]) if source is not None else ("1", [])
+    if workspace_key is not None and not isinstance(workspace_key, str):
+        raise ValueError(f"workspace_key must be a string or None, not {workspace_key!r}")
+    if workspace_key:
+        key = check_text("workspace_key", workspace_key).rstrip("/")
+        if not key:  # "/" names no workspace a session can have
+            return []
+        where += f" AND {_IN_WORKSPACE_SQL}"
+        params += [key, key, escape_like(key) + "/%"]
     return session_dicts(conn.execute(
         f"SELECT {SESSION_ROW_SQL}, {_LAST_ACTIVE_SQL} AS last_active FROM sessions s WHERE {where} "
         "ORDER BY s.started_at DESC, s.id DESC LIMIT ? OFFSET ?", (*params, limit, offset)))
+
+
+# --- hermes-agent 0.20.1: sessions opened by a /skill command ----------------------------------
+# hermes-agent expands `/name instruction` into the skill's whole text under this heading, and
+# titles made from that text describe the skill rather than the request.
+SKILL_SCAFFOLD_SQL_LIKE = "[IMPORTANT: The user has invoked the %"
+# Where an excerpt of a long turn joins its head and tail (ASCII record separator): an
+# instruction ends there.
+SKILL_EXCERPT_JOINT = "\x1e"
+_SKILL_HEAD = '[IMPORTANT: The user has invoked the "'
+_SKILL_BODY = "The full skill content is loaded below.]"  # an instruction follows the body, never the heading
+_SKILL_INSTRUCTION = "The user has provided the following instruction alongside the skill invocation: "
+
+
+def describe_skill_invocation(content: Any, separator: str = " \u2014 ") -> str | None:
+    """Return a /skill turn as the user typed it ("/work — fix the title"), or None for any other content.
+
+    `separator` joins the command and its instruction (" " gives the literal command line).
+    """
+    if not isinstance(separator, str):
+        raise ValueError(f"separator must be a string, not {separator!r}")
+    if not isinstance(content, str) or not content.startswith(_SKILL_HEAD):
+        return None
+    name, quote, _ = content[len(_SKILL_HEAD):].partition('"')
+    name = name.strip()
+    if not quote or not name:
+        return None
+    command = name if name.startswith("/") else "/" + name
+    body = content.find(_SKILL_BODY)
+    at = content.rfind(_SKILL_INSTRUCTION, body) if body >= 0 else -1
+    asked = content[at + len(_SKILL_INSTRUCTION):].split(SKILL_EXCERPT_JOINT, 1)[0] if at >= 0 else ""
+    instruction = " ".join(asked.split())
+    return f"{command}{separator}{instruction}" if instruction else command
+
+
+def list_skill_scaffolded_sessions(conn: sqlite3.Connection, limit: int = 200) -> list[dict[str, Any]]:
+    """Return {"id", "title", "content"} of titled sessions whose first user turn was a /skill command, newest first.
+
+    `content` is that whole turn, from which describe_skill_invocation gives what the user typed.
+    """
+    limit = check_count("limit", limit)
+    return row_dicts(conn.execute(
+        "SELECT s.id, s.title, m.content FROM sessions s JOIN messages m ON m.id = "
+        "(SELECT MIN(id) FROM messages WHERE session_id = s.id AND role = 'user') "
+        "WHERE COALESCE(s.title, '') <> '' AND m.content LIKE ? AND m.content_parts IS NULL "
+        "ORDER BY s.started_at DESC, s.id DESC LIMIT ?", (SKILL_SCAFFOLD_SQL_LIKE, limit)))
 
 
 def list_cron_job_runs(conn: sqlite3.Connection, job_id: str, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:

@@ -690,3 +690,45 @@ def auto_prune_and_vacuum(write: Callable[[], ContextManager[sqlite3.Connection]
         logger.warning("automatic prune stopped: %s", exc)
         result["error"] = f"{type(exc).__name__}: {exc}"
     return result
+
+
+# --- hermes-agent 0.20.1: bare tool-call markers left as assistant text ---------------------------
+# Some agent versions saved a tool-calling assistant turn's text as just "[tool_name]". Such a
+# marker reads as if the model had said it; the rows keep their tool calls, only the text goes.
+_TOOL_CALL_MARKER = re.compile(r"\[[A-Za-z_][A-Za-z0-9_.\-]*\]")
+_MARKER_CANDIDATES_SQL = ("SELECT id, content FROM messages WHERE role = 'assistant' AND tool_calls IS NOT NULL "
+                          "AND content LIKE '%[%]%' ORDER BY id")
+
+
+def stale_tool_call_marker_ids(conn: sqlite3.Connection) -> list[int]:
+    """Return the ids of tool-calling assistant rows (any generation) whose whole text is a "[tool]" marker."""
+    return [i for i, text in conn.execute(_MARKER_CANDIDATES_SQL)
+            if isinstance(text, str) and _TOOL_CALL_MARKER.fullmatch(text.strip())]
+
+
+def purge_stale_tool_call_markers(read: Callable[[], ContextManager[sqlite3.Connection]],
+                                  write: Callable[[], ContextManager[sqlite3.Connection]],
+                                  backup: Callable[[Path], Path] | None, db_path: Path,
+                                  dry_run: Any = False) -> dict[str, Any]:
+    """Empty the text of rows holding only a tool-call marker, after a copy of the file (`backup`); report them.
+
+    Returns {"dry_run", "rows_affected", "row_ids", "backup_path"}. A dry run or a store with
+    nothing to change writes nothing and copies nothing. Only `content` changes.
+    """
+    if not isinstance(dry_run, bool):
+        raise ValueError(f"dry_run must be True or False, not {dry_run!r}")
+    with read() as conn:
+        ids = stale_tool_call_marker_ids(conn)
+    copy = None
+    if ids and not dry_run:
+        if backup is not None:
+            stamp = time.strftime("%Y%m%d_%H%M%S")
+            target = db_path.with_name(f"{db_path.name}.pre-clean-markers-backup-{stamp}")
+            n = 1
+            while target.exists():
+                target, n = target.with_name(f"{db_path.name}.pre-clean-markers-backup-{stamp}-{n}"), n + 1
+            copy = str(backup(target))
+        with write() as conn:  # what is a marker now, after the copy
+            ids = stale_tool_call_marker_ids(conn)
+            conn.executemany("UPDATE messages SET content = '' WHERE id = ?", [(i,) for i in ids])
+    return {"dry_run": dry_run, "rows_affected": len(ids), "row_ids": ids, "backup_path": copy}

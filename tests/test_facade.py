@@ -363,6 +363,11 @@ DECLARED_UNKNOWN.update({"get_dominant_session_model_route": None, "get_session_
                          "assert_export_safe": 0, "assert_resume_safe": 0, "get_resume_message_count": 0})
 ANSWERS_ITSELF |= {"session_count_by_source", "session_count_ge", "session_lifecycle_statuses", "usage_totals",
                    "logical_size_bytes", "count_open_prune_matches", "list_meta_prefix"}
+# hermes-agent 0.20.1: messages, reactions and lookups.
+DECLARED_UNKNOWN.update({"get_message_role": None, "latest_message_row_id": None, "latest_user_message_row_id": None,
+                         "get_message_reactions": []})
+ENTRY_UNKNOWN["get_first_assistant_text"] = ""
+ANSWERS_ITSELF |= {"find_pr_url_messages", "list_skill_scaffolded_sessions"}
 
 
 def test_each_lookup_answers_an_unknown_key_as_the_table_declared_it():
