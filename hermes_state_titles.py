@@ -234,18 +234,19 @@ def _rank(title: str | None, source: str | None) -> int:
 def set_auto_title(conn: sqlite3.Connection, session_id: str, title: str, *, source: str) -> bool:
     """Set a generated title ("derived" or "llm") unless one of equal or higher rank holds the row; True when written.
 
-    Cleaned like any title (too long: ValueError); a blank title, one another session holds,
-    or an unknown session answer False. Any other `source` is a ValueError.
+    Cleaned like any title (too long: ValueError); a title another session holds raises
+    TitleConflictError; an unknown session answers False. A title that cleans to nothing clears
+    a lower-ranked one, as hermes-agent does. Any other `source` is a ValueError.
     """
     if source not in _AUTO_SOURCES:
         raise ValueError(f"invalid automatic title source: {source!r} (one of {', '.join(_AUTO_SOURCES)})")
     title = sanitize_title(title)
-    if title is None:
-        return False
     row = conn.execute("SELECT title, title_source FROM sessions WHERE id = ?", (session_id,)).fetchone()
-    if row is None or _rank(row[0], row[1]) >= _TITLE_RANK[source] or title_holder(conn, title, session_id):
+    if row is None or _rank(row[0], row[1]) >= _TITLE_RANK[source]:
         return False
-    conn.execute("UPDATE sessions SET title = ?, title_source = ? WHERE id = ?", (title, source, session_id))
+    check_title_free(conn, title, session_id)
+    conn.execute("UPDATE sessions SET title = ?, title_source = ? WHERE id = ?",
+                 (title, None if title is None else source, session_id))
     return True
 
 
