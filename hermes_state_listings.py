@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Callable
 
-from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, SESSION_ROW_SQL, check_count, check_id, check_number,
+from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, HIDDEN_SQL, SESSION_ROW_SQL, check_count, check_id, check_number,
                                  contains_sql, prefix_range, row_dicts, session_dicts)
 from hermes_state_errors import HermesStateError
 from hermes_state_home import default_hermes_root, profile_homes
@@ -442,7 +442,8 @@ def _rich_scope(where: str, params: list[Any], sources: Any, session_key: Any,
         where += " AND s.session_key = ?"
         params.append(check_text("session_key", session_key))
     if not include_hidden:
-        where += " AND COALESCE(s.hidden, 0) = 0"
+        # Through idx_sessions_hidden: the flag is read from no session's row.
+        where += f" AND s.id NOT IN (SELECT id FROM sessions WHERE {HIDDEN_SQL})"
     return where, params
 
 

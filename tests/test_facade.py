@@ -338,10 +338,13 @@ DECLARED_UNKNOWN: dict[str, Any] = {
     "has_archived_messages": False, "has_platform_message_id": False,
     "get_resume_conversations": ([], []),
 }
+# hermes-agent 0.20.1's session-row reads.
+DECLARED_UNKNOWN.update(dict.fromkeys(["get_session_activity", "get_session_title_source", "get_session_rich_row"], None))
 # Reads by id whose answer for an unknown key is a value no return type implies (an Entry's `unknown=`).
 ENTRY_UNKNOWN = {"get_messages_around": {"window": [], "messages_before": 0, "messages_after": 0},
                  "get_anchored_view": {"window": [], "messages_before": 0, "messages_after": 0,
                                        "bookend_start": [], "bookend_end": []}}
+ENTRY_UNKNOWN["get_session_model_config_value"] = None  # hermes-agent 0.20.1: the caller's default, else None
 # The reads the module function answers in full (listings, counts and searches over filters): no
 # answer of their own, so text SQLite cannot store goes to the function as it is.
 ANSWERS_ITSELF = {"distinct_session_cwds", "session_count", "get_next_title_in_lineage", "list_sessions",
