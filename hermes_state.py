@@ -491,7 +491,7 @@ class SessionDB(table.Handle):
 
     def maybe_auto_archive(self, idle_days: float = 3, min_interval_hours: int = 24,
                            exclude_pinned: bool = True) -> dict[str, Any]:
-        """Idle-archive conversations untouched for `idle_days` at most once per interval; see archive_stale_sessions."""
+        """Idle-archive conversations untouched for `idle_days`, at most once per interval (archive_stale_sessions)."""
         self._check_writable()  # a read-only or closed handle is the caller's mistake, not an unattended failure
         return maintenance.auto_archive_stale(self._write, idle_days, min_interval_hours, exclude_pinned)
 

@@ -18,8 +18,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Callable
 
-from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, HIDDEN_SQL, SESSION_ROW_SQL, check_count, check_id, check_number,
-                                 contains_sql, prefix_range, row_dicts, session_dicts)
+from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, HIDDEN_SQL, SESSION_ROW_SQL, check_count, check_id,
+                                 check_number, contains_sql, prefix_range, row_dicts, session_dicts)
 from hermes_state_errors import HermesStateError
 from hermes_state_home import default_hermes_root, profile_homes
 from hermes_state_lineage import COMPRESSION_END_REASON, compression_links, compression_successor_id, forward_chain
@@ -454,7 +454,8 @@ def _unread(row: dict[str, Any]) -> bool:
                            "started_at": row.get("started_at")})
 
 
-def get_session_rich_row(conn: sqlite3.Connection, session_id: str, compact_rows: bool = False) -> dict[str, Any] | None:
+def get_session_rich_row(conn: sqlite3.Connection, session_id: str,
+                         compact_rows: bool = False) -> dict[str, Any] | None:
     """Return one session as a rich listing row (every column, `preview`, `last_active`), or None when unknown."""
     rows = _rich_rows(conn, _columns(conn, compact_rows), "s.id = ?", [session_id])
     return rows[0] if rows else None

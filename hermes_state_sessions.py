@@ -22,8 +22,8 @@ from typing import Any, Iterable, cast
 import hermes_state_lineage as lineage
 from hermes_state_common import (ARCHIVED_SQL, COUNTER_RESET_SQL, DAY_S, Keywords,  # noqa: F401 - COUNTER_RESET_SQL re-exported
                                  INT_MAX, SESSION_COLUMN_NAMES, SESSION_ROW_SQL, SESSIONS, TABLE_COLUMNS, check_count,
-                                 check_id, check_number, encode_json, is_finite, prompt_hash, replace_surrogates, row_dicts,
-                                 session_dicts)
+                                 check_id, check_number, encode_json, is_finite, prompt_hash, replace_surrogates,
+                                 row_dicts, session_dicts)
 from hermes_state_errors import SessionClosedByCompressionError, SessionNotFoundError
 from hermes_state_titles import check_title_free, normalize_title, sanitize_title, title_holder
 
@@ -732,7 +732,7 @@ def set_session_read(conn: sqlite3.Connection, session_id: str, read: bool = Tru
 
 
 def session_unread(session_row: dict[str, Any]) -> bool:
-    """Tell whether a session row (with `last_read_at`, and `last_active` or `started_at`) has activity after its read mark."""
+    """Tell whether a row's `last_active` (else `started_at`) is after its `last_read_at` mark (None: read)."""
     mark = session_row.get("last_read_at")
     if mark is None:
         return False  # never tracked: read
@@ -788,7 +788,8 @@ def touch_session_activity(conn: sqlite3.Connection, session_id: str, ts: float 
                  (stamp, label, origin, session_id, stamp))
 
 
-def get_session_activity(conn: sqlite3.Connection, session_id: str, *, now: float | None = None) -> dict[str, Any] | None:
+def get_session_activity(conn: sqlite3.Connection, session_id: str, *,
+                         now: float | None = None) -> dict[str, Any] | None:
     """Return the session's activity stamp and labels (with seconds since, and hermes-agent's alias keys), or None."""
     row = conn.execute("SELECT last_activity_at, last_activity_description, last_activity_provenance FROM sessions "
                        "WHERE id = ?", (session_id,)).fetchone()
@@ -840,7 +841,7 @@ def _model_config_text(config: dict[str, Any]) -> str | None:
 
 
 def patch_session_model_config(conn: sqlite3.Connection, session_id: str, patch: dict[str, Any]) -> None:
-    """Merge `patch` into the session's model_config (a None value removes that key); text that is not a JSON object is replaced."""
+    """Merge `patch` into the session's model_config (a None value removes the key); non-object text is replaced."""
     if patch is None:
         patch = {}
     if not isinstance(patch, dict):
@@ -894,14 +895,14 @@ def update_session_runtime_lock(conn: sqlite3.Connection, session_id: str, *, mo
 
 
 def session_yolo_enabled(session_meta: dict[str, Any] | None) -> bool:
-    """Tell whether a session row (or its parsed model_config holder) has the approval bypass on; False on anything unreadable."""
+    """Tell whether a session row has the approval bypass (`yolo_mode`) on; False on anything unreadable."""
     if not isinstance(session_meta, dict):
         return False
     return bool(_parsed_config(session_meta.get("model_config")).get(YOLO_KEY))
 
 
 def session_gateway_runtime(session_meta: dict[str, Any] | None) -> dict[str, Any]:
-    """Return the runtime route stored on a session row: model_config's gateway_runtime, else its top-level route keys, else the billing provider."""
+    """Return a session row's runtime route: gateway_runtime, else the route keys, else the billing provider."""
     if not isinstance(session_meta, dict):
         return {}
     config = _parsed_config(session_meta.get("model_config"))
@@ -915,7 +916,7 @@ def session_gateway_runtime(session_meta: dict[str, Any] | None) -> dict[str, An
     return {"provider": billed} if billed else {}
 
 
-def archive_stale_sessions(conn: sqlite3.Connection, idle_days: float, *, exclude_pinned: bool = True,
+def archive_stale_sessions(conn: sqlite3.Connection, idle_days: float | None, *, exclude_pinned: bool = True,
                            now: float | None = None) -> int:
     """Idle-archive each conversation untouched for `idle_days` (its whole chain); return how many conversations.
 
@@ -938,6 +939,7 @@ def archive_stale_sessions(conn: sqlite3.Connection, idle_days: float, *, exclud
         "AND MAX(COALESCE(s.last_activity_at, 0), COALESCE((SELECT MAX(m.timestamp) FROM messages m "
         "WHERE m.session_id = s.id), s.started_at)) < ?", (cutoff,))]
     for sid in stale:
+        chain = json.dumps(lineage.compression_chain_ids(conn, sid))
         conn.execute("UPDATE sessions SET archived = 1, auto_archived = 1 WHERE COALESCE(archived, 0) = 0 "
-                     "AND id IN (SELECT value FROM json_each(?))", (json.dumps(lineage.compression_chain_ids(conn, sid)),))
+                     "AND id IN (SELECT value FROM json_each(?))", (chain,))
     return len(stale)

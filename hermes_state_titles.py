@@ -144,7 +144,8 @@ def set_auto_title_if_empty(conn: sqlite3.Connection, session_id: str, title: st
     title = sanitize_title(title)
     if title is None or title_holder(conn, title, session_id) is not None:
         return False
-    return conn.execute("UPDATE sessions SET title = ?, title_source = ? WHERE id = ? AND (title IS NULL OR title = '')",
+    return conn.execute("UPDATE sessions SET title = ?, title_source = ? WHERE id = ? "
+                        "AND (title IS NULL OR title = '')",
                         (title, TITLE_SOURCE_LLM, session_id)).rowcount == 1
 
 
@@ -231,7 +232,7 @@ def _rank(title: str | None, source: str | None) -> int:
     return _TITLE_RANK[TITLE_SOURCE_USER] if source is None else _TITLE_RANK.get(source, 0)
 
 
-def set_auto_title(conn: sqlite3.Connection, session_id: str, title: str, *, source: str) -> bool:
+def set_auto_title(conn: sqlite3.Connection, session_id: str, title: str | None, *, source: str) -> bool:
     """Set a generated title ("derived" or "llm") unless one of equal or higher rank holds the row; True when written.
 
     Cleaned like any title (too long: ValueError); a title another session holds raises
