@@ -165,6 +165,7 @@ _LAZY_MODULES: dict[str, tuple[str, str | None]] = {
     # hermes-agent 0.20.1's /skill scaffolding names.
     **{name: ("hermes_state_listings", name) for name in ("SKILL_EXCERPT_JOINT", "SKILL_SCAFFOLD_SQL_LIKE",
                                                           "describe_skill_invocation")},
+    "ActivityProvenance": ("hermes_state_sessions", "ActivityProvenance"),  # hermes-agent's agent.session_activity
     "_wal_fallback_warned_paths": ("hermes_state_schema", "wal_fallback_warned"),
     # hermes-agent's names for the background-review filter the conversation applies.
     "_is_background_review_harness_message": ("hermes_state_conversation", "is_background_review_harness_message"),
@@ -407,6 +408,30 @@ class SessionDB(table.Handle):
     find_pr_url_messages = Entry("read", message_rows.find_pr_url_messages)
     set_latest_matching_message_display_kind = Entry("write", message_rows.set_latest_matching_message_display_kind)
     list_skill_scaffolded_sessions = Entry("read", listings.list_skill_scaffolded_sessions)
+    # hermes-agent 0.20.1: session rows: pin, hide, read, stale archive, activity, titles, model_config
+    # (docs/api.md, "hermes-agent 0.20.1: session rows").
+    set_session_pinned = Entry("write", sessions.set_session_pinned)
+    set_session_hidden = Entry("write", sessions.set_session_hidden)
+    set_session_read = Entry("write", sessions.set_session_read)
+    archive_stale_sessions = Entry("write", sessions.archive_stale_sessions)
+    session_unread = table.static(sessions.session_unread)
+    touch_session_activity = Entry("activity", sessions.touch_session_activity)
+    get_session_activity = Lookup("read", sessions.get_session_activity)
+    clear_session_activity_labels = Entry("activity", sessions.clear_session_activity_labels)
+    TITLE_SOURCE_DERIVED = titles.TITLE_SOURCE_DERIVED
+    TITLE_SOURCE_LLM = titles.TITLE_SOURCE_LLM
+    TITLE_SOURCE_USER = titles.TITLE_SOURCE_USER
+    set_auto_title = Entry("write", titles.set_auto_title)
+    get_session_title_source = Lookup("read", titles.get_session_title_source)
+    set_session_title_source = Entry("write", titles.set_session_title_source)
+    patch_session_model_config = Entry("write", sessions.patch_session_model_config)
+    get_session_model_config_value = Entry("read", sessions.get_session_model_config_value, unknown=None)
+    set_session_yolo = Entry("write", sessions.set_session_yolo)
+    update_session_runtime_lock = Entry("write", sessions.update_session_runtime_lock)
+    session_yolo_enabled = table.static(sessions.session_yolo_enabled)
+    session_gateway_runtime = table.static(sessions.session_gateway_runtime)
+    publish_session_git_metadata = Entry("write", sessions.publish_session_git_metadata)
+    get_session_rich_row = Lookup("snapshot", listings.get_session_rich_row)
 
     def _execute_write(self, body: Callable[[sqlite3.Connection], Any]) -> Any:
         """Run `body(conn)` in one `transaction()` and return its result (hermes-agent's name for that seam)."""
@@ -612,6 +637,12 @@ class SessionDB(table.Handle):
         if queue is not None and len(queue) and not self.closed and not self.read_only:
             queue.drain(lambda: self._write())
         super()._close_now()
+
+    def maybe_auto_archive(self, idle_days: float = 3, min_interval_hours: int = 24,
+                           exclude_pinned: bool = True) -> dict[str, Any]:
+        """Idle-archive conversations untouched for `idle_days`, at most once per interval (archive_stale_sessions)."""
+        self._check_writable()  # a read-only or closed handle is the caller's mistake, not an unattended failure
+        return maintenance.auto_archive_stale(self._write, idle_days, min_interval_hours, exclude_pinned)
 
     def get_conversation_root(self, session_id: str) -> str:
         """Return the top of the session's parent links (the session itself when it has none, or is unknown)."""

@@ -18,12 +18,12 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Callable
 
-from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, SESSION_ROW_SQL, check_count, check_id, check_number,
-                                 contains_sql, escape_like, prefix_range, row_dicts, session_dicts)
+from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, HIDDEN_SQL, SESSION_ROW_SQL, check_count, check_id,
+                                 check_number, contains_sql, escape_like, prefix_range, row_dicts, session_dicts)
 from hermes_state_errors import HermesStateError
 from hermes_state_home import default_hermes_root, profile_homes
 from hermes_state_lineage import COMPRESSION_END_REASON, compression_links, compression_successor_id, forward_chain
-from hermes_state_sessions import session_filters
+from hermes_state_sessions import session_filters, session_unread
 
 check_text = check_id  # a filter's text: a non-empty string SQLite can store
 
@@ -381,23 +381,28 @@ def _walk_newest_messages(conn: sqlite3.Connection, where: str, params: list[Any
         cursor.close()
 
 
-def list_sessions_rich(conn: sqlite3.Connection, source: str | None = None, exclude_sources: list[str] | None = None,
-                       cwd_prefix: str | None = None, limit: int = 20, offset: int = 0, include_children: bool = False,
-                       min_message_count: int = 0, project_compression_tips: bool = True,
-                       order_by_last_active: bool = False, include_archived: bool = False, archived_only: bool = False,
-                       id_query: str | None = None, search_query: str | None = None,
-                       compact_rows: bool = False) -> list[dict[str, Any]]:
-    """Return a page of conversations (hermes-agent's listing), each with `preview` and `last_active`.
+def list_sessions_rich(conn: sqlite3.Connection, source: str | None = None, sources: list[str] | None = None,
+                       exclude_sources: list[str] | None = None, cwd_prefix: str | None = None, limit: int = 20,
+                       offset: int = 0, include_children: bool = False, min_message_count: int = 0,
+                       project_compression_tips: bool = True, order_by_last_active: bool = False,
+                       include_archived: bool = False, archived_only: bool = False, id_query: str | None = None,
+                       search_query: str | None = None, compact_rows: bool = False, include_pinned: bool = False,
+                       session_key: str | None = None, include_hidden: bool = False) -> list[dict[str, Any]]:
+    """Return a page of conversations (hermes-agent's listing), each with `preview`, `last_active` and `unread`.
 
     Newest first by the conversation's start, or by its latest activity. A compressed
     conversation appears once, as its live tip with `_lineage_root_id` (unless
     `project_compression_tips` is False); children other than branches are hidden unless
-    `include_children`. `compact_rows` leaves out `system_prompt`. Filters apply to the row
-    listed before projection (the conversation's first part).
+    `include_children`, hidden sessions unless `include_hidden`. `compact_rows` leaves out
+    `system_prompt`. Filters apply to the row listed before projection (the conversation's
+    first part). `sources` selects any of several sources (`source`, when given, wins);
+    `session_key` one gateway conversation scope. `include_pinned` appends the pinned
+    conversations the page left out that pass the same filters.
     """
     limit, offset = check_count("limit", limit), check_count("offset", offset)
     where, params = _rich_filters(source, exclude_sources, cwd_prefix, include_children, min_message_count,
                                   include_archived, archived_only, id_query, search_query)
+    where, params = _rich_scope(where, params, None if source is not None else sources, session_key, include_hidden)
     columns = _columns(conn, compact_rows)
     if not order_by_last_active:
         rows = _rich_rows(conn, columns, where, params, "ORDER BY s.started_at DESC, s.id DESC LIMIT ? OFFSET ?",
@@ -410,7 +415,50 @@ def list_sessions_rich(conn: sqlite3.Connection, source: str | None = None, excl
         by_id = {r["id"]: r for r in _rich_rows(conn, columns, "s.id IN (SELECT value FROM json_each(?))",
                                                 [json.dumps(page)])}
         rows = [by_id[sid] for sid in page if sid in by_id]
-    return _project_tips(conn, rows, columns) if project_compression_tips else rows
+    if include_pinned:
+        # A pin says "always reachable": the pinned conversations past this page come after it.
+        listed = json.dumps([r["id"] for r in rows])
+        rows += _rich_rows(conn, columns, f"{where} AND COALESCE(s.pinned, 0) = 1 "
+                           "AND s.id NOT IN (SELECT value FROM json_each(?))", [*params, listed],
+                           "ORDER BY s.started_at DESC, s.id DESC")
+    if project_compression_tips:
+        rows = _project_tips(conn, rows, columns)
+    for row in rows:
+        row["unread"] = _unread(row)
+    return rows
+
+
+def _rich_scope(where: str, params: list[Any], sources: Any, session_key: Any,
+                include_hidden: bool) -> tuple[str, list[Any]]:
+    # hermes-agent 0.20's filters of the rich listing: several sources, one gateway scope, hidden rows.
+    params = list(params)
+    if sources:
+        if isinstance(sources, str) or not isinstance(sources, (list, tuple)):
+            raise ValueError(f"sources must be a list of source names, not {type(sources).__name__}")
+        names = [check_text("sources", s) for s in sources]
+        where += f" AND s.source IN ({', '.join('?' * len(names))})"
+        params += names
+    if session_key is not None and session_key != "":
+        where += " AND s.session_key = ?"
+        params.append(check_text("session_key", session_key))
+    if not include_hidden:
+        # Through idx_sessions_hidden: the flag is read from no session's row.
+        where += f" AND s.id NOT IN (SELECT id FROM sessions WHERE {HIDDEN_SQL})"
+    return where, params
+
+
+def _unread(row: dict[str, Any]) -> bool:
+    # Unread when anything happened after the read mark: a message, or a turn's activity stamp.
+    stamps = [t for t in (row.get("last_active"), row.get("last_activity_at")) if isinstance(t, (int, float))]
+    return session_unread({"last_read_at": row.get("last_read_at"), "last_active": max(stamps, default=None),
+                           "started_at": row.get("started_at")})
+
+
+def get_session_rich_row(conn: sqlite3.Connection, session_id: str,
+                         compact_rows: bool = False) -> dict[str, Any] | None:
+    """Return one session as a rich listing row (every column, `preview`, `last_active`), or None when unknown."""
+    rows = _rich_rows(conn, _columns(conn, compact_rows), "s.id = ?", [session_id])
+    return rows[0] if rows else None
 
 
 def _source_names(name: str, value: Any) -> list[str]:

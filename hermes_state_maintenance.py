@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable
 
 from hermes_state_common import (DAY_S, DELEGATE_LIKE_SQL, LIVE_ADMISSION_SQL, SESSION_OWNED, Keywords, check_count,
-                                 check_id, check_number, contains_sql, logger, prefix_range, table_exists)
+                                 check_id, check_number, contains_sql, is_finite, logger, prefix_range, table_exists)
 from hermes_state_errors import HermesStateError, SessionBusyError
 from hermes_state_gateway import LIVE_EXECUTION_STATES
 from hermes_state_lineage import COMPRESSION_END_REASON, WALK_CAP, compression_links, forward_chain
 from hermes_state_routing import DELEGATION_OPEN_STATES, DELIVERY_OWED_STATES
-from hermes_state_sessions import cwd_under_sql, cwd_under_values, forget_prompts
+from hermes_state_sessions import archive_stale_sessions, cwd_under_sql, cwd_under_values, forget_prompts
 from hermes_state_writer import Transaction
 
 AUTO_PRUNE_KEY = "last_auto_prune"  # state_meta: when the last automatic prune ran (epoch seconds)
@@ -732,3 +732,36 @@ def purge_stale_tool_call_markers(read: Callable[[], ContextManager[sqlite3.Conn
             ids = stale_tool_call_marker_ids(conn)
             conn.executemany("UPDATE messages SET content = '' WHERE id = ?", [(i,) for i in ids])
     return {"dry_run": dry_run, "rows_affected": len(ids), "row_ids": ids, "backup_path": copy}
+
+
+# hermes-agent 0.20's marker of the last idle-archive sweep (epoch seconds), in state_meta.
+AUTO_ARCHIVE_KEY = "last_auto_archive"
+
+
+def auto_archive_stale(write: Callable[[], ContextManager[sqlite3.Connection]], idle_days: Any,
+                       min_interval_hours: Any, exclude_pinned: bool = True) -> dict[str, Any]:
+    """Idle-archive stale conversations at most once per interval; return {"skipped", "archived"} (+ "error").
+
+    The marker and the sweep share one write transaction. A store that refuses is logged and
+    answered with "error", never raised (this runs unattended); bad arguments raise ValueError.
+    """
+    if idle_days is not None and not is_finite(idle_days):
+        raise ValueError(f"idle_days must be a finite number of days, not {idle_days!r}")
+    interval_s = check_number("min_interval_hours", min_interval_hours) * 3600.0
+    result: dict[str, Any] = {"skipped": True, "archived": 0}
+    try:
+        with write() as conn:
+            now = time.time()
+            try:
+                last = float(get_meta(conn, AUTO_ARCHIVE_KEY) or "nan")
+            except ValueError:
+                last = math.nan
+            if math.isfinite(last) and last <= now and now - last < interval_s:
+                return result
+            set_meta(conn, AUTO_ARCHIVE_KEY, repr(now))
+            result.update(skipped=False, archived=archive_stale_sessions(conn, idle_days, exclude_pinned=exclude_pinned,
+                                                                         now=now))
+    except HermesStateError as exc:
+        logger.warning("automatic archive stopped: %s", exc)
+        result.update(skipped=False, error=f"{type(exc).__name__}: {exc}")
+    return result

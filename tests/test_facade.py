@@ -343,6 +343,8 @@ DECLARED_UNKNOWN: dict[str, Any] = {
     # hermes-agent 0.20.1: transcript, turn leases and compression
     "find_live_compression_child": None, "get_active_message_watermark": 0, "get_compression_ineffective_count": 0,
 }
+# hermes-agent 0.20.1's session-row reads.
+DECLARED_UNKNOWN.update(dict.fromkeys(["get_session_activity", "get_session_title_source", "get_session_rich_row"], None))
 # Reads by id whose answer for an unknown key is a value no return type implies (an Entry's `unknown=`).
 ENTRY_UNKNOWN = {"get_messages_around": {"window": [], "messages_before": 0, "messages_after": 0},
                  "get_anchored_view": {"window": [], "messages_before": 0, "messages_after": 0,
@@ -350,6 +352,7 @@ ENTRY_UNKNOWN = {"get_messages_around": {"window": [], "messages_before": 0, "me
                  # hermes-agent 0.20.1: transcript, turn leases and compression
                  "get_compression_failure_cooldown_row": {"session_exists": False, "cooldown_until": None,
                                                           "error": None}}
+ENTRY_UNKNOWN["get_session_model_config_value"] = None  # hermes-agent 0.20.1: the caller's default, else None
 # The reads the module function answers in full (listings, counts and searches over filters): no
 # answer of their own, so text SQLite cannot store goes to the function as it is.
 ANSWERS_ITSELF = {"distinct_session_cwds", "session_count", "get_next_title_in_lineage", "list_sessions",
