@@ -617,6 +617,8 @@ class SessionDB(table.Handle):
         if self.closed:
             self.update_token_counts(session_id, **kwargs)
             return
+        if self.read_only:
+            self._check_writable()  # refused at the call, like every write: nothing could ever apply it
         if self._token_queue().put(session_id, kwargs) >= sessions.TokenQueue.BATCH:
             # Bookkeeping must not stall a turn: a busy store keeps the deltas for the next chance.
             self._token_queue().drain(lambda: self._write(self.activity_write_patience_s))
@@ -624,6 +626,8 @@ class SessionDB(table.Handle):
     def flush_token_counts(self, timeout: float = 5.0) -> bool:
         """Apply every queued token delta now, waiting up to `timeout` seconds for the lock; True once none wait."""
         patience = common.check_number("timeout", timeout)
+        if self.read_only:
+            self._check_writable()  # a read-only handle never queued anything: calling this is a mistake
         queue = vars(self).get("_queued_tokens")
         if queue is None or not len(queue):
             return True

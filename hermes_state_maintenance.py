@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable
 
 from hermes_state_common import (DAY_S, DELEGATE_LIKE_SQL, LIVE_ADMISSION_SQL, SESSION_OWNED, Keywords, check_count,
-                                 check_id, check_number, contains_sql, is_finite, logger, prefix_range, table_exists)
+                                 check_id, check_number, contains_sql, is_finite, logger, prefix_range, table_exists, shown)
 from hermes_state_errors import HermesStateError, SessionBusyError
 from hermes_state_gateway import LIVE_EXECUTION_STATES
 from hermes_state_lineage import COMPRESSION_END_REASON, WALK_CAP, compression_links, forward_chain
@@ -76,7 +76,7 @@ def _under(name: str, value: Any) -> tuple[str, ...]:
 
 def _flag(name: str, value: Any) -> int:
     if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, not {value!r}")
+        raise ValueError(f"{name} must be True or False, not {shown(value)}")
     return int(value)
 
 
@@ -132,7 +132,7 @@ def select_sessions(older_than_days: Any = None, source: Any = None, filters: di
     if older_than_days is not None:
         days = check_number("older_than_days", older_than_days)
         if days < 0:
-            raise ValueError(f"older_than_days must be 0 or more, not {older_than_days!r}")
+            raise ValueError(f"older_than_days must be 0 or more, not {shown(older_than_days)}")
         where.append("s.started_at < ?")
         params.append((time.time() if now is None else now) - days * DAY_S)
     if source is not None:
@@ -716,7 +716,7 @@ def purge_stale_tool_call_markers(read: Callable[[], ContextManager[sqlite3.Conn
     nothing to change writes nothing and copies nothing. Only `content` changes.
     """
     if not isinstance(dry_run, bool):
-        raise ValueError(f"dry_run must be True or False, not {dry_run!r}")
+        raise ValueError(f"dry_run must be True or False, not {shown(dry_run)}")
     with read() as conn:
         ids = stale_tool_call_marker_ids(conn)
     copy = None
@@ -746,7 +746,7 @@ def auto_archive_stale(write: Callable[[], ContextManager[sqlite3.Connection]], 
     answered with "error", never raised (this runs unattended); bad arguments raise ValueError.
     """
     if idle_days is not None and not is_finite(idle_days):
-        raise ValueError(f"idle_days must be a finite number of days, not {idle_days!r}")
+        raise ValueError(f"idle_days must be a finite number of days, not {shown(idle_days)}")
     interval_s = check_number("min_interval_hours", min_interval_hours) * 3600.0
     result: dict[str, Any] = {"skipped": True, "archived": 0}
     try:

@@ -32,7 +32,7 @@ import hermes_state_fts as fts
 from hermes_state_common import (COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES, NOT_LIVE_SQL, check_count, check_id,
                                  check_number,
                                  counter_amounts, decode_json, encode_json, has_surrogate, is_uid, new_uid,
-                                 replace_surrogates, row_dicts)
+                                 replace_surrogates, row_dicts, shown)
 from hermes_state_errors import (SessionClosedByCompressionError, SessionCompressionInProgressError,
                                  SessionExportTooLargeError, SessionNotFoundError, SessionResumeTooLargeError,
                                  SessionTurnLeaseLostError)
@@ -401,7 +401,7 @@ def append_messages_batch(conn: sqlite3.Connection, session_id: str, messages: l
     is accepted and must be a positive integer, but the batch is still one transaction here.
     """
     if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows <= 0):
-        raise ValueError(f"chunk_rows must be a positive integer or None, not {chunk_rows!r}")
+        raise ValueError(f"chunk_rows must be a positive integer or None, not {shown(chunk_rows)}")
     prepared = []
     for index, message in enumerate(message_list(messages)):
         try:
@@ -888,7 +888,7 @@ _ENCODED_CONTENT = "\x00json:"
 
 def _row_id(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"message_row_id must be an integer row id, not {value!r}")
+        raise ValueError(f"message_row_id must be an integer row id, not {shown(value)}")
     return value
 
 
@@ -918,7 +918,7 @@ def set_message_reaction(conn: sqlite3.Connection, session_id: str, message_row_
     check_id("session_id", session_id)
     row_id = _row_id(message_row_id)
     if emoji is not None and not isinstance(emoji, str):
-        raise ValueError(f"emoji must be a string or None, not {emoji!r}")
+        raise ValueError(f"emoji must be a string or None, not {shown(emoji)}")
     check_id("author", author)
     row = conn.execute("SELECT display_metadata FROM messages WHERE id = ? AND session_id = ?",
                        (row_id, session_id)).fetchone()
@@ -984,9 +984,9 @@ def latest_message_row_id(conn: sqlite3.Connection, session_id: str, *, role: st
     content) are skipped. A negative offset finds nothing.
     """
     if not isinstance(role, str):
-        raise ValueError(f"role must be a string, not {role!r}")
+        raise ValueError(f"role must be a string, not {shown(role)}")
     if isinstance(offset, bool) or not isinstance(offset, int):
-        raise ValueError(f"offset must be an integer, not {offset!r}")
+        raise ValueError(f"offset must be an integer, not {shown(offset)}")
     if offset < 0 or role not in ("user", "assistant"):  # only a person's and the model's turns are bubbles
         return None
     text = f" AND {_HAS_TEXT_SQL}" if require_text else ""
@@ -1014,7 +1014,7 @@ def find_pr_url_messages(conn: sqlite3.Connection, session_ids: list[str]) -> li
     A loose candidate scan (any letter case, archived rows too): the caller decides which is a PR url.
     """
     if isinstance(session_ids, (str, bytes, dict)) or not isinstance(session_ids, Iterable):
-        raise ValueError(f"session_ids must be a list of session ids, not {session_ids!r}")
+        raise ValueError(f"session_ids must be a list of session ids, not {shown(session_ids)}")
     wanted = [s for s in session_ids if isinstance(s, str) and not has_surrogate(s)]
     if not wanted:
         return []
@@ -1033,7 +1033,7 @@ def set_latest_matching_message_display_kind(conn: sqlite3.Connection, session_i
     check_id("session_id", session_id)
     for name, value in (("role", role), ("display_kind", display_kind)):
         if not isinstance(value, str):
-            raise ValueError(f"{name} must be a string, not {value!r}")
+            raise ValueError(f"{name} must be a string, not {shown(value)}")
     if display_metadata is not None and not isinstance(display_metadata, dict):
         raise ValueError(f"display_metadata must be a dict or None, not {type(display_metadata).__name__}")
     if not display_kind or not isinstance(content, str):

@@ -26,7 +26,7 @@ import hermes_state_lineage as lineage
 from hermes_state_common import (ARCHIVED_SQL, COUNTER_RESET_SQL, DAY_S, Keywords,  # noqa: F401 - COUNTER_RESET_SQL re-exported
                                  INT_MAX, SESSION_COLUMN_NAMES, SESSION_ROW_SQL, SESSIONS, TABLE_COLUMNS, check_count,
                                  check_id, check_number, encode_json, is_finite, logger, prompt_hash, replace_surrogates,
-                                 row_dicts, session_dicts)
+                                 row_dicts, session_dicts, shown)
 from hermes_state_errors import HermesStateError, SessionClosedByCompressionError, SessionNotFoundError
 from hermes_state_fork import tell_child
 from hermes_state_titles import check_title_free, normalize_title, sanitize_title, title_holder
@@ -1040,7 +1040,7 @@ def archive_stale_sessions(conn: sqlite3.Connection, idle_days: float | None, *,
     if idle_days is None:
         return 0
     if not is_finite(idle_days):
-        raise ValueError(f"idle_days must be a finite number of days, not {idle_days!r}")
+        raise ValueError(f"idle_days must be a finite number of days, not {shown(idle_days)}")
     if idle_days < 0:
         return 0
     cutoff = (time.time() if now is None else now) - idle_days * DAY_S
