@@ -115,7 +115,8 @@ import logging  # noqa: E402,F401
 import random  # noqa: E402,F401
 import re  # noqa: E402,F401
 import threading  # noqa: E402,F401
-from typing import Dict, List, Optional, Tuple, TypeVar  # noqa: E402,F401,UP035
+from typing import Dict, List, Optional, Set, Tuple, TypeVar  # noqa: E402,F401,UP035
+from collections import deque  # noqa: E402,F401  (hermes-agent 0.20.1's module has it among its names)
 from hermes_state_base import logger  # noqa: E402,F401
 T = TypeVar("T")
 # hermes-agent's private names for the same process-wide state, which its callers and tests reset.
