@@ -209,7 +209,7 @@ def test_pending_parameters_are_only_those_still_refused():
         for part, owner in (("module", hermes_state), ("SessionDB", SessionDB)):
             for name, theirs in names["signatures"][part].items():
                 mine = _ours(owner, name) if theirs is not None and name in dir(owner) else None
-                if mine is not None:
+                if theirs is not None and mine is not None:
                     before = {p for p, _ in (older["signatures"][part].get(name) or [])}
                     problems.update(f"{part}.{name}: {problem}" for problem in refused(theirs, mine, before))
     fixed = sorted(PENDING_PARAMETERS - problems)
