@@ -15,6 +15,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
+import abc
 import importlib
 import os
 import sqlite3
@@ -73,6 +74,11 @@ if TYPE_CHECKING:  # what checkers see; at run time each module is imported at i
                                        SESSION_STATUS_INTERRUPTED, classify_session_status)
     from hermes_state_messages import (MAX_SAFE_EXPORT_MESSAGES, MAX_SAFE_RESUME_MESSAGES, resolved_max_export_messages,
                                        resolved_max_resume_messages)
+    # hermes-agent 0.20.1: the file's health, journal and writability checks.
+    from hermes_state_schema import apply_database_pragmas, preflight_db_writability, resolve_journal_mode
+    from hermes_state_recovery import is_zeroed_state_db, quarantine_zeroed_state_db
+    from hermes_state_lockowners import count_db_holders
+    from hermes_state_usage import collect_state_db_stats
 # The modules behind the method table and the explicit methods, imported at their first use: a
 # program that opens a store and lists its sessions does not pay for the gateway ledgers or recovery.
 table.later(globals(), compression="hermes_state_compression", conversation="hermes_state_conversation",
@@ -98,6 +104,9 @@ from hermes_state_home import (check_db_path_allowed, child_env, default_hermes_
                                display_hermes_home, get_hermes_home, hermes_home_override, profile_home)
 from hermes_state_errors import (StateDbJournalError, describe_init_failure, format_session_db_unavailable,
                                  get_last_init_error, set_last_init_error)
+# hermes-agent 0.20.1: the file's health, journal and writability checks (the rest are read lazily).
+from hermes_state_errors import WalUnsupportedError, is_disk_full_error  # noqa: E402,F401
+from hermes_state_base import is_sqlite_wal_reset_vulnerable, sqlite_source_id  # noqa: E402,F401
 # hermes-agent's module exposes its imports as public names, and its callers' tests patch some of
 # them (hermes_state.time.time, hermes_state.random, hermes_state.logger): the same names are here,
 # the logger being this library's own ("hermes_state").
@@ -106,7 +115,8 @@ import logging  # noqa: E402,F401
 import random  # noqa: E402,F401
 import re  # noqa: E402,F401
 import threading  # noqa: E402,F401
-from typing import Dict, List, Optional, Tuple, TypeVar  # noqa: E402,F401,UP035
+from typing import Dict, List, Optional, Set, Tuple, TypeVar  # noqa: E402,F401,UP035
+from collections import deque  # noqa: E402,F401  (hermes-agent 0.20.1's module has it among its names)
 from hermes_state_base import logger  # noqa: E402,F401
 T = TypeVar("T")
 # hermes-agent's private names for the same process-wide state, which its callers and tests reset.
@@ -134,6 +144,11 @@ __all__ = [
     "classify_session_status", "MAX_SAFE_EXPORT_MESSAGES", "MAX_SAFE_RESUME_MESSAGES",
     "resolved_max_export_messages", "resolved_max_resume_messages", "SessionExportTooLargeError",
     "SessionResumeTooLargeError", "PERSISTENCE_ERROR_CAUSES",
+    # hermes-agent 0.20.1: the file's health, journal and writability checks; SessionDB's facets.
+    "WalUnsupportedError", "is_disk_full_error", "is_sqlite_wal_reset_vulnerable", "sqlite_source_id",
+    "preflight_db_writability", "apply_database_pragmas", "resolve_journal_mode", "is_zeroed_state_db",
+    "quarantine_zeroed_state_db", "count_db_holders", "collect_state_db_stats",
+    "SessionPortabilityMixin", "SessionSchemaMixin", "SessionSearchMixin",
 ]
 
 # Names whose module is imported at their first read, as {name: (module, its name there or None
@@ -167,6 +182,12 @@ _LAZY_MODULES: dict[str, tuple[str, str | None]] = {
                                                           "describe_skill_invocation")},
     "ActivityProvenance": ("hermes_state_sessions", "ActivityProvenance"),  # hermes-agent's agent.session_activity
     "_wal_fallback_warned_paths": ("hermes_state_schema", "wal_fallback_warned"),
+    # hermes-agent 0.20.1: the file's health, journal and writability checks.
+    **{name: ("hermes_state_schema", name) for name in ("preflight_db_writability", "apply_database_pragmas",
+                                                        "resolve_journal_mode")},
+    **{name: ("hermes_state_recovery", name) for name in ("is_zeroed_state_db", "quarantine_zeroed_state_db")},
+    "count_db_holders": ("hermes_state_lockowners", "count_db_holders"),
+    "collect_state_db_stats": ("hermes_state_usage", "collect_state_db_stats"),
     # hermes-agent's names for the background-review filter the conversation applies.
     "_is_background_review_harness_message": ("hermes_state_conversation", "is_background_review_harness_message"),
     "_strip_background_review_harness": ("hermes_state_conversation", "strip_background_review_harness"),
@@ -670,6 +691,46 @@ class SessionDB(table.Handle):
             return None  # no stored id can hold a lone surrogate
         with self._read() as conn:
             return lineage.compression_successor_id(conn, session_id) or session_id
+
+
+# --- hermes-agent 0.20.1's mixins: facets of SessionDB ----------------------------------------------
+# hermes-agent 0.20.1 builds its SessionDB from three mixin classes. Here SessionDB is one class over
+# the method table; each mixin is an abstract facet it is registered with, so issubclass/isinstance
+# checks hold, and reading one of the facet's method names from the mixin gives SessionDB's method
+# (only the names SessionDB has: a name another part of the library has not added yet is absent).
+
+class _Facet(abc.ABCMeta):
+    """The metaclass of a mixin facet: its method names are read from SessionDB."""
+
+    _names: tuple[str, ...]
+
+    def __getattr__(cls, name: str) -> Any:
+        if name in cls._names and name in dir(SessionDB):
+            return getattr(SessionDB, name)
+        raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
+
+    def __dir__(cls) -> list[str]:
+        return sorted(set(super().__dir__()) | {name for name in cls._names if name in dir(SessionDB)})
+
+
+def _facet(name: str, doc: str, names: tuple[str, ...]) -> _Facet:
+    facet = _Facet(name, (), {"__doc__": doc, "__module__": __name__, "__slots__": (), "_names": names})
+    facet.register(SessionDB)
+    return facet
+
+
+SessionPortabilityMixin = _facet(
+    "SessionPortabilityMixin", "SessionDB's export, import and rich-row reads (hermes-agent 0.20.1's mixin).",
+    ("distinct_session_cwds", "export_all", "export_session", "export_session_lineage", "get_first_assistant_text",
+     "get_session_rich_row", "import_sessions", "list_cron_job_runs", "list_skill_scaffolded_sessions"))
+SessionSchemaMixin = _facet(
+    "SessionSchemaMixin", "SessionDB's schema set-up and migrations at open (hermes-agent 0.20.1's mixin); no public methods.",
+    ())
+SessionSearchMixin = _facet(
+    "SessionSearchMixin", "SessionDB's full-text search and index upkeep (hermes-agent 0.20.1's mixin).",
+    ("fts_cjk_rebuild_status", "fts_cjk_rebuild_step", "fts_optimize_available", "fts_rebuild_status",
+     "fts_rebuild_step", "get_anchored_view", "list_recent_user_messages", "optimize_fts", "optimize_fts_storage",
+     "rebuild_fts", "search_messages", "search_sessions_by_id", "_sanitize_fts5_query", "_contains_cjk"))
 
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:

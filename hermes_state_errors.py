@@ -11,6 +11,7 @@ result code (`sqlite_errorcode & 0xFF`), and only by message text when no code e
 """
 from __future__ import annotations
 
+import errno
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,6 +64,25 @@ class StateDbJournalError(StoreUnavailableError, sqlite3.OperationalError):
 
     guidance = ("Move HERMES_HOME to a local disk: SQLite's WAL mode does not work over a network "
                 "file system (see https://www.sqlite.org/wal.html).")
+
+
+class WalUnsupportedError(StoreUnavailableError, sqlite3.OperationalError):
+    """WAL mode was required (`apply_wal_with_fallback(..., require_wal=True)`) and the file system refuses it.
+
+    Also an `sqlite3.OperationalError`, as in hermes-agent, so a caller's handler for that still catches it.
+    """
+
+    guidance = ("Move the database to a local disk: SQLite's WAL mode needs shared memory, which network "
+                "file systems (NFS, SMB, some FUSE mounts) lack.")
+
+
+class StateDbNotWritableError(StoreUnavailableError, sqlite3.OperationalError):
+    """The database file, its -wal or -shm, or its folder is not writable by this user, and was not ours to repair.
+
+    Also an `sqlite3.OperationalError`, which is what hermes-agent raises for it.
+    """
+
+    guidance = "Give this user read-write access to the file (the message names the command)."
 
 
 class StateDbIncompatibleError(StoreUnavailableError):
@@ -256,6 +276,23 @@ def classify_persistence_error(exc: BaseException) -> str:
     if isinstance(exc, sqlite3.IntegrityError) and "foreign key" in text:
         return "session_row_missing"
     return "unknown"
+
+
+# What a full disk says when it surfaces as text (an RPC boundary, a log line): POSIX, SQLite, Windows.
+_DISK_FULL_TEXTS = ("no space left on device", "enospc", "disk full", "database or disk is full",
+                    "not enough space on the disk")
+
+
+def is_disk_full_error(exc: BaseException | str | None) -> bool:
+    """Tell whether an error (or its text) is a full disk: ENOSPC, SQLite's SQLITE_FULL, or a message saying so."""
+    if exc is None:
+        return False
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return True
+    if isinstance(exc, sqlite3.Error) and _primary_code(exc) == SQLITE_FULL:
+        return True
+    text = str(exc).lower()
+    return any(marker in text for marker in _DISK_FULL_TEXTS)
 
 
 # --- the typed-error choke point -------------------------------------------------------------
