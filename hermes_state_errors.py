@@ -195,6 +195,10 @@ def is_sqlite_lock_error(exc: BaseException) -> bool:
     return any(t in text for t in _LOCK_TEXTS)
 
 
+# What an error about a full-text index names: FTS5 itself, the library's indexes, hermes-agent's.
+_FTS_WORDS = ("fts5", "hermes_fts_", "messages_fts")
+
+
 def classify_persistence_error(exc: BaseException) -> str:
     """Name the class of a persistence failure: locked, compression, corrupt, fts_index, disk, session_row_missing or unknown."""
     if isinstance(exc, SessionPersistenceError):
@@ -209,7 +213,7 @@ def classify_persistence_error(exc: BaseException) -> str:
         return "locked"
     code = _primary_code(exc)
     text = str(exc).lower()
-    if isinstance(exc, sqlite3.Error) and ("fts5" in text or "messages_fts" in text or "hermes_fts_" in text):
+    if isinstance(exc, sqlite3.Error) and any(word in text for word in _FTS_WORDS):
         return "fts_index"
     if code in (SQLITE_CORRUPT, SQLITE_NOTADB):
         return "corrupt"

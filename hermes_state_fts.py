@@ -4,7 +4,7 @@ Owns: `hermes_fts_words` (unicode61 words of content, tool_name, tool_calls), `h
 (substrings of every message's content, tool name and tool calls), `hermes_fts_reasoning` (words of reasoning text),
 `hermes_fts_cjk` (CJK runs as bigrams, from hermes_state_cjk) with its queue `hermes_fts_cjk_pending`,
 the triggers that keep them in sync (all declared in `OBJECTS`), the rebuild markers
-`hermes_fts_rebuild_high_water`/`hermes_fts_rebuild_progress`, moving an earlier release's objects out of
+`hermes_fts_high_water`/`hermes_fts_progress`, moving an earlier release's objects out of
 hermes-agent's names (`move_legacy`), the chunked resumable rebuild, the writer's queue
 batch (`index_batch`, and `flush_queue`, a closing handle indexing what it left queued), the periodic merge,
 and `FtsState` (what exists and what is pending; `cached_state` keeps it per connection for searches).
@@ -100,6 +100,21 @@ _CATALOGUE_SQL = ("SELECT type, name, sql FROM sqlite_master WHERE type IN ('tab
                   "OR (type = 'trigger' AND tbl_name = 'messages'))")
 
 
+def _dependents(earlier: dict[str, tuple[str, str]], rest: list[tuple[str, str, str]]) -> None:
+    """Add to `earlier` every object of `rest` that reads or writes one of it, until none is left to add."""
+    grew = bool(earlier)
+    while grew:
+        grew = False
+        names = re.compile(r"\b(" + "|".join(map(re.escape, earlier)) + r")\b")
+        for kind, name, sql in rest:
+            # What follows the name: a view's query, a trigger's body, a virtual table's options.
+            body = sql.split(" AS ", 1)[-1] if kind == "view" else sql.partition("(")[2]
+            if name not in earlier and (kind != "table" or sql.startswith("CREATE VIRTUAL TABLE")) \
+                    and names.search(body):
+                earlier[name] = (kind, sql)
+                grew = True
+
+
 def _classify(rows: list[tuple[str, str, str | None]]
               ) -> tuple[dict[str, str], dict[str, tuple[str, str]], set[tuple[str, str, str]], bool]:
     """Sort the catalogue's full-text objects: (current by name, earlier releases' by name, hermes-agent's substring index, foreign).
@@ -111,7 +126,6 @@ def _classify(rows: list[tuple[str, str, str | None]]
     """
     current: dict[str, str] = {}
     earlier: dict[str, tuple[str, str]] = {}
-    agent: set[tuple[str, str, str]] = set()
     foreign = False
     rest = []
     for kind, name, sql in rows:
@@ -123,19 +137,9 @@ def _classify(rows: list[tuple[str, str, str | None]]
         elif kind == "trigger" and _OWN_TABLE.search(sql or ""):
             foreign = True  # another definition's trigger writing our tables would double-index rows
         else:
-            if entry in _AGENT_SUBSTRINGS:
-                agent.add(entry)
             rest.append((kind, name, sql or ""))
-    grew = bool(earlier)
-    while grew:  # what reads or writes an earlier release's object is that release's too
-        grew = False
-        names = re.compile(r"\b(" + "|".join(map(re.escape, earlier)) + r")\b")
-        for kind, name, sql in rest:
-            if name not in earlier and (kind != "table" or sql.startswith("CREATE VIRTUAL TABLE")) \
-                    and names.search(sql.split(" AS ", 1)[-1] if kind == "view" else sql.partition("(")[2]):
-                earlier[name] = (kind, sql)
-                grew = True
-    agent -= {entry for entry in agent if entry[1] in earlier}
+    _dependents(earlier, rest)
+    agent = {(kind, name, _normalized(sql)) for kind, name, sql in rest if name not in earlier} & _AGENT_SUBSTRINGS
     return current, earlier, agent, foreign
 
 

@@ -37,7 +37,7 @@ class Names(NamedTuple):
 # nothing of the library's shares a name, a trigger, a column layout or a state_meta key with them.
 NAMES = Names(word="hermes_fts_words", trigram="hermes_fts_substrings", cjk="hermes_fts_cjk",
               reasoning="hermes_fts_reasoning", cjk_pending="hermes_fts_cjk_pending", pending="hermes_fts_pending",
-              high_water="hermes_fts_rebuild_high_water", progress="hermes_fts_rebuild_progress")
+              high_water="hermes_fts_high_water", progress="hermes_fts_progress")
 # Where earlier releases of this library kept the same objects: under hermes-agent's names (so
 # that its 0.19.0 release found its six triggers and created none), with its rebuild markers.
 # Open moves a file's objects from here to NAMES by renaming them, with no re-indexing.

@@ -110,6 +110,7 @@ def test_the_agent_opening_a_library_file_makes_the_library_rebuild_nothing(agen
     path = hermes_home / "state.db"
     rows = _library_store(path)
     ours = catalogue(path, OURS)
+    assert ours and not set(catalogue(path, THEIRS))  # the library's objects are under its own names only
     added = agent(agent_python, path, ["create", "agent", "cli"], ["append", "agent", "user", "agent zebrafish 大阪城"],
                   ["append", "agent", "user", "京都の夜"])[1:]
     # The agent's objects are its own: it made them beside the library's and left the library's alone.
@@ -124,7 +125,7 @@ def test_the_agent_opening_a_library_file_makes_the_library_rebuild_nothing(agen
         assert library_ids(db, "beproxy7") == [rows["tool"]]
     assert catalogue(path, OURS) == ours  # same objects, same pages: nothing dropped or rebuilt
     assert catalogue(path, THEIRS) == theirs  # and the agent's are as it left them
-    assert not any(key.startswith("hermes_fts_rebuild") for key in markers(path))
+    assert not any(key in (fts.HIGH_WATER, fts.PROGRESS) for key in markers(path))
     assert agent_ids(agent_python, path, "zebrafish", "京都") == [sorted([rows["words"], added[0]]),
                                                                  sorted([rows["cjk"], added[1]])]
 
@@ -150,7 +151,7 @@ def test_the_agents_maintenance_finishes_on_a_library_file_and_leaves_the_librar
         assert set(fts.integrity_report(conn).values()) == {"ok"}
     finally:
         conn.close()
-    assert not any(key.startswith("hermes_fts_rebuild") for key in markers(path))
+    assert not any(key in (fts.HIGH_WATER, fts.PROGRESS) for key in markers(path))
 
 
 def test_a_handle_held_open_across_the_agents_start_keeps_finding_new_rows(agent_python, hermes_home):
@@ -163,7 +164,7 @@ def test_a_handle_held_open_across_the_agents_start_keeps_finding_new_rows(agent
         mine = db.append_message("lib", "user", "奈良へ行く quokka")
         assert library_ids(db, "奈良") == sorted([added[0], mine])
         assert library_ids(db, "quokka") == sorted([added[1], mine])
-    assert not any(key.startswith("hermes_fts_rebuild") for key in markers(path))
+    assert not any(key in (fts.HIGH_WATER, fts.PROGRESS) for key in markers(path))
 
 
 def test_both_programs_writing_at_once_find_every_acknowledged_row_once(agent_python, hermes_home):
@@ -231,7 +232,7 @@ def test_a_file_of_the_release_that_used_the_agents_names_moves_by_renaming(herm
         if before[old][0] == "table":
             assert after[new][1] == before[old][1], old
     assert catalogue(path, THEIRS) == {}
-    assert not any(k.startswith("hermes_fts_rebuild") or k.startswith("fts_rebuild") for k in markers(path))
+    assert not any(k in (fts.HIGH_WATER, fts.PROGRESS) or k.startswith("fts_rebuild") for k in markers(path))
     conn = sqlite3.connect(path)
     try:
         assert fts.inspect(conn).declared

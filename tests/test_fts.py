@@ -168,10 +168,10 @@ def test_fresh_database_has_every_fts_object_and_no_rebuild(db, rival):
         "SELECT name, sql FROM sqlite_master WHERE name IN (SELECT value FROM json_each(?))", (json.dumps(ALL),))}
     assert "content='hermes_fts_words_source'" in vt["hermes_fts_words"] and "tool_calls" in vt["hermes_fts_words"]
     assert "tokenize='trigram'" in vt["hermes_fts_substrings"]
-    assert rival.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE '%fts_rebuild%'").fetchone()[0] == 0
+    assert rival.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE '%fts_%'").fetchone()[0] == 0
     # persistent triggers never call a function a plain shell lacks (the library's names them hermes_*)
     for (sql,) in rival.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger'"):
-        assert "hermes_" not in re.sub(r"\bhermes_fts_(words|substrings|reasoning|cjk|pending|rebuild)\w*", "", sql)
+        assert "hermes_" not in re.sub(r"\bhermes_fts_(words|substrings|reasoning|cjk|pending|high_water|progress)\w*", "", sql)
     assert db.fts_rebuild_status() == {"pending": 0, "total": 0, "indexed": 0, "percent": 100.0,
                                        "in_progress": False, "cjk_pending": 0}
 
@@ -341,7 +341,7 @@ def test_a_database_without_fts_is_rebuilt_in_chunks_never_twice(tmp_path, manua
     assert not [s for s in traced if s.startswith("INSERT INTO hermes_fts_words") and ", rank)" not in s]
     assert [s for s in traced if re.search(r"FROM\s+messages\b", s) and not s.startswith("CREATE")] == [
         "SELECT MAX(id) FROM messages"]
-    markers = dict(rival.execute("SELECT key, value FROM state_meta WHERE key LIKE 'hermes_fts_rebuild%'"))
+    markers = dict(rival.execute(f"SELECT key, value FROM state_meta WHERE key IN ('{fts.HIGH_WATER}', '{fts.PROGRESS}')"))
     assert markers == {fts.HIGH_WATER: str(rows[-1]), fts.PROGRESS: "0"}
     assert db.fts_rebuild_status() == {"pending": 40, "total": 40, "indexed": 0, "percent": 0.0,
                                        "in_progress": True, "cjk_pending": 0}
@@ -363,7 +363,7 @@ def test_a_database_without_fts_is_rebuilt_in_chunks_never_twice(tmp_path, manua
         with db.transaction() as txn:
             if not fts.rebuild_step(txn.conn, 10):
                 break
-    assert rival.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE 'hermes_fts_rebuild%'").fetchone()[0] == 0
+    assert rival.execute(f"SELECT COUNT(*) FROM state_meta WHERE key IN ('{fts.HIGH_WATER}', '{fts.PROGRESS}')").fetchone()[0] == 0
     with db.transaction() as txn:  # the row the handle queued meanwhile, as its next batch would
         fts.index_batch(txn.conn)
     integrity(rival)
@@ -406,13 +406,13 @@ def test_a_rebuild_interrupted_halfway_resumes_in_another_process(tmp_path):
     first.join(60)
     assert first.exitcode == 0
     conn = plain(path)
-    assert dict(conn.execute("SELECT key, value FROM state_meta WHERE key LIKE 'hermes_fts_rebuild%'")) == {
+    assert dict(conn.execute(f"SELECT key, value FROM state_meta WHERE key IN ('{fts.HIGH_WATER}', '{fts.PROGRESS}')")) == {
         fts.HIGH_WATER: str(rows[-1]), fts.PROGRESS: str(rows[49])}
     second = ctx.Process(target=_finish_rebuild, args=(str(path),))
     second.start()
     second.join(60)
     assert second.exitcode == 0
-    assert conn.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE 'hermes_fts_rebuild%'").fetchone()[0] == 0
+    assert conn.execute(f"SELECT COUNT(*) FROM state_meta WHERE key IN ('{fts.HIGH_WATER}', '{fts.PROGRESS}')").fetchone()[0] == 0
     integrity(conn)
     assert indexed_counts(conn) == expected_counts(conn)
     assert ids(conn, "hermes_fts_words", "word0 OR word119") == [rows[0], rows[119]]

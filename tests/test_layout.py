@@ -224,7 +224,7 @@ def test_a_message_write_crosses_five_modules(tmp_path):
         assert ran == BATCH_PATH, ran
         # The batch really ran: the queue is empty and the CJK index finds the row.
         with closing(sqlite3.connect(tmp_path / "state.db")) as other:
-            assert other.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 0
+            assert other.execute("SELECT COUNT(*) FROM hermes_fts_pending").fetchone()[0] == 0
         assert db.search_messages("東京")
 
 

@@ -282,10 +282,10 @@ def test_the_in_word_pass_runs_only_when_the_page_has_room_for_its_rows(db, word
     inside = sorted((i for i, text in words_and_pieces.items() if "docker" in text and i not in whole), reverse=True)
     with db.tracer() as full_page:
         assert {h["id"] for h in db.search_messages("docker", limit=len(whole))} == set(whole)
-    assert not any("messages_fts_trigram MATCH" in sql for sql in full_page)  # whole words filled the page
+    assert not any("hermes_fts_substrings MATCH" in sql for sql in full_page)  # whole words filled the page
     with db.tracer() as room:
         hits = [h["id"] for h in db.search_messages("docker", limit=len(whole) + 2)]
-    assert any("messages_fts_trigram MATCH" in sql for sql in room)
+    assert any("hermes_fts_substrings MATCH" in sql for sql in room)
     assert set(hits[:len(whole)]) == set(whole) and hits[len(whole):] == inside[:2]  # newest in-word rows next
 
 
@@ -330,7 +330,7 @@ def test_a_read_only_handle_on_a_database_without_fts_degrades_and_says_so(tmp_p
         latin = db.append_message("s", "user", "hello there")
         cjk = db.append_message("s", "user", "東京タワー")
     conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("DROP VIEW messages_fts_trigram_source")
+    conn.execute("DROP VIEW hermes_fts_substrings_source")
     for name in fts.FTS_TABLES:
         conn.execute(f"DROP TABLE {name}")
     conn.close()
@@ -349,7 +349,7 @@ def test_cjk_falls_back_to_trigram_when_the_cjk_index_is_missing(tmp_path, caplo
         db.create_session("s", "cli")
         row = db.append_message("s", "user", "東京タワー")
     conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("DROP TABLE messages_fts_cjk")
+    conn.execute("DROP TABLE hermes_fts_cjk")
     conn.close()
     search.warned.clear()
     with caplog.at_level(logging.WARNING, logger="hermes_state"), SessionDB(path, read_only=True) as ro:
@@ -438,8 +438,8 @@ def test_an_index_without_reasoning_is_rebuilt_and_finds_old_reasoning(tmp_path)
         db.create_session("s", "cli")
         row = db.append_message("s", "assistant", "ok", reasoning="the quasar hypothesis")
     raw = sqlite3.connect(path, isolation_level=None)
-    for kind, name in (("TRIGGER", "messages_fts_reasoning_update"), ("TABLE", fts.REASONING),
-                       ("VIEW", "messages_fts_reasoning_source")):
+    for kind, name in (("TRIGGER", "hermes_fts_reasoning_update"), ("TABLE", fts.REASONING),
+                       ("VIEW", "hermes_fts_reasoning_source")):
         raw.execute(f"DROP {kind} {name}")
     raw.close()
     with SessionDB(path) as db:  # an older layout: the declared objects differ, so they are rebuilt
@@ -482,7 +482,7 @@ def test_a_word_found_nowhere_is_answered_by_the_substring_index_alone(db, words
     with db.tracer() as absent:
         hits = db.search_messages("qwzxvyk")
     assert list(hits) == [] and hits.complete
-    assert any("messages_fts_trigram MATCH" in sql for sql in absent)
+    assert any("hermes_fts_substrings MATCH" in sql for sql in absent)
     # No LIKE scan over the newest rows: the index's empty answer covers every row.
     assert not any(sql.startswith("SELECT m.id FROM messages m") for sql in absent)
 
@@ -498,9 +498,9 @@ def test_a_trigram_no_row_holds_ends_the_probing(db, index_queue):
         hits = db.search_messages("bcdqqzz")
     assert list(hits) == [] and hits.complete
     probes = [sql.split("MATCH ")[1].split(" LIMIT")[0] for sql in trace
-              if sql.startswith("SELECT COUNT(*) FROM (SELECT 1 FROM messages_fts_trigram")]
+              if sql.startswith("SELECT COUNT(*) FROM (SELECT 1 FROM hermes_fts_substrings")]
     assert probes == ["""'"bcd"'""", """'"cdq"'"""]
-    (asked,) = [sql for sql in trace if sql.startswith("SELECT t.rowid FROM messages_fts_trigram t")]
+    (asked,) = [sql for sql in trace if sql.startswith("SELECT t.rowid FROM hermes_fts_substrings t")]
     assert '"cdq"' in asked and '"qzz"' not in asked
     assert [h["id"] for h in db.search_messages("bcdzzq")] == [inside]  # every trigram held: found
 
@@ -519,7 +519,7 @@ def test_the_substring_index_is_asked_for_its_rare_trigrams_only(db, index_queue
     with db.tracer() as trace:
         hits = [h["id"] for h in db.search_messages("abcqzw")]
     assert hits == sorted(inside, reverse=True)
-    (asked,) = [sql for sql in trace if sql.startswith("SELECT t.rowid FROM messages_fts_trigram t")]
+    (asked,) = [sql for sql in trace if sql.startswith("SELECT t.rowid FROM hermes_fts_substrings t")]
     assert '"bcq" AND "cqz" AND "qzw"' in asked and ('"abc"' in asked) == (rare_below == 1)
 
 
@@ -576,4 +576,4 @@ def test_a_piece_holding_whole_words_finds_every_row_holding_it(db, index_queue,
     with db.tracer() as trace:
         assert {h["id"] for h in db.search_messages(query, limit=50)} == truth
     if search.in_word_phrase(piece) is not None:  # candidates from the word index, not the trigrams
-        assert not any("messages_fts_trigram MATCH" in sql for sql in trace)
+        assert not any("hermes_fts_substrings MATCH" in sql for sql in trace)

@@ -87,8 +87,8 @@ def test_queued_rows_are_there_to_be_left_out(stores):
     # The property above must see rows of both queues, or it would only test the indexes.
     reader = stores["waiting"]
     with sqlite3.connect(reader.db_path) as conn:
-        assert conn.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] > 0
-        assert conn.execute("SELECT COUNT(*) FROM messages_fts_cjk_pending").fetchone()[0] > 0
+        assert conn.execute("SELECT COUNT(*) FROM hermes_fts_pending").fetchone()[0] > 0
+        assert conn.execute("SELECT COUNT(*) FROM hermes_fts_cjk_pending").fetchone()[0] > 0
 
 
 @pytest.mark.parametrize("query", ["NOT docker", "-docker", '-"chat-send"'])

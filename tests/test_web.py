@@ -98,7 +98,7 @@ def test_internal_tables_are_hidden_and_visible_tables_stay(store):
         return set(await database.table_names()), set(await database.hidden_table_names())
     tables, hidden = asyncio.run(run())
     assert tables - hidden == {"sessions", "messages", "session_model_usage"}
-    assert {"messages_fts", "messages_fts_trigram_data", "messages_fts_cjk_pending", "schema_version",
+    assert {"hermes_fts_words", "hermes_fts_substrings_data", "hermes_fts_cjk_pending", "schema_version",
             "state_meta", "runtime_epoch", "compression_locks"} <= hidden
 
 
@@ -107,7 +107,7 @@ def test_table_search_on_messages_uses_the_word_index(store):
                                "/state/messages.json?_shape=array&_size=max")
     with sqlite3.connect(store) as conn:
         expected = {r[0] for r in conn.execute(
-            "SELECT rowid FROM messages_fts WHERE messages_fts MATCH 'docker'")}
+            "SELECT rowid FROM hermes_fts_words WHERE hermes_fts_words MATCH 'docker'")}
     assert expected and {row["id"] for row in found.json()} == expected
     assert len(everything.json()) > len(expected)  # the filter really filters
 
@@ -295,10 +295,10 @@ def test_every_plugin_page_has_a_json_form(store):
 
 
 def test_home_page_links_the_sessions_and_hides_internal_views(store):
-    home, view, footer = get(store, "/", "/state/messages_fts_trigram_source", "/-/hermes/state")
+    home, view, footer = get(store, "/", "/state/hermes_fts_substrings_source", "/-/hermes/state")
     html = content(home)
     assert 'href="/-/hermes/state"' in html
-    assert "messages_fts_trigram_source" not in html and "view" not in re.sub(r"<[^>]+>", "", html)
+    assert "hermes_fts_substrings_source" not in html and "view" not in re.sub(r"<[^>]+>", "", html)
     assert view.status_code == 403
     assert f'title="Datasette v{datasette.version.__version__}"' in footer.text
 
@@ -403,7 +403,7 @@ def test_pages_render_in_headless_chromium(store, tmp_path):
         dom = browse(browser, profile, f"{base}/search?q=Docker+Build&role=tool&reasoning=1", "--dump-dom")
         assert 'href="/-/hermes/state/session/s_build">Fix Docker Build</a>' in dom and 'checked=""' in dom
         dom = browse(browser, profile, f"http://127.0.0.1:{port}/", "--dump-dom")
-        assert 'href="/-/hermes/state"' in dom and "messages_fts_trigram_source" not in dom
+        assert 'href="/-/hermes/state"' in dom and "hermes_fts_substrings_source" not in dom
         shot = tmp_path / "session.png"
         browse(browser, profile, f"{base}/session/s_build", f"--screenshot={shot}", "--window-size=1100,900",
                 "--hide-scrollbars")
