@@ -338,17 +338,19 @@ def names(path: Path, pattern: str) -> list[str]:
         conn.close()
 
 
-def test_searches_during_the_rebuild_are_complete_through_the_older_substring_index(rebuilding, old_file):
+def test_searches_during_the_rebuild_are_complete_through_the_agents_live_substring_index(rebuilding, old_file):
     db = rebuilding
-    assert db.fts_rebuild_status()["in_progress"] and names(old_file, "hermes_old_substrings") != []
+    # The agent's own objects stay live and are never moved aside: its index is read, never written.
+    assert db.fts_rebuild_status()["in_progress"] and names(old_file, "messages_fts_trigram") != []
+    assert names(old_file, "hermes_old_substrings*") == [] and names(old_file, "hermes_retired_fts_*") == []
     during = db.search_messages("socket", limit=100)
     assert during.complete and len(during) > 3  # more than the scan's 3 rows: not a bounded scan
-    short = db.search_messages("so", limit=100)  # under 3 characters: the older index cannot answer
+    short = db.search_messages("so", limit=100)  # under 3 characters: the agent's index cannot answer
     assert not short.complete
     db.rebuild_fts()
-    assert names(old_file, "hermes_old_substrings*") == [] and names(old_file, "hermes_retired_fts_*") == []
     after = db.search_messages("socket", limit=100)
     assert after.complete and sorted(h["id"] for h in during) == sorted(h["id"] for h in after)
+    assert names(old_file, "messages_fts_trigram") != []  # still the agent's, after the library's rebuild
 
 
 def test_rows_changed_after_the_upgrade_are_judged_by_their_text_now(rebuilding, old_file):
@@ -364,45 +366,17 @@ def test_rows_changed_after_the_upgrade_are_judged_by_their_text_now(rebuilding,
     assert fresh in [h["id"] for h in db.search_messages("socket", limit=100)]
 
 
-def test_a_new_rebuild_does_without_the_older_index_and_the_thread_removes_it(old_file, monkeypatch):
+def test_an_agent_substring_index_of_another_definition_is_not_read(old_file, monkeypatch):
     import hermes_state_fts as fts
+    conn = sqlite3.connect(old_file, isolation_level=None)
+    conn.execute("DROP TRIGGER messages_fts_trigram_update")  # then it no longer holds every row as it is now
+    conn.close()
     monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", False)
     with SessionDB(old_file) as db:
-        more = True
-        while more:  # the upgrade's rebuild, to its end (the older index is still there)
-            with db.transaction() as txn:
-                more = fts.rebuild_step(txn.conn)
-        assert names(old_file, "hermes_old_substrings") != []
-        with db.transaction() as txn:  # a later full rebuild (as rebuild_fts starts one) ...
-            fts.start_rebuild(txn.conn)
-        conn = sqlite3.connect(old_file)
-        try:  # ... no longer trusts it: rows written since the upgrade are not in it
-            assert conn.execute("SELECT COUNT(*) FROM state_meta WHERE key = ?", (fts.OLD_SUBSTRINGS_UPTO,)
-                                ).fetchone()[0] == 0
-        finally:
-            conn.close()
-    monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", True)
-    with SessionDB(old_file) as db:  # the background work rebuilds, then moves the older index aside and frees it
-        assert db.wait_for_fts_rebuild(60)
-    assert names(old_file, "hermes_old_substrings*") == [] and names(old_file, "hermes_retired_fts_*") == []
-
-
-def test_only_an_index_that_answers_phrases_from_its_own_text_is_kept(tmp_path, monkeypatch):
-    import hermes_state_upgrade as upgrade
-    conn = sqlite3.connect(":memory:", isolation_level=None)
-    conn.execute("BEGIN")
-    for sql in ("CREATE VIRTUAL TABLE messages_fts_trigram USING fts5(content, tokenize='trigram', detail='none')",
-                "CREATE VIRTUAL TABLE messages_fts USING fts5(content)"):
-        name = sql.split()[3]
-        conn.execute(sql)
-        assert upgrade.keep_old_substrings(conn, name, sql, []) is False  # no positions / not a substring index
-    conn.execute("DROP TABLE messages_fts_trigram")
-    sql = "CREATE VIRTUAL TABLE messages_fts_trigram USING fts5(content, tokenize='trigram')"
-    conn.execute(sql)
-    kept: list[str] = []
-    assert upgrade.keep_old_substrings(conn, "messages_fts_trigram", sql, kept) is True and kept
-    assert conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'hermes_old_substrings'").fetchone()[0] == 1
-    conn.execute("ROLLBACK")
+        with db.transaction() as txn:
+            assert not fts.inspect(txn.conn).agent_substrings
+            assert fts.inspect(txn.conn).rebuild is not None
+        assert names(old_file, "messages_fts_trigram") != []  # left as the agent made it
 
 
 # --- a stepped copy gives way to reads ----------------------------------------------------------

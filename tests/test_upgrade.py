@@ -9,6 +9,7 @@ import gzip
 import logging
 import os
 import sqlite3
+from contextlib import closing
 import subprocess
 import sys
 import threading
@@ -49,6 +50,27 @@ def open_writable(path: Path, **kwargs: object) -> tuple[sqlite3.Connection, int
     return opened.conn, opened.schema_version, opened.upgrade_backup
 
 
+def _left_by_an_earlier_move_in(path: Path) -> None:
+    """Leave the file as an earlier release's move-in did while its rebuild ran: the agent's indexes moved aside.
+
+    Its word index's pages in plain `hermes_retired_fts_*` tables, its substring index kept under
+    another name, their triggers gone: what the library still clears in short transactions.
+    """
+    raw = sqlite3.connect(path, isolation_level=None)
+    raw.execute("BEGIN IMMEDIATE")
+    for (name,) in raw.execute("SELECT name FROM sqlite_master WHERE type = 'trigger' AND sql LIKE '%messages_fts%'"
+                               ).fetchall():
+        raw.execute(f"DROP TRIGGER {name}")
+    raw.execute(f"ALTER TABLE messages_fts_trigram RENAME TO {fts.LEFTOVER_SUBSTRINGS}")
+    sql = raw.execute("SELECT sql FROM sqlite_master WHERE name = 'messages_fts'").fetchone()[0]
+    assert upgrade.retire_fts5_table(raw, "messages_fts", sql)
+    raw.execute("CREATE TABLE IF NOT EXISTS state_meta (key TEXT PRIMARY KEY, value TEXT)")
+    raw.executemany("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, ?)",
+                    [(recovery.RECLAIM_KEY, "1"), (fts.LEFTOVER_SUBSTRINGS_UPTO, "1000000")])
+    raw.execute("COMMIT")
+    raw.close()
+
+
 def test_the_sequence_copies_first_migrates_rebuilds_in_the_background_and_reclaims(old_file, caplog):
     raw = sqlite3.connect(old_file, isolation_level=None)
     raw.execute("BEGIN")  # a large old index, as in a real history: the upgrade frees its pages
@@ -57,6 +79,7 @@ def test_the_sequence_copies_first_migrates_rebuilds_in_the_background_and_recla
                     (10_000 + n, " ".join(f"word{n}x{k}" for k in range(300))))
     raw.execute("COMMIT")
     raw.close()
+    _left_by_an_earlier_move_in(old_file)
     messages = scalar(old_file, "SELECT COUNT(*) FROM messages")
     caplog.set_level(logging.INFO, logger="hermes_state")  # the rebuild thread logs too
     conn, version, copy = open_writable(old_file)
@@ -154,25 +177,36 @@ def _old_index_rows(path: Path) -> dict[str, int]:
             for table in ("messages_fts", "messages_fts_trigram") for shadow in ("data", "content", "docsize")}
 
 
-def test_the_upgrade_moves_the_old_index_aside_and_frees_it_later_in_short_transactions(old_file, monkeypatch):
+def test_the_upgrade_leaves_the_agents_indexes_live(old_file):
     _grow_old_index(old_file)
     before = _old_index_rows(old_file)
+    agent_objects = scalar(old_file, "SELECT group_concat(name || sql) FROM sqlite_master WHERE name LIKE 'messages_fts%'")
+    conn, version, _ = open_writable(old_file)
+    conn.close()
+    assert version == SCHEMA_VERSION
+    # Its triggers index the rows the back-fill rewrote, so the segments change; the rows it holds do not.
+    after = _old_index_rows(old_file)
+    assert {k: v for k, v in after.items() if not k.endswith("_data")} == \
+        {k: v for k, v in before.items() if not k.endswith("_data")}
+    assert upgrade.retired_tables(sqlite3.connect(old_file)) == []
+    with closing(sqlite3.connect(old_file)) as raw:
+        for table in ("messages_fts", "messages_fts_trigram"):
+            raw.execute(f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 1)")
+    assert scalar(old_file, "SELECT group_concat(name || sql) FROM sqlite_master WHERE name LIKE 'messages_fts%'") \
+        == agent_objects
+    assert scalar(old_file, "SELECT COUNT(*) FROM state_meta WHERE key = ?", recovery.RECLAIM_KEY) == 0
+
+
+def test_what_an_earlier_move_in_moved_aside_is_freed_in_short_transactions(old_file, monkeypatch):
+    _grow_old_index(old_file)
+    _left_by_an_earlier_move_in(old_file)
     conn, version, _ = open_writable(old_file)
     writer = Writer(conn)
     try:
         assert version == SCHEMA_VERSION
-        # The upgrade renamed the old tables' pages aside instead of freeing them: every row is still there,
-        # the word index's in plain tables, the substring index's in the index itself, kept for searches.
         moved = {name: cast(int, scalar(old_file, f"SELECT COUNT(*) FROM {name}"))
                  for name in upgrade.retired_tables(conn)}
-        kept = {f"messages_fts_trigram_{shadow}": cast(int, scalar(old_file, f"SELECT COUNT(*) FROM "
-                                                                    f"{fts.OLD_SUBSTRINGS}_{shadow}"))
-                for shadow in ("data", "content", "docsize")}
-        assert sorted(moved.values()) == sorted(v for k, v in before.items() if not k.startswith("messages_fts_trigram"))
-        assert kept == {k: v for k, v in before.items() if k.startswith("messages_fts_trigram")} and len(moved) == 3
-        assert scalar(old_file, "SELECT COUNT(*) FROM sqlite_master WHERE sql LIKE '%fts5%' "
-                                f"AND name <> '{fts.OLD_SUBSTRINGS}'") == 0
-        assert scalar(old_file, "PRAGMA integrity_check") == "ok"  # plain tables, not a damaged index
+        assert len(moved) == 3 and scalar(old_file, "PRAGMA integrity_check") == "ok"
         free_before = scalar(old_file, "PRAGMA freelist_count")
         # Emptied a few rows per transaction: here one batch of 4 each, so many turns for other writers.
         monkeypatch.setattr(upgrade, "CLEAR_BATCH_ROWS", 4)
@@ -184,15 +218,9 @@ def test_the_upgrade_moves_the_old_index_aside_and_frees_it_later_in_short_trans
         assert fts.run_pending(writer, 5.0, POLICY, step=one_batch)
         assert len(turns) >= max(moved.values()) // 4
         assert upgrade.retired_tables(conn) == []
+        assert scalar(old_file, f"SELECT COUNT(*) FROM sqlite_master WHERE name GLOB '{fts.LEFTOVER_SUBSTRINGS}*'") == 0
+        assert scalar(old_file, "SELECT COUNT(*) FROM state_meta WHERE key = ?", fts.LEFTOVER_SUBSTRINGS_UPTO) == 0
         assert cast(int, scalar(old_file, "PRAGMA freelist_count")) > cast(int, free_before)
-        rebuild = upgrade.open_fts(writer, old_file, 5.0, POLICY, writable=True)
-        assert rebuild is not None
-        rebuild.thread.join(30)
-        with writer.reading() as rconn:
-            assert fts.rebuild_status(rconn)["pending"] == 0
-        # Once rebuilt, the kept substring index is moved aside and freed the same way.
-        assert scalar(old_file, f"SELECT COUNT(*) FROM sqlite_master WHERE name GLOB '{fts.OLD_SUBSTRINGS}*'") == 0
-        assert upgrade.retired_tables(conn) == []
     finally:
         writer.close()
     assert scalar(old_file, "PRAGMA integrity_check") == "ok"
@@ -200,6 +228,7 @@ def test_the_upgrade_moves_the_old_index_aside_and_frees_it_later_in_short_trans
 
 def test_a_stopped_clearing_resumes_at_the_next_open_and_searches_find_old_rows(old_file, monkeypatch):
     _grow_old_index(old_file, documents=100)
+    _left_by_an_earlier_move_in(old_file)
     word = scalar(old_file, "SELECT content FROM messages WHERE content LIKE '% %' AND role = 'user' LIMIT 1")
     term = max(cast(str, word).split(), key=len).strip(".,!?:;\"'()")
     monkeypatch.setattr(upgrade, "CLEAR_CHUNK_S", 0.0)  # one batch per transaction: the first open cannot finish
@@ -227,6 +256,7 @@ def test_a_stopped_clearing_resumes_at_the_next_open_and_searches_find_old_rows(
 
 def test_writers_take_turns_with_the_clearing(old_file, monkeypatch):
     _grow_old_index(old_file, documents=100)
+    _left_by_an_earlier_move_in(old_file)
     monkeypatch.setattr(upgrade, "CLEAR_CHUNK_S", 0.0)
     monkeypatch.setattr(upgrade, "CLEAR_BATCH_ROWS", 2)
     first = SessionDB(old_file)  # its thread empties the old tables, two rows per transaction
@@ -266,6 +296,7 @@ def _lease(path: Path) -> str | None:
 
 def test_one_thread_of_all_the_handles_on_a_file_does_the_background_work(old_file, monkeypatch):
     _grow_old_index(old_file, documents=100)
+    _left_by_an_earlier_move_in(old_file)
     monkeypatch.setattr(upgrade, "CLEAR_CHUNK_S", 0.0)  # hundreds of chunks: the first thread is still at work
     monkeypatch.setattr(upgrade, "CLEAR_BATCH_ROWS", 1)
     first = SessionDB(old_file)
@@ -288,11 +319,12 @@ def test_one_thread_of_all_the_handles_on_a_file_does_the_background_work(old_fi
     finally:
         first.close()
     assert scalar(old_file, "SELECT COUNT(*) FROM sqlite_master WHERE name GLOB 'hermes_retired_fts_*'") == 0
-    assert scalar(old_file, "SELECT COUNT(*) FROM state_meta WHERE key = 'fts_rebuild_high_water'") == 0
+    assert scalar(old_file, "SELECT COUNT(*) FROM state_meta WHERE key = ?", fts.HIGH_WATER) == 0
 
 
 def test_the_lease_of_a_killed_process_is_taken_over_at_once(old_file, monkeypatch):
     _grow_old_index(old_file, documents=20)
+    _left_by_an_earlier_move_in(old_file)
     dead = subprocess.run([sys.executable, "-c", "import hermes_state_compression as c; print(c.new_holder())"],
                           capture_output=True, text=True, check=True).stdout.strip()
     monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", False)  # upgraded, the index work left pending
@@ -311,16 +343,19 @@ def test_the_lease_of_a_killed_process_is_taken_over_at_once(old_file, monkeypat
                                                "'hermes_retired_fts_*'") == 0
 
 
-def test_an_old_index_that_cannot_be_moved_aside_is_dropped_in_one_piece(old_file, monkeypatch, caplog):
+def test_a_kept_substring_index_that_cannot_be_moved_aside_is_dropped_in_one_piece(old_file, monkeypatch, caplog):
     _grow_old_index(old_file, documents=20)
+    _left_by_an_earlier_move_in(old_file)
     monkeypatch.setattr(upgrade, "FTS5_HEADER_ROWS", (-1, -2))  # the table's constructor then fails to drop it
     caplog.set_level(logging.INFO, logger="hermes_state")
     conn, version, _ = open_writable(old_file)
+    writer = Writer(conn)
     try:
-        assert version == SCHEMA_VERSION and upgrade.retired_tables(conn) == []
-        assert conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name LIKE 'messages_fts%'").fetchone()[0] == 0
+        assert version == SCHEMA_VERSION
+        assert fts.run_pending(writer, 5.0, POLICY, step=upgrade.clear_retired_step)
+        assert conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name GLOB 'hermes_old_substrings*'").fetchone()[0] == 0
     finally:
-        conn.close()
+        writer.close()
     assert any("dropped in one piece" in r.getMessage() for r in caplog.records)
     assert scalar(old_file, "PRAGMA integrity_check") == "ok"
 
