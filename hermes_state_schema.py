@@ -400,6 +400,40 @@ UID_TRIGGER_SQL = (
     "WHERE id = new.id; END")
 
 
+def uid_trigger_fires_last(conn: sqlite3.Connection) -> None:
+    """Put the uid trigger's catalogue row before every other trigger on messages, so it fires after them.
+
+    SQLite fires a table's triggers newest first, in the order of their catalogue rows. The uid
+    trigger's UPDATE fires every `AFTER UPDATE ON messages` trigger; hermes-agent 0.19.0's adds
+    the row to its contentful index there, and its own insert trigger, firing after, then adds
+    it a second time and fails ("constraint failed"). On a file whose agent triggers are older
+    than the uid trigger (an agent file this library upgraded), the uid trigger's row and the
+    messages table's (which must come before it) move to the front, their statements unchanged.
+    Inside the caller's write transaction; a SQLite that refuses catalogue edits leaves the order.
+    """
+    rows = conn.execute("SELECT rowid, name FROM sqlite_master WHERE (type = 'trigger' AND tbl_name = 'messages') "
+                        "OR (type = 'table' AND name = 'messages')").fetchall()
+    where = {name: rowid for rowid, name in rows}
+    others = [rowid for rowid, name in rows if name not in (UID_TRIGGER, "messages")]
+    if UID_TRIGGER not in where or not others or where["messages"] < where[UID_TRIGGER] < min(others):
+        return
+    first = conn.execute("SELECT MIN(rowid) FROM sqlite_master").fetchone()[0]
+    conn.execute("SAVEPOINT hermes_uid_order")
+    try:
+        conn.execute("PRAGMA writable_schema = ON")
+        conn.execute("UPDATE sqlite_master SET rowid = ? WHERE type = 'table' AND name = 'messages'", (first - 2,))
+        conn.execute("UPDATE sqlite_master SET rowid = ? WHERE type = 'trigger' AND name = ?", (first - 1, UID_TRIGGER))
+        conn.execute(f"PRAGMA schema_version = {conn.execute('PRAGMA schema_version').fetchone()[0] + 1}")
+        conn.execute("RELEASE hermes_uid_order")
+    except sqlite3.DatabaseError as exc:
+        conn.execute("ROLLBACK TO hermes_uid_order")
+        conn.execute("RELEASE hermes_uid_order")
+        logger.warning("the uid trigger could not be ordered before hermes-agent's triggers (%s): its inserts "
+                       "into its own contentful index may fail", exc)
+    finally:
+        conn.execute("PRAGMA writable_schema = OFF")
+
+
 def _has_uid_trigger(conn: sqlite3.Connection) -> bool:
     return object_exists(conn, "trigger", UID_TRIGGER)
 
@@ -560,6 +594,7 @@ def _finish(conn: sqlite3.Connection) -> None:
     for sql in INDEX_SQL:
         conn.execute(sql)
     conn.execute(UID_TRIGGER_SQL)
+    uid_trigger_fires_last(conn)
     if cast(int, read_version(conn)) < SCHEMA_VERSION:  # the version table exists by now
         _set_version(conn, SCHEMA_VERSION)
     if read_layout(conn) < LAYOUT_REVISION:

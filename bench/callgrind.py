@@ -17,6 +17,9 @@ are multiples of the library's batch (256 rows), so the window holds whole batch
 - hermes-agent: its `hermes_state.SessionDB.append_message`, in the venv of bench/run.py (or
   `--agent-python`), through bench/peer_driver.py, which imports nothing of hermes-state.
 
+With HERMES_BENCH_PREPARED set to a store file (no sessions in it), the hermes-state children append
+into a copy of it instead of a new store: one hermes-agent has opened, say, so its triggers fire too.
+
 `--lever NAME=VALUE` (repeatable) measures a setting other than the library's own, in every
 system of this repository (hermes-agent keeps its own): `batch` (rows per batch), `merge_every` and
 `merge_pages` (the writer's bounded merge: every so many writes, so many pages), `cache_kib` (each
@@ -112,6 +115,10 @@ def child(system: str, n: int, of: int, seed: int, directory: Path, levers: dict
             raw.execute("COMMIT")
         raw.close()
         return
+    prepared = os.environ.get("HERMES_BENCH_PREPARED")
+    if prepared:  # a store other programs have opened (their triggers in it), copied before the appends
+        import shutil  # noqa: PLC0415
+        shutil.copyfile(prepared, directory / "library.db")
     lib = SessionDB(directory / "library.db")
     for sid, source, _ in sessions:
         lib.create_session(sid, source)

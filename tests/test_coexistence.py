@@ -144,6 +144,7 @@ def test_a_fresh_hermes_state_file_is_read_written_and_searched_by_the_agent(tmp
         db.append_message("hs-1", "tool", "sunny in Osaka", tool_call_id="call_1", tool_name="weather")
         db.set_session_title("hs-1", "Budget")
     ours = fts_objects(path)
+    assert not [name for name in ours if name.startswith("messages_fts")]  # the library's are under its own names
 
     got = agent(path, ["messages", "hs-1"], ["session", "hs-1"], ["search", "quarterly"], ["search", "東京で"],
                 ["search", "東京で会議"], ["append", "hs-1", "user", "the agent adds quarterly numbers"],
@@ -156,8 +157,10 @@ def test_a_fresh_hermes_state_file_is_read_written_and_searched_by_the_agent(tmp
     assert session["title"] == "Budget" and session["message_count"] == 3 and session["tool_call_count"] == 1
     assert word == cjk3 == cjk5 == after_word == ["hs-1"] and own == ["ag-1"]
     assert sessions == ["ag-1", "hs-1"]
-    # hermes-agent found every trigger and index it looks for: it created and rebuilt none of its own.
-    assert fts_objects(path) == ours
+    # hermes-agent made its own indexes beside the library's and left the library's as they were.
+    theirs = {name: sql for name, sql in fts_objects(path).items() if name not in ours}
+    assert theirs and all(name.startswith("messages_fts") for name in theirs)
+    assert {name: sql for name, sql in fts_objects(path).items() if name in ours} == ours
 
     with SessionDB(path) as db:
         assert [m["content"] for m in db.get_messages("hs-1")][-1] == "the agent adds quarterly numbers"
@@ -169,7 +172,7 @@ def test_a_fresh_hermes_state_file_is_read_written_and_searched_by_the_agent(tmp
         db.append_message("ag-1", "user", "hermes-state answers in the agent's session")
         assert db.check_integrity(full=True)["ok"]
     assert agent(path, ["messages", "ag-1"], ["search", "answers"])[1] == ["ag-1"]
-    assert fts_objects(path) == ours
+    assert fts_objects(path) == {**ours, **theirs}  # neither program changed the other's objects
     assert_healthy(path)
 
 
@@ -222,43 +225,27 @@ def test_the_agents_own_upgraded_history_stays_usable_by_the_agent(tmp_path, no_
     assert_healthy(path)
 
 
-def test_the_agent_works_on_while_the_old_index_is_being_freed(tmp_path, monkeypatch):
-    import hermes_state_upgrade as upgrade
+def test_the_agent_works_on_while_the_library_rebuilds_its_indexes(tmp_path, monkeypatch):
     path = tmp_path / "state.db"
     path.write_bytes(gzip.decompress(AGENT_FIXTURE.read_bytes()))
-    raw = sqlite3.connect(path, isolation_level=None)
-    raw.execute("BEGIN")  # an old index worth freeing in many turns
-    for n in range(100):
-        raw.execute("INSERT INTO messages_fts_trigram(rowid, content) VALUES (?, ?)",
-                    (50_000 + n, " ".join(f"filler{n}x{k}" for k in range(300))))
-    raw.execute("COMMIT")
-    raw.close()
-    monkeypatch.setattr(upgrade, "CLEAR_CHUNK_S", 0.0)  # one row per transaction: still at it below
-    monkeypatch.setattr(upgrade, "CLEAR_BATCH_ROWS", 1)
+    agent_objects = {name: sql for name, sql in fts_objects(path).items() if name.startswith("messages_fts")}
+    monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", False)  # the upgrade's rebuild left pending
     db = SessionDB(path, backup_before_upgrade=False)
     try:
-        conn = sqlite3.connect(path)
-        assert upgrade.retired_tables(conn) != []
-        conn.close()
-        got = agent(path, ["append", "agent-00001", "user", "the agent writes while the old index is freed"],
-                    ["search", "freed"], ["session", "agent-00001"])
-        assert got[1] == ["agent-00001"]
-        conn = sqlite3.connect(path)
-        assert upgrade.retired_tables(conn) != []  # it ran while the tables were still there
-        conn.close()
-    finally:
-        db.close()
-    monkeypatch.undo()
-    with SessionDB(path) as db:
-        assert db.wait_for_fts_rebuild(120)
-        assert hits(db, "freed") == ["agent-00001"]
+        assert db.fts_rebuild_status()["in_progress"]
+        got = agent(path, ["append", "agent-00001", "user", "the agent writes while the library rebuilds"],
+                    ["search", "rebuilds"], ["session", "agent-00001"], ["search", "部署"])
+        assert got[1] == ["agent-00001"] and got[3] == ["agent-00000", "agent-00001"]
+        assert hits(db, "rebuilds") == ["agent-00001"]  # found before the library's indexes hold it
+        db.rebuild_fts()
+        assert hits(db, "rebuilds") == ["agent-00001"]
         assert db.get_session("agent-00001")["message_count"] == got[2]["message_count"]
         assert_uids_and_counters(db)
-    conn = sqlite3.connect(path)
-    assert upgrade.retired_tables(conn) == []
-    conn.close()
-    assert agent(path, ["search", "freed"]) == [["agent-00001"]]
-    assert_healthy(path)
+    finally:
+        db.close()
+    # The agent's own objects were never dropped, moved aside or rewritten.
+    assert {name: sql for name, sql in fts_objects(path).items() if name.startswith("messages_fts")} == agent_objects
+    assert agent(path, ["search", "rebuilds"]) == [["agent-00001"]]
 
 
 # --- both at once -------------------------------------------------------------------------------------
