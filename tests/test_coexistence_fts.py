@@ -173,6 +173,7 @@ def test_both_programs_writing_at_once_find_every_acknowledged_row_once(agent_py
     agent(agent_python, path, ["create", "agent", "cli"])  # the agent's objects exist before both write
     proc = subprocess.Popen([str(agent_python), str(DRIVER), str(path)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(path), cwd=path.parent)
+    assert proc.stdin is not None and proc.stderr is not None
     proc.stdin.write(json.dumps([["appends", "agent", 60, "theirs marmot 熊本", 0.02]]))
     proc.stdin.close()
     mine = []
