@@ -82,6 +82,7 @@ table.later(globals(), compression="hermes_state_compression", conversation="her
             sweeps="hermes_state_sweeps", telegram="hermes_state_telegram", upgrade="hermes_state_upgrade")
 from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
                                  ImportValidationError,
+                                 CompressionSessionBusyError, CompressionSessionClosedError, SessionTurnLeaseLostError,
                                  LedgerStateError, OwnershipReadError, ProfileNotFoundError, ReadOnlyError,
                                  ReceiptDigestError, ReceiptOrderError, SessionBusyError, SessionClosedByCompressionError,
                                  SessionCompressionInProgressError, SessionNotFoundError, SessionPersistenceError,
@@ -121,6 +122,8 @@ __all__ = [
     "EXPORT_FORMAT", "EXPORT_VERSION", "Transaction", "repair_state_db_schema", "is_malformed_db_error",
     "LedgerStateError", "receipt_digest", "input_marker", "strip_echoed_user_input",
     "DEFAULT_DB_PATH", "SCHEMA_SQL", "FTS_SQL", "FTS_TRIGRAM_SQL", "DEFERRED_INDEX_SQL", "sanitize_context",
+    # hermes-agent 0.20.1: transcript, turn leases and compression
+    "CompressionSessionBusyError", "CompressionSessionClosedError", "SessionTurnLeaseLostError",
 ]
 
 # Names whose module is imported at their first read, as {name: (module, its name there or None
@@ -342,6 +345,21 @@ class SessionDB(table.Handle):
     record_auxiliary_usage = Entry("activity", sessions.record_auxiliary_usage)
     finalize_orphaned_compression_sessions = Entry("write", sweeps.finalize_orphaned_compression_sessions)
     prune_empty_ghost_sessions = Entry("write", sweeps.prune_empty_ghost_sessions_and_transcripts)
+    # hermes-agent 0.20.1: transcript, turn leases and compression (docs/api.md, "Turn leases and
+    # compression hand-offs"). try_/acquire_session_turn_lease are explicit methods below.
+    refresh_session_turn_lease = Entry("write", compression.refresh_session_turn_lease)
+    release_session_turn_lease = Entry("write", compression.release_session_turn_lease)
+    append_messages_batch = Entry("transcript", message_rows.append_messages_batch)
+    publish_compression_child = Entry("compression", compression.publish_compression_child)
+    find_live_compression_child = Lookup("read", compression.find_live_compression_child)
+    reopen_orphaned_compression_session = Entry("write", compression.reopen_orphaned_compression_session)
+    get_active_message_watermark = Lookup("read", compression.get_active_message_watermark)
+    get_compression_ineffective_count = Lookup("read", compression.get_compression_ineffective_count)
+    set_compression_ineffective_count = Entry("write", compression.set_compression_ineffective_count)
+    get_compression_failure_cooldown_row = Entry("read", compression.get_compression_failure_cooldown_row,
+                                                 unknown={"session_exists": False, "cooldown_until": None,
+                                                          "error": None})
+    restore_compression_failure_cooldown_row = Entry("write", compression.restore_compression_failure_cooldown_row)
 
     def _execute_write(self, body: Callable[[sqlite3.Connection], Any]) -> Any:
         """Run `body(conn)` in one `transaction()` and return its result (hermes-agent's name for that seam)."""
@@ -373,7 +391,7 @@ class SessionDB(table.Handle):
 
     def persist_failed_turn_input(self, session_id: str, message: Any, marker: str) -> int | None:
         """Append a failed turn's user input unless a row already owns `marker`; return the row id or None."""
-        self._check_writable()
+        self._check_writable(self.transcript_write_patience_s)
         with self._read() as conn:  # where it would go, so a compression there is waited out first
             target = ownership.input_target(conn, session_id)
         return self._transcript_write(target, lambda conn: ownership.persist_failed_turn_input(
@@ -412,13 +430,42 @@ class SessionDB(table.Handle):
 
     def get_messages_as_conversation(self, session_id: str, include_ancestors: bool = False,
                                      with_row_ids: bool = False, include_inactive: bool = False,
-                                     repair_alternation: bool = False) -> list[dict[str, Any]]:
+                                     repair_alternation: bool = False, include_row_ids: bool = False
+                                     ) -> list[dict[str, Any]]:
         """Return the transcript as OpenAI-format dicts (the parent chain first, repaired for sending, if asked)."""
+        # include_row_ids is hermes-agent 0.20.1's name for with_row_ids: either adds `_row_id`.
         if isinstance(session_id, str) and common.has_surrogate(session_id):
             return []  # no stored id can hold a lone surrogate
         with self._read(snapshot=True) as conn:
-            return conversation.get_messages_as_conversation(conn, session_id, include_ancestors, with_row_ids,
+            return conversation.get_messages_as_conversation(conn, session_id, include_ancestors,
+                                                             bool(with_row_ids or include_row_ids),
                                                              include_inactive, repair_alternation)
+
+    def try_acquire_session_turn_lease(self, session_id: str, holder: str, *, ttl_seconds: float = 300.0,
+                                       patience_s: float | None = None) -> bool:
+        """Take or renew the conversation's turn lease for `holder`; False while another holds it live."""
+        # An explicit method: `patience_s` bounds this one write's wait for the write lock.
+        if patience_s is not None:
+            common.check_number("patience_s", patience_s)
+        with self._write(patience_s) as conn:
+            return compression.try_acquire_session_turn_lease(conn, session_id, holder, ttl_seconds=ttl_seconds)
+
+    def acquire_session_turn_lease(self, session_id: str, holder: str, *, ttl_seconds: float = 300.0,
+                                   wait_seconds: float = 1800.0, poll_interval_seconds: float = 1.0,
+                                   on_wait: Callable[[float], Any] | None = None,
+                                   wait_notice_interval_seconds: float = 15.0,
+                                   should_abort: Callable[[], bool] | None = None,
+                                   acquire_patience_s: float = 0.5) -> bool:
+        """Wait up to `wait_seconds` for the conversation's turn lease, holding no lock between tries; return whether taken."""
+        def attempt() -> bool:
+            try:
+                return self.try_acquire_session_turn_lease(session_id, holder, ttl_seconds=ttl_seconds,
+                                                           patience_s=acquire_patience_s)
+            except StateDbBusyError:  # another writer held the file past the patience: try again later
+                return False
+        return compression.acquire_session_turn_lease(
+            attempt, wait_seconds=wait_seconds, poll_interval_seconds=poll_interval_seconds, on_wait=on_wait,
+            wait_notice_interval_seconds=wait_notice_interval_seconds, should_abort=should_abort)
 
     def iter_export(self, source: str | None = None) -> Iterator[dict[str, Any]]:
         """Yield export documents one session at a time, by id (memory stays flat)."""

@@ -2,8 +2,8 @@
 
 Owns: the password file (`web-passwords` in the root of the Hermes home, shared by its profiles:
 one `name:hash` line per user, mode 0600, refused when other users may read it), `hermes-state
-passwd` which writes it, hashing (scrypt with a random salt and its parameters on each line;
-PBKDF2-SHA256 where this Python has no scrypt), checking an HTTP basic login in constant time (an
+passwd` which writes it (one at a time, under a lock on a sidecar file), hashing (scrypt with a
+random salt and its parameters on each line; PBKDF2-SHA256 where this Python has no scrypt), checking an HTTP basic login in constant time (an
 unknown name costs the same hash as a known one), the limit on failed logins per client address and
 per name (429 with Retry-After), and `AuthGuard`, the ASGI middleware that answers 401 without a
 valid login and hands the user on as Datasette's actor `basic:<name>` (hermes_state_web reads it).
@@ -19,6 +19,7 @@ import asyncio
 import base64
 import binascii
 import collections
+import contextlib
 import dataclasses
 import getpass
 import hashlib
@@ -31,7 +32,7 @@ import secrets
 import sys
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable, Iterator
 
 from hermes_state_errors import HermesStateError
 from hermes_state_home import display_hermes_home, get_hermes_home
@@ -138,23 +139,43 @@ def _loose(mode: int) -> bool:
     return os.name == "posix" and bool(mode & 0o077)
 
 
-def _no_file(path: Path) -> HermesStateError:
-    return HermesStateError(f"no password file {display_hermes_home(path)}: create a user with "
-                            "`hermes-state passwd NAME`")
+class PasswordFileError(HermesStateError):
+    """The password file cannot be used; `brief` names the file and the problem in a few words (no advice, no path)."""
+
+    def __init__(self, message: str, brief: str) -> None:
+        super().__init__(message)
+        self.brief = brief
+
+
+def _no_file(path: Path) -> PasswordFileError:
+    return PasswordFileError(f"no password file {display_hermes_home(path)}: create a user with "
+                             "`hermes-state passwd NAME`", f"{path.name} does not exist")
+
+
+def _decoded(path: Path, raw: bytes) -> str:
+    """Return the password file's bytes as text; a byte that is not UTF-8 is a PasswordFileError naming its line."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        what = f"is not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line})"
+        raise PasswordFileError(f"{display_hermes_home(path)} {what}: delete or retype line {line} in an editor, "
+                                "then run `hermes-state passwd NAME` again", f"{path.name} {what}") from None
 
 
 def read_password_file(path: Path) -> dict[str, Hash]:
-    """Return the users and hashes in `path`; raise HermesStateError when it is missing, open to others or malformed."""
+    """Return the users and hashes in `path`; raise PasswordFileError when it is missing, open to others or malformed."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise _no_file(path) from None
-    with os.fdopen(fd, "r", encoding="utf-8") as handle:
+    with os.fdopen(fd, "rb") as handle:
         mode = os.fstat(fd).st_mode  # of the file opened, not of whatever the path names a moment later
         if _loose(mode):
-            raise HermesStateError(f"{display_hermes_home(path)} may be read by other users (mode "
-                                   f"{mode & 0o777:04o}): run `chmod 600 {path}` and start again")
-        text = handle.read()
+            raise PasswordFileError(f"{display_hermes_home(path)} may be read by other users (mode "
+                                    f"{mode & 0o777:04o}): run `chmod 600 {path}` and start again",
+                                    f"{path.name} may be read by other users")
+        text = _decoded(path, handle.read())
     users: dict[str, Hash] = {}
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.startswith("#"):
@@ -163,40 +184,83 @@ def read_password_file(path: Path) -> dict[str, Hash]:
         try:
             users[validate_name(name)] = Hash.parse(stored.strip())
         except (ValueError, HermesStateError) as exc:
-            raise HermesStateError(f"{display_hermes_home(path)} line {number} is not `name:hash` ({exc}): "
-                                   "write it again with `hermes-state passwd NAME`") from None
+            raise PasswordFileError(f"{display_hermes_home(path)} line {number} is not `name:hash` ({exc}): "
+                                    "write it again with `hermes-state passwd NAME`",
+                                    f"{path.name} line {number} is not `name:hash`") from None
     return users
+
+
+@contextlib.contextmanager
+def _only_writer(path: Path) -> Iterator[None]:
+    """Hold the password file's write lock: one `passwd` at a time reads, changes and replaces the file.
+
+    The lock is on a sidecar file (`.web-passwords.lock`, mode 0600, kept), since the file itself
+    is replaced by a rename on every write. POSIX: flock(2), waited for as long as it takes (a
+    holder only reads and writes a small file; the hash is made before). Windows: the first byte
+    of the sidecar, locked with msvcrt, which tries for about 10 s and then fails with an OSError.
+    """
+    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        if sys.platform == "win32":
+            import msvcrt
+            msvcrt.locking(fd, msvcrt.LK_LOCK, 1)
+            try:
+                yield
+            finally:
+                msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+        else:
+            import fcntl
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield  # closing the descriptor below lets the lock go
+    finally:
+        os.close(fd)
+
+
+def _sync_directory(directory: Path) -> None:
+    # The rename is durable only once the directory itself is on disk (POSIX; Windows has no such call).
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_password_file(path: Path, name: str, stored: Hash | None) -> bool:
     """Set (or, with None, remove) `name`'s line in `path`, replacing the file whole, mode 0600.
 
     Returns whether the old file could be read by other users. Other lines, comments included,
-    are kept as they were. The new file is written beside the old one and renamed over it.
+    are kept as they were. The whole read, change and replace runs under the file's write lock,
+    so two `passwd` at once both count; the new file is written beside the old one, synced and
+    renamed over it. A file that is not UTF-8 text is a PasswordFileError, and is left as it is.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        old = path.read_text(encoding="utf-8").splitlines()
-        was_loose = _loose(path.stat().st_mode)
-    except FileNotFoundError:
-        old, was_loose = [], False
-    lines = [line for line in old if line.partition(":")[0] != name or line.startswith("#")]
-    if stored is None and len(lines) == len(old):
-        raise HermesStateError(f"no user {name!r} in {display_hermes_home(path)}")
-    if stored is not None:
-        lines.append(f"{name}:{stored}")
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    # Created 0600 from the start (O_EXCL: never through a file someone else put there).
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write("".join(f"{line}\n" for line in lines))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    with _only_writer(path):
+        try:
+            raw = path.read_bytes()
+            was_loose = _loose(path.stat().st_mode)
+        except FileNotFoundError:
+            raw, was_loose = b"", False
+        old = _decoded(path, raw).splitlines()
+        lines = [line for line in old if line.partition(":")[0] != name or line.startswith("#")]
+        if stored is None and len(lines) == len(old):
+            raise HermesStateError(f"no user {name!r} in {display_hermes_home(path)}")
+        if stored is not None:
+            lines.append(f"{name}:{stored}")
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+        # Created 0600 from the start (O_EXCL: never through a file someone else put there).
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write("".join(f"{line}\n" for line in lines))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        _sync_directory(path.parent)
     return was_loose
 
 
@@ -271,21 +335,40 @@ def logins_for(host_is_loopback: bool, password_file: str | None, no_auth: bool)
 # --- failed logins -------------------------------------------------------------------------------
 
 class FailureLimit:
-    """Failed logins per key (an address, a name) in a sliding window, and how long a key must wait."""
+    """Failed logins per key (an address, a name) in a sliding window, and how long a key must wait.
+
+    Addresses sit in a table of the `max_keys` most recently failing ones: a client with more
+    addresses than that already escapes a per-address count by moving on. Names sit in
+    `name_buckets` buckets chosen by a keyed hash (a secret drawn at start) and are never evicted:
+    no flood of other names or addresses can reset a name's failures, only time takes them back.
+    Two names may share a bucket, and then their failures count together (a name can be locked
+    out by someone who knows it anyway). Each key keeps only its last `max_failures` times.
+    """
 
     def __init__(self, max_failures: int = MAX_FAILURES, window_s: float = WINDOW_S,
-                 clock: Callable[[], float] = time.monotonic, max_keys: int = 4096) -> None:
+                 clock: Callable[[], float] = time.monotonic, max_keys: int = 4096, name_buckets: int = 4096) -> None:
         self.max_failures, self.window_s, self.clock, self.max_keys = max_failures, window_s, clock, max_keys
+        self.name_buckets = name_buckets
         self.failures: collections.OrderedDict[str, collections.deque[float]] = collections.OrderedDict()
+        self.names: dict[int, collections.deque[float]] = {}
+        self._bucket_key = secrets.token_bytes(16)
+
+    def _slot(self, key: str) -> tuple[dict[Any, collections.deque[float]], Any]:
+        # A name's failures live in its bucket; any other key's in the table of addresses.
+        if key.startswith("name:"):
+            digest = hmac.digest(self._bucket_key, key.encode("utf-8", "surrogatepass"), "sha256")
+            return self.names, int.from_bytes(digest[:8], "big") % self.name_buckets
+        return self.failures, key
 
     def _recent(self, key: str, now: float) -> collections.deque[float]:
-        found = self.failures.get(key)
+        table, slot = self._slot(key)
+        found = table.get(slot)
         if found is None:
             return collections.deque()
         while found and found[0] <= now - self.window_s:
             found.popleft()
         if not found:
-            del self.failures[key]
+            del table[slot]
         return found
 
     def wait_s(self, keys: Iterable[str]) -> float:
@@ -299,16 +382,19 @@ class FailureLimit:
         """Count a failure for each key now (before the check, so parallel guesses are counted too); return its time."""
         now = self.clock()
         for key in keys:
-            self.failures.setdefault(key, collections.deque()).append(now)
-            self.failures.move_to_end(key)
-        while len(self.failures) > self.max_keys:  # a flood of names or addresses forgets the oldest
+            table, slot = self._slot(key)
+            table.setdefault(slot, collections.deque(maxlen=self.max_failures)).append(now)
+            if table is self.failures:
+                self.failures.move_to_end(slot)
+        while len(self.failures) > self.max_keys:  # a flood of addresses forgets the oldest of them
             self.failures.popitem(last=False)
         return now
 
     def refund(self, keys: Iterable[str], when: float) -> None:
         """Take back the failure `charge` counted at `when` (the login was right)."""
         for key in keys:
-            recent = self.failures.get(key)
+            table, slot = self._slot(key)
+            recent = table.get(slot)
             if recent is not None and when in recent:
                 recent.remove(when)
 
@@ -386,7 +472,9 @@ class AuthGuard:
             if str(exc) != self.problem:
                 self.problem = str(exc)
                 print(f"hermes-state serve: every request is refused: {exc}", file=sys.stderr, flush=True)
-            return 503, [], "Service Unavailable: the server's password file cannot be read (see its terminal)"
+            # The client learns which file and what is wrong, in a few words; paths and advice stay on the terminal.
+            brief = exc.brief if isinstance(exc, PasswordFileError) else f"{self.logins.path.name} cannot be read"
+            return 503, [], f"Service Unavailable: the server's password file cannot be used: {brief} (see its terminal)"
         self.problem = ""
         if self.checked_stamp != self.logins.stamp:  # the file changed: a password may have too
             self.checked, self.checked_stamp = {}, self.logins.stamp

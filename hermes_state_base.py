@@ -1,8 +1,8 @@
 """The ground floor under the data dictionary: the logger, timing defaults, SQL and text helpers.
 
 Owns: the library's one logger, the timing policy's default values (`WRITE_PATIENCE_S`, ...),
-`PAGE_SIZE`, `DAY_S`, `Keywords` (a dict parameter offered as keyword arguments), SQLite's integer range (`INT_MIN`, `INT_MAX`) and the lone-surrogate
-pattern; `split_sql`, `row_dicts`, `object_exists`/`table_exists` (the one catalogue read),
+`PAGE_SIZE`, `DAY_S`, `Keywords` (a dict parameter offered as keyword arguments), SQLite's integer range (`INT_MIN`, `INT_MAX`), the lone-surrogate
+pattern and the lenient decoder of stored text (`LENIENT_TEXT`); `split_sql`, `row_dicts`, `object_exists`/`table_exists` (the one catalogue read),
 `escape_like`, `contains_sql`/`prefix_range` (substring and prefix tests with no LIKE pattern),
 `strip_surrogates` (a search term's cleanup), `check_scalar` (a value SQLite keeps
 faithfully) and `shown` (a bad value quoted cut short in an error message). Does not own:
@@ -12,6 +12,7 @@ public name, so callers import them from there.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -31,6 +32,9 @@ WRITE_RETRY_MIN_S, WRITE_RETRY_MAX_S = 0.020, 0.150             # jitter while t
 WRITE_RETRY_SLOW_MIN_S, WRITE_RETRY_SLOW_MAX_S = 0.250, 1.000   # jitter after the fast window
 WRITE_RETRY_FAST_WINDOW_S = 2.0
 CHECKPOINT_EVERY_N_WRITES = 50
+# The log length, in frames, past which the checkpoint thread is treated as behind: SQLite's own
+# automatic checkpoint threshold (wal_autocheckpoint's default). See docs/scaling.md, "How long the log gets".
+WAL_BEHIND_FRAMES = 1000
 READ_BUSY_TIMEOUT_S = 5.0    # a read-only open waits this long once, then reports busy
 SQLITE_BUSY_TIMEOUT_S = 1.0  # SQLite's own wait per attempt; the writer retries above it
 # How long a transcript write waits for another holder's compression before giving up.
@@ -95,6 +99,11 @@ Keywords = dict[str, Any]
 INT_MIN, INT_MAX = -2**63, 2**63 - 1
 # A lone surrogate code point: sqlite3 can neither bind one nor find a row by it.
 LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+# Stored text decoded leniently: another client can store any bytes as TEXT, and a byte that is not
+# UTF-8 becomes U+FFFD. C code (no Python runs per value), so it serves as a connection's
+# text_factory and as the decoder of the text the library's SQL functions receive as bytes.
+LENIENT_TEXT = functools.partial(str, encoding="utf-8", errors="replace")
 
 # Error messages quote the bad value, cut short: a plain repr() of a deeply nested list raises
 # RecursionError, and one of a huge string floods the message.

@@ -5,14 +5,17 @@ before anything is written to it or its mode changed) and `foreign_objects` /
 `refuse_foreign_objects` (a file to restore may carry only the objects the library creates: a
 planted trigger would rewrite or delete rows long after the restore), and the name of a copy
 being written (`partial_path`) with `clean_partial_copies`, which removes the ones a killed
-process left behind.
+process left behind, and the copies an upgrade takes first: their names (`pending_path`, the
+one listing `upgrade_copies`), the one recorded as the upgrade's (`recorded_copy`), naming it
+(`name_upgrade_copy`) and removing the ones no upgrade began with (`settle_pending_copies`).
 `check_read_only` and `shadow_missing` read any layout the upgrade path handles without
 changing it (missing columns and tables as their defaults).
 Does not own: creating the objects (hermes_state_schema, hermes_state_fts) or restoring
 (hermes_state_recovery).
 
 Transaction contract: catalogue reads only, on the caller's connection; never writes to a
-database. `clean_partial_copies` removes files, never one whose writer is still running.
+database. `clean_partial_copies` and `settle_pending_copies` remove files, never one whose
+writer is still running, nor a complete copy an upgrade began with.
 """
 from __future__ import annotations
 
@@ -20,10 +23,12 @@ import os
 import re
 import sqlite3
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from hermes_state_common import DICTIONARY, INDEX_SQL, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES, SCHEMA_VERSION, TABLES, logger
+from hermes_state_common import (DICTIONARY, INDEX_SQL, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES, SCHEMA_VERSION, TABLES,
+                                 logger, object_exists, split_sql)
 from hermes_state_errors import (ForeignDatabaseError, StateDbBusyError, StateDbIncompatibleError,
                                  StateDbUninitializedError, is_sqlite_lock_error)
 from hermes_state_schema import (UID_TRIGGER, UID_TRIGGER_SQL, default_sql, effective_version, missing_columns,
@@ -64,11 +69,149 @@ _ACCEPTED = {"trigger": _trigger_accepted, "view": _view_accepted, "table": _tab
              "index": _index_accepted}
 
 
+# --- what hermes-agent releases create --------------------------------------------------------------
+# The full-text objects each known hermes-agent release creates, as it defines them (only runs of
+# whitespace outside quotes may differ): a file both programs use carries them, so a restore
+# accepts them, and nothing that merely resembles them. One statement per object; a release that
+# defines more adds its statements here.
+AGENT_OBJECT_SQL: dict[str, str] = {
+    "hermes-agent 0.19.0": """
+    CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN DELETE FROM messages_fts WHERE rowid =
+    old.id; END;
+    CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN INSERT INTO messages_fts(rowid, content)
+    VALUES ( new.id, COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' ' ||
+    COALESCE(new.tool_calls, '') ); END;
+    CREATE TRIGGER messages_fts_trigram_delete AFTER DELETE ON messages BEGIN DELETE FROM messages_fts_trigram
+    WHERE rowid = old.id; END;
+    CREATE TRIGGER messages_fts_trigram_insert AFTER INSERT ON messages BEGIN INSERT INTO
+    messages_fts_trigram(rowid, content) VALUES ( new.id, COALESCE(new.content, '') || ' ' ||
+    COALESCE(new.tool_name, '') || ' ' || COALESCE(new.tool_calls, '') ); END;
+    CREATE TRIGGER messages_fts_trigram_update AFTER UPDATE ON messages BEGIN DELETE FROM messages_fts_trigram
+    WHERE rowid = old.id; INSERT INTO messages_fts_trigram(rowid, content) VALUES ( new.id,
+    COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' ' || COALESCE(new.tool_calls, '') );
+    END;
+    CREATE TRIGGER messages_fts_update AFTER UPDATE ON messages BEGIN DELETE FROM messages_fts WHERE rowid =
+    old.id; INSERT INTO messages_fts(rowid, content) VALUES ( new.id, COALESCE(new.content, '') || ' ' ||
+    COALESCE(new.tool_name, '') || ' ' || COALESCE(new.tool_calls, '') ); END;
+    CREATE VIRTUAL TABLE messages_fts USING fts5( content );
+    CREATE VIRTUAL TABLE messages_fts_trigram USING fts5( content, tokenize='trigram' );
+""",
+    "hermes-agent 0.20.1": """
+    CREATE VIEW messages_fts_trigram_src AS SELECT id, role, content, tool_name, tool_calls FROM messages WHERE
+    role <> 'tool';
+    CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages WHEN (old.id > COALESCE((SELECT CAST(value AS
+    INTEGER) FROM state_meta WHERE key = 'fts_rebuild_high_water'), -1) OR old.id <= COALESCE((SELECT CAST(value
+    AS INTEGER) FROM state_meta WHERE key = 'fts_rebuild_progress'), -1)) BEGIN INSERT INTO
+    messages_fts(messages_fts, rowid, content, tool_name, tool_calls) VALUES ('delete', old.id, old.content,
+    old.tool_name, old.tool_calls); END;
+    CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages WHEN (new.id > COALESCE((SELECT CAST(value AS
+    INTEGER) FROM state_meta WHERE key = 'fts_rebuild_high_water'), -1) OR new.id <= COALESCE((SELECT CAST(value
+    AS INTEGER) FROM state_meta WHERE key = 'fts_rebuild_progress'), -1)) BEGIN INSERT INTO messages_fts(rowid,
+    content, tool_name, tool_calls) VALUES (new.id, new.content, new.tool_name, new.tool_calls); END;
+    CREATE TRIGGER messages_fts_trigram_delete AFTER DELETE ON messages WHEN old.role <> 'tool' AND (old.id >
+    COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_rebuild_high_water'), -1) OR old.id
+    <= COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_rebuild_progress'), -1)) BEGIN
+    INSERT INTO messages_fts_trigram(messages_fts_trigram, rowid, content, tool_name, tool_calls) VALUES
+    ('delete', old.id, old.content, old.tool_name, old.tool_calls); END;
+    CREATE TRIGGER messages_fts_trigram_insert AFTER INSERT ON messages WHEN new.role <> 'tool' AND (new.id >
+    COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_rebuild_high_water'), -1) OR new.id
+    <= COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_rebuild_progress'), -1)) BEGIN
+    INSERT INTO messages_fts_trigram(rowid, content, tool_name, tool_calls) VALUES (new.id, new.content,
+    new.tool_name, new.tool_calls); END;
+    CREATE TRIGGER messages_fts_trigram_update AFTER UPDATE OF content, tool_name, tool_calls, role ON messages
+    WHEN (old.content IS NOT new.content OR old.tool_name IS NOT new.tool_name OR old.tool_calls IS NOT
+    new.tool_calls OR old.role IS NOT new.role) AND (old.id > COALESCE((SELECT CAST(value AS INTEGER) FROM
+    state_meta WHERE key = 'fts_rebuild_high_water'), -1) OR old.id <= COALESCE((SELECT CAST(value AS INTEGER)
+    FROM state_meta WHERE key = 'fts_rebuild_progress'), -1)) BEGIN INSERT INTO
+    messages_fts_trigram(messages_fts_trigram, rowid, content, tool_name, tool_calls) SELECT 'delete', old.id,
+    old.content, old.tool_name, old.tool_calls WHERE old.role <> 'tool'; INSERT INTO messages_fts_trigram(rowid,
+    content, tool_name, tool_calls) SELECT new.id, new.content, new.tool_name, new.tool_calls WHERE new.role <>
+    'tool'; END;
+    CREATE TRIGGER messages_fts_update AFTER UPDATE OF content, tool_name, tool_calls ON messages WHEN
+    (old.content IS NOT new.content OR old.tool_name IS NOT new.tool_name OR old.tool_calls IS NOT
+    new.tool_calls) AND (old.id > COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE key =
+    'fts_rebuild_high_water'), -1) OR old.id <= COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE
+    key = 'fts_rebuild_progress'), -1)) BEGIN INSERT INTO messages_fts(messages_fts, rowid, content, tool_name,
+    tool_calls) VALUES ('delete', old.id, old.content, old.tool_name, old.tool_calls); INSERT INTO
+    messages_fts(rowid, content, tool_name, tool_calls) VALUES (new.id, new.content, new.tool_name,
+    new.tool_calls); END;
+    CREATE VIRTUAL TABLE messages_fts USING fts5( content, tool_name, tool_calls, content='messages',
+    content_rowid='id' );
+    CREATE VIRTUAL TABLE messages_fts_trigram USING fts5( content, tool_name, tool_calls,
+    content='messages_fts_trigram_src', content_rowid='id', tokenize='trigram' );
+""",
+    "hermes-agent 0.20.1 on a file of 0.19.0 (its update triggers narrowed, no rebuild)": """
+    CREATE TRIGGER messages_fts_trigram_update AFTER UPDATE OF content, tool_name, tool_calls ON messages BEGIN
+    DELETE FROM messages_fts_trigram WHERE rowid = old.id; INSERT INTO messages_fts_trigram(rowid, content)
+    VALUES ( new.id, COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' ' ||
+    COALESCE(new.tool_calls, '') ); END;
+    CREATE TRIGGER messages_fts_update AFTER UPDATE OF content, tool_name, tool_calls ON messages BEGIN DELETE
+    FROM messages_fts WHERE rowid = old.id; INSERT INTO messages_fts(rowid, content) VALUES ( new.id,
+    COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' ' || COALESCE(new.tool_calls, '') );
+    END;
+""",
+    "hermes-agent 0.20.1's CJK index, where its cjk_unicode61 tokenizer is installed": """
+    CREATE VIEW messages_fts_cjk_src AS SELECT id, role, content, tool_name, tool_calls FROM messages WHERE role
+    <> 'tool';
+    CREATE VIRTUAL TABLE messages_fts_cjk USING fts5( content, tool_name, tool_calls,
+    content='messages_fts_cjk_src', content_rowid='id', tokenize='cjk_unicode61' );
+    CREATE TRIGGER messages_fts_cjk_insert AFTER INSERT ON messages WHEN new.role <> 'tool' AND (new.id >
+    COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_cjk_rebuild_high_water'), -1) OR
+    new.id <= COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_cjk_rebuild_progress'),
+    -1)) BEGIN INSERT INTO messages_fts_cjk(rowid, content, tool_name, tool_calls) VALUES (new.id, new.content,
+    new.tool_name, new.tool_calls); END;
+    CREATE TRIGGER messages_fts_cjk_delete AFTER DELETE ON messages WHEN old.role <> 'tool' AND (old.id >
+    COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_cjk_rebuild_high_water'), -1) OR
+    old.id <= COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = 'fts_cjk_rebuild_progress'),
+    -1)) BEGIN INSERT INTO messages_fts_cjk(messages_fts_cjk, rowid, content, tool_name, tool_calls) VALUES
+    ('delete', old.id, old.content, old.tool_name, old.tool_calls); END;
+    CREATE TRIGGER messages_fts_cjk_update AFTER UPDATE OF content, tool_name, tool_calls, role ON messages WHEN
+    (old.content IS NOT new.content OR old.tool_name IS NOT new.tool_name OR old.tool_calls IS NOT
+    new.tool_calls OR old.role IS NOT new.role) AND (old.id > COALESCE((SELECT CAST(value AS INTEGER) FROM
+    state_meta WHERE key = 'fts_cjk_rebuild_high_water'), -1) OR old.id <= COALESCE((SELECT CAST(value AS
+    INTEGER) FROM state_meta WHERE key = 'fts_cjk_rebuild_progress'), -1)) BEGIN INSERT INTO
+    messages_fts_cjk(messages_fts_cjk, rowid, content, tool_name, tool_calls) SELECT 'delete', old.id,
+    old.content, old.tool_name, old.tool_calls WHERE old.role <> 'tool'; INSERT INTO messages_fts_cjk(rowid,
+    content, tool_name, tool_calls) SELECT new.id, new.content, new.tool_name, new.tool_calls WHERE new.role <>
+    'tool'; END;
+""",
+}
+
+_QUOTED = re.compile(r"('(?:''|[^'])*')")
+_HEAD = re.compile(r"CREATE (VIRTUAL TABLE|TABLE|VIEW|TRIGGER|INDEX|UNIQUE INDEX) (IF NOT EXISTS )?(\w+)")
+
+
+def normalized_sql(sql: str) -> str:
+    """Return a schema statement as compared: whitespace outside quotes as single spaces, no IF NOT EXISTS, no `;`."""
+    parts = _QUOTED.split(sql)
+    flat = "".join(p if i % 2 else re.sub(r"\s+", " ", p) for i, p in enumerate(parts)).strip().rstrip(";").rstrip()
+    head = _HEAD.match(flat)  # sqlite_master keeps a statement without its IF NOT EXISTS
+    return flat if head is None or head.group(2) is None else flat[:head.start(2)] + flat[head.end(2):]
+
+
+def _agent_objects() -> frozenset[tuple[str, str, str]]:
+    found = set()
+    for release, script in AGENT_OBJECT_SQL.items():
+        for statement in split_sql(script):
+            sql = normalized_sql(statement)
+            head = _HEAD.match(sql)
+            if head is None:
+                raise ValueError(f"{release}: not a CREATE statement of a named object: {sql[:80]}")
+            kind = "table" if head.group(1).endswith("TABLE") else head.group(1).split()[-1].lower()
+            found.add((kind, head.group(3), sql))
+    return frozenset(found)
+
+
+# (type, name, normalized SQL) of every object in AGENT_OBJECT_SQL, as sqlite_master names them.
+AGENT_OBJECTS = _agent_objects()
+
+
 def foreign_objects(conn: sqlite3.Connection, own: Iterable[tuple[str, str, str]], *, older: bool) -> list[str]:
     """Name the schema objects of a file this library would not have made (each as "trigger 'x' on t").
 
     `own` lists the library's derived objects (type, name, SQL) as it creates them: a trigger,
-    a view or a virtual table is accepted only when it is one of them exactly. In an `older`
+    a view or a virtual table is accepted only when it is one of them exactly, or one a known
+    hermes-agent release creates (AGENT_OBJECTS, compared as `normalized_sql`). In an `older`
     file (an upgrade is due) an earlier layout's full-text objects are accepted too, as long as
     a trigger writes only to full-text tables: the upgrade drops them before any row is written.
     Tables are data and are all accepted; a UNIQUE index on a declared table must be one of ours
@@ -81,7 +224,7 @@ def foreign_objects(conn: sqlite3.Connection, own: Iterable[tuple[str, str, str]
                         "ESCAPE '\\' ORDER BY type, name").fetchall()
     for kind, name, table, sql in rows:
         sql = sql or ""
-        if (kind, name, sql) in mine:
+        if (kind, name, sql) in mine or (kind, name, normalized_sql(sql)) in AGENT_OBJECTS:
             continue
         accepted = _ACCEPTED.get(kind)
         if accepted is not None and accepted(name, table, sql, older and name.startswith("messages_fts")):
@@ -143,7 +286,8 @@ def partial_path(target: Path) -> Path:
     return target.with_name(f"{target.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
-def _running(pid: int) -> bool:
+def process_running(pid: int) -> bool:
+    """Tell whether a process of this pid may still run (any doubt counts as running)."""
     try:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except ProcessLookupError:
@@ -170,7 +314,7 @@ def clean_partial_copies(db_path: Path) -> list[Path]:
     for name in names:
         match = _PARTIAL.search(name)
         if (match is None or match.end() != len(name) or not name.startswith(db_path.name + ".")
-                or int(match.group(1)) == os.getpid() or _running(int(match.group(1)))):
+                or int(match.group(1)) == os.getpid() or process_running(int(match.group(1)))):
             continue
         try:
             (db_path.parent / name).unlink()
@@ -181,6 +325,147 @@ def clean_partial_copies(db_path: Path) -> list[Path]:
         logger.info("removed %d half-written copies a killed process left: %s", len(removed),
                     ", ".join(p.name for p in removed))
     return removed
+
+
+# --- the copies an upgrade takes first ------------------------------------------------------------
+# One copy per upgrade, however many openers race or are killed. A copy is written under a
+# temporary name (`partial_path`), then waits, complete and synced, under a pending name
+# (`<final>.pending-<pid>-<hex>`) until its upgrade begins. The upgrade's first transaction holds
+# the database's write lock, so exactly one opener begins it: that transaction records the pending
+# name in state_meta (UPGRADE_COPY_KEY), and once it commits the copy takes its final name
+# (`state.db.pre-v31-<UTC time>.bak`). A pending copy whose upgrade never began is removed: by its
+# own process when another opener began first, and, once its process is gone, by the next opener
+# whose upgrade begins or by a writable open of the upgraded file. A named copy is never removed.
+
+UPGRADE_COPY_KEY = "hermes_upgrade_copy"  # state_meta: the pending name of the copy the upgrade began with
+_COPY_NAME = re.compile(r"\.pre-v(\d+)-\d{8}T\d{6}Z(?:-\d+)*\.bak(?:\.pending-(\d+)-[0-9a-f]{8})?")
+_PENDING_SUFFIX = re.compile(r"\.pending-\d+-[0-9a-f]{8}$")
+
+
+@dataclass(frozen=True)
+class UpgradeCopy:
+    """A complete copy an upgrade took first, found beside its database."""
+
+    path: Path
+    version: int                    # the schema version the upgrade goes to
+    pending_pid: int | None = None  # while it waits for its upgrade to begin: the process that wrote it
+
+    @property
+    def final(self) -> Path:
+        """Return the name the copy has (or takes once its upgrade began)."""
+        return self.path.with_name(_PENDING_SUFFIX.sub("", self.path.name))
+
+
+def upgrade_copies(db_path: Path) -> list[UpgradeCopy]:
+    """List the complete pre-upgrade copies beside `db_path`, oldest first, pending ones included."""
+    try:
+        names = os.listdir(db_path.parent)
+    except OSError:
+        return []
+    found = []
+    for name in sorted(names):
+        match = _COPY_NAME.match(name, len(db_path.name))
+        if name.startswith(db_path.name) and match is not None and match.end() == len(name):
+            found.append(UpgradeCopy(db_path.parent / name, int(match.group(1)),
+                                     None if match.group(2) is None else int(match.group(2))))
+    return found
+
+
+def pending_path(final: Path) -> Path:
+    """Return the name a complete pre-upgrade copy waits under until its upgrade begins (it carries the writer's pid)."""
+    return final.with_name(f"{final.name}.pending-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def recorded_copy(conn: sqlite3.Connection) -> str | None:
+    """Return the pending name of the copy the upgrade to SCHEMA_VERSION began with, or None when none began."""
+    if not object_exists(conn, "table", "state_meta"):
+        return None
+    row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (UPGRADE_COPY_KEY,)).fetchone()
+    name = row[0] if row is not None and isinstance(row[0], str) else ""
+    match = _COPY_NAME.search(name)
+    return name if match is not None and int(match.group(1)) == SCHEMA_VERSION else None
+
+
+def _sync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # a platform that cannot open a folder (Windows) has no entry to sync either
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def sync_copy(path: Path) -> None:
+    """Make a written copy outlive a power cut: its bytes and its name (before an upgrade changes the file)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _sync_folder(path.parent)
+
+
+def name_upgrade_copy(pending: Path) -> Path:
+    """Give a pending copy whose upgrade began its final name; return that name.
+
+    Linked, never renamed over a file; a second opener naming the same copy finds it done.
+    """
+    final = first = UpgradeCopy(pending, SCHEMA_VERSION).final
+    n = 2
+    while True:
+        try:
+            os.link(pending, final)
+            break
+        except FileExistsError:
+            try:
+                if os.path.samefile(pending, final):
+                    break
+            except FileNotFoundError:  # another opener gave it the name and dropped the pending one
+                return final
+            final = first.with_name(f"{first.name[:-len('.bak')]}-{n}.bak")  # another file took the name
+            n += 1
+        except FileNotFoundError:  # the same, before this opener got to it
+            return final
+        except OSError:  # no hard links on this file system: take the name only while it is free
+            if final.exists():
+                raise
+            os.replace(pending, final)
+            _sync_folder(final.parent)
+            return final
+    pending.unlink(missing_ok=True)
+    _sync_folder(final.parent)
+    return final
+
+
+def settle_pending_copies(db_path: Path, recorded: str | None, *, keep: str | None = None) -> Path | None:
+    """Name the `recorded` pending copy once its writer is gone, and remove other pending copies whose writer is gone.
+
+    Their upgrade never began with them (a running writer settles its own; `keep` is spared).
+    Returns the recorded copy's path, pending or named, when it exists.
+    """
+    def gone(pid: int) -> bool:  # without a safe liveness probe (os.kill on Windows ends the process): never
+        return os.name == "posix" and pid != os.getpid() and not process_running(pid)
+
+    found = None
+    recorded_final = None if recorded is None else UpgradeCopy(db_path.parent / recorded, SCHEMA_VERSION).final.name
+    for copy in upgrade_copies(db_path):
+        writer = copy.pending_pid
+        try:
+            if writer is None:
+                found = copy.path if copy.path.name == recorded_final else found
+            elif copy.path.name == recorded:
+                found = name_upgrade_copy(copy.path) if gone(writer) else copy.path
+            elif copy.path.name != keep and gone(writer):
+                copy.path.unlink(missing_ok=True)
+                logger.info("removed %s: a copy taken for an upgrade that never began with it (its process "
+                            "is gone)", copy.path.name)
+        except OSError as exc:  # a folder that refuses: the copy stays as it is, for a later open
+            logger.warning("could not settle %s (%s)", copy.path, exc)
+    return found
 
 
 # --- reading any layout read-only -----------------------------------------------------------------

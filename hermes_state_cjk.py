@@ -7,8 +7,9 @@ the CJK index is fed through (`register_functions`); `fold_text`, unicode61's ca
 folding, as the SQL function `hermes_fold` that scans of rows not indexed yet match through.
 Does not own: the FTS tables, triggers and queue that use it (hermes_state_fts).
 
-Transaction contract: none; pure text functions. The SQL function never raises, since it runs
-inside triggers where an exception would fail the caller's write.
+Transaction contract: none; pure text functions. The SQL functions never raise, since they run
+inside triggers and searches where an exception would fail the caller's write or read; SQL calls
+them through `terms_sql` and `fold_sql`, which hand them text as bytes (see `register_functions`).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import re
 import sqlite3
 import unicodedata
 
-from hermes_state_common import logger
+from hermes_state_common import LENIENT_TEXT, logger
 
 # Letters and numbers of the CJK scripts (Han, kana, Hangul, Bopomofo, their extensions and the
 # halfwidth forms). Punctuation such as 、。「」・ is left out on purpose: it separates words.
@@ -75,13 +76,24 @@ def cjk_query_text(text: str) -> tuple[str, bool]:
     return " ".join(" ".join(p for p in pieces if p).split()), prefix
 
 
+def _as_text(value: object) -> str:
+    # Bytes are stored text (the SQL passes it as bytes): decoded as a listing shows it.
+    if isinstance(value, bytes):
+        return LENIENT_TEXT(value)
+    return value if isinstance(value, str) else str(value)
+
+
 def cjk_terms(content: object, tool_calls: object = None) -> str | None:
     """Return the CJK index text of a message, or None when it holds no CJK (the SQL function).
 
-    Never raises: it runs inside triggers, where an exception would fail the user's write.
+    Text may come as bytes (decoded leniently, as a listing shows it). Never raises: it runs
+    inside triggers, where an exception would fail the user's write.
     """
     try:
-        texts = [v if isinstance(v, str) else str(v) for v in (content, tool_calls) if v is not None]
+        values = [v for v in (content, tool_calls) if v is not None]
+        if all(isinstance(v, bytes) and v.isascii() for v in values):
+            return None  # the common case, at C speed: ASCII holds no CJK
+        texts = [_as_text(v) for v in values]
         if not any(has_cjk(t) for t in texts):
             return None
         return "\n".join(cjk_index_text(t) for t in texts)
@@ -97,14 +109,33 @@ _UNACCENTED = {ord(c): base for c in map(chr, range(0xC0, 0x250))
 
 
 def fold_text(value: object) -> str | None:
-    """Return `value` as text with case and Latin accents folded as the word index folds them (None for NULL)."""
+    """Return `value` as text with case and Latin accents folded as the word index folds them (None for NULL).
+
+    Text may come as bytes (decoded leniently, as a listing shows it).
+    """
     if value is None:
         return None
-    text = value if isinstance(value, str) else str(value)
+    text = _as_text(value)
     return text.lower() if text.isascii() else text.translate(_UNACCENTED).lower()
 
 
+def terms_sql(content: str, tool_calls: str) -> str:
+    """Return SQL calling `hermes_cjk_terms` on two columns, their text passed as bytes."""
+    return f"hermes_cjk_terms(CAST({content} AS BLOB), CAST({tool_calls} AS BLOB))"
+
+
+def fold_sql(column: str) -> str:
+    """Return SQL calling `hermes_fold` on a column, its text passed as bytes."""
+    return f"hermes_fold(CAST({column} AS BLOB))"
+
+
 def register_functions(conn: sqlite3.Connection) -> None:
-    """Register `hermes_cjk_terms(content, tool_calls)` and `hermes_fold(text)` on this connection (read-only handles too)."""
+    """Register `hermes_cjk_terms(content, tool_calls)` and `hermes_fold(text)` on this connection (read-only handles too).
+
+    Call them through `terms_sql` and `fold_sql`. Python's sqlite3 converts a TEXT argument to
+    str before the function runs, and text another program stored that is not UTF-8 (a lone
+    surrogate's bytes, a stray byte in CJK) fails that conversion: the statement, a search or
+    an index rebuild, fails with it. As bytes the value always arrives, and is decoded leniently.
+    """
     conn.create_function("hermes_cjk_terms", 2, cjk_terms, deterministic=True)
     conn.create_function("hermes_fold", 1, fold_text, deterministic=True)

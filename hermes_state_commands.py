@@ -702,7 +702,8 @@ def _replication_check(path: Path) -> dict[str, Any]:
                  f"{waiting} log pages behind" if waiting is not None else
                  f"the log was written {after} s after it"))
     return _check("replication", True, f"Litestream (PID {', '.join(map(str, status['pids']))}) is replicating it; "
-                  f"{where} (what reached the replica: `litestream sync -wait`)")
+                  f"{where} (what reached the replica: `litestream sync -wait`); meanwhile `vacuum` leaves "
+                  "the log for Litestream to truncate")
 
 
 def _schema_check(path: Path) -> tuple[dict[str, Any], int | None]:

@@ -15,6 +15,7 @@ without leaving this module.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import os
@@ -25,11 +26,11 @@ from typing import Any, Callable, cast
 
 from hermes_state_base import (ACTIVITY_WRITE_PATIENCE_S, CHECKPOINT_EVERY_N_WRITES, COMPRESSION_WAIT_S,  # noqa: F401
                                DAY_S, FTS_MERGE_EVERY_N_WRITES, FTS_OPTIMIZE_EVERY_N_WRITES, FTS_REBUILD_CHUNK_ROWS, INT_MAX,
-                               INT_MIN, LONE_SURROGATE, PAGE_SIZE, Keywords, READ_BUSY_TIMEOUT_S, SQLITE_BUSY_TIMEOUT_S,
+                               INT_MIN, LENIENT_TEXT, LONE_SURROGATE, PAGE_SIZE, Keywords, READ_BUSY_TIMEOUT_S, SQLITE_BUSY_TIMEOUT_S,
                                TRANSCRIPT_WRITE_PATIENCE_S, UPGRADE_IN_BACKGROUND_BYTES, WRITE_PATIENCE_S,
                                WRITE_RETRY_FAST_WINDOW_S,
                                WRITE_RETRY_MAX_S, WRITE_RETRY_MIN_S, WRITE_RETRY_SLOW_MAX_S, WRITE_RETRY_SLOW_MIN_S,
-                               WAL_RESET_BUG, check_scalar, contains_sql, escape_like, has_wal_reset_bug, logger,
+                               WAL_BEHIND_FRAMES, WAL_RESET_BUG, check_scalar, contains_sql, escape_like, has_wal_reset_bug, logger,
                                object_exists, prefix_range, row_dicts, shown, split_sql, strip_surrogates, table_exists, wal_reset_advice)
 # (re-exported: callers import the constants and the SQL and text helpers from here)
 
@@ -399,7 +400,20 @@ SESSIONS = Table("sessions", (
     Column("profile_name", _T), Column("transport_profile", _T), Column("rewind_count", _I, "NOT NULL", default=0),
     Column("archived", _I, "NOT NULL", default=0, rule="flag"), Column("auto_archived", _I, default=0, rule="flag"),
     Column("pinned", _I, default=0, rule="flag"), Column("title_source", _T), Column("last_activity_at", _R),
+    # hermes-agent 0.20's columns, declared as that release adds them to an existing file. The
+    # prompt's hash names its row in system_prompts (see PROMPT_SQL); the library keeps it.
+    Column("system_prompt_hash", _T, rule=None), Column("git_metadata_generation", _I, "NOT NULL", default=0),
+    Column("last_activity_description", _T), Column("last_activity_provenance", _T),
+    Column("compression_ineffective_count", _I, "NOT NULL", default=0),
+    Column("hidden", _I, "NOT NULL", default=0, rule="flag"), Column("last_read_at", _R),
 ), recover="verify", export=True, counters=COUNTERS)
+
+# hermes-agent 0.20 keeps each system prompt once, under the SHA-256 of its UTF-8 text, and a
+# session names it by sessions.system_prompt_hash. Its rows are verified by recover like the
+# sessions that name them; an export carries each session's prompt as text instead.
+SYSTEM_PROMPTS = Table("system_prompts", (
+    Column("hash", _T, "PRIMARY KEY", rule=None), Column("prompt", _T, "NOT NULL"),
+), recover="verify")
 
 MESSAGES = Table("messages", (
     Column("id", _I, "PRIMARY KEY AUTOINCREMENT", rule=None),
@@ -421,6 +435,7 @@ MESSAGES = Table("messages", (
 # The runtime ledgers describe processes of the file they were written in (epochs, running
 # workers): `recover` never copies them, and a recovered file's first owner starts a new epoch.
 DICTIONARY: dict[str, Table] = {t.name: t for t in (
+    SYSTEM_PROMPTS,
     SESSIONS,
     MESSAGES,
     # The real system's columns and key (usage per billing route too); updated_at is this library's.
@@ -458,6 +473,16 @@ DICTIONARY: dict[str, Table] = {t.name: t for t in (
         Column("delivery_attempts", _I, "NOT NULL", default=0), Column("delivered_at", _R),
         Column("owner_pid", _I), Column("owner_started_at", _I), Column("task_json", _T, rule="json", json=True),
         Column("delivery_claim", _T), Column("delivery_claimed_at", _R), Column("target", _T)), owner="origin_session"),
+    # hermes-agent 0.20's gateway bookkeeping: a chat's run of failed session-hygiene passes (by
+    # session key), and the lease a process holds on a conversation (its compression root) for
+    # one turn. Durable rows of that program, copied by recover like the compression locks.
+    Table("gateway_hygiene_state", (
+        Column("session_key", _T, "PRIMARY KEY"), Column("failure_streak", _I, "NOT NULL", default=0),
+    )),
+    Table("session_turn_leases", (
+        Column("conversation_id", _T, "PRIMARY KEY"), Column("holder", _T, "NOT NULL"),
+        Column("acquired_at", _R, "NOT NULL"), Column("expires_at", _R, "NOT NULL"),
+    )),
     Table("runtime_epoch", (
         Column("id", _I, "PRIMARY KEY CHECK (id = 1)"), Column("epoch", _I, "NOT NULL"), Column("instance_id", _T),
         Column("pid", _I), Column("started_at", _R),
@@ -549,6 +574,30 @@ TABLES: tuple[tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]], ...] = t
 SESSIONS_COLUMNS = dict((name, columns) for name, columns, _ in TABLES)["sessions"]
 MESSAGES_COLUMNS = dict((name, columns) for name, columns, _ in TABLES)["messages"]
 
+def prompt_hash(prompt: str) -> str:
+    """Return the key hermes-agent 0.20 files a system prompt under: the SHA-256 hex digest of its UTF-8 text."""
+    return hashlib.sha256(prompt.encode("utf-8")).hexdigest()
+
+
+# A session's system prompt whichever program stored it: the column, which this library and
+# hermes-agent 0.19 write, else the prompt the row's hash names, which hermes-agent 0.20 writes
+# instead (it leaves the column NULL). Every column of a sessions row `s`, and the filed prompt
+# only where the column is NULL (a long prompt is never read twice), one row read by its key.
+FILED_PROMPT = "_system_prompt_filed"
+SESSION_ROW_SQL = (f"s.*, CASE WHEN s.system_prompt IS NULL THEN (SELECT p.prompt FROM system_prompts p "
+                   f"WHERE p.hash = s.system_prompt_hash) END AS {FILED_PROMPT}")
+
+
+def session_dicts(cur: Any) -> list[dict[str, Any]]:
+    """Return the cursor's rows (selected with SESSION_ROW_SQL) as dicts, system_prompt as either program stored it."""
+    rows = row_dicts(cur)
+    for row in rows:
+        filed = row.pop(FILED_PROMPT, None)
+        if filed is not None:
+            row["system_prompt"] = filed
+    return rows
+
+
 # The input marker of a message (see input ownership in docs/gateway.md), as one expression:
 # the index below and every lookup must spell it identically for SQLite to use the index.
 # json_valid first, so a row written with malformed display_metadata is indexed as NULL
@@ -573,6 +622,9 @@ INDEX_SQL: tuple[str, ...] = (
     "CREATE INDEX IF NOT EXISTS idx_sessions_started ON sessions(started_at DESC)",
     "CREATE UNIQUE INDEX IF NOT EXISTS idx_sessions_title_unique ON sessions(title) WHERE title IS NOT NULL",
     "CREATE INDEX IF NOT EXISTS idx_sessions_key ON sessions(session_key, started_at DESC)",
+    # hermes-agent 0.20's own index (same name): which sessions still name a prompt, so a prompt
+    # no session names any more is found and removed without reading every session.
+    "CREATE INDEX IF NOT EXISTS idx_sessions_system_prompt_hash ON sessions(system_prompt_hash)",
     # Every column after system_prompt sits behind it in the row, so reading one from a cron run's
     # row (a prompt of 200 KB or more) walks the prompt's overflow pages. Counts, listings and
     # prune's selection read these columns for many rows at once: from here they read no row.

@@ -27,16 +27,20 @@ import time
 from contextlib import AbstractContextManager
 from typing import Any, Callable, Iterable
 
+import hermes_state_lineage as lineage
 import hermes_state_messages as messages
 import hermes_state_sessions as sessions
-from hermes_state_common import COMPRESSION_WAIT_S, SESSIONS, Keywords, check_number, logger  # noqa: F401 - the wait, by its name here
+from hermes_state_common import (COMPRESSION_WAIT_S, SESSIONS, Keywords, check_count, check_id,  # noqa: F401
+                                 check_number, logger)  # noqa: F401 - the wait, by its name here
 # Holder liveness and the transcript guard live below; their names stay importable here.
 from hermes_state_holders import (UNKNOWN_PIDNS, holder_is_gone, lock_is_live, own_pidns,  # noqa: F401
                                   parse_holder)
 from hermes_state_lineage import COMPRESSION_END_REASON
 from hermes_state_messages import check_transcript_writable as check_transcript_writable
-from hermes_state_errors import (SessionClosedByCompressionError, SessionCompressionInProgressError,
-                                 SessionNotFoundError)
+from hermes_state_messages import check_named_holder as _check_named_holder, lease_row as _lease_row
+from hermes_state_messages import check_turn_lease, message_list, turn_lease_key  # noqa: F401
+from hermes_state_errors import (CompressionSessionBusyError, SessionClosedByCompressionError,
+                                 SessionCompressionInProgressError, SessionNotFoundError, SessionTurnLeaseLostError)
 
 DEFAULT_LOCK_TTL_S = 300.0
 POLL_MIN_S, POLL_MAX_S = 0.05, 0.10
@@ -156,12 +160,6 @@ def get_compression_lock_holder(conn: sqlite3.Connection, session_id: str, *, no
     if row is None or not lock_is_live(row[0], row[1], time.time() if now is None else now):
         return None
     return row[0]
-
-
-def _check_named_holder(holder: Any) -> str:
-    if not isinstance(holder, str) or not holder.strip():
-        raise ValueError(f"holder must be a non-empty string naming the compressor, not {type(holder).__name__}")
-    return holder
 
 
 def _check_holder(conn: sqlite3.Connection, session_id: str, holder: str | None, now: float) -> None:
@@ -358,3 +356,251 @@ def rotate_session(conn: sqlite3.Connection, parent_id: str, child_id: str, kept
     sessions.lift_auto_archive(conn, parent_id)
     _insert_kept(conn, child_id, kept)
     return child_id
+
+
+# --- hermes-agent 0.20.1: transcript, turn leases and compression ---------------------------------
+# A turn lease is one process's claim on a conversation for one turn, so two processes never
+# interleave their replies. The row is keyed by the compression lineage's root (table
+# session_turn_leases, as hermes-agent 0.20.1 keeps it), so a rotation does not free the
+# conversation; no session row is needed, because a turn may start before the session's first
+# write. A lease past expires_at, or whose holder process is provably gone, may be taken over.
+
+def _lease_session(session_id: Any) -> str | None:
+    # An empty id names no conversation (None: "not acquired", as hermes-agent answers).
+    if session_id is None or session_id == "":
+        return None
+    return check_id("session_id", session_id)
+
+
+def try_acquire_session_turn_lease(conn: sqlite3.Connection, session_id: str, holder: str, *,
+                                   ttl_seconds: float = DEFAULT_LOCK_TTL_S, patience_s: float | None = None,
+                                   now: float | None = None) -> bool:
+    """Take or renew the conversation's turn lease for `holder`; False while another holds it live.
+
+    The lease is kept under the compression lineage's root. An expired lease, or one whose
+    holder process on this host is provably gone, is taken over in the same transaction. An
+    empty session id is never leased (False). `patience_s` bounds the wait for the write lock.
+    """
+    holder = _check_named_holder(holder)
+    ttl_seconds = check_number("ttl_seconds", ttl_seconds, positive=True)
+    if patience_s is not None:
+        check_number("patience_s", patience_s)
+    sid = _lease_session(session_id)
+    if sid is None:
+        return False
+    now = time.time() if now is None else now
+    key = turn_lease_key(conn, sid)
+    row = _lease_row(conn, key)
+    if row is not None and row[0] != holder and lock_is_live(row[0], row[1], now):
+        return False
+    if row is not None and row[0] != holder:
+        logger.info("taking over the turn lease of conversation %r from %s (%s)", key, row[0],
+                    "expired" if row[1] <= now else "holder process is gone")
+    conn.execute("INSERT INTO session_turn_leases (conversation_id, holder, acquired_at, expires_at) "
+                 "VALUES (?, ?, ?, ?) ON CONFLICT (conversation_id) DO UPDATE SET holder = excluded.holder, "
+                 "acquired_at = excluded.acquired_at, expires_at = excluded.expires_at",
+                 (key, holder, now, now + ttl_seconds))
+    return True
+
+
+def refresh_session_turn_lease(conn: sqlite3.Connection, session_id: str, holder: str, *,
+                               ttl_seconds: float = DEFAULT_LOCK_TTL_S, now: float | None = None) -> bool:
+    """Extend `holder`'s turn lease to `ttl_seconds` from now; False when another holder has it or none exists.
+
+    A lease that expired but was not taken over is still `holder`'s: nobody else wrote a turn
+    meanwhile, so it is extended too.
+    """
+    holder = _check_named_holder(holder)
+    ttl_seconds = check_number("ttl_seconds", ttl_seconds, positive=True)
+    sid = _lease_session(session_id)
+    if sid is None:
+        return False
+    now = time.time() if now is None else now
+    return conn.execute("UPDATE session_turn_leases SET expires_at = ? WHERE conversation_id = ? AND holder = ?",
+                        (now + ttl_seconds, turn_lease_key(conn, sid), holder)).rowcount == 1
+
+
+def release_session_turn_lease(conn: sqlite3.Connection, session_id: str, holder: str) -> None:
+    """Release the conversation's turn lease if `holder` holds it (idempotent)."""
+    holder = _check_named_holder(holder)
+    sid = _lease_session(session_id)
+    if sid is not None:
+        conn.execute("DELETE FROM session_turn_leases WHERE conversation_id = ? AND holder = ?",
+                     (turn_lease_key(conn, sid), holder))
+
+
+def acquire_session_turn_lease(attempt: Callable[[], bool], *, wait_seconds: float = 1800.0,
+                               poll_interval_seconds: float = 1.0, on_wait: Callable[[float], Any] | None = None,
+                               wait_notice_interval_seconds: float = 15.0,
+                               should_abort: Callable[[], bool] | None = None,
+                               clock: Callable[[], float] = time.monotonic,
+                               sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Call `attempt()` (one short try) until it answers True or `wait_seconds` pass; return whether it did.
+
+    Holds no lock between attempts. `should_abort()` True stops the wait at once (False);
+    `on_wait(elapsed)` is told after the first refusal and then every `wait_notice_interval_seconds`;
+    an error it raises is logged and ignored. Must be called OUTSIDE any write transaction.
+    """
+    wait_seconds = check_number("wait_seconds", wait_seconds)
+    poll = check_number("poll_interval_seconds", poll_interval_seconds, positive=True)
+    every = check_number("wait_notice_interval_seconds", wait_notice_interval_seconds, positive=True)
+    start = clock()
+    next_notice = 0.0
+    while True:
+        if should_abort is not None and should_abort():
+            return False
+        if attempt():
+            return True
+        elapsed = clock() - start
+        if on_wait is not None and elapsed >= next_notice:
+            next_notice = elapsed + every
+            try:
+                on_wait(elapsed)
+            except Exception:  # a progress notice must never end the wait
+                logger.warning("turn lease on_wait callback failed", exc_info=True)
+        if elapsed >= wait_seconds:
+            return False
+        sleep(min(poll, wait_seconds - elapsed))
+
+
+# --- per-session compression bookkeeping ------------------------------------------------------------
+
+def get_compression_ineffective_count(conn: sqlite3.Connection, session_id: str) -> int:
+    """Return how many compressions in a row freed too little for the session (0 when none, or unknown)."""
+    row = conn.execute("SELECT compression_ineffective_count FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    return row[0] if row is not None and isinstance(row[0], int) else 0
+
+
+def set_compression_ineffective_count(conn: sqlite3.Connection, session_id: str, count: int) -> None:
+    """Store how many compressions in a row freed too little for the session (0 resets it)."""
+    _set_session(conn, session_id, "compression_ineffective_count = ?", (check_count("count", count),))
+
+
+_COOLDOWN_KEYS = ("session_exists", "cooldown_until", "error")
+
+
+def get_compression_failure_cooldown_row(conn: sqlite3.Connection, session_id: str) -> dict[str, Any]:
+    """Return {"session_exists", "cooldown_until", "error"} as stored, an expired cooldown included."""
+    row = conn.execute("SELECT compression_failure_cooldown_until, compression_failure_error FROM sessions "
+                       "WHERE id = ?", (session_id,)).fetchone()
+    if row is None:
+        return {"session_exists": False, "cooldown_until": None, "error": None}
+    return {"session_exists": True, "cooldown_until": row[0], "error": row[1]}
+
+
+def restore_compression_failure_cooldown_row(conn: sqlite3.Connection, session_id: str,
+                                             snapshot: dict[str, Any]) -> None:
+    """Put back a cooldown exactly as `get_compression_failure_cooldown_row` read it, and verify it.
+
+    A snapshot of an absent session restores nothing while the session is still absent; once
+    it exists, that snapshot cannot be restored (RuntimeError). A snapshot naming a session
+    that no longer exists is a RuntimeError too: the rollback could not be made.
+    """
+    if not isinstance(snapshot, dict):
+        raise ValueError(f"snapshot must be the dict get_compression_failure_cooldown_row returned, "
+                         f"not {type(snapshot).__name__}")
+    unknown = set(snapshot) - set(_COOLDOWN_KEYS)
+    if unknown:
+        raise ValueError(f"snapshot has unknown keys {sorted(unknown)}; expected {list(_COOLDOWN_KEYS)}")
+    until, error = snapshot.get("cooldown_until"), snapshot.get("error")
+    if until is not None:
+        until = SESSIONS.column("compression_failure_cooldown_until").check(until)
+    if error is not None:
+        error = SESSIONS.column("compression_failure_error").check(error)
+    exists = conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is not None
+    if not snapshot.get("session_exists"):
+        if exists:
+            raise RuntimeError(f"cannot restore the compression cooldown of session {session_id!r}: the snapshot "
+                               "was taken while it did not exist, and it exists now")
+        return
+    if not exists:
+        raise RuntimeError(f"cannot restore the compression cooldown of session {session_id!r}: it no longer exists")
+    conn.execute("UPDATE sessions SET compression_failure_cooldown_until = ?, compression_failure_error = ? "
+                 "WHERE id = ?", (until, error, session_id))
+    stored = get_compression_failure_cooldown_row(conn, session_id)
+    if (stored["cooldown_until"], stored["error"]) != (until, error):
+        raise RuntimeError(f"the restored compression cooldown of session {session_id!r} did not read back")
+
+
+def get_active_message_watermark(conn: sqlite3.Connection, session_id: str) -> int:
+    """Return the highest id among the session's live rows (0 when none, or unknown): where a compression starts."""
+    row = conn.execute("SELECT MAX(id) FROM messages WHERE session_id = ? AND active = 1", (session_id,)).fetchone()
+    return row[0] or 0
+
+
+def tail_rows(conn: sqlite3.Connection, session_id: str, watermark: int | None,
+               ceiling: int | None = None) -> list[dict[str, Any]]:
+    """Return the live rows that arrived after `watermark` (up to `ceiling`), as get_messages gives them."""
+    if watermark is None:
+        return []
+    watermark = check_count("watermark", watermark)
+    if ceiling is not None:
+        ceiling = check_count("watermark_ceiling", ceiling)
+    return [row for row in messages.get_messages(conn, session_id)
+            if row["id"] > watermark and (ceiling is None or row["id"] <= ceiling)]
+
+
+def publish_compression_child(conn: sqlite3.Connection, *, parent_session_id: str, child_session_id: str,
+                              source: str, messages: list[dict[str, Any]], model: str | None = None,
+                              model_config: dict[str, Any] | None = None, system_prompt: str | None = None,
+                              cwd: str | None = None, profile_name: str | None = None,
+                              compression_lock_holder: str | None = None, require_compression_lease: bool = True,
+                              watermark: int | None = None, watermark_ceiling: int | None = None,
+                              now: float | None = None) -> None:
+    """Close the parent and publish its compression child holding `messages`, in one transaction.
+
+    `rotate_session` under hermes-agent 0.20.1's name: the child continues the parent (the
+    compression edge), the given columns override what it inherits. With
+    `require_compression_lease`, `compression_lock_holder` must hold the parent's live
+    compression lock (CompressionSessionBusyError otherwise). With `watermark`, the parent's
+    live rows after it (up to `watermark_ceiling`) are copied after the handoff, so a message
+    appended while the summary was written is not lost. An empty handoff is a ValueError.
+    """
+    kept = message_list(messages, "handoff message")
+    if not kept:
+        raise ValueError("a compression child's handoff must hold at least one message")
+    now = time.time() if now is None else now
+    parent = _require_open(conn, parent_session_id)
+    if parent["ended_at"] is not None:
+        raise ValueError(f"session {parent_session_id!r} already ended (end_reason={parent['end_reason']!r}); "
+                         "reopen it before continuing it by compression")
+    if require_compression_lease:
+        row = _lock_row(conn, parent_session_id)
+        if compression_lock_holder is None or row is None or row[0] != compression_lock_holder or row[1] <= now:
+            raise CompressionSessionBusyError(
+                f"{compression_lock_holder or 'the caller'} does not hold the compression lock of session "
+                f"{parent_session_id!r}; the compression child was not published")
+    tail = tail_rows(conn, parent_session_id, watermark, watermark_ceiling)
+    given = {"source": source, "model": model, "model_config": model_config, "system_prompt": system_prompt,
+             "cwd": cwd, "profile_name": profile_name}
+    columns = {name: value for name, value in given.items() if value is not None}
+    rotate_session(conn, parent_session_id, child_session_id, [*kept, *tail], columns,
+                   holder=compression_lock_holder if require_compression_lease else None, now=now)
+
+
+def find_live_compression_child(conn: sqlite3.Connection, parent_session_id: str) -> dict[str, Any] | None:
+    """Return the session row continuing a session compression closed, while it is live; else None."""
+    row = conn.execute(f"SELECT {lineage.COMPRESSION_CHILD_SQL} FROM sessions p WHERE p.id = ?",
+                       (parent_session_id,)).fetchone()
+    if row is None or row[0] is None:
+        return None
+    child = sessions.get_session(conn, row[0])
+    return child if child is not None and child["ended_at"] is None else None
+
+
+def reopen_orphaned_compression_session(conn: sqlite3.Connection, session_id: str, *,
+                                        now: float | None = None) -> bool:
+    """Reopen a session compression closed without publishing any child; False in every other case.
+
+    A live compression lock on it, or any child at all, means another path owns the
+    conversation, so it stays closed.
+    """
+    row = conn.execute("SELECT end_reason FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    if row is None or row[0] != COMPRESSION_END_REASON:
+        return False
+    if foreign_lock_holder(conn, session_id, now=now) is not None:
+        return False
+    if conn.execute("SELECT 1 FROM sessions WHERE parent_session_id = ? LIMIT 1", (session_id,)).fetchone():
+        return False
+    sessions.reopen_session(conn, session_id)
+    return True

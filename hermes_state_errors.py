@@ -120,11 +120,25 @@ class SessionBusyError(HermesStateError):
     """Delete/prune refused: ledger work for the session is still live."""
 
 
-class SessionCompressionInProgressError(HermesStateError):
+# hermes-agent 0.20.1: transcript, turn leases and compression. Its callers catch these three
+# (each a RuntimeError there), so the library's own errors for the same conditions derive from them.
+class CompressionSessionBusyError(HermesStateError, RuntimeError):
+    """Compression owns the session and the caller is not its holder (or its lease was lost)."""
+
+
+class CompressionSessionClosedError(HermesStateError, RuntimeError):
+    """The write targeted a session compression already closed; write to its live continuation."""
+
+
+class SessionTurnLeaseLostError(HermesStateError, RuntimeError):
+    """A transcript write named a turn-lease holder that no longer holds the conversation's lease."""
+
+
+class SessionCompressionInProgressError(CompressionSessionBusyError):
     """Another holder is compressing the session; retry once it finishes."""
 
 
-class SessionClosedByCompressionError(SessionPersistenceError):
+class SessionClosedByCompressionError(SessionPersistenceError, CompressionSessionClosedError):
     """The session was closed by compression rotation; write to its live continuation instead."""
 
     def __init__(self, session_id: str, successor_id: str | None):

@@ -7,7 +7,8 @@ the triggers that keep them in sync (all declared in `OBJECTS`), the rebuild mar
 `hermes_fts_high_water`/`hermes_fts_progress`, moving an earlier release's objects out of
 hermes-agent's names (`move_legacy`), the chunked resumable rebuild, the writer's queue
 batch (`index_batch`, and `flush_queue`, a closing handle indexing what it left queued), the periodic merge,
-and `FtsState` (what exists and what is pending; `cached_state` keeps it per connection for searches).
+the bounded merge after a rebuild, reading each index's FTS5 structure record (`Structure`: how many
+levels deep it is, rebuilt when too deep), and `FtsState` (what exists and what is pending; `cached_state` keeps it per connection for searches).
 Does not own: the query language (hermes_state_query), running searches (hermes_state_search) or
 writing message rows (hermes_state_messages). Every `messages_fts*` object is hermes-agent's: this
 module never drops, rebuilds or writes one (its triggers are plain SQL and index this library's rows too).
@@ -31,7 +32,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
-from hermes_state_cjk import (CJK_CHARS, CJK_RUN, cjk_index_text, cjk_query_text, cjk_terms,  # noqa: F401
+from hermes_state_cjk import (CJK_CHARS, CJK_RUN, cjk_index_text, cjk_query_text, cjk_terms, terms_sql,  # noqa: F401
                                has_cjk, register_functions)
 from hermes_state_common import FTS_MERGE_EVERY_N_WRITES, FTS_OPTIMIZE_EVERY_N_WRITES, FTS_REBUILD_CHUNK_ROWS, logger
 from hermes_state_query import _sanitize_fts5_query  # noqa: F401 - importable here, where callers know it
@@ -347,7 +348,7 @@ def _index_range(conn: sqlite3.Connection, low: int, high: int) -> None:
     # The CJK table is a plain FTS5 table (rows delete by rowid), so clearing the range first
     # makes this idempotent with rows the queue already handled.
     conn.execute(f"DELETE FROM {CJK} WHERE rowid > ? AND rowid <= ?", (low, high))
-    conn.execute(f"INSERT INTO {CJK}(rowid, terms) SELECT id, t FROM (SELECT id, hermes_cjk_terms(content, tool_calls) "
+    conn.execute(f"INSERT INTO {CJK}(rowid, terms) SELECT id, t FROM (SELECT id, {terms_sql('content', 'tool_calls')} "
                  "AS t FROM messages WHERE id > ? AND id <= ?) WHERE t IS NOT NULL", (low, high))
     conn.execute(f"DELETE FROM {CJK_PENDING} WHERE id > ? AND id <= ?", (low, high))
     conn.execute(f"DELETE FROM {PENDING} WHERE id > ? AND id <= ?", (low, high))
@@ -444,26 +445,211 @@ def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS)
     return upper < high_water
 
 
-# The pages one merge step writes. FTS5's 'merge' with a negative page count merges segments of
-# any level, as an optimize does, but stops after about that many pages: on the heavy store of
-# docs/performance.md, 500 pages took 0.1-0.3 s on a slow machine.
+# The pages one merge step writes: on the heavy store of docs/performance.md, 500 pages took
+# 0.1-0.3 s on a slow machine.
 MERGE_STEP_PAGES = 256
+
+# FTS5 keeps each index as segments on numbered levels, described by one structure record (rowid
+# 10 of `<index>_data`). Its reader refuses a record naming more than 2,000 levels, and then the
+# table cannot even be opened: every search and every write through a trigger fails. Two commands
+# add levels for good each time the segments sit on more than one level: `optimize`, and `merge`
+# with a negative page count (both first move every segment onto a new level above the others).
+# Under a steady trickle of appends that is nearly every time, so a loop of either climbs to the
+# limit. The library runs neither in a loop: one such start per index after a rebuild, then
+# positive merges (whose levels grow with the logarithm of the segments); `optimize` rebuilds an
+# index first once it is this deep; and an open rebuilds an index past OVERGROWN_LEVELS.
+STRUCTURE_ROWID = 10
+FTS5_MAX_LEVELS = 2000
+COMPACT_LEVELS = 64
+OVERGROWN_LEVELS = 128
+
+
+@dataclass(frozen=True)
+class Structure:
+    """An FTS5 index's structure record, decoded: its levels and how many leaf pages its segments hold."""
+
+    levels: tuple[tuple[int, int], ...]  # per level, lowest first: (segments being merged, segments)
+    pages: int = 0
+
+    @property
+    def depth(self) -> int:
+        return len(self.levels)
+
+    @property
+    def segments(self) -> int:
+        return sum(count for _, count in self.levels)
+
+    @property
+    def merging(self) -> bool:
+        """A merge is under way (FTS5 continues it a share at a time)."""
+        return any(inputs for inputs, _ in self.levels)
+
+
+def _varint(block: bytes, at: int) -> tuple[int, int]:
+    # SQLite's varint, as FTS5 writes it: 7 bits a byte, high bit set on all but the last; a ninth byte gives 8.
+    value = 0
+    for n in range(9):
+        byte = block[at]
+        at += 1
+        if n == 8:
+            return (value << 8) | byte, at
+        value = (value << 7) | (byte & 0x7F)
+        if not byte & 0x80:
+            return value, at
+    return value, at
+
+
+_STRUCTURE_V2 = b"\xff\x00\x00\x01"  # newer SQLites mark a record whose segments carry more fields
+
+
+def _head(block: bytes) -> tuple[bool, int]:
+    # After the 4-byte cookie: the newer layout's marker, if any; returns (newer, offset of the level count).
+    newer = block[4:8] == _STRUCTURE_V2
+    return newer, 8 if newer else 4
+
+
+def structure_depth(block: bytes) -> int:
+    """Return the number of levels a structure record names (its first field after the cookie)."""
+    return _varint(block, _head(block)[1])[0]
+
+
+def decode_structure(block: bytes) -> Structure:
+    """Decode an FTS5 structure record; raises ValueError when it is cut short."""
+    try:
+        newer, at = _head(block)
+        depth, at = _varint(block, at)
+        _, at = _varint(block, at)      # segments in all
+        _, at = _varint(block, at)      # write counter
+        if newer:
+            _, at = _varint(block, at)  # origin counter
+        levels, pages = [], 0
+        for _ in range(depth):
+            inputs, at = _varint(block, at)
+            count, at = _varint(block, at)
+            for _ in range(count):
+                _, at = _varint(block, at)           # segment id
+                first, at = _varint(block, at)
+                last, at = _varint(block, at)
+                pages += max(0, last - first + 1)
+                for _ in range(5 if newer else 0):   # origins, tombstone pages and entries
+                    _, at = _varint(block, at)
+            levels.append((inputs, count))
+    except IndexError:
+        raise ValueError("the FTS5 structure record is cut short") from None
+    return Structure(tuple(levels), pages)
+
+
+def read_structure(conn: sqlite3.Connection, table: str) -> Structure | None:
+    """Return `table`'s decoded structure record, or None when it has none or it cannot be read."""
+    row = conn.execute(f"SELECT block FROM {table}_data WHERE id = ?", (STRUCTURE_ROWID,)).fetchone()
+    if row is None or not isinstance(row[0], bytes) or len(row[0]) < 5:
+        return None
+    try:
+        return decode_structure(row[0])
+    except ValueError:
+        return None
+
+
+def overgrown(conn: sqlite3.Connection, tables: Iterable[str]) -> dict[str, int]:
+    """Return {index: levels} for each of `tables` deeper than OVERGROWN_LEVELS (one statement, no index opened).
+
+    Reads the structure records as plain rows, so it works on an index FTS5 itself refuses to open.
+    """
+    names = sorted(tables)
+    if not names:
+        return {}
+    blocks = conn.execute("SELECT " + ", ".join(f"(SELECT block FROM {t}_data WHERE id = {STRUCTURE_ROWID})"
+                                                for t in names)).fetchone()
+    found = {}
+    for table, block in zip(names, blocks):
+        if isinstance(block, bytes) and len(block) >= 5:
+            try:
+                depth = structure_depth(block)
+            except IndexError:
+                continue
+            if depth > OVERGROWN_LEVELS:
+                found[table] = depth
+    return found
+
+
+def reset_structures(conn: sqlite3.Connection, tables: Iterable[str]) -> None:
+    """Write an empty structure record into each of `tables`, so FTS5 opens them again (to be emptied next).
+
+    Inside the caller's write transaction, and only as the first half of emptying or dropping
+    the index: the segments' pages stay in `<index>_data` until then. The cookie (the config
+    version FTS5 checks) is kept; the rest says: no level, no segment.
+    """
+    for table in tables:
+        conn.execute(f"UPDATE {table}_data SET block = substr(block, 1, 4) || x'000000' WHERE id = ?",
+                     (STRUCTURE_ROWID,))
+
+
+def rebuild_overgrown(conn: sqlite3.Connection, tables: Iterable[str]) -> dict[str, int]:
+    """Start a full rebuild when an index of `tables` is deeper than OVERGROWN_LEVELS; return {index: levels}.
+
+    Inside the caller's write transaction. Such an index is a few merges away from the depth
+    FTS5 refuses to read (or past it already): every index is emptied and rebuilt from the
+    messages in chunks, as after an upgrade; no message is touched. A rebuild under way starts over.
+    """
+    found = overgrown(conn, tables)
+    if found:
+        reset_structures(conn, found)
+        conn.execute("DELETE FROM state_meta WHERE key IN (?, ?, ?)", (HIGH_WATER, PROGRESS, MERGE_PENDING))
+        start_rebuild(conn)
+    return found
+
+
+def _merge_plan(value: str, present: list[str], pages: int, conn: sqlite3.Connection) -> dict:
+    # The marker's value: "1" as the rebuild's last chunk sets it, then the plan as JSON: the index
+    # being merged ("at"), whether its one start has been made, and how many steps remain. The steps
+    # are bounded from the start by the pages the indexes hold, so the merge ends whatever others write.
+    try:
+        plan = json.loads(value)
+        if isinstance(plan, dict) and {"at", "started", "steps"} <= set(plan):
+            return plan
+    except ValueError:
+        pass
+    steps = 0
+    for table in present:
+        found = read_structure(conn, table)
+        steps += 2 * (((found.pages if found else 0) // max(1, pages)) + 1) + 4
+    return {"at": present[0] if present else None, "started": False, "steps": steps}
 
 
 def merge_step(conn: sqlite3.Connection, pages: int = MERGE_STEP_PAGES) -> bool:
     """Merge the next share of the segments a finished rebuild left; return whether more remains.
 
-    Must run inside the caller's write transaction. Each index is merged down to one segment in
-    turn, about `pages` pages per call; the marker goes once no index has anything left to merge.
+    Must run inside the caller's write transaction. Each index in turn gets one merge of all its
+    segments into one (FTS5's `merge` with a negative page count, about `pages` pages per call),
+    continued by positive merges (which also merge any level holding 4 segments or more), which
+    add levels only as the logarithm of the segments however many other writers add meanwhile.
+    The index is done once a step makes no progress; what other writers add later is left to
+    FTS5's automerge. The steps are counted in the marker and bounded by the size of the indexes,
+    so the whole merge ends; the marker goes when it has.
     """
-    if conn.execute("SELECT 1 FROM state_meta WHERE key = ?", (MERGE_PENDING,)).fetchone() is None:
+    row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (MERGE_PENDING,)).fetchone()
+    if row is None:
         return False
-    present = _read_catalogue(conn).tables
-    for table in (t for t in FTS_TABLES if t in present):
-        before = conn.total_changes
-        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (-max(1, pages),))
-        if conn.total_changes - before >= 2:  # FTS5's sign that the command merged something
-            return True
+    present = [t for t in FTS_TABLES if t in _read_catalogue(conn).tables]
+    plan = _merge_plan(str(row[0]), present, pages, conn)
+    while plan["at"] in present:
+        table = plan["at"]
+        found = read_structure(conn, table)
+        command = None
+        if found is not None and found.segments > 1 and plan["steps"] > 0:
+            if not found.merging and not plan["started"] and found.depth + 2 <= COMPACT_LEVELS:
+                command, plan["started"] = -max(1, pages), True
+            else:  # continues the merge under way (FTS5 picks it first), then any level of 4 or more segments
+                command = max(1, pages)
+        if command is not None:
+            before = conn.total_changes
+            conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (command,))
+            plan["steps"] -= 1
+            if conn.total_changes - before >= 2:  # FTS5's sign that the command merged something
+                conn.execute("UPDATE state_meta SET value = ? WHERE key = ?", (json.dumps(plan), MERGE_PENDING))
+                return True
+        later = present[present.index(table) + 1:]
+        plan.update(at=later[0] if later else None, started=False)
     conn.execute("DELETE FROM state_meta WHERE key = ?", (MERGE_PENDING,))
     return False
 
@@ -479,7 +665,7 @@ def drain_cjk(conn: sqlite3.Connection, limit: int = CJK_BATCH_ROWS) -> bool:
         return False
     batch = json.dumps(ids)
     conn.execute(f"DELETE FROM {CJK} WHERE rowid IN (SELECT value FROM json_each(?))", (batch,))
-    conn.execute(f"INSERT INTO {CJK}(rowid, terms) SELECT id, t FROM (SELECT id, hermes_cjk_terms(content, tool_calls) "
+    conn.execute(f"INSERT INTO {CJK}(rowid, terms) SELECT id, t FROM (SELECT id, {terms_sql('content', 'tool_calls')} "
                  "AS t FROM messages WHERE id IN (SELECT value FROM json_each(?))) WHERE t IS NOT NULL", (batch,))
     conn.execute(f"DELETE FROM {CJK_PENDING} WHERE id IN (SELECT value FROM json_each(?))", (batch,))
     return len(ids) == limit
@@ -561,6 +747,9 @@ def ensure_fts(writer: Writer, patience_s: float, policy: RetryPolicy, *, writab
             f"this SQLite ({sqlite3.sqlite_version}) lacks FTS5 with the trigram tokenizer (3.34+), which "
             "hermes-state needs to index messages; use a Python whose sqlite3 has FTS5, or open read-only.")
     state = inspect(conn)
+    if state.declared and overgrown(conn, state.tables):
+        _rebuild_overgrown(writer, patience_s, policy)
+        state = inspect(conn)
     if not state.declared:
         with writer.transaction(patience_s, policy):
             catalogue = _read_catalogue(conn)  # another process may have built them meanwhile
@@ -585,6 +774,22 @@ def ensure_fts(writer: Writer, patience_s: float, policy: RetryPolicy, *, writab
             set_options(conn)  # a file an older release created, or one whose options were changed
     cached_state(conn)  # the append path decides from this cache (re-read only after a schema change)
     return state
+
+
+def _rebuild_overgrown(writer: Writer, patience_s: float, policy: RetryPolicy) -> None:
+    # An index FTS5 refuses (or soon will) fails every write through its triggers: rebuilt from the
+    # messages, in the background after this transaction. A SQLite that refuses writes to an
+    # index's own tables (defensive mode) leaves it as it was; `recover` still reads every message.
+    try:
+        with writer.transaction(patience_s, policy) as conn:
+            found = rebuild_overgrown(conn, inspect(conn).tables)
+    except sqlite3.DatabaseError as exc:
+        logger.warning("a full-text index has too many levels and could not be rebuilt (%s); searches and "
+                       "writes may fail until it is (`hermes-state recover` saves every message)", exc)
+        return
+    for table, depth in sorted(found.items()):
+        logger.warning("the full-text index %s had %d levels (SQLite reads at most %d); every index is being "
+                       "rebuilt from the messages, none of which was changed", table, depth, FTS5_MAX_LEVELS)
 
 
 # A chunk's cost follows the bytes of its rows, not their number: 2,000 rows of base64 payloads and
@@ -740,6 +945,11 @@ def optimize(conn: sqlite3.Connection) -> int:
     """
     present = [table for table in FTS_TABLES if table in inspect(conn).tables]
     for table in present:
+        found = read_structure(conn, table)
+        if found is not None and found.depth + 2 > COMPACT_LEVELS:
+            # Each optimize adds levels for good (see OVERGROWN_LEVELS); a rebuild of the index from
+            # its source starts it again from a few, and costs about what the optimize costs.
+            conn.execute(f"INSERT INTO {table}({table}) VALUES ('rebuild')")
         conn.execute(f"INSERT INTO {table}({table}) VALUES ('optimize')")
     return len(present)
 

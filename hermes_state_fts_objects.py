@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from hermes_state_cjk import terms_sql
 
 class Names(NamedTuple):
     """The names one layout of the full-text objects uses: tables, queues, views, triggers, markers."""
@@ -267,7 +268,7 @@ DRAIN_TRIGGER_SQL = (
     f"WHEN NOT EXISTS (SELECT 1 FROM main.{PENDING} WHERE id = new.id) BEGIN "
     f"DELETE FROM {CJK} WHERE rowid = new.id; "
     f"INSERT INTO {CJK}(rowid, terms) SELECT id, t FROM "
-    f"(SELECT id, hermes_cjk_terms(content, tool_calls) AS t FROM messages WHERE id = new.id) "
+    f"(SELECT id, {terms_sql('content', 'tool_calls')} AS t FROM messages WHERE id = new.id) "
     "WHERE t IS NOT NULL; "
     f"DELETE FROM {CJK_PENDING} WHERE id = new.id; "
     "END")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from hermes_state_common import SESSIONS, check_id, row_dicts
+from hermes_state_common import SESSION_ROW_SQL, SESSIONS, check_id, session_dicts
 from hermes_state_errors import SessionNotFoundError
 
 # Ends the process made on its own behalf (the agent released its handle, the terminal UI's
@@ -87,12 +87,12 @@ def find_latest_gateway_session_for_peer(conn: sqlite3.Connection, *, source: st
     if _text("session_key", session_key) in (None, ""):
         return None
     where = f"s.source = ? AND {_RECOVERABLE_SQL} AND {_HAS_MESSAGES_SQL}"
-    rows = row_dicts(conn.execute(f"SELECT s.* FROM sessions s WHERE s.session_key = ? AND {where} "
+    rows = session_dicts(conn.execute(f"SELECT {SESSION_ROW_SQL} FROM sessions s WHERE s.session_key = ? AND {where} "
                                   f"ORDER BY {_NEWEST} LIMIT 1", (session_key, source)))
     if rows or any(peer[name] is None for name in ("user_id", "chat_id", "chat_type")):
         return rows[0] if rows else None
-    rows = row_dicts(conn.execute(
-        f"SELECT s.* FROM sessions s WHERE s.user_id = ? AND s.chat_id = ? AND s.chat_type = ? "
+    rows = session_dicts(conn.execute(
+        f"SELECT {SESSION_ROW_SQL} FROM sessions s WHERE s.user_id = ? AND s.chat_id = ? AND s.chat_type = ? "
         f"AND s.thread_id IS ? AND {where} ORDER BY {_NEWEST} LIMIT 1", (*peer.values(), source)))
     return rows[0] if rows else None
 
@@ -114,8 +114,9 @@ def list_gateway_sessions(conn: sqlite3.Connection, *, platform: str | None = No
     # Newest per key: no row of the same key started later (idx_sessions_key answers this).
     where.append("NOT EXISTS (SELECT 1 FROM sessions n WHERE n.session_key = s.session_key AND "
                  "(n.started_at > s.started_at OR (n.started_at = s.started_at AND n.rowid > s.rowid)))")
-    return row_dicts(conn.execute(
-        "SELECT s.*, COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = s.id), s.started_at) "
+    return session_dicts(conn.execute(
+        f"SELECT {SESSION_ROW_SQL}, "
+        "COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = s.id), s.started_at) "
         f"AS last_active FROM sessions s WHERE {' AND '.join(where)} ORDER BY last_active DESC, s.id", params))
 
 

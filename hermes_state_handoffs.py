@@ -19,7 +19,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from hermes_state_common import check_id, replace_surrogates, row_dicts
+from hermes_state_common import SESSION_ROW_SQL, check_id, replace_surrogates, session_dicts
 from hermes_state_errors import SessionNotFoundError
 
 PENDING, RUNNING, COMPLETED, FAILED = "pending", "running", "completed", "failed"
@@ -76,5 +76,6 @@ def get_handoff_state(conn: sqlite3.Connection, session_id: str) -> dict[str, An
 
 def list_pending_handoffs(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     """Return the full rows of the sessions whose handoff is pending, oldest session first."""
-    return row_dicts(conn.execute("SELECT * FROM sessions WHERE handoff_state = ? ORDER BY started_at, id",
+    return session_dicts(conn.execute(f"SELECT {SESSION_ROW_SQL} FROM sessions s WHERE s.handoff_state = ? "
+                                  "ORDER BY s.started_at, s.id",
                                   (PENDING,)))

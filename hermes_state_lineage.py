@@ -17,7 +17,7 @@ import sqlite3
 from collections import defaultdict
 from typing import Any
 
-from hermes_state_common import has_surrogate, row_dicts
+from hermes_state_common import SESSION_ROW_SQL, has_surrogate, session_dicts
 
 # The end reason rotate_session stamps on a parent it continues in a compression child.
 COMPRESSION_END_REASON = "compression"
@@ -128,7 +128,7 @@ def get_lineage(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any
     Every row is a full `sessions` row. An unknown session gives []. On a cycle the walk stops
     at the first repeated session.
     """
-    rows = row_dicts(conn.execute(
+    rows = session_dicts(conn.execute(
         f"""WITH RECURSIVE lineage(id) AS (
                 SELECT id FROM sessions WHERE id = ?
                 UNION
@@ -136,7 +136,7 @@ def get_lineage(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any
                  WHERE s.parent_session_id IS NOT NULL
                 LIMIT {WALK_CAP}
             )
-            SELECT s.* FROM sessions s JOIN lineage l ON s.id = l.id""", (session_id,)))
+            SELECT {SESSION_ROW_SQL} FROM sessions s JOIN lineage l ON s.id = l.id""", (session_id,)))
     by_id = {row["id"]: row for row in rows}
     chain: list[dict[str, Any]] = []
     current: str | None = session_id
@@ -153,14 +153,14 @@ def get_descendants(conn: sqlite3.Connection, session_id: str) -> list[dict[str,
     Siblings come in (started_at, id) order. An unknown session or a leaf gives []. On a cycle
     each session appears once.
     """
-    rows = row_dicts(conn.execute(
+    rows = session_dicts(conn.execute(
         f"""WITH RECURSIVE descendants(id) AS (
                 SELECT id FROM sessions WHERE id = ?
                 UNION
                 SELECT s.id FROM sessions s JOIN descendants d ON s.parent_session_id = d.id
                 LIMIT {WALK_CAP}
             )
-            SELECT s.* FROM sessions s JOIN descendants d ON s.id = d.id
+            SELECT {SESSION_ROW_SQL} FROM sessions s JOIN descendants d ON s.id = d.id
              WHERE s.id != ? ORDER BY s.started_at, s.id""", (session_id, session_id)))
     children: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:  # already in (started_at, id) order, so each child list is too

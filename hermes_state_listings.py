@@ -18,8 +18,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Callable
 
-from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, check_count, check_id, check_number, contains_sql,
-                                 prefix_range, row_dicts)
+from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, SESSION_ROW_SQL, check_count, check_id, check_number,
+                                 contains_sql, prefix_range, row_dicts, session_dicts)
 from hermes_state_errors import HermesStateError
 from hermes_state_home import default_hermes_root, profile_homes
 from hermes_state_lineage import COMPRESSION_END_REASON, compression_links, compression_successor_id, forward_chain
@@ -34,7 +34,7 @@ PREVIEW_CHARS = 63
 # the first active user message, last_active reads one index entry.
 # The preview reads at most 2 * 63 characters, enough for 63 after every CRLF became a space.
 _LIST_SQL = f"""
-SELECT s.*,
+SELECT {SESSION_ROW_SQL},
        COALESCE((SELECT SUBSTR(REPLACE(REPLACE(REPLACE(SUBSTR(m.content, 1, {2 * PREVIEW_CHARS}),
                                                        char(13) || char(10), ' '),
                                                char(13), ' '),
@@ -95,7 +95,7 @@ def list_sessions(conn: sqlite3.Connection, source: str | list[str] | None = Non
     limit, offset = check_count("limit", limit), check_count("offset", offset)
     where, params = _session_filters(source, include_archived, model, since, until)
     sql = _LIST_SQL.format(where=where, order=_ORDERS[order])
-    return row_dicts(conn.execute(sql, (*params, limit, offset)))
+    return session_dicts(conn.execute(sql, (*params, limit, offset)))
 
 
 def count_sessions(conn: sqlite3.Connection, source: str | list[str] | None = None, include_archived: bool = False,
@@ -203,7 +203,7 @@ _LAST_ACTIVE_SQL = "COALESCE((SELECT MAX(m2.timestamp) FROM messages m2 WHERE m2
 def _columns(conn: sqlite3.Connection, compact: bool) -> str:
     """Return the select list of session columns; compact rows leave out the system prompt."""
     if not compact:
-        return "s.*"
+        return SESSION_ROW_SQL
     names = [r[1] for r in conn.execute("PRAGMA table_info(sessions)") if r[1] != "system_prompt"]
     return ", ".join(f's."{name}"' for name in names)
 
@@ -218,7 +218,7 @@ def rich_preview(text: str | None) -> str:
 
 def _rich_rows(conn: sqlite3.Connection, columns: str, where: str, params: list[Any],
                tail: str = "", tail_params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-    rows = row_dicts(conn.execute(
+    rows = session_dicts(conn.execute(
         f"SELECT {columns}, {_PREVIEW_SQL} AS preview, {_LAST_ACTIVE_SQL} AS last_active FROM sessions s "
         f"WHERE {where} {tail}", (*params, *tail_params)))
     for row in rows:
@@ -229,7 +229,7 @@ def _rich_rows(conn: sqlite3.Connection, columns: str, where: str, params: list[
 def rich_rows(conn: sqlite3.Connection, where: str, params: list[Any], tail: str = "",
               tail_params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
     """Return the sessions `where` selects (SQL over `s`), every column plus `preview` and `last_active`."""
-    return _rich_rows(conn, "s.*", where, params, tail, tail_params)
+    return _rich_rows(conn, SESSION_ROW_SQL, where, params, tail, tail_params)
 
 
 def _project_tips(conn: sqlite3.Connection, rows: list[dict[str, Any]], columns: str) -> list[dict[str, Any]]:
@@ -435,8 +435,8 @@ def search_sessions(conn: sqlite3.Connection, source: str | None = None, limit: 
     """Return every session (children included), newest first, with `last_active`."""
     limit, offset = check_count("limit", limit), check_count("offset", offset)
     where, params = ("s.source = ?", [check_text("source", source)]) if source is not None else ("1", [])
-    return row_dicts(conn.execute(
-        f"SELECT s.*, {_LAST_ACTIVE_SQL} AS last_active FROM sessions s WHERE {where} "
+    return session_dicts(conn.execute(
+        f"SELECT {SESSION_ROW_SQL}, {_LAST_ACTIVE_SQL} AS last_active FROM sessions s WHERE {where} "
         "ORDER BY s.started_at DESC, s.id DESC LIMIT ? OFFSET ?", (*params, limit, offset)))
 
 

@@ -33,7 +33,7 @@ from hermes_state_errors import HermesStateError, SessionBusyError
 from hermes_state_gateway import LIVE_EXECUTION_STATES
 from hermes_state_lineage import COMPRESSION_END_REASON, WALK_CAP, compression_links, forward_chain
 from hermes_state_routing import DELEGATION_OPEN_STATES, DELIVERY_OWED_STATES
-from hermes_state_sessions import cwd_under_sql, cwd_under_values
+from hermes_state_sessions import cwd_under_sql, cwd_under_values, forget_prompts
 from hermes_state_writer import Transaction
 
 AUTO_PRUNE_KEY = "last_auto_prune"  # state_meta: when the last automatic prune ran (epoch seconds)
@@ -220,7 +220,11 @@ def delete_rows(conn: sqlite3.Connection, ids: list[str]) -> None:
     # root session: the link goes, the child stays.
     conn.execute(f"UPDATE sessions SET parent_session_id = NULL WHERE parent_session_id IN {members} "
                  f"AND id NOT IN {members}", {"ids": ids_json})
+    # The prompts they named, filed once for every session that shares them, go with the last of those.
+    prompts = [r[0] for r in conn.execute(f"SELECT DISTINCT system_prompt_hash FROM sessions WHERE id IN {members} "
+                                          "AND system_prompt_hash IS NOT NULL", {"ids": ids_json})]
     conn.execute(f"DELETE FROM sessions WHERE id IN {members}", {"ids": ids_json})
+    forget_prompts(conn, prompts)
 
 
 @dataclass(frozen=True)

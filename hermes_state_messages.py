@@ -30,11 +30,13 @@ from typing import Any, Callable, Iterable
 
 import hermes_state_fts as fts
 from hermes_state_common import (COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES, NOT_LIVE_SQL, check_count, check_id,
+                                 check_number,
                                  counter_amounts, decode_json, encode_json, has_surrogate, is_uid, new_uid,
                                  replace_surrogates, row_dicts)
-from hermes_state_errors import SessionClosedByCompressionError, SessionCompressionInProgressError, SessionNotFoundError
+from hermes_state_errors import (SessionClosedByCompressionError, SessionCompressionInProgressError, SessionNotFoundError,
+                                 SessionTurnLeaseLostError)
 from hermes_state_holders import lock_is_live
-from hermes_state_lineage import COMPRESSION_END_REASON, live_continuation
+from hermes_state_lineage import COMPRESSION_END_REASON, compression_ancestor_ids, live_continuation
 from hermes_state_sessions import ARCHIVE_LIFT_SQL, require_session, reset_counters
 
 # --- preparing values --------------------------------------------------------------------------
@@ -229,6 +231,7 @@ def with_stored_fields(conn: sqlite3.Connection, session_id: str,
 # committed like any other, searches scan the queue for it, and no index's content source holds
 # it until it is indexed, so any program's FTS5 rebuild agrees with the queue. Other programs'
 # rows are indexed by the triggers at once.
+TURN_LEASE_TTL_S = 300.0  # how long a turn lease lasts unless refreshed
 BATCH_ROWS = 256
 
 # The new row's id, as AUTOINCREMENT would pick it, queued in one statement that also checks the schema
@@ -357,17 +360,24 @@ def append_message(conn: sqlite3.Connection, session_id: str, role: str, content
                    display_kind: str | None = None, display_metadata: Any = None,
                    platform_message_id: str | None = None, observed: bool = False,
                    effect_disposition: str | None = None, timestamp: float | None = None,
-                   name: str | None = None, message_uid: str | None = None, **runtime_keys: Any) -> int:
+                   name: str | None = None, message_uid: str | None = None,
+                   compression_lock_holder: str | None = None, turn_lease_holder: str | None = None,
+                   turn_lease_ttl_seconds: float = TURN_LEASE_TTL_S, **runtime_keys: Any) -> int:
     """Append a message and return its row id; unknown session -> SessionNotFoundError.
 
     `append_message(sid, **msg)` takes a conversation dict back: `name` is `tool_name`, the
     `_`-prefixed runtime keys are kept or ignored. A `message_uid` makes the row a copy of that
     message (another session's, or an archived generation's), which keeps the stored row's fields
-    the call does not give; one already live in the session is refused (ValueError).
+    the call does not give; one already live in the session is refused (ValueError). The holder of
+    the session's compression lock names itself in `compression_lock_holder` to write while it
+    compresses; `turn_lease_holder` makes the write require that holder's turn lease
+    (SessionTurnLeaseLostError otherwise; its own expired lease is renewed for `turn_lease_ttl_seconds`).
     """
     check_runtime_keys(runtime_keys)
+    check_turn_lease(conn, session_id, turn_lease_holder, turn_lease_ttl_seconds)
     fields = dict(locals(), **runtime_keys)  # every keyword above, under its own name
-    for own in ("conn", "session_id", "runtime_keys"):
+    for own in ("conn", "session_id", "runtime_keys", "compression_lock_holder", "turn_lease_holder",
+                "turn_lease_ttl_seconds"):
         del fields[own]
     uid = message_uid
     if uid is not None:
@@ -378,6 +388,28 @@ def append_message(conn: sqlite3.Connection, session_id: str, role: str, content
             raise ValueError(f"message_uid {uid!r} is already a live message of session {session_id!r}")
         fields = with_stored_fields(conn, session_id, [fields])[0]
     return insert_message(conn, session_id, fields)
+
+
+def append_messages_batch(conn: sqlite3.Connection, session_id: str, messages: list[dict[str, Any]],
+                          compression_lock_holder: str | None = None, turn_lease_holder: str | None = None,
+                          chunk_rows: int | None = None, turn_lease_ttl_seconds: float = TURN_LEASE_TTL_S) -> int:
+    """Append `messages` (dicts as append_message takes) in one transaction, all or none; return how many.
+
+    The holders mean what they mean for append_message, checked once for the batch. `chunk_rows`
+    is accepted and must be a positive integer, but the batch is still one transaction here.
+    """
+    if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows <= 0):
+        raise ValueError(f"chunk_rows must be a positive integer or None, not {chunk_rows!r}")
+    prepared = []
+    for index, message in enumerate(message_list(messages)):
+        try:
+            prepared.append(_prepare(message))
+        except ValueError as exc:
+            raise ValueError(f"message {index}: {exc}") from exc
+    check_turn_lease(conn, session_id, turn_lease_holder, turn_lease_ttl_seconds)
+    for row, calls in prepared:
+        _write_row(conn, session_id, row, calls, 1, 0)
+    return len(prepared)
 
 
 # --- the transcript guard: compression may have closed the session, or another holder holds it ---
@@ -407,18 +439,65 @@ def check_transcript_writable(conn: sqlite3.Connection, session_id: str, holder:
             "retry after the compression finishes")
 
 
+# A turn lease (hermes-agent 0.20.1's session_turn_leases) is kept under the root of the
+# conversation's compression lineage; a write naming its holder is refused once another holds it.
+def turn_lease_key(conn: sqlite3.Connection, session_id: str) -> str:
+    """Return the id a session's turn lease is kept under: the root of its compression lineage."""
+    ancestors = compression_ancestor_ids(conn, session_id)
+    return ancestors[0] if ancestors else session_id
+
+
+def lease_row(conn: sqlite3.Connection, key: str) -> tuple[str, float] | None:
+    """Return (holder, expires_at) of the turn lease kept under `key`, or None."""
+    return conn.execute("SELECT holder, expires_at FROM session_turn_leases WHERE conversation_id = ?",
+                        (key,)).fetchone()
+
+
+def check_named_holder(holder: Any) -> str:
+    """Return `holder` when it is a non-empty string naming a lease or lock holder, else raise ValueError."""
+    if not isinstance(holder, str) or not holder.strip():
+        raise ValueError(f"holder must be a non-empty string naming the holder, not {type(holder).__name__}")
+    return holder
+
+
+def check_turn_lease(conn: sqlite3.Connection, session_id: str, holder: str | None,
+                     ttl_seconds: float = TURN_LEASE_TTL_S, *, now: float | None = None) -> None:
+    """Raise SessionTurnLeaseLostError unless `holder` (when given) still holds the conversation's turn lease.
+
+    A lease of `holder`'s that expired without being taken over is renewed for `ttl_seconds`
+    instead: the write is still the only one. Run it inside the write transaction, before the write.
+    """
+    if holder is None or holder == "":
+        return
+    holder = check_named_holder(holder)
+    ttl_seconds = check_number("turn_lease_ttl_seconds", ttl_seconds, positive=True)
+    now = time.time() if now is None else now
+    key = turn_lease_key(conn, session_id)
+    row = lease_row(conn, key)
+    if row is None or row[0] != holder:
+        raise SessionTurnLeaseLostError(
+            f"{holder} no longer holds the turn lease of conversation {key!r} "
+            f"({'it is held by ' + row[0] if row else 'no lease is held'}); the transcript write to "
+            f"session {session_id!r} was not made")
+    if row[1] <= now:
+        conn.execute("UPDATE session_turn_leases SET expires_at = ? WHERE conversation_id = ? AND holder = ?",
+                     (now + ttl_seconds, key, holder))
+
+
 def write_transcript(write: Callable[[], AbstractContextManager[sqlite3.Connection]], session_id: str,
-                     body: Callable[[sqlite3.Connection], Any], wait: Callable[[], None]) -> Any:
+                     body: Callable[[sqlite3.Connection], Any], wait: Callable[[], None],
+                     holder: str | None = None) -> Any:
     """Run `body(conn)` in a write transaction (`write()`) after `check_transcript_writable`; return its result.
 
     Only when another holder is compressing the session does it leave the transaction, call
     `wait()` (holding no lock: hermes_state_compression.wait_for_compression) and try once more.
+    `holder`, the caller's own compression lock, lets the write through while it compresses.
     """
     check_id("session_id", session_id)
 
     def attempt() -> Any:
         with write() as conn:
-            check_transcript_writable(conn, session_id)
+            check_transcript_writable(conn, session_id, holder)
             return body(conn)
     try:
         return attempt()
@@ -436,12 +515,21 @@ def _decoded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def get_messages(conn: sqlite3.Connection, session_id: str, include_inactive: bool = False,
-                 limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
+                 limit: int | None = None, offset: int = 0, include_compacted: bool = False,
+                 latest: bool = False, after_id: int | None = None) -> list[dict[str, Any]]:
     """Return the session's rows (active only unless asked), every column, JSON decoded, by id.
 
-    `limit`/`offset` page through those rows in insertion order (None: no limit). A
-    multimodal message's `content` is its list of parts (also in `content_parts`).
+    `limit`/`offset` page through those rows in insertion order (None: no limit); with `latest`
+    the offset counts back from the newest row (the page still comes oldest first). `after_id`
+    reads the rows after that id (not with `latest`, `offset` or `include_compacted`).
+    `include_compacted` adds the archived generations compression kept (not rewound rows,
+    which `include_inactive` adds). A multimodal message's `content` is its list of parts
+    (also in `content_parts`).
     """
+    if include_compacted or latest or after_id is not None:
+        rows = _decoded(row_dicts(conn.execute(*_window_sql(session_id, include_inactive, include_compacted,
+                                                             limit, offset, latest, after_id))))
+        return _with_parts(rows)
     sql = "SELECT * FROM messages WHERE session_id = ?" + ("" if include_inactive else " AND active = 1") + " ORDER BY id"
     params: Any = [session_id]
     if limit is not None and offset:
@@ -456,11 +544,34 @@ def get_messages(conn: sqlite3.Connection, session_id: str, include_inactive: bo
                "ORDER BY id LIMIT ? OFFSET ?) ORDER BY id")
         params += [] if include_inactive else [session_id]
         params += [-1 if limit is None else check_count("limit", limit), check_count("offset", offset)]
-    rows = _decoded(row_dicts(conn.execute(sql, params)))
+    return _with_parts(_decoded(row_dicts(conn.execute(sql, params))))
+
+
+def _with_parts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         if row.get("content_parts") is not None:
             row["content"] = row["content_parts"]
     return rows
+
+
+def _window_sql(session_id: str, include_inactive: bool, include_compacted: bool, limit: int | None, offset: int,
+                latest: bool, after_id: int | None) -> tuple[str, list[Any]]:
+    # hermes-agent 0.20.1's reads: archived generations, the newest page, and paging by id.
+    offset = check_count("offset", offset)
+    count = -1 if limit is None else check_count("limit", limit)
+    which = "" if include_inactive else " AND (active = 1 OR compacted = 1)" if include_compacted else " AND active = 1"
+    if after_id is not None:
+        if latest or offset:
+            raise ValueError("after_id pages forward by id; it cannot be combined with latest or offset")
+        if include_compacted:
+            raise ValueError("after_id cannot be combined with include_compacted; page those with offset")
+        if isinstance(after_id, bool) or not isinstance(after_id, int):
+            raise ValueError(f"after_id must be a message id (an int), not {type(after_id).__name__}")
+        return (f"SELECT * FROM messages WHERE session_id = ?{which} AND id > ? ORDER BY id LIMIT ?",
+                [session_id, after_id, count])
+    order = "DESC" if latest else ""
+    return (f"SELECT * FROM (SELECT * FROM messages WHERE session_id = ?{which} ORDER BY id {order} "
+            "LIMIT ? OFFSET ?) ORDER BY id", [session_id, count, offset])
 
 
 def _page_sql(session_id: str, include_inactive: bool, limit: int, offset: int) -> tuple[str, dict[str, Any]]:
@@ -662,11 +773,14 @@ def merge_messages(conn: sqlite3.Connection, session_id: str, row_ids: Iterable[
     return rows[0]["id"]
 
 
-def replace_messages(conn: sqlite3.Connection, session_id: str, messages: Iterable[dict[str, Any]]) -> int:
+def replace_messages(conn: sqlite3.Connection, session_id: str, messages: Iterable[dict[str, Any]],
+                     active_only: bool = False, archive_dropped: bool = False) -> int:
     """Rewrite the session's active transcript with `messages` (uids kept); return how many were written.
 
-    Rows of earlier compression generations (active=0) are left alone. Every message is
-    validated before the old rows are deleted; one message_uid twice raises ValueError.
+    Rows of earlier compression generations (active=0) are always left alone (`active_only` is
+    accepted and changes nothing). With `archive_dropped` the replaced rows are kept as rewound
+    rows (active=0, compacted=0) instead of deleted. Every message is validated before the
+    old rows go; one message_uid twice raises ValueError.
     """
     prepared = []
     for index, message in enumerate(message_list(messages)):
@@ -675,7 +789,10 @@ def replace_messages(conn: sqlite3.Connection, session_id: str, messages: Iterab
         except ValueError as exc:
             raise ValueError(f"message {index}: {exc}") from exc
     reset_counters(conn, session_id)
-    conn.execute("DELETE FROM messages WHERE session_id = ? AND active = 1", (session_id,))
+    if archive_dropped:
+        conn.execute("UPDATE messages SET active = 0, compacted = 0 WHERE session_id = ? AND active = 1", (session_id,))
+    else:
+        conn.execute("DELETE FROM messages WHERE session_id = ? AND active = 1", (session_id,))
     for row, calls in prepared:
         _write_row(conn, session_id, row, calls, 1, 0)
     return len(prepared)

@@ -25,7 +25,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, cast
 
-from hermes_state_common import SESSION_OWNED, derived_uid, recount_sql, shown
+import hermes_state_sessions as sessions
+from hermes_state_common import SESSION_OWNED, SESSION_ROW_SQL, derived_uid, logger, recount_sql, session_dicts, shown
 from hermes_state_documents import (DERIVED, EXPORT_FORMAT, EXPORT_VERSION, MESSAGE_COLUMNS, SESSION_COLUMNS,  # noqa: F401
                                     USAGE_COLUMNS, Checked, check_document)
 from hermes_state_lineage import compression_chain_ids
@@ -53,16 +54,25 @@ def export_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] 
     `session` as well (this library's earlier readers). Run it inside one read transaction so
     the session and its rows come from one snapshot.
     """
-    found = _rows(conn, "SELECT * FROM sessions WHERE id = ?", (session_id,), ())
+    return _document(conn, session_id.encode("utf-8", "surrogatepass"))
+
+
+def _document(conn: sqlite3.Connection, key: bytes) -> dict[str, Any] | None:
+    # `key` is the id's stored bytes, compared as TEXT (the CAST keeps them as they are), so a
+    # session whose id another program stored as text that is not UTF-8 is found too; its columns
+    # come out decoded as listings show them, id included, and its prompt as either program stored it.
+    found = session_dicts(conn.execute(f"SELECT {SESSION_ROW_SQL} FROM sessions s WHERE s.id = CAST(? AS TEXT)",
+                                       (key,)))
     if not found:
         return None
-    messages = _rows(conn, "SELECT * FROM messages WHERE session_id = ? ORDER BY id", (session_id,), ("session_id",))
+    messages = _rows(conn, "SELECT * FROM messages WHERE session_id = CAST(? AS TEXT) ORDER BY id", (key,),
+                     ("session_id",))
     for message in messages:
         row_id = message.pop("id")
         if message.get("message_uid") is None:  # written by an older program: the uid its conversation shows
-            message["message_uid"] = derived_uid(session_id, row_id)
-    usage = _rows(conn, "SELECT * FROM session_model_usage WHERE session_id = ? ORDER BY model, task",
-                  (session_id,), ("session_id",))
+            message["message_uid"] = derived_uid(key, row_id)
+    usage = _rows(conn, "SELECT * FROM session_model_usage WHERE session_id = CAST(? AS TEXT) ORDER BY model, task",
+                  (key,), ("session_id",))
     return {**found[0], "format": EXPORT_FORMAT, "version": EXPORT_VERSION, "session": dict(found[0]),
             "messages": messages, "model_usage": usage}
 
@@ -73,22 +83,29 @@ def iter_export(read: Callable[..., AbstractContextManager[sqlite3.Connection]],
 
     Memory stays flat: at most one page of ids and one session are held. Each session is one
     consistent snapshot; sessions written while the export runs may or may not be included,
-    and one deleted meanwhile is left out.
+    and one deleted meanwhile is left out. A session whose stored id is not UTF-8 is exported
+    under the id as listings show it (U+FFFD for each bad byte), with a warning naming it.
     """
-    after = ""
+    after = b""
     while True:
         with read() as conn:
-            ids = [r[0] for r in conn.execute(
-                "SELECT id FROM sessions WHERE id > ?" + ("" if source is None else " AND source = ?")
+            # The ids' stored bytes: decoded, a bad byte would turn an id into one no row has (the
+            # session left out), and into a page boundary that sorts before the id itself.
+            keys = [r[0] for r in conn.execute(
+                "SELECT CAST(id AS BLOB) FROM sessions WHERE id > CAST(? AS TEXT)"
+                + ("" if source is None else " AND source = ?")
                 + " ORDER BY id LIMIT ?", (after, page) if source is None else (after, source, page))]
-        for session_id in ids:
+        for key in keys:
             with read(snapshot=True) as conn:
-                document = export_session(conn, session_id)
-            if document is not None:  # deleted meanwhile
-                yield document
-        if len(ids) < page:
+                document = _document(conn, key)
+            if document is None:  # deleted meanwhile
+                continue
+            if document["id"].encode("utf-8", "surrogatepass") != key:
+                logger.warning("session %r: its stored id is not UTF-8; exported as %r", key, document["id"])
+            yield document
+        if len(keys) < page:
             return
-        after = ids[-1]
+        after = keys[-1]
 
 
 # --- import -------------------------------------------------------------------------------------
@@ -335,10 +352,13 @@ def _write_one(conn: sqlite3.Connection, checked: Checked, state: _Import) -> No
         return
     # Parent and title are set once every document is in (see _finish).
     row = dict(session, parent_session_id=None, title=None)
+    _file_imported_prompt(conn, row)
     if exists:
         for table, owned in _REPLACED:
             conn.execute(f"DELETE FROM {table} WHERE {owned}", (sid,))
+        before = conn.execute("SELECT system_prompt_hash FROM sessions WHERE id = ?", (sid,)).fetchone()[0]
         conn.execute(_UPDATE_SESSION, (*(row[c] for c in _ROW_COLUMNS if c != "id"), sid))
+        sessions.forget_prompts(conn, [before])
         state.replaced.append(sid)
     else:
         conn.execute(_INSERT_SESSION, tuple(row[c] for c in _ROW_COLUMNS))
@@ -347,6 +367,17 @@ def _write_one(conn: sqlite3.Connection, checked: Checked, state: _Import) -> No
     _write_messages(conn, state.pending)
     conn.executemany(_INSERT_USAGE, ((sid, *u) for u in checked.usage))
     state.messages += len(checked.messages)
+
+
+def _file_imported_prompt(conn: sqlite3.Connection, row: dict[str, Any]) -> None:
+    # A document carries the prompt as text (an export reads it through its hash): it is filed
+    # under its hash as any prompt written here is. A hash without its text names a prompt only
+    # when this file already holds it; otherwise it is dropped rather than left dangling.
+    if row.get("system_prompt") is not None:
+        sessions.file_prompt(conn, row)
+    elif row.get("system_prompt_hash") is not None and conn.execute(
+            "SELECT 1 FROM system_prompts WHERE hash = ?", (row["system_prompt_hash"],)).fetchone() is None:
+        row["system_prompt_hash"] = None
 
 
 def _parent(conn: sqlite3.Connection, session_id: str) -> str | None:

@@ -29,11 +29,12 @@ from typing import Any, Callable, Iterator, cast
 import hermes_state_catalogue as catalogue
 import hermes_state_fork as fork
 import hermes_state_fts as fts
+import hermes_state_replicas as replicas
 import hermes_state_schema as schema
 from hermes_state_common import (DICTIONARY, RECOVER_EXCLUDED, RECOVER_VERIFIED, SCHEMA_VERSION, TABLE_SQL, logger,
                                  recount_sql, table_exists)
 from hermes_state_errors import StateDbCorruptError, StateDbIncompatibleError, typed_errors
-from hermes_state_writer import Cancelled, RetryPolicy, reads_elsewhere, retry_on_lock
+from hermes_state_writer import Cancelled, RetryPolicy, passive_checkpoint, reads_elsewhere, retry_on_lock
 
 # Declared in the data dictionary: the runtime ledgers are never copied (a recovered file's first
 # owner starts a new epoch); these tables' copied row counts are checked against the source's.
@@ -117,7 +118,7 @@ _GIVE_WAY_POLL_S = 0.005
 
 
 def backup_to(conn: sqlite3.Connection, target_path: str | os.PathLike, stop: threading.Event | None = None,
-              renamed: Callable[[], Path] | None = None) -> Path:
+              renamed: Callable[[], Path] | None = None, give_way: Callable[[], bool] | None = None) -> Path:
     """Write a consistent copy of the database (ledgers included) to a new file; return its path.
 
     Uses SQLite's backup API: other processes keep writing meanwhile (WAL), and the copy is the
@@ -125,8 +126,9 @@ def backup_to(conn: sqlite3.Connection, target_path: str | os.PathLike, stop: th
     name only once complete; with `renamed`, under the next name it gives if another file took
     the first one meanwhile. With `stop` (on a connection lent to this copy alone) it goes a
     bounded step at a time inside one read transaction, lets a fork through between steps and
-    waits there while another thread of this process reads (at most GIVE_WAY_MAX_S a step), and
-    ends with Cancelled, leaving nothing behind, once `stop` is set.
+    waits there while another thread of this process reads (at most GIVE_WAY_MAX_S a step, and
+    only while `give_way()`, when given, says so), and ends with Cancelled, leaving nothing
+    behind, once `stop` is set.
     """
     target = Path(target_path).expanduser().absolute()
     if target.exists() and renamed is None:
@@ -139,19 +141,23 @@ def backup_to(conn: sqlite3.Connection, target_path: str | os.PathLike, stop: th
             finally:
                 dest.close()
         else:
-            _stepped_backup(conn, building.partial, stop)
+            _stepped_backup(conn, building.partial, stop, give_way)
     return building.target
 
 
-def _stepped_backup(conn: sqlite3.Connection, partial: Path, stop: threading.Event) -> None:
+def _stepped_backup(conn: sqlite3.Connection, partial: Path, stop: threading.Event,
+                    give_way: Callable[[], bool] | None = None) -> None:
     # Run on a thread of its own, so every call into SQLite is a stretch of the fork gate: a fork
     # elsewhere waits for the step under way and goes through between two steps, where this thread
     # holds none of SQLite's mutexes. The read transaction is held across the steps: SQLite's backup
-    # then reads one snapshot and never starts over when another process writes between two steps.
+    # then reads one snapshot and never starts over when another process writes between two steps
+    # (under a steady trickle of appends it would never finish). Meanwhile the WAL cannot restart, so
+    # it grows by what others write until the copy ends (docs/scaling.md has the figures).
     def between_steps(status: int, remaining: int, total: int) -> None:
         fork.GATE.leave()
-        give_way = time.monotonic() + GIVE_WAY_MAX_S
-        while reads_elsewhere() and not stop.is_set() and time.monotonic() < give_way:
+        until = time.monotonic() + GIVE_WAY_MAX_S
+        while (reads_elsewhere() and (give_way is None or give_way()) and not stop.is_set()
+               and time.monotonic() < until):
             time.sleep(_GIVE_WAY_POLL_S)
         if stop.is_set():
             fork.GATE.enter()  # the block's own leave() follows the exception
@@ -256,7 +262,9 @@ def vacuum(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> 
     """Rewrite the file without its free pages (VACUUM) and switch it to incremental auto-vacuum.
 
     Runs outside any transaction, holding the write lock for the whole rewrite (seconds per GB:
-    writers wait meanwhile). Returns {"bytes_before", "bytes_after"}.
+    writers wait meanwhile). Then a TRUNCATE checkpoint empties the log, unless Litestream
+    replicates the file: then a PASSIVE one, and the log is left for Litestream's own
+    checkpoints. Returns {"bytes_before", "bytes_after"}.
     """
     def size() -> int:
         return conn.execute("PRAGMA page_count").fetchone()[0] * conn.execute("PRAGMA page_size").fetchone()[0]
@@ -270,10 +278,23 @@ def vacuum(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> 
         conn.execute("VACUUM")
     retry_on_lock(attempt, patience_s, policy)
     clear_reclaim_mark(conn, patience_s, policy)
-    try:  # fold the rewritten pages in now, so the file (not only its WAL) shrinks
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-    except sqlite3.Error as exc:
-        logger.info("checkpoint after VACUUM skipped: %s", exc)
+    path = conn.execute("PRAGMA database_list").fetchone()[2]
+    shipping = replicas.replicating(path) if path else []
+    if shipping:
+        # Litestream reads the log's frames while it ships them, holding a read transaction so
+        # that nothing starts the log over meanwhile; a TRUNCATE waits for that transaction with
+        # every writer held up, nearly always in vain, and when it slips into the moment
+        # Litestream lets go for its own checkpoint it cuts the log short under a read ("sync
+        # error ... read page N @ offset: EOF"). A PASSIVE checkpoint copies what it may now;
+        # Litestream's next checkpoint copies the rest, and the file shrinks then.
+        logger.info("%s: Litestream (PID %s) replicates this file: its log is left for Litestream's checkpoints "
+                    "rather than truncated", path, ", ".join(map(str, shipping)))
+        passive_checkpoint(conn)
+    else:
+        try:  # fold the rewritten pages in now, so the file (not only its WAL) shrinks
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        except sqlite3.Error as exc:
+            logger.info("checkpoint after VACUUM skipped: %s", exc)
     return {"bytes_before": before, "bytes_after": size()}
 
 

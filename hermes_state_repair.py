@@ -3,8 +3,9 @@
 Owns: telling the "malformed" class of SQLite errors from others (`is_malformed_db_error`), the
 health probe that also tries a rolled-back write through the index triggers (`db_opens_cleanly`),
 and `repair_state_db_schema`, which copies the file aside and then tries, in order: rebuilding
-the full-text indexes in place, removing duplicate rows of the schema catalogue, and removing
-the full-text objects from the catalogue so they are built afresh. Every step touches only
+the full-text indexes in place (one grown past the levels SQLite reads included), removing
+duplicate rows of the schema catalogue, and removing the full-text objects from the catalogue
+so they are built afresh. Every step touches only
 derived objects (indexes, catalogue rows); sessions and messages are never rewritten. When no
 strategy heals the file, it is left as the steps left it (derived objects only), and the copy
 keeps the bytes as they were found, for `recover` or a manual restore.
@@ -132,6 +133,9 @@ def db_opens_cleanly(db_path: str | Path) -> str | None:
         for table, verdict in fts.integrity_report(conn, compare=False).items():
             if verdict != "ok":
                 return f"{table}: {verdict}"
+        for table, depth in sorted(fts.overgrown(conn, fts.inspect(conn).tables).items()):
+            # Still readable, but a few merges from the depth SQLite refuses to read.
+            return f"{table}: {depth} levels (SQLite reads at most {fts.FTS5_MAX_LEVELS})"
         foreign = _foreign_triggers(conn)
         if foreign:  # what they would do is not ours to run; the reads above are the whole check
             logger.info("%s: the write probe was skipped: %s not made by hermes-state", path, ", ".join(foreign))
@@ -196,6 +200,9 @@ def _reindex(path: Path) -> None:
     try:
         writer = Writer(conn)
         with writer.transaction(WRITE_PATIENCE_S, RetryPolicy()):
+            # An index with more levels than SQLite reads cannot even be dropped until its
+            # structure record says it is empty (its pages go with it next).
+            fts.reset_structures(conn, fts.overgrown(conn, fts.inspect(conn).tables))
             fts.create_fts(conn)
         fts.rebuild(writer, WRITE_PATIENCE_S, RetryPolicy())
     finally:

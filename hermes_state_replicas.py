@@ -42,11 +42,16 @@ def _newest_change_set(folder: Path) -> dict[str, Any] | None:
     return None
 
 
+def replicating(db_path: str | os.PathLike) -> list[int]:
+    """Return the PIDs of the Litestream processes that have the database's files open (Linux; else empty)."""
+    return processes_with_open(Path(db_path), "litestream")
+
+
 def litestream_status(db_path: str | os.PathLike) -> dict[str, Any]:
     """Describe Litestream's hold on a database: {"pids", "folder", "txid", "frames_waiting", "written_after_s"}."""
     path = Path(db_path)
     folder = path.with_name(f".{path.name}-litestream")
-    status: dict[str, Any] = {"pids": processes_with_open(path, "litestream"),
+    status: dict[str, Any] = {"pids": replicating(path),
                               "folder": folder if folder.is_dir() else None,
                               "txid": None, "frames_waiting": None, "written_after_s": None}
     newest = _newest_change_set(folder) if status["folder"] else None

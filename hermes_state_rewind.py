@@ -19,7 +19,7 @@ import sqlite3
 from typing import Any, Iterable
 
 import hermes_state_compression as compression
-from hermes_state_common import recount_sql
+from hermes_state_common import decode_json, encode_json, recount_sql
 from hermes_state_excerpts import decoded_rows
 
 _RECOUNT_SQL = recount_sql() + " WHERE id = ?"
@@ -71,6 +71,29 @@ def has_archived_messages(conn: sqlite3.Connection, session_id: str) -> bool:
                         (session_id,)).fetchone() is not None
 
 
-def archive_and_compact(conn: sqlite3.Connection, session_id: str, compacted_messages: Iterable[dict[str, Any]]) -> int:
-    """Archive the live transcript and make `compacted_messages` the new one (compress_in_place); return how many."""
-    return len(compression.compress_in_place(conn, session_id, compacted_messages))
+def archive_and_compact(conn: sqlite3.Connection, session_id: str, compacted_messages: Iterable[dict[str, Any]],
+                        model_config_patch: dict[str, Any] | None = None, watermark: int | None = None,
+                        lock_holder: str | None = None, *, now: float | None = None) -> int:
+    """Archive the live transcript and make `compacted_messages` the new one (compress_in_place); return how many.
+
+    With `watermark` (get_active_message_watermark at the compression's start), live rows
+    appended after it follow the compacted messages instead of being archived away.
+    `lock_holder` must still hold the session's compression lock at commit. `model_config_patch`
+    is merged into the session's model_config in the same transaction (a None value removes a key).
+    """
+    if model_config_patch is not None and not isinstance(model_config_patch, dict):
+        raise ValueError(f"model_config_patch must be a dict or None, not {type(model_config_patch).__name__}")
+    kept = [*compacted_messages, *compression.tail_rows(conn, session_id, watermark)]
+    written = len(compression.compress_in_place(conn, session_id, kept, holder=lock_holder, now=now))
+    if model_config_patch:
+        row = conn.execute("SELECT model_config FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        config = decode_json(row[0]) if row and row[0] is not None else {}
+        config = dict(config) if isinstance(config, dict) else {}
+        for key, value in model_config_patch.items():
+            if value is None:
+                config.pop(key, None)
+            else:
+                config[key] = value
+        conn.execute("UPDATE sessions SET model_config = ? WHERE id = ?",
+                     (encode_json(config, "model_config") if config else None, session_id))
+    return written

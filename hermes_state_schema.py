@@ -16,7 +16,6 @@ catalogue reads and takes no write lock, so opening costs the same for any numbe
 """
 from __future__ import annotations
 
-import functools
 import os
 import sqlite3
 import stat
@@ -27,7 +26,7 @@ from typing import Callable, Iterator, TypeVar, cast
 
 from hermes_state_base import CACHE_SIZE_KIB, SOFT_HEAP_LIMIT_KIB
 from hermes_state_cjk import register_functions
-from hermes_state_common import (COUNTERS, INDEX_SQL, LATE_INDEXES, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
+from hermes_state_common import (COUNTERS, INDEX_SQL, LATE_INDEXES, LENIENT_TEXT, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
                                  SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, derived_uid, logger,
                                  object_exists, recount_sql, table_exists)
 import hermes_state_backfill as backfill
@@ -137,10 +136,6 @@ def lenient_text(raw: bytes) -> str:
 
 
 _T = TypeVar("_T")
-
-# The connections' text_factory, and lenient_text's one rule: C code (a bad byte becomes U+FFFD,
-# the rest decodes as UTF-8), so reading a row runs no Python at all.
-LENIENT_TEXT = functools.partial(str, encoding="utf-8", errors="replace")
 
 
 def read_strict_text(conn: sqlite3.Connection, read: Callable[[], _T]) -> _T:
@@ -263,11 +258,51 @@ def apply_wal_with_fallback(conn: sqlite3.Connection, db_label: str = "state.db"
     return mode
 
 
+# hermes-agent 0.20 makes a new file in a rollback-journal mode on a SQLite with the WAL-reset bug
+# (or when its config asks for it), and never switches an existing file's mode. Turning WAL on
+# here would undo that choice for good (the agent keeps WAL once a file has it), so such a file
+# keeps its mode: found at this library's first open (the newer release's system_prompts table,
+# none of this library's layout yet) and remembered under JOURNAL_KEPT_KEY. Every other file is
+# put in WAL as before, one this library fell back from WAL on included (it asks again each open).
+ROLLBACK_MODES = ("delete", "truncate", "persist")
+JOURNAL_KEPT_KEY = "hermes_state_journal_kept"
+kept_rollback_said: set[str] = set()  # paths already logged, so a caller reopening per call logs once
+
+
+def kept_journal_mode(conn: sqlite3.Connection) -> str | None:
+    """Return the rollback-journal mode a file hermes-agent made so keeps, or None when the open sets WAL.
+
+    Records the choice in state_meta the first time (a file the agent made, not yet opened here).
+    """
+    mode = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+    if mode not in ROLLBACK_MODES or not table_exists(conn, "state_meta"):
+        return None
+    if conn.execute("SELECT 1 FROM state_meta WHERE key = ?", (JOURNAL_KEPT_KEY,)).fetchone() is not None:
+        return mode
+    if not table_exists(conn, "system_prompts") or read_layout(conn) != 0:
+        return None
+    conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, ?)", (JOURNAL_KEPT_KEY, mode))
+    return mode
+
+
 def enable_wal(conn: sqlite3.Connection, path: Path | str, patience_s: float, policy: RetryPolicy) -> str:
-    """Give a new file its page size, then WAL (or the fallback journal), waiting out other openers; return the mode."""
+    """Give a new file its page size, then WAL (or the fallback journal), waiting out other openers; return the mode.
+
+    A file hermes-agent made in a rollback-journal mode keeps it (see kept_journal_mode), said once per path.
+    """
     def attempt() -> str:
         if conn.execute("PRAGMA page_count").fetchone()[0] == 0:
             conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")  # only an empty file takes it
+        elif (kept := kept_journal_mode(conn)) is not None:
+            if str(path) not in kept_rollback_said:
+                kept_rollback_said.add(str(path))
+                logger.info("%s is in journal_mode=%s, as hermes-agent leaves a file it made on a SQLite with the "
+                            "WAL-reset bug (or configured so); it stays so: readers wait while a write commits. "
+                            "Once every program using it links SQLite 3.51.3+ (or 3.50.7 / 3.44.6), "
+                            "`sqlite3 %s 'PRAGMA journal_mode=WAL'` with nothing else open switches it",
+                            path, kept, path)
+            conn.execute("PRAGMA synchronous=FULL")  # rollback mode is durable only with FULL
+            return kept
         return apply_wal_with_fallback(conn, str(path))
     try:
         return retry_on_lock(attempt, patience_s, policy)

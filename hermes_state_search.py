@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable
 
 import hermes_state_fts as fts
 import hermes_state_hits as hit_page
-from hermes_state_cjk import fold_text
+from hermes_state_cjk import fold_sql, fold_text
 from hermes_state_common import check_count, check_id, check_number, escape_like, has_surrogate, logger
 from hermes_state_query import (Group, QueryPlan, Term, cjk_expression, plan_query, quoted_token, trigram_expression,
                                 trigrams, word_expression)
@@ -246,7 +246,7 @@ _IN_REASONING = ("(COALESCE(m.reasoning LIKE ? ESCAPE '\\', 0) OR COALESCE(m.rea
 
 # The same tests for rows no index holds yet (queued), folding case and Latin accents as the word
 # index does, so "deja" finds a queued "Déjà" as it finds an indexed one (instr: no LIKE pattern).
-_FOLDED = {contains: "(" + " OR ".join(f"COALESCE(instr(hermes_fold(m.{column}), ?), 0) > 0" for column in columns) + ")"
+_FOLDED = {contains: "(" + " OR ".join(f"COALESCE(instr({fold_sql(f'm.{column}')}, ?), 0) > 0" for column in columns) + ")"
            for contains, columns in ((_CONTAINS, ("content", "tool_calls", "tool_name")),
                                      (_IN_REASONING, ("reasoning", "reasoning_content")))}
 

@@ -13,14 +13,15 @@ first statement that changes anything. Read functions run under the caller's loc
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
-from typing import Any
+from typing import Any, Iterable
 
 import hermes_state_lineage as lineage
 from hermes_state_common import (ARCHIVED_SQL, COUNTER_RESET_SQL, DAY_S, Keywords,  # noqa: F401 - COUNTER_RESET_SQL re-exported
-                                 INT_MAX, SESSION_COLUMN_NAMES, SESSIONS, TABLE_COLUMNS, check_count, check_id,
-                                 check_number, replace_surrogates, row_dicts)
+                                 INT_MAX, SESSION_COLUMN_NAMES, SESSION_ROW_SQL, SESSIONS, TABLE_COLUMNS, check_count,
+                                 check_id, check_number, prompt_hash, replace_surrogates, row_dicts, session_dicts)
 from hermes_state_errors import SessionClosedByCompressionError, SessionNotFoundError
 from hermes_state_titles import check_title_free, normalize_title, sanitize_title, title_holder
 
@@ -64,6 +65,43 @@ def _session_values(columns: dict[str, Any]) -> dict[str, Any]:
     if out.get("parent_session_id") is not None:
         check_id("parent_session_id", out["parent_session_id"])
     return out
+
+
+# --- system prompts, as both programs read them -------------------------------------------------
+# This library writes a prompt to sessions.system_prompt (what hermes-agent 0.19 reads) and files
+# it under its hash as well (what hermes-agent 0.20 reads first: a stale hash would hide a newer
+# prompt from it). Reads take the column, else the prompt the hash names (PROMPT_SQL).
+
+def file_prompt(conn: sqlite3.Connection, values: dict[str, Any]) -> None:
+    """When `values` sets system_prompt, set system_prompt_hash with it, filing the text in system_prompts.
+
+    A prompt set to None clears the hash as well. The row is filed before the hash that names it
+    is written (a file hermes-agent 0.20 made declares that reference).
+    """
+    if "system_prompt" not in values:
+        return
+    text = values["system_prompt"]
+    if text is None:
+        values["system_prompt_hash"] = None
+        return
+    key = prompt_hash(text)
+    conn.execute("INSERT OR IGNORE INTO system_prompts (hash, prompt) VALUES (?, ?)", (key, text))
+    values["system_prompt_hash"] = key
+
+
+def forget_prompts(conn: sqlite3.Connection, hashes: Iterable[str | None]) -> int:
+    """Remove the filed prompts among `hashes` that no session names any more; return how many went."""
+    keys = sorted({h for h in hashes if isinstance(h, str)})
+    if not keys:
+        return 0
+    return conn.execute("DELETE FROM system_prompts WHERE hash IN (SELECT value FROM json_each(?)) AND NOT EXISTS "
+                        "(SELECT 1 FROM sessions s WHERE s.system_prompt_hash = system_prompts.hash)",
+                        (json.dumps(keys),)).rowcount
+
+
+def _prompt_hash_of(conn: sqlite3.Connection, session_id: str) -> str | None:
+    row = conn.execute("SELECT system_prompt_hash FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    return None if row is None else row[0]
 
 
 def session_exists(conn: sqlite3.Connection, session_id: str) -> bool:
@@ -120,6 +158,7 @@ def _insert(conn: sqlite3.Connection, session_id: str, source: str, values: dict
     parent = values.get("parent_session_id")
     if parent is not None:
         require_session(conn, parent)
+    file_prompt(conn, values)
     names = ["id", "source", *values]
     conn.execute(f"INSERT INTO sessions ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})",
                  [session_id, source, *values.values()])
@@ -143,6 +182,12 @@ def _fill_empty_columns(conn: sqlite3.Connection, session_id: str, values: dict[
         if any(row["id"] == session_id for row in lineage.get_lineage(conn, fill["parent_session_id"])):
             raise ValueError(f"parent_session_id {fill['parent_session_id']!r} descends from {session_id!r}: "
                              "the link would make a cycle")
+    if "system_prompt" in fill:
+        # The prompt is set when either program stored one: hermes-agent 0.20 leaves the column NULL.
+        if _prompt_hash_of(conn, session_id) is not None:
+            fill.pop("system_prompt")
+        elif conn.execute("SELECT system_prompt IS NULL FROM sessions WHERE id = ?", (session_id,)).fetchone()[0]:
+            file_prompt(conn, fill)
     if fill:
         conn.execute(f"UPDATE sessions SET {', '.join(f'{n} = COALESCE({n}, ?)' for n in fill)} WHERE id = ?",
                      [*fill.values(), session_id])
@@ -161,7 +206,7 @@ def ensure_session(conn: sqlite3.Connection, session_id: str, source: str, colum
 
 def get_session(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
     """Return the session row as a dict, or None when it does not exist."""
-    rows = row_dicts(conn.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)))
+    rows = session_dicts(conn.execute(f"SELECT {SESSION_ROW_SQL} FROM sessions s WHERE s.id = ?", (session_id,)))
     return rows[0] if rows else None
 
 
@@ -247,9 +292,7 @@ def update_session(conn: sqlite3.Connection, session_id: str, columns: Keywords)
         check_title_free(conn, values["title"], session_id)
     if values.get("parent_session_id") is not None:
         require_session(conn, values["parent_session_id"])
-    assignments = ", ".join(f"{name} = ?" for name in values)
-    _updated_or_missing(conn.execute(f"UPDATE sessions SET {assignments} WHERE id = ?",
-                                     [*values.values(), session_id]), session_id)
+    _update(conn, session_id, values)
 
 
 _TOKEN_COLUMNS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "reasoning_tokens",
@@ -488,9 +531,17 @@ def update_session_cwd(conn: sqlite3.Connection, session_id: str, cwd: str, git_
 
 
 def _set_columns(conn: sqlite3.Connection, session_id: str, columns: dict[str, Any]) -> None:
-    values = _session_values(columns)
+    _update(conn, session_id, _session_values(columns))
+
+
+def _update(conn: sqlite3.Connection, session_id: str, values: dict[str, Any]) -> None:
+    # Checked values into the row; a prompt replaced leaves its filed text once no session names it.
+    before = _prompt_hash_of(conn, session_id) if "system_prompt" in values else None
+    file_prompt(conn, values)
     _updated_or_missing(conn.execute(f"UPDATE sessions SET {', '.join(f'{n} = ?' for n in values)} WHERE id = ?",
                                      [*values.values(), session_id]), session_id)
+    if before is not None and before != values.get("system_prompt_hash"):
+        forget_prompts(conn, [before])
 
 
 def distinct_session_cwds(conn: sqlite3.Connection, include_archived: bool = False) -> list[dict[str, Any]]:

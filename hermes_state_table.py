@@ -42,9 +42,9 @@ from typing import (TYPE_CHECKING, Any, AsyncIterator, Callable, Concatenate, Ge
 import hermes_state_common as common
 from hermes_state_common import (COMPRESSION_WAIT_S, FTS_OPTIMIZE_EVERY_N_WRITES, FTS_REBUILD_CHUNK_ROWS,
                                  SCHEMA_VERSION, has_surrogate)
-from hermes_state_errors import (TRANSLATABLE, HermesStateError, ReadOnlyError, StateDbIncompatibleError,
-                                 StoreUnavailableError, describe_init_failure, raise_typed, set_last_init_error,
-                                 typed_errors)
+from hermes_state_errors import (TRANSLATABLE, HermesStateError, ReadOnlyError, SessionPersistenceError,
+                                 StateDbIncompatibleError, StoreUnavailableError, describe_init_failure, raise_typed,
+                                 set_last_init_error, typed_errors)
 from hermes_state_home import check_db_path_allowed, get_hermes_home
 from hermes_state_writer import RetryPolicy, RowConnection, SharedHandles, Transaction, Writer
 
@@ -269,6 +269,13 @@ class Entry(Pending, Generic[P, R]):
     def key(self, args: tuple, kwargs: dict) -> Any:
         """Return the call's first argument (the session of a transcript write), positional or by name."""
         return args[0] if args else kwargs.get(self.public[0].name)
+
+    def holder(self, args: tuple, kwargs: dict) -> Any:
+        """Return the call's `compression_lock_holder` (the caller's own compression lock), or None."""
+        for index, parameter in enumerate(self.public):
+            if parameter.name == "compression_lock_holder":
+                return args[index] if index < len(args) else kwargs.get(parameter.name)
+        return None
 
     def unstorable(self, args: tuple, kwargs: dict) -> str | None:
         """Return a read's text argument that holds a lone surrogate (no row can match it), else None."""
@@ -565,14 +572,27 @@ class Handle(metaclass=Knobs):
         """True while this open's copy and upgrade of an older file run in the background (writes wait for them)."""
         return self._move_in is not None and not self._move_in.done.is_set()
 
-    def _wait_moved_in(self, move_in: upgrade.MoveIn) -> None:
-        # A write made while the file is moved in waits for it, as the open itself would have.
-        move_in.done.wait()
+    def _wait_moved_in(self, move_in: upgrade.MoveIn, patience_s: float) -> float:
+        # A write made while the file is moved in waits for it, as the open itself would have, but no
+        # longer than its own patience: a bookkeeping write must never stall a turn for a whole copy.
+        # While it waits, the copy stops giving way to this process's reads between its steps.
+        waited = 0.0
+        if not move_in.done.is_set():
+            started = time.monotonic()
+            with move_in.write_waiting():
+                finished = move_in.done.wait(max(0.0, patience_s))
+            waited = time.monotonic() - started
+            if not finished:
+                raise SessionPersistenceError(
+                    f"{self.db_path} is being copied and upgraded in the background (an older file moved in); "
+                    f"this write waited its {patience_s:.1f}s and was not made. Retry once `upgrading` is false.",
+                    code="session_persistence_failed:locked")
         self._refuse_if_closed()
         if move_in.error is not None and not move_in.migrated.is_set():
             raise StoreUnavailableError(
                 f"{self.db_path} could not be upgraded ({move_in.error}); it was left as it was and this write "
                 "was not made. Open it again to retry the upgrade.") from move_in.error
+        return waited
 
     @property
     def _fts_worker(self) -> Any:  # the background rebuild thread, or None (the FTS tests join it)
@@ -674,7 +694,7 @@ class Handle(metaclass=Knobs):
         Commits when the block ends, rolls back on any exception (KeyboardInterrupt too). The
         handle's own methods called inside join it. Callbacks run after COMMIT, in order.
         """
-        self._check_writable()  # refused at the call, before any SQL, like every write
+        self._check_writable(patience_s)  # refused at the call, before any SQL, like every write
         return self._transaction(patience_s)
 
     @contextmanager
@@ -709,36 +729,42 @@ class Handle(metaclass=Knobs):
         if self._closed or self._writer.closed:  # the writer alone is closed in a forked child
             raise HermesStateError(self._writer.closed_reason or f"SessionDB for {self.db_path} is closed")
 
-    def _check_writable(self) -> None:
+    def _check_writable(self, patience_s: float | None = None) -> float:
+        # Returns how long the write waited for a move-in: that much of its patience is spent.
         self._refuse_if_closed()
         if self.read_only:
             raise ReadOnlyError(f"{self.db_path} was opened read-only; open it without read_only to write")
+        waited = 0.0
         if self._move_in is not None:
-            self._wait_moved_in(self._move_in)
+            waited = self._wait_moved_in(self._move_in, self.write_patience_s if patience_s is None else patience_s)
         if self.schema_version is not None and self.schema_version > SCHEMA_VERSION:
             raise StateDbIncompatibleError(
                 f"{self.db_path} has schema version {self.schema_version}, newer than this library's "
                 f"{SCHEMA_VERSION}; writes are refused so nothing is downgraded. Upgrade hermes-state.")
+        return waited
 
     @contextmanager
     def _write(self, patience_s: float | None = None, *, checked: bool = False) -> Iterator[sqlite3.Connection]:
+        patience = self.write_patience_s if patience_s is None else patience_s
         if not checked:  # a transcript write checked already, before its session id
-            self._check_writable()
+            patience = max(0.0, patience - self._check_writable(patience))
         # Not `with typed_errors(...)`: a successful write runs no code of the errors module.
         try:
-            with self._writer.transaction(self.write_patience_s if patience_s is None else patience_s,
-                                          self._policy()) as conn:
+            with self._writer.transaction(patience, self._policy()) as conn:
                 yield conn
         except TRANSLATABLE as exc:
             raise_typed(exc, self.db_path)
 
-    def _transcript_write(self, session_id: str, body: Callable[[sqlite3.Connection], Any]) -> Any:
-        self._check_writable()
+    def _transcript_write(self, session_id: str, body: Callable[[sqlite3.Connection], Any],
+                          holder: str | None = None) -> Any:
+        self._check_writable(self.transcript_write_patience_s)
         # The guard and the retry sit beside the message rows; compression's code runs only when
-        # another holder is compressing the session (the wait, holding no lock).
+        # another holder is compressing the session (the wait, holding no lock). `holder` is the
+        # caller's own compression lock, which lets its writes through.
         return messages.write_transcript(
             lambda: self._write(self.transcript_write_patience_s, checked=True), session_id, body,
-            lambda: compression.wait_for_compression(self._read, session_id, timeout_s=self.compression_wait_s))
+            lambda: compression.wait_for_compression(self._read, session_id, holder=holder,
+                                                     timeout_s=self.compression_wait_s), holder)
 
     @contextmanager
     def _read(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
@@ -761,7 +787,8 @@ class Handle(metaclass=Knobs):
                 # lenient decoder is a Python call per text value, a third of a large listing's time.
                 return schema.read_strict_text(conn, lambda: entry.function(conn, *args, **kwargs))
         if entry.kind == "transcript":
-            return self._transcript_write(entry.key(args, kwargs), lambda conn: entry.function(conn, *args, **kwargs))
+            return self._transcript_write(entry.key(args, kwargs), lambda conn: entry.function(conn, *args, **kwargs),
+                                          entry.holder(args, kwargs))
         patience = getattr(self, self._PATIENCE[entry.kind]) if entry.kind in self._PATIENCE else None
         with self._write(patience) as conn:
             return entry.function(Transaction(self._writer) if entry.txn else conn, *args, **kwargs)

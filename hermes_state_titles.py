@@ -18,7 +18,7 @@ import unicodedata
 from typing import Any, cast
 
 import hermes_state_lineage as lineage
-from hermes_state_common import logger, object_exists, replace_surrogates, row_dicts
+from hermes_state_common import SESSION_ROW_SQL, logger, object_exists, replace_surrogates, session_dicts
 from hermes_state_errors import TitleConflictError
 
 TITLE_MAX_CHARS = 100
@@ -155,7 +155,7 @@ def get_session_by_title(conn: sqlite3.Connection, title: str | None) -> dict[st
         return None  # too long to be anyone's title
     if title is None:
         return None
-    rows = row_dicts(conn.execute("SELECT * FROM sessions WHERE title = ?", (title,)))
+    rows = session_dicts(conn.execute(f"SELECT {SESSION_ROW_SQL} FROM sessions s WHERE s.title = ?", (title,)))
     return rows[0] if rows else None
 
 

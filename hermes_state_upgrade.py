@@ -20,9 +20,10 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import hermes_state_catalogue as catalogue
 import hermes_state_fork as fork
@@ -46,6 +47,10 @@ STOP_WAIT_S = 5.0                # how long close() waits for the chunk under wa
 
 
 # --- before the migration: the copy, and the old FTS objects -------------------------------------
+# One copy per upgrade: written complete under a pending name, recorded by the upgrade's first
+# transaction (one opener of all holds its write lock), then named; the rest is in
+# hermes_state_catalogue ("the copies an upgrade takes first"). An upgrade resumed after a kill
+# takes no second copy (the file is no longer as it was): it keeps the recorded one.
 
 def upgrade_backup_path(db_path: Path, *, now: float | None = None) -> Path:
     """Return the name of the copy an upgrade writes first: `state.db.pre-v31-<UTC time>.bak` (the version it upgrades to)."""
@@ -58,33 +63,121 @@ def upgrade_backup_path(db_path: Path, *, now: float | None = None) -> Path:
     return path
 
 
-def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = True,
-                  stop: threading.Event | None = None) -> Path | None:
-    """Before an older file is upgraded: copy it next to itself (unless told not to) and say so in one INFO line.
+def tidy_upgrade_copies(conn: sqlite3.Connection, db_path: Path) -> None:
+    """At a writable open of an upgraded file: settle the pending copies killed openers left beside it."""
+    if str(db_path) == ":memory:" or not any(c.pending_pid is not None for c in catalogue.upgrade_copies(db_path)):
+        return
+    if schema.is_older_file(conn):
+        return  # the upgrade to come settles them, once its own copy is complete
+    catalogue.settle_pending_copies(db_path, catalogue.recorded_copy(conn))
 
-    Returns the copy, or None when no upgrade is due (or no copy was asked for). With `stop` the
-    copy can be stopped between two of its steps (see recovery.backup_to).
+
+class PreUpgradeCopy:
+    """The copy one opener took (or found) before an upgrade, until the upgrade began with it or without it."""
+
+    def __init__(self, db_path: Path, pending: Path | None = None, resumed: Path | None = None):
+        self.db_path, self.pending, self.resumed = db_path, pending, resumed
+        self.recorded = False   # begin() recorded `pending`, in a transaction that may not have committed
+        self.settled = False
+        self.result: Path | None = None
+
+    def begin(self, conn: sqlite3.Connection) -> None:
+        """In the upgrade's first transaction: record this copy as the one it begins with, unless one began earlier.
+
+        The write lock held makes one opener of all the one that records.
+        """
+        recorded = catalogue.recorded_copy(conn)
+        if recorded is None and self.pending is not None:
+            if not self.pending.is_file():
+                raise StoreUnavailableError(f"the copy taken before upgrading {self.db_path} ({self.pending}) "
+                                            "disappeared before the upgrade began; the file was not changed")
+            conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, ?)",
+                         (catalogue.UPGRADE_COPY_KEY, self.pending.name))
+            self.recorded = True
+
+    def settle(self, conn: sqlite3.Connection) -> Path | None:
+        """After the upgrade (or its failure): name the copy it began with, or remove this opener's own; return the handle's copy.
+
+        The handle's copy is the one this opener began the upgrade with, or the recorded one of
+        an upgrade it resumed; None when another opener began the upgrade. Once an upgrade began,
+        the pending copies of killed openers are removed too.
+        """
+        if self.settled:
+            return self.result
+        try:
+            recorded = catalogue.recorded_copy(conn)  # what committed: outside any transaction
+        except sqlite3.Error as exc:  # left as it is: the next open settles it
+            logger.info("the copy taken before upgrading %s is left as %s (%s)", self.db_path, self.pending, exc)
+            return None
+        self.settled, mine, self.pending = True, self.pending, None
+        if mine is not None and recorded == mine.name:
+            try:
+                self.result = catalogue.name_upgrade_copy(mine)
+            except OSError as exc:  # complete and recorded all the same: a later open names it
+                logger.warning("the copy taken before upgrading %s keeps the name %s (%s)", self.db_path, mine.name, exc)
+                self.result = mine
+            logger.info("upgrading %s to schema version %s; a copy of the file as it was is in %s",
+                        self.db_path, SCHEMA_VERSION, self.result)
+        else:
+            try:
+                if mine is not None:
+                    mine.unlink(missing_ok=True)  # another opener began the upgrade, with a copy of its own
+            except OSError as exc:  # its process's pid in the name: a later open removes it once it is gone
+                logger.warning("could not remove %s (%s)", mine, exc)
+            self.result = self.resumed
+        if recorded is not None:  # the upgrade began with a complete copy: those of killed openers go
+            catalogue.settle_pending_copies(self.db_path, recorded)
+        return self.result
+
+    def discard(self) -> None:
+        """Remove this opener's own copy, unless an upgrade transaction of this opener recorded it (settle decides then)."""
+        if self.pending is not None and not self.recorded:
+            self.pending.unlink(missing_ok=True)
+            self.pending = None
+
+
+def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = True, stop: threading.Event | None = None,
+                  give_way: Callable[[], bool] | None = None) -> PreUpgradeCopy | None:
+    """Before an older file is upgraded: copy it next to itself, complete and synced, under a pending name.
+
+    Returns the copy to pass to the migration (`before_upgrade`) and to settle after it, or None
+    when no upgrade is due (or no copy was asked for: one INFO line says so). An upgrade that
+    began earlier and was cut short takes no new copy: the returned one names the copy it began
+    with. With `stop` the copy can be stopped between two of its steps, and `give_way()` says
+    whether it may wait there for this process's reads (see recovery.backup_to).
     """
     with fork.GATE.work():  # a stretch of SQLite work: on MoveIn's thread, a fork elsewhere waits for it
         if str(db_path) == ":memory:" or not schema.is_older_file(conn):
             return None
+        began = catalogue.recorded_copy(conn)
+    if began is not None:
+        found = catalogue.settle_pending_copies(db_path, began)
+        logger.info("resuming the upgrade of %s to schema version %s begun earlier; the copy taken before it "
+                    "began is %s", db_path, SCHEMA_VERSION, found or f"gone ({began})")
+        return PreUpgradeCopy(db_path, resumed=found)
     if not backup:
         logger.info("upgrading %s to schema version %s (no copy taken first: backup_before_upgrade=False)",
                     db_path, SCHEMA_VERSION)
         return None
+    final = upgrade_backup_path(db_path)
     try:
-        # Named again at the end if another opener's copy took the name meanwhile (the same second).
-        copy = recovery.backup_to(conn, upgrade_backup_path(db_path), stop=stop,
-                                  renamed=lambda: upgrade_backup_path(db_path))
+        pending = recovery.backup_to(conn, catalogue.pending_path(final), stop=stop, give_way=give_way)
+        catalogue.sync_copy(pending)
     except (OSError, sqlite3.Error) as exc:
         # Never upgrade without the copy the caller was promised; nothing has been changed yet.
         raise StoreUnavailableError(
             f"{db_path} needs an upgrade, and the copy taken first could not be written ({exc}); the file "
             "was not changed. Free some space (the copy is as large as the file) or open it with "
             "backup_before_upgrade=False.") from exc
-    logger.info("upgrading %s to schema version %s; a copy of the file as it was is in %s",
-                db_path, SCHEMA_VERSION, copy)
-    return copy
+    return PreUpgradeCopy(db_path, pending)
+
+
+def upgrade_step(copy: PreUpgradeCopy | None) -> Callable[[sqlite3.Connection], None]:
+    """Return the migration's first-transaction step: the copy taken first recorded as the upgrade's."""
+    def before_upgrade(conn: sqlite3.Connection) -> None:
+        if copy is not None:
+            copy.begin(conn)
+    return before_upgrade
 
 
 def retire_leftover_substrings(conn: sqlite3.Connection) -> None:
@@ -200,6 +293,7 @@ def open_connection(path: Path, *, read_only: bool, read_busy_s: float, patience
                 catalogue.check_ours(conn, path, force=force)  # before any write or chmod: it may be another's file
                 changes = schema.tighten_files(path)
                 catalogue.clean_partial_copies(path)  # a killed upgrade's half-written copy
+                tidy_upgrade_copies(conn, path)  # and its complete one, when its upgrade never began
                 if later_bytes is not None and _large_older_file(conn, path, later_bytes):
                     more = prepare_journal(conn, path, patience_s, policy)
                     opened = Opened(conn, schema.read_version(conn) or 0, None, changes + more, upgrade_later=True)
@@ -224,8 +318,12 @@ def set_up(conn: sqlite3.Connection, db_path: Path, patience_s: float, policy: R
     changes = prepare_journal(conn, db_path, patience_s, policy)
     if not schema.needs_migration(conn):
         return schema.read_version(conn) or 0, None, changes
-    copy = start_upgrade(conn, db_path, backup=backup)
-    found = schema.migrate(Writer(conn, on_give_up=on_give_up), patience_s, policy)
+    taken = start_upgrade(conn, db_path, backup=backup)
+    try:
+        found = schema.migrate(Writer(conn, on_give_up=on_give_up), patience_s, policy,
+                               before_upgrade=upgrade_step(taken))
+    finally:
+        copy = taken.settle(conn) if taken is not None else None
     if found > SCHEMA_VERSION:
         logger.warning("%s has schema version %s, newer than %s: writes are refused", db_path, found, SCHEMA_VERSION)
     return max(found, SCHEMA_VERSION), copy, changes
@@ -278,6 +376,8 @@ class MoveIn:
         self.stop = threading.Event()       # set by close(): end as soon as that is safe
         self.migrating = threading.Event()  # the upgrade itself is under way (close waits for it)
         self.error: BaseException | None = None
+        self._waiting = 0                   # writes of this handle waiting for `done`
+        self._waiting_lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="hermes-state-upgrade", daemon=True,
                                        args=(writer, db_path, patience_s, policy, backup, finish, on_give_up))
 
@@ -286,39 +386,55 @@ class MoveIn:
         # Every call into SQLite on this thread is a stretch of the fork gate (the migration's
         # transactions are, by their writer): a fork in another thread while this one holds one of
         # SQLite's mutexes would leave the child unable to open any database.
-        copy: Path | None = None
+        taken: PreUpgradeCopy | None = None
         try:
-            copy = self._copy(db_path, backup)
+            taken = self._copy(db_path, backup)
             with writer.lock, writer.read_lock:
                 if self.stop.is_set() or writer.closed:
                     raise Cancelled("the handle was closed before its file was upgraded")
                 self.migrating.set()
-                with fork.GATE.work():
-                    if copy is not None and not schema.is_older_file(writer.conn):
-                        # Another opener upgraded the file meanwhile, with a copy of its own taken first.
-                        copy.unlink(missing_ok=True)
-                        copy = None
-                with typed_errors(db_path):
-                    found = schema.migrate(Writer(writer.conn, on_give_up=on_give_up), patience_s, policy)
+                try:
+                    with typed_errors(db_path):
+                        found = schema.migrate(Writer(writer.conn, on_give_up=on_give_up), patience_s, policy,
+                                               before_upgrade=upgrade_step(taken))
+                finally:  # named if the upgrade began with it, else removed (another opener began first)
+                    with fork.GATE.work():
+                        copy = taken.settle(writer.conn) if taken is not None else None
                 self.migrated.set()
                 with fork.GATE.work():
                     writer.drop_reader()  # the next read opens a connection without the temp views
                     finish(max(found, SCHEMA_VERSION), copy)
         except BaseException as exc:  # noqa: BLE001 - a background thread has nobody to raise to
             self.error = exc
-            if not self.migrated.is_set() and copy is not None:
-                copy.unlink(missing_ok=True)  # no upgrade followed it: the next open takes a copy of its own
+            if taken is not None:
+                taken.discard()  # unless the upgrade began with it: the next open takes a copy of its own
             if not isinstance(exc, Cancelled):
                 logger.warning("upgrading %s failed (%s); it was left as it was, and writes are refused until "
                                "it is opened again", db_path, exc)
         finally:
             self.done.set()
 
-    def _copy(self, db_path: Path, backup: bool) -> Path | None:
+    @contextmanager
+    def write_waiting(self) -> Iterator[None]:
+        """Count a write waiting for `done` while the block runs: meanwhile the copy gives way to no read."""
+        with self._waiting_lock:
+            self._waiting += 1
+        try:
+            yield
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
+
+    def give_way(self) -> bool:
+        """Tell whether the copy may wait for this process's reads now: not while a write waits for it."""
+        return self._waiting == 0
+
+    def _copy(self, db_path: Path, backup: bool) -> PreUpgradeCopy | None:
         with fork.GATE.work():
             conn = schema.connect_reader(db_path)
         try:
-            return start_upgrade(conn, db_path, backup=backup, stop=self.stop)  # the copy's steps are stretches
+            # The copy's steps are stretches of the fork gate.
+            return start_upgrade(conn, db_path, backup=backup, stop=self.stop, give_way=self.give_way)
         finally:
             with fork.GATE.work():
                 conn.close()

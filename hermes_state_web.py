@@ -11,7 +11,9 @@ library already answers: conversations, lineage and search go through a read-onl
 
 Transaction contract: nothing here writes. Pages open a read-only `SessionDB` per request (on a
 worker thread, since the library is synchronous) or run one SELECT on Datasette's own read-only
-connection. Every stored text is rendered through Jinja's autoescaping: messages are untrusted.
+connection. The pages across profiles read every profile at once, each waiting briefly for a lock
+another program holds, and go on without a profile that has not answered by a deadline.
+Every stored text is rendered through Jinja's autoescaping: messages are untrusted.
 Datasette finds this module through its plugin entry point; `import hermes_state` never imports it.
 """
 from __future__ import annotations
@@ -25,7 +27,7 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import quote, unquote, urlencode
 
 from datasette import hookimpl
@@ -38,7 +40,8 @@ from markupsafe import Markup, escape
 import hermes_state_render as render
 from hermes_state_auth import ACTOR_SCOPE_KEY
 from hermes_state_chart import usage_chart
-from hermes_state import HermesStateError, SessionDB, StateDbCorruptError, StoreUnavailableError
+from hermes_state import HermesStateError, SessionDB, StateDbBusyError, StateDbCorruptError, StoreUnavailableError
+from hermes_state_errors import is_sqlite_lock_error
 from hermes_state_fts_objects import WORD
 from hermes_state_home import profile_homes
 
@@ -64,6 +67,19 @@ _VIEWS: "weakref.WeakKeyDictionary[Any, dict[str, set[str]]]" = weakref.WeakKeyD
 PLUGIN = "hermes-state"
 # The pages across every profile served, under PREFIX (a profile named so is reached through Datasette's own pages).
 EVERY_PROFILE = "all"
+# The longest a page across profiles (or the check of a profile not served yet) waits for any one
+# profile's read. A profile still reading then is listed as busy and the page goes on without it;
+# its read ends on its own thread, bounded by ProfileGlance's lock wait.
+PROFILE_DEADLINE_S = 5.0
+
+
+class ProfileGlance(SessionDB):
+    """A read-only handle for the pages across profiles: it waits this long only for another program's lock."""
+
+    # Per lock it meets (the open, then each read): a store another program keeps locked (a
+    # rollback-journal store in an exclusive transaction) is reported busy after this, where a
+    # plain read-only handle waits its 5 s patience, and a page across profiles waits for it.
+    read_busy_timeout_s = 0.5
 
 
 @dataclass
@@ -73,7 +89,10 @@ class Fleet:
     root: Path
     names: list[str] = field(default_factory=list)  # every profile found at the last look, "default" first
     problems: dict[str, str] = field(default_factory=dict)  # profile -> why its store is not served, what to do
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    busy: set[str] = field(default_factory=set)  # the profiles among `problems` that are only locked right now
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held while adding stores, never while reading one
+    # The check of each profile not served yet that is running: requests arriving meanwhile share it.
+    checks: dict[str, "asyncio.Future[tuple[str, bool] | None]"] = field(default_factory=dict)
 
 
 _FLEETS: "weakref.WeakKeyDictionary[Any, Fleet]" = weakref.WeakKeyDictionary()
@@ -185,11 +204,12 @@ def profiles_root(datasette) -> Path | None:
     return Path(root).expanduser() if root else None
 
 
-async def refresh_profiles(datasette) -> Fleet | None:
+async def refresh_profiles(datasette, only: str | None = None) -> Fleet | None:
     """Serve each profile of the root not served yet whose store opens; note why the others do not.
 
     Cheap while nothing changed: one listing of the profiles directory, plus a read-only open
-    of each profile not served yet. Returns None when this Datasette serves no profiles root.
+    of each profile not served yet (only of `only` when given), each waited for at most
+    PROFILE_DEADLINE_S. Returns None when this Datasette serves no profiles root.
     """
     root = profiles_root(datasette)
     if root is None:
@@ -197,42 +217,115 @@ async def refresh_profiles(datasette) -> Fleet | None:
     fleet = _FLEETS.get(datasette)
     if fleet is None:
         fleet = _FLEETS.setdefault(datasette, Fleet(root))
-    stores, views = _STORES.setdefault(datasette, {}), _VIEWS.setdefault(datasette, {})
+    stores = _STORES.setdefault(datasette, {})
+    _VIEWS.setdefault(datasette, {})
+    homes = await asyncio.to_thread(profile_homes, root)
+    fleet.names = [name for name, _ in homes]
+    paths = {name: home / "state.db" for name, home in homes if name not in stores and only in (None, name)}
+    # The checks run on worker threads, all at once and outside the lock: a locked store is
+    # waited for by the requests that need it, each for a bounded time, never one after another.
+    checks = {name: _checking(fleet, name, path) for name, path in paths.items()}
+    late = await _within_deadline(list(checks.values()))
     async with fleet.lock:  # two requests never add the same profile twice
-        homes = await asyncio.to_thread(profile_homes, root)
-        waiting = [(name, home / "state.db") for name, home in homes if name not in stores]
-        # Concurrently: a busy profile waits out its read patience without holding up the others.
-        problems = await asyncio.gather(*(asyncio.to_thread(_check_store, path) for _, path in waiting))
-        for (name, path), problem in zip(waiting, problems):
+        for name, check in checks.items():
+            if name in stores:  # another request added it meanwhile
+                continue
+            problem = (_late_sentence(), True) if check in late else check.result()
             if problem is None:
-                problem = await _add_store(datasette, name, path)
+                problem = await _add_store(datasette, name, paths[name])
             if problem is None:
                 fleet.problems.pop(name, None)
+                fleet.busy.discard(name)
             else:
-                fleet.problems[name] = problem
-        fleet.names = [name for name, _ in homes]
+                fleet.problems[name] = problem[0]
+                (fleet.busy.add if problem[1] else fleet.busy.discard)(name)
         for gone in set(fleet.problems) - set(fleet.names):  # its directory was removed
             del fleet.problems[gone]
+            fleet.busy.discard(gone)
     return fleet
 
 
-def _check_store(path: Path) -> str | None:
+# Why a profile is not shown: the sentence, and whether its store is only locked right now (busy).
+Problem = tuple[str, bool]
+
+
+def _checking(fleet: Fleet, name: str, path: Path) -> "asyncio.Future[Problem | None]":
+    """Return the running check of `name`'s store, starting one when none runs on this loop."""
+    check = fleet.checks.get(name)
+    if check is None or check.done() or check.get_loop() is not asyncio.get_running_loop():
+        check = asyncio.ensure_future(asyncio.to_thread(_check_store, path))
+        fleet.checks[name] = check
+
+        def forget(done: "asyncio.Future[Problem | None]") -> None:
+            if fleet.checks.get(name) is done:
+                del fleet.checks[name]
+        check.add_done_callback(forget)
+    return check
+
+
+async def _within_deadline(reads: Sequence["asyncio.Future[Any]"]) -> set["asyncio.Future[Any]"]:
+    """Wait for `reads` up to PROFILE_DEADLINE_S; return those still running (left to end on their own)."""
+    if not reads:
+        return set()
+    _, late = await asyncio.wait(reads, timeout=PROFILE_DEADLINE_S)
+    for read in late:  # its outcome, whenever it comes, is nobody's: fetch it so asyncio does not warn
+        read.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return late
+
+
+def _late_sentence() -> str:
+    return (f"busy: its store did not answer within {PROFILE_DEADLINE_S:g} s (another program may hold it "
+            "locked, or it is very large). Retry shortly.")
+
+
+def _is_busy(exc: BaseException) -> bool:
+    return isinstance(exc, StateDbBusyError) or is_sqlite_lock_error(exc)
+
+
+def _busy_sentence(exc: BaseException) -> str:
+    return f"busy: another program holds its store locked ({exc}). Retry shortly."
+
+
+def _failure(exc: BaseException) -> Problem:
+    """Say why a profile's read failed, and whether only because its store is locked."""
+    return (_busy_sentence(exc), True) if _is_busy(exc) else (problem_sentence(exc), False)
+
+
+def _check_store(path: Path) -> Problem | None:
     try:
-        SessionDB(path, read_only=True).close()
+        ProfileGlance(path, read_only=True).close()
     except (HermesStateError, sqlite3.Error, OSError) as exc:
-        return problem_sentence(exc)
+        return _failure(exc)
     return None
 
 
-async def _add_store(datasette, name: str, path: Path) -> str | None:
+async def _briefly(database: Database, read: Callable[[sqlite3.Connection], Any]) -> Any:
+    """Run `read` on Datasette's read-only connection to `database`, waiting for a lock no longer than a ProfileGlance."""
+    def run(conn: sqlite3.Connection) -> Any:
+        # Datasette's connections wait 5 s for a lock, on its few SQL threads: a locked store
+        # would hold one of them, and the page, that long.
+        was = conn.execute("PRAGMA busy_timeout").fetchone()[0]
+        conn.execute(f"PRAGMA busy_timeout = {int(ProfileGlance.read_busy_timeout_s * 1000)}")
+        try:
+            return read(conn)
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {int(was)}")
+    return await database.execute_fn(run)
+
+
+def _schema_names(conn: sqlite3.Connection) -> tuple[list[str], set[str]]:
+    rows = conn.execute("SELECT type, name FROM sqlite_master WHERE type IN ('table', 'view')").fetchall()
+    return [r[1] for r in rows if r[0] == "table"], {r[1] for r in rows if r[0] == "view"}
+
+
+async def _add_store(datasette, name: str, path: Path) -> Problem | None:
     # Datasette opens the file with mode=ro, as for a file named on its command line.
     database = datasette.add_database(Database(datasette, path=str(path), is_mutable=True), name=name)
     try:
-        tables = await database.table_names()
-        view_names = set(await database.view_names())
-    except sqlite3.Error as exc:  # damaged between the check and now
+        tables, view_names = await _briefly(database, _schema_names)
+    except sqlite3.Error as exc:  # damaged, or locked, between the check and now
         datasette.remove_database(database.name)
-        return problem_sentence(exc)
+        return _failure(exc)
     _STORES[datasette][database.name] = [t for t in tables if t not in VISIBLE_TABLES]
     _VIEWS[datasette][database.name] = view_names
     return None
@@ -257,23 +350,34 @@ async def _visible(datasette, request, names: list[str]) -> list[str]:
 
 
 async def _each_profile(datasette, names: list[str], read: Callable[..., Any], *args: Any
-                        ) -> tuple[dict[str, Any], list[dict[str, str]]]:
-    """Run `read(path, *args)` for each profile at once; return {profile: result} and the profiles that failed."""
+                        ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Run `read(path, *args)` for each profile at once; return {profile: result} and the profiles that failed.
+
+    A profile whose read has not ended within PROFILE_DEADLINE_S is among those that failed, as busy.
+    """
     paths = [datasette.get_database(name).path for name in names]
-    outcomes = await asyncio.gather(*(asyncio.to_thread(read, path, *args) for path in paths), return_exceptions=True)
+    reads = [asyncio.ensure_future(asyncio.to_thread(read, path, *args)) for path in paths]
+    late = await _within_deadline(reads)
     results, errors = {}, []
-    for name, outcome in zip(names, outcomes):
-        if isinstance(outcome, (HermesStateError, sqlite3.Error, OSError)):
-            errors.append({"profile": name, "error": problem_sentence(outcome)})
-        elif isinstance(outcome, BaseException):
+    for name, done in zip(names, reads):
+        outcome = None if done in late else done.exception()
+        if done in late:
+            errors.append(_error_entry(name, (_late_sentence(), True)))
+        elif isinstance(outcome, (HermesStateError, sqlite3.Error, OSError)):
+            errors.append(_error_entry(name, _failure(outcome)))
+        elif outcome is not None:
             raise outcome
         else:
-            results[name] = outcome
+            results[name] = done.result()
     return results, errors
 
 
-def _fleet_errors(fleet: Fleet, more: list[dict[str, str]]) -> list[dict[str, str]]:
-    found = [{"profile": name, "error": text} for name, text in fleet.problems.items()] + more
+def _error_entry(name: str, problem: Problem) -> dict[str, Any]:
+    return {"profile": name, "error": problem[0], "busy": problem[1]}
+
+
+def _fleet_errors(fleet: Fleet, more: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    found = [_error_entry(name, (text, name in fleet.busy)) for name, text in fleet.problems.items()] + more
     return sorted(found, key=lambda e: (e["profile"] != "default", e["profile"]))
 
 
@@ -293,7 +397,7 @@ async def index_page(datasette, request):
 
 
 def _profile_summary(path: str) -> dict[str, Any]:
-    with SessionDB(path, read_only=True) as db:
+    with ProfileGlance(path, read_only=True) as db:
         latest = db.list_sessions(limit=1, order="activity", include_archived=True)
         return {"sessions": db.session_count(include_archived=True), "messages": db.message_count(),
                 "last_activity": latest[0]["last_active"] if latest else None, "size_bytes": os.path.getsize(path)}
@@ -319,12 +423,14 @@ async def _as_database(page, datasette, request):
     return await page(datasette, request)
 
 
-def _profile_listing(path: str, filters: dict[str, Any], limit: int, usage: bool) -> dict[str, Any]:
-    with SessionDB(path, read_only=True) as db:  # one open per profile: its sessions and its usage per day
+def _profile_listing(path: str, filters: dict[str, Any], limit: int, usage: bool, names: bool) -> dict[str, Any]:
+    # One open per profile: its sessions, its usage per day and the filter choices it offers.
+    with ProfileGlance(path, read_only=True) as db:
         return {"sessions": db.list_sessions(limit=limit, order="activity", **filters),
                 "usage": db.usage(by="model", period="day", sources=filters["source"], models=filters["model"],
                                   since=filters["since"], include_archived=filters["include_archived"])
-                if usage else []}
+                if usage else [],
+                "choices": db.stored_names() if names else {}}
 
 
 async def all_sessions_page(datasette, request):
@@ -338,7 +444,7 @@ async def all_sessions_page(datasette, request):
     want_usage = page == 1 or _wants_json(request)
     # Each profile gives its first page * N + 1 rows; the page is cut from the merged order.
     listed, failed = await _each_profile(datasette, names, _profile_listing, filters,
-                                         page * SESSIONS_PER_PAGE + 1, want_usage)
+                                         page * SESSIONS_PER_PAGE + 1, want_usage, not _wants_json(request))
     merged = sorted(((name, row) for name, found in listed.items() for row in found["sessions"]),
                     key=lambda item: (item[1]["last_active"] or 0, item[0], item[1]["id"]), reverse=True)
     found = merged[(page - 1) * SESSIONS_PER_PAGE:page * SESSIONS_PER_PAGE + 1]
@@ -355,21 +461,17 @@ async def all_sessions_page(datasette, request):
                       "errors": errors, "usage_per_day": usage, **pager})
     return await _render(datasette, request, SESSIONS_HTML, {
         "database": None, "everywhere": True, "sessions": sessions, "page": page, "errors": errors,
-        "choices": await _choices_across(datasette, list(listed)), "args": _shown_filters(request),
+        "choices": _choices_across(found["choices"] for found in listed.values()), "args": _shown_filters(request),
         "search_url": _store_url(EVERY_PROFILE) + "/search",
         "chart": usage_chart(usage, by="profile") if page == 1 else "", **pager})
 
 
-async def _choices_across(datasette, names: list[str]) -> dict[str, list[str]]:
-    """Return the filter choices of every profile named: one SELECT each on Datasette's read-only connection."""
+def _choices_across(per_profile: Iterable[dict[str, list[str]]]) -> dict[str, list[str]]:
+    """Return the filter choices of every profile listed: the sources and models any of them holds."""
     choices: dict[str, set[str]] = {"source": set(), "model": set()}
-    for name in names:
-        try:
-            for column in choices:
-                rows = (await datasette.get_database(name).execute(_CHOICES_SQL.format(column=column))).rows
-                choices[column].update(r[0] for r in rows)
-        except sqlite3.Error:  # damaged since its listing: that listing already stands
-            continue
+    for found in per_profile:
+        for column in choices:
+            choices[column].update(found.get(column, ()))
     return {k: sorted(v) for k, v in choices.items()}
 
 
@@ -400,19 +502,13 @@ async def all_search_page(datasette, request):
     failed: list[dict[str, str]] = []
     if query:
         hits, failed = await _each_profile(datasette, names, _search, query, [role] if role else None, reasoning,
-                                           page * HITS_PER_PAGE + 1, 0)
+                                           page * HITS_PER_PAGE + 1, 0, ProfileGlance)
         # Relevance ranks of two files do not compare: the hits take turns, each profile's best first.
         turns = sorted(((i, names.index(name), dict(h, profile=name)) for name, found_here in hits.items()
                         for i, h in enumerate(found_here)), key=lambda t: (t[0], t[1]))
         found = [h for _, _, h in turns][(page - 1) * HITS_PER_PAGE:page * HITS_PER_PAGE + 1]
         if page == 1:
-            for name in hits:
-                try:
-                    titled += [dict(r, profile=name) for r in await _titled(datasette.get_database(name), query)]
-                except sqlite3.Error:
-                    continue
-            titled = sorted(titled, key=lambda r: (r["last_activity"] or 0, r["profile"], r["id"]),
-                            reverse=True)[:HITS_PER_PAGE]
+            titled = await _titled_across(datasette, list(hits), query)
     more = len(found) > HITS_PER_PAGE
     found = found[:HITS_PER_PAGE]
     pager = _pager(request, page, more)
@@ -426,6 +522,21 @@ async def all_search_page(datasette, request):
                    for r in titled],
         "page": page, "role": role, "roles": ROLES, "reasoning": reasoning,
         "sessions_url": _store_url(EVERY_PROFILE), **pager})
+
+
+async def _titled_across(datasette, names: list[str], query: str) -> list[dict[str, Any]]:
+    """Return the sessions of the profiles named whose title holds `query`, newest activity first, with their profile."""
+    # On Datasette's connections, all at once, each waiting for a lock no longer than a ProfileGlance.
+    found = await asyncio.gather(*(_titled(datasette.get_database(name), query, briefly=True) for name in names),
+                                 return_exceptions=True)
+    titled: list[dict[str, Any]] = []
+    for name, rows in zip(names, found):
+        if isinstance(rows, sqlite3.Error):  # damaged or locked since its hits: those hits stand
+            continue
+        if isinstance(rows, BaseException):
+            raise rows
+        titled += [dict(r, profile=name) for r in rows]
+    return sorted(titled, key=lambda r: (r["last_activity"] or 0, r["profile"], r["id"]), reverse=True)[:HITS_PER_PAGE]
 
 
 _CHOICES_SQL = "SELECT DISTINCT {column} FROM sessions WHERE {column} IS NOT NULL ORDER BY {column} LIMIT 200"
@@ -544,13 +655,24 @@ def _search_args(request) -> tuple[str, str, bool]:
     return query, role, request.args.get("reasoning", "") not in ("", "0")
 
 
-async def _titled(database, query: str) -> list[dict[str, Any]]:
-    """Return the sessions whose title holds `query` (one SELECT on Datasette's read-only connection)."""
+async def _titled(database, query: str, briefly: bool = False) -> list[dict[str, Any]]:
+    """Return the sessions whose title holds `query` (one SELECT on Datasette's read-only connection).
+
+    `briefly`: wait for another program's lock no longer than a ProfileGlance (the pages across profiles).
+    """
+    params = {"pattern": "%" + re.sub(r"([\\%_])", r"\\\1", query) + "%", "limit": HITS_PER_PAGE}
+    if briefly:
+        return await _briefly(database, lambda conn: _titles(conn, params))
+    return await database.execute_fn(lambda conn: _titles(conn, params))
+
+
+def _titles(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, Any]]:
     # An older file (hermes-agent's) has no last_activity_at: its sessions sort by their start.
-    activity = ("COALESCE(last_activity_at, started_at)" if "last_activity_at" in
-                await database.table_columns("sessions") else "started_at")
-    return [dict(r) for r in (await database.execute(_TITLES_SQL.format(activity=activity), {
-        "pattern": "%" + re.sub(r"([\\%_])", r"\\\1", query) + "%", "limit": HITS_PER_PAGE})).rows]
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(sessions)")}
+    activity = "COALESCE(last_activity_at, started_at)" if "last_activity_at" in columns else "started_at"
+    cursor = conn.execute(_TITLES_SQL.format(activity=activity), params)
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row)) for row in cursor]
 
 
 def _hit_views(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -590,8 +712,8 @@ def _read_session(path: str, session_id: str) -> dict[str, Any] | None:
 
 
 def _search(path: str, query: str, roles: list[str] | None, reasoning: bool, limit: int,
-            offset: int) -> list[dict[str, Any]]:
-    with SessionDB(path, read_only=True) as db:  # each hit carries its session's title
+            offset: int, handle: type[SessionDB] = SessionDB) -> list[dict[str, Any]]:
+    with handle(path, read_only=True) as db:  # each hit carries its session's title
         return list(db.search_messages(query, role_filter=roles, include_reasoning=reasoning, limit=limit,
                                        offset=offset))
 
@@ -648,7 +770,8 @@ async def _off_loop(read, *args):
 async def _store(datasette, request):
     name = unquote(request.url_vars["database"])
     if name not in _STORES.get(datasette, {}):
-        fleet = await refresh_profiles(datasette)  # a profile made, or a store set right, since the last look
+        # A profile made, or a store set right, since the last look (no other profile is checked).
+        fleet = await refresh_profiles(datasette, only=name)
         if fleet is not None and name in fleet.problems:
             raise DatasetteError(fleet.problems[name], title="Store unavailable",
                                  status=StoreUnavailableError.http_status)
@@ -804,7 +927,7 @@ mark { background: #fde68a; }
 
 # The profiles an aggregate page could not read, each with what to do about it.
 ERRORS = """{% if errors %}<div class="hs-errors"><p>Not shown, each for its own reason:</p><ul>
-{% for e in errors %}<li><a class="hs-profile" href="{{ urls.path('""" + PREFIX + """/' ~ (e.profile|urlencode)) }}">{{ e.profile }}</a>: {{ e.error }}</li>
+{% for e in errors %}<li{% if e.busy %} class="hs-busy"{% endif %}><a class="hs-profile" href="{{ urls.path('""" + PREFIX + """/' ~ (e.profile|urlencode)) }}">{{ e.profile }}</a>: {{ e.error }}</li>
 {% endfor %}</ul></div>{% endif %}"""
 
 PROFILES_HTML = """{% extends "base.html" %}

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import hermes_state_fork as fork
-from hermes_state_common import (SQLITE_BUSY_TIMEOUT_S, WAL_RESET_BUG, WRITE_RETRY_FAST_WINDOW_S, WRITE_RETRY_MAX_S,
+from hermes_state_common import (SQLITE_BUSY_TIMEOUT_S, WAL_BEHIND_FRAMES, WAL_RESET_BUG, WRITE_RETRY_FAST_WINDOW_S, WRITE_RETRY_MAX_S,
                                  WRITE_RETRY_MIN_S, WRITE_RETRY_SLOW_MAX_S, WRITE_RETRY_SLOW_MIN_S, logger,
                                  wal_reset_advice)
 from hermes_state_errors import HermesStateError, SessionPersistenceError, is_sqlite_lock_error
@@ -331,11 +331,26 @@ class Writer:
         self._deferred.append(callback)
 
     def checkpoint(self, background: bool = True) -> None:
-        """Run a PASSIVE checkpoint: on the checkpoint thread when asked and this writer has one, else here."""
-        if background and self.checkpoints is not None:
-            self.checkpoints.request()
-        else:
+        """Run a PASSIVE checkpoint: on the checkpoint thread when asked and this writer has one, else here.
+
+        A thread that has fallen behind (its last checkpoint still running or not yet started, or
+        its last one finding the log at WAL_BEHIND_FRAMES or more) is not asked again: this write
+        waits for the checkpoint it may be running, then copies the rest of the log itself.
+        """
+        checkpoints = self.checkpoints
+        if not background or checkpoints is None:
             passive_checkpoint(self.conn)
+        elif checkpoints.behind():
+            # Under the write lock no write of this process can add frames meanwhile, so the
+            # whole log is copied (unless a reader elsewhere holds an older snapshot) and the
+            # next write starts it over. The thread's own checkpoints copy only what was
+            # committed before they began, and while one runs SQLite's automatic checkpoint in
+            # the COMMIT finds the file's checkpoint lock taken and gives up: without this the
+            # log grows for as long as writes keep coming faster than the thread.
+            with checkpoints.running:
+                checkpoints.note(passive_checkpoint(self.conn), whole=True)
+        else:
+            checkpoints.request()
 
     @contextmanager
     def exclusive(self) -> Iterator[sqlite3.Connection]:
@@ -499,11 +514,13 @@ class Checkpointer:
     checkpointer in the process. Each checkpoint holds the fork gate.
 
     A checkpoint copies the frames committed before it began, and SQLite starts the log over at
-    a write only when every frame is copied. While writes keep coming the log therefore grows,
-    until SQLite's automatic checkpoint on the writer's connection (in the COMMIT that takes the
-    log past 1,000 frames) copies the few frames left, and the next write starts the log over.
-    The thread ends after `IDLE_S` without a checkpoint to run (the next one starts another), so
-    a process between bursts of writes holds no extra thread that a fork would copy.
+    a write only when every frame is copied. While writes keep coming the thread's checkpoints
+    therefore never finish the log, and SQLite's automatic checkpoint in a COMMIT gives up when
+    it meets one of them running. So the writer asks the thread only while it keeps up
+    (`behind()` is False); otherwise the due checkpoint runs in the write, after the thread's
+    (`running` keeps the two apart), and copies everything. The thread ends after `IDLE_S`
+    without a checkpoint to run (the next one starts another), so a process between bursts of
+    writes holds no extra thread that a fork would copy.
     """
 
     IDLE_S = 2.0
@@ -514,6 +531,24 @@ class Checkpointer:
         self._guard = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        # Held for each checkpoint of the thread's, and by a write copying the log itself: SQLite
+        # refuses a second checkpoint at once instead of waiting for the first.
+        self.running = threading.Lock()
+        self.log_frames = 0  # the log's length when the last checkpoint (the thread's or a write's) ran
+
+    def behind(self) -> bool:
+        """Tell whether the thread has not kept up: a checkpoint asked for is still to finish, or the last found a long log."""
+        return self._wake.is_set() or self.running.locked() or self.log_frames >= WAL_BEHIND_FRAMES
+
+    def note(self, result: tuple[int, int] | None, *, whole: bool = False) -> None:
+        """Remember the log length a checkpoint's (frames in the log, frames copied) reports; None (skipped) changes nothing.
+
+        `whole`: no write could come in during that checkpoint, so when it copied every frame the
+        next write starts the log over, and the log counts as empty.
+        """
+        if result is not None:
+            frames, copied = result
+            self.log_frames = 0 if whole and copied == frames else frames
 
     def request(self) -> None:
         """Start a checkpoint on the thread; asked while one runs, one more starts after it."""
@@ -521,11 +556,12 @@ class Checkpointer:
             if self._stopping:
                 return
             if self._thread is None or not self._thread.is_alive():  # first use, after an idle end, or a forked child
-                self._thread = threading.Thread(target=self._loop, name="hermes-state-checkpoint", daemon=True)
+                self._thread = threading.Thread(target=self.run, name="hermes-state-checkpoint", daemon=True)
                 self._thread.start()
             self._wake.set()  # under the guard: a thread deciding to end sees it
 
-    def _loop(self) -> None:
+    def run(self) -> None:
+        """The thread's body: run each checkpoint asked for, until stopped or idle for IDLE_S."""
         conn: sqlite3.Connection | None = None
         try:
             while True:
@@ -538,10 +574,10 @@ class Checkpointer:
                 self._wake.clear()
                 if self._stopping:
                     return
-                with fork.GATE.work():  # never inside SQLite while the process forks
+                with fork.GATE.work(), self.running:  # never inside SQLite while the process forks
                     if conn is None:
                         conn = self._open_conn()
-                    passive_checkpoint(conn)
+                    self.note(passive_checkpoint(conn))
         except sqlite3.Error as exc:  # the connection could not be opened: the next request tries again
             logger.info("PASSIVE checkpoint skipped: %s", exc)
         finally:
@@ -559,12 +595,20 @@ class Checkpointer:
             thread.join()
 
 
-def passive_checkpoint(conn: sqlite3.Connection) -> None:
-    """Run a PASSIVE WAL checkpoint; log a failure, never raise (it is upkeep, not the write)."""
+def passive_checkpoint(conn: sqlite3.Connection) -> tuple[int, int] | None:
+    """Run a PASSIVE WAL checkpoint and return (frames in the log, frames copied); None when it could not run.
+
+    Logs a failure, never raises (it is upkeep, not the write).
+    """
     try:
-        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        rows = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
     except sqlite3.Error as exc:
         logger.info("PASSIVE checkpoint skipped: %s", exc)
+        return None
+    row = rows[0] if rows else None
+    if row is None or row[0] or row[1] < 0:  # another checkpoint held the file's checkpoint lock, or no WAL
+        return None
+    return int(row[1]), int(row[2])
 
 
 class RowConnection:

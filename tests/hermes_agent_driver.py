@@ -112,7 +112,15 @@ def _query(db: Any, path: Path, sql: str, params: list | None = None) -> tuple:
     return rows, rows
 
 
-GENERIC = {"call": _call, "try": _try, "age": _age, "query": _query}
+def _execute(db: Any, path: Path, sql: str, params: list | None = None) -> tuple:
+    # A raw write beside the handle, committed (e.g. planting an expired lease row).
+    with closing(sqlite3.connect(str(path), timeout=10)) as conn:
+        count = conn.execute(sql, params or []).rowcount
+        conn.commit()
+    return count, count
+
+
+GENERIC = {"call": _call, "try": _try, "age": _age, "query": _query, "execute": _execute}
 
 
 def _create(db, sid: str, source: str = "cli") -> str:

@@ -178,6 +178,110 @@ def test_a_malformed_line_names_its_number(tmp_path):
         auth.read_password_file(path)
 
 
+# --- writers at once, and bytes that are not UTF-8 ----------------------------------------------
+
+def _passwd_started(home: Path, name: str, password: str) -> subprocess.Popen:
+    env = {**os.environ, "HERMES_HOME": str(home)}
+    process = subprocess.Popen([sys.executable, "-m", "hermes_state_cli", "passwd", name], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    assert process.stdin is not None
+    process.stdin.write(password + "\n")
+    process.stdin.flush()  # the process starts hashing now; communicate() closes stdin later
+    return process
+
+
+def test_passwd_runs_at_once_lose_no_user_and_no_new_password(store):
+    assert _passwd(store, "alice", "the old password").returncode == 0
+    others = [f"user{n:02}" for n in range(11)]
+    runs = [_passwd_started(store, "alice", "the new password")] + [_passwd_started(store, name, f"{name} secret")
+                                                                    for name in others]
+    for run in runs:
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0 and "Saved the password of" in out, err
+    path = store / "web-passwords"
+    users = auth.read_password_file(path)
+    assert sorted(users) == sorted(["alice", *others])
+    assert users["alice"].matches("the new password") and not users["alice"].matches("the old password")
+    assert all(users[name].matches(f"{name} secret") for name in others)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert sorted(p.name for p in store.iterdir() if "web-passwords" in p.name) == [".web-passwords.lock",
+                                                                                    "web-passwords"]
+
+
+def _write_at_once(path: str, name: str, password: str, start) -> None:
+    # The hash first, then every process writes at the same moment: the widest race there is.
+    made = auth.hash_password(password)
+    start.wait()
+    auth.write_password_file(Path(path), name, made)
+
+
+def test_writers_released_together_keep_every_user_and_one_line_each(tmp_path):
+    import multiprocessing
+    path = tmp_path / "pw"
+    spawn = multiprocessing.get_context("spawn")  # a fresh interpreter each, as separate `passwd` runs are
+    writes = [(f"u{n}", f"password {n}") for n in range(8)] + [("alice", f"alice password {n}") for n in range(4)]
+    start = spawn.Barrier(len(writes))
+    workers = [spawn.Process(target=_write_at_once, args=(str(path), name, password, start))
+               for name, password in writes]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+        assert worker.exitcode == 0
+    lines = path.read_text().splitlines()
+    assert sorted(line.partition(":")[0] for line in lines) == sorted(["alice", *(f"u{n}" for n in range(8))])
+    users = auth.read_password_file(path)
+    assert all(users[f"u{n}"].matches(f"password {n}") for n in range(8))
+    # One of alice's four writes was the last, and it is the one that counts.
+    assert sum(users["alice"].matches(f"alice password {n}") for n in range(4)) == 1
+
+
+def _not_utf8(path: Path) -> bytes:
+    data = f"alice:{auth.hash_password(PASSWORD)}\n".encode() + b"ren\xe9e:x\n"
+    path.write_bytes(data)
+    path.chmod(0o600)
+    return data
+
+
+def test_a_byte_that_is_not_utf8_is_a_typed_error_naming_the_file_and_its_line(tmp_path):
+    path = tmp_path / "web-passwords"
+    data = _not_utf8(path)
+    with pytest.raises(auth.PasswordFileError, match=r"web-passwords is not UTF-8 text \(byte 0xe9 on line 2\)"):
+        auth.read_password_file(path)
+    with pytest.raises(auth.PasswordFileError, match="web-passwords is not UTF-8 text"):
+        auth.write_password_file(path, "bob", auth.hash_password(PASSWORD))
+    assert path.read_bytes() == data  # nothing written
+
+
+def test_passwd_and_serve_say_in_one_line_which_file_is_not_utf8(store):
+    path = store / "web-passwords"
+    data = _not_utf8(path)
+    for done in (_passwd(store, "bob", PASSWORD), _serve("--host", "0.0.0.0", home=store)):
+        assert done.returncode == 1 and done.stdout == ""
+        (line,) = done.stderr.splitlines()
+        assert line.startswith("hermes-state: ") and "web-passwords is not UTF-8 text (byte 0xe9 on line 2)" in line
+        assert "codec" not in line and "Traceback" not in line
+    assert path.read_bytes() == data
+
+
+def test_a_running_guard_answers_503_when_the_file_stops_being_utf8(logins, capsys):
+    guard = auth.AuthGuard(_unreached, logins)
+    assert _ask(guard, _basic("alice", PASSWORD))[0] == 200
+    _not_utf8(logins.path)
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+    asyncio.run(guard({"type": "http", "method": "GET", "path": "/", "client": ("192.0.2.1", 1),
+                       "headers": [(b"authorization", _basic("alice", PASSWORD).encode())]}, None, send))
+    start, body = sent
+    assert start["status"] == 503
+    assert body["body"].decode() == ("Service Unavailable: the server's password file cannot be used: pw is not "
+                                     "UTF-8 text (byte 0xe9 on line 2) (see its terminal)\n")
+    (said,) = capsys.readouterr().err.splitlines()
+    assert "every request is refused" in said and f"{logins.path.name} is not UTF-8 text" in said
+
+
 # --- failed logins -------------------------------------------------------------------------------
 
 def test_failures_lock_a_key_for_the_rest_of_the_window():
@@ -197,11 +301,36 @@ def test_failures_lock_a_key_for_the_rest_of_the_window():
     assert limit.wait_s(["address:a"]) == 0 and len(limit.failures["address:a"]) == 2
 
 
-def test_the_limit_forgets_the_oldest_keys_past_its_size():
+def test_the_limit_forgets_the_oldest_addresses_past_its_size():
     limit = auth.FailureLimit(max_failures=1, window_s=60, clock=lambda: 0.0, max_keys=3)
-    for name in "abcd":
-        limit.charge([f"name:{name}"])
-    assert list(limit.failures) == ["name:b", "name:c", "name:d"]
+    for address in "abcd":
+        limit.charge([f"address:{address}"])
+    assert list(limit.failures) == ["address:b", "address:c", "address:d"]
+
+
+def test_address_churn_never_resets_a_names_failures():
+    # A client owning many /64s fails once from each, each time with a name of its own: far more
+    # keys than the address table keeps. The name it guessed before stays locked all the same.
+    now = [1000.0]
+    limit = auth.FailureLimit(max_failures=3, window_s=900, clock=lambda: now[0], max_keys=16)
+    for n in range(3):
+        limit.charge([f"address:2001:db8:0:{n}::/64", "name:alice"])
+    assert limit.wait_s(["name:alice"]) == pytest.approx(900)
+    for n in range(5000):
+        now[0] = 1000.0 + (n + 1) / 100
+        limit.charge([f"address:2001:db8:1:{n:x}::/64", f"name:x{n}"])
+    # Until alice's own failures leave the window at least (a name sharing her bucket adds, never takes).
+    assert limit.wait_s(["address:2001:db8:ffff::/64", "name:alice"]) >= 900 - 50 - 1e-6
+    assert len(limit.failures) <= 16  # memory stays bounded on both sides
+    assert len(limit.names) <= limit.name_buckets
+
+
+def test_the_names_table_is_bounded_without_evicting_anyone():
+    limit = auth.FailureLimit(max_failures=2, window_s=60, clock=lambda: 0.0, name_buckets=8)
+    for n in range(1000):
+        limit.charge([f"name:n{n}"])
+    assert len(limit.names) <= 8 and all(len(recent) <= 2 for recent in limit.names.values())
+    assert all(limit.wait_s([f"name:n{n}"]) == 60 for n in range(1000))  # a full bucket locks; none is forgotten
 
 
 def test_clients_are_counted_by_address_and_ipv6_by_its_64():
@@ -241,6 +370,10 @@ def _ask(guard: auth.AuthGuard, authorization: str | None, client: str = "192.0.
     return sent[0]["status"], dict(sent[0]["headers"]), seen
 
 
+async def _unreached(scope, receive, send) -> None:
+    raise AssertionError("the guard passed on a request it was meant to answer itself")
+
+
 def _basic(name: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{name}:{password}".encode()).decode()
 
@@ -253,7 +386,7 @@ def logins(tmp_path) -> auth.Logins:
 
 
 def test_an_unknown_name_costs_one_hash_like_a_known_one(logins, monkeypatch):
-    guard = auth.AuthGuard(None, logins)
+    guard = auth.AuthGuard(_unreached, logins)
     checked: list[auth.Hash] = []
     real = auth.Hash.matches
 
@@ -272,7 +405,7 @@ def test_an_unknown_name_costs_one_hash_like_a_known_one(logins, monkeypatch):
 
 
 def test_the_guard_reads_the_file_again_and_refuses_all_when_it_goes_wrong(logins, capsys):
-    guard = auth.AuthGuard(None, logins)
+    guard = auth.AuthGuard(_unreached, logins)
     assert _ask(guard, _basic("alice", PASSWORD))[0] == 200
     auth.write_password_file(logins.path, "alice", auth.hash_password("a new password"))
     assert _ask(guard, _basic("alice", PASSWORD))[0] == 401  # the remembered login is forgotten

@@ -59,5 +59,44 @@ def test_the_sql_function_is_registered_and_never_raises():
     register_functions(conn)
     assert conn.execute("SELECT hermes_cjk_terms('東京', NULL)").fetchone()[0] == "東京 京"
     assert conn.execute("SELECT hermes_cjk_terms('plain', 'text')").fetchone()[0] is None
-    assert conn.execute("SELECT hermes_cjk_terms(x'e69db1', 3)").fetchone()[0] is None  # bytes: no text
+    assert conn.execute("SELECT hermes_cjk_terms(x'e69db1', 3)").fetchone()[0] == "東\n3"  # bytes: stored text
+    conn.close()
+
+
+# Text another program stored that is not UTF-8: an encoded lone surrogate, CJK with a stray byte,
+# a stray byte alone, a cut-off CJK character.
+NOT_UTF8 = ("EDA080", "E69DB1E4BAAC20FF", "6F6BFF", "E69D")
+
+
+def _library_functions(conn: sqlite3.Connection) -> set[str]:
+    return {name for (name,) in conn.execute("SELECT name FROM pragma_function_list WHERE name LIKE 'hermes%'")}
+
+
+def test_every_sql_function_of_the_library_takes_stored_text_that_is_not_utf8(tmp_path):
+    # Each function the library registers on its connections, called as the library's SQL calls it,
+    # on such text: an answer, never the "user-defined function raised exception" that fails the
+    # whole statement (and with it a search, a write's trigger or an index rebuild).
+    import hermes_state_fts as fts
+    import hermes_state_schema as schema
+    from hermes_state import SessionDB
+    from hermes_state_cjk import fold_sql, terms_sql
+    SessionDB(tmp_path / "state.db").close()
+    conn = schema.connect(tmp_path / "state.db")
+    register_functions(conn)
+    fts.cached_state(conn)  # registers the connection's token function (no arguments)
+    conn.create_function("hermes_derived_uid", 2, schema.derived_uid, deterministic=True)  # as the upgrade does
+    conn.execute("CREATE TEMP TABLE t (a TEXT, b TEXT)")
+    for raw in NOT_UTF8:
+        conn.execute(f"INSERT INTO t VALUES (CAST(x'{raw}' AS TEXT), CAST(x'{raw}' AS TEXT))")
+    calls = {"hermes_cjk_terms": terms_sql("a", "b"), "hermes_fold": fold_sql("a"),
+             "hermes_derived_uid": "hermes_derived_uid(CAST(a AS BLOB), 7)"}
+    assert _library_functions(conn) == {*calls, fts.TOKEN_FUNCTION}  # a new function must be added here
+    for name, call in calls.items():
+        answers = [r[0] for r in conn.execute(f"SELECT {call} FROM t ORDER BY rowid")]
+        assert len(answers) == len(NOT_UTF8), name
+    terms = [r[0] for r in conn.execute(f"SELECT {terms_sql('a', 'b')} FROM t ORDER BY rowid")]
+    assert terms[0] is None and terms[2] is None and terms[3] is None  # no CJK left once decoded
+    assert terms[1] == "東京 京 \ufffd\n東京 京 \ufffd"  # the CJK is still indexed, the stray byte as U+FFFD
+    assert [r[0] for r in conn.execute(f"SELECT {fold_sql('a')} FROM t ORDER BY rowid")] == [
+        "\ufffd" * 3, "東京 \ufffd", "ok\ufffd", "\ufffd"]
     conn.close()

@@ -248,7 +248,84 @@ def test_the_agent_works_on_while_the_library_rebuilds_its_indexes(tmp_path, mon
     assert agent(path, ["search", "rebuilds"]) == [["agent-00001"]]
 
 
+@pytest.mark.parametrize("hex_text", ["E69DB1E4BAAC20FF", "EDA080", "E69DB1E4BAAC20EDA080E383"],
+                         ids=["stray_byte", "lone_surrogate", "mixed"])
+def test_an_agent_file_with_a_message_that_is_not_utf8_finishes_its_rebuild(tmp_path, hex_text):
+    # Another program stored the text as TEXT that is not UTF-8, in a file the agent made: the upgrade's
+    # rebuild indexes it like any other row, frees the older layout's index, and both programs search.
+    import hermes_state_fts as fts
+    import hermes_state_upgrade as upgrade
+    path = tmp_path / "state.db"
+    ops: list = [["create", "ag-1", "cli"], ["create", "ag-2", "telegram"]]
+    for n in range(30):
+        ops.append(["append", f"ag-{1 + n % 2}", "user" if n % 3 else "assistant",
+                    f"turn {n}: deploy the 部署 pipeline" if n % 2 else f"turn {n}: 東京 weather report"])
+    agent(path, *ops)
+    raw = sqlite3.connect(path, isolation_level=None)
+    poisoned = raw.execute("SELECT MAX(id) FROM messages WHERE content LIKE '%deploy%'").fetchone()[0]
+    raw.execute(f"UPDATE messages SET content = CAST(x'{hex_text}' AS TEXT) WHERE id = ?", (poisoned,))
+    deploys = sorted(r[0] for r in raw.execute("SELECT id FROM messages WHERE content LIKE '%deploy%'"))
+    raw.close()
+    assert len(deploys) == 14
+    with SessionDB(path, backup_before_upgrade=False) as db:
+        assert db.wait_for_fts_rebuild(120)
+        status = db.fts_rebuild_status()
+        assert status["in_progress"] is False and status["indexed"] == status["total"] == 30
+        assert sorted(h["id"] for h in db.search_messages("deploy", limit=100)) == deploys
+        assert sorted(h["id"] for h in db.search_messages("部署", limit=100)) == deploys
+        assert len(db.search_messages("東京", limit=100)) == 15 + ("E69DB1" in hex_text)
+        db.rebuild_fts()
+        assert sorted(h["id"] for h in db.search_messages("部署", limit=100)) == deploys
+    conn = sqlite3.connect(path)
+    assert upgrade.retired_tables(conn) == []
+    assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (fts.OLD_SUBSTRINGS,)).fetchone() is None
+    conn.close()
+    found = agent(path, ["call", "search_messages", ["deploy"], {"limit": 100}, "ids"],
+                  ["call", "search_messages", ["部署"], {"limit": 100}, "ids"])
+    assert [sorted(ids) for ids in found] == [deploys, deploys]
+    assert_healthy(path)
+
+
 # --- both at once -------------------------------------------------------------------------------------
+
+def test_the_merge_after_a_move_in_ends_and_stays_shallow_while_the_agent_appends(tmp_path, no_background,
+                                                                                  fts_levels):
+    import hermes_state_fts as fts
+    path = tmp_path / "state.db"
+    path.write_bytes(gzip.decompress(AGENT_FIXTURE.read_bytes()))
+    db = SessionDB(path, backup_before_upgrade=False)
+    rival = sqlite3.connect(path, isolation_level=None)
+    try:
+        more = True
+        while more:
+            with db.transaction() as txn:
+                more = fts.rebuild_step(txn.conn, 10)  # small chunks: many segments to merge, as on a large file
+        agent(path, ["create", "ag-trickle", "cli"])
+        last = rival.execute("SELECT MAX(id) FROM messages").fetchone()[0]
+        proc = agent_start(path, ["appends", "ag-trickle", 120, "agent trickle", 0.01])  # each indexed at once
+        steps, deepest = 0, 0
+        while more or steps == 0:
+            while proc.poll() is None:  # one merge step after each row the agent adds
+                newest = rival.execute("SELECT MAX(id) FROM messages").fetchone()[0]
+                if newest != last:
+                    last = newest
+                    break
+            with db.transaction() as txn:
+                more = fts.merge_step(txn.conn, 2)
+            steps += 1
+            deepest = max(deepest, *(fts_levels(rival, t)[0] for t in fts.FTS_TABLES))
+            assert deepest <= 16, f"{deepest} levels after {steps} merge steps"
+            assert steps < 5000, "the merge never ended"
+        agent_wait(proc)
+        assert hits(db, "trickle") == ["ag-trickle"]
+        assert len(db.search_messages("trickle", limit=1000)) == 120
+    finally:
+        rival.close()
+        db.close()
+    got = agent(path, ["search", "trickle"], ["append", "ag-trickle", "user", "one more"], ["session", "ag-trickle"])
+    assert got[0] == ["ag-trickle"] and got[2]["message_count"] == 121
+    assert_healthy(path)
+
 
 def test_an_open_handle_keeps_writing_while_the_agent_starts_and_writes(tmp_path):
     path = tmp_path / "state.db"

@@ -203,14 +203,17 @@ def test_every_public_method_of_this_feature_exists_with_its_spec_signature():
                            "codex_reasoning_items", "codex_message_items", "api_content", "display_kind",
                            "display_metadata", "platform_message_id", "observed", "effect_disposition", "timestamp",
                            # the round trip of a conversation dict: append_message(sid, **msg)
-                           "name", "message_uid", "runtime_keys"],
+                           "name", "message_uid",
+                           # hermes-agent 0.20.1's compression owner and turn lease
+                           "compression_lock_holder", "turn_lease_holder", "turn_lease_ttl_seconds", "runtime_keys"],
         "update_token_counts": ["self", "session_id", "input_tokens", "output_tokens", "cache_read_tokens",
                                 "cache_write_tokens", "reasoning_tokens", "estimated_cost_usd", "api_call_count",
                                 "model", "absolute", "actual_cost_usd", "billing_provider", "billing_base_url",
                                 "billing_mode", "cost_status", "cost_source", "pricing_version"],
         "get_messages_as_conversation": ["self", "session_id", "include_ancestors", "with_row_ids",
-                                         "include_inactive", "repair_alternation"],
-        "get_messages": ["self", "session_id", "include_inactive", "limit", "offset"],
+                                         "include_inactive", "repair_alternation", "include_row_ids"],
+        "get_messages": ["self", "session_id", "include_inactive", "limit", "offset", "include_compacted", "latest",
+                         "after_id"],
         "merge_messages": ["self", "session_id", "row_ids"],
         "pin_session": ["self", "session_id", "pinned"],
         "auto_archive": ["self", "idle_days"],
@@ -337,11 +340,16 @@ DECLARED_UNKNOWN: dict[str, Any] = {
     "is_telegram_session_linked_to_topic": False, "is_telegram_topic_mode_enabled": False,
     "has_archived_messages": False, "has_platform_message_id": False,
     "get_resume_conversations": ([], []),
+    # hermes-agent 0.20.1: transcript, turn leases and compression
+    "find_live_compression_child": None, "get_active_message_watermark": 0, "get_compression_ineffective_count": 0,
 }
 # Reads by id whose answer for an unknown key is a value no return type implies (an Entry's `unknown=`).
 ENTRY_UNKNOWN = {"get_messages_around": {"window": [], "messages_before": 0, "messages_after": 0},
                  "get_anchored_view": {"window": [], "messages_before": 0, "messages_after": 0,
-                                       "bookend_start": [], "bookend_end": []}}
+                                       "bookend_start": [], "bookend_end": []},
+                 # hermes-agent 0.20.1: transcript, turn leases and compression
+                 "get_compression_failure_cooldown_row": {"session_exists": False, "cooldown_until": None,
+                                                          "error": None}}
 # The reads the module function answers in full (listings, counts and searches over filters): no
 # answer of their own, so text SQLite cannot store goes to the function as it is.
 ANSWERS_ITSELF = {"distinct_session_cwds", "session_count", "get_next_title_in_lineage", "list_sessions",

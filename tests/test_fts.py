@@ -241,7 +241,8 @@ def test_cjk_index_text_and_query_text():
     assert fts.cjk_query_text("iPhone16を") == ("iPhone16 を", True)
     assert fts.cjk_terms("plain ascii") is None and fts.cjk_terms("café naïve") is None
     assert fts.cjk_terms(None, '{"q": "検索"}') == '{"q": " 検索 索 "}'
-    assert fts.cjk_terms(b"\xe6\x9d\xb1", 3) is None  # odd types never raise inside a trigger
+    assert fts.cjk_terms(b"\xe6\x9d\xb1", 3) == "東\n3"  # stored text arrives as bytes; a number as its str()
+    assert fts.cjk_terms(b"\xed\xa0\x80", b"\xff") is None  # bytes that are not UTF-8 never raise
 
 
 # --- writers without the tokenizer ---------------------------------------------------------------
@@ -482,6 +483,51 @@ def test_a_finished_rebuild_merges_each_index_into_one_segment(tmp_path, manual)
     assert [h["id"] for h in db.search_messages("word77")] == [rows[77]]
     with db.transaction() as txn:  # nothing marked: a step is a no-op
         assert fts.merge_step(txn.conn) is False
+    db.close()
+    rival.close()
+
+
+AGENT_FILE = Path(__file__).parent / "fixtures" / "hermes_agent_0.19.0.db.gz"  # hermes-agent 0.19.0's layout
+INDEXES = (fts.WORD, fts.TRIGRAM, fts.CJK, fts.REASONING)
+
+
+def test_the_merge_after_a_move_in_ends_and_stays_shallow_under_a_trickle_of_appends(tmp_path, manual, fts_levels):
+    import gzip
+    path = tmp_path / "state.db"
+    path.write_bytes(gzip.decompress(AGENT_FILE.read_bytes()))
+    db = SessionDB(path, backup_before_upgrade=False)
+    rival = plain(path)
+    db.create_session("trickle", "cli")
+    appended: list[int] = []
+
+    def append() -> None:  # indexed at once, as another program's rows (or its own, at times) are: a new segment
+        appended.append(db.append_message("trickle", "user", f"trickle note{len(appended)} arrives"))
+        index_queue(db)
+
+    more = True
+    while more:
+        append()
+        with db.transaction() as txn:
+            more = fts.rebuild_step(txn.conn, 10)
+    before = fts_levels(rival, fts.WORD)[1]
+    append()
+    assert fts_levels(rival, fts.WORD)[1] == before + 1  # each append is one more segment, as it was in the field
+    steps, deepest = 0, 0
+    while more or steps == 0:
+        append()  # one append before every step: the segments sit on different levels at each step
+        with db.transaction() as txn:
+            more = fts.merge_step(txn.conn, 2)  # two pages a step: the merge takes many steps
+        steps += 1
+        deepest = max(deepest, *(fts_levels(rival, t)[0] for t in INDEXES))
+        assert deepest <= 16, f"{deepest} levels after {steps} merge steps"
+        assert steps < 5000, "the merge never ended"
+    assert not merge_marked(rival)
+    with db.transaction() as txn:  # what arrives later is the automerge's: a step is a no-op
+        assert fts.merge_step(txn.conn) is False
+    integrity(rival)
+    assert indexed_counts(rival) == expected_counts(rival)
+    for n in (0, len(appended) // 2, len(appended) - 1):
+        assert [h["id"] for h in db.search_messages(f"note{n}")] == [appended[n]]
     db.close()
     rival.close()
 

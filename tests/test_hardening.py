@@ -115,6 +115,50 @@ def test_cli_shows_text_that_is_not_utf8_without_a_traceback(db, raw_conn):
     assert "Traceback" not in out.stderr and "\ufffd" in out.stdout
 
 
+# Message text another program stored as TEXT that is not UTF-8, each holding "report" and CJK:
+# CJK with a stray byte, an encoded lone surrogate, a CJK character cut off at the end.
+NOT_UTF8_TEXT = {"stray_byte": "E69DB1E4BAAC207265706F727420FF",
+                 "lone_surrogate": "7265706F727420EDA08020E69DB1E4BAAC",
+                 "cut_off": "E69DB1E4BAAC207265706F727420E69D"}
+
+
+def plant_not_utf8(raw: sqlite3.Connection, session_id: str, hex_text: str) -> int:
+    """Append a message whose content is `hex_text`'s bytes as TEXT, as another program can; return its id."""
+    return raw.execute("INSERT INTO messages (session_id, role, content, timestamp) "
+                       f"VALUES (?, 'user', CAST(x'{hex_text}' AS TEXT), 5)", (session_id,)).lastrowid
+
+
+@pytest.mark.parametrize("hex_text", NOT_UTF8_TEXT.values(), ids=NOT_UTF8_TEXT.keys())
+def test_a_message_that_is_not_utf8_leaves_every_search_working(db, raw_conn, hex_text):
+    db.create_session("s", "cli")
+    good = db.append_message("s", "user", "a report about 東京 in plain text")
+    bad = plant_not_utf8(raw_conn(), "s", hex_text)  # queued for the CJK index, which needs our function
+
+    def found(query: str) -> set[int]:
+        return {h["id"] for h in db.search_messages(query)}
+    for _ in range(2):  # while the row waits in the CJK queue, then once this handle's batch indexed it
+        assert found("report") == found("東京") == found("東") == found("repo*") == {good, bad}
+        assert found("plain") == {good} and found('"about 東京"') == {good}
+        with db.transaction() as txn:  # the batch a handle's writes run
+            fts.index_batch(txn.conn)
+        assert db.fts_rebuild_status()["cjk_pending"] == 0
+    (hit,) = [h for h in db.search_messages("report") if h["id"] == bad]
+    assert "\ufffd" in hit["snippet"] and ">>>report<<<" in hit["snippet"]
+    db.rebuild_fts()  # the rebuild indexes the row like any other
+    assert found("report") == found("東京") == {good, bad}
+
+
+def test_cli_search_reads_a_message_that_is_not_utf8(db, raw_conn, capsys):
+    from hermes_state_cli import main
+    db.create_session("s", "cli")
+    bad = plant_not_utf8(raw_conn(), "s", NOT_UTF8_TEXT["lone_surrogate"])
+    db.close()
+    for query in ("report", "東京"):
+        assert main(["--db", str(db.db_path), "--json", "sessions", "search", query]) == 0
+        out, err = capsys.readouterr()
+        assert [h["id"] for h in json.loads(out)] == [bad] and err == ""
+
+
 @pytest.mark.parametrize("where", ["directory", "empty"])
 def test_a_path_sqlite_cannot_open_is_a_typed_error(tmp_path, monkeypatch, where):
     work = tmp_path / "work"

@@ -46,14 +46,14 @@ class HeldCopy:
         self.release, self.started = threading.Event(), threading.Event()
         real = recovery.backup_to
 
-        def held(conn, target, stop=None, renamed=None):
+        def held(conn, target, stop=None, renamed=None, give_way=None):
             self.started.set()
             while not self.release.wait(0.02):
                 if stop is not None and stop.is_set():
                     break
             if fail is not None:
                 raise fail
-            return real(conn, target, stop=stop, renamed=renamed)
+            return real(conn, target, stop=stop, renamed=renamed, give_way=give_way)
         monkeypatch.setattr(recovery, "backup_to", held)
 
 
@@ -107,6 +107,69 @@ def test_the_open_returns_at_once_reads_meanwhile_and_a_write_waits_for_the_upgr
         assert [h["id"] for h in db.search_messages('"after the move"')] == [done[0]]
     finally:
         db.close()
+
+
+def test_a_write_waits_for_the_move_in_no_longer_than_its_own_patience(old_file, in_background, monkeypatch):
+    from hermes_state import SessionPersistenceError
+    held = HeldCopy(monkeypatch)  # the copy stays at its start until released: the move-in cannot end meanwhile
+    db = SessionDB(old_file)
+    try:
+        assert held.started.wait(10) and db.upgrading
+        sid = db.list_sessions_rich(limit=1)[0]["id"]
+        db.activity_write_patience_s = 0.01  # the bookkeeping write that must never stall a turn
+        db.transcript_write_patience_s = 0.01
+        outcomes: list[object] = []
+        ended = threading.Event()
+
+        def writes() -> None:
+            for write in (lambda: db.record_auxiliary_usage(sid, "title", input_tokens=3),
+                          lambda: db.append_message(sid, "user", "during the move")):
+                try:
+                    outcomes.append(write())
+                except SessionPersistenceError as exc:
+                    outcomes.append(exc)
+            ended.set()
+        threading.Thread(target=writes, daemon=True).start()
+        assert ended.wait(20), "a write waited for the whole move-in, past its patience"
+        assert not held.release.is_set() and db.upgrading  # both gave up while the copy was still held
+        assert [type(o) for o in outcomes] == [SessionPersistenceError] * 2
+        assert all(o.code == "session_persistence_failed:locked" and "upgraded" in str(o) for o in outcomes)
+        held.release.set()
+        db.transcript_write_patience_s = 60.0  # a patient write waits for the move-in, then goes through
+        row = db.append_message(sid, "user", "after the move")
+        assert not db.upgrading and db.message_count(sid) == db.get_session(sid)["message_count"]
+        assert [m["id"] for m in db.get_messages(sid)][-1] == row
+    finally:
+        held.release.set()
+        db.close()
+
+
+def test_the_copy_stops_giving_way_to_reads_while_a_write_waits_for_it(old_file, in_background, monkeypatch):
+    monkeypatch.setattr(recovery, "STOPPABLE_STEP_PAGES", 4)  # many steps for this file
+    monkeypatch.setattr(recovery, "GIVE_WAY_MAX_S", 600.0)  # a read under way would hold every step
+    inside, release = threading.Event(), threading.Event()
+    reader = threading.Thread(target=_read_until, args=(old_file, inside, release))
+    reader.start()
+    db = None
+    try:
+        assert inside.wait(10)
+        db = SessionDB(old_file)
+        assert db.upgrading
+        finished = threading.Event()
+        appended: list[int] = []
+
+        def write() -> None:
+            appended.append(db.append_message(db.list_sessions_rich(limit=1)[0]["id"], "user", "moved in"))
+            finished.set()
+        threading.Thread(target=write, daemon=True).start()
+        finished.wait(20)  # a bound for the test only: release below ends a copy that gives way
+        assert appended and not release.is_set() and reader.is_alive()  # it went through, the read still on
+        assert version_of(old_file) == SCHEMA_VERSION
+    finally:
+        release.set()
+        reader.join(10)
+        if db is not None:
+            db.close()
 
 
 def test_a_small_older_file_is_still_upgraded_inside_the_open(old_file):

@@ -534,3 +534,76 @@ def test_hermes_agents_own_export_documents_import(db, rival):
     assert [m["content"] for m in db.get_messages("ha1")] == ["hi", "hello"]
     again = db.import_sessions(db.export_session("ha1"))                # our document, both shapes in one
     assert again["skipped_ids"] == ["ha1"] and again.get("nonsense") is None
+
+
+# A session id another program stored as TEXT that is not UTF-8 ("bad", 0xFF), as listings show it.
+BAD_ID_HEX, BAD_ID_SHOWN = "626164FF", "bad\ufffd"
+
+
+def plant_bad_id_session(raw: sqlite3.Connection, hex_id: str = BAD_ID_HEX) -> None:
+    """Write a session with two messages (one without a uid) and a usage row under that id, as another program can."""
+    sid = f"CAST(x'{hex_id}' AS TEXT)"
+    raw.execute(f"INSERT INTO sessions (id, source, started_at) VALUES ({sid}, 'cli', 1)")
+    raw.execute(f"INSERT INTO messages (session_id, role, content, timestamp) VALUES ({sid}, 'user', 'first words', 2)")
+    raw.execute(f"INSERT INTO messages (session_id, role, content, timestamp, message_uid) "
+                f"VALUES ({sid}, 'assistant', 'an answer', 3, lower(hex(randomblob(16))))")
+    raw.execute(f"INSERT INTO session_model_usage (session_id, model, task, input_tokens) VALUES ({sid}, 'm', '', 7)")
+
+
+def test_a_session_whose_id_is_not_utf8_is_exported_under_the_id_listings_show(db, raw_conn, tmp_path, caplog,
+                                                                                  monkeypatch):
+    db.create_session("a_good", "cli")
+    db.append_message("a_good", "user", "plain")
+    db.create_session("z_good", "cli")
+    plant_bad_id_session(raw_conn())
+    listed = sorted(s["id"] for s in db.list_sessions())
+    assert listed == ["a_good", BAD_ID_SHOWN, "z_good"]
+    monkeypatch.setattr(portability.iter_export, "__defaults__", (None, 1))  # one id a page: paging past it too
+    docs = db.export_all()
+    assert [d["id"] for d in docs] == ["a_good", BAD_ID_SHOWN, "z_good"]
+    assert [d["id"] for d in db.iter_export(source="cli")] == ["a_good", BAD_ID_SHOWN, "z_good"]
+    bad = docs[1]
+    assert [m["content"] for m in bad["messages"]] == ["first words", "an answer"]
+    assert all(m["message_uid"] for m in bad["messages"]) and bad["model_usage"][0]["input_tokens"] == 7
+    assert [r.getMessage() for r in caplog.records if "not UTF-8" in r.getMessage()] == [
+        f"session b'bad\\xff': its stored id is not UTF-8; exported as {BAD_ID_SHOWN!r}"] * 2
+    # Imported, the id is the text the export carried: found by it, and exported alike again.
+    with SessionDB(tmp_path / "other.db") as other:
+        report = other.import_sessions(docs)
+        assert report.ok and report.imported_count == 3 and report.messages == 3
+        assert other.get_session(BAD_ID_SHOWN)["message_count"] == 2
+        assert [m["content"] for m in other.get_messages(BAD_ID_SHOWN)] == ["first words", "an answer"]
+        again = other.export_all()
+        assert [d["id"] for d in again] == [d["id"] for d in docs]
+        assert again[1]["messages"] == bad["messages"] and again[1]["model_usage"] == bad["model_usage"]
+
+
+def test_two_stored_ids_that_read_alike_export_alike_and_the_import_refuses_both(db, raw_conn, tmp_path):
+    plant_bad_id_session(raw_conn(), "626164FF")
+    plant_bad_id_session(raw_conn(), "626164FE")
+    docs = db.export_all()
+    assert [d["id"] for d in docs] == [BAD_ID_SHOWN, BAD_ID_SHOWN]  # neither left out
+    with SessionDB(tmp_path / "other.db") as other:
+        report = other.import_sessions(docs)
+        assert [(e["index"], e["error"]) for e in report.errors] == [(1, "the session appears more than once in the input")]
+        assert other.session_count() == 0
+
+
+def test_cli_export_and_import_keep_a_session_whose_id_is_not_utf8(db, raw_conn, tmp_path, capsys, caplog):
+    from hermes_state_cli import main
+    db.create_session("good", "cli")
+    db.append_message("good", "user", "plain")
+    plant_bad_id_session(raw_conn())
+    db.close()
+    target = tmp_path / "all.jsonl"
+    assert main(["--db", str(db.db_path), "sessions", "export", "-o", str(target)]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    # The warning goes to stderr when nothing else handles the library's logger (here pytest does).
+    assert any("stored id is not UTF-8" in r.getMessage() for r in caplog.records)
+    assert sorted(json.loads(line)["id"] for line in target.read_text().splitlines()) == [BAD_ID_SHOWN, "good"]
+    SessionDB(tmp_path / "other.db").close()
+    assert main(["--db", str(tmp_path / "other.db"), "sessions", "import", str(target)]) == 0
+    capsys.readouterr()
+    with SessionDB(tmp_path / "other.db") as other:
+        assert sorted(s["id"] for s in other.list_sessions()) == [BAD_ID_SHOWN, "good"]
+        assert other.message_count() == 3

@@ -583,3 +583,46 @@ def test_a_recover_step_past_its_limit_is_reported_not_raised(tmp_path, monkeypa
     report = recover(src, dst)
     assert "no progress" in (report.tables["bulk"].error or "")
     assert not report.complete and dst.exists()
+
+
+# --- vacuum beside a replica --------------------------------------------------------------------
+
+def _grown_and_emptied(db: SessionDB) -> None:
+    db.create_session("big", "cli")
+    for i in range(40):
+        db.append_message("big", "user", f"filler {i} " + "q" * 4000)
+    db.delete_session("big")
+    db.create_session("kept", "cli")
+    db.append_message("kept", "user", "the row that stays")
+
+
+def test_vacuum_truncates_the_log_when_nothing_replicates_the_file(db):
+    _grown_and_emptied(db)
+    with db.tracer() as traced:
+        result = db.vacuum()
+    assert "PRAGMA wal_checkpoint(TRUNCATE)" in traced
+    assert os.path.getsize(f"{db.db_path}-wal") == 0
+    assert result["bytes_after"] < result["bytes_before"]
+
+
+def test_vacuum_leaves_the_log_to_litestream_while_it_replicates_the_file(db, monkeypatch, caplog):
+    # Litestream reads the log's frames as it ships them; a TRUNCATE that slips in cuts the log
+    # short under its read (its "sync error ... read page N @ offset: EOF"). While a Litestream
+    # process has the file open, vacuum() never truncates the log: a PASSIVE checkpoint instead.
+    import hermes_state_replicas as replicas
+    asked: list[str] = []
+    monkeypatch.setattr(replicas, "replicating", lambda path: asked.append(str(path)) or [4242])
+    _grown_and_emptied(db)
+    wal_before = os.path.getsize(f"{db.db_path}-wal")
+    with caplog.at_level("INFO", logger="hermes_state"), db.tracer() as traced:
+        result = db.vacuum()
+    assert asked == [str(db.db_path)]
+    assert not [s for s in traced if "TRUNCATE" in s]
+    assert "PRAGMA wal_checkpoint(PASSIVE)" in traced
+    assert os.path.getsize(f"{db.db_path}-wal") >= wal_before  # the log is Litestream's to empty
+    assert any("Litestream (PID 4242)" in r.getMessage() for r in caplog.records)
+    # Nothing held a snapshot here, so the PASSIVE copy was whole: the file shrank all the same.
+    assert result["bytes_after"] < result["bytes_before"]
+    assert os.path.getsize(db.db_path) == result["bytes_after"]
+    assert [s["id"] for s in db.list_sessions_rich()] == ["kept"]
+    assert db.check_integrity()["problems"] == []

@@ -354,3 +354,83 @@ def test_a_step_past_its_deadline_is_interrupted_and_rolled_back(path, monkeypat
     finally:
         conn.close()
     assert _counts(path) == (2, 6)
+
+
+# --- an index grown past the levels SQLite reads --------------------------------------------------
+
+def _deepen_index(path: Path, *, past_the_limit: bool) -> int:
+    """Grow messages_fts level by level, as a loop of merges under appends did; return the messages written.
+
+    Another program's rows, indexed at once by the file's triggers, each followed by a `merge` with
+    a negative page count: every one finds segments on two levels and adds two levels for good.
+    Stops a few levels short of what SQLite reads, or just past it (the index no longer opens).
+    """
+    c = sqlite3.connect(path, isolation_level=None)
+    c.execute("BEGIN IMMEDIATE")
+    written = 0
+    while True:
+        depth = _depth(c)
+        if depth >= (2001 if past_the_limit else 1990):
+            break
+        c.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES ('s0', 'user', ?, 0)",
+                  (f"kiwi deep {written}",))
+        written += 1
+        c.execute("INSERT INTO messages_fts(messages_fts, rank) VALUES ('merge', -1)")
+    c.execute("COMMIT")
+    c.close()
+    return written
+
+
+def _depth(c: sqlite3.Connection) -> int:
+    block = c.execute("SELECT block FROM messages_fts_data WHERE id = 10").fetchone()[0]
+    return block[4] if block[4] < 0x80 else ((block[4] & 0x7F) << 7) | block[5]  # a 1- or 2-byte varint
+
+
+def _opens(path: Path) -> bool:
+    c = sqlite3.connect(path)
+    try:
+        c.execute("SELECT COUNT(*) FROM messages_fts").fetchone()
+        return True
+    except sqlite3.DatabaseError:
+        return False
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("past_the_limit", [False, True], ids=["near-the-limit", "past-the-limit"])
+def test_an_open_rebuilds_an_index_grown_past_its_levels_and_keeps_every_row(path, past_the_limit, caplog):
+    deep = _deepen_index(path, past_the_limit=past_the_limit)
+    assert _opens(path) is not past_the_limit  # past the limit, SQLite refuses the table outright
+    caplog.set_level(logging.WARNING, logger="hermes_state")
+    with SessionDB(path) as db:
+        assert db.wait_for_fts_rebuild(120)
+        db.append_message("s1", "user", "kiwi after the repair")
+        hits = {h["id"] for h in db.search_messages("kiwi", limit=10_000)}
+    c = sqlite3.connect(path)
+    assert hits == {r[0] for r in c.execute("SELECT id FROM messages")} and len(hits) == 6 + deep + 1
+    c.close()
+    assert any("levels" in r.getMessage() and "messages_fts" in r.getMessage() for r in caplog.records)
+    c = sqlite3.connect(path)
+    assert _depth(c) < 16
+    c.close()
+    assert repair.db_opens_cleanly(path) is None
+
+
+def test_repair_and_recover_save_every_row_of_an_index_past_its_levels(path, tmp_path):
+    deep = _deepen_index(path, past_the_limit=True)
+    assert "levels" in (repair.db_opens_cleanly(path) or "") or not _opens(path)
+    saved = tmp_path / "saved.db"
+    assert hermes_state.recover(path, saved).complete
+    assert _counts(saved) == (2, 6 + deep)
+    report = repair_state_db_schema(path, backup=False)
+    assert report["repaired"] and report["strategy"] == "rebuild_fts", report
+    assert _counts(path) == (2, 6 + deep)
+    with SessionDB(path) as db:
+        assert len(db.search_messages("kiwi", limit=10_000)) == 6 + deep
+
+
+def test_the_probe_names_an_index_near_its_level_limit(path):
+    _deepen_index(path, past_the_limit=False)
+    assert _opens(path)  # FTS5 still reads it: only the depth tells
+    reason = repair.db_opens_cleanly(path)
+    assert reason is not None and "messages_fts" in reason and "levels" in reason

@@ -111,6 +111,7 @@ def test_doctor_says_whether_litestream_is_replicating_the_file(tmp_path):
             assert replicator.poll() is None and time.monotonic() < deadline, line
             time.sleep(0.2)
         assert f"PID {replicator.pid}" in line["detail"] and not line.get("warn"), line
+        assert "`vacuum` leaves the log for Litestream" in line["detail"], line
         with SessionDB(db_path) as db:  # a write; Litestream takes it within its monitor interval
             db.append_message("s", "user", "a change to ship")
             while "every change written so far" not in (line := _replication_line(db_path))["detail"]:
@@ -122,3 +123,54 @@ def test_doctor_says_whether_litestream_is_replicating_the_file(tmp_path):
         replicator.wait(30)
     stopped = _replication_line(db_path)  # its folder is left beside the file, and nothing takes changes now
     assert stopped["warn"] and "not keeping up" in stopped["detail"], stopped
+
+
+def test_vacuum_under_litestream_leaves_the_log_to_it_and_the_replica_restores_whole(tmp_path):
+    # Grow, delete, vacuum, over and over, while Litestream ships the log: the library sees it
+    # replicating (from /proc) and never truncates the log under it; Litestream reports no error
+    # and its replica restores with every kept row.
+    import hermes_state_replicas as replicas
+    db_path = tmp_path / "home" / "state.db"
+    db_path.parent.mkdir()
+    SessionDB(db_path).close()
+    config = tmp_path / "litestream.yml"
+    config.write_text(CONFIG.format(db=db_path, replica=tmp_path / "replica"))
+    log = (tmp_path / "litestream.log").open("w")
+    replicator = subprocess.Popen([LITESTREAM, "replicate", "-config", str(config)], stdout=log, stderr=log)
+    traced: list[str] = []
+    try:
+        deadline = time.monotonic() + 15
+        while not replicas.replicating(db_path):  # it has the file open
+            assert replicator.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        with SessionDB(db_path) as db:
+            for cycle in range(6):
+                db.create_session(f"gone{cycle}", "cli")
+                for i in range(30):
+                    db.append_message(f"gone{cycle}", "user", f"filler {cycle} {i} " + "q" * 4000)
+                db.delete_session(f"gone{cycle}")
+                db.create_session(f"kept{cycle}", "cli")
+                db.append_message(f"kept{cycle}", "user", f"kept word{cycle}")
+                with db.tracer() as statements:
+                    db.vacuum()
+                traced += statements
+            kept = sorted(s["id"] for s in db.list_sessions_rich(limit=100))
+        time.sleep(1.0)  # several sync intervals: the last write is in the replica
+    finally:
+        replicator.send_signal(signal.SIGTERM)
+        replicator.wait(30)
+        log.close()
+    log_text = (tmp_path / "litestream.log").read_text()
+    assert replicator.returncode == 0, log_text
+    assert "level=ERROR" not in log_text, log_text
+    assert not [s for s in traced if "TRUNCATE" in s]
+    assert kept == [f"kept{c}" for c in range(6)]
+
+    restored = tmp_path / "elsewhere" / "state.db"
+    restored.parent.mkdir()
+    subprocess.run([LITESTREAM, "restore", "-o", str(restored), f"file://{tmp_path / 'replica'}"],
+                   check=True, capture_output=True, timeout=60)
+    with SessionDB(restored) as copy:
+        assert sorted(s["id"] for s in copy.list_sessions_rich(limit=100)) == kept
+        assert copy.check_integrity(full=True)["problems"] == []
+        assert [h["session_id"] for h in copy.search_messages("word5")] == ["kept5"]

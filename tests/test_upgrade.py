@@ -6,6 +6,7 @@ These drive the module's own functions on real files; the facade's view of the s
 from __future__ import annotations
 
 import gzip
+import json
 import logging
 import os
 import sqlite3
@@ -224,6 +225,34 @@ def test_what_an_earlier_move_in_moved_aside_is_freed_in_short_transactions(old_
     finally:
         writer.close()
     assert scalar(old_file, "PRAGMA integrity_check") == "ok"
+
+
+@pytest.mark.parametrize("hex_text", ["E69DB1E4BAAC20FF", "EDA080", "E69DB1E4BAAC20EDA080E383"],
+                         ids=["stray_byte", "lone_surrogate", "mixed"])
+def test_a_message_that_is_not_utf8_neither_stops_the_rebuild_nor_keeps_the_old_index(old_file, hex_text, capsys):
+    # Another program stored it as TEXT; the rebuild hands it to the CJK function like any other row.
+    from hermes_state_cli import main
+    raw = sqlite3.connect(old_file, isolation_level=None)
+    raw.execute(f"UPDATE messages SET content = CAST(x'{hex_text}' AS TEXT) WHERE id = (SELECT MAX(id) FROM messages)")
+    total = raw.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
+    raw.close()
+    with SessionDB(old_file, backup_before_upgrade=False) as db:
+        assert db.wait_for_fts_rebuild(60)
+        status = db.fts_rebuild_status()
+        assert status["in_progress"] is False and status["indexed"] == status["total"] == total
+        found = {h["id"] for h in db.search_messages("部署", limit=100)}
+        assert found and db.search_messages("東京", limit=100)
+    assert scalar(old_file, f"SELECT COUNT(*) FROM sqlite_master WHERE name GLOB '{fts.OLD_SUBSTRINGS}*'") == 0
+    conn = sqlite3.connect(old_file)
+    assert upgrade.retired_tables(conn) == []
+    conn.close()
+    assert main(["--db", str(old_file), "fts", "rebuild"]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    assert main(["--db", str(old_file), "--json", "fts", "status"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["pending"] == 0 and err == ""
+    with SessionDB(old_file) as db:
+        assert {h["id"] for h in db.search_messages("部署", limit=100)} == found
 
 
 def test_a_stopped_clearing_resumes_at_the_next_open_and_searches_find_old_rows(old_file, monkeypatch):

@@ -197,6 +197,22 @@ def test_session_ids_with_reserved_characters_link_to_their_page(db):
     assert "odd id" in content(page)
 
 
+@pytest.mark.parametrize("hex_text", ["E69DB1E4BAAC207265706F727420FF", "7265706F727420EDA08020E69DB1E4BAAC"],
+                         ids=["stray_byte", "lone_surrogate"])
+def test_search_page_reads_a_message_that_is_not_utf8(db, raw_conn, hex_text):
+    # Another program stored it as TEXT; the page scans it (queued for the CJK index) with our SQL function.
+    db.create_session("s_odd", "cli")
+    db.append_message("s_odd", "user", "a report about 東京 in plain text")
+    db.close()
+    raw_conn().execute("INSERT INTO messages (session_id, role, content, timestamp) "
+                       f"VALUES ('s_odd', 'user', CAST(x'{hex_text}' AS TEXT), 5)")
+    word, cjk, listing = get(db.db_path, "/-/hermes/state/search?q=report", "/-/hermes/state/search?q=東京",
+                             "/-/hermes/state/session/s_odd")
+    for page in (word, cjk):
+        assert len(re.findall(r"session/s_odd#m\d+", content(page))) == 2
+    assert "\ufffd" in content(word) and "\ufffd" in content(listing)
+
+
 def test_unknown_session_and_database_are_404(store):
     session, database = get(store, "/-/hermes/state/session/nope", "/-/hermes/other")
     assert session.status_code == 404 and database.status_code == 404

