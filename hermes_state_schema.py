@@ -669,13 +669,16 @@ def _climb(writer: Writer, patience_s: float, policy: RetryPolicy, ladder: list[
                 write(writer.conn, later.version)
 
 
-def migrate(writer: Writer, patience_s: float, policy: RetryPolicy) -> int:
+def migrate(writer: Writer, patience_s: float, policy: RetryPolicy,
+            before_upgrade: Callable[[sqlite3.Connection], None] | None = None) -> int:
     """Bring the database up to SCHEMA_VERSION and LAYOUT_REVISION; return the version it had before.
 
     A newer-than-known version is returned untouched (the caller refuses writes); the 32 earlier
     releases of this library wrote is relabelled 31 and counts as 31 here. An empty file is
-    built in one transaction (build_file). hermes-agent's full-text objects stay as they are: its
-    triggers index the rows a back-fill rewrites, as they index any other program's writes.
+    built in one transaction (build_file). `before_upgrade(conn)` runs in the first transaction
+    of an upgrade of an existing file (the caller records there the copy it took first).
+    hermes-agent's full-text objects stay as they are: its triggers index the rows a back-fill
+    rewrites, as they index any other program's writes.
     """
     conn = writer.conn
     with writer.transaction(patience_s, policy):
@@ -689,6 +692,8 @@ def migrate(writer: Writer, patience_s: float, policy: RetryPolicy) -> int:
         if found is None and not table_exists(conn, "sessions"):
             build_file(conn)
             return SCHEMA_VERSION
+        if (found is None or found < SCHEMA_VERSION) and before_upgrade is not None:
+            before_upgrade(conn)
         for sql in TABLE_SQL:
             conn.execute(sql)
         for key in _reconcile_columns(conn):
