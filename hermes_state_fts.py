@@ -44,7 +44,8 @@ from hermes_state_fts_objects import (AGENT_SUBSTRINGS, AGENT_TRIGRAM, CJK, CJK_
                                       LEGACY_KEYS, LEGACY_OBJECTS, LIBRARY_ONLY_NAMES, MERGE_PENDING, OBJECT_NAMES, OBJECTS,
                                       OWN_OBJECTS, PENDING, PROGRESS, REASONING, RENAMES, TRIGRAM,
                                       UNGATED_OBJECTS, UNQUEUED_OBJECTS, WORD, reasoning_text, reasons,
-                                      rebuild_gate, searchable_text)
+                                      rebuild_gate, searchable_text, FAMILIES, OWN_FAMILY, WORD_FAMILY,
+                                      WORD_HIGH_WATER, WORD_OBJECTS, WORD_PROGRESS, Family, LEGACY_NAMES)
 
 # The upkeep cadences' defaults (hermes_state_base says why each is what it is), by their names here.
 MERGE_EVERY_N_WRITES = FTS_MERGE_EVERY_N_WRITES
@@ -72,10 +73,12 @@ class FtsState:
     queued: bool = False              # rows wait in the writer's queue (not in the word, substring, reasoning indexes)
     merging: bool = False             # a finished rebuild's segments wait to be merged (read by `inspect` only)
     agent_substrings: bool = False    # hermes-agent 0.19.0's substring index is there, kept by its triggers
+    word_rebuild: tuple[int, int] | None = None  # (progress, high water) of the word index's rebuild under way
 
     @property
     def work_pending(self) -> bool:
-        return self.rebuild is not None or self.cjk_pending or self.queued or self.merging
+        return (self.rebuild is not None or self.word_rebuild is not None or self.cjk_pending or self.queued
+                or self.merging)
 
 
 @dataclass(frozen=True)
@@ -89,8 +92,10 @@ class _Catalogue:
     pending: bool = False             # the writer's queue table exists
     legacy: bool = False              # an earlier release's object is still under hermes-agent's names
     agent_substrings: bool = False    # hermes-agent 0.19.0's substring index, exactly (AGENT_SUBSTRINGS)
+    word: bool = False                # the document's word index and its three triggers, exactly
 
 
+_WORD = frozenset((kind, name, _normalized(sql)) for kind, name, sql in WORD_OBJECTS)
 _LEGACY = frozenset((kind, name, _normalized(sql)) for kind, name, sql in LEGACY_OBJECTS)
 _AGENT_SUBSTRINGS = frozenset((kind, name, _normalized(sql)) for kind, name, sql in AGENT_SUBSTRINGS)
 # Any of the library's own tables named in a trigger's SQL: a trigger of another definition that
@@ -131,10 +136,10 @@ def _classify(rows: list[tuple[str, str, str | None]]
     rest = []
     for kind, name, sql in rows:
         entry = (kind, name, _normalized(sql))
-        if name in OBJECT_NAMES:
-            current[name] = entry[2]
-        elif entry in _LEGACY or name in LIBRARY_ONLY_NAMES:
+        if entry in _LEGACY or name in LIBRARY_ONLY_NAMES:  # before the names: the word index kept its name
             earlier[name] = (kind, sql or "")
+        elif name in OBJECT_NAMES:
+            current[name] = entry[2]
         elif kind == "trigger" and _OWN_TABLE.search(sql or ""):
             foreign = True  # another definition's trigger writing our tables would double-index rows
         else:
@@ -150,17 +155,19 @@ def _read_catalogue(conn: sqlite3.Connection) -> _Catalogue:
     declared = not foreign and not legacy and all(found.get(name) == _normalized(sql) for _, name, sql in OBJECTS)
     convertible = not foreign and not found and any(
         legacy == {(kind, name, _normalized(sql)) for kind, name, sql in layout} for layout in CONVERTIBLE_LAYOUTS)
+    word = all(found.get(name) == _normalized(sql) for _, name, sql in WORD_OBJECTS)
     return _Catalogue(declared, frozenset(t for t in FTS_TABLES if t in found), CJK_PENDING in found, convertible,
-                      PENDING in found, bool(legacy), agent == _AGENT_SUBSTRINGS)
+                      PENDING in found, bool(legacy), agent == _AGENT_SUBSTRINGS, word)
 
 
 def _rebuild_range(high_water: str | None, progress: str | None) -> tuple[int, int] | None:
     return None if high_water is None else (int(progress or 0), int(high_water))
 
 
-def _markers(conn: sqlite3.Connection) -> tuple[int, int] | None:
-    values = dict(conn.execute("SELECT key, value FROM state_meta WHERE key IN (?, ?)", (HIGH_WATER, PROGRESS)))
-    return _rebuild_range(values.get(HIGH_WATER), values.get(PROGRESS))
+def _markers(conn: sqlite3.Connection, family: Family = OWN_FAMILY) -> tuple[int, int] | None:
+    values = dict(conn.execute("SELECT key, value FROM state_meta WHERE key IN (?, ?)",
+                               (family.high_water, family.progress)))
+    return _rebuild_range(values.get(family.high_water), values.get(family.progress))
 
 
 def _live_sql(catalogue: _Catalogue, token: bool = False) -> str:
@@ -169,14 +176,17 @@ def _live_sql(catalogue: _Catalogue, token: bool = False) -> str:
     pending = f"EXISTS (SELECT 1 FROM {PENDING})" if catalogue.pending else "0"
     head = f"{_TOKEN_FUNCTION}(), schema_version, " if token else ""
     return (f"SELECT {head}(SELECT value FROM state_meta WHERE key = '{HIGH_WATER}'), "
-            f"(SELECT value FROM state_meta WHERE key = '{PROGRESS}'), {queued}, {pending}"
+            f"(SELECT value FROM state_meta WHERE key = '{PROGRESS}'), {queued}, {pending}, "
+            f"(SELECT value FROM state_meta WHERE key = '{WORD_HIGH_WATER}'), "
+            f"(SELECT value FROM state_meta WHERE key = '{WORD_PROGRESS}')"
             + (" FROM pragma_schema_version" if token else ""))
 
 
 def _state(catalogue: _Catalogue, high_water: str | None, progress: str | None, queued: int,
-           pending: int = 0) -> FtsState:
+           pending: int = 0, word_high_water: str | None = None, word_progress: str | None = None) -> FtsState:
     return FtsState(catalogue.declared, catalogue.tables, _rebuild_range(high_water, progress), bool(queued),
-                    bool(pending), agent_substrings=catalogue.agent_substrings)
+                    bool(pending), agent_substrings=catalogue.agent_substrings,
+                    word_rebuild=_rebuild_range(word_high_water, word_progress))
 
 
 def inspect(conn: sqlite3.Connection) -> FtsState:
@@ -268,13 +278,17 @@ def _own_objects(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
     return sorted(own, key=lambda r: order[r[0]])
 
 
-def drop_fts_objects(conn: sqlite3.Connection) -> None:
-    """Drop every full-text object of the library's (`_own_objects`); hermes-agent's stay as they are.
+def drop_fts_objects(conn: sqlite3.Connection, keep: frozenset[str] = frozenset()) -> None:
+    """Drop every full-text object of the library's (`_own_objects`) but those named in `keep`; hermes-agent's stay.
 
     Must run inside the caller's write transaction. `create_fts` builds them again.
     """
     for kind, name, _ in _own_objects(conn):
-        conn.execute(f'DROP {kind.upper()} IF EXISTS "{name}"')
+        if name not in keep:
+            conn.execute(f'DROP {kind.upper()} IF EXISTS "{name}"')
+
+
+_WORD_NAMES = frozenset(name for _, name, _ in WORD_OBJECTS)
 
 
 def create_fts(conn: sqlite3.Connection) -> None:
@@ -282,12 +296,19 @@ def create_fts(conn: sqlite3.Connection) -> None:
 
     Must run inside the caller's write transaction. The library's objects that are missing, differ
     from the declared SQL or come from an earlier layout are dropped first, so the result is exact.
+    The document's word index, when it is there exactly (hermes-agent 0.20.1 makes the same), is
+    kept as it is, with its rebuild under way if any: it holds every row already.
     """
-    drop_fts_objects(conn)
-    for _, _, sql in OBJECTS:
-        conn.execute(sql)
-    set_options(conn)
-    _set_markers(conn, conn.execute("SELECT MAX(id) FROM messages").fetchone()[0])
+    keep = _WORD_NAMES if _read_catalogue(conn).word else frozenset()
+    drop_fts_objects(conn, keep)
+    for _, name, sql in OBJECTS:
+        if name not in keep:
+            conn.execute(sql)
+    set_options(conn, tuple(t for t in FTS_TABLES if t not in keep))
+    top = conn.execute("SELECT MAX(id) FROM messages").fetchone()[0]
+    for family in FAMILIES:
+        if not keep or family is not WORD_FAMILY:
+            _set_markers(conn, top, family=family)
 
 
 def options_set(conn: sqlite3.Connection, tables: frozenset[str]) -> bool:
@@ -308,23 +329,27 @@ def set_options(conn: sqlite3.Connection, tables: tuple[str, ...] = FTS_TABLES) 
             conn.execute(f"INSERT INTO {table}({table}, rank) VALUES (?, ?)", (name, value))
 
 
-def _set_markers(conn: sqlite3.Connection, high_water: int | None, progress: int = 0) -> None:
+def _set_markers(conn: sqlite3.Connection, high_water: int | None, progress: int = 0,
+                 family: Family = OWN_FAMILY) -> None:
     if high_water is None or progress >= high_water:
-        conn.execute("DELETE FROM state_meta WHERE key IN (?, ?)", (HIGH_WATER, PROGRESS))
+        conn.execute("DELETE FROM state_meta WHERE key IN (?, ?)", (family.high_water, family.progress))
         return
     conn.executemany("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, ?)",
-                     [(HIGH_WATER, str(high_water)), (PROGRESS, str(progress))])
+                     [(family.high_water, str(high_water)), (family.progress, str(progress))])
 
 
 def start_rebuild(conn: sqlite3.Connection) -> None:
     """Empty the three indexes and set the markers so every existing row is rebuilt in chunks.
 
-    Must run inside the caller's write transaction. Does nothing while a rebuild is under way
-    (that one is resumed instead).
+    Must run inside the caller's write transaction. A family of indexes whose rebuild is under
+    way is left to it (that one is resumed instead).
     """
+    top = conn.execute("SELECT MAX(id) FROM messages").fetchone()[0]
+    if _markers(conn, WORD_FAMILY) is None:
+        conn.execute(f"INSERT INTO {WORD}({WORD}) VALUES ('delete-all')")
+        _set_markers(conn, top, family=WORD_FAMILY)
     if _markers(conn) is not None:
         return
-    conn.execute(f"INSERT INTO {WORD}({WORD}) VALUES ('delete-all')")
     conn.execute(f"INSERT INTO {TRIGRAM}({TRIGRAM}) VALUES ('delete-all')")
     conn.execute(f"INSERT INTO {REASONING}({REASONING}) VALUES ('delete-all')")
     # The CJK table keeps its own text (it is small); dropping it is cheaper than deleting rows.
@@ -333,13 +358,15 @@ def start_rebuild(conn: sqlite3.Connection) -> None:
     set_options(conn, (CJK,))
     conn.execute(f"DELETE FROM {CJK_PENDING}")
     conn.execute(f"DELETE FROM {PENDING}")
-    _set_markers(conn, conn.execute("SELECT MAX(id) FROM messages").fetchone()[0])
+    _set_markers(conn, top)
 
 
-def _index_range(conn: sqlite3.Connection, low: int, high: int) -> None:
-    """Index the messages with low < id <= high into all three tables (none of them is indexed yet)."""
-    conn.execute(f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
-                 "SELECT id, content, tool_name, tool_calls FROM messages WHERE id > ? AND id <= ?", (low, high))
+def _index_range(conn: sqlite3.Connection, low: int, high: int, family: Family = OWN_FAMILY) -> None:
+    """Index the messages with low < id <= high into `family`'s indexes (none of them holds them yet)."""
+    if family is WORD_FAMILY:  # as the document's rebuild step does: its triggers skip this range meanwhile
+        conn.execute(f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
+                     "SELECT id, content, tool_name, tool_calls FROM messages WHERE id > ? AND id <= ?", (low, high))
+        return
     # From the table itself: the content sources leave out the range until its markers move on.
     conn.execute(f"INSERT INTO {TRIGRAM}(rowid, content) SELECT id, {searchable_text('messages')} FROM messages "
                  "WHERE id > ? AND id <= ?", (low, high))
@@ -358,8 +385,6 @@ def _index_range(conn: sqlite3.Connection, low: int, high: int) -> None:
 # table itself (the content sources leave queued rows out until the queue is emptied).
 _QUEUED = f"id IN (SELECT id FROM {PENDING}) AND {rebuild_gate('id')}"
 _INDEX_QUEUED_SQL = (
-    f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
-    f"SELECT id, content, tool_name, tool_calls FROM messages WHERE {_QUEUED}",
     f"INSERT INTO {TRIGRAM}(rowid, content) SELECT id, {searchable_text('messages')} FROM messages WHERE {_QUEUED}",
     f"INSERT INTO {REASONING}(rowid, reasoning) SELECT id, {reasoning_text('messages')} FROM messages "
     f"WHERE {_QUEUED} AND {reasons('messages')}",
@@ -367,7 +392,9 @@ _INDEX_QUEUED_SQL = (
 
 
 def index_queued(conn: sqlite3.Connection) -> None:
-    """Index every row of the writer's queue into the word, substring and reasoning indexes, and empty it.
+    """Index every row of the writer's queue into the substring and reasoning indexes, and empty it.
+
+    (The document's word index has no queue: its triggers index every row at once.)
 
     Must run inside the caller's write transaction. One statement per index for the whole batch,
     so FTS5 writes one segment per index for it. Rows a rebuild under way will index are skipped.
@@ -399,30 +426,44 @@ def move_legacy(conn: sqlite3.Connection) -> None:
     own objects are never touched.
     """
     own = _own_objects(conn)
+    tables = {name for kind, name, _ in own if kind == "table"}
+    if LEGACY_NAMES.pending in tables:
+        # The word index becomes the document's, which holds queued rows too: the rows the writer's
+        # queue keeps out of it (outside a rebuild's range) go in first, the queue stays for the others.
+        conn.execute(f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
+                     f"SELECT id, content, tool_name, tool_calls FROM messages "
+                     f"WHERE id IN (SELECT id FROM {LEGACY_NAMES.pending}) AND {rebuild_gate('id', LEGACY_NAMES)}")
     for kind, name, _ in own:  # triggers and views first: renaming a table would rewrite them
         if kind != "table":
             conn.execute(f'DROP {kind.upper()} "{name}"')
     declared = {name: sql for _, name, sql in OBJECTS}
-    for kind, name, _ in own:
-        if kind == "table":
-            conn.execute(f'ALTER TABLE "{name}" RENAME TO "{RENAMES[name]}"')
-            # As declared: the renamed statement quotes the new name, and an index's source changed.
-            _rewrite_table_sql(conn, RENAMES[name], declared[RENAMES[name]])
+    for name in tables:
+        new = RENAMES.get(name, name)
+        if new != name:
+            conn.execute(f'ALTER TABLE "{name}" RENAME TO "{new}"')
+        # As declared: the renamed statement quotes the new name, and an index's source changed.
+        _rewrite_table_sql(conn, new, declared[new])
     present = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     for _, name, sql in OBJECTS:  # in declared order: tables (the queue of a layout without one), views, triggers
         if name not in present:
             conn.execute(sql)
+    # A rebuild under way goes on: the word index's markers are the document's keys already, the
+    # other indexes' are copied to the library's.
     for old, new in LEGACY_KEYS:
-        conn.execute("UPDATE OR REPLACE state_meta SET key = ? WHERE key = ?", (new, old))
+        conn.execute("INSERT OR REPLACE INTO state_meta (key, value) SELECT ?, value FROM state_meta WHERE key = ?",
+                     (new, old))
+        if old not in (WORD_HIGH_WATER, WORD_PROGRESS):
+            conn.execute("DELETE FROM state_meta WHERE key = ?", (old,))
 
 
 def forget_legacy_markers(conn: sqlite3.Connection) -> None:
-    """Delete an earlier release's markers (under hermes-agent 0.20.1's keys, which its triggers read).
+    """Delete an earlier release's markers, when that release's objects are the ones being replaced.
 
-    Only when that release's objects are the ones being replaced: the keys were the library's then.
+    The word index's (the document's keys) are left to `create_fts`, which sets them afresh
+    unless the document's word index is kept with its rebuild.
     """
     conn.execute("DELETE FROM state_meta WHERE key IN (SELECT value FROM json_each(?))",
-                 (json.dumps([old for old, _ in LEGACY_KEYS]),))
+                 (json.dumps([old for old, _ in LEGACY_KEYS if old not in (WORD_HIGH_WATER, WORD_PROGRESS)]),))
 
 
 def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS) -> bool:
@@ -430,19 +471,22 @@ def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS)
 
     Must run inside the caller's write transaction; the markers are re-read there, so two
     processes resuming the same rebuild never index a row twice.
+    Each family of indexes (FAMILIES) has its own markers; the first with a rebuild under way
+    takes the chunk. The document's word index follows the document's protocol, which
+    hermes-agent 0.20.1 follows too: a chunk of either program is correct for the other.
     """
-    markers = _markers(conn)
-    if markers is None:
+    pending = [(family, found) for family in FAMILIES if (found := _markers(conn, family)) is not None]
+    if not pending:
         return False
-    progress, high_water = markers
+    family, (progress, high_water) = pending[0]
     row = conn.execute("SELECT id FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT 1 OFFSET ?",
                        (progress, high_water, max(chunk_rows, 1) - 1)).fetchone()
     upper = high_water if row is None else row[0]
-    _index_range(conn, progress, upper)
-    _set_markers(conn, high_water, upper)
-    if upper >= high_water:  # the last chunk: the segments it left are merged next
+    _index_range(conn, progress, upper, family)
+    _set_markers(conn, high_water, upper, family)
+    if upper >= high_water:  # the family's last chunk: the segments it left are merged next
         conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (MERGE_PENDING,))
-    return upper < high_water
+    return upper < high_water or len(pending) > 1
 
 
 # The pages one merge step writes: on the heavy store of docs/performance.md, 500 pages took
@@ -594,7 +638,8 @@ def rebuild_overgrown(conn: sqlite3.Connection, tables: Iterable[str]) -> dict[s
     found = overgrown(conn, tables)
     if found:
         reset_structures(conn, found)
-        conn.execute("DELETE FROM state_meta WHERE key IN (?, ?, ?)", (HIGH_WATER, PROGRESS, MERGE_PENDING))
+        conn.execute("DELETE FROM state_meta WHERE key IN (?, ?, ?, ?, ?)",
+                     (HIGH_WATER, PROGRESS, WORD_HIGH_WATER, WORD_PROGRESS, MERGE_PENDING))
         start_rebuild(conn)
     return found
 
@@ -903,18 +948,19 @@ def rebuild_status(conn: sqlite3.Connection) -> dict[str, object]:
     """Return {pending, total, indexed, percent, in_progress, cjk_pending} for the FTS indexes."""
     state = inspect(conn)
     cjk_pending = conn.execute(f"SELECT COUNT(*) FROM {CJK_PENDING}").fetchone()[0] if state.cjk_pending else 0
-    if state.rebuild is not None:
-        progress, high_water = state.rebuild
+    ranges = [r for r in (state.rebuild, state.word_rebuild) if r is not None]
+    if ranges:  # rows either family has still to index
+        progress, high_water = min(p for p, _ in ranges), max(h for _, h in ranges)
         total = conn.execute("SELECT COUNT(*) FROM messages WHERE id <= ?", (high_water,)).fetchone()[0]
-        pending = conn.execute("SELECT COUNT(*) FROM messages WHERE id > ? AND id <= ?",
-                               (progress, high_water)).fetchone()[0]
+        pending = conn.execute("SELECT COUNT(*) FROM messages WHERE " + " OR ".join(
+            f"(id > {int(p)} AND id <= {int(h)})" for p, h in ranges)).fetchone()[0]
     else:
         total = conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0]
         pending = 0 if state.tables == frozenset(FTS_TABLES) else total
     indexed = total - pending
     return {"pending": pending, "total": total, "indexed": indexed,
             "percent": round(100.0 * indexed / total, 1) if total else 100.0,
-            "in_progress": state.rebuild is not None, "cjk_pending": cjk_pending}
+            "in_progress": bool(ranges), "cjk_pending": cjk_pending}
 
 
 def integrity_report(conn: sqlite3.Connection, tables: Iterable[str] | None = None, *,

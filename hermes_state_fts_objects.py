@@ -47,10 +47,59 @@ LEGACY_NAMES = Names(word="messages_fts", trigram="messages_fts_trigram", cjk="m
                      pending="messages_fts_pending", high_water="fts_rebuild_high_water",
                      progress="fts_rebuild_progress")
 
-WORD, TRIGRAM, CJK, REASONING = NAMES.word, NAMES.trigram, NAMES.cjk, NAMES.reasoning
+# The word index is the design document's `messages_fts`, built exactly as the document (and
+# hermes-agent 0.20.1, identically) defines it: over messages itself, kept at once by its three
+# triggers, which its own state_meta markers gate during a rebuild. Either program may create it
+# or run its rebuild steps; neither changes it. The library's other indexes keep their own names.
+WORD = "messages_fts"
+WORD_HIGH_WATER, WORD_PROGRESS = "fts_rebuild_high_water", "fts_rebuild_progress"
+TRIGRAM, CJK, REASONING = NAMES.trigram, NAMES.cjk, NAMES.reasoning
 CJK_PENDING = NAMES.cjk_pending
 FTS_TABLES = (WORD, TRIGRAM, CJK, REASONING)
 HIGH_WATER, PROGRESS = NAMES.high_water, NAMES.progress
+
+
+class Family(NamedTuple):
+    """Indexes rebuilt together, under one pair of rebuild markers."""
+
+    tables: tuple[str, ...]
+    high_water: str
+    progress: str
+
+
+# The document's word index under the document's markers; the library's own under its own.
+WORD_FAMILY = Family((WORD,), WORD_HIGH_WATER, WORD_PROGRESS)
+OWN_FAMILY = Family((TRIGRAM, REASONING, CJK), HIGH_WATER, PROGRESS)
+FAMILIES = (WORD_FAMILY, OWN_FAMILY)
+
+# The document's word index and its triggers, as sqlite_master stores them (hermes-agent 0.20.1
+# stores exactly this text). A file is compared with it whitespace aside.
+_DOC_GATE = ("(old.id > COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta\n"
+             "                         WHERE key = 'fts_rebuild_high_water'), -1)\n"
+             "   OR old.id <= COALESCE((SELECT CAST(value AS INTEGER) FROM state_meta\n"
+             "                          WHERE key = 'fts_rebuild_progress'), -1))")
+WORD_OBJECTS: tuple[tuple[str, str, str], ...] = (
+    ("table", WORD, "CREATE VIRTUAL TABLE messages_fts USING fts5(\n    content,\n    tool_name,\n    tool_calls,\n"
+                    "    content='messages',\n    content_rowid='id'\n)"),
+    ("trigger", "messages_fts_insert",
+     "CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages\nWHEN " + _DOC_GATE.replace("old.", "new.") +
+     "\nBEGIN\n    INSERT INTO messages_fts(rowid, content, tool_name, tool_calls)\n"
+     "    VALUES (new.id, new.content, new.tool_name, new.tool_calls);\nEND"),
+    ("trigger", "messages_fts_delete",
+     "CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages\nWHEN " + _DOC_GATE +
+     "\nBEGIN\n    INSERT INTO messages_fts(messages_fts, rowid, content, tool_name, tool_calls)\n"
+     "    VALUES ('delete', old.id, old.content, old.tool_name, old.tool_calls);\nEND"),
+    ("trigger", "messages_fts_update",
+     "CREATE TRIGGER messages_fts_update\nAFTER UPDATE OF content, tool_name, tool_calls ON messages\n"
+     "WHEN (old.content IS NOT new.content\n    OR old.tool_name IS NOT new.tool_name\n"
+     "    OR old.tool_calls IS NOT new.tool_calls)\n   AND "
+     + _DOC_GATE.replace("\n   OR", "\n     OR").replace("\n                         W", "\n                           W")
+     .replace("\n                          W", "\n                            W") +
+     "\nBEGIN\n    INSERT INTO messages_fts(messages_fts, rowid, content, tool_name, tool_calls)\n"
+     "    VALUES ('delete', old.id, old.content, old.tool_name, old.tool_calls);\n"
+     "    INSERT INTO messages_fts(rowid, content, tool_name, tool_calls)\n"
+     "    VALUES (new.id, new.content, new.tool_name, new.tool_calls);\nEND"),
+)
 # Set by the rebuild's last chunk: a rebuild leaves each index in dozens of segments, which every
 # search seeks one by one, so they are merged afterwards a bounded step at a time.
 MERGE_PENDING = "hermes_fts_merge_after_rebuild"
@@ -58,6 +107,8 @@ MERGE_PENDING = "hermes_fts_merge_after_rebuild"
 PENDING = NAMES.pending
 # The state_meta keys earlier releases used, each with the key it moves to (the rebuild markers
 # were hermes-agent 0.20.1's own key names, which its triggers read).
+# An earlier release's rebuild under way goes on in both families: the word index's markers stay
+# where they are (they are the document's), the others' are copied to the library's keys.
 LEGACY_KEYS = ((LEGACY_NAMES.high_water, HIGH_WATER), (LEGACY_NAMES.progress, PROGRESS),
                ("fts_merge_after_rebuild", MERGE_PENDING))
 # What an earlier release's move-in of a hermes-agent file left while its rebuild ran: the
@@ -136,10 +187,13 @@ def _tables(n: Names, gated: bool) -> tuple[tuple[str, str, str], ...]:
     word_source = (("view", n.source(n.word),
                     f"CREATE VIEW {n.source(n.word)} AS SELECT id, content, tool_name, tool_calls FROM messages"
                     f"{where}"),) if gated else ()
+    # The current layout's word index is the document's (WORD_OBJECTS), apart from these.
+    word = () if n == NAMES else (
+        *word_source,
+        ("table", n.word, f"CREATE VIRTUAL TABLE {n.word} USING fts5(content, tool_name, tool_calls, "
+                          f"content='{n.source(n.word) if gated else 'messages'}', content_rowid='id')"))
     return (
-    *word_source,
-    ("table", n.word, f"CREATE VIRTUAL TABLE {n.word} USING fts5(content, tool_name, tool_calls, "
-                      f"content='{n.source(n.word) if gated else 'messages'}', content_rowid='id')"),
+    *word,
     # Substrings of every message's text: trigrams with detail=none store which rows hold each
     # trigram but no positions, about half the size of a position-full index over less text.
     # Nothing ranks these hits, so no per-row token counts are kept either (columnsize=0).
@@ -163,28 +217,26 @@ def _triggers(n: Names, queued: bool) -> tuple[tuple[str, str, str], ...]:
     def gate(row_id: str) -> str:  # the rebuild gate, and the queue's when the queue exists
         return indexed(row_id, n) if queued else rebuild_gate(row_id, n)
     word, trigram, reasoning, cjk, cjk_pending = n.word, n.trigram, n.reasoning, n.cjk, n.cjk_pending
-    return (
+    add_reasoning = (f"INSERT INTO {reasoning}(rowid, reasoning) SELECT new.id, {reasoning_text('new')} "
+                     f"WHERE {reasons('new')}; ")
+    remove_reasoning = (f"INSERT INTO {reasoning}({reasoning}, rowid, reasoning) SELECT 'delete', old.id, "
+                        f"{reasoning_text('old')} WHERE {reasons('old')}; ")
+    current = n == NAMES  # the word index has the document's own triggers; the reasoning index rides the substrings'
+    words = () if current else (
     ("trigger", f"{word}_insert",
      f"CREATE TRIGGER {word}_insert AFTER INSERT ON messages WHEN {gate('new.id')} BEGIN "
      f"INSERT INTO {word}(rowid, content, tool_name, tool_calls) "
      f"VALUES (new.id, new.content, new.tool_name, new.tool_calls); "
-     f"INSERT INTO {reasoning}(rowid, reasoning) SELECT new.id, {reasoning_text('new')} WHERE {reasons('new')}; "
-     "END"),
-    ("trigger", f"{trigram}_insert",
-     f"CREATE TRIGGER {trigram}_insert AFTER INSERT ON messages WHEN {gate('new.id')} BEGIN "
-     f"INSERT INTO {trigram}(rowid, content) VALUES (new.id, {searchable_text('new')}); "
-     "END"),
+     f"{add_reasoning}"
+     "END"),)
+    word_delete = () if current else (
     ("trigger", f"{word}_delete",
      f"CREATE TRIGGER {word}_delete AFTER DELETE ON messages WHEN {gate('old.id')} BEGIN "
      f"INSERT INTO {word}({word}, rowid, content, tool_name, tool_calls) "
      f"VALUES ('delete', old.id, old.content, old.tool_name, old.tool_calls); "
-     f"INSERT INTO {reasoning}({reasoning}, rowid, reasoning) SELECT 'delete', old.id, {reasoning_text('old')} "
-     f"WHERE {reasons('old')}; "
-     "END"),
-    ("trigger", f"{trigram}_delete",
-     f"CREATE TRIGGER {trigram}_delete AFTER DELETE ON messages WHEN {gate('old.id')} BEGIN "
-     f"INSERT INTO {trigram}({trigram}, rowid, content) VALUES ('delete', old.id, {searchable_text('old')}); "
-     "END"),
+     f"{remove_reasoning}"
+     "END"),)
+    word_update = () if current else (
     ("trigger", f"{word}_update",
      f"CREATE TRIGGER {word}_update AFTER UPDATE OF id, role, content, tool_name, tool_calls ON messages "
      "BEGIN "
@@ -192,7 +244,21 @@ def _triggers(n: Names, queued: bool) -> tuple[tuple[str, str, str], ...]:
      f"SELECT 'delete', old.id, old.content, old.tool_name, old.tool_calls WHERE {gate('old.id')}; "
      f"INSERT INTO {word}(rowid, content, tool_name, tool_calls) "
      f"SELECT new.id, new.content, new.tool_name, new.tool_calls WHERE {gate('new.id')}; "
+     "END"),)
+    return (
+    *words,
+    ("trigger", f"{trigram}_insert",
+     f"CREATE TRIGGER {trigram}_insert AFTER INSERT ON messages WHEN {gate('new.id')} BEGIN "
+     f"INSERT INTO {trigram}(rowid, content) VALUES (new.id, {searchable_text('new')}); "
+     f"{add_reasoning if current else ''}"
      "END"),
+    *word_delete,
+    ("trigger", f"{trigram}_delete",
+     f"CREATE TRIGGER {trigram}_delete AFTER DELETE ON messages WHEN {gate('old.id')} BEGIN "
+     f"INSERT INTO {trigram}({trigram}, rowid, content) VALUES ('delete', old.id, {searchable_text('old')}); "
+     f"{remove_reasoning if current else ''}"
+     "END"),
+    *word_update,
     ("trigger", f"{trigram}_update",
      f"CREATE TRIGGER {trigram}_update AFTER UPDATE OF id, role, content, tool_name, tool_calls ON messages "
      "BEGIN "
@@ -243,7 +309,7 @@ def _layouts(n: Names) -> tuple[Layout, Layout, Layout]:
             (*_tables(n, False), *_triggers(n, False)))
 
 
-OBJECTS = _layouts(NAMES)[0]
+OBJECTS = (*WORD_OBJECTS, *_layouts(NAMES)[0])
 # The layouts earlier releases made, under hermes-agent's names: the current one, the one whose
 # sources held queued rows, the one before the queue. Open moves any of them into NAMES by renaming,
 # with no re-indexing (their indexes hold exactly what the current layout's would). Each object
@@ -258,8 +324,10 @@ OBJECT_NAMES = frozenset(name for _, name, _ in OBJECTS)
 LIBRARY_ONLY_NAMES = frozenset({LEGACY_NAMES.source(LEGACY_NAMES.word), LEGACY_NAMES.source(LEGACY_NAMES.trigram),
                                 LEGACY_NAMES.reasoning, LEGACY_NAMES.source(LEGACY_NAMES.reasoning),
                                 f"{LEGACY_NAMES.reasoning}_update", LEGACY_NAMES.pending, LEGACY_NAMES.cjk_pending})
-# Each earlier name with the name it moves to (views and triggers included).
-RENAMES = {old: new for (_, old, _), (_, new, _) in zip(LEGACY_OBJECTS_V31, OBJECTS)}
+# Each earlier table with the name it moves to; the word index keeps its name (its statement becomes
+# the document's), the views and triggers are made afresh.
+RENAMES = {getattr(LEGACY_NAMES, key): getattr(NAMES, key) for key in ("trigram", "cjk", "reasoning", "pending",
+                                                                          "cjk_pending")}
 
 # Per writable connection, created at open (temp schema only: no lock on the file). REPLACE
 # re-fires it for a queued id. A row in the writer's queue is left for its batch.

@@ -326,11 +326,17 @@ class _Ask:
                 for i, score in _ranked(self.conn, table, expr, filters or self.filters, self.low, self.high,
                                         self.need, skip)]
 
-    def uncovered(self, *, cjk: bool) -> list[_Hit]:
-        """LIKE-scan the rows the index does not cover yet: (P, H] of a rebuild, queued CJK rows, the writer's queue."""
+    def uncovered(self, *, cjk: bool, word: bool = False) -> list[_Hit]:
+        """LIKE-scan the rows the indexes do not cover yet: (P, H] of a rebuild, queued CJK rows, the writer's queue.
+
+        With `word` (the word route, which also asks the CJK index) the word index's own rebuild
+        range is scanned too, and of the writer's queue only rows with non-ASCII text: the word
+        index holds queued rows already (its triggers index every row at once); the CJK index
+        does not, and only it finds a word glued to CJK.
+        """
         found: list[int] = []
-        if self.state.rebuild is not None:
-            progress, high_water = self.state.rebuild
+        ranges = [r for r in (self.state.rebuild, self.state.word_rebuild if word else None) if r is not None]
+        for progress, high_water in ranges:
             low, high = max(self.low, progress + 1), min(self.high, high_water)
             if low <= high and self.state.agent_substrings:
                 # hermes-agent's own substring index holds every row: the rows not rebuilt yet are found there.
@@ -344,7 +350,8 @@ class _Ask:
             found += _like(self.conn, (self.group,), self.filters, self.low, self.high, self.need, only_queued=True,
                            cut=self.cut)
         if self.state.queued:  # rows another handle has not indexed yet (at most a batch)
-            found += _like(self.conn, (self.group,), self.filters, self.low, self.high, self.need, only_queued=True,
+            filters = self.filters.plus(_WIDE_ROW, []) if word else self.filters
+            found += _like(self.conn, (self.group,), filters, self.low, self.high, self.need, only_queued=True,
                            cut=self.cut, queue=fts.PENDING)
         return [(i, 0.0, None) for i in found]
 
@@ -397,7 +404,7 @@ class _Ask:
         phrases = [p for p in map(in_word_phrase, texts) if p is not None]
         if self.high - self.low < DIRECT_SCAN_ROWS:
             key, source = "m.id", f"messages m{f.join} WHERE"
-        elif phrases and fts.WORD in self.state.tables:
+        elif phrases and fts.WORD in self.state.tables and self.state.word_rebuild is None:
             # A piece with a whole word inside ("kube-proxy-7f3", a phrase): the word index's
             # positions find its candidates, where the trigrams of its common words would each
             # name most of the store.
@@ -475,6 +482,11 @@ def _mixed_route(a: _Ask) -> list[_Hit]:
                     filters=a.filters.plus(*_like_terms(others)))
 
 
+# A row whose text may hold CJK (fewer characters than bytes).
+_WIDE_ROW = ("(length(m.content) < length(CAST(m.content AS BLOB)) "
+             "OR length(m.tool_calls) < length(CAST(m.tool_calls AS BLOB)))")
+
+
 def _word_route(a: _Ask) -> list[_Hit]:
     # Latin glued to CJK ("iPhone16を") is one unicode61 token in the word index; the CJK index,
     # which splits it, holds every message that has CJK, so it is asked too.
@@ -482,7 +494,7 @@ def _word_route(a: _Ask) -> list[_Hit]:
     found = a.ranked(fts.WORD, expr, snippet=True)
     if a.has(fts.CJK):
         found += a.ranked(fts.CJK, expr)
-    return found + a.uncovered(cjk=True)
+    return found + a.uncovered(cjk=True, word=True)
 
 
 def _substring_route(a: _Ask) -> list[_Hit]:

@@ -176,6 +176,7 @@ def upgrade_step(copy: PreUpgradeCopy | None) -> Callable[[sqlite3.Connection], 
     """Return the migration's first-transaction step: the copy taken first recorded as the upgrade's."""
     def before_upgrade(conn: sqlite3.Connection) -> None:
         if copy is not None:
+            conn.execute(next(sql for sql in schema.TABLE_SQL if " state_meta (" in sql))  # an old layout may lack it
             copy.begin(conn)
     return before_upgrade
 

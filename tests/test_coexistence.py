@@ -278,7 +278,7 @@ def test_an_agent_file_with_a_message_that_is_not_utf8_finishes_its_rebuild(tmp_
         assert sorted(h["id"] for h in db.search_messages("部署", limit=100)) == deploys
     conn = sqlite3.connect(path)
     assert upgrade.retired_tables(conn) == []
-    assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (fts.OLD_SUBSTRINGS,)).fetchone() is None
+    assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = ?", (fts.LEFTOVER_SUBSTRINGS,)).fetchone() is None
     conn.close()
     found = agent(path, ["call", "search_messages", ["deploy"], {"limit": 100}, "ids"],
                   ["call", "search_messages", ["部署"], {"limit": 100}, "ids"])

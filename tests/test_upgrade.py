@@ -242,7 +242,7 @@ def test_a_message_that_is_not_utf8_neither_stops_the_rebuild_nor_keeps_the_old_
         assert status["in_progress"] is False and status["indexed"] == status["total"] == total
         found = {h["id"] for h in db.search_messages("部署", limit=100)}
         assert found and db.search_messages("東京", limit=100)
-    assert scalar(old_file, f"SELECT COUNT(*) FROM sqlite_master WHERE name GLOB '{fts.OLD_SUBSTRINGS}*'") == 0
+    assert scalar(old_file, f"SELECT COUNT(*) FROM sqlite_master WHERE name GLOB '{fts.LEFTOVER_SUBSTRINGS}*'") == 0
     conn = sqlite3.connect(old_file)
     assert upgrade.retired_tables(conn) == []
     conn.close()
