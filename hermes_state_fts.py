@@ -1,17 +1,19 @@
 """Full-text indexes over messages: the FTS5 tables, their triggers, rebuild markers and upkeep.
 
-Owns: `hermes_fts_words` (unicode61 words of content, tool_name, tool_calls), `hermes_fts_substrings`
+Owns: `messages_fts` (unicode61 words of content, tool_name, tool_calls: the design document's
+own index, built exactly as it defines it, which hermes-agent 0.20.1 shares), `hermes_fts_substrings`
 (substrings of every message's content, tool name and tool calls), `hermes_fts_reasoning` (words of reasoning text),
 `hermes_fts_cjk` (CJK runs as bigrams, from hermes_state_cjk) with its queue `hermes_fts_cjk_pending`,
 the triggers that keep them in sync (all declared in `OBJECTS`), the rebuild markers
-`hermes_fts_high_water`/`hermes_fts_progress`, moving an earlier release's objects out of
+(`fts_rebuild_high_water`/`fts_rebuild_progress`, the document's, for `messages_fts`;
+`hermes_fts_high_water`/`hermes_fts_progress` for the others: `FAMILIES`), moving an earlier release's objects out of
 hermes-agent's names (`move_legacy`), the chunked resumable rebuild, the writer's queue
 batch (`index_batch`, and `flush_queue`, a closing handle indexing what it left queued), the periodic merge,
 the bounded merge after a rebuild, reading each index's FTS5 structure record (`Structure`: how many
 levels deep it is, rebuilt when too deep), and `FtsState` (what exists and what is pending; `cached_state` keeps it per connection for searches).
 Does not own: the query language (hermes_state_query), running searches (hermes_state_search) or
-writing message rows (hermes_state_messages). Every `messages_fts*` object is hermes-agent's: this
-module never drops, rebuilds or writes one (its triggers are plain SQL and index this library's rows too).
+writing message rows (hermes_state_messages). Every other `messages_fts*` object is hermes-agent's:
+this module never drops, rebuilds or writes one (its triggers are plain SQL and index this library's rows too).
 
 Transaction contract: functions taking a connection run inside the caller's write transaction (or
 read under its lock) and never commit. `ensure_fts`, `run_pending`, `rebuild` and `flush_queue` take

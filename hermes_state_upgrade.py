@@ -175,10 +175,19 @@ def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = Tru
 def upgrade_step(copy: PreUpgradeCopy | None) -> Callable[[sqlite3.Connection], None]:
     """Return the migration's first-transaction step: the copy taken first recorded as the upgrade's."""
     def before_upgrade(conn: sqlite3.Connection) -> None:
+        prepare_upgrade(conn)
         if copy is not None:
-            conn.execute(next(sql for sql in schema.TABLE_SQL if " state_meta (" in sql))  # an old layout may lack it
             copy.begin(conn)
     return before_upgrade
+
+
+def prepare_upgrade(conn: sqlite3.Connection) -> None:
+    """In the upgrade's first transaction, before anything else changes: the table the copy is recorded in.
+
+    An old layout may lack state_meta yet. hermes-agent's full-text objects and the library's
+    earlier ones are left to the full-text set-up after the migration (nothing is dropped here).
+    """
+    conn.execute(next(sql for sql in schema.TABLE_SQL if " state_meta (" in sql))
 
 
 def retire_leftover_substrings(conn: sqlite3.Connection) -> None:

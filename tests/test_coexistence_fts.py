@@ -1,8 +1,10 @@
 """One state.db, the library and each hermes-agent release: neither program's indexes undo the other's.
 
-The library's full-text objects live under names of their own (`hermes_fts_*`); every
-`messages_fts*` object is the agent's, kept by its own plain triggers (which index the library's
-rows too). Each test runs with hermes-agent 0.19.0 (env HERMES_AGENT_PYTHON) and 0.20.1 (env
+The library's word index is the design document's `messages_fts`, built exactly as the document
+(and hermes-agent 0.20.1, identically) defines it, with its three triggers: shared, changed by
+neither program. Its other full-text objects live under names of their own (`hermes_fts_*`);
+every other `messages_fts*` object is the agent's, kept by its own plain triggers (which index
+the library's rows too). Each test runs with hermes-agent 0.19.0 (env HERMES_AGENT_PYTHON) and 0.20.1 (env
 HERMES_AGENT_020_PYTHON), each driven in its own venv through tests/hermes_agent_driver.py.
 Without a release's interpreter its tests are skipped, saying so; with HERMES_STATE_REQUIRE_AGENT=1
 a missing release is a failure instead.
@@ -94,6 +96,19 @@ def markers(path: Path) -> dict[str, str]:
 
 
 OURS, THEIRS = "hermes\\_fts\\_%", "messages\\_fts%"
+# The document's word index: its table, FTS5's four tables beside it, its three triggers.
+DOCUMENT = frozenset({name for _, name, _ in fts.WORD_OBJECTS}
+                     | {f"{fts.WORD}_{part}" for part in ("data", "idx", "docsize", "config")})
+
+
+def ours(path: Path) -> dict[str, tuple[str, int, str]]:
+    """The library's objects: under its own names, and the document's word index."""
+    return catalogue(path, OURS) | {k: v for k, v in catalogue(path, THEIRS).items() if k in DOCUMENT}
+
+
+def theirs(path: Path) -> dict[str, tuple[str, int, str]]:
+    """The agent's own objects: every other `messages_fts*` one."""
+    return {k: v for k, v in catalogue(path, THEIRS).items() if k not in DOCUMENT}
 
 
 def _library_store(path: Path) -> dict[str, int]:
@@ -109,23 +124,24 @@ def _library_store(path: Path) -> dict[str, int]:
 def test_the_agent_opening_a_library_file_makes_the_library_rebuild_nothing(agent_python, hermes_home):
     path = hermes_home / "state.db"
     rows = _library_store(path)
-    ours = catalogue(path, OURS)
-    assert ours and not set(catalogue(path, THEIRS))  # the library's objects are under its own names only
+    mine = ours(path)
+    assert DOCUMENT <= set(mine) and not theirs(path)  # its own names and the document's word index only
     added = agent(agent_python, path, ["create", "agent", "cli"], ["append", "agent", "user", "agent zebrafish 大阪城"],
                   ["append", "agent", "user", "京都の夜"])[1:]
     # The agent's objects are its own: it made them beside the library's and left the library's alone.
-    theirs = catalogue(path, THEIRS)
-    assert theirs and all("hermes_fts" not in sql for _, _, sql in theirs.values())
-    assert catalogue(path, OURS) == ours
+    agents = theirs(path)
+    assert all("hermes_fts" not in sql for _, _, sql in agents.values())
+    assert ours(path) == mine
     with SessionDB(path) as db:
         assert not db.fts_rebuild_status()["in_progress"]
         assert library_ids(db, "zebrafish") == sorted([rows["words"], added[0]])
         assert library_ids(db, "京都") == sorted([rows["cjk"], added[1]])
         assert library_ids(db, "大阪") == [added[0]]
         assert library_ids(db, "beproxy7") == [rows["tool"]]
-    assert catalogue(path, OURS) == ours  # same objects, same pages: nothing dropped or rebuilt
-    assert catalogue(path, THEIRS) == theirs  # and the agent's are as it left them
-    assert not any(key in (fts.HIGH_WATER, fts.PROGRESS) for key in markers(path))
+    assert ours(path) == mine  # same objects, same pages: nothing dropped or rebuilt
+    assert theirs(path) == agents  # and the agent's are as it left them
+    assert not any(key in (fts.HIGH_WATER, fts.PROGRESS, fts.WORD_HIGH_WATER, fts.WORD_PROGRESS)
+                   for key in markers(path))
     assert agent_ids(agent_python, path, "zebrafish", "京都") == [sorted([rows["words"], added[0]]),
                                                                  sorted([rows["cjk"], added[1]])]
 
@@ -151,7 +167,8 @@ def test_the_agents_maintenance_finishes_on_a_library_file_and_leaves_the_librar
         assert set(fts.integrity_report(conn).values()) == {"ok"}
     finally:
         conn.close()
-    assert not any(key in (fts.HIGH_WATER, fts.PROGRESS) for key in markers(path))
+    assert not any(key in (fts.HIGH_WATER, fts.PROGRESS, fts.WORD_HIGH_WATER, fts.WORD_PROGRESS)
+                   for key in markers(path))
 
 
 def test_a_handle_held_open_across_the_agents_start_keeps_finding_new_rows(agent_python, hermes_home):
@@ -227,12 +244,15 @@ def test_a_file_of_the_release_that_used_the_agents_names_moves_by_renaming(herm
         assert len(library_ids(db, "walrus123")) == 1 and len(library_ids(db, "札幌")) == 300
         assert len(library_ids(db, "beproxy7")) == 1
         assert len([h for h in db.search_messages("pondering", limit=500, include_reasoning=True)]) == 100
-    after = catalogue(path, OURS)
-    # Each index kept its pages: renamed, not rebuilt; nothing of the earlier layout is left.
-    for old, new in fts.RENAMES.items():
+    after = ours(path)
+    # Each index kept its pages: renamed (the word index kept its name and became the document's),
+    # not rebuilt; nothing else of the earlier layout is left.
+    for old, new in [*fts.RENAMES.items(), (fts.WORD, fts.WORD)]:
         if before[old][0] == "table":
             assert after[new][1] == before[old][1], old
-    assert catalogue(path, THEIRS) == {}
+    assert theirs(path) == {}
+    assert {(kind, name, sql) for name, (kind, _, sql) in after.items() if name in DOCUMENT and kind != "table"
+            or name == fts.WORD} == set(fts.WORD_OBJECTS)
     assert not any(k in (fts.HIGH_WATER, fts.PROGRESS) or k.startswith("fts_rebuild") for k in markers(path))
     conn = sqlite3.connect(path)
     try:

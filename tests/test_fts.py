@@ -47,13 +47,19 @@ def lay_out(path, layout) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("BEGIN IMMEDIATE")
     wanted = {name for _, name, _ in layout}
-    earlier = {new: old for old, new in fts.RENAMES.items()}
+    earlier = {new: old for old, new in fts.RENAMES.items()} | {fts.WORD: fts.WORD}
     for kind, name, _ in fts.OBJECTS:
         if kind != "table":
             conn.execute(f"DROP {kind.upper()} {name}")
+    # An earlier release's word index left out the rows its writer's queue held.
+    conn.execute(f"INSERT INTO {fts.WORD}({fts.WORD}, rowid, content, tool_name, tool_calls) "
+                 f"SELECT 'delete', id, content, tool_name, tool_calls FROM messages "
+                 f"WHERE id IN (SELECT id FROM {fts.PENDING})")
     for kind, name, _ in fts.OBJECTS:
         if kind == "table":
-            if earlier[name] in wanted:
+            if earlier[name] == name and name in wanted:
+                pass
+            elif earlier[name] in wanted:
                 conn.execute(f"ALTER TABLE {name} RENAME TO {earlier[name]}")
             else:
                 conn.execute(f"DROP TABLE {name}")
@@ -66,7 +72,7 @@ def lay_out(path, layout) -> None:
         else:
             conn.execute(sql)
     for old, new in fts.LEGACY_KEYS:
-        conn.execute("UPDATE state_meta SET key = ? WHERE key = ?", (old, new))
+        conn.execute("UPDATE OR REPLACE state_meta SET key = ? WHERE key = ?", (old, new))
     conn.execute("COMMIT")
     conn.close()
 
@@ -166,7 +172,11 @@ def test_fresh_database_has_every_fts_object_and_no_rebuild(db, rival):
     assert {name for _, name, _ in fts.OBJECTS} <= names
     vt = {r[0]: r[1] for r in rival.execute(
         "SELECT name, sql FROM sqlite_master WHERE name IN (SELECT value FROM json_each(?))", (json.dumps(ALL),))}
-    assert "content='hermes_fts_words_source'" in vt["hermes_fts_words"] and "tool_calls" in vt["hermes_fts_words"]
+    # the design document's word index, exactly as hermes-agent 0.20.1 stores it too
+    assert {(kind, name, sql) for kind, name, sql in rival.execute(
+        "SELECT type, name, sql FROM sqlite_master WHERE name LIKE 'messages_fts%' AND type IN ('table', 'trigger') "
+        "AND name NOT LIKE '%\\_data' ESCAPE '\\' AND name NOT LIKE '%\\_idx' ESCAPE '\\' "
+        "AND name NOT LIKE '%\\_docsize' ESCAPE '\\' AND name NOT LIKE '%\\_config' ESCAPE '\\'")} == set(fts.WORD_OBJECTS)
     assert "tokenize='trigram'" in vt["hermes_fts_substrings"]
     assert rival.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE '%fts_%'").fetchone()[0] == 0
     # persistent triggers never call a function a plain shell lacks (the library's names them hermes_*)
@@ -181,23 +191,24 @@ def test_triggers_follow_insert_update_delete_from_any_connection(db, rival):
     user = db.append_message("s", "user", "alpha bravo")
     tool = db.append_message("s", "tool", "alpha charlie output", tool_name="terminal")
     other = insert_raw(rival, "s", "assistant", "delta echo")  # a writer without our function
-    assert ids(rival, "hermes_fts_words", "alpha") == []  # the handle's rows wait in its queue
+    assert ids(rival, "messages_fts", "alpha") == [user, tool]  # the document's index has no queue
+    assert substring_ids(rival, "lph") == []  # the handle's rows wait in its queue for the others
     assert substring_ids(rival, "elta ec") == [other]  # the rival's row is indexed by the triggers at once
     index_queue(db)
-    assert ids(rival, "hermes_fts_words", "alpha") == [user, tool]
-    assert ids(rival, "hermes_fts_words", "terminal") == [tool]
+    assert ids(rival, "messages_fts", "alpha") == [user, tool]
+    assert ids(rival, "messages_fts", "terminal") == [tool]
     assert substring_ids(rival, "lph") == [user, tool]  # tool output too
     assert substring_ids(rival, "minal") == [tool]  # and the tool's name
     assert substring_ids(rival, "elta ec") == [other]
     rival.execute("UPDATE messages SET content = 'foxtrot' WHERE id = ?", (user,))
     rival.execute("UPDATE messages SET role = 'tool' WHERE id = ?", (other,))
-    assert ids(rival, "hermes_fts_words", "alpha") == [tool]
-    assert ids(rival, "hermes_fts_words", "foxtrot") == [user]
+    assert ids(rival, "messages_fts", "alpha") == [tool]
+    assert ids(rival, "messages_fts", "foxtrot") == [user]
     assert substring_ids(rival, "elta") == [other]  # every role is in the substring index
     rival.execute("UPDATE messages SET content = 'golf hotel' WHERE id = ?", (other,))
     assert substring_ids(rival, "elta") == [] and substring_ids(rival, "f hot") == [other]
     rival.execute("DELETE FROM messages WHERE id = ?", (tool,))
-    assert ids(rival, "hermes_fts_words", "alpha OR terminal") == []
+    assert ids(rival, "messages_fts", "alpha OR terminal") == []
     integrity(rival)
     assert indexed_counts(rival) == expected_counts(rival)
 
@@ -209,7 +220,7 @@ def test_updates_that_do_not_touch_text_leave_the_indexes_alone(db, rival):
     traced: list[str] = []
     rival.set_trace_callback(traced.append)
     rival.execute("UPDATE messages SET active = 0, compacted = 1 WHERE id = ?", (row,))
-    assert not [s for s in traced if "hermes_fts_words" in s and "INSERT" in s]
+    assert not [s for s in traced if "messages_fts" in s and "INSERT" in s]
     assert rival.execute("SELECT COUNT(*) FROM hermes_fts_cjk_pending").fetchone()[0] == 0
 
 
@@ -290,8 +301,8 @@ def test_delete_from_a_plain_sqlite3_shell(db, rival):
         assert done.returncode == 0, done.stderr
     else:  # no shell binary on this machine: the same statement from a function-less connection
         plain(db.db_path).execute(sql)
-    assert ids(rival, "hermes_fts_words", "delete") == []
-    assert ids(rival, "hermes_fts_words", "keep") == [kept]
+    assert ids(rival, "messages_fts", "delete") == []
+    assert ids(rival, "messages_fts", "keep") == [kept]
     integrity(rival)
     with SessionDB(db.db_path) as again:
         assert [h["id"] for h in again.search_messages("東京")] == [kept]  # found before the queue is worked off
@@ -304,7 +315,7 @@ def test_delete_from_a_plain_sqlite3_shell(db, rival):
 def _drop_fts(path) -> None:
     conn = plain(path)
     for kind, name in conn.execute("SELECT type, name FROM sqlite_master WHERE type IN ('trigger', 'view') "
-                                   "AND name LIKE 'hermes_fts_words%'").fetchall():
+                                   "AND name LIKE 'messages_fts%'").fetchall():
         conn.execute(f"DROP {kind} {name}")
     for name in (*ALL, fts.CJK_PENDING):
         conn.execute(f"DROP TABLE {name}")
@@ -339,7 +350,7 @@ def test_a_database_without_fts_is_rebuilt_in_chunks_never_twice(tmp_path, manua
         db = SessionDB(path)
     rival = plain(path)
     # open created the objects and markers (and set the indexes' options), but indexed nothing
-    assert not [s for s in traced if s.startswith("INSERT INTO hermes_fts_words") and ", rank)" not in s]
+    assert not [s for s in traced if s.startswith("INSERT INTO messages_fts") and ", rank)" not in s]
     assert [s for s in traced if re.search(r"FROM\s+messages\b", s) and not s.startswith("CREATE")] == [
         "SELECT MAX(id) FROM messages"]
     markers = dict(rival.execute(f"SELECT key, value FROM state_meta WHERE key IN ('{fts.HIGH_WATER}', '{fts.PROGRESS}')"))
@@ -369,10 +380,10 @@ def test_a_database_without_fts_is_rebuilt_in_chunks_never_twice(tmp_path, manua
         fts.index_batch(txn.conn)
     integrity(rival)
     assert indexed_counts(rival) == expected_counts(rival)
-    assert ids(rival, "hermes_fts_words", "changed") == [rows[30]] and ids(rival, "hermes_fts_words", "word31") == []
-    assert ids(rival, "hermes_fts_words", "reborn") == [] and ids(rival, "hermes_fts_words", "renewed") == [rows[31]]
-    assert ids(rival, "hermes_fts_words", "early") == [rows[2]] and ids(rival, "hermes_fts_words", "word2") == []
-    assert ids(rival, "hermes_fts_words", "fresh") == [fresh]
+    assert ids(rival, "messages_fts", "changed") == [rows[30]] and ids(rival, "messages_fts", "word31") == []
+    assert ids(rival, "messages_fts", "reborn") == [] and ids(rival, "messages_fts", "renewed") == [rows[31]]
+    assert ids(rival, "messages_fts", "early") == [rows[2]] and ids(rival, "messages_fts", "word2") == []
+    assert ids(rival, "messages_fts", "fresh") == [fresh]
     assert ids(rival, "hermes_fts_cjk", '"語彙"') == sorted([rows[2], rows[30]])
     assert db.fts_rebuild_status()["percent"] == 100.0
     db.close()
@@ -416,7 +427,7 @@ def test_a_rebuild_interrupted_halfway_resumes_in_another_process(tmp_path):
     assert conn.execute(f"SELECT COUNT(*) FROM state_meta WHERE key IN ('{fts.HIGH_WATER}', '{fts.PROGRESS}')").fetchone()[0] == 0
     integrity(conn)
     assert indexed_counts(conn) == expected_counts(conn)
-    assert ids(conn, "hermes_fts_words", "word0 OR word119") == [rows[0], rows[119]]
+    assert ids(conn, "messages_fts", "word0 OR word119") == [rows[0], rows[119]]
     assert len(ids(conn, "hermes_fts_cjk", '"検索"')) == 30
     conn.close()
 
@@ -585,7 +596,7 @@ def test_an_older_layouts_trigger_is_replaced_not_doubled(tmp_path, manual):
     _fill(path, 6)
     conn = plain(path)
     conn.execute("CREATE TRIGGER messages_ai AFTER INSERT ON messages BEGIN "
-                 "INSERT INTO hermes_fts_words(rowid, content) VALUES (new.id, new.content); END")
+                 "INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END")
     with SessionDB(path) as db:
         assert conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'messages_ai'").fetchone()[0] == 0
         db.rebuild_fts()
@@ -640,7 +651,7 @@ def test_upkeep_logs_instead_of_raising(caplog):
     conn = sqlite3.connect(":memory:")
     with caplog.at_level(logging.INFO, logger="hermes_state"):
         fts.upkeep(conn, fts.MERGE_EVERY_N_WRITES)
-    assert "merge of hermes_fts_words skipped" in caplog.text
+    assert "merge of messages_fts skipped" in caplog.text
 
 
 # --- R-FTS-6: integrity after any sequence ----------------------------------------------------------
@@ -827,10 +838,10 @@ def test_appended_rows_wait_in_the_queue_and_are_indexed_in_one_batch(db, rival)
     db.create_session("s", "cli")
     rows = [db.append_message("s", "user", f"batchword{i} shared") for i in range(message_rows.BATCH_ROWS - 1)]
     assert rival.execute("SELECT COUNT(*) FROM hermes_fts_pending").fetchone()[0] == message_rows.BATCH_ROWS - 1
-    assert ids(rival, "hermes_fts_words", "shared") == []
+    assert ids(rival, "messages_fts", "shared") == []
     last = db.append_message("s", "user", "batchword shared")  # the batch's last row indexes all of them
     assert rival.execute("SELECT COUNT(*) FROM hermes_fts_pending").fetchone()[0] == 0
-    assert ids(rival, "hermes_fts_words", "shared") == [*rows, last]
+    assert ids(rival, "messages_fts", "shared") == [*rows, last]
     assert substring_ids(rival, "chword") == [*rows, last]
     integrity(rival)
 
@@ -843,9 +854,9 @@ def test_other_writers_change_queued_rows_and_the_batch_indexes_what_is_there(db
     rival.execute("UPDATE messages SET content = 'romeo sierra', reasoning = 'tango' WHERE id = ?", (changed,))
     rival.execute("DELETE FROM messages WHERE id = ?", (gone,))
     index_queue(db)
-    assert ids(rival, "hermes_fts_words", "kilo") == [kept]
-    assert ids(rival, "hermes_fts_words", "mike OR papa OR terminal") == []
-    assert ids(rival, "hermes_fts_words", "romeo") == [changed]
+    assert ids(rival, "messages_fts", "kilo") == [kept]
+    assert ids(rival, "messages_fts", "mike OR papa OR terminal") == []
+    assert ids(rival, "messages_fts", "romeo") == [changed]
     assert ids(rival, "hermes_fts_reasoning", "tango") == [changed]
     assert substring_ids(rival, "ebec") == []
     integrity(rival)
@@ -884,7 +895,7 @@ def test_a_handle_that_closes_leaves_nothing_queued(hermes_home):
     conn = sqlite3.connect(handle.db_path)
     try:
         assert conn.execute("SELECT COUNT(*) FROM hermes_fts_pending").fetchone()[0] == 0
-        assert ids(conn, "hermes_fts_words", "whiskey") == [row]
+        assert ids(conn, "messages_fts", "whiskey") == [row]
         integrity(conn)
     finally:
         conn.close()
@@ -909,7 +920,7 @@ def test_rows_left_queued_by_a_handle_that_died_are_indexed_after_the_next_open(
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("SELECT COUNT(*) FROM hermes_fts_pending").fetchone()[0] == 0
-        assert ids(conn, "hermes_fts_words", "foxtrot") == [1]
+        assert ids(conn, "messages_fts", "foxtrot") == [1]
         integrity(conn)
     finally:
         conn.close()
@@ -920,13 +931,13 @@ def test_triggers_another_program_replaced_are_never_bypassed(db, rival):
     db.append_message("s", "user", "before")
     index_queue(db)
     # Another program swaps in its own insert trigger (same name, no queue gate) while the handle is open.
-    rival.execute("DROP TRIGGER hermes_fts_words_insert")
-    rival.execute("CREATE TRIGGER hermes_fts_words_insert AFTER INSERT ON messages BEGIN "
-                  "INSERT INTO hermes_fts_words(rowid, content, tool_name, tool_calls) "
+    rival.execute("DROP TRIGGER messages_fts_insert")
+    rival.execute("CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN "
+                  "INSERT INTO messages_fts(rowid, content, tool_name, tool_calls) "
                   "VALUES (new.id, new.content, new.tool_name, new.tool_calls); END")
     row = db.append_message("s", "user", "after hotel")
     assert rival.execute("SELECT COUNT(*) FROM hermes_fts_pending").fetchone()[0] == 0  # not queued
-    assert ids(rival, "hermes_fts_words", "hotel") == [row]  # indexed once, by that trigger
+    assert ids(rival, "messages_fts", "hotel") == [row]  # indexed once, by that trigger
     rival.execute(f"INSERT INTO {fts.WORD}({fts.WORD}) VALUES ('integrity-check')")
 
 
@@ -960,7 +971,7 @@ def test_the_layout_whose_sources_held_queued_rows_is_converted_without_a_rebuil
         state = fts.inspect(conn)
         assert state.declared and state.rebuild is None
         integrity(conn)
-        assert "hermes_fts_words_source" in conn.execute(f"SELECT sql FROM sqlite_master WHERE name = '{fts.WORD}'").fetchone()[0]
+        assert "messages_fts_source" in conn.execute(f"SELECT sql FROM sqlite_master WHERE name = '{fts.WORD}'").fetchone()[0]
     finally:
         conn.close()
 
@@ -976,7 +987,7 @@ def test_another_programs_fts5_rebuild_while_rows_are_queued_leaves_every_index_
     integrity(rival)
     db.close()  # its close indexes the queue
     integrity(rival)
-    assert ids(rival, "hermes_fts_words", "lima") == queued
+    assert ids(rival, "messages_fts", "lima") == queued
     assert ids(rival, "hermes_fts_reasoning", "mike1") == [queued[1]]
     assert substring_ids(rival, "ilo2") == [queued[2]]
     assert indexed_counts(rival) == expected_counts(rival)

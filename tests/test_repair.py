@@ -26,7 +26,7 @@ def _store(path: Path, sessions: int = 2, per_session: int = 3) -> None:
                 db.append_message(f"s{s}", "user", f"kiwi note {s}-{m}")
 
 
-def _twin_catalogue_row(path: Path, name: str = "hermes_fts_words") -> None:
+def _twin_catalogue_row(path: Path, name: str = "messages_fts") -> None:
     # What a crashed schema edit by another tool leaves: one object listed twice.
     c = sqlite3.connect(path)
     c.execute("PRAGMA writable_schema = ON")
@@ -40,7 +40,7 @@ def _scramble_index(path: Path, *, structure: bool = False) -> None:
     # Rows 1 and 10 of an FTS5 data table are its averages and structure records: without them
     # the table cannot even be opened; with them only the term pages are garbage.
     c = sqlite3.connect(path, isolation_level=None)
-    c.execute("UPDATE hermes_fts_words_data SET block = X'0badf00d0badf00d'"
+    c.execute("UPDATE messages_fts_data SET block = X'0badf00d0badf00d'"
               + ("" if structure else " WHERE id NOT IN (1, 10)"))
     c.close()
 
@@ -124,7 +124,7 @@ def test_twin_catalogue_row_is_removed_with_every_row_kept(path, caplog):
     copy = sqlite3.connect(report["backup_path"])  # the copy is taken before any change: twin row and all
     try:
         copy.execute("PRAGMA writable_schema = ON")
-        assert copy.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'hermes_fts_words'").fetchone()[0] == 2
+        assert copy.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'messages_fts'").fetchone()[0] == 2
     finally:
         copy.close()
     assert damaged != path.read_bytes() and _counts(path) == (2, 6)
@@ -201,13 +201,13 @@ def test_a_repair_that_does_not_heal_writes_no_copy_back_and_keeps_every_row(pat
     copy = sqlite3.connect(report["backup_path"])  # the copy: the file as found, twin row and all
     try:
         copy.execute("PRAGMA writable_schema = ON")
-        assert copy.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'hermes_fts_words'").fetchone()[0] == 2
+        assert copy.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'messages_fts'").fetchone()[0] == 2
     finally:
         copy.close()
 
 
 def test_only_a_malformed_catalogue_is_repaired_at_open():
-    catalogue = sqlite3.DatabaseError("malformed database schema (hermes_fts_words) - table hermes_fts_words already exists")
+    catalogue = sqlite3.DatabaseError("malformed database schema (messages_fts) - table messages_fts already exists")
     page = sqlite3.DatabaseError("database disk image is malformed")
     assert repair.is_catalogue_error(catalogue)
     assert not repair.is_catalogue_error(page)

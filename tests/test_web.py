@@ -98,7 +98,7 @@ def test_internal_tables_are_hidden_and_visible_tables_stay(store):
         return set(await database.table_names()), set(await database.hidden_table_names())
     tables, hidden = asyncio.run(run())
     assert tables - hidden == {"sessions", "messages", "session_model_usage"}
-    assert {"hermes_fts_words", "hermes_fts_substrings_data", "hermes_fts_cjk_pending", "schema_version",
+    assert {"messages_fts", "hermes_fts_substrings_data", "hermes_fts_cjk_pending", "schema_version",
             "state_meta", "runtime_epoch", "compression_locks"} <= hidden
 
 
@@ -107,7 +107,7 @@ def test_table_search_on_messages_uses_the_word_index(store):
                                "/state/messages.json?_shape=array&_size=max")
     with sqlite3.connect(store) as conn:
         expected = {r[0] for r in conn.execute(
-            "SELECT rowid FROM hermes_fts_words WHERE hermes_fts_words MATCH 'docker'")}
+            "SELECT rowid FROM messages_fts WHERE messages_fts MATCH 'docker'")}
     assert expected and {row["id"] for row in found.json()} == expected
     assert len(everything.json()) > len(expected)  # the filter really filters
 
