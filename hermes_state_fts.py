@@ -100,9 +100,10 @@ class _Catalogue:
 _WORD = frozenset((kind, name, _normalized(sql)) for kind, name, sql in WORD_OBJECTS)
 _LEGACY = frozenset((kind, name, _normalized(sql)) for kind, name, sql in LEGACY_OBJECTS)
 _AGENT_SUBSTRINGS = frozenset((kind, name, _normalized(sql)) for kind, name, sql in AGENT_SUBSTRINGS)
-# Any of the library's own tables named in a trigger's SQL: a trigger of another definition that
-# writes them would index rows twice (hermes-agent's triggers never name them).
-_OWN_TABLE = re.compile(r"\bhermes_fts_")
+# Any of the library's own tables named in a trigger's SQL (the document's word index among them):
+# a trigger of another definition or name that writes them would index rows twice (hermes-agent's
+# triggers of the word index have the document's names, and its others never name them).
+_OWN_TABLE = re.compile(r"\bhermes_fts_|\bmessages_fts\b")
 _CATALOGUE_SQL = ("SELECT type, name, sql FROM sqlite_master WHERE type IN ('table', 'view', 'trigger') "
                   "AND (name LIKE 'messages\\_fts%' ESCAPE '\\' OR name LIKE 'hermes\\_fts\\_%' ESCAPE '\\' "
                   "OR (type = 'trigger' AND tbl_name = 'messages'))")
@@ -293,15 +294,16 @@ def drop_fts_objects(conn: sqlite3.Connection, keep: frozenset[str] = frozenset(
 _WORD_NAMES = frozenset(name for _, name, _ in WORD_OBJECTS)
 
 
-def create_fts(conn: sqlite3.Connection) -> None:
+def create_fts(conn: sqlite3.Connection, keep_word: bool = True) -> None:
     """(Re)create every FTS object and, when messages exist, start a rebuild of them.
 
     Must run inside the caller's write transaction. The library's objects that are missing, differ
     from the declared SQL or come from an earlier layout are dropped first, so the result is exact.
     The document's word index, when it is there exactly (hermes-agent 0.20.1 makes the same), is
-    kept as it is, with its rebuild under way if any: it holds every row already.
+    kept as it is, with its rebuild under way if any: it holds every row already (unless
+    `keep_word` is False: a repair recreates every index).
     """
-    keep = _WORD_NAMES if _read_catalogue(conn).word else frozenset()
+    keep = _WORD_NAMES if keep_word and _read_catalogue(conn).word else frozenset()
     drop_fts_objects(conn, keep)
     for _, name, sql in OBJECTS:
         if name not in keep:
@@ -473,22 +475,26 @@ def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS)
 
     Must run inside the caller's write transaction; the markers are re-read there, so two
     processes resuming the same rebuild never index a row twice.
-    Each family of indexes (FAMILIES) has its own markers; the first with a rebuild under way
-    takes the chunk. The document's word index follows the document's protocol, which
-    hermes-agent 0.20.1 follows too: a chunk of either program is correct for the other.
+    Each family of indexes (FAMILIES) has its own markers; each with a rebuild under way takes
+    its next chunk (usually the same rows: a full rebuild starts both at once). The document's
+    word index follows the document's protocol, which hermes-agent 0.20.1 follows too: a chunk
+    of either program is correct for the other.
     """
-    pending = [(family, found) for family in FAMILIES if (found := _markers(conn, family)) is not None]
-    if not pending:
-        return False
-    family, (progress, high_water) = pending[0]
-    row = conn.execute("SELECT id FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT 1 OFFSET ?",
-                       (progress, high_water, max(chunk_rows, 1) - 1)).fetchone()
-    upper = high_water if row is None else row[0]
-    _index_range(conn, progress, upper, family)
-    _set_markers(conn, high_water, upper, family)
-    if upper >= high_water:  # the family's last chunk: the segments it left are merged next
-        conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (MERGE_PENDING,))
-    return upper < high_water or len(pending) > 1
+    more = False
+    for family in FAMILIES:
+        markers = _markers(conn, family)
+        if markers is None:
+            continue
+        progress, high_water = markers
+        row = conn.execute("SELECT id FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT 1 OFFSET ?",
+                           (progress, high_water, max(chunk_rows, 1) - 1)).fetchone()
+        upper = high_water if row is None else row[0]
+        _index_range(conn, progress, upper, family)
+        _set_markers(conn, high_water, upper, family)
+        if upper >= high_water:  # the family's last chunk: the segments it left are merged next
+            conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (MERGE_PENDING,))
+        more = more or upper < high_water
+    return more
 
 
 # The pages one merge step writes: on the heavy store of docs/performance.md, 500 pages took

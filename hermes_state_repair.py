@@ -203,7 +203,7 @@ def _reindex(path: Path) -> None:
             # An index with more levels than SQLite reads cannot even be dropped until its
             # structure record says it is empty (its pages go with it next).
             fts.reset_structures(conn, fts.overgrown(conn, fts.inspect(conn).tables))
-            fts.create_fts(conn)
+            fts.create_fts(conn, keep_word=False)
         fts.rebuild(writer, WRITE_PATIENCE_S, RetryPolicy())
     finally:
         conn.close()
@@ -228,9 +228,13 @@ def _dedup_schema(path: Path) -> None:
 def _drop_fts(path: Path) -> None:
     # Forget every full-text object of the library's in the catalogue (their pages become free and
     # VACUUM drops them), then build the indexes anew from the messages, which were never touched.
-    # hermes-agent's `messages_fts*` objects are its own: they stay, and so does their content.
+    # The document's word index is the library's too (built exactly as defined, so rebuilt the same);
+    # hermes-agent's other `messages_fts*` objects are its own: they stay, and so does their content.
+    word = [name for _, name, _ in fts.WORD_OBJECTS] + [f"{fts.WORD}_{part}" for part in ("data", "idx", "docsize",
+                                                                                          "config")]
     _forget_catalogue_rows(path, "name LIKE 'hermes\\_fts\\_%' ESCAPE '\\' "
-                                 "OR (type = 'trigger' AND sql LIKE '%hermes\\_fts\\_%' ESCAPE '\\')")
+                                 "OR (type = 'trigger' AND sql LIKE '%hermes\\_fts\\_%' ESCAPE '\\') "
+                                 f"OR name IN ({', '.join(repr(n) for n in word)})")
     conn = connect(path)
     try:
         conn.execute("VACUUM")
