@@ -64,7 +64,7 @@ def cjk_index_text(text: str) -> str:
 
 
 def cjk_query_text(text: str) -> tuple[str, bool]:
-    """Return (phrase text, prefix) that finds `text` as a substring in `messages_fts_cjk`.
+    """Return (phrase text, prefix) that finds `text` as a substring in `hermes_fts_cjk`.
 
     Same transform as the index, except at the end of the term: a final run keeps its bigrams
     only (the document may continue the run), and a final lone character becomes a prefix.

@@ -209,7 +209,7 @@ def classify_persistence_error(exc: BaseException) -> str:
         return "locked"
     code = _primary_code(exc)
     text = str(exc).lower()
-    if isinstance(exc, sqlite3.Error) and ("fts5" in text or "messages_fts" in text):
+    if isinstance(exc, sqlite3.Error) and ("fts5" in text or "messages_fts" in text or "hermes_fts_" in text):
         return "fts_index"
     if code in (SQLITE_CORRUPT, SQLITE_NOTADB):
         return "corrupt"

@@ -1,14 +1,16 @@
 """Full-text indexes over messages: the FTS5 tables, their triggers, rebuild markers and upkeep.
 
-Owns: `messages_fts` (unicode61 words of content, tool_name, tool_calls), `messages_fts_trigram`
-(substrings of every message's content, tool name and tool calls), `messages_fts_reasoning` (words of reasoning text),
-`messages_fts_cjk` (CJK runs as bigrams, from hermes_state_cjk) with its queue `messages_fts_cjk_pending`,
+Owns: `hermes_fts_words` (unicode61 words of content, tool_name, tool_calls), `hermes_fts_substrings`
+(substrings of every message's content, tool name and tool calls), `hermes_fts_reasoning` (words of reasoning text),
+`hermes_fts_cjk` (CJK runs as bigrams, from hermes_state_cjk) with its queue `hermes_fts_cjk_pending`,
 the triggers that keep them in sync (all declared in `OBJECTS`), the rebuild markers
-`fts_rebuild_high_water`/`fts_rebuild_progress`, the chunked resumable rebuild, the writer's queue
+`hermes_fts_rebuild_high_water`/`hermes_fts_rebuild_progress`, moving an earlier release's objects out of
+hermes-agent's names (`move_legacy`), the chunked resumable rebuild, the writer's queue
 batch (`index_batch`, and `flush_queue`, a closing handle indexing what it left queued), the periodic merge,
 and `FtsState` (what exists and what is pending; `cached_state` keeps it per connection for searches).
 Does not own: the query language (hermes_state_query), running searches (hermes_state_search) or
-writing message rows (hermes_state_messages).
+writing message rows (hermes_state_messages). Every `messages_fts*` object is hermes-agent's: this
+module never drops, rebuilds or writes one (its triggers are plain SQL and index this library's rows too).
 
 Transaction contract: functions taking a connection run inside the caller's write transaction (or
 read under its lock) and never commit. `ensure_fts`, `run_pending`, `rebuild` and `flush_queue` take
@@ -22,6 +24,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -34,11 +37,13 @@ from hermes_state_common import FTS_MERGE_EVERY_N_WRITES, FTS_OPTIMIZE_EVERY_N_W
 from hermes_state_query import _sanitize_fts5_query  # noqa: F401 - importable here, where callers know it
 from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import StateDbIncompatibleError
-from hermes_state_fts_objects import (CJK, CJK_PENDING, CJK_TABLE_SQL, CONVERTIBLE_LAYOUTS,  # noqa: F401
-                                      DRAIN_TRIGGER_SQL, FTS_OPTIONS, FTS_TABLES, HIGH_WATER, MERGE_PENDING,
-                                      OBJECT_NAMES, OBJECTS, OLD_SUBSTRINGS, OLD_SUBSTRINGS_UPTO,
-                                      OWN_OBJECTS, PENDING, PROGRESS, REASONING, TRIGRAM, UNGATED_OBJECTS,
-                                      UNQUEUED_OBJECTS, WORD, reasoning_text, reasons, rebuild_gate, searchable_text)
+from hermes_state_fts_objects import (AGENT_SUBSTRINGS, AGENT_TRIGRAM, CJK, CJK_PENDING,  # noqa: F401
+                                      CJK_TABLE_SQL, CONVERTIBLE_LAYOUTS, DRAIN_TRIGGER_SQL, FTS_OPTIONS,
+                                      FTS_TABLES, HIGH_WATER, LEFTOVER_SUBSTRINGS, LEFTOVER_SUBSTRINGS_UPTO,
+                                      LEGACY_KEYS, LEGACY_OBJECTS, MERGE_PENDING, OBJECT_NAMES, OBJECTS,
+                                      OWN_OBJECTS, PENDING, PROGRESS, REASONING, RENAMES, TRIGRAM,
+                                      UNGATED_OBJECTS, UNQUEUED_OBJECTS, WORD, reasoning_text, reasons,
+                                      rebuild_gate, searchable_text)
 
 # The upkeep cadences' defaults (hermes_state_base says why each is what it is), by their names here.
 MERGE_EVERY_N_WRITES = FTS_MERGE_EVERY_N_WRITES
@@ -65,7 +70,7 @@ class FtsState:
     cjk_pending: bool                 # rows wait in the CJK queue
     queued: bool = False              # rows wait in the writer's queue (not in the word, substring, reasoning indexes)
     merging: bool = False             # a finished rebuild's segments wait to be merged (read by `inspect` only)
-    old_upto: int | None = None       # an older layout's substring index holds the rows up to this id
+    agent_substrings: bool = False    # hermes-agent 0.19.0's substring index is there, kept by its triggers
 
     @property
     def work_pending(self) -> bool:
@@ -79,27 +84,42 @@ class _Catalogue:
     declared: bool
     tables: frozenset[str]
     queue: bool                       # the CJK queue table exists
-    convertible: bool = False         # exactly an older layout that open converts in place
+    convertible: bool = False         # exactly an earlier layout that open moves in place (CONVERTIBLE_LAYOUTS)
     pending: bool = False             # the writer's queue table exists
-    old_substrings: bool = False      # an older layout's substring index is kept for the rebuild (OLD_SUBSTRINGS)
+    legacy: bool = False              # an earlier release's object is still under hermes-agent's names
+    agent_substrings: bool = False    # hermes-agent 0.19.0's substring index, exactly (AGENT_SUBSTRINGS)
+
+
+_LEGACY = frozenset((kind, name, _normalized(sql)) for kind, name, sql in LEGACY_OBJECTS)
+_AGENT_SUBSTRINGS = frozenset((kind, name, _normalized(sql)) for kind, name, sql in AGENT_SUBSTRINGS)
+# Any of the library's own tables named in a trigger's SQL: a trigger of another definition that
+# writes them would index rows twice (hermes-agent's triggers never name them).
+_OWN_TABLE = re.compile(r"\bhermes_fts_")
 
 
 def _read_catalogue(conn: sqlite3.Connection) -> _Catalogue:
     found: dict[str, str] = {}
+    legacy: set[tuple[str, str, str]] = set()
+    agent: set[tuple[str, str, str]] = set()
     foreign = False
     for kind, name, table, sql in conn.execute(
             "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE type IN ('table', 'view', 'trigger') "
-            "AND (name LIKE 'messages\\_fts%' ESCAPE '\\' OR (type = 'trigger' AND tbl_name = 'messages') "
-            f"OR name = '{OLD_SUBSTRINGS}')"):
-        if name in OBJECT_NAMES or name == OLD_SUBSTRINGS:
-            found[name] = _normalized(sql)
-        elif kind == "trigger" and "messages_fts" in (sql or ""):
-            foreign = True  # an older layout's trigger writing our tables would double-index rows
-    declared = not foreign and all(found.get(name) == _normalized(sql) for _, name, sql in OBJECTS)
-    convertible = not declared and not foreign and any(
-        all(found.get(name) == _normalized(sql) for _, name, sql in layout) for layout in CONVERTIBLE_LAYOUTS)
+            "AND (name LIKE 'messages\\_fts%' ESCAPE '\\' OR name LIKE 'hermes\\_fts\\_%' ESCAPE '\\' "
+            "OR (type = 'trigger' AND tbl_name = 'messages'))"):
+        entry = (kind, name, _normalized(sql))
+        if name in OBJECT_NAMES:
+            found[name] = entry[2]
+        elif entry in _LEGACY:
+            legacy.add(entry)
+        elif entry in _AGENT_SUBSTRINGS:
+            agent.add(entry)
+        elif kind == "trigger" and _OWN_TABLE.search(sql or ""):
+            foreign = True  # another definition's trigger writing our tables would double-index rows
+    declared = not foreign and not legacy and all(found.get(name) == _normalized(sql) for _, name, sql in OBJECTS)
+    convertible = not foreign and not found and any(
+        legacy == {(kind, name, _normalized(sql)) for kind, name, sql in layout} for layout in CONVERTIBLE_LAYOUTS)
     return _Catalogue(declared, frozenset(t for t in FTS_TABLES if t in found), CJK_PENDING in found, convertible,
-                      PENDING in found, OLD_SUBSTRINGS in found)
+                      PENDING in found, bool(legacy), agent == _AGENT_SUBSTRINGS)
 
 
 def _rebuild_range(high_water: str | None, progress: str | None) -> tuple[int, int] | None:
@@ -116,17 +136,15 @@ def _live_sql(catalogue: _Catalogue, token: bool = False) -> str:
     queued = f"EXISTS (SELECT 1 FROM {CJK_PENDING})" if catalogue.queue else "0"
     pending = f"EXISTS (SELECT 1 FROM {PENDING})" if catalogue.pending else "0"
     head = f"{_TOKEN_FUNCTION}(), schema_version, " if token else ""
-    # Only a file that kept an older substring index reads its bound: no cost for any other.
-    old = f", (SELECT value FROM state_meta WHERE key = '{OLD_SUBSTRINGS_UPTO}')" if catalogue.old_substrings else ""
     return (f"SELECT {head}(SELECT value FROM state_meta WHERE key = '{HIGH_WATER}'), "
-            f"(SELECT value FROM state_meta WHERE key = '{PROGRESS}'), {queued}, {pending}{old}"
+            f"(SELECT value FROM state_meta WHERE key = '{PROGRESS}'), {queued}, {pending}"
             + (" FROM pragma_schema_version" if token else ""))
 
 
 def _state(catalogue: _Catalogue, high_water: str | None, progress: str | None, queued: int,
-           pending: int = 0, old_upto: str | None = None) -> FtsState:
+           pending: int = 0) -> FtsState:
     return FtsState(catalogue.declared, catalogue.tables, _rebuild_range(high_water, progress), bool(queued),
-                    bool(pending), old_upto=None if old_upto is None else int(old_upto))
+                    bool(pending), agent_substrings=catalogue.agent_substrings)
 
 
 def inspect(conn: sqlite3.Connection) -> FtsState:
@@ -204,30 +222,38 @@ def fts5_available(conn: sqlite3.Connection) -> bool:
     return True
 
 
-def drop_fts_objects(conn: sqlite3.Connection,
-                     retire: Callable[[sqlite3.Connection, str, str], bool] | None = None) -> None:
-    """Drop every FTS object, this layout's and an older layout's (tables, views, triggers on messages).
+def _own_objects(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
+    """Return (type, name, SQL) of every full-text object of the library's: its names, and an earlier layout's by SQL.
 
-    Must run inside the caller's write transaction. `create_fts` builds them again; an upgrade
-    calls this before any back-fill so no old trigger re-indexes rows one by one. Each table is
-    first offered to `retire(conn, name, sql)`, which returns True when it has removed the table
-    itself (an upgrade moves the pages of a large old index aside instead of freeing them all now).
+    An object under hermes-agent's names counts only when its SQL is exactly one an earlier
+    release of this library made; a trigger on messages of another definition counts when it
+    writes the library's tables. Triggers come first: they name the tables.
     """
     rows = conn.execute("SELECT type, name, sql FROM sqlite_master WHERE type IN ('trigger', 'view', 'table') "
-                        "AND (name IN (SELECT value FROM json_each(?)) OR (type = 'trigger' AND tbl_name = 'messages' "
-                        "AND sql LIKE '%messages_fts%'))", (json.dumps(sorted(OBJECT_NAMES)),)).fetchall()
-    order = {"trigger": 0, "view": 1, "table": 2}  # triggers first: they name the tables
-    for kind, name, sql in sorted(rows, key=lambda r: order[r[0]]):
-        if kind == "table" and retire is not None and retire(conn, name, sql or ""):
-            continue
+                        "AND (name IN (SELECT value FROM json_each(?)) OR name LIKE 'messages\\_fts%' ESCAPE '\\' "
+                        "OR (type = 'trigger' AND tbl_name = 'messages'))",
+                        (json.dumps(sorted(OBJECT_NAMES)),)).fetchall()
+    own = [(kind, name, sql or "") for kind, name, sql in rows
+           if name in OBJECT_NAMES or (kind, name, _normalized(sql)) in _LEGACY
+           or (kind == "trigger" and _OWN_TABLE.search(sql or ""))]
+    order = {"trigger": 0, "view": 1, "table": 2}
+    return sorted(own, key=lambda r: order[r[0]])
+
+
+def drop_fts_objects(conn: sqlite3.Connection) -> None:
+    """Drop every full-text object of the library's (`_own_objects`); hermes-agent's stay as they are.
+
+    Must run inside the caller's write transaction. `create_fts` builds them again.
+    """
+    for kind, name, _ in _own_objects(conn):
         conn.execute(f'DROP {kind.upper()} IF EXISTS "{name}"')
 
 
 def create_fts(conn: sqlite3.Connection) -> None:
     """(Re)create every FTS object and, when messages exist, start a rebuild of them.
 
-    Must run inside the caller's write transaction. Objects that are missing, differ from the
-    declared SQL or come from an older layout are dropped first, so the result is exact.
+    Must run inside the caller's write transaction. The library's objects that are missing, differ
+    from the declared SQL or come from an earlier layout are dropped first, so the result is exact.
     """
     drop_fts_objects(conn)
     for _, _, sql in OBJECTS:
@@ -270,8 +296,6 @@ def start_rebuild(conn: sqlite3.Connection) -> None:
     """
     if _markers(conn) is not None:
         return
-    # Rows written since the upgrade are not in an older layout's index: this rebuild does without it.
-    conn.execute("DELETE FROM state_meta WHERE key = ?", (OLD_SUBSTRINGS_UPTO,))
     conn.execute(f"INSERT INTO {WORD}({WORD}) VALUES ('delete-all')")
     conn.execute(f"INSERT INTO {TRIGRAM}({TRIGRAM}) VALUES ('delete-all')")
     conn.execute(f"INSERT INTO {REASONING}({REASONING}) VALUES ('delete-all')")
@@ -324,26 +348,53 @@ def index_queued(conn: sqlite3.Connection) -> None:
         conn.execute(sql)
 
 
-def _convert_in_place(conn: sqlite3.Connection) -> None:
-    # An older layout whose indexes are complete: only views, triggers, the queue table and the word
-    # index's content source differ. FTS5 reads a table's options from its CREATE statement, so the
-    # word index's is rewritten in the catalogue (the schema cookie moves on, so every connection
-    # reads it again); nothing is re-indexed. Inside the caller's write transaction.
-    found = {name: _normalized(sql) for name, sql in conn.execute(
-        "SELECT name, sql FROM sqlite_master WHERE name LIKE 'messages\\_fts%' ESCAPE '\\' OR type = 'trigger'")}
-    for kind, name, sql in OBJECTS:
-        if found.get(name) == _normalized(sql):
-            continue
-        if kind == "table" and name in found:
-            conn.execute("PRAGMA writable_schema = ON")
-            try:
-                conn.execute("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = ?", (sql, name))
-                conn.execute(f"PRAGMA schema_version = {conn.execute('PRAGMA schema_version').fetchone()[0] + 1}")
-            finally:
-                conn.execute("PRAGMA writable_schema = OFF")
-        else:
-            conn.execute(f'DROP {kind.upper()} IF EXISTS "{name}"')
+def _rewrite_table_sql(conn: sqlite3.Connection, name: str, sql: str) -> None:
+    # FTS5 reads a table's options (its content source) from its CREATE statement, so a table whose
+    # source changed is rewritten in the catalogue: nothing is re-indexed. The schema cookie moves
+    # on, so every connection reads the catalogue again.
+    conn.execute("PRAGMA writable_schema = ON")
+    try:
+        conn.execute("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = ?", (sql, name))
+        conn.execute(f"PRAGMA schema_version = {conn.execute('PRAGMA schema_version').fetchone()[0] + 1}")
+    finally:
+        conn.execute("PRAGMA writable_schema = OFF")
+
+
+def move_legacy(conn: sqlite3.Connection) -> None:
+    """Move an earlier release's full-text objects out of hermes-agent's names into the library's.
+
+    Inside the caller's write transaction, for a file holding exactly one earlier layout
+    (`_Catalogue.convertible`), with no re-indexing: each FTS5 table and queue is renamed (FTS5
+    renames its shadow tables with it) and its statement rewritten to the declared one, the views
+    and triggers are made again under the new names, and the state_meta markers move to the
+    library's keys. Only objects whose SQL is exactly an earlier layout's are moved; hermes-agent's
+    own objects are never touched.
+    """
+    own = _own_objects(conn)
+    for kind, name, _ in own:  # triggers and views first: renaming a table would rewrite them
+        if kind != "table":
+            conn.execute(f'DROP {kind.upper()} "{name}"')
+    declared = {name: sql for _, name, sql in OBJECTS}
+    for kind, name, _ in own:
+        if kind == "table":
+            conn.execute(f'ALTER TABLE "{name}" RENAME TO "{RENAMES[name]}"')
+            if declared[RENAMES[name]].startswith("CREATE VIRTUAL TABLE"):
+                _rewrite_table_sql(conn, RENAMES[name], declared[RENAMES[name]])
+    present = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    for _, name, sql in OBJECTS:  # in declared order: tables (the queue of a layout without one), views, triggers
+        if name not in present:
             conn.execute(sql)
+    for old, new in LEGACY_KEYS:
+        conn.execute("UPDATE OR REPLACE state_meta SET key = ? WHERE key = ?", (new, old))
+
+
+def forget_legacy_markers(conn: sqlite3.Connection) -> None:
+    """Delete an earlier release's markers (under hermes-agent 0.20.1's keys, which its triggers read).
+
+    Only when that release's objects are the ones being replaced: the keys were the library's then.
+    """
+    conn.execute("DELETE FROM state_meta WHERE key IN (SELECT value FROM json_each(?))",
+                 (json.dumps([old for old, _ in LEGACY_KEYS]),))
 
 
 def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS) -> bool:
@@ -487,12 +538,19 @@ def ensure_fts(writer: Writer, patience_s: float, policy: RetryPolicy, *, writab
         with writer.transaction(patience_s, policy):
             catalogue = _read_catalogue(conn)  # another process may have built them meanwhile
             if catalogue.convertible:
+                conn.execute("SAVEPOINT hermes_move")
                 try:
-                    _convert_in_place(conn)
+                    move_legacy(conn)
+                    conn.execute("RELEASE hermes_move")
                 except sqlite3.DatabaseError as exc:  # a SQLite that refuses catalogue edits (defensive mode)
-                    logger.info("the full-text objects could not be converted in place (%s); rebuilding them", exc)
+                    conn.execute("ROLLBACK TO hermes_move")
+                    conn.execute("RELEASE hermes_move")
+                    logger.info("the full-text indexes could not be moved in place (%s); rebuilding them", exc)
+                    forget_legacy_markers(conn)
                     create_fts(conn)
             elif not catalogue.declared:
+                if catalogue.legacy:  # part of an earlier layout: rows may have gone unindexed meanwhile
+                    forget_legacy_markers(conn)
                 create_fts(conn)
         state = inspect(conn)
     if state.declared and not options_set(conn, state.tables):

@@ -1,30 +1,68 @@
 """The full-text objects' declarations: FTS5 tables, their source views, queues and triggers, as SQL.
 
-Owns: the names of the FTS tables and queues, `OBJECTS` (what a current file holds, as
-sqlite_master stores it), the layout one release older that open converts in place, the rebuild
-gate and the writer's-queue gate the triggers apply, and the per-connection TEMP trigger that
-feeds the CJK index. Does not own: creating, rebuilding or checking them (hermes_state_fts).
+Owns: the names of the FTS tables and queues (`NAMES`, the library's own namespace, apart from
+every `messages_fts*` object hermes-agent makes), `OBJECTS` (what a current file holds, as
+sqlite_master stores it), the earlier layouts open moves in place (`LEGACY_LAYOUTS`: under
+hermes-agent's names), hermes-agent's substring index layouts a search may read
+(`AGENT_SUBSTRINGS`), the rebuild gate and the writer's-queue gate the triggers apply, and the
+per-connection TEMP trigger that feeds the CJK index. Does not own: creating, rebuilding or checking them (hermes_state_fts).
 
 Transaction contract: none here; this module never touches a connection.
 """
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
-WORD, TRIGRAM, CJK = "messages_fts", "messages_fts_trigram", "messages_fts_cjk"
-REASONING = "messages_fts_reasoning"
-CJK_PENDING = "messages_fts_cjk_pending"
+
+class Names(NamedTuple):
+    """The names one layout of the full-text objects uses: tables, queues, views, triggers, markers."""
+
+    word: str
+    trigram: str
+    cjk: str
+    reasoning: str
+    cjk_pending: str
+    pending: str
+    high_water: str
+    progress: str
+
+    def source(self, table: str) -> str:
+        """Return the name of `table`'s content source view."""
+        return f"{table}_source"
+
+
+# The library's own namespace. Every `messages_fts*` object of a file is hermes-agent's: its
+# releases create, check and rebuild objects under those names (each release differently), so
+# nothing of the library's shares a name, a trigger, a column layout or a state_meta key with them.
+NAMES = Names(word="hermes_fts_words", trigram="hermes_fts_substrings", cjk="hermes_fts_cjk",
+              reasoning="hermes_fts_reasoning", cjk_pending="hermes_fts_cjk_pending", pending="hermes_fts_pending",
+              high_water="hermes_fts_rebuild_high_water", progress="hermes_fts_rebuild_progress")
+# Where earlier releases of this library kept the same objects: under hermes-agent's names (so
+# that its 0.19.0 release found its six triggers and created none), with its rebuild markers.
+# Open moves a file's objects from here to NAMES by renaming them, with no re-indexing.
+LEGACY_NAMES = Names(word="messages_fts", trigram="messages_fts_trigram", cjk="messages_fts_cjk",
+                     reasoning="messages_fts_reasoning", cjk_pending="messages_fts_cjk_pending",
+                     pending="messages_fts_pending", high_water="fts_rebuild_high_water",
+                     progress="fts_rebuild_progress")
+
+WORD, TRIGRAM, CJK, REASONING = NAMES.word, NAMES.trigram, NAMES.cjk, NAMES.reasoning
+CJK_PENDING = NAMES.cjk_pending
 FTS_TABLES = (WORD, TRIGRAM, CJK, REASONING)
-HIGH_WATER, PROGRESS = "fts_rebuild_high_water", "fts_rebuild_progress"
+HIGH_WATER, PROGRESS = NAMES.high_water, NAMES.progress
 # Set by the rebuild's last chunk: a rebuild leaves each index in dozens of segments, which every
 # search seeks one by one, so they are merged afterwards a bounded step at a time.
-MERGE_PENDING = "fts_merge_after_rebuild"
-# An older layout's substring index (hermes-agent's trigram table), kept under this name while the
-# upgrade's rebuild runs: searches find the rows not rebuilt yet through it instead of a bounded
-# scan. It holds the messages up to the id under OLD_SUBSTRINGS_UPTO in state_meta.
-OLD_SUBSTRINGS, OLD_SUBSTRINGS_UPTO = "hermes_old_substrings", "fts_old_substrings_upto"
+MERGE_PENDING = "hermes_fts_merge_after_rebuild"
 # Rows a library handle appended and will index itself, in batches (hermes_state_fts_tail).
-PENDING = "messages_fts_pending"
+PENDING = NAMES.pending
+# The state_meta keys earlier releases used, each with the key it moves to (the rebuild markers
+# were hermes-agent 0.20.1's own key names, which its triggers read).
+LEGACY_KEYS = ((LEGACY_NAMES.high_water, HIGH_WATER), (LEGACY_NAMES.progress, PROGRESS),
+               ("fts_merge_after_rebuild", MERGE_PENDING))
+# What an earlier release's move-in of a hermes-agent file left while its rebuild ran: the
+# agent's substring index under this name and the id it held rows up to. A file moved to NAMES
+# keeps neither (nothing reads them any more); the table's pages are freed in the background.
+LEFTOVER_SUBSTRINGS, LEFTOVER_SUBSTRINGS_UPTO = "hermes_old_substrings", "fts_old_substrings_upto"
 # FTS5 options every index keeps in its config table (`<index>_config`, which sqlite_master does not
 # show): open writes them into a file that lacks them, and every program writing the file follows
 # them, since FTS5 reads them from the file.
@@ -33,13 +71,14 @@ FTS_OPTIONS: tuple[tuple[str, int], ...] = (("automerge", 8),)
 
 # --- the declared FTS objects ----------------------------------------------------------------------
 
-def rebuild_gate(row_id: str) -> str:
+def rebuild_gate(row_id: str, n: Names = NAMES) -> str:
+    """Return SQL true when row `row_id` is outside the range a rebuild under way has still to index."""
     # A row is indexed by the triggers iff no rebuild is under way, or it is at or below
     # the progress marker (already rebuilt), or above the high-water mark (newer than the
     # rebuild). Rows in (P, H] are left to the rebuild, so none is indexed twice or missed.
-    return (f"(NOT EXISTS (SELECT 1 FROM state_meta WHERE key = '{HIGH_WATER}')"
-            f" OR {row_id} > (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = '{HIGH_WATER}')"
-            f" OR {row_id} <= (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = '{PROGRESS}'))")
+    return (f"(NOT EXISTS (SELECT 1 FROM state_meta WHERE key = '{n.high_water}')"
+            f" OR {row_id} > (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = '{n.high_water}')"
+            f" OR {row_id} <= (SELECT CAST(value AS INTEGER) FROM state_meta WHERE key = '{n.progress}'))")
 
 
 def _wide(row: str) -> str:
@@ -69,137 +108,154 @@ def searchable_text(row: str) -> str:
             f"|| COALESCE({row}.tool_calls, '')")
 
 
-CJK_TABLE_SQL = f"CREATE VIRTUAL TABLE {CJK} USING fts5(terms)"
-
-def _unqueued(row_id: str) -> str:
-    # A row in the writer's queue is not in the word, substring or reasoning index yet: the library
-    # handle that wrote it indexes it with others in one batch. Plain SQL, so every writer obeys it.
-    return f"NOT EXISTS (SELECT 1 FROM {PENDING} WHERE id = {row_id})"
+def cjk_table_sql(n: Names = NAMES) -> str:
+    """Return the CREATE statement of the CJK index under `n`'s names."""
+    return f"CREATE VIRTUAL TABLE {n.cjk} USING fts5(terms)"
 
 
-def indexed(row_id: str) -> str:
+CJK_TABLE_SQL = cjk_table_sql()
+
+
+def indexed(row_id: str, n: Names = NAMES) -> str:
     """Return SQL true when row `row_id` belongs in the word, substring and reasoning indexes now.
 
     Not while it waits in the writer's queue or in the range a rebuild under way has still to
     index. The indexes' content sources hold exactly these rows, so FTS5's own `rebuild` and
     `integrity-check`, run by any program, agree with what the library indexed.
     """
-    return f"{rebuild_gate(row_id)} AND {_unqueued(row_id)}"
+    # A row in the writer's queue is not in the word, substring or reasoning index yet: the library
+    # handle that wrote it indexes it with others in one batch. Plain SQL, so every writer obeys it.
+    return f"{rebuild_gate(row_id, n)} AND NOT EXISTS (SELECT 1 FROM {n.pending} WHERE id = {row_id})"
 
 
-def _tables(gated: bool) -> tuple[tuple[str, str, str], ...]:
+def _tables(n: Names, gated: bool) -> tuple[tuple[str, str, str], ...]:
     """Return the declared tables and source views; without `gated`, the layout whose sources held every row."""
-    where = f" WHERE {indexed('messages.id')}" if gated else ""
-    also = f" AND {indexed('messages.id')}" if gated else ""
-    word_source = (("view", "messages_fts_source",
-                    "CREATE VIEW messages_fts_source AS SELECT id, content, tool_name, tool_calls FROM messages"
+    where = f" WHERE {indexed('messages.id', n)}" if gated else ""
+    also = f" AND {indexed('messages.id', n)}" if gated else ""
+    word_source = (("view", n.source(n.word),
+                    f"CREATE VIEW {n.source(n.word)} AS SELECT id, content, tool_name, tool_calls FROM messages"
                     f"{where}"),) if gated else ()
     return (
     *word_source,
-    ("table", WORD, f"CREATE VIRTUAL TABLE {WORD} USING fts5(content, tool_name, tool_calls, "
-                    f"content='{'messages_fts_source' if gated else 'messages'}', content_rowid='id')"),
+    ("table", n.word, f"CREATE VIRTUAL TABLE {n.word} USING fts5(content, tool_name, tool_calls, "
+                      f"content='{n.source(n.word) if gated else 'messages'}', content_rowid='id')"),
     # Substrings of every message's text: trigrams with detail=none store which rows hold each
     # trigram but no positions, about half the size of a position-full index over less text.
     # Nothing ranks these hits, so no per-row token counts are kept either (columnsize=0).
-    ("view", "messages_fts_trigram_source",
-     f"CREATE VIEW messages_fts_trigram_source AS SELECT id, {searchable_text('messages')} AS content FROM messages"
+    ("view", n.source(n.trigram),
+     f"CREATE VIEW {n.source(n.trigram)} AS SELECT id, {searchable_text('messages')} AS content FROM messages"
      f"{where}"),
-    # The column is called `content`, as in hermes-agent's own substring table, so that program's
-    # searches of this table run; it answers one-trigram queries from here and scans for longer ones.
-    ("table", TRIGRAM, f"CREATE VIRTUAL TABLE {TRIGRAM} USING fts5(content, content='messages_fts_trigram_source', "
-                       "content_rowid='id', tokenize='trigram', detail='none', columnsize=0)"),
-    ("table", CJK, CJK_TABLE_SQL),
-    ("view", "messages_fts_reasoning_source",
-     f"CREATE VIEW messages_fts_reasoning_source AS SELECT id, {reasoning_text('messages')} AS reasoning "
+    ("table", n.trigram, f"CREATE VIRTUAL TABLE {n.trigram} USING fts5(content, content='{n.source(n.trigram)}', "
+                         "content_rowid='id', tokenize='trigram', detail='none', columnsize=0)"),
+    ("table", n.cjk, cjk_table_sql(n)),
+    ("view", n.source(n.reasoning),
+     f"CREATE VIEW {n.source(n.reasoning)} AS SELECT id, {reasoning_text('messages')} AS reasoning "
      f"FROM messages WHERE {reasons('messages')}{also}"),
-    ("table", REASONING, f"CREATE VIRTUAL TABLE {REASONING} USING fts5(reasoning, "
-                         "content='messages_fts_reasoning_source', content_rowid='id')"),
-    ("table", CJK_PENDING, f"CREATE TABLE {CJK_PENDING} (id INTEGER PRIMARY KEY)"),
+    ("table", n.reasoning, f"CREATE VIRTUAL TABLE {n.reasoning} USING fts5(reasoning, "
+                           f"content='{n.source(n.reasoning)}', content_rowid='id')"),
+    ("table", n.cjk_pending, f"CREATE TABLE {n.cjk_pending} (id INTEGER PRIMARY KEY)"),
     )
 
 
-def _triggers(queued: bool) -> tuple[tuple[str, str, str], ...]:
+def _triggers(n: Names, queued: bool) -> tuple[tuple[str, str, str], ...]:
     """Return the declared triggers; without `queued`, the layout before the writer's queue existed."""
     def gate(row_id: str) -> str:  # the rebuild gate, and the queue's when the queue exists
-        return indexed(row_id) if queued else rebuild_gate(row_id)
+        return indexed(row_id, n) if queued else rebuild_gate(row_id, n)
+    word, trigram, reasoning, cjk, cjk_pending = n.word, n.trigram, n.reasoning, n.cjk, n.cjk_pending
     return (
-    # The six trigger names below are the ones hermes-agent creates with IF NOT EXISTS and
-    # counts at every start: finding all six, it creates none of its own and rebuilds nothing,
-    # and its writes are indexed by these (plain SQL, so they run in any program).
-    ("trigger", "messages_fts_insert",
-     f"CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages WHEN {gate('new.id')} BEGIN "
-     f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
+    ("trigger", f"{word}_insert",
+     f"CREATE TRIGGER {word}_insert AFTER INSERT ON messages WHEN {gate('new.id')} BEGIN "
+     f"INSERT INTO {word}(rowid, content, tool_name, tool_calls) "
      f"VALUES (new.id, new.content, new.tool_name, new.tool_calls); "
-     f"INSERT INTO {REASONING}(rowid, reasoning) SELECT new.id, {reasoning_text('new')} WHERE {reasons('new')}; "
+     f"INSERT INTO {reasoning}(rowid, reasoning) SELECT new.id, {reasoning_text('new')} WHERE {reasons('new')}; "
      "END"),
-    ("trigger", "messages_fts_trigram_insert",
-     f"CREATE TRIGGER messages_fts_trigram_insert AFTER INSERT ON messages WHEN {gate('new.id')} BEGIN "
-     f"INSERT INTO {TRIGRAM}(rowid, content) VALUES (new.id, {searchable_text('new')}); "
+    ("trigger", f"{trigram}_insert",
+     f"CREATE TRIGGER {trigram}_insert AFTER INSERT ON messages WHEN {gate('new.id')} BEGIN "
+     f"INSERT INTO {trigram}(rowid, content) VALUES (new.id, {searchable_text('new')}); "
      "END"),
-    ("trigger", "messages_fts_delete",
-     f"CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages WHEN {gate('old.id')} BEGIN "
-     f"INSERT INTO {WORD}({WORD}, rowid, content, tool_name, tool_calls) "
+    ("trigger", f"{word}_delete",
+     f"CREATE TRIGGER {word}_delete AFTER DELETE ON messages WHEN {gate('old.id')} BEGIN "
+     f"INSERT INTO {word}({word}, rowid, content, tool_name, tool_calls) "
      f"VALUES ('delete', old.id, old.content, old.tool_name, old.tool_calls); "
-     f"INSERT INTO {REASONING}({REASONING}, rowid, reasoning) SELECT 'delete', old.id, {reasoning_text('old')} "
+     f"INSERT INTO {reasoning}({reasoning}, rowid, reasoning) SELECT 'delete', old.id, {reasoning_text('old')} "
      f"WHERE {reasons('old')}; "
      "END"),
-    ("trigger", "messages_fts_trigram_delete",
-     f"CREATE TRIGGER messages_fts_trigram_delete AFTER DELETE ON messages WHEN {gate('old.id')} BEGIN "
-     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, content) VALUES ('delete', old.id, {searchable_text('old')}); "
+    ("trigger", f"{trigram}_delete",
+     f"CREATE TRIGGER {trigram}_delete AFTER DELETE ON messages WHEN {gate('old.id')} BEGIN "
+     f"INSERT INTO {trigram}({trigram}, rowid, content) VALUES ('delete', old.id, {searchable_text('old')}); "
      "END"),
-    ("trigger", "messages_fts_update",
-     "CREATE TRIGGER messages_fts_update AFTER UPDATE OF id, role, content, tool_name, tool_calls ON messages "
+    ("trigger", f"{word}_update",
+     f"CREATE TRIGGER {word}_update AFTER UPDATE OF id, role, content, tool_name, tool_calls ON messages "
      "BEGIN "
-     f"INSERT INTO {WORD}({WORD}, rowid, content, tool_name, tool_calls) "
+     f"INSERT INTO {word}({word}, rowid, content, tool_name, tool_calls) "
      f"SELECT 'delete', old.id, old.content, old.tool_name, old.tool_calls WHERE {gate('old.id')}; "
-     f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
+     f"INSERT INTO {word}(rowid, content, tool_name, tool_calls) "
      f"SELECT new.id, new.content, new.tool_name, new.tool_calls WHERE {gate('new.id')}; "
      "END"),
-    ("trigger", "messages_fts_trigram_update",
-     "CREATE TRIGGER messages_fts_trigram_update AFTER UPDATE OF id, role, content, tool_name, tool_calls ON messages "
+    ("trigger", f"{trigram}_update",
+     f"CREATE TRIGGER {trigram}_update AFTER UPDATE OF id, role, content, tool_name, tool_calls ON messages "
      "BEGIN "
-     f"INSERT INTO {TRIGRAM}({TRIGRAM}, rowid, content) SELECT 'delete', old.id, {searchable_text('old')} "
+     f"INSERT INTO {trigram}({trigram}, rowid, content) SELECT 'delete', old.id, {searchable_text('old')} "
      f"WHERE {gate('old.id')}; "
-     f"INSERT INTO {TRIGRAM}(rowid, content) SELECT new.id, {searchable_text('new')} WHERE {gate('new.id')}; "
+     f"INSERT INTO {trigram}(rowid, content) SELECT new.id, {searchable_text('new')} WHERE {gate('new.id')}; "
      "END"),
-    ("trigger", "messages_fts_reasoning_update",
-     "CREATE TRIGGER messages_fts_reasoning_update AFTER UPDATE OF id, reasoning, reasoning_content ON messages "
-     f"BEGIN INSERT INTO {REASONING}({REASONING}, rowid, reasoning) SELECT 'delete', old.id, {reasoning_text('old')} "
+    ("trigger", f"{reasoning}_update",
+     f"CREATE TRIGGER {reasoning}_update AFTER UPDATE OF id, reasoning, reasoning_content ON messages "
+     f"BEGIN INSERT INTO {reasoning}({reasoning}, rowid, reasoning) SELECT 'delete', old.id, {reasoning_text('old')} "
      f"WHERE {reasons('old')} AND {gate('old.id')}; "
-     f"INSERT INTO {REASONING}(rowid, reasoning) SELECT new.id, {reasoning_text('new')} "
+     f"INSERT INTO {reasoning}(rowid, reasoning) SELECT new.id, {reasoning_text('new')} "
      f"WHERE {reasons('new')} AND {gate('new.id')}; END"),
     # The CJK index cannot be fed by persistent triggers (they would need our function, and a
     # plain shell has none), so persistent triggers only queue possibly-CJK rows; this library's
     # connections drain the queue at once through a TEMP trigger, other writers leave it for the
     # next open. Deleted and updated rows are queued too, so their stale terms are removed.
-    ("trigger", "messages_fts_cjk_insert",
-     f"CREATE TRIGGER messages_fts_cjk_insert AFTER INSERT ON messages WHEN {_wide('new')} BEGIN "
-     f"INSERT OR REPLACE INTO {CJK_PENDING}(id) VALUES (new.id); "
+    ("trigger", f"{cjk}_insert",
+     f"CREATE TRIGGER {cjk}_insert AFTER INSERT ON messages WHEN {_wide('new')} BEGIN "
+     f"INSERT OR REPLACE INTO {cjk_pending}(id) VALUES (new.id); "
      "END"),
-    ("trigger", "messages_fts_cjk_delete",
-     f"CREATE TRIGGER messages_fts_cjk_delete AFTER DELETE ON messages WHEN {_wide('old')} BEGIN "
-     f"INSERT OR REPLACE INTO {CJK_PENDING}(id) VALUES (old.id); "
+    ("trigger", f"{cjk}_delete",
+     f"CREATE TRIGGER {cjk}_delete AFTER DELETE ON messages WHEN {_wide('old')} BEGIN "
+     f"INSERT OR REPLACE INTO {cjk_pending}(id) VALUES (old.id); "
      "END"),
-    ("trigger", "messages_fts_cjk_update",
-     "CREATE TRIGGER messages_fts_cjk_update AFTER UPDATE OF id, content, tool_calls ON messages "
+    ("trigger", f"{cjk}_update",
+     f"CREATE TRIGGER {cjk}_update AFTER UPDATE OF id, content, tool_calls ON messages "
      f"WHEN {_wide('old')} OR {_wide('new')} BEGIN "
-     f"INSERT OR REPLACE INTO {CJK_PENDING}(id) SELECT old.id WHERE old.id IS NOT new.id; "
-     f"INSERT OR REPLACE INTO {CJK_PENDING}(id) VALUES (new.id); "
+     f"INSERT OR REPLACE INTO {cjk_pending}(id) SELECT old.id WHERE old.id IS NOT new.id; "
+     f"INSERT OR REPLACE INTO {cjk_pending}(id) VALUES (new.id); "
      "END"),
     )
 
 
-_QUEUE = ("table", PENDING, f"CREATE TABLE {PENDING} (id INTEGER PRIMARY KEY)")
-OBJECTS = (*_tables(True), _QUEUE, *_triggers(True))
-# Older layouts whose indexes hold exactly what the declared layout's would: open converts them in
-# place, with no rebuild. One release older, the content sources held every row (queued ones too);
-# two releases older, there was no writer's queue and the triggers had no queue gate.
-UNGATED_OBJECTS = (*_tables(False), _QUEUE, *_triggers(True))
-UNQUEUED_OBJECTS = (*_tables(False), *_triggers(False))
+def _queue(n: Names) -> tuple[str, str, str]:
+    return ("table", n.pending, f"CREATE TABLE {n.pending} (id INTEGER PRIMARY KEY)")
+
+
+Layout = tuple[tuple[str, str, str], ...]
+
+
+def _layouts(n: Names) -> tuple[Layout, Layout, Layout]:
+    # The current layout, then the older ones whose indexes hold exactly what it would: one release
+    # older, the content sources held every row (queued ones too); two releases older, there was no
+    # writer's queue and the triggers had no queue gate.
+    return ((*_tables(n, True), _queue(n), *_triggers(n, True)),
+            (*_tables(n, False), _queue(n), *_triggers(n, True)),
+            (*_tables(n, False), *_triggers(n, False)))
+
+
+OBJECTS, UNGATED_OBJECTS, UNQUEUED_OBJECTS = _layouts(NAMES)
+# Older layouts open converts in place, with no rebuild, under the library's own names.
 CONVERTIBLE_LAYOUTS = (UNGATED_OBJECTS, UNQUEUED_OBJECTS)
+# The same three layouts under hermes-agent's names, as earlier releases made them: open renames
+# them into NAMES. Each object is known by its exact SQL; one of another definition under those
+# names is hermes-agent's and is never touched.
+LEGACY_LAYOUTS = _layouts(LEGACY_NAMES)
+LEGACY_OBJECTS = frozenset(obj for layout in LEGACY_LAYOUTS for obj in layout)
 # Every object a release of this schema version made: what a file to restore may carry.
-OWN_OBJECTS = frozenset(obj for layout in (OBJECTS, *CONVERTIBLE_LAYOUTS) for obj in layout)
+OWN_OBJECTS = frozenset(obj for layout in (OBJECTS, *CONVERTIBLE_LAYOUTS) for obj in layout) | LEGACY_OBJECTS
 OBJECT_NAMES = frozenset(name for _, name, _ in OBJECTS)
+# Each legacy name with the name it moves to (views and triggers included).
+RENAMES = {old: new for layout_old, layout_new in zip(LEGACY_LAYOUTS, (OBJECTS, UNGATED_OBJECTS, UNQUEUED_OBJECTS))
+           for (_, old, _), (_, new, _) in zip(layout_old, layout_new)}
 
 # Per writable connection, created at open (temp schema only: no lock on the file). REPLACE
 # re-fires it for a queued id. A row in the writer's queue is left for its batch.
@@ -214,7 +270,34 @@ DRAIN_TRIGGER_SQL = (
     "END")
 
 
-# --- the declarations as scripts, under hermes-agent's names -----------------------------------------
+# --- hermes-agent's substring index, read while a rebuild runs ----------------------------------------
+
+# hermes-agent 0.19.0's substring index and its three triggers, as it creates them (whitespace
+# aside): a contentful trigram table over content, tool name and tool calls joined by spaces, kept
+# by plain triggers on every insert, update and delete, so it holds every row as it is now. While
+# the library rebuilds its own indexes after moving such a file in, a search finds the rows not
+# rebuilt yet through it (read only; it stays the agent's) instead of a bounded scan. Another
+# release's layout is not read: its index leaves out rows (tool output) or pauses during its own
+# rebuilds.
+_AGENT_TEXT = ("COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' ' "
+               "|| COALESCE(new.tool_calls, '')")
+AGENT_TRIGRAM = "messages_fts_trigram"
+AGENT_SUBSTRINGS: tuple[tuple[str, str, str], ...] = (
+    ("table", AGENT_TRIGRAM, f"CREATE VIRTUAL TABLE {AGENT_TRIGRAM} USING fts5( content, tokenize='trigram' )"),
+    ("trigger", f"{AGENT_TRIGRAM}_insert",
+     f"CREATE TRIGGER {AGENT_TRIGRAM}_insert AFTER INSERT ON messages BEGIN "
+     f"INSERT INTO {AGENT_TRIGRAM}(rowid, content) VALUES ( new.id, {_AGENT_TEXT} ); END"),
+    ("trigger", f"{AGENT_TRIGRAM}_delete",
+     f"CREATE TRIGGER {AGENT_TRIGRAM}_delete AFTER DELETE ON messages BEGIN "
+     f"DELETE FROM {AGENT_TRIGRAM} WHERE rowid = old.id; END"),
+    ("trigger", f"{AGENT_TRIGRAM}_update",
+     f"CREATE TRIGGER {AGENT_TRIGRAM}_update AFTER UPDATE ON messages BEGIN "
+     f"DELETE FROM {AGENT_TRIGRAM} WHERE rowid = old.id; "
+     f"INSERT INTO {AGENT_TRIGRAM}(rowid, content) VALUES ( new.id, {_AGENT_TEXT} ); END"),
+)
+
+
+# --- the declarations as scripts ----------------------------------------------------------------------
 
 def _script(objects: tuple[tuple[str, str, str], ...]) -> str:
     # Each statement as sqlite_master stores it, made idempotent, so the script runs on any file.
@@ -224,5 +307,5 @@ def _script(objects: tuple[tuple[str, str, str], ...]) -> str:
 
 # The full-text objects except the substring index (word, reasoning and CJK indexes, their
 # queues and triggers), and the substring index alone. Run after SCHEMA_SQL.
-FTS_SQL = _script(tuple(o for o in OBJECTS if "trigram" not in o[1]))
-FTS_TRIGRAM_SQL = _script(tuple(o for o in OBJECTS if "trigram" in o[1]))
+FTS_SQL = _script(tuple(o for o in OBJECTS if TRIGRAM not in o[1]))
+FTS_TRIGRAM_SQL = _script(tuple(o for o in OBJECTS if TRIGRAM in o[1]))

@@ -224,7 +224,7 @@ def with_stored_fields(conn: sqlite3.Connection, session_id: str,
 # --- the index queue ------------------------------------------------------------------------------
 # FTS5 writes a segment in every index at the end of each statement that changes it: indexing each
 # message on its own wrote three segments per message. So a library handle's new row skips the
-# triggers' indexing and waits in the writer's queue (`messages_fts_pending`); every BATCH_ROWS-th
+# triggers' indexing and waits in the writer's queue (`hermes_fts_pending`); every BATCH_ROWS-th
 # row indexes the whole queue, one statement per index (one segment each). A queued row is
 # committed like any other, searches scan the queue for it, and no index's content source holds
 # it until it is indexed, so any program's FTS5 rebuild agrees with the queue. Other programs'

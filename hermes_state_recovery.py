@@ -378,9 +378,11 @@ def _source_tables(conn: sqlite3.Connection) -> list[tuple[str, str | None]]:
     rows = [(name, sql if re.match(r"\s*CREATE\s+(VIRTUAL\s+)?TABLE\b", sql or "", re.IGNORECASE)
              and not re.search(r"\bAS\s+(SELECT|WITH|VALUES)\b", sql, re.IGNORECASE) else None) for name, sql in rows]
     virtual = [name for name, sql in rows if (sql or "").upper().startswith("CREATE VIRTUAL TABLE")]
-    # Full-text tables and their shadow tables are derived data: rebuilt, never copied.
+    # Full-text tables and their shadow tables are derived data, the library's and hermes-agent's
+    # (`messages_fts*`, which it builds again at its next open): rebuilt, never copied.
     def derived(name: str) -> bool:
-        return name in virtual or any(name.startswith(v + "_") for v in virtual) or name.startswith("messages_fts")
+        return (name in virtual or any(name.startswith(v + "_") for v in virtual)
+                or name.startswith(("messages_fts", "hermes_fts_")))
     return [(name, sql) for name, sql in rows if not derived(name) and name not in _REBUILT]
 
 

@@ -219,9 +219,11 @@ def _dedup_schema(path: Path) -> None:
 
 
 def _drop_fts(path: Path) -> None:
-    # Forget every full-text object in the catalogue (their pages become free and VACUUM drops
-    # them), then build the indexes anew from the messages, which were never touched.
-    _forget_catalogue_rows(path, "name LIKE 'messages_fts%' OR (type = 'trigger' AND sql LIKE '%messages_fts%')")
+    # Forget every full-text object of the library's in the catalogue (their pages become free and
+    # VACUUM drops them), then build the indexes anew from the messages, which were never touched.
+    # hermes-agent's `messages_fts*` objects are its own: they stay, and so does their content.
+    _forget_catalogue_rows(path, "name LIKE 'hermes\\_fts\\_%' ESCAPE '\\' "
+                                 "OR (type = 'trigger' AND sql LIKE '%hermes\\_fts\\_%' ESCAPE '\\')")
     conn = connect(path)
     try:
         conn.execute("VACUUM")

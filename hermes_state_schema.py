@@ -361,8 +361,9 @@ def read_layout(conn: sqlite3.Connection) -> int:
 def is_own_relabel(conn: sqlite3.Connection, version: int | None) -> bool:
     """Tell whether `version` is the 32 an earlier release of this library wrote (not a newer real version).
 
-    Only this library creates the view `messages_fts_trigram_source`; a file with it, version 32
-    and no layout revision is one of ours.
+    Only this library created the view `messages_fts_trigram_source` (its substring index's source
+    under hermes-agent's names, where those releases kept it); a file with it, version 32 and no
+    layout revision is one of ours.
     """
     return version == RELABELLED_VERSION and read_layout(conn) == 0 and object_exists(
         conn, "view", "messages_fts_trigram_source")
@@ -598,16 +599,13 @@ def _climb(writer: Writer, patience_s: float, policy: RetryPolicy, ladder: list[
                 write(writer.conn, later.version)
 
 
-def migrate(writer: Writer, patience_s: float, policy: RetryPolicy,
-            before_upgrade: Callable[[sqlite3.Connection], None] | None = None) -> int:
+def migrate(writer: Writer, patience_s: float, policy: RetryPolicy) -> int:
     """Bring the database up to SCHEMA_VERSION and LAYOUT_REVISION; return the version it had before.
 
     A newer-than-known version is returned untouched (the caller refuses writes); the 32 earlier
     releases of this library wrote is relabelled 31 and counts as 31 here. An empty file is
-    built in one transaction (build_file). `before_upgrade(conn)` runs in the first transaction
-    of an upgrade of an existing file, before any column is added or back-filled: the caller
-    drops derived objects there (an older layout's FTS triggers would otherwise re-index every
-    back-filled row).
+    built in one transaction (build_file). hermes-agent's full-text objects stay as they are: its
+    triggers index the rows a back-fill rewrites, as they index any other program's writes.
     """
     conn = writer.conn
     with writer.transaction(patience_s, policy):
@@ -621,8 +619,6 @@ def migrate(writer: Writer, patience_s: float, policy: RetryPolicy,
         if found is None and not table_exists(conn, "sessions"):
             build_file(conn)
             return SCHEMA_VERSION
-        if (found is None or found < SCHEMA_VERSION) and before_upgrade is not None:
-            before_upgrade(conn)
         for sql in TABLE_SQL:
             conn.execute(sql)
         for key in _reconcile_columns(conn):

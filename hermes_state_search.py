@@ -27,7 +27,7 @@ from hermes_state_query import (Group, QueryPlan, Term, cjk_expression, plan_que
 
 # --- full-text search --------------------------------------------------------------
 # Routing (docs/search.md): each OR branch of a query is routed on its own. A branch holding CJK
-# goes to messages_fts_cjk (bigrams), any other to the word index; one that finds nothing falls
+# goes to the library's CJK index (bigrams), any other to the word index; one that finds nothing falls
 # back to its CJK terms from the index with the other terms checked by LIKE (mixed branches), the
 # substring index (terms of >= 3 characters, every message's text), then a LIKE scan of the
 # newest messages. Rows that an index does not cover yet (a rebuild under way, CJK rows queued by
@@ -332,13 +332,12 @@ class _Ask:
         if self.state.rebuild is not None:
             progress, high_water = self.state.rebuild
             low, high = max(self.low, progress + 1), min(self.high, high_water)
-            held = None if self.state.old_upto is None else min(high, self.state.old_upto)
-            if held is not None and low <= held:
-                # The rows an older layout's index still holds are found there, not scanned.
-                old = self._in_old_substrings(low, held)
-                if old is not None:
-                    found += old
-                    low = held + 1
+            if low <= high and self.state.agent_substrings:
+                # hermes-agent's own substring index holds every row: the rows not rebuilt yet are found there.
+                held = self._in_agent_substrings(low, high)
+                if held is not None:
+                    found += held
+                    low = high + 1
             if low <= high:
                 found += _like(self.conn, (self.group,), self.filters, low, high, self.need, cut=self.cut)
         if cjk and self.state.cjk_pending:
@@ -349,13 +348,14 @@ class _Ask:
                            cut=self.cut, queue=fts.PENDING)
         return [(i, 0.0, None) for i in found]
 
-    def _in_old_substrings(self, low: int, high: int) -> list[int] | None:
-        """Return the ids of rows in [low, high] holding the terms, found through an older layout's substring index.
+    def _in_agent_substrings(self, low: int, high: int) -> list[int] | None:
+        """Return the ids of rows in [low, high] holding the terms, found through hermes-agent's substring index.
 
-        That index (kept while an upgrade's rebuild runs) holds every message written before the
-        upgrade, as it was then; each candidate is checked for the terms on its row as it is now,
-        so a row deleted or changed since is never returned for text it no longer has. None when
-        it cannot answer (a term under 3 characters, a query it refuses): the caller scans instead.
+        Read only, and only when it is exactly hermes-agent 0.19.0's (`fts.AGENT_SUBSTRINGS`),
+        whose plain triggers keep every row in it, whichever program wrote the row. Each candidate
+        is checked for the terms on its row as it is now (that index joins the fields with spaces,
+        so a match there may span two). None when it cannot answer (a term under 3 characters, a
+        query it refuses): the caller scans instead.
         """
         terms = self.group.terms
         if not terms or any(len(t.text) < 3 for t in terms):
@@ -364,8 +364,8 @@ class _Ask:
         f = self.filters
         try:
             rows = self.conn.execute(
-                f"SELECT m.id FROM {fts.OLD_SUBSTRINGS} o JOIN messages m ON m.id = o.rowid{f.join} "
-                f"WHERE {fts.OLD_SUBSTRINGS} MATCH ? AND o.rowid BETWEEN ? AND ? AND {contains}{f.sql} "
+                f"SELECT m.id FROM {fts.AGENT_TRIGRAM} o JOIN messages m ON m.id = o.rowid{f.join} "
+                f"WHERE {fts.AGENT_TRIGRAM} MATCH ? AND o.rowid BETWEEN ? AND ? AND {contains}{f.sql} "
                 "ORDER BY o.rowid DESC LIMIT ?",
                 (" ".join(quoted_token(t.text) for t in terms), low, high, *params, *f.params, self.need)).fetchall()
         except sqlite3.OperationalError as exc:

@@ -2,12 +2,11 @@
 
 Owns the whole sequence, in order: opening the main connection (`open_connection`); WAL and
 private file modes; detecting a file of an older
-layout; writing the copy taken before anything changes (`start_upgrade`); the migration, with the
-old layout's FTS objects removed first (`prepare_upgrade`: the pages of a large old index are
-moved aside into plain `hermes_retired_fts_*` tables, not freed there); on a background thread,
-emptying those tables a short transaction at a time (`clear_retired_step`) and building the FTS
-indexes again (`open_fts`, `FtsRebuild`); and giving back the space the old layout freed
-(`reclaim_after_upgrade`).
+layout; writing the copy taken before anything changes (`start_upgrade`); the migration, which
+leaves hermes-agent's own full-text objects live (they are its, kept by its plain triggers); on a
+background thread, building the library's FTS indexes (`open_fts`, `FtsRebuild`), emptying what an
+earlier release's move-in left in plain `hermes_retired_fts_*` tables a short transaction at a time
+(`clear_retired_step`), and giving back the space freed (`reclaim_after_upgrade`).
 Does not own: the ladder's steps and the declared tables (hermes_state_schema), FTS index
 maintenance (hermes_state_fts), whole-file copies and VACUUM (hermes_state_recovery).
 
@@ -31,12 +30,12 @@ import hermes_state_fork as fork
 import hermes_state_fts as fts
 import hermes_state_recovery as recovery
 import hermes_state_schema as schema
-from hermes_state_common import SCHEMA_VERSION, TABLE_SQL, logger, object_exists
+from hermes_state_common import SCHEMA_VERSION, logger, object_exists
 from hermes_state_errors import StateDbUninitializedError, StoreUnavailableError, typed_errors
 from hermes_state_writer import Cancelled, RetryPolicy, Writer
 
-# An older layout's FTS5 tables are dropped at the upgrade only after their big tables were moved
-# aside under these names (a catalogue change); freeing their pages is left to short transactions.
+# Earlier releases moved an older file's FTS5 tables aside under these names at its upgrade (a
+# catalogue change); freeing their pages is left to short transactions.
 RETIRED_PREFIX = "hermes_retired_fts_"
 CLEAR_CHUNK_S = 0.1              # one clearing transaction holds the write lock about this long
 CLEAR_BATCH_ROWS = 32            # rows deleted between two looks at the clock (one may own MBs of overflow)
@@ -89,59 +88,18 @@ def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = Tru
     return copy
 
 
-def prepare_upgrade(conn: sqlite3.Connection) -> None:
-    """Remove an older layout's FTS objects and mark the file for reclaiming the space they held.
+def retire_leftover_substrings(conn: sqlite3.Connection) -> None:
+    """Move aside for clearing (or drop whole) the substring index an earlier release's move-in kept; nothing reads it.
 
-    Runs in the upgrade's first transaction, before any back-fill: the old triggers would
-    otherwise re-index every back-filled row one by one. An FTS5 table's pages are moved aside
-    (`retire_fts5_table`) rather than freed here; the indexes are rebuilt in the background.
-    """
-    kept: list[str] = []
-    fts.drop_fts_objects(conn, retire=lambda c, name, sql: keep_old_substrings(c, name, sql, kept)
-                         or retire_fts5_table(c, name, sql))
-    conn.execute(next(sql for sql in TABLE_SQL if " state_meta (" in sql))  # an old layout may lack it yet
-    conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (recovery.RECLAIM_KEY,))
-    if kept:  # what it holds: every message written before the upgrade began
-        conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, (SELECT COALESCE(MAX(id), 0) "
-                     "FROM messages))", (fts.OLD_SUBSTRINGS_UPTO,))
-
-
-def keep_old_substrings(conn: sqlite3.Connection, name: str, sql: str, kept: list[str]) -> bool:
-    """Keep an older layout's positional trigram index under OLD_SUBSTRINGS; return False (nothing changed) when it cannot.
-
-    While the new indexes are rebuilt, a search finds the rows not rebuilt yet through it (a
-    phrase of a trigram index is a substring) instead of a bounded scan. FTS5 renames its own
-    tables with it. Inside the caller's write transaction.
-    """
-    folded = " ".join(sql.lower().split())
-    if (name != fts.TRIGRAM or "fts5" not in folded or "trigram" not in folded or "detail" in folded
-            or "content=" in folded.replace(" ", "") or object_exists(conn, "table", fts.OLD_SUBSTRINGS)):
-        return False  # not one whose own text answers a phrase (hermes-agent's is)
-    conn.execute("SAVEPOINT hermes_keep")
-    try:
-        conn.execute(f'ALTER TABLE "{name}" RENAME TO "{fts.OLD_SUBSTRINGS}"')
-    except sqlite3.DatabaseError as exc:
-        conn.execute("ROLLBACK TO hermes_keep")
-        conn.execute("RELEASE hermes_keep")
-        logger.info("the old substring index is not kept for the rebuild (%s)", exc)
-        return False
-    conn.execute("RELEASE hermes_keep")
-    kept.append(name)
-    return True
-
-
-def retire_old_substrings(conn: sqlite3.Connection) -> None:
-    """Once no rebuild needs it, move the kept older substring index aside for clearing (or drop it whole).
-
-    Inside the caller's write transaction; nothing to do when there is none or a rebuild still runs.
+    Inside the caller's write transaction; nothing to do when there is none.
     """
     found = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?",
-                         (fts.OLD_SUBSTRINGS,)).fetchone()
-    if found is None or fts.inspect(conn).rebuild is not None:
+                         (fts.LEFTOVER_SUBSTRINGS,)).fetchone()
+    if found is None:
         return
-    conn.execute("DELETE FROM state_meta WHERE key = ?", (fts.OLD_SUBSTRINGS_UPTO,))
-    if not retire_fts5_table(conn, fts.OLD_SUBSTRINGS, found[0]):
-        conn.execute(f'DROP TABLE "{fts.OLD_SUBSTRINGS}"')
+    conn.execute("DELETE FROM state_meta WHERE key = ?", (fts.LEFTOVER_SUBSTRINGS_UPTO,))
+    if not retire_fts5_table(conn, fts.LEFTOVER_SUBSTRINGS, found[0]):
+        conn.execute(f'DROP TABLE "{fts.LEFTOVER_SUBSTRINGS}"')
 
 
 def retire_fts5_table(conn: sqlite3.Connection, name: str, sql: str) -> bool:
@@ -187,12 +145,12 @@ def retired_tables(conn: sqlite3.Connection) -> list[str]:
 def clear_retired_step(conn: sqlite3.Connection, budget_s: float | None = None) -> bool:
     """Free the next share of the pages an upgrade moved aside (about `budget_s` of work); return whether more remains.
 
-    Inside the caller's write transaction: the older substring index kept for a rebuild is moved
-    aside first once no rebuild needs it, then rows are deleted a few at a time until the budget
-    is spent, and a table is dropped once empty.
+    Inside the caller's write transaction: an earlier release's kept substring index is moved
+    aside first, then rows are deleted a few at a time until the budget is spent, and a table is
+    dropped once empty.
     """
     deadline = time.monotonic() + (CLEAR_CHUNK_S if budget_s is None else budget_s)
-    retire_old_substrings(conn)
+    retire_leftover_substrings(conn)
     for name in retired_tables(conn):
         while conn.execute(f'DELETE FROM "{name}" WHERE rowid IN '
                            f'(SELECT rowid FROM "{name}" LIMIT {CLEAR_BATCH_ROWS})').rowcount:
@@ -270,7 +228,7 @@ def set_up(conn: sqlite3.Connection, db_path: Path, patience_s: float, policy: R
     if not schema.needs_migration(conn):
         return schema.read_version(conn) or 0, None, changes
     copy = start_upgrade(conn, db_path, backup=backup)
-    found = schema.migrate(Writer(conn, on_give_up=on_give_up), patience_s, policy, before_upgrade=prepare_upgrade)
+    found = schema.migrate(Writer(conn, on_give_up=on_give_up), patience_s, policy)
     if found > SCHEMA_VERSION:
         logger.warning("%s has schema version %s, newer than %s: writes are refused", db_path, found, SCHEMA_VERSION)
     return max(found, SCHEMA_VERSION), copy, changes
@@ -374,8 +332,7 @@ class MoveIn:
                         copy.unlink(missing_ok=True)
                         copy = None
                 with typed_errors(db_path):
-                    found = schema.migrate(Writer(writer.conn, on_give_up=on_give_up), patience_s, policy,
-                                           before_upgrade=prepare_upgrade)
+                    found = schema.migrate(Writer(writer.conn, on_give_up=on_give_up), patience_s, policy)
                 self.migrated.set()
                 with fork.GATE.work():
                     writer.drop_reader()  # the next read opens a connection without the temp views
@@ -459,7 +416,7 @@ def open_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryPoli
         # The trigger lives in the connection's temp schema only: no lock on the file, no cost at open.
         fts.install_write_triggers(writer.conn)
     clearing = state is not None and (bool(retired_tables(writer.conn))
-                                      or object_exists(writer.conn, "table", fts.OLD_SUBSTRINGS))
+                                      or object_exists(writer.conn, "table", fts.LEFTOVER_SUBSTRINGS))
     if state is None or not ((state.work_pending or clearing) and background):
         return None
     work = FtsRebuild(writer, db_path, patience_s, policy, chunk_rows, rebuilding=state.rebuild is not None or clearing,

@@ -39,6 +39,7 @@ import hermes_state_render as render
 from hermes_state_auth import ACTOR_SCOPE_KEY
 from hermes_state_chart import usage_chart
 from hermes_state import HermesStateError, SessionDB, StateDbCorruptError, StoreUnavailableError
+from hermes_state_fts_objects import WORD
 from hermes_state_home import profile_homes
 
 PREFIX = "/-/hermes"
@@ -107,7 +108,7 @@ def get_metadata(datasette, key, database, table):
     stores = _STORES.get(datasette, {})
     metadata: dict[str, Any] = {"databases": {
         name: {"tables": {
-            "messages": {"fts_table": "messages_fts", "fts_pk": "id"},
+            "messages": {"fts_table": WORD, "fts_pk": "id"},
             "sessions": {"label_column": "title"},
             **{t: {"hidden": True} for t in hidden},
         }} for name, hidden in stores.items()}}
