@@ -40,7 +40,7 @@ from hermes_state_errors import StateDbIncompatibleError
 from hermes_state_fts_objects import (AGENT_SUBSTRINGS, AGENT_TRIGRAM, CJK, CJK_PENDING,  # noqa: F401
                                       CJK_TABLE_SQL, CONVERTIBLE_LAYOUTS, DRAIN_TRIGGER_SQL, FTS_OPTIONS,
                                       FTS_TABLES, HIGH_WATER, LEFTOVER_SUBSTRINGS, LEFTOVER_SUBSTRINGS_UPTO,
-                                      LEGACY_KEYS, LEGACY_OBJECTS, MERGE_PENDING, OBJECT_NAMES, OBJECTS,
+                                      LEGACY_KEYS, LEGACY_OBJECTS, LIBRARY_ONLY_NAMES, MERGE_PENDING, OBJECT_NAMES, OBJECTS,
                                       OWN_OBJECTS, PENDING, PROGRESS, REASONING, RENAMES, TRIGRAM,
                                       UNGATED_OBJECTS, UNQUEUED_OBJECTS, WORD, reasoning_text, reasons,
                                       rebuild_gate, searchable_text)
@@ -95,26 +95,53 @@ _AGENT_SUBSTRINGS = frozenset((kind, name, _normalized(sql)) for kind, name, sql
 # Any of the library's own tables named in a trigger's SQL: a trigger of another definition that
 # writes them would index rows twice (hermes-agent's triggers never name them).
 _OWN_TABLE = re.compile(r"\bhermes_fts_")
+_CATALOGUE_SQL = ("SELECT type, name, sql FROM sqlite_master WHERE type IN ('table', 'view', 'trigger') "
+                  "AND (name LIKE 'messages\\_fts%' ESCAPE '\\' OR name LIKE 'hermes\\_fts\\_%' ESCAPE '\\' "
+                  "OR (type = 'trigger' AND tbl_name = 'messages'))")
+
+
+def _classify(rows: list[tuple[str, str, str | None]]
+              ) -> tuple[dict[str, str], dict[str, tuple[str, str]], set[tuple[str, str, str]], bool]:
+    """Sort the catalogue's full-text objects: (current by name, earlier releases' by name, hermes-agent's substring index, foreign).
+
+    Under hermes-agent's names, an object is an earlier release's when its SQL is exactly one
+    of CONVERTIBLE_LAYOUTS, when it has a name no hermes-agent release uses (a queue, a source
+    view, the reasoning index), or when it reads or writes one of those (the triggers and tables
+    of a still older layout of this library). Anything else there is hermes-agent's.
+    """
+    current: dict[str, str] = {}
+    earlier: dict[str, tuple[str, str]] = {}
+    agent: set[tuple[str, str, str]] = set()
+    foreign = False
+    rest = []
+    for kind, name, sql in rows:
+        entry = (kind, name, _normalized(sql))
+        if name in OBJECT_NAMES:
+            current[name] = entry[2]
+        elif entry in _LEGACY or name in LIBRARY_ONLY_NAMES:
+            earlier[name] = (kind, sql or "")
+        elif kind == "trigger" and _OWN_TABLE.search(sql or ""):
+            foreign = True  # another definition's trigger writing our tables would double-index rows
+        else:
+            if entry in _AGENT_SUBSTRINGS:
+                agent.add(entry)
+            rest.append((kind, name, sql or ""))
+    grew = bool(earlier)
+    while grew:  # what reads or writes an earlier release's object is that release's too
+        grew = False
+        names = re.compile(r"\b(" + "|".join(map(re.escape, earlier)) + r")\b")
+        for kind, name, sql in rest:
+            if name not in earlier and (kind != "table" or sql.startswith("CREATE VIRTUAL TABLE")) \
+                    and names.search(sql.split(" AS ", 1)[-1] if kind == "view" else sql.partition("(")[2]):
+                earlier[name] = (kind, sql)
+                grew = True
+    agent -= {entry for entry in agent if entry[1] in earlier}
+    return current, earlier, agent, foreign
 
 
 def _read_catalogue(conn: sqlite3.Connection) -> _Catalogue:
-    found: dict[str, str] = {}
-    legacy: set[tuple[str, str, str]] = set()
-    agent: set[tuple[str, str, str]] = set()
-    foreign = False
-    for kind, name, table, sql in conn.execute(
-            "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE type IN ('table', 'view', 'trigger') "
-            "AND (name LIKE 'messages\\_fts%' ESCAPE '\\' OR name LIKE 'hermes\\_fts\\_%' ESCAPE '\\' "
-            "OR (type = 'trigger' AND tbl_name = 'messages'))"):
-        entry = (kind, name, _normalized(sql))
-        if name in OBJECT_NAMES:
-            found[name] = entry[2]
-        elif entry in _LEGACY:
-            legacy.add(entry)
-        elif entry in _AGENT_SUBSTRINGS:
-            agent.add(entry)
-        elif kind == "trigger" and _OWN_TABLE.search(sql or ""):
-            foreign = True  # another definition's trigger writing our tables would double-index rows
+    found, earlier, agent, foreign = _classify(conn.execute(_CATALOGUE_SQL).fetchall())
+    legacy = {(kind, name, _normalized(sql)) for name, (kind, sql) in earlier.items()}
     declared = not foreign and not legacy and all(found.get(name) == _normalized(sql) for _, name, sql in OBJECTS)
     convertible = not foreign and not found and any(
         legacy == {(kind, name, _normalized(sql)) for kind, name, sql in layout} for layout in CONVERTIBLE_LAYOUTS)
@@ -223,19 +250,15 @@ def fts5_available(conn: sqlite3.Connection) -> bool:
 
 
 def _own_objects(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
-    """Return (type, name, SQL) of every full-text object of the library's: its names, and an earlier layout's by SQL.
+    """Return (type, name, SQL) of every full-text object of the library's: under its names, and an earlier release's (`_classify`).
 
-    An object under hermes-agent's names counts only when its SQL is exactly one an earlier
-    release of this library made; a trigger on messages of another definition counts when it
-    writes the library's tables. Triggers come first: they name the tables.
+    Also a trigger on messages of another definition that writes the library's tables. Triggers
+    come first: they name the tables.
     """
-    rows = conn.execute("SELECT type, name, sql FROM sqlite_master WHERE type IN ('trigger', 'view', 'table') "
-                        "AND (name IN (SELECT value FROM json_each(?)) OR name LIKE 'messages\\_fts%' ESCAPE '\\' "
-                        "OR (type = 'trigger' AND tbl_name = 'messages'))",
-                        (json.dumps(sorted(OBJECT_NAMES)),)).fetchall()
+    rows = conn.execute(_CATALOGUE_SQL).fetchall()
+    current, earlier, _, _ = _classify(rows)
     own = [(kind, name, sql or "") for kind, name, sql in rows
-           if name in OBJECT_NAMES or (kind, name, _normalized(sql)) in _LEGACY
-           or (kind == "trigger" and _OWN_TABLE.search(sql or ""))]
+           if name in current or name in earlier or (kind == "trigger" and _OWN_TABLE.search(sql or ""))]
     order = {"trigger": 0, "view": 1, "table": 2}
     return sorted(own, key=lambda r: order[r[0]])
 
@@ -378,8 +401,8 @@ def move_legacy(conn: sqlite3.Connection) -> None:
     for kind, name, _ in own:
         if kind == "table":
             conn.execute(f'ALTER TABLE "{name}" RENAME TO "{RENAMES[name]}"')
-            if declared[RENAMES[name]].startswith("CREATE VIRTUAL TABLE"):
-                _rewrite_table_sql(conn, RENAMES[name], declared[RENAMES[name]])
+            # As declared: the renamed statement quotes the new name, and an index's source changed.
+            _rewrite_table_sql(conn, RENAMES[name], declared[RENAMES[name]])
     present = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     for _, name, sql in OBJECTS:  # in declared order: tables (the queue of a layout without one), views, triggers
         if name not in present:

@@ -2,7 +2,7 @@
 
 Owns: the names of the FTS tables and queues (`NAMES`, the library's own namespace, apart from
 every `messages_fts*` object hermes-agent makes), `OBJECTS` (what a current file holds, as
-sqlite_master stores it), the earlier layouts open moves in place (`LEGACY_LAYOUTS`: under
+sqlite_master stores it), the earlier layouts open moves in place (`CONVERTIBLE_LAYOUTS`: under
 hermes-agent's names), hermes-agent's substring index layouts a search may read
 (`AGENT_SUBSTRINGS`), the rebuild gate and the writer's-queue gate the triggers apply, and the
 per-connection TEMP trigger that feeds the CJK index. Does not own: creating, rebuilding or checking them (hermes_state_fts).
@@ -242,20 +242,23 @@ def _layouts(n: Names) -> tuple[Layout, Layout, Layout]:
             (*_tables(n, False), *_triggers(n, False)))
 
 
-OBJECTS, UNGATED_OBJECTS, UNQUEUED_OBJECTS = _layouts(NAMES)
-# Older layouts open converts in place, with no rebuild, under the library's own names.
-CONVERTIBLE_LAYOUTS = (UNGATED_OBJECTS, UNQUEUED_OBJECTS)
-# The same three layouts under hermes-agent's names, as earlier releases made them: open renames
-# them into NAMES. Each object is known by its exact SQL; one of another definition under those
-# names is hermes-agent's and is never touched.
-LEGACY_LAYOUTS = _layouts(LEGACY_NAMES)
-LEGACY_OBJECTS = frozenset(obj for layout in LEGACY_LAYOUTS for obj in layout)
+OBJECTS = _layouts(NAMES)[0]
+# The layouts earlier releases made, under hermes-agent's names: the current one, the one whose
+# sources held queued rows, the one before the queue. Open moves any of them into NAMES by renaming,
+# with no re-indexing (their indexes hold exactly what the current layout's would). Each object
+# is known by its exact SQL; one of another definition under those names is hermes-agent's and is
+# never touched.
+LEGACY_OBJECTS_V31, UNGATED_OBJECTS, UNQUEUED_OBJECTS = CONVERTIBLE_LAYOUTS = _layouts(LEGACY_NAMES)
+LEGACY_OBJECTS = frozenset(obj for layout in CONVERTIBLE_LAYOUTS for obj in layout)
 # Every object a release of this schema version made: what a file to restore may carry.
-OWN_OBJECTS = frozenset(obj for layout in (OBJECTS, *CONVERTIBLE_LAYOUTS) for obj in layout) | LEGACY_OBJECTS
+OWN_OBJECTS = frozenset(OBJECTS) | LEGACY_OBJECTS
 OBJECT_NAMES = frozenset(name for _, name, _ in OBJECTS)
-# Each legacy name with the name it moves to (views and triggers included).
-RENAMES = {old: new for layout_old, layout_new in zip(LEGACY_LAYOUTS, (OBJECTS, UNGATED_OBJECTS, UNQUEUED_OBJECTS))
-           for (_, old, _), (_, new, _) in zip(layout_old, layout_new)}
+# The names of earlier layouts that no hermes-agent release uses: whatever holds them is the library's.
+LIBRARY_ONLY_NAMES = frozenset({LEGACY_NAMES.source(LEGACY_NAMES.word), LEGACY_NAMES.source(LEGACY_NAMES.trigram),
+                                LEGACY_NAMES.reasoning, LEGACY_NAMES.source(LEGACY_NAMES.reasoning),
+                                f"{LEGACY_NAMES.reasoning}_update", LEGACY_NAMES.pending, LEGACY_NAMES.cjk_pending})
+# Each earlier name with the name it moves to (views and triggers included).
+RENAMES = {old: new for (_, old, _), (_, new, _) in zip(LEGACY_OBJECTS_V31, OBJECTS)}
 
 # Per writable connection, created at open (temp schema only: no lock on the file). REPLACE
 # re-fires it for a queued id. A row in the writer's queue is left for its batch.

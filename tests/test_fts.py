@@ -43,22 +43,30 @@ def integrity(conn) -> None:
 
 
 def lay_out(path, layout) -> None:
-    """Turn the file's full-text objects into an older release's `layout`, keeping what the indexes hold."""
+    """Turn the file's full-text objects into an earlier release's `layout` (under hermes-agent's names), keeping what the indexes hold."""
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("BEGIN IMMEDIATE")
     wanted = {name for _, name, _ in layout}
+    earlier = {new: old for old, new in fts.RENAMES.items()}
     for kind, name, _ in fts.OBJECTS:
-        if name not in wanted:
+        if kind != "table":
             conn.execute(f"DROP {kind.upper()} {name}")
+    for kind, name, _ in fts.OBJECTS:
+        if kind == "table":
+            if earlier[name] in wanted:
+                conn.execute(f"ALTER TABLE {name} RENAME TO {earlier[name]}")
+            else:
+                conn.execute(f"DROP TABLE {name}")
     for kind, name, sql in layout:
-        if kind == "table":  # FTS5 reads its options from the statement: rewrite it, as an older release wrote it
+        if kind == "table":  # FTS5 reads its options from the statement: rewrite it, as an earlier release wrote it
             conn.execute("PRAGMA writable_schema = ON")
             conn.execute("UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = ?", (sql, name))
             conn.execute(f"PRAGMA schema_version = {conn.execute('PRAGMA schema_version').fetchone()[0] + 1}")
             conn.execute("PRAGMA writable_schema = OFF")
         else:
-            conn.execute(f"DROP {kind.upper()} IF EXISTS {name}")
             conn.execute(sql)
+    for old, new in fts.LEGACY_KEYS:
+        conn.execute("UPDATE state_meta SET key = ? WHERE key = ?", (old, new))
     conn.execute("COMMIT")
     conn.close()
 
@@ -115,7 +123,7 @@ def assert_exact(conn) -> None:
                  "FROM messages WHERE reasoning <> '' OR reasoning_content <> ''")
     for table, columns, source, options in (
             (fts.WORD, "content, tool_name, tool_calls", "SELECT id, content, tool_name, tool_calls FROM messages", ""),
-            (fts.TRIGRAM, "content", "SELECT id, content FROM messages_fts_trigram_source",
+            (fts.TRIGRAM, "content", "SELECT id, content FROM hermes_fts_substrings_source",
              ", tokenize='trigram', detail='none'"),
             (fts.REASONING, "reasoning", reasoning, "")):
         conn.execute(f"CREATE VIRTUAL TABLE temp.ref USING fts5({columns}{options})")
@@ -158,12 +166,12 @@ def test_fresh_database_has_every_fts_object_and_no_rebuild(db, rival):
     assert {name for _, name, _ in fts.OBJECTS} <= names
     vt = {r[0]: r[1] for r in rival.execute(
         "SELECT name, sql FROM sqlite_master WHERE name IN (SELECT value FROM json_each(?))", (json.dumps(ALL),))}
-    assert "content='messages_fts_source'" in vt["messages_fts"] and "tool_calls" in vt["messages_fts"]
-    assert "tokenize='trigram'" in vt["messages_fts_trigram"]
-    assert rival.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE 'fts_rebuild%'").fetchone()[0] == 0
-    # persistent triggers never call a function a plain shell lacks
+    assert "content='hermes_fts_words_source'" in vt["hermes_fts_words"] and "tool_calls" in vt["hermes_fts_words"]
+    assert "tokenize='trigram'" in vt["hermes_fts_substrings"]
+    assert rival.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE '%fts_rebuild%'").fetchone()[0] == 0
+    # persistent triggers never call a function a plain shell lacks (the library's names them hermes_*)
     for (sql,) in rival.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger'"):
-        assert "hermes_" not in sql
+        assert "hermes_" not in re.sub(r"\bhermes_fts_(words|substrings|reasoning|cjk|pending|rebuild)\w*", "", sql)
     assert db.fts_rebuild_status() == {"pending": 0, "total": 0, "indexed": 0, "percent": 100.0,
                                        "in_progress": False, "cjk_pending": 0}
 
@@ -173,23 +181,23 @@ def test_triggers_follow_insert_update_delete_from_any_connection(db, rival):
     user = db.append_message("s", "user", "alpha bravo")
     tool = db.append_message("s", "tool", "alpha charlie output", tool_name="terminal")
     other = insert_raw(rival, "s", "assistant", "delta echo")  # a writer without our function
-    assert ids(rival, "messages_fts", "alpha") == []  # the handle's rows wait in its queue
+    assert ids(rival, "hermes_fts_words", "alpha") == []  # the handle's rows wait in its queue
     assert substring_ids(rival, "elta ec") == [other]  # the rival's row is indexed by the triggers at once
     index_queue(db)
-    assert ids(rival, "messages_fts", "alpha") == [user, tool]
-    assert ids(rival, "messages_fts", "terminal") == [tool]
+    assert ids(rival, "hermes_fts_words", "alpha") == [user, tool]
+    assert ids(rival, "hermes_fts_words", "terminal") == [tool]
     assert substring_ids(rival, "lph") == [user, tool]  # tool output too
     assert substring_ids(rival, "minal") == [tool]  # and the tool's name
     assert substring_ids(rival, "elta ec") == [other]
     rival.execute("UPDATE messages SET content = 'foxtrot' WHERE id = ?", (user,))
     rival.execute("UPDATE messages SET role = 'tool' WHERE id = ?", (other,))
-    assert ids(rival, "messages_fts", "alpha") == [tool]
-    assert ids(rival, "messages_fts", "foxtrot") == [user]
+    assert ids(rival, "hermes_fts_words", "alpha") == [tool]
+    assert ids(rival, "hermes_fts_words", "foxtrot") == [user]
     assert substring_ids(rival, "elta") == [other]  # every role is in the substring index
     rival.execute("UPDATE messages SET content = 'golf hotel' WHERE id = ?", (other,))
     assert substring_ids(rival, "elta") == [] and substring_ids(rival, "f hot") == [other]
     rival.execute("DELETE FROM messages WHERE id = ?", (tool,))
-    assert ids(rival, "messages_fts", "alpha OR terminal") == []
+    assert ids(rival, "hermes_fts_words", "alpha OR terminal") == []
     integrity(rival)
     assert indexed_counts(rival) == expected_counts(rival)
 
@@ -201,8 +209,8 @@ def test_updates_that_do_not_touch_text_leave_the_indexes_alone(db, rival):
     traced: list[str] = []
     rival.set_trace_callback(traced.append)
     rival.execute("UPDATE messages SET active = 0, compacted = 1 WHERE id = ?", (row,))
-    assert not [s for s in traced if "messages_fts" in s and "INSERT" in s]
-    assert rival.execute("SELECT COUNT(*) FROM messages_fts_cjk_pending").fetchone()[0] == 0
+    assert not [s for s in traced if "hermes_fts_words" in s and "INSERT" in s]
+    assert rival.execute("SELECT COUNT(*) FROM hermes_fts_cjk_pending").fetchone()[0] == 0
 
 
 def test_library_writes_feed_the_cjk_index_with_their_batch(db, rival):
@@ -211,14 +219,14 @@ def test_library_writes_feed_the_cjk_index_with_their_batch(db, rival):
     db.append_message("s", "user", "café au lait, plain latin")
     calls = db.append_message("s", "assistant", "", tool_calls=[{"id": "c1", "function": {"name": "web_search",
                                                                                           "arguments": '{"q": "天気"}'}}])
-    assert rival.execute("SELECT COUNT(*) FROM messages_fts_cjk").fetchone()[0] == 0  # queued for the batch
+    assert rival.execute("SELECT COUNT(*) FROM hermes_fts_cjk").fetchone()[0] == 0  # queued for the batch
     index_queue(db)
-    rows = dict(rival.execute("SELECT rowid, terms FROM messages_fts_cjk"))
+    rows = dict(rival.execute("SELECT rowid, terms FROM hermes_fts_cjk"))
     assert sorted(rows) == [cjk, calls]
     assert rows[cjk] == "iPhone16 を買 買っ った た"
-    assert rival.execute("SELECT COUNT(*) FROM messages_fts_cjk_pending").fetchone()[0] == 0
+    assert rival.execute("SELECT COUNT(*) FROM hermes_fts_cjk_pending").fetchone()[0] == 0
     db.merge_messages("s", [cjk, db.append_message("s", "user", "東京")])
-    assert ids(rival, "messages_fts_cjk", '"東京"') == [cjk]
+    assert ids(rival, "hermes_fts_cjk", '"東京"') == [cjk]
     integrity(rival)
 
 
@@ -250,19 +258,19 @@ def test_plain_sqlite3_writes_are_caught_up_after_the_next_open(tmp_path):
     shell.execute("UPDATE messages SET content = '福岡に変更' WHERE id = ?", (kept,))
     shell.execute("DELETE FROM messages WHERE id = ?", (gone,))
     shell.execute("UPDATE messages SET content = 'ascii now' WHERE id = ?", (tool,))
-    assert sorted(r[0] for r in shell.execute("SELECT id FROM messages_fts_cjk_pending")) == [kept, gone, tool, new]
+    assert sorted(r[0] for r in shell.execute("SELECT id FROM hermes_fts_cjk_pending")) == [kept, gone, tool, new]
     integrity(shell)
     with SessionDB(path, read_only=True) as ro:  # before any catch-up: queued rows are still found
         assert [h["id"] for h in ro.search_messages("項目")] == [new]
         assert [h["id"] for h in ro.search_messages("福岡")] == [kept]
         assert ro.search_messages("名古屋") == [] and ro.search_messages("ログ") == []
-    assert shell.execute("SELECT COUNT(*) FROM messages_fts_cjk_pending").fetchone()[0] == 4  # ro wrote nothing
+    assert shell.execute("SELECT COUNT(*) FROM hermes_fts_cjk_pending").fetchone()[0] == 4  # ro wrote nothing
     with SessionDB(path) as db:  # the open leaves the queue to its background work
         assert db.wait_for_fts_rebuild(30)
         assert db.fts_rebuild_status()["cjk_pending"] == 0
-        assert ids(shell, "messages_fts_cjk", '"項目"') == [new]
-        assert ids(shell, "messages_fts_cjk", '"福岡"') == [kept]
-        assert ids(shell, "messages_fts_cjk", '"大阪" OR "名古屋" OR "ログ"') == []
+        assert ids(shell, "hermes_fts_cjk", '"項目"') == [new]
+        assert ids(shell, "hermes_fts_cjk", '"福岡"') == [kept]
+        assert ids(shell, "hermes_fts_cjk", '"大阪" OR "名古屋" OR "ログ"') == []
         assert [h["id"] for h in db.search_messages("項目")] == [new]
     integrity(shell)
     assert indexed_counts(shell) == expected_counts(shell)
@@ -281,13 +289,13 @@ def test_delete_from_a_plain_sqlite3_shell(db, rival):
         assert done.returncode == 0, done.stderr
     else:  # no shell binary on this machine: the same statement from a function-less connection
         plain(db.db_path).execute(sql)
-    assert ids(rival, "messages_fts", "delete") == []
-    assert ids(rival, "messages_fts", "keep") == [kept]
+    assert ids(rival, "hermes_fts_words", "delete") == []
+    assert ids(rival, "hermes_fts_words", "keep") == [kept]
     integrity(rival)
     with SessionDB(db.db_path) as again:
         assert [h["id"] for h in again.search_messages("東京")] == [kept]  # found before the queue is worked off
         assert again.wait_for_fts_rebuild(30)
-    assert ids(rival, "messages_fts_cjk", '"東京"') == [kept]
+    assert ids(rival, "hermes_fts_cjk", '"東京"') == [kept]
 
 
 # --- rebuild markers -----------------------------------------------------------------------------
@@ -295,7 +303,7 @@ def test_delete_from_a_plain_sqlite3_shell(db, rival):
 def _drop_fts(path) -> None:
     conn = plain(path)
     for kind, name in conn.execute("SELECT type, name FROM sqlite_master WHERE type IN ('trigger', 'view') "
-                                   "AND name LIKE 'messages_fts%'").fetchall():
+                                   "AND name LIKE 'hermes_fts_words%'").fetchall():
         conn.execute(f"DROP {kind} {name}")
     for name in (*ALL, fts.CJK_PENDING):
         conn.execute(f"DROP TABLE {name}")
@@ -330,10 +338,10 @@ def test_a_database_without_fts_is_rebuilt_in_chunks_never_twice(tmp_path, manua
         db = SessionDB(path)
     rival = plain(path)
     # open created the objects and markers (and set the indexes' options), but indexed nothing
-    assert not [s for s in traced if s.startswith("INSERT INTO messages_fts") and ", rank)" not in s]
+    assert not [s for s in traced if s.startswith("INSERT INTO hermes_fts_words") and ", rank)" not in s]
     assert [s for s in traced if re.search(r"FROM\s+messages\b", s) and not s.startswith("CREATE")] == [
         "SELECT MAX(id) FROM messages"]
-    markers = dict(rival.execute("SELECT key, value FROM state_meta WHERE key LIKE 'fts_rebuild%'"))
+    markers = dict(rival.execute("SELECT key, value FROM state_meta WHERE key LIKE 'hermes_fts_rebuild%'"))
     assert markers == {fts.HIGH_WATER: str(rows[-1]), fts.PROGRESS: "0"}
     assert db.fts_rebuild_status() == {"pending": 40, "total": 40, "indexed": 0, "percent": 0.0,
                                        "in_progress": True, "cjk_pending": 0}
@@ -355,16 +363,16 @@ def test_a_database_without_fts_is_rebuilt_in_chunks_never_twice(tmp_path, manua
         with db.transaction() as txn:
             if not fts.rebuild_step(txn.conn, 10):
                 break
-    assert rival.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE 'fts_rebuild%'").fetchone()[0] == 0
+    assert rival.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE 'hermes_fts_rebuild%'").fetchone()[0] == 0
     with db.transaction() as txn:  # the row the handle queued meanwhile, as its next batch would
         fts.index_batch(txn.conn)
     integrity(rival)
     assert indexed_counts(rival) == expected_counts(rival)
-    assert ids(rival, "messages_fts", "changed") == [rows[30]] and ids(rival, "messages_fts", "word31") == []
-    assert ids(rival, "messages_fts", "reborn") == [] and ids(rival, "messages_fts", "renewed") == [rows[31]]
-    assert ids(rival, "messages_fts", "early") == [rows[2]] and ids(rival, "messages_fts", "word2") == []
-    assert ids(rival, "messages_fts", "fresh") == [fresh]
-    assert ids(rival, "messages_fts_cjk", '"語彙"') == sorted([rows[2], rows[30]])
+    assert ids(rival, "hermes_fts_words", "changed") == [rows[30]] and ids(rival, "hermes_fts_words", "word31") == []
+    assert ids(rival, "hermes_fts_words", "reborn") == [] and ids(rival, "hermes_fts_words", "renewed") == [rows[31]]
+    assert ids(rival, "hermes_fts_words", "early") == [rows[2]] and ids(rival, "hermes_fts_words", "word2") == []
+    assert ids(rival, "hermes_fts_words", "fresh") == [fresh]
+    assert ids(rival, "hermes_fts_cjk", '"語彙"') == sorted([rows[2], rows[30]])
     assert db.fts_rebuild_status()["percent"] == 100.0
     db.close()
     rival.close()
@@ -398,17 +406,17 @@ def test_a_rebuild_interrupted_halfway_resumes_in_another_process(tmp_path):
     first.join(60)
     assert first.exitcode == 0
     conn = plain(path)
-    assert dict(conn.execute("SELECT key, value FROM state_meta WHERE key LIKE 'fts_rebuild%'")) == {
+    assert dict(conn.execute("SELECT key, value FROM state_meta WHERE key LIKE 'hermes_fts_rebuild%'")) == {
         fts.HIGH_WATER: str(rows[-1]), fts.PROGRESS: str(rows[49])}
     second = ctx.Process(target=_finish_rebuild, args=(str(path),))
     second.start()
     second.join(60)
     assert second.exitcode == 0
-    assert conn.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE 'fts_rebuild%'").fetchone()[0] == 0
+    assert conn.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE 'hermes_fts_rebuild%'").fetchone()[0] == 0
     integrity(conn)
     assert indexed_counts(conn) == expected_counts(conn)
-    assert ids(conn, "messages_fts", "word0 OR word119") == [rows[0], rows[119]]
-    assert len(ids(conn, "messages_fts_cjk", '"検索"')) == 30
+    assert ids(conn, "hermes_fts_words", "word0 OR word119") == [rows[0], rows[119]]
+    assert len(ids(conn, "hermes_fts_cjk", '"検索"')) == 30
     conn.close()
 
 
@@ -531,7 +539,7 @@ def test_an_older_layouts_trigger_is_replaced_not_doubled(tmp_path, manual):
     _fill(path, 6)
     conn = plain(path)
     conn.execute("CREATE TRIGGER messages_ai AFTER INSERT ON messages BEGIN "
-                 "INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content); END")
+                 "INSERT INTO hermes_fts_words(rowid, content) VALUES (new.id, new.content); END")
     with SessionDB(path) as db:
         assert conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'messages_ai'").fetchone()[0] == 0
         db.rebuild_fts()
@@ -586,7 +594,7 @@ def test_upkeep_logs_instead_of_raising(caplog):
     conn = sqlite3.connect(":memory:")
     with caplog.at_level(logging.INFO, logger="hermes_state"):
         fts.upkeep(conn, fts.MERGE_EVERY_N_WRITES)
-    assert "merge of messages_fts skipped" in caplog.text
+    assert "merge of hermes_fts_words skipped" in caplog.text
 
 
 # --- R-FTS-6: integrity after any sequence ----------------------------------------------------------
@@ -772,11 +780,11 @@ def test_optimize_refused_on_a_read_only_handle(db):
 def test_appended_rows_wait_in_the_queue_and_are_indexed_in_one_batch(db, rival):
     db.create_session("s", "cli")
     rows = [db.append_message("s", "user", f"batchword{i} shared") for i in range(message_rows.BATCH_ROWS - 1)]
-    assert rival.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == message_rows.BATCH_ROWS - 1
-    assert ids(rival, "messages_fts", "shared") == []
+    assert rival.execute("SELECT COUNT(*) FROM hermes_fts_pending").fetchone()[0] == message_rows.BATCH_ROWS - 1
+    assert ids(rival, "hermes_fts_words", "shared") == []
     last = db.append_message("s", "user", "batchword shared")  # the batch's last row indexes all of them
-    assert rival.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 0
-    assert ids(rival, "messages_fts", "shared") == [*rows, last]
+    assert rival.execute("SELECT COUNT(*) FROM hermes_fts_pending").fetchone()[0] == 0
+    assert ids(rival, "hermes_fts_words", "shared") == [*rows, last]
     assert substring_ids(rival, "chword") == [*rows, last]
     integrity(rival)
 
@@ -789,10 +797,10 @@ def test_other_writers_change_queued_rows_and_the_batch_indexes_what_is_there(db
     rival.execute("UPDATE messages SET content = 'romeo sierra', reasoning = 'tango' WHERE id = ?", (changed,))
     rival.execute("DELETE FROM messages WHERE id = ?", (gone,))
     index_queue(db)
-    assert ids(rival, "messages_fts", "kilo") == [kept]
-    assert ids(rival, "messages_fts", "mike OR papa OR terminal") == []
-    assert ids(rival, "messages_fts", "romeo") == [changed]
-    assert ids(rival, "messages_fts_reasoning", "tango") == [changed]
+    assert ids(rival, "hermes_fts_words", "kilo") == [kept]
+    assert ids(rival, "hermes_fts_words", "mike OR papa OR terminal") == []
+    assert ids(rival, "hermes_fts_words", "romeo") == [changed]
+    assert ids(rival, "hermes_fts_reasoning", "tango") == [changed]
     assert substring_ids(rival, "ebec") == []
     integrity(rival)
     assert indexed_counts(rival) == expected_counts(rival)
@@ -815,9 +823,9 @@ def test_every_search_finds_queued_rows(db, hermes_home):
     assert [h["id"] for h in db.search_messages("ankee")] == [row]
     conn = sqlite3.connect(db.db_path)
     try:
-        assert conn.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 6  # a search writes nothing
+        assert conn.execute("SELECT COUNT(*) FROM hermes_fts_pending").fetchone()[0] == 6  # a search writes nothing
         db.close()
-        assert conn.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 0  # its close indexes them
+        assert conn.execute("SELECT COUNT(*) FROM hermes_fts_pending").fetchone()[0] == 0  # its close indexes them
     finally:
         conn.close()
 
@@ -829,8 +837,8 @@ def test_a_handle_that_closes_leaves_nothing_queued(hermes_home):
     handle.close()
     conn = sqlite3.connect(handle.db_path)
     try:
-        assert conn.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 0
-        assert ids(conn, "messages_fts", "whiskey") == [row]
+        assert conn.execute("SELECT COUNT(*) FROM hermes_fts_pending").fetchone()[0] == 0
+        assert ids(conn, "hermes_fts_words", "whiskey") == [row]
         integrity(conn)
     finally:
         conn.close()
@@ -846,7 +854,7 @@ def test_rows_left_queued_by_a_handle_that_died_are_indexed_after_the_next_open(
     assert died.returncode == -9
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 1
+        assert conn.execute("SELECT COUNT(*) FROM hermes_fts_pending").fetchone()[0] == 1
     finally:
         conn.close()
     with SessionDB(path) as again:  # off the open path: the open returns, its background work indexes the row
@@ -854,8 +862,8 @@ def test_rows_left_queued_by_a_handle_that_died_are_indexed_after_the_next_open(
         assert again.wait_for_fts_rebuild(30)
     conn = sqlite3.connect(path)
     try:
-        assert conn.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 0
-        assert ids(conn, "messages_fts", "foxtrot") == [1]
+        assert conn.execute("SELECT COUNT(*) FROM hermes_fts_pending").fetchone()[0] == 0
+        assert ids(conn, "hermes_fts_words", "foxtrot") == [1]
         integrity(conn)
     finally:
         conn.close()
@@ -866,13 +874,13 @@ def test_triggers_another_program_replaced_are_never_bypassed(db, rival):
     db.append_message("s", "user", "before")
     index_queue(db)
     # Another program swaps in its own insert trigger (same name, no queue gate) while the handle is open.
-    rival.execute("DROP TRIGGER messages_fts_insert")
-    rival.execute("CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN "
-                  "INSERT INTO messages_fts(rowid, content, tool_name, tool_calls) "
+    rival.execute("DROP TRIGGER hermes_fts_words_insert")
+    rival.execute("CREATE TRIGGER hermes_fts_words_insert AFTER INSERT ON messages BEGIN "
+                  "INSERT INTO hermes_fts_words(rowid, content, tool_name, tool_calls) "
                   "VALUES (new.id, new.content, new.tool_name, new.tool_calls); END")
     row = db.append_message("s", "user", "after hotel")
-    assert rival.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 0  # not queued
-    assert ids(rival, "messages_fts", "hotel") == [row]  # indexed once, by that trigger
+    assert rival.execute("SELECT COUNT(*) FROM hermes_fts_pending").fetchone()[0] == 0  # not queued
+    assert ids(rival, "hermes_fts_words", "hotel") == [row]  # indexed once, by that trigger
     rival.execute(f"INSERT INTO {fts.WORD}({fts.WORD}) VALUES ('integrity-check')")
 
 
@@ -906,7 +914,7 @@ def test_the_layout_whose_sources_held_queued_rows_is_converted_without_a_rebuil
         state = fts.inspect(conn)
         assert state.declared and state.rebuild is None
         integrity(conn)
-        assert "messages_fts_source" in conn.execute(f"SELECT sql FROM sqlite_master WHERE name = '{fts.WORD}'").fetchone()[0]
+        assert "hermes_fts_words_source" in conn.execute(f"SELECT sql FROM sqlite_master WHERE name = '{fts.WORD}'").fetchone()[0]
     finally:
         conn.close()
 
@@ -916,14 +924,14 @@ def test_another_programs_fts5_rebuild_while_rows_are_queued_leaves_every_index_
     # reads each index's content source, which holds no queued row, so the batch indexes each once.
     db.create_session("s", "cli")
     queued = [db.append_message("s", "user", f"kilo{i} lima", reasoning=f"mike{i}") for i in range(3)]
-    assert rival.execute("SELECT COUNT(*) FROM messages_fts_pending").fetchone()[0] == 3
+    assert rival.execute("SELECT COUNT(*) FROM hermes_fts_pending").fetchone()[0] == 3
     for table in (fts.WORD, fts.TRIGRAM, fts.REASONING):
         rival.execute(f"INSERT INTO {table}({table}) VALUES ('rebuild')")
     integrity(rival)
     db.close()  # its close indexes the queue
     integrity(rival)
-    assert ids(rival, "messages_fts", "lima") == queued
-    assert ids(rival, "messages_fts_reasoning", "mike1") == [queued[1]]
+    assert ids(rival, "hermes_fts_words", "lima") == queued
+    assert ids(rival, "hermes_fts_reasoning", "mike1") == [queued[1]]
     assert substring_ids(rival, "ilo2") == [queued[2]]
     assert indexed_counts(rival) == expected_counts(rival)
 
