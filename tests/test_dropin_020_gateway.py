@@ -20,35 +20,13 @@ from typing import Any
 
 import pytest
 
-import hermes_agent_driver as driver
 import hermes_state
-from agent_releases import AGENT_020
+from agent_releases import AGENT_020, attempt, call, ours
 from hermes_state import SessionDB, SessionExportTooLargeError, SessionResumeTooLargeError
 
 DAY = 86400.0
 CALL = [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]
 differential = pytest.mark.hermes_agent
-
-
-def ours(path: Path, ops: list) -> list:
-    with SessionDB(path) as db:
-        return driver.run(db, path, ops)
-
-
-def both(tmp_path: Path, ops: list) -> tuple[list, list]:
-    """Return (hermes-agent 0.20.1's answers, hermes-state's answers) to `ops`, each on a fresh file."""
-    AGENT_020.require()
-    (tmp_path / "agent").mkdir(exist_ok=True)
-    (tmp_path / "ours").mkdir(exist_ok=True)
-    return AGENT_020.run(tmp_path / "agent" / "state.db", *ops), ours(tmp_path / "ours" / "state.db", ops)
-
-
-def call(method: str, *args: Any, spec: Any = None, **kwargs: Any) -> list:
-    return ["call", method, list(args), kwargs, spec]
-
-
-def attempt(method: str, *args: Any, **kwargs: Any) -> list:
-    return ["try", method, list(args), kwargs, None]
 
 
 def query(sql: str) -> list:
@@ -595,3 +573,8 @@ def test_the_vacuum_interval_must_be_a_number_of_days(db):
         with pytest.raises(ValueError, match="min_vacuum_interval_days"):
             db.maybe_auto_prune_and_vacuum(min_interval_hours=0, min_vacuum_interval_days=bad)
     assert db.get_meta("last_auto_prune") is None  # refused before any write
+
+
+def both(tmp_path: Path, ops: list) -> tuple[list, list]:
+    """Return (hermes-agent 0.20.1's answers, hermes-state's answers) to `ops`, each on a fresh file."""
+    return AGENT_020.both(tmp_path, ops)

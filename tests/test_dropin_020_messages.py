@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import hermes_agent_driver as driver
-from agent_releases import AGENT_020
+from agent_releases import AGENT_020, attempt, call, ours, ref
 from hermes_state import SessionDB, describe_skill_invocation
 
 pytestmark = pytest.mark.hermes_agent
@@ -31,29 +31,6 @@ ASKED = "The user has provided the following instruction alongside the skill inv
 @pytest.fixture(autouse=True)
 def need_agent():
     AGENT_020.require()
-
-
-def ours(path: Path, ops: list) -> list:
-    with SessionDB(path) as db:
-        return driver.run(db, path, ops)
-
-
-def both(tmp_path: Path, ops: list) -> tuple[list, list]:
-    (tmp_path / "agent").mkdir()
-    (tmp_path / "ours").mkdir()
-    return AGENT_020.run(tmp_path / "agent" / "state.db", *ops), ours(tmp_path / "ours" / "state.db", ops)
-
-
-def call(method: str, *args: Any, spec: Any = None, **kwargs: Any) -> list:
-    return ["call", method, list(args), kwargs, spec]
-
-
-def attempt(method: str, *args: Any, **kwargs: Any) -> list:
-    return ["try", method, list(args), kwargs, None]
-
-
-def ref(n: int) -> dict[str, int]:
-    return {"$": n}
 
 
 def assert_same(theirs: list, mine: list, ops: list, differ: dict[int, Any] | None = None) -> None:
@@ -382,3 +359,8 @@ def test_each_program_reads_the_others_reactions_on_one_file(tmp_path):
         assert [r["emoji"] for r in db.get_message_reactions("s1", second)] == ["🔥"]
         assert db.take_unseen_reactions("s1", author="assistant")[0]["emoji"] == "🔥"
     assert AGENT_020.run(path, call("take_unseen_reactions", "s1", author="assistant")) == [[]]
+
+
+def both(tmp_path: Path, ops: list) -> tuple[list, list]:
+    """Return (hermes-agent 0.20.1's answers, hermes-state's answers) to `ops`, each on a fresh file."""
+    return AGENT_020.both(tmp_path, ops)

@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-import hermes_agent_driver as driver
-from agent_releases import AGENT_020
+from agent_releases import AGENT_020, attempt, call, ours
 from hermes_state import ActivityProvenance, SessionDB
 from hermes_state_errors import SessionNotFoundError
 
@@ -30,26 +29,6 @@ DAY = 86400.0
 @pytest.fixture
 def need_agent():
     AGENT_020.require()
-
-
-def ours(path: Path, ops: list) -> list:
-    with SessionDB(path) as db:
-        return driver.run(db, path, ops)
-
-
-def both(tmp_path: Path, ops: list) -> tuple[list, list]:
-    """Return (hermes-agent 0.20.1's answers, hermes-state's answers) to `ops`, each on a fresh file."""
-    (tmp_path / "agent").mkdir()
-    (tmp_path / "ours").mkdir()
-    return AGENT_020.run(tmp_path / "agent" / "state.db", *ops), ours(tmp_path / "ours" / "state.db", ops)
-
-
-def call(method: str, *args: Any, spec: Any = None, **kwargs: Any) -> list:
-    return ["call", method, list(args), kwargs, spec]
-
-
-def attempt(method: str, *args: Any, **kwargs: Any) -> list:
-    return ["try", method, list(args), kwargs, None]
 
 
 def assert_same(theirs: list, mine: list, ops: list) -> None:
@@ -443,3 +422,8 @@ def test_this_library_reads_the_flags_marks_titles_and_labels_the_agent_wrote(tm
                      "WHERE id = 'a'") == [("", "unknown", 1234.5)]
     assert json.loads(json.dumps(AGENT_020.run(path, call("get_session", "c", spec=["git_branch"]))))[0] == {
         "git_branch": "main"}
+
+
+def both(tmp_path: Path, ops: list) -> tuple[list, list]:
+    """Return (hermes-agent 0.20.1's answers, hermes-state's answers) to `ops`, each on a fresh file."""
+    return AGENT_020.both(tmp_path, ops)

@@ -18,35 +18,14 @@ from typing import Any
 
 import pytest
 
-import hermes_agent_driver as driver
 import hermes_state_compression as compression
-from agent_releases import AGENT_020
+from agent_releases import AGENT_020, attempt, call, ours
 from hermes_state import (CompressionSessionBusyError, CompressionSessionClosedError, SessionDB,
                           SessionTurnLeaseLostError)
 from hermes_state_errors import (HermesStateError, SessionClosedByCompressionError, SessionCompressionInProgressError,
                                  SessionNotFoundError)
 
 pytestmark = pytest.mark.hermes_agent
-
-
-def ours(path: Path, ops: list) -> list:
-    with SessionDB(path) as db:
-        return driver.run(db, path, ops)
-
-
-def both(tmp_path: Path, ops: list) -> tuple[list, list]:
-    """Return (0.20.1's answers, this library's answers) to `ops`, each on a fresh file."""
-    (tmp_path / "agent").mkdir()
-    (tmp_path / "ours").mkdir()
-    return AGENT_020.run(tmp_path / "agent" / "state.db", *ops), ours(tmp_path / "ours" / "state.db", ops)
-
-
-def call(method: str, *args: Any, spec: Any = None, **kwargs: Any) -> list:
-    return ["call", method, list(args), kwargs, spec]
-
-
-def attempt(method: str, *args: Any, spec: Any = None, **kwargs: Any) -> list:
-    return ["try", method, list(args), kwargs, spec]
 
 
 def caught(answer: Any) -> Any:
@@ -416,3 +395,8 @@ def test_bad_input_is_a_typed_error_and_writes_nothing(db, call_, error):
     assert db.get_session("c") is None
     with closing(sqlite3.connect(db.db_path)) as raw:
         assert raw.execute("SELECT * FROM session_turn_leases").fetchall() == leases
+
+
+def both(tmp_path: Path, ops: list) -> tuple[list, list]:
+    """Return (hermes-agent 0.20.1's answers, hermes-state's answers) to `ops`, each on a fresh file."""
+    return AGENT_020.both(tmp_path, ops)
