@@ -371,6 +371,8 @@ DECLARED_UNKNOWN.update({"get_message_role": None, "latest_message_row_id": None
                          "get_message_reactions": []})
 ENTRY_UNKNOWN["get_first_assistant_text"] = ""
 ANSWERS_ITSELF |= {"find_pr_url_messages", "list_skill_scaffolded_sessions"}
+# hermes-agent 0.20.1: gateway orphans and never-active keyed sessions (reports over every row).
+ANSWERS_ITSELF |= {"find_orphaned_gateway_sessions", "list_never_active_keyed_sessions"}
 
 
 def test_each_lookup_answers_an_unknown_key_as_the_table_declared_it():
