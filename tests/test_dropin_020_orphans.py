@@ -176,3 +176,21 @@ def test_bad_adoption_ids_are_refused_with_value_error(db, args):
         db.adopt_orphaned_gateway_session(*args)
     with pytest.raises(ValueError):
         db.retag_kanban_worker_sessions(args[1] if args[0] == "O1" else args[0])
+
+
+def test_append_message_takes_its_arguments_positionally_as_the_agent_does(tmp_path):
+    # hermes-agent 0.19.0 and 0.20.1 name every argument up to api_content positionally, in this order.
+    args = ["s", "assistant", "text", "lookup", [{"id": "c1", "type": "function"}], "c0", 7, "stop", "why",
+            "why, in full", [{"type": "summary"}], [{"id": "r1"}], [{"id": "m1"}], "pm-1", False, None,
+            1_700_000_000.0, "text as sent"]
+    ops = [call("create_session", "s", "cli"), call("append_message", *args),
+           ["query", "SELECT role, content, tool_name, tool_call_id, token_count, finish_reason, reasoning, "
+            "reasoning_content, platform_message_id, timestamp FROM messages", []]]
+    theirs, ours = AGENT_020.both(tmp_path, ops)
+    assert ours[-1] == theirs[-1] == [["assistant", "text", "lookup", "c0", 7, "stop", "why", "why, in full", "pm-1",
+                                       1_700_000_000.0]]
+    with SessionDB(tmp_path / "ours" / "state.db") as db:
+        assert db.get_messages("s")[0]["api_content"] == "text as sent"
+        # The newer names stay keyword-only after them.
+        with pytest.raises(TypeError):
+            db.append_message(*args, "note")

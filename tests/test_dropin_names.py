@@ -44,21 +44,6 @@ PENDING: dict[str, set[str]] = {
 # this library made them keyword-only, or names them differently.
 PENDING_PARAMETERS: set[str] = {
     # found by this check, not yet owned
-    'SessionDB.append_message: api_content (positional there)',
-    'SessionDB.append_message: codex_message_items (positional there)',
-    'SessionDB.append_message: codex_reasoning_items (positional there)',
-    'SessionDB.append_message: effect_disposition (positional there)',
-    'SessionDB.append_message: finish_reason (positional there)',
-    'SessionDB.append_message: observed (positional there)',
-    'SessionDB.append_message: platform_message_id (positional there)',
-    'SessionDB.append_message: reasoning (positional there)',
-    'SessionDB.append_message: reasoning_content (positional there)',
-    'SessionDB.append_message: reasoning_details (positional there)',
-    'SessionDB.append_message: timestamp (positional there)',
-    'SessionDB.append_message: token_count (positional there)',
-    'SessionDB.append_message: tool_call_id (positional there)',
-    'SessionDB.append_message: tool_calls (positional there)',
-    'SessionDB.append_message: tool_name (positional there)',
     'SessionDB.get_next_title_in_lineage: base_title',
     'SessionDB.import_sessions: sessions',
     'SessionDB.search_messages: sort (positional there)',
