@@ -90,7 +90,7 @@ table.later(globals(), compression="hermes_state_compression", conversation="her
             recovery="hermes_state_recovery", rewind="hermes_state_rewind", schema="hermes_state_schema",
             routing="hermes_state_routing", search="hermes_state_search", sessions="hermes_state_sessions",
             sweeps="hermes_state_sweeps", telegram="hermes_state_telegram", upgrade="hermes_state_upgrade")
-from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
+from hermes_state_errors import (AdoptionRefusedError, ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
                                  ImportValidationError,
                                  CompressionSessionBusyError, CompressionSessionClosedError, SessionTurnLeaseLostError,
                                  LedgerStateError, OwnershipReadError, ProfileNotFoundError, ReadOnlyError,
@@ -416,6 +416,13 @@ class SessionDB(table.Handle):
     assert_export_safe = Lookup("read", message_rows.assert_export_safe)
     assert_resume_safe = Lookup("snapshot", message_rows.assert_resume_safe)
     get_resume_message_count = Lookup("snapshot", message_rows.get_resume_message_count)
+    # hermes-agent 0.20.1: orphaned gateway sessions, never-active keyed sessions, kanban workers'
+    # sessions (docs/api.md, "hermes-agent 0.20.1: gateway orphans and never-active sessions").
+    find_orphaned_gateway_sessions = Entry("read", gateway_sessions.find_orphaned_gateway_sessions)
+    adopt_orphaned_gateway_session = Entry("write", gateway_sessions.adopt_orphaned_gateway_session)
+    list_never_active_keyed_sessions = Entry("read", maintenance.list_never_active_keyed_sessions)
+    prune_never_active_keyed_sessions = Entry("write", maintenance.prune_never_active_keyed_sessions_and_transcripts)
+    retag_kanban_worker_sessions = Entry("write", maintenance.retag_kanban_worker_sessions)
     # hermes-agent 0.20.1: messages, reactions, lookups and search (docs/api.md, "Messages, reactions
     # and lookups"). A reaction lives in the row's display_metadata under this key, as there.
     REACTIONS_METADATA_KEY = "reactions"

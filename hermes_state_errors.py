@@ -196,6 +196,10 @@ class LedgerStateError(HermesStateError, ValueError):
     """A gateway ledger row does not exist or is not in a state that allows this transition."""
 
 
+class AdoptionRefusedError(HermesStateError, ValueError):
+    """An orphaned gateway session was not adopted: the evidence does not name that donor alone."""
+
+
 class ReceiptOrderError(HermesStateError):
     """A worker receipt arrived out of order (a gap in `seq`)."""
 

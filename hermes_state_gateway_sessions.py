@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from typing import Any
 
-from hermes_state_common import SESSION_ROW_SQL, SESSIONS, check_id, session_dicts
-from hermes_state_errors import SessionNotFoundError
+from hermes_state_common import MARKED_SESSION_SQL, SESSION_ROW_SQL, SESSIONS, check_id, check_number, session_dicts
+from hermes_state_errors import AdoptionRefusedError, SessionNotFoundError
 from hermes_state_lineage import compression_ancestor_ids
 
 # Ends the process made on its own behalf (the agent released its handle, the terminal UI's
@@ -169,3 +170,94 @@ def increment_hygiene_failure_streak(conn: sqlite3.Connection, session_key: str)
 def reset_hygiene_failure_streak(conn: sqlite3.Connection, session_key: str) -> None:
     """Forget the chat's failed hygiene passes (nothing to do for a chat without any)."""
     conn.execute("DELETE FROM gateway_hygiene_state WHERE session_key = ?", (check_id("session_key", session_key),))
+
+
+# --- orphaned gateway sessions: rows that kept their messages but lost their routing identity ------
+
+ORPHAN_GAP_S = 900.0  # how soon after a keyed row fell quiet an unkeyed one may continue it
+ADOPTED_END_REASON = "superseded_by_repair"
+# The routing identity an adoption copies; a column the orphan already has is kept.
+_ROUTE_COLUMNS = ("user_id", "session_key", "chat_id", "chat_type", "thread_id", "display_name", "origin_json")
+# Unkeyed by design, not by damage: tool rows, delegates and branches never carry a session key.
+_ORPHAN_SQL = (f"s.session_key IS NULL AND s.source != 'tool' AND NOT COALESCE({MARKED_SESSION_SQL}, 0) "
+               f"AND {_HAS_MESSAGES_SQL}")
+_ORPHAN_COLUMNS = ("s.id, s.source, s.user_id, s.parent_session_id, s.started_at, "
+                   "(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id), "
+                   "(SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = s.id)")
+# When a keyed row fell quiet: its latest message, recorded activity or start, whichever is latest.
+_QUIET_SQL = ("MAX(s.started_at, COALESCE((SELECT MAX(m.timestamp) FROM messages m WHERE m.session_id = s.id), "
+              "s.started_at), COALESCE(s.last_activity_at, s.started_at))")
+
+
+def _gap(max_gap_s: Any) -> float:
+    return ORPHAN_GAP_S if max_gap_s is None else check_number("max_gap_s", max_gap_s)
+
+
+def _verdict(conn: sqlite3.Connection, row: tuple[Any, ...], gap: float) -> dict[str, Any]:
+    # One orphan's report: which keyed row it continues, by which evidence, or why none can be named.
+    orphan_id, source, user_id, parent_id, started_at, count, last_active = row
+    found = {"orphan_id": orphan_id, "source": source, "message_count": count, "started_at": started_at,
+             "last_active": last_active, "donor_id": None, "session_key": None, "evidence": "",
+             "adoptable": False, "reason": ""}
+    if parent_id is not None:
+        # A recorded parent is a fact: no time window, and no guessing past it when it does not fit.
+        parent = conn.execute(f"SELECT s.id, s.session_key FROM sessions s WHERE s.id = ? AND s.source = ? AND {_KEYED_SQL}",
+                              (parent_id, source)).fetchone()
+        if parent is None:
+            return {**found, "reason": "parent session carries no gateway identity of this source"}
+        return {**found, "donor_id": parent[0], "session_key": parent[1], "evidence": "lineage", "adoptable": True}
+    donors = conn.execute(
+        f"SELECT s.id, s.session_key FROM sessions s WHERE s.source = ? AND {_KEYED_SQL} AND s.id != ? "
+        f"AND (s.user_id IS NULL OR ? IS NULL OR s.user_id = ?) AND {_QUIET_SQL} >= ? AND {_QUIET_SQL} < ? LIMIT 2",
+        (source, orphan_id, user_id, user_id, started_at - gap, last_active)).fetchall()
+    if len(donors) > 1:
+        return {**found, "reason": "ambiguous: more than one keyed predecessor matches this window"}
+    if not donors:
+        shown_gap = int(gap) if gap.is_integer() else gap
+        return {**found, "reason": f"no keyed predecessor fell quiet within {shown_gap}s of this session's start"}
+    return {**found, "donor_id": donors[0][0], "session_key": donors[0][1], "evidence": "contiguity", "adoptable": True}
+
+
+def find_orphaned_gateway_sessions(conn: sqlite3.Connection, *, max_gap_s: float | None = None) -> list[dict[str, Any]]:
+    """Report unkeyed sessions with messages, each with the keyed row it continues when exactly one can be named.
+
+    Evidence is `lineage` (its parent is a keyed row of the same source) or `contiguity` (exactly
+    one keyed row of the same source and a compatible user fell quiet within `max_gap_s`, 900 by
+    default, of its start, before its last message). Otherwise `adoptable` is False with a reason.
+    Tool rows, delegates and branches are unkeyed by design and never reported.
+    """
+    gap = _gap(max_gap_s)
+    rows = conn.execute(f"SELECT {_ORPHAN_COLUMNS} FROM sessions s WHERE {_ORPHAN_SQL} "
+                        "ORDER BY s.started_at, s.rowid DESC").fetchall()
+    return [_verdict(conn, row, gap) for row in rows]
+
+
+def adopt_orphaned_gateway_session(conn: sqlite3.Connection, orphan_id: str, donor_id: str, *,
+                                   max_gap_s: float | None = None, now: float | None = None) -> bool:
+    """Give the orphan the donor's routing identity (keeping columns it has) and end the donor; return whether it applied.
+
+    The pair is judged again inside the write transaction: False when either row has changed
+    shape since (the orphan got a key or went, the donor lost its key or went, their sources
+    differ), so a concurrent repair makes this a no-op. AdoptionRefusedError when the evidence
+    (as find_orphaned_gateway_sessions reports it with `max_gap_s`) does not name this donor
+    alone: adopting a guess could splice one person's conversation into another's chat.
+    """
+    check_id("orphan_id", orphan_id)
+    check_id("donor_id", donor_id)
+    gap = _gap(max_gap_s)
+    row = conn.execute(f"SELECT {_ORPHAN_COLUMNS} FROM sessions s WHERE s.id = ? AND {_ORPHAN_SQL}",
+                       (orphan_id,)).fetchone()
+    donor = conn.execute(f"SELECT s.source, {', '.join('s.' + c for c in _ROUTE_COLUMNS)} FROM sessions s "
+                         f"WHERE s.id = ? AND {_KEYED_SQL}", (donor_id,)).fetchone()
+    if row is None or donor is None or donor[0] != row[1] or orphan_id == donor_id:
+        return False
+    verdict = _verdict(conn, row, gap)
+    if not verdict["adoptable"] or verdict["donor_id"] != donor_id:
+        why = verdict["reason"] or f"the evidence names {verdict['donor_id']!r}, not this donor"
+        raise AdoptionRefusedError(f"session {orphan_id!r} is not adopted by {donor_id!r}: {why}")
+    kept = ", ".join(f"{c} = COALESCE({c}, ?)" for c in _ROUTE_COLUMNS)
+    conn.execute(f"UPDATE sessions SET {kept}, parent_session_id = COALESCE(parent_session_id, ?) WHERE id = ?",
+                 (*donor[1:], donor_id, orphan_id))
+    conn.execute("UPDATE sessions SET ended_at = COALESCE(ended_at, ?), end_reason = ? WHERE id = ?",
+                 (time.time() if now is None else now, ADOPTED_END_REASON, donor_id))
+    return True

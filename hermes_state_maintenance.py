@@ -600,6 +600,65 @@ def delete_session_if_empty_and_transcripts(txn: Transaction, session_id: str,
     return removed
 
 
+# --- never-active keyed sessions: opened for a chat, then never used ---------------------------------
+
+# Keyed and still open, without one sign of a turn: no message, token, tool or API call, activity
+# or title. The ended-only prune never reaches such a row; pinned and archived rows stay by intent.
+_NEVER_ACTIVE_SQL = ("s.session_key IS NOT NULL AND s.ended_at IS NULL AND s.started_at < ? "
+                     "AND COALESCE(s.message_count, 0) = 0 AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id) "
+                     "AND COALESCE(s.input_tokens, 0) = 0 AND COALESCE(s.output_tokens, 0) = 0 "
+                     "AND COALESCE(s.tool_call_count, 0) = 0 AND COALESCE(s.api_call_count, 0) = 0 "
+                     "AND s.last_activity_at IS NULL AND s.title IS NULL "
+                     "AND COALESCE(s.pinned, 0) = 0 AND COALESCE(s.archived, 0) = 0")
+
+
+def list_never_active_keyed_sessions(conn: sqlite3.Connection, *, older_than_days: float,
+                                     now: float | None = None) -> list[dict[str, Any]]:
+    """Return open keyed sessions started more than `older_than_days` ago that never had a turn, oldest first."""
+    cutoff = (time.time() if now is None else now) - check_number("older_than_days", older_than_days) * DAY_S
+    cur = conn.execute("SELECT s.id, s.session_key, s.source, s.chat_id, s.chat_type, s.user_id, s.started_at "
+                       f"FROM sessions s WHERE {_NEVER_ACTIVE_SQL} ORDER BY s.started_at, s.rowid DESC", (cutoff,))
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]
+
+
+def prune_never_active_keyed_sessions_and_transcripts(txn: Transaction, *, older_than_days: float,
+                                                      sessions_dir: str | os.PathLike | None = None,
+                                                      now: float | None = None) -> tuple[int, int]:
+    """Delete never-active keyed sessions and the routing entries naming them; return (sessions, routing entries).
+
+    The entries go first, in the same transaction, so the gateway never resumes a session that
+    is gone. The sessions go through the delete planner (its refusals and cascades hold), and
+    their transcript files after COMMIT.
+    """
+    ids = [row["id"] for row in list_never_active_keyed_sessions(txn.conn, older_than_days=older_than_days, now=now)]
+    if not ids:
+        return 0, 0
+    routes = 0 if not table_exists(txn.conn, "gateway_routing") else txn.conn.execute(
+        "DELETE FROM gateway_routing WHERE json_valid(entry_json) AND json_extract(entry_json, '$.session_id') "
+        "IN (SELECT value FROM json_each(?))", (_ids_json(ids),)).rowcount
+    removed = delete_sessions(txn.conn, ids)
+    _files_after_commit(txn, sessions_dir, removed)
+    return len(removed), routes
+
+
+# --- kanban workers' sessions, recorded as cli before workers tagged themselves --------------------
+
+KANBAN_RETAG_KEY = "kanban_worker_source_retagged:"  # state_meta, + the workspaces root: done once per root
+
+
+def retag_kanban_worker_sessions(conn: sqlite3.Connection, workspaces_root: str) -> int:
+    """Move `cli` sessions whose cwd is `workspaces_root` or under it to source `kanban`, once per root; return how many."""
+    root = _under("workspaces_root", workspaces_root)[0]
+    key = KANBAN_RETAG_KEY + root
+    if get_meta(conn, key) is not None:
+        return 0
+    moved = conn.execute(f"UPDATE sessions SET source = 'kanban' WHERE source = 'cli' AND {cwd_under_sql()}",
+                         cwd_under_values(root)).rowcount
+    set_meta(conn, key, "1")
+    return moved
+
+
 # --- state_meta and automatic maintenance ----------------------------------------------------------
 
 def get_meta(conn: sqlite3.Connection, key: Any) -> str | None:

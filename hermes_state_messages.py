@@ -353,15 +353,16 @@ def check_runtime_keys(keys: Iterable[str]) -> None:
             raise TypeError(f"append_message() got an unexpected keyword argument {key!r}")
 
 
-def append_message(conn: sqlite3.Connection, session_id: str, role: str, content: str | None = None, *,
-                   tool_call_id: str | None = None, tool_calls: Any = None, tool_name: str | None = None,
+def append_message(conn: sqlite3.Connection, session_id: str, role: str, content: str | None = None,
+                   # Positional in hermes-agent's order, as its callers pass them; the rest by keyword only.
+                   tool_name: str | None = None, tool_calls: Any = None, tool_call_id: str | None = None,
                    token_count: int | None = None, finish_reason: str | None = None,
                    reasoning: str | None = None, reasoning_content: str | None = None,
                    reasoning_details: Any = None, codex_reasoning_items: Any = None,
-                   codex_message_items: Any = None, api_content: str | None = None,
+                   codex_message_items: Any = None, platform_message_id: str | None = None,
+                   observed: bool = False, effect_disposition: str | None = None, timestamp: float | None = None,
+                   api_content: str | None = None, *,
                    display_kind: str | None = None, display_metadata: Any = None,
-                   platform_message_id: str | None = None, observed: bool = False,
-                   effect_disposition: str | None = None, timestamp: float | None = None,
                    name: str | None = None, message_uid: str | None = None,
                    compression_lock_holder: str | None = None, turn_lease_holder: str | None = None,
                    turn_lease_ttl_seconds: float = TURN_LEASE_TTL_S, **runtime_keys: Any) -> int:

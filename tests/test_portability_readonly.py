@@ -15,7 +15,7 @@ from hermes_state import (ReadOnlyError, SessionDB, StateDbBusyError, StateDbInc
 
 # Public methods that only read. Every other public method is a write and must be refused.
 READS = {
-    "get_session", "get_messages", "get_messages_as_conversation", "get_session_title", "resolve_session_by_title",
+    "get_session", "find_orphaned_gateway_sessions", "list_never_active_keyed_sessions", "get_messages", "get_messages_as_conversation", "get_session_title", "resolve_session_by_title",
     "get_next_title_in_lineage", "get_lineage", "get_descendants", "list_sessions", "usage_by_model",
     "top_sessions_by_tokens", "search_messages", "fts_rebuild_status", "wait_for_fts_rebuild",
     "get_compression_successor",
