@@ -47,7 +47,8 @@ from hermes_state_fts_objects import (AGENT_SUBSTRINGS, AGENT_TRIGRAM, CJK, CJK_
                                       OWN_OBJECTS, PENDING, PROGRESS, REASONING, RENAMES, TRIGRAM,
                                       UNGATED_OBJECTS, UNQUEUED_OBJECTS, WORD, reasoning_text, reasons,
                                       rebuild_gate, searchable_text, FAMILIES, OWN_FAMILY, WORD_FAMILY,
-                                      WORD_HIGH_WATER, WORD_OBJECTS, WORD_PROGRESS, Family, LEGACY_NAMES)
+                                      WORD_HIGH_WATER, WORD_OBJECTS, WORD_PROGRESS, Family, LEGACY_NAMES,
+                                      DOC_TRIGRAM, DOCUMENT_OBJECTS)
 
 # The upkeep cadences' defaults (hermes_state_base says why each is what it is), by their names here.
 MERGE_EVERY_N_WRITES = FTS_MERGE_EVERY_N_WRITES
@@ -97,13 +98,12 @@ class _Catalogue:
     word: bool = False                # the document's word index and its three triggers, exactly
 
 
-_WORD = frozenset((kind, name, _normalized(sql)) for kind, name, sql in WORD_OBJECTS)
 _LEGACY = frozenset((kind, name, _normalized(sql)) for kind, name, sql in LEGACY_OBJECTS)
 _AGENT_SUBSTRINGS = frozenset((kind, name, _normalized(sql)) for kind, name, sql in AGENT_SUBSTRINGS)
 # Any of the library's own tables named in a trigger's SQL (the document's word index among them):
 # a trigger of another definition or name that writes them would index rows twice (hermes-agent's
 # triggers of the word index have the document's names, and its others never name them).
-_OWN_TABLE = re.compile(r"\bhermes_fts_|\bmessages_fts\b")
+_OWN_TABLE = re.compile(r"\bhermes_fts_|\bmessages_fts(_trigram)?\b")
 _CATALOGUE_SQL = ("SELECT type, name, sql FROM sqlite_master WHERE type IN ('table', 'view', 'trigger') "
                   "AND (name LIKE 'messages\\_fts%' ESCAPE '\\' OR name LIKE 'hermes\\_fts\\_%' ESCAPE '\\' "
                   "OR (type = 'trigger' AND tbl_name = 'messages'))")
@@ -158,7 +158,7 @@ def _read_catalogue(conn: sqlite3.Connection) -> _Catalogue:
     declared = not foreign and not legacy and all(found.get(name) == _normalized(sql) for _, name, sql in OBJECTS)
     convertible = not foreign and not found and any(
         legacy == {(kind, name, _normalized(sql)) for kind, name, sql in layout} for layout in CONVERTIBLE_LAYOUTS)
-    word = all(found.get(name) == _normalized(sql) for _, name, sql in WORD_OBJECTS)
+    word = all(found.get(name) == _normalized(sql) for _, name, sql in DOCUMENT_OBJECTS)
     return _Catalogue(declared, frozenset(t for t in FTS_TABLES if t in found), CJK_PENDING in found, convertible,
                       PENDING in found, bool(legacy), agent == _AGENT_SUBSTRINGS, word)
 
@@ -291,7 +291,7 @@ def drop_fts_objects(conn: sqlite3.Connection, keep: frozenset[str] = frozenset(
             conn.execute(f'DROP {kind.upper()} IF EXISTS "{name}"')
 
 
-_WORD_NAMES = frozenset(name for _, name, _ in WORD_OBJECTS)
+_WORD_NAMES = frozenset(name for _, name, _ in DOCUMENT_OBJECTS)
 
 
 def create_fts(conn: sqlite3.Connection, keep_word: bool = True) -> None:
@@ -350,8 +350,7 @@ def start_rebuild(conn: sqlite3.Connection) -> None:
     """
     top = conn.execute("SELECT MAX(id) FROM messages").fetchone()[0]
     if _markers(conn, WORD_FAMILY) is None:
-        conn.execute(f"INSERT INTO {WORD}({WORD}) VALUES ('delete-all')")
-        _set_markers(conn, top, family=WORD_FAMILY)
+        restart_word_family(conn, top)
     if _markers(conn) is not None:
         return
     conn.execute(f"INSERT INTO {TRIGRAM}({TRIGRAM}) VALUES ('delete-all')")
@@ -365,11 +364,25 @@ def start_rebuild(conn: sqlite3.Connection) -> None:
     _set_markers(conn, top)
 
 
+def restart_word_family(conn: sqlite3.Connection, top: int | None) -> None:
+    """Empty the document's word and substring indexes and set their markers so every row up to `top` is rebuilt.
+
+    Must run inside the caller's write transaction. Their triggers skip the range meanwhile.
+    """
+    for table in WORD_FAMILY.tables:
+        conn.execute(f"INSERT INTO {table}({table}) VALUES ('delete-all')")
+    _set_markers(conn, top, family=WORD_FAMILY)
+
+
 def _index_range(conn: sqlite3.Connection, low: int, high: int, family: Family = OWN_FAMILY) -> None:
     """Index the messages with low < id <= high into `family`'s indexes (none of them holds them yet)."""
     if family is WORD_FAMILY:  # as the document's rebuild step does: its triggers skip this range meanwhile
         conn.execute(f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
                      "SELECT id, content, tool_name, tool_calls FROM messages WHERE id > ? AND id <= ?", (low, high))
+        # The document's substring index leaves tool output out, as its content source does.
+        conn.execute(f"INSERT INTO {DOC_TRIGRAM}(rowid, content, tool_name, tool_calls) "
+                     "SELECT id, content, tool_name, tool_calls FROM messages WHERE id > ? AND id <= ? "
+                     "AND role <> 'tool'", (low, high))
         return
     # From the table itself: the content sources leave out the range until its markers move on.
     conn.execute(f"INSERT INTO {TRIGRAM}(rowid, content) SELECT id, {searchable_text('messages')} FROM messages "
@@ -423,20 +436,15 @@ def move_legacy(conn: sqlite3.Connection) -> None:
     """Move an earlier release's full-text objects out of hermes-agent's names into the library's.
 
     Inside the caller's write transaction, for a file holding exactly one earlier layout
-    (`_Catalogue.convertible`), with no re-indexing: each FTS5 table and queue is renamed (FTS5
-    renames its shadow tables with it) and its statement rewritten to the declared one, the views
-    and triggers are made again under the new names, and the state_meta markers move to the
-    library's keys. Only objects whose SQL is exactly an earlier layout's are moved; hermes-agent's
+    (`_Catalogue.convertible`): each FTS5 table and queue is renamed (FTS5 renames its shadow
+    tables with it) and its statement rewritten to the declared one, the views and triggers are
+    made again under the new names, and the state_meta markers move to the library's keys, with
+    no re-indexing of the library's own indexes. The document's word index and its substring index
+    (which no earlier layout had) are rebuilt together in the background. Only objects whose SQL is exactly an earlier layout's are moved; hermes-agent's
     own objects are never touched.
     """
     own = _own_objects(conn)
     tables = {name for kind, name, _ in own if kind == "table"}
-    if LEGACY_NAMES.pending in tables:
-        # The word index becomes the document's, which holds queued rows too: the rows the writer's
-        # queue keeps out of it (outside a rebuild's range) go in first, the queue stays for the others.
-        conn.execute(f"INSERT INTO {WORD}(rowid, content, tool_name, tool_calls) "
-                     f"SELECT id, content, tool_name, tool_calls FROM messages "
-                     f"WHERE id IN (SELECT id FROM {LEGACY_NAMES.pending}) AND {rebuild_gate('id', LEGACY_NAMES)}")
     for kind, name, _ in own:  # triggers and views first: renaming a table would rewrite them
         if kind != "table":
             conn.execute(f'DROP {kind.upper()} "{name}"')
@@ -458,6 +466,11 @@ def move_legacy(conn: sqlite3.Connection) -> None:
                      (new, old))
         if old not in (WORD_HIGH_WATER, WORD_PROGRESS):
             conn.execute("DELETE FROM state_meta WHERE key = ?", (old,))
+    # No earlier layout had the document's substring index, which shares the word index's markers:
+    # both are rebuilt in the background (a search scans the range meanwhile). Only after the
+    # loop above, which copied the earlier markers to the library's keys.
+    set_options(conn, (DOC_TRIGRAM,))
+    restart_word_family(conn, conn.execute("SELECT MAX(id) FROM messages").fetchone()[0])
 
 
 def forget_legacy_markers(conn: sqlite3.Connection) -> None:

@@ -55,7 +55,8 @@ WORD = "messages_fts"
 WORD_HIGH_WATER, WORD_PROGRESS = "fts_rebuild_high_water", "fts_rebuild_progress"
 TRIGRAM, CJK, REASONING = NAMES.trigram, NAMES.cjk, NAMES.reasoning
 CJK_PENDING = NAMES.cjk_pending
-FTS_TABLES = (WORD, TRIGRAM, CJK, REASONING)
+DOC_TRIGRAM = "messages_fts_trigram"  # the document's substring index (DOC_TRIGRAM_OBJECTS)
+FTS_TABLES = (WORD, DOC_TRIGRAM, TRIGRAM, CJK, REASONING)
 HIGH_WATER, PROGRESS = NAMES.high_water, NAMES.progress
 
 
@@ -67,8 +68,8 @@ class Family(NamedTuple):
     progress: str
 
 
-# The document's word index under the document's markers; the library's own under its own.
-WORD_FAMILY = Family((WORD,), WORD_HIGH_WATER, WORD_PROGRESS)
+# The document's word and substring indexes under the document's markers; the library's own under its own.
+WORD_FAMILY = Family((WORD, DOC_TRIGRAM), WORD_HIGH_WATER, WORD_PROGRESS)
 OWN_FAMILY = Family((TRIGRAM, REASONING, CJK), HIGH_WATER, PROGRESS)
 FAMILIES = (WORD_FAMILY, OWN_FAMILY)
 
@@ -100,6 +101,43 @@ WORD_OBJECTS: tuple[tuple[str, str, str], ...] = (
      "    INSERT INTO messages_fts(rowid, content, tool_name, tool_calls)\n"
      "    VALUES (new.id, new.content, new.tool_name, new.tool_calls);\nEND"),
 )
+# hermes-agent 0.20.1's substring index, built exactly as that release defines it (the design
+# document's layout): the view leaves tool output out, the triggers are gated by the word index's
+# markers, so both tables are rebuilt together. The library's own substring search does not read
+# it (it misses tool output); it is there so that every release of the agent finds the layout it
+# expects: 0.20.1 its own, 0.19.0 the six trigger names it counts (without them, 0.19.0 creates
+# its own substring index and writes the word index its own way, which corrupts it).
+DOC_TRIGRAM_SOURCE = "messages_fts_trigram_src"
+_TRIGRAM_GATE = (_DOC_GATE.replace("\n   OR", "\n     OR").replace("\n                         W", "\n                           W")
+                 .replace("\n                          W", "\n                            W"))
+DOC_TRIGRAM_OBJECTS: tuple[tuple[str, str, str], ...] = (
+    ("view", DOC_TRIGRAM_SOURCE,
+     "CREATE VIEW messages_fts_trigram_src AS\n    SELECT id, role, content, tool_name, tool_calls\n"
+     "    FROM messages\n    WHERE role <> 'tool'"),
+    ("table", DOC_TRIGRAM,
+     "CREATE VIRTUAL TABLE messages_fts_trigram USING fts5(\n    content,\n    tool_name,\n    tool_calls,\n"
+     "    content='messages_fts_trigram_src',\n    content_rowid='id',\n    tokenize='trigram'\n)"),
+    ("trigger", "messages_fts_trigram_insert",
+     "CREATE TRIGGER messages_fts_trigram_insert AFTER INSERT ON messages\nWHEN new.role <> 'tool'\n   AND "
+     + _TRIGRAM_GATE.replace("old.", "new.") +
+     "\nBEGIN\n    INSERT INTO messages_fts_trigram(rowid, content, tool_name, tool_calls)\n"
+     "    VALUES (new.id, new.content, new.tool_name, new.tool_calls);\nEND"),
+    ("trigger", "messages_fts_trigram_delete",
+     "CREATE TRIGGER messages_fts_trigram_delete AFTER DELETE ON messages\nWHEN old.role <> 'tool'\n   AND "
+     + _TRIGRAM_GATE +
+     "\nBEGIN\n    INSERT INTO messages_fts_trigram(messages_fts_trigram, rowid, content, tool_name, tool_calls)\n"
+     "    VALUES ('delete', old.id, old.content, old.tool_name, old.tool_calls);\nEND"),
+    ("trigger", "messages_fts_trigram_update",
+     "CREATE TRIGGER messages_fts_trigram_update\nAFTER UPDATE OF content, tool_name, tool_calls, role ON messages\n"
+     "WHEN (old.content IS NOT new.content\n    OR old.tool_name IS NOT new.tool_name\n"
+     "    OR old.tool_calls IS NOT new.tool_calls\n    OR old.role IS NOT new.role)\n   AND " + _TRIGRAM_GATE +
+     "\nBEGIN\n    INSERT INTO messages_fts_trigram(messages_fts_trigram, rowid, content, tool_name, tool_calls)\n"
+     "    SELECT 'delete', old.id, old.content, old.tool_name, old.tool_calls\n    WHERE old.role <> 'tool';\n"
+     "    INSERT INTO messages_fts_trigram(rowid, content, tool_name, tool_calls)\n"
+     "    SELECT new.id, new.content, new.tool_name, new.tool_calls\n    WHERE new.role <> 'tool';\nEND"),
+)
+# The document's objects the library builds: both share one pair of rebuild markers.
+DOCUMENT_OBJECTS = (*WORD_OBJECTS, *DOC_TRIGRAM_OBJECTS)
 # Set by the rebuild's last chunk: a rebuild leaves each index in dozens of segments, which every
 # search seeks one by one, so they are merged afterwards a bounded step at a time.
 MERGE_PENDING = "hermes_fts_merge_after_rebuild"
@@ -309,7 +347,7 @@ def _layouts(n: Names) -> tuple[Layout, Layout, Layout]:
             (*_tables(n, False), *_triggers(n, False)))
 
 
-OBJECTS = (*WORD_OBJECTS, *_layouts(NAMES)[0])
+OBJECTS = (*DOCUMENT_OBJECTS, *_layouts(NAMES)[0])
 # The layouts earlier releases made, under hermes-agent's names: the current one, the one whose
 # sources held queued rows, the one before the queue. Open moves any of them into NAMES by renaming,
 # with no re-indexing (their indexes hold exactly what the current layout's would). Each object

@@ -172,11 +172,12 @@ def test_fresh_database_has_every_fts_object_and_no_rebuild(db, rival):
     assert {name for _, name, _ in fts.OBJECTS} <= names
     vt = {r[0]: r[1] for r in rival.execute(
         "SELECT name, sql FROM sqlite_master WHERE name IN (SELECT value FROM json_each(?))", (json.dumps(ALL),))}
-    # the design document's word index, exactly as hermes-agent 0.20.1 stores it too
+    # the design document's word and substring indexes, exactly as hermes-agent 0.20.1 stores them too
     assert {(kind, name, sql) for kind, name, sql in rival.execute(
-        "SELECT type, name, sql FROM sqlite_master WHERE name LIKE 'messages_fts%' AND type IN ('table', 'trigger') "
+        "SELECT type, name, sql FROM sqlite_master WHERE name LIKE 'messages_fts%' "
+        "AND type IN ('table', 'trigger', 'view') "
         "AND name NOT LIKE '%\\_data' ESCAPE '\\' AND name NOT LIKE '%\\_idx' ESCAPE '\\' "
-        "AND name NOT LIKE '%\\_docsize' ESCAPE '\\' AND name NOT LIKE '%\\_config' ESCAPE '\\'")} == set(fts.WORD_OBJECTS)
+        "AND name NOT LIKE '%\\_docsize' ESCAPE '\\' AND name NOT LIKE '%\\_config' ESCAPE '\\'")} == set(fts.DOCUMENT_OBJECTS)
     assert "tokenize='trigram'" in vt["hermes_fts_substrings"]
     assert rival.execute("SELECT COUNT(*) FROM state_meta WHERE key LIKE '%fts_%'").fetchone()[0] == 0
     # persistent triggers never call a function a plain shell lacks (the library's names them hermes_*)
