@@ -48,7 +48,7 @@ from hermes_state_fts_objects import (AGENT_SUBSTRINGS, AGENT_TRIGRAM, CJK, CJK_
                                       UNGATED_OBJECTS, UNQUEUED_OBJECTS, WORD, reasoning_text, reasons,
                                       rebuild_gate, searchable_text, FAMILIES, OWN_FAMILY, WORD_FAMILY,
                                       WORD_HIGH_WATER, WORD_OBJECTS, WORD_PROGRESS, Family, LEGACY_NAMES,
-                                      DOC_TRIGRAM, DOCUMENT_OBJECTS)
+                                      DOC_TRIGRAM, DOC_TRIGRAM_OBJECTS, DOCUMENT_OBJECTS)
 
 # The upkeep cadences' defaults (hermes_state_base says why each is what it is), by their names here.
 MERGE_EVERY_N_WRITES = FTS_MERGE_EVERY_N_WRITES

@@ -145,9 +145,10 @@ def test_a_fresh_hermes_state_file_is_read_written_and_searched_by_the_agent(tmp
         db.append_message("hs-1", "tool", "sunny in Osaka", tool_call_id="call_1", tool_name="weather")
         db.set_session_title("hs-1", "Budget")
     ours = fts_objects(path)
-    # the library's are under its own names, but for the design document's word index, built exactly
+    # the library's are under its own names, but for the design document's word and substring
+    # indexes, built exactly
     assert {name: sql for name, sql in ours.items() if name.startswith("messages_fts")} == \
-        {name: sql for _, name, sql in fts.WORD_OBJECTS}
+        {name: sql for kind, name, sql in fts.DOCUMENT_OBJECTS if kind != "view"}
 
     got = agent(path, ["messages", "hs-1"], ["session", "hs-1"], ["search", "quarterly"], ["search", "東京で"],
                 ["search", "東京で会議"], ["append", "hs-1", "user", "the agent adds quarterly numbers"],
@@ -160,10 +161,8 @@ def test_a_fresh_hermes_state_file_is_read_written_and_searched_by_the_agent(tmp
     assert session["title"] == "Budget" and session["message_count"] == 3 and session["tool_call_count"] == 1
     assert word == cjk3 == cjk5 == after_word == ["hs-1"] and own == ["ag-1"]
     assert sessions == ["ag-1", "hs-1"]
-    # hermes-agent made its own indexes beside the library's and left the library's as they were.
-    theirs = {name: sql for name, sql in fts_objects(path).items() if name not in ours}
-    assert theirs and all(name.startswith("messages_fts") for name in theirs)
-    assert {name: sql for name, sql in fts_objects(path).items() if name in ours} == ours
+    # hermes-agent found the six triggers it looks for and made nothing of its own.
+    assert fts_objects(path) == ours
 
     with SessionDB(path) as db:
         assert [m["content"] for m in db.get_messages("hs-1")][-1] == "the agent adds quarterly numbers"
@@ -176,7 +175,7 @@ def test_a_fresh_hermes_state_file_is_read_written_and_searched_by_the_agent(tmp
         report = db.check_integrity(full=True)
         assert report["ok"], report
     assert agent(path, ["messages", "ag-1"], ["search", "answers"])[1] == ["ag-1"]
-    assert fts_objects(path) == {**ours, **theirs}  # neither program changed the other's objects
+    assert fts_objects(path) == ours  # neither program changed the other's objects
     assert_healthy(path)
 
 
@@ -248,8 +247,8 @@ def test_the_agent_works_on_while_the_library_rebuilds_its_indexes(tmp_path, mon
     finally:
         db.close()
     # The agent's own objects were never dropped, moved aside or rewritten, but for 0.19.0's word
-    # index, which the design document defines otherwise: it became the document's.
-    word = {name: sql for _, name, sql in fts.WORD_OBJECTS}
+    # and substring indexes, which the design document defines otherwise: they became the document's.
+    word = {name: sql for kind, name, sql in fts.DOCUMENT_OBJECTS if kind != "view"}
     assert {name: sql for name, sql in fts_objects(path).items() if name.startswith("messages_fts")} == \
         {name: word.get(name, sql) for name, sql in agent_objects.items()}
     assert agent(path, ["search", "rebuilds"]) == [["agent-00001"]]

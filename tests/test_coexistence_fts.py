@@ -96,9 +96,11 @@ def markers(path: Path) -> dict[str, str]:
 
 
 OURS, THEIRS = "hermes\\_fts\\_%", "messages\\_fts%"
-# The document's word index: its table, FTS5's four tables beside it, its three triggers.
-DOCUMENT = frozenset({name for _, name, _ in fts.WORD_OBJECTS}
-                     | {f"{fts.WORD}_{part}" for part in ("data", "idx", "docsize", "config")})
+# The document's word and substring indexes: their tables, FTS5's four tables beside each, their
+# triggers, the substring index's source view.
+DOCUMENT = frozenset({name for _, name, _ in fts.DOCUMENT_OBJECTS}
+                     | {f"{table}_{part}" for table in (fts.WORD, fts.DOC_TRIGRAM)
+                        for part in ("data", "idx", "docsize", "config")})
 
 
 def ours(path: Path) -> dict[str, tuple[str, int, str]]:
@@ -239,20 +241,24 @@ def test_a_file_of_the_release_that_used_the_agents_names_moves_by_renaming(herm
     before = catalogue(path, THEIRS)
     assert "messages_fts_source" in before  # the earlier release's layout, under the agent's names
     with SessionDB(path) as db:
-        status = db.fts_rebuild_status()
-        assert not status["in_progress"] and status["indexed"] == status["total"] == 301
+        # No earlier layout had the document's substring index: it and the word index, which share
+        # their markers, are rebuilt in the background; searches are complete meanwhile.
+        assert db.fts_rebuild_status()["total"] == 301
         assert len(library_ids(db, "walrus123")) == 1 and len(library_ids(db, "札幌")) == 300
         assert len(library_ids(db, "beproxy7")) == 1
         assert len([h for h in db.search_messages("pondering", limit=500, include_reasoning=True)]) == 100
+        assert db.wait_for_fts_rebuild(30)
+        status = db.fts_rebuild_status()
+        assert not status["in_progress"] and status["indexed"] == status["total"] == 301
     after = ours(path)
-    # Each index kept its pages: renamed (the word index kept its name and became the document's),
-    # not rebuilt; nothing else of the earlier layout is left.
+    # Each of the library's own indexes kept its pages: renamed, not rebuilt (the word index kept
+    # its name and became the document's); nothing else of the earlier layout is left.
     for old, new in [*fts.RENAMES.items(), (fts.WORD, fts.WORD)]:
         if before[old][0] == "table":
             assert after[new][1] == before[old][1], old
     assert theirs(path) == {}
     assert {(kind, name, sql) for name, (kind, _, sql) in after.items() if name in DOCUMENT and kind != "table"
-            or name == fts.WORD} == set(fts.WORD_OBJECTS)
+            or name in (fts.WORD, fts.DOC_TRIGRAM)} == set(fts.DOCUMENT_OBJECTS)
     assert not any(k in (fts.HIGH_WATER, fts.PROGRESS) or k.startswith("fts_rebuild") for k in markers(path))
     conn = sqlite3.connect(path)
     try:

@@ -379,7 +379,7 @@ def test_a_cli_write_on_a_large_older_file_waits_for_the_upgrade(old_file, in_ba
     assert version_of(old_file) == SCHEMA_VERSION and len(copies(old_file)) == 1
 
 
-# --- searches while the upgrade's rebuild runs: hermes-agent's substring index is kept until it ends ---
+# --- searches while the upgrade's rebuild runs: the rows not rebuilt yet are scanned ---
 
 @pytest.fixture
 def rebuilding(old_file, monkeypatch):
@@ -401,22 +401,29 @@ def names(path: Path, pattern: str) -> list[str]:
         conn.close()
 
 
-def test_searches_during_the_rebuild_are_complete_through_the_agents_live_substring_index(rebuilding, old_file):
+def test_the_agents_substring_index_becomes_the_documents_and_searches_say_when_a_scan_stopped(rebuilding, old_file):
+    import hermes_state_fts as fts
     db = rebuilding
-    # The agent's own objects stay live and are never moved aside: its index is read, never written.
-    assert db.fts_rebuild_status()["in_progress"] and names(old_file, "messages_fts_trigram") != []
+    # 0.19.0's one-column substring index is replaced by the document's, rebuilt with the word index.
+    conn = sqlite3.connect(f"file:{old_file}?mode=ro", uri=True)
+    try:
+        stored = dict(conn.execute("SELECT name, sql FROM sqlite_master WHERE name LIKE 'messages_fts_trigram%'"))
+    finally:
+        conn.close()
+    assert {name: stored.get(name) for _, name, _ in fts.DOC_TRIGRAM_OBJECTS} == \
+        {name: sql for _, name, sql in fts.DOC_TRIGRAM_OBJECTS}
+    assert db.fts_rebuild_status()["in_progress"]
     assert names(old_file, "hermes_old_substrings*") == [] and names(old_file, "hermes_retired_fts_*") == []
     during = db.search_messages("socket", limit=100)
-    assert during.complete and len(during) > 3  # more than the scan's 3 rows: not a bounded scan
-    short = db.search_messages("so", limit=100)  # under 3 characters: the agent's index cannot answer
-    assert not short.complete
+    assert not during.complete and len(during) <= 3  # the scan of the rows not rebuilt yet stopped, and says so
     db.rebuild_fts()
     after = db.search_messages("socket", limit=100)
-    assert after.complete and sorted(h["id"] for h in during) == sorted(h["id"] for h in after)
-    assert names(old_file, "messages_fts_trigram") != []  # still the agent's, after the library's rebuild
+    assert after.complete and {h["id"] for h in during} <= {h["id"] for h in after} and len(after) > 3
 
 
-def test_rows_changed_after_the_upgrade_are_judged_by_their_text_now(rebuilding, old_file):
+def test_rows_changed_after_the_upgrade_are_judged_by_their_text_now(rebuilding, old_file, monkeypatch):
+    import hermes_state_search as search
+    monkeypatch.setattr(search, "LIKE_SCAN_ROWS", 10_000)  # the scan of the rows not rebuilt yet runs to its end
     db = rebuilding
     hits = [h["id"] for h in db.search_messages("socket", limit=100)]
     gone, changed = hits[0], hits[1]
@@ -439,7 +446,7 @@ def test_an_agent_substring_index_of_another_definition_is_not_read(old_file, mo
         with db.transaction() as txn:
             assert not fts.inspect(txn.conn).agent_substrings
             assert fts.inspect(txn.conn).rebuild is not None
-        assert names(old_file, "messages_fts_trigram") != []  # left as the agent made it
+        assert names(old_file, "messages_fts_trigram") != []  # replaced by the document's, not left out
 
 
 # --- a stepped copy gives way to reads ----------------------------------------------------------
