@@ -179,6 +179,26 @@ def test_a_fresh_hermes_state_file_is_read_written_and_searched_by_the_agent(tmp
     assert_healthy(path)
 
 
+def test_the_agent_opening_a_library_file_with_tool_calls_leaves_every_index_whole(tmp_path):
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("hs-1", "cli")
+        call = db.append_message("hs-1", "assistant", "checking the forecast", tool_calls=TOOL_CALL)
+        output = db.append_message("hs-1", "tool", "sunny in Osaka", tool_call_id="call_1", tool_name="weather")
+    # hermes-agent 0.19.0 opens the file once: it finds every index it looks for and writes none its own way.
+    assert agent(path, ["messages", "hs-1"]) == [[["assistant", "checking the forecast"], ["tool", "sunny in Osaka"]]]
+    with SessionDB(path) as db:
+        report = db.check_integrity(full=True)
+        assert report["ok"], report
+        assert {h["id"] for h in db.search_messages("Osaka", limit=10)} == {call, output}
+        assert {h["id"] for h in db.search_messages("forecast", limit=10)} == {call}
+        assert {h["id"] for h in db.search_messages("sunny", limit=10)} == {output}
+        assert {h["id"] for h in db.search_messages("sak", limit=10)} == {call, output}
+    assert agent(path, ["search", "Osaka"], ["search", "forecast"], ["search", "sunny"], ["search", "weather"]) == \
+        [["hs-1"]] * 4
+    assert_healthy(path)
+
+
 # --- a file hermes-agent made, then upgraded ----------------------------------------------------------
 
 def test_a_fresh_agent_file_is_upgraded_and_shared_both_ways(tmp_path, no_background):
