@@ -185,9 +185,12 @@ def prepare_upgrade(conn: sqlite3.Connection) -> None:
     """In the upgrade's first transaction, before anything else changes: the table the copy is recorded in.
 
     An old layout may lack state_meta yet. hermes-agent's full-text objects and the library's
-    earlier ones are left to the full-text set-up after the migration (nothing is dropped here).
+    earlier ones are left to the full-text set-up after the migration (nothing is dropped here);
+    the mark asks for the pages it frees (an agent's word and substring indexes it replaces by the
+    document's) to be given back once the indexes are rebuilt.
     """
     conn.execute(next(sql for sql in schema.TABLE_SQL if " state_meta (" in sql))
+    conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (recovery.RECLAIM_KEY,))
 
 
 def retire_leftover_substrings(conn: sqlite3.Connection) -> None:
@@ -545,7 +548,8 @@ def reclaim_after_upgrade(conn: sqlite3.Connection, path: Path, patience_s: floa
 
 
 def _reclaim(conn: sqlite3.Connection, path: Path, patience_s: float, policy: RetryPolicy) -> bool:
-    if fts.inspect(conn).rebuild is not None or retired_tables(conn) or not conn.execute(
+    state = fts.inspect(conn)
+    if state.rebuild is not None or state.word_rebuild is not None or retired_tables(conn) or not conn.execute(
             "SELECT 1 FROM state_meta WHERE key = ?", (recovery.RECLAIM_KEY,)).fetchone():
         return False  # nothing to give back, or the new indexes are still filling the free pages
     free, pages, page_size = (conn.execute(f"PRAGMA {p}").fetchone()[0]

@@ -68,15 +68,14 @@ def test_opening_writable_backs_up_first_then_upgrades_with_every_row(agent_db, 
     uids = [r[0] for r in rows(agent_db, "SELECT message_uid FROM messages")]
     assert len(set(uids)) == 48 and all(re.fullmatch(r"[0-9a-f]{32}", u) for u in uids)
     assert rows(agent_db, "PRAGMA integrity_check") == [("ok",)]
-    # The library's triggers are exactly its declared ones; hermes-agent's stay as they were in the
-    # file it made (its own indexes, kept by its own triggers).
+    # The triggers are exactly the declared ones: the old layout's word and substring indexes (the
+    # file's only ones, under the document's names) became the document's, and their triggers too.
     declared = {fts_name: " ".join(sql.split()) for kind, fts_name, sql in fts.OBJECTS if kind == "trigger"}
     found = dict(rows(agent_db, "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND name <> "
                                 f"'{schema.UID_TRIGGER}'"))
     agents = dict(rows(backup, "SELECT name, sql FROM sqlite_master WHERE type = 'trigger'"))
-    assert agents and all(name.startswith("messages_fts") for name in agents)
-    assert found == {**{name: sql for name, sql in found.items() if name in declared}, **agents}
-    assert {name: " ".join(sql.split()) for name, sql in found.items() if name not in agents} == declared
+    assert agents and set(agents) <= {name for _, name, _ in fts.DOCUMENT_OBJECTS}
+    assert {name: " ".join(sql.split()) for name, sql in found.items()} == declared
 
 
 def test_the_caller_can_opt_out_of_the_backup_but_the_upgrade_is_still_said(agent_db, caplog):
@@ -125,13 +124,20 @@ def test_after_upgrade_and_rebuild_the_file_is_no_larger_than_a_fresh_one(agent_
     assert size[agent_db] <= size[fresh] * 1.10 + len(names[agent_db] - names[fresh]) + agents
 
 
-def test_the_background_rebuild_leaves_the_agents_index_whole(agent_db):
+def test_the_background_rebuild_makes_the_old_word_index_the_documents(agent_db):
     bulk_up_old_index(agent_db)
-    before = rows(agent_db, "SELECT COUNT(*) FROM messages_fts")
     with SessionDB(agent_db, backup_before_upgrade=False) as db:
         assert db.wait_for_fts_rebuild(30)
         assert db.fts_rebuild_status()["pending"] == 0
-    assert rows(agent_db, "SELECT COUNT(*) FROM messages_fts") == before  # its, never cleared nor moved aside
+    # Rebuilt over the messages themselves: the rows only the old index held are gone, and each
+    # index agrees with its content source.
+    assert rows(agent_db, "SELECT COUNT(*) FROM messages_fts") == rows(agent_db, "SELECT COUNT(*) FROM messages")
+    conn = sqlite3.connect(agent_db, isolation_level=None)
+    try:
+        for table in (fts.WORD, fts.DOC_TRIGRAM):
+            conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('integrity-check', 1)")
+    finally:
+        conn.close()
     assert rows(agent_db, "SELECT COUNT(*) FROM sqlite_master WHERE name GLOB 'hermes_retired_fts_*'") == [(0,)]
     assert rows(agent_db, "SELECT COUNT(*) FROM state_meta WHERE key = 'reclaim_after_rebuild'") == [(0,)]
 

@@ -62,7 +62,7 @@ def test_recover_a_healthy_database_copies_everything_and_rebuilds_the_rest(tmp_
     assert report.complete and report.integrity == "ok" and report.losses == []
     assert report.verified == {"sessions": True, "messages": True, "delivery_obligations": True}
     assert report.tables["messages"].copied == 12 and report.tables["delivery_obligations"].copied == 2
-    assert set(report.excluded) == set(LEDGERS) and "hermes_fts_words" in report.rebuilt
+    assert set(report.excluded) == set(LEDGERS) and "messages_fts" in report.rebuilt and "messages_fts_trigram" in report.rebuilt
     conn = sqlite3.connect(dst)
     assert conn.execute("SELECT COUNT(*) FROM session_admissions").fetchone()[0] == 0  # not copied
     assert conn.execute("SELECT COUNT(*) FROM runtime_epoch").fetchone()[0] == 0
@@ -118,16 +118,16 @@ def test_recover_rebuilds_fts_shadow_tables_damaged_by_raw_writes(tmp_path):
     src, dst = tmp_path / "state.db", tmp_path / "recovered.db"
     build(src)
     conn = sqlite3.connect(src, isolation_level=None)
-    conn.execute("DELETE FROM hermes_fts_words_data WHERE id > 10")  # the segments the structure record names
+    conn.execute("DELETE FROM messages_fts_data WHERE id > 10")  # the segments the structure record names
     conn.execute("DELETE FROM hermes_fts_substrings_data WHERE id > 1")
     conn.execute("DELETE FROM hermes_fts_cjk_idx")
     with pytest.raises(sqlite3.DatabaseError):
-        conn.execute("INSERT INTO hermes_fts_words(hermes_fts_words) VALUES ('integrity-check')")
+        conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
     conn.close()
     report = recover(src, dst)
     assert report.complete, report.losses
     conn = sqlite3.connect(dst)
-    for table in ("hermes_fts_words", "hermes_fts_substrings", "hermes_fts_cjk"):
+    for table in ("messages_fts", "messages_fts_trigram", "hermes_fts_substrings", "hermes_fts_cjk"):
         conn.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
     conn.close()
     with SessionDB(dst) as db:
@@ -211,7 +211,7 @@ def test_recover_skips_a_schema_entry_whose_name_and_statement_disagree(tmp_path
     build(src)
     conn = sqlite3.connect(src, isolation_level=None)
     conn.execute("PRAGMA writable_schema = ON")
-    conn.execute("UPDATE sqlite_master SET name = 'zz_notes', tbl_name = 'zz_notes' WHERE name = 'hermes_fts_words_data'")
+    conn.execute("UPDATE sqlite_master SET name = 'zz_notes', tbl_name = 'zz_notes' WHERE name = 'messages_fts_data'")
     conn.close()
     report = recover(src, dst)
     assert report.tables["messages"].copied == 12 and report.verified["messages"]
@@ -341,7 +341,7 @@ def check_consistent(path: Path) -> int:
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-        conn.execute("INSERT INTO hermes_fts_words(hermes_fts_words) VALUES ('integrity-check')")
+        conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('integrity-check')")
         counted = conn.execute("SELECT message_count FROM sessions WHERE id = 'live'").fetchone()[0]
         rows = conn.execute("SELECT COUNT(*) FROM messages WHERE session_id = 'live'").fetchone()[0]
         assert counted == rows  # the counter moves in the same transaction as the row
