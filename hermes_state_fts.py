@@ -48,7 +48,7 @@ from hermes_state_fts_objects import (AGENT_SUBSTRINGS, AGENT_TRIGRAM, CJK, CJK_
                                       UNGATED_OBJECTS, UNQUEUED_OBJECTS, WORD, reasoning_text, reasons,
                                       rebuild_gate, searchable_text, FAMILIES, OWN_FAMILY, WORD_FAMILY,
                                       WORD_HIGH_WATER, WORD_OBJECTS, WORD_PROGRESS, Family, LEGACY_NAMES,
-                                      DOC_TRIGRAM, DOC_TRIGRAM_OBJECTS, DOCUMENT_OBJECTS)
+                                      DOC_TRIGRAM, DOC_TRIGRAM_OBJECTS, DOCUMENT_OBJECTS, RECLAIM_AFTER_REBUILD)
 
 # The upkeep cadences' defaults (hermes_state_base says why each is what it is), by their names here.
 MERGE_EVERY_N_WRITES = FTS_MERGE_EVERY_N_WRITES
@@ -304,6 +304,9 @@ def create_fts(conn: sqlite3.Connection, keep_word: bool = True) -> None:
     `keep_word` is False: a repair recreates every index).
     """
     keep = _WORD_NAMES if keep_word and _read_catalogue(conn).word else frozenset()
+    if any(kind == "table" and name not in keep for kind, name, _ in _own_objects(conn)):
+        # The dropped indexes' pages are free: given back once the new ones are built.
+        conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (RECLAIM_AFTER_REBUILD,))
     drop_fts_objects(conn, keep)
     for _, name, sql in OBJECTS:
         if name not in keep:

@@ -138,6 +138,9 @@ DOC_TRIGRAM_OBJECTS: tuple[tuple[str, str, str], ...] = (
 )
 # The document's objects the library builds: both share one pair of rebuild markers.
 DOCUMENT_OBJECTS = (*WORD_OBJECTS, *DOC_TRIGRAM_OBJECTS)
+# Set when the full-text set-up dropped an index whose pages a rebuild does not reuse at once (an
+# agent's index replaced by the document's): the file is given back its free pages after the rebuild.
+RECLAIM_AFTER_REBUILD = "reclaim_after_rebuild"
 # Set by the rebuild's last chunk: a rebuild leaves each index in dozens of segments, which every
 # search seeks one by one, so they are merged afterwards a bounded step at a time.
 MERGE_PENDING = "hermes_fts_merge_after_rebuild"

@@ -255,7 +255,7 @@ def restore_from(conn: sqlite3.Connection, source: Path, set_up: Callable[[sqlit
 
 # Set by an upgrade (hermes_state_upgrade): the old layout's index pages were freed, and the file
 # should shrink once the new indexes are built. A VACUUM, asked for or not, settles it.
-RECLAIM_KEY = "reclaim_after_rebuild"
+RECLAIM_KEY = fts.RECLAIM_AFTER_REBUILD
 
 
 def vacuum(conn: sqlite3.Connection, patience_s: float, policy: RetryPolicy) -> dict[str, int]:

@@ -185,12 +185,9 @@ def prepare_upgrade(conn: sqlite3.Connection) -> None:
     """In the upgrade's first transaction, before anything else changes: the table the copy is recorded in.
 
     An old layout may lack state_meta yet. hermes-agent's full-text objects and the library's
-    earlier ones are left to the full-text set-up after the migration (nothing is dropped here);
-    the mark asks for the pages it frees (an agent's word and substring indexes it replaces by the
-    document's) to be given back once the indexes are rebuilt.
+    earlier ones are left to the full-text set-up after the migration (nothing is dropped here).
     """
     conn.execute(next(sql for sql in schema.TABLE_SQL if " state_meta (" in sql))
-    conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (recovery.RECLAIM_KEY,))
 
 
 def retire_leftover_substrings(conn: sqlite3.Connection) -> None:

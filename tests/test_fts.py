@@ -57,9 +57,9 @@ def lay_out(path, layout) -> None:
                  f"WHERE id IN (SELECT id FROM {fts.PENDING})")
     for kind, name, _ in fts.OBJECTS:
         if kind == "table":
-            if earlier[name] == name and name in wanted:
+            if earlier.get(name) == name and name in wanted:
                 pass
-            elif earlier[name] in wanted:
+            elif earlier.get(name) in wanted:
                 conn.execute(f"ALTER TABLE {name} RENAME TO {earlier[name]}")
             else:
                 conn.execute(f"DROP TABLE {name}")
@@ -99,7 +99,7 @@ def _varint(blob: bytes) -> int:
 
 
 def indexed_counts(conn) -> tuple[int, ...]:
-    """Rows in the word, trigram, CJK and reasoning indexes, as each index counts them.
+    """Rows in the word, document's substring, trigram, CJK and reasoning indexes, as each index counts them.
 
     The count is the first varint of FTS5's averages record (id 1 of the data table), which every
     insert and delete updates: the trigram index keeps no per-row docsize table to count instead.
@@ -114,7 +114,7 @@ def indexed_counts(conn) -> tuple[int, ...]:
 def expected_counts(conn) -> tuple[int, ...]:
     assert_exact(conn)
     rows = conn.execute("SELECT role, content, tool_calls, reasoning, reasoning_content FROM messages").fetchall()
-    return (len(rows), len(rows),
+    return (len(rows), sum(r[0] != "tool" for r in rows), len(rows),
             sum(fts.cjk_terms(r[1], r[2]) is not None for r in rows), sum(bool(r[3] or r[4]) for r in rows))
 
 
@@ -129,6 +129,8 @@ def assert_exact(conn) -> None:
                  "FROM messages WHERE reasoning <> '' OR reasoning_content <> ''")
     for table, columns, source, options in (
             (fts.WORD, "content, tool_name, tool_calls", "SELECT id, content, tool_name, tool_calls FROM messages", ""),
+            (fts.DOC_TRIGRAM, "content, tool_name, tool_calls",
+             "SELECT id, content, tool_name, tool_calls FROM messages WHERE role <> 'tool'", ", tokenize='trigram'"),
             (fts.TRIGRAM, "content", "SELECT id, content FROM hermes_fts_substrings_source",
              ", tokenize='trigram', detail='none'"),
             (fts.REASONING, "reasoning", reasoning, "")):
@@ -587,7 +589,7 @@ def test_close_stops_the_background_thread_and_another_open_finishes_its_rebuild
     with SessionDB(path) as db:
         assert db.rebuild_fts()["pending"] == 0  # resumes the interrupted rebuild
     conn = plain(path)
-    assert indexed_counts(conn) == expected_counts(conn) == (60, 60, 15, 0)
+    assert indexed_counts(conn) == expected_counts(conn) == (60, 40, 60, 15, 0)
     integrity(conn)
     conn.close()
 
