@@ -15,6 +15,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"  # the one place the version is written (pyproject.toml reads it)
 
+import abc
 import importlib
 import os
 import sqlite3
@@ -69,6 +70,15 @@ if TYPE_CHECKING:  # what checkers see; at run time each module is imported at i
     from hermes_state_fts_objects import FTS_SQL, FTS_TRIGRAM_SQL
     from hermes_state_lockowners import configure_error_log, log_write_lock_holders
     from hermes_state_schema import apply_wal_with_fallback
+    from hermes_state_listings import (SESSION_STATUS_COMPLETE, SESSION_STATUS_EMPTY, SESSION_STATUS_ERROR,
+                                       SESSION_STATUS_INTERRUPTED, classify_session_status)
+    from hermes_state_messages import (MAX_SAFE_EXPORT_MESSAGES, MAX_SAFE_RESUME_MESSAGES, resolved_max_export_messages,
+                                       resolved_max_resume_messages)
+    # hermes-agent 0.20.1: the file's health, journal and writability checks.
+    from hermes_state_schema import apply_database_pragmas, preflight_db_writability, resolve_journal_mode
+    from hermes_state_recovery import is_zeroed_state_db, quarantine_zeroed_state_db
+    from hermes_state_lockowners import count_db_holders
+    from hermes_state_usage import collect_state_db_stats
 # The modules behind the method table and the explicit methods, imported at their first use: a
 # program that opens a store and lists its sessions does not pay for the gateway ledgers or recovery.
 table.later(globals(), compression="hermes_state_compression", conversation="hermes_state_conversation",
@@ -85,7 +95,8 @@ from hermes_state_errors import (ForeignDatabaseError, HermesStateError, ImportC
                                  CompressionSessionBusyError, CompressionSessionClosedError, SessionTurnLeaseLostError,
                                  LedgerStateError, OwnershipReadError, ProfileNotFoundError, ReadOnlyError,
                                  ReceiptDigestError, ReceiptOrderError, SessionBusyError, SessionClosedByCompressionError,
-                                 SessionCompressionInProgressError, SessionNotFoundError, SessionPersistenceError,
+                                 SessionCompressionInProgressError, SessionExportTooLargeError, SessionNotFoundError,
+                                 SessionPersistenceError, SessionResumeTooLargeError, PERSISTENCE_ERROR_CAUSES,
                                  StaleEpochError, StateDbBusyError, StateDbCorruptError, StateDbIncompatibleError,
                                  StateDbUninitializedError, StoreUnavailableError, TitleConflictError,
                                  classify_persistence_error, is_sqlite_lock_error, typed_errors)
@@ -93,6 +104,9 @@ from hermes_state_home import (check_db_path_allowed, child_env, default_hermes_
                                display_hermes_home, get_hermes_home, hermes_home_override, profile_home)
 from hermes_state_errors import (StateDbJournalError, describe_init_failure, format_session_db_unavailable,
                                  get_last_init_error, set_last_init_error)
+# hermes-agent 0.20.1: the file's health, journal and writability checks (the rest are read lazily).
+from hermes_state_errors import WalUnsupportedError, is_disk_full_error  # noqa: E402,F401
+from hermes_state_base import is_sqlite_wal_reset_vulnerable, sqlite_source_id  # noqa: E402,F401
 # hermes-agent's module exposes its imports as public names, and its callers' tests patch some of
 # them (hermes_state.time.time, hermes_state.random, hermes_state.logger): the same names are here,
 # the logger being this library's own ("hermes_state").
@@ -101,7 +115,8 @@ import logging  # noqa: E402,F401
 import random  # noqa: E402,F401
 import re  # noqa: E402,F401
 import threading  # noqa: E402,F401
-from typing import Dict, List, Optional, Tuple, TypeVar  # noqa: E402,F401,UP035
+from typing import Dict, List, Optional, Set, Tuple, TypeVar  # noqa: E402,F401,UP035
+from collections import deque  # noqa: E402,F401  (hermes-agent 0.20.1's module has it among its names)
 from hermes_state_base import logger  # noqa: E402,F401
 T = TypeVar("T")
 # hermes-agent's private names for the same process-wide state, which its callers and tests reset.
@@ -124,6 +139,16 @@ __all__ = [
     "DEFAULT_DB_PATH", "SCHEMA_SQL", "FTS_SQL", "FTS_TRIGRAM_SQL", "DEFERRED_INDEX_SQL", "sanitize_context",
     # hermes-agent 0.20.1: transcript, turn leases and compression
     "CompressionSessionBusyError", "CompressionSessionClosedError", "SessionTurnLeaseLostError",
+    # hermes-agent 0.20.1: lifecycle states, size guards, persistence causes.
+    "SESSION_STATUS_COMPLETE", "SESSION_STATUS_EMPTY", "SESSION_STATUS_ERROR", "SESSION_STATUS_INTERRUPTED",
+    "classify_session_status", "MAX_SAFE_EXPORT_MESSAGES", "MAX_SAFE_RESUME_MESSAGES",
+    "resolved_max_export_messages", "resolved_max_resume_messages", "SessionExportTooLargeError",
+    "SessionResumeTooLargeError", "PERSISTENCE_ERROR_CAUSES",
+    # hermes-agent 0.20.1: the file's health, journal and writability checks; SessionDB's facets.
+    "WalUnsupportedError", "is_disk_full_error", "is_sqlite_wal_reset_vulnerable", "sqlite_source_id",
+    "preflight_db_writability", "apply_database_pragmas", "resolve_journal_mode", "is_zeroed_state_db",
+    "quarantine_zeroed_state_db", "count_db_holders", "collect_state_db_stats",
+    "SessionPortabilityMixin", "SessionSchemaMixin", "SessionSearchMixin",
 ]
 
 # Names whose module is imported at their first read, as {name: (module, its name there or None
@@ -145,7 +170,24 @@ _LAZY_MODULES: dict[str, tuple[str, str | None]] = {
     **{name: ("hermes_state_fts_objects", name) for name in ("FTS_SQL", "FTS_TRIGRAM_SQL")},
     **{name: ("hermes_state_lockowners", name) for name in ("configure_error_log", "log_write_lock_holders")},
     "apply_wal_with_fallback": ("hermes_state_schema", "apply_wal_with_fallback"),
+    # hermes-agent 0.20.1's lifecycle states and size guards.
+    **{name: ("hermes_state_listings", name) for name in (
+        "SESSION_STATUS_COMPLETE", "SESSION_STATUS_EMPTY", "SESSION_STATUS_ERROR", "SESSION_STATUS_INTERRUPTED",
+        "classify_session_status")},
+    **{name: ("hermes_state_messages", name) for name in (
+        "MAX_SAFE_EXPORT_MESSAGES", "MAX_SAFE_RESUME_MESSAGES", "resolved_max_export_messages",
+        "resolved_max_resume_messages")},
+    # hermes-agent 0.20.1's /skill scaffolding names.
+    **{name: ("hermes_state_listings", name) for name in ("SKILL_EXCERPT_JOINT", "SKILL_SCAFFOLD_SQL_LIKE",
+                                                          "describe_skill_invocation")},
+    "ActivityProvenance": ("hermes_state_sessions", "ActivityProvenance"),  # hermes-agent's agent.session_activity
     "_wal_fallback_warned_paths": ("hermes_state_schema", "wal_fallback_warned"),
+    # hermes-agent 0.20.1: the file's health, journal and writability checks.
+    **{name: ("hermes_state_schema", name) for name in ("preflight_db_writability", "apply_database_pragmas",
+                                                        "resolve_journal_mode")},
+    **{name: ("hermes_state_recovery", name) for name in ("is_zeroed_state_db", "quarantine_zeroed_state_db")},
+    "count_db_holders": ("hermes_state_lockowners", "count_db_holders"),
+    "collect_state_db_stats": ("hermes_state_usage", "collect_state_db_stats"),
     # hermes-agent's names for the background-review filter the conversation applies.
     "_is_background_review_harness_message": ("hermes_state_conversation", "is_background_review_harness_message"),
     "_strip_background_review_harness": ("hermes_state_conversation", "strip_background_review_harness"),
@@ -317,7 +359,6 @@ class SessionDB(table.Handle):
     is_telegram_topic_mode_enabled = Lookup("read", telegram.is_telegram_topic_mode_enabled)
     list_unlinked_telegram_sessions_for_user = Lookup("read", telegram.list_unlinked_telegram_sessions_for_user)
     get_meta = Lookup("read", maintenance.get_meta)
-    set_meta = Entry("write", maintenance.set_meta)
     to_provider_messages = staticmethod(to_provider_messages)
     # hermes-agent's names (docs/api.md, "hermes-agent's names"): its handoffs, routing entries,
     # rewinds, excerpts and start-up sweeps.
@@ -360,6 +401,58 @@ class SessionDB(table.Handle):
                                                  unknown={"session_exists": False, "cooldown_until": None,
                                                           "error": None})
     restore_compression_failure_cooldown_row = Entry("write", compression.restore_compression_failure_cooldown_row)
+    # hermes-agent 0.20.1: gateway hygiene, counts, statistics, deletion, size guards (docs/api.md).
+    increment_hygiene_failure_streak = Entry("write", gateway_sessions.increment_hygiene_failure_streak)
+    reset_hygiene_failure_streak = Entry("write", gateway_sessions.reset_hygiene_failure_streak)
+    session_count_by_source = Entry("read", listings.session_count_by_source)
+    session_count_ge = Entry("read", listings.session_count_ge)
+    session_lifecycle_statuses = Entry("read", listings.session_lifecycle_statuses)
+    usage_totals = Entry("read", usage_stats.usage_totals)
+    logical_size_bytes = Entry("snapshot", usage_stats.logical_size_bytes)
+    get_dominant_session_model_route = Lookup("read", sessions.get_dominant_session_model_route)
+    count_open_prune_matches = Entry("snapshot", maintenance.count_open_prune_matches)
+    get_session_delete_targets = Lookup("snapshot", maintenance.get_session_delete_targets)
+    list_meta_prefix = Entry("read", maintenance.list_meta_prefix)
+    assert_export_safe = Lookup("read", message_rows.assert_export_safe)
+    assert_resume_safe = Lookup("snapshot", message_rows.assert_resume_safe)
+    get_resume_message_count = Lookup("snapshot", message_rows.get_resume_message_count)
+    # hermes-agent 0.20.1: messages, reactions, lookups and search (docs/api.md, "Messages, reactions
+    # and lookups"). A reaction lives in the row's display_metadata under this key, as there.
+    REACTIONS_METADATA_KEY = "reactions"
+    set_message_reaction = Entry("write", message_rows.set_message_reaction)
+    get_message_reactions = Lookup("read", message_rows.get_message_reactions)
+    take_unseen_reactions = Entry("write", message_rows.take_unseen_reactions)
+    get_message_role = Lookup("read", message_rows.get_message_role)
+    latest_message_row_id = Lookup("read", message_rows.latest_message_row_id)
+    latest_user_message_row_id = Lookup("read", message_rows.latest_user_message_row_id)
+    get_first_assistant_text = Entry("read", message_rows.get_first_assistant_text, unknown="")
+    find_pr_url_messages = Entry("read", message_rows.find_pr_url_messages)
+    set_latest_matching_message_display_kind = Entry("write", message_rows.set_latest_matching_message_display_kind)
+    list_skill_scaffolded_sessions = Entry("read", listings.list_skill_scaffolded_sessions)
+    # hermes-agent 0.20.1: session rows: pin, hide, read, stale archive, activity, titles, model_config
+    # (docs/api.md, "hermes-agent 0.20.1: session rows").
+    set_session_pinned = Entry("write", sessions.set_session_pinned)
+    set_session_hidden = Entry("write", sessions.set_session_hidden)
+    set_session_read = Entry("write", sessions.set_session_read)
+    archive_stale_sessions = Entry("write", sessions.archive_stale_sessions)
+    session_unread = table.static(sessions.session_unread)
+    touch_session_activity = Entry("activity", sessions.touch_session_activity)
+    get_session_activity = Lookup("read", sessions.get_session_activity)
+    clear_session_activity_labels = Entry("activity", sessions.clear_session_activity_labels)
+    TITLE_SOURCE_DERIVED = titles.TITLE_SOURCE_DERIVED
+    TITLE_SOURCE_LLM = titles.TITLE_SOURCE_LLM
+    TITLE_SOURCE_USER = titles.TITLE_SOURCE_USER
+    set_auto_title = Entry("write", titles.set_auto_title)
+    get_session_title_source = Lookup("read", titles.get_session_title_source)
+    set_session_title_source = Entry("write", titles.set_session_title_source)
+    patch_session_model_config = Entry("write", sessions.patch_session_model_config)
+    get_session_model_config_value = Entry("read", sessions.get_session_model_config_value, unknown=None)
+    set_session_yolo = Entry("write", sessions.set_session_yolo)
+    update_session_runtime_lock = Entry("write", sessions.update_session_runtime_lock)
+    session_yolo_enabled = table.static(sessions.session_yolo_enabled)
+    session_gateway_runtime = table.static(sessions.session_gateway_runtime)
+    publish_session_git_metadata = Entry("write", sessions.publish_session_git_metadata)
+    get_session_rich_row = Lookup("snapshot", listings.get_session_rich_row)
 
     def _execute_write(self, body: Callable[[sqlite3.Connection], Any]) -> Any:
         """Run `body(conn)` in one `transaction()` and return its result (hermes-agent's name for that seam)."""
@@ -497,19 +590,84 @@ class SessionDB(table.Handle):
     # --- maintenance: deleting, pruning, the empty-session sweeps (hermes_state_maintenance;
     # docs/maintenance.md). Transcript files go only after COMMIT.
 
-    def delete_session(self, session_id: str, sessions_dir: str | os.PathLike | None = None) -> bool:
-        """Delete a session with its whole conversation and its delegates; False for an unknown id."""
+    def delete_session(self, session_id: str, sessions_dir: str | os.PathLike | None = None,
+                       expected_delete_ids: list[str] | None = None) -> bool:
+        """Delete a session with its whole conversation and its delegates; False for an unknown id.
+
+        With `expected_delete_ids` (what get_session_delete_targets answered) it deletes only if
+        that is still exactly what goes, checked in the deleting transaction; else nothing, False.
+        """
         if isinstance(session_id, str) and common.has_surrogate(session_id):
             return False  # no stored id can hold a lone surrogate
         common.check_id("session_id", session_id)
-        return bool(self.delete_sessions([session_id], sessions_dir=sessions_dir))
+        with self.transaction() as txn:
+            return maintenance.delete_session_and_transcripts(txn, session_id, sessions_dir, expected_delete_ids)
 
     def maybe_auto_prune_and_vacuum(self, retention_days: float = 90, min_interval_hours: float = 24,
-                                    vacuum: bool = True, sessions_dir: str | os.PathLike | None = None) -> dict[str, Any]:
-        """Prune old ended conversations at most once per interval, then VACUUM if any went; see docs/maintenance.md."""
+                                    vacuum: bool = True, sessions_dir: str | os.PathLike | None = None,
+                                    min_vacuum_interval_days: float = 30) -> dict[str, Any]:
+        """Prune old ended conversations at most once per interval, then VACUUM if any went (docs/maintenance.md)."""
         self._check_writable()  # a read-only or closed handle is the caller's mistake, not an unattended failure
         return maintenance.auto_prune_and_vacuum(self._write, self.vacuum if vacuum else None, retention_days,
-                                                 min_interval_hours, sessions_dir)
+                                                 min_interval_hours, sessions_dir, min_vacuum_interval_days)
+
+    def set_meta(self, key: str, value: str, *, cursor: sqlite3.Cursor | None = None) -> None:
+        """Store `value` under `key` in state_meta: in a transaction of its own, or on `cursor` in its connection's."""
+        if cursor is not None and not isinstance(cursor, sqlite3.Cursor):
+            raise TypeError(f"cursor must be a sqlite3.Cursor or None, not {type(cursor).__name__}")
+        if cursor is None or cursor.connection is self._writer.conn:
+            with self._write() as conn:  # inside this thread's open transaction of the handle, that one
+                maintenance.set_meta(conn, key, value)
+        else:  # another connection's cursor: its owner's transaction, as the caller asked
+            maintenance.set_meta(cursor, key, value)
+
+    # --- the token queue: deltas filed cheaply on a turn, applied together (hermes_state_sessions.TokenQueue)
+
+    def _token_queue(self) -> sessions.TokenQueue:
+        queue = vars(self).get("_queued_tokens")
+        if queue is None:  # made at the first queued delta; setdefault keeps one if two threads race here
+            queue = vars(self).setdefault("_queued_tokens", sessions.TokenQueue())
+        return queue
+
+    def queue_token_counts(self, session_id: str, **kwargs: Any) -> None:
+        """Queue a token/cost delta (update_token_counts' arguments, checked now) to be applied with others.
+
+        Applied at flush_token_counts(), at close(), and by this call once TokenQueue.BATCH
+        deltas wait. On a closed handle it is update_token_counts, and raises as it does.
+        """
+        if self.closed:
+            self.update_token_counts(session_id, **kwargs)
+            return
+        if self.read_only:
+            self._check_writable()  # refused at the call, like every write: nothing could ever apply it
+        if self._token_queue().put(session_id, kwargs) >= sessions.TokenQueue.BATCH:
+            # Bookkeeping must not stall a turn: a busy store keeps the deltas for the next chance.
+            self._token_queue().drain(lambda: self._write(self.activity_write_patience_s))
+
+    def flush_token_counts(self, timeout: float = 5.0) -> bool:
+        """Apply every queued token delta now, waiting up to `timeout` seconds for the lock; True once none wait."""
+        patience = common.check_number("timeout", timeout)
+        if self.read_only:
+            self._check_writable()  # a read-only handle never queued anything: calling this is a mistake
+        queue = vars(self).get("_queued_tokens")
+        if queue is None or not len(queue):
+            return True
+        if self.closed or self.read_only:
+            return False
+        return queue.drain(lambda: self._write(min(patience, self.write_patience_s)))
+
+    def _close_now(self) -> None:
+        # The deltas still queued go in before the handle lets go of the file.
+        queue = vars(self).get("_queued_tokens")
+        if queue is not None and len(queue) and not self.closed and not self.read_only:
+            queue.drain(lambda: self._write())
+        super()._close_now()
+
+    def maybe_auto_archive(self, idle_days: float = 3, min_interval_hours: int = 24,
+                           exclude_pinned: bool = True) -> dict[str, Any]:
+        """Idle-archive conversations untouched for `idle_days`, at most once per interval (archive_stale_sessions)."""
+        self._check_writable()  # a read-only or closed handle is the caller's mistake, not an unattended failure
+        return maintenance.auto_archive_stale(self._write, idle_days, min_interval_hours, exclude_pinned)
 
     def get_conversation_root(self, session_id: str) -> str:
         """Return the top of the session's parent links (the session itself when it has none, or is unknown)."""
@@ -521,12 +679,58 @@ class SessionDB(table.Handle):
         with self._read() as conn:
             return lineage.resolve_resume_session_id(conn, session_id)
 
+    def purge_stale_tool_call_markers(self, *, dry_run: bool = False, backup: bool = True) -> dict[str, Any]:
+        """Empty assistant text that is only a "[tool]" marker (a copy of the file first, unless not `backup`); report the rows."""
+        self._check_writable()
+        return maintenance.purge_stale_tool_call_markers(self._read, self._write, self.backup if backup else None,
+                                                         self.db_path, dry_run)
+
     def get_compression_tip(self, session_id: str) -> str | None:
         """Return the live tip of the session's compression chain; the id itself when nothing continues it."""
         if isinstance(session_id, str) and common.has_surrogate(session_id):
             return None  # no stored id can hold a lone surrogate
         with self._read() as conn:
             return lineage.compression_successor_id(conn, session_id) or session_id
+
+
+# --- hermes-agent 0.20.1's mixins: facets of SessionDB ----------------------------------------------
+# hermes-agent 0.20.1 builds its SessionDB from three mixin classes. Here SessionDB is one class over
+# the method table; each mixin is an abstract facet it is registered with, so issubclass/isinstance
+# checks hold, and reading one of the facet's method names from the mixin gives SessionDB's method
+# (only the names SessionDB has: a name another part of the library has not added yet is absent).
+
+class _Facet(abc.ABCMeta):
+    """The metaclass of a mixin facet: its method names are read from SessionDB."""
+
+    _names: tuple[str, ...]
+
+    def __getattr__(cls, name: str) -> Any:
+        if name in cls._names and name in dir(SessionDB):
+            return getattr(SessionDB, name)
+        raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
+
+    def __dir__(cls) -> list[str]:
+        return sorted(set(super().__dir__()) | {name for name in cls._names if name in dir(SessionDB)})
+
+
+def _facet(name: str, doc: str, names: tuple[str, ...]) -> _Facet:
+    facet = _Facet(name, (), {"__doc__": doc, "__module__": __name__, "__slots__": (), "_names": names})
+    facet.register(SessionDB)
+    return facet
+
+
+SessionPortabilityMixin = _facet(
+    "SessionPortabilityMixin", "SessionDB's export, import and rich-row reads (hermes-agent 0.20.1's mixin).",
+    ("distinct_session_cwds", "export_all", "export_session", "export_session_lineage", "get_first_assistant_text",
+     "get_session_rich_row", "import_sessions", "list_cron_job_runs", "list_skill_scaffolded_sessions"))
+SessionSchemaMixin = _facet(
+    "SessionSchemaMixin", "SessionDB's schema set-up and migrations at open (hermes-agent 0.20.1's mixin); no public methods.",
+    ())
+SessionSearchMixin = _facet(
+    "SessionSearchMixin", "SessionDB's full-text search and index upkeep (hermes-agent 0.20.1's mixin).",
+    ("fts_cjk_rebuild_status", "fts_cjk_rebuild_step", "fts_optimize_available", "fts_rebuild_status",
+     "fts_rebuild_step", "get_anchored_view", "list_recent_user_messages", "optimize_fts", "optimize_fts_storage",
+     "rebuild_fts", "search_messages", "search_sessions_by_id", "_sanitize_fts5_query", "_contains_cjk"))
 
 
 def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filters: Any) -> dict[str, Any]:

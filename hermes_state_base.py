@@ -80,6 +80,28 @@ def has_wal_reset_bug(version: tuple[int, int, int]) -> bool:
 WAL_RESET_BUG = has_wal_reset_bug(sqlite3.sqlite_version_info)
 
 
+def is_sqlite_wal_reset_vulnerable(version_info: tuple | None = None) -> bool:
+    """Tell whether SQLite `version_info` (default: the linked one) has the WAL-reset bug (hermes-agent's name)."""
+    if version_info is None:
+        return WAL_RESET_BUG
+    # A shorter tuple counts its missing parts as 0, as a version string "3.51" means 3.51.0.
+    parts = [int(part) for part in tuple(version_info)[:3]]
+    major, minor, patch = parts + [0] * (3 - len(parts))
+    return has_wal_reset_bug((major, minor, patch))
+
+
+def sqlite_source_id() -> str:
+    """Return the linked SQLite's source id (its check-in date and hash), or "" when it cannot be read."""
+    try:
+        conn = sqlite3.connect(":memory:")  # a private in-memory database: no file is touched
+        try:
+            return str(conn.execute("SELECT sqlite_source_id()").fetchone()[0])
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return ""
+
+
 def wal_reset_advice() -> str:
     """Return the sentence that says the linked SQLite has the WAL-reset bug, what the library does, and the remedy."""
     return (f"the SQLite this Python links ({sqlite3.sqlite_version}) has the WAL-reset bug (3.7.0 to 3.51.2), "

@@ -615,6 +615,7 @@ BRANCH_LIKE_SQL = "model_config LIKE '%_branched_from%'"
 MARKED_SESSION_SQL = f"{DELEGATE_LIKE_SQL} OR {BRANCH_LIKE_SQL}"
 # An archived session; the partial index below and every filter using it spell it identically.
 ARCHIVED_SQL = "COALESCE(archived, 0) <> 0"
+HIDDEN_SQL = "COALESCE(hidden, 0) <> 0"
 
 INDEX_SQL: tuple[str, ...] = (
     "CREATE INDEX IF NOT EXISTS idx_sessions_source ON sessions(source)",
@@ -638,6 +639,8 @@ INDEX_SQL: tuple[str, ...] = (
     "ended_at, source, model, title, message_count, archived) WHERE ended_at IS NOT NULL",
     # The archived sessions, usually few: "not archived" is "not in here", read without a row.
     f"CREATE INDEX IF NOT EXISTS idx_sessions_archived ON sessions(id, archived) WHERE {ARCHIVED_SQL}",
+    # The hidden sessions (hermes-agent 0.20's flag), usually few: "not hidden" is "not in here".
+    f"CREATE INDEX IF NOT EXISTS idx_sessions_hidden ON sessions(id, hidden) WHERE {HIDDEN_SQL}",
     # The few delegate and branch sessions, found without reading every session's model_config.
     f"CREATE INDEX IF NOT EXISTS idx_sessions_marked ON sessions(id, parent_session_id, model_config) "
     f"WHERE {MARKED_SESSION_SQL}",

@@ -11,6 +11,7 @@ result code (`sqlite_errorcode & 0xFF`), and only by message text when no code e
 """
 from __future__ import annotations
 
+import errno
 import sqlite3
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,6 +64,25 @@ class StateDbJournalError(StoreUnavailableError, sqlite3.OperationalError):
 
     guidance = ("Move HERMES_HOME to a local disk: SQLite's WAL mode does not work over a network "
                 "file system (see https://www.sqlite.org/wal.html).")
+
+
+class WalUnsupportedError(StoreUnavailableError, sqlite3.OperationalError):
+    """WAL mode was required (`apply_wal_with_fallback(..., require_wal=True)`) and the file system refuses it.
+
+    Also an `sqlite3.OperationalError`, as in hermes-agent, so a caller's handler for that still catches it.
+    """
+
+    guidance = ("Move the database to a local disk: SQLite's WAL mode needs shared memory, which network "
+                "file systems (NFS, SMB, some FUSE mounts) lack.")
+
+
+class StateDbNotWritableError(StoreUnavailableError, sqlite3.OperationalError):
+    """The database file, its -wal or -shm, or its folder is not writable by this user, and was not ours to repair.
+
+    Also an `sqlite3.OperationalError`, which is what hermes-agent raises for it.
+    """
+
+    guidance = "Give this user read-write access to the file (the message names the command)."
 
 
 class StateDbIncompatibleError(StoreUnavailableError):
@@ -149,6 +169,25 @@ class SessionClosedByCompressionError(SessionPersistenceError, CompressionSessio
         self.successor_id = successor_id
 
 
+class SessionExportTooLargeError(HermesStateError, ValueError):
+    """A session holds more active messages than an in-memory export may load; export it in a stream instead."""
+
+    def __init__(self, session_id: str, message_count: int, limit: int = 20_000):
+        super().__init__(f"session {session_id!r} has at least {message_count} active messages; "
+                         f"safe in-memory export limit is {limit}")
+        self.session_id, self.message_count, self.limit = session_id, message_count, limit
+
+
+class SessionResumeTooLargeError(HermesStateError, ValueError):
+    """A resume would load more active messages than is safe; export the session instead."""
+
+    def __init__(self, message_count: int, limit: int = 20_000, scope: str = "across its lineage"):
+        super().__init__(f"session has at least {message_count} active messages {scope}; safe resume limit is "
+                         f"{limit}. Export the session instead, or set sessions.max_resume_messages: 0 in "
+                         "config.yaml to disable the guard.")
+        self.message_count, self.limit = message_count, limit
+
+
 class StaleEpochError(HermesStateError):
     """The caller's runtime epoch is older than the current one (a newer owner took over)."""
 
@@ -211,6 +250,9 @@ def is_sqlite_lock_error(exc: BaseException) -> bool:
 
 # What an error about a full-text index names: FTS5 itself, the library's indexes, hermes-agent's.
 _FTS_WORDS = ("fts5", "hermes_fts_", "messages_fts")
+# Every cause classify_persistence_error names: hermes-agent 0.20.1's, in its order, then this library's own.
+PERSISTENCE_ERROR_CAUSES = ("locked", "compression", "compression_closed", "turn_lease", "disk", "unknown",
+                            "corrupt", "fts_index", "session_row_missing")
 
 
 def classify_persistence_error(exc: BaseException) -> str:
@@ -236,6 +278,23 @@ def classify_persistence_error(exc: BaseException) -> str:
     if isinstance(exc, sqlite3.IntegrityError) and "foreign key" in text:
         return "session_row_missing"
     return "unknown"
+
+
+# What a full disk says when it surfaces as text (an RPC boundary, a log line): POSIX, SQLite, Windows.
+_DISK_FULL_TEXTS = ("no space left on device", "enospc", "disk full", "database or disk is full",
+                    "not enough space on the disk")
+
+
+def is_disk_full_error(exc: BaseException | str | None) -> bool:
+    """Tell whether an error (or its text) is a full disk: ENOSPC, SQLite's SQLITE_FULL, or a message saying so."""
+    if exc is None:
+        return False
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return True
+    if isinstance(exc, sqlite3.Error) and _primary_code(exc) == SQLITE_FULL:
+        return True
+    text = str(exc).lower()
+    return any(marker in text for marker in _DISK_FULL_TEXTS)
 
 
 # --- the typed-error choke point -------------------------------------------------------------

@@ -12,11 +12,13 @@ argument before the one UPDATE they make; reads run under the caller's lock and 
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 from typing import Any
 
 from hermes_state_common import SESSION_ROW_SQL, SESSIONS, check_id, session_dicts
 from hermes_state_errors import SessionNotFoundError
+from hermes_state_lineage import compression_ancestor_ids
 
 # Ends the process made on its own behalf (the agent released its handle, the terminal UI's
 # reaper closed what looked orphaned), not a decision to start over: the peer's next message
@@ -42,14 +44,19 @@ def _platform(value: Any) -> str:
 def record_gateway_session_peer(conn: sqlite3.Connection, session_id: str, *, source: str, user_id: str | None = None,
                                 session_key: str | None = None, chat_id: str | None = None,
                                 chat_type: str | None = None, thread_id: str | None = None,
-                                display_name: str | None = None, origin_json: Any = None) -> None:
+                                display_name: str | None = None, origin_json: Any = None,
+                                include_compression_ancestors: bool = False) -> None:
     """Record where a gateway session's peer is: source, session key, chat, chat type and thread.
 
     The route columns are set together as given (None clears one: a chat without a thread);
     display_name and origin_json (JSON text, or a value encoded as JSON) are kept when None.
     user_id is never changed: it was decided when the row was created. A session key is
-    required; an unknown session raises SessionNotFoundError.
+    required; an unknown session raises SessionNotFoundError. With
+    `include_compression_ancestors` the sessions compression closed before it get the same
+    peer, so the whole conversation stays on one route when a resume moves it.
     """
+    if include_compression_ancestors not in (True, False):
+        raise ValueError(f"include_compression_ancestors must be True or False, not {include_compression_ancestors!r}")
     check_id("session_id", session_id)
     route = {"source": check_id("source", source), "session_key": check_id("session_key", session_key),
              "chat_id": _text("chat_id", chat_id), "chat_type": _text("chat_type", chat_type),
@@ -61,6 +68,9 @@ def record_gateway_session_peer(conn: sqlite3.Connection, session_id: str, *, so
                        [*route.values(), *kept.values(), session_id])
     if cur.rowcount == 0:
         raise SessionNotFoundError(f"session {session_id!r} not found")
+    if include_compression_ancestors:
+        conn.execute(f"UPDATE sessions SET {', '.join(assignments)} WHERE id IN (SELECT value FROM json_each(?))",
+                     [*route.values(), *kept.values(), json.dumps(compression_ancestor_ids(conn, session_id))])
 
 
 def set_expiry_finalized(conn: sqlite3.Connection, session_id: str, finalized: bool = True) -> None:
@@ -143,3 +153,19 @@ def find_session_by_origin(conn: sqlite3.Connection, *, platform: str, chat_id: 
     elif len({owner for _, owner in candidates if owner is not None}) > 1:
         return None
     return candidates[0][0] if candidates else None
+
+
+# --- the gateway's session-hygiene failure streak, per chat (table gateway_hygiene_state) ------------
+
+def increment_hygiene_failure_streak(conn: sqlite3.Connection, session_key: str) -> int:
+    """Count one more failed hygiene pass for the chat `session_key`; return its streak now (1 after a reset)."""
+    key = check_id("session_key", session_key)
+    # Read back in the same write transaction (no RETURNING: SQLite before 3.35 lacks it).
+    conn.execute("INSERT INTO gateway_hygiene_state (session_key, failure_streak) VALUES (?, 1) "
+                 "ON CONFLICT(session_key) DO UPDATE SET failure_streak = failure_streak + 1", (key,))
+    return conn.execute("SELECT failure_streak FROM gateway_hygiene_state WHERE session_key = ?", (key,)).fetchone()[0]
+
+
+def reset_hygiene_failure_streak(conn: sqlite3.Connection, session_key: str) -> None:
+    """Forget the chat's failed hygiene passes (nothing to do for a chat without any)."""
+    conn.execute("DELETE FROM gateway_hygiene_state WHERE session_key = ?", (check_id("session_key", session_key),))

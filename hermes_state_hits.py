@@ -92,12 +92,13 @@ SELECT h.id, c.id, c.role, substr(c.content, 1, {_CONTEXT_CHARS})
 
 
 def present(conn: sqlite3.Connection, needles: list[str],
-            hits: list[tuple[int, tuple[str, str] | None]]) -> list[dict[str, Any]]:
+            hits: list[tuple[int, tuple[str, str] | None]], *, with_context: bool = True) -> list[dict[str, Any]]:
     """Return the result dicts of a page of hits, in its order: (id, (index, expression) or None) each.
 
     The second item names the FTS5 index and expression that can give the hit's snippet; without
     one the snippet is a text window around the first of `needles`. A hit whose row is gone is
-    left out. A fixed number of statements for the whole page.
+    left out. A fixed number of statements for the whole page; without `with_context` each hit's
+    context is left empty, unread.
     """
     batch = json.dumps([i for i, _ in hits])
     rows = {r[0]: r for r in conn.execute(
@@ -106,7 +107,8 @@ def present(conn: sqlite3.Connection, needles: list[str],
         "WHERE m.id IN (SELECT value FROM json_each(?))", (batch,))}
     snippets = _snippets(conn, needles, hits)
     context: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for hit, cid, role, content in sorted(conn.execute(_CONTEXT_SQL, {"batch": batch}), key=lambda r: (r[0], r[1])):
+    rows_around = conn.execute(_CONTEXT_SQL, {"batch": batch}) if with_context else []
+    for hit, cid, role, content in sorted(rows_around, key=lambda r: (r[0], r[1])):
         context[hit].append({"id": cid, "role": role, "content": content})
     out = []
     for hit, _ in hits:

@@ -22,7 +22,7 @@ import threading
 import types
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Mapping, MutableSequence
+from typing import Any, Iterator, Mapping, MutableSequence
 
 from hermes_state_errors import ProfileNotFoundError
 
@@ -212,6 +212,37 @@ def child_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     # Absolute, so a child that changes directory still lands in the same home.
     env["HERMES_HOME"] = os.path.abspath(get_hermes_home())
     return env
+
+
+CONFIG_FILE = "config.yaml"
+
+
+def config_section(section: str) -> dict[str, Any]:
+    """Return one section of the home's config.yaml as a dict; {} when it is missing or cannot be read.
+
+    hermes-agent keeps its settings in that file. Reading YAML needs PyYAML, which hermes-agent's
+    own installation has; without it every section is empty and the defaults apply.
+    """
+    try:
+        import yaml  # type: ignore[import-untyped]
+        with open(get_hermes_home() / CONFIG_FILE, encoding="utf-8") as handle:
+            settings = yaml.safe_load(handle)
+        found = settings[section]
+    except Exception:  # no PyYAML, no file, unreadable YAML, no such section: nothing configured
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def config_count(section: str, key: str, default: int) -> int:
+    """Return `section.key` of the home's config.yaml as a count of 0 or more, else `default`.
+
+    A value hermes-agent would not take (missing, negative, not a number) gives `default`, as it does.
+    """
+    try:
+        value = int(config_section(section)[key])
+    except Exception:  # no such setting or not a number: the default
+        return default
+    return value if value >= 0 else default
 
 
 def display_hermes_home(path: str | os.PathLike[str] | None = None) -> str:

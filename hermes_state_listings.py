@@ -18,12 +18,12 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Callable
 
-from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, SESSION_ROW_SQL, check_count, check_id, check_number,
-                                 contains_sql, prefix_range, row_dicts, session_dicts)
+from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, HIDDEN_SQL, SESSION_ROW_SQL, check_count, check_id,
+                                 check_number, contains_sql, escape_like, prefix_range, row_dicts, session_dicts)
 from hermes_state_errors import HermesStateError
 from hermes_state_home import default_hermes_root, profile_homes
 from hermes_state_lineage import COMPRESSION_END_REASON, compression_links, compression_successor_id, forward_chain
-from hermes_state_sessions import session_filters
+from hermes_state_sessions import session_filters, session_unread
 
 check_text = check_id  # a filter's text: a non-empty string SQLite can store
 
@@ -381,23 +381,28 @@ def _walk_newest_messages(conn: sqlite3.Connection, where: str, params: list[Any
         cursor.close()
 
 
-def list_sessions_rich(conn: sqlite3.Connection, source: str | None = None, exclude_sources: list[str] | None = None,
-                       cwd_prefix: str | None = None, limit: int = 20, offset: int = 0, include_children: bool = False,
-                       min_message_count: int = 0, project_compression_tips: bool = True,
-                       order_by_last_active: bool = False, include_archived: bool = False, archived_only: bool = False,
-                       id_query: str | None = None, search_query: str | None = None,
-                       compact_rows: bool = False) -> list[dict[str, Any]]:
-    """Return a page of conversations (hermes-agent's listing), each with `preview` and `last_active`.
+def list_sessions_rich(conn: sqlite3.Connection, source: str | None = None, sources: list[str] | None = None,
+                       exclude_sources: list[str] | None = None, cwd_prefix: str | None = None, limit: int = 20,
+                       offset: int = 0, include_children: bool = False, min_message_count: int = 0,
+                       project_compression_tips: bool = True, order_by_last_active: bool = False,
+                       include_archived: bool = False, archived_only: bool = False, id_query: str | None = None,
+                       search_query: str | None = None, compact_rows: bool = False, include_pinned: bool = False,
+                       session_key: str | None = None, include_hidden: bool = False) -> list[dict[str, Any]]:
+    """Return a page of conversations (hermes-agent's listing), each with `preview`, `last_active` and `unread`.
 
     Newest first by the conversation's start, or by its latest activity. A compressed
     conversation appears once, as its live tip with `_lineage_root_id` (unless
     `project_compression_tips` is False); children other than branches are hidden unless
-    `include_children`. `compact_rows` leaves out `system_prompt`. Filters apply to the row
-    listed before projection (the conversation's first part).
+    `include_children`, hidden sessions unless `include_hidden`. `compact_rows` leaves out
+    `system_prompt`. Filters apply to the row listed before projection (the conversation's
+    first part). `sources` selects any of several sources (`source`, when given, wins);
+    `session_key` one gateway conversation scope. `include_pinned` appends the pinned
+    conversations the page left out that pass the same filters.
     """
     limit, offset = check_count("limit", limit), check_count("offset", offset)
     where, params = _rich_filters(source, exclude_sources, cwd_prefix, include_children, min_message_count,
                                   include_archived, archived_only, id_query, search_query)
+    where, params = _rich_scope(where, params, None if source is not None else sources, session_key, include_hidden)
     columns = _columns(conn, compact_rows)
     if not order_by_last_active:
         rows = _rich_rows(conn, columns, where, params, "ORDER BY s.started_at DESC, s.id DESC LIMIT ? OFFSET ?",
@@ -410,19 +415,78 @@ def list_sessions_rich(conn: sqlite3.Connection, source: str | None = None, excl
         by_id = {r["id"]: r for r in _rich_rows(conn, columns, "s.id IN (SELECT value FROM json_each(?))",
                                                 [json.dumps(page)])}
         rows = [by_id[sid] for sid in page if sid in by_id]
-    return _project_tips(conn, rows, columns) if project_compression_tips else rows
+    if include_pinned:
+        # A pin says "always reachable": the pinned conversations past this page come after it.
+        listed = json.dumps([r["id"] for r in rows])
+        rows += _rich_rows(conn, columns, f"{where} AND COALESCE(s.pinned, 0) = 1 "
+                           "AND s.id NOT IN (SELECT value FROM json_each(?))", [*params, listed],
+                           "ORDER BY s.started_at DESC, s.id DESC")
+    if project_compression_tips:
+        rows = _project_tips(conn, rows, columns)
+    for row in rows:
+        row["unread"] = _unread(row)
+    return rows
 
 
-def search_sessions_by_id(conn: sqlite3.Connection, query: str, limit: int = 20,
-                          include_archived: bool = True) -> list[dict[str, Any]]:
+def _rich_scope(where: str, params: list[Any], sources: Any, session_key: Any,
+                include_hidden: bool) -> tuple[str, list[Any]]:
+    # hermes-agent 0.20's filters of the rich listing: several sources, one gateway scope, hidden rows.
+    params = list(params)
+    if sources:
+        if isinstance(sources, str) or not isinstance(sources, (list, tuple)):
+            raise ValueError(f"sources must be a list of source names, not {type(sources).__name__}")
+        names = [check_text("sources", s) for s in sources]
+        where += f" AND s.source IN ({', '.join('?' * len(names))})"
+        params += names
+    if session_key is not None and session_key != "":
+        where += " AND s.session_key = ?"
+        params.append(check_text("session_key", session_key))
+    if not include_hidden:
+        # Through idx_sessions_hidden: the flag is read from no session's row.
+        where += f" AND s.id NOT IN (SELECT id FROM sessions WHERE {HIDDEN_SQL})"
+    return where, params
+
+
+def _unread(row: dict[str, Any]) -> bool:
+    # Unread when anything happened after the read mark: a message, or a turn's activity stamp.
+    stamps = [t for t in (row.get("last_active"), row.get("last_activity_at")) if isinstance(t, (int, float))]
+    return session_unread({"last_read_at": row.get("last_read_at"), "last_active": max(stamps, default=None),
+                           "started_at": row.get("started_at")})
+
+
+def get_session_rich_row(conn: sqlite3.Connection, session_id: str,
+                         compact_rows: bool = False) -> dict[str, Any] | None:
+    """Return one session as a rich listing row (every column, `preview`, `last_active`), or None when unknown."""
+    rows = _rich_rows(conn, _columns(conn, compact_rows), "s.id = ?", [session_id])
+    return rows[0] if rows else None
+
+
+def _source_names(name: str, value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise ValueError(f"{name} must be a list of sources or None, not {value!r}")
+    return [check_text(name, v) for v in value]
+
+
+def search_sessions_by_id(conn: sqlite3.Connection, query: str, limit: int = 20, include_archived: bool = True,
+                          source: str | None = None, sources: list[str] | None = None,
+                          exclude_sources: list[str] | None = None) -> list[dict[str, Any]]:
     """Return listed conversations whose id (or their first part's id) contains `query`, exact matches first.
 
     Case-insensitive; then ids starting with the query, then any other match, newest first in
-    each group.
+    each group. `source` keeps one source (it wins over `sources`, several), `exclude_sources`
+    leaves some out.
     """
     text = check_text("query", query)
     limit = check_count("limit", limit)
-    where, params = _rich_filters(None, None, None, False, 0, include_archived, False, None, None)
+    wanted, excluded = _source_names("sources", sources), _source_names("exclude_sources", exclude_sources)
+    if source is not None and source != "":
+        wanted = [check_text("source", source)]
+    where, params = _rich_filters(None, excluded, None, False, 0, include_archived, False, None, None)
+    if wanted:
+        where += f" AND s.source IN ({', '.join('?' * len(wanted))})"
+        params += wanted
     columns = _columns(conn, False)
     rows = _rich_rows(conn, columns, f"{where} AND {contains_sql('s.id')}", [*params, text],
                       "ORDER BY CASE WHEN LOWER(s.id) = LOWER(?) THEN 0 WHEN instr(LOWER(s.id), LOWER(?)) = 1 THEN 1 "
@@ -430,14 +494,75 @@ def search_sessions_by_id(conn: sqlite3.Connection, query: str, limit: int = 20,
     return _project_tips(conn, rows, columns)
 
 
+# A session's workspace (its git repo root, else its working directory) is `workspace_key` or,
+# for a session known only by its working directory, a folder inside it. As in hermes-agent
+# 0.20.1: the root is compared whole, a directory also by prefix (ASCII case folded, as LIKE does).
+_IN_WORKSPACE_SQL = ("CASE WHEN COALESCE(s.git_repo_root, '') <> '' THEN s.git_repo_root = ? "
+                     "ELSE (s.cwd = ? OR s.cwd LIKE ? ESCAPE '\\') END")
+
+
 def search_sessions(conn: sqlite3.Connection, source: str | None = None, limit: int = 20,
-                    offset: int = 0) -> list[dict[str, Any]]:
-    """Return every session (children included), newest first, with `last_active`."""
+                    offset: int = 0, workspace_key: str | None = None) -> list[dict[str, Any]]:
+    """Return every session (children included), newest first, with `last_active`; `workspace_key` keeps one workspace's."""
     limit, offset = check_count("limit", limit), check_count("offset", offset)
     where, params = ("s.source = ?", [check_text("source", source)]) if source is not None else ("1", [])
+    if workspace_key is not None and not isinstance(workspace_key, str):
+        raise ValueError(f"workspace_key must be a string or None, not {workspace_key!r}")
+    if workspace_key:
+        key = check_text("workspace_key", workspace_key).rstrip("/")
+        if not key:  # "/" names no workspace a session can have
+            return []
+        where += f" AND {_IN_WORKSPACE_SQL}"
+        params += [key, key, escape_like(key) + "/%"]
     return session_dicts(conn.execute(
         f"SELECT {SESSION_ROW_SQL}, {_LAST_ACTIVE_SQL} AS last_active FROM sessions s WHERE {where} "
         "ORDER BY s.started_at DESC, s.id DESC LIMIT ? OFFSET ?", (*params, limit, offset)))
+
+
+# --- hermes-agent 0.20.1: sessions opened by a /skill command ----------------------------------
+# hermes-agent expands `/name instruction` into the skill's whole text under this heading, and
+# titles made from that text describe the skill rather than the request.
+SKILL_SCAFFOLD_SQL_LIKE = "[IMPORTANT: The user has invoked the %"
+# Where an excerpt of a long turn joins its head and tail (ASCII record separator): an
+# instruction ends there.
+SKILL_EXCERPT_JOINT = "\x1e"
+_SKILL_HEAD = '[IMPORTANT: The user has invoked the "'
+_SKILL_BODY = "The full skill content is loaded below.]"  # an instruction follows the body, never the heading
+_SKILL_INSTRUCTION = "The user has provided the following instruction alongside the skill invocation: "
+
+
+def describe_skill_invocation(content: Any, separator: str = " \u2014 ") -> str | None:
+    """Return a /skill turn as the user typed it ("/work — fix the title"), or None for any other content.
+
+    `separator` joins the command and its instruction (" " gives the literal command line).
+    """
+    if not isinstance(separator, str):
+        raise ValueError(f"separator must be a string, not {separator!r}")
+    if not isinstance(content, str) or not content.startswith(_SKILL_HEAD):
+        return None
+    name, quote, _ = content[len(_SKILL_HEAD):].partition('"')
+    name = name.strip()
+    if not quote or not name:
+        return None
+    command = name if name.startswith("/") else "/" + name
+    body = content.find(_SKILL_BODY)
+    at = content.rfind(_SKILL_INSTRUCTION, body) if body >= 0 else -1
+    asked = content[at + len(_SKILL_INSTRUCTION):].split(SKILL_EXCERPT_JOINT, 1)[0] if at >= 0 else ""
+    instruction = " ".join(asked.split())
+    return f"{command}{separator}{instruction}" if instruction else command
+
+
+def list_skill_scaffolded_sessions(conn: sqlite3.Connection, limit: int = 200) -> list[dict[str, Any]]:
+    """Return {"id", "title", "content"} of titled sessions whose first user turn was a /skill command, newest first.
+
+    `content` is that whole turn, from which describe_skill_invocation gives what the user typed.
+    """
+    limit = check_count("limit", limit)
+    return row_dicts(conn.execute(
+        "SELECT s.id, s.title, m.content FROM sessions s JOIN messages m ON m.id = "
+        "(SELECT MIN(id) FROM messages WHERE session_id = s.id AND role = 'user') "
+        "WHERE COALESCE(s.title, '') <> '' AND m.content LIKE ? AND m.content_parts IS NULL "
+        "ORDER BY s.started_at DESC, s.id DESC LIMIT ?", (SKILL_SCAFFOLD_SQL_LIKE, limit)))
 
 
 def list_cron_job_runs(conn: sqlite3.Connection, job_id: str, limit: int = 20, offset: int = 0) -> list[dict[str, Any]]:
@@ -479,3 +604,63 @@ def session_ids_with_prefix(conn: sqlite3.Connection, prefix: Any, limit: int = 
     rows = conn.execute("SELECT id FROM sessions WHERE id >= ? AND id < ? ORDER BY id LIMIT ?",
                         (prefix, prefix + "\U0010ffff", limit))
     return [r[0] for r in rows if r[0].startswith(prefix)]
+
+
+# --- counts and lifecycle states (hermes-agent 0.20.1's names) --------------------------------------
+
+def _flag(name: str, value: Any) -> bool:
+    # A switch: True or False (0 and 1 too); anything else is a mistake, not "truthy".
+    if value not in (True, False) or not isinstance(value, (bool, int)):
+        raise ValueError(f"{name} must be True or False, not {value!r}")
+    return bool(value)
+
+
+def session_count_by_source(conn: sqlite3.Connection, *, include_archived: bool = False, archived_only: bool = False,
+                            exclude_children: bool = False) -> dict[str, int]:
+    """Return {source: number of sessions} in one grouped count; with `exclude_children`, as list_sessions_rich lists."""
+    where, params = session_filters("s.", include_archived=_flag("include_archived", include_archived),
+                                    archived_only=_flag("archived_only", archived_only))
+    if _flag("exclude_children", exclude_children):
+        where.append(_TOP_LEVEL_SQL)
+    sql = "SELECT s.source, COUNT(*) FROM sessions s" + (" WHERE " + " AND ".join(where) if where else "")
+    return dict(conn.execute(sql + " GROUP BY s.source ORDER BY s.source", params).fetchall())
+
+
+def session_count_ge(conn: sqlite3.Connection, n: int = 1) -> bool:
+    """Return whether the store holds at least `n` sessions, archived ones included (reads no more than `n`)."""
+    wanted = check_count("n", n)
+    return conn.execute("SELECT COUNT(*) FROM (SELECT 1 FROM sessions LIMIT ?)", (wanted,)).fetchone()[0] >= wanted
+
+
+SESSION_STATUS_COMPLETE = "complete"
+SESSION_STATUS_INTERRUPTED = "interrupted"
+SESSION_STATUS_ERROR = "error"
+SESSION_STATUS_EMPTY = "empty"
+# The finish reasons that mean the last turn failed (compared trimmed, in any case).
+ERROR_FINISH_REASONS = frozenset({"error", "content_filter"})
+
+
+def classify_session_status(role: str | None, has_tool_calls: bool, finish_reason: str | None) -> str:
+    """Name a session's state from its last message: "error", "interrupted" or "complete" (the benign default)."""
+    if (finish_reason or "").strip().lower() in ERROR_FINISH_REASONS:
+        return SESSION_STATUS_ERROR
+    speaker = (role or "").strip().lower()
+    # The agent never answered a user turn or consumed a tool result, or a tool call is still pending.
+    if speaker in ("user", "tool") or (speaker == "assistant" and has_tool_calls):
+        return SESSION_STATUS_INTERRUPTED
+    return SESSION_STATUS_COMPLETE
+
+
+def session_lifecycle_statuses(conn: sqlite3.Connection, session_ids: list[str]) -> dict[str, str]:
+    """Return {session id: state} from each session's last live message; "empty" for none (an unknown id too)."""
+    if isinstance(session_ids, (str, bytes)) or not isinstance(session_ids, (list, tuple, set, frozenset)):
+        raise ValueError(f"session_ids must be a list of session ids, not {type(session_ids).__name__}")
+    ids = list(dict.fromkeys(check_id("session_ids", sid) for sid in session_ids))
+    # The newest row of each session by its id (an index seek each), then that one row.
+    rows = conn.execute(
+        "SELECT m.session_id, m.role, json_valid(m.tool_calls) AND json_array_length(m.tool_calls) > 0, "
+        "m.finish_reason FROM messages m JOIN (SELECT session_id, MAX(id) AS last FROM messages "
+        "WHERE session_id IN (SELECT value FROM json_each(?)) AND active = 1 GROUP BY session_id) t ON m.id = t.last",
+        (json.dumps(ids),)).fetchall()
+    found = {sid: classify_session_status(role, bool(calls), reason) for sid, role, calls, reason in rows}
+    return {sid: found.get(sid, SESSION_STATUS_EMPTY) for sid in ids}

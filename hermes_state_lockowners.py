@@ -138,13 +138,12 @@ def _database_inodes(db_path: str | os.PathLike) -> dict[tuple[int, int], str]:
     return inodes
 
 
-def open_in_this_process(db_path: str | os.PathLike) -> bool:
-    """Tell whether any descriptor of this process is open on a database's files (True when that cannot be told)."""
-    files = _database_inodes(db_path)
+def _held_here(files: Mapping[tuple[int, int], str]) -> bool | None:
+    # Whether a descriptor of this process is on one of `files`; None when /proc/self cannot be read.
     try:
         descriptors = os.listdir("/proc/self/fd")
     except OSError:
-        return True  # no way to see this process's descriptors here: assume the worst
+        return None
     for fd in descriptors:
         try:
             found = os.stat(f"/proc/self/fd/{fd}")
@@ -153,6 +152,12 @@ def open_in_this_process(db_path: str | os.PathLike) -> bool:
         if (found.st_dev, found.st_ino) in files:
             return True
     return False
+
+
+def open_in_this_process(db_path: str | os.PathLike) -> bool:
+    """Tell whether any descriptor of this process is open on a database's files (True when that cannot be told)."""
+    held = _held_here(_database_inodes(db_path))
+    return True if held is None else held  # no way to see this process's descriptors: assume the worst
 
 
 def write_lock_holders(db_path: str | os.PathLike) -> list[str]:
@@ -218,20 +223,19 @@ def configure_error_log(home: str | os.PathLike) -> logging.Handler:
     return handler
 
 
-def processes_with_open(db_path: str | os.PathLike, program: str) -> list[int]:
-    """List the PIDs of other processes running `program` that have one of the database's files open."""
-    files = _database_inodes(db_path)
-    if not files or not sys.platform.startswith("linux"):
-        return []
-    found = []
+def _pids_with_open(files: Mapping[tuple[int, int], str], program: str | None) -> list[int] | None:
+    # Other processes (running `program`, or any) with a descriptor on one of `files`; None when
+    # /proc cannot be listed. Another user's process is skipped: the answer is a lower bound.
     try:
         pids = [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != os.getpid()]
     except OSError:
-        return []
+        return None
+    found = []
     for pid in pids:
-        cmdline = _read_cmdline(pid)
-        if not cmdline or os.path.basename(cmdline.split()[0]) != program:
-            continue
+        if program is not None:
+            cmdline = _read_cmdline(pid)
+            if not cmdline or os.path.basename(cmdline.split()[0]) != program:
+                continue
         try:
             descriptors = os.listdir(f"/proc/{pid}/fd")
         except OSError:
@@ -245,3 +249,32 @@ def processes_with_open(db_path: str | os.PathLike, program: str) -> list[int]:
                 found.append(pid)
                 break
     return found
+
+
+def processes_with_open(db_path: str | os.PathLike, program: str) -> list[int]:
+    """List the PIDs of other processes running `program` that have one of the database's files open."""
+    files = _database_inodes(db_path)
+    if not files or not sys.platform.startswith("linux"):
+        return []
+    return _pids_with_open(files, program) or []
+
+
+def count_db_holders(db_path: str | os.PathLike) -> int | None:
+    """Count the processes (this one included) with the database file open, from /proc; None where that cannot be told.
+
+    Linux only; never raises. Other users' processes cannot be seen without privileges, so the
+    count is a lower bound. A file that does not exist has 0.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        st = os.stat(db_path)
+    except FileNotFoundError:
+        return 0
+    except (OSError, ValueError):
+        return None
+    main = {(st.st_dev, st.st_ino): os.path.basename(os.fspath(db_path))}  # the database itself, as hermes-agent counts
+    others = _pids_with_open(main, None)
+    if others is None:
+        return None
+    return len(others) + (1 if _held_here(main) else 0)

@@ -28,15 +28,16 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable
 
 from hermes_state_common import (DAY_S, DELEGATE_LIKE_SQL, LIVE_ADMISSION_SQL, SESSION_OWNED, Keywords, check_count,
-                                 check_id, check_number, contains_sql, logger, table_exists)
+                                 check_id, check_number, contains_sql, is_finite, logger, prefix_range, table_exists, shown)
 from hermes_state_errors import HermesStateError, SessionBusyError
 from hermes_state_gateway import LIVE_EXECUTION_STATES
 from hermes_state_lineage import COMPRESSION_END_REASON, WALK_CAP, compression_links, forward_chain
 from hermes_state_routing import DELEGATION_OPEN_STATES, DELIVERY_OWED_STATES
-from hermes_state_sessions import cwd_under_sql, cwd_under_values, forget_prompts
+from hermes_state_sessions import archive_stale_sessions, cwd_under_sql, cwd_under_values, forget_prompts
 from hermes_state_writer import Transaction
 
 AUTO_PRUNE_KEY = "last_auto_prune"  # state_meta: when the last automatic prune ran (epoch seconds)
+VACUUM_KEY = "last_vacuum"  # state_meta: when the last automatic prune's VACUUM ran (epoch seconds)
 
 # Rows that belong to a session, children before parents so every foreign key holds at each
 # step, as (table, the expression naming the row's session): the data dictionary's declaration.
@@ -75,7 +76,7 @@ def _under(name: str, value: Any) -> tuple[str, ...]:
 
 def _flag(name: str, value: Any) -> int:
     if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, not {value!r}")
+        raise ValueError(f"{name} must be True or False, not {shown(value)}")
     return int(value)
 
 
@@ -131,7 +132,7 @@ def select_sessions(older_than_days: Any = None, source: Any = None, filters: di
     if older_than_days is not None:
         days = check_number("older_than_days", older_than_days)
         if days < 0:
-            raise ValueError(f"older_than_days must be 0 or more, not {older_than_days!r}")
+            raise ValueError(f"older_than_days must be 0 or more, not {shown(older_than_days)}")
         where.append("s.started_at < ?")
         params.append((time.time() if now is None else now) - days * DAY_S)
     if source is not None:
@@ -378,7 +379,7 @@ def archive_sessions(conn: sqlite3.Connection, older_than_days: Any = None, sour
     return len(ids)
 
 
-def _explicit(conn: sqlite3.Connection, session_ids: list[str]) -> list[str]:
+def _explicit(conn: sqlite3.Connection, session_ids: list[str], *, refuse_live_tip: bool = True) -> list[str]:
     """Return what deleting these sessions takes: their whole conversations and their delegates."""
     links = compression_links(conn)
     back = {child: parent for parent, child in links.items()}
@@ -390,7 +391,7 @@ def _explicit(conn: sqlite3.Connection, session_ids: list[str]) -> list[str]:
             continue
         chain = conversation(sid, links, back)
         tip = chain[-1]
-        if tip not in asked and tip != sid and conn.execute(
+        if refuse_live_tip and tip not in asked and tip != sid and conn.execute(
                 "SELECT 1 FROM sessions WHERE id = ? AND ended_at IS NULL", (tip,)).fetchone():
             raise SessionBusyError(
                 f"session {sid!r} is an earlier part of a conversation that continues in live session {tip!r}; "
@@ -427,6 +428,43 @@ def delete_sessions(conn: sqlite3.Connection, session_ids: Iterable[Any]) -> lis
         raise _busy_error(owed, "delete " + (repr(wanted[0]) if len(wanted) == 1 else f"{len(wanted)} sessions"))
     delete_rows(conn, ids)
     return ids
+
+
+def get_session_delete_targets(conn: sqlite3.Connection, session_id: str) -> list[str]:
+    """Return what delete_session would remove: the session, then the rest of its conversation and its delegates.
+
+    The whole compression chain goes with any of its sessions (unlike hermes-agent 0.20.1,
+    which detaches the other parts); [] for an unknown id.
+    """
+    check_id("session_id", session_id)
+    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
+        return []
+    taken = _explicit(conn, [session_id], refuse_live_tip=False)
+    return [session_id, *(sid for sid in taken if sid != session_id)]
+
+
+def delete_session_expecting(conn: sqlite3.Connection, session_id: str, expected_delete_ids: Any) -> list[str]:
+    """Delete the session as delete_sessions does, only if it takes exactly `expected_delete_ids`; return the ids deleted.
+
+    The targets are planned again here, inside the deleting transaction: a delegate that appeared
+    since the caller read them makes this delete nothing ([]), as does an unknown id.
+    """
+    expected = id_list(expected_delete_ids)
+    for sid in expected:
+        check_id("expected_delete_ids", sid)
+    targets = get_session_delete_targets(conn, session_id)
+    if not targets or set(targets) != set(expected):
+        return []
+    return delete_sessions(conn, [session_id])
+
+
+def count_open_prune_matches(conn: sqlite3.Connection, older_than_days: float | None = None, source: str | None = None,
+                             filters: Keywords | None = None, *, now: float | None = None) -> int:
+    """Return how many sessions match the prune filters but are left by a prune because they are still open."""
+    selection = select_sessions(older_than_days, source, filters, now=now)
+    # The same filters with the one safety condition turned round: open instead of ended.
+    where = selection.where.replace("s.ended_at IS NOT NULL", "s.ended_at IS NULL", 1)
+    return conn.execute(f"SELECT COUNT(*) FROM sessions s WHERE {where}", selection.params).fetchone()[0]
 
 
 def _empty_selection() -> Selection:
@@ -527,6 +565,17 @@ def delete_sessions_and_transcripts(txn: Transaction, session_ids: list[str],
     return len(removed)
 
 
+def delete_session_and_transcripts(txn: Transaction, session_id: str, sessions_dir: str | os.PathLike | None = None,
+                                   expected_delete_ids: list[str] | None = None) -> bool:
+    """Delete the session with its conversation and delegates (if given, only when exactly `expected_delete_ids`)."""
+    if expected_delete_ids is None:
+        removed = delete_sessions(txn.conn, [check_id("session_id", session_id)])
+    else:
+        removed = delete_session_expecting(txn.conn, session_id, expected_delete_ids)
+    _files_after_commit(txn, sessions_dir, removed)
+    return bool(removed)
+
+
 def prune_sessions_and_transcripts(txn: Transaction, older_than_days: float | None = 90, source: str | None = None,
                                    sessions_dir: str | os.PathLike | None = None,
                                    filters: Keywords | None = None) -> int:
@@ -559,13 +608,25 @@ def get_meta(conn: sqlite3.Connection, key: Any) -> str | None:
     return None if row is None or row[0] is None else str(row[0])
 
 
-def set_meta(conn: sqlite3.Connection, key: Any, value: Any) -> None:
-    """Store `value` (text, or a number stored as its text) under `key`, replacing what was there."""
+def set_meta(conn: sqlite3.Connection | sqlite3.Cursor, key: Any, value: Any) -> None:
+    """Store `value` (text, or a number stored as its text) under `key`, replacing what was there (`conn` may be a cursor)."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)) or (
             isinstance(value, float) and not math.isfinite(value)):
         raise ValueError(f"value must be a string or a finite number, not {type(value).__name__}")
     conn.execute("INSERT INTO state_meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                  (check_id("key", key), str(value)))
+
+
+def list_meta_prefix(conn: sqlite3.Connection, prefix: str) -> list[tuple[str, str | None]]:
+    """Return [(key, value), ...] of the state_meta keys starting with `prefix` (matched literally, case kept), by key."""
+    if not isinstance(prefix, str):
+        raise ValueError(f"prefix must be a string, not {type(prefix).__name__}")
+    if not prefix:
+        return []  # no namespace named: hermes-agent answers nothing rather than every key
+    low, high = prefix_range(check_id("prefix", prefix))
+    rows = conn.execute("SELECT key, value FROM state_meta WHERE key >= ?" + ("" if high is None else " AND key < ?")
+                        + " ORDER BY key", (low,) if high is None else (low, high))
+    return [(key, None if value is None else str(value)) for key, value in rows]
 
 
 def claim_auto_prune(conn: sqlite3.Connection, min_interval_hours: Any, *, now: float | None = None) -> bool:
@@ -586,28 +647,121 @@ def claim_auto_prune(conn: sqlite3.Connection, min_interval_hours: Any, *, now: 
     return True
 
 
+def vacuum_due(conn: sqlite3.Connection, min_vacuum_interval_days: float, *, now: float | None = None) -> bool:
+    """Return whether the last automatic VACUUM (state_meta `last_vacuum`) is at least `min_vacuum_interval_days` old."""
+    now = time.time() if now is None else now
+    try:
+        last = float(get_meta(conn, VACUUM_KEY) or "nan")
+    except ValueError:
+        last = math.nan
+    # No marker, an unreadable one or one in the future (the clock stepped back): due.
+    return not (math.isfinite(last) and last <= now and now - last < min_vacuum_interval_days * DAY_S)
+
+
 def auto_prune_and_vacuum(write: Callable[[], ContextManager[sqlite3.Connection]], vacuum: Callable[[], Any] | None,
-                          retention_days: Any, min_interval_hours: Any, sessions_dir: Any = None) -> dict[str, Any]:
+                          retention_days: Any, min_interval_hours: Any, sessions_dir: Any = None,
+                          min_vacuum_interval_days: Any = 30) -> dict[str, Any]:
     """Prune conversations ended and older than `retention_days` at most once per interval, then VACUUM if any went.
 
-    `write()` opens one write transaction; the marker and the prune share it. Returns
-    {"skipped", "pruned", "vacuumed"}, plus "error" when the store refused (the error is
-    logged, never raised: this runs unattended). Bad arguments raise ValueError.
+    `write()` opens one write transaction; the marker and the prune share it. The VACUUM has
+    its own, longer throttle: at most once per `min_vacuum_interval_days` (0: whenever
+    something went), recorded once it ran. Returns {"skipped", "pruned", "vacuumed"}, plus
+    "error" when the store refused (the error is logged, never raised: this runs unattended).
+    Bad arguments raise ValueError.
     """
     select_sessions(retention_days)  # bad arguments are the caller's error, raised before any write
     check_number("min_interval_hours", min_interval_hours)
+    vacuum_days = check_number("min_vacuum_interval_days", min_vacuum_interval_days)
     result: dict[str, Any] = {"skipped": True, "pruned": 0, "vacuumed": False}
     try:
         with write() as conn:
             if not claim_auto_prune(conn, min_interval_hours):
                 return result
             removed = prune_sessions(conn, retention_days)
+            vacuuming = bool(removed) and vacuum is not None and vacuum_due(conn, vacuum_days)
         result.update(skipped=False, pruned=len(removed))
         remove_transcripts(sessions_dir, removed)
-        if removed and vacuum is not None:
+        if vacuuming and vacuum is not None:
             vacuum()
             result["vacuumed"] = True
+            with write() as conn:  # only once it ran: a VACUUM that failed is due again next time
+                set_meta(conn, VACUUM_KEY, repr(time.time()))
     except HermesStateError as exc:
         logger.warning("automatic prune stopped: %s", exc)
         result["error"] = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+# --- hermes-agent 0.20.1: bare tool-call markers left as assistant text ---------------------------
+# Some agent versions saved a tool-calling assistant turn's text as just "[tool_name]". Such a
+# marker reads as if the model had said it; the rows keep their tool calls, only the text goes.
+_TOOL_CALL_MARKER = re.compile(r"\[[A-Za-z_][A-Za-z0-9_.\-]*\]")
+_MARKER_CANDIDATES_SQL = ("SELECT id, content FROM messages WHERE role = 'assistant' AND tool_calls IS NOT NULL "
+                          "AND content LIKE '%[%]%' ORDER BY id")
+
+
+def stale_tool_call_marker_ids(conn: sqlite3.Connection) -> list[int]:
+    """Return the ids of tool-calling assistant rows (any generation) whose whole text is a "[tool]" marker."""
+    return [i for i, text in conn.execute(_MARKER_CANDIDATES_SQL)
+            if isinstance(text, str) and _TOOL_CALL_MARKER.fullmatch(text.strip())]
+
+
+def purge_stale_tool_call_markers(read: Callable[[], ContextManager[sqlite3.Connection]],
+                                  write: Callable[[], ContextManager[sqlite3.Connection]],
+                                  backup: Callable[[Path], Path] | None, db_path: Path,
+                                  dry_run: Any = False) -> dict[str, Any]:
+    """Empty the text of rows holding only a tool-call marker, after a copy of the file (`backup`); report them.
+
+    Returns {"dry_run", "rows_affected", "row_ids", "backup_path"}. A dry run or a store with
+    nothing to change writes nothing and copies nothing. Only `content` changes.
+    """
+    if not isinstance(dry_run, bool):
+        raise ValueError(f"dry_run must be True or False, not {shown(dry_run)}")
+    with read() as conn:
+        ids = stale_tool_call_marker_ids(conn)
+    copy = None
+    if ids and not dry_run:
+        if backup is not None:
+            stamp = time.strftime("%Y%m%d_%H%M%S")
+            target = db_path.with_name(f"{db_path.name}.pre-clean-markers-backup-{stamp}")
+            n = 1
+            while target.exists():
+                target, n = target.with_name(f"{db_path.name}.pre-clean-markers-backup-{stamp}-{n}"), n + 1
+            copy = str(backup(target))
+        with write() as conn:  # what is a marker now, after the copy
+            ids = stale_tool_call_marker_ids(conn)
+            conn.executemany("UPDATE messages SET content = '' WHERE id = ?", [(i,) for i in ids])
+    return {"dry_run": dry_run, "rows_affected": len(ids), "row_ids": ids, "backup_path": copy}
+
+
+# hermes-agent 0.20's marker of the last idle-archive sweep (epoch seconds), in state_meta.
+AUTO_ARCHIVE_KEY = "last_auto_archive"
+
+
+def auto_archive_stale(write: Callable[[], ContextManager[sqlite3.Connection]], idle_days: Any,
+                       min_interval_hours: Any, exclude_pinned: bool = True) -> dict[str, Any]:
+    """Idle-archive stale conversations at most once per interval; return {"skipped", "archived"} (+ "error").
+
+    The marker and the sweep share one write transaction. A store that refuses is logged and
+    answered with "error", never raised (this runs unattended); bad arguments raise ValueError.
+    """
+    if idle_days is not None and not is_finite(idle_days):
+        raise ValueError(f"idle_days must be a finite number of days, not {shown(idle_days)}")
+    interval_s = check_number("min_interval_hours", min_interval_hours) * 3600.0
+    result: dict[str, Any] = {"skipped": True, "archived": 0}
+    try:
+        with write() as conn:
+            now = time.time()
+            try:
+                last = float(get_meta(conn, AUTO_ARCHIVE_KEY) or "nan")
+            except ValueError:
+                last = math.nan
+            if math.isfinite(last) and last <= now and now - last < interval_s:
+                return result
+            set_meta(conn, AUTO_ARCHIVE_KEY, repr(now))
+            result.update(skipped=False, archived=archive_stale_sessions(conn, idle_days, exclude_pinned=exclude_pinned,
+                                                                         now=now))
+    except HermesStateError as exc:
+        logger.warning("automatic archive stopped: %s", exc)
+        result.update(skipped=False, error=f"{type(exc).__name__}: {exc}")
     return result

@@ -32,10 +32,12 @@ import hermes_state_fts as fts
 from hermes_state_common import (COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES, NOT_LIVE_SQL, check_count, check_id,
                                  check_number,
                                  counter_amounts, decode_json, encode_json, has_surrogate, is_uid, new_uid,
-                                 replace_surrogates, row_dicts)
-from hermes_state_errors import (SessionClosedByCompressionError, SessionCompressionInProgressError, SessionNotFoundError,
+                                 replace_surrogates, row_dicts, shown)
+from hermes_state_errors import (SessionClosedByCompressionError, SessionCompressionInProgressError,
+                                 SessionExportTooLargeError, SessionNotFoundError, SessionResumeTooLargeError,
                                  SessionTurnLeaseLostError)
 from hermes_state_holders import lock_is_live
+from hermes_state_home import config_count
 from hermes_state_lineage import COMPRESSION_END_REASON, compression_ancestor_ids, live_continuation
 from hermes_state_sessions import ARCHIVE_LIFT_SQL, require_session, reset_counters
 
@@ -399,7 +401,7 @@ def append_messages_batch(conn: sqlite3.Connection, session_id: str, messages: l
     is accepted and must be a positive integer, but the batch is still one transaction here.
     """
     if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows <= 0):
-        raise ValueError(f"chunk_rows must be a positive integer or None, not {chunk_rows!r}")
+        raise ValueError(f"chunk_rows must be a positive integer or None, not {shown(chunk_rows)}")
     prepared = []
     for index, message in enumerate(message_list(messages)):
         try:
@@ -606,6 +608,74 @@ def message_count(conn: sqlite3.Connection, session_id: str | None = None) -> in
                         (session_id, session_id)).fetchone()[0]
 
 
+# --- size guards: how many active rows an in-memory export or a resume would load -----------------
+
+# The most active messages an in-memory export or a resume loads by default (hermes-agent's bounds);
+# config.yaml's sessions.max_export_messages / max_resume_messages change them, 0 turns a guard off.
+MAX_SAFE_EXPORT_MESSAGES = 20_000
+MAX_SAFE_RESUME_MESSAGES = 20_000
+
+
+def resolved_max_export_messages() -> int:
+    """Return the in-memory export guard's limit: config.yaml's sessions.max_export_messages, else 20,000 (0: off)."""
+    return config_count("sessions", "max_export_messages", MAX_SAFE_EXPORT_MESSAGES)
+
+
+def resolved_max_resume_messages() -> int:
+    """Return the resume guard's limit: config.yaml's sessions.max_resume_messages, else 20,000 (0: off)."""
+    return config_count("sessions", "max_resume_messages", MAX_SAFE_RESUME_MESSAGES)
+
+
+def _active_rows(conn: sqlite3.Connection, session_ids: list[str], bound: int | None = None) -> int:
+    # Counting stops one row past the bound: proving a transcript too large never reads all of it.
+    inner = ("SELECT 1 FROM messages WHERE session_id IN (SELECT value FROM json_each(?)) AND active = 1"
+             + ("" if bound is None else " LIMIT ?"))
+    params: list[Any] = [json.dumps(session_ids)] + ([] if bound is None else [bound + 1])
+    return conn.execute(f"SELECT COUNT(*) FROM ({inner})", params).fetchone()[0]
+
+
+def _limit(max_messages: Any, resolved: Callable[[], int]) -> int:
+    if max_messages is None:
+        return resolved()
+    if isinstance(max_messages, bool) or not isinstance(max_messages, int):
+        raise TypeError(f"max_messages must be an integer or None, not {type(max_messages).__name__}")
+    if max_messages < 0:
+        raise ValueError("max_messages must be non-negative")
+    return check_count("max_messages", max_messages)
+
+
+def _resume_ids(conn: sqlite3.Connection, session_id: str) -> list[str]:
+    # What a full resume loads: the session and the compression ancestors it continues.
+    return [*compression_ancestor_ids(conn, session_id), session_id]
+
+
+def get_resume_message_count(conn: sqlite3.Connection, session_id: str) -> int:
+    """Return how many active rows a full resume would load: the session's and its compression ancestors'."""
+    return _active_rows(conn, _resume_ids(conn, check_id("session_id", session_id)))
+
+
+def assert_export_safe(conn: sqlite3.Connection, session_id: str, max_messages: int | None = None) -> int:
+    """Return the session's active row count, or raise SessionExportTooLargeError past the limit (None: config; 0: off).
+
+    Only the session itself counts (an export of it leaves its compression ancestors out).
+    """
+    limit = _limit(max_messages, resolved_max_export_messages)
+    ids = [check_id("session_id", session_id)]
+    count = _active_rows(conn, ids, limit or None)
+    if limit and count > limit:
+        raise SessionExportTooLargeError(session_id, count, limit)
+    return count
+
+
+def assert_resume_safe(conn: sqlite3.Connection, session_id: str, max_messages: int | None = None) -> int:
+    """Return the active rows a resume loads, or raise SessionResumeTooLargeError past the limit (None: config; 0: off)."""
+    limit = _limit(max_messages, resolved_max_resume_messages)
+    count = _active_rows(conn, _resume_ids(conn, check_id("session_id", session_id)), limit or None)
+    if limit and count > limit:
+        raise SessionResumeTooLargeError(count, limit)
+    return count
+
+
 def set_latest_user_api_content(conn: sqlite3.Connection, session_id: str, content: Any, api_content: str) -> int:
     """Set api_content on the session's latest live user row if its content is `content`; return 0 or 1.
 
@@ -802,3 +872,177 @@ def clear_messages(conn: sqlite3.Connection, session_id: str) -> int:
     """Delete every message row of the session (all generations), keep the session; return how many."""
     reset_counters(conn, session_id)
     return conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,)).rowcount
+
+
+# --- hermes-agent 0.20.1: reactions and lookups by role -----------------------------------------
+# A reaction lives where hermes-agent 0.20.1 keeps it, so both programs read and write each
+# other's on one file: under REACTIONS_KEY in the row's display_metadata object, a list of
+# {"emoji", "author", "at"} (plus "seen": true once announced), one per author.
+REACTIONS_KEY = "reactions"
+# Text a person sees as a bubble: any non-blank content (a tool-call-only turn has none).
+_HAS_TEXT_SQL = "TRIM(COALESCE(content, ''), ' ' || char(9, 10, 13)) <> ''"
+# hermes-agent 0.20.1 stores a list of content parts as this prefix and JSON in `content`; such a
+# row has no plain text for it (this library keeps the parts' text there, the parts beside it).
+_ENCODED_CONTENT = "\x00json:"
+
+
+def _row_id(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"message_row_id must be an integer row id, not {shown(value)}")
+    return value
+
+
+def _metadata(text: Any) -> dict[str, Any]:
+    # Another program's malformed or non-object metadata holds no reactions; a write replaces it.
+    value = decode_json(text) if isinstance(text, str) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _reactions(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    found = meta.get(REACTIONS_KEY)
+    return [r for r in found if isinstance(r, dict)] if isinstance(found, list) else []
+
+
+def _store_metadata(conn: sqlite3.Connection, row_id: int, meta: dict[str, Any]) -> None:
+    conn.execute("UPDATE messages SET display_metadata = ? WHERE id = ?",
+                 (encode_json(meta, "display_metadata") if meta else None, row_id))
+
+
+def set_message_reaction(conn: sqlite3.Connection, session_id: str, message_row_id: int, emoji: str | None, *,
+                         author: str = "user") -> list[dict[str, Any]] | None:
+    """Set `author`'s one reaction on a message (the same emoji again, '' or None clears it); return them all.
+
+    None when the row is not a message of `session_id`. A new emoji replaces the author's
+    earlier one and is announced again (take_unseen_reactions).
+    """
+    check_id("session_id", session_id)
+    row_id = _row_id(message_row_id)
+    if emoji is not None and not isinstance(emoji, str):
+        raise ValueError(f"emoji must be a string or None, not {shown(emoji)}")
+    check_id("author", author)
+    row = conn.execute("SELECT display_metadata FROM messages WHERE id = ? AND session_id = ?",
+                       (row_id, session_id)).fetchone()
+    if row is None:
+        return None
+    meta = _metadata(row[0])
+    reactions = _reactions(meta)
+    mine = [r for r in reactions if r.get("author") == author]
+    kept = [r for r in reactions if r.get("author") != author]
+    if emoji and not (mine and mine[0].get("emoji") == emoji):
+        kept.append({"emoji": replace_surrogates(emoji), "author": author, "at": time.time()})
+    if kept:
+        meta[REACTIONS_KEY] = kept
+    else:
+        meta.pop(REACTIONS_KEY, None)
+    _store_metadata(conn, row_id, meta)
+    return kept
+
+
+def get_message_reactions(conn: sqlite3.Connection, session_id: str, message_row_id: int) -> list[dict[str, Any]]:
+    """Return the reactions stored on one message of the session ([] for none or an unknown row)."""
+    row = conn.execute("SELECT display_metadata FROM messages WHERE id = ? AND session_id = ?",
+                       (_row_id(message_row_id), session_id)).fetchone()
+    return [] if row is None else _reactions(_metadata(row[0]))
+
+
+def take_unseen_reactions(conn: sqlite3.Connection, session_id: str, *,
+                          author: str = "user") -> list[dict[str, Any]]:
+    """Return `author`'s reactions on live messages not announced yet, oldest message first, and mark them seen.
+
+    Each: {"row_id", "role", "emoji", "text"} (the message's plain text, '' when it has none).
+    """
+    check_id("session_id", session_id)
+    check_id("author", author)
+    taken = []
+    for row_id, role, content, text in conn.execute(
+            "SELECT id, role, content, display_metadata FROM messages WHERE session_id = ? AND active = 1 "
+            "AND display_metadata LIKE '%' || ? || '%' ORDER BY id", (session_id, REACTIONS_KEY)).fetchall():
+        meta = _metadata(text)
+        fresh = [r for r in _reactions(meta) if r.get("author") == author and not r.get("seen")]
+        if not fresh:
+            continue
+        plain = content if isinstance(content, str) and not content.startswith(_ENCODED_CONTENT) else ""
+        for reaction in fresh:
+            reaction["seen"] = True
+            taken.append({"row_id": row_id, "role": role, "emoji": reaction.get("emoji"), "text": plain})
+        _store_metadata(conn, row_id, meta)
+    return taken
+
+
+def get_message_role(conn: sqlite3.Connection, session_id: str, row_id: int) -> str | None:
+    """Return the role of the live message `row_id` of the session, or None."""
+    row = conn.execute("SELECT role FROM messages WHERE id = ? AND session_id = ? AND active = 1",
+                       (_row_id(row_id), session_id)).fetchone()
+    return None if row is None else row[0]
+
+
+def latest_message_row_id(conn: sqlite3.Connection, session_id: str, *, role: str = "user", offset: int = 0,
+                          require_text: bool = True) -> int | None:
+    """Return the row id of the session's latest live message of `role` (`offset` turns back), or None.
+
+    Only user and assistant turns are found (other roles: None). With `require_text` (the default) rows without visible text (a tool-call-only turn, blank
+    content) are skipped. A negative offset finds nothing.
+    """
+    if not isinstance(role, str):
+        raise ValueError(f"role must be a string, not {shown(role)}")
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise ValueError(f"offset must be an integer, not {shown(offset)}")
+    if offset < 0 or role not in ("user", "assistant"):  # only a person's and the model's turns are bubbles
+        return None
+    text = f" AND {_HAS_TEXT_SQL}" if require_text else ""
+    row = conn.execute(f"SELECT id FROM messages WHERE session_id = ? AND role = ? AND active = 1{text} "
+                       "ORDER BY id DESC LIMIT 1 OFFSET ?", (session_id, role, check_count("offset", offset))).fetchone()
+    return None if row is None else row[0]
+
+
+def latest_user_message_row_id(conn: sqlite3.Connection, session_id: str) -> int | None:
+    """Return the row id of the session's latest live user message with text, or None."""
+    return latest_message_row_id(conn, session_id)
+
+
+def get_first_assistant_text(conn: sqlite3.Connection, session_id: str) -> str:
+    """Return the content of the session's first assistant message that has any ('' when none)."""
+    row = conn.execute("SELECT content FROM messages WHERE session_id = ? AND role = 'assistant' "
+                       "AND content IS NOT NULL ORDER BY id LIMIT 1", (session_id,)).fetchone()
+    text = row[0] if row is not None else ""
+    return "" if not isinstance(text, str) or text.startswith(_ENCODED_CONTENT) else text
+
+
+def find_pr_url_messages(conn: sqlite3.Connection, session_ids: list[str]) -> list[dict[str, Any]]:
+    """Return {"session_id", "content"} of every tool result in these sessions that holds '/pull/', oldest first.
+
+    A loose candidate scan (any letter case, archived rows too): the caller decides which is a PR url.
+    """
+    if isinstance(session_ids, (str, bytes, dict)) or not isinstance(session_ids, Iterable):
+        raise ValueError(f"session_ids must be a list of session ids, not {shown(session_ids)}")
+    wanted = [s for s in session_ids if isinstance(s, str) and not has_surrogate(s)]
+    if not wanted:
+        return []
+    return [{"session_id": sid, "content": content} for sid, content in conn.execute(
+        "SELECT session_id, content FROM messages WHERE session_id IN (SELECT value FROM json_each(?)) "
+        "AND role = 'tool' AND content LIKE '%/pull/%' ORDER BY id", (json.dumps(wanted),))]
+
+
+def set_latest_matching_message_display_kind(conn: sqlite3.Connection, session_id: str, *, role: str, content: str,
+                                             display_kind: str,
+                                             display_metadata: dict[str, Any] | None = None) -> bool:
+    """Stamp display_kind (and display_metadata, replacing it) on the session's latest live row with this role and content.
+
+    False when no row matches or `display_kind` is empty. Only presentation columns change.
+    """
+    check_id("session_id", session_id)
+    for name, value in (("role", role), ("display_kind", display_kind)):
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be a string, not {shown(value)}")
+    if display_metadata is not None and not isinstance(display_metadata, dict):
+        raise ValueError(f"display_metadata must be a dict or None, not {type(display_metadata).__name__}")
+    if not display_kind or not isinstance(content, str):
+        return False
+    row = conn.execute("SELECT id FROM messages WHERE session_id = ? AND role = ? AND content = ? AND active = 1 "
+                       "ORDER BY id DESC LIMIT 1", (session_id, role, replace_surrogates(content))).fetchone()
+    if row is None:
+        return False
+    conn.execute("UPDATE messages SET display_kind = ?, display_metadata = ? WHERE id = ?",
+                 (replace_surrogates(display_kind),
+                  encode_json(display_metadata, "display_metadata") if display_metadata else None, row[0]))
+    return True

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import stat
 import threading
 import time
 from contextlib import AbstractContextManager, contextmanager
@@ -29,6 +30,7 @@ from typing import Any, Callable, Iterator, cast
 import hermes_state_catalogue as catalogue
 import hermes_state_fork as fork
 import hermes_state_fts as fts
+import hermes_state_lockowners as lockowners
 import hermes_state_replicas as replicas
 import hermes_state_schema as schema
 from hermes_state_common import (DICTIONARY, RECOVER_EXCLUDED, RECOVER_VERIFIED, SCHEMA_VERSION, TABLE_SQL, logger,
@@ -322,6 +324,74 @@ def check_integrity(read: Callable[[], AbstractContextManager[sqlite3.Connection
             with write() as conn:
                 report.update(fts.integrity_report(conn, (table,)))
     return {"ok": not problems and all(v == "ok" for v in report.values()), "problems": problems, "fts": report}
+
+
+# --- a file of zeros --------------------------------------------------------------------------------
+# A crash of some file systems (or a copy made mid-write) leaves state.db at its size with every
+# byte zero: no SQLite header, nothing to salvage. hermes-agent moves such a file aside at start-up
+# so a fresh one can be made; these are its two names, with the same file names on disk.
+
+def is_zeroed_state_db(path: str | os.PathLike, *, probe_bytes: int = 100, force: bool = False) -> bool:
+    """Tell whether a file is a database zeroed out: not empty, its first `probe_bytes` bytes all NUL.
+
+    Reading the header opens the file itself, and closing that descriptor would drop this
+    process's locks on a live database; so a file this process has open is answered False unless
+    `force` (for files known to be offline: copies, quarantined files).
+    """
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+        return False
+    if not force and lockowners.open_in_this_process(path):
+        return False
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(max(1, min(int(probe_bytes), st.st_size)))
+    except OSError:
+        return False
+    return bool(head) and not head.strip(b"\0")
+
+
+@contextmanager
+def _quarantine_lock(path: Path) -> Iterator[None]:
+    # Two processes starting together must not both move the file: the second waits here, then
+    # finds it already gone. The lock file is a sibling, never the database itself.
+    try:
+        import fcntl
+    except ImportError:  # no advisory locks here (Windows): the re-check alone has to do
+        yield
+        return
+    with open(path.with_name(path.name + ".quarantine.lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def quarantine_zeroed_state_db(path: str | os.PathLike) -> Path | None:
+    """Move a zeroed database file (and its -wal and -shm) aside, bytes kept; return where it went, or None when it is not zeroed.
+
+    The copy is named `<name>.zeroed-<YYYYmmdd-HHMMSS>-<pid>.bak` beside it.
+    """
+    target = Path(path)
+    with _quarantine_lock(target):
+        if not is_zeroed_state_db(target):
+            return None
+        stem = f"{target.name}.zeroed-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.bak"
+        aside, n = target.with_name(stem), 1
+        while aside.exists():
+            n += 1
+            aside = target.with_name(f"{stem}.{n}")
+        os.rename(target, aside)
+        for suffix in ("-wal", "-shm"):
+            side = Path(str(target) + suffix)
+            if side.exists():
+                os.rename(side, Path(str(aside) + suffix))
+    logger.warning("%s held only zeros (no SQLite header); moved aside to %s", target, aside)
+    return aside
 
 
 # --- recover ---------------------------------------------------------------------------------------

@@ -33,7 +33,8 @@ import hermes_state_backfill as backfill
 from hermes_state_backfill import default_sql, rebuild_to_declared, table_columns  # noqa: F401 (re-exported)
 from hermes_state_titles import free_duplicate_titles
 from hermes_state_writer import RetryPolicy, Writer, retry_on_lock
-from hermes_state_errors import StateDbJournalError
+from hermes_state_errors import StateDbJournalError, StateDbNotWritableError, WalUnsupportedError
+from hermes_state_home import config_section, get_hermes_home
 
 _SIDE_FILES = ("-wal", "-shm")
 
@@ -226,11 +227,12 @@ def _wal_incompatible(exc: sqlite3.OperationalError) -> bool:
     return any(marker in str(exc).lower() for marker in _WAL_INCOMPATIBLE_TEXT)
 
 
-def apply_wal_with_fallback(conn: sqlite3.Connection, db_label: str = "state.db") -> str:
+def apply_wal_with_fallback(conn: sqlite3.Connection, db_label: str = "state.db", *, require_wal: bool = False) -> str:
     """Put the connection in WAL mode, or in rollback-journal (DELETE) mode where WAL cannot work; return the mode.
 
     A file already in WAL is left as it is. Only a file system that refuses WAL's shared
-    memory causes the fallback, logged once per label; any other error propagates. On macOS
+    memory causes the fallback, logged once per label; any other error propagates. With
+    `require_wal` that refusal raises WalUnsupportedError instead, the mode untouched. On macOS
     the checkpoint and commit barriers are made durable (fullfsync, synchronous=FULL), since
     its fsync does not reach the platter.
     """
@@ -244,18 +246,124 @@ def apply_wal_with_fallback(conn: sqlite3.Connection, db_label: str = "state.db"
         except sqlite3.OperationalError as exc:
             if not _wal_incompatible(exc):
                 raise
+            if require_wal:
+                raise WalUnsupportedError(f"{db_label}: WAL mode is not available on this file system ({exc})") from exc
             mode = str(conn.execute("PRAGMA journal_mode=DELETE").fetchone()[0]).lower()
             if db_label not in wal_fallback_warned:
                 wal_fallback_warned.add(db_label)
                 logger.warning("%s: WAL mode is not available on this file system (%s); using "
                                "journal_mode=DELETE instead: readers now wait while a write commits",
                                db_label, exc)
+        if require_wal and mode not in ("wal", "memory"):  # some network mounts refuse by answering the old mode
+            raise WalUnsupportedError(f"{db_label}: WAL mode is not available on this file system "
+                                      f"(journal_mode stayed {mode!r})")
     if sys.platform == "darwin":
         conn.execute("PRAGMA checkpoint_fullfsync=1")
         conn.execute("PRAGMA synchronous=FULL")
     else:
         conn.execute("PRAGMA synchronous=NORMAL")
     return mode
+
+
+def resolve_journal_mode() -> str:
+    """Return the journal mode config.yaml's database.journal_mode asks for: "delete" when it says so, else "wal".
+
+    hermes-agent's setting, for file systems where WAL is not durable (virtiofs, NFS, SMB). This
+    library's own opens do not follow it: they put a file in WAL unless its file system refuses,
+    and keep the mode of a file hermes-agent made in a rollback journal (see kept_journal_mode).
+    """
+    value = config_section("database").get("journal_mode")
+    return "delete" if isinstance(value, str) and value.strip().lower() == "delete" else "wal"
+
+
+# The database section's optional tuning PRAGMAs, each taking an integer.
+CONFIG_PRAGMAS = ("cache_size", "mmap_size", "temp_store", "wal_autocheckpoint", "journal_size_limit")
+
+
+def _config_integer(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None  # YAML's yes/no: not a size
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def apply_database_pragmas(conn: sqlite3.Connection, *, db_label: str = "state.db") -> None:
+    """Apply config.yaml's database tuning PRAGMAs (cache_size, mmap_size, temp_store, wal_autocheckpoint, journal_size_limit) to `conn`.
+
+    Only integer values are applied (a non-integer is skipped with a warning); a missing or
+    malformed section, or a PRAGMA SQLite refuses, changes nothing and raises nothing. The
+    journal mode is not among them (resolve_journal_mode).
+    """
+    settings = config_section("database")
+    for name in CONFIG_PRAGMAS:
+        if name not in settings:
+            continue
+        value = _config_integer(settings[name])
+        if value is None:
+            logger.warning("%s: ignoring non-integer database.%s=%r", db_label, name, settings[name])
+            continue
+        try:
+            conn.execute(f"PRAGMA {name} = {value}")  # an int, so nothing but digits reaches the statement
+        except sqlite3.Error as exc:
+            logger.warning("%s: database.%s=%d not applied (%s)", db_label, name, value, exc)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+    except ValueError:
+        return False
+    return True
+
+
+def _make_writable(path: Path, kind: str, db_label: str, home: Path) -> None:
+    # A file or folder inside the home is the store's own: give its owner read-write back (chmod
+    # fails on another user's file, which bounds the repair). Anything else is named, never changed.
+    need = os.R_OK | os.W_OK | (os.X_OK if kind == "directory" else 0)
+    if os.access(path, need):
+        return
+    bits = stat.S_IRUSR | stat.S_IWUSR | (stat.S_IXUSR if kind == "directory" else 0)
+    if _inside(path, home):
+        try:
+            os.chmod(path, stat.S_IMODE(os.stat(path).st_mode) | bits)
+        except OSError:
+            pass
+        else:
+            if os.access(path, need):
+                logger.warning("%s: %s %s was not writable by this user; gave its owner read-write access",
+                               db_label, kind, path)
+                return
+    mode = "u+rwx" if kind == "directory" else "u+rw"
+    raise StateDbNotWritableError(
+        f"{db_label} cannot be opened for writing: {kind} {path} is not writable by this user. Run "
+        f"`chmod {mode} '{path}'` (a file another user owns needs that user, or sudo/chown). "
+        "Never delete its -wal file: it holds committed writes.")
+
+
+def preflight_db_writability(db_path: str | os.PathLike, *, db_label: str = "state.db") -> None:
+    """Check, before any connection, that the database, its -wal and -shm and its folder are writable; repair them inside the home.
+
+    Inside HERMES_HOME a read-only file or folder gets its owner's read-write back; anywhere else,
+    or where that fails, StateDbNotWritableError (an sqlite3.OperationalError) names the path and the
+    chmod to run. Nothing is created, deleted or truncated; ":memory:" and "file:" URIs are skipped.
+    """
+    text = os.fspath(db_path)
+    if text == ":memory:" or text.startswith("file:"):
+        return
+    target = real_path(Path(text))
+    home = real_path(get_hermes_home())
+    for suffix in ("",) + _SIDE_FILES:
+        side = Path(str(target) + suffix)
+        if side.is_file():
+            _make_writable(side, "file", db_label, home)
+    if target.parent.is_dir():  # SQLite creates its -wal, -shm and rollback journal beside the file
+        _make_writable(target.parent, "directory", db_label, home)
 
 
 # hermes-agent 0.20 makes a new file in a rollback-journal mode on a SQLite with the WAL-reset bug

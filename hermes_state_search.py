@@ -16,7 +16,7 @@ import json
 import re
 import sqlite3
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Collection, Iterable
 
 import hermes_state_fts as fts
 import hermes_state_hits as hit_page
@@ -668,7 +668,8 @@ def _find(conn: sqlite3.Connection, plan: QueryPlan, f: _Filters, low: int, high
 def search_messages(conn: sqlite3.Connection, query: Any, source_filter: Any = None, exclude_sources: Any = None,
                     role_filter: Any = None, session_id: str | None = None, limit: int = 20, offset: int = 0,
                     include_inactive: bool = False, include_reasoning: bool = False, *, since: float | None = None,
-                    until: float | None = None, model_filter: Any = None) -> SearchResults:
+                    until: float | None = None, model_filter: Any = None, sort: str | None = None,
+                    fields: Collection[str] | None = None) -> SearchResults:
     """Search message text, best match first; any query text is accepted and never raises.
 
     Each hit: id, session_id, role, timestamp, tool_name, snippet (matches in >>> <<<), context
@@ -676,9 +677,13 @@ def search_messages(conn: sqlite3.Connection, query: Any, source_filter: Any = N
     session_started, title (the session's). Active rows only unless `include_inactive`; the
     reasoning text is searched too with `include_reasoning`. `since`/`until` (epoch seconds)
     bound the messages' time; `model_filter` keeps sessions of these models (exact names). Bad limit/offset or filter
-    types raise ValueError. The result is a SearchResults list whose `complete` says whether
-    it is exact (see there). Run it in one read snapshot (the facade does).
+    types raise ValueError. `sort` "newest"/"oldest" orders the hits by message time instead
+    (best match first among equal times); `fields` keeps only these keys of each hit. The result
+    is a SearchResults list whose `complete` says whether it is exact (see there). Run it in one
+    read snapshot (the facade does).
     """
+    keep = _result_fields(fields)
+    order = _sort_order(sort)
     limit, offset = check_count("limit", limit), check_count("offset", offset)
     f = _Filters.build(source_filter, exclude_sources, role_filter, session_id, include_inactive, since, until,
                        model_filter)
@@ -696,8 +701,65 @@ def search_messages(conn: sqlite3.Connection, query: Any, source_filter: Any = N
     # snippet), that one does: a text window compares text literally and would miss "Déjà" for "deja".
     unique: dict[int, tuple[str, str] | None] = {}
     cut: list[bool] = []
-    for i, source in _find(conn, plan, f, low, high, offset + limit, bool(include_reasoning), cut):
+    need = SORTED_POOL if order else offset + limit
+    for i, source in _find(conn, plan, f, low, high, need, bool(include_reasoning), cut):
         if unique.get(i) is None:
             unique[i] = source
-    page = list(unique.items())[offset:offset + limit]
-    return SearchResults(hit_page.present(conn, plan.needles, page) if page else [], complete=not cut)
+    page = _ordered(conn, list(unique.items()), order, cut)[offset:offset + limit]
+    found = hit_page.present(conn, plan.needles, page, with_context=keep is None or "context" in keep) if page else []
+    return SearchResults(_projected(found, keep), complete=not cut)
+
+
+# --- hermes-agent 0.20.1's result projection and time order -------------------------------------
+# The keys of a hit a caller may keep with `fields`; the context is only read when it is kept.
+RESULT_FIELDS = frozenset({"id", "session_id", "role", "timestamp", "tool_name", "snippet", "context", "source",
+                           "model", "session_started", "title"})
+SORTED_POOL = 10_000  # the most matches put in time order; beyond it the result says it is not complete
+
+
+def _result_fields(fields: Any) -> frozenset[str] | None:
+    # TypeError and ValueError as hermes-agent 0.20.1 raises them, so a caller's handler fits both.
+    if fields is None:
+        return None
+    if isinstance(fields, (str, bytes)):
+        raise TypeError("search fields must be a collection of field names, not a string")
+    if not isinstance(fields, Iterable):
+        raise TypeError(f"search fields must be a collection of field names, not {type(fields).__name__}")
+    names = list(fields)
+    if not all(isinstance(n, str) for n in names):
+        raise TypeError(f"search fields must be strings, not {names!r}")
+    unknown = set(names) - RESULT_FIELDS
+    if unknown:
+        raise ValueError(f"unknown search result field(s): {', '.join(sorted(unknown))}")
+    return frozenset(names)
+
+
+def _sort_order(sort: Any) -> str | None:
+    if sort is None or sort == "relevance":
+        return None
+    if sort not in ("newest", "oldest"):
+        raise ValueError(f"sort must be None, 'relevance', 'newest' or 'oldest', not {sort!r}")
+    return str(sort)
+
+
+def _ordered(conn: sqlite3.Connection, hits: list[tuple[int, Any]], order: str | None,
+             cut: list[bool]) -> list[tuple[int, Any]]:
+    """Return `hits` (best match first) in the asked order; appends True to `cut` when the pool was full."""
+    if order is None:
+        return hits
+    if len(hits) >= SORTED_POOL:
+        cut.append(True)  # more matches than were put in time order: others may be newer (older)
+    return _by_time(conn, hits, newest=order == "newest")
+
+
+def _projected(found: list[dict[str, Any]], keep: frozenset[str] | None) -> list[dict[str, Any]]:
+    return found if keep is None else [{k: hit[k] for k in hit if k in keep} for hit in found]
+
+
+def _by_time(conn: sqlite3.Connection, hits: list[tuple[int, Any]], *, newest: bool) -> list[tuple[int, Any]]:
+    """Return `hits` (best match first) ordered by message time, the better match first among equal times."""
+    times = dict(conn.execute("SELECT id, timestamp FROM messages WHERE id IN (SELECT value FROM json_each(?))",
+                              (json.dumps([i for i, _ in hits]),)))
+    sign = -1 if newest else 1
+    ranked = [(sign * float(times.get(i) or 0.0), n, (i, source)) for n, (i, source) in enumerate(hits)]
+    return [hit for _, _, hit in sorted(ranked, key=lambda r: (r[0], r[1]))]

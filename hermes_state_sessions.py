@@ -13,16 +13,22 @@ first statement that changes anything. Read functions run under the caller's loc
 """
 from __future__ import annotations
 
+import inspect
 import json
 import sqlite3
+import threading
 import time
-from typing import Any, Iterable
+from contextlib import AbstractContextManager
+from enum import Enum
+from typing import Any, Callable, Iterable, cast
 
 import hermes_state_lineage as lineage
 from hermes_state_common import (ARCHIVED_SQL, COUNTER_RESET_SQL, DAY_S, Keywords,  # noqa: F401 - COUNTER_RESET_SQL re-exported
                                  INT_MAX, SESSION_COLUMN_NAMES, SESSION_ROW_SQL, SESSIONS, TABLE_COLUMNS, check_count,
-                                 check_id, check_number, prompt_hash, replace_surrogates, row_dicts, session_dicts)
-from hermes_state_errors import SessionClosedByCompressionError, SessionNotFoundError
+                                 check_id, check_number, encode_json, is_finite, logger, prompt_hash, replace_surrogates,
+                                 row_dicts, session_dicts, shown)
+from hermes_state_errors import HermesStateError, SessionClosedByCompressionError, SessionNotFoundError
+from hermes_state_fork import tell_child
 from hermes_state_titles import check_title_free, normalize_title, sanitize_title, title_holder
 
 # Writing to a session resumes it: an archive only the idle sweep made is lifted, never a
@@ -347,6 +353,79 @@ def update_token_counts(conn: sqlite3.Connection, session_id: str, input_tokens:
         _add_usage(conn, session_id, usage_model, route, counts, time.time() if now is None else now)
 
 
+# --- the token queue: deltas a turn files cheaply, applied together later --------------------------
+
+# The keyword arguments a queued delta may carry: update_token_counts' own, less the injected clock.
+_DELTA_PARAMS = inspect.Signature([p for name, p in inspect.signature(update_token_counts).parameters.items()
+                                   if name not in ("conn", "now")])
+
+
+class TokenQueue:
+    """A handle's queued token/cost deltas, applied in one write transaction by `drain`.
+
+    Each delta is checked when it is queued (a mistake raises there, not later in a log); it
+    keeps the time it was queued, so its usage row says when the call was made. Fork-safe: a
+    forked child starts with an empty queue and a new lock, so the parent's deltas are applied
+    once, by the parent (the child's copy of the lock may have been held when it was copied).
+    """
+
+    # Queued deltas past this many are applied by the queueing call itself (bounding what a
+    # crash could lose and what the queue holds while nobody flushes).
+    BATCH = 64
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, dict[str, Any], float]] = []
+        tell_child(self)
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def put(self, session_id: str, kwargs: dict[str, Any], *, now: float | None = None) -> int:
+        """Check and queue one delta (update_token_counts' arguments); return how many wait now."""
+        bound = _DELTA_PARAMS.bind(check_id("session_id", session_id), **kwargs).arguments
+        bound.pop("session_id")
+        _checked_counts(tuple(bound.get(n, 0) for n in _TOKEN_COLUMNS), bound.get("estimated_cost_usd"),
+                        bound.get("actual_cost_usd"))
+        _checked_route(bound.get("model"), tuple(bound.get(n) for n in _ROUTE_COLUMNS))
+        _given(_COST_LABELS, tuple(bound.get(n) for n in _COST_LABELS))
+        with self._lock:
+            self._pending.append((session_id, bound, time.time() if now is None else now))
+            return len(self._pending)
+
+    def drain(self, write: Callable[[], AbstractContextManager[sqlite3.Connection]]) -> bool:
+        """Apply every queued delta in one write transaction; return False (keeping them queued) if the store refused.
+
+        A delta the store rejects (its session was deleted meanwhile) is logged and dropped
+        alone, inside a savepoint, so it never costs the others.
+        """
+        with self._lock:
+            taken, self._pending = self._pending, []
+        if not taken:
+            return True
+        try:
+            with write() as conn:
+                for session_id, kwargs, queued_at in taken:
+                    conn.execute("SAVEPOINT hermes_token_delta")
+                    try:
+                        update_token_counts(conn, session_id, **kwargs, now=queued_at)
+                    except (HermesStateError, ValueError) as exc:
+                        conn.execute("ROLLBACK TO hermes_token_delta")
+                        logger.warning("queued token counts for session %r dropped: %s", session_id, exc)
+                    conn.execute("RELEASE hermes_token_delta")
+        except HermesStateError as exc:
+            with self._lock:  # first again, in their order, ahead of any queued meanwhile
+                self._pending[:0] = taken
+            logger.warning("queued token counts not applied yet (%d waiting): %s", len(taken), exc)
+            return False
+        return True
+
+    def after_fork_in_child(self, parent: int) -> None:
+        """Start the child's copy empty: the parent applies its own deltas."""
+        self._lock = threading.Lock()
+        self._pending = []
+
+
 # The model an auxiliary call is filed under when the caller does not name one.
 UNKNOWN_AUX_MODEL = "unknown"
 
@@ -355,20 +434,38 @@ def record_auxiliary_usage(conn: sqlite3.Connection, session_id: str, task: str,
                            billing_provider: str | None = None, billing_base_url: str | None = None,
                            input_tokens: int = 0, output_tokens: int = 0, cache_read_tokens: int = 0,
                            cache_write_tokens: int = 0, reasoning_tokens: int = 0,
-                           estimated_cost_usd: float | None = None, now: float | None = None) -> None:
-    """Add one auxiliary call (a title, a summary: `task`) to the session's usage rows; the session's totals stay.
+                           estimated_cost_usd: float | None = None, api_call_count: int = 1,
+                           now: float | None = None) -> None:
+    """Add auxiliary calls (a title, a summary: `task`) to the session's usage rows; the session's totals stay.
 
-    The row is keyed by task, model ("unknown" when not given) and billing route; each call
-    counts one API call there.
+    The row is keyed by task, model ("unknown" when not given) and billing route; the call
+    counts `api_call_count` API calls there (one by default; several when a caller files a
+    batch of calls in one record).
     """
     check_id("task", task)
-    counts = _checked_counts((input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens, 1),
-                             estimated_cost_usd, None)
+    counts = _checked_counts((input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, reasoning_tokens,
+                              api_call_count), estimated_cost_usd, None)
     route = _checked_route(model, (billing_provider, billing_base_url, None))
     require_session(conn, session_id)
     _check_sums_fit(conn, session_id, counts)
     _add_usage(conn, session_id, route["model"] or UNKNOWN_AUX_MODEL, route, counts,
                time.time() if now is None else now, task)
+
+
+def get_dominant_session_model_route(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:
+    """Return the main-loop route (model and billing) that served most of the session's API calls, or None.
+
+    Read from the per-route usage rows, not the session row (whose model and billing columns may
+    come from different route changes); auxiliary calls do not count; of equal counts, the one
+    used last wins.
+    """
+    row = conn.execute(
+        "SELECT model, billing_provider, billing_base_url, billing_mode, api_call_count FROM session_model_usage "
+        "WHERE session_id = ? AND task = '' AND api_call_count > 0 "
+        "ORDER BY api_call_count DESC, last_seen DESC, rowid DESC LIMIT 1", (session_id,)).fetchone()
+    if row is None:
+        return None
+    return dict(zip(("model", "billing_provider", "billing_base_url", "billing_mode", "api_call_count"), row))
 
 
 def _checked_counts(tokens: tuple[Any, ...], estimated_cost_usd: Any, actual_cost_usd: Any) -> dict[str, Any]:
@@ -497,11 +594,24 @@ def update_session_meta(conn: sqlite3.Connection, session_id: str, model_config_
     _set_columns(conn, session_id, columns)
 
 
-def update_session_model(conn: sqlite3.Connection, session_id: str, model: str) -> None:
-    """Set the session's model unconditionally (a deliberate switch; token updates never change it)."""
+def update_session_model(conn: sqlite3.Connection, session_id: str, model: str, provider: str | None = None) -> None:
+    """Switch the session's model (token updates never change it); the stored prompt is rebuilt next turn.
+
+    The model (and `provider`, when given) is also merged into `model_config` as `model`/`provider`,
+    so a resume pairs the model with the provider serving it; a browser runtime lock is dropped (a
+    deliberate switch replaces it). The system prompt is cleared: it names the model.
+    """
     if not isinstance(model, str) or not model.strip():
         raise ValueError("model must be a non-empty string")
-    _set_columns(conn, session_id, {"model": model})
+    if provider is not None and not isinstance(provider, str):
+        raise ValueError(f"provider must be a string or None, not {type(provider).__name__}")
+    config = _model_config_of(conn, session_id)
+    config.pop(RUNTIME_LOCK_KEY, None)
+    config["model"] = model
+    if provider:
+        config["provider"] = provider
+    _set_columns(conn, session_id, {"model": model, "system_prompt": None,
+                                    "model_config": _model_config_text(config)})
 
 
 def update_session_billing_route(conn: sqlite3.Connection, session_id: str, *, provider: str | None,
@@ -518,16 +628,53 @@ def update_session_billing_route(conn: sqlite3.Connection, session_id: str, *, p
 
 
 def update_session_cwd(conn: sqlite3.Connection, session_id: str, cwd: str, git_branch: str | None = None,
-                       git_repo_root: str | None = None) -> None:
-    """Record the session's working directory; a branch or repo root is kept unless a non-empty one is given.
+                       git_repo_root: str | None = None, replace_git_meta: bool = False) -> int | None:
+    """Record the session's working directory and claim a new git-metadata generation; return it.
 
-    An empty string means the probe found nothing, which must not erase what an earlier probe found.
+    A branch or repo root is written only when non-empty (a probe that found nothing must not
+    erase what an earlier probe found), except that a move to another directory clears them,
+    and `replace_git_meta` writes them as given (empty clears). A late git probe publishes with
+    `publish_session_git_metadata` and the returned generation. No `cwd` (None or ''): nothing
+    is written and None returned.
     """
+    if cwd is None or cwd == "":
+        return None
+    check_id("cwd", cwd)
+    row = conn.execute("SELECT cwd, git_metadata_generation FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    if row is None:
+        raise SessionNotFoundError(f"session {session_id!r} not found")
+    generation = (row[1] or 0) + 1
+    moved = row[0] != cwd
     values: dict[str, Any] = {"cwd": cwd}
     for name, value in (("git_branch", git_branch), ("git_repo_root", git_repo_root)):
-        if value:
-            values[name] = value
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{name} must be a string or None, not {type(value).__name__}")
+        if value or replace_git_meta or moved:
+            values[name] = value or None
     _set_columns(conn, session_id, values)
+    conn.execute("UPDATE sessions SET git_metadata_generation = ? WHERE id = ?", (generation, session_id))
+    return generation
+
+
+def publish_session_git_metadata(conn: sqlite3.Connection, session_id: str, cwd: str, generation: int,
+                                 git_branch: str | None = None, git_repo_root: str | None = None) -> bool:
+    """Write a git probe's branch/root only while `cwd` and `generation` are still the session's; True when written.
+
+    Empty values are not written; nothing to write, a newer claim or an unknown session answer False.
+    """
+    if not isinstance(generation, int) or isinstance(generation, bool):
+        raise ValueError(f"generation must be an int (update_session_cwd's answer), not {type(generation).__name__}")
+    values = {}
+    for name, value in (("git_branch", git_branch), ("git_repo_root", git_repo_root)):
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{name} must be a string or None, not {type(value).__name__}")
+        if value:
+            values[name] = replace_surrogates(value)
+    if not values or not isinstance(cwd, str):
+        return False
+    return conn.execute(f"UPDATE sessions SET {', '.join(f'{n} = ?' for n in values)} WHERE id = ? AND cwd = ? "
+                        "AND git_metadata_generation = ?",
+                        [*values.values(), session_id, replace_surrogates(cwd), generation]).rowcount > 0
 
 
 def _set_columns(conn: sqlite3.Connection, session_id: str, columns: dict[str, Any]) -> None:
@@ -623,13 +770,30 @@ def session_filters(alias: str = "", *, source: Any = None, exclude_sources: Any
     return where, params
 
 
-def session_count(conn: sqlite3.Connection, source: str | None = None, cwd_prefix: str | None = None,
-                  min_message_count: int = 0, include_archived: bool = False, archived_only: bool = False,
-                  exclude_children: bool = False, exclude_sources: list[str] | None = None) -> int:
-    """Return how many sessions match: archived ones only when asked, children left out when asked."""
+def source_list(sources: Any) -> list[str] | None:
+    """Return `sources` (several sources, any of which matches) checked; None or [] means no such filter."""
+    if sources is None:
+        return None
+    if isinstance(sources, (str, bytes)) or not isinstance(sources, (list, tuple, set, frozenset)):
+        raise ValueError(f"sources must be a list of source names, not {type(sources).__name__}")
+    return [check_id("sources", s) for s in sources] or None
+
+
+def session_count(conn: sqlite3.Connection, source: str | None = None, sources: list[str] | None = None,
+                  cwd_prefix: str | None = None, min_message_count: int = 0, include_archived: bool = False,
+                  archived_only: bool = False, exclude_children: bool = False,
+                  exclude_sources: list[str] | None = None) -> int:
+    """Return how many sessions match: archived ones only when asked, children left out when asked.
+
+    `sources` counts sessions of any of those sources; `source`, when given too, wins.
+    """
+    several = source_list(sources)
     where, params = session_filters(source=source, exclude_sources=exclude_sources, cwd_prefix=cwd_prefix,
                                     min_message_count=min_message_count, include_archived=include_archived,
                                     archived_only=archived_only)
+    if several is not None and source is None:
+        where.append(f"source IN ({', '.join('?' * len(several))})")
+        params += several
     if exclude_children:
         where.append("parent_session_id IS NULL")
     if where == session_filters()[0]:
@@ -640,3 +804,254 @@ def session_count(conn: sqlite3.Connection, source: str | None = None, cwd_prefi
     else:
         sql = "SELECT COUNT(*) FROM sessions" + (" WHERE " + " AND ".join(where) if where else "")
     return conn.execute(sql, params).fetchone()[0]
+
+
+# --- hermes-agent 0.20.1: pin, hide, read, stale archive, activity labels, model_config helpers --------
+# Each keeps its state in the column hermes-agent 0.20 uses, with its meaning, so both programs
+# read what the other wrote. Pin, hide and read flip a whole compression chain: whichever part a
+# caller holds, the conversation is one.
+
+def _flip_chain(conn: sqlite3.Connection, session_id: Any, assignment: str, value: Any) -> bool:
+    # True when the session exists (its chain's rows are set, changed or not), as hermes-agent answers.
+    if not isinstance(session_id, str):
+        return False
+    chain = lineage.compression_chain_ids(conn, session_id)
+    if not chain:
+        return False
+    conn.execute(f"UPDATE sessions SET {assignment} WHERE id IN (SELECT value FROM json_each(?))",
+                 (value, json.dumps(chain)))
+    return True
+
+
+def set_session_pinned(conn: sqlite3.Connection, session_id: str, pinned: bool) -> bool:
+    """Pin or unpin the session's whole compression chain (pinned ones are never idle-archived); False when unknown."""
+    return _flip_chain(conn, session_id, "pinned = ?", _CHECK["pinned"](pinned))
+
+
+def set_session_hidden(conn: sqlite3.Connection, session_id: str, hidden: bool) -> bool:
+    """Hide or show the session's whole compression chain in the default rich listing; False when unknown."""
+    return _flip_chain(conn, session_id, "hidden = ?", _CHECK["hidden"](hidden))
+
+
+def set_session_read(conn: sqlite3.Connection, session_id: str, read: bool = True, *, now: float | None = None) -> bool:
+    """Mark the session's whole compression chain read now (or, `read=False`, unread); False when unknown.
+
+    `last_read_at` is a watermark: activity after it makes the conversation unread again. 0
+    means marked unread; NULL (never tracked) counts as read.
+    """
+    mark = time.time() if now is None else now
+    return _flip_chain(conn, session_id, "last_read_at = ?", mark if _CHECK["hidden"](read) else 0.0)
+
+
+def session_unread(session_row: dict[str, Any]) -> bool:
+    """Tell whether a row's `last_active` (else `started_at`) is after its `last_read_at` mark (None: read)."""
+    mark = session_row.get("last_read_at")
+    if mark is None:
+        return False  # never tracked: read
+    active = session_row.get("last_active")
+    if active is None:
+        active = session_row.get("started_at")
+    if active is None:
+        return False
+    return float(active) > float(mark)
+
+
+class ActivityProvenance(str, Enum):
+    """Where a session's activity stamp came from (`sessions.last_activity_provenance`)."""
+
+    UNKNOWN = "unknown"
+    AGENT_COMPRESSION = "agent.compression"
+    AGENT_COMPRESSION_TIMEOUT = "agent.compression_timeout"
+    AGENT_COMPRESSION_COOLDOWN = "agent.compression_cooldown"
+
+
+# A label is one line a status bar shows: longer ones are cut to this many characters, "…" last.
+ACTIVITY_DESCRIPTION_CHARS = 120
+_PROVENANCES = frozenset(p.value for p in ActivityProvenance)
+
+
+def _activity_label(description: Any) -> str:
+    if description is None:
+        return ""
+    if not isinstance(description, str):
+        raise ValueError(f"description must be a string or None, not {type(description).__name__}")
+    text = cast(str, replace_surrogates(description.strip()))
+    if len(text) > ACTIVITY_DESCRIPTION_CHARS:
+        text = text[:ACTIVITY_DESCRIPTION_CHARS - 1] + "…"
+    return text
+
+
+def touch_session_activity(conn: sqlite3.Connection, session_id: str, ts: float | None = None, *,
+                           description: str | None = None, provenance: ActivityProvenance | str | None = None,
+                           now: float | None = None) -> None:
+    """Stamp mid-turn activity at `ts` (now) with its labels; never moves the stamp back, unknown sessions no-op.
+
+    The labels are written with the stamp only when it advances: `description` stripped and cut
+    to 120 characters, `provenance` one of ActivityProvenance's values (anything else is "unknown").
+    """
+    stamp = check_number("ts", time.time() if now is None else now) if ts is None else _CHECK["last_activity_at"](ts)
+    label = _activity_label(description)
+    origin = provenance.value if isinstance(provenance, ActivityProvenance) else provenance
+    origin = origin if origin in _PROVENANCES else ActivityProvenance.UNKNOWN.value
+    if not isinstance(session_id, str) or not session_id:
+        return
+    conn.execute("UPDATE sessions SET last_activity_at = ?, last_activity_description = ?, "
+                 "last_activity_provenance = ? WHERE id = ? AND (last_activity_at IS NULL OR last_activity_at < ?)",
+                 (stamp, label, origin, session_id, stamp))
+
+
+def get_session_activity(conn: sqlite3.Connection, session_id: str, *,
+                         now: float | None = None) -> dict[str, Any] | None:
+    """Return the session's activity stamp and labels (with seconds since, and hermes-agent's alias keys), or None."""
+    row = conn.execute("SELECT last_activity_at, last_activity_description, last_activity_provenance FROM sessions "
+                       "WHERE id = ?", (session_id,)).fetchone()
+    if row is None:
+        return None
+    at, label = row[0], row[1] or ""
+    origin = row[2] if row[2] in _PROVENANCES else ActivityProvenance.UNKNOWN.value
+    since = None if at is None else round((time.time() if now is None else now) - at, 1)
+    return {"last_activity_at": at, "last_activity_description": label, "last_activity_provenance": origin,
+            "seconds_since_activity": since, "last_activity_ts": at, "last_activity_desc": label,
+            "description": label, "provenance": origin}
+
+
+def clear_session_activity_labels(conn: sqlite3.Connection, session_id: str) -> None:
+    """Clear the activity labels once a turn ends, keeping `last_activity_at`; unknown sessions no-op."""
+    conn.execute("UPDATE sessions SET last_activity_description = '', last_activity_provenance = ? WHERE id = ? "
+                 "AND (COALESCE(last_activity_description, '') != '' OR COALESCE(last_activity_provenance, ?) != ?)",
+                 (ActivityProvenance.UNKNOWN.value, session_id, ActivityProvenance.UNKNOWN.value,
+                  ActivityProvenance.UNKNOWN.value))
+
+
+# model_config keys hermes-agent 0.20 gives a meaning: the browser/API client's runtime lock, the
+# per-session approval bypass, the gateway's runtime route.
+RUNTIME_LOCK_KEY = "browser_model_lock"
+YOLO_KEY = "yolo_mode"
+GATEWAY_RUNTIME_KEY = "gateway_runtime"
+_ROUTE_KEYS = ("provider", "base_url", "api_mode")
+
+
+def _parsed_config(value: Any) -> dict[str, Any]:
+    # A row's model_config as a dict: parsed from its JSON text, {} for anything else.
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return {}
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _model_config_of(conn: sqlite3.Connection, session_id: str) -> dict[str, Any]:
+    row = conn.execute("SELECT model_config FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    if row is None:
+        raise SessionNotFoundError(f"session {session_id!r} not found")
+    return _parsed_config(row[0])
+
+
+def _model_config_text(config: dict[str, Any]) -> str | None:
+    return cast(str, encode_json(config, "model_config")) if config else None
+
+
+def patch_session_model_config(conn: sqlite3.Connection, session_id: str, patch: dict[str, Any]) -> None:
+    """Merge `patch` into the session's model_config (a None value removes the key); non-object text is replaced."""
+    if patch is None:
+        patch = {}
+    if not isinstance(patch, dict):
+        raise ValueError(f"patch must be a dict, not {type(patch).__name__}")
+    config = _model_config_of(conn, session_id)
+    if not patch:
+        return
+    for key, value in patch.items():
+        if value is None:
+            config.pop(str(key), None)
+        else:
+            config[str(key)] = value
+    _set_columns(conn, session_id, {"model_config": _model_config_text(config)})
+
+
+def get_session_model_config_value(conn: sqlite3.Connection, session_id: str, key: str, default: Any = None) -> Any:
+    """Return one key of the session's model_config; `default` when absent, unparsable or the session unknown."""
+    row = conn.execute("SELECT model_config FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    config = _parsed_config(None if row is None else row[0])
+    return config[key] if isinstance(key, str) and key in config else default
+
+
+def set_session_yolo(conn: sqlite3.Connection, session_id: str, enabled: bool) -> None:
+    """Store the session's approval bypass (`yolo_mode` in model_config); an unknown session is a no-op."""
+    flag = bool(_CHECK["pinned"](enabled))
+    if session_exists(conn, session_id):
+        patch_session_model_config(conn, session_id, {YOLO_KEY: flag})
+
+
+def update_session_runtime_lock(conn: sqlite3.Connection, session_id: str, *, model: str | None = None,
+                                provider: str | None = None, model_options: dict[str, Any] | None = None,
+                                route_source: str | None = None, confirmed: bool = False,
+                                now: float | None = None) -> None:
+    """Store a browser/API client's runtime lock in model_config (other keys kept); set the model when given.
+
+    The system prompt is cleared, since it names the model and provider.
+    """
+    for name, value in (("model", model), ("provider", provider), ("route_source", route_source)):
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{name} must be a string or None, not {type(value).__name__}")
+    if model_options is not None and not isinstance(model_options, dict):
+        raise ValueError(f"model_options must be a dict or None, not {type(model_options).__name__}")
+    config = _model_config_of(conn, session_id)
+    config[RUNTIME_LOCK_KEY] = {"provider": provider or "", "model": model or "", "model_options": model_options or {},
+                                "route_source": route_source or "", "confirmed": bool(confirmed),
+                                "updated_at": time.time() if now is None else now}
+    values: dict[str, Any] = {"model_config": _model_config_text(config), "system_prompt": None}
+    if model:
+        values["model"] = model
+    _set_columns(conn, session_id, values)
+
+
+def session_yolo_enabled(session_meta: dict[str, Any] | None) -> bool:
+    """Tell whether a session row has the approval bypass (`yolo_mode`) on; False on anything unreadable."""
+    if not isinstance(session_meta, dict):
+        return False
+    return bool(_parsed_config(session_meta.get("model_config")).get(YOLO_KEY))
+
+
+def session_gateway_runtime(session_meta: dict[str, Any] | None) -> dict[str, Any]:
+    """Return a session row's runtime route: gateway_runtime, else the route keys, else the billing provider."""
+    if not isinstance(session_meta, dict):
+        return {}
+    config = _parsed_config(session_meta.get("model_config"))
+    nested = config.get(GATEWAY_RUNTIME_KEY)
+    if isinstance(nested, dict) and nested.get("provider") is not None:
+        return {k: v for k, v in nested.items() if v is not None}
+    route = {k: config[k] for k in _ROUTE_KEYS if config.get(k)}
+    if route:
+        return route
+    billed = session_meta.get("billing_provider")
+    return {"provider": billed} if billed else {}
+
+
+def archive_stale_sessions(conn: sqlite3.Connection, idle_days: float | None, *, exclude_pinned: bool = True,
+                           now: float | None = None) -> int:
+    """Idle-archive each conversation untouched for `idle_days` (its whole chain); return how many conversations.
+
+    Touched is the latest of its activity stamp and newest message, else its start; only live
+    tips and standalone sessions are candidates, pinned ones left out unless `exclude_pinned`
+    is False. As `auto_archive`, the archive is the idle sweep's: resuming lifts it. No or a
+    negative `idle_days` archives nothing.
+    """
+    if idle_days is None:
+        return 0
+    if not is_finite(idle_days):
+        raise ValueError(f"idle_days must be a finite number of days, not {shown(idle_days)}")
+    if idle_days < 0:
+        return 0
+    cutoff = (time.time() if now is None else now) - idle_days * DAY_S
+    pinned = " AND COALESCE(s.pinned, 0) = 0" if exclude_pinned else ""
+    stale = [sid for (sid,) in conn.execute(
+        f"SELECT s.id FROM sessions s WHERE COALESCE(s.archived, 0) = 0{pinned} "
+        f"AND s.end_reason IS NOT '{lineage.COMPRESSION_END_REASON}' "
+        "AND MAX(COALESCE(s.last_activity_at, 0), COALESCE((SELECT MAX(m.timestamp) FROM messages m "
+        "WHERE m.session_id = s.id), s.started_at)) < ?", (cutoff,))]
+    for sid in stale:
+        chain = json.dumps(lineage.compression_chain_ids(conn, sid))
+        conn.execute("UPDATE sessions SET archived = 1, auto_archived = 1 WHERE COALESCE(archived, 0) = 0 "
+                     "AND id IN (SELECT value FROM json_each(?))", (chain,))
+    return len(stale)

@@ -122,9 +122,10 @@ def set_session_title(conn: sqlite3.Connection, session_id: str, title: str | No
     if holder is not None:
         if holder not in lineage.compression_ancestor_ids(conn, session_id):
             raise TitleConflictError(f"title {title!r} is already in use by session {holder!r}")
-        conn.execute("UPDATE sessions SET title = NULL WHERE id = ?", (holder,))
+        conn.execute("UPDATE sessions SET title = NULL, title_source = NULL WHERE id = ?", (holder,))
     try:
-        conn.execute("UPDATE sessions SET title = ? WHERE id = ?", (title, session_id))
+        conn.execute("UPDATE sessions SET title = ?, title_source = ? WHERE id = ?",
+                     (title, None if title is None else TITLE_SOURCE_USER, session_id))
     except sqlite3.IntegrityError as exc:
         # Only reachable when a writer outside BEGIN IMMEDIATE took the title between the
         # check and the update; the unique index is the final word.
@@ -143,8 +144,9 @@ def set_auto_title_if_empty(conn: sqlite3.Connection, session_id: str, title: st
     title = sanitize_title(title)
     if title is None or title_holder(conn, title, session_id) is not None:
         return False
-    return conn.execute("UPDATE sessions SET title = ? WHERE id = ? AND (title IS NULL OR title = '')",
-                        (title, session_id)).rowcount == 1
+    return conn.execute("UPDATE sessions SET title = ?, title_source = ? WHERE id = ? "
+                        "AND (title IS NULL OR title = '')",
+                        (title, TITLE_SOURCE_LLM, session_id)).rowcount == 1
 
 
 def get_session_by_title(conn: sqlite3.Connection, title: str | None) -> dict[str, Any] | None:
@@ -211,6 +213,56 @@ def get_next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
         if taken < number:
             return cut + suffix
         number = taken + 1
+
+
+# --- where a title came from (sessions.title_source, as hermes-agent 0.20 reads it) ---------------
+# A title the user gave outranks a model's, which outranks one derived from the text; a
+# generated title never replaces one of equal or higher rank. A title with no recorded source
+# was given before sources were recorded, by a user as far as anyone knows.
+TITLE_SOURCE_USER = "user"
+TITLE_SOURCE_LLM = "llm"
+TITLE_SOURCE_DERIVED = "derived"
+_TITLE_RANK = {TITLE_SOURCE_DERIVED: 1, TITLE_SOURCE_LLM: 2, TITLE_SOURCE_USER: 3}
+_AUTO_SOURCES = (TITLE_SOURCE_DERIVED, TITLE_SOURCE_LLM)
+
+
+def _rank(title: str | None, source: str | None) -> int:
+    if not title:
+        return 0
+    return _TITLE_RANK[TITLE_SOURCE_USER] if source is None else _TITLE_RANK.get(source, 0)
+
+
+def set_auto_title(conn: sqlite3.Connection, session_id: str, title: str | None, *, source: str) -> bool:
+    """Set a generated title ("derived" or "llm") unless one of equal or higher rank holds the row; True when written.
+
+    Cleaned like any title (too long: ValueError); a title another session holds raises
+    TitleConflictError; an unknown session answers False. A title that cleans to nothing clears
+    a lower-ranked one, as hermes-agent does. Any other `source` is a ValueError.
+    """
+    if source not in _AUTO_SOURCES:
+        raise ValueError(f"invalid automatic title source: {source!r} (one of {', '.join(_AUTO_SOURCES)})")
+    title = sanitize_title(title)
+    row = conn.execute("SELECT title, title_source FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    if row is None or _rank(row[0], row[1]) >= _TITLE_RANK[source]:
+        return False
+    check_title_free(conn, title, session_id)
+    conn.execute("UPDATE sessions SET title = ?, title_source = ? WHERE id = ?",
+                 (title, None if title is None else source, session_id))
+    return True
+
+
+def get_session_title_source(conn: sqlite3.Connection, session_id: str) -> str | None:
+    """Return where the session's title came from ("user", "llm", "derived"); None when untitled or unknown."""
+    row = conn.execute("SELECT title_source FROM sessions WHERE id = ? AND title IS NOT NULL", (session_id,)).fetchone()
+    return None if row is None else row[0]
+
+
+def set_session_title_source(conn: sqlite3.Connection, session_id: str, source: str) -> bool:
+    """Record where the session's title came from, the title left as it is; False when untitled or unknown."""
+    if source not in _TITLE_RANK:
+        raise ValueError(f"invalid title source: {source!r} (one of {', '.join(_TITLE_RANK)})")
+    return conn.execute("UPDATE sessions SET title_source = ? WHERE id = ? AND title IS NOT NULL",
+                        (source, session_id)).rowcount > 0
 
 
 TITLE_INDEX = "idx_sessions_title_unique"

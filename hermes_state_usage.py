@@ -11,10 +11,18 @@ Transaction contract: read-only, one statement each, on the caller's connection.
 """
 from __future__ import annotations
 
+import os
 import sqlite3
+from pathlib import Path
 from typing import Any, Iterable
 
+import hermes_state_fts_objects as fts_objects
+import hermes_state_schema as schema
+
 from hermes_state_common import check_count, check_id, check_number, row_dicts
+
+# How long the statistics probe waits for a lock before it reports a field as unknown.
+STATS_BUSY_S = 0.5
 
 # A period's label, from a session's start (local time): 2026-11-30, the Monday 2026-11-30, 2026-11.
 PERIODS = {
@@ -90,3 +98,85 @@ def largest_sessions(conn: sqlite3.Connection, limit: int = 10, *, sources: Any 
                    COALESCE(actual_cost_usd, estimated_cost_usd) AS cost_usd
               FROM sessions WHERE {where}
              ORDER BY total_tokens DESC, started_at DESC, id LIMIT ?""", (*params, limit)))
+
+
+def usage_totals(conn: sqlite3.Connection, *, min_message_count: int = 1,
+                 include_archived: bool = False) -> dict[str, float]:
+    """Return {"tokens", "cost_usd"} (input + output; billed cost, else the estimate) of sessions this large or larger."""
+    where = "COALESCE(message_count, 0) >= ?" + ("" if include_archived else " AND COALESCE(archived, 0) = 0")
+    tokens, cost = conn.execute(
+        "SELECT COALESCE(SUM(COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0)), 0), "
+        f"COALESCE(SUM(COALESCE(actual_cost_usd, estimated_cost_usd, 0)), 0.0) FROM sessions WHERE {where}",
+        (check_count("min_message_count", min_message_count),)).fetchone()
+    return {"tokens": tokens, "cost_usd": float(cost)}
+
+
+def _stat_value(conn: sqlite3.Connection, sql: str) -> Any:
+    try:
+        row = conn.execute(sql).fetchone()
+    except sqlite3.Error:
+        return None
+    return None if row is None else row[0]
+
+
+def _meta_int(conn: sqlite3.Connection, key: str) -> int | None:
+    value = _stat_value(conn, f"SELECT value FROM state_meta WHERE key = '{key}'")
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def collect_state_db_stats(db_path: str | os.PathLike) -> dict[str, Any]:
+    """Return a read-only snapshot of a database file's sizes, counts and full-text state; never raises, never writes.
+
+    Keys (each None when it cannot be read): page_count, page_size, freelist_count,
+    logical_size_bytes, wal_size_bytes (0 without a -wal), journal_mode, messages, sessions,
+    fts_tables ({table: present} for the word, trigram and CJK indexes), fts_storage_version,
+    fts_rebuild_pending, fts_rebuild_high_water, fts_rebuild_progress. The file is opened
+    read-only without the library's schema work, so a live store held by a gateway can be probed.
+    """
+    stats: dict[str, Any] = dict.fromkeys((
+        "page_count", "page_size", "freelist_count", "logical_size_bytes", "wal_size_bytes", "journal_mode",
+        "messages", "sessions", "fts_tables", "fts_storage_version", "fts_rebuild_pending",
+        "fts_rebuild_high_water", "fts_rebuild_progress"))
+    try:
+        stats["wal_size_bytes"] = os.stat(os.fspath(db_path) + "-wal").st_size
+    except FileNotFoundError:
+        stats["wal_size_bytes"] = 0
+    except (OSError, TypeError, ValueError):
+        pass
+    try:
+        conn = schema.connect(Path(db_path), read_only=True, read_busy_s=STATS_BUSY_S)
+    except (sqlite3.Error, OSError, TypeError, ValueError):
+        return stats
+    try:
+        for name in ("page_count", "page_size", "freelist_count", "journal_mode"):
+            stats[name] = _stat_value(conn, f"PRAGMA {name}")
+        if stats["page_count"] is not None and stats["page_size"] is not None:
+            stats["logical_size_bytes"] = stats["page_count"] * stats["page_size"]
+        for table in ("messages", "sessions"):
+            stats[table] = _stat_value(conn, f"SELECT COUNT(*) FROM {table}")
+        try:
+            present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            stats["fts_tables"] = {table: table in present for table in (fts_objects.WORD, fts_objects.TRIGRAM,
+                                                                         fts_objects.CJK)}
+        except sqlite3.Error:
+            pass
+        stats["fts_storage_version"] = _meta_int(conn, "fts_storage_version")
+        high, done = _meta_int(conn, fts_objects.HIGH_WATER), _meta_int(conn, fts_objects.PROGRESS)
+        stats["fts_rebuild_high_water"], stats["fts_rebuild_progress"] = high, done
+        stats["fts_rebuild_pending"] = high is not None and (done is None or done < high)
+    finally:
+        conn.close()
+    return stats
+
+
+def logical_size_bytes(conn: sqlite3.Connection) -> int | None:
+    """Return the database's size as SQLite counts it (pages times page size), or None if it cannot say."""
+    try:
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+    except sqlite3.Error:
+        return None
+    return pages * size

@@ -343,6 +343,8 @@ DECLARED_UNKNOWN: dict[str, Any] = {
     # hermes-agent 0.20.1: transcript, turn leases and compression
     "find_live_compression_child": None, "get_active_message_watermark": 0, "get_compression_ineffective_count": 0,
 }
+# hermes-agent 0.20.1's session-row reads.
+DECLARED_UNKNOWN.update(dict.fromkeys(["get_session_activity", "get_session_title_source", "get_session_rich_row"], None))
 # Reads by id whose answer for an unknown key is a value no return type implies (an Entry's `unknown=`).
 ENTRY_UNKNOWN = {"get_messages_around": {"window": [], "messages_before": 0, "messages_after": 0},
                  "get_anchored_view": {"window": [], "messages_before": 0, "messages_after": 0,
@@ -350,6 +352,7 @@ ENTRY_UNKNOWN = {"get_messages_around": {"window": [], "messages_before": 0, "me
                  # hermes-agent 0.20.1: transcript, turn leases and compression
                  "get_compression_failure_cooldown_row": {"session_exists": False, "cooldown_until": None,
                                                           "error": None}}
+ENTRY_UNKNOWN["get_session_model_config_value"] = None  # hermes-agent 0.20.1: the caller's default, else None
 # The reads the module function answers in full (listings, counts and searches over filters): no
 # answer of their own, so text SQLite cannot store goes to the function as it is.
 ANSWERS_ITSELF = {"distinct_session_cwds", "session_count", "get_next_title_in_lineage", "list_sessions",
@@ -358,6 +361,16 @@ ANSWERS_ITSELF = {"distinct_session_cwds", "session_count", "get_next_title_in_l
                   "get_runtime", "backup", "list_prune_candidates", "count_empty_sessions",
                   "list_pending_handoffs", "load_gateway_routing_entries",
                   "session_ids_with_prefix", "usage", "largest_sessions", "stored_names"}
+# hermes-agent 0.20.1: gateway hygiene, counts, statistics, deletion, size guards.
+DECLARED_UNKNOWN.update({"get_dominant_session_model_route": None, "get_session_delete_targets": [],
+                         "assert_export_safe": 0, "assert_resume_safe": 0, "get_resume_message_count": 0})
+ANSWERS_ITSELF |= {"session_count_by_source", "session_count_ge", "session_lifecycle_statuses", "usage_totals",
+                   "logical_size_bytes", "count_open_prune_matches", "list_meta_prefix"}
+# hermes-agent 0.20.1: messages, reactions and lookups.
+DECLARED_UNKNOWN.update({"get_message_role": None, "latest_message_row_id": None, "latest_user_message_row_id": None,
+                         "get_message_reactions": []})
+ENTRY_UNKNOWN["get_first_assistant_text"] = ""
+ANSWERS_ITSELF |= {"find_pr_url_messages", "list_skill_scaffolded_sessions"}
 
 
 def test_each_lookup_answers_an_unknown_key_as_the_table_declared_it():
@@ -435,7 +448,8 @@ def test_the_packed_parameter_is_the_one_the_module_function_annotates_keywords(
     from hermes_state_table import Entry, keywords_parameter
     packed = {name: entry.pack for name, entry in _table().items() if entry.pack}
     assert packed == {"update_session": "columns", "rotate_session": "child_columns", "list_prune_candidates": "filters",
-                      "archive_sessions": "filters", "prune_sessions": "filters"}
+                      "archive_sessions": "filters", "prune_sessions": "filters",
+                      "count_open_prune_matches": "filters"}
     for name, parameter in packed.items():
         shown = list(inspect.signature(getattr(SessionDB, name)).parameters.values())
         assert shown[-1].name == parameter and shown[-1].kind is inspect.Parameter.VAR_KEYWORD, name

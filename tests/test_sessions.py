@@ -893,11 +893,15 @@ def test_system_prompt_model_and_workspace_updates(db, rival):
     db.create_session("s", "cli", model="first")
     db.update_system_prompt("s", "You are helpful.")
     db.update_session_model("s", "second")
-    db.update_session_cwd("s", "/work/repo/src", git_branch="main", git_repo_root="/work/repo")
-    db.update_session_cwd("s", "/work/repo", git_branch="", git_repo_root="")  # a failed probe erases nothing
+    assert db.update_session_cwd("s", "/work/repo/src", git_branch="main", git_repo_root="/work/repo") == 1
+    assert db.update_session_cwd("s", "/work/repo/src", git_branch="", git_repo_root="") == 2  # a failed probe erases nothing
     r = row(rival, "s")
+    # The prompt names the model, so a switch clears it for the next turn to rebuild.
     assert (r["system_prompt"], r["model"], r["cwd"], r["git_branch"], r["git_repo_root"]) == \
-        ("You are helpful.", "second", "/work/repo", "main", "/work/repo")
+        (None, "second", "/work/repo/src", "main", "/work/repo")
+    db.update_session_cwd("s", "/work/other")  # another directory: the old one's git facts do not apply
+    r = row(rival, "s")
+    assert (r["cwd"], r["git_branch"], r["git_repo_root"], r["git_metadata_generation"]) == ("/work/other", None, None, 3)
     for call_ in (lambda: db.update_system_prompt("ghost", "x"), lambda: db.update_session_model("ghost", "m"),
                   lambda: db.update_session_cwd("ghost", "/x")):
         with pytest.raises(SessionNotFoundError):
