@@ -5,17 +5,25 @@ Owns: which characters are CJK letters (`CJK_CHARS`, `CJK_RUN`), the index text 
 for a query term (`cjk_query_text`), and `hermes_cjk_terms(content, tool_calls)`, the SQL function
 the CJK index is fed through (`register_functions`); `fold_text`, unicode61's case and accent
 folding, as the SQL function `hermes_fold` that scans of rows not indexed yet match through.
+Also what the library needs to know of hermes-agent's own CJK index (an FTS5 table with the native
+`cjk_unicode61` tokenizer): finding it and its triggers, loading the agent's extension into a
+connection, and dropping those triggers where it cannot be loaded (`agent_cjk_objects`,
+`load_agent_tokenizer`, `drop_agent_triggers`).
 Does not own: the FTS tables, triggers and queue that use it (hermes_state_fts).
 
-Transaction contract: none; pure text functions. The SQL functions never raise, since they run
-inside triggers and searches where an exception would fail the caller's write or read; SQL calls
-them through `terms_sql` and `fold_sql`, which hand them text as bytes (see `register_functions`).
+Transaction contract: the text functions touch no connection. The SQL functions never raise, since
+they run inside triggers and searches where an exception would fail the caller's write or read; SQL
+calls them through `terms_sql` and `fold_sql`, which hand them text as bytes (see
+`register_functions`). `drop_agent_triggers` runs inside the caller's write transaction; the other
+agent helpers only read the catalogue.
 """
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 import unicodedata
+from pathlib import Path
 
 from hermes_state_common import LENIENT_TEXT, logger
 
@@ -139,3 +147,92 @@ def register_functions(conn: sqlite3.Connection) -> None:
     """
     conn.create_function("hermes_cjk_terms", 2, cjk_terms, deterministic=True)
     conn.create_function("hermes_fold", 1, fold_text, deterministic=True)
+
+
+# --- hermes-agent's own CJK index, fed by its native tokenizer ----------------------------------------
+#
+# hermes-agent (0.20 on) may keep an FTS5 table with the tokenizer `cjk_unicode61`, which a native
+# SQLite extension in its home provides, plus triggers on `messages` that feed it. Any connection
+# writing a message row runs those triggers, and fails ("no such tokenizer") unless it has the
+# tokenizer. The library never reads that table; it only has to keep the agent's triggers
+# working, or, where it cannot, do what the agent does on a host without the extension.
+
+AGENT_TOKENIZER = "cjk_unicode61"
+# Where hermes-agent keeps the extension: `lib/` of the home that holds the database file.
+AGENT_EXTENSION = ("lib", "libfts5_cjk.so")
+# The agent's own flag: its index misses rows, and its `hermes sessions optimize-storage` rebuilds it.
+CJK_STALE_KEY = "fts_cjk_stale"
+_TOKENIZE_OPTION = re.compile(rf"""tokenize\s*=\s*['"]?\s*{AGENT_TOKENIZER}\b""", re.IGNORECASE)
+
+
+def agent_extension_path(db_path: str | os.PathLike[str]) -> Path:
+    """Return where hermes-agent keeps its CJK tokenizer for the database file at `db_path`."""
+    return Path(os.path.abspath(db_path)).parent.joinpath(*AGENT_EXTENSION)
+
+
+def agent_cjk_objects(conn: sqlite3.Connection) -> tuple[list[str], list[str]]:
+    """Return (tables, triggers): the FTS5 tables that need `cjk_unicode61`, and the triggers that write them.
+
+    Read from the catalogue only (the tables themselves are never opened); on a file without
+    such a table it is one query that finds nothing.
+    """
+    tables = [name for name, sql in conn.execute(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND sql LIKE 'CREATE VIRTUAL TABLE%' "
+        f"AND sql LIKE '%{AGENT_TOKENIZER}%'") if _TOKENIZE_OPTION.search(sql or "")]
+    if not tables:
+        return [], []
+    # A name between non-identifier characters: `messages_fts_cjk` is not `messages_fts_cjk_pending`.
+    named = re.compile("|".join(rf"(?<![\w$]){re.escape(t)}(?![\w$])" for t in tables), re.IGNORECASE)
+    triggers = [name for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'")
+                if named.search(sql or "")]
+    return tables, triggers
+
+
+def _untrusted(path: Path) -> str | None:
+    # A library must not run code that someone else could have put there: the file and its folder
+    # must belong to this user (or root) and be writable by nobody else.
+    for item in (path.parent, path):
+        info = item.stat()
+        if info.st_uid not in (os.getuid(), 0) or info.st_mode & 0o022:
+            return f"{item} is writable by, or belongs to, another user"
+    return None
+
+
+def load_agent_tokenizer(conn: sqlite3.Connection, path: Path) -> str | None:
+    """Load hermes-agent's tokenizer extension at `path` into `conn`; return why it could not be, or None once loaded."""
+    enable = getattr(conn, "enable_load_extension", None)
+    if enable is None:
+        return "this Python's sqlite3 module cannot load SQLite extensions"
+    try:
+        reason = _untrusted(path)
+    except OSError as exc:
+        return f"{path}: {exc.strerror or exc}"
+    if reason is not None:
+        return reason
+    enable(True)
+    try:
+        conn.load_extension(str(path))
+    except sqlite3.Error as exc:
+        return f"{path}: {exc}"
+    finally:
+        enable(False)  # SQL can never load anything itself
+    return None
+
+
+def drop_agent_triggers(conn: sqlite3.Connection, triggers: list[str]) -> None:
+    """Drop the agent's CJK triggers and mark its CJK index stale, as hermes-agent does (inside the caller's write transaction)."""
+    for name in triggers:
+        conn.execute(f'DROP TRIGGER IF EXISTS "{name}"')
+    conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (CJK_STALE_KEY,))
+
+
+def lacks_agent_tokenizer(exc: BaseException) -> bool:
+    """Tell whether `exc` (or what it was raised from) is SQLite missing hermes-agent's CJK tokenizer."""
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            return False
+        if isinstance(seen, sqlite3.OperationalError) and f"no such tokenizer: {AGENT_TOKENIZER}" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

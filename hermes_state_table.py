@@ -761,10 +761,33 @@ class Handle(metaclass=Knobs):
         # The guard and the retry sit beside the message rows; compression's code runs only when
         # another holder is compressing the session (the wait, holding no lock). `holder` is the
         # caller's own compression lock, which lets its writes through.
-        return messages.write_transcript(
-            lambda: self._write(self.transcript_write_patience_s, checked=True), session_id, body,
-            lambda: compression.wait_for_compression(self._read, session_id, holder=holder,
-                                                     timeout_s=self.compression_wait_s), holder)
+        def write() -> Any:
+            return messages.write_transcript(
+                lambda: self._write(self.transcript_write_patience_s, checked=True), session_id, body,
+                lambda: compression.wait_for_compression(self._read, session_id, holder=holder,
+                                                         timeout_s=self.compression_wait_s), holder)
+        try:
+            return write()
+        except sqlite3.OperationalError as exc:
+            self._serve_agent_cjk(exc)
+        return write()
+
+    def _serve_agent_cjk(self, exc: sqlite3.OperationalError) -> None:
+        # hermes-agent can add its CJK index (and triggers needing its native tokenizer) while this
+        # handle is open. The write that met them failed whole and was rolled back, so once this
+        # connection can run them (or they are dropped, as the agent itself does where it cannot)
+        # the caller makes it once more. Anything else, or a write inside the caller's own open
+        # transaction (which only the caller can make again), is raised.
+        import hermes_state_cjk as cjk  # here: only a failed write needs it
+        if not cjk.lacks_agent_tokenizer(exc):
+            raise exc
+        if self._writer.in_transaction_here():
+            raise SessionPersistenceError(
+                f"{self.db_path}: hermes-agent added its CJK index while this transaction was open, and its "
+                "triggers need a tokenizer this connection did not have; run the transaction again",
+                "session_persistence_failed:agent_cjk") from exc
+        upgrade.serve_agent_cjk(self._writer.conn, self.db_path, self.write_patience_s, self._policy(),
+                                writer=self._writer)
 
     @contextmanager
     def _read(self, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
@@ -790,6 +813,11 @@ class Handle(metaclass=Knobs):
             return self._transcript_write(entry.key(args, kwargs), lambda conn: entry.function(conn, *args, **kwargs),
                                           entry.holder(args, kwargs))
         patience = getattr(self, self._PATIENCE[entry.kind]) if entry.kind in self._PATIENCE else None
+        try:
+            with self._write(patience) as conn:
+                return entry.function(Transaction(self._writer) if entry.txn else conn, *args, **kwargs)
+        except sqlite3.OperationalError as exc:
+            self._serve_agent_cjk(exc)  # raises anything but the agent's CJK tokenizer missing
         with self._write(patience) as conn:
             return entry.function(Transaction(self._writer) if entry.txn else conn, *args, **kwargs)
 

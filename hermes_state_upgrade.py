@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import hermes_state_catalogue as catalogue
+import hermes_state_cjk as cjk
 import hermes_state_fork as fork
 import hermes_state_fts as fts
 import hermes_state_recovery as recovery
@@ -304,6 +305,8 @@ def open_connection(path: Path, *, read_only: bool, read_busy_s: float, patience
                 changes = schema.tighten_files(path)
                 catalogue.clean_partial_copies(path)  # a killed upgrade's half-written copy
                 tidy_upgrade_copies(conn, path)  # and its complete one, when its upgrade never began
+                # Before any write of this open (a migration step may update message rows).
+                serve_agent_cjk(conn, path, patience_s, policy, on_give_up=on_give_up)
                 if later_bytes is not None and _large_older_file(conn, path, later_bytes):
                     more = prepare_journal(conn, path, patience_s, policy)
                     opened = Opened(conn, schema.read_version(conn) or 0, None, changes + more, upgrade_later=True)
@@ -337,6 +340,36 @@ def set_up(conn: sqlite3.Connection, db_path: Path, patience_s: float, policy: R
     if found > SCHEMA_VERSION:
         logger.warning("%s has schema version %s, newer than %s: writes are refused", db_path, found, SCHEMA_VERSION)
     return max(found, SCHEMA_VERSION), copy, changes
+
+
+def serve_agent_cjk(conn: sqlite3.Connection, db_path: Path, patience_s: float, policy: RetryPolicy, *,
+                    writer: Writer | None = None, on_give_up: Callable[[float], None] | None = None) -> bool:
+    """Let a writable connection run hermes-agent's CJK triggers; return whether anything was done.
+
+    Nothing happens on a file without the agent's CJK index (one catalogue read). With one, the
+    agent's tokenizer extension is loaded from the home holding the file; where it cannot be,
+    the agent's CJK triggers are dropped and its index marked stale, in one write transaction,
+    as hermes-agent itself does on such a host, so message writes keep working. That transaction
+    goes through `writer` (the connection's own), else through a Writer made for it.
+    """
+    tables, triggers = cjk.agent_cjk_objects(conn)
+    if not triggers:
+        return False
+    path = cjk.agent_extension_path(db_path)
+    reason = cjk.load_agent_tokenizer(conn, path)
+    if reason is None:
+        logger.debug("loaded hermes-agent's %s tokenizer from %s", cjk.AGENT_TOKENIZER, path)
+        return True
+    with (writer or Writer(conn, on_give_up=on_give_up)).transaction(patience_s, policy):
+        tables, triggers = cjk.agent_cjk_objects(conn)  # again under the lock: another process may have acted
+        if triggers:
+            cjk.drop_agent_triggers(conn, triggers)
+    if triggers:
+        logger.warning("%s: hermes-agent's CJK index %s needs the %s tokenizer, which cannot be loaded here (%s); "
+                       "its triggers were dropped so message writes keep working, and it is marked stale. "
+                       "Run `hermes sessions optimize-storage` on a host with the extension to rebuild it.",
+                       db_path, ", ".join(tables), cjk.AGENT_TOKENIZER, reason)
+    return True
 
 
 def prepare_journal(conn: sqlite3.Connection, db_path: Path, patience_s: float, policy: RetryPolicy) -> list[str]:
