@@ -230,3 +230,230 @@ def test_the_agents_cjk_objects_are_found_by_their_tokenizer_not_their_names(tmp
         tables, triggers = cjk.agent_cjk_objects(conn)
     assert tables == ["messages_fts_cjk"]
     assert sorted(triggers) == AGENT_TRIGGER_NAMES
+
+
+# --- with the real programs, on Pythons that load extensions ------------------------------------------
+
+def _probe(python: Path, code: str) -> str:
+    proc = subprocess.run([str(python), "-c", code], capture_output=True, text=True, cwd="/",
+                          env=dict(os.environ, PYTHONPATH=""), timeout=60)
+    return proc.stdout.strip() if proc.returncode == 0 else f"failed: {(proc.stderr or proc.stdout).strip()[-300:]}"
+
+
+_LOADS = "import sqlite3; assert hasattr(sqlite3.Connection, 'enable_load_extension'), 'no load_extension'"
+
+
+def _find_native() -> tuple[tuple[Path, Path] | None, str]:
+    library, agent = os.environ.get("HERMES_STATE_NATIVE_PYTHON"), os.environ.get("HERMES_AGENT_020_NATIVE_PYTHON")
+    if not library or not agent:
+        return None, ("HERMES_STATE_NATIVE_PYTHON and HERMES_AGENT_020_NATIVE_PYTHON are not both set "
+                      "(see this file's docstring; .ci/run sets them)")
+    said = _probe(Path(library), f"{_LOADS}; import platformdirs; print('ok')")
+    if said != "ok":
+        return None, f"HERMES_STATE_NATIVE_PYTHON={library} cannot run this library with extensions: {said}"
+    said = _probe(Path(agent), f"{_LOADS}; import importlib.metadata as m; print(m.version('{AGENT_DIST}'))")
+    if said != AGENT_VERSION:
+        return None, f"HERMES_AGENT_020_NATIVE_PYTHON={agent} lacks {AGENT_DIST}=={AGENT_VERSION} with extensions: {said}"
+    if shutil.which("gcc") is None:
+        return None, "gcc is not installed: the test tokenizer cannot be built"
+    return (Path(library), Path(agent)), ""
+
+
+NATIVE, WHY_NOT_NATIVE = _find_native()  # no subprocess runs unless both variables are set
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """Return (library python, agent python, the test tokenizer built as libfts5_cjk.so)."""
+    if NATIVE is None:
+        if os.environ.get("HERMES_STATE_REQUIRE_AGENT"):
+            pytest.fail(f"HERMES_STATE_REQUIRE_AGENT is set but {WHY_NOT_NATIVE}")
+        pytest.skip(WHY_NOT_NATIVE)
+    built = tmp_path_factory.mktemp("tokenizer") / "libfts5_cjk.so"
+    proc = subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(built), str(TOKENIZER_SOURCE)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"building the test tokenizer failed:\n{proc.stderr[-2000:]}"
+    return NATIVE[0], NATIVE[1], built
+
+
+def _drive(python: Path, path: Path, ops: list, *, library: bool) -> tuple[list, str]:
+    # tests/hermes_agent_driver.py runs either program: with this checkout on PYTHONPATH its
+    # `import hermes_state` is the library, with an empty one it is the agent's own module.
+    env = dict(os.environ, HERMES_HOME=str(path.parent), PYTHONPATH=str(ROOT) if library else "")
+    proc = subprocess.run([str(python), str(DRIVER), str(path)], input=json.dumps(ops), capture_output=True,
+                          text=True, timeout=180, env=env, cwd=path.parent)
+    who = "hermes-state" if library else "hermes-agent"
+    assert proc.returncode == 0, f"{who} failed:\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout), proc.stderr
+
+
+# Run with the agent's tokenizer loaded: which rows its CJK index finds, and FTS5's own check of it.
+_CHECK = r"""
+import json, sqlite3, sys
+path, so, queries = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+conn = sqlite3.connect(path)
+conn.enable_load_extension(True)
+conn.load_extension(so)
+found = {q: [r[0] for r in conn.execute(
+    "SELECT rowid FROM messages_fts_cjk WHERE messages_fts_cjk MATCH ? ORDER BY rowid", ('"' + q + '"',))]
+    for q in queries}
+conn.execute("INSERT INTO messages_fts_cjk(messages_fts_cjk) VALUES ('integrity-check')")
+print(json.dumps(found))
+"""
+
+
+def agent_index(native, path: Path, *queries: str) -> dict[str, list[int]]:
+    """Return the rows the agent's own CJK index finds for each query; its integrity-check must pass."""
+    proc = subprocess.run([str(native[0]), "-c", _CHECK, str(path), str(native[2]), json.dumps(queries)],
+                          capture_output=True, text=True, timeout=60, cwd="/")
+    assert proc.returncode == 0, f"the agent's CJK index failed its check:\n{proc.stderr[-2000:]}"
+    return json.loads(proc.stdout)
+
+
+def ids_of(path: Path, session_id: str) -> list[int]:
+    with closing(sqlite3.connect(path)) as conn:
+        return [r[0] for r in conn.execute("SELECT id FROM messages WHERE session_id = ? ORDER BY id", (session_id,))]
+
+
+def _search(query: str) -> list:
+    return ["call", "search_messages", [query], {"limit": 100}, ["session_id"]]
+
+
+def _sessions(hits: list) -> list[str]:
+    return sorted({hit["session_id"] for hit in hits})
+
+
+@pytest.mark.hermes_agent
+def test_the_agents_cjk_index_takes_the_librarys_rows_and_survives_a_host_without_its_tokenizer(native, tmp_path):
+    library, agent = native[0], native[1]
+    home = tmp_path / "home"
+    (home / "lib").mkdir(parents=True)
+    so = home / "lib" / "libfts5_cjk.so"
+    shutil.copy(native[2], so)
+    path = home / "state.db"
+    _drive(agent, path, [["call", "create_session", ["agent-s", "cli"]],
+                         ["call", "append_message", ["agent-s", "user", "エージェントが東京で書いた"]]], library=False)
+    with closing(sqlite3.connect(path)) as conn:
+        declared = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'messages_fts_cjk'").fetchone()
+    assert declared is not None and "tokenize='cjk_unicode61'" in declared[0]
+
+    # The library writes with the agent's tokenizer loaded: inserts, and a delete.
+    _, said = _drive(library, path, [
+        ["call", "create_session", ["lib-s", "cli"]],
+        ["call", "append_message", ["lib-s", "user", "大阪の天気はどうですか"]],
+        ["call", "append_message", ["lib-s", "assistant", "大阪は晴れ、京都は雨です"]],
+        ["call", "create_session", ["lib-gone", "cli"]],
+        ["call", "append_message", ["lib-gone", "user", "消える大阪の行"]],
+        ["call", "delete_session", ["lib-gone"]],
+    ], library=True)
+    assert "cjk_unicode61" not in said, said
+    lib_rows = ids_of(path, "lib-s")
+    index = agent_index(native, path, "大阪", "京都", "東京")
+    assert index["大阪"] == lib_rows and index["京都"] == lib_rows[1:]
+    assert index["東京"] == ids_of(path, "agent-s")
+    assert stale_flag(path) is None and agent_triggers(path) == AGENT_TRIGGER_NAMES
+    found_by_agent, _ = _drive(agent, path, [_search("大阪"), _search("京都")], library=False)
+    assert [_sessions(hits) for hits in found_by_agent] == [["lib-s"], ["lib-s"]]
+
+    # A host without the extension: the library's writes go on, as the agent's own would.
+    so.rename(tmp_path / "elsewhere.so")
+    results, said = _drive(library, path, [
+        ["call", "append_message", ["lib-s", "user", "名古屋にも行きます"]],
+        _search("大阪"), _search("名古屋"), _search("東京"),
+    ], library=True)
+    assert [_sessions(hits) for hits in results[1:]] == [["lib-s"], ["lib-s"], ["agent-s"]]
+    assert agent_triggers(path) == [] and stale_flag(path) == "1"
+    assert said.count("hermes sessions optimize-storage") == 1, said
+    found_by_agent, _ = _drive(agent, path, [_search("名古屋")], library=False)
+    assert _sessions(found_by_agent[0]) == ["lib-s"]
+
+
+_HOLD = r"""
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from hermes_agent_driver import run
+from hermes_state import SessionDB
+from pathlib import Path
+path = Path(sys.argv[1])
+db = SessionDB(path)
+for line in sys.stdin:
+    print(json.dumps(run(db, path, json.loads(line)), ensure_ascii=False), flush=True)
+db.close()
+"""
+
+
+@pytest.mark.hermes_agent
+def test_a_library_handle_held_open_across_the_agents_start_feeds_its_new_cjk_index(native, tmp_path):
+    library, agent = native[0], native[1]
+    home = tmp_path / "home"
+    (home / "lib").mkdir(parents=True)
+    shutil.copy(native[2], home / "lib" / "libfts5_cjk.so")
+    path = home / "state.db"
+    errors = tmp_path / "library.err"
+    with open(errors, "w") as sink:  # a file, not a pipe: nothing it writes can block it
+        held = subprocess.Popen([str(library), "-c", _HOLD, str(path), str(DRIVER.parent)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=sink, text=True, cwd=home,
+                                env=dict(os.environ, HERMES_HOME=str(home), PYTHONPATH=str(ROOT)))
+
+    def ask(*ops: list) -> list:
+        assert held.stdin is not None and held.stdout is not None
+        held.stdin.write(json.dumps(ops) + "\n")
+        held.stdin.flush()
+        answer = held.stdout.readline()
+        assert answer, f"the library's process ended:\n{errors.read_text()[-3000:]}"
+        return json.loads(answer)
+
+    try:
+        ask(["call", "create_session", ["lib-s", "cli"]], ["call", "append_message", ["lib-s", "user", "最初の行"]])
+        _drive(agent, path, [["call", "append_message", ["lib-s", "user", "エージェントの行"]]], library=False)
+        with closing(sqlite3.connect(path)) as conn:  # the agent, with its extension, added its index
+            assert conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'messages_fts_cjk'").fetchone()
+        results = ask(["call", "append_message", ["lib-s", "user", "札幌の雪まつり"]], _search("札幌"))
+        assert _sessions(results[1]) == ["lib-s"]
+    finally:
+        if held.stdin is not None:
+            held.stdin.close()
+        held.wait(timeout=60)
+    assert held.returncode == 0, errors.read_text()[-3000:]
+    assert agent_index(native, path, "札幌")["札幌"] == [results[0]]
+    assert stale_flag(path) is None and agent_triggers(path) == AGENT_TRIGGER_NAMES
+
+
+_TRUST = r"""
+import json, os, shutil, sqlite3, sys
+import hermes_state_cjk as cjk
+from pathlib import Path
+good, scratch = Path(sys.argv[1]), Path(sys.argv[2])
+out = {}
+conn = sqlite3.connect(":memory:")
+out["own"] = cjk.load_agent_tokenizer(conn, good)
+conn.execute("CREATE VIRTUAL TABLE temp.probe USING fts5(x, tokenize='cjk_unicode61')")
+conn.execute("INSERT INTO probe VALUES ('札幌の雪')")
+out["works"] = conn.execute("SELECT count(*) FROM probe WHERE probe MATCH '札幌'").fetchone()[0]
+lib = scratch / "lib"
+lib.mkdir()
+shutil.copy(good, lib / "libfts5_cjk.so")
+os.chmod(lib / "libfts5_cjk.so", 0o666)
+out["file writable by others"] = cjk.load_agent_tokenizer(sqlite3.connect(":memory:"), lib / "libfts5_cjk.so")
+os.chmod(lib / "libfts5_cjk.so", 0o755)
+os.chmod(lib, 0o777)
+out["folder writable by others"] = cjk.load_agent_tokenizer(sqlite3.connect(":memory:"), lib / "libfts5_cjk.so")
+os.chmod(lib, 0o755)
+out["missing"] = cjk.load_agent_tokenizer(sqlite3.connect(":memory:"), good.parent / "missing.so")
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.hermes_agent
+def test_the_library_loads_the_agents_tokenizer_only_when_nobody_else_could_have_replaced_it(native, tmp_path):
+    home = tmp_path / "home"
+    (home / "lib").mkdir(parents=True)
+    shutil.copy(native[2], home / "lib" / "libfts5_cjk.so")
+    proc = subprocess.run([str(native[0]), "-c", _TRUST, str(home / "lib" / "libfts5_cjk.so"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, cwd="/", env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["own"] is None and out["works"] == 1
+    assert "writable by" in out["file writable by others"]
+    assert "writable by" in out["folder writable by others"]
+    assert "missing.so" in out["missing"]
