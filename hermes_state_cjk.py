@@ -19,6 +19,7 @@ agent helpers only read the catalogue.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import sqlite3
@@ -183,8 +184,10 @@ def agent_cjk_objects(conn: sqlite3.Connection) -> tuple[list[str], list[str]]:
         return [], []
     # A name between non-identifier characters: `messages_fts_cjk` is not `messages_fts_cjk_pending`.
     named = re.compile("|".join(rf"(?<![\w$]){re.escape(t)}(?![\w$])" for t in tables), re.IGNORECASE)
-    triggers = [name for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger'")
-                if named.search(sql or "")]
+    triggers = [name for name, sql in conn.execute(
+        "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND EXISTS "
+        "(SELECT 1 FROM json_each(?) WHERE instr(lower(sql), lower(value)))", (json.dumps(tables),))
+        if named.search(sql)]
     return tables, triggers
 
 
