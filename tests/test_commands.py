@@ -121,14 +121,14 @@ def test_writes_delete_prune_rename_and_doctor(filled):
 def test_doctor_catches_a_row_indexed_twice_and_says_what_sqlite_it_runs_on(filled):
     # What another program's FTS5 rebuild over a queue once left behind: a row in an index twice.
     conn = sqlite3.connect(filled / "state.db")
-    conn.execute("INSERT INTO hermes_fts_words(rowid, content, tool_name, tool_calls) "
+    conn.execute("INSERT INTO messages_fts(rowid, content, tool_name, tool_calls) "
                  "SELECT id, content, tool_name, tool_calls FROM messages ORDER BY id LIMIT 1")
     conn.commit()
     conn.close()
     report = json.loads(run(filled, "doctor", "--json").stdout)
     checks = {c["check"]: c for c in report["checks"]}
-    assert report["ok"] is False and checks["fts hermes_fts_words"]["ok"] is False
-    assert "fts rebuild" in checks["fts hermes_fts_words"]["detail"]
+    assert report["ok"] is False and checks["fts messages_fts"]["ok"] is False
+    assert "fts rebuild" in checks["fts messages_fts"]["detail"]
     assert checks["fts hermes_fts_substrings"]["ok"] is True
     assert checks["sqlite"]["ok"] is True and sqlite3.sqlite_version in checks["sqlite"]["detail"]
     assert checks["sqlite"].get("warn", False) is WAL_RESET_BUG  # said, with the remedy, yet no reason to exit 1

@@ -81,7 +81,7 @@ def test_delete_removes_every_row_of_the_session_and_keeps_the_rest(filled, riva
     assert rows_naming(rival, "b") == other_before
     assert rival.execute("SELECT parent_session_id FROM sessions WHERE id = 'a-child'").fetchone()[0] is None
     assert [r["session_id"] for r in db.search_messages("zebra")] == ["b"]   # FTS rows went with the messages
-    for table in ("hermes_fts_words", "hermes_fts_substrings"):
+    for table in ("messages_fts", "messages_fts_trigram", "hermes_fts_substrings"):
         rival.execute(f"INSERT INTO {table}({table}) VALUES ('integrity-check')")
     assert rival.execute("PRAGMA foreign_key_check").fetchall() == []
     assert rival.execute("PRAGMA integrity_check").fetchone()[0] == "ok"

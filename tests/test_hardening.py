@@ -180,7 +180,7 @@ def _damage_fts(db: SessionDB, where: str) -> None:
     raw = sqlite3.connect(db.db_path)
     # A fixed pattern, not random bytes: some random bytes decode as a huge size and make
     # SQLite fail for memory instead of reporting the damage.
-    raw.execute(f"UPDATE hermes_fts_words_data SET block = CAST(replace(hex(zeroblob(length(block))), '00', 'A5') "
+    raw.execute(f"UPDATE messages_fts_data SET block = CAST(replace(hex(zeroblob(length(block))), '00', 'A5') "
                 f"AS BLOB) WHERE {where}")
     raw.commit()
     raw.close()
