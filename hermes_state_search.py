@@ -350,10 +350,14 @@ class _Ask:
             found += _like(self.conn, (self.group,), self.filters, self.low, self.high, self.need, only_queued=True,
                            cut=self.cut)
         if self.state.queued:  # rows another handle has not indexed yet (at most a batch)
-            filters = self.filters.plus(_WIDE_ROW, []) if word else self.filters
-            found += _like(self.conn, (self.group,), filters, self.low, self.high, self.need, only_queued=True,
-                           cut=self.cut, queue=fts.PENDING)
+            found += self.queued(wide_only=word)
         return [(i, 0.0, None) for i in found]
+
+    def queued(self, *, wide_only: bool = False) -> list[int]:
+        """Return the ids of the writer's queued rows holding the terms as substrings (`wide_only`: rows with non-ASCII text)."""
+        filters = self.filters.plus(_WIDE_ROW, []) if wide_only else self.filters
+        return _like(self.conn, (self.group,), filters, self.low, self.high, self.need, only_queued=True,
+                     cut=self.cut, queue=fts.PENDING)
 
     def _in_agent_substrings(self, low: int, high: int) -> list[int] | None:
         """Return the ids of rows in [low, high] holding the terms, found through hermes-agent's substring index.
@@ -541,6 +545,7 @@ class _Route:
 # the query its empty answer is the answer: an absent word reads no text beyond its candidates.
 SUBSTRING_ROUTE = _Route("substring index", fts.TRIGRAM, lambda g: all(len(t.text) >= 3 for t in g.terms),
                          _substring_route, exact=lambda g: True)
+WORD_ROUTE = _Route("word index", fts.WORD, lambda g: not any(t.cjk for t in g.terms), _word_route, whole_words=True)
 # For terms of CJK letters only the bigram index is exact: its bigrams are exact substrings.
 CJK_ROUTE = _Route("cjk index", fts.CJK, lambda g: any(t.cjk for t in g.terms), _cjk_route,
                    exact=lambda g: all(t.cjk_letters for t in g.terms), whole_words=True)
@@ -551,7 +556,7 @@ ROUTES: tuple[_Route, ...] = (
     CJK_ROUTE,
     _Route("mixed split", fts.CJK, lambda g: any(t.cjk for t in g.terms) and not all(t.cjk for t in g.terms),
            _mixed_route, whole_words=True),
-    _Route("word index", fts.WORD, lambda g: not any(t.cjk for t in g.terms), _word_route, whole_words=True),
+    WORD_ROUTE,
     SUBSTRING_ROUTE,
     _Route("bounded scan", None, lambda g: True, _scan_route, exact=lambda g: True),
 )
@@ -565,11 +570,15 @@ def _answer(routes: tuple[_Route, ...], ask: _Ask, bare: _Ask | None = None) -> 
     """
     for route in routes:
         if route.applies(ask):
-            before = len(ask.refused)
+            before, cut = len(ask.refused), len(ask.cut)
             found = route.run(ask)
             answered = route.exact(ask.group) and len(ask.refused) == before  # a refusal is no answer
             if found or answered or (bare is not None and route.run(replace(bare, need=1))):
                 return route, found
+            # A route that gives no answer leaves no mark: whether the answer is exact is the
+            # answering route's to say (a later route matches pieces of text, so it finds every
+            # row an earlier one would, and marks its own scan if that stops early).
+            del ask.cut[cut:]
     raise AssertionError("a route table ends with a route that always applies and answers")
 
 
@@ -605,6 +614,10 @@ def _find_group(ask: _Ask) -> list[_Hit]:
         ranked = {i for i, score, _ in found if score < 0.0}
         if len(ranked) < ask.need:
             found += ask.substrings(ask.need - len(ranked), ranked)
+            if route is WORD_ROUTE and ask.state.queued:
+                # The word index holds the writer's queued rows already, so its route scanned only
+                # their non-ASCII ones; the substring index holds none of them yet.
+                found += [(i, 0.0, None) for i in ask.queued()]
     return found
 
 
