@@ -56,6 +56,7 @@ WORD_HIGH_WATER, WORD_PROGRESS = "fts_rebuild_high_water", "fts_rebuild_progress
 TRIGRAM, CJK, REASONING = NAMES.trigram, NAMES.cjk, NAMES.reasoning
 CJK_PENDING = NAMES.cjk_pending
 DOC_TRIGRAM = "messages_fts_trigram"  # the document's substring index (DOC_TRIGRAM_OBJECTS)
+AGENT_CJK = "messages_fts_cjk"  # the document's CJK index: hermes-agent's, with its native tokenizer
 FTS_TABLES = (WORD, DOC_TRIGRAM, TRIGRAM, CJK, REASONING)
 HIGH_WATER, PROGRESS = NAMES.high_water, NAMES.progress
 

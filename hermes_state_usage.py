@@ -159,12 +159,14 @@ def collect_state_db_stats(db_path: str | os.PathLike) -> dict[str, Any]:
             stats[table] = _stat_value(conn, f"SELECT COUNT(*) FROM {table}")
         try:
             present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            stats["fts_tables"] = {table: table in present for table in (fts_objects.WORD, fts_objects.TRIGRAM,
-                                                                         fts_objects.CJK)}
+            # The design document's indexes and markers, as hermes-agent reports them: the word and
+            # substring ones both programs share, the CJK one the agent's.
+            stats["fts_tables"] = {table: table in present for table in (fts_objects.WORD, fts_objects.DOC_TRIGRAM,
+                                                                         fts_objects.AGENT_CJK)}
         except sqlite3.Error:
             pass
         stats["fts_storage_version"] = _meta_int(conn, "fts_storage_version")
-        high, done = _meta_int(conn, fts_objects.HIGH_WATER), _meta_int(conn, fts_objects.PROGRESS)
+        high, done = _meta_int(conn, fts_objects.WORD_HIGH_WATER), _meta_int(conn, fts_objects.WORD_PROGRESS)
         stats["fts_rebuild_high_water"], stats["fts_rebuild_progress"] = high, done
         stats["fts_rebuild_pending"] = high is not None and (done is None or done < high)
     finally:
