@@ -40,7 +40,7 @@ from hermes_state_common import FTS_MERGE_EVERY_N_WRITES, FTS_OPTIMIZE_EVERY_N_W
 from hermes_state_query import _sanitize_fts5_query  # noqa: F401 - importable here, where callers know it
 from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import StateDbIncompatibleError
-from hermes_state_fts_objects import (AGENT_SUBSTRINGS, AGENT_TRIGRAM, CJK, CJK_PENDING,  # noqa: F401
+from hermes_state_fts_objects import (CJK, CJK_PENDING,  # noqa: F401
                                       CJK_TABLE_SQL, CONVERTIBLE_LAYOUTS, DRAIN_TRIGGER_SQL, FTS_OPTIONS,
                                       FTS_TABLES, HIGH_WATER, LEFTOVER_SUBSTRINGS, LEFTOVER_SUBSTRINGS_UPTO,
                                       LEGACY_KEYS, LEGACY_OBJECTS, LIBRARY_ONLY_NAMES, MERGE_PENDING, OBJECT_NAMES, OBJECTS,
@@ -75,7 +75,6 @@ class FtsState:
     cjk_pending: bool                 # rows wait in the CJK queue
     queued: bool = False              # rows wait in the writer's queue (not in the word, substring, reasoning indexes)
     merging: bool = False             # a finished rebuild's segments wait to be merged (read by `inspect` only)
-    agent_substrings: bool = False    # hermes-agent 0.19.0's substring index is there, kept by its triggers
     word_rebuild: tuple[int, int] | None = None  # (progress, high water) of the word index's rebuild under way
 
     @property
@@ -94,12 +93,10 @@ class _Catalogue:
     convertible: bool = False         # exactly an earlier layout that open moves in place (CONVERTIBLE_LAYOUTS)
     pending: bool = False             # the writer's queue table exists
     legacy: bool = False              # an earlier release's object is still under hermes-agent's names
-    agent_substrings: bool = False    # hermes-agent 0.19.0's substring index, exactly (AGENT_SUBSTRINGS)
     word: bool = False                # the document's word index and its three triggers, exactly
 
 
 _LEGACY = frozenset((kind, name, _normalized(sql)) for kind, name, sql in LEGACY_OBJECTS)
-_AGENT_SUBSTRINGS = frozenset((kind, name, _normalized(sql)) for kind, name, sql in AGENT_SUBSTRINGS)
 # Any of the library's own tables named in a trigger's SQL (the document's word index among them):
 # a trigger of another definition or name that writes them would index rows twice (hermes-agent's
 # triggers of the word index have the document's names, and its others never name them).
@@ -125,8 +122,8 @@ def _dependents(earlier: dict[str, tuple[str, str]], rest: list[tuple[str, str, 
 
 
 def _classify(rows: list[tuple[str, str, str | None]]
-              ) -> tuple[dict[str, str], dict[str, tuple[str, str]], set[tuple[str, str, str]], bool]:
-    """Sort the catalogue's full-text objects: (current by name, earlier releases' by name, hermes-agent's substring index, foreign).
+              ) -> tuple[dict[str, str], dict[str, tuple[str, str]], bool]:
+    """Sort the catalogue's full-text objects: (current by name, earlier releases' by name, foreign).
 
     Under hermes-agent's names, an object is an earlier release's when its SQL is exactly one
     of CONVERTIBLE_LAYOUTS, when it has a name no hermes-agent release uses (a queue, a source
@@ -148,19 +145,18 @@ def _classify(rows: list[tuple[str, str, str | None]]
         else:
             rest.append((kind, name, sql or ""))
     _dependents(earlier, rest)
-    agent = {(kind, name, _normalized(sql)) for kind, name, sql in rest if name not in earlier} & _AGENT_SUBSTRINGS
-    return current, earlier, agent, foreign
+    return current, earlier, foreign
 
 
 def _read_catalogue(conn: sqlite3.Connection) -> _Catalogue:
-    found, earlier, agent, foreign = _classify(conn.execute(_CATALOGUE_SQL).fetchall())
+    found, earlier, foreign = _classify(conn.execute(_CATALOGUE_SQL).fetchall())
     legacy = {(kind, name, _normalized(sql)) for name, (kind, sql) in earlier.items()}
     declared = not foreign and not legacy and all(found.get(name) == _normalized(sql) for _, name, sql in OBJECTS)
     convertible = not foreign and not found and any(
         legacy == {(kind, name, _normalized(sql)) for kind, name, sql in layout} for layout in CONVERTIBLE_LAYOUTS)
     word = all(found.get(name) == _normalized(sql) for _, name, sql in DOCUMENT_OBJECTS)
     return _Catalogue(declared, frozenset(t for t in FTS_TABLES if t in found), CJK_PENDING in found, convertible,
-                      PENDING in found, bool(legacy), agent == _AGENT_SUBSTRINGS, word)
+                      PENDING in found, bool(legacy), word)
 
 
 def _rebuild_range(high_water: str | None, progress: str | None) -> tuple[int, int] | None:
@@ -188,7 +184,7 @@ def _live_sql(catalogue: _Catalogue, token: bool = False) -> str:
 def _state(catalogue: _Catalogue, high_water: str | None, progress: str | None, queued: int,
            pending: int = 0, word_high_water: str | None = None, word_progress: str | None = None) -> FtsState:
     return FtsState(catalogue.declared, catalogue.tables, _rebuild_range(high_water, progress), bool(queued),
-                    bool(pending), agent_substrings=catalogue.agent_substrings,
+                    bool(pending),
                     word_rebuild=_rebuild_range(word_high_water, word_progress))
 
 
@@ -274,7 +270,7 @@ def _own_objects(conn: sqlite3.Connection) -> list[tuple[str, str, str]]:
     come first: they name the tables.
     """
     rows = conn.execute(_CATALOGUE_SQL).fetchall()
-    current, earlier, _, _ = _classify(rows)
+    current, earlier, _ = _classify(rows)
     own = [(kind, name, sql or "") for kind, name, sql in rows
            if name in current or name in earlier or (kind == "trigger" and _OWN_TABLE.search(sql or ""))]
     order = {"trigger": 0, "view": 1, "table": 2}

@@ -3,8 +3,7 @@
 Owns: the names of the FTS tables and queues (`NAMES`, the library's own namespace, apart from
 every `messages_fts*` object hermes-agent makes), `OBJECTS` (what a current file holds, as
 sqlite_master stores it), the earlier layouts open moves in place (`CONVERTIBLE_LAYOUTS`: under
-hermes-agent's names), hermes-agent's substring index layouts a search may read
-(`AGENT_SUBSTRINGS`), the rebuild gate and the writer's-queue gate the triggers apply, and the
+hermes-agent's names), the rebuild gate and the writer's-queue gate the triggers apply, and the
 per-connection TEMP trigger that feeds the CJK index. Does not own: creating, rebuilding or checking them (hermes_state_fts).
 
 Transaction contract: none here; this module never touches a connection.
@@ -382,33 +381,6 @@ DRAIN_TRIGGER_SQL = (
     "WHERE t IS NOT NULL; "
     f"DELETE FROM {CJK_PENDING} WHERE id = new.id; "
     "END")
-
-
-# --- hermes-agent's substring index, read while a rebuild runs ----------------------------------------
-
-# hermes-agent 0.19.0's substring index and its three triggers, as it creates them (whitespace
-# aside): a contentful trigram table over content, tool name and tool calls joined by spaces, kept
-# by plain triggers on every insert, update and delete, so it holds every row as it is now. While
-# the library rebuilds its own indexes after moving such a file in, a search finds the rows not
-# rebuilt yet through it (read only; it stays the agent's) instead of a bounded scan. Another
-# release's layout is not read: its index leaves out rows (tool output) or pauses during its own
-# rebuilds.
-_AGENT_TEXT = ("COALESCE(new.content, '') || ' ' || COALESCE(new.tool_name, '') || ' ' "
-               "|| COALESCE(new.tool_calls, '')")
-AGENT_TRIGRAM = "messages_fts_trigram"
-AGENT_SUBSTRINGS: tuple[tuple[str, str, str], ...] = (
-    ("table", AGENT_TRIGRAM, f"CREATE VIRTUAL TABLE {AGENT_TRIGRAM} USING fts5( content, tokenize='trigram' )"),
-    ("trigger", f"{AGENT_TRIGRAM}_insert",
-     f"CREATE TRIGGER {AGENT_TRIGRAM}_insert AFTER INSERT ON messages BEGIN "
-     f"INSERT INTO {AGENT_TRIGRAM}(rowid, content) VALUES ( new.id, {_AGENT_TEXT} ); END"),
-    ("trigger", f"{AGENT_TRIGRAM}_delete",
-     f"CREATE TRIGGER {AGENT_TRIGRAM}_delete AFTER DELETE ON messages BEGIN "
-     f"DELETE FROM {AGENT_TRIGRAM} WHERE rowid = old.id; END"),
-    ("trigger", f"{AGENT_TRIGRAM}_update",
-     f"CREATE TRIGGER {AGENT_TRIGRAM}_update AFTER UPDATE ON messages BEGIN "
-     f"DELETE FROM {AGENT_TRIGRAM} WHERE rowid = old.id; "
-     f"INSERT INTO {AGENT_TRIGRAM}(rowid, content) VALUES ( new.id, {_AGENT_TEXT} ); END"),
-)
 
 
 # --- the declarations as scripts ----------------------------------------------------------------------

@@ -338,12 +338,6 @@ class _Ask:
         ranges = [r for r in (self.state.rebuild, self.state.word_rebuild if word else None) if r is not None]
         for progress, high_water in ranges:
             low, high = max(self.low, progress + 1), min(self.high, high_water)
-            if low <= high and self.state.agent_substrings:
-                # hermes-agent's own substring index holds every row: the rows not rebuilt yet are found there.
-                held = self._in_agent_substrings(low, high)
-                if held is not None:
-                    found += held
-                    low = high + 1
             if low <= high:
                 found += _like(self.conn, (self.group,), self.filters, low, high, self.need, cut=self.cut)
         if cjk and self.state.cjk_pending:
@@ -358,32 +352,6 @@ class _Ask:
         filters = self.filters.plus(_WIDE_ROW, []) if wide_only else self.filters
         return _like(self.conn, (self.group,), filters, self.low, self.high, self.need, only_queued=True,
                      cut=self.cut, queue=fts.PENDING)
-
-    def _in_agent_substrings(self, low: int, high: int) -> list[int] | None:
-        """Return the ids of rows in [low, high] holding the terms, found through hermes-agent's substring index.
-
-        Read only, and only when it is exactly hermes-agent 0.19.0's (`fts.AGENT_SUBSTRINGS`),
-        whose plain triggers keep every row in it, whichever program wrote the row. Each candidate
-        is checked for the terms on its row as it is now (that index joins the fields with spaces,
-        so a match there may span two). None when it cannot answer (a term under 3 characters, a
-        query it refuses): the caller scans instead.
-        """
-        terms = self.group.terms
-        if not terms or any(len(t.text) < 3 for t in terms):
-            return None
-        contains, params = _like_terms(terms, self.group.excluded)
-        f = self.filters
-        try:
-            rows = self.conn.execute(
-                f"SELECT m.id FROM {fts.AGENT_TRIGRAM} o JOIN messages m ON m.id = o.rowid{f.join} "
-                f"WHERE {fts.AGENT_TRIGRAM} MATCH ? AND o.rowid BETWEEN ? AND ? AND {contains}{f.sql} "
-                "ORDER BY o.rowid DESC LIMIT ?",
-                (" ".join(quoted_token(t.text) for t in terms), low, high, *params, *f.params, self.need)).fetchall()
-        except sqlite3.OperationalError as exc:
-            if not _is_query_error(exc):
-                raise
-            return None
-        return [r[0] for r in rows]
 
     def substrings(self, need: int | None = None, known: Iterable[int] = ()) -> list[_Hit]:
         """Return the newest `need` rows (default: all wanted) holding every term as a substring.
