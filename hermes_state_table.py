@@ -238,6 +238,8 @@ class Entry(Pending, Generic[P, R]):
             self.public.append(inspect.Parameter(pack, inspect.Parameter.VAR_KEYWORD, annotation="Any"))
         # The packed dict's own name is not a keyword: `filters=` is just one more packed key.
         self.names = {p.name for p in self.public if p.kind is not inspect.Parameter.VAR_KEYWORD}
+        # Where a transcript write takes the caller's own compression lock: found once, not per call.
+        self.holder_at = next((i for i, p in enumerate(self.public) if p.name == "compression_lock_holder"), None)
         self.prepared = True
 
     def build(self) -> Any:
@@ -272,10 +274,10 @@ class Entry(Pending, Generic[P, R]):
 
     def holder(self, args: tuple, kwargs: dict) -> Any:
         """Return the call's `compression_lock_holder` (the caller's own compression lock), or None."""
-        for index, parameter in enumerate(self.public):
-            if parameter.name == "compression_lock_holder":
-                return args[index] if index < len(args) else kwargs.get(parameter.name)
-        return None
+        at = self.holder_at
+        if at is None:
+            return None
+        return args[at] if at < len(args) else kwargs.get("compression_lock_holder")
 
     def unstorable(self, args: tuple, kwargs: dict) -> str | None:
         """Return a read's text argument that holds a lone surrogate (no row can match it), else None."""
