@@ -393,6 +393,17 @@ def append_message(conn: sqlite3.Connection, session_id: str, role: str, content
     return insert_message(conn, session_id, fields)
 
 
+def _prepare_all(messages: Any) -> list:
+    # Every message checked before anything is written; a bad one is named by its place.
+    prepared = []
+    for index, message in enumerate(message_list(messages)):
+        try:
+            prepared.append(_prepare(message))
+        except ValueError as exc:
+            raise ValueError(f"message {index}: {exc}") from exc
+    return prepared
+
+
 def append_messages_batch(conn: sqlite3.Connection, session_id: str, messages: list[dict[str, Any]],
                           compression_lock_holder: str | None = None, turn_lease_holder: str | None = None,
                           chunk_rows: int | None = None, turn_lease_ttl_seconds: float = TURN_LEASE_TTL_S) -> int:
@@ -403,12 +414,7 @@ def append_messages_batch(conn: sqlite3.Connection, session_id: str, messages: l
     """
     if chunk_rows is not None and (isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows <= 0):
         raise ValueError(f"chunk_rows must be a positive integer or None, not {shown(chunk_rows)}")
-    prepared = []
-    for index, message in enumerate(message_list(messages)):
-        try:
-            prepared.append(_prepare(message))
-        except ValueError as exc:
-            raise ValueError(f"message {index}: {exc}") from exc
+    prepared = _prepare_all(messages)
     check_turn_lease(conn, session_id, turn_lease_holder, turn_lease_ttl_seconds)
     for row, calls in prepared:
         _write_row(conn, session_id, row, calls, 1, 0)
@@ -853,12 +859,7 @@ def replace_messages(conn: sqlite3.Connection, session_id: str, messages: Iterab
     rows (active=0, compacted=0) instead of deleted. Every message is validated before the
     old rows go; one message_uid twice raises ValueError.
     """
-    prepared = []
-    for index, message in enumerate(message_list(messages)):
-        try:
-            prepared.append(_prepare(message))
-        except ValueError as exc:
-            raise ValueError(f"message {index}: {exc}") from exc
+    prepared = _prepare_all(messages)
     reset_counters(conn, session_id)
     if archive_dropped:
         conn.execute("UPDATE messages SET active = 0, compacted = 0 WHERE session_id = ? AND active = 1", (session_id,))

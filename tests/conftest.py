@@ -132,25 +132,13 @@ def fake_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
         yield user
 
 
-def _varint(block: bytes, at: int) -> tuple[int, int]:
-    value = 0
-    for n in range(9):
-        byte = block[at]
-        at += 1
-        if n == 8:
-            return (value << 8) | byte, at
-        value = (value << 7) | (byte & 0x7F)
-        if not byte & 0x80:
-            return value, at
-    return value, at
-
-
 @pytest.fixture
 def fts_levels() -> Callable[[sqlite3.Connection, str], tuple[int, int]]:
     """Read an FTS5 index's (levels, segments) from its structure record, as plain rows (the index is never opened)."""
     def read(conn: sqlite3.Connection, table: str) -> tuple[int, int]:
         block = conn.execute(f"SELECT block FROM {table}_data WHERE id = 10").fetchone()[0]
         at = 8 if block[4:8] == b"\xff\x00\x00\x01" else 4  # a 4-byte cookie, then newer SQLites' marker
+        from hermes_state_fts import _varint  # the reader of the structure record, not a copy of it
         levels, at = _varint(block, at)
         segments, at = _varint(block, at)
         return levels, segments
