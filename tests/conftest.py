@@ -136,10 +136,7 @@ def fake_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 def fts_levels() -> Callable[[sqlite3.Connection, str], tuple[int, int]]:
     """Read an FTS5 index's (levels, segments) from its structure record, as plain rows (the index is never opened)."""
     def read(conn: sqlite3.Connection, table: str) -> tuple[int, int]:
-        block = conn.execute(f"SELECT block FROM {table}_data WHERE id = 10").fetchone()[0]
-        at = 8 if block[4:8] == b"\xff\x00\x00\x01" else 4  # a 4-byte cookie, then newer SQLites' marker
-        from hermes_state_fts import _varint  # the reader of the structure record, not a copy of it
-        levels, at = _varint(block, at)
-        segments, at = _varint(block, at)
-        return levels, segments
+        from hermes_state_fts import decode_structure  # the library's reader of the record, not a copy of it
+        structure = decode_structure(conn.execute(f"SELECT block FROM {table}_data WHERE id = 10").fetchone()[0])
+        return len(structure.levels), structure.segments
     return read
