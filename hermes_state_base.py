@@ -20,8 +20,11 @@ import reprlib
 import sqlite3
 from typing import Any
 
-# The library's one logger; applications route it (see configure_error_log).
+# The library's one logger; applications route it (see configure_error_log). Its NullHandler keeps
+# Python's last-resort handler from printing the library's warnings on stderr of a program that has
+# not configured logging, as the logging HOWTO advises a library to do.
 logger = logging.getLogger("hermes_state")
+logger.addHandler(logging.NullHandler())
 
 # Default values of the timing policy. SessionDB copies them as class attributes and reads
 # them at call time, so applications and tests tune them there, not here.

@@ -16,6 +16,7 @@ import re
 import shutil
 import stat
 import sys
+import textwrap
 import threading
 import time
 from contextlib import contextmanager
@@ -680,10 +681,11 @@ def _label(check: dict[str, Any]) -> str:
 
 def _sqlite_check() -> dict[str, Any]:
     # Whether the SQLite this Python links has the WAL-reset bug, and what to do about it.
-    from hermes_state_base import WAL_RESET_BUG, wal_reset_advice
+    from hermes_state_base import WAL_RESET_BUG
     import sqlite3
-    return _check("sqlite", True, wal_reset_advice() if WAL_RESET_BUG else f"{sqlite3.sqlite_version}",
-                  warn=WAL_RESET_BUG)
+    return _check("sqlite", True, f"{sqlite3.sqlite_version} has the WAL-reset bug; remedy: a Python linking SQLite "
+                  "3.51.3 or newer, or 3.50.7 or 3.44.6 (docs/reliability.md)" if WAL_RESET_BUG else
+                  f"{sqlite3.sqlite_version}", warn=WAL_RESET_BUG)
 
 
 def _replication_check(path: Path) -> dict[str, Any]:
@@ -734,6 +736,23 @@ def _integrity_checks(path: Path, full: bool) -> list[dict[str, Any]]:
     return checks
 
 
+def _doctor_lines(report: dict[str, Any]) -> str:
+    # One row per check, names in one column as wide as the longest; on a terminal a long detail
+    # wraps at word boundaries under its own column, never mid-word by the terminal.
+    checks = report["checks"]
+    name_width = max(len(c["check"]) for c in checks)
+    width = term_width()
+    indent = 5 + name_width + 1
+    lines = []
+    for c in checks:
+        detail = render.safe(c["detail"])
+        if width is not None and width - indent >= 20:
+            detail = ("\n" + " " * indent).join(textwrap.wrap(detail, width - indent, break_long_words=False,
+                                                             break_on_hyphens=False))
+        lines.append(f"{_label(c)} {c['check']:<{name_width}} {detail}")
+    return "\n".join(lines)
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Check the database: schema, integrity, FTS indexes, WAL size, file modes, lock holders, replication."""
     from hermes_state import SCHEMA_VERSION
@@ -757,7 +776,5 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     checks.append(_replication_check(path))
     checks.append(_sqlite_check())
     healthy = all(c["ok"] for c in checks)
-    emit(args, {"ok": healthy, "path": str(path), "checks": checks},
-         lambda d: "\n".join(f"{_label(c)} {c['check']:<24} {render.safe(c['detail'])}"
-                             for c in d["checks"]), rows=checks)
+    emit(args, {"ok": healthy, "path": str(path), "checks": checks}, _doctor_lines, rows=checks)
     return 0 if healthy else 1

@@ -46,7 +46,7 @@ from hermes_state_errors import (TRANSLATABLE, HermesStateError, ReadOnlyError, 
                                  StateDbIncompatibleError, StoreUnavailableError, describe_init_failure, raise_typed,
                                  set_last_init_error, typed_errors)
 from hermes_state_home import check_db_path_allowed, get_hermes_home
-from hermes_state_writer import RetryPolicy, RowConnection, SharedHandles, Transaction, Writer
+from hermes_state_writer import RetryPolicy, RowConnection, SharedHandles, Transaction, Writer, note_wal_reset_bug
 
 if TYPE_CHECKING:
     import hermes_state_compression as compression
@@ -533,6 +533,8 @@ class Handle(metaclass=Knobs):
             self._writer = Writer(conn, on_give_up=self._log_lock_holders, open_reader=(
                 functools.partial(upgrade.connect_reader, self.db_path, migrated)) if separate_reads else None)
             self._writer.after_commit.append(self._upkeep)
+            if separate_reads:
+                note_wal_reset_bug(self.db_path)
             if migrated is None:
                 self._open_fts()
             else:

@@ -28,6 +28,7 @@ import time
 import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import hermes_state_fork as fork
@@ -100,13 +101,36 @@ SECOND_CHECKPOINTER = not WAL_RESET_BUG
 WAL_RESET_SAID = threading.Event()  # set once the WAL-reset bug was said in this process
 
 
-def note_wal_reset_bug(*, said_elsewhere: bool = False) -> None:
-    """Log, once per process, that the linked SQLite has the WAL-reset bug; `said_elsewhere` only marks it said."""
-    # The command line says it in `doctor` instead of on every command's stderr.
+def note_wal_reset_bug(db_path: Path | None = None, *, said_elsewhere: bool = False) -> None:
+    """Note, once per process, that the linked SQLite has the WAL-reset bug; `said_elsewhere` only marks it said."""
+    # A library does not write to a process's stderr: the notice goes to the `hermes_state` logger
+    # at INFO (an application that routes it sees it), and once per home into the home's errors.log,
+    # where a user who looks for what went wrong finds it. The command line says it in `doctor`.
     if WAL_RESET_BUG and not WAL_RESET_SAID.is_set():
         WAL_RESET_SAID.set()
-        if not said_elsewhere:
-            logger.warning("%s", wal_reset_advice())
+        if said_elsewhere:
+            return
+        logger.info("%s", wal_reset_advice())
+        if db_path is not None and db_path.name == "state.db":  # a home's store: its folder is the home
+            note_in_home_log(db_path.parent, wal_reset_advice(),
+                             marker=f".noted-sqlite-{sqlite3.sqlite_version}-wal-reset")
+
+
+def note_in_home_log(home: Path, message: str, *, marker: str) -> bool:
+    """Append `message` to `<home>/logs/errors.log` unless `marker` says it was noted there before; never raises."""
+    logs = home / "logs"
+    try:
+        if (logs / marker).exists():
+            return False
+        logs.mkdir(mode=0o700, exist_ok=True)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        fd = os.open(logs / "errors.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as log:
+            log.write(f"{stamp} WARNING {logger.name}: {message}\n")
+        os.close(os.open(logs / marker, os.O_WRONLY | os.O_CREAT, 0o600))
+        return True
+    except OSError:  # a read-only home, a full disk: the notice is advice, never a failure
+        return False
 
 
 # One entry per read under way in this process, any handle's: the ident of the thread reading. A
@@ -156,8 +180,6 @@ class Writer:
         self.checkpoints = Checkpointer(open_reader) if open_reader is not None and SECOND_CHECKPOINTER else None
         if self.checkpoints is not None:  # a writer dropped unclosed lets its thread end too
             weakref.finalize(self, self.checkpoints.stop, False)
-        if open_reader is not None:
-            note_wal_reset_bug()
         fork.tell_child(self)
 
     def after_fork_in_child(self, parent: int) -> None:

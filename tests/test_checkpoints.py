@@ -101,7 +101,7 @@ def test_an_affected_build_is_reported_once_with_the_remedy(db, monkeypatch, cap
     monkeypatch.setattr(writer, "WAL_RESET_BUG", True)
     monkeypatch.setattr(writer, "WAL_RESET_SAID", threading.Event())
     db.close()
-    with caplog.at_level(logging.WARNING, logger="hermes_state"):
+    with caplog.at_level(logging.INFO, logger="hermes_state"):
         for _ in range(3):
             SessionDB(db.db_path).close()
         SessionDB(db.db_path, read_only=True).close()
@@ -114,9 +114,40 @@ def test_a_fixed_build_says_nothing(db, monkeypatch, caplog):
     monkeypatch.setattr(writer, "WAL_RESET_BUG", False)
     monkeypatch.setattr(writer, "WAL_RESET_SAID", threading.Event())
     db.close()
-    with caplog.at_level(logging.WARNING, logger="hermes_state"):
+    with caplog.at_level(logging.INFO, logger="hermes_state"):
         SessionDB(db.db_path).close()
     assert not [r for r in caplog.records if "WAL-reset" in r.getMessage()]
+    assert not (db.db_path.parent / "logs").exists()
+
+
+_AFFECTED_OPEN = """
+import sys
+import hermes_state_writer
+hermes_state_writer.WAL_RESET_BUG = True  # as on a Python linking an affected SQLite
+from hermes_state import SessionDB
+SessionDB(sys.argv[1]).close()
+"""
+
+
+def test_an_affected_build_prints_nothing_and_notes_it_once_in_the_homes_error_log(tmp_path):
+    import subprocess
+    import sys
+    home = tmp_path / "home"
+    home.mkdir()
+    for _ in range(2):  # two processes: once per home, not once per process
+        done = subprocess.run([sys.executable, "-c", _AFFECTED_OPEN, str(home / "state.db")],
+                              capture_output=True, text=True, timeout=120, env={**os.environ, "HERMES_HOME": str(home)})
+        assert done.returncode == 0, done.stderr
+        assert done.stderr == ""  # no logging configured: a library prints nothing of its own
+    log = home / "logs" / "errors.log"
+    assert log.read_text().count("WAL-reset bug") == 1 and "3.51.3" in log.read_text()
+    assert log.stat().st_mode & 0o777 == 0o600
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run([sys.executable, "-c", _AFFECTED_OPEN, str(elsewhere / "notes.db")],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "HERMES_HOME": str(home)})
+    assert done.returncode == 0 and done.stderr == ""
+    assert sorted(p.name for p in elsewhere.iterdir() if not p.name.startswith("notes.db")) == []  # no logs folder
 
 
 def test_the_due_checkpoint_runs_on_the_thread_not_in_the_write(fresh):

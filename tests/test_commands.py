@@ -137,6 +137,21 @@ def test_doctor_catches_a_row_indexed_twice_and_says_what_sqlite_it_runs_on(fill
     assert json.loads(run(filled, "doctor", "--json").stdout)["ok"] is True
 
 
+def test_doctor_on_a_terminal_aligns_its_rows_and_wraps_details_at_word_boundaries(filled):
+    report = json.loads(run(filled, "doctor", "--json").stdout)
+    out = run_in_terminal(filled, "doctor", env={"COLUMNS": "60", "NO_COLOR": "1"})
+    lines = [line.rstrip("\r") for line in out.splitlines() if line.strip()]
+    assert lines and all(len(line) <= 60 for line in lines), lines
+    column = 5 + max(len(c["check"]) for c in report["checks"]) + 1  # label, names as wide as the longest
+    rows = [line for line in lines if not line.startswith(" ")]
+    assert [line[5:column].rstrip() for line in rows] == [c["check"] for c in report["checks"]]
+    assert all(line[column] != " " for line in rows)
+    assert all(len(line) - len(line.lstrip()) == column for line in lines if line.startswith(" "))
+    words = " ".join(line[column:] for line in lines).split()
+    assert words == " ".join(c["detail"] for c in report["checks"]).split()  # no word cut in two
+    assert len(lines) > len(rows)  # something was long enough to wrap
+
+
 def test_error_paths_are_one_line_with_exit_codes(filled, tmp_path):
     missing = run(filled, "sessions", "show", "nope")
     assert missing.returncode == 1 and missing.stderr == "hermes-state: session 'nope' not found\n"
