@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, closing
 from typing import Any, Callable, Iterable
 
 import hermes_state_fts as fts
@@ -63,11 +63,23 @@ def _text_of_parts(parts: list[dict[str, Any]]) -> str:
     return "\n".join(p["text"] for p in parts if isinstance(p.get("text"), str))
 
 
+def number_as_text(value: int | float) -> str | None:
+    """Return a number as SQLite turns it into TEXT for a TEXT column (None for NaN, as SQLite stores it)."""
+    with closing(sqlite3.connect(":memory:")) as conn:
+        return conn.execute("SELECT CAST(? AS TEXT)", (value,)).fetchone()[0]
+
+
 def _split_parts(fields: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """Return (fields with a list or dict `content` replaced by its text, the structure's JSON or None)."""
     content = fields.get("content")
-    if not isinstance(content, (list, tuple, dict)):
+    if content is None or type(content) is str:
         return fields, None
+    if type(content) in (int, float, bool):
+        # hermes-agent stores a number as its TEXT column makes it ("123", "1.5", True as "1"),
+        # and agent code may rely on that: the same text here, made by SQLite itself.
+        return {**fields, "content": number_as_text(content)}, None
+    if not isinstance(content, (list, tuple, dict)):
+        return fields, None  # the column's rule refuses it, naming the type
     if fields.get("api_content") is not None or DISPLAY_KEY in fields:
         raise ValueError(f"a list of content parts is what was sent: give no api_content or {DISPLAY_KEY} with it")
     if isinstance(content, dict):

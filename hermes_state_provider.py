@@ -186,6 +186,9 @@ def _openai_message(index: int, msg: dict[str, Any]) -> dict[str, Any]:
     content = out.get("content")
     if isinstance(content, list):
         out["content"] = _openai_parts(role, content)
+    elif content is not None and not isinstance(content, str):
+        raise ValueError(f"message {index}: its content is a {type(content).__name__}, which Chat Completions "
+                         "does not take (text or a list of content parts)")
     elif content is None and (role != "assistant" or not out.get("tool_calls")):
         out["content"] = ""  # only an assistant turn that calls tools may omit its content
     if isinstance(out.get("tool_calls"), list):
@@ -202,7 +205,8 @@ def to_provider_messages(conversation: Iterable[dict[str, Any]], provider: str |
     accepted for symmetry with ReasoningFieldMemory; routing is by provider and host.
     On the strict OpenAI route (`is_openai_route`) each message holds only the keys the
     Chat Completions schema declares for its role (no reasoning, no `name` on tool results);
-    a role that schema does not know raises ValueError.
+    a role that schema does not know, or content that is neither text nor a list of parts (a
+    provider's wrapper object stored whole), raises ValueError.
     """
     if is_openai_route(provider, base_url):
         return [_openai_message(i, msg) for i, msg in enumerate(conversation)]

@@ -658,7 +658,7 @@ def search_messages(conn: sqlite3.Connection, query: Any, source_filter: Any = N
                     include_inactive: bool = False, include_reasoning: bool = False, *, since: float | None = None,
                     until: float | None = None, model_filter: Any = None, sort: str | None = None,
                     fields: Collection[str] | None = None) -> SearchResults:
-    """Search message text, best match first; any query text is accepted and never raises.
+    """Search message text, best match first; any query text is accepted (None finds nothing), a non-string raises TypeError.
 
     Each hit: id, session_id, role, timestamp, tool_name, snippet (matches in >>> <<<), context
     (previous message, the hit, next message of the session, content cut to 200 characters), source, model,
@@ -670,6 +670,8 @@ def search_messages(conn: sqlite3.Connection, query: Any, source_filter: Any = N
     is a SearchResults list whose `complete` says whether it is exact (see there). Run it in one
     read snapshot (the facade does).
     """
+    if query is not None and not isinstance(query, str):  # None finds nothing, as in hermes-agent
+        raise TypeError(f"query must be a string, not {type(query).__name__}")
     keep = _result_fields(fields)
     order = _sort_order(sort)
     limit, offset = check_count("limit", limit), check_count("offset", offset)
