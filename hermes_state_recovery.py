@@ -35,7 +35,7 @@ import hermes_state_replicas as replicas
 import hermes_state_schema as schema
 from hermes_state_common import (DICTIONARY, RECOVER_EXCLUDED, RECOVER_VERIFIED, SCHEMA_VERSION, TABLE_SQL, logger,
                                  recount_sql, table_exists)
-from hermes_state_errors import StateDbCorruptError, StateDbIncompatibleError, typed_errors
+from hermes_state_errors import StateDbBusyError, StateDbCorruptError, StateDbIncompatibleError, typed_errors
 from hermes_state_writer import Cancelled, RetryPolicy, passive_checkpoint, reads_elsewhere, retry_on_lock
 
 # Declared in the data dictionary: the runtime ledgers are never copied (a recovered file's first
@@ -786,3 +786,81 @@ def _build(src: sqlite3.Connection, dst: sqlite3.Connection, tables: list[tuple[
     dst.execute("COMMIT")
     dst.execute("PRAGMA journal_mode = WAL")
     report.integrity = "; ".join(r[0] for r in dst.execute("PRAGMA integrity_check"))
+
+
+# --- a store that cannot be opened: what can still be done ---------------------------------------
+
+def unreadable_reason(source: str | os.PathLike) -> str | None:
+    """Return why `recover` could read nothing of `source` (its header or schema is gone), or None when it can."""
+    path = Path(source).expanduser().absolute()
+    try:
+        src = _open_source(path)
+    except sqlite3.Error as exc:
+        return str(exc)
+    try:
+        src.execute("PRAGMA writable_schema = ON")
+        tables = _source_tables(src)
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+        return "it is not a SQLite database" if "not a database" in str(exc) else f"its schema cannot be read ({exc})"
+    finally:
+        src.close()
+    return None if tables else "it holds no tables"
+
+
+def copies_beside(db_path: str | os.PathLike) -> list[Path]:
+    """List the copies the library wrote beside a store before upgrading it, newest first."""
+    path = Path(db_path).expanduser().absolute()
+    try:
+        found = [p for p in path.parent.glob(f"{path.name}.pre-v*.bak") if p.is_file()]
+    except OSError:
+        return []
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def damaged_store_advice(db_path: str | os.PathLike, command: str = "hermes-state") -> list[str]:
+    """Say what can be done about a store that cannot be opened: salvage it, restore a copy, or start empty.
+
+    `command` is the command line that selects this store (`hermes-state --db PATH`, `-p NAME`).
+    """
+    path = Path(db_path).expanduser().absolute()
+    advice = []
+    why = unreadable_reason(path)
+    if why is None:
+        salvaged = path.with_name(f"{path.name}.recovered")
+        advice.append(f"`{command} recover {path} {salvaged}` copies every readable row into a new file; "
+                      f"`{command} restore {salvaged}` then puts it in place (the damaged file is kept beside it)")
+    else:
+        advice.append(f"nothing in it can be salvaged: {why}")
+    for copy in copies_beside(path)[:3]:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(copy.stat().st_mtime))
+        advice.append(f"`{command} restore {copy}` puts back the copy written before an upgrade ({when})")
+    folder = replicas.litestream_status(path)["folder"]
+    if folder is not None:
+        advice.append(f"Litestream replicated this file: `litestream restore -o {path}.restored {path}` "
+                      f"(with its configuration) fetches the replica, and `{command} restore {path}.restored` "
+                      "puts it in place")
+    advice.append(f"`{command} restore` also takes a backup you made (`{command} backup`); or start empty: move "
+                  f"{path.name} (with its -wal and -shm files) out of {path.parent}, then `{command} init`")
+    return advice
+
+
+def move_aside(db_path: str | os.PathLike, *, now: float | None = None) -> Path:
+    """Rename a damaged store and its -wal/-shm files to `<name>.damaged-<UTC time>`; return the new name of the file.
+
+    Refuses (StateDbBusyError) while another process has the file open: it may still be writing.
+    """
+    path = Path(db_path).expanduser().absolute()
+    holders = lockowners.count_db_holders(path)
+    if holders:
+        raise StateDbBusyError(f"{path} is open in {holders} other process(es); stop them before it is moved aside")
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    aside = path.with_name(f"{path.name}.damaged-{stamp}")
+    n = 2
+    while any(Path(f"{aside}{suffix}").exists() for suffix in ("", "-wal", "-shm")):
+        aside = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
+        n += 1
+    # The log first: a -wal left behind would be replayed into the next file made under this name.
+    for suffix in ("-wal", "-shm", ""):
+        if os.path.lexists(f"{path}{suffix}"):
+            os.replace(f"{path}{suffix}", f"{aside}{suffix}")
+    return aside
