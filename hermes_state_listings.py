@@ -23,7 +23,7 @@ from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, HIDDEN_SQL,
 from hermes_state_errors import HermesStateError
 from hermes_state_home import default_hermes_root, profile_homes
 from hermes_state_lineage import COMPRESSION_END_REASON, compression_links, compression_successor_id, forward_chain
-from hermes_state_sessions import (filter_flag, filter_name_or_names, filter_names, session_filters,
+from hermes_state_sessions import (filter_flag, filter_name, filter_name_or_names, filter_names, session_filters,
                                    session_unread)
 
 check_text = check_id  # a filter's text: a non-empty string SQLite can store
@@ -461,7 +461,7 @@ def search_sessions_by_id(conn: sqlite3.Connection, query: str, limit: int = 20,
     limit = check_count("limit", limit)
     wanted, excluded = _source_names("sources", sources), _source_names("exclude_sources", exclude_sources)
     if source is not None and source != "":
-        wanted = [check_text("source", source)]
+        wanted = [filter_name("source", source)]
     where, params = _rich_filters(None, excluded, None, False, 0, include_archived, False, None, None)
     if wanted:
         where += f" AND s.source IN ({', '.join('?' * len(wanted))})"
@@ -484,7 +484,7 @@ def search_sessions(conn: sqlite3.Connection, source: str | None = None, limit: 
                     offset: int = 0, workspace_key: str | None = None) -> list[dict[str, Any]]:
     """Return every session (children included), newest first, with `last_active`; `workspace_key` keeps one workspace's."""
     limit, offset = check_count("limit", limit), check_count("offset", offset)
-    where, params = ("s.source = ?", [check_text("source", source)]) if source is not None else ("1", [])
+    where, params = ("s.source = ?", [filter_name("source", source)]) if source is not None else ("1", [])
     if workspace_key is not None and not isinstance(workspace_key, str):
         raise ValueError(f"workspace_key must be a string or None, not {workspace_key!r}")
     if workspace_key:
