@@ -91,7 +91,7 @@ table.later(globals(), compression="hermes_state_compression", conversation="her
             routing="hermes_state_routing", search="hermes_state_search", sessions="hermes_state_sessions",
             sweeps="hermes_state_sweeps", telegram="hermes_state_telegram", upgrade="hermes_state_upgrade")
 from hermes_state_errors import (AdoptionRefusedError, ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
-                                 ImportValidationError,
+                                 ImportValidationError, SessionFilterError,
                                  CompressionSessionBusyError, CompressionSessionClosedError, SessionTurnLeaseLostError,
                                  LedgerStateError, OwnershipReadError, ProfileNotFoundError, ReadOnlyError,
                                  ReceiptDigestError, ReceiptOrderError, SessionBusyError, SessionClosedByCompressionError,
@@ -134,6 +134,7 @@ __all__ = [
     "SessionClosedByCompressionError", "StaleEpochError", "ReceiptOrderError", "ReceiptDigestError",
     "OwnershipReadError", "ProfileNotFoundError", "is_sqlite_lock_error", "classify_persistence_error",
     "recover", "RecoveryReport", "TableRecovery", "ImportReport", "ImportValidationError", "ImportConflictError",
+    "SessionFilterError",
     "EXPORT_FORMAT", "EXPORT_VERSION", "Transaction", "repair_state_db_schema", "is_malformed_db_error",
     "LedgerStateError", "receipt_digest", "input_marker", "strip_echoed_user_input",
     "DEFAULT_DB_PATH", "SCHEMA_SQL", "FTS_SQL", "FTS_TRIGRAM_SQL", "DEFERRED_INDEX_SQL", "sanitize_context",

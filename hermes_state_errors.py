@@ -234,6 +234,10 @@ class ImportConflictError(HermesStateError, ValueError):
     """An imported session id already exists and the import was asked to fail on conflicts."""
 
 
+class SessionFilterError(HermesStateError, ValueError):
+    """A filter selecting sessions (a source, a list of names, a bound, a flag) has a value of the wrong type or range."""
+
+
 def _primary_code(exc: BaseException) -> int | None:
     code = getattr(exc, "sqlite_errorcode", None)
     return None if code is None else code & 0xFF

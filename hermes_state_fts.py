@@ -20,8 +20,6 @@ See docs/search.md for the design and its trade-offs.
 """
 from __future__ import annotations
 
-import functools
-import itertools
 import json
 import sqlite3
 import threading
@@ -32,6 +30,7 @@ from typing import Callable, Iterable
 from hermes_state_cjk import (CJK_CHARS, CJK_RUN, cjk_index_text, cjk_query_text, cjk_terms, terms_sql,  # noqa: F401
                                has_cjk, register_functions)
 from hermes_state_common import FTS_MERGE_EVERY_N_WRITES, FTS_OPTIMIZE_EVERY_N_WRITES, FTS_REBUILD_CHUNK_ROWS, logger
+from hermes_state_schema import Connection
 from hermes_state_query import _sanitize_fts5_query  # noqa: F401 - importable here, where callers know it
 from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import StateDbIncompatibleError
@@ -112,16 +111,16 @@ def _markers(conn: sqlite3.Connection) -> tuple[int, int] | None:
     return _rebuild_range(values.get(HIGH_WATER), values.get(PROGRESS))
 
 
-def _live_sql(catalogue: _Catalogue, token: bool = False) -> str:
+def _live_sql(catalogue: _Catalogue, version: bool = False) -> str:
     # The markers and whether the queue has rows: two key lookups and one probe, one statement.
     queued = f"EXISTS (SELECT 1 FROM {CJK_PENDING})" if catalogue.queue else "0"
     pending = f"EXISTS (SELECT 1 FROM {PENDING})" if catalogue.pending else "0"
-    head = f"{_TOKEN_FUNCTION}(), schema_version, " if token else ""
+    head = "schema_version, " if version else ""
     # Only a file that kept an older substring index reads its bound: no cost for any other.
     old = f", (SELECT value FROM state_meta WHERE key = '{OLD_SUBSTRINGS_UPTO}')" if catalogue.old_substrings else ""
     return (f"SELECT {head}(SELECT value FROM state_meta WHERE key = '{HIGH_WATER}'), "
             f"(SELECT value FROM state_meta WHERE key = '{PROGRESS}'), {queued}, {pending}{old}"
-            + (" FROM pragma_schema_version" if token else ""))
+            + (" FROM pragma_schema_version" if version else ""))
 
 
 def _state(catalogue: _Catalogue, high_water: str | None, progress: str | None, queued: int,
@@ -139,56 +138,35 @@ def inspect(conn: sqlite3.Connection) -> FtsState:
     return replace(state, merging=True)
 
 
-# A search takes the catalogue half of FtsState from this cache, checked against the schema cookie
-# (PRAGMA schema_version, which every CREATE and DROP by any connection bumps) in the statement that
-# reads the live half: one statement per search instead of a catalogue scan. A sqlite3.Connection
-# holds neither attributes nor weak references, so entries are keyed by id() and each connection
-# gets a token, answered by a SQL function registered on it: a new connection that reuses a closed
-# one's id() cannot answer with the old token, so it never reads the old entry.
-_TOKEN_FUNCTION = "hermes_fts_connection_token"
-_CACHED_CONNECTIONS = 64
-_tokens = itertools.count(1)
-_catalogues: dict[int, tuple[int, int, _Catalogue]] = {}  # id(conn) -> (token, schema version, catalogue)
-CATALOGUES = _catalogues  # the same dict: the append path reads it without a call (see cached_catalogue)
-_catalogues_lock = threading.Lock()
-
-
-TOKEN_FUNCTION = _TOKEN_FUNCTION
-
-
-def cached_catalogue(conn: sqlite3.Connection) -> tuple[int, int, _Catalogue] | None:
-    """Return this connection's cached (token, schema version, catalogue), or None before `cached_state` ran."""
-    # One dict read, atomic as it is: no lock, so an interrupt in a write's path can never leave one held.
-    return _catalogues.get(id(conn))
-
+# A search takes the catalogue half of FtsState from a cache on the connection (see
+# schema.Connection), checked against the schema cookie (PRAGMA schema_version, which every CREATE
+# and DROP by any connection bumps) in the statement that reads the live half: one statement per
+# search instead of a catalogue scan.
 
 def cached_state(conn: sqlite3.Connection) -> FtsState:
     """Return what `inspect` returns, reading the catalogue again only when the schema has changed.
 
     The markers and the queue are read on every call; the objects are re-read after any schema
     change (a rebuild, another process dropping or creating an index). Read-only; one statement
-    when nothing in the schema changed since this connection's last call.
+    when nothing in the schema changed since this connection's last call. A connection the
+    library did not open keeps no cache: its catalogue is read on every call.
     """
-    with _catalogues_lock:
-        entry = _catalogues.get(id(conn))
+    if not isinstance(conn, Connection):
+        catalogue = _read_catalogue(conn)
+        return _state(catalogue, *conn.execute(_live_sql(catalogue)).fetchone())
+    entry = conn.fts_catalogue
     if entry is not None:
         try:
-            token, version, *live = conn.execute(_live_sql(entry[2], token=True)).fetchone()
+            version, *live = conn.execute(_live_sql(entry[1], version=True)).fetchone()
         except sqlite3.OperationalError:
-            token = version = None  # no token function on this connection, or the queue table is gone
-        if (token, version) == entry[:2]:
-            return _state(entry[2], *live)  # pyright: ignore[reportPossiblyUnboundVariable]  # set when the tokens match
-    token = next(_tokens)
-    # int(token) is C code: SQLite calls it inside every append's queueing statement without running Python.
-    conn.create_function(_TOKEN_FUNCTION, 0, functools.partial(int, token), deterministic=True)
+            version = None  # the queue table is gone: another program dropped it since the last read
+        if version == entry[0]:
+            return _state(entry[1], *live)  # pyright: ignore[reportPossiblyUnboundVariable]  # set when the versions match
     # The cookie is read before the catalogue: a change in between only makes the next call re-read.
     version = conn.execute("PRAGMA schema_version").fetchone()[0]
     catalogue = _read_catalogue(conn)
-    with _catalogues_lock:
-        _catalogues.pop(id(conn), None)
-        while len(_catalogues) >= _CACHED_CONNECTIONS:
-            del _catalogues[next(iter(_catalogues))]  # the oldest entry: most likely a closed connection
-        _catalogues[id(conn)] = (token, version, catalogue)
+    # One attribute store, atomic as it is: a search on another thread reads the old pair or the new one.
+    conn.fts_catalogue = (version, catalogue)
     return _state(catalogue, *conn.execute(_live_sql(catalogue)).fetchone())
 
 
@@ -603,11 +581,6 @@ def index_batch(conn: sqlite3.Connection) -> None:
     drain_cjk(conn)
 
 
-# Rows queued per connection since its queue was last counted: the count is read only when this
-# says a batch may be due (a rollback or another path emptying the queue makes it only too high).
-QUEUED_SINCE_COUNT: dict[int, int] = {}
-
-
 def flush_queue(writer: Writer, policy: RetryPolicy) -> None:
     """Index whatever the writer's queue holds, in one short write transaction of its own; never raises.
 
@@ -615,14 +588,15 @@ def flush_queue(writer: Writer, policy: RetryPolicy) -> None:
     One try: a file another process holds leaves the rows queued (searches still find them, and
     the next batch of any library handle indexes them), and that is logged, not warned about.
     """
-    if not QUEUED_SINCE_COUNT.get(id(writer.conn)):
+    queuer = writer.conn
+    if not (isinstance(queuer, Connection) and queuer.fts_queued):
         return  # nothing queued through this connection since its queue was last emptied: no SQL at all
     try:
         with writer.transaction(0.0, policy, quiet=True) as conn:
             state = inspect(conn)
             if state.declared and (state.queued or state.cjk_pending):
                 index_batch(conn)
-        QUEUED_SINCE_COUNT[id(writer.conn)] = 0
+        queuer.fts_queued = 0
     except Exception as exc:  # noqa: BLE001 - searches scan queued rows; the next batch indexes them
         logger.info("indexing the queued messages was put off: %s", exc)
 

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, HIDDEN_SQL, SESSION_ROW_SQL, check_count, check_id,
-                                 check_number, contains_sql, escape_like, prefix_range, row_dicts, session_dicts)
+                                 contains_sql, escape_like, prefix_range, row_dicts, session_dicts)
 from hermes_state_errors import HermesStateError
 from hermes_state_home import default_hermes_root, profile_homes
 from hermes_state_lineage import COMPRESSION_END_REASON, compression_links, compression_successor_id, forward_chain
-from hermes_state_sessions import session_filters, session_unread
+from hermes_state_sessions import (filter_flag, filter_name, filter_name_or_names, filter_names, session_filters,
+                                   session_unread)
 
 check_text = check_id  # a filter's text: a non-empty string SQLite can store
 
@@ -54,28 +55,12 @@ _ORDERS = {"started": "s.started_at DESC, s.id", "activity": f"{_ACTIVITY} DESC,
 
 def _session_filters(source: Any, include_archived: bool, model: Any, since: Any,
                      until: Any) -> tuple[str, list[Any]]:
-    """Return the WHERE clause and parameters of a session listing; bad filter types raise ValueError."""
-    for name, value in (("source", source), ("model", model)):
-        if value is not None and not isinstance(value, str) and not (
-                isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
-            raise ValueError(f"{name} must be a string, a list of strings or None")
+    """Return the WHERE clause and parameters of a session listing; bad filters raise SessionFilterError."""
     # Filters are spliced in only when given, so the planner can pick idx_sessions_source.
-    where: list[str] = ["1"]
-    params: list[Any] = []
-    for column, value in (("s.source", source), ("s.model", model)):
-        if isinstance(value, str):
-            where.append(f"{column} = ?")
-            params.append(value)
-        elif value is not None:  # any of these names
-            where.append(f"{column} IN ({', '.join('?' * len(value))})" if value else "0")
-            params += list(value)
-    for op, name, value in ((">=", "since", since), ("<", "until", until)):
-        if value is not None:
-            where.append(f"{_ACTIVITY} {op} ?")
-            params.append(check_number(name, value))
-    if not include_archived:
-        where.append("COALESCE(s.archived, 0) = 0")
-    return " AND ".join(where), params
+    where, params = session_filters("s.", sources=filter_name_or_names("source", source),
+                                    models=filter_name_or_names("model", model), include_archived=include_archived,
+                                    time_sql=_ACTIVITY, since=since, until=until)
+    return " AND ".join(["1", *where]), params
 
 
 def list_sessions(conn: sqlite3.Connection, source: str | list[str] | None = None, limit: int = 20, offset: int = 0,
@@ -433,9 +418,7 @@ def _rich_scope(where: str, params: list[Any], sources: Any, session_key: Any,
     # hermes-agent 0.20's filters of the rich listing: several sources, one gateway scope, hidden rows.
     params = list(params)
     if sources:
-        if isinstance(sources, str) or not isinstance(sources, (list, tuple)):
-            raise ValueError(f"sources must be a list of source names, not {type(sources).__name__}")
-        names = [check_text("sources", s) for s in sources]
+        names = filter_names("sources", sources) or []
         where += f" AND s.source IN ({', '.join('?' * len(names))})"
         params += names
     if session_key is not None and session_key != "":
@@ -462,11 +445,7 @@ def get_session_rich_row(conn: sqlite3.Connection, session_id: str,
 
 
 def _source_names(name: str, value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, set, frozenset)):
-        raise ValueError(f"{name} must be a list of sources or None, not {value!r}")
-    return [check_text(name, v) for v in value]
+    return filter_names(name, value) or []
 
 
 def search_sessions_by_id(conn: sqlite3.Connection, query: str, limit: int = 20, include_archived: bool = True,
@@ -482,7 +461,7 @@ def search_sessions_by_id(conn: sqlite3.Connection, query: str, limit: int = 20,
     limit = check_count("limit", limit)
     wanted, excluded = _source_names("sources", sources), _source_names("exclude_sources", exclude_sources)
     if source is not None and source != "":
-        wanted = [check_text("source", source)]
+        wanted = [filter_name("source", source)]
     where, params = _rich_filters(None, excluded, None, False, 0, include_archived, False, None, None)
     if wanted:
         where += f" AND s.source IN ({', '.join('?' * len(wanted))})"
@@ -505,7 +484,7 @@ def search_sessions(conn: sqlite3.Connection, source: str | None = None, limit: 
                     offset: int = 0, workspace_key: str | None = None) -> list[dict[str, Any]]:
     """Return every session (children included), newest first, with `last_active`; `workspace_key` keeps one workspace's."""
     limit, offset = check_count("limit", limit), check_count("offset", offset)
-    where, params = ("s.source = ?", [check_text("source", source)]) if source is not None else ("1", [])
+    where, params = ("s.source = ?", [filter_name("source", source)]) if source is not None else ("1", [])
     if workspace_key is not None and not isinstance(workspace_key, str):
         raise ValueError(f"workspace_key must be a string or None, not {workspace_key!r}")
     if workspace_key:
@@ -608,19 +587,12 @@ def session_ids_with_prefix(conn: sqlite3.Connection, prefix: Any, limit: int = 
 
 # --- counts and lifecycle states (hermes-agent 0.20.1's names) --------------------------------------
 
-def _flag(name: str, value: Any) -> bool:
-    # A switch: True or False (0 and 1 too); anything else is a mistake, not "truthy".
-    if value not in (True, False) or not isinstance(value, (bool, int)):
-        raise ValueError(f"{name} must be True or False, not {value!r}")
-    return bool(value)
-
-
 def session_count_by_source(conn: sqlite3.Connection, *, include_archived: bool = False, archived_only: bool = False,
                             exclude_children: bool = False) -> dict[str, int]:
     """Return {source: number of sessions} in one grouped count; with `exclude_children`, as list_sessions_rich lists."""
-    where, params = session_filters("s.", include_archived=_flag("include_archived", include_archived),
-                                    archived_only=_flag("archived_only", archived_only))
-    if _flag("exclude_children", exclude_children):
+    where, params = session_filters("s.", include_archived=filter_flag("include_archived", include_archived),
+                                    archived_only=filter_flag("archived_only", archived_only))
+    if filter_flag("exclude_children", exclude_children):
         where.append(_TOP_LEVEL_SQL)
     sql = "SELECT s.source, COUNT(*) FROM sessions s" + (" WHERE " + " AND ".join(where) if where else "")
     return dict(conn.execute(sql + " GROUP BY s.source ORDER BY s.source", params).fetchall())

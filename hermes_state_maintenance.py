@@ -27,13 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable
 
-from hermes_state_common import (DAY_S, DELEGATE_LIKE_SQL, LIVE_ADMISSION_SQL, SESSION_OWNED, Keywords, check_count,
+from hermes_state_common import (DAY_S, DELEGATE_LIKE_SQL, LIVE_ADMISSION_SQL, SESSION_OWNED, Keywords,
                                  check_id, check_number, contains_sql, is_finite, logger, prefix_range, table_exists, shown)
 from hermes_state_errors import HermesStateError, SessionBusyError
 from hermes_state_gateway import LIVE_EXECUTION_STATES
 from hermes_state_lineage import COMPRESSION_END_REASON, WALK_CAP, compression_links, forward_chain
 from hermes_state_routing import DELEGATION_OPEN_STATES, DELIVERY_OWED_STATES
-from hermes_state_sessions import archive_stale_sessions, cwd_under_sql, cwd_under_values, forget_prompts
+from hermes_state_sessions import (archive_stale_sessions, cwd_under_sql, cwd_under_values, filter_count, filter_flag,
+                                   filter_name, filter_number, forget_prompts, session_filters)
 from hermes_state_writer import Transaction
 
 AUTO_PRUNE_KEY = "last_auto_prune"  # state_meta: when the last automatic prune ran (epoch seconds)
@@ -62,22 +63,12 @@ _DELEGATE_MARK = "$._delegate_from"
 
 # --- filters -------------------------------------------------------------------------------------
 
-def _text(name: str, value: Any) -> str:
-    return check_id(name, value)
-
-
 def _like(name: str, value: Any) -> str:
-    return _text(name, value)  # matched with instr (contains_sql): no LIKE pattern, no length limit
+    return filter_name(name, value)  # matched with instr (contains_sql): no LIKE pattern, no length limit
 
 
 def _under(name: str, value: Any) -> tuple[str, ...]:
-    return tuple(cwd_under_values(_text(name, value)))  # the directory itself, or anything below it
-
-
-def _flag(name: str, value: Any) -> int:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, not {shown(value)}")
-    return int(value)
+    return tuple(cwd_under_values(filter_name(name, value)))  # the directory itself, or anything below it
 
 
 _TOKENS = "(COALESCE(s.input_tokens, 0) + COALESCE(s.output_tokens, 0))"
@@ -86,26 +77,26 @@ _COST = "COALESCE(s.actual_cost_usd, s.estimated_cost_usd)"
 # them when the condition has several ?). Text
 # matches (`*_like`) are case-insensitive substrings (ASCII letters, as SQLite's LIKE).
 FILTERS: dict[str, tuple[str, Callable[[str, Any], Any]]] = {
-    "started_after": ("s.started_at >= ?", check_number),
-    "started_before": ("s.started_at < ?", check_number),
+    "started_after": ("s.started_at >= ?", filter_number),
+    "started_before": ("s.started_at < ?", filter_number),
     "title_like": (contains_sql("s.title"), _like),
     "model_like": (contains_sql("s.model"), _like),
     "branch_like": (contains_sql("s.git_branch"), _like),
-    "end_reason": ("s.end_reason = ?", _text),
-    "provider": ("LOWER(s.billing_provider) = LOWER(?)", _text),
-    "user_id": ("s.user_id = ?", _text),
-    "chat_id": ("s.chat_id = ?", _text),
-    "chat_type": ("s.chat_type = ?", _text),
+    "end_reason": ("s.end_reason = ?", filter_name),
+    "provider": ("LOWER(s.billing_provider) = LOWER(?)", filter_name),
+    "user_id": ("s.user_id = ?", filter_name),
+    "chat_id": ("s.chat_id = ?", filter_name),
+    "chat_type": ("s.chat_type = ?", filter_name),
     "cwd_prefix": (cwd_under_sql("s.cwd"), _under),
-    "archived": ("COALESCE(s.archived, 0) = ?", _flag),
-    "min_messages": ("COALESCE(s.message_count, 0) >= ?", check_count),
-    "max_messages": ("COALESCE(s.message_count, 0) <= ?", check_count),
-    "min_tokens": (f"{_TOKENS} >= ?", check_count),
-    "max_tokens": (f"{_TOKENS} <= ?", check_count),
-    "min_cost": (f"{_COST} >= ?", check_number),
-    "max_cost": (f"{_COST} <= ?", check_number),
-    "min_tool_calls": ("COALESCE(s.tool_call_count, 0) >= ?", check_count),
-    "max_tool_calls": ("COALESCE(s.tool_call_count, 0) <= ?", check_count),
+    "archived": ("COALESCE(s.archived, 0) = ?", lambda name, value: int(filter_flag(name, value))),
+    "min_messages": ("COALESCE(s.message_count, 0) >= ?", filter_count),
+    "max_messages": ("COALESCE(s.message_count, 0) <= ?", filter_count),
+    "min_tokens": (f"{_TOKENS} >= ?", filter_count),
+    "max_tokens": (f"{_TOKENS} <= ?", filter_count),
+    "min_cost": (f"{_COST} >= ?", filter_number),
+    "max_cost": (f"{_COST} <= ?", filter_number),
+    "min_tool_calls": ("COALESCE(s.tool_call_count, 0) >= ?", filter_count),
+    "max_tool_calls": ("COALESCE(s.tool_call_count, 0) <= ?", filter_count),
 }
 
 
@@ -130,14 +121,12 @@ def select_sessions(older_than_days: Any = None, source: Any = None, filters: di
     where: list[str] = ["s.ended_at IS NOT NULL"]
     params: list[Any] = []
     if older_than_days is not None:
-        days = check_number("older_than_days", older_than_days)
-        if days < 0:
-            raise ValueError(f"older_than_days must be 0 or more, not {shown(older_than_days)}")
+        days = filter_number("older_than_days", older_than_days)
         where.append("s.started_at < ?")
         params.append((time.time() if now is None else now) - days * DAY_S)
-    if source is not None:
-        where.append("s.source = ?")
-        params.append(_text("source", source))
+    own, own_params = session_filters("s.", source=source, include_archived=True)  # the archived filter is below
+    where += own
+    params += own_params
     for name, value in filters.items():
         if value is None:
             continue

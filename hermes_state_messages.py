@@ -39,6 +39,7 @@ from hermes_state_errors import (SessionClosedByCompressionError, SessionCompres
 from hermes_state_holders import lock_is_live
 from hermes_state_home import config_count
 from hermes_state_lineage import COMPRESSION_END_REASON, compression_ancestor_ids, live_continuation
+from hermes_state_schema import Connection
 from hermes_state_sessions import ARCHIVE_LIFT_SQL, require_session, reset_counters
 
 # --- preparing values --------------------------------------------------------------------------
@@ -249,31 +250,35 @@ TURN_LEASE_TTL_S = 300.0  # how long a turn lease lasts unless refreshed
 BATCH_ROWS = 256
 
 # The new row's id, as AUTOINCREMENT would pick it, queued in one statement that also checks the schema
-# cookie and this connection's token (see fts.cached_state): no row is queued when the catalogue may
-# have changed since it was read, so a file whose triggers another program replaced is never indexed twice.
+# cookie (see fts.cached_state): no row is queued when the catalogue may have changed since it was
+# read, so a file whose triggers another program replaced is never indexed twice.
 _RESERVE_SQL = (f"INSERT OR REPLACE INTO {fts.PENDING}(id) SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence "
                 "WHERE name = 'messages'), 0), COALESCE((SELECT MAX(id) FROM messages), 0)) + 1 "
-                f"FROM pragma_schema_version WHERE schema_version = ? AND {fts.TOKEN_FUNCTION}() = ?")
+                "FROM pragma_schema_version WHERE schema_version = ?")
 
 
 def reserve_id(conn: sqlite3.Connection) -> int | None:
     """Queue the id the next message row will get and return it; None when the triggers must index it.
 
     The caller inserts the row with this id in the same transaction. Only a file holding exactly
-    the declared FTS objects (with no rebuild needed) queues rows.
+    the declared FTS objects (with no rebuild needed) queues rows, and only through a connection
+    the library opened (it keeps the catalogue and the count of its queue; another's rows are
+    indexed by the triggers as they are written).
     """
+    if not isinstance(conn, Connection):
+        return None
     for _ in range(2):
-        entry = fts.CATALOGUES.get(id(conn))  # the cached catalogue: one dict read, no lock, no call
+        entry = conn.fts_catalogue  # the cached catalogue: one attribute read, no lock, no call
         if entry is None:
-            fts.cached_state(conn)  # reads the catalogue and gives this connection its token
+            fts.cached_state(conn)  # reads the catalogue into the connection
             continue
-        token, version, catalogue = entry
+        version, catalogue = entry
         if not (catalogue.declared and catalogue.pending):
             return None
         try:
-            cursor = conn.execute(_RESERVE_SQL, (version, token))
+            cursor = conn.execute(_RESERVE_SQL, (version,))
         except sqlite3.OperationalError:
-            cursor = None  # no token function on this connection: a new connection reusing an old id()
+            cursor = None  # the queue table is gone: another program dropped it since the catalogue was read
         if cursor is not None and cursor.rowcount == 1:
             return cursor.lastrowid
         fts.cached_state(conn)  # the schema changed: read the catalogue again, then decide again
@@ -282,15 +287,15 @@ def reserve_id(conn: sqlite3.Connection) -> int | None:
 
 def after_insert(conn: sqlite3.Connection) -> None:
     """Index the queue in one batch once it holds BATCH_ROWS rows (inside the caller's transaction)."""
-    queued = fts.QUEUED_SINCE_COUNT.get(id(conn), 0) + 1
+    if not isinstance(conn, Connection):
+        return  # only a library connection queues rows (see reserve_id)
+    queued = conn.fts_queued + 1
     if queued >= BATCH_ROWS:
         queued = conn.execute(f"SELECT COUNT(*) FROM {fts.PENDING}").fetchone()[0]
         if queued >= BATCH_ROWS:
             fts.index_batch(conn)
             queued = 0
-    if len(fts.QUEUED_SINCE_COUNT) > 256:
-        fts.QUEUED_SINCE_COUNT.clear()  # entries of closed connections; a live one only counts its queue once more
-    fts.QUEUED_SINCE_COUNT[id(conn)] = queued
+    conn.fts_queued = queued
 
 
 # --- writing rows ----------------------------------------------------------------------------

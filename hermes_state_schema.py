@@ -1,6 +1,7 @@
 """Schema setup: connect, build a new file, reconcile columns, run the versioned ladder, check versions.
 
-Owns: opening the SQLite connection with the library's pragmas, `build_file()` (the one
+Owns: opening the SQLite connection with the library's pragmas (a `Connection`, which carries the
+state the library keeps for that connection alone), `build_file()` (the one
 builder of a new file: a fresh open and `recover` both use it), `_reconcile_columns()`
 (declarative ADD COLUMN from the data dictionary), the versioned migration ladder (a registry
 filled by `step()`/`layout_step()`, each step saying what changed); the read-only check lives in
@@ -22,7 +23,7 @@ import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar, cast
+from typing import Any, Callable, Iterator, TypeVar, cast
 
 from hermes_state_base import CACHE_SIZE_KIB, SOFT_HEAP_LIMIT_KIB
 from hermes_state_cjk import register_functions
@@ -99,6 +100,29 @@ def tighten_side_files(path: Path) -> list[str]:
 
 
 
+class Connection(sqlite3.Connection):
+    """A connection the library opened: sqlite3's own, plus the state the library keeps for it alone.
+
+    The state lives and dies with the connection object, so two connections never share it and a
+    new one never inherits a closed one's (as a table keyed by id() would once the id is reused).
+    A forked child's copy of a parent connection carries the parent's state but is never used; the
+    child's own connections start empty. Connections other code opened (a caller's raw sqlite3
+    connection) are plain `sqlite3.Connection`s: code reading this state checks the type first and
+    treats them as keeping none. Slots, not a __dict__: reading them is as cheap as attributes get.
+    """
+
+    __slots__ = ("fts_catalogue", "fts_queued")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # (schema version, catalogue) of the FTS objects as hermes_state_fts last read them, or None.
+        self.fts_catalogue: tuple[int, Any] | None = None
+        # Rows queued for the index batch through this connection since its queue was last counted:
+        # the queue is counted only when this says a batch may be due (a rollback, or another path
+        # emptying the queue, only makes it too high).
+        self.fts_queued = 0
+
+
 def connect(path: Path, *, read_only: bool = False, read_busy_s: float = READ_BUSY_TIMEOUT_S) -> sqlite3.Connection:
     """Open the connection with explicit transactions, foreign keys and a short busy timeout.
 
@@ -110,7 +134,7 @@ def connect(path: Path, *, read_only: bool = False, read_busy_s: float = READ_BU
     else:
         target, uri = str(path), False
     conn = sqlite3.connect(target, uri=uri, isolation_level=None, check_same_thread=False,
-                           timeout=read_busy_s if read_only else SQLITE_BUSY_TIMEOUT_S)
+                           timeout=read_busy_s if read_only else SQLITE_BUSY_TIMEOUT_S, factory=Connection)
     conn.execute("PRAGMA foreign_keys = ON")
     conn.text_factory = LENIENT_TEXT
     return conn
@@ -202,7 +226,8 @@ def _set_cache(conn: sqlite3.Connection, size: int) -> bool:
 
 def connect_reader(path: Path) -> sqlite3.Connection:
     """Open a handle's second connection, for reads only (it refuses writes), on a writable database."""
-    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=SQLITE_BUSY_TIMEOUT_S)
+    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=SQLITE_BUSY_TIMEOUT_S,
+                           factory=Connection)
     conn.text_factory = LENIENT_TEXT
     conn.execute("PRAGMA query_only = ON")
     size_cache(conn)

@@ -21,7 +21,8 @@ from typing import Any, Callable, Collection, Iterable
 import hermes_state_fts as fts
 import hermes_state_hits as hit_page
 from hermes_state_cjk import fold_sql, fold_text
-from hermes_state_common import check_count, check_id, check_number, escape_like, has_surrogate, logger
+from hermes_state_common import check_count, escape_like, logger
+from hermes_state_sessions import filter_name, filter_names, filter_number, session_filters
 from hermes_state_query import (Group, QueryPlan, Term, cjk_expression, plan_query, quoted_token, trigram_expression,
                                 trigrams, word_expression)
 
@@ -91,17 +92,6 @@ def _warn_once(key: str, message: str) -> None:
         logger.warning(message)
 
 
-def _name_list(name: str, value: Any) -> list[str]:
-    if value is None:
-        return []
-    values = [value] if isinstance(value, str) else value
-    if not isinstance(values, (list, tuple, set, frozenset)) or not all(isinstance(v, str) for v in values):
-        raise ValueError(f"{name} must be a list of strings or None, not {value!r}")
-    if any(has_surrogate(v) for v in values):
-        raise ValueError(f"{name} contains a lone surrogate (U+D800..U+DFFF), which no stored value can hold")
-    return list(values)
-
-
 @dataclass(frozen=True)
 class _Filters:
     """The WHERE conditions every route applies: `m` is the message row, `s` its session."""
@@ -113,32 +103,32 @@ class _Filters:
     @classmethod
     def build(cls, source_filter: Any, exclude_sources: Any, role_filter: Any, session_id: Any,
               include_inactive: bool, since: Any = None, until: Any = None, model_filter: Any = None) -> _Filters:
-        """Validate the caller's filters and return their SQL; bad types raise ValueError."""
+        """Validate the caller's filters and return their SQL; bad ones raise SessionFilterError (a ValueError)."""
         if session_id is not None:
-            check_id("session_id", session_id)
-        sources = _name_list("source_filter", source_filter)
-        excluded = _name_list("exclude_sources", exclude_sources)
-        roles = _name_list("role_filter", role_filter)
-        models = None if model_filter is None else _name_list("model_filter", model_filter)
+            filter_name("session_id", session_id)
+        roles = filter_names("role_filter", role_filter)
+        # The session's own filters, checked and built as every listing's are (an empty list: none passes).
+        on_session, session_params = session_filters(
+            "s.", sources=filter_names("source_filter", source_filter),
+            exclude_sources=filter_names("exclude_sources", exclude_sources),
+            models=filter_names("model_filter", model_filter), include_archived=True)
         where: list[str] = []
         params: list[Any] = []
         if not include_inactive:
             where.append("m.active = 1")
-        for column, values, op in (("m.role", roles, "IN"), ("s.source", sources, "IN"),
-                                   ("s.source", excluded, "NOT IN"), ("s.model", models, "IN")):
-            if values:
-                where.append(f"{column} {op} ({', '.join('?' * len(values))})")
-                params.extend(values)
-        if models == []:
-            where.append("0")  # no model asked for: nothing passes
+        if roles is not None:
+            where.append(f"m.role IN ({', '.join('?' * len(roles))})" if roles else "0")
+            params.extend(roles)
+        where += on_session
+        params += session_params
         for op, name, value in ((">=", "since", since), ("<", "until", until)):
             if value is not None:
                 where.append(f"m.timestamp {op} ?")
-                params.append(check_number(name, value))
+                params.append(filter_number(name, value))
         if session_id is not None:
             where.append("m.session_id = ?")
             params.append(session_id)
-        join = " JOIN sessions s ON s.id = m.session_id" if sources or excluded or models is not None else ""
+        join = " JOIN sessions s ON s.id = m.session_id" if on_session else ""
         return cls("".join(f" AND {w}" for w in where), tuple(params), join)
 
     @property

@@ -2,7 +2,9 @@
 
 Owns: the `sessions` table's rows and the rules on them: which columns a caller may set and
 with which verb, the first end wins, token counters and the per-model usage rows, the archive
-flags and the idle sweep, the workspace columns and session counts.
+flags and the idle sweep, the workspace columns and session counts, and the one builder of
+session filters (`session_filters`, with `filter_name`, `filter_names` and the other checks every
+caller selecting sessions uses, raising SessionFilterError).
 Also the SQL fragments other writers reuse so each rule is written once: `ARCHIVE_LIFT_SQL`
 (writing to a session lifts an archive only the idle sweep made); `COUNTER_RESET_SQL` is the dictionary's.
 Does not own: message rows (hermes_state_messages), lineage walks (hermes_state_lineage).
@@ -27,7 +29,7 @@ from hermes_state_common import (ARCHIVED_SQL, COUNTER_RESET_SQL, DAY_S, Keyword
                                  INT_MAX, SESSION_COLUMN_NAMES, SESSION_ROW_SQL, SESSIONS, TABLE_COLUMNS, check_count,
                                  check_id, check_number, encode_json, is_finite, logger, prompt_hash, replace_surrogates,
                                  row_dicts, session_dicts, shown)
-from hermes_state_errors import HermesStateError, SessionClosedByCompressionError, SessionNotFoundError
+from hermes_state_errors import HermesStateError, SessionClosedByCompressionError, SessionFilterError, SessionNotFoundError
 from hermes_state_fork import tell_child
 from hermes_state_titles import check_title_free, normalize_title, sanitize_title, title_holder
 
@@ -738,45 +740,105 @@ def cwd_prefix_sql(prefix: str) -> tuple[str, list[str]]:
     return cwd_under_sql(), cwd_under_values(prefix)
 
 
-def session_filters(alias: str = "", *, source: Any = None, exclude_sources: Any = None, cwd_prefix: Any = None,
-                    min_message_count: Any = 0, include_archived: bool = False,
-                    archived_only: bool = False) -> tuple[list[str], list[Any]]:
-    """Return (SQL conditions, params) selecting sessions by source, working directory, size and archive state.
+# --- filters selecting sessions -------------------------------------------------------------------
+# The one builder of session filters (`session_filters`) and the checks of every filter value:
+# listings, counts, search, prune and usage all select sessions through these, so a value is
+# accepted or refused (SessionFilterError, a ValueError naming the caller's parameter) alike.
 
-    `alias` prefixes each column ("s." when the query names the table s). Texts must be
-    non-empty strings SQLite can store (ValueError otherwise); an empty `cwd_prefix` filters nothing.
+def _checked(check: Callable[..., Any], name: str, value: Any) -> Any:
+    try:
+        return check(name, value)
+    except ValueError as exc:
+        raise SessionFilterError(str(exc)) from None
+
+
+def filter_name(name: str, value: Any) -> str:
+    """Return `value` when it is a non-empty string SQLite can store, else raise SessionFilterError naming `name`."""
+    return _checked(check_id, name, value)
+
+
+def filter_names(name: str, value: Any) -> list[str] | None:
+    """Return several names (a list, tuple or set of non-empty strings) checked, or None when not given.
+
+    A bare string is refused (SessionFilterError), not taken as the list of its characters.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise SessionFilterError(f"{name} must be a list of names or None, not {shown(value)}")
+    return [filter_name(name, v) for v in value]
+
+
+def filter_name_or_names(name: str, value: Any) -> list[str] | None:
+    """Return one name (a string) or several (a list of them) as a checked list, or None when not given."""
+    return [filter_name(name, value)] if isinstance(value, str) else filter_names(name, value)
+
+
+def filter_flag(name: str, value: Any) -> bool:
+    """Return `value` when it is True or False, else raise SessionFilterError naming `name`."""
+    if not isinstance(value, bool):
+        raise SessionFilterError(f"{name} must be True or False, not {shown(value)}")
+    return value
+
+
+def filter_number(name: str, value: Any) -> float:
+    """Return `value` (a time, a cost) as a float when finite and >= 0, else raise SessionFilterError naming `name`."""
+    return _checked(check_number, name, value)
+
+
+def filter_count(name: str, value: Any) -> int:
+    """Return `value` when it is an integer from 0 to 2**63 - 1, else raise SessionFilterError naming `name`."""
+    return _checked(check_count, name, value)
+
+
+def session_filters(alias: str = "", *, source: Any = None, sources: Any = None, exclude_sources: Any = None,
+                    models: Any = None, cwd_prefix: Any = None, min_message_count: Any = 0,
+                    include_archived: bool = False, archived_only: bool = False, time_sql: str = "",
+                    since: Any = None, until: Any = None) -> tuple[list[str], list[Any]]:
+    """Return (SQL conditions, params) selecting sessions by source, model, directory, size, archive state and time.
+
+    `alias` prefixes each column ("s." when the query names the table s). `source` is one name;
+    `sources` and `models` several, any of which matches (an empty list: none passes);
+    `exclude_sources` several left out; an empty `cwd_prefix` filters nothing. `since`/`until`
+    bound `time_sql` (the caller's time: start, last activity) to [since, until). Every value
+    is checked before any SQL is built (SessionFilterError naming the parameter otherwise).
     """
     where: list[str] = []
     params: list[Any] = []
     if source is not None:
         where.append(f"{alias}source = ?")
-        params.append(check_id("source", source))
-    if exclude_sources:
-        excluded = [check_id("exclude_sources", s) for s in exclude_sources]
+        params.append(filter_name("source", source))
+    for column, name, value in (("source", "sources", sources), ("model", "models", models)):
+        chosen = filter_names(name, value)
+        if chosen is not None:
+            where.append(f"{alias}{column} IN ({', '.join('?' * len(chosen))})" if chosen else "0")
+            params += chosen
+    excluded = filter_names("exclude_sources", exclude_sources)
+    if excluded:
         where.append(f"{alias}source NOT IN ({', '.join('?' * len(excluded))})")
         params += excluded
     if cwd_prefix not in (None, ""):
         where.append(cwd_under_sql(f"{alias}cwd"))
-        params += cwd_under_values(check_id("cwd_prefix", cwd_prefix))
-    if min_message_count:
+        params += cwd_under_values(filter_name("cwd_prefix", cwd_prefix))
+    if min_message_count is not None and filter_count("min_message_count", min_message_count):
         where.append(f"COALESCE({alias}message_count, 0) >= ?")
-        params.append(check_count("min_message_count", min_message_count))
+        params.append(min_message_count)
+    for op, name, value in ((">=", "since", since), ("<", "until", until)):
+        if value is not None:
+            where.append(f"{time_sql} {op} ?")
+            params.append(filter_number(name, value))
     # Through idx_sessions_archived: the archive state is read from no session's row.
     archived = f"{alias}id IN (SELECT id FROM sessions WHERE {ARCHIVED_SQL})"
-    if archived_only:
+    if filter_flag("archived_only", archived_only):
         where.append(f"{archived} AND COALESCE({alias}archived, 0) = 1")
-    elif not include_archived:
+    elif not filter_flag("include_archived", include_archived):
         where.append(f"NOT {archived}")
     return where, params
 
 
 def source_list(sources: Any) -> list[str] | None:
     """Return `sources` (several sources, any of which matches) checked; None or [] means no such filter."""
-    if sources is None:
-        return None
-    if isinstance(sources, (str, bytes)) or not isinstance(sources, (list, tuple, set, frozenset)):
-        raise ValueError(f"sources must be a list of source names, not {type(sources).__name__}")
-    return [check_id("sources", s) for s in sources] or None
+    return filter_names("sources", sources) or None
 
 
 def session_count(conn: sqlite3.Connection, source: str | None = None, sources: list[str] | None = None,

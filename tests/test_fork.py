@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import sys
 import threading
 import time
 import traceback
 import warnings
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -152,3 +154,29 @@ def test_an_inherited_handle_refuses_every_call_and_the_child_opens_its_own(db):
         assert shared.message_count("s") == 2
     finally:
         shared.release()
+
+
+def test_a_forked_child_s_connections_keep_state_of_their_own(db):
+    # The child's copy of the parent's connection carries the parent's state, unused; the child's
+    # own handle starts with none, indexes what it queued when it closes, and the parent's count
+    # of its own queue is untouched by whatever the child did.
+    import hermes_state_fts as fts
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "queued by the parent")
+    with db.transaction() as txn:
+        inherited = txn.conn
+    assert inherited.fts_queued == 1
+
+    def body() -> None:
+        with SessionDB(db.db_path) as own:
+            with own.transaction() as txn:
+                mine = txn.conn
+            assert mine is not inherited and mine.fts_queued == 0
+            own.append_message("s", "user", "queued by the child")
+            assert mine.fts_queued == 1 and inherited.fts_queued == 1
+        with closing(sqlite3.connect(db.db_path)) as bare:
+            assert bare.execute(f"SELECT COUNT(*) FROM {fts.PENDING}").fetchone()[0] == 0
+
+    assert run_child(body) == 0
+    assert inherited.fts_queued == 1
+    assert len(db.search_messages("queued")) == 2

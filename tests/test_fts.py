@@ -25,7 +25,9 @@ from hypothesis import strategies as st
 
 import hermes_state_fts as fts
 import hermes_state_messages as message_rows
+import hermes_state_schema as schema
 from hermes_state import SessionDB, StateDbIncompatibleError, StoreUnavailableError
+from hermes_state_writer import RetryPolicy, Writer
 
 ALL = fts.FTS_TABLES
 
@@ -719,18 +721,102 @@ def test_a_rebuild_started_elsewhere_is_noticed_at_the_next_search(db, rival):
 
 
 def test_a_new_connection_never_reads_a_closed_ones_cached_state(tmp_path):
-    # A closed connection's id() is soon given to a new one; the cache must tell them apart.
+    # A closed connection's id() is soon given to a new one; the cache must tell them apart,
+    # for the library's connections (which keep it) and for bare ones (which read afresh).
     with SessionDB(tmp_path / "state.db"):
         pass
     bare = tmp_path / "bare.db"
     sqlite3.connect(bare).execute("CREATE TABLE state_meta (key TEXT PRIMARY KEY, value TEXT)").connection.close()
-    for _ in range(10):
-        for path, tables in ((tmp_path / "state.db", frozenset(ALL)), (bare, frozenset())):
-            conn = sqlite3.connect(path)
-            assert fts.cached_state(conn).tables == tables
-            assert fts.cached_state(conn).tables == tables
-            conn.close()
-            del conn
+    for opener in (schema.connect, sqlite3.connect):
+        for _ in range(10):
+            for path, tables in ((tmp_path / "state.db", frozenset(ALL)), (bare, frozenset())):
+                conn = opener(path)
+                assert fts.cached_state(conn).tables == tables
+                assert fts.cached_state(conn).tables == tables
+                conn.close()
+                del conn
+
+
+def _queue_one(conn, sid: str) -> int:
+    # One message written on `conn` as the library writes it, in a transaction of its own.
+    conn.execute("BEGIN IMMEDIATE")
+    row = message_rows.insert_message(conn, sid, {"role": "user", "content": f"queued on {sid}"})
+    conn.execute("COMMIT")
+    return row
+
+
+def test_each_library_connection_keeps_its_own_state_for_as_long_as_it_lives(db, rival):
+    db.create_session("s", "cli")
+    first, second = schema.connect(db.db_path), schema.connect(db.db_path)
+    try:
+        _queue_one(first, "s")
+        assert (first.fts_queued, second.fts_queued) == (1, 0)
+        assert first.fts_catalogue is not None and second.fts_catalogue is None
+        # Hundreds of other connections come and go (each queueing a row): none touches first's state.
+        others = []
+        for _ in range(300):
+            other = schema.connect(db.db_path)
+            _queue_one(other, "s")
+            other.close()
+            others.append(other)  # kept, so no id() is given again
+        assert first.fts_queued == 1 and first.fts_catalogue is not None
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_closing_handle_indexes_its_queue_however_many_connections_came_before(db, rival):
+    # A handle indexes on close what it queued: however many other connections have queued rows
+    # meanwhile, its count of its own queue is never thrown away.
+    db.create_session("s", "cli")
+    db.append_message("s", "user", "the handle's own row")
+    others = []
+    for _ in range(300):
+        other = schema.connect(db.db_path)
+        _queue_one(other, "s")
+        other.close()
+        others.append(other)  # kept, so no id() is given again
+    assert rival.execute(f"SELECT COUNT(*) FROM {fts.PENDING}").fetchone()[0] == 301
+    db.close()
+    assert rival.execute(f"SELECT COUNT(*) FROM {fts.PENDING}").fetchone()[0] == 0
+    assert len(ids(rival, "messages_fts", "queued OR own")) == 301
+
+
+def test_a_new_connection_never_takes_a_closed_ones_queue_count(db):
+    # The closed connection queued a row; a new one given the same id() has queued nothing, so
+    # flushing its queue runs no SQL at all.
+    db.create_session("s", "cli")
+    conn = schema.connect(db.db_path)
+    _queue_one(conn, "s")
+    old = id(conn)
+    conn.close()
+    del conn
+    kept = []
+    for _ in range(200):  # CPython gives a freed object's memory to the next of its size
+        conn = schema.connect(db.db_path)
+        if id(conn) == old:
+            break
+        kept.append(conn)
+    assert id(conn) == old
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    fts.flush_queue(Writer(conn), RetryPolicy())
+    assert statements == []
+    for other in (conn, *kept):
+        other.close()
+
+
+def test_a_connection_the_library_did_not_open_keeps_no_state_and_queues_nothing(db, rival):
+    # A caller's bare connection cannot carry the cache: its rows are indexed by the triggers as
+    # they are written, and its searches read the catalogue afresh.
+    db.create_session("s", "cli")
+    row = _queue_one(rival, "s")
+    assert rival.execute(f"SELECT COUNT(*) FROM {fts.PENDING}").fetchone()[0] == 0
+    assert ids(rival, "messages_fts", "queued") == [row]
+    assert message_rows.reserve_id(rival) is None
+    assert fts.CJK in fts.cached_state(rival).tables
+    rival.execute(f"DROP TABLE {fts.CJK}")
+    assert fts.CJK not in fts.cached_state(rival).tables
 
 
 def test_optimize_merges_every_present_index_and_changes_no_result(db):

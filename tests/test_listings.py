@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import hermes_state_listings as listings
-from hermes_state import SessionDB
+from hermes_state import SessionDB, SessionFilterError
 
 
 def ids(rows) -> list[str]:
@@ -103,6 +103,52 @@ def test_filters(db):
     for bad in ({"limit": -1}, {"exclude_sources": [3]}, {"source": ""}, {"min_message_count": "2"}):
         with pytest.raises(ValueError):
             db.list_sessions_rich(**bad)
+
+
+def test_every_session_filter_checks_its_values_alike(db):
+    # Listings, counts, search and prune select sessions through one builder: a value one of them
+    # refuses, each refuses, with the same typed error naming the caller's parameter.
+    db.create_session("a", "cli", model="m")
+    db.append_message("a", "user", "needle")
+    db.end_session("a", "done")
+    refused = [
+        # an empty name matches nothing any session can hold
+        ("source", lambda: db.list_sessions(source="")), ("model", lambda: db.count_sessions(model=[""])),
+        ("source_filter", lambda: db.search_messages("needle", source_filter=[""])),
+        ("source", lambda: db.session_count(source="")), ("source", lambda: db.prune_sessions(None, source="")),
+        # a bare string where several names belong is not the list of its characters
+        ("exclude_sources", lambda: db.session_count(exclude_sources="cli")),
+        ("exclude_sources", lambda: db.list_sessions_rich(exclude_sources="cli")),
+        ("exclude_sources", lambda: db.search_messages("needle", exclude_sources="cli")),
+        ("source_filter", lambda: db.search_messages("needle", source_filter="cli")),
+        ("role_filter", lambda: db.search_messages("needle", role_filter="user")),
+        # a switch is True or False, not a truthy value
+        ("include_archived", lambda: db.session_count_by_source(include_archived=1)),
+        ("include_archived", lambda: db.list_sessions(include_archived="yes")),
+        ("archived", lambda: db.prune_sessions(None, archived=1)),
+        # a time is a finite number
+        ("since", lambda: db.list_sessions(since="yesterday")),
+        ("until", lambda: db.search_messages("needle", until=float("nan"))),
+    ]
+    for name, call in refused:
+        with pytest.raises(SessionFilterError, match=name):
+            call()
+    assert issubclass(SessionFilterError, ValueError)
+    assert db.get_session("a") is not None  # nothing was pruned on the way
+
+
+def test_an_empty_list_of_names_lets_nothing_through_where_names_are_asked_for(db):
+    # "Any of these sources" with none given selects nothing, in a listing and in a search alike
+    # (the command line passes [] when a typed name matches no stored one); hermes-agent's own
+    # parameters (`sources`) keep its rule, that [] filters nothing.
+    db.create_session("a", "cli", model="m")
+    db.append_message("a", "user", "needle")
+    assert db.list_sessions(source=[]) == [] and db.count_sessions(model=[]) == 0
+    assert db.search_messages("needle", source_filter=[]) == []
+    assert db.search_messages("needle", role_filter=[]) == []
+    assert db.search_messages("needle", model_filter=[]) == []
+    assert len(db.search_messages("needle", exclude_sources=[])) == 1
+    assert db.session_count(sources=[]) == 1 and ids(db.list_sessions_rich(sources=[])) == ["a"]
 
 
 def test_search_by_id_ranks_exact_then_prefix_then_substring(chain):
