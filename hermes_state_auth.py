@@ -492,6 +492,9 @@ class AuthGuard:
         # The hash runs on a worker thread: about 0.1 s that would otherwise stop every other request.
         right = await asyncio.to_thread((known or self.decoy).matches, password)
         if not right or known is None:
+            # Said on the server's terminal: who tried, from where; never the password.
+            client = (scope.get("client") or ("an unknown address",))[0]
+            print(f"hermes-state serve: failed login as {name!r} from {client}", file=sys.stderr, flush=True)
             return 401, challenge, "Unauthorized: wrong name or password"
         self.limit.refund(keys, when)
         if len(self.checked) >= 256:

@@ -158,6 +158,50 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+STOP_GRACE_S = 1  # how long a stop (Ctrl-C, SIGTERM) waits for open connections to finish
+
+
+def page_urls(host: str, port: int, page: str, allow_host: list[str] | None = None) -> list[str]:
+    """Return the page's URL a browser here can open, then (bound to every interface) the one for other machines."""
+    if allow_host:
+        names = [allow_host[0]]
+    else:
+        try:
+            wildcard = ipaddress.ip_address(host.strip("[]")).is_unspecified
+        except ValueError:
+            wildcard = False
+        # 0.0.0.0 and :: are where the server listens, not addresses a browser can open.
+        names = ["localhost", socket.getfqdn().lower()] if wildcard else [host]
+    return [f"http://{f'[{n}]' if ':' in n else n}:{port}{page}" for n in dict.fromkeys(names)]
+
+
+def request_log_config() -> dict[str, Any]:
+    """Return uvicorn's logging set-up with only its request lines (INFO) and its warnings, on stderr."""
+    handler = {"class": "logging.StreamHandler", "stream": "ext://sys.stderr", "formatter": "plain"}
+    return {"version": 1, "disable_existing_loggers": False,
+            "formatters": {"plain": {"format": "%(asctime)s %(message)s", "datefmt": "%Y-%m-%d %H:%M:%S"}},
+            "handlers": {"stderr": handler},
+            "loggers": {"uvicorn.error": {"handlers": ["stderr"], "level": "WARNING", "propagate": False},
+                        "uvicorn.access": {"handlers": ["stderr"], "level": "INFO", "propagate": False}}}
+
+
+def unreadable_profiles(root: Path) -> list[tuple[str, str]]:
+    """Return (name, why) of each profile under `root` whose store a read-only open cannot read."""
+    from hermes_state import SessionDB
+    from hermes_state_home import profile_homes
+    found = []
+    for name, home in profile_homes(root):
+        path = home / "state.db"
+        if not path.exists():
+            continue  # a profile without a store yet has nothing to show, and nothing wrong
+        try:
+            with SessionDB(path, read_only=True):
+                pass
+        except HermesStateError as exc:
+            found.append((name, str(exc).split(". ")[0]))
+    return found
+
+
 def _one_store(datasette: Any, args: argparse.Namespace) -> tuple[Any, str, str]:
     # A read-only open first: a missing file is an error (never created), an unknown schema is named.
     with open_db(args) as db:
@@ -176,6 +220,9 @@ def _every_profile(datasette: Any, args: argparse.Namespace) -> tuple[Any, str, 
     root = profiles_root()
     if not root.is_dir():
         raise HermesStateError(f"{root} does not exist: there is no profile to serve")
+    for name, why in unreadable_profiles(root):
+        print(f"hermes-state serve: profile {name!r} cannot be read and is shown as unavailable: {why}",
+              file=sys.stderr, flush=True)
     ds = datasette([], metadata={"plugins": {"hermes-state": {"profiles_root": str(root)}}})
     return ds, f"every profile of {display_hermes_home(root)}", "/-/hermes"
 
@@ -195,13 +242,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr, flush=True)
     sock = bind(args.host, args.port)
     port = sock.getsockname()[1]
-    host = args.allow_host[0] if args.allow_host else args.host
-    shown = f"[{host}]" if ":" in host else host
     login = "" if logins is None else f", login as a user of {display_hermes_home(logins.path)}"
-    print(f"Serving {what} read-only at http://{shown}:{port}{page} (Ctrl-C stops{login})", flush=True)
+    urls = page_urls(args.host, port, page, args.allow_host)
+    print(f"Serving {what} read-only at {urls[0]} (Ctrl-C stops{login})", flush=True)
+    if len(urls) > 1:
+        print(f"From other machines: {urls[1]}", flush=True)
     app = ds.app() if logins is None else auth.AuthGuard(ds.app(), logins)
     app = HostGuard(app, frozenset(args.allow_host) if args.allow_host else allowed_hosts(args.host), port)
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", workers=1)
+    # One line per request on stderr (method, path, status; never a header, so never a password),
+    # uvicorn's own start-up lines left out; a stop waits at most a second for open connections.
+    config = uvicorn.Config(app, log_config=request_log_config(), log_level=None, lifespan="on", workers=1,
+                            timeout_graceful_shutdown=STOP_GRACE_S)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

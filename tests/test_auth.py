@@ -404,6 +404,17 @@ def test_an_unknown_name_costs_one_hash_like_a_known_one(logins, monkeypatch):
     assert all(PASSWORD.encode() not in key for key in guard.checked)
 
 
+def test_a_failed_login_is_said_on_the_terminal_with_name_and_address_never_the_password(logins, capsys):
+    guard = auth.AuthGuard(_unreached, logins)
+    assert _ask(guard, _basic("alice", "wrong \x1b[2J password"))[0] == 401
+    assert _ask(guard, _basic("\x1b[31mmallory", PASSWORD))[0] == 401
+    assert _ask(guard, _basic("alice", PASSWORD))[0] == 200
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 2 and all(line.startswith("hermes-state serve: failed login as ") for line in said)
+    assert "'alice'" in said[0] and "\x1b" not in "".join(said)  # a name cannot drive the terminal
+    assert not any("wrong" in line or PASSWORD in line for line in said)
+
+
 def test_the_guard_reads_the_file_again_and_refuses_all_when_it_goes_wrong(logins, capsys):
     guard = auth.AuthGuard(_unreached, logins)
     assert _ask(guard, _basic("alice", PASSWORD))[0] == 200

@@ -168,3 +168,77 @@ def test_lifespan_events_pass_through_the_guard():
         seen.append(scope["type"])
     asyncio.run(serve.HostGuard(app, frozenset(), 1)({"type": "lifespan"}, None, None))
     assert seen == ["lifespan"]
+
+
+# --- what a running server says ------------------------------------------------------------------
+
+def _start(home: Path, log: Path, *argv: str) -> tuple[subprocess.Popen, int]:
+    env = {**os.environ, "HERMES_HOME": str(home)}
+    with log.open("wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "hermes_state_cli", "serve", "--port", "0", *argv],
+                                   stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        found = re.search(r"http://(?:127\.0\.0\.1|localhost):(\d+)/", log.read_text())
+        if found:
+            try:
+                socket.create_connection(("127.0.0.1", int(found.group(1))), timeout=1).close()
+                return process, int(found.group(1))
+            except OSError:
+                pass
+        time.sleep(0.1)
+    os.killpg(process.pid, signal.SIGKILL)
+    pytest.fail(f"serve did not start: {log.read_text()}")
+
+
+def test_each_request_is_one_line_and_a_stop_mid_request_ends_the_server(store, tmp_path):
+    log = tmp_path / "serve.log"
+    process, port = _start(store, log)
+    try:
+        assert _request(port, "/-/hermes/state?q=x")[0] in (200, 302)
+        assert _request(port, "/nope")[0] == 404
+        # A client that sent half a request: a stop does not wait on it.
+        half = socket.create_connection(("127.0.0.1", port))
+        half.sendall(b"GET /-/hermes HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        time.sleep(0.2)
+        os.killpg(process.pid, signal.SIGTERM)
+        assert process.wait(10) is not None
+        half.close()
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    lines = log.read_text().splitlines()
+    requests = [line for line in lines if "HTTP/1.1" in line]
+    assert any('"GET /-/hermes/state?q=x HTTP/1.1"' in line for line in requests)
+    assert any('"GET /nope HTTP/1.1" 404' in line for line in requests)
+    assert not any("Uvicorn running" in line or "Started server process" in line for line in lines)
+
+
+def test_a_server_on_every_interface_announces_urls_a_browser_can_open():
+    urls = serve.page_urls("0.0.0.0", 8001, "/-/hermes/state")
+    name = socket.getfqdn().lower()
+    assert urls == ["http://localhost:8001/-/hermes/state"] + ([] if name == "localhost" else
+                                                               [f"http://{name}:8001/-/hermes/state"])
+    assert serve.page_urls("::", 8001, "/x")[0] == "http://localhost:8001/x"
+    assert serve.page_urls("127.0.0.1", 8001, "/x") == ["http://127.0.0.1:8001/x"]
+    assert serve.page_urls("::1", 8001, "/x") == ["http://[::1]:8001/x"]
+    assert serve.page_urls("0.0.0.0", 8001, "/x", ["box.lan"]) == ["http://box.lan:8001/x"]
+
+
+def test_every_profile_says_at_start_up_which_profiles_it_cannot_read(tmp_path):
+    root = tmp_path / "root"
+    for home in (root, root / "profiles" / "coder", root / "profiles" / "broken"):
+        home.mkdir(parents=True, exist_ok=True)
+        with SessionDB(home / "state.db") as db:
+            db.create_session("s1", "cli")
+    (root / "profiles" / "broken" / "state.db").write_bytes(b"SQLite format 3\x00" + b"\x00" * 84)
+    (root / "profiles" / "empty").mkdir()  # a profile with no store yet: nothing wrong with it
+    assert [name for name, _ in serve.unreadable_profiles(root)] == ["broken"]
+    log = tmp_path / "serve.log"
+    process, port = _start(root, log, "--all-profiles")
+    try:
+        said = [line for line in log.read_text().splitlines() if "cannot be read" in line]
+        assert len(said) == 1 and "profile 'broken' cannot be read" in said[0]
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(10)
