@@ -68,6 +68,13 @@ def test_example_runs_as_shown(path, line, code, reason, tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, f"{path.name}:{line} failed:\n{done.stderr[-3000:]}"
+    # What an example says it prints (`print(...)  # prints: TEXT`, one line each) is what it printed.
+    shown = _PRINTS.findall(code)
+    if shown:
+        assert done.stdout.splitlines() == shown, f"{path.name}:{line} printed something else:\n{done.stdout}"
+
+
+_PRINTS = re.compile(r"^\s*print\(.*\)\s*# prints: (.*)$", re.MULTILINE)
 
 
 def test_shell_blocks_say_why_they_are_not_run():
