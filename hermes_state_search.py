@@ -116,8 +116,8 @@ class _Filters:
         params: list[Any] = []
         if not include_inactive:
             where.append("m.active = 1")
-        if roles is not None:
-            where.append(f"m.role IN ({', '.join('?' * len(roles))})" if roles else "0")
+        if roles:  # an empty list of roles filters nothing, as in hermes-agent (an empty list of sources finds nothing)
+            where.append(f"m.role IN ({', '.join('?' * len(roles))})")
             params.extend(roles)
         where += on_session
         params += session_params

@@ -74,3 +74,13 @@ def test_what_no_provider_takes_is_refused_by_the_strict_route_not_sent_broken(t
         to_provider_messages(wrapped, "openai")
     # A route that takes the wrapper gets it as it was stored; the row keeps its search text.
     assert to_provider_messages(wrapped, "anthropic") == [{"role": "user", "content": {"a": 1}}]
+
+
+@RELEASES
+def test_empty_filter_lists_mean_what_they_mean_in_the_agent(tmp_path, release):
+    ops = [["create", "s1"], ["append", "s1", "user", "docker works"],
+           call("search_messages", "docker", source_filter=[], spec="ids"),
+           call("search_messages", "docker", role_filter=[], spec="ids"),
+           call("search_messages", "docker", exclude_sources=[], spec="ids")]
+    theirs, mine = release.both(tmp_path, ops)
+    assert [len(a) for a in mine[2:]] == [len(a) for a in theirs[2:]] == [0, 1, 1]
