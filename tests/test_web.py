@@ -4,6 +4,8 @@ from __future__ import annotations
 import asyncio
 from contextlib import contextmanager
 import hashlib
+import html as htmllib
+import json
 import os
 import re
 import shutil
@@ -13,8 +15,10 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
+from urllib.parse import quote
 
 import datasette.version
 import pytest
@@ -77,6 +81,11 @@ def digest(path: Path) -> dict[str, str | None]:
     return out
 
 
+def listed_ids(html: str) -> list[str]:
+    """Return the whole ids of the sessions a session list shows, in its order."""
+    return re.findall(r'<td class="hs-id" data-id="([^"]+)"', html)
+
+
 def content(response) -> str:
     assert response.status_code == 200, response.text[:500]
     return re.search(r'<section class="content">(.*)</section>', response.text, re.S).group(1)
@@ -126,7 +135,7 @@ def test_sessions_page_lists_newest_activity_first(store):
 def test_sessions_page_pages(store, monkeypatch):
     monkeypatch.setattr(hermes_state_web, "SESSIONS_PER_PAGE", 2)
     pages = get(store, "/-/hermes/state", "/-/hermes/state?page=2", "/-/hermes/state?page=3")
-    ids = [re.findall(r'/-/hermes/state/session/([\w]+)"', content(p)) for p in pages]
+    ids = [listed_ids(content(p)) for p in pages]
     assert [len(i) for i in ids] == [2, 2, 0]
     assert sorted(ids[0] + ids[1]) == ["s_branch", "s_build", "s_build_2", "s_tokyo"]
     assert "page=2" in content(pages[0]) and "page=1" in content(pages[1]) and "page=4" not in content(pages[1])
@@ -271,7 +280,7 @@ def test_sessions_page_has_an_id_column_and_filters(db):
         "/-/hermes/state?since=2999-01-01", "/-/hermes/state?archived=1", "/-/hermes/state?since=soon")
 
     def listed(response):
-        return re.findall(r'<td class="hs-id">([^<]+)</td>', content(response))
+        return listed_ids(content(response))
     assert sorted(listed(every)) == ["s_branch", "s_build", "s_build_2", "s_tokyo"]  # archived left out
     assert listed(telegram) == ["s_tokyo"] and listed(model) == ["s_tokyo"] and listed(future) == []
     assert "s_old" in listed(archived) and "(archived)" in content(archived)
@@ -401,12 +410,110 @@ def serving(path: Path, log: Path) -> Iterator[int]:
         stop(server)
 
 
+# The window widths the pages are checked at: a small laptop's and a wide screen's.
+WIDTHS = (900, 1400)
+# Read in the page once it is laid out: whether it scrolls sideways, the session list's columns and
+# the lines each title takes, the Markdown lists' markers, the chart's box and its labels' boxes.
+MEASURE = """(function () {
+  const box = (e) => { const r = e.getBoundingClientRect(); return {left: r.left, right: r.right, top: r.top, bottom: r.bottom, width: r.width}; };
+  const out = {};
+  const se = document.scrollingElement;
+  out.scrollWidth = se.scrollWidth; out.clientWidth = se.clientWidth;
+  const table = document.querySelector("table.hs-sessions");
+  if (table) {
+    out.columns = Array.from(table.tHead.rows[0].cells).map((c) => [c.textContent.trim(), Math.round(box(c).width)]);
+    out.titles = Array.from(table.querySelectorAll("td.hs-title")).map((td) => {
+      const range = document.createRange(); range.selectNodeContents(td);
+      const tops = Array.from(range.getClientRects()).map((q) => q.top).sort((a, b) => a - b);
+      return [td.textContent.trim(), tops.filter((top, i) => i === 0 || top - tops[i - 1] > 8).length];
+    });
+  }
+  out.lists = Array.from(document.querySelectorAll(".hs-md li")).map((li) => getComputedStyle(li).listStyleType);
+  const svg = document.querySelector("svg.hs-chart");
+  if (svg) {
+    out.chart = box(svg); out.content = box(document.querySelector("section.content"));
+    out.dates = Array.from(svg.querySelectorAll(".hs-xdate")).map((t) => [t.textContent, box(t)]);
+    out.ticks = Array.from(svg.querySelectorAll(".hs-ytick")).map((t) => [t.textContent, box(t)]);
+    out.grid = svg.querySelectorAll(".hs-grid").length;
+  }
+  const pre = document.createElement("pre"); pre.id = "hs-measure"; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();
+"""
+
+
+def measured(browser: str, profile: Path, port: int, path: str, width: int) -> dict[str, Any]:
+    """Lay out the served page `path` in Chromium at `width` px; return what MEASURE reads of it.
+
+    The page is fetched from the server and loaded from a file with MEASURE added at its end
+    (its stylesheets still from the server): the page itself runs no script.
+    """
+    served = urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30).read().decode("utf-8")
+    page = served.replace("<head>", f'<head><base href="http://127.0.0.1:{port}{path}">', 1)
+    page = page.replace("</body>", f"<script>{MEASURE}</script></body>", 1)
+    local = profile.parent / f"measure-{width}.html"
+    local.write_text(page, encoding="utf-8")
+    dom = browse(browser, profile, local.as_uri(), "--dump-dom", f"--window-size={width},900")
+    return json.loads(htmllib.unescape(re.search(r'<pre id="hs-measure">(.*?)</pre>', dom, re.S).group(1)))
+
+
+# A gateway's session id: long, and never wrapped.
+LONG_ID = "telegram:-1001234567890:thread:98765:user:4242424242:20261206T163722"
+PLAN = "Plan the migration of the billing service"
+
+
+def _add_layout_sessions(path: Path) -> None:
+    """A session with a long id and an untitled preview cut short, and one with Markdown lists."""
+    with SessionDB(path) as db:
+        db.create_session(LONG_ID, "api", "openai/gpt-5")
+        db.append_message(LONG_ID, "user", "Please send the quarterly report to alice@example.com and copy "
+                                           "bob@example.com too")
+        db.create_session("s_plan", "cli", "anthropic/claude-sonnet-4.6")
+        db.set_session_title("s_plan", PLAN)
+        db.append_message("s_plan", "assistant", "Steps, **carefully**:\n\n1. back up the database\n2. switch the writers\n\n"
+                                                  "- keep the old one\n- watch the logs")
+
+
 def test_pages_render_in_headless_chromium(store, tmp_path):
     browser = chromium()
+    _add_layout_sessions(store)
     before = digest(store)
     log = tmp_path / "serve.log"
     with serving(store, log) as port:
         base, profile = f"http://127.0.0.1:{port}/-/hermes/state", tmp_path / "chromium-profile"
+        for width in WIDTHS:
+            listing = measured(browser, profile, port, "/-/hermes/state", width)
+            assert listing["scrollWidth"] <= listing["clientWidth"], (width, listing)  # no sideways scrolling
+            columns = dict(listing["columns"])
+            assert columns["ID"] <= 100 and columns["Session"] >= (190 if width < 1000 else 450), (width, columns)
+            lines = dict(listing["titles"])
+            assert lines[PLAN] == (2 if width < 1000 else 1), (width, lines)
+            conversation = measured(browser, profile, port, "/-/hermes/state/session/s_plan", width)
+            assert conversation["lists"] == ["decimal", "decimal", "disc", "disc"], conversation
+            assert conversation["scrollWidth"] <= conversation["clientWidth"]
+        dom = browse(browser, profile, base, "--dump-dom")
+        assert f'<a href="/-/hermes/state/session/{quote(LONG_ID, safe="")}" title="{LONG_ID}">telegra</a>' in dom
+        assert 'class="hs-untitled">Please send the quarterly report to alice@example.com and copy\u2026</a>' in dom
+        # Search: its order said, an untitled session named as in the list, Markdown shown as words.
+        dom = browse(browser, profile, f"{base}/search?q=quarterly", "--dump-dom")
+        assert "Best match first." in dom and f">{LONG_ID}<" not in dom
+        assert '<span class="hs-untitled-mark">(untitled)</span> <a href="/-/hermes/state/session/' \
+               f'{quote(LONG_ID, safe="")}#m' in dom and "and copy\u2026</a>" in dom
+        dom = browse(browser, profile, f"{base}/search?q=carefully", "--dump-dom")
+        assert "Steps, <mark>carefully</mark>: back up the database" in dom and "**" not in dom
+        dom = browse(browser, profile, f"{base}/search?q=zebra", "--dump-dom")
+        assert "No messages match." in dom and "Page 1" not in dom
+        # A unique prefix opens its session; an ambiguous one lists its sessions.
+        dom = browse(browser, profile, f"{base}/session/s_tok", "--dump-dom")
+        assert "浅草寺と上野公園がおすすめです。" in dom
+        dom = browse(browser, profile, f"{base}/session/s_bu", "--dump-dom")
+        assert "Which session?" in dom and re.findall(r'<a class="hs-id" href="[^"]+">(\w+)</a>', dom) == \
+            ["s_build", "s_build_2"]
+        # Error pages lead back.
+        for broken in (f"{base}/session/nope", f"{base}?since=soon"):
+            dom = browse(browser, profile, broken, "--dump-dom")
+            assert '<a href="/-/hermes/state">Sessions of state</a>' in dom, broken
+            assert '<a href="/-/hermes/state/search">Search state</a>' in dom
         dom = browse(browser, profile, f"{base}/session/s_build", "--dump-dom")
         body = re.search(r"<body[^>]*>", dom).group(0)
         assert "data-pwned" not in body  # the stored <script> never ran
@@ -415,7 +522,7 @@ def test_pages_render_in_headless_chromium(store, tmp_path):
         dom = browse(browser, profile, f"{base}/search?q=%E6%9D%B1%E4%BA%AC", "--dump-dom")
         assert "<mark>東京</mark>" in dom and "東京旅行の計画 &lt;b&gt;bold&lt;/b&gt;" in dom
         dom = browse(browser, profile, f"{base}?source=telegram&since=30d", "--dump-dom")
-        assert re.findall(r'<td class="hs-id">([^<]+)</td>', dom) == ["s_tokyo"] and "<option selected=" in dom
+        assert listed_ids(dom) == ["s_tokyo"] and "<option selected=" in dom
         dom = browse(browser, profile, f"{base}/search?q=Docker+Build&role=tool&reasoning=1", "--dump-dom")
         assert 'href="/-/hermes/state/session/s_build">Fix Docker Build</a>' in dom and 'checked=""' in dom
         dom = browse(browser, profile, f"http://127.0.0.1:{port}/", "--dump-dom")

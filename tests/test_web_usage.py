@@ -78,9 +78,11 @@ def test_a_chart_of_tokens_when_nothing_is_priced():
     svg = str(chart.usage_chart(rows))
     assert "Tokens per day" in svg and "30 tokens" in svg and "&lt;b&gt;x&lt;/b&gt;" in svg and "<b>" not in svg
     assert [d for d, _, _ in _bars(svg)] == ["2026-11-01", "2026-11-03"]
-    assert 'x="70.0"' in svg and svg.count("hs-bar") == 2  # three days wide, the empty day left blank
-    widths = {float(w) for w in re.findall(r'class="hs-bar" [^>]*width="([\d.]+)"', svg)}
-    assert widths == {chart.MAX_BAR}  # a few days are bars of their own width, not slabs across the chart
+    assert svg.count('class="hs-bar"') == 2  # three days wide, the empty day without a bar
+    assert re.search(r'class="hs-day" [^>]*data-day="2026-11-02"><title>2026-11-02: no sessions</title>', svg)
+    widths = [float(w) for w in re.findall(r'class="hs-bar" [^>]*width="([\d.]+)%"', svg)]
+    # a few days are a row of bars at the left, not slabs across the chart
+    assert widths == [pytest.approx(100 / chart.MIN_SLOTS * chart.BAR_FILL, abs=0.01)] * 2
     assert str(chart.usage_chart([])) == ""
 
 
