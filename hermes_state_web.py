@@ -615,8 +615,15 @@ def _listed(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _breakable(name: str | None) -> Markup:
-    """Escape a model name, letting a narrow column break it after each "/" (provider/model)."""
-    return Markup("/<wbr>").join(escape(part) for part in (name or "").split("/"))
+    """Escape a model name, letting a narrow column break it after a "/" (provider/model), and a long name at its hyphens."""
+    parts = (name or "").split("/")
+    pieces = [part + "/" for part in parts[:-1]] + parts[-1:]
+    # "gpt-5-mini" stays whole; "claude-sonnet-4.6" may break where the browser breaks a hyphen.
+    return Markup("<wbr>").join(Markup('<span class="hs-nw">%s</span>') % piece if len(piece) <= LONG_NAME
+                                else escape(piece) for piece in pieces if piece)
+
+
+LONG_NAME = 12  # characters of a model name's part kept on one line
 
 
 def preview_label(preview: str | None) -> str:

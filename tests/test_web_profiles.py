@@ -17,7 +17,7 @@ import hermes_state_cli
 import hermes_state_web
 from hermes_state import SessionDB, list_sessions_across_profiles
 from hermes_state_home import hermes_home_override
-from test_web import browse, chromium, content, digest, free_port, stop, wait_for_port
+from test_web import LONG_ID, WIDTHS, browse, chromium, content, digest, free_port, measured, stop, wait_for_port
 
 GARBAGE = b"this is not a database, only bytes " * 200
 
@@ -346,6 +346,7 @@ def test_serve_all_profiles_refuses_a_db_and_a_missing_root(tmp_path, capsys):
 
 def test_every_profile_renders_in_headless_chromium(root, tmp_path):
     browser = chromium()
+    _store(root, "coder", [(LONG_ID, "api", "anthropic/claude-sonnet-4.6", 0.5, "a gateway's session")])
     log, port = tmp_path / "serve.log", free_port()
     env = {**os.environ, "HERMES_HOME": str(root)}
     with log.open("wb") as out:
@@ -354,8 +355,13 @@ def test_every_profile_renders_in_headless_chromium(root, tmp_path):
     try:
         wait_for_port(port, server, log)
         base, profile = f"http://127.0.0.1:{port}/-/hermes", tmp_path / "chromium-profile"
+        for width in WIDTHS:  # a long id leaves the titles their room, with a profile column too
+            m = measured(browser, profile, port, "/-/hermes/all", width)
+            assert m["scrollWidth"] <= m["clientWidth"], (width, m)
+            assert dict(m["columns"])["ID"] <= 100, (width, m)
+            assert [lines for title, lines in m["titles"] if LONG_ID not in title] == [1, 1, 1], (width, m)
         dom = browse(browser, profile, f"{base}/all", "--dump-dom")
-        assert re.findall(r'<td class="hs-profile">(\w+)</td>', dom) == ["default", "coder", "default"]
+        assert re.findall(r'<td class="hs-profile">(\w+)</td>', dom) == ["coder", "default", "coder", "default"]
         assert 'data-profile="coder"' in dom and "hermes-state recover" in dom and ">broken</a>" in dom
         dom = browse(browser, profile, f"{base}/broken", "--dump-dom")
         assert "not a usable SQLite database" in dom and "hermes-state recover" in dom

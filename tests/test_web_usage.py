@@ -12,7 +12,7 @@ import pytest
 import hermes_state_chart as chart
 import hermes_state_web as web
 from hermes_state import SessionDB
-from test_web import browse, chromium, content, digest, get, serving
+from test_web import WIDTHS, browse, chromium, content, digest, get, measured, serving
 
 DAY = 86400.0
 MARKDOWN = ("Run this:\n\n```sh\ndocker system prune\n```\n\n- first **bold** item\n- second\n\n"
@@ -108,11 +108,26 @@ def test_ids_do_not_wrap_untitled_sessions_look_untitled_and_messages_link_to_th
 
 def test_the_chart_and_markdown_in_headless_chromium(usage_store, tmp_path):
     browser = chromium()
+    with SessionDB(usage_store) as db:  # six weeks of history: the dates under the axis are spaced
+        db.create_session("old", "cli", "openai/gpt-5", estimated_cost_usd=0.05)
+    with sqlite3.connect(usage_store) as conn:
+        conn.execute("UPDATE sessions SET started_at = ? WHERE id = 'old'", (time.time() - 45 * DAY,))
+    conn.close()
     before = digest(usage_store)
     with serving(usage_store, tmp_path / "serve.log") as port:
         base, profile = f"http://127.0.0.1:{port}/-/hermes/state", tmp_path / "chromium-profile"
+        for width in WIDTHS:
+            m = measured(browser, profile, port, "/-/hermes/state", width)
+            assert m["scrollWidth"] <= m["clientWidth"], (width, m)
+            page, svg = m["content"], m["chart"]
+            assert svg["width"] >= page["width"] - 100 and svg["right"] <= page["right"] + 1, (width, m)  # the page's width
+            values = [label for label, _ in m["ticks"]]
+            assert values[:3] == ["$0.00", "$0.10", "$0.20"] and len(values) >= 4 and m["grid"] == len(values), values
+            assert all(box["left"] >= page["left"] for _, box in m["ticks"] + m["dates"]), m  # none cut off
+            dates = [box for _, box in m["dates"]]
+            assert len(dates) >= 5 and all(a["right"] + 8 <= b["left"] for a, b in zip(dates, dates[1:])), m["dates"]
         dom = browse(browser, profile, base, "--dump-dom")
-        assert len(_bars(dom)) == 3 and '<svg class="hs-chart"' in dom
+        assert len(_bars(dom)) == 4 and '<svg class="hs-chart"' in dom
         dom = browse(browser, profile, f"{base}/session/a", "--dump-dom")
         assert "<strong>bold</strong>" in dom and 'href="javascript' not in dom
         assert re.search(r"<img[^>]*onerror", dom) is None
