@@ -829,7 +829,7 @@ def _search(path: str, query: str, roles: list[str] | None, reasoning: bool, lim
                                        offset=offset))
         if labels:
             untitled = {h["session_id"] for h in hits if not h.get("title")}
-            shown = {sid: (preview_label(_first_user_text(db, sid)), short_id(db, sid)) for sid in untitled}
+            shown = {sid: (_first_user_label(db, sid), short_id(db, sid)) for sid in untitled}
             hits = [dict(h, session_preview=shown[h["session_id"]][0], session_short_id=shown[h["session_id"]][1])
                     if h["session_id"] in shown else h for h in hits]
         return hits
@@ -839,11 +839,12 @@ def _search(path: str, query: str, roles: list[str] | None, reasoning: bool, lim
 _FIRST_ROWS = 10
 
 
-def _first_user_text(db: SessionDB, session_id: str) -> str:
-    """Return the opening of the session's first user message, as the listing's preview reads it."""
+def _first_user_label(db: SessionDB, session_id: str) -> str:
+    """Return the session's first user message as the session list shows it: one line, cut with an ellipsis."""
     for row in db.get_messages(session_id, limit=_FIRST_ROWS):
         if row["role"] == "user" and isinstance(row.get("content"), str):
-            return " ".join(row["content"][:2 * PREVIEW_CHARS].split())[:PREVIEW_CHARS]
+            text = _one_line(row["content"][:2 * PREVIEW_CHARS])
+            return text[:PREVIEW_CHARS].rstrip() + "\u2026" if len(text) > PREVIEW_CHARS else text
     return ""
 
 

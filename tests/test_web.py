@@ -454,7 +454,9 @@ def measured(browser: str, profile: Path, port: int, path: str, width: int) -> d
     local = profile.parent / f"measure-{width}.html"
     local.write_text(page, encoding="utf-8")
     dom = browse(browser, profile, local.as_uri(), "--dump-dom", f"--window-size={width},900")
-    return json.loads(htmllib.unescape(re.search(r'<pre id="hs-measure">(.*?)</pre>', dom, re.S).group(1)))
+    found = re.search(r'<pre id="hs-measure">(.*?)</pre>', dom, re.S)
+    assert found, f"the measuring script did not run on {path}"
+    return json.loads(htmllib.unescape(found.group(1)))
 
 
 # A gateway's session id: long, and never wrapped.
@@ -558,3 +560,83 @@ def test_a_page_number_out_of_range_or_not_a_number_is_a_clean_400(store, page, 
         assert response.status_code == 400 and "page must be a whole number" in response.text
     assert last.status_code == 200
     assert not [r for r in caplog.records if r.exc_info]  # no traceback in the log
+
+
+# --- the session list's ids, prefixes, search and error pages ----------------------------------
+
+def test_the_session_list_shows_short_unique_ids_with_the_whole_id_a_hover_or_click_away(db):
+    for sid in ("20261206_163722_a1b2c3", "20261206_163722_a1ffff", "20261207_090000_0000aa", "short"):
+        db.create_session(sid, "cli")
+        db.append_message(sid, "user", "x" * 70 if sid == "short" else "a short first message")
+    path = db.db_path
+    db.close()
+    (listing,) = get(path, "/-/hermes/state")
+    cells = dict(re.findall(r'<td class="hs-id" data-id="([^"]+)"><a href="[^"]+" title="[^"]+">([^<]+)</a>',
+                            content(listing)))
+    # As git abbreviates: 7 characters at least, more until only this session's id starts so.
+    assert cells == {"20261206_163722_a1b2c3": "20261206_163722_a1b", "20261206_163722_a1ffff": "20261206_163722_a1f",
+                     "20261207_090000_0000aa": "20261207", "short": "short"}
+    assert 'title="20261206_163722_a1b2c3">20261206_163722_a1b</a>' in content(listing)
+    # A preview the listing cut ends in an ellipsis; one it did not stays as it is.
+    assert "x" * 63 + "\u2026</a>" in content(listing) and "a short first message</a>" in content(listing)
+    (data,) = get(path, "/-/hermes/state.json")
+    assert {"short_id", "model_html"}.isdisjoint(data.json()["sessions"][0])  # the JSON keeps the stored row
+
+
+def test_a_unique_id_prefix_opens_its_session_and_an_ambiguous_one_says_so(store):
+    unique, as_json, ambiguous, ambiguous_json, none = get(
+        store, "/-/hermes/state/session/s_tok", "/-/hermes/state/session/s_tok.json", "/-/hermes/state/session/s_bu",
+        "/-/hermes/state/session/s_bu.json", "/-/hermes/state/session/zz")
+    assert unique.status_code == 302 and unique.headers["location"] == "/-/hermes/state/session/s_tokyo"
+    assert as_json.headers["location"] == "/-/hermes/state/session/s_tokyo.json"
+    assert ambiguous.status_code == 300 and "Which session?" in ambiguous.text
+    assert re.findall(r'<a class="hs-id" href="/-/hermes/state/session/(\w+)">', ambiguous.text) == ["s_build",
+                                                                                                    "s_build_2"]
+    assert ambiguous_json.status_code == 300 and ambiguous_json.json()["candidates"] == ["s_build", "s_build_2"]
+    assert none.status_code == 404
+
+
+def test_error_pages_lead_back_to_the_sessions_and_the_search(store):
+    missing, bad_filter, bad_role, unknown_db, missing_json = get(
+        store, "/-/hermes/state/session/nope", "/-/hermes/state?since=soon", "/-/hermes/state/search?q=x&role=robot",
+        "/-/hermes/other", "/-/hermes/state/session/nope.json")
+    for response, status in ((missing, 404), (bad_filter, 400), (bad_role, 400)):
+        assert response.status_code == status
+        assert '<a href="/-/hermes/state">Sessions of state</a>' in response.text
+        assert '<a href="/-/hermes/state/search">Search state</a>' in response.text
+    assert "not a time" in bad_filter.text and "role must be one of" in bad_role.text
+    assert unknown_db.status_code == 404 and '<a href="/-/hermes">hermes-state databases</a>' in unknown_db.text
+    assert missing_json.status_code == 404 and missing_json.json()["ok"] is False  # JSON stays JSON
+    with sqlite3.connect(store) as conn:  # a newer layout this library refuses: the 503 leads back too
+        conn.execute("UPDATE schema_version SET version = 99")
+        conn.execute("ALTER TABLE sessions DROP COLUMN pinned")
+    (unavailable,) = get(store, "/-/hermes/state/session/s_build")
+    assert unavailable.status_code == 503 and "schema version 99" in unavailable.text
+    assert '<a href="/-/hermes/state/search">Search state</a>' in unavailable.text
+
+
+def test_search_states_its_order_names_untitled_sessions_and_shows_markdown_as_words(db):
+    db.create_session("s_untitled_long_id_0001", "cli")
+    db.append_message("s_untitled_long_id_0001", "user", "How do I **prune** `docker` images? See [the docs](https://x.y)")
+    db.create_session("s_titled", "cli")
+    db.set_session_title("s_titled", "Pruning")
+    db.append_message("s_titled", "assistant", "1. run `docker image prune`\n2. check the disk")
+    path = db.db_path
+    db.close()
+    found, nothing, data = get(path, "/-/hermes/state/search?q=docker", "/-/hermes/state/search?q=zebra",
+                               "/-/hermes/state/search.json?q=docker")
+    html = content(found)
+    assert "Best match first." in html and "Page 1" not in html
+    assert '<span class="hs-untitled-mark">(untitled)</span> <a href="/-/hermes/state/session/' \
+           's_untitled_long_id_0001#m' in html
+    # named as the session list names it: its first user message, as stored
+    assert 'class="hs-untitled">How do I **prune** `docker` images? See [the docs](https://x.y)</a>' in html
+    assert ">s_untitled_long_id_0001<" not in html
+    snippets = re.findall(r'<div class="hs-text">(.*?)</div>', html)
+    assert "How do I prune <mark>docker</mark> images? See the docs" in snippets
+    assert "run <mark>docker</mark> image prune check the disk" in snippets
+    assert "No messages match." in content(nothing) and "Page 1" not in content(nothing)
+    assert "Best match first." not in content(nothing)
+    hits = data.json()["hits"]
+    assert any("**prune**" in h["snippet"] for h in hits)  # the JSON keeps the library's snippet
+    assert all("session_preview" not in h for h in hits)

@@ -373,3 +373,22 @@ def test_every_profile_renders_in_headless_chromium(root, tmp_path):
         assert "every profile of" in log.read_text()
     finally:
         stop(server)
+
+
+def test_search_across_profiles_shows_markdown_as_words_and_names_untitled_sessions(root):
+    with SessionDB(_profile(root, "coder") / "state.db") as db:
+        db.create_session("c_untitled", "cli")
+        db.append_message("c_untitled", "user", "Why does the **kubernetes** pod restart? `kubectl describe`")
+    (page,) = get(root, "/-/hermes/all/search?q=kubernetes")
+    html = content(page)
+    assert "Each profile's best match first" in html
+    assert "Why does the <mark>kubernetes</mark> pod restart? kubectl describe" in html
+    assert '<span class="hs-untitled-mark">(untitled)</span> <a href="/-/hermes/coder/session/c_untitled#m' in html
+    assert ">c_untitled<" not in html
+
+
+def test_a_damaged_profiles_page_leads_back(root):
+    page, bad = get(root, "/-/hermes/broken", "/-/hermes/all?since=soon")
+    assert page.status_code == 503 and "hermes-state recover" in page.text
+    assert '<a href="/-/hermes">Every profile</a>' in page.text
+    assert bad.status_code == 400 and '<a href="/-/hermes/all">Sessions of every profile</a>' in bad.text

@@ -135,3 +135,30 @@ def test_the_chart_and_markdown_in_headless_chromium(usage_store, tmp_path):
         browse(browser, profile, base, f"--screenshot={shot}", "--window-size=1100,700", "--hide-scrollbars")
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
     assert digest(usage_store) == before
+
+
+def test_the_chart_has_round_ticks_gridlines_dates_and_a_tooltip_for_every_day():
+    rows = [{"period": f"2026-10-{day:02d}", "model": "m", "session_count": 1 if day != 20 else 3, "input_tokens": 0,
+             "output_tokens": 0, "cost_usd": cost} for day, cost in ((1, 0.12), (20, 0.37), (31, 0.05))]
+    svg = str(chart.usage_chart(rows))
+    ticks = re.findall(r'class="hs-axis hs-ytick"[^>]*>([^<]+)</text>', svg)
+    assert ticks == ["$0.00", "$0.10", "$0.20", "$0.30", "$0.40"]  # round steps up past the highest day
+    assert svg.count('class="hs-grid"') == len(ticks) and 'x2="100%"' in svg  # a gridline per tick, the whole width
+    # 31 days: a date every 7, from the first day
+    assert re.findall(r'class="hs-axis hs-xdate"[^>]*>([^<]+)</text>', svg) == ["Oct 1", "Oct 8", "Oct 15",
+                                                                               "Oct 22", "Oct 29"]
+    days = re.findall(r'<rect class="hs-day" [^>]*data-day="([^"]+)"><title>([^<]+)</title>', svg)
+    assert len(days) == 31 and ("2026-10-02", "2026-10-02: no sessions") in days
+    assert ("2026-10-20", "2026-10-20: $0.3700 in all, 3 sessions") in days
+    assert "2026-10-01 · m: $0.1200, 1 session</title>" in svg and "1 sessions" not in svg
+    assert 'width="100%"' in svg and "viewBox" not in svg  # takes the page's width; its text keeps its size
+    heights = {d: float(h) for h, d in re.findall(r'class="hs-bar" [^>]*height="([\d.]+)" [^>]*data-day="([^"]+)"',
+                                                   svg)}
+    assert heights["2026-10-20"] == pytest.approx(chart.PLOT_HEIGHT * 0.37 / 0.40, abs=0.1)  # read against the ticks
+
+
+@pytest.mark.parametrize("top, ticks", [(0.37, [0, 0.1, 0.2, 0.3, 0.4]), (1.0, [0, 0.2, 0.4, 0.6, 0.8, 1.0]),
+                                        (1234567, [0, 250000, 500000, 750000, 1000000, 1250000]),
+                                        (0.0123, [0, 0.0025, 0.005, 0.0075, 0.01, 0.0125])])
+def test_nice_ticks(top, ticks):
+    assert chart.nice_ticks(top) == pytest.approx(ticks)
