@@ -635,7 +635,14 @@ def preview_label(preview: str | None) -> str:
 
 def short_id(db: SessionDB, session_id: str) -> str:
     """Return the shortest prefix of `session_id` (SHORT_ID characters at least) that names only it, as git abbreviates."""
-    # A prefix that names it stays one when longer, so the shortest is found by halving.
+    # Usually one read: the ids sharing its first SHORT_ID characters, and the longest prefix it
+    # shares with any of them (an id that is all of its prefix wins that prefix, so one more).
+    others = db.session_ids_with_prefix(session_id[:SHORT_ID], limit=_SHARING_READ)
+    if len(others) < _SHARING_READ:
+        shared = max((len(os.path.commonprefix([session_id, other])) for other in others if other != session_id),
+                     default=0)
+        return session_id[:min(len(session_id), max(SHORT_ID, shared + 1))]
+    # Too many share it: a prefix that names it stays one when longer, so the shortest is found by halving.
     low, high = min(SHORT_ID, len(session_id)), len(session_id)
     while low < high:
         middle = (low + high) // 2
@@ -644,6 +651,9 @@ def short_id(db: SessionDB, session_id: str) -> str:
         else:
             low = middle + 1
     return session_id[:low]
+
+
+_SHARING_READ = 200  # ids read at most to find a short id in one read
 
 
 def _with_short_ids(db: SessionDB, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
