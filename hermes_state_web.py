@@ -3,9 +3,10 @@
 Owns: the Datasette hooks that make a hermes-state file pleasant to browse (internal ledgers,
 views and FTS indexes hidden, Datasette's table search pointed at the word index, times shown
 as dates, links from the home page and the menu) and three pages under `/-/hermes/<database>`,
-each also as `.json`: the sessions (newest activity first, with filters), one session's
-conversation with its lineage, and a search of titles and, through the library's own
-`search_messages`, of message text.
+each also as `.json`: the sessions (newest activity first, with filters, ids shortened as git
+shortens commits), one session's conversation with its lineage (reached by a unique prefix of its
+id too), and a search of titles and, through the library's own `search_messages`, of message
+text; and the error pages under that prefix, which lead back to those pages.
 Does not own: starting the server (`hermes-state serve` in hermes_state_cli) or any query the
 library already answers: conversations, lineage and search go through a read-only `SessionDB`.
 
@@ -57,11 +58,6 @@ MARKER_TABLES = {"sessions", "messages", "schema_version"}
 TIME_COLUMNS = {"started_at", "ended_at", "last_activity_at", "compression_failure_cooldown_until", "timestamp",
                 "updated_at"}
 ROLES = ("user", "assistant", "tool", "system", "developer")
-# The fewest characters of an id the session list shows (as git shows a commit): more when a
-# shorter prefix would name another session too. The whole id is in the link's tooltip.
-SHORT_ID = 7
-# The ids an ambiguous prefix's page lists.
-SHOWN_CANDIDATES = 20
 
 # Names of the hermes-state databases and their hidden tables, per Datasette instance, found at
 # startup (get_metadata is synchronous and called often, so it must only read this).
@@ -76,6 +72,11 @@ EVERY_PROFILE = "all"
 # profile's read. A profile still reading then is listed as busy and the page goes on without it;
 # its read ends on its own thread, bounded by ProfileGlance's lock wait.
 PROFILE_DEADLINE_S = 5.0
+# The fewest characters of an id the session list shows (as git shows a commit): more when a
+# shorter prefix would name another session too. The whole id is in the link's tooltip.
+SHORT_ID = 7
+# The ids an ambiguous prefix's page lists.
+SHOWN_CANDIDATES = 20
 
 
 class ProfileGlance(SessionDB):
