@@ -638,8 +638,8 @@ def short_id(db: SessionDB, session_id: str) -> str:
     """Return the shortest prefix of `session_id` (SHORT_ID characters at least) that names only it, as git abbreviates."""
     # Usually one read: the ids sharing its first SHORT_ID characters, and the longest prefix it
     # shares with any of them (an id that is all of its prefix wins that prefix, so one more).
-    others = db.session_ids_with_prefix(session_id[:SHORT_ID], limit=_SHARING_READ)
-    if len(others) < _SHARING_READ:
+    others = db.session_ids_with_prefix(session_id[:SHORT_ID], limit=SHARING_READ)
+    if len(others) < SHARING_READ:
         shared = max((len(os.path.commonprefix([session_id, other])) for other in others if other != session_id),
                      default=0)
         return session_id[:min(len(session_id), max(SHORT_ID, shared + 1))]
@@ -654,7 +654,7 @@ def short_id(db: SessionDB, session_id: str) -> str:
     return session_id[:low]
 
 
-_SHARING_READ = 200  # ids read at most to find a short id in one read
+SHARING_READ = 200  # ids read at most to find a short id in one read
 
 
 def _with_short_ids(db: SessionDB, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -580,7 +580,7 @@ def test_the_session_list_shows_short_unique_ids_with_the_whole_id_a_hover_or_cl
     with SessionDB(path, read_only=True) as reader:  # when too many ids share a start, halving finds the same
         quick = {sid: hermes_state_web.short_id(reader, sid) for sid in cells}
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(hermes_state_web, "_SHARING_READ", 1)
+            patch.setattr(hermes_state_web, "SHARING_READ", 1)
             assert {sid: hermes_state_web.short_id(reader, sid) for sid in cells} == quick == cells
     # A preview the listing cut ends in an ellipsis; one it did not stays as it is.
     assert "x" * 63 + "\u2026</a>" in content(listing) and "a short first message</a>" in content(listing)
