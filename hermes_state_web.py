@@ -3,9 +3,10 @@
 Owns: the Datasette hooks that make a hermes-state file pleasant to browse (internal ledgers,
 views and FTS indexes hidden, Datasette's table search pointed at the word index, times shown
 as dates, links from the home page and the menu) and three pages under `/-/hermes/<database>`,
-each also as `.json`: the sessions (newest activity first, with filters), one session's
-conversation with its lineage, and a search of titles and, through the library's own
-`search_messages`, of message text.
+each also as `.json`: the sessions (newest activity first, with filters, ids shortened as git
+shortens commits), one session's conversation with its lineage (reached by a unique prefix of its
+id too), and a search of titles and, through the library's own `search_messages`, of message
+text; and the error pages under that prefix, which lead back to those pages.
 Does not own: starting the server (`hermes-state serve` in hermes_state_cli) or any query the
 library already answers: conversations, lineage and search go through a read-only `SessionDB`.
 
@@ -43,6 +44,7 @@ from hermes_state_chart import usage_chart
 from hermes_state import HermesStateError, SessionDB, StateDbBusyError, StateDbCorruptError, StoreUnavailableError
 from hermes_state_errors import is_sqlite_lock_error
 from hermes_state_home import profile_homes
+from hermes_state_listings import PREVIEW_CHARS
 
 PREFIX = "/-/hermes"
 SESSIONS_PER_PAGE = 50
@@ -70,6 +72,11 @@ EVERY_PROFILE = "all"
 # profile's read. A profile still reading then is listed as busy and the page goes on without it;
 # its read ends on its own thread, bounded by ProfileGlance's lock wait.
 PROFILE_DEADLINE_S = 5.0
+# The fewest characters of an id the session list shows (as git shows a commit): more when a
+# shorter prefix would name another session too. The whole id is in the link's tooltip.
+SHORT_ID = 7
+# The ids an ambiguous prefix's page lists.
+SHOWN_CANDIDATES = 20
 
 
 class ProfileGlance(SessionDB):
@@ -192,6 +199,41 @@ def database_actions(datasette, actor, database):
     base = f"{PREFIX}/{quote(database, safe='')}"
     return [{"href": datasette.urls.path(base), "label": "Browse sessions"},
             {"href": datasette.urls.path(base + "/search"), "label": "Search messages"}]
+
+
+@hookimpl
+def handle_exception(datasette, request, exception):
+    """Show a plugin page's 404, 400 and 503 with links back to the sessions, the search and the profiles."""
+    path = request.path.split("?")[0]
+    if not (path == PREFIX or path.startswith(PREFIX + "/")) or path.endswith(".json"):
+        return None
+    if isinstance(exception, NotFound):
+        status, title, message = 404, "Not found", str(exception.args[0] if exception.args else exception)
+    elif isinstance(exception, DatasetteError) and exception.status != 403:
+        status, title, message = exception.status, exception.title or f"Error {exception.status}", exception.message
+    else:  # a refusal (or a failure of the plugin) keeps Datasette's own page
+        return None
+
+    async def inner() -> Response:
+        response = await _render(datasette, request, ERROR_HTML,
+                                 {"title": title, "error": message, "status": status, "back": _way_back(datasette, path)})
+        response.status = status
+        return response
+    return inner
+
+
+def _way_back(datasette, path: str) -> list[tuple[str, str]]:
+    """Return the links an error page under PREFIX offers: the database's sessions and search when it is served."""
+    links: list[tuple[str, str]] = []
+    rest = path[len(PREFIX):].strip("/").split("/")[0]
+    name = unquote(rest) if rest else ""
+    if name == EVERY_PROFILE and profiles_root(datasette) is not None:
+        links += [(_store_url(EVERY_PROFILE), "Sessions of every profile"),
+                  (_store_url(EVERY_PROFILE) + "/search", "Search every profile")]
+    elif name in _STORES.get(datasette, {}):
+        links += [(_store_url(name), f"Sessions of {name}"), (_store_url(name) + "/search", f"Search {name}")]
+    links.append((PREFIX, "Every profile" if profiles_root(datasette) is not None else "hermes-state databases"))
+    return links
 
 
 # --- every profile of a root ---------------------------------------------------------------------
@@ -423,9 +465,10 @@ async def _as_database(page, datasette, request):
 
 
 def _profile_listing(path: str, filters: dict[str, Any], limit: int, usage: bool, names: bool) -> dict[str, Any]:
-    # One open per profile: its sessions, its usage per day and the filter choices it offers.
+    # One open per profile: its sessions (each with its short id), its usage per day and the filter choices it offers.
     with ProfileGlance(path, read_only=True) as db:
-        return {"sessions": db.list_sessions(limit=limit, order="activity", **filters),
+        rows = db.list_sessions(limit=limit, order="activity", **filters)
+        return {"sessions": _with_short_ids(db, rows) if names else rows,
                 "usage": db.usage(by="model", period="day", sources=filters["source"], models=filters["model"],
                                   since=filters["since"], include_archived=filters["include_archived"])
                 if usage else [],
@@ -447,10 +490,7 @@ async def all_sessions_page(datasette, request):
     merged = sorted(((name, row) for name, found in listed.items() for row in found["sessions"]),
                     key=lambda item: (item[1]["last_active"] or 0, item[0], item[1]["id"]), reverse=True)
     found = merged[(page - 1) * SESSIONS_PER_PAGE:page * SESSIONS_PER_PAGE + 1]
-    sessions = [dict(r, profile=name, link=_session_url(name, r["id"]), cost=_cost(r), tokens=_tokens(r),
-                     last=_fmt_time(r["last_active"]), label=r["title"] or _one_line(r["preview"]),
-                     untitled=not r["title"])
-                for name, r in found[:SESSIONS_PER_PAGE]]
+    sessions = [dict(_listed(r), profile=name, link=_session_url(name, r["id"])) for name, r in found[:SESSIONS_PER_PAGE]]
     usage = _usage_by_profile({name: found["usage"] for name, found in listed.items()})
     pager = _pager(request, page, len(found) > SESSIONS_PER_PAGE)
     errors = _fleet_errors(fleet, failed)
@@ -501,7 +541,7 @@ async def all_search_page(datasette, request):
     failed: list[dict[str, str]] = []
     if query:
         hits, failed = await _each_profile(datasette, names, _search, query, [role] if role else None, reasoning,
-                                           page * HITS_PER_PAGE + 1, 0, ProfileGlance)
+                                           page * HITS_PER_PAGE + 1, 0, ProfileGlance, not _wants_json(request))
         # Relevance ranks of two files do not compare: the hits take turns, each profile's best first.
         turns = sorted(((i, names.index(name), dict(h, profile=name)) for name, found_here in hits.items()
                         for i, h in enumerate(found_here)), key=lambda t: (t[0], t[1]))
@@ -548,10 +588,7 @@ async def sessions_page(datasette, request):
     filters = _session_filters(request)
     found = await _off_loop(_list_sessions, database.path, filters, SESSIONS_PER_PAGE + 1,
                             (page - 1) * SESSIONS_PER_PAGE)
-    sessions = [dict(r, link=_session_url(name, r["id"]), cost=_cost(r), tokens=_tokens(r),
-                     last=_fmt_time(r["last_active"]), label=r["title"] or _one_line(r["preview"]),
-                     untitled=not r["title"])
-                for r in found[:SESSIONS_PER_PAGE]]
+    sessions = [dict(_listed(r), link=_session_url(name, r["id"])) for r in found[:SESSIONS_PER_PAGE]]
     pager = _pager(request, page, len(found) > SESSIONS_PER_PAGE)
     if _wants_json(request):
         return _json({"database": name, "page": page, "filters": _shown_filters(request),
@@ -568,7 +605,60 @@ async def sessions_page(datasette, request):
 
 
 # What a listing row carries for the HTML page only; its JSON form leaves these out.
-_SHOWN_ONLY = ("link", "cost", "tokens", "last", "label", "untitled")
+_SHOWN_ONLY = ("link", "cost", "tokens", "last", "label", "untitled", "short_id", "model_html")
+
+
+def _listed(row: dict[str, Any]) -> dict[str, Any]:
+    """Return a listing row with what the session list shows of it: cost, tokens, time, its label."""
+    return dict(row, cost=_cost(row), tokens=_tokens(row), last=_fmt_time(row["last_active"]),
+                label=row["title"] or preview_label(row["preview"]) or row.get("short_id") or row["id"],
+                untitled=not row["title"], model_html=_breakable(row["model"]))
+
+
+def _breakable(name: str | None) -> Markup:
+    """Escape a model name, letting a narrow column break it after a "/" (provider/model), and a long name at its hyphens."""
+    parts = (name or "").split("/")
+    pieces = [part + "/" for part in parts[:-1]] + parts[-1:]
+    # "gpt-5-mini" stays whole; "claude-sonnet-4.6" may break where the browser breaks a hyphen.
+    return Markup("<wbr>").join(Markup('<span class="hs-nw">%s</span>') % piece if len(piece) <= LONG_NAME
+                                else escape(piece) for piece in pieces if piece)
+
+
+LONG_NAME = 12  # characters of a model name's part kept on one line
+
+
+def preview_label(preview: str | None) -> str:
+    """Return a listing preview on one line, ending in an ellipsis when the library cut it."""
+    text = _one_line(preview)
+    # The listing reads PREVIEW_CHARS characters of the first user message: as many means it went on.
+    return text + "\u2026" if text and len(preview or "") >= PREVIEW_CHARS else text
+
+
+def short_id(db: SessionDB, session_id: str) -> str:
+    """Return the shortest prefix of `session_id` (SHORT_ID characters at least) that names only it, as git abbreviates."""
+    # Usually one read: the ids sharing its first SHORT_ID characters, and the longest prefix it
+    # shares with any of them (an id that is all of its prefix wins that prefix, so one more).
+    others = db.session_ids_with_prefix(session_id[:SHORT_ID], limit=SHARING_READ)
+    if len(others) < SHARING_READ:
+        shared = max((len(os.path.commonprefix([session_id, other])) for other in others if other != session_id),
+                     default=0)
+        return session_id[:min(len(session_id), max(SHORT_ID, shared + 1))]
+    # Too many share it: a prefix that names it stays one when longer, so the shortest is found by halving.
+    low, high = min(SHORT_ID, len(session_id)), len(session_id)
+    while low < high:
+        middle = (low + high) // 2
+        if db.resolve_session_id(session_id[:middle]) == session_id:
+            high = middle
+        else:
+            low = middle + 1
+    return session_id[:low]
+
+
+SHARING_READ = 200  # ids read at most to find a short id in one read
+
+
+def _with_short_ids(db: SessionDB, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [dict(r, short_id=short_id(db, r["id"])) for r in rows]
 
 
 def _shown_filters(request) -> dict[str, str]:
@@ -597,7 +687,7 @@ def _usage_per_day(path: str, filters: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _list_sessions(path: str, filters: dict[str, Any], limit: int, offset: int) -> list[dict[str, Any]]:
     with SessionDB(path, read_only=True) as db:
-        return db.list_sessions(limit=limit, offset=offset, order="activity", **filters)
+        return _with_short_ids(db, db.list_sessions(limit=limit, offset=offset, order="activity", **filters))
 
 
 async def session_page(datasette, request):
@@ -606,7 +696,7 @@ async def session_page(datasette, request):
     session_id = unquote(request.url_vars["session_id"])
     view = await _off_loop(_read_session, database.path, session_id)
     if view is None:
-        raise NotFound(f"Session not found: {session_id}")
+        return await _by_prefix(datasette, request, name, database, session_id)
     session = view["session"]
     if _wants_json(request):
         return _json({"database": name, "session": session, "messages": view["raw_messages"],
@@ -620,6 +710,35 @@ async def session_page(datasette, request):
         "sessions_url": f"{PREFIX}/{quote(name, safe='')}"})
 
 
+async def _by_prefix(datasette, request, name: str, database, prefix: str) -> Response:
+    """Send a unique prefix of a session id to its session (as the command line takes one); list an ambiguous one's."""
+    found = await _off_loop(_ids_starting, database.path, prefix)
+    if len(found) == 1:
+        suffix = ".json" if _wants_json(request) else ""
+        query = f"?{request.query_string}" if request.query_string else ""
+        return Response.redirect(datasette.urls.path(_session_url(name, found[0]) + suffix + query))
+    if not found:
+        raise NotFound(f"No session's id is or starts with {prefix!r}")
+    more = len(found) > SHOWN_CANDIDATES
+    found = found[:SHOWN_CANDIDATES]
+    if _wants_json(request):
+        return Response.json({"ok": False, "error": f"{prefix!r} starts more than one session id", "status": 300,
+                              "candidates": found, "more": more}, status=300)
+    response = await _render(datasette, request, AMBIGUOUS_HTML, {
+        "database": name, "prefix": prefix, "more": more, "sessions_url": _store_url(name),
+        "candidates": [{"id": sid, "link": _session_url(name, sid)} for sid in found]})
+    response.status = 300  # Multiple Choices: the page lists them
+    return response
+
+
+def _ids_starting(path: str, prefix: str) -> list[str]:
+    with SessionDB(path, read_only=True) as db:
+        try:
+            return db.session_ids_with_prefix(prefix, limit=SHOWN_CANDIDATES + 1)
+        except ValueError:  # a text no id can start with (a NUL, say)
+            return []
+
+
 async def search_page(datasette, request):
     """Search messages with the library's search (same routing, CJK and substring recall)."""
     name, database = await _store(datasette, request)
@@ -629,7 +748,7 @@ async def search_page(datasette, request):
     titled: list[dict[str, Any]] = []
     if query:
         found = await _off_loop(_search, database.path, query, [role] if role else None, reasoning,
-                                HITS_PER_PAGE + 1, (page - 1) * HITS_PER_PAGE)
+                                HITS_PER_PAGE + 1, (page - 1) * HITS_PER_PAGE, SessionDB, not _wants_json(request))
         if page == 1:  # sessions whose title holds the words, above the messages that do
             titled = await _titled(database, query)
     more = len(found) > HITS_PER_PAGE
@@ -675,9 +794,12 @@ def _titles(conn: sqlite3.Connection, params: dict[str, Any]) -> list[dict[str, 
 
 
 def _hit_views(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [dict(h, snippet=_marked(h["snippet"]), when=_fmt_time(h["timestamp"]),
-                 link=_session_url(h["profile"], h["session_id"]) + f"#m{h['id']}",
-                 session_label=h.get("title") or h["session_id"]) for h in found]
+    # An untitled session is named as the session list names it: its first user message, else its short id.
+    return [dict(h, snippet=_marked(plain_snippet(h["snippet"]) if h["role"] in ("user", "assistant") else h["snippet"]),
+                 when=_fmt_time(h["timestamp"]), link=_session_url(h["profile"], h["session_id"]) + f"#m{h['id']}",
+                 untitled=not h.get("title"),
+                 session_label=h.get("title") or h.get("session_preview") or h.get("session_short_id")
+                 or h["session_id"]) for h in found]
 
 
 # Titles are short and few: a LIKE over the sessions table (case-insensitive for ASCII) finds them.
@@ -711,10 +833,30 @@ def _read_session(path: str, session_id: str) -> dict[str, Any] | None:
 
 
 def _search(path: str, query: str, roles: list[str] | None, reasoning: bool, limit: int,
-            offset: int, handle: type[SessionDB] = SessionDB) -> list[dict[str, Any]]:
+            offset: int, handle: type[SessionDB] = SessionDB, labels: bool = False) -> list[dict[str, Any]]:
+    """Return the library's hits; with `labels`, an untitled session's hits carry what the session list shows for it."""
     with handle(path, read_only=True) as db:  # each hit carries its session's title
-        return list(db.search_messages(query, role_filter=roles, include_reasoning=reasoning, limit=limit,
+        hits = list(db.search_messages(query, role_filter=roles, include_reasoning=reasoning, limit=limit,
                                        offset=offset))
+        if labels:
+            untitled = {h["session_id"] for h in hits if not h.get("title")}
+            shown = {sid: (_first_user_label(db, sid), short_id(db, sid)) for sid in untitled}
+            hits = [dict(h, session_preview=shown[h["session_id"]][0], session_short_id=shown[h["session_id"]][1])
+                    if h["session_id"] in shown else h for h in hits]
+        return hits
+
+
+# The rows read for an untitled session's label: its first user message is among the first few.
+_FIRST_ROWS = 10
+
+
+def _first_user_label(db: SessionDB, session_id: str) -> str:
+    """Return the session's first user message as the session list shows it: one line, cut with an ellipsis."""
+    for row in db.get_messages(session_id, limit=_FIRST_ROWS):
+        if row["role"] == "user" and isinstance(row.get("content"), str):
+            text = _one_line(row["content"][:2 * PREVIEW_CHARS])
+            return text[:PREVIEW_CHARS].rstrip() + "\u2026" if len(text) > PREVIEW_CHARS else text
+    return ""
 
 
 def _details(session: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -884,6 +1026,31 @@ def markdown(text: str) -> Markup | None:
 
 
 _MARK = re.compile(r">>>(.*?)<<<", re.S)
+# The match marks, while a snippet goes through the Markdown parser: characters no message's Markdown uses.
+_OPEN, _CLOSE = "\ue000", "\ue001"
+
+
+def plain_snippet(snippet: str | None) -> str:
+    """Return a search snippet of Markdown as the words a reader sees (no **, `, # or link syntax), its marks kept."""
+    text = snippet or ""
+    if not _MARKDOWN:
+        markdown("")  # makes the parser
+    parser = _MARKDOWN[0]
+    if parser is None or not text:
+        return text
+    protected = text.replace(_OPEN, "").replace(_CLOSE, "").replace(">>>", _OPEN).replace("<<<", _CLOSE)
+    words: list[str] = []
+    for token in parser.parse(protected):
+        if token.type in ("fence", "code_block"):
+            words.append(token.content)
+        for child in token.children or ():
+            if child.type in ("text", "code_inline", "html_inline", "image"):
+                words.append(child.content)
+            elif child.type in ("softbreak", "hardbreak"):
+                words.append(" ")
+        if token.type.endswith("_close") and token.block:
+            words.append(" ")
+    return _one_line("".join(words)).replace(_OPEN, ">>>").replace(_CLOSE, "<<<")
 
 
 def _marked(snippet: str | None) -> Markup:
@@ -912,11 +1079,19 @@ STYLE = """<style>
 .hs-msg details summary { cursor: pointer; color: #555; }
 .hs-lineage li.current { font-weight: bold; } .hs-sessions td.hs-time { white-space: nowrap; }
 .hs-sessions td.hs-id, .hs-id { font-family: monospace; font-size: 0.85em; white-space: nowrap; }
+.hs-sessions { width: 100%; } .hs-sessions td.hs-title { min-width: 12em; overflow-wrap: anywhere; }
+.hs-sessions th { white-space: normal; vertical-align: bottom; padding-right: 0.5em; }
+.hs-sessions td.hs-num { white-space: nowrap; text-align: right; } .hs-nw { white-space: nowrap; }
+.hs-sessions td.hs-time { white-space: normal; }
 .hs-untitled { color: #777; font-style: italic; } .hs-untitled-mark { color: #999; font-size: 0.85em; }
 .hs-anchor { color: #bbb; text-decoration: none; margin-left: 0.5em; } .hs-anchor:hover { color: #555; }
 .hs-md p, .hs-md ul, .hs-md ol { margin: 0.3em 0; } .hs-md pre { white-space: pre; overflow-x: auto; }
+.hs-md ul, .hs-md ol { padding-left: 2em; } .hs-md ul { list-style: disc; } .hs-md ol { list-style: decimal; }
+.hs-md ul ul { list-style: circle; } .hs-md li { display: list-item; }
 .hs-md code { background: #f3f3f3; padding: 0 0.2em; }
-.hs-chart { max-width: 100%; height: auto; } .hs-axis { font-size: 11px; fill: #555; }
+.hs-chart-box { margin: 0.5em 0 0.3em; } .hs-chart { display: block; } .hs-axis { font-size: 11px; fill: #555; }
+.hs-bar:hover, .hs-day:hover { opacity: 0.8; } .hs-day:hover { fill: #f3f4f6; }
+.hs-order { color: #555; font-size: 0.9em; margin: 0.2em 0 0.6em; } .hs-way-back { margin: 1em 0; }
 .hs-legend { list-style: none; padding: 0; display: flex; flex-wrap: wrap; gap: 0.4em 1.2em; font-size: 0.85em; }
 .hs-swatch { display: inline-block; width: 0.8em; height: 0.8em; margin-right: 0.3em; vertical-align: middle; }
 .hs-filters { margin: 0.5em 0; } .hs-filters label { margin-right: 0.8em; }
@@ -969,13 +1144,13 @@ SESSIONS_HTML = """{% extends "base.html" %}
 {% if chart %}<h2>Usage per day</h2><div class="hs-usage">{{ chart }}</div>{% endif %}
 <table class="rows-and-columns hs-sessions"><thead><tr>{% if everywhere %}<th>Profile</th>{% endif %}<th>Session</th><th>ID</th><th>Source</th><th>Model</th>
 <th>Messages</th><th>Tokens in / out</th><th>Cost</th><th>Last activity</th><th>Ended</th></tr></thead><tbody>
-{% for s in sessions %}<tr>{% if everywhere %}<td class="hs-profile">{{ s.profile }}</td>{% endif %}<td>{% if s.untitled %}<span class="hs-untitled-mark">(untitled)</span> {% endif %}<a href="{{ urls.path(s.link) }}"{% if s.untitled %} class="hs-untitled"{% endif %}>{{ s.label }}</a></td><td class="hs-id">{{ s.id }}</td>
-<td>{{ s.source }}</td><td>{{ s.model or "" }}</td><td>{{ s.message_count or 0 }}</td><td>{{ s.tokens }}</td><td>{{ s.cost }}</td>
-<td class="hs-time">{{ s.last }}</td><td>{{ s.end_reason or "" }}{% if s.archived %} (archived){% endif %}</td></tr>
+{% for s in sessions %}<tr>{% if everywhere %}<td class="hs-profile">{{ s.profile }}</td>{% endif %}<td class="hs-title">{% if s.untitled %}<span class="hs-untitled-mark">(untitled)</span> {% endif %}<a href="{{ urls.path(s.link) }}"{% if s.untitled %} class="hs-untitled"{% endif %}>{{ s.label }}</a></td><td class="hs-id" data-id="{{ s.id }}"><a href="{{ urls.path(s.link) }}" title="{{ s.id }}">{{ s.short_id }}</a></td>
+<td>{{ s.source }}</td><td>{{ s.model_html }}</td><td class="hs-num">{{ s.message_count or 0 }}</td><td class="hs-num">{{ s.tokens }}</td><td class="hs-num">{{ s.cost }}</td>
+<td class="hs-time">{% for part in s.last.split(" ") %}<span class="hs-nw">{{ part }}</span> {% endfor %}</td><td>{{ s.end_reason or "" }}{% if s.archived %} (archived){% endif %}</td></tr>
 {% else %}<tr><td colspan="{{ 10 if everywhere else 9 }}">No sessions{% if page > 1 %} on this page{% endif %}.</td></tr>{% endfor %}
 </tbody></table>
-<p class="hs-pager">{% if prev_url %}<a href="{{ prev_url }}">&larr; newer</a>{% endif %}
-Page {{ page }} {% if next_url %}<a href="{{ next_url }}">older &rarr;</a>{% endif %}</p>
+{% if prev_url or next_url %}<p class="hs-pager">{% if prev_url %}<a href="{{ prev_url }}">&larr; newer</a>{% endif %}
+Page {{ page }} {% if next_url %}<a href="{{ next_url }}">older &rarr;</a>{% endif %}</p>{% endif %}
 {% endblock %}"""
 
 SESSION_HTML = """{% extends "base.html" %}
@@ -1018,14 +1193,33 @@ SEARCH_HTML = """{% extends "base.html" %}
 {% for r in roles %}<option{% if r == role %} selected{% endif %}>{{ r }}</option>{% endfor %}</select></label>
 <label><input type="checkbox" name="reasoning" value="1"{% if reasoning %} checked{% endif %}> reasoning too</label>
 <input type="submit" value="Search"></form>
-{% if titled %}<h2>Sessions titled</h2><ul class="hs-titled">{% for t in titled %}
+{% if titled %}<h2>Sessions titled</h2><p class="hs-order">Newest activity first.</p><ul class="hs-titled">{% for t in titled %}
 <li><a href="{{ urls.path(t.link) }}">{{ t.title }}</a> <span class="hs-when">{% if everywhere %}{{ t.profile }} · {% endif %}{{ t.source }} · {{ t.last }}</span></li>
 {% endfor %}</ul>{% endif %}
-{% if q %}{% if titled %}<h2>Messages</h2>{% endif %}{% for h in hits %}<div class="hs-msg {{ h.role }} hs-hit"><span class="hs-role">{{ h.role }}</span>
+{% if q %}{% if titled %}<h2>Messages</h2>{% endif %}{% if hits %}<p class="hs-order">{% if everywhere %}Each profile's best match first, the profiles taking turns (relevance in two files does not compare).{% else %}Best match first.{% endif %}</p>{% endif %}{% for h in hits %}<div class="hs-msg {{ h.role }} hs-hit"><span class="hs-role">{{ h.role }}</span>
 {% if h.tool_name %}<span class="hs-when">{{ h.tool_name }}</span>{% endif %}<span class="hs-when">{{ h.when }}</span>
-in {% if everywhere %}<span class="hs-profile">{{ h.profile }}</span>: {% endif %}<a href="{{ urls.path(h.link) }}">{{ h.session_label }}</a> <span class="hs-when">{{ h.source }}</span>
+in {% if everywhere %}<span class="hs-profile">{{ h.profile }}</span>: {% endif %}{% if h.untitled %}<span class="hs-untitled-mark">(untitled)</span> {% endif %}<a href="{{ urls.path(h.link) }}"{% if h.untitled %} class="hs-untitled"{% endif %}>{{ h.session_label }}</a> <span class="hs-when">{{ h.source }}</span>
 <div class="hs-text">{{ h.snippet }}</div></div>
 {% else %}<p>No messages match.</p>{% endfor %}
-<p class="hs-pager">{% if prev_url %}<a href="{{ prev_url }}">&larr; better matches</a>{% endif %}
-Page {{ page }} {% if next_url %}<a href="{{ next_url }}">more &rarr;</a>{% endif %}</p>{% endif %}
+{% if prev_url or next_url %}<p class="hs-pager">{% if prev_url %}<a href="{{ prev_url }}">&larr; better matches</a>{% endif %}
+Page {{ page }} {% if next_url %}<a href="{{ next_url }}">more &rarr;</a>{% endif %}</p>{% endif %}{% endif %}
+{% endblock %}"""
+
+ERROR_HTML = """{% extends "base.html" %}
+{% block title %}{{ title }}{% endblock %}
+{% block extra_head %}""" + STYLE + """{% endblock %}
+{% block content %}<h1>{{ title }}</h1>
+<div class="hs-errors hs-error">{{ error }}</div>
+<ul class="hs-way-back">{% for url, label in back %}<li><a href="{{ urls.path(url) }}">{{ label }}</a></li>{% endfor %}</ul>
+{% endblock %}"""
+
+AMBIGUOUS_HTML = """{% extends "base.html" %}
+{% block title %}Which session? {{ prefix }}{% endblock %}
+{% block extra_head %}""" + STYLE + """{% endblock %}
+{% block crumbs %}{{ crumbs.nav(request=request, database=database) }}{% endblock %}
+{% block content %}<p><a href="{{ urls.path(sessions_url) }}">&larr; all sessions</a></p>
+<h1>Which session?</h1>
+<p>More than one session id starts with <span class="hs-id">{{ prefix }}</span>: give more of it, or pick one.</p>
+<ul class="hs-candidates">{% for c in candidates %}<li><a class="hs-id" href="{{ urls.path(c.link) }}">{{ c.id }}</a></li>
+{% endfor %}</ul>{% if more %}<p>And more.</p>{% endif %}
 {% endblock %}"""

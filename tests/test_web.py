@@ -4,6 +4,8 @@ from __future__ import annotations
 import asyncio
 from contextlib import contextmanager
 import hashlib
+import html as htmllib
+import json
 import os
 import re
 import shutil
@@ -13,8 +15,10 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
+from urllib.parse import quote
 
 import datasette.version
 import pytest
@@ -77,6 +81,11 @@ def digest(path: Path) -> dict[str, str | None]:
     return out
 
 
+def listed_ids(html: str) -> list[str]:
+    """Return the whole ids of the sessions a session list shows, in its order."""
+    return re.findall(r'<td class="hs-id" data-id="([^"]+)"', html)
+
+
 def content(response) -> str:
     assert response.status_code == 200, response.text[:500]
     return re.search(r'<section class="content">(.*)</section>', response.text, re.S).group(1)
@@ -126,7 +135,7 @@ def test_sessions_page_lists_newest_activity_first(store):
 def test_sessions_page_pages(store, monkeypatch):
     monkeypatch.setattr(hermes_state_web, "SESSIONS_PER_PAGE", 2)
     pages = get(store, "/-/hermes/state", "/-/hermes/state?page=2", "/-/hermes/state?page=3")
-    ids = [re.findall(r'/-/hermes/state/session/([\w]+)"', content(p)) for p in pages]
+    ids = [listed_ids(content(p)) for p in pages]
     assert [len(i) for i in ids] == [2, 2, 0]
     assert sorted(ids[0] + ids[1]) == ["s_branch", "s_build", "s_build_2", "s_tokyo"]
     assert "page=2" in content(pages[0]) and "page=1" in content(pages[1]) and "page=4" not in content(pages[1])
@@ -271,7 +280,7 @@ def test_sessions_page_has_an_id_column_and_filters(db):
         "/-/hermes/state?since=2999-01-01", "/-/hermes/state?archived=1", "/-/hermes/state?since=soon")
 
     def listed(response):
-        return re.findall(r'<td class="hs-id">([^<]+)</td>', content(response))
+        return listed_ids(content(response))
     assert sorted(listed(every)) == ["s_branch", "s_build", "s_build_2", "s_tokyo"]  # archived left out
     assert listed(telegram) == ["s_tokyo"] and listed(model) == ["s_tokyo"] and listed(future) == []
     assert "s_old" in listed(archived) and "(archived)" in content(archived)
@@ -401,12 +410,112 @@ def serving(path: Path, log: Path) -> Iterator[int]:
         stop(server)
 
 
+# The window widths the pages are checked at: a small laptop's and a wide screen's.
+WIDTHS = (900, 1400)
+# Read in the page once it is laid out: whether it scrolls sideways, the session list's columns and
+# the lines each title takes, the Markdown lists' markers, the chart's box and its labels' boxes.
+MEASURE = """(function () {
+  const box = (e) => { const r = e.getBoundingClientRect(); return {left: r.left, right: r.right, top: r.top, bottom: r.bottom, width: r.width}; };
+  const out = {};
+  const se = document.scrollingElement;
+  out.scrollWidth = se.scrollWidth; out.clientWidth = se.clientWidth;
+  const table = document.querySelector("table.hs-sessions");
+  if (table) {
+    out.columns = Array.from(table.tHead.rows[0].cells).map((c) => [c.textContent.trim(), Math.round(box(c).width)]);
+    out.titles = Array.from(table.querySelectorAll("td.hs-title")).map((td) => {
+      const range = document.createRange(); range.selectNodeContents(td);
+      const tops = Array.from(range.getClientRects()).map((q) => q.top).sort((a, b) => a - b);
+      return [td.textContent.trim(), tops.filter((top, i) => i === 0 || top - tops[i - 1] > 8).length];
+    });
+  }
+  out.lists = Array.from(document.querySelectorAll(".hs-md li")).map((li) => getComputedStyle(li).listStyleType);
+  const svg = document.querySelector("svg.hs-chart");
+  if (svg) {
+    out.chart = box(svg); out.content = box(document.querySelector("section.content"));
+    out.dates = Array.from(svg.querySelectorAll(".hs-xdate")).map((t) => [t.textContent, box(t)]);
+    out.ticks = Array.from(svg.querySelectorAll(".hs-ytick")).map((t) => [t.textContent, box(t)]);
+    out.grid = svg.querySelectorAll(".hs-grid").length;
+  }
+  const pre = document.createElement("pre"); pre.id = "hs-measure"; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();
+"""
+
+
+def measured(browser: str, profile: Path, port: int, path: str, width: int) -> dict[str, Any]:
+    """Lay out the served page `path` in Chromium at `width` px; return what MEASURE reads of it.
+
+    The page is fetched from the server and loaded from a file with MEASURE added at its end
+    (its stylesheets still from the server): the page itself runs no script.
+    """
+    served = urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30).read().decode("utf-8")
+    page = served.replace("<head>", f'<head><base href="http://127.0.0.1:{port}{path}">', 1)
+    page = page.replace("</body>", f"<script>{MEASURE}</script></body>", 1)
+    local = profile.parent / f"measure-{width}.html"
+    local.write_text(page, encoding="utf-8")
+    dom = browse(browser, profile, local.as_uri(), "--dump-dom", f"--window-size={width},900")
+    found = re.search(r'<pre id="hs-measure">(.*?)</pre>', dom, re.S)
+    assert found, f"the measuring script did not run on {path}"
+    return json.loads(htmllib.unescape(found.group(1)))
+
+
+# A gateway's session id: long, and never wrapped.
+LONG_ID = "telegram:-1001234567890:thread:98765:user:4242424242:20261206T163722"
+PLAN = "Plan the migration of the billing service"
+
+
+def _add_layout_sessions(path: Path) -> None:
+    """A session with a long id and an untitled preview cut short, and one with Markdown lists."""
+    with SessionDB(path) as db:
+        db.create_session(LONG_ID, "api", "openai/gpt-5")
+        db.append_message(LONG_ID, "user", "Please send the quarterly report to alice@example.com and copy "
+                                           "bob@example.com too")
+        db.create_session("s_plan", "cli", "anthropic/claude-sonnet-4.6")
+        db.set_session_title("s_plan", PLAN)
+        db.append_message("s_plan", "assistant", "Steps, **carefully**:\n\n1. back up the database\n2. switch the writers\n\n"
+                                                  "- keep the old one\n- watch the logs")
+
+
 def test_pages_render_in_headless_chromium(store, tmp_path):
     browser = chromium()
+    _add_layout_sessions(store)
     before = digest(store)
     log = tmp_path / "serve.log"
     with serving(store, log) as port:
         base, profile = f"http://127.0.0.1:{port}/-/hermes/state", tmp_path / "chromium-profile"
+        for width in WIDTHS:
+            listing = measured(browser, profile, port, "/-/hermes/state", width)
+            assert listing["scrollWidth"] <= listing["clientWidth"], (width, listing)  # no sideways scrolling
+            columns = dict(listing["columns"])
+            assert columns["ID"] <= 100 and columns["Session"] >= (190 if width < 1000 else 450), (width, columns)
+            lines = dict(listing["titles"])
+            assert lines[PLAN] == (2 if width < 1000 else 1), (width, lines)
+            conversation = measured(browser, profile, port, "/-/hermes/state/session/s_plan", width)
+            assert conversation["lists"] == ["decimal", "decimal", "disc", "disc"], conversation
+            assert conversation["scrollWidth"] <= conversation["clientWidth"]
+        dom = browse(browser, profile, base, "--dump-dom")
+        assert f'<a href="/-/hermes/state/session/{quote(LONG_ID, safe="")}" title="{LONG_ID}">telegra</a>' in dom
+        assert 'class="hs-untitled">Please send the quarterly report to alice@example.com and copy\u2026</a>' in dom
+        # Search: its order said, an untitled session named as in the list, Markdown shown as words.
+        dom = browse(browser, profile, f"{base}/search?q=quarterly", "--dump-dom")
+        assert "Best match first." in dom and f">{LONG_ID}<" not in dom
+        assert '<span class="hs-untitled-mark">(untitled)</span> <a href="/-/hermes/state/session/' \
+               f'{quote(LONG_ID, safe="")}#m' in dom and "and copy\u2026</a>" in dom
+        dom = browse(browser, profile, f"{base}/search?q=carefully", "--dump-dom")
+        assert "Steps, <mark>carefully</mark>: back up the database" in dom and "**" not in dom
+        dom = browse(browser, profile, f"{base}/search?q=zebra", "--dump-dom")
+        assert "No messages match." in dom and "Page 1" not in dom
+        # A unique prefix opens its session; an ambiguous one lists its sessions.
+        dom = browse(browser, profile, f"{base}/session/s_tok", "--dump-dom")
+        assert "浅草寺と上野公園がおすすめです。" in dom
+        dom = browse(browser, profile, f"{base}/session/s_bu", "--dump-dom")
+        assert "Which session?" in dom and re.findall(r'<a class="hs-id" href="[^"]+">(\w+)</a>', dom) == \
+            ["s_build", "s_build_2"]
+        # Error pages lead back.
+        for broken in (f"{base}/session/nope", f"{base}?since=soon"):
+            dom = browse(browser, profile, broken, "--dump-dom")
+            assert '<a href="/-/hermes/state">Sessions of state</a>' in dom, broken
+            assert '<a href="/-/hermes/state/search">Search state</a>' in dom
         dom = browse(browser, profile, f"{base}/session/s_build", "--dump-dom")
         body = re.search(r"<body[^>]*>", dom).group(0)
         assert "data-pwned" not in body  # the stored <script> never ran
@@ -415,7 +524,7 @@ def test_pages_render_in_headless_chromium(store, tmp_path):
         dom = browse(browser, profile, f"{base}/search?q=%E6%9D%B1%E4%BA%AC", "--dump-dom")
         assert "<mark>東京</mark>" in dom and "東京旅行の計画 &lt;b&gt;bold&lt;/b&gt;" in dom
         dom = browse(browser, profile, f"{base}?source=telegram&since=30d", "--dump-dom")
-        assert re.findall(r'<td class="hs-id">([^<]+)</td>', dom) == ["s_tokyo"] and "<option selected=" in dom
+        assert listed_ids(dom) == ["s_tokyo"] and "<option selected=" in dom
         dom = browse(browser, profile, f"{base}/search?q=Docker+Build&role=tool&reasoning=1", "--dump-dom")
         assert 'href="/-/hermes/state/session/s_build">Fix Docker Build</a>' in dom and 'checked=""' in dom
         dom = browse(browser, profile, f"http://127.0.0.1:{port}/", "--dump-dom")
@@ -451,3 +560,88 @@ def test_a_page_number_out_of_range_or_not_a_number_is_a_clean_400(store, page, 
         assert response.status_code == 400 and "page must be a whole number" in response.text
     assert last.status_code == 200
     assert not [r for r in caplog.records if r.exc_info]  # no traceback in the log
+
+
+# --- the session list's ids, prefixes, search and error pages ----------------------------------
+
+def test_the_session_list_shows_short_unique_ids_with_the_whole_id_a_hover_or_click_away(db):
+    for sid in ("20261206_163722_a1b2c3", "20261206_163722_a1ffff", "20261207_090000_0000aa", "short"):
+        db.create_session(sid, "cli")
+        db.append_message(sid, "user", "x" * 70 if sid == "short" else "a short first message")
+    path = db.db_path
+    db.close()
+    (listing,) = get(path, "/-/hermes/state")
+    cells = dict(re.findall(r'<td class="hs-id" data-id="([^"]+)"><a href="[^"]+" title="[^"]+">([^<]+)</a>',
+                            content(listing)))
+    # As git abbreviates: 7 characters at least, more until only this session's id starts so.
+    assert cells == {"20261206_163722_a1b2c3": "20261206_163722_a1b", "20261206_163722_a1ffff": "20261206_163722_a1f",
+                     "20261207_090000_0000aa": "20261207", "short": "short"}
+    assert 'title="20261206_163722_a1b2c3">20261206_163722_a1b</a>' in content(listing)
+    with SessionDB(path, read_only=True) as reader:  # when too many ids share a start, halving finds the same
+        quick = {sid: hermes_state_web.short_id(reader, sid) for sid in cells}
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(hermes_state_web, "SHARING_READ", 1)
+            assert {sid: hermes_state_web.short_id(reader, sid) for sid in cells} == quick == cells
+    # A preview the listing cut ends in an ellipsis; one it did not stays as it is.
+    assert "x" * 63 + "\u2026</a>" in content(listing) and "a short first message</a>" in content(listing)
+    (data,) = get(path, "/-/hermes/state.json")
+    assert {"short_id", "model_html"}.isdisjoint(data.json()["sessions"][0])  # the JSON keeps the stored row
+
+
+def test_a_unique_id_prefix_opens_its_session_and_an_ambiguous_one_says_so(store):
+    unique, as_json, ambiguous, ambiguous_json, none = get(
+        store, "/-/hermes/state/session/s_tok", "/-/hermes/state/session/s_tok.json", "/-/hermes/state/session/s_bu",
+        "/-/hermes/state/session/s_bu.json", "/-/hermes/state/session/zz")
+    assert unique.status_code == 302 and unique.headers["location"] == "/-/hermes/state/session/s_tokyo"
+    assert as_json.headers["location"] == "/-/hermes/state/session/s_tokyo.json"
+    assert ambiguous.status_code == 300 and "Which session?" in ambiguous.text
+    assert re.findall(r'<a class="hs-id" href="/-/hermes/state/session/(\w+)">', ambiguous.text) == ["s_build",
+                                                                                                    "s_build_2"]
+    assert ambiguous_json.status_code == 300 and ambiguous_json.json()["candidates"] == ["s_build", "s_build_2"]
+    assert none.status_code == 404
+
+
+def test_error_pages_lead_back_to_the_sessions_and_the_search(store):
+    missing, bad_filter, bad_role, unknown_db, missing_json = get(
+        store, "/-/hermes/state/session/nope", "/-/hermes/state?since=soon", "/-/hermes/state/search?q=x&role=robot",
+        "/-/hermes/other", "/-/hermes/state/session/nope.json")
+    for response, status in ((missing, 404), (bad_filter, 400), (bad_role, 400)):
+        assert response.status_code == status
+        assert '<a href="/-/hermes/state">Sessions of state</a>' in response.text
+        assert '<a href="/-/hermes/state/search">Search state</a>' in response.text
+    assert "not a time" in bad_filter.text and "role must be one of" in bad_role.text
+    assert unknown_db.status_code == 404 and '<a href="/-/hermes">hermes-state databases</a>' in unknown_db.text
+    assert missing_json.status_code == 404 and missing_json.json()["ok"] is False  # JSON stays JSON
+    with sqlite3.connect(store) as conn:  # a newer layout this library refuses: the 503 leads back too
+        conn.execute("UPDATE schema_version SET version = 99")
+        conn.execute("ALTER TABLE sessions DROP COLUMN pinned")
+    (unavailable,) = get(store, "/-/hermes/state/session/s_build")
+    assert unavailable.status_code == 503 and "schema version 99" in unavailable.text
+    assert '<a href="/-/hermes/state/search">Search state</a>' in unavailable.text
+
+
+def test_search_states_its_order_names_untitled_sessions_and_shows_markdown_as_words(db):
+    db.create_session("s_untitled_long_id_0001", "cli")
+    db.append_message("s_untitled_long_id_0001", "user", "How do I **prune** `docker` images? See [the docs](https://x.y)")
+    db.create_session("s_titled", "cli")
+    db.set_session_title("s_titled", "Pruning")
+    db.append_message("s_titled", "assistant", "1. run `docker image prune`\n2. check the disk")
+    path = db.db_path
+    db.close()
+    found, nothing, data = get(path, "/-/hermes/state/search?q=docker", "/-/hermes/state/search?q=zebra",
+                               "/-/hermes/state/search.json?q=docker")
+    html = content(found)
+    assert "Best match first." in html and "Page 1" not in html
+    assert '<span class="hs-untitled-mark">(untitled)</span> <a href="/-/hermes/state/session/' \
+           's_untitled_long_id_0001#m' in html
+    # named as the session list names it: its first user message, as stored
+    assert 'class="hs-untitled">How do I **prune** `docker` images? See [the docs](https://x.y)</a>' in html
+    assert ">s_untitled_long_id_0001<" not in html
+    snippets = re.findall(r'<div class="hs-text">(.*?)</div>', html)
+    assert "How do I prune <mark>docker</mark> images? See the docs" in snippets
+    assert "run <mark>docker</mark> image prune check the disk" in snippets
+    assert "No messages match." in content(nothing) and "Page 1" not in content(nothing)
+    assert "Best match first." not in content(nothing)
+    hits = data.json()["hits"]
+    assert any("**prune**" in h["snippet"] for h in hits)  # the JSON keeps the library's snippet
+    assert all("session_preview" not in h for h in hits)

@@ -17,7 +17,7 @@ import hermes_state_cli
 import hermes_state_web
 from hermes_state import SessionDB, list_sessions_across_profiles
 from hermes_state_home import hermes_home_override
-from test_web import browse, chromium, content, digest, free_port, stop, wait_for_port
+from test_web import LONG_ID, WIDTHS, browse, chromium, content, digest, free_port, measured, stop, wait_for_port
 
 GARBAGE = b"this is not a database, only bytes " * 200
 
@@ -346,6 +346,7 @@ def test_serve_all_profiles_refuses_a_db_and_a_missing_root(tmp_path, capsys):
 
 def test_every_profile_renders_in_headless_chromium(root, tmp_path):
     browser = chromium()
+    _store(root, "coder", [(LONG_ID, "api", "anthropic/claude-sonnet-4.6", 0.5, "a gateway's session")])
     log, port = tmp_path / "serve.log", free_port()
     env = {**os.environ, "HERMES_HOME": str(root)}
     with log.open("wb") as out:
@@ -354,8 +355,13 @@ def test_every_profile_renders_in_headless_chromium(root, tmp_path):
     try:
         wait_for_port(port, server, log)
         base, profile = f"http://127.0.0.1:{port}/-/hermes", tmp_path / "chromium-profile"
+        for width in WIDTHS:  # a long id leaves the titles their room, with a profile column too
+            m = measured(browser, profile, port, "/-/hermes/all", width)
+            assert m["scrollWidth"] <= m["clientWidth"], (width, m)
+            assert dict(m["columns"])["ID"] <= 100, (width, m)
+            assert [lines for title, lines in m["titles"] if LONG_ID not in title] == [1, 1, 1], (width, m)
         dom = browse(browser, profile, f"{base}/all", "--dump-dom")
-        assert re.findall(r'<td class="hs-profile">(\w+)</td>', dom) == ["default", "coder", "default"]
+        assert re.findall(r'<td class="hs-profile">(\w+)</td>', dom) == ["coder", "default", "coder", "default"]
         assert 'data-profile="coder"' in dom and "hermes-state recover" in dom and ">broken</a>" in dom
         dom = browse(browser, profile, f"{base}/broken", "--dump-dom")
         assert "not a usable SQLite database" in dom and "hermes-state recover" in dom
@@ -367,3 +373,22 @@ def test_every_profile_renders_in_headless_chromium(root, tmp_path):
         assert "every profile of" in log.read_text()
     finally:
         stop(server)
+
+
+def test_search_across_profiles_shows_markdown_as_words_and_names_untitled_sessions(root):
+    with SessionDB(_profile(root, "coder") / "state.db") as db:
+        db.create_session("c_untitled", "cli")
+        db.append_message("c_untitled", "user", "Why does the **kubernetes** pod restart? `kubectl describe`")
+    (page,) = get(root, "/-/hermes/all/search?q=kubernetes")
+    html = content(page)
+    assert "Each profile's best match first" in html
+    assert "Why does the <mark>kubernetes</mark> pod restart? kubectl describe" in html
+    assert '<span class="hs-untitled-mark">(untitled)</span> <a href="/-/hermes/coder/session/c_untitled#m' in html
+    assert ">c_untitled<" not in html
+
+
+def test_a_damaged_profiles_page_leads_back(root):
+    page, bad = get(root, "/-/hermes/broken", "/-/hermes/all?since=soon")
+    assert page.status_code == 503 and "hermes-state recover" in page.text
+    assert '<a href="/-/hermes">Every profile</a>' in page.text
+    assert bad.status_code == 400 and '<a href="/-/hermes/all">Sessions of every profile</a>' in bad.text

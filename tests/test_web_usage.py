@@ -12,7 +12,7 @@ import pytest
 import hermes_state_chart as chart
 import hermes_state_web as web
 from hermes_state import SessionDB
-from test_web import browse, chromium, content, digest, get, serving
+from test_web import WIDTHS, browse, chromium, content, digest, get, measured, serving
 
 DAY = 86400.0
 MARKDOWN = ("Run this:\n\n```sh\ndocker system prune\n```\n\n- first **bold** item\n- second\n\n"
@@ -78,9 +78,11 @@ def test_a_chart_of_tokens_when_nothing_is_priced():
     svg = str(chart.usage_chart(rows))
     assert "Tokens per day" in svg and "30 tokens" in svg and "&lt;b&gt;x&lt;/b&gt;" in svg and "<b>" not in svg
     assert [d for d, _, _ in _bars(svg)] == ["2026-11-01", "2026-11-03"]
-    assert 'x="70.0"' in svg and svg.count("hs-bar") == 2  # three days wide, the empty day left blank
-    widths = {float(w) for w in re.findall(r'class="hs-bar" [^>]*width="([\d.]+)"', svg)}
-    assert widths == {chart.MAX_BAR}  # a few days are bars of their own width, not slabs across the chart
+    assert svg.count('class="hs-bar"') == 2  # three days wide, the empty day without a bar
+    assert re.search(r'class="hs-day" [^>]*data-day="2026-11-02"><title>2026-11-02: no sessions</title>', svg)
+    widths = [float(w) for w in re.findall(r'class="hs-bar" [^>]*width="([\d.]+)%"', svg)]
+    # a few days are a row of bars at the left, not slabs across the chart
+    assert widths == [pytest.approx(100 / chart.MIN_SLOTS * chart.BAR_FILL, abs=0.01)] * 2
     assert str(chart.usage_chart([])) == ""
 
 
@@ -106,11 +108,26 @@ def test_ids_do_not_wrap_untitled_sessions_look_untitled_and_messages_link_to_th
 
 def test_the_chart_and_markdown_in_headless_chromium(usage_store, tmp_path):
     browser = chromium()
+    with SessionDB(usage_store) as db:  # six weeks of history: the dates under the axis are spaced
+        db.create_session("old", "cli", "openai/gpt-5", estimated_cost_usd=0.05)
+    with sqlite3.connect(usage_store) as conn:
+        conn.execute("UPDATE sessions SET started_at = ? WHERE id = 'old'", (time.time() - 45 * DAY,))
+    conn.close()
     before = digest(usage_store)
     with serving(usage_store, tmp_path / "serve.log") as port:
         base, profile = f"http://127.0.0.1:{port}/-/hermes/state", tmp_path / "chromium-profile"
+        for width in WIDTHS:
+            m = measured(browser, profile, port, "/-/hermes/state", width)
+            assert m["scrollWidth"] <= m["clientWidth"], (width, m)
+            page, svg = m["content"], m["chart"]
+            assert svg["width"] >= page["width"] - 100 and svg["right"] <= page["right"] + 1, (width, m)  # the page's width
+            values = [label for label, _ in m["ticks"]]
+            assert values[:3] == ["$0.00", "$0.10", "$0.20"] and len(values) >= 4 and m["grid"] == len(values), values
+            assert all(box["left"] >= page["left"] for _, box in m["ticks"] + m["dates"]), m  # none cut off
+            dates = [box for _, box in m["dates"]]
+            assert len(dates) >= 5 and all(a["right"] + 8 <= b["left"] for a, b in zip(dates, dates[1:])), m["dates"]
         dom = browse(browser, profile, base, "--dump-dom")
-        assert len(_bars(dom)) == 3 and '<svg class="hs-chart"' in dom
+        assert len(_bars(dom)) == 4 and '<svg class="hs-chart"' in dom
         dom = browse(browser, profile, f"{base}/session/a", "--dump-dom")
         assert "<strong>bold</strong>" in dom and 'href="javascript' not in dom
         assert re.search(r"<img[^>]*onerror", dom) is None
@@ -118,3 +135,30 @@ def test_the_chart_and_markdown_in_headless_chromium(usage_store, tmp_path):
         browse(browser, profile, base, f"--screenshot={shot}", "--window-size=1100,700", "--hide-scrollbars")
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
     assert digest(usage_store) == before
+
+
+def test_the_chart_has_round_ticks_gridlines_dates_and_a_tooltip_for_every_day():
+    rows = [{"period": f"2026-10-{day:02d}", "model": "m", "session_count": 1 if day != 20 else 3, "input_tokens": 0,
+             "output_tokens": 0, "cost_usd": cost} for day, cost in ((1, 0.12), (20, 0.37), (31, 0.05))]
+    svg = str(chart.usage_chart(rows))
+    ticks = re.findall(r'class="hs-axis hs-ytick"[^>]*>([^<]+)</text>', svg)
+    assert ticks == ["$0.00", "$0.10", "$0.20", "$0.30", "$0.40"]  # round steps up past the highest day
+    assert svg.count('class="hs-grid"') == len(ticks) and 'x2="100%"' in svg  # a gridline per tick, the whole width
+    # 31 days: a date every 7, from the first day
+    assert re.findall(r'class="hs-axis hs-xdate"[^>]*>([^<]+)</text>', svg) == ["Oct 1", "Oct 8", "Oct 15",
+                                                                               "Oct 22", "Oct 29"]
+    days = re.findall(r'<rect class="hs-day" [^>]*data-day="([^"]+)"><title>([^<]+)</title>', svg)
+    assert len(days) == 31 and ("2026-10-02", "2026-10-02: no sessions") in days
+    assert ("2026-10-20", "2026-10-20: $0.3700 in all, 3 sessions") in days
+    assert "2026-10-01 · m: $0.1200, 1 session</title>" in svg and "1 sessions" not in svg
+    assert 'width="100%"' in svg and "viewBox" not in svg  # takes the page's width; its text keeps its size
+    heights = {d: float(h) for h, d in re.findall(r'class="hs-bar" [^>]*height="([\d.]+)" [^>]*data-day="([^"]+)"',
+                                                   svg)}
+    assert heights["2026-10-20"] == pytest.approx(chart.PLOT_HEIGHT * 0.37 / 0.40, abs=0.1)  # read against the ticks
+
+
+@pytest.mark.parametrize("top, ticks", [(0.37, [0, 0.1, 0.2, 0.3, 0.4]), (1.0, [0, 0.2, 0.4, 0.6, 0.8, 1.0]),
+                                        (1234567, [0, 250000, 500000, 750000, 1000000, 1250000]),
+                                        (0.0123, [0, 0.0025, 0.005, 0.0075, 0.01, 0.0125])])
+def test_nice_ticks(top, ticks):
+    assert chart.nice_ticks(top) == pytest.approx(ticks)
