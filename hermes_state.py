@@ -106,7 +106,7 @@ from hermes_state_errors import (StateDbJournalError, describe_init_failure, for
                                  get_last_init_error, set_last_init_error)
 # hermes-agent 0.20.1: the file's health, journal and writability checks (the rest are read lazily).
 from hermes_state_errors import WalUnsupportedError, is_disk_full_error  # noqa: E402,F401
-from hermes_state_base import is_sqlite_wal_reset_vulnerable, sqlite_source_id  # noqa: E402,F401
+from hermes_state_common import is_sqlite_wal_reset_vulnerable, sqlite_source_id  # noqa: E402,F401
 # hermes-agent's module exposes its imports as public names, and its callers' tests patch some of
 # them (hermes_state.time.time, hermes_state.random, hermes_state.logger): the same names are here,
 # the logger being this library's own ("hermes_state").
@@ -117,7 +117,7 @@ import re  # noqa: E402,F401
 import threading  # noqa: E402,F401
 from typing import Dict, List, Optional, Set, Tuple, TypeVar  # noqa: E402,F401,UP035
 from collections import deque  # noqa: E402,F401  (hermes-agent 0.20.1's module has it among its names)
-from hermes_state_base import logger  # noqa: E402,F401
+from hermes_state_common import logger  # noqa: E402,F401
 T = TypeVar("T")
 # hermes-agent's private names for the same process-wide state, which its callers and tests reset.
 _set_last_init_error = set_last_init_error

@@ -680,7 +680,7 @@ def _label(check: dict[str, Any]) -> str:
 
 def _sqlite_check() -> dict[str, Any]:
     # Whether the SQLite this Python links has the WAL-reset bug, and what to do about it.
-    from hermes_state_base import WAL_RESET_BUG, wal_reset_advice
+    from hermes_state_common import WAL_RESET_BUG, wal_reset_advice
     import sqlite3
     return _check("sqlite", True, wal_reset_advice() if WAL_RESET_BUG else f"{sqlite3.sqlite_version}",
                   warn=WAL_RESET_BUG)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar, cast
 
-from hermes_state_base import CACHE_SIZE_KIB, SOFT_HEAP_LIMIT_KIB
+from hermes_state_common import CACHE_SIZE_KIB, SOFT_HEAP_LIMIT_KIB
 from hermes_state_cjk import register_functions
 from hermes_state_common import (COUNTERS, INDEX_SQL, LATE_INDEXES, LENIENT_TEXT, PAGE_SIZE, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES,
                                  SCHEMA_VERSION, SQLITE_BUSY_TIMEOUT_S, TABLE_SQL, TABLES, derived_uid, logger,

@@ -14,7 +14,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # Rank of each module: a module may import only modules of a strictly lower rank.
 RANKS = {
     "hermes_state_errors": 0,
-    "hermes_state_base": 0.5,  # the logger, timing defaults, SQL and text helpers under the dictionary
     "hermes_state_common": 1,
     "hermes_state_fork": 1.75,  # the fork gate every stretch of the writer's SQLite work passes
     "hermes_state_writer": 2, "hermes_state_render": 2, "hermes_state_lockowners": 2, "hermes_state_home": 2, "hermes_state_provider": 2,
