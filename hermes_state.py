@@ -67,7 +67,7 @@ if TYPE_CHECKING:  # what checkers see; at run time each module is imported at i
     from hermes_state_recovery import RecoveryReport, TableRecovery, recover
     from hermes_state_repair import (ATTEMPTED_PATHS as _repair_attempted_paths, db_opens_cleanly as _db_opens_cleanly,
                                      is_malformed_db_error, open_repairing, repair_state_db_schema as _repair_file)
-    from hermes_state_fts_objects import FTS_SQL, FTS_TRIGRAM_SQL
+    from hermes_state_fts import FTS_SQL, FTS_TRIGRAM_SQL
     from hermes_state_lockowners import configure_error_log, log_write_lock_holders
     from hermes_state_schema import apply_wal_with_fallback
     from hermes_state_listings import (SESSION_STATUS_COMPLETE, SESSION_STATUS_EMPTY, SESSION_STATUS_ERROR,
@@ -167,7 +167,7 @@ _LAZY_MODULES: dict[str, tuple[str, str | None]] = {
     "_repair_attempted_paths": ("hermes_state_repair", "ATTEMPTED_PATHS"),
     "_db_opens_cleanly": ("hermes_state_repair", "db_opens_cleanly"),
     "_repair_file": ("hermes_state_repair", "repair_state_db_schema"),
-    **{name: ("hermes_state_fts_objects", name) for name in ("FTS_SQL", "FTS_TRIGRAM_SQL")},
+    **{name: ("hermes_state_fts", name) for name in ("FTS_SQL", "FTS_TRIGRAM_SQL")},
     **{name: ("hermes_state_lockowners", name) for name in ("configure_error_log", "log_write_lock_holders")},
     "apply_wal_with_fallback": ("hermes_state_schema", "apply_wal_with_fallback"),
     # hermes-agent 0.20.1's lifecycle states and size guards.

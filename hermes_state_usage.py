@@ -16,7 +16,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Iterable
 
-import hermes_state_fts_objects as fts_objects
+import hermes_state_fts as fts
 import hermes_state_schema as schema
 
 from hermes_state_common import check_count, check_id, check_number, row_dicts
@@ -159,12 +159,12 @@ def collect_state_db_stats(db_path: str | os.PathLike) -> dict[str, Any]:
             stats[table] = _stat_value(conn, f"SELECT COUNT(*) FROM {table}")
         try:
             present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            stats["fts_tables"] = {table: table in present for table in (fts_objects.WORD, fts_objects.TRIGRAM,
-                                                                         fts_objects.CJK)}
+            stats["fts_tables"] = {table: table in present for table in (fts.WORD, fts.TRIGRAM,
+                                                                         fts.CJK)}
         except sqlite3.Error:
             pass
         stats["fts_storage_version"] = _meta_int(conn, "fts_storage_version")
-        high, done = _meta_int(conn, fts_objects.HIGH_WATER), _meta_int(conn, fts_objects.PROGRESS)
+        high, done = _meta_int(conn, fts.HIGH_WATER), _meta_int(conn, fts.PROGRESS)
         stats["fts_rebuild_high_water"], stats["fts_rebuild_progress"] = high, done
         stats["fts_rebuild_pending"] = high is not None and (done is None or done < high)
     finally:

@@ -24,7 +24,6 @@ RANKS = {
     "hermes_state_titles": 2.5,  # the schema builds the unique-title index after freeing repeats
     "hermes_state_backfill": 2.5,  # the bodies of the ladder's data steps, which the schema registers
     "hermes_state_schema": 3, "hermes_state_query": 3,
-    "hermes_state_fts_objects": 3.5,  # the full-text objects' SQL, which the builder (rank 4) creates
     "hermes_state_fts": 4, "hermes_state_catalogue": 4,
     "hermes_state_sessions": 4,
     "hermes_state_handoffs": 4.2,  # a session's handoff columns
