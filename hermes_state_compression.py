@@ -7,8 +7,7 @@ compression child, the cross-process `compression_locks` rows and the holders it
 session's compression failure cooldown and fallback streak. Does not own: the message rows
 themselves (hermes_state_messages writes them and keeps the counters), the transcript guard
 (`check_transcript_writable` and the retry of `write_transcript`, beside the message rows in
-hermes_state_messages; `check_transcript_writable` and `transcript_write` stay importable here),
-whether a holder is alive (hermes_state_holders, re-exported here), the compression edge and its
+hermes_state_messages), whether a holder is alive (hermes_state_lockowners), the compression edge and its
 walks (hermes_state_lineage), the conversation.
 
 Transaction contract: every function taking `conn` runs inside the caller's transaction (the
@@ -32,15 +31,11 @@ import hermes_state_messages as messages
 import hermes_state_sessions as sessions
 from hermes_state_common import (COMPRESSION_WAIT_S, SESSIONS, Keywords, check_count, check_id,  # noqa: F401
                                  check_number, logger)  # noqa: F401 - the wait, by its name here
-# Holder liveness and the transcript guard live below; their names stay importable here.
-from hermes_state_holders import (UNKNOWN_PIDNS, holder_is_gone, lock_is_live, own_pidns,  # noqa: F401
-                                  parse_holder)
 from hermes_state_lineage import COMPRESSION_END_REASON
-from hermes_state_messages import check_transcript_writable as check_transcript_writable
+from hermes_state_lockowners import lock_is_live, own_pidns
 from hermes_state_messages import check_named_holder as _check_named_holder, lease_row as _lease_row
-from hermes_state_messages import check_turn_lease, message_list, turn_lease_key  # noqa: F401
-from hermes_state_errors import (CompressionSessionBusyError, SessionClosedByCompressionError,
-                                 SessionCompressionInProgressError, SessionNotFoundError, SessionTurnLeaseLostError)
+from hermes_state_messages import message_list, turn_lease_key
+from hermes_state_errors import CompressionSessionBusyError, SessionCompressionInProgressError, SessionNotFoundError
 
 DEFAULT_LOCK_TTL_S = 300.0
 POLL_MIN_S, POLL_MAX_S = 0.05, 0.10

@@ -950,7 +950,7 @@ LEASE_RETRY_S = 1.0    # how often a thread waiting for the lease looks again (o
 
 def _take_turn(conn: sqlite3.Connection, holder: str) -> bool:
     """Inside the write transaction: take or renew the lease for `holder`; False when another holds it live."""
-    from hermes_state_holders import lock_is_live
+    from hermes_state_lockowners import lock_is_live
     now = time.time()
     row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (WORKER_KEY,)).fetchone()
     if row is not None and not row[0].startswith(holder):

@@ -36,7 +36,7 @@ from hermes_state_common import (COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES,
 from hermes_state_errors import (SessionClosedByCompressionError, SessionCompressionInProgressError,
                                  SessionExportTooLargeError, SessionNotFoundError, SessionResumeTooLargeError,
                                  SessionTurnLeaseLostError)
-from hermes_state_holders import lock_is_live
+from hermes_state_lockowners import lock_is_live
 from hermes_state_home import config_count
 from hermes_state_lineage import COMPRESSION_END_REASON, compression_ancestor_ids, live_continuation
 from hermes_state_sessions import ARCHIVE_LIFT_SQL, require_session, reset_counters

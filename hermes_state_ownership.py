@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 import hermes_state_lineage as lineage
 from hermes_state_common import INPUT_MARKER_SQL, check_id
-from hermes_state_compression import check_transcript_writable
+from hermes_state_messages import check_transcript_writable
 from hermes_state_errors import OwnershipReadError, SessionNotFoundError
 from hermes_state_messages import insert_message
 from hermes_state_routing import forward_targets
