@@ -288,7 +288,7 @@ class SessionDB(table.Handle):
     search_sessions_by_id = Entry("snapshot", listings.search_sessions_by_id)
     list_cron_job_runs = Lookup("read", listings.list_cron_job_runs)
     search_messages = Entry("snapshot", search.search_messages)
-    _sanitize_fts5_query = table.static(fts._sanitize_fts5_query)  # the sanitizer, by the name callers know
+    _sanitize_fts5_query = table.static(table.deferred("hermes_state_query", "_sanitize_fts5_query"))  # the sanitizer, by the name callers know
     _contains_cjk = table.static(table.deferred("hermes_state_cjk", "has_cjk"))  # hermes-agent's name for "does this text hold CJK letters"
     optimize_fts = Entry("write", fts.optimize)
     compress_in_place = Entry("compression", compression.compress_in_place)

@@ -31,10 +31,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
-from hermes_state_cjk import (CJK_CHARS, CJK_RUN, cjk_index_text, cjk_query_text, cjk_terms, terms_sql,  # noqa: F401
-                               has_cjk, register_functions)
+from hermes_state_cjk import register_functions, terms_sql
 from hermes_state_common import FTS_MERGE_EVERY_N_WRITES, FTS_OPTIMIZE_EVERY_N_WRITES, FTS_REBUILD_CHUNK_ROWS, logger
-from hermes_state_query import _sanitize_fts5_query  # noqa: F401 - importable here, where callers know it
 from hermes_state_writer import RetryPolicy, Writer
 from hermes_state_errors import StateDbIncompatibleError
 
