@@ -55,7 +55,6 @@ if TYPE_CHECKING:  # what checkers see; at run time each module is imported at i
     import hermes_state_routing as routing
     import hermes_state_search as search
     import hermes_state_sessions as sessions
-    import hermes_state_sweeps as sweeps
     import hermes_state_telegram as telegram
     import hermes_state_upgrade as upgrade
     from hermes_state_gateway import receipt_digest
@@ -89,7 +88,7 @@ table.later(globals(), compression="hermes_state_compression", conversation="her
             ownership="hermes_state_ownership", portability="hermes_state_portability",
             recovery="hermes_state_recovery", rewind="hermes_state_rewind", schema="hermes_state_schema",
             routing="hermes_state_routing", search="hermes_state_search", sessions="hermes_state_sessions",
-            sweeps="hermes_state_sweeps", telegram="hermes_state_telegram", upgrade="hermes_state_upgrade")
+            telegram="hermes_state_telegram", upgrade="hermes_state_upgrade")
 from hermes_state_errors import (AdoptionRefusedError, ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
                                  ImportValidationError,
                                  CompressionSessionBusyError, CompressionSessionClosedError, SessionTurnLeaseLostError,
@@ -384,8 +383,8 @@ class SessionDB(table.Handle):
     update_session_meta = Entry("write", sessions.update_session_meta)
     promote_to_session_reset = Entry("write", sessions.promote_to_session_reset)
     record_auxiliary_usage = Entry("activity", sessions.record_auxiliary_usage)
-    finalize_orphaned_compression_sessions = Entry("write", sweeps.finalize_orphaned_compression_sessions)
-    prune_empty_ghost_sessions = Entry("write", sweeps.prune_empty_ghost_sessions_and_transcripts)
+    finalize_orphaned_compression_sessions = Entry("write", maintenance.finalize_orphaned_compression_sessions)
+    prune_empty_ghost_sessions = Entry("write", maintenance.prune_empty_ghost_sessions_and_transcripts)
     # hermes-agent 0.20.1: transcript, turn leases and compression (docs/api.md, "Turn leases and
     # compression hand-offs"). try_/acquire_session_turn_lease are explicit methods below.
     refresh_session_turn_lease = Entry("write", compression.refresh_session_turn_lease)

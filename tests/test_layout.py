@@ -39,7 +39,6 @@ RANKS = {
     "hermes_state_ownership": 8.4,  # reads where the routing says a conversation moved on
     "hermes_state_maintenance": 8.5,  # deletes what the ledgers (rank 8) describe
     "hermes_state_repair": 8.5,
-    "hermes_state_sweeps": 8.7,  # hermes-agent's start-up sweeps, on maintenance's planner  # repairs a file with the full-text builder (rank 4)
     "hermes_state_upgrade": 9,
     "hermes_state_table": 9.5,  # the method table and the handle it runs on (opens through the upgrade)
     "hermes_state": 10,
