@@ -44,7 +44,6 @@ if TYPE_CHECKING:  # what checkers see; at run time each module is imported at i
     import hermes_state_handoffs as handoffs
     import hermes_state_lineage as lineage
     import hermes_state_listings as listings
-    import hermes_state_usage as usage_stats
     import hermes_state_maintenance as maintenance
     import hermes_state_messages as message_rows
     import hermes_state_ownership as ownership
@@ -77,13 +76,13 @@ if TYPE_CHECKING:  # what checkers see; at run time each module is imported at i
     from hermes_state_schema import apply_database_pragmas, preflight_db_writability, resolve_journal_mode
     from hermes_state_recovery import is_zeroed_state_db, quarantine_zeroed_state_db
     from hermes_state_lockowners import count_db_holders
-    from hermes_state_usage import collect_state_db_stats
+    from hermes_state_recovery import collect_state_db_stats
 # The modules behind the method table and the explicit methods, imported at their first use: a
 # program that opens a store and lists its sessions does not pay for the gateway ledgers or recovery.
 table.later(globals(), compression="hermes_state_compression", conversation="hermes_state_conversation",
             excerpts="hermes_state_excerpts", fts="hermes_state_fts", gateway="hermes_state_gateway",
             gateway_sessions="hermes_state_gateway_sessions", handoffs="hermes_state_handoffs",
-            lineage="hermes_state_lineage", listings="hermes_state_listings", usage_stats="hermes_state_usage",
+            lineage="hermes_state_lineage", listings="hermes_state_listings",
             maintenance="hermes_state_maintenance", message_rows="hermes_state_messages",
             ownership="hermes_state_ownership", portability="hermes_state_portability",
             recovery="hermes_state_recovery", rewind="hermes_state_rewind", schema="hermes_state_schema",
@@ -186,7 +185,7 @@ _LAZY_MODULES: dict[str, tuple[str, str | None]] = {
                                                         "resolve_journal_mode")},
     **{name: ("hermes_state_recovery", name) for name in ("is_zeroed_state_db", "quarantine_zeroed_state_db")},
     "count_db_holders": ("hermes_state_lockowners", "count_db_holders"),
-    "collect_state_db_stats": ("hermes_state_usage", "collect_state_db_stats"),
+    "collect_state_db_stats": ("hermes_state_recovery", "collect_state_db_stats"),
     # hermes-agent's names for the background-review filter the conversation applies.
     "_is_background_review_harness_message": ("hermes_state_conversation", "is_background_review_harness_message"),
     "_strip_background_review_harness": ("hermes_state_conversation", "strip_background_review_harness"),
@@ -275,9 +274,9 @@ class SessionDB(table.Handle):
     get_compression_lineage = Lookup("snapshot", lineage.compression_chain_ids)
     resolve_session_id = Lookup("read", listings.resolve_session_id)
     session_ids_with_prefix = Entry("read", listings.session_ids_with_prefix)
-    usage = Entry("read", usage_stats.usage)
-    largest_sessions = Entry("read", usage_stats.largest_sessions)
-    stored_names = Entry("read", usage_stats.stored_names)
+    usage = Entry("read", listings.usage)
+    largest_sessions = Entry("read", listings.largest_sessions)
+    stored_names = Entry("read", listings.stored_names)
     list_sessions = Entry("read", listings.list_sessions)
     count_sessions = Entry("read", listings.count_sessions)
     usage_by_model = Entry("read", listings.usage_by_model)
@@ -406,8 +405,8 @@ class SessionDB(table.Handle):
     session_count_by_source = Entry("read", listings.session_count_by_source)
     session_count_ge = Entry("read", listings.session_count_ge)
     session_lifecycle_statuses = Entry("read", listings.session_lifecycle_statuses)
-    usage_totals = Entry("read", usage_stats.usage_totals)
-    logical_size_bytes = Entry("snapshot", usage_stats.logical_size_bytes)
+    usage_totals = Entry("read", listings.usage_totals)
+    logical_size_bytes = Entry("snapshot", recovery.logical_size_bytes)
     get_dominant_session_model_route = Lookup("read", sessions.get_dominant_session_model_route)
     count_open_prune_matches = Entry("snapshot", maintenance.count_open_prune_matches)
     get_session_delete_targets = Lookup("snapshot", maintenance.get_session_delete_targets)

@@ -4,7 +4,7 @@ Owns: `usage_chart(rows)`, from the rows of `SessionDB.usage(period="day")`: a b
 without sessions left blank), one colour per model (or per profile, `by="profile"`, for rows the
 web page adds up across profiles) with a legend, a tooltip per bar. The page
 needs no script, no chart library and no network to show it.
-Does not own: the numbers (hermes_state_usage) or the page (hermes_state_web).
+Does not own: the numbers (hermes_state_listings) or the page (hermes_state_web).
 
 Every text in the SVG (model names come from the store) goes through markupsafe's escaping.
 """

@@ -288,7 +288,7 @@ def session_id_of(db: Any, text: str) -> str:
 
 def name_filters(db: Any, sources: list[str] | None, model: str | None) -> dict[str, list[str]]:
     """Return the stored names a command line's sources and model stand for: any case; a model also without its provider."""
-    from hermes_state_usage import matching_names
+    from hermes_state_listings import matching_names
     known = db.stored_names() if sources or model else {}
     found: dict[str, list[str]] = {}
     if sources:
