@@ -28,7 +28,6 @@ RANKS = {
     "hermes_state_handoffs": 4.2,  # a session's handoff columns
     "hermes_state_gateway_sessions": 4.5,  # the gateway peer of a session row, beside the session rules
     "hermes_state_messages": 5,
-    "hermes_state_hits": 5.5,  # a page of search hits: details, snippets, context
     "hermes_state_conversation": 6, "hermes_state_search": 6, "hermes_state_listings": 6,
     "hermes_state_compression": 7,
     "hermes_state_telegram": 6.5,  # topic bindings; the unlinked-session list uses the listings' rows
