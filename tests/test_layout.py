@@ -18,7 +18,7 @@ RANKS = {
     "hermes_state_fork": 1.75,  # the fork gate every stretch of the writer's SQLite work passes
     "hermes_state_writer": 2, "hermes_state_render": 2, "hermes_state_lockowners": 2, "hermes_state_home": 2, "hermes_state_provider": 2,
     "hermes_state_cjk": 2, "hermes_state_highlight": 2,
-    "hermes_state_lineage": 2, "hermes_state_documents": 2,
+    "hermes_state_lineage": 2,
     "hermes_state_replicas": 2.5,  # whether Litestream replicates a file, from /proc and its folder
     "hermes_state_titles": 2.5,  # the schema builds the unique-title index after freeing repeats
     "hermes_state_backfill": 2.5,  # the bodies of the ladder's data steps, which the schema registers
