@@ -21,7 +21,6 @@ RANKS = {
     "hermes_state_lineage": 2,
     "hermes_state_replicas": 2.5,  # whether Litestream replicates a file, from /proc and its folder
     "hermes_state_titles": 2.5,  # the schema builds the unique-title index after freeing repeats
-    "hermes_state_backfill": 2.5,  # the bodies of the ladder's data steps, which the schema registers
     "hermes_state_schema": 3, "hermes_state_query": 3,
     "hermes_state_fts": 4, "hermes_state_catalogue": 4,
     "hermes_state_sessions": 4,
