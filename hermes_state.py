@@ -40,8 +40,6 @@ if TYPE_CHECKING:  # what checkers see; at run time each module is imported at i
     import hermes_state_excerpts as excerpts
     import hermes_state_fts as fts
     import hermes_state_gateway as gateway
-    import hermes_state_gateway_sessions as gateway_sessions
-    import hermes_state_handoffs as handoffs
     import hermes_state_lineage as lineage
     import hermes_state_listings as listings
     import hermes_state_maintenance as maintenance
@@ -81,7 +79,6 @@ if TYPE_CHECKING:  # what checkers see; at run time each module is imported at i
 # program that opens a store and lists its sessions does not pay for the gateway ledgers or recovery.
 table.later(globals(), compression="hermes_state_compression", conversation="hermes_state_conversation",
             excerpts="hermes_state_excerpts", fts="hermes_state_fts", gateway="hermes_state_gateway",
-            gateway_sessions="hermes_state_gateway_sessions", handoffs="hermes_state_handoffs",
             lineage="hermes_state_lineage", listings="hermes_state_listings",
             maintenance="hermes_state_maintenance", message_rows="hermes_state_messages",
             ownership="hermes_state_ownership", portability="hermes_state_portability",
@@ -316,11 +313,11 @@ class SessionDB(table.Handle):
     list_executions = Lookup("read", gateway.list_executions)
     record_receipt = Entry("write", gateway.record_receipt)
     list_receipts = Lookup("read", gateway.list_receipts)
-    record_gateway_session_peer = Entry("write", gateway_sessions.record_gateway_session_peer)
-    set_expiry_finalized = Entry("write", gateway_sessions.set_expiry_finalized)
-    find_latest_gateway_session_for_peer = Lookup("read", gateway_sessions.find_latest_gateway_session_for_peer)
-    list_gateway_sessions = Lookup("read", gateway_sessions.list_gateway_sessions)
-    find_session_by_origin = Lookup("read", gateway_sessions.find_session_by_origin)
+    record_gateway_session_peer = Entry("write", sessions.record_gateway_session_peer)
+    set_expiry_finalized = Entry("write", sessions.set_expiry_finalized)
+    find_latest_gateway_session_for_peer = Lookup("read", sessions.find_latest_gateway_session_for_peer)
+    list_gateway_sessions = Lookup("read", sessions.list_gateway_sessions)
+    find_session_by_origin = Lookup("read", sessions.find_session_by_origin)
     owe_delivery = Entry("write", routing.owe_delivery)
     begin_delivery = Entry("activity", routing.begin_delivery)
     mark_delivered = Entry("activity", routing.mark_delivered)
@@ -361,12 +358,12 @@ class SessionDB(table.Handle):
     # hermes-agent's names (docs/api.md, "hermes-agent's names"): its handoffs, routing entries,
     # rewinds, excerpts and start-up sweeps.
     MAX_TITLE_LENGTH = titles.TITLE_MAX_CHARS
-    request_handoff = Entry("write", handoffs.request_handoff)
-    claim_handoff = Entry("write", handoffs.claim_handoff)
-    complete_handoff = Entry("write", handoffs.complete_handoff)
-    fail_handoff = Entry("write", handoffs.fail_handoff)
-    get_handoff_state = Lookup("read", handoffs.get_handoff_state)
-    list_pending_handoffs = Entry("read", handoffs.list_pending_handoffs)
+    request_handoff = Entry("write", sessions.request_handoff)
+    claim_handoff = Entry("write", sessions.claim_handoff)
+    complete_handoff = Entry("write", sessions.complete_handoff)
+    fail_handoff = Entry("write", sessions.fail_handoff)
+    get_handoff_state = Lookup("read", sessions.get_handoff_state)
+    list_pending_handoffs = Entry("read", sessions.list_pending_handoffs)
     save_gateway_routing_entry = Entry("write", routing.save_gateway_routing_entry)
     load_gateway_routing_entries = Entry("read", routing.load_gateway_routing_entries)
     replace_gateway_routing_entries = Entry("write", routing.replace_gateway_routing_entries)
@@ -400,8 +397,8 @@ class SessionDB(table.Handle):
                                                           "error": None})
     restore_compression_failure_cooldown_row = Entry("write", compression.restore_compression_failure_cooldown_row)
     # hermes-agent 0.20.1: gateway hygiene, counts, statistics, deletion, size guards (docs/api.md).
-    increment_hygiene_failure_streak = Entry("write", gateway_sessions.increment_hygiene_failure_streak)
-    reset_hygiene_failure_streak = Entry("write", gateway_sessions.reset_hygiene_failure_streak)
+    increment_hygiene_failure_streak = Entry("write", sessions.increment_hygiene_failure_streak)
+    reset_hygiene_failure_streak = Entry("write", sessions.reset_hygiene_failure_streak)
     session_count_by_source = Entry("read", listings.session_count_by_source)
     session_count_ge = Entry("read", listings.session_count_ge)
     session_lifecycle_statuses = Entry("read", listings.session_lifecycle_statuses)
@@ -416,8 +413,8 @@ class SessionDB(table.Handle):
     get_resume_message_count = Lookup("snapshot", message_rows.get_resume_message_count)
     # hermes-agent 0.20.1: orphaned gateway sessions, never-active keyed sessions, kanban workers'
     # sessions (docs/api.md, "hermes-agent 0.20.1: gateway orphans and never-active sessions").
-    find_orphaned_gateway_sessions = Entry("read", gateway_sessions.find_orphaned_gateway_sessions)
-    adopt_orphaned_gateway_session = Entry("write", gateway_sessions.adopt_orphaned_gateway_session)
+    find_orphaned_gateway_sessions = Entry("read", sessions.find_orphaned_gateway_sessions)
+    adopt_orphaned_gateway_session = Entry("write", sessions.adopt_orphaned_gateway_session)
     list_never_active_keyed_sessions = Entry("read", maintenance.list_never_active_keyed_sessions)
     prune_never_active_keyed_sessions = Entry("write", maintenance.prune_never_active_keyed_sessions_and_transcripts)
     retag_kanban_worker_sessions = Entry("write", maintenance.retag_kanban_worker_sessions)

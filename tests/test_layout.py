@@ -24,8 +24,6 @@ RANKS = {
     "hermes_state_schema": 3, "hermes_state_query": 3,
     "hermes_state_fts": 4, "hermes_state_catalogue": 4,
     "hermes_state_sessions": 4,
-    "hermes_state_handoffs": 4.2,  # a session's handoff columns
-    "hermes_state_gateway_sessions": 4.5,  # the gateway peer of a session row, beside the session rules
     "hermes_state_messages": 5,
     "hermes_state_conversation": 6, "hermes_state_search": 6, "hermes_state_listings": 6,
     "hermes_state_compression": 7,
