@@ -5,7 +5,7 @@ rule and JSON flag; which rows belong to a session; what recover and export do w
 how the session counters are recounted), the value rules themselves (`COLUMN_RULES` and the
 checks they are made of: `check_id`, `check_count`, `check_number`, `is_uid`, JSON encoding and
 decoding, lone surrogates replaced), `SCHEMA_SQL` generated from the dictionary, `SCHEMA_VERSION`,
-`check_stored` (an imported value).
+`check_stored` (an imported value), `decoded` (a row with its JSON columns decoded as declared).
 It also holds the ground floor under the dictionary: the library's one logger, the timing
 policy's default values (`WRITE_PATIENCE_S`, ...), `PAGE_SIZE`, `DAY_S`, `Keywords`, SQLite's
 integer range, the lone-surrogate pattern and `LENIENT_TEXT`, and the SQL and text helpers
@@ -730,6 +730,15 @@ DICTIONARY: dict[str, Table] = {t.name: t for t in (
         Column("updated_at", _R, "NOT NULL"),
     ), ("PRIMARY KEY (chat_id, thread_id)",), owner=_SESSION_ID, at_open=False),
 )}
+
+
+def decoded(table: str, row: dict[str, Any]) -> dict[str, Any]:
+    """Return a row of `table` with each JSON column decoded under its name without `_json`."""
+    for column in DICTIONARY[table].columns:
+        if column.json and column.name in row:
+            row[column.name.removesuffix("_json")] = decode_json(row.pop(column.name))
+    return row
+
 
 # Tables whose rows belong to a session, children first: a table only references tables
 # declared before it, so deleting in this order keeps every foreign key at each step.

@@ -18,7 +18,7 @@ import sqlite3
 from typing import Any, Iterable
 
 from hermes_state_common import check_count, row_dicts
-from hermes_state_gateway import decoded
+from hermes_state_common import decoded
 
 PREVIEW_CHARS = 80  # a preview longer than this ends in "..." at this length
 _ELLIPSIS = "..."
