@@ -37,7 +37,6 @@ from hermes_state_writer import RetryPolicy, SharedHandles, Transaction, Writer
 if TYPE_CHECKING:  # what checkers see; at run time each module is imported at its first use (below)
     import hermes_state_compression as compression
     import hermes_state_conversation as conversation
-    import hermes_state_excerpts as excerpts
     import hermes_state_fts as fts
     import hermes_state_gateway as gateway
     import hermes_state_lineage as lineage
@@ -78,7 +77,7 @@ if TYPE_CHECKING:  # what checkers see; at run time each module is imported at i
 # The modules behind the method table and the explicit methods, imported at their first use: a
 # program that opens a store and lists its sessions does not pay for the gateway ledgers or recovery.
 table.later(globals(), compression="hermes_state_compression", conversation="hermes_state_conversation",
-            excerpts="hermes_state_excerpts", fts="hermes_state_fts", gateway="hermes_state_gateway",
+            fts="hermes_state_fts", gateway="hermes_state_gateway",
             lineage="hermes_state_lineage", listings="hermes_state_listings",
             maintenance="hermes_state_maintenance", message_rows="hermes_state_messages",
             ownership="hermes_state_ownership", portability="hermes_state_portability",
@@ -372,10 +371,10 @@ class SessionDB(table.Handle):
     restore_rewound = Entry("transcript", rewind.restore_rewound)
     archive_and_compact = Entry("compression", rewind.archive_and_compact)
     has_archived_messages = Lookup("read", rewind.has_archived_messages)
-    get_messages_around = Entry("snapshot", excerpts.get_messages_around, unknown=excerpts.EMPTY_AROUND)
-    get_anchored_view = Entry("snapshot", excerpts.get_anchored_view, unknown=excerpts.EMPTY_ANCHORED)
-    list_recent_user_messages = Lookup("read", excerpts.list_recent_user_messages)
-    has_platform_message_id = Lookup("read", excerpts.has_platform_message_id)
+    get_messages_around = Entry("snapshot", message_rows.get_messages_around, unknown=message_rows.EMPTY_AROUND)
+    get_anchored_view = Entry("snapshot", message_rows.get_anchored_view, unknown=message_rows.EMPTY_ANCHORED)
+    list_recent_user_messages = Lookup("read", message_rows.list_recent_user_messages)
+    has_platform_message_id = Lookup("read", message_rows.has_platform_message_id)
     update_session_meta = Entry("write", sessions.update_session_meta)
     promote_to_session_reset = Entry("write", sessions.promote_to_session_reset)
     record_auxiliary_usage = Entry("activity", sessions.record_auxiliary_usage)

@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 import hermes_state_compression as compression
 from hermes_state_common import decode_json, encode_json, recount_sql
-from hermes_state_excerpts import decoded_rows
+from hermes_state_messages import decoded_rows
 
 _RECOUNT_SQL = recount_sql() + " WHERE id = ?"
 
