@@ -46,7 +46,6 @@ if TYPE_CHECKING:  # what checkers see; at run time each module is imported at i
     import hermes_state_ownership as ownership
     import hermes_state_portability as portability
     import hermes_state_recovery as recovery
-    import hermes_state_rewind as rewind
     import hermes_state_schema as schema
     import hermes_state_routing as routing
     import hermes_state_search as search
@@ -81,7 +80,7 @@ table.later(globals(), compression="hermes_state_compression", conversation="her
             lineage="hermes_state_lineage", listings="hermes_state_listings",
             maintenance="hermes_state_maintenance", message_rows="hermes_state_messages",
             ownership="hermes_state_ownership", portability="hermes_state_portability",
-            recovery="hermes_state_recovery", rewind="hermes_state_rewind", schema="hermes_state_schema",
+            recovery="hermes_state_recovery", schema="hermes_state_schema",
             routing="hermes_state_routing", search="hermes_state_search", sessions="hermes_state_sessions",
             telegram="hermes_state_telegram", upgrade="hermes_state_upgrade")
 from hermes_state_errors import (AdoptionRefusedError, ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
@@ -367,10 +366,10 @@ class SessionDB(table.Handle):
     load_gateway_routing_entries = Entry("read", routing.load_gateway_routing_entries)
     replace_gateway_routing_entries = Entry("write", routing.replace_gateway_routing_entries)
     delete_gateway_routing_entries = Entry("write", routing.delete_gateway_routing_entries)
-    rewind_to_message = Entry("transcript", rewind.rewind_to_message)
-    restore_rewound = Entry("transcript", rewind.restore_rewound)
-    archive_and_compact = Entry("compression", rewind.archive_and_compact)
-    has_archived_messages = Lookup("read", rewind.has_archived_messages)
+    rewind_to_message = Entry("transcript", compression.rewind_to_message)
+    restore_rewound = Entry("transcript", compression.restore_rewound)
+    archive_and_compact = Entry("compression", compression.archive_and_compact)
+    has_archived_messages = Lookup("read", compression.has_archived_messages)
     get_messages_around = Entry("snapshot", message_rows.get_messages_around, unknown=message_rows.EMPTY_AROUND)
     get_anchored_view = Entry("snapshot", message_rows.get_anchored_view, unknown=message_rows.EMPTY_ANCHORED)
     list_recent_user_messages = Lookup("read", message_rows.list_recent_user_messages)
