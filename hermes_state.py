@@ -43,7 +43,6 @@ if TYPE_CHECKING:  # what checkers see; at run time each module is imported at i
     import hermes_state_listings as listings
     import hermes_state_maintenance as maintenance
     import hermes_state_messages as message_rows
-    import hermes_state_ownership as ownership
     import hermes_state_portability as portability
     import hermes_state_recovery as recovery
     import hermes_state_schema as schema
@@ -56,7 +55,7 @@ if TYPE_CHECKING:  # what checkers see; at run time each module is imported at i
     from hermes_state_cjk import has_cjk
     from hermes_state_query import MAX_QUERY_CHARS as MAX_FTS5_QUERY_CHARS  # noqa: F401 - hermes-agent's name
     from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
-    from hermes_state_ownership import input_marker
+    from hermes_state_routing import input_marker
     from hermes_state_listings import workspace_key
     from hermes_state_recovery import RecoveryReport, TableRecovery, recover
     from hermes_state_repair import (ATTEMPTED_PATHS as _repair_attempted_paths, db_opens_cleanly as _db_opens_cleanly,
@@ -79,7 +78,7 @@ table.later(globals(), compression="hermes_state_compression", conversation="her
             fts="hermes_state_fts", gateway="hermes_state_gateway",
             lineage="hermes_state_lineage", listings="hermes_state_listings",
             maintenance="hermes_state_maintenance", message_rows="hermes_state_messages",
-            ownership="hermes_state_ownership", portability="hermes_state_portability",
+            portability="hermes_state_portability",
             recovery="hermes_state_recovery", schema="hermes_state_schema",
             routing="hermes_state_routing", search="hermes_state_search", sessions="hermes_state_sessions",
             telegram="hermes_state_telegram", upgrade="hermes_state_upgrade")
@@ -154,7 +153,7 @@ _LAZY_MODULES: dict[str, tuple[str, str | None]] = {
     "receipt_digest": ("hermes_state_gateway", "receipt_digest"), "has_cjk": ("hermes_state_cjk", "has_cjk"),
     "MAX_FTS5_QUERY_CHARS": ("hermes_state_query", "MAX_QUERY_CHARS"),
     **{name: ("hermes_state_portability", name) for name in ("EXPORT_FORMAT", "EXPORT_VERSION", "ImportReport")},
-    "input_marker": ("hermes_state_ownership", "input_marker"), "workspace_key": ("hermes_state_listings", "workspace_key"),
+    "input_marker": ("hermes_state_routing", "input_marker"), "workspace_key": ("hermes_state_listings", "workspace_key"),
     **{name: ("hermes_state_recovery", name) for name in ("RecoveryReport", "TableRecovery", "recover")},
     **{name: ("hermes_state_repair", name) for name in ("is_malformed_db_error", "open_repairing")},
     "_repair_attempted_paths": ("hermes_state_repair", "ATTEMPTED_PATHS"),
@@ -486,8 +485,8 @@ class SessionDB(table.Handle):
         """Append a failed turn's user input unless a row already owns `marker`; return the row id or None."""
         self._check_writable(self.transcript_write_patience_s)
         with self._read() as conn:  # where it would go, so a compression there is waited out first
-            target = ownership.input_target(conn, session_id)
-        return self._transcript_write(target, lambda conn: ownership.persist_failed_turn_input(
+            target = routing.input_target(conn, session_id)
+        return self._transcript_write(target, lambda conn: routing.persist_failed_turn_input(
             conn, session_id, message, marker))
 
     def check_integrity(self, full: bool = False) -> dict[str, Any]:

@@ -30,7 +30,6 @@ RANKS = {
     "hermes_state_telegram": 6.5,  # topic bindings; the unlinked-session list uses the listings' rows
     "hermes_state_portability": 8, "hermes_state_recovery": 8, "hermes_state_gateway": 8,
     "hermes_state_routing": 8.2,  # the delivery ledgers, on the gateway's ledger machinery and epoch
-    "hermes_state_ownership": 8.4,  # reads where the routing says a conversation moved on
     "hermes_state_maintenance": 8.5,  # deletes what the ledgers (rank 8) describe
     "hermes_state_repair": 8.5,
     "hermes_state_upgrade": 9,
