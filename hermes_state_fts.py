@@ -258,7 +258,7 @@ FTS_SQL = _script(tuple(o for o in OBJECTS if "trigram" not in o[1]))
 FTS_TRIGRAM_SQL = _script(tuple(o for o in OBJECTS if "trigram" in o[1]))
 
 
-# The upkeep cadences' defaults (hermes_state_base says why each is what it is), by their names here.
+# The upkeep cadences' defaults (hermes_state_common says why each is what it is), by their names here.
 MERGE_EVERY_N_WRITES = FTS_MERGE_EVERY_N_WRITES
 OPTIMIZE_EVERY_N_WRITES = FTS_OPTIMIZE_EVERY_N_WRITES
 MERGE_PAGES = 200            # bounded work per merge: a few milliseconds, never a full optimize

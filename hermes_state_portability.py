@@ -2,7 +2,7 @@
 
 Owns: `export_session`, `export_session_lineage`, `iter_export` (streams one session at a
 time), and the import: `import_stream` (any iterable, read once, one transaction), `validate`
-and `import_validated` (a whole input in memory), and `ImportReport`; the export document's
+(a whole input checked in memory), and `ImportReport`; the export document's
 format and version, and checking one document for import: the rows it becomes, or each problem
 worded field by field.
 Does not own: recovery, backups and restores of whole files (hermes_state_recovery), deleting
@@ -15,8 +15,7 @@ Row ids are local to a file and are not exported; `message_uid` is a message's i
 Transaction contract: `export_session` runs under the caller's lock (a snapshot read
 transaction for a consistent session); `iter_export` takes the facade's read context factory
 and opens one short read per page. `import_stream` takes the write context factory and opens
-the one write transaction itself. `validate` touches no database; `import_validated` runs
-inside the caller's write transaction.
+the one write transaction itself. `validate` touches no database.
 """
 from __future__ import annotations
 
@@ -756,50 +755,6 @@ def validate(data: Any) -> _Plan:
     if state.errors:
         raise ImportValidationError(state.report().problems, errors=tuple(state.errors))
     return plan
-
-
-def import_validated(conn: sqlite3.Connection, plan: _Plan, on_conflict: str = "skip") -> ImportReport:
-    """Write a plan `validate` returned, inside the caller's write transaction; see `import_stream`.
-
-    Problems that depend on the file (a title another session holds) raise ImportValidationError;
-    the caller's transaction must then roll back.
-    """
-    state = _Import(check_on_conflict(on_conflict))
-    try:
-        write_checked(conn, iter(plan.checked), state)
-    except _Stopped:
-        raise ImportValidationError(ImportReport(errors=tuple(state.errors)).problems,
-                                    errors=tuple(state.errors)) from None
-    return state.report()
-
-
-def import_sessions(conn: sqlite3.Connection, data: Any, on_conflict: str = "skip") -> ImportReport:
-    """Validate a whole input, then import it inside the caller's write transaction (raising on any problem)."""
-    check_on_conflict(on_conflict)
-    return import_validated(conn, validate(data), on_conflict)
-
-
-def find_cycle(starts: Iterable[str], parent_of: Callable[[str], str | None], mine: Any) -> str | None:
-    """Return a session of `mine` that is its own ancestor when following `parent_of` from `starts`, else None.
-
-    Linear: each session is looked at once however long the chains are (a walk stops where an
-    earlier one ended). `parent_of` gives a session's parent id or None; a cycle made only of
-    sessions outside `mine` (bad data already in a file) is not reported.
-    """
-    done: set[str] = set()
-    for start in starts:
-        path: dict[str, None] = {}  # the current walk, in order
-        node: str | None = start
-        while node is not None and node not in done and node not in path:
-            path[node] = None
-            node = parent_of(node)
-        if node is not None and node in path:
-            ring = list(path)[list(path).index(node):]
-            found = next((n for n in ring if n in mine), None)
-            if found is not None:
-                return found
-        done.update(path)
-    return None
 
 
 def export_session_lineage(conn: sqlite3.Connection, session_id: str) -> dict[str, Any] | None:

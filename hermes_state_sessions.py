@@ -742,11 +742,6 @@ def cwd_under_values(prefix: str) -> list[str]:
     return [prefix, inside, inside[:-1] + "0"]
 
 
-def cwd_prefix_sql(prefix: str) -> tuple[str, list[str]]:
-    """Return (SQL condition, params) for "cwd is `prefix` or inside it" ("/repo" matches "/repo/x", not "/repo-2")."""
-    return cwd_under_sql(), cwd_under_values(prefix)
-
-
 def session_filters(alias: str = "", *, source: Any = None, exclude_sources: Any = None, cwd_prefix: Any = None,
                     min_message_count: Any = 0, include_archived: bool = False,
                     archived_only: bool = False) -> tuple[list[str], list[Any]]:
