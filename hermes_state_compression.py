@@ -34,8 +34,8 @@ from typing import Any, Callable, Iterable
 import hermes_state_lineage as lineage
 import hermes_state_messages as messages
 import hermes_state_sessions as sessions
-from hermes_state_common import (COMPRESSION_WAIT_S, SESSIONS, Keywords, check_count, check_id,  # noqa: F401
-                                 check_number, decode_json, encode_json, logger, recount_sql)  # noqa: F401 - the wait, by its name here
+from hermes_state_common import (COMPRESSION_WAIT_S, SESSIONS, Keywords, check_count, check_id, check_number, decode_json,
+                                 encode_json, logger, recount_sql)
 from hermes_state_lineage import COMPRESSION_END_REASON
 from hermes_state_lockowners import lock_is_live, own_pidns
 from hermes_state_messages import check_named_holder as _check_named_holder, lease_row as _lease_row

@@ -35,7 +35,7 @@ import hermes_state_fts as fts
 import hermes_state_lockowners as lockowners
 import hermes_state_replicas as replicas
 import hermes_state_schema as schema
-from hermes_state_common import (DICTIONARY, RECOVER_EXCLUDED, RECOVER_VERIFIED, SCHEMA_VERSION, TABLE_SQL, logger,
+from hermes_state_common import (DICTIONARY, RECOVER_EXCLUDED, RECOVER_VERIFIED, SCHEMA_VERSION, logger,
                                  recount_sql, table_exists)
 from hermes_state_errors import StateDbCorruptError, StateDbIncompatibleError, typed_errors
 from hermes_state_writer import Cancelled, RetryPolicy, passive_checkpoint, reads_elsewhere, retry_on_lock
