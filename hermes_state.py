@@ -37,37 +37,30 @@ from hermes_state_writer import RetryPolicy, SharedHandles, Transaction, Writer
 if TYPE_CHECKING:  # what checkers see; at run time each module is imported at its first use (below)
     import hermes_state_compression as compression
     import hermes_state_conversation as conversation
-    import hermes_state_excerpts as excerpts
     import hermes_state_fts as fts
     import hermes_state_gateway as gateway
-    import hermes_state_gateway_sessions as gateway_sessions
-    import hermes_state_handoffs as handoffs
     import hermes_state_lineage as lineage
     import hermes_state_listings as listings
-    import hermes_state_usage as usage_stats
     import hermes_state_maintenance as maintenance
     import hermes_state_messages as message_rows
-    import hermes_state_ownership as ownership
     import hermes_state_portability as portability
     import hermes_state_recovery as recovery
-    import hermes_state_rewind as rewind
     import hermes_state_schema as schema
     import hermes_state_routing as routing
     import hermes_state_search as search
     import hermes_state_sessions as sessions
-    import hermes_state_sweeps as sweeps
     import hermes_state_telegram as telegram
     import hermes_state_upgrade as upgrade
     from hermes_state_gateway import receipt_digest
     from hermes_state_cjk import has_cjk
     from hermes_state_query import MAX_QUERY_CHARS as MAX_FTS5_QUERY_CHARS  # noqa: F401 - hermes-agent's name
     from hermes_state_portability import EXPORT_FORMAT, EXPORT_VERSION, ImportReport
-    from hermes_state_ownership import input_marker
+    from hermes_state_routing import input_marker
     from hermes_state_listings import workspace_key
     from hermes_state_recovery import RecoveryReport, TableRecovery, recover
     from hermes_state_repair import (ATTEMPTED_PATHS as _repair_attempted_paths, db_opens_cleanly as _db_opens_cleanly,
                                      is_malformed_db_error, open_repairing, repair_state_db_schema as _repair_file)
-    from hermes_state_fts_objects import FTS_SQL, FTS_TRIGRAM_SQL
+    from hermes_state_fts import FTS_SQL, FTS_TRIGRAM_SQL
     from hermes_state_lockowners import configure_error_log, log_write_lock_holders
     from hermes_state_schema import apply_wal_with_fallback
     from hermes_state_listings import (SESSION_STATUS_COMPLETE, SESSION_STATUS_EMPTY, SESSION_STATUS_ERROR,
@@ -78,18 +71,17 @@ if TYPE_CHECKING:  # what checkers see; at run time each module is imported at i
     from hermes_state_schema import apply_database_pragmas, preflight_db_writability, resolve_journal_mode
     from hermes_state_recovery import is_zeroed_state_db, quarantine_zeroed_state_db
     from hermes_state_lockowners import count_db_holders
-    from hermes_state_usage import collect_state_db_stats
+    from hermes_state_recovery import collect_state_db_stats
 # The modules behind the method table and the explicit methods, imported at their first use: a
 # program that opens a store and lists its sessions does not pay for the gateway ledgers or recovery.
 table.later(globals(), compression="hermes_state_compression", conversation="hermes_state_conversation",
-            excerpts="hermes_state_excerpts", fts="hermes_state_fts", gateway="hermes_state_gateway",
-            gateway_sessions="hermes_state_gateway_sessions", handoffs="hermes_state_handoffs",
-            lineage="hermes_state_lineage", listings="hermes_state_listings", usage_stats="hermes_state_usage",
+            fts="hermes_state_fts", gateway="hermes_state_gateway",
+            lineage="hermes_state_lineage", listings="hermes_state_listings",
             maintenance="hermes_state_maintenance", message_rows="hermes_state_messages",
-            ownership="hermes_state_ownership", portability="hermes_state_portability",
-            recovery="hermes_state_recovery", rewind="hermes_state_rewind", schema="hermes_state_schema",
+            portability="hermes_state_portability",
+            recovery="hermes_state_recovery", schema="hermes_state_schema",
             routing="hermes_state_routing", search="hermes_state_search", sessions="hermes_state_sessions",
-            sweeps="hermes_state_sweeps", telegram="hermes_state_telegram", upgrade="hermes_state_upgrade")
+            telegram="hermes_state_telegram", upgrade="hermes_state_upgrade")
 from hermes_state_errors import (AdoptionRefusedError, ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
                                  ImportValidationError, SessionFilterError,
                                  CompressionSessionBusyError, CompressionSessionClosedError, SessionTurnLeaseLostError,
@@ -106,7 +98,7 @@ from hermes_state_errors import (StateDbJournalError, describe_init_failure, for
                                  get_last_init_error, set_last_init_error)
 # hermes-agent 0.20.1: the file's health, journal and writability checks (the rest are read lazily).
 from hermes_state_errors import WalUnsupportedError, is_disk_full_error  # noqa: E402,F401
-from hermes_state_base import is_sqlite_wal_reset_vulnerable, sqlite_source_id  # noqa: E402,F401
+from hermes_state_common import is_sqlite_wal_reset_vulnerable, sqlite_source_id  # noqa: E402,F401
 # hermes-agent's module exposes its imports as public names, and its callers' tests patch some of
 # them (hermes_state.time.time, hermes_state.random, hermes_state.logger): the same names are here,
 # the logger being this library's own ("hermes_state").
@@ -117,7 +109,7 @@ import re  # noqa: E402,F401
 import threading  # noqa: E402,F401
 from typing import Dict, List, Optional, Set, Tuple, TypeVar  # noqa: E402,F401,UP035
 from collections import deque  # noqa: E402,F401  (hermes-agent 0.20.1's module has it among its names)
-from hermes_state_base import logger  # noqa: E402,F401
+from hermes_state_common import logger  # noqa: E402,F401
 T = TypeVar("T")
 # hermes-agent's private names for the same process-wide state, which its callers and tests reset.
 _set_last_init_error = set_last_init_error
@@ -162,13 +154,13 @@ _LAZY_MODULES: dict[str, tuple[str, str | None]] = {
     "receipt_digest": ("hermes_state_gateway", "receipt_digest"), "has_cjk": ("hermes_state_cjk", "has_cjk"),
     "MAX_FTS5_QUERY_CHARS": ("hermes_state_query", "MAX_QUERY_CHARS"),
     **{name: ("hermes_state_portability", name) for name in ("EXPORT_FORMAT", "EXPORT_VERSION", "ImportReport")},
-    "input_marker": ("hermes_state_ownership", "input_marker"), "workspace_key": ("hermes_state_listings", "workspace_key"),
+    "input_marker": ("hermes_state_routing", "input_marker"), "workspace_key": ("hermes_state_listings", "workspace_key"),
     **{name: ("hermes_state_recovery", name) for name in ("RecoveryReport", "TableRecovery", "recover")},
     **{name: ("hermes_state_repair", name) for name in ("is_malformed_db_error", "open_repairing")},
     "_repair_attempted_paths": ("hermes_state_repair", "ATTEMPTED_PATHS"),
     "_db_opens_cleanly": ("hermes_state_repair", "db_opens_cleanly"),
     "_repair_file": ("hermes_state_repair", "repair_state_db_schema"),
-    **{name: ("hermes_state_fts_objects", name) for name in ("FTS_SQL", "FTS_TRIGRAM_SQL")},
+    **{name: ("hermes_state_fts", name) for name in ("FTS_SQL", "FTS_TRIGRAM_SQL")},
     **{name: ("hermes_state_lockowners", name) for name in ("configure_error_log", "log_write_lock_holders")},
     "apply_wal_with_fallback": ("hermes_state_schema", "apply_wal_with_fallback"),
     # hermes-agent 0.20.1's lifecycle states and size guards.
@@ -188,7 +180,7 @@ _LAZY_MODULES: dict[str, tuple[str, str | None]] = {
                                                         "resolve_journal_mode")},
     **{name: ("hermes_state_recovery", name) for name in ("is_zeroed_state_db", "quarantine_zeroed_state_db")},
     "count_db_holders": ("hermes_state_lockowners", "count_db_holders"),
-    "collect_state_db_stats": ("hermes_state_usage", "collect_state_db_stats"),
+    "collect_state_db_stats": ("hermes_state_recovery", "collect_state_db_stats"),
     # hermes-agent's names for the background-review filter the conversation applies.
     "_is_background_review_harness_message": ("hermes_state_conversation", "is_background_review_harness_message"),
     "_strip_background_review_harness": ("hermes_state_conversation", "strip_background_review_harness"),
@@ -277,9 +269,9 @@ class SessionDB(table.Handle):
     get_compression_lineage = Lookup("snapshot", lineage.compression_chain_ids)
     resolve_session_id = Lookup("read", listings.resolve_session_id)
     session_ids_with_prefix = Entry("read", listings.session_ids_with_prefix)
-    usage = Entry("read", usage_stats.usage)
-    largest_sessions = Entry("read", usage_stats.largest_sessions)
-    stored_names = Entry("read", usage_stats.stored_names)
+    usage = Entry("read", listings.usage)
+    largest_sessions = Entry("read", listings.largest_sessions)
+    stored_names = Entry("read", listings.stored_names)
     list_sessions = Entry("read", listings.list_sessions)
     count_sessions = Entry("read", listings.count_sessions)
     usage_by_model = Entry("read", listings.usage_by_model)
@@ -289,7 +281,7 @@ class SessionDB(table.Handle):
     search_sessions_by_id = Entry("snapshot", listings.search_sessions_by_id)
     list_cron_job_runs = Lookup("read", listings.list_cron_job_runs)
     search_messages = Entry("snapshot", search.search_messages)
-    _sanitize_fts5_query = table.static(fts._sanitize_fts5_query)  # the sanitizer, by the name callers know
+    _sanitize_fts5_query = table.static(table.deferred("hermes_state_query", "_sanitize_fts5_query"))  # the sanitizer, by the name callers know
     _contains_cjk = table.static(table.deferred("hermes_state_cjk", "has_cjk"))  # hermes-agent's name for "does this text hold CJK letters"
     optimize_fts = Entry("write", fts.optimize)
     compress_in_place = Entry("compression", compression.compress_in_place)
@@ -319,11 +311,11 @@ class SessionDB(table.Handle):
     list_executions = Lookup("read", gateway.list_executions)
     record_receipt = Entry("write", gateway.record_receipt)
     list_receipts = Lookup("read", gateway.list_receipts)
-    record_gateway_session_peer = Entry("write", gateway_sessions.record_gateway_session_peer)
-    set_expiry_finalized = Entry("write", gateway_sessions.set_expiry_finalized)
-    find_latest_gateway_session_for_peer = Lookup("read", gateway_sessions.find_latest_gateway_session_for_peer)
-    list_gateway_sessions = Lookup("read", gateway_sessions.list_gateway_sessions)
-    find_session_by_origin = Lookup("read", gateway_sessions.find_session_by_origin)
+    record_gateway_session_peer = Entry("write", sessions.record_gateway_session_peer)
+    set_expiry_finalized = Entry("write", sessions.set_expiry_finalized)
+    find_latest_gateway_session_for_peer = Lookup("read", sessions.find_latest_gateway_session_for_peer)
+    list_gateway_sessions = Lookup("read", sessions.list_gateway_sessions)
+    find_session_by_origin = Lookup("read", sessions.find_session_by_origin)
     owe_delivery = Entry("write", routing.owe_delivery)
     begin_delivery = Entry("activity", routing.begin_delivery)
     mark_delivered = Entry("activity", routing.mark_delivered)
@@ -364,29 +356,29 @@ class SessionDB(table.Handle):
     # hermes-agent's names (docs/api.md, "hermes-agent's names"): its handoffs, routing entries,
     # rewinds, excerpts and start-up sweeps.
     MAX_TITLE_LENGTH = titles.TITLE_MAX_CHARS
-    request_handoff = Entry("write", handoffs.request_handoff)
-    claim_handoff = Entry("write", handoffs.claim_handoff)
-    complete_handoff = Entry("write", handoffs.complete_handoff)
-    fail_handoff = Entry("write", handoffs.fail_handoff)
-    get_handoff_state = Lookup("read", handoffs.get_handoff_state)
-    list_pending_handoffs = Entry("read", handoffs.list_pending_handoffs)
+    request_handoff = Entry("write", sessions.request_handoff)
+    claim_handoff = Entry("write", sessions.claim_handoff)
+    complete_handoff = Entry("write", sessions.complete_handoff)
+    fail_handoff = Entry("write", sessions.fail_handoff)
+    get_handoff_state = Lookup("read", sessions.get_handoff_state)
+    list_pending_handoffs = Entry("read", sessions.list_pending_handoffs)
     save_gateway_routing_entry = Entry("write", routing.save_gateway_routing_entry)
     load_gateway_routing_entries = Entry("read", routing.load_gateway_routing_entries)
     replace_gateway_routing_entries = Entry("write", routing.replace_gateway_routing_entries)
     delete_gateway_routing_entries = Entry("write", routing.delete_gateway_routing_entries)
-    rewind_to_message = Entry("transcript", rewind.rewind_to_message)
-    restore_rewound = Entry("transcript", rewind.restore_rewound)
-    archive_and_compact = Entry("compression", rewind.archive_and_compact)
-    has_archived_messages = Lookup("read", rewind.has_archived_messages)
-    get_messages_around = Entry("snapshot", excerpts.get_messages_around, unknown=excerpts.EMPTY_AROUND)
-    get_anchored_view = Entry("snapshot", excerpts.get_anchored_view, unknown=excerpts.EMPTY_ANCHORED)
-    list_recent_user_messages = Lookup("read", excerpts.list_recent_user_messages)
-    has_platform_message_id = Lookup("read", excerpts.has_platform_message_id)
+    rewind_to_message = Entry("transcript", compression.rewind_to_message)
+    restore_rewound = Entry("transcript", compression.restore_rewound)
+    archive_and_compact = Entry("compression", compression.archive_and_compact)
+    has_archived_messages = Lookup("read", compression.has_archived_messages)
+    get_messages_around = Entry("snapshot", message_rows.get_messages_around, unknown=message_rows.EMPTY_AROUND)
+    get_anchored_view = Entry("snapshot", message_rows.get_anchored_view, unknown=message_rows.EMPTY_ANCHORED)
+    list_recent_user_messages = Lookup("read", message_rows.list_recent_user_messages)
+    has_platform_message_id = Lookup("read", message_rows.has_platform_message_id)
     update_session_meta = Entry("write", sessions.update_session_meta)
     promote_to_session_reset = Entry("write", sessions.promote_to_session_reset)
     record_auxiliary_usage = Entry("activity", sessions.record_auxiliary_usage)
-    finalize_orphaned_compression_sessions = Entry("write", sweeps.finalize_orphaned_compression_sessions)
-    prune_empty_ghost_sessions = Entry("write", sweeps.prune_empty_ghost_sessions_and_transcripts)
+    finalize_orphaned_compression_sessions = Entry("write", maintenance.finalize_orphaned_compression_sessions)
+    prune_empty_ghost_sessions = Entry("write", maintenance.prune_empty_ghost_sessions_and_transcripts)
     # hermes-agent 0.20.1: transcript, turn leases and compression (docs/api.md, "Turn leases and
     # compression hand-offs"). try_/acquire_session_turn_lease are explicit methods below.
     refresh_session_turn_lease = Entry("write", compression.refresh_session_turn_lease)
@@ -403,13 +395,13 @@ class SessionDB(table.Handle):
                                                           "error": None})
     restore_compression_failure_cooldown_row = Entry("write", compression.restore_compression_failure_cooldown_row)
     # hermes-agent 0.20.1: gateway hygiene, counts, statistics, deletion, size guards (docs/api.md).
-    increment_hygiene_failure_streak = Entry("write", gateway_sessions.increment_hygiene_failure_streak)
-    reset_hygiene_failure_streak = Entry("write", gateway_sessions.reset_hygiene_failure_streak)
+    increment_hygiene_failure_streak = Entry("write", sessions.increment_hygiene_failure_streak)
+    reset_hygiene_failure_streak = Entry("write", sessions.reset_hygiene_failure_streak)
     session_count_by_source = Entry("read", listings.session_count_by_source)
     session_count_ge = Entry("read", listings.session_count_ge)
     session_lifecycle_statuses = Entry("read", listings.session_lifecycle_statuses)
-    usage_totals = Entry("read", usage_stats.usage_totals)
-    logical_size_bytes = Entry("snapshot", usage_stats.logical_size_bytes)
+    usage_totals = Entry("read", listings.usage_totals)
+    logical_size_bytes = Entry("snapshot", recovery.logical_size_bytes)
     get_dominant_session_model_route = Lookup("read", sessions.get_dominant_session_model_route)
     count_open_prune_matches = Entry("snapshot", maintenance.count_open_prune_matches)
     get_session_delete_targets = Lookup("snapshot", maintenance.get_session_delete_targets)
@@ -419,8 +411,8 @@ class SessionDB(table.Handle):
     get_resume_message_count = Lookup("snapshot", message_rows.get_resume_message_count)
     # hermes-agent 0.20.1: orphaned gateway sessions, never-active keyed sessions, kanban workers'
     # sessions (docs/api.md, "hermes-agent 0.20.1: gateway orphans and never-active sessions").
-    find_orphaned_gateway_sessions = Entry("read", gateway_sessions.find_orphaned_gateway_sessions)
-    adopt_orphaned_gateway_session = Entry("write", gateway_sessions.adopt_orphaned_gateway_session)
+    find_orphaned_gateway_sessions = Entry("read", sessions.find_orphaned_gateway_sessions)
+    adopt_orphaned_gateway_session = Entry("write", sessions.adopt_orphaned_gateway_session)
     list_never_active_keyed_sessions = Entry("read", maintenance.list_never_active_keyed_sessions)
     prune_never_active_keyed_sessions = Entry("write", maintenance.prune_never_active_keyed_sessions_and_transcripts)
     retag_kanban_worker_sessions = Entry("write", maintenance.retag_kanban_worker_sessions)
@@ -494,8 +486,8 @@ class SessionDB(table.Handle):
         """Append a failed turn's user input unless a row already owns `marker`; return the row id or None."""
         self._check_writable(self.transcript_write_patience_s)
         with self._read() as conn:  # where it would go, so a compression there is waited out first
-            target = ownership.input_target(conn, session_id)
-        return self._transcript_write(target, lambda conn: ownership.persist_failed_turn_input(
+            target = routing.input_target(conn, session_id)
+        return self._transcript_write(target, lambda conn: routing.persist_failed_turn_input(
             conn, session_id, message, marker))
 
     def check_integrity(self, full: bool = False) -> dict[str, Any]:

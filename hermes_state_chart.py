@@ -6,7 +6,7 @@ with a legend, a value axis with round ticks and gridlines, dates under the axis
 per bar and per day (a day without sessions says so). The SVG takes the width of the page: its
 horizontal positions are percentages, so its text keeps its size at any width. The page needs
 no script, no chart library and no network to show it.
-Does not own: the numbers (hermes_state_usage) or the page (hermes_state_web).
+Does not own: the numbers (hermes_state_listings) or the page (hermes_state_web).
 
 Every text in the SVG (model names come from the store) goes through markupsafe's escaping.
 """

@@ -289,7 +289,7 @@ def session_id_of(db: Any, text: str) -> str:
 
 def name_filters(db: Any, sources: list[str] | None, model: str | None) -> dict[str, list[str]]:
     """Return the stored names a command line's sources and model stand for: any case; a model also without its provider."""
-    from hermes_state_usage import matching_names
+    from hermes_state_listings import matching_names
     known = db.stored_names() if sources or model else {}
     found: dict[str, list[str]] = {}
     if sources:
@@ -681,7 +681,7 @@ def _label(check: dict[str, Any]) -> str:
 
 def _sqlite_check() -> dict[str, Any]:
     # Whether the SQLite this Python links has the WAL-reset bug, and what to do about it.
-    from hermes_state_base import WAL_RESET_BUG
+    from hermes_state_common import WAL_RESET_BUG
     import sqlite3
     return _check("sqlite", True, f"{sqlite3.sqlite_version} has the WAL-reset bug; remedy: a Python linking SQLite "
                   "3.51.3 or newer, or 3.50.7 or 3.44.6 (docs/reliability.md)" if WAL_RESET_BUG else

@@ -1,14 +1,18 @@
-"""Compression generations, rotation into a compression child, and compression locks.
+"""Compression generations, rotation into a compression child, compression locks, and rewinding a transcript.
 
 Owns: compressing a transcript in place (the current rows become the archive, the kept context
 is re-inserted as the live generation with its message_uids), rotating a session into a
 compression child, the cross-process `compression_locks` rows and the holders it issues
 (`new_holder`), waiting for another holder to finish (`wait_for_compression`), and each
-session's compression failure cooldown and fallback streak. Does not own: the message rows
+session's compression failure cooldown and fallback streak; the rewound rows (active=0,
+compacted=0: taken out of the live transcript by a rewind, kept so `restore_rewound` can put them
+back) and the session's `rewind_count`, and hermes-agent's names for archiving the live
+generation (`archive_and_compact`, `compress_in_place` under the name that program calls) and for
+asking whether a session keeps rows outside its live transcript (`has_archived_messages`).
+Does not own: the message rows
 themselves (hermes_state_messages writes them and keeps the counters), the transcript guard
 (`check_transcript_writable` and the retry of `write_transcript`, beside the message rows in
-hermes_state_messages; `check_transcript_writable` and `transcript_write` stay importable here),
-whether a holder is alive (hermes_state_holders, re-exported here), the compression edge and its
+hermes_state_messages), whether a holder is alive (hermes_state_lockowners), the compression edge and its
 walks (hermes_state_lineage), the conversation.
 
 Transaction contract: every function taking `conn` runs inside the caller's transaction (the
@@ -30,17 +34,13 @@ from typing import Any, Callable, Iterable
 import hermes_state_lineage as lineage
 import hermes_state_messages as messages
 import hermes_state_sessions as sessions
-from hermes_state_common import (COMPRESSION_WAIT_S, SESSIONS, Keywords, check_count, check_id,  # noqa: F401
-                                 check_number, logger)  # noqa: F401 - the wait, by its name here
-# Holder liveness and the transcript guard live below; their names stay importable here.
-from hermes_state_holders import (UNKNOWN_PIDNS, holder_is_gone, lock_is_live, own_pidns,  # noqa: F401
-                                  parse_holder)
+from hermes_state_common import (COMPRESSION_WAIT_S, SESSIONS, Keywords, check_count, check_id, check_number, decode_json,
+                                 encode_json, logger, recount_sql)
 from hermes_state_lineage import COMPRESSION_END_REASON
-from hermes_state_messages import check_transcript_writable as check_transcript_writable
+from hermes_state_lockowners import lock_is_live, own_pidns
 from hermes_state_messages import check_named_holder as _check_named_holder, lease_row as _lease_row
-from hermes_state_messages import check_turn_lease, message_list, turn_lease_key  # noqa: F401
-from hermes_state_errors import (CompressionSessionBusyError, SessionClosedByCompressionError,
-                                 SessionCompressionInProgressError, SessionNotFoundError, SessionTurnLeaseLostError)
+from hermes_state_messages import decoded_rows, message_list, turn_lease_key
+from hermes_state_errors import CompressionSessionBusyError, SessionCompressionInProgressError, SessionNotFoundError
 
 DEFAULT_LOCK_TTL_S = 300.0
 POLL_MIN_S, POLL_MAX_S = 0.05, 0.10
@@ -78,7 +78,7 @@ def foreign_lock_holder(conn: sqlite3.Connection, session_id: str, holder: str |
     return row[0] if lock_is_live(row[0], row[1], time.time() if now is None else now) else None
 
 
-# --- compression locks -----------------------------------------------------------------------------
+# --- compression locks ----------------------------------------------------------------------------
 
 def acquire_compression_lock(conn: sqlite3.Connection, session_id: str, ttl_s: float = DEFAULT_LOCK_TTL_S, *,
                              now: float | None = None) -> str | None:
@@ -183,7 +183,7 @@ def _check_holder(conn: sqlite3.Connection, session_id: str, holder: str | None,
             "written: acquire the lock again and recompute the kept context")
 
 
-# --- failure cooldown and fallback streak ----------------------------------------------------------
+# --- failure cooldown and fallback streak ---------------------------------------------------------
 # Per-session memory of how compression went, so a restarted agent does not retry a failing
 # compression at once, nor forget how many turns in a row fell back to a cheaper one.
 
@@ -229,7 +229,7 @@ def set_compression_fallback_streak(conn: sqlite3.Connection, session_id: str, s
                  (SESSIONS.column("compression_fallback_streak").check(streak),))
 
 
-# --- transcript write checks -----------------------------------------------------------------------
+# --- transcript write checks ----------------------------------------------------------------------
 
 def _require_open(conn: sqlite3.Connection, session_id: str) -> dict[str, Any]:
     row = sessions.get_session(conn, session_id)
@@ -463,7 +463,7 @@ def acquire_session_turn_lease(attempt: Callable[[], bool], *, wait_seconds: flo
         sleep(min(poll, wait_seconds - elapsed))
 
 
-# --- per-session compression bookkeeping ------------------------------------------------------------
+# --- per-session compression bookkeeping ----------------------------------------------------------
 
 def get_compression_ineffective_count(conn: sqlite3.Connection, session_id: str) -> int:
     """Return how many compressions in a row freed too little for the session (0 when none, or unknown)."""
@@ -604,3 +604,82 @@ def reopen_orphaned_compression_session(conn: sqlite3.Connection, session_id: st
         return False
     sessions.reopen_session(conn, session_id)
     return True
+
+
+# --- rewinding a transcript to an earlier user turn, restoring it, archiving by compaction ---
+
+_RECOUNT_SQL = recount_sql() + " WHERE id = ?"
+
+
+def _check_row_id(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be a message row id (an int), not {value!r}")
+    return value
+
+
+def rewind_to_message(conn: sqlite3.Connection, session_id: str, target_message_id: int) -> dict[str, Any]:
+    """Take the live user turn `target_message_id` and every later live row out of the transcript; return what moved.
+
+    Returns {"rewound_count", "target_message" (the row as get_messages gave it before the
+    rewind), "new_head_id" (the last live row left, or None)}. The rows are kept, and
+    `restore_rewound` puts them back. A target that is not a live row of the session (an unknown
+    session has none), or not a user turn, raises ValueError and changes nothing.
+    """
+    _check_row_id("target_message_id", target_message_id)
+    found = decoded_rows(conn, "SELECT * FROM messages WHERE id = ? AND session_id = ? AND active = 1",
+                         (target_message_id, session_id))
+    if not found:
+        raise ValueError(f"message {target_message_id} not found in session {session_id}")
+    target = found[0]
+    if target["role"] != "user":
+        raise ValueError(f"rewind target must be a 'user' message (got role={target['role']!r}, id={target_message_id})")
+    rewound = conn.execute("UPDATE messages SET active = 0 WHERE session_id = ? AND active = 1 AND id >= ?",
+                           (session_id, target_message_id)).rowcount
+    head = conn.execute("SELECT MAX(id) FROM messages WHERE session_id = ? AND active = 1", (session_id,)).fetchone()[0]
+    conn.execute("UPDATE sessions SET rewind_count = COALESCE(rewind_count, 0) + 1 WHERE id = ?", (session_id,))
+    conn.execute(_RECOUNT_SQL, (session_id,))
+    return {"rewound_count": rewound, "target_message": target, "new_head_id": head}
+
+
+def restore_rewound(conn: sqlite3.Connection, session_id: str, since_message_id: int) -> int:
+    """Put the session's rewound rows from `since_message_id` on back into the live transcript; return how many."""
+    _check_row_id("since_message_id", since_message_id)
+    restored = conn.execute("UPDATE messages SET active = 1 WHERE session_id = ? AND active = 0 AND compacted = 0 "
+                            "AND id >= ?", (session_id, since_message_id)).rowcount
+    if restored:
+        conn.execute(_RECOUNT_SQL, (session_id,))
+    return restored
+
+
+def has_archived_messages(conn: sqlite3.Connection, session_id: str) -> bool:
+    """True when the session keeps rows outside its live transcript (rewound, or archived by compaction)."""
+    return conn.execute("SELECT 1 FROM messages WHERE session_id = ? AND active = 0 LIMIT 1",
+                        (session_id,)).fetchone() is not None
+
+
+def archive_and_compact(conn: sqlite3.Connection, session_id: str, compacted_messages: Iterable[dict[str, Any]],
+                        model_config_patch: dict[str, Any] | None = None, watermark: int | None = None,
+                        lock_holder: str | None = None, *, now: float | None = None) -> int:
+    """Archive the live transcript and make `compacted_messages` the new one (compress_in_place); return how many.
+
+    With `watermark` (get_active_message_watermark at the compression's start), live rows
+    appended after it follow the compacted messages instead of being archived away.
+    `lock_holder` must still hold the session's compression lock at commit. `model_config_patch`
+    is merged into the session's model_config in the same transaction (a None value removes a key).
+    """
+    if model_config_patch is not None and not isinstance(model_config_patch, dict):
+        raise ValueError(f"model_config_patch must be a dict or None, not {type(model_config_patch).__name__}")
+    kept = [*compacted_messages, *tail_rows(conn, session_id, watermark)]
+    written = len(compress_in_place(conn, session_id, kept, holder=lock_holder, now=now))
+    if model_config_patch:
+        row = conn.execute("SELECT model_config FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        config = decode_json(row[0]) if row and row[0] is not None else {}
+        config = dict(config) if isinstance(config, dict) else {}
+        for key, value in model_config_patch.items():
+            if value is None:
+                config.pop(key, None)
+            else:
+                config[key] = value
+        conn.execute("UPDATE sessions SET model_config = ? WHERE id = ?",
+                     (encode_json(config, "model_config") if config else None, session_id))
+    return written

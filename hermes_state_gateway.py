@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, cast
 
-from hermes_state_common import DICTIONARY, LIVE_ADMISSION_SQL, check_count, check_id, decode_json, encode_json, row_dicts
+from hermes_state_common import LIVE_ADMISSION_SQL, check_count, check_id, decoded, encode_json, row_dicts
 from hermes_state_errors import LedgerStateError, ReceiptDigestError, ReceiptOrderError, StaleEpochError
 from hermes_state_sessions import require_session
 
@@ -49,14 +49,6 @@ def _check_terminal(state: Any) -> str:
 
 
 # --- the ledger machinery -----------------------------------------------------------------------
-
-def decoded(table: str, row: dict[str, Any]) -> dict[str, Any]:
-    """Return a row of `table` with each JSON column decoded under its name without `_json`."""
-    for column in DICTIONARY[table].columns:
-        if column.json and column.name in row:
-            row[column.name.removesuffix("_json")] = decode_json(row.pop(column.name))
-    return row
-
 
 def fetch(conn: sqlite3.Connection, table: str, where: str = "1", args: Any = (), order: str = "id",
           limit: int | None = None) -> list[dict[str, Any]]:

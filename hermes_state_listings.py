@@ -1,12 +1,17 @@
-"""Listings and statistics: pages of sessions with previews, counts, usage per model.
+"""Listings and statistics: pages of sessions with previews, counts, usage per model or source.
 
 Owns: `list_sessions` (one query per page, with each session's preview and last activity),
 `count_sessions` with the same filters, `usage_by_model` and `top_sessions_by_tokens`,
 `list_across_profiles` (one page merged from every profile's store), and
 hermes-agent's conversation listings (`list_sessions_rich` with compression tips projected,
-`search_sessions`, `search_sessions_by_id`, `list_cron_job_runs`).
+`search_sessions`, `search_sessions_by_id`, `list_cron_job_runs`), and the usage statistics:
+`usage` (totals per model or per source, with source and time filters, optionally per day, week or
+month of the sessions' start, local time), `largest_sessions` (the same filters; one query with
+`top_sessions_by_tokens`), `usage_totals`, and matching what people type against the stored names
+(`matching_names`: any case; a model also by the part after its provider, `gpt-5` for `openai/gpt-5`).
 Does not own: session rows and their rules (hermes_state_sessions), message search
-(hermes_state_search).
+(hermes_state_search), a whole file's statistics (hermes_state_recovery), drawing usage
+(hermes_state_commands, hermes_state_chart).
 
 Transaction contract: read-only, on the caller's connection.
 """
@@ -16,7 +21,7 @@ import json
 import sqlite3
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from hermes_state_common import (BRANCH_LIKE_SQL, DELEGATE_LIKE_SQL, HIDDEN_SQL, SESSION_ROW_SQL, check_count, check_id,
                                  contains_sql, escape_like, prefix_range, row_dicts, session_dicts)
@@ -115,15 +120,9 @@ def usage_by_model(conn: sqlite3.Connection, include_unset: bool = False) -> lis
 
 
 def top_sessions_by_tokens(conn: sqlite3.Connection, limit: int = 10) -> list[dict[str, Any]]:
-    """Return the sessions with the most input + output tokens (id, title, model, total_tokens, cost)."""
-    limit = check_count("limit", limit)
-    return row_dicts(conn.execute(
-        """SELECT id, title, model,
-                  COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0) AS total_tokens,
-                  estimated_cost_usd
-             FROM sessions
-            ORDER BY total_tokens DESC, started_at DESC, id
-            LIMIT ?""", (limit,)))
+    """Return the sessions with the most input + output tokens (id, title, model, total_tokens, estimated_cost_usd)."""
+    # hermes-agent's name for the largest sessions, unfiltered, with the estimate as its cost.
+    return [_without(row, "cost_usd") for row in _largest(conn, check_count("limit", limit), "1", [])]
 
 
 def list_across_profiles(open_read_only: Callable[[Path], AbstractContextManager[Any]],
@@ -585,7 +584,7 @@ def session_ids_with_prefix(conn: sqlite3.Connection, prefix: Any, limit: int = 
     return [r[0] for r in rows if r[0].startswith(prefix)]
 
 
-# --- counts and lifecycle states (hermes-agent 0.20.1's names) --------------------------------------
+# --- counts and lifecycle states (hermes-agent 0.20.1's names) ------------------------------------
 
 def session_count_by_source(conn: sqlite3.Connection, *, include_archived: bool = False, archived_only: bool = False,
                             exclude_children: bool = False) -> dict[str, int]:
@@ -636,3 +635,95 @@ def session_lifecycle_statuses(conn: sqlite3.Connection, session_ids: list[str])
         (json.dumps(ids),)).fetchall()
     found = {sid: classify_session_status(role, bool(calls), reason) for sid, role, calls, reason in rows}
     return {sid: found.get(sid, SESSION_STATUS_EMPTY) for sid in ids}
+
+
+# --- usage statistics: per model or source, per period, the largest sessions ----------------------
+
+# A period's label, from a session's start (local time): 2026-11-30, the Monday 2026-11-30, 2026-11.
+PERIODS = {
+    "day": "date(started_at, 'unixepoch', 'localtime')",
+    "week": "date(started_at, 'unixepoch', 'localtime', '-6 days', 'weekday 1')",
+    "month": "strftime('%Y-%m', started_at, 'unixepoch', 'localtime')",
+}
+GROUPS = {"model": "model", "source": "source"}
+
+
+def matching_names(typed: str, stored: Iterable[str | None], *, provider: bool = False) -> list[str]:
+    """Return the stored names `typed` stands for: equal in any case, or (`provider`) the part after a `provider/`."""
+    want = typed.casefold()
+    return sorted({name for name in stored if name is not None and (
+        name.casefold() == want or provider and "/" in name and name.casefold().rsplit("/", 1)[1] == want)})
+
+
+def _where(sources: Any, models: Any, since: Any, until: Any, include_archived: bool = True) -> tuple[str, list[Any]]:
+    # The usage figures select sessions as every other listing does (one builder, one set of checks).
+    where, params = session_filters(sources=filter_name_or_names("sources", sources),
+                                    models=filter_name_or_names("models", models), include_archived=include_archived,
+                                    time_sql="started_at", since=since, until=until)
+    return " AND ".join(["1", *where]), params
+
+
+def stored_names(conn: sqlite3.Connection) -> dict[str, list[str]]:
+    """Return the distinct sources and models the sessions hold."""
+    return {column: [r[0] for r in conn.execute(f"SELECT DISTINCT {column} FROM sessions WHERE {column} IS NOT NULL "
+                                                f"ORDER BY 1")] for column in ("source", "model")}
+
+
+def usage(conn: sqlite3.Connection, *, by: str = "model", period: str | None = None, sources: Any = None,
+          models: Any = None, since: float | None = None, until: float | None = None,
+          include_archived: bool = True) -> list[dict[str, Any]]:
+    """Return session_count, input_tokens, output_tokens and cost_usd per `by` (model or source), per `period` if given.
+
+    `period` is day, week (from Monday) or month, of the sessions' start in local time;
+    `sources`/`models` are exact stored names; `since`/`until` (epoch seconds) bound the
+    sessions' start. Rows are ordered by period, then by cost (costliest first); a group
+    without a name (no model) comes last with `None`. Archived sessions count unless
+    `include_archived` is False.
+    """
+    if by not in GROUPS:
+        raise ValueError(f"by must be one of {sorted(GROUPS)}, not {by!r}")
+    if period is not None and period not in PERIODS:
+        raise ValueError(f"period must be one of {sorted(PERIODS)} or None, not {period!r}")
+    where, params = _where(sources, models, since, until, include_archived)
+    label = PERIODS[period] if period else "NULL"
+    column = GROUPS[by]
+    return row_dicts(conn.execute(
+        f"""SELECT {label} AS period, {column} AS {by}, COUNT(*) AS session_count,
+                   COALESCE(SUM(input_tokens), 0) AS input_tokens, COALESCE(SUM(output_tokens), 0) AS output_tokens,
+                   SUM(COALESCE(actual_cost_usd, estimated_cost_usd)) AS cost_usd
+              FROM sessions WHERE {where}
+             GROUP BY 1, 2
+             ORDER BY 1, {column} IS NULL, cost_usd IS NULL, cost_usd DESC, {column}""", params))
+
+
+def _largest(conn: sqlite3.Connection, limit: int, where: str, params: list[Any]) -> list[dict[str, Any]]:
+    # The one query of the largest sessions: both costs, each caller keeps the one it names.
+    return row_dicts(conn.execute(
+        f"""SELECT id, title, model, COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0) AS total_tokens,
+                   estimated_cost_usd, COALESCE(actual_cost_usd, estimated_cost_usd) AS cost_usd
+              FROM sessions WHERE {where}
+             ORDER BY total_tokens DESC, started_at DESC, id LIMIT ?""", (*params, limit)))
+
+
+def _without(row: dict[str, Any], name: str) -> dict[str, Any]:
+    del row[name]
+    return row
+
+
+def largest_sessions(conn: sqlite3.Connection, limit: int = 10, *, sources: Any = None, models: Any = None,
+                     since: float | None = None, until: float | None = None) -> list[dict[str, Any]]:
+    """Return the sessions with the most tokens in and out (id, title, model, total_tokens, cost), filtered as `usage`."""
+    limit = check_count("limit", limit)
+    where, params = _where(sources, models, since, until)
+    return [_without(row, "estimated_cost_usd") for row in _largest(conn, limit, where, params)]
+
+
+def usage_totals(conn: sqlite3.Connection, *, min_message_count: int = 1,
+                 include_archived: bool = False) -> dict[str, float]:
+    """Return {"tokens", "cost_usd"} (input + output; billed cost, else the estimate) of sessions this large or larger."""
+    where = "COALESCE(message_count, 0) >= ?" + ("" if include_archived else " AND COALESCE(archived, 0) = 0")
+    tokens, cost = conn.execute(
+        "SELECT COALESCE(SUM(COALESCE(input_tokens, 0) + COALESCE(output_tokens, 0)), 0), "
+        f"COALESCE(SUM(COALESCE(actual_cost_usd, estimated_cost_usd, 0)), 0.0) FROM sessions WHERE {where}",
+        (check_count("min_message_count", min_message_count),)).fetchone()
+    return {"tokens": tokens, "cost_usd": float(cost)}

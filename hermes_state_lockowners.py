@@ -1,10 +1,14 @@
-"""Name the processes holding SQLite write-class locks on a state database (Linux only).
+"""Who holds a lock: the processes holding SQLite write-class locks on a state database, and lock holder strings.
 
 Owns: decoding `/proc/locks` for the three files of one database (`state.db`, `-wal`, `-shm`),
 turning each WRITE lock into a readable sentence with the owner's command line, logging that once
 when a writer gives up ("database is locked"), telling whether this process has a descriptor open
 on a database (`open_in_this_process`: then no plain copy of it may be made), and the
-`configure_error_log(home)` helper that routes those warnings to `<home>/logs/errors.log`.
+`configure_error_log(home)` helper that routes those warnings to `<home>/logs/errors.log`; and the
+holder strings the library's own locks carry (a compression lock, the background worker's lease):
+who a holder string names (`parse_holder`), this process's pid namespace (`own_pidns`,
+`UNKNOWN_PIDNS`), `holder_is_gone` and `lock_is_live` (a lock counts until it expires or its holder
+is provably gone; any doubt counts as alive).
 
 Does not own: retrying, timeouts or transactions (the caller decides when patience ran out and calls
 `log_write_lock_holders` once), nor any SQL. It never opens the database files: closing any
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -278,3 +283,74 @@ def count_db_holders(db_path: str | os.PathLike) -> int | None:
     if others is None:
         return None
     return len(others) + (1 if _held_here(main) else 0)
+
+
+# --- lock holder strings: who a holder names, and whether that process is provably gone -------
+
+_PID = re.compile(r"(?:^|\s)pid=(\d+)(?:\s|$)")
+_HOST = re.compile(r"(?:^|\s)host=(\S+)")
+_PIDNS = re.compile(r"(?:^|\s)pidns=(\S+)")
+# Written when this process cannot read its pid namespace: a pid it names proves nothing here.
+UNKNOWN_PIDNS = "-"
+
+
+def own_pidns() -> str:
+    """Return this process's pid-namespace id (the inode of /proc/self/ns/pid), or UNKNOWN_PIDNS."""
+    # Containers with host networking share the host name but not pids: the namespace says
+    # whose pid numbers a holder string uses. Read each time: a fork may sit in a new one.
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except (OSError, ValueError):
+        return UNKNOWN_PIDNS
+
+
+def parse_holder(holder: str) -> tuple[int | None, str | None, str | None]:
+    """Return (pid, host, pidns) named by a holder string; each is None when absent or malformed."""
+    pid = _PID.search(holder or "")
+    host = _HOST.search(holder or "")
+    pidns = _PIDNS.search(holder or "")
+    return (int(pid.group(1)) if pid else None), (host.group(1) if host else None), \
+        (pidns.group(1) if pidns else None)
+
+
+def holder_is_gone(holder: str) -> bool:
+    """Return True only when the holder's process is provably gone: same host and pid namespace, no such pid.
+
+    Any doubt counts as alive: another host, another or unknown pid namespace (a container
+    sharing the host name; a holder string without `pidns=`), a missing or zero pid, a pid we
+    may not signal (PermissionError: it exists), a recycled pid that is alive again, or a
+    platform where signal 0 is not a harmless probe (on Windows os.kill would terminate it).
+    """
+    import socket  # here, not at start-up: few calls need the host name
+    pid, host, pidns = parse_holder(holder)
+    if os.name != "posix" or pid is None or pid <= 0 or host != socket.gethostname():
+        return False
+    if pidns is None or pidns == UNKNOWN_PIDNS or pidns != own_pidns():
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    # A process that exited but was not reaped yet still answers signal 0, for as long as its
+    # parent lives; /proc says it is dead ('Z' zombie, 'X' dead). Off Linux: no proof, alive.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # The command name in parentheses may hold spaces or ')'; the state follows the last ')'.
+    state = stat[stat.rfind(b")") + 1:].split()[:1]
+    return state in ([b"Z"], [b"X"])
+
+
+def lock_is_live(holder: str, expires_at: float, now: float) -> bool:
+    """Tell whether a lock of `holder` expiring at `expires_at` still holds at `now`: unexpired, holder not gone."""
+    return expires_at > now and not holder_is_gone(holder)

@@ -6,7 +6,10 @@ a delegate subagent goes with the session that spawned it; other children stay, 
 the refusal while work for a session is still owed (admissions not finished, executions
 running or unknown, replies not yet delivered, delegations still open), removing every row
 that names a session, the filters prune_sessions/list_prune_candidates/archive_sessions share,
-and removing a session's transcript files.
+and removing a session's transcript files; and hermes-agent's two start-up sweeps on that
+planner: an empty TUI ghost session (ended without a message or a title, started over a day ago)
+is deleted, and a compression continuation whose process died before its first API call (open,
+with rows, no accounted call, started over a week ago) is ended as 'orphaned_compression'.
 Does not own: the ledgers' own rules (hermes_state_gateway, hermes_state_routing), the
 compression edge (hermes_state_lineage), VACUUM (hermes_state_recovery).
 
@@ -538,7 +541,7 @@ def _is_dump(name: str, prefixes: tuple[str, ...]) -> bool:
         name.startswith(p) and _DUMP_SUFFIX.fullmatch(name[len(p):]) for p in prefixes)
 
 
-# --- the public deleting calls: rows in the caller's transaction, files after its COMMIT ------------
+# --- the public deleting calls: rows in the caller's transaction, files after its COMMIT ----------
 
 def _files_after_commit(txn: Transaction, sessions_dir: Any, removed: list[str]) -> None:
     # Deferred to the outermost COMMIT: a rolled-back delete (an enclosing transaction too) keeps its files.
@@ -589,7 +592,7 @@ def delete_session_if_empty_and_transcripts(txn: Transaction, session_id: str,
     return removed
 
 
-# --- never-active keyed sessions: opened for a chat, then never used ---------------------------------
+# --- never-active keyed sessions: opened for a chat, then never used ------------------------------
 
 # Keyed and still open, without one sign of a turn: no message, token, tool or API call, activity
 # or title. The ended-only prune never reaches such a row; pinned and archived rows stay by intent.
@@ -631,7 +634,7 @@ def prune_never_active_keyed_sessions_and_transcripts(txn: Transaction, *, older
     return len(removed), routes
 
 
-# --- kanban workers' sessions, recorded as cli before workers tagged themselves --------------------
+# --- kanban workers' sessions, recorded as cli before workers tagged themselves -------------------
 
 KANBAN_RETAG_KEY = "kanban_worker_source_retagged:"  # state_meta, + the workspaces root: done once per root
 
@@ -648,7 +651,7 @@ def retag_kanban_worker_sessions(conn: sqlite3.Connection, workspaces_root: str)
     return moved
 
 
-# --- state_meta and automatic maintenance ----------------------------------------------------------
+# --- state_meta and automatic maintenance ---------------------------------------------------------
 
 def get_meta(conn: sqlite3.Connection, key: Any) -> str | None:
     """Return the state_meta value stored under `key`, or None."""
@@ -813,3 +816,41 @@ def auto_archive_stale(write: Callable[[], ContextManager[sqlite3.Connection]], 
         logger.warning("automatic archive stopped: %s", exc)
         result.update(skipped=False, error=f"{type(exc).__name__}: {exc}")
     return result
+
+
+# --- hermes-agent's two start-up sweeps, on the planner above -------------------------------------
+
+GHOST_SOURCE = "tui"
+GHOST_MIN_AGE_S = DAY_S
+ORPHANED_COMPRESSION_REASON = "orphaned_compression"
+ORPHANED_COMPRESSION_MIN_AGE_S = 7 * DAY_S
+
+
+def prune_empty_ghost_sessions(conn: sqlite3.Connection, *, now: float | None = None) -> list[str]:
+    """Delete TUI sessions ended without a message or title, started over a day ago; return their ids."""
+    selection = Selection(
+        "s.source = ? AND s.ended_at IS NOT NULL AND s.title IS NULL AND COALESCE(s.archived, 0) = 0 "
+        "AND s.started_at < ? AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.session_id = s.id)",
+        (GHOST_SOURCE, (time.time() if now is None else now) - GHOST_MIN_AGE_S))
+    plan = plan_sweep(conn, selection, delegates=False)
+    if plan.ids:
+        delete_rows(conn, plan.ids)
+    return plan.ids
+
+
+def prune_empty_ghost_sessions_and_transcripts(txn: Transaction, sessions_dir: str | os.PathLike | None = None) -> int:
+    """Delete the empty TUI ghost sessions (their transcript files after COMMIT); return how many."""
+    removed = prune_empty_ghost_sessions(txn.conn)
+    if removed:
+        txn.after_commit(lambda: remove_transcripts(sessions_dir, removed))
+    return len(removed)
+
+
+def finalize_orphaned_compression_sessions(conn: sqlite3.Connection, *, now: float | None = None) -> int:
+    """End, as 'orphaned_compression', week-old compression continuations that never made an API call; return how many."""
+    now = time.time() if now is None else now
+    return conn.execute(
+        "UPDATE sessions SET ended_at = ?, end_reason = ? WHERE ended_at IS NULL AND COALESCE(api_call_count, 0) = 0 "
+        "AND started_at < ? AND EXISTS (SELECT 1 FROM messages m WHERE m.session_id = sessions.id) "
+        "AND EXISTS (SELECT 1 FROM sessions p WHERE p.id = sessions.parent_session_id AND p.end_reason = ?)",
+        (now, ORPHANED_COMPRESSION_REASON, now - ORPHANED_COMPRESSION_MIN_AGE_S, COMPRESSION_END_REASON)).rowcount

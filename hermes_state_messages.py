@@ -7,7 +7,11 @@ row for its batch of index work (`reserve_id`, `after_insert`, `BATCH_ROWS`), re
 merging same-role turns, whole-transcript rewrites, a message copied into a generation
 (`message_list`: one message_uid at most once; `with_stored_fields`: what a conversation dict
 drops, from the stored row of its uid), and the transcript guard
-(`check_transcript_writable`, and `write_transcript`, which retries once after a compression).
+(`check_transcript_writable`, and `write_transcript`, which retries once after a compression);
+and the excerpts a search hit or a session picker opens a transcript with: the rows around one
+message (`get_messages_around`, over every row of the session, rewound and archived ones too),
+that window narrowed to some roles with bookends (`get_anchored_view`), the latest user turns as
+one-line previews (`list_recent_user_messages`) and `has_platform_message_id`.
 Does not own: the session row's rules (hermes_state_sessions), compression generations and
 locks (hermes_state_compression), the batch's statements (hermes_state_fts), the conversation
 projection (hermes_state_conversation).
@@ -22,6 +26,7 @@ validated before the first statement that changes anything. Reads run under the 
 """
 from __future__ import annotations
 
+import copy
 import json
 import sqlite3
 import time
@@ -31,12 +36,12 @@ from typing import Any, Callable, Iterable
 import hermes_state_fts as fts
 from hermes_state_common import (COUNTER_ADD_SQL, JSON_MESSAGE_FIELDS, MESSAGES, NOT_LIVE_SQL, check_count, check_id,
                                  check_number,
-                                 counter_amounts, decode_json, encode_json, has_surrogate, is_uid, new_uid,
+                                 counter_amounts, decode_json, decoded, encode_json, has_surrogate, is_uid, new_uid,
                                  replace_surrogates, row_dicts, shown)
 from hermes_state_errors import (SessionClosedByCompressionError, SessionCompressionInProgressError,
                                  SessionExportTooLargeError, SessionNotFoundError, SessionResumeTooLargeError,
                                  SessionTurnLeaseLostError)
-from hermes_state_holders import lock_is_live
+from hermes_state_lockowners import lock_is_live
 from hermes_state_home import config_count
 from hermes_state_lineage import COMPRESSION_END_REASON, compression_ancestor_ids, live_continuation
 from hermes_state_schema import Connection
@@ -1065,3 +1070,128 @@ def set_latest_matching_message_display_kind(conn: sqlite3.Connection, session_i
                  (replace_surrogates(display_kind),
                   encode_json(display_metadata, "display_metadata") if display_metadata else None, row[0]))
     return True
+
+
+# --- excerpts of a transcript: the rows around one message, an anchored view, recent user turns ---
+
+PREVIEW_CHARS = 80  # a preview longer than this ends in "..." at this length
+_ELLIPSIS = "..."
+# A bookend carries text: plain-text content, not empty (a multimodal row's content is its parts).
+_HAS_TEXT = "content IS NOT NULL AND content != '' AND content_parts IS NULL"
+# What a window around a message that is not there answers.
+EMPTY_AROUND: dict[str, Any] = {"window": [], "messages_before": 0, "messages_after": 0}
+EMPTY_ANCHORED: dict[str, Any] = {**EMPTY_AROUND, "bookend_start": [], "bookend_end": []}
+
+
+def decoded_rows(conn: sqlite3.Connection, sql: str, params: Any = ()) -> list[dict[str, Any]]:
+    """Run a SELECT of whole message rows; return them as get_messages does (JSON decoded, parts as content)."""
+    rows = [decoded("messages", row) for row in row_dicts(conn.execute(sql, params))]
+    for row in rows:
+        if row.get("content_parts") is not None:
+            row["content"] = row["content_parts"]
+    return rows
+
+
+def _check_id(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be a message row id (an int), not {value!r}")
+    return value
+
+
+def _span(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, not {value!r}")
+    return max(value, 0)  # a negative window is an empty one
+
+
+def _roles(keep_roles: Any) -> tuple[str, ...] | None:
+    if keep_roles is None:
+        return None
+    if isinstance(keep_roles, str) or not isinstance(keep_roles, Iterable):
+        raise ValueError(f"keep_roles must be a tuple of role names or None, not {keep_roles!r}")
+    roles = tuple(keep_roles)
+    if not all(isinstance(role, str) for role in roles):
+        raise ValueError(f"keep_roles must hold role names (str), not {roles!r}")
+    return roles
+
+
+def _window(conn: sqlite3.Connection, session_id: str, anchor_id: int,
+            window: int) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]] | None:
+    # (rows before, the anchor, rows after), or None when the anchor is not a row of the session.
+    anchor = decoded_rows(conn, "SELECT * FROM messages WHERE id = ? AND session_id = ?", (anchor_id, session_id))
+    if not anchor:
+        return None
+    before = decoded_rows(conn, "SELECT * FROM messages WHERE session_id = ? AND id < ? ORDER BY id DESC LIMIT ?",
+                          (session_id, anchor_id, window))
+    after = decoded_rows(conn, "SELECT * FROM messages WHERE session_id = ? AND id > ? ORDER BY id LIMIT ?",
+                         (session_id, anchor_id, window))
+    return before[::-1], anchor[0], after
+
+
+def get_messages_around(conn: sqlite3.Connection, session_id: str, around_message_id: int,
+                        window: int = 5) -> dict[str, Any]:
+    """Return {"window", "messages_before", "messages_after"}: up to `window` rows either side of the message, and it.
+
+    An id that is not a row of the session gives an empty window.
+    """
+    found = _window(conn, session_id, _check_id("around_message_id", around_message_id), _span(window, "window"))
+    if found is None:
+        return copy.deepcopy(EMPTY_AROUND)
+    before, anchor, after = found
+    return {"window": [*before, anchor, *after], "messages_before": len(before), "messages_after": len(after)}
+
+
+def _bookend(conn: sqlite3.Connection, session_id: str, side: str, edge: int, count: int,
+             roles: tuple[str, ...] | None) -> list[dict[str, Any]]:
+    if count == 0:
+        return []
+    role_sql = "" if roles is None else f" AND role IN ({', '.join('?' * len(roles))})"
+    first = side == "start"
+    rows = decoded_rows(conn, f"SELECT * FROM messages WHERE session_id = ? AND id {'<' if first else '>'} ? "
+                              f"AND {_HAS_TEXT}{role_sql} ORDER BY id {'' if first else 'DESC'} LIMIT ?",
+                        (session_id, edge, *(roles or ()), count))
+    return rows if first else rows[::-1]
+
+
+def get_anchored_view(conn: sqlite3.Connection, session_id: str, around_message_id: int, window: int = 5,
+                      bookend: int = 3, keep_roles: tuple[str, ...] | None = ("user", "assistant")) -> dict[str, Any]:
+    """Return get_messages_around's window narrowed to `keep_roles` (the anchor always stays), with bookends.
+
+    `messages_before`/`messages_after` count the window's rows before the narrowing;
+    "bookend_start"/"bookend_end" are the first and last `bookend` rows outside the window
+    that carry text and have a kept role, in order. None keeps every role.
+    """
+    roles = _roles(keep_roles)
+    ends = _span(bookend, "bookend")
+    found = _window(conn, session_id, _check_id("around_message_id", around_message_id), _span(window, "window"))
+    if found is None:
+        return copy.deepcopy(EMPTY_ANCHORED)
+    before, anchor, after = found
+
+    def kept(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return rows if roles is None else [row for row in rows if row["role"] in roles]
+    first, last = (before[0] if before else anchor)["id"], (after[-1] if after else anchor)["id"]
+    return {"window": [*kept(before), anchor, *kept(after)], "messages_before": len(before),
+            "messages_after": len(after), "bookend_start": _bookend(conn, session_id, "start", first, ends, roles),
+            "bookend_end": _bookend(conn, session_id, "end", last, ends, roles)}
+
+
+def preview(text: str | None) -> str:
+    """Return `text` as a one-line preview: whitespace runs become one space, cut to 80 characters with "..."."""
+    line = " ".join((text or "").split())
+    return line if len(line) <= PREVIEW_CHARS else line[:PREVIEW_CHARS - len(_ELLIPSIS)] + _ELLIPSIS
+
+
+def list_recent_user_messages(conn: sqlite3.Connection, session_id: str, limit: int = 20,
+                              include_inactive: bool = False) -> list[dict[str, Any]]:
+    """Return the session's latest user turns, newest first, as {"id", "timestamp", "preview"} (live rows unless asked)."""
+    live = "" if include_inactive else " AND active = 1"
+    rows = conn.execute(f"SELECT id, timestamp, content FROM messages WHERE session_id = ? AND role = 'user'{live} "
+                        "ORDER BY id DESC LIMIT ?", (session_id, check_count("limit", limit))).fetchall()
+    return [{"id": row[0], "timestamp": row[1], "preview": preview(row[2])} for row in rows]
+
+
+def has_platform_message_id(conn: sqlite3.Connection, session_id: str, platform_message_id: str) -> bool:
+    """True when a row of the session (any generation) carries the platform's message id."""
+    return conn.execute("SELECT 1 FROM messages WHERE session_id = ? AND platform_message_id = ? LIMIT 1",
+                        (session_id, platform_message_id)).fetchone() is not None

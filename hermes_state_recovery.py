@@ -2,7 +2,9 @@
 
 Owns: `backup_to` (a consistent copy through SQLite's backup API), `check_restorable` and
 `restore_from` (a validated copy back into a live database), `recover` with `RecoveryReport`
-(every readable row of a damaged file copied into a fresh one), `check_integrity` and `vacuum`.
+(every readable row of a damaged file copied into a fresh one), `check_integrity` and `vacuum`,
+and a file's statistics (`collect_state_db_stats`: sizes, counts and full-text state, read
+without the library's schema work; `logical_size_bytes`).
 Does not own: per-session export/import (hermes_state_portability), the open-time upgrade
 (hermes_state_upgrade, which writes its first copy with `backup_to` and reclaims with `vacuum`),
 the schema itself (hermes_state_schema) or the FTS indexes (hermes_state_fts), which `recover`
@@ -33,7 +35,7 @@ import hermes_state_fts as fts
 import hermes_state_lockowners as lockowners
 import hermes_state_replicas as replicas
 import hermes_state_schema as schema
-from hermes_state_common import (DICTIONARY, RECOVER_EXCLUDED, RECOVER_VERIFIED, SCHEMA_VERSION, TABLE_SQL, logger,
+from hermes_state_common import (DICTIONARY, RECOVER_EXCLUDED, RECOVER_VERIFIED, SCHEMA_VERSION, logger,
                                  recount_sql, table_exists)
 from hermes_state_errors import StateDbBusyError, StateDbCorruptError, StateDbIncompatibleError, typed_errors
 from hermes_state_writer import Cancelled, RetryPolicy, passive_checkpoint, reads_elsewhere, retry_on_lock
@@ -253,7 +255,7 @@ def restore_from(conn: sqlite3.Connection, source: Path, set_up: Callable[[sqlit
     return set_up(conn)
 
 
-# --- giving freed pages back -----------------------------------------------------------------------
+# --- giving freed pages back ----------------------------------------------------------------------
 
 # Set by an upgrade (hermes_state_upgrade): the old layout's index pages were freed, and the file
 # should shrink once the new indexes are built. A VACUUM, asked for or not, settles it.
@@ -326,7 +328,7 @@ def check_integrity(read: Callable[[], AbstractContextManager[sqlite3.Connection
     return {"ok": not problems and all(v == "ok" for v in report.values()), "problems": problems, "fts": report}
 
 
-# --- a file of zeros --------------------------------------------------------------------------------
+# --- a file of zeros ------------------------------------------------------------------------------
 # A crash of some file systems (or a copy made mid-write) leaves state.db at its size with every
 # byte zero: no SQLite header, nothing to salvage. hermes-agent moves such a file aside at start-up
 # so a fresh one can be made; these are its two names, with the same file names on disk.
@@ -394,7 +396,7 @@ def quarantine_zeroed_state_db(path: str | os.PathLike) -> Path | None:
     return aside
 
 
-# --- recover ---------------------------------------------------------------------------------------
+# --- recover --------------------------------------------------------------------------------------
 
 @dataclass
 class TableRecovery:
@@ -864,3 +866,79 @@ def move_aside(db_path: str | os.PathLike, *, now: float | None = None) -> Path:
         if os.path.lexists(f"{path}{suffix}"):
             os.replace(f"{path}{suffix}", f"{aside}{suffix}")
     return aside
+
+
+# --- a file's statistics: sizes, counts and full-text state, read without the library's schema work ---
+
+# How long the statistics probe waits for a lock before it reports a field as unknown.
+STATS_BUSY_S = 0.5
+
+def _stat_value(conn: sqlite3.Connection, sql: str) -> Any:
+    try:
+        row = conn.execute(sql).fetchone()
+    except sqlite3.Error:
+        return None
+    return None if row is None else row[0]
+
+
+def _meta_int(conn: sqlite3.Connection, key: str) -> int | None:
+    value = _stat_value(conn, f"SELECT value FROM state_meta WHERE key = '{key}'")
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def collect_state_db_stats(db_path: str | os.PathLike) -> dict[str, Any]:
+    """Return a read-only snapshot of a database file's sizes, counts and full-text state; never raises, never writes.
+
+    Keys (each None when it cannot be read): page_count, page_size, freelist_count,
+    logical_size_bytes, wal_size_bytes (0 without a -wal), journal_mode, messages, sessions,
+    fts_tables ({table: present} for the word, trigram and CJK indexes), fts_storage_version,
+    fts_rebuild_pending, fts_rebuild_high_water, fts_rebuild_progress. The file is opened
+    read-only without the library's schema work, so a live store held by a gateway can be probed.
+    """
+    stats: dict[str, Any] = dict.fromkeys((
+        "page_count", "page_size", "freelist_count", "logical_size_bytes", "wal_size_bytes", "journal_mode",
+        "messages", "sessions", "fts_tables", "fts_storage_version", "fts_rebuild_pending",
+        "fts_rebuild_high_water", "fts_rebuild_progress"))
+    try:
+        stats["wal_size_bytes"] = os.stat(os.fspath(db_path) + "-wal").st_size
+    except FileNotFoundError:
+        stats["wal_size_bytes"] = 0
+    except (OSError, TypeError, ValueError):
+        pass
+    try:
+        conn = schema.connect(Path(db_path), read_only=True, read_busy_s=STATS_BUSY_S)
+    except (sqlite3.Error, OSError, TypeError, ValueError):
+        return stats
+    try:
+        for name in ("page_count", "page_size", "freelist_count", "journal_mode"):
+            stats[name] = _stat_value(conn, f"PRAGMA {name}")
+        if stats["page_count"] is not None and stats["page_size"] is not None:
+            stats["logical_size_bytes"] = stats["page_count"] * stats["page_size"]
+        for table in ("messages", "sessions"):
+            stats[table] = _stat_value(conn, f"SELECT COUNT(*) FROM {table}")
+        try:
+            present = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            stats["fts_tables"] = {table: table in present for table in (fts.WORD, fts.TRIGRAM,
+                                                                         fts.CJK)}
+        except sqlite3.Error:
+            pass
+        stats["fts_storage_version"] = _meta_int(conn, "fts_storage_version")
+        high, done = _meta_int(conn, fts.HIGH_WATER), _meta_int(conn, fts.PROGRESS)
+        stats["fts_rebuild_high_water"], stats["fts_rebuild_progress"] = high, done
+        stats["fts_rebuild_pending"] = high is not None and (done is None or done < high)
+    finally:
+        conn.close()
+    return stats
+
+
+def logical_size_bytes(conn: sqlite3.Connection) -> int | None:
+    """Return the database's size as SQLite counts it (pages times page size), or None if it cannot say."""
+    try:
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+    except sqlite3.Error:
+        return None
+    return pages * size

@@ -1,4 +1,4 @@
-"""Where a conversation's traffic goes: the routing table, the delivery outbox and async delegations.
+"""Where a conversation's traffic goes: the routing table, the delivery outbox, async delegations, input ownership.
 
 Owns: `gateway_routing` (scope, session_key -> an entry naming the session that serves it, and
 `forward_targets`, where a conversation moved on; also hermes-agent's verbs over the same table,
@@ -6,9 +6,14 @@ which keep each entry as opaque JSON text), `delivery_obligations` (replies owed
 created here on first use and never at open) and `async_delegations` (work handed to another
 agent, by origin session). The outbox and the delegations are ledgers on the gateway's
 machinery (hermes_state_gateway.Ledger): a state table each, one compare-and-set transition.
+Also input ownership on the exception path, which reads where the routing says a conversation
+moved on: input markers (`input_marker`), where an input of a session may already be stored
+(`ownership_places`: the forward targets, the compression tip and its ancestors),
+`find_input_owner`, `input_target` and `persist_failed_turn_input`, which appends a failed
+turn's input exactly once (one transcript append through hermes_state_messages).
 Does not own: the runtime epoch, admissions or receipts (hermes_state_gateway, whose
 `check_epoch` fences the outbox calls that take an epoch; each send attempt is fenced on its
-own too), input ownership (hermes_state_ownership), message rows (hermes_state_messages).
+own too), message rows and their validation (hermes_state_messages).
 
 Transaction contract: writes run inside the caller's BEGIN IMMEDIATE transaction as
 compare-and-sets: every check runs before the first change, so a refused call changes nothing.
@@ -16,14 +21,18 @@ Reads run under the caller's lock and never create anything.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import sqlite3
-from typing import Any, cast
+import uuid
+from typing import Any, Iterable, cast
 
-from hermes_state_common import (DELIVERY_OBLIGATIONS_SQL, check_count, check_id, check_scalar, encode_json,
-                                 has_surrogate, table_exists)
-from hermes_state_errors import LedgerStateError
+import hermes_state_lineage as lineage
+from hermes_state_common import (DELIVERY_OBLIGATIONS_SQL, INPUT_MARKER_SQL, check_count, check_id, check_scalar,
+                                 encode_json, has_surrogate, table_exists)
+from hermes_state_errors import LedgerStateError, OwnershipReadError, SessionNotFoundError
 from hermes_state_gateway import Ledger, check_epoch_if_given, fetch, stamp
+from hermes_state_messages import check_transcript_writable, insert_message
 from hermes_state_sessions import require_session
 
 # The key of a routing entry that names the session serving a (scope, session_key).
@@ -282,7 +291,7 @@ def get_delivery(conn: sqlite3.Connection, obligation_id: int) -> dict[str, Any]
     return OUTBOX.get(conn, obligation_id) if outbox_exists(conn) else None
 
 
-# --- async delegations ------------------------------------------------------------------------------
+# --- async delegations ----------------------------------------------------------------------------
 # The table is the real system's (delegation_id, origin_session, state, dispatched_at, task_json,
 # result_json, delivery_*, ...) plus this library's `target`. The API keeps the names it has
 # always returned: id, origin_session_id, payload and created_at are delegation_id,
@@ -367,3 +376,108 @@ def list_delegations(conn: sqlite3.Connection, origin_session_id: str,
         where, args = where + " AND state = ?", args + [state]
     return [_delegation_view(r) for r in fetch(conn, DELEGATIONS.table, where, args,
                                                order="dispatched_at, delegation_id")]
+
+
+# --- input ownership on the exception path: which stored row owns an inbound input, the one append ---
+
+# The key in a message's display_metadata that carries its input marker (INPUT_MARKER_SQL reads it).
+MARKER_KEY = "input_marker"
+
+
+def input_marker(platform: str | None, profile: str | None, scope: str | None, chat_id: str | None,
+                 thread_id: str | None, message_id: str | None) -> str:
+    """Return the marker of one inbound message: the same for the same qualified message, else new.
+
+    The marker is derived from every qualifier, so the same message id in another chat,
+    thread, scope, profile or platform gets another marker. A message without an id gets a
+    fresh random marker: identical text at an identical time is still another turn.
+    """
+    if message_id is None or message_id == "":
+        return "im-" + uuid.uuid4().hex
+    parts = [None if v is None else str(v) for v in (platform, profile, scope, chat_id, thread_id, message_id)]
+    text = json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
+    return "im-" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def ownership_places(conn: sqlite3.Connection, session_id: str) -> tuple[list[str], str]:
+    """Return (sessions that may own an input of `session_id`, the session a missing input goes to).
+
+    Searched, in order: the forward targets the routing publishes (and their live compression
+    tips), the session's current compression tip, then the tip's compression ancestors (which
+    include the session itself when it was compressed). Missing input goes to the live tip of
+    the newest forward target, or else to the session's own live tip.
+    """
+    tip = lineage.compression_successor_id(conn, session_id)
+    if tip is None:
+        raise SessionNotFoundError(f"session {session_id!r} not found")
+    places: list[str] = []
+    targets = forward_targets(conn, session_id)
+    forwards = [lineage.compression_successor_id(conn, f) or f for f in targets]
+    for sid in [*targets, *forwards, tip, *lineage.compression_ancestor_ids(conn, tip)]:
+        if sid not in places:
+            places.append(sid)
+    return places, (forwards[0] if forwards else tip)
+
+
+def input_target(conn: sqlite3.Connection, session_id: str) -> str:
+    """Return the live session a missing input of `session_id` goes to (OwnershipReadError if unreadable)."""
+    try:
+        return ownership_places(conn, session_id)[1]
+    except sqlite3.Error as exc:
+        raise OwnershipReadError(f"could not resolve where session {session_id!r} continues ({exc})") from exc
+
+
+def find_input_owner(conn: sqlite3.Connection, session_ids: Iterable[str], marker: str) -> tuple[str, int] | None:
+    """Return (session_id, row id) of a row that owns `marker` among those sessions, or None.
+
+    Only user rows count, live or in the compression archive; revoked rows, observed inputs
+    (a mirror of someone else's message) and rows of other roles do not. The lookup goes
+    through the marker index, so it touches only the rows carrying that marker, never a
+    session's history or any message body.
+    """
+    row = conn.execute(
+        f"SELECT session_id, id FROM messages WHERE display_metadata IS NOT NULL AND {INPUT_MARKER_SQL} = ? "
+        "AND session_id IN (SELECT value FROM json_each(?)) AND role = 'user' "
+        "AND (active = 1 OR compacted = 1) AND COALESCE(effect_disposition, '') != 'revoked' "
+        "AND COALESCE(observed, 0) = 0 ORDER BY id LIMIT 1", (marker, json.dumps(list(session_ids)))).fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+def _marked_fields(message: Any, marker: str) -> dict[str, Any]:
+    if not isinstance(message, (str, dict)):
+        raise ValueError("message must be a str or a message dict")
+    fields: dict[str, Any] = {"role": "user", "content": message} if isinstance(message, str) else dict(message)
+    if fields.setdefault("role", "user") != "user":
+        raise ValueError(f"a turn's input is a user message, not {fields['role']!r}")
+    meta = fields.get("display_metadata")
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise ValueError("display_metadata of a marked input must be a dict")
+    if meta.get(MARKER_KEY, marker) != marker:
+        raise ValueError(f"display_metadata already carries another {MARKER_KEY}")
+    fields["display_metadata"] = {**meta, MARKER_KEY: marker}
+    return fields
+
+
+def persist_failed_turn_input(conn: sqlite3.Connection, session_id: str, message: Any, marker: str) -> int | None:
+    """Append a failed turn's user input unless a row already owns its marker; return the new row id or None.
+
+    The lookup covers the forward target, the compression tip and its ancestors (see
+    ownership_places and find_input_owner). When that read fails, OwnershipReadError is raised
+    and nothing is appended. The row goes to the live session the conversation continues in;
+    past rows are never rewritten. Runs inside the caller's write transaction, so two writers
+    for one marker append exactly once.
+    """
+    check_id("marker", marker)
+    fields = _marked_fields(message, marker)
+    require_session(conn, session_id)
+    try:
+        places, target = ownership_places(conn, session_id)
+        if find_input_owner(conn, places, marker) is not None:
+            return None
+    except sqlite3.Error as exc:
+        raise OwnershipReadError(f"could not tell whether input {marker!r} is already stored ({exc}); "
+                                 "nothing was appended") from exc
+    check_transcript_writable(conn, target)
+    return insert_message(conn, target, fields)

@@ -43,6 +43,7 @@ sys.path.insert(0, str(BENCH))
 
 import append  # noqa: E402
 import corpus  # noqa: E402
+import hermes_state_cjk as cjk  # noqa: E402
 import hermes_state_fts as fts  # noqa: E402
 from hermes_state_query import trigram_expression  # noqa: E402
 import memory  # noqa: E402
@@ -103,7 +104,7 @@ def percentiles(times_ms: list[float]) -> dict:
 def floor_match(kind: str, query: str) -> tuple[str, str]:
     """Return (index, MATCH expression): the bare FTS5 lookup that serves `query` of this kind."""
     if kind == "2-char CJK":
-        return fts.CJK, '"' + fts.cjk_query_text(query)[0] + '"'
+        return fts.CJK, '"' + cjk.cjk_query_text(query)[0] + '"'
     if kind.startswith("substring"):  # the trigram index has no positions: every trigram, unverified
         return fts.TRIGRAM, trigram_expression((query,))
     return fts.WORD, " ".join(f'"{w}"' for w in query.split())

@@ -6,7 +6,6 @@ import sqlite3
 
 import pytest
 
-import hermes_state_backfill as backfill
 import hermes_state_schema as schema
 from hermes_state import SessionDB, recover
 
@@ -51,16 +50,16 @@ def family(db):
 def test_markers_go_to_subagents_only_and_keep_what_the_config_held(family, conn):
     conn.execute("UPDATE sessions SET model_config = 'not json' WHERE id = 'odd-config'")
     conn.execute("BEGIN IMMEDIATE")
-    assert backfill.mark_delegate_rows(conn) == 2
+    assert schema.mark_delegate_rows(conn) == 2
     conn.execute("COMMIT")
     found = configs(conn)
     assert found["helper"] == {"temperature": 0, "_delegate_from": "parent"}
-    assert found["lost-helper"] == {"_delegate_from": backfill.ORPHANED}
+    assert found["lost-helper"] == {"_delegate_from": schema.ORPHANED}
     for kept in ("continuation", "branch", "titled-chat", "plain-chat", "parent"):
         assert found[kept] is None, kept
     assert found["odd-config"] == "not json"  # a config that is not an object is left as it is
     conn.execute("BEGIN IMMEDIATE")
-    assert backfill.mark_delegate_rows(conn) == 0  # a second pass finds nothing to do
+    assert schema.mark_delegate_rows(conn) == 0  # a second pass finds nothing to do
     conn.execute("COMMIT")
 
 
@@ -106,7 +105,7 @@ def test_sessions_that_used_tokens_get_one_usage_row_from_their_totals(db, conn)
     conn.execute("DELETE FROM session_model_usage WHERE session_id != 'kept'")
     kept = conn.execute("SELECT * FROM session_model_usage").fetchall()
     conn.execute("BEGIN IMMEDIATE")
-    assert backfill.seed_model_usage(conn) == 2
+    assert schema.seed_model_usage(conn) == 2
     conn.execute("COMMIT")
     conn.row_factory = sqlite3.Row
     rows = {r["session_id"]: dict(r) for r in conn.execute("SELECT * FROM session_model_usage")}
@@ -122,7 +121,7 @@ def test_sessions_that_used_tokens_get_one_usage_row_from_their_totals(db, conn)
     conn.row_factory = None
     assert conn.execute("SELECT * FROM session_model_usage WHERE session_id = 'kept'").fetchall() == kept
     conn.execute("BEGIN IMMEDIATE")
-    assert backfill.seed_model_usage(conn) == 0
+    assert schema.seed_model_usage(conn) == 0
     conn.execute("COMMIT")
 
 
@@ -176,7 +175,7 @@ def test_healing_is_a_no_op_on_a_file_without_such_rows(db, conn):
     db.append_message("s", "user", "hello")
     before = conn.execute("SELECT * FROM messages").fetchall()
     conn.execute("BEGIN IMMEDIATE")
-    assert backfill.heal_null_active(conn) == 0
+    assert schema.heal_null_active(conn) == 0
     conn.execute("COMMIT")
     assert conn.execute("SELECT * FROM messages").fetchall() == before
 

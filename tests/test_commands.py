@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hermes_state import SessionDB
-from hermes_state_base import WAL_RESET_BUG
+from hermes_state_common import WAL_RESET_BUG
 
 
 def run(home: Path, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess:

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 import pytest
 
 import hermes_state_compression as compression
+import hermes_state_lockowners as lockowners
+import hermes_state_messages as message_rows
 from hermes_state import (SessionClosedByCompressionError, SessionCompressionInProgressError, SessionDB,
                           SessionNotFoundError)
 
@@ -50,7 +52,7 @@ def session_row(rival: sqlite3.Connection, sid: str) -> sqlite3.Row:
 
 def here(pid: int, token: str = "t", pidns: str | None = None) -> str:
     """Return a holder string for `pid` on this host, in this process's pid namespace unless `pidns` is given."""
-    return f"pid={pid} host={socket.gethostname()} pidns={pidns or compression.own_pidns()} token={token}"
+    return f"pid={pid} host={socket.gethostname()} pidns={pidns or lockowners.own_pidns()} token={token}"
 
 
 def exited_pid() -> int:
@@ -516,7 +518,7 @@ def test_a_planted_cycle_does_not_hang(db, rival):
 def test_acquire_and_release(db, rival):
     db.create_session("s", "cli")
     holder = db.acquire_compression_lock("s", ttl_s=60)
-    assert compression.parse_holder(holder) == (os.getpid(), socket.gethostname(), compression.own_pidns())
+    assert lockowners.parse_holder(holder) == (os.getpid(), socket.gethostname(), lockowners.own_pidns())
     assert "token=" in holder
     row = rival.execute("SELECT * FROM compression_locks WHERE session_id = 's'").fetchone()
     assert row["holder"] == holder and 59 <= row["expires_at"] - row["acquired_at"] <= 61
@@ -586,7 +588,7 @@ def test_an_expired_lock_is_reclaimed_even_from_a_live_holder(db, plant_lock):
 
 def test_another_hosts_dead_pid_is_never_reclaimed_before_ttl(db, rival, plant_lock):
     db.create_session("s", "cli")
-    elsewhere = f"pid={exited_pid()} host=not-{socket.gethostname()} pidns={compression.own_pidns()} token=t"
+    elsewhere = f"pid={exited_pid()} host=not-{socket.gethostname()} pidns={lockowners.own_pidns()} token=t"
     plant_lock("s", elsewhere)
     assert db.acquire_compression_lock("s") is None
     rival.execute("UPDATE compression_locks SET expires_at = ?", (time.time() - 1,))
@@ -607,11 +609,11 @@ def test_a_dead_pid_in_another_pid_namespace_waits_for_the_ttl(db, conn, rival, 
     # pid that is gone here may be alive there.
     db.create_session("s", "cli")
     foreign = here(exited_pid(), "container", pidns="4026500001")
-    assert foreign.split()[2] != f"pidns={compression.own_pidns()}"
+    assert foreign.split()[2] != f"pidns={lockowners.own_pidns()}"
     plant_lock("s", foreign)
     assert db.acquire_compression_lock("s") is None
     with pytest.raises(SessionCompressionInProgressError):
-        compression.check_transcript_writable(conn, "s")
+        message_rows.check_transcript_writable(conn, "s")
     assert rival.execute("SELECT holder FROM compression_locks").fetchone()[0] == foreign
     rival.execute("UPDATE compression_locks SET expires_at = ?", (time.time() - 1,))
     assert db.acquire_compression_lock("s") is not None
@@ -626,7 +628,7 @@ def test_a_dead_pid_without_a_known_pid_namespace_waits_for_the_ttl(db, holder, 
 
 def test_an_unreadable_own_pid_namespace_reclaims_nothing_early(db, monkeypatch, plant_lock):
     db.create_session("s", "cli")
-    monkeypatch.setattr(compression, "own_pidns", lambda: compression.UNKNOWN_PIDNS)
+    monkeypatch.setattr(compression, "own_pidns", lambda: lockowners.UNKNOWN_PIDNS)
     assert " pidns=- " in compression.new_holder()
     plant_lock("s", here(exited_pid(), pidns="-"))
     assert db.acquire_compression_lock("s") is None
@@ -637,38 +639,38 @@ def test_holders_name_this_process_pid_namespace():
         expected = str(os.stat("/proc/self/ns/pid").st_ino)
     except OSError:
         expected = "-"
-    assert compression.own_pidns() == expected
-    assert f" pidns={compression.own_pidns()} " in compression.new_holder()
+    assert lockowners.own_pidns() == expected
+    assert f" pidns={lockowners.own_pidns()} " in compression.new_holder()
 
 
 def test_holder_parsing():
-    assert compression.parse_holder("pid=12 host=box pidns=4026531836 token=ab") == (12, "box", "4026531836")
-    assert compression.parse_holder("pid=12 host=box token=ab") == (12, "box", None)
-    assert compression.parse_holder("host=box pidns=- pid=7") == (7, "box", "-")
-    assert compression.parse_holder("mypid=12 host=box") == (None, "box", None)
-    assert compression.parse_holder("") == (None, None, None)
-    assert compression.holder_is_gone(compression.new_holder()) is False
+    assert lockowners.parse_holder("pid=12 host=box pidns=4026531836 token=ab") == (12, "box", "4026531836")
+    assert lockowners.parse_holder("pid=12 host=box token=ab") == (12, "box", None)
+    assert lockowners.parse_holder("host=box pidns=- pid=7") == (7, "box", "-")
+    assert lockowners.parse_holder("mypid=12 host=box") == (None, "box", None)
+    assert lockowners.parse_holder("") == (None, None, None)
+    assert lockowners.holder_is_gone(compression.new_holder()) is False
 
 
 # --- transcript write checks (module level) ------------------------------------------------------------
 
 def test_check_transcript_writable(db, conn, plant_lock):
     fill(db, "s", 1)
-    compression.check_transcript_writable(conn, "s")
-    compression.check_transcript_writable(conn, "unknown")  # the write itself reports it
+    message_rows.check_transcript_writable(conn, "s")
+    message_rows.check_transcript_writable(conn, "unknown")  # the write itself reports it
     other = f"pid={os.getpid()} host={socket.gethostname()} token=other"
     plant_lock("s", other)
     with pytest.raises(SessionCompressionInProgressError, match="token=other"):
-        compression.check_transcript_writable(conn, "s")
-    compression.check_transcript_writable(conn, "s", other)  # the holder itself writes
+        message_rows.check_transcript_writable(conn, "s")
+    message_rows.check_transcript_writable(conn, "s", other)  # the holder itself writes
     plant_lock("s", other, expires_in_s=-1)
-    compression.check_transcript_writable(conn, "s")
+    message_rows.check_transcript_writable(conn, "s")
     plant_lock("s", here(exited_pid(), "dead"))
-    compression.check_transcript_writable(conn, "s")
+    message_rows.check_transcript_writable(conn, "s")
 
     db.rotate_session("s", "t", [])
     with pytest.raises(SessionClosedByCompressionError) as info:
-        compression.check_transcript_writable(conn, "s")
+        message_rows.check_transcript_writable(conn, "s")
     assert info.value.successor_id == "t" and info.value.code == "session_persistence_failed:compression"
 
 
@@ -676,7 +678,7 @@ def test_closed_without_a_live_child_names_no_continuation(db, conn, rival):
     db.create_session("s", "cli")
     rival.execute("UPDATE sessions SET ended_at = 1, end_reason = 'compression' WHERE id = 's'")
     with pytest.raises(SessionClosedByCompressionError) as info:
-        compression.check_transcript_writable(conn, "s")
+        message_rows.check_transcript_writable(conn, "s")
     assert info.value.successor_id is None and "no live continuation" in str(info.value)
 
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from hermes_state import SessionClosedByCompressionError, SessionCompressionInProgressError
-from hermes_state_compression import own_pidns
+from hermes_state_lockowners import own_pidns
 
 OTHER = f"pid={os.getpid()} host={socket.gethostname()} token=someone-else"
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import hermes_state_compression as compression
+import hermes_state_messages as message_rows
 from agent_releases import AGENT_020, attempt, call, ours
 from hermes_state import (CompressionSessionBusyError, CompressionSessionClosedError, SessionDB,
                           SessionTurnLeaseLostError)
@@ -288,7 +289,7 @@ def test_two_holders_racing_for_one_turn_lease_one_wins(tmp_path):
 def compression_check(db: SessionDB, conversation: str, holder: str) -> None:
     # The loser's write to a conversation it does not hold is refused (the session need not exist yet).
     with db.transaction() as txn:
-        compression.check_turn_lease(txn.conn, conversation, holder)
+        message_rows.check_turn_lease(txn.conn, conversation, holder)
 
 
 def test_a_lease_one_program_holds_is_refused_to_the_other(tmp_path):

@@ -538,7 +538,7 @@ def test_the_peeking_connection_reads_rows_by_column_name(db):
 
 # Modules a program that only imports the library never needs: the ledgers, recovery, export and
 # import, search, maintenance, the transcript writes, the full-text machinery, the upgrade, asyncio.
-NOT_AT_IMPORT = ["hermes_state_gateway", "hermes_state_gateway_sessions", "hermes_state_routing",
+NOT_AT_IMPORT = ["hermes_state_gateway", "hermes_state_routing",
                  "hermes_state_recovery", "hermes_state_portability", "hermes_state_search",
                  "hermes_state_maintenance", "hermes_state_messages", "hermes_state_compression",
                  "hermes_state_fts", "hermes_state_upgrade", "hermes_state_schema", "asyncio", "uuid"]

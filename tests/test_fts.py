@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import hermes_state_cjk as cjk
 import hermes_state_fts as fts
 import hermes_state_messages as message_rows
 import hermes_state_schema as schema
@@ -103,7 +104,7 @@ def expected_counts(conn) -> tuple[int, ...]:
     assert_exact(conn)
     rows = conn.execute("SELECT role, content, tool_calls, reasoning, reasoning_content FROM messages").fetchall()
     return (len(rows), len(rows),
-            sum(fts.cjk_terms(r[1], r[2]) is not None for r in rows), sum(bool(r[3] or r[4]) for r in rows))
+            sum(cjk.cjk_terms(r[1], r[2]) is not None for r in rows), sum(bool(r[3] or r[4]) for r in rows))
 
 
 def assert_exact(conn) -> None:
@@ -133,7 +134,7 @@ def assert_exact(conn) -> None:
                 conn.execute(f"DROP TABLE temp.{name}")
     terms = dict(conn.execute(f"SELECT rowid, terms FROM {fts.CJK}"))
     for row_id, content, calls in conn.execute("SELECT id, content, tool_calls FROM messages"):
-        assert terms.pop(row_id, None) == fts.cjk_terms(content, calls), row_id
+        assert terms.pop(row_id, None) == cjk.cjk_terms(content, calls), row_id
     assert not terms, f"CJK rows of deleted messages: {sorted(terms)}"
 
 
@@ -225,18 +226,18 @@ def test_library_writes_feed_the_cjk_index_with_their_batch(db, rival):
 
 
 def test_cjk_index_text_and_query_text():
-    assert fts.cjk_index_text("東京都に行く") == "東京 京都 都に に行 行く く"
-    assert fts.cjk_index_text("a 東 b") == "a 東 b"
-    assert fts.cjk_index_text("구글 검색") == "구글 글 검색 색"
-    assert fts.cjk_index_text("「東京」。") == "「 東京 京 」。"
-    assert fts.cjk_query_text("東京都") == ("東京 京都", False)
-    assert fts.cjk_query_text("東") == ("東", True)
-    assert fts.cjk_query_text("東京X") == ("東京 京 X", False)
-    assert fts.cjk_query_text("iPhone16を") == ("iPhone16 を", True)
-    assert fts.cjk_terms("plain ascii") is None and fts.cjk_terms("café naïve") is None
-    assert fts.cjk_terms(None, '{"q": "検索"}') == '{"q": " 検索 索 "}'
-    assert fts.cjk_terms(b"\xe6\x9d\xb1", 3) == "東\n3"  # stored text arrives as bytes; a number as its str()
-    assert fts.cjk_terms(b"\xed\xa0\x80", b"\xff") is None  # bytes that are not UTF-8 never raise
+    assert cjk.cjk_index_text("東京都に行く") == "東京 京都 都に に行 行く く"
+    assert cjk.cjk_index_text("a 東 b") == "a 東 b"
+    assert cjk.cjk_index_text("구글 검색") == "구글 글 검색 색"
+    assert cjk.cjk_index_text("「東京」。") == "「 東京 京 」。"
+    assert cjk.cjk_query_text("東京都") == ("東京 京都", False)
+    assert cjk.cjk_query_text("東") == ("東", True)
+    assert cjk.cjk_query_text("東京X") == ("東京 京 X", False)
+    assert cjk.cjk_query_text("iPhone16を") == ("iPhone16 を", True)
+    assert cjk.cjk_terms("plain ascii") is None and cjk.cjk_terms("café naïve") is None
+    assert cjk.cjk_terms(None, '{"q": "検索"}') == '{"q": " 検索 索 "}'
+    assert cjk.cjk_terms(b"\xe6\x9d\xb1", 3) == "東\n3"  # stored text arrives as bytes; a number as its str()
+    assert cjk.cjk_terms(b"\xed\xa0\x80", b"\xff") is None  # bytes that are not UTF-8 never raise
 
 
 # --- writers without the tokenizer ---------------------------------------------------------------

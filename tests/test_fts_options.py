@@ -1,6 +1,6 @@
 """The FTS5 options each index keeps in its own config table: set in a new file, an upgraded one, an older one.
 
-The options (hermes_state_fts_objects.FTS_OPTIONS) are read back from the `<index>_config` tables
+The options (hermes_state_fts.FTS_OPTIONS) are read back from the `<index>_config` tables
 by a plain sqlite3 connection, as any other program sees them.
 """
 from __future__ import annotations

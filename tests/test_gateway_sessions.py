@@ -11,7 +11,7 @@ import sqlite3
 
 import pytest
 
-import hermes_state_gateway_sessions as gateway_sessions
+import hermes_state_sessions as sessions
 from hermes_state import SessionDB, SessionNotFoundError
 
 KEY = "agent:main:telegram:dm:42"
@@ -322,5 +322,5 @@ def test_origin_refuses_arguments_of_the_wrong_type(db, bad):
 def test_module_functions_run_on_a_bare_connection(conn):
     # A caller inside its own transaction hands the module its connection, as this bare one is.
     conn.execute("INSERT INTO sessions (id, source, started_at, session_key, chat_id) VALUES ('s', 'x', 1, 'k', 'c')")
-    assert gateway_sessions.find_session_by_origin(conn, platform="X", chat_id="c") == "s"
-    assert [r["id"] for r in gateway_sessions.list_gateway_sessions(conn, platform="x")] == ["s"]
+    assert sessions.find_session_by_origin(conn, platform="X", chat_id="c") == "s"
+    assert [r["id"] for r in sessions.list_gateway_sessions(conn, platform="x")] == ["s"]

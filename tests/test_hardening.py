@@ -16,7 +16,7 @@ import hermes_state_fts as fts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import hermes_state_compression as compression
+import hermes_state_lockowners as lockowners
 from hermes_state import (HermesStateError, SessionClosedByCompressionError, SessionDB, SessionNotFoundError,
                           StateDbCorruptError,
                           StoreUnavailableError, list_sessions_across_profiles)
@@ -318,8 +318,8 @@ def test_a_zombie_lock_holder_counts_as_gone(db, plant_lock):
                 break
         time.sleep(0.02)
     try:
-        holder = f"pid={child.pid} host={os.uname().nodename} pidns={compression.own_pidns()} token=x"
-        assert compression.holder_is_gone(holder)
+        holder = f"pid={child.pid} host={os.uname().nodename} pidns={lockowners.own_pidns()} token=x"
+        assert lockowners.holder_is_gone(holder)
         db.create_session("s", "cli")
         plant_lock("s", holder)
         assert db.acquire_compression_lock("s") is not None  # reclaimed at once, not after the TTL

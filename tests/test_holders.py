@@ -1,4 +1,4 @@
-"""hermes_state_holders: who a compression lock's holder string names, and whether that process is alive."""
+"""Lock holder strings (hermes_state_lockowners): who a holder names, and whether that process is alive."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import hermes_state_compression as compression
-import hermes_state_holders as holders
+import hermes_state_lockowners as holders
 
 
 def _exited_pid() -> int:
@@ -31,7 +31,3 @@ def test_a_lock_holds_until_it_expires_or_its_holder_is_provably_gone():
     elsewhere = f"pid={_exited_pid()} host=not-{socket.gethostname()} pidns={holders.own_pidns()} token=t"
     assert holders.lock_is_live(elsewhere, expires_at=200.0, now=100.0)  # another host: no proof, alive
 
-
-def test_compression_offers_the_same_names():
-    for name in ("parse_holder", "own_pidns", "holder_is_gone", "lock_is_live", "UNKNOWN_PIDNS"):
-        assert getattr(compression, name) is getattr(holders, name), name

@@ -14,35 +14,24 @@ ROOT = Path(__file__).resolve().parents[1]
 # Rank of each module: a module may import only modules of a strictly lower rank.
 RANKS = {
     "hermes_state_errors": 0,
-    "hermes_state_base": 0.5,  # the logger, timing defaults, SQL and text helpers under the dictionary
     "hermes_state_common": 1,
     "hermes_state_fork": 1.75,  # the fork gate every stretch of the writer's SQLite work passes
     "hermes_state_writer": 2, "hermes_state_render": 2, "hermes_state_lockowners": 2, "hermes_state_home": 2, "hermes_state_provider": 2,
     "hermes_state_cjk": 2, "hermes_state_highlight": 2,
-    "hermes_state_holders": 2,  # whether a compression lock's holder is alive, for the transcript guard
-    "hermes_state_lineage": 2, "hermes_state_documents": 2,
+    "hermes_state_lineage": 2,
     "hermes_state_replicas": 2.5,  # whether Litestream replicates a file, from /proc and its folder
     "hermes_state_titles": 2.5,  # the schema builds the unique-title index after freeing repeats
-    "hermes_state_backfill": 2.5,  # the bodies of the ladder's data steps, which the schema registers
     "hermes_state_schema": 3, "hermes_state_query": 3,
-    "hermes_state_fts_objects": 3.5,  # the full-text objects' SQL, which the builder (rank 4) creates
     "hermes_state_fts": 4, "hermes_state_catalogue": 4,
     "hermes_state_sessions": 4,
-    "hermes_state_handoffs": 4.2,  # a session's handoff columns
-    "hermes_state_gateway_sessions": 4.5,  # the gateway peer of a session row, beside the session rules
     "hermes_state_messages": 5,
-    "hermes_state_hits": 5.5,  # a page of search hits: details, snippets, context
-    "hermes_state_conversation": 6, "hermes_state_search": 6, "hermes_state_listings": 6, "hermes_state_usage": 6,
+    "hermes_state_conversation": 6, "hermes_state_search": 6, "hermes_state_listings": 6,
     "hermes_state_compression": 7,
     "hermes_state_telegram": 6.5,  # topic bindings; the unlinked-session list uses the listings' rows
     "hermes_state_portability": 8, "hermes_state_recovery": 8, "hermes_state_gateway": 8,
     "hermes_state_routing": 8.2,  # the delivery ledgers, on the gateway's ledger machinery and epoch
-    "hermes_state_excerpts": 8.1,  # message rows decoded as the ledgers' rows are
-    "hermes_state_rewind": 8.3,  # archives through compression, reads the target as an excerpt does
-    "hermes_state_ownership": 8.4,  # reads where the routing says a conversation moved on
     "hermes_state_maintenance": 8.5,  # deletes what the ledgers (rank 8) describe
     "hermes_state_repair": 8.5,
-    "hermes_state_sweeps": 8.7,  # hermes-agent's start-up sweeps, on maintenance's planner  # repairs a file with the full-text builder (rank 4)
     "hermes_state_upgrade": 9,
     "hermes_state_table": 9.5,  # the method table and the handle it runs on (opens through the upgrade)
     "hermes_state": 10,

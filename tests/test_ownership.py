@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-import hermes_state_ownership
+import hermes_state_routing
 from hermes_state import (OwnershipReadError, SessionCompressionInProgressError, SessionDB, SessionNotFoundError,
                           input_marker)
 from test_gateway import refused
@@ -99,7 +99,7 @@ def test_a_failing_ownership_read_appends_nothing(gw, rival, monkeypatch):
     def broken(*args, **kwargs):
         raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(hermes_state_ownership, "find_input_owner", broken)
+    monkeypatch.setattr(hermes_state_routing, "find_input_owner", broken)
     error = refused(rival, OwnershipReadError, gw.persist_failed_turn_input, "s", "hello", "im-fail")
     assert isinstance(error.__cause__, sqlite3.OperationalError) and "nothing was appended" in str(error)
     assert not gw.in_transaction

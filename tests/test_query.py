@@ -7,7 +7,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import hermes_state_fts as fts
 import hermes_state_query as query
 from hermes_state import SessionDB
 from hermes_state_query import Group, Term, _sanitize_fts5_query
@@ -52,7 +51,6 @@ def test_sanitizer_caps_length_and_terms():
 
 
 def test_the_sanitizer_answers_by_the_names_callers_know():
-    assert fts._sanitize_fts5_query is _sanitize_fts5_query
     assert SessionDB._sanitize_fts5_query("b NOT c a") == "b a NOT c"  # a static method: no handle needed
 
 

@@ -529,12 +529,12 @@ def _soft_heap_limit(value: int | None = None) -> int:
 
 
 def test_an_open_sets_a_soft_heap_limit_only_when_the_program_set_none(tmp_path):
-    import hermes_state_base
+    import hermes_state_common
     before = _soft_heap_limit()
     try:
         _soft_heap_limit(0)
         SessionDB(tmp_path / "a.db").close()
-        assert _soft_heap_limit() == hermes_state_base.SOFT_HEAP_LIMIT_KIB * 1024
+        assert _soft_heap_limit() == hermes_state_common.SOFT_HEAP_LIMIT_KIB * 1024
         _soft_heap_limit(7 * 1024 * 1024)  # the program's own choice stays
         SessionDB(tmp_path / "b.db").close()
         assert _soft_heap_limit() == 7 * 1024 * 1024
