@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -400,8 +399,10 @@ def test_hostile_ids_sources_columns_and_filters_raise_only_typed_errors(tmp_pat
         try:
             db.create_session(session_id, source, title=title, **{column: value})
         except (ValueError, HermesStateError):
+            created = []
             assert db.list_sessions(limit=1000) == []  # nothing half-written
         else:
+            created = [session_id]
             assert db.get_session(session_id)["source"] == source
         for call in (lambda: db.get_session(session_id), lambda: db.get_messages(session_id),
                      lambda: db.search_messages("x", source_filter=filt, session_id=session_id or None),
@@ -411,7 +412,11 @@ def test_hostile_ids_sources_columns_and_filters_raise_only_typed_errors(tmp_pat
                 call()
             except (ValueError, HermesStateError, SessionNotFoundError):
                 pass
-        assert db.list_sessions(limit=1000) is not None
+        # the hostile calls after it neither added nor lost a session, and left the file sound
+        assert [row["id"] for row in db.list_sessions(limit=1000)] == created
+    check = sqlite3.connect(path)
+    assert check.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    check.close()
 
 
 def test_damaged_file_copy_never_gives_a_raw_sqlite_error(db, tmp_path):
@@ -419,17 +424,20 @@ def test_damaged_file_copy_never_gives_a_raw_sqlite_error(db, tmp_path):
     for i in range(50):
         db.append_message("s", "user", f"message {i} " * 50)
     db.close()
+    raw = sqlite3.connect(f"file:{db.db_path}?mode=ro", uri=True)
+    (root,) = raw.execute("SELECT rootpage FROM sqlite_master WHERE name = 'messages'").fetchone()
+    (page_size,) = raw.execute("PRAGMA page_size").fetchone()
+    raw.close()
+    data = bytearray(db.db_path.read_bytes())
+    data[page_size * (root - 1):page_size * root] = b"\xff" * page_size  # the messages table's root page
     copy = tmp_path / "copy.db"
-    shutil.copy(db.db_path, copy)
-    data = bytearray(copy.read_bytes())
-    data[4096 * 3:4096 * 5] = b"\xff" * (4096 * 2)
     copy.write_bytes(bytes(data))
-    try:
-        with SessionDB(copy) as damaged:
-            damaged.get_messages("s")
-            damaged.search_messages("message")
-    except (StateDbCorruptError, StoreUnavailableError):
-        pass
+    with SessionDB(copy) as damaged:
+        assert damaged.get_session("s")["id"] == "s"  # the undamaged tables still answer
+        for read in (lambda: damaged.get_messages("s"), lambda: damaged.search_messages("message")):
+            with pytest.raises(StateDbCorruptError, match="hermes-state recover"):
+                read()
+    assert copy.read_bytes() == bytes(data)  # left untouched, as the error says
 
 
 # --- values nested past Python's recursion limit ------------------------------------------------------
