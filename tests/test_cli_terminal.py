@@ -14,7 +14,7 @@ import pytest
 import hermes_state_commands as commands
 from hermes_state import SessionDB
 from hermes_state_cli import main
-from test_commands import run, run_in_terminal
+from conftest import run, run_in_terminal
 
 ESC = "\x1b["
 

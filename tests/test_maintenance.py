@@ -11,7 +11,7 @@ import pytest
 
 import hermes_state_maintenance as maintenance
 from hermes_state import SessionBusyError, SessionDB
-from test_gateway import refused
+from conftest import refused
 
 DAY_S = 86400.0
 

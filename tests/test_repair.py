@@ -15,7 +15,7 @@ import hermes_state
 import hermes_state_repair as repair
 from hermes_state_repair import ATTEMPTED_PATHS
 from hermes_state import SessionDB, StateDbCorruptError, is_malformed_db_error, repair_state_db_schema
-from test_locks_kept import locks_held
+from conftest import locks_held
 
 
 def _store(path: Path, sessions: int = 2, per_session: int = 3) -> None:

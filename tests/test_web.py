@@ -2,19 +2,13 @@
 from __future__ import annotations
 
 import asyncio
-from contextlib import contextmanager
-import hashlib
 import os
 import re
-import shutil
-import signal
-import socket
 import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
 
 import datasette.version
 import pytest
@@ -23,6 +17,7 @@ from datasette.app import Datasette
 import hermes_state_cli
 import hermes_state_web
 from hermes_state import SessionDB
+from conftest import browse, chromium, content, digest, get, serving
 
 # Runs if stored text were ever emitted as markup; the browser test looks for its trace.
 SCRIPT = "<script>document.body.setAttribute('data-pwned', 'yes')</script>"
@@ -58,28 +53,6 @@ def store(db) -> Path:
     path = db.db_path
     db.close()  # browsing happens while no writer is open, so the file's bytes are a fixed reference
     return path
-
-
-def get(path: Path, *urls: str, extra: list[Path] = ()) -> list:
-    async def run():
-        ds = Datasette([str(path), *map(str, extra)])
-        await ds.invoke_startup()
-        return [await ds.client.get(url) for url in urls]
-    return asyncio.run(run())
-
-
-def digest(path: Path) -> dict[str, str | None]:
-    # The database file and its WAL: a read-only browser may create empty side files, never change them.
-    out = {}
-    for name in (path, Path(f"{path}-wal")):
-        data = name.read_bytes() if name.exists() else b""
-        out[name.name] = hashlib.sha256(data).hexdigest() if data else None
-    return out
-
-
-def content(response) -> str:
-    assert response.status_code == 200, response.text[:500]
-    return re.search(r'<section class="content">(.*)</section>', response.text, re.S).group(1)
 
 
 # --- through Datasette's client ----------------------------------------------------------------
@@ -329,77 +302,6 @@ def test_table_pages_show_times_as_dates_and_json_keeps_the_numbers(store):
 
 
 # --- in a real browser -------------------------------------------------------------------------
-
-def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if shutil.which(name):
-            return shutil.which(name)
-    reason = "Chromium is not installed (apt-get install chromium): the pages were not checked in a real browser"
-    # CI installs Chromium and sets this, so there a browser test that did not run is a failure.
-    if os.environ.get("HERMES_STATE_REQUIRE_BROWSER"):
-        pytest.fail(reason + "; HERMES_STATE_REQUIRE_BROWSER is set, so it must run")
-    pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_port(port: int, server: subprocess.Popen, log: Path, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            pytest.fail(f"hermes-state serve exited with {server.returncode}: {log.read_text()}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    pytest.fail(f"hermes-state serve did not listen on port {port} within {timeout_s} s: {log.read_text()}")
-
-
-def stop(process: subprocess.Popen) -> None:
-    # Each child runs in its own process group, so this ends Chromium's helpers too.
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
-
-
-def browse(browser: str, profile: Path, url: str, *flags: str) -> str:
-    args = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={profile}",
-            *flags, url]
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        out, _ = process.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        stop(process)
-        pytest.fail(f"Chromium did not finish loading {url} within 60 s")
-    finally:
-        stop(process)
-    assert process.returncode == 0, f"Chromium failed on {url} with exit code {process.returncode}"
-    return out.decode("utf-8")
-
-
-@contextmanager
-def serving(path: Path, log: Path) -> Iterator[int]:
-    """Run `hermes-state serve` on `path` at a free port (its output in `log`); yield the port, then stop it."""
-    port = free_port()
-    with log.open("wb") as out:
-        server = subprocess.Popen([sys.executable, "-m", "hermes_state_cli", "serve", "--db", str(path),
-                                   "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-    try:
-        wait_for_port(port, server, log)
-        yield port
-    finally:
-        stop(server)
-
 
 def test_pages_render_in_headless_chromium(store, tmp_path):
     browser = chromium()

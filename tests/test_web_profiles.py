@@ -17,7 +17,7 @@ import hermes_state_cli
 import hermes_state_web
 from hermes_state import SessionDB, list_sessions_across_profiles
 from hermes_state_home import hermes_home_override
-from test_web import browse, chromium, content, digest, free_port, stop, wait_for_port
+from conftest import browse, chromium, content, digest, free_port, stop, wait_for_port
 
 GARBAGE = b"this is not a database, only bytes " * 200
 

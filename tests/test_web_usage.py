@@ -12,7 +12,7 @@ import pytest
 import hermes_state_chart as chart
 import hermes_state_web as web
 from hermes_state import SessionDB
-from test_web import browse, chromium, content, digest, get, serving
+from conftest import browse, chromium, content, digest, get, serving
 
 DAY = 86400.0
 MARKDOWN = ("Run this:\n\n```sh\ndocker system prune\n```\n\n- first **bold** item\n- second\n\n"
