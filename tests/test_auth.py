@@ -189,6 +189,7 @@ def _passwd_started(home: Path, name: str, password: str) -> subprocess.Popen:
     return process
 
 
+@pytest.mark.slow
 def test_passwd_runs_at_once_lose_no_user_and_no_new_password(private_store):
     assert _passwd(private_store, "alice", "the old password").returncode == 0
     others = [f"user{n:02}" for n in range(11)]
@@ -214,6 +215,7 @@ def _write_at_once(path: str, name: str, password: str, start) -> None:
     auth.write_password_file(Path(path), name, made)
 
 
+@pytest.mark.slow
 def test_writers_released_together_keep_every_user_and_one_line_each(tmp_path):
     import multiprocessing
     path = tmp_path / "pw"

@@ -561,6 +561,7 @@ def test_import_cuts_a_parent_ring_closed_by_rows_in_the_file(db, rival):
     assert db.get_session("c")["parent_session_id"] == "a"
 
 
+@pytest.mark.slow
 def test_import_validation_of_a_long_parent_chain_is_linear():
     import hermes_state_portability as portability
     n = 30_000  # walking up every chain once per session would take about 15 minutes here

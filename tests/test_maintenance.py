@@ -313,6 +313,7 @@ def _append_while_pruning(path: str, ready, go) -> None:
             db.append_message("live", "user", f"turn {i}")
 
 
+@pytest.mark.slow
 def test_auto_prune_racing_a_writer_in_another_process(tmp_path):
     path = str(tmp_path / "state.db")
     with SessionDB(path) as db:

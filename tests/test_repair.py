@@ -275,6 +275,7 @@ def _repair_in_child(path: str, out) -> None:
     out.put(repair_state_db_schema(path)["repaired"])
 
 
+@pytest.mark.slow
 def test_two_processes_repairing_at_once_lose_no_row(path):
     # Two openers may meet the same malformed file; each change is one write transaction, so
     # the second finds the first's work done or waits for it.

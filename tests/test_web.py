@@ -303,6 +303,7 @@ def test_table_pages_show_times_as_dates_and_json_keeps_the_numbers(store):
 
 # --- in a real browser -------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_pages_render_in_headless_chromium(store, tmp_path):
     browser = chromium()
     before = digest(store)
@@ -330,12 +331,13 @@ def test_pages_render_in_headless_chromium(store, tmp_path):
     assert digest(store) == before
 
 
+@pytest.mark.slow
 def test_without_chromium_the_browser_test_skips_unless_ci_requires_it(tmp_path):
     # Run the browser test alone with a PATH on which no Chromium can be found.
     ROOT = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k not in ("HERMES_STATE_REQUIRE_BROWSER", "PYTEST_ADDOPTS")}
     env["PATH"] = str(tmp_path)
-    argv = [sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider",
+    argv = [sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider", "-m", "slow",  # it is in the marked set
             f"{ROOT / 'tests' / 'test_web.py'}::test_pages_render_in_headless_chromium"]
     skipped = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout[-2000:]

@@ -344,6 +344,7 @@ def test_serve_all_profiles_refuses_a_db_and_a_missing_root(tmp_path, capsys):
     assert "there is no profile to serve" in capsys.readouterr().err and not (tmp_path / "nowhere").exists()
 
 
+@pytest.mark.slow
 def test_every_profile_renders_in_headless_chromium(root, tmp_path):
     browser = chromium()
     log, port = tmp_path / "serve.log", free_port()

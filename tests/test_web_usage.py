@@ -104,6 +104,7 @@ def test_ids_do_not_wrap_untitled_sessions_look_untitled_and_messages_link_to_th
     assert anchors and all(a == b for a, b in anchors)
 
 
+@pytest.mark.slow
 def test_the_chart_and_markdown_in_headless_chromium(usage_store, tmp_path):
     browser = chromium()
     before = digest(usage_store)
