@@ -33,7 +33,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import pytest
 from hypothesis import settings
@@ -201,7 +201,7 @@ LEDGER_TABLES = ("runtime_epoch", "session_admissions", "worker_executions", "wo
 
 def snapshot(rival: sqlite3.Connection) -> dict[str, list[tuple]]:
     """Every ledger row (and the outbox once it exists), as read by a second connection."""
-    tables = list(LEDGER_TABLES)
+    tables: list[str] = list(LEDGER_TABLES)
     if rival.execute("SELECT 1 FROM sqlite_master WHERE name = 'delivery_obligations'").fetchone():
         tables.append("delivery_obligations")
     return {t: [tuple(r) for r in rival.execute(f"SELECT * FROM {t} ORDER BY rowid")] for t in tables}
@@ -243,7 +243,7 @@ def private_store(hermes_home) -> Path:
     return hermes_home
 
 
-def get(path: Path, *urls: str, extra: list[Path] = ()) -> list:
+def get(path: Path, *urls: str, extra: Sequence[Path] = ()) -> list:
     """Fetch `urls` through Datasette's own client on `path` (and `extra` databases); return the responses."""
     from datasette.app import Datasette
 
@@ -266,14 +266,17 @@ def digest(path: Path) -> dict[str, str | None]:
 def content(response) -> str:
     """The page's content section, once the response is a 200."""
     assert response.status_code == 200, response.text[:500]
-    return re.search(r'<section class="content">(.*)</section>', response.text, re.S).group(1)
+    section = re.search(r'<section class="content">(.*)</section>', response.text, re.S)
+    assert section is not None, response.text[:500]
+    return section.group(1)
 
 
 def chromium() -> str:
     """The headless browser's path; skip without one (fail when CI requires it)."""
     for name in ("chromium", "chromium-browser", "google-chrome"):
-        if shutil.which(name):
-            return shutil.which(name)
+        found = shutil.which(name)
+        if found:
+            return found
     reason = "Chromium is not installed (apt-get install chromium): the pages were not checked in a real browser"
     # CI installs Chromium and sets this, so there a browser test that did not run is a failure.
     if os.environ.get("HERMES_STATE_REQUIRE_BROWSER"):
