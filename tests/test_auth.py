@@ -24,7 +24,6 @@ import hermes_state_auth as auth
 from hermes_state import SessionDB
 from hermes_state_errors import HermesStateError
 from hermes_state_home import hermes_home_override
-from test_serve import store  # noqa: F401  (a fixture: a home whose store holds "private words")
 
 PASSWORD = "correct horse battery"
 
@@ -81,12 +80,12 @@ def _get(port: int, path: str, login: tuple[str, str] | None = None, host: str =
 
 
 @pytest.fixture
-def users(store) -> Path:
+def users(private_store) -> Path:
     """The store's home with users alice and bob (same password), made by `hermes-state passwd`."""
     for name in ("alice", "bob"):
-        done = _passwd(store, name, PASSWORD)
+        done = _passwd(private_store, name, PASSWORD)
         assert done.returncode == 0, done.stderr
-    return store
+    return private_store
 
 
 # --- hashes and the file -------------------------------------------------------------------------
@@ -114,10 +113,10 @@ def test_a_malformed_or_absurdly_costly_hash_is_refused(text):
         auth.Hash.parse(text)
 
 
-def test_passwd_writes_a_0600_file_of_hashes_and_never_the_password(store):
-    done = _passwd(store, "alice", PASSWORD)
+def test_passwd_writes_a_0600_file_of_hashes_and_never_the_password(private_store):
+    done = _passwd(private_store, "alice", PASSWORD)
     assert done.returncode == 0, done.stderr
-    path = store / "web-passwords"
+    path = private_store / "web-passwords"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert PASSWORD.encode() not in path.read_bytes() and PASSWORD not in done.stdout + done.stderr
     assert "alice" in done.stdout and "web-passwords" in done.stdout
@@ -125,39 +124,39 @@ def test_passwd_writes_a_0600_file_of_hashes_and_never_the_password(store):
     assert line.startswith("alice:scrypt$16384$8$1$")
     assert auth.read_password_file(path)["alice"].matches(PASSWORD)
     # A second user is added; a new password replaces the old line; --delete removes it.
-    assert _passwd(store, "bob", "another secret").returncode == 0
-    assert _passwd(store, "alice", "a new password").returncode == 0
+    assert _passwd(private_store, "bob", "another secret").returncode == 0
+    assert _passwd(private_store, "alice", "a new password").returncode == 0
     users = auth.read_password_file(path)
     assert sorted(users) == ["alice", "bob"] and users["alice"].matches("a new password")
     assert not users["alice"].matches(PASSWORD) and users["bob"].matches("another secret")
-    assert _passwd(store, "bob", "", "--delete").returncode == 0
+    assert _passwd(private_store, "bob", "", "--delete").returncode == 0
     assert sorted(auth.read_password_file(path)) == ["alice"]
-    missing = _passwd(store, "bob", "", "--delete")
+    missing = _passwd(private_store, "bob", "", "--delete")
     assert missing.returncode == 1 and "no user 'bob'" in missing.stderr
 
 
-def test_passwd_refuses_bad_names_short_passwords_and_a_db(store):
+def test_passwd_refuses_bad_names_short_passwords_and_a_db(private_store):
     for name in ("", "a:b", "-x", "a b", "x" * 65):
-        done = _passwd(store, name, PASSWORD)
+        done = _passwd(private_store, name, PASSWORD)
         assert done.returncode in (1, 2) and "Traceback" not in done.stderr, name
-    short = _passwd(store, "alice", "short")
+    short = _passwd(private_store, "alice", "short")
     assert short.returncode == 1 and "at least 8 characters" in short.stderr
-    env = {**os.environ, "HERMES_HOME": str(store)}
+    env = {**os.environ, "HERMES_HOME": str(private_store)}
     db = subprocess.run([sys.executable, "-m", "hermes_state_cli", "--db", "x.db", "passwd", "alice"], input=PASSWORD,
                         capture_output=True, text=True, env=env, timeout=60)
     assert db.returncode == 2 and "--db does not apply" in db.stderr
-    assert not (store / "web-passwords").exists()
+    assert not (private_store / "web-passwords").exists()
 
 
-def test_a_file_others_can_read_is_refused_and_passwd_closes_it(store):
-    assert _passwd(store, "alice", PASSWORD).returncode == 0
-    path = store / "web-passwords"
+def test_a_file_others_can_read_is_refused_and_passwd_closes_it(private_store):
+    assert _passwd(private_store, "alice", PASSWORD).returncode == 0
+    path = private_store / "web-passwords"
     path.chmod(0o644)
     with pytest.raises(HermesStateError, match=r"mode 0644.*chmod 600"):
         auth.read_password_file(path)
-    out = _serve("--host", "0.0.0.0", home=store)
+    out = _serve("--host", "0.0.0.0", home=private_store)
     assert out.returncode == 1 and out.stdout == "" and "chmod 600" in out.stderr and "Traceback" not in out.stderr
-    again = _passwd(store, "alice", PASSWORD)
+    again = _passwd(private_store, "alice", PASSWORD)
     assert again.returncode == 0 and "could be read by other users" in again.stderr
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
 
@@ -190,21 +189,22 @@ def _passwd_started(home: Path, name: str, password: str) -> subprocess.Popen:
     return process
 
 
-def test_passwd_runs_at_once_lose_no_user_and_no_new_password(store):
-    assert _passwd(store, "alice", "the old password").returncode == 0
+@pytest.mark.slow
+def test_passwd_runs_at_once_lose_no_user_and_no_new_password(private_store):
+    assert _passwd(private_store, "alice", "the old password").returncode == 0
     others = [f"user{n:02}" for n in range(11)]
-    runs = [_passwd_started(store, "alice", "the new password")] + [_passwd_started(store, name, f"{name} secret")
+    runs = [_passwd_started(private_store, "alice", "the new password")] + [_passwd_started(private_store, name, f"{name} secret")
                                                                     for name in others]
     for run in runs:
         out, err = run.communicate(timeout=120)
         assert run.returncode == 0 and "Saved the password of" in out, err
-    path = store / "web-passwords"
+    path = private_store / "web-passwords"
     users = auth.read_password_file(path)
     assert sorted(users) == sorted(["alice", *others])
     assert users["alice"].matches("the new password") and not users["alice"].matches("the old password")
     assert all(users[name].matches(f"{name} secret") for name in others)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert sorted(p.name for p in store.iterdir() if "web-passwords" in p.name) == [".web-passwords.lock",
+    assert sorted(p.name for p in private_store.iterdir() if "web-passwords" in p.name) == [".web-passwords.lock",
                                                                                     "web-passwords"]
 
 
@@ -215,6 +215,7 @@ def _write_at_once(path: str, name: str, password: str, start) -> None:
     auth.write_password_file(Path(path), name, made)
 
 
+@pytest.mark.slow
 def test_writers_released_together_keep_every_user_and_one_line_each(tmp_path):
     import multiprocessing
     path = tmp_path / "pw"
@@ -253,10 +254,10 @@ def test_a_byte_that_is_not_utf8_is_a_typed_error_naming_the_file_and_its_line(t
     assert path.read_bytes() == data  # nothing written
 
 
-def test_passwd_and_serve_say_in_one_line_which_file_is_not_utf8(store):
-    path = store / "web-passwords"
+def test_passwd_and_serve_say_in_one_line_which_file_is_not_utf8(private_store):
+    path = private_store / "web-passwords"
     data = _not_utf8(path)
-    for done in (_passwd(store, "bob", PASSWORD), _serve("--host", "0.0.0.0", home=store)):
+    for done in (_passwd(private_store, "bob", PASSWORD), _serve("--host", "0.0.0.0", home=private_store)):
         assert done.returncode == 1 and done.stdout == ""
         (line,) = done.stderr.splitlines()
         assert line.startswith("hermes-state: ") and "web-passwords is not UTF-8 text (byte 0xe9 on line 2)" in line
@@ -487,16 +488,16 @@ def test_a_password_file_on_loopback_asks_for_a_login_too(users, tmp_path):
         assert _get(port, "/-/hermes/state", ("alice", PASSWORD))[0] == 200
 
 
-def test_off_loopback_without_users_it_refuses_to_start(store):
-    out = _serve("--host", "0.0.0.0", home=store)
+def test_off_loopback_without_users_it_refuses_to_start(private_store):
+    out = _serve("--host", "0.0.0.0", home=private_store)
     assert out.returncode == 1 and out.stdout == "" and "Traceback" not in out.stderr
     (line,) = out.stderr.splitlines()
     assert "needs a password" in line and "hermes-state passwd NAME" in line and "--no-auth" in line
 
 
-def test_no_auth_starts_with_a_warning_on_every_start(store, tmp_path):
+def test_no_auth_starts_with_a_warning_on_every_start(private_store, tmp_path):
     for run in range(2):
-        with _running(store, tmp_path / f"serve{run}.log", "--host", "0.0.0.0", "--no-auth") as (port, printed):
+        with _running(private_store, tmp_path / f"serve{run}.log", "--host", "0.0.0.0", "--no-auth") as (port, printed):
             warning = next(line for line in printed.splitlines() if "WARNING" in line)
             assert "0.0.0.0" in warning and "NO AUTHENTICATION" in warning and "every conversation" in warning
             assert _get(port, "/-/hermes/state/session/s1")[0] == 200

@@ -15,7 +15,7 @@ import pytest
 import hermes_state
 from hermes_state import SessionDB
 from hermes_state_cli import main
-from test_commands import run, run_in_terminal
+from conftest import run, run_in_terminal
 
 LONG_ID = "00000000-0000-0000-0000-000000000000-very-long-session-key"
 

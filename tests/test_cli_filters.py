@@ -144,7 +144,7 @@ def test_db_at_an_export_says_to_import_it(store, tmp_path, capsys):
 
 
 def test_stats_per_period_draws_a_bar_per_row_on_a_terminal(store):
-    from test_commands import run_in_terminal
+    from conftest import run_in_terminal
     out = run_in_terminal(store, "sessions", "stats", "--by", "month", env={"COLUMNS": "120"})
     rows = [line for line in out.splitlines() if "gpt-5" in line]
     bars = {line.split()[1]: line.count("█") for line in rows}

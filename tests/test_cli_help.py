@@ -7,7 +7,7 @@ import shlex
 import pytest
 
 import hermes_state_cli as cli
-from test_commands import run
+from conftest import run
 
 # Every command and `sessions` action, as the top-level and `sessions` help list them.
 SESSIONS = ["list", "show", "search", "export", "import", "rename", "delete", "prune", "stats"]

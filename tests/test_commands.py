@@ -4,24 +4,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pty
-import select
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from hermes_state import SessionDB
 from hermes_state_common import WAL_RESET_BUG
-
-
-def run(home: Path, *argv: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HERMES_HOME": str(home), "COLUMNS": "80"}
-    return subprocess.run([sys.executable, "-m", "hermes_state_cli", *argv], capture_output=True, text=True,
-                          env=env, input=stdin, timeout=120)
+from conftest import run, run_in_terminal
 
 
 @pytest.fixture
@@ -210,32 +202,6 @@ def test_a_closed_pipe_ends_quietly(filled):
     out = subprocess.run(f"{sys.executable} -m hermes_state_cli sessions list -n 300 | head -2", shell=True,
                          capture_output=True, text=True, env=env, timeout=120)
     assert out.stdout.count("\n") == 2 and "Error" not in out.stderr and "Traceback" not in out.stderr
-
-
-def run_in_terminal(home: Path, *argv: str, env: dict[str, str] | None = None) -> str:
-    """Run the command with stdout and stderr on a pseudo-terminal; return everything it printed."""
-    leader, follower = pty.openpty()
-    env = {**os.environ, "HERMES_HOME": str(home), "TERM": "xterm", **(env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "hermes_state_cli", *argv], stdout=follower, stderr=follower,
-                            stdin=subprocess.DEVNULL, env=env, close_fds=True)
-    os.close(follower)
-    chunks = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([leader], [], [], 0.5)
-        if ready:
-            try:
-                data = os.read(leader, 65536)
-            except OSError:
-                break
-            if not data:
-                break
-            chunks.append(data)
-        elif proc.poll() is not None:
-            break
-    proc.wait(10)
-    os.close(leader)
-    return b"".join(chunks).decode("utf-8", "replace")
 
 
 def test_highlighting_and_progress_appear_only_on_a_terminal(filled):

@@ -77,15 +77,20 @@ def test_the_write_goes_through_once_the_holder_releases(db, rival, plant_lock):
     two_users(db)
     plant_lock("s", OTHER)
     # The holder (another process, here the rival connection) finishes while the write waits.
-    releaser = threading.Timer(0.3, rival.execute, ("DELETE FROM compression_locks WHERE session_id = 's'",))
-    started = time.monotonic()
+    releasing = threading.Event()
+
+    def release() -> None:
+        releasing.set()  # before the row goes: a write that waited for it returns only after this
+        rival.execute("DELETE FROM compression_locks WHERE session_id = 's'")
+
+    releaser = threading.Timer(0.3, release)
     releaser.start()
     try:
         db.append_message("s", "user", "after the compression")
-        waited = time.monotonic() - started
+        waited_for_the_release = releasing.is_set()
     finally:
         releaser.join()
-    assert waited >= 0.3  # it waited for the release instead of failing at once
+    assert waited_for_the_release  # neither failing at once nor writing past the holder's lock
     assert transcript(rival, "s")[-1][2] == "after the compression"
 
 

@@ -90,8 +90,10 @@ def test_harness_across_a_seam_goes_and_each_part_keeps_its_own_messages(db, s):
 def test_a_long_read_goes_on_with_the_small_cache_and_gives_the_connection_its_own_back(db, s, monkeypatch):
     db.end_session("s", "compression")
     db.create_session("t", "cli", parent_session_id="s")
+    s.execute("BEGIN IMMEDIATE")  # one commit for the lot: the read is under test, not 1,200 commits
     for i in range(1200):  # more rows than one batch, in both parts
         messages.append_message(s, "s" if i < 600 else "t", "user" if i % 2 else "assistant", f"text {i} " * 20)
+    s.execute("COMMIT")
     s.execute("PRAGMA cache_size = -16000")
     small_cache = []
     s.set_trace_callback(lambda sql: small_cache.append(sql) if "cache_size = -2000" in sql else None)

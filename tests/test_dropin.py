@@ -17,13 +17,18 @@ from typing import Any
 import pytest
 
 import hermes_agent_driver as driver
+from agent_releases import AGENT_019
 from hermes_state import SessionDB
-from test_coexistence import AGENT_PYTHON, agent, need_agent  # noqa: F401 - need_agent: the autouse fixture
 
 pytestmark = pytest.mark.hermes_agent
 
 DAY = 86400.0
 CALL = [{"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]
+
+
+@pytest.fixture(autouse=True)
+def need_agent():
+    AGENT_019.require()
 
 
 def ours(path: Path, ops: list) -> list:
@@ -36,7 +41,7 @@ def both(tmp_path: Path, ops: list) -> tuple[list, list]:
     """Return (hermes-agent's answers, hermes-state's answers) to `ops`, each on a fresh file."""
     (tmp_path / "agent").mkdir()
     (tmp_path / "ours").mkdir()
-    return agent(tmp_path / "agent" / "state.db", *ops), ours(tmp_path / "ours" / "state.db", ops)
+    return AGENT_019.run(tmp_path / "agent" / "state.db", *ops), ours(tmp_path / "ours" / "state.db", ops)
 
 
 def call(method: str, *args: Any, spec: Any = None, **kwargs: Any) -> list:
@@ -281,7 +286,7 @@ def test_every_public_name_of_hermes_agent_is_here():
     # dir() of its module and of its SessionDB class, in its own venv, minus the underscore names.
     probe = ("import json, hermes_state as h; print(json.dumps({'module': [n for n in dir(h) if not n.startswith('_')], "
              "'class': [n for n in dir(h.SessionDB) if not n.startswith('_')]}))")
-    proc = subprocess.run([str(AGENT_PYTHON), "-c", probe], capture_output=True, text=True, timeout=120,
+    proc = subprocess.run([str(AGENT_019.python), "-c", probe], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHONPATH=""), cwd="/")
     assert proc.returncode == 0, proc.stderr[-2000:]
     names = json.loads(proc.stdout)
@@ -305,7 +310,7 @@ def test_the_module_values_answer_as_hermes_agent(tmp_path):
     probe = ("import json, sys, hermes_state as h; texts = json.load(sys.stdin); print(json.dumps({"
              "'clean': [h.sanitize_context(t) for t in texts], 'max_title': h.SessionDB.MAX_TITLE_LENGTH, "
              "'default': str(h.DEFAULT_DB_PATH)}))")
-    proc = subprocess.run([str(AGENT_PYTHON), "-c", probe], input=json.dumps(CONTEXTS), capture_output=True, text=True,
+    proc = subprocess.run([str(AGENT_019.python), "-c", probe], input=json.dumps(CONTEXTS), capture_output=True, text=True,
                           timeout=120, env=dict(os.environ, PYTHONPATH="", HERMES_HOME=str(tmp_path)), cwd="/")
     assert proc.returncode == 0, proc.stderr[-2000:]
     theirs = json.loads(proc.stdout)

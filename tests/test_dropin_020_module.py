@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from agent_releases import AGENT_020
+from agent_releases import AGENT_020, PENDING
 
 ROOT = Path(__file__).resolve().parent.parent
 differential = pytest.mark.hermes_agent
@@ -392,5 +392,4 @@ def test_the_mixins_hold_as_in_hermes_agent(tmp_path):
     for name, (sub, inst, other, names) in theirs.items():
         assert mine[name][:3] == [sub, inst, other] == [True, True, False], name
         # Each public name the agent's mixin holds is the mixin's here once SessionDB has it.
-        from test_dropin_names import PENDING
         assert set(names) - set(mine[name][3]) <= PENDING["SessionDB"], name

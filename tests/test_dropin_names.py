@@ -19,25 +19,10 @@ from typing import Any
 import pytest
 
 import hermes_state
-from agent_releases import AGENT_019, AGENT_020, Release
+from agent_releases import AGENT_019, AGENT_020, PENDING, Release
 from hermes_state import SessionDB
 
 pytestmark = pytest.mark.hermes_agent
-
-# Names of 0.20.1 not built yet (empty this as they land; nothing else may be listed here): the
-# full-text maintenance names come with the change of the full-text layout.
-PENDING: dict[str, set[str]] = {
-    "module": {
-        # full-text maintenance, with the full-text layout change
-        "FTS_CJK_STALE_KEY", "FTS_CJK_TABLE_SQL", "FTS_CJK_TRIGGER_SQL", "FTS_STALE_KEY", "FTS_STORAGE_VERSION",
-        "LEGACY_FTS_SQL", "LEGACY_FTS_TRIGRAM_SQL", "fts5_cjk_so_path", "load_fts5_cjk_extension",
-    },
-    "SessionDB": {
-        # full-text maintenance, with the full-text layout change
-        "optimize_fts_storage", "fts_optimize_available", "fts_rebuild_step", "fts_cjk_rebuild_step",
-        "fts_cjk_rebuild_status",
-    },
-}
 
 # Parameters this check finds refused here, each listed exactly (the test fails if one is fixed and
 # still listed, or a new one appears). They predate this check: 0.19.0 takes them positionally where

@@ -130,7 +130,8 @@ def test_close_while_other_threads_use_the_handle_gives_typed_errors(db):
     import threading
     db.create_session("s", "cli")
     errors: list[BaseException] = []
-    stop = threading.Event()
+    working = [threading.Event() for _ in range(4)]
+    stop = threading.Event()  # set only if a worker is still going long after the close: the test then fails
 
     def worker(k: int) -> None:
         i = 0
@@ -142,17 +143,19 @@ def test_close_while_other_threads_use_the_handle_gives_typed_errors(db):
             except BaseException as exc:  # noqa: BLE001 - collected and checked below
                 errors.append(exc)
                 return
+            working[k].set()
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
     for t in threads:
         t.start()
-    import time
-    time.sleep(0.2)
+    assert all(started.wait(10) for started in working)  # every worker is mid-loop when the handle closes
     db.close()
+    for t in threads:
+        t.join(10)
     stop.set()
     for t in threads:
         t.join(10)
-    assert errors, "the workers should have seen the close"
+    assert len(errors) == 4, "every worker's first call after the close should have failed"
     assert all(isinstance(e, HermesStateError) and "closed" in str(e) for e in errors), errors
 
 
@@ -216,26 +219,28 @@ def test_memory_database_leaves_no_file(tmp_path, monkeypatch):
 
 def test_write_patience_counts_time_waiting_for_another_thread(db):
     import threading
-    import time
     from hermes_state import SessionPersistenceError
     db.create_session("s", "cli")
-    holding = threading.Event()
+    holding, release = threading.Event(), threading.Event()
 
     def long_writer() -> None:
         with db.transaction():
             holding.set()
-            time.sleep(1.5)
+            release.wait(30)  # held until the late write has given up
 
     t = threading.Thread(target=long_writer)
     t.start()
-    holding.wait(5)
-    db.write_patience_s = 0.3
-    t0 = time.monotonic()
-    with pytest.raises(SessionPersistenceError):
-        db.create_session("late", "cli")
-    waited = time.monotonic() - t0
-    t.join()
-    assert waited < 1.2  # bounded by patience, not by the other thread's 1.5 s transaction
+    assert holding.wait(10)
+    db.write_patience_s = 0.05
+    try:
+        with pytest.raises(SessionPersistenceError):
+            db.create_session("late", "cli")
+        # bounded by the patience, not by the other thread's transaction, which is still open
+        assert t.is_alive() and not release.is_set()
+    finally:
+        release.set()
+        t.join(10)
+    assert db.get_session("late") is None
 
 
 def test_list_sessions_across_profiles_reports_each_failure(tmp_path):

@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import signal
 import sqlite3
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -20,28 +20,7 @@ import hermes_state_gateway as gateway
 
 from hermes_state import (AsyncSessionDB, LedgerStateError, ReceiptDigestError, ReceiptOrderError, SessionDB,
                           SessionNotFoundError, StaleEpochError, receipt_digest)
-
-LEDGER_TABLES = ("runtime_epoch", "session_admissions", "worker_executions", "worker_receipts", "sessions",
-                 "messages", "gateway_routing", "async_delegations")
-
-
-def snapshot(rival: sqlite3.Connection) -> dict[str, list[tuple]]:
-    """Every ledger row (and the outbox once it exists), as read by a second connection."""
-    tables = list(LEDGER_TABLES)
-    if rival.execute("SELECT 1 FROM sqlite_master WHERE name = 'delivery_obligations'").fetchone():
-        tables.append("delivery_obligations")
-    return {t: [tuple(r) for r in rival.execute(f"SELECT * FROM {t} ORDER BY rowid")] for t in tables}
-
-
-def refused(rival: sqlite3.Connection, error: type[BaseException], call: Callable[..., Any], *args: Any,
-            **kwargs: Any) -> BaseException:
-    """Assert the call raises `error` and changes nothing a second connection can see."""
-    before = snapshot(rival)
-    with pytest.raises(error) as info:
-        call(*args, **kwargs)
-    assert snapshot(rival) == before
-    return info.value
-
+from conftest import refused
 
 def state_of(rival: sqlite3.Connection, table: str, row_id: int) -> str:
     return rival.execute(f"SELECT state FROM {table} WHERE id = ?", (row_id,)).fetchone()[0]

@@ -8,7 +8,7 @@ import pytest
 
 from hermes_state import SessionBusyError, receipt_digest
 from hermes_state_common import SESSION_OWNED
-from test_gateway import refused
+from conftest import refused
 
 _DAY_S = 86400.0
 

@@ -16,21 +16,9 @@ import pytest
 import hermes_state_lockowners as lockowners
 from hermes_state import SessionDB, recover, repair_state_db_schema
 from hermes_state_cli import main
+from conftest import locks_held
 
 pytestmark = pytest.mark.skipif(not Path("/proc/locks").exists(), reason="reads the kernel's lock table, a Linux file")
-
-
-def locks_held(path: Path) -> set[tuple[str, str, str]]:
-    """This process's POSIX locks on `path` and its -shm: (file, kind, byte range)."""
-    inodes = {os.stat(p).st_ino: name for p, name in ((path, "db"), (Path(f"{path}-shm"), "shm")) if p.exists()}
-    held = set()
-    for line in Path("/proc/locks").read_text().splitlines():
-        fields = line.split()
-        if "->" in fields or len(fields) < 8 or fields[1] != "POSIX":
-            continue
-        if int(fields[4]) == os.getpid() and int(fields[5].split(":")[2]) in inodes:
-            held.add((inodes[int(fields[5].split(":")[2])], fields[3], f"{fields[6]}-{fields[7]}"))
-    return held
 
 
 def test_every_path_that_touches_a_live_file_keeps_this_process_s_locks(hermes_home, tmp_path, capsys):

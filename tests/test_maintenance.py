@@ -11,7 +11,7 @@ import pytest
 
 import hermes_state_maintenance as maintenance
 from hermes_state import SessionBusyError, SessionDB
-from test_gateway import refused
+from conftest import refused
 
 DAY_S = 86400.0
 
@@ -313,6 +313,7 @@ def _append_while_pruning(path: str, ready, go) -> None:
             db.append_message("live", "user", f"turn {i}")
 
 
+@pytest.mark.slow
 def test_auto_prune_racing_a_writer_in_another_process(tmp_path):
     path = str(tmp_path / "state.db")
     with SessionDB(path) as db:

@@ -286,6 +286,7 @@ def test_the_knob_takes_a_size_or_none(monkeypatch):
     assert SessionDB.upgrade_in_background_bytes is None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_forks_during_the_copy_never_hang_and_children_cannot_use_the_parents_handle(old_file, in_background,

@@ -9,7 +9,7 @@ import pytest
 import hermes_state_routing
 from hermes_state import (OwnershipReadError, SessionCompressionInProgressError, SessionDB, SessionNotFoundError,
                           input_marker)
-from test_gateway import refused
+from conftest import refused
 
 
 @pytest.fixture

@@ -264,6 +264,7 @@ def test_recover_steps_over_an_unreadable_row_far_past_the_others_in_bounded_tim
         assert len(db.get_messages("s001")) == 5 and not db.search_messages("MARKER-FAR")
 
 
+@pytest.mark.slow
 def test_recover_work_grows_in_step_with_the_file(tmp_path, monkeypatch):
     # Counted in SQLite VM steps, not seconds: recounting each session's messages before the
     # indexes existed scanned every message once per session, so 4x the file cost 8x the work

@@ -53,6 +53,7 @@ def sample(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_damaged_copies_raise_only_typed_errors_and_never_hang(sample, tmp_path):
     env = dict(os.environ, HERMES_HOME=str(tmp_path))
     out = subprocess.run([sys.executable, WORKERS, "damaged", str(sample), "60", "7",

@@ -28,6 +28,7 @@ from hermes_state import SessionDB  # noqa: E402
 HEALTHY = {"integrity": [], "fts": [], "counters_off": []}
 
 
+@pytest.mark.slow
 def test_soak_two_writers_two_readers_lose_nothing_and_see_no_error(tmp_path):
     path = str(tmp_path / "state.db")
     run = workers.run_soak(path, writers=2, readers=2, duration_s=2.5)
@@ -68,6 +69,7 @@ def _kill_writer_at_random_point(path: Path, run: int, rng: random.Random) -> li
     return acked
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 def test_sigkill_six_times_in_a_row_on_one_file_loses_no_acknowledged_message(tmp_path):
     path = tmp_path / "state.db"

@@ -27,6 +27,9 @@ sys.path.insert(0, str(REPO / "reliability"))
 import stress_workers as workers  # noqa: E402
 from hermes_state import SessionDB  # noqa: E402
 
+# Real Litestream processes beside writer processes: in the marked set CI runs after the default one.
+pytestmark = pytest.mark.slow
+
 LITESTREAM = shutil.which("litestream") or shutil.which("litestream", path=str(Path(sys.executable).parent))
 
 CONFIG = """\

@@ -31,6 +31,9 @@ import pytest
 
 from hermes_state import SessionDB
 
+# Litestream and an S3 server as processes of their own: in the marked set CI runs after the default one.
+pytestmark = pytest.mark.slow
+
 AGENT_FIXTURE = Path(__file__).parent / "fixtures" / "hermes_agent_0.19.0.db.gz"
 LITESTREAM = shutil.which("litestream") or shutil.which("litestream", path=str(Path(sys.executable).parent))
 BUCKET = "hermes-replicas"

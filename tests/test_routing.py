@@ -8,7 +8,7 @@ import pytest
 import hermes_state_routing as routing
 from hermes_state import (LedgerStateError, ReadOnlyError, SessionDB, SessionNotFoundError, SessionPersistenceError,
                           StaleEpochError)
-from test_gateway import refused
+from conftest import refused
 
 
 @pytest.fixture

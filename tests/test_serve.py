@@ -24,39 +24,31 @@ def _serve(*argv: str, home: Path) -> subprocess.CompletedProcess:
                           text=True, env=env, timeout=60)
 
 
-@pytest.fixture
-def store(hermes_home) -> Path:
-    with SessionDB() as db:
-        db.create_session("s1", "cli")
-        db.append_message("s1", "user", "private words")
-    return hermes_home
-
-
 # --- errors and the port -----------------------------------------------------------------------
 
-def test_a_port_out_of_range_is_a_one_line_usage_error(store):
+def test_a_port_out_of_range_is_a_one_line_usage_error(private_store):
     for port in ("99999", "-1", "http"):
-        out = _serve("--port", port, home=store)
+        out = _serve("--port", port, home=private_store)
         assert out.returncode == 2 and "Traceback" not in out.stderr and "--port" in out.stderr, port
         assert "Serving" not in out.stdout
 
 
-def test_a_port_in_use_is_one_line_and_nothing_is_announced(store):
+def test_a_port_in_use_is_one_line_and_nothing_is_announced(private_store):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        out = _serve("--port", str(port), home=store)
+        out = _serve("--port", str(port), home=private_store)
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr == f"hermes-state: cannot serve on 127.0.0.1 port {port}: it is in use " \
                          "(pick another with --port, or 0 for any free one)\n"
 
 
-def test_another_interface_without_auth_warns_that_the_store_has_no_authentication(store):
+def test_another_interface_without_auth_warns_that_the_store_has_no_authentication(private_store):
     with socket.socket() as taken:  # the port is taken, so nothing is ever exposed
         taken.bind(("0.0.0.0", 0))
         taken.listen()
-        out = _serve("--host", "0.0.0.0", "--no-auth", "--port", str(taken.getsockname()[1]), home=store)
+        out = _serve("--host", "0.0.0.0", "--no-auth", "--port", str(taken.getsockname()[1]), home=private_store)
     assert out.returncode == 1
     warning, error = out.stderr.splitlines()
     assert "0.0.0.0" in warning and "NO AUTHENTICATION" in warning and "in use" in error
@@ -66,10 +58,10 @@ def test_another_interface_without_auth_warns_that_the_store_has_no_authenticati
 
 
 @pytest.fixture
-def server(store, tmp_path):
+def server(private_store, tmp_path):
     """A real `serve --port 0`; yields (port, announced line)."""
     log = tmp_path / "serve.log"
-    env = {**os.environ, "HERMES_HOME": str(store)}
+    env = {**os.environ, "HERMES_HOME": str(private_store)}
     with log.open("wb") as out:
         process = subprocess.Popen([sys.executable, "-m", "hermes_state_cli", "serve", "--port", "0"], stdout=out,
                                    stderr=subprocess.STDOUT, env=env, start_new_session=True)

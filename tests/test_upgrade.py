@@ -254,6 +254,7 @@ def test_a_stopped_clearing_resumes_at_the_next_open_and_searches_find_old_rows(
         conn.close()
 
 
+@pytest.mark.slow
 def test_writers_take_turns_with_the_clearing(old_file, monkeypatch):
     _grow_old_index(old_file, documents=100)
     monkeypatch.setattr(upgrade, "CLEAR_CHUNK_S", 0.0)
@@ -293,6 +294,7 @@ def _lease(path: Path) -> str | None:
     return cast("str | None", scalar(path, "SELECT MAX(value) FROM state_meta WHERE key = ?", fts.WORKER_KEY))
 
 
+@pytest.mark.slow
 def test_one_thread_of_all_the_handles_on_a_file_does_the_background_work(old_file, monkeypatch):
     _grow_old_index(old_file, documents=100)
     monkeypatch.setattr(upgrade, "CLEAR_CHUNK_S", 0.0)  # hundreds of chunks: the first thread is still at work

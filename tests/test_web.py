@@ -8,9 +8,6 @@ import html as htmllib
 import json
 import os
 import re
-import shutil
-import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -27,6 +24,7 @@ from datasette.app import Datasette
 import hermes_state_cli
 import hermes_state_web
 from hermes_state import SessionDB
+from conftest import LONG_ID, WIDTHS, browse, chromium, content, digest, free_port, get, listed_ids, measured, serving, stop, wait_for_port
 
 # Runs if stored text were ever emitted as markup; the browser test looks for its trace.
 SCRIPT = "<script>document.body.setAttribute('data-pwned', 'yes')</script>"
@@ -62,33 +60,6 @@ def store(db) -> Path:
     path = db.db_path
     db.close()  # browsing happens while no writer is open, so the file's bytes are a fixed reference
     return path
-
-
-def get(path: Path, *urls: str, extra: list[Path] = ()) -> list:
-    async def run():
-        ds = Datasette([str(path), *map(str, extra)])
-        await ds.invoke_startup()
-        return [await ds.client.get(url) for url in urls]
-    return asyncio.run(run())
-
-
-def digest(path: Path) -> dict[str, str | None]:
-    # The database file and its WAL: a read-only browser may create empty side files, never change them.
-    out = {}
-    for name in (path, Path(f"{path}-wal")):
-        data = name.read_bytes() if name.exists() else b""
-        out[name.name] = hashlib.sha256(data).hexdigest() if data else None
-    return out
-
-
-def listed_ids(html: str) -> list[str]:
-    """Return the whole ids of the sessions a session list shows, in its order."""
-    return re.findall(r'<td class="hs-id" data-id="([^"]+)"', html)
-
-
-def content(response) -> str:
-    assert response.status_code == 200, response.text[:500]
-    return re.search(r'<section class="content">(.*)</section>', response.text, re.S).group(1)
 
 
 # --- through Datasette's client ----------------------------------------------------------------
@@ -339,128 +310,6 @@ def test_table_pages_show_times_as_dates_and_json_keeps_the_numbers(store):
 
 # --- in a real browser -------------------------------------------------------------------------
 
-def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if shutil.which(name):
-            return shutil.which(name)
-    reason = "Chromium is not installed (apt-get install chromium): the pages were not checked in a real browser"
-    # CI installs Chromium and sets this, so there a browser test that did not run is a failure.
-    if os.environ.get("HERMES_STATE_REQUIRE_BROWSER"):
-        pytest.fail(reason + "; HERMES_STATE_REQUIRE_BROWSER is set, so it must run")
-    pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_port(port: int, server: subprocess.Popen, log: Path, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            pytest.fail(f"hermes-state serve exited with {server.returncode}: {log.read_text()}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    pytest.fail(f"hermes-state serve did not listen on port {port} within {timeout_s} s: {log.read_text()}")
-
-
-def stop(process: subprocess.Popen) -> None:
-    # Each child runs in its own process group, so this ends Chromium's helpers too.
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
-
-
-def browse(browser: str, profile: Path, url: str, *flags: str) -> str:
-    args = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={profile}",
-            *flags, url]
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        out, _ = process.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        stop(process)
-        pytest.fail(f"Chromium did not finish loading {url} within 60 s")
-    finally:
-        stop(process)
-    assert process.returncode == 0, f"Chromium failed on {url} with exit code {process.returncode}"
-    return out.decode("utf-8")
-
-
-@contextmanager
-def serving(path: Path, log: Path) -> Iterator[int]:
-    """Run `hermes-state serve` on `path` at a free port (its output in `log`); yield the port, then stop it."""
-    port = free_port()
-    with log.open("wb") as out:
-        server = subprocess.Popen([sys.executable, "-m", "hermes_state_cli", "serve", "--db", str(path),
-                                   "--port", str(port)], stdout=out, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-    try:
-        wait_for_port(port, server, log)
-        yield port
-    finally:
-        stop(server)
-
-
-# The window widths the pages are checked at: a small laptop's and a wide screen's.
-WIDTHS = (900, 1400)
-# Read in the page once it is laid out: whether it scrolls sideways, the session list's columns and
-# the lines each title takes, the Markdown lists' markers, the chart's box and its labels' boxes.
-MEASURE = """(function () {
-  const box = (e) => { const r = e.getBoundingClientRect(); return {left: r.left, right: r.right, top: r.top, bottom: r.bottom, width: r.width}; };
-  const out = {};
-  const se = document.scrollingElement;
-  out.scrollWidth = se.scrollWidth; out.clientWidth = se.clientWidth;
-  const table = document.querySelector("table.hs-sessions");
-  if (table) {
-    out.columns = Array.from(table.tHead.rows[0].cells).map((c) => [c.textContent.trim(), Math.round(box(c).width)]);
-    out.titles = Array.from(table.querySelectorAll("td.hs-title")).map((td) => {
-      const range = document.createRange(); range.selectNodeContents(td);
-      const tops = Array.from(range.getClientRects()).map((q) => q.top).sort((a, b) => a - b);
-      return [td.textContent.trim(), tops.filter((top, i) => i === 0 || top - tops[i - 1] > 8).length];
-    });
-  }
-  out.lists = Array.from(document.querySelectorAll(".hs-md li")).map((li) => getComputedStyle(li).listStyleType);
-  const svg = document.querySelector("svg.hs-chart");
-  if (svg) {
-    out.chart = box(svg); out.content = box(document.querySelector("section.content"));
-    out.dates = Array.from(svg.querySelectorAll(".hs-xdate")).map((t) => [t.textContent, box(t)]);
-    out.ticks = Array.from(svg.querySelectorAll(".hs-ytick")).map((t) => [t.textContent, box(t)]);
-    out.grid = svg.querySelectorAll(".hs-grid").length;
-  }
-  const pre = document.createElement("pre"); pre.id = "hs-measure"; pre.textContent = JSON.stringify(out);
-  document.body.appendChild(pre);
-})();
-"""
-
-
-def measured(browser: str, profile: Path, port: int, path: str, width: int) -> dict[str, Any]:
-    """Lay out the served page `path` in Chromium at `width` px; return what MEASURE reads of it.
-
-    The page is fetched from the server and loaded from a file with MEASURE added at its end
-    (its stylesheets still from the server): the page itself runs no script.
-    """
-    served = urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30).read().decode("utf-8")
-    page = served.replace("<head>", f'<head><base href="http://127.0.0.1:{port}{path}">', 1)
-    page = page.replace("</body>", f"<script>{MEASURE}</script></body>", 1)
-    local = profile.parent / f"measure-{width}.html"
-    local.write_text(page, encoding="utf-8")
-    dom = browse(browser, profile, local.as_uri(), "--dump-dom", f"--window-size={width},900")
-    found = re.search(r'<pre id="hs-measure">(.*?)</pre>', dom, re.S)
-    assert found, f"the measuring script did not run on {path}"
-    return json.loads(htmllib.unescape(found.group(1)))
-
-
-# A gateway's session id: long, and never wrapped.
-LONG_ID = "telegram:-1001234567890:thread:98765:user:4242424242:20261206T163722"
 PLAN = "Plan the migration of the billing service"
 
 
@@ -476,6 +325,7 @@ def _add_layout_sessions(path: Path) -> None:
                                                   "- keep the old one\n- watch the logs")
 
 
+@pytest.mark.slow
 def test_pages_render_in_headless_chromium(store, tmp_path):
     browser = chromium()
     _add_layout_sessions(store)
@@ -537,12 +387,13 @@ def test_pages_render_in_headless_chromium(store, tmp_path):
     assert digest(store) == before
 
 
+@pytest.mark.slow
 def test_without_chromium_the_browser_test_skips_unless_ci_requires_it(tmp_path):
     # Run the browser test alone with a PATH on which no Chromium can be found.
     ROOT = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if k not in ("HERMES_STATE_REQUIRE_BROWSER", "PYTEST_ADDOPTS")}
     env["PATH"] = str(tmp_path)
-    argv = [sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider",
+    argv = [sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider", "-m", "slow",  # it is in the marked set
             f"{ROOT / 'tests' / 'test_web.py'}::test_pages_render_in_headless_chromium"]
     skipped = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert skipped.returncode == 0 and "1 skipped" in skipped.stdout, skipped.stdout[-2000:]

@@ -17,7 +17,7 @@ import hermes_state_cli
 import hermes_state_web
 from hermes_state import SessionDB, list_sessions_across_profiles
 from hermes_state_home import hermes_home_override
-from test_web import LONG_ID, WIDTHS, browse, chromium, content, digest, free_port, measured, stop, wait_for_port
+from conftest import LONG_ID, WIDTHS, browse, chromium, content, digest, free_port, measured, stop, wait_for_port
 
 GARBAGE = b"this is not a database, only bytes " * 200
 
@@ -344,6 +344,7 @@ def test_serve_all_profiles_refuses_a_db_and_a_missing_root(tmp_path, capsys):
     assert "there is no profile to serve" in capsys.readouterr().err and not (tmp_path / "nowhere").exists()
 
 
+@pytest.mark.slow
 def test_every_profile_renders_in_headless_chromium(root, tmp_path):
     browser = chromium()
     _store(root, "coder", [(LONG_ID, "api", "anthropic/claude-sonnet-4.6", 0.5, "a gateway's session")])

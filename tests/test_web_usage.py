@@ -12,7 +12,7 @@ import pytest
 import hermes_state_chart as chart
 import hermes_state_web as web
 from hermes_state import SessionDB
-from test_web import WIDTHS, browse, chromium, content, digest, get, measured, serving
+from conftest import WIDTHS, browse, chromium, content, digest, get, measured, serving
 
 DAY = 86400.0
 MARKDOWN = ("Run this:\n\n```sh\ndocker system prune\n```\n\n- first **bold** item\n- second\n\n"
@@ -106,6 +106,7 @@ def test_ids_do_not_wrap_untitled_sessions_look_untitled_and_messages_link_to_th
     assert anchors and all(a == b for a, b in anchors)
 
 
+@pytest.mark.slow
 def test_the_chart_and_markdown_in_headless_chromium(usage_store, tmp_path):
     browser = chromium()
     with SessionDB(usage_store) as db:  # six weeks of history: the dates under the axis are spaced

@@ -82,15 +82,20 @@ def test_retry_returns_once_lock_clears_and_other_errors_propagate():
 
 def test_write_waits_for_rival_then_succeeds(db, rival):
     rival.execute("BEGIN IMMEDIATE")
-    timer = threading.Timer(0.4, lambda: rival.execute("ROLLBACK"))
+    releasing = threading.Event()
+
+    def release() -> None:
+        releasing.set()  # before the lock goes: a write that waited for it returns only after this
+        rival.execute("ROLLBACK")
+
+    timer = threading.Timer(0.4, release)
     timer.start()
     try:
-        t0 = time.monotonic()
         db.create_session("after_wait", "cli")
-        waited = time.monotonic() - t0
+        waited_for_the_rival = releasing.is_set()
     finally:
         timer.join()
-    assert waited >= 0.3
+    assert waited_for_the_rival
     assert rival.execute("SELECT id FROM sessions WHERE id='after_wait'").fetchone() is not None
     assert not db.in_transaction
 
