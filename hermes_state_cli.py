@@ -27,6 +27,7 @@ from typing import Any, BinaryIO, Iterable, Iterator
 import hermes_state_commands as commands
 import hermes_state_render as render
 from hermes_state_commands import age, emit, existing_db, non_negative, open_db, parse_when, written_atomically
+from hermes_state_common import ROLES
 from hermes_state_errors import AmbiguousSessionIdError, HermesStateError, ProfileNotFoundError, SessionNotFoundError
 from hermes_state_home import _apply_profile_override, display_hermes_home, hermes_home_override, profile_home
 from hermes_state_writer import note_wal_reset_bug
@@ -321,18 +322,21 @@ def cmd_delete(args: argparse.Namespace) -> int:
     from hermes_state import SessionBusyError, SessionNotFoundError
     with open_db(args, write=not args.dry_run) as db:
         args.session_id = commands.session_id_of(db, args.session_id)
-        if db.get_session(args.session_id) is None:
+        plan = db.get_session_delete_plan(args.session_id)  # what the delete itself computes, then carries out
+        if not plan.ids:
             raise SessionNotFoundError(f"session {args.session_id!r} not found")
-        rows = commands.delete_candidates(db, args.session_id)
-        live = [r for r in rows if r["ended_at"] is None and r["id"] != args.session_id
-                and r["id"] == (db.get_compression_successor(args.session_id) or args.session_id)]
-        if args.dry_run and live:  # what the deletion itself would answer
-            raise SessionBusyError(f"session {args.session_id!r} is an earlier part of a conversation that "
-                                   f"continues in live session {live[0]['id']!r}: delete it by that id, or end it "
-                                   "first (a dry run; nothing was changed)")
-        if not args.dry_run:
-            # Reported from what is really gone afterwards, whatever the library's rule took.
-            around = rows + [r for sid in [r["id"] for r in rows] for r in db.get_descendants(sid)]
+        rows = [r for r in map(db.get_session, plan.ids) if r is not None]
+        if args.dry_run:
+            if plan.live_tip is not None:
+                raise SessionBusyError(f"session {args.session_id!r} is an earlier part of a conversation that "
+                                       f"continues in live session {plan.live_tip[1]!r}: delete it by that id, or "
+                                       "end it first (a dry run; nothing was changed)")
+            refusal = plan.refusal()
+            if refusal is not None:  # work still owed: what the deletion itself would answer
+                raise refusal
+        else:
+            # Reported from what is really gone afterwards: the delete plans again in its own transaction.
+            around = rows + [r for sid in plan.ids for r in db.get_descendants(sid)]
             db.delete_session(args.session_id)
             rows = list({r["id"]: r for r in around if db.get_session(r["id"]) is None}.values())
     _removal(args, rows, "session")
@@ -648,7 +652,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--offset", type=non_negative, default=0, help="skip this many first (for the next page)")
     p.add_argument("--source", action="append",
                    help="only these sources (repeatable; any case; default: every source)")
-    p.add_argument("--role", action="append", choices=commands.ROLES,
+    p.add_argument("--role", action="append", choices=ROLES,
                    help="only these roles (repeatable; default: every role)")
     p.add_argument("--model",
                    help="only sessions of this model (openai/gpt-5, or gpt-5 after any provider; default: every model)")
