@@ -353,3 +353,16 @@ def test_delete_dry_run_lists_exactly_what_the_delete_then_removes(hermes_home, 
     assert planned == removed == ["main", "helper", "sub"]
     with SessionDB() as db:
         assert [r["id"] for r in db.list_sessions()] == ["branch"]
+
+
+def test_delete_dry_run_is_refused_where_the_delete_is(hermes_home, capsys):
+    with SessionDB() as db:
+        db.create_session("s", "telegram", title="Owes a reply")
+        db.owe_delivery("s", {"text": "your build is green"})
+    assert main(["sessions", "delete", "s", "--dry-run"]) == 1  # not "would delete 1 session"
+    dry = capsys.readouterr()
+    assert dry.out == "" and "cannot delete 's': work is still owed for 's'" in dry.err
+    assert main(["sessions", "delete", "s"]) == 1
+    assert capsys.readouterr().err == dry.err
+    with SessionDB() as db:
+        assert db.get_session("s") is not None
