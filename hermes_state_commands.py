@@ -10,7 +10,6 @@ Every command goes through `SessionDB`; no SQL here.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil

@@ -2,7 +2,9 @@
 state_meta's key/value calls and the auto-prune marker.
 
 Owns: which sessions a deletion takes (a compression chain is one conversation and goes whole;
-a delegate subagent goes with the session that spawned it; other children stay, detached),
+a delegate subagent goes with the session that spawned it; other children stay, detached), as
+a plan computed before anything is deleted (`plan_delete`, which a dry run shows and the delete
+carries out),
 the refusal while work for a session is still owed (admissions not finished, executions
 running or unknown, replies not yet delivered, delegations still open), removing every row
 that names a session, the filters prune_sessions/list_prune_candidates/archive_sessions share,
