@@ -3,7 +3,8 @@
 Owns: `script(shell, words)` (what `hermes-state completion SHELL` prints: the commands, flags and
 choices `words` lists, which the command line reads from its parser when it runs `completion`)
 and `python -m hermes_state_complete ids PREFIX [--db PATH | --profile NAME]`, which the scripts
-run on each Tab to list the ids starting with PREFIX in the store the line names. That path
+run on each Tab to list the ids starting with PREFIX in the store the line names (and
+`profiles [PREFIX]`, the profile names `-p` takes). That path
 imports `sqlite3` and nothing of this library, and opens the file read-only (`mode=ro`): a Tab
 press never waits for the library to load, never writes, and never creates a file.
 Does not own: the commands themselves (hermes_state_cli).
@@ -56,6 +57,17 @@ def ids(prefix: str, db: str | None = None, profile: str | None = None) -> list[
     finally:
         conn.close()
     return [r[0] for r in rows if r[0].startswith(prefix)]
+
+
+def profiles(prefix: str = "") -> list[str]:
+    """Return the profile names of the current root starting with `prefix`: "default" and each under profiles/."""
+    home = Path(os.environ.get("HERMES_HOME") or Path.home() / ".hermes").expanduser()
+    root = home.parent.parent if home.parent.name == "profiles" else home
+    try:
+        named = sorted(p.name for p in (root / "profiles").iterdir() if p.is_dir() and _PROFILE_NAME.fullmatch(p.name))
+    except OSError:  # no profiles yet
+        named = []
+    return [name for name in ["default", *named] if name.startswith(prefix)]
 
 
 def _quote(text: str) -> str:
@@ -111,6 +123,7 @@ def _bash(python: str, words: dict[str, Any]) -> str:
         *_case(after_command_option, "words", "        "),
         "    esac",
         '    case "$prev" in',
+        f'        --profile|-p) COMPREPLY=($({_quote(python)} -m hermes_state_complete profiles "$cur" 2>/dev/null)); return;;',
         *_case(after_option, "words", "        "),
         "    esac",
         '    if [[ -n $words ]]; then',
@@ -184,6 +197,8 @@ def _fish(python: str, words: dict[str, Any]) -> str:
                      f"{' '.join(k.split()[-1] for k in words['ids'])}' "
                      f"-a \"({_quote(python)} -m hermes_state_complete ids (commandline -ct) (__hermes_state_store) "
                      "2>/dev/null)\"")
+    lines.append(f"complete -c hermes-state -l profile -s p -xa \"({_quote(python)} -m hermes_state_complete profiles "
+                 "2>/dev/null)\"")
     for flag in words["globals"]:
         values = words["choices"].get(flag)
         lines.append(f"complete -c hermes-state {option(flag)}" + (" -r" if flag in words["valued"] else "")
@@ -205,9 +220,14 @@ def script(shell: str, words: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """Print the ids for `ids PREFIX [--db PATH] [--profile NAME]`; return the exit code."""
+    """Print the ids for `ids PREFIX [--db PATH] [--profile NAME]`, or the names for `profiles [PREFIX]`; return the exit code."""
+    if argv[:1] == ["profiles"]:
+        for name in profiles(argv[1] if len(argv) > 1 else ""):
+            print(name)
+        return 0
     if len(argv) < 2 or argv[0] != "ids":
-        print("usage: python -m hermes_state_complete ids PREFIX [--db PATH | --profile NAME]", file=sys.stderr)
+        print("usage: python -m hermes_state_complete ids PREFIX [--db PATH | --profile NAME] | profiles [PREFIX]",
+              file=sys.stderr)
         return 2
     found: dict[str, str] = {}
     rest = argv[2:]

@@ -187,8 +187,9 @@ def test_id_completion_reads_the_store_of_the_profile_on_the_line(tmp_path):
                                      ["hermes-state", "-p", "coder", "sessions", "show", "''"],
                                      ["hermes-state", "sessions", "delete", "--profile=coder", "''"],
                                      ["hermes-state", "--profile", "default", "sessions", "rename", "''"],
-                                     ["hermes-state", "-p", "../../x", "sessions", "show", "''"]])
-    assert found == [["home_one"], ["coder_one"], ["coder_one"], ["home_one"], []]
+                                     ["hermes-state", "-p", "../../x", "sessions", "show", "''"],
+                                     ["hermes-state", "-p", "''"], ["hermes-state", "--profile", "c"]])
+    assert found == [["home_one"], ["coder_one"], ["coder_one"], ["home_one"], [], ["default", "coder"], ["coder"]]
 
 
 def test_the_id_lister_loads_nothing_of_the_library_and_writes_nothing(store):
