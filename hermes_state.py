@@ -405,6 +405,7 @@ class SessionDB(table.Handle):
     get_dominant_session_model_route = Lookup("read", sessions.get_dominant_session_model_route)
     count_open_prune_matches = Entry("snapshot", maintenance.count_open_prune_matches)
     get_session_delete_targets = Lookup("snapshot", maintenance.get_session_delete_targets)
+    get_session_delete_plan = Entry("snapshot", maintenance.get_session_delete_plan, unknown=maintenance.NO_DELETE)
     list_meta_prefix = Entry("read", maintenance.list_meta_prefix)
     assert_export_safe = Lookup("read", message_rows.assert_export_safe)
     assert_resume_safe = Lookup("snapshot", message_rows.assert_resume_safe)

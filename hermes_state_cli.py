@@ -1,12 +1,15 @@
 """The `hermes-state` command: parse the command line, run one command, report how it went.
 
-Owns: global flags accepted anywhere (`--db`, `--profile/-p`, `--json`, `--nl`, `--csv`,
-`--debug`, `--version`), refusing flags a command would ignore, the commands that move data
+Owns: the declaration of every command (`COMMANDS`: one `Command` each, with its words, handler,
+options, help, examples and the global flags it takes; the parser, `--help` and the completion
+scripts are made from it), global flags accepted anywhere (`--db`, `--profile/-p`, `--json`,
+`--nl`, `--csv`, `--debug`, `--version`), refusing flags a command would ignore, the handlers of
+the commands that move data
 (`sessions export|import|delete|prune`, `recover`, `backup`, `restore`), `demo`, and the exit
 codes: 0 ok, 1 the operation failed, 2 the command line is wrong. Errors are one line on
 stderr without a traceback (unless `--debug`); a closed pipe (`| head`) ends quietly.
-Does not own: browsing and health commands or how output is printed (hermes_state_commands),
-`serve` (hermes_state_serve).
+Does not own: the handlers of the browsing and health commands, or how output is printed
+(hermes_state_commands), `serve` (hermes_state_serve), `passwd` (hermes_state_auth).
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import argparse
 import codecs
 import contextlib
 import dataclasses
+import importlib
 import io
 import json
 import os
@@ -22,11 +26,12 @@ import sqlite3
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Iterator
+from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 import hermes_state_commands as commands
 import hermes_state_render as render
 from hermes_state_commands import age, emit, existing_db, non_negative, open_db, parse_when, written_atomically
+from hermes_state_common import ROLES
 from hermes_state_errors import AmbiguousSessionIdError, HermesStateError, ProfileNotFoundError, SessionNotFoundError
 from hermes_state_home import _apply_profile_override, display_hermes_home, hermes_home_override, profile_home
 from hermes_state_writer import note_wal_reset_bug
@@ -36,10 +41,6 @@ _FLAGS = {"--json": "json", "--nl": "nl", "--csv": "csv", "--epoch": "epoch", "-
           "--version": "version"}
 _VALUED = {"--db": "db", "--profile": "profile", "-p": "profile", "--color": "color"}
 _FORMATS = ("json", "nl", "csv")
-# What each command does with the global flags; any other given flag is refused, not ignored.
-_NO_DB = {"demo", "completion"}
-_FORMATS_OF = {"demo": (), "serve": (), "passwd": (), "completion": (), "list": _FORMATS, "search": _FORMATS,
-               "stats": _FORMATS, "doctor": _FORMATS, "export": ("json", "nl")}
 
 
 class UsageError(Exception):
@@ -321,18 +322,21 @@ def cmd_delete(args: argparse.Namespace) -> int:
     from hermes_state import SessionBusyError, SessionNotFoundError
     with open_db(args, write=not args.dry_run) as db:
         args.session_id = commands.session_id_of(db, args.session_id)
-        if db.get_session(args.session_id) is None:
+        plan = db.get_session_delete_plan(args.session_id)  # what the delete itself computes, then carries out
+        if not plan.ids:
             raise SessionNotFoundError(f"session {args.session_id!r} not found")
-        rows = commands.delete_candidates(db, args.session_id)
-        live = [r for r in rows if r["ended_at"] is None and r["id"] != args.session_id
-                and r["id"] == (db.get_compression_successor(args.session_id) or args.session_id)]
-        if args.dry_run and live:  # what the deletion itself would answer
-            raise SessionBusyError(f"session {args.session_id!r} is an earlier part of a conversation that "
-                                   f"continues in live session {live[0]['id']!r}: delete it by that id, or end it "
-                                   "first (a dry run; nothing was changed)")
-        if not args.dry_run:
-            # Reported from what is really gone afterwards, whatever the library's rule took.
-            around = rows + [r for sid in [r["id"] for r in rows] for r in db.get_descendants(sid)]
+        rows = [r for r in map(db.get_session, plan.ids) if r is not None]
+        if args.dry_run:
+            if plan.live_tip is not None:
+                raise SessionBusyError(f"session {args.session_id!r} is an earlier part of a conversation that "
+                                       f"continues in live session {plan.live_tip[1]!r}: delete it by that id, or "
+                                       "end it first (a dry run; nothing was changed)")
+            refusal = plan.refusal()
+            if refusal is not None:  # work still owed: what the deletion itself would answer
+                raise refusal
+        else:
+            # Reported from what is really gone afterwards: the delete plans again in its own transaction.
+            around = rows + [r for sid in plan.ids for r in db.get_descendants(sid)]
             db.delete_session(args.session_id)
             rows = list({r["id"]: r for r in around if db.get_session(r["id"]) is None}.values())
     _removal(args, rows, "session")
@@ -439,7 +443,7 @@ def cmd_vacuum(args: argparse.Namespace) -> int:
 def cmd_completion(args: argparse.Namespace) -> int:
     """Print the completion script of a shell: commands, options and the store's session ids (a Tab loads nothing heavy)."""
     import hermes_state_complete
-    sys.stdout.write(hermes_state_complete.script(args.shell))
+    sys.stdout.write(hermes_state_complete.script(args.shell, completion_words()))
     return 0
 
 
@@ -519,7 +523,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- the parser --------------------------------------------------------------------------------
+# --- the commands, each declared once ------------------------------------------------------------
 
 _GLOBALS_HELP = """global options (before or after the command):
   --db PATH            database file (default: <HERMES_HOME>/state.db)
@@ -531,43 +535,6 @@ _GLOBALS_HELP = """global options (before or after the command):
   --debug              show the traceback of a failure
   --version            print the version and exit"""
 
-
-# Two or three examples per command, shown by its --help.
-EXAMPLES = {
-    "list": ["sessions list -n 50", "sessions list --source telegram --since 7d",
-             "sessions list --model gpt-5 --json"],
-    "show": ["sessions show demo_t                  # a unique prefix of the id is enough",
-             "sessions show demo_docker --tail 10", "sessions show demo_docker --full > docker.md"],
-    "search": ["sessions search docker image", "sessions search docker -rust --role user",
-               "sessions search 東京 --source telegram --since 30d"],
-    "export": ["sessions export -o all.jsonl", "sessions export demo_docker demo_tokyo",
-               "sessions export --source cli | gzip > cli.jsonl.gz"],
-    "import": ["sessions import all.jsonl", "sessions import all.jsonl --on-conflict replace",
-               "gunzip -c cli.jsonl.gz | hermes-state sessions import -"],
-    "rename": ['sessions rename demo_docker "Docker build, fixed"', 'sessions rename demo_docker ""'],
-    "delete": ["sessions delete demo_docker_2 --dry-run", "sessions delete demo_docker_2"],
-    "prune": ["sessions prune --older-than 90d --dry-run", "sessions prune --older-than 30d --source cron"],
-    "stats": ["sessions stats", "sessions stats --by day --since 30d",
-              "sessions stats --by month --group source --json"],
-    "recover": ["recover state.db rescued.db && mv rescued.db state.db   # only when nothing was lost",
-                "recover state.db rescued.db --json"],
-    "backup": ["backup ~/backups/state-$(date +%F).db", "backup ~/backups/          # keeps the name: state.db",
-               "--profile coder backup coder.db"],
-    "restore": ["restore ~/backups/state-2026-11-30.db", "--profile coder restore coder.db"],
-    "doctor": ["doctor", "doctor --full --json"],
-    "fts": ["fts status", "fts rebuild"],
-    "init": ["init", "--profile coder init", "--db other.db init --force"],
-    "migrate": ["migrate", "migrate --no-backup"],
-    "vacuum": ["vacuum", "--db /path/to/state.db vacuum"],
-    "demo": ["demo", "demo --keep"],
-    "serve": ["serve --port 0", "serve --all-profiles",
-              "serve --host 0.0.0.0 --allow-host box.lan   # after `hermes-state passwd NAME`"],
-    "passwd": ["passwd alice", "passwd alice --delete", "passwd alice --password-file /srv/hermes/web-passwords"],
-    "completion": ['eval "$(hermes-state completion bash)"        # in ~/.bashrc',
-                   'eval "$(hermes-state completion zsh)"         # in ~/.zshrc',
-                   "hermes-state completion fish > ~/.config/fish/completions/hermes-state.fish"],
-}
-
 QUERY_SYNTAX = """query syntax:
   docker image          both words, anywhere in a message (pieces of words too: ocker)
   "docker image"        the phrase
@@ -578,6 +545,233 @@ QUERY_SYNTAX = """query syntax:
   chat-send  src/a.py   a term with - . / @ inside is one term
   東京                  CJK of any length
 A query starting with - needs no --."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Arg:
+    """One argument of a command: what `add_argument` is given."""
+    flags: tuple[str, ...]
+    settings: dict[str, Any]
+
+
+def arg(*flags: str, **settings: Any) -> Arg:
+    """Declare an argument as `argparse.ArgumentParser.add_argument(*flags, **settings)` takes it."""
+    return Arg(flags, settings)
+
+
+@dataclasses.dataclass(frozen=True)
+class OneOf:
+    """Options of which one command line gives one at most."""
+    args: tuple[Arg, ...]
+
+
+class Loaded:
+    """A function of a module imported only when it is called, or when its command's help is built.
+
+    serve and passwd load the web server's and the password file's modules (a third of the
+    start-up of any other command): their handlers and option types name them this way.
+    """
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module = module
+        self.__name__ = name  # what argparse names in "invalid <type> value"
+
+    def resolve(self) -> Callable[..., Any]:
+        """Import the module; return the function."""
+        return getattr(importlib.import_module(self.module), self.__name__)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.resolve()(*args)
+
+
+def _since_until(what: str) -> tuple[Arg, Arg]:
+    when = "7d, 12h, 3mo, 1y, today, yesterday, 2026-11-01 or epoch seconds"
+    return (arg("--since", type=parse_when, metavar="WHEN",
+                help=f"{what} at or after WHEN ({when}; default: from the first)"),
+            arg("--until", type=parse_when, metavar="WHEN", help=f"{what} before WHEN (default: up to now)"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One command of `hermes-state`, declared once: its words, handler, options, help and examples.
+
+    The parser, `--help`, the global flags it takes and the shell completion are all made from these.
+    """
+    name: str  # the words that run it: "doctor", "sessions list"
+    handler: Callable[[argparse.Namespace], int]
+    help: str  # one line, in the command list
+    options: tuple[Arg | OneOf, ...] = ()
+    examples: tuple[str, ...] = ()  # two or three, shown by its --help
+    formats: tuple[str, ...] = ("json",)  # the machine outputs it gives; any other is refused
+    home: str = "store"  # "store": --db or --profile; "profile": --profile alone; "none": a throw-away home
+    syntax: str = ""  # more help between the options and the examples
+    words_last: bool = False  # a word starting with - is a word of its text, not an option
+
+    @property
+    def words(self) -> list[str]:
+        """The command's words: ["sessions", "list"], ["doctor"]."""
+        return self.name.split()
+
+    @property
+    def action(self) -> str:
+        """The last word: the name `args.name` carries."""
+        return self.words[-1]
+
+    def refused(self, found: dict[str, Any]) -> str | None:
+        """Return why the given global flags do not apply to this command, or None when they do."""
+        if self.home == "none" and (found.get("db") or found.get("profile")):
+            return f"{self.action} works in a throw-away home: --db and --profile do not apply"
+        if self.home == "profile" and found.get("db"):
+            return (f"{self.action} writes the password file of the Hermes home, not a database: "
+                    "--db does not apply")
+        for fmt in _FORMATS:
+            if found.get(fmt) and fmt not in self.formats:
+                return f"--{fmt} does not apply to {self.action}" + (
+                    f" (it takes {', '.join('--' + f for f in self.formats)})" if self.formats else "")
+        return None
+
+    def add_to(self, sub: Any) -> argparse.ArgumentParser:
+        """Add this command's parser, with every option, to the subparsers `sub`."""
+        handler = self.handler.resolve() if isinstance(self.handler, Loaded) else self.handler
+        parser = sub.add_parser(self.action, help=self.help, description=handler.__doc__,
+                                epilog=_epilog(self), formatter_class=_Help)
+        parser.set_defaults(func=self.handler, name=self.action, command_spec=self)
+        for option in self.options:
+            target = parser.add_mutually_exclusive_group() if isinstance(option, OneOf) else parser
+            for one in option.args if isinstance(option, OneOf) else (option,):
+                target.add_argument(*one.flags, **one.settings)
+        return parser
+
+
+_ID = arg("session_id", help="the session's id, or a unique prefix of it")
+_OFFSET = (arg("--offset", type=non_negative, default=0, help="skip this many first (for the next page)"),)
+_MODEL = arg("--model", help="only sessions of this model (openai/gpt-5, or gpt-5 after any provider; default: every model)")
+_SOURCES = arg("--source", action="append", help="only these sources (repeatable; any case; default: every source)")
+_SOURCE = arg("--source", help="only sessions from this source (default: every source)")
+_DOCTOR_HELP = "check schema, integrity, indexes, WAL, file modes, locks, replication"
+
+# Every command, in the order `hermes-state` and `hermes-state sessions` list them.
+COMMANDS: tuple[Command, ...] = (
+    Command("sessions list", commands.cmd_list, "sessions, most recently active first", (
+        arg("-n", "--limit", type=non_negative, default=20, help="how many sessions to show; 0 shows all"),
+        *_OFFSET,
+        arg("--source", help="only sessions from this source (cli, telegram, cron, ...; any case; default: every source)"),
+        _MODEL, *_since_until("active"),
+        arg("--archived", action="store_true", help="include archived sessions")),
+        ("sessions list -n 50", "sessions list --source telegram --since 7d", "sessions list --model gpt-5 --json"),
+        formats=_FORMATS),
+    Command("sessions show", commands.cmd_show, "one session and its transcript", (
+        _ID,
+        arg("--tail", type=non_negative, metavar="N", help="only the last N messages (0: all; default: all)"),
+        arg("--full", action="store_true", help="every message whole, with tool calls and reasoning (Markdown)"),
+        arg("--no-pager", action="store_true", help="print straight to the terminal, without $PAGER (less)")),
+        ("sessions show demo_t                  # a unique prefix of the id is enough",
+         "sessions show demo_docker --tail 10", "sessions show demo_docker --full > docker.md")),
+    Command("sessions search", commands.cmd_search, "full-text search (words, CJK, substrings)", (
+        arg("query", nargs="+", help="what to look for (see the query syntax below)"),
+        arg("-n", "--limit", type=non_negative, default=20, help="how many hits to show; 0 shows all"),
+        *_OFFSET, _SOURCES,
+        arg("--role", action="append", choices=ROLES, help="only these roles (repeatable; default: every role)"),
+        _MODEL, *_since_until("messages written"),
+        arg("--reasoning", action="store_true", help="search the models' reasoning too")),
+        ("sessions search docker image", "sessions search docker -rust --role user",
+         "sessions search 東京 --source telegram --since 30d"),
+        formats=_FORMATS, syntax=QUERY_SYNTAX, words_last=True),
+    Command("sessions export", cmd_export, "sessions as JSON Lines (one per line)", (
+        arg("session_ids", nargs="*", metavar="SESSION_ID", help="these sessions (ids or unique prefixes); "
+            "none: every session"),
+        _SOURCE,
+        arg("-o", "--output", metavar="FILE", help="write to FILE (replaced only once complete; default: stdout)")),
+        ("sessions export -o all.jsonl", "sessions export demo_docker demo_tokyo",
+         "sessions export --source cli | gzip > cli.jsonl.gz"),
+        formats=("json", "nl")),
+    Command("sessions import", cmd_import, "sessions from an export file ('-' for stdin)", (
+        arg("file", help="an export: JSON Lines, one JSON document or a list ('-': stdin)"),
+        arg("--on-conflict", choices=["skip", "replace", "error"], default="skip",
+            help="what to do with a session that is already there")),
+        ("sessions import all.jsonl", "sessions import all.jsonl --on-conflict replace",
+         "gunzip -c cli.jsonl.gz | hermes-state sessions import -")),
+    Command("sessions rename", commands.cmd_rename, "set a session's title ('' clears it)", (
+        _ID, arg("title", help="the new title; '' clears it")),
+        ('sessions rename demo_docker "Docker build, fixed"', 'sessions rename demo_docker ""')),
+    Command("sessions delete", cmd_delete, "delete a session and its messages", (
+        _ID, arg("--dry-run", action="store_true", help="say what would be deleted; change nothing")),
+        ("sessions delete demo_docker_2 --dry-run", "sessions delete demo_docker_2")),
+    Command("sessions prune", cmd_prune, "delete ended sessions older than an age", (
+        arg("--older-than", type=age, required=True, metavar="AGE", help="30d, 12h, 2w, or a number of days"),
+        _SOURCE, arg("--dry-run", action="store_true", help="list what would be deleted; change nothing")),
+        ("sessions prune --older-than 90d --dry-run", "sessions prune --older-than 30d --source cron")),
+    Command("sessions stats", commands.cmd_stats, "usage and cost per model, largest sessions", (
+        arg("--by", choices=["day", "week", "month"], help="one row per period (of the sessions' start) "
+            "and model or source, with a bar on a terminal (default: totals per model)"),
+        arg("--group", choices=["model", "source"], default="model", help="what the rows are per"),
+        _SOURCES, *_since_until("sessions started")),
+        ("sessions stats", "sessions stats --by day --since 30d", "sessions stats --by month --group source --json"),
+        formats=_FORMATS),
+    Command("recover", cmd_recover, "copy what is readable of a damaged database into a new file", (
+        arg("source", help="the damaged database (never written)"),
+        arg("target", help="the new file to write (must not exist)")),
+        ("recover state.db rescued.db && mv rescued.db state.db   # only when nothing was lost",
+         "recover state.db rescued.db --json")),
+    Command("backup", cmd_backup, "a consistent copy of the live database", (
+        arg("target", help="the copy's file name (must not exist)"),),
+        ("backup ~/backups/state-$(date +%F).db", "backup ~/backups/          # keeps the name: state.db",
+         "--profile coder backup coder.db")),
+    Command("restore", cmd_restore, "replace the database with a validated backup", (
+        arg("source", help="a backup made by `backup` (or any valid copy)"),),
+        ("restore ~/backups/state-2026-11-30.db", "--profile coder restore coder.db")),
+    Command("doctor", commands.cmd_doctor, _DOCTOR_HELP, (
+        arg("--full", action="store_true", help="the full integrity check (slower) instead of the quick one"),),
+        ("doctor", "doctor --full --json"), formats=_FORMATS),
+    Command("fts", commands.cmd_fts, "full-text index status or rebuild", (
+        arg("action", choices=["status", "rebuild"], help="status: how far indexing is; rebuild: index "
+            "everything again (progress on stderr)"),),
+        ("fts status", "fts rebuild")),
+    Command("init", commands.cmd_init, "create the database, or bring an older one up to date", (
+        arg("--force", action="store_true", help="add the store's tables even to another program's database"),),
+        ("init", "--profile coder init", "--db other.db init --force")),
+    Command("migrate", cmd_migrate, "upgrade an existing older database, copying it first", (
+        arg("--no-backup", action="store_true", help="do not write the copy first"),),
+        ("migrate", "migrate --no-backup")),
+    Command("vacuum", cmd_vacuum, "give free pages back to the file system", (),
+            ("vacuum", "--db /path/to/state.db vacuum")),
+    Command("demo", cmd_demo, "fill a throw-away home with samples and show them", (
+        arg("--keep", action="store_true", help="keep the demo home to explore it afterwards"),),
+        ("demo", "demo --keep"), formats=(), home="none"),
+    Command("completion", cmd_completion, "print a shell completion script (bash, zsh, fish)", (
+        arg("shell", choices=["bash", "zsh", "fish"], help="the shell to complete in"),),
+        ('eval "$(hermes-state completion bash)"        # in ~/.bashrc',
+         'eval "$(hermes-state completion zsh)"         # in ~/.zshrc',
+         "hermes-state completion fish > ~/.config/fish/completions/hermes-state.fish"),
+        formats=(), home="none"),
+    Command("serve", Loaded("hermes_state_serve", "cmd_serve"), "browse sessions in a web page (Datasette), read-only", (
+        arg("--port", type=Loaded("hermes_state_serve", "port_number"), default=8001,
+            help="port to listen on; 0 picks a free one"),
+        arg("--host", default="127.0.0.1", help="address to listen on (any other than loopback lets other "
+            "machines connect, and needs a user made by `passwd`)"),
+        arg("--allow-host", action="append", type=Loaded("hermes_state_serve", "host_name"), metavar="NAME",
+            help="answer only requests for this host name (repeatable; default: the --host address, "
+            "this machine's names for 0.0.0.0, and localhost)"),
+        OneOf((arg("--password-file", metavar="PATH", help="check HTTP basic logins against this file "
+                   "(default: <HERMES_HOME root>/web-passwords off loopback; none on loopback)"),
+               arg("--no-auth", action="store_true", help="serve beyond loopback without a password "
+                   "(anyone who can connect reads every conversation)"))),
+        arg("--all-profiles", action="store_true", help="serve the default profile and every named "
+            "one of the root, each under its own name")),
+        ("serve --port 0", "serve --all-profiles",
+         "serve --host 0.0.0.0 --allow-host box.lan   # after `hermes-state passwd NAME`"),
+        formats=()),
+    Command("passwd", Loaded("hermes_state_auth", "cmd_passwd"), "set a password for serve's HTTP basic login", (
+        arg("user", metavar="NAME", help="the user's name (1-64 letters, digits, . _ @ -)"),
+        arg("--delete", action="store_true", help="remove the user instead"),
+        arg("--password-file", metavar="PATH",
+            help="the file to write (default: <HERMES_HOME root>/web-passwords, mode 0600)")),
+        ("passwd alice", "passwd alice --delete", "passwd alice --password-file /srv/hermes/web-passwords"),
+        formats=(), home="profile"),
+)
+# Two or three examples per command, by its last word (what --help shows under "examples:").
+EXAMPLES = {c.action: list(c.examples) for c in COMMANDS}
+_GROUPS = {"sessions": "Work with the sessions of the store."}  # the commands of two words, by their first
 
 
 class _Help(argparse.RawDescriptionHelpFormatter):
@@ -592,161 +786,80 @@ class _Help(argparse.RawDescriptionHelpFormatter):
         return text
 
 
-def _epilog(name: str, extra: str = "") -> str:
+def _epilog(command: Command) -> str:
     examples = "\n".join(f"  hermes-state {line}" if not line.startswith(("gunzip", "eval", "hermes-state"))
                          else f"  {line}"
-                         for line in EXAMPLES.get(name, []))
-    return "\n\n".join(part for part in (extra, f"examples:\n{examples}" if examples else "", _GLOBALS_HELP) if part)
-
-
-def _command(sub: Any, name: str, func: Any, help_text: str, extra: str = "") -> argparse.ArgumentParser:
-    parser = sub.add_parser(name, help=help_text, description=func.__doc__, epilog=_epilog(name, extra),
-                            formatter_class=_Help)
-    parser.set_defaults(func=func, name=name)
-    return parser
-
-
-def _since_until(p: argparse.ArgumentParser, what: str) -> None:
-    when = "7d, 12h, 3mo, 1y, today, yesterday, 2026-11-01 or epoch seconds"
-    p.add_argument("--since", type=parse_when, metavar="WHEN",
-                   help=f"{what} at or after WHEN ({when}; default: from the first)")
-    p.add_argument("--until", type=parse_when, metavar="WHEN", help=f"{what} before WHEN (default: up to now)")
+                         for line in command.examples)
+    return "\n\n".join(part for part in (command.syntax, f"examples:\n{examples}" if examples else "",
+                                         _GLOBALS_HELP) if part)
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """Build the argument parser of every command (global flags are taken out before it runs).
 
-    With `only` naming another command, serve and passwd are listed but not built.
+    With `only` naming a command (its first word), the others are listed but not built.
     """
     parser = argparse.ArgumentParser(prog="hermes-state", description="Browse, search and maintain a hermes-state "
                                      "database.", epilog=_GLOBALS_HELP, formatter_class=_Help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sessions = sub.add_parser("sessions", help="list, show, search, export, import, rename, delete, prune, stats",
-                              description="Work with the sessions of the store.", formatter_class=_Help,
-                              epilog=_GLOBALS_HELP)
-    sessions.set_defaults(name="sessions")
-    _SESSIONS_PARSER[:] = [sessions]
-    ssub = sessions.add_subparsers(dest="action", metavar="ACTION")
-    p = _command(ssub, "list", commands.cmd_list, "sessions, most recently active first")
-    p.add_argument("-n", "--limit", type=non_negative, default=20, help="how many sessions to show; 0 shows all")
-    p.add_argument("--offset", type=non_negative, default=0, help="skip this many first (for the next page)")
-    p.add_argument("--source",
-                   help="only sessions from this source (cli, telegram, cron, ...; any case; default: every source)")
-    p.add_argument("--model",
-                   help="only sessions of this model (openai/gpt-5, or gpt-5 after any provider; default: every model)")
-    _since_until(p, "active")
-    p.add_argument("--archived", action="store_true", help="include archived sessions")
-    p = _command(ssub, "show", commands.cmd_show, "one session and its transcript")
-    p.add_argument("session_id", help="the session's id, or a unique prefix of it")
-    p.add_argument("--tail", type=non_negative, metavar="N", help="only the last N messages (0: all; default: all)")
-    p.add_argument("--full", action="store_true", help="every message whole, with tool calls and reasoning (Markdown)")
-    p.add_argument("--no-pager", action="store_true", help="print straight to the terminal, without $PAGER (less)")
-    p = _command(ssub, "search", commands.cmd_search, "full-text search (words, CJK, substrings)", QUERY_SYNTAX)
-    _SEARCH_PARSER[:] = [p]
-    p.add_argument("query", nargs="+", help="what to look for (see the query syntax below)")
-    p.add_argument("-n", "--limit", type=non_negative, default=20, help="how many hits to show; 0 shows all")
-    p.add_argument("--offset", type=non_negative, default=0, help="skip this many first (for the next page)")
-    p.add_argument("--source", action="append",
-                   help="only these sources (repeatable; any case; default: every source)")
-    p.add_argument("--role", action="append", choices=commands.ROLES,
-                   help="only these roles (repeatable; default: every role)")
-    p.add_argument("--model",
-                   help="only sessions of this model (openai/gpt-5, or gpt-5 after any provider; default: every model)")
-    _since_until(p, "messages written")
-    p.add_argument("--reasoning", action="store_true", help="search the models' reasoning too")
-    p = _command(ssub, "export", cmd_export, "sessions as JSON Lines (one per line)")
-    p.add_argument("session_ids", nargs="*", metavar="SESSION_ID", help="these sessions (ids or unique prefixes); "
-                   "none: every session")
-    p.add_argument("--source", help="only sessions from this source (default: every source)")
-    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (replaced only once complete; "
-                   "default: stdout)")
-    p = _command(ssub, "import", cmd_import, "sessions from an export file ('-' for stdin)")
-    p.add_argument("file", help="an export: JSON Lines, one JSON document or a list ('-': stdin)")
-    p.add_argument("--on-conflict", choices=["skip", "replace", "error"], default="skip",
-                   help="what to do with a session that is already there")
-    p = _command(ssub, "rename", commands.cmd_rename, "set a session's title ('' clears it)")
-    p.add_argument("session_id", help="the session's id, or a unique prefix of it")
-    p.add_argument("title", help="the new title; '' clears it")
-    p = _command(ssub, "delete", cmd_delete, "delete a session and its messages")
-    p.add_argument("session_id", help="the session's id, or a unique prefix of it")
-    p.add_argument("--dry-run", action="store_true", help="say what would be deleted; change nothing")
-    p = _command(ssub, "prune", cmd_prune, "delete ended sessions older than an age")
-    p.add_argument("--older-than", type=age, required=True, metavar="AGE", help="30d, 12h, 2w, or a number of days")
-    p.add_argument("--source", help="only sessions from this source (default: every source)")
-    p.add_argument("--dry-run", action="store_true", help="list what would be deleted; change nothing")
-    p = _command(ssub, "stats", commands.cmd_stats, "usage and cost per model, largest sessions")
-    p.add_argument("--by", choices=["day", "week", "month"], help="one row per period (of the sessions' start) "
-                   "and model or source, with a bar on a terminal (default: totals per model)")
-    p.add_argument("--group", choices=["model", "source"], default="model", help="what the rows are per")
-    p.add_argument("--source", action="append",
-                   help="only these sources (repeatable; any case; default: every source)")
-    _since_until(p, "sessions started")
-    p = _command(sub, "recover", cmd_recover, "copy what is readable of a damaged database into a new file")
-    p.add_argument("source", help="the damaged database (never written)")
-    p.add_argument("target", help="the new file to write (must not exist)")
-    p = _command(sub, "backup", cmd_backup, "a consistent copy of the live database")
-    p.add_argument("target", help="the copy's file name (must not exist)")
-    p = _command(sub, "restore", cmd_restore, "replace the database with a validated backup")
-    p.add_argument("source", help="a backup made by `backup` (or any valid copy)")
-    p = _command(sub, "doctor", commands.cmd_doctor, "check schema, integrity, indexes, WAL, file modes, locks, replication")
-    p.add_argument("--full", action="store_true", help="the full integrity check (slower) instead of the quick one")
-    p = _command(sub, "fts", commands.cmd_fts, "full-text index status or rebuild")
-    p.add_argument("action", choices=["status", "rebuild"], help="status: how far indexing is; rebuild: index "
-                   "everything again (progress on stderr)")
-    p = _command(sub, "init", commands.cmd_init, "create the database, or bring an older one up to date")
-    p.add_argument("--force", action="store_true", help="add the store's tables even to another program's database")
-    p = _command(sub, "migrate", cmd_migrate, "upgrade an existing older database, copying it first")
-    p.add_argument("--no-backup", action="store_true", help="do not write the copy first")
-    _command(sub, "vacuum", cmd_vacuum, "give free pages back to the file system")
-    p = _command(sub, "demo", cmd_demo, "fill a throw-away home with samples and show them")
-    p.add_argument("--keep", action="store_true", help="keep the demo home to explore it afterwards")
-    p = _command(sub, "completion", cmd_completion, "print a shell completion script (bash, zsh, fish)")
-    p.add_argument("shell", choices=["bash", "zsh", "fish"], help="the shell to complete in")
-    # serve and passwd load the web server's and the password file's modules (a third of the start-up
-    # of any other command): with `only` naming another command they are listed, not built.
-    serve_help = "browse sessions in a web page (Datasette), read-only"
-    passwd_help = "set a password for serve's HTTP basic login"
-    if only in (None, "serve"):
-        import hermes_state_serve as serve
-        p = _command(sub, "serve", serve.cmd_serve, serve_help)
-        p.add_argument("--port", type=serve.port_number, default=8001, help="port to listen on; 0 picks a free one")
-        p.add_argument("--host", default="127.0.0.1", help="address to listen on (any other than loopback lets other "
-                       "machines connect, and needs a user made by `passwd`)")
-        p.add_argument("--allow-host", action="append", type=serve.host_name, metavar="NAME",
-                       help="answer only requests for this host name (repeatable; default: the --host address, "
-                       "this machine's names for 0.0.0.0, and localhost)")
-        login = p.add_mutually_exclusive_group()
-        login.add_argument("--password-file", metavar="PATH", help="check HTTP basic logins against this file "
-                           "(default: <HERMES_HOME root>/web-passwords off loopback; none on loopback)")
-        login.add_argument("--no-auth", action="store_true", help="serve beyond loopback without a password "
-                           "(anyone who can connect reads every conversation)")
-        p.add_argument("--all-profiles", action="store_true", help="serve the default profile and every named "
-                       "one of the root, each under its own name")
-    else:
-        sub.add_parser("serve", help=serve_help)
-    if only in (None, "passwd"):
-        import hermes_state_auth as auth
-        p = _command(sub, "passwd", auth.cmd_passwd, passwd_help)
-        p.add_argument("user", metavar="NAME", help="the user's name (1-64 letters, digits, . _ @ -)")
-        p.add_argument("--delete", action="store_true", help="remove the user instead")
-        p.add_argument("--password-file", metavar="PATH",
-                       help="the file to write (default: <HERMES_HOME root>/web-passwords, mode 0600)")
-    else:
-        sub.add_parser("passwd", help=passwd_help)
+    groups: dict[str, Any] = {}
+    for command in COMMANDS:
+        first = command.words[0]
+        if len(command.words) == 1:
+            if only in (None, first):
+                command.add_to(sub)
+            else:
+                sub.add_parser(first, help=command.help)
+            continue
+        if first not in groups:
+            actions = [c.action for c in COMMANDS if c.words[0] == first]
+            group = sub.add_parser(first, help=", ".join(actions), description=_GROUPS[first],
+                                   formatter_class=_Help, epilog=_GLOBALS_HELP)
+            group.set_defaults(name=first, group_parser=group)
+            groups[first] = group.add_subparsers(dest="action", metavar="ACTION") if only in (None, first) else None
+        if groups[first] is not None:
+            command.add_to(groups[first])
     return parser
 
 
 def _check_flags(args: argparse.Namespace, found: dict[str, Any]) -> None:
-    name = args.name
-    if name in _NO_DB and (found.get("db") or found.get("profile")):
-        raise UsageError(f"{name} works in a throw-away home: --db and --profile do not apply")
-    if name == "passwd" and found.get("db"):
-        raise UsageError("passwd writes the password file of the Hermes home, not a database: --db does not apply")
-    allowed = _FORMATS_OF.get(name, ("json",))
-    for fmt in _FORMATS:
-        if found.get(fmt) and fmt not in allowed:
-            raise UsageError(f"--{fmt} does not apply to {name}" + (
-                f" (it takes {', '.join('--' + f for f in allowed)})" if allowed else ""))
+    problem = args.command_spec.refused(found)
+    if problem:
+        raise UsageError(problem)
+
+
+def completion_words(parser: argparse.ArgumentParser | None = None) -> dict[str, Any]:
+    """Return what the completion scripts offer, read from the full parser: each command's words, flags and choices.
+
+    Keys: "globals" (flags of every command), "valued" (global flags taking a value), "commands"
+    ({first word: its actions, [] for a command of one word}), "flags" ({command: its options}),
+    "choices" ({command, or "command --option": the values offered}) and "ids" (the commands whose
+    argument is a session id).
+    """
+    parser = parser or build_parser()
+    words: dict[str, Any] = {"globals": sorted({*_FLAGS, *_VALUED, "--help"}), "valued": sorted(_VALUED),
+                             "commands": {}, "flags": {}, "choices": {"--color": list(commands.COLOR_MODES)}, "ids": []}
+
+    def subcommands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+        found = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]  # argparse's own table
+        return dict(found[0].choices) if found else {}
+
+    def read(key: str, p: argparse.ArgumentParser) -> None:
+        words["flags"][key] = [s for a in p._actions for s in a.option_strings if s not in ("-h", "--help")]
+        for a in p._actions:
+            if a.choices is not None and not isinstance(a, argparse._SubParsersAction):
+                words["choices"][f"{key} {a.option_strings[-1]}" if a.option_strings else key] = list(a.choices)
+            if not a.option_strings and a.dest in ("session_id", "session_ids"):
+                words["ids"].append(key)
+
+    for name, p in subcommands(parser).items():
+        actions = subcommands(p)
+        words["commands"][name] = list(actions)
+        if not actions:
+            read(name, p)
+        for action, q in actions.items():
+            read(f"{name} {action}", q)
+    return words
 
 
 def _fit_output() -> None:
@@ -793,16 +906,15 @@ def words_last(parser: argparse.ArgumentParser, tail: list[str]) -> list[str]:
     return options + ["--", *words]
 
 
-_SEARCH_PARSER: list[argparse.ArgumentParser] = []    # set by build_parser: the parser of `sessions search`
-_SESSIONS_PARSER: list[argparse.ArgumentParser] = []  # ... and of `sessions`
-
-
 def parse_command(words: list[str]) -> argparse.Namespace:
     """Parse a command line without its global flags (a query starting with - included); exit 2 when it is wrong."""
     # Only the command given is built in full (the first word not an option; none: all, for --help).
     parser = build_parser(only=next((w for w in words if not w.startswith("-")), None))
-    if words[:2] == ["sessions", "search"]:
-        words = words[:2] + words_last(_SEARCH_PARSER[0], words[2:])
+    for command in COMMANDS:
+        size = len(command.words)
+        if command.words_last and words[:size] == command.words:
+            options = command.add_to(argparse.ArgumentParser().add_subparsers())
+            words = words[:size] + words_last(options, words[size:])
     return parser.parse_args(words)
 
 
@@ -818,7 +930,7 @@ def _parse(argv: list[str]) -> argparse.Namespace | None:
     args = parse_command(rest)
     if args.command is None or (args.command == "sessions" and args.action is None):
         # A bare `hermes-state` (or `hermes-state sessions`) lists what there is to run.
-        (build_parser() if args.command is None else _SESSIONS_PARSER[0]).print_help()
+        (build_parser() if args.command is None else args.group_parser).print_help()
         raise SystemExit(2)
     if found.get("profile") is not None:
         apply_profile(found["profile"], create=args.name == "init")

@@ -10,7 +10,6 @@ Every command goes through `SessionDB`; no SQL here.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -233,36 +232,6 @@ def age(text: str) -> float:
 # --- sessions: list, show, search, rename, stats ------------------------------------------------
 
 _LIST_COLUMNS = ["id", "title", "source", "model", "messages", "active"]
-# The roles `sessions search --role` takes: the ones agents store.
-ROLES = ["system", "developer", "user", "assistant", "tool"]
-
-
-def _is_delegate(row: dict[str, Any]) -> bool:
-    config = row.get("model_config")
-    try:
-        return isinstance(config, str) and "_delegate_from" in config and \
-            json.loads(config).get("_delegate_from") is not None
-    except (ValueError, AttributeError):
-        return False
-
-
-def delete_candidates(db: Any, session_id: str) -> list[dict[str, Any]]:
-    """Return the sessions `delete_session(session_id)` takes: its whole conversation, then its delegates.
-
-    The conversation is the compression chain the session belongs to; a delegate is a
-    descendant whose `model_config` names the session that spawned it. For a dry run; the
-    library decides, and `sessions delete` reports what really went.
-    """
-    tip = db.get_compression_successor(session_id) or session_id
-    chain = db.get_compression_ancestors(tip) + [tip]
-    rows = [db.get_session(sid) for sid in chain]
-    taken = set(chain)
-    for sid in chain:
-        for row in db.get_descendants(sid):
-            if row["id"] not in taken and row["parent_session_id"] in taken and _is_delegate(row):
-                taken.add(row["id"])
-                rows.append(row)
-    return [r for r in rows if r is not None]
 
 
 SHOWN_CANDIDATES = 10  # ids an ambiguous prefix's error names
@@ -408,9 +377,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         session = db.get_session(args.session_id)
         if session is None:
             raise SessionNotFoundError(f"session {args.session_id!r} not found")
-        successor = db.get_compression_successor(args.session_id)
-        ancestors = db.get_compression_ancestors(args.session_id)
+        chain = db.get_compression_lineage(args.session_id)  # read in one snapshot, oldest first
         messages = db.get_messages(args.session_id)
+    here = chain.index(args.session_id) if args.session_id in chain else len(chain)
+    ancestors, successor = chain[:here], (chain[-1] if chain[here + 1:] else None)
     # An untitled session is named by its first user message, as in `sessions list`.
     first = next((render.content_text(m.get("content")) for m in messages if m["role"] == "user"), None)
     label = render.session_label(session["title"], render.truncate(" ".join(first.split()), 63) if first else None)

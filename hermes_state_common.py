@@ -615,6 +615,9 @@ SYSTEM_PROMPTS = Table("system_prompts", (
     Column("hash", _T, "PRIMARY KEY", rule=None), Column("prompt", _T, "NOT NULL"),
 ), recover="verify")
 
+# The roles agents store in messages.role, in a conversation's order; what a filter by role offers.
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
 MESSAGES = Table("messages", (
     Column("id", _I, "PRIMARY KEY AUTOINCREMENT", rule=None),
     Column("session_id", _T, "NOT NULL REFERENCES sessions(id)", rule=None), Column("role", _T, "NOT NULL"),

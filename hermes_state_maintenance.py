@@ -2,7 +2,9 @@
 state_meta's key/value calls and the auto-prune marker.
 
 Owns: which sessions a deletion takes (a compression chain is one conversation and goes whole;
-a delegate subagent goes with the session that spawned it; other children stay, detached),
+a delegate subagent goes with the session that spawned it; other children stay, detached), as
+a plan computed before anything is deleted (`plan_delete`, which a dry run shows and the delete
+carries out),
 the refusal while work for a session is still owed (admissions not finished, executions
 running or unknown, replies not yet delivered, delegations still open), removing every row
 that names a session, the filters prune_sessions/list_prune_candidates/archive_sessions share,
@@ -26,7 +28,7 @@ import os
 import re
 import sqlite3
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable
 
@@ -371,26 +373,76 @@ def archive_sessions(conn: sqlite3.Connection, older_than_days: Any = None, sour
     return len(ids)
 
 
-def _explicit(conn: sqlite3.Connection, session_ids: list[str], *, refuse_live_tip: bool = True) -> list[str]:
-    """Return what deleting these sessions takes: their whole conversations and their delegates."""
+def _explicit(conn: sqlite3.Connection, session_ids: list[str]) -> tuple[list[str], tuple[str, str] | None]:
+    """Return what deleting these sessions takes (their whole conversations and their delegates),
+    and the first (asked session, live tip) where that would take a live conversation through an earlier part."""
     links = compression_links(conn)
     back = {child: parent for parent, child in links.items()}
     spawned = _delegate_index(conn)
     asked = set(session_ids)
     out: list[str] = []
+    live_tip: tuple[str, str] | None = None
     for sid in session_ids:
         if sid in out:
             continue
         chain = conversation(sid, links, back)
         tip = chain[-1]
-        if refuse_live_tip and tip not in asked and tip != sid and conn.execute(
+        if live_tip is None and tip not in asked and tip != sid and conn.execute(
                 "SELECT 1 FROM sessions WHERE id = ? AND ended_at IS NULL", (tip,)).fetchone():
-            raise SessionBusyError(
+            live_tip = (sid, tip)
+        out.extend(s for s in with_delegates(chain, spawned) if s not in out)
+    return out, live_tip
+
+
+@dataclass(frozen=True)
+class DeletePlan:
+    """What deleting some sessions removes, computed before anything is deleted, or why the delete is refused."""
+    asked: list[str]  # the ids asked for (non-empty strings, each once), known or not
+    ids: list[str]  # every session that goes: each conversation oldest first, then the delegates it spawned
+    live_tip: tuple[str, str] | None = None  # (an asked session, the live session its conversation continues in)
+    owed: dict[str, str] = field(default_factory=dict)  # {session: the work still owed for it}
+
+    def refusal(self) -> SessionBusyError | None:
+        """Return the error the delete raises instead of deleting anything, or None when it may go ahead."""
+        if self.live_tip is not None:
+            sid, tip = self.live_tip
+            return SessionBusyError(
                 f"session {sid!r} is an earlier part of a conversation that continues in live session {tip!r}; "
                 f"deleting it would delete that live session too. Delete the conversation by its current "
                 f"id {tip!r}, or end {tip!r} first (nothing was deleted)")
-        out.extend(s for s in with_delegates(chain, spawned) if s not in out)
-    return out
+        if self.owed:
+            return _busy_error(self.owed, "delete " + (repr(self.asked[0]) if len(self.asked) == 1
+                                                       else f"{len(self.asked)} sessions"))
+        return None
+
+
+NO_DELETE = DeletePlan([], [])  # the plan for an id no session can have
+
+
+def plan_delete(conn: sqlite3.Connection, session_ids: Iterable[Any]) -> DeletePlan:
+    """Return what deleting the listed sessions would remove (and whether it is refused), changing nothing.
+
+    Entries that are not non-empty strings, repeats and unknown ids are left out of the plan.
+    """
+    wanted = list(dict.fromkeys(s for s in session_ids if isinstance(s, str) and s))
+    if not wanted:
+        return DeletePlan([], [])
+    known = {r[0] for r in conn.execute("SELECT id FROM sessions WHERE id IN (SELECT value FROM json_each(?))",
+                                        (_ids_json(wanted),))}
+    ids, live_tip = _explicit(conn, [s for s in wanted if s in known])
+    # Owed work is looked for only when nothing refuses the delete before it.
+    owed = owed_work(conn, ids) if ids and live_tip is None else {}
+    return DeletePlan(wanted, ids, live_tip, owed)
+
+
+def run_delete(conn: sqlite3.Connection, plan: DeletePlan) -> list[str]:
+    """Carry out a plan made in this transaction: raise its refusal, or delete its sessions; return the ids deleted."""
+    refusal = plan.refusal()
+    if refusal is not None:
+        raise refusal
+    if plan.ids:
+        delete_rows(conn, plan.ids)
+    return plan.ids
 
 
 def id_list(session_ids: Any) -> list[Any]:
@@ -407,19 +459,13 @@ def delete_sessions(conn: sqlite3.Connection, session_ids: Iterable[Any]) -> lis
     SessionBusyError, deleting nothing, while work is owed for any session it would take or
     when it would take a live conversation through one of its earlier parts.
     """
-    wanted = list(dict.fromkeys(s for s in session_ids if isinstance(s, str) and s))
-    if not wanted:
-        return []
-    known = {r[0] for r in conn.execute("SELECT id FROM sessions WHERE id IN (SELECT value FROM json_each(?))",
-                                        (_ids_json(wanted),))}
-    ids = _explicit(conn, [s for s in wanted if s in known])
-    if not ids:
-        return []
-    owed = owed_work(conn, ids)
-    if owed:
-        raise _busy_error(owed, "delete " + (repr(wanted[0]) if len(wanted) == 1 else f"{len(wanted)} sessions"))
-    delete_rows(conn, ids)
-    return ids
+    return run_delete(conn, plan_delete(conn, session_ids))
+
+
+def get_session_delete_plan(conn: sqlite3.Connection, session_id: str) -> DeletePlan:
+    """Return what delete_session(session_id) would remove, or why it would refuse; no ids for an unknown one."""
+    check_id("session_id", session_id)
+    return plan_delete(conn, [session_id])
 
 
 def get_session_delete_targets(conn: sqlite3.Connection, session_id: str) -> list[str]:
@@ -428,11 +474,8 @@ def get_session_delete_targets(conn: sqlite3.Connection, session_id: str) -> lis
     The whole compression chain goes with any of its sessions (unlike hermes-agent 0.20.1,
     which detaches the other parts); [] for an unknown id.
     """
-    check_id("session_id", session_id)
-    if conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() is None:
-        return []
-    taken = _explicit(conn, [session_id], refuse_live_tip=False)
-    return [session_id, *(sid for sid in taken if sid != session_id)]
+    taken = get_session_delete_plan(conn, session_id).ids
+    return [session_id, *(sid for sid in taken if sid != session_id)] if taken else []
 
 
 def delete_session_expecting(conn: sqlite3.Connection, session_id: str, expected_delete_ids: Any) -> list[str]:
@@ -444,10 +487,10 @@ def delete_session_expecting(conn: sqlite3.Connection, session_id: str, expected
     expected = id_list(expected_delete_ids)
     for sid in expected:
         check_id("expected_delete_ids", sid)
-    targets = get_session_delete_targets(conn, session_id)
-    if not targets or set(targets) != set(expected):
+    plan = get_session_delete_plan(conn, session_id)
+    if not plan.ids or set(plan.ids) != set(expected):
         return []
-    return delete_sessions(conn, [session_id])
+    return run_delete(conn, plan)
 
 
 def count_open_prune_matches(conn: sqlite3.Connection, older_than_days: float | None = None, source: str | None = None,

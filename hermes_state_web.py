@@ -42,6 +42,7 @@ import hermes_state_render as render
 from hermes_state_auth import ACTOR_SCOPE_KEY
 from hermes_state_chart import usage_chart
 from hermes_state import HermesStateError, SessionDB, StateDbBusyError, StateDbCorruptError, StoreUnavailableError
+from hermes_state_common import ROLES
 from hermes_state_errors import is_sqlite_lock_error
 from hermes_state_home import profile_homes
 from hermes_state_listings import PREVIEW_CHARS
@@ -57,7 +58,6 @@ MARKER_TABLES = {"sessions", "messages", "schema_version"}
 # Columns holding epoch seconds, shown as local dates on Datasette's table pages (JSON keeps the number).
 TIME_COLUMNS = {"started_at", "ended_at", "last_activity_at", "compression_failure_cooldown_until", "timestamp",
                 "updated_at"}
-ROLES = ("user", "assistant", "tool", "system", "developer")
 
 # Names of the hermes-state databases and their hidden tables, per Datasette instance, found at
 # startup (get_metadata is synchronous and called often, so it must only read this).
@@ -816,9 +816,7 @@ def _read_session(path: str, session_id: str) -> dict[str, Any] | None:
         session = db.get_session(session_id)
         if session is None:
             return None
-        # The whole compression chain this session belongs to: ancestors of its live tip.
-        tip = db.get_compression_successor(session_id) or session_id
-        chain = db.get_compression_ancestors(tip) + [tip]
+        chain = db.get_compression_lineage(session_id)  # the whole compression chain, read in one snapshot
         children = [row for row in db.get_descendants(session_id)
                     if row["parent_session_id"] == session_id and row["id"] not in chain]
         raw = db.get_messages(session_id)

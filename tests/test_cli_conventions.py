@@ -334,3 +334,35 @@ def test_rename_prints_the_stored_title_and_refuses_an_unknown_id(hermes_home, c
     assert json.loads(capsys.readouterr().out) == {"id": "s1", "title": None}
     assert main(["sessions", "rename", "nope", "x"]) == 1
     assert "not found" in capsys.readouterr().err
+
+
+def test_delete_dry_run_lists_exactly_what_the_delete_then_removes(hermes_home, capsys):
+    # A delegate is known by the session its model_config names as well as by its parent link, and
+    # a delegate's own delegates go too: the dry run prints the library's plan, so it agrees.
+    with SessionDB() as db:
+        db.create_session("main", "cli", title="Main")
+        db.create_session("helper", "cli", model_config={"_delegate_from": "main"})  # no parent link
+        db.create_session("sub", "cli", parent_session_id="helper", model_config={"_delegate_from": "helper"})
+        db.create_session("branch", "cli", parent_session_id="main")
+        for sid in ("main", "helper", "sub", "branch"):
+            db.end_session(sid, "user_exit")
+    assert main(["--json", "sessions", "delete", "main", "--dry-run"]) == 0
+    planned = [r["id"] for r in json.loads(capsys.readouterr().out)["sessions"]]
+    assert main(["--json", "sessions", "delete", "main"]) == 0
+    removed = [r["id"] for r in json.loads(capsys.readouterr().out)["sessions"]]
+    assert planned == removed == ["main", "helper", "sub"]
+    with SessionDB() as db:
+        assert [r["id"] for r in db.list_sessions()] == ["branch"]
+
+
+def test_delete_dry_run_is_refused_where_the_delete_is(hermes_home, capsys):
+    with SessionDB() as db:
+        db.create_session("s", "telegram", title="Owes a reply")
+        db.owe_delivery("s", {"text": "your build is green"})
+    assert main(["sessions", "delete", "s", "--dry-run"]) == 1  # not "would delete 1 session"
+    dry = capsys.readouterr()
+    assert dry.out == "" and "cannot delete 's': work is still owed for 's'" in dry.err
+    assert main(["sessions", "delete", "s"]) == 1
+    assert capsys.readouterr().err == dry.err
+    with SessionDB() as db:
+        assert db.get_session("s") is not None

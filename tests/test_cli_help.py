@@ -9,10 +9,10 @@ import pytest
 import hermes_state_cli as cli
 from conftest import run
 
-# Every command and `sessions` action, as the top-level and `sessions` help list them.
-SESSIONS = ["list", "show", "search", "export", "import", "rename", "delete", "prune", "stats"]
-TOP = ["recover", "backup", "restore", "doctor", "fts", "init", "migrate", "vacuum", "demo", "completion", "serve", "passwd"]
-COMMANDS = [("sessions", a) for a in SESSIONS] + [(c,) for c in TOP]
+# Every command and `sessions` action, as declared once (the top-level and `sessions` help list them).
+COMMANDS = [tuple(c.words) for c in cli.COMMANDS]
+SESSIONS = [words[1] for words in COMMANDS if words[0] == "sessions"]
+TOP = [words[0] for words in COMMANDS if len(words) == 1]
 
 
 def _help(capsys, *words: str) -> str:

@@ -1,6 +1,8 @@
 """Terminal habits: --color with NO_COLOR and FORCE_COLOR, a pager for long sessions, shell completion."""
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import shlex
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import hermes_state_cli as cli
 import hermes_state_commands as commands
 from hermes_state import SessionDB
 from hermes_state_cli import main
@@ -110,6 +113,86 @@ def test_bash_completes_commands_actions_and_ids_from_the_store(store, tmp_path)
     first_words = _bash_complete(store, ["hermes-state", ""])
     assert {"sessions", "recover", "completion"} <= set(first_words)
     assert _bash_complete(store, ["hermes-state", "--", ""]) == first_words  # "--" ends the options: a command comes next
+
+
+def _bash_completions(home: Path, lines: list[list[str]]) -> list[list[str]]:
+    """Complete each command line (its last word is the one being typed) with one script, in one bash."""
+    script = run(home, "completion", "bash").stdout
+    program = [script]
+    for words in lines:
+        program += [f"COMP_WORDS=({' '.join(words)}); COMP_CWORD=$(( ${{#COMP_WORDS[@]}} - 1 )); COMPREPLY=()",
+                    "_hermes_state", "printf '%s\\n' \"${COMPREPLY[@]}\" '--end--'"]
+    done = subprocess.run(["bash", "-c", "\n".join(program)], capture_output=True, text=True,
+                          env={**os.environ, "HERMES_HOME": str(home)}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    found: list[list[str]] = [[]]
+    for word in done.stdout.splitlines():
+        if word == "--end--":
+            found.append([])
+        elif word:
+            found[-1].append(word)
+    return found[:-1]
+
+
+def _help_of(*words: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        cli.parse_command([*words, "--help"])
+    return out.getvalue()
+
+
+def _parser_commands() -> dict[tuple[str, ...], set[str]]:
+    """Return {command: its options} as the parser's own --help lists them (not the completion's reading)."""
+    def listed(text: str) -> list[str]:  # the "    name   help" lines under "positional arguments:"
+        return re.findall(r"^    (\w+)", text.split("\n\noptions:", 1)[0], re.MULTILINE)
+
+    def options(text: str) -> set[str]:  # the flags before the help text of each "  -..." line under "options:"
+        part = text.split("\noptions:\n", 1)[1].split("\n\n", 1)[0]
+        return {flag for line in part.splitlines() if line.startswith("  -")
+                for flag in re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", re.split(r"\s{2,}", line.strip())[0])
+                } - {"-h", "--help"}
+    found = {}
+    for name in listed(_help_of()):
+        actions = listed(_help_of(name)) if name == "sessions" else []
+        found.update({(name, action): options(_help_of(name, action)) for action in actions} if actions
+                     else {(name,): options(_help_of(name))})
+    return found
+
+
+def test_completion_offers_every_command_and_flag_of_the_parser(store):
+    if not shutil.which("bash"):
+        pytest.skip("bash is not installed")
+    commands_ = _parser_commands()
+    lines = [["hermes-state", "''"], ["hermes-state", "sessions", "''"]]
+    lines += [["hermes-state", *words, "-"] for words in commands_]
+    lines += [["hermes-state", "fts", "''"], ["hermes-state", "sessions", "search", "--role", "''"],
+              ["hermes-state", "sessions", "stats", "--by", "''"], ["hermes-state", "--color", "''"]]
+    tops, actions, *flags, fts, roles, periods, colors = _bash_completions(store, lines)
+    assert sorted(tops) == sorted({words[0] for words in commands_})
+    assert sorted(actions) == sorted(words[1] for words in commands_ if words[0] == "sessions")
+    for (words, own), offered in zip(commands_.items(), flags):
+        assert own <= set(offered), (words, own - set(offered))
+        assert {"--json", "--db", "--profile", "--help"} <= set(offered), words
+    assert fts == ["status", "rebuild"]
+    assert roles == ["system", "developer", "user", "assistant", "tool"]
+    assert periods == ["day", "week", "month"] and colors == ["auto", "always", "never"]
+
+
+def test_id_completion_reads_the_store_of_the_profile_on_the_line(tmp_path):
+    if not shutil.which("bash"):
+        pytest.skip("bash is not installed")
+    root = tmp_path / "root"
+    (root / "profiles" / "coder").mkdir(parents=True)
+    for home, sid in ((root, "home_one"), (root / "profiles" / "coder", "coder_one")):
+        with SessionDB(home / "state.db") as db:
+            db.create_session(sid, "cli")
+    found = _bash_completions(root, [["hermes-state", "sessions", "show", "''"],
+                                     ["hermes-state", "-p", "coder", "sessions", "show", "''"],
+                                     ["hermes-state", "sessions", "delete", "--profile=coder", "''"],
+                                     ["hermes-state", "--profile", "default", "sessions", "rename", "''"],
+                                     ["hermes-state", "-p", "../../x", "sessions", "show", "''"],
+                                     ["hermes-state", "-p", "''"], ["hermes-state", "--profile", "c"]])
+    assert found == [["home_one"], ["coder_one"], ["coder_one"], ["home_one"], [], ["default", "coder"], ["coder"]]
 
 
 def test_the_id_lister_loads_nothing_of_the_library_and_writes_nothing(store):

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import pytest
 
 from hermes_state import ReadOnlyError, SessionDB, SessionNotFoundError, TitleConflictError
+from hermes_state_maintenance import DeletePlan
 
 
 def seed(db: SessionDB) -> dict[str, Any]:
@@ -371,6 +372,7 @@ ANSWERS_ITSELF |= {"session_count_by_source", "session_count_ge", "session_lifec
 DECLARED_UNKNOWN.update({"get_message_role": None, "latest_message_row_id": None, "latest_user_message_row_id": None,
                          "get_message_reactions": []})
 ENTRY_UNKNOWN["get_first_assistant_text"] = ""
+ENTRY_UNKNOWN["get_session_delete_plan"] = DeletePlan([], [])  # what delete_session would remove
 ANSWERS_ITSELF |= {"find_pr_url_messages", "list_skill_scaffolded_sessions"}
 # hermes-agent 0.20.1: gateway orphans and never-active keyed sessions (reports over every row).
 ANSWERS_ITSELF |= {"find_orphaned_gateway_sessions", "list_never_active_keyed_sessions"}

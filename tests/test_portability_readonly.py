@@ -42,7 +42,7 @@ READS = {
     "assert_export_safe", "assert_resume_safe", "count_open_prune_matches", "find_live_compression_child",
     "find_pr_url_messages", "get_active_message_watermark", "get_compression_failure_cooldown_row",
     "get_compression_ineffective_count", "get_dominant_session_model_route", "get_first_assistant_text",
-    "get_message_reactions", "get_message_role", "get_resume_message_count", "get_session_delete_targets",
+    "get_message_reactions", "get_message_role", "get_resume_message_count", "get_session_delete_targets", "get_session_delete_plan",
     "latest_message_row_id", "latest_user_message_row_id", "list_meta_prefix", "list_skill_scaffolded_sessions",
     "logical_size_bytes", "session_count_by_source", "session_count_ge", "session_lifecycle_statuses", "usage_totals",
     "get_session_activity", "get_session_title_source", "get_session_model_config_value", "get_session_rich_row",

@@ -183,9 +183,9 @@ def _start(home: Path, log: Path, *argv: str) -> tuple[subprocess.Popen, int]:
     pytest.fail(f"serve did not start: {log.read_text()}")
 
 
-def test_each_request_is_one_line_and_a_stop_mid_request_ends_the_server(store, tmp_path):
+def test_each_request_is_one_line_and_a_stop_mid_request_ends_the_server(private_store, tmp_path):
     log = tmp_path / "serve.log"
-    process, port = _start(store, log)
+    process, port = _start(private_store, log)
     try:
         assert _request(port, "/-/hermes/state?q=x")[0] in (200, 302)
         assert _request(port, "/nope")[0] == 404
