@@ -383,7 +383,7 @@ def test_every_ladder_step_runs_on_rows_a_build_copies_in(tmp_path, monkeypatch)
 # here, so a connection class answers `journal_mode=WAL` the way SQLite does on one.
 
 def _refusing(code: int | None, message: str, *, also_delete: bool = False) -> type[sqlite3.Connection]:
-    class Refusing(sqlite3.Connection):
+    class Refusing(schema.Connection):  # the library's own connection class, which its code expects
         wal_attempts = 0
 
         def execute(self, sql, *args):  # type: ignore[override]
@@ -403,7 +403,7 @@ def file_system(monkeypatch):
     def install(code: int | None = 15, message: str = "locking protocol", **kw) -> type[sqlite3.Connection]:
         factory = _refusing(code, message, **kw)
         real = sqlite3.connect
-        monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: real(*a, factory=factory, **k))
+        monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: real(*a, **{**k, "factory": factory}))
         return factory
     monkeypatch.setattr(schema, "wal_fallback_warned", set())
     return install
