@@ -564,3 +564,21 @@ def test_a_streamed_read_shrinks_a_large_cache_past_the_threshold_and_restores_i
             assert cache() == own
         assert cache() == own
     conn.close()
+
+
+def test_a_replaced_sqlite3_connect_is_called_as_its_caller_expects(tmp_path, monkeypatch):
+    # hermes-agent's tests replace sqlite3.connect with a function that passes a connection class
+    # of their own: the library adds no `factory` then, and works on the plain connections it gets.
+    factories: list = []
+    real = sqlite3.connect
+
+    def connect(*args, **kwargs):
+        factories.append(kwargs.get("factory"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    with SessionDB(tmp_path / "state.db") as db:
+        db.create_session("s", "cli")
+        for n in range(3):
+            db.append_message("s", "user", f"docker build {n} 東京")
+        assert len(db.search_messages("docker")) == 3 and len(db.search_messages("東京")) == 3
+    assert factories and factories == [None] * len(factories)
