@@ -3,7 +3,7 @@
 Owns: the declaration of every command (`COMMANDS`: one `Command` each, with its words, handler,
 options, help, examples and the global flags it takes; the parser, `--help` and the completion
 scripts are made from it), global flags accepted anywhere (`--db`, `--profile/-p`, `--json`,
-`--nl`, `--csv`, `--debug`, `--version`), refusing flags a command would ignore, the handlers of
+`--nl`, `--csv`, `--tsv`, `--debug`, `--version`), refusing flags a command would ignore, the handlers of
 the commands that move data
 (`sessions export|import|delete|prune`, `recover`, `backup`, `restore`), `demo`, and the exit
 codes: 0 ok, 1 the operation failed, 2 the command line is wrong. Errors are one line on
@@ -37,10 +37,10 @@ from hermes_state_home import _apply_profile_override, display_hermes_home, herm
 from hermes_state_writer import note_wal_reset_bug
 
 # Global flags, accepted before or after the command (as sqlite-utils and `llm logs` users type them).
-_FLAGS = {"--json": "json", "--nl": "nl", "--csv": "csv", "--epoch": "epoch", "--debug": "debug",
+_FLAGS = {"--json": "json", "--nl": "nl", "--csv": "csv", "--tsv": "tsv", "--epoch": "epoch", "--debug": "debug",
           "--version": "version"}
 _VALUED = {"--db": "db", "--profile": "profile", "-p": "profile", "--color": "color"}
-_FORMATS = ("json", "nl", "csv")
+_FORMATS = ("json", "nl", "csv", "tsv")
 
 
 class UsageError(Exception):
@@ -73,7 +73,7 @@ def split_globals(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
     if found.get("db") is not None and found.get("profile") is not None:
         raise UsageError("give --profile or --db, not both")
     if sum(bool(found.get(f)) for f in _FORMATS) > 1:
-        raise UsageError("give one of --json, --nl, --csv")
+        raise UsageError("give one of --json, --nl, --csv, --tsv")
     return found, rest
 
 
@@ -528,8 +528,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 _GLOBALS_HELP = """global options (before or after the command):
   --db PATH            database file (default: <HERMES_HOME>/state.db)
   --profile, -p NAME   a named profile of the current root (HERMES_HOME's, else ~/.hermes)
-  --json | --nl | --csv  machine output: JSON, JSON Lines, CSV (where a command has rows);
-                       times in ISO 8601 with their offset
+  --json | --nl | --csv | --tsv
+                       machine output: JSON, JSON Lines, CSV, tab-separated (where a command
+                       has rows); times in ISO 8601 with their offset
   --epoch              machine output keeps times as stored: epoch seconds
   --color WHEN         auto (a terminal; NO_COLOR turns it off, FORCE_COLOR on), always or never
   --debug              show the traceback of a failure
@@ -657,8 +658,15 @@ COMMANDS: tuple[Command, ...] = (
         *_OFFSET,
         arg("--source", help="only sessions from this source (cli, telegram, cron, ...; any case; default: every source)"),
         _MODEL, *_since_until("active"),
-        arg("--archived", action="store_true", help="include archived sessions")),
-        ("sessions list -n 50", "sessions list --source telegram --since 7d", "sessions list --model gpt-5 --json"),
+        arg("--archived", action="store_true", help="include archived sessions"),
+        arg("-c", "--column", action="append", type=commands.list_column, metavar="COLUMN",
+            help="show this column (repeatable, in this order; any stored column, e.g. started_at, "
+            "input_tokens; 'all' for every one; default: id, title, source, model, messages, active; "
+            "applies to --csv, --tsv, --json and --nl too)"),
+        arg("--no-headers", action="store_true", help="leave out the header line (table, --csv, --tsv); piped, "
+            "the 'N of M sessions' line goes to stderr in any case")),
+        ("sessions list --source telegram --since 7d", "sessions list --model gpt-5 --tsv -c id -c input_tokens",
+         "sessions list -n 0 --no-headers -c id | xargs -n1 hermes-state sessions show"),
         formats=_FORMATS),
     Command("sessions show", commands.cmd_show, "one session and its transcript", (
         _ID,
@@ -824,6 +832,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def _check_flags(args: argparse.Namespace, found: dict[str, Any]) -> None:
     problem = args.command_spec.refused(found)
+    if getattr(args, "no_headers", False) and (found.get("json") or found.get("nl")):
+        problem = "--no-headers applies to the table, --csv and --tsv; JSON has no header line"
     if problem:
         raise UsageError(problem)
 
@@ -936,7 +946,7 @@ def _parse(argv: list[str]) -> argparse.Namespace | None:
         apply_profile(found["profile"], create=args.name == "init")
     elif found.get("db") is None:
         _apply_profile_override(["hermes-state"])  # the active profile, unless HERMES_HOME chose one
-    for key in ("db", "json", "nl", "csv", "epoch", "debug"):
+    for key in ("db", "json", "nl", "csv", "tsv", "epoch", "debug"):
         setattr(args, key, found.get(key))
     args.hermes_home = hermes_home
     _check_flags(args, found)
