@@ -293,7 +293,7 @@ def name_filters(db: Any, sources: list[str] | None, model: str | None) -> dict[
 def _range(offset: int, shown: int, total: int) -> str:
     # "4 sessions", "session 21 of 21", "1-20 of 44 sessions (--offset 20 for more)".
     if offset == 0 and shown == total:
-        return _plural(total, "session")
+        return render.plural(total, "session")
     where = f"session {offset + 1:,}" if shown == 1 else f"{offset + 1:,}-{offset + shown:,}"
     more = f" (--offset {offset + shown} for more)" if offset + shown < total else ""
     return f"{where} of {total:,}" + ("" if shown == 1 else " sessions") + more

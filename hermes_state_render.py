@@ -298,6 +298,11 @@ def money(value: Any) -> str:
     return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
 
 
+def plural(count: int, noun: str) -> str:
+    """Return a count with its noun as said: "1 message", "2 messages", "1,000 messages"."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 def number(value: Any) -> str:
     """Return an integer with thousands separators, or "" when unknown."""
     return "" if value is None else f"{value:,}"

@@ -157,7 +157,7 @@ def test_import_and_recover_print_plain_lines(hermes_home, tmp_path, capsys):
     assert main(["recover", str(other), str(tmp_path / "new.db")]) == 0
     out = capsys.readouterr().out
     assert "('" not in out and "{" not in out and "True" not in out
-    assert "  complete: yes" in out and "    messages:" in out
+    assert "  complete: yes" in out and "  copied whole: sessions 2, messages 1" in out
 
 
 def test_importing_a_binary_file_names_it(hermes_home, tmp_path, capsys):
