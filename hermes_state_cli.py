@@ -702,7 +702,8 @@ COMMANDS: tuple[Command, ...] = (
         arg("--source", help="only sessions from this source (cli, telegram, cron, ...; any case; default: every source)"),
         _MODEL, *_since_until("active"),
         arg("--archived", action="store_true", help="include archived sessions"),
-        arg("-c", "--column", action="append", type=commands.list_column, metavar="COLUMN",
+        arg("-c", "--column", action="append", type=commands.list_column, choices=commands.list_column_names(),
+            metavar="COLUMN",
             help="show this column (repeatable, in this order; any stored column, e.g. started_at, "
             "input_tokens; 'all' for every one; default: id, title, source, model, messages, active; "
             "applies to --csv, --tsv, --json and --nl too)"),

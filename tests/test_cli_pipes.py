@@ -81,6 +81,7 @@ def test_columns_are_chosen_in_order_and_an_unknown_one_names_the_choices(four):
     assert wrong.returncode == 2 and "no column 'nope'" in wrong.stderr
     assert all(name in wrong.stderr for name in ("id", "title", "started_at", "input_tokens", "all"))
     assert run(four, "sessions", "list", "--json", "--no-headers").returncode == 2
+    assert "input_tokens" in run(four, "completion", "bash").stdout  # Tab offers the column names
 
 
 def test_csv_and_tsv_give_the_tables_columns_unless_asked(four):
