@@ -17,6 +17,7 @@ __version__ = "0.1.0"  # the one place the version is written (pyproject.toml re
 
 import abc
 import importlib
+import types
 import os
 import sqlite3
 import sys  # hermes-agent's tests also patch hermes_state.sys.platform
@@ -27,14 +28,19 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import hermes_state_common as common
 import hermes_state_home as home
-import hermes_state_table as table
 import hermes_state_titles as titles
 import hermes_state_writer as writer
 from hermes_state_provider import ReasoningFieldMemory, sanitize_context, strip_echoed_user_input, to_provider_messages
 from hermes_state_common import DEFERRED_INDEX_SQL, SCHEMA_SQL, SCHEMA_VERSION
-from hermes_state_table import Entry, Lookup
+from hermes_state_handle import Handle
+from hermes_state_methods import AsyncFacade, Entry, Lookup, add_async_twins, deferred_imports, same_arguments, static
 from hermes_state_writer import RetryPolicy, SharedHandles, Transaction, Writer
-if TYPE_CHECKING:  # what checkers see; at run time each module is imported at its first use (below)
+# The modules behind the method table and the explicit methods, and the public names of modules most
+# programs never need: checkers and editors see these imports as written; at run time each module is
+# imported at its first use, and each name at its first read (hermes_state_methods.deferred_imports).
+# A program that opens a store and lists its sessions does not pay for the gateway ledgers or recovery.
+with deferred_imports(globals()) as _LAZY_NAMES:
+    import hermes_state_cjk as cjk
     import hermes_state_compression as compression
     import hermes_state_conversation as conversation
     import hermes_state_fts as fts
@@ -44,6 +50,7 @@ if TYPE_CHECKING:  # what checkers see; at run time each module is imported at i
     import hermes_state_maintenance as maintenance
     import hermes_state_messages as message_rows
     import hermes_state_portability as portability
+    import hermes_state_query as query
     import hermes_state_recovery as recovery
     import hermes_state_schema as schema
     import hermes_state_routing as routing
@@ -62,26 +69,22 @@ if TYPE_CHECKING:  # what checkers see; at run time each module is imported at i
                                      is_malformed_db_error, open_repairing, repair_state_db_schema as _repair_file)
     from hermes_state_fts import FTS_SQL, FTS_TRIGRAM_SQL
     from hermes_state_lockowners import configure_error_log, log_write_lock_holders
-    from hermes_state_schema import apply_wal_with_fallback
+    from hermes_state_schema import apply_wal_with_fallback, wal_fallback_warned as _wal_fallback_warned_paths
+    # hermes-agent 0.20.1's lifecycle states and size guards.
     from hermes_state_listings import (SESSION_STATUS_COMPLETE, SESSION_STATUS_EMPTY, SESSION_STATUS_ERROR,
                                        SESSION_STATUS_INTERRUPTED, classify_session_status)
     from hermes_state_messages import (MAX_SAFE_EXPORT_MESSAGES, MAX_SAFE_RESUME_MESSAGES, resolved_max_export_messages,
                                        resolved_max_resume_messages)
+    # hermes-agent 0.20.1's /skill scaffolding names.
+    from hermes_state_listings import SKILL_EXCERPT_JOINT, SKILL_SCAFFOLD_SQL_LIKE, describe_skill_invocation
+    from hermes_state_sessions import ActivityProvenance  # hermes-agent's agent.session_activity
     # hermes-agent 0.20.1: the file's health, journal and writability checks.
     from hermes_state_schema import apply_database_pragmas, preflight_db_writability, resolve_journal_mode
-    from hermes_state_recovery import is_zeroed_state_db, quarantine_zeroed_state_db
+    from hermes_state_recovery import collect_state_db_stats, is_zeroed_state_db, quarantine_zeroed_state_db
     from hermes_state_lockowners import count_db_holders
-    from hermes_state_recovery import collect_state_db_stats
-# The modules behind the method table and the explicit methods, imported at their first use: a
-# program that opens a store and lists its sessions does not pay for the gateway ledgers or recovery.
-table.later(globals(), compression="hermes_state_compression", conversation="hermes_state_conversation",
-            fts="hermes_state_fts", gateway="hermes_state_gateway",
-            lineage="hermes_state_lineage", listings="hermes_state_listings",
-            maintenance="hermes_state_maintenance", message_rows="hermes_state_messages",
-            portability="hermes_state_portability",
-            recovery="hermes_state_recovery", schema="hermes_state_schema",
-            routing="hermes_state_routing", search="hermes_state_search", sessions="hermes_state_sessions",
-            telegram="hermes_state_telegram", upgrade="hermes_state_upgrade")
+    # hermes-agent's names for the background-review filter the conversation applies.
+    from hermes_state_conversation import (is_background_review_harness_message as _is_background_review_harness_message,
+                                           strip_background_review_harness as _strip_background_review_harness)
 from hermes_state_errors import (AdoptionRefusedError, ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
                                  ImportValidationError, SessionFilterError,
                                  CompressionSessionBusyError, CompressionSessionClosedError, SessionTurnLeaseLostError,
@@ -144,57 +147,19 @@ __all__ = [
     "SessionPortabilityMixin", "SessionSchemaMixin", "SessionSearchMixin",
 ]
 
-# Names whose module is imported at their first read, as {name: (module, its name there or None
-# for the module itself)}; dir() lists them all the same. hermes-agent's module has asyncio among
-# its names (importing it costs a fifth of this module's start-up); the rest are this module's public
-# names (and hermes-agent's private ones) from modules most programs never need. A name read once
-# is kept here, so it is imported once and a caller's replacement of it is what later reads get.
-_LAZY_MODULES: dict[str, tuple[str, str | None]] = {
-    "asyncio": ("asyncio", None),
-    "receipt_digest": ("hermes_state_gateway", "receipt_digest"), "has_cjk": ("hermes_state_cjk", "has_cjk"),
-    "MAX_FTS5_QUERY_CHARS": ("hermes_state_query", "MAX_QUERY_CHARS"),
-    **{name: ("hermes_state_portability", name) for name in ("EXPORT_FORMAT", "EXPORT_VERSION", "ImportReport")},
-    "input_marker": ("hermes_state_routing", "input_marker"), "workspace_key": ("hermes_state_listings", "workspace_key"),
-    **{name: ("hermes_state_recovery", name) for name in ("RecoveryReport", "TableRecovery", "recover")},
-    **{name: ("hermes_state_repair", name) for name in ("is_malformed_db_error", "open_repairing")},
-    "_repair_attempted_paths": ("hermes_state_repair", "ATTEMPTED_PATHS"),
-    "_db_opens_cleanly": ("hermes_state_repair", "db_opens_cleanly"),
-    "_repair_file": ("hermes_state_repair", "repair_state_db_schema"),
-    **{name: ("hermes_state_fts", name) for name in ("FTS_SQL", "FTS_TRIGRAM_SQL")},
-    **{name: ("hermes_state_lockowners", name) for name in ("configure_error_log", "log_write_lock_holders")},
-    "apply_wal_with_fallback": ("hermes_state_schema", "apply_wal_with_fallback"),
-    # hermes-agent 0.20.1's lifecycle states and size guards.
-    **{name: ("hermes_state_listings", name) for name in (
-        "SESSION_STATUS_COMPLETE", "SESSION_STATUS_EMPTY", "SESSION_STATUS_ERROR", "SESSION_STATUS_INTERRUPTED",
-        "classify_session_status")},
-    **{name: ("hermes_state_messages", name) for name in (
-        "MAX_SAFE_EXPORT_MESSAGES", "MAX_SAFE_RESUME_MESSAGES", "resolved_max_export_messages",
-        "resolved_max_resume_messages")},
-    # hermes-agent 0.20.1's /skill scaffolding names.
-    **{name: ("hermes_state_listings", name) for name in ("SKILL_EXCERPT_JOINT", "SKILL_SCAFFOLD_SQL_LIKE",
-                                                          "describe_skill_invocation")},
-    "ActivityProvenance": ("hermes_state_sessions", "ActivityProvenance"),  # hermes-agent's agent.session_activity
-    "_wal_fallback_warned_paths": ("hermes_state_schema", "wal_fallback_warned"),
-    # hermes-agent 0.20.1: the file's health, journal and writability checks.
-    **{name: ("hermes_state_schema", name) for name in ("preflight_db_writability", "apply_database_pragmas",
-                                                        "resolve_journal_mode")},
-    **{name: ("hermes_state_recovery", name) for name in ("is_zeroed_state_db", "quarantine_zeroed_state_db")},
-    "count_db_holders": ("hermes_state_lockowners", "count_db_holders"),
-    "collect_state_db_stats": ("hermes_state_recovery", "collect_state_db_stats"),
-    # hermes-agent's names for the background-review filter the conversation applies.
-    "_is_background_review_harness_message": ("hermes_state_conversation", "is_background_review_harness_message"),
-    "_strip_background_review_harness": ("hermes_state_conversation", "strip_background_review_harness"),
-}
+# hermes-agent's module has asyncio among its names; importing it costs a fifth of this module's
+# start-up, so it is imported at its first read too.
+_LAZY_NAMES["asyncio"] = ("asyncio", "")
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _LAZY_MODULES:
+    # The names the deferred imports above left out of the namespace: the first read imports the
+    # module and keeps the value here, so a caller's replacement of it is what later reads get.
+    if name not in _LAZY_NAMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module_name, attribute = _LAZY_MODULES[name]
+    module_name, attribute = _LAZY_NAMES[name]
     module = importlib.import_module(module_name)
-    if attribute is None:
-        return module
-    value = globals()[name] = getattr(module, attribute)
+    value = globals()[name] = getattr(module, attribute) if attribute else module
     return value
 
 
@@ -205,13 +170,38 @@ def repair_state_db_schema(db_path: str | os.PathLike, *, backup: bool = True) -
     return this._repair_file(db_path, backup=backup, check=lambda path: this._db_opens_cleanly(path))
 
 
-# DEFAULT_DB_PATH: <HERMES_HOME>/state.db when read, unless a caller pinned it (hermes_state_home).
-sys.modules[__name__].__class__ = home.DefaultPathModule
+class _Module(types.ModuleType):
+    """The class of this module: DEFAULT_DB_PATH is a property, and dir() lists the public API, not the imports."""
+
+    # hermes-agent's DEFAULT_DB_PATH is a module attribute its callers read and patch. Here it is
+    # computed when read, so it follows HERMES_HOME as every default path must; assigning it pins
+    # SessionDB()'s default, deleting it unpins (hermes_state_home.DEFAULT_PATH). Only a module's
+    # class can give an attribute a setter, hence the class.
+    @property
+    def DEFAULT_DB_PATH(self) -> Path:  # noqa: N802 - hermes-agent's name
+        return home.DEFAULT_PATH.current()
+
+    @DEFAULT_DB_PATH.setter
+    def DEFAULT_DB_PATH(self, value: str | os.PathLike[str]) -> None:  # noqa: N802
+        home.DEFAULT_PATH.pin(value)
+
+    @DEFAULT_DB_PATH.deleter
+    def DEFAULT_DB_PATH(self) -> None:  # noqa: N802
+        home.DEFAULT_PATH.pin(None)
+
+    def __dir__(self) -> list[str]:
+        # The imports stay attributes (hermes-agent's callers patch hermes_state.time.time and the
+        # like) but are not the API: dir() and Tab completion offer the exports and the lazy names.
+        lazy = (name for name, (_, attribute) in _LAZY_NAMES.items() if attribute and not name.startswith("_"))
+        return sorted({*__all__, *lazy, "__version__"})
+
+
+sys.modules[__name__].__class__ = _Module
 if TYPE_CHECKING:
     DEFAULT_DB_PATH: Path
 
 
-class SessionDB(table.Handle):
+class SessionDB(Handle):
     """One profile's session store: a WAL connection shared by every sibling module."""
 
     def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False,
@@ -220,7 +210,7 @@ class SessionDB(table.Handle):
         # No path: DEFAULT_DB_PATH, which is <HERMES_HOME>/state.db now unless a caller pinned it.
         super().__init__(home.DEFAULT_PATH.pinned if db_path is None else db_path, read_only=read_only,
                          backup_before_upgrade=backup_before_upgrade, force=force,
-                         repair=(sys.modules[__name__]._repair_attempted_paths, repair_state_db_schema))
+                         repair=lambda: (sys.modules[__name__]._repair_attempted_paths, repair_state_db_schema))
 
     # --- the method table: one line per public method that only delegates ------------------------------
     # name = Entry(transaction kind, module function). name = Lookup(...) for a read by key: for a key
@@ -252,7 +242,7 @@ class SessionDB(table.Handle):
     get_session_by_title = Lookup("read", titles.get_session_by_title)
     resolve_session_by_title = Lookup("read", titles.resolve_session_by_title)
     get_next_title_in_lineage = Entry("read", titles.get_next_title_in_lineage)
-    sanitize_title = table.static(titles.sanitize_title)
+    sanitize_title = static(titles.sanitize_title)
     append_message = Entry("transcript", message_rows.append_message)
     merge_messages = Entry("transcript", message_rows.merge_messages)
     get_messages = Lookup("read", message_rows.get_messages)
@@ -281,8 +271,8 @@ class SessionDB(table.Handle):
     search_sessions_by_id = Entry("snapshot", listings.search_sessions_by_id)
     list_cron_job_runs = Lookup("read", listings.list_cron_job_runs)
     search_messages = Entry("snapshot", search.search_messages)
-    _sanitize_fts5_query = table.static(table.deferred("hermes_state_query", "_sanitize_fts5_query"))  # the sanitizer, by the name callers know
-    _contains_cjk = table.static(table.deferred("hermes_state_cjk", "has_cjk"))  # hermes-agent's name for "does this text hold CJK letters"
+    _sanitize_fts5_query = static(query._sanitize_fts5_query)  # the sanitizer, by the name callers know
+    _contains_cjk = static(cjk.has_cjk)  # hermes-agent's name for "does this text hold CJK letters"
     optimize_fts = Entry("write", fts.optimize)
     compress_in_place = Entry("compression", compression.compress_in_place)
     rotate_session = Entry("compression", compression.rotate_session)
@@ -435,7 +425,7 @@ class SessionDB(table.Handle):
     set_session_hidden = Entry("write", sessions.set_session_hidden)
     set_session_read = Entry("write", sessions.set_session_read)
     archive_stale_sessions = Entry("write", sessions.archive_stale_sessions)
-    session_unread = table.static(sessions.session_unread)
+    session_unread = static(sessions.session_unread)
     touch_session_activity = Entry("activity", sessions.touch_session_activity)
     get_session_activity = Lookup("read", sessions.get_session_activity)
     clear_session_activity_labels = Entry("activity", sessions.clear_session_activity_labels)
@@ -449,8 +439,8 @@ class SessionDB(table.Handle):
     get_session_model_config_value = Entry("read", sessions.get_session_model_config_value, unknown=None)
     set_session_yolo = Entry("write", sessions.set_session_yolo)
     update_session_runtime_lock = Entry("write", sessions.update_session_runtime_lock)
-    session_yolo_enabled = table.static(sessions.session_yolo_enabled)
-    session_gateway_runtime = table.static(sessions.session_gateway_runtime)
+    session_yolo_enabled = static(sessions.session_yolo_enabled)
+    session_gateway_runtime = static(sessions.session_gateway_runtime)
     publish_session_git_metadata = Entry("write", sessions.publish_session_git_metadata)
     get_session_rich_row = Lookup("snapshot", listings.get_session_rich_row)
 
@@ -470,7 +460,7 @@ class SessionDB(table.Handle):
         with self._write() as conn:
             return sessions.create_session(conn, session_id, source, columns)
 
-    @table.same_arguments(create_session)
+    @same_arguments(create_session)
     def ensure_session(self, session_id: str, source: str, model: str | None = None, **columns: Any) -> str:
         """Create the session unless it exists (an existing row is left as it is); return the id."""
         # create_session's named columns arrive in `columns`; one left out means no value, as None does.
@@ -742,7 +732,7 @@ def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filte
     return listings.list_across_profiles(lambda path: SessionDB(path, read_only=True), root, **filters)
 
 
-class AsyncSessionDB(table.AsyncFacade):
+class AsyncSessionDB(AsyncFacade):
     """The SessionDB API as coroutines; each call runs on a worker thread. `AsyncSessionDB(db)` wraps a handle.
 
     Every public method of SessionDB that touches the database has a twin here with the same
@@ -754,5 +744,5 @@ class AsyncSessionDB(table.AsyncFacade):
 
 
 # Public I/O methods only: lifecycle, pure helpers and the thread-bound transaction are not database calls.
-table.add_async_twins(SessionDB, AsyncSessionDB, skip={"close", "release", "shared", "to_provider_messages", "tracer",
+add_async_twins(SessionDB, AsyncSessionDB, skip={"close", "release", "shared", "to_provider_messages", "tracer",
                                                        "transaction"})

@@ -232,7 +232,7 @@ def test_every_public_method_of_this_feature_exists_with_its_spec_signature():
 # --- the method table --------------------------------------------------------------------------------
 
 def _table() -> dict:
-    import hermes_state_table as table
+    import hermes_state_methods as table
     return table.entries(SessionDB)
 
 
@@ -252,7 +252,7 @@ def test_every_table_method_shows_the_module_functions_signature_and_docstring()
     import pydoc
     import rlcompleter
     from hermes_state import AsyncSessionDB
-    from hermes_state_table import MODULE_ONLY
+    from hermes_state_methods import MODULE_ONLY
     completer = rlcompleter.Completer({"SessionDB": SessionDB})
     for name, entry in _table().items():
         method = getattr(SessionDB, name)
@@ -287,7 +287,7 @@ def test_the_module_only_clock_is_not_part_of_the_public_method(db):
 
 def test_every_read_by_key_answers_as_for_an_unknown_key_when_the_key_cannot_be_stored(db):
     import inspect
-    import hermes_state_table as table
+    import hermes_state_methods as table
     db.create_session("s", "cli")
     checked = 0
     for name, entry in _table().items():
@@ -314,7 +314,7 @@ def test_every_read_by_key_answers_as_for_an_unknown_key_when_the_key_cannot_be_
 
 def test_a_read_by_id_must_declare_its_unknown_answer():
     import hermes_state_routing as routing
-    import hermes_state_table as table
+    import hermes_state_methods as table
     with pytest.raises(TypeError, match="unknown id"):
         table.Entry("read", routing.get_delegation)
     with pytest.raises(TypeError, match="conn"):
@@ -377,7 +377,7 @@ ANSWERS_ITSELF |= {"find_orphaned_gateway_sessions", "list_never_active_keyed_se
 
 
 def test_each_lookup_answers_an_unknown_key_as_the_table_declared_it():
-    import hermes_state_table as table
+    import hermes_state_methods as table
     found = _table()
     for name, answer in DECLARED_UNKNOWN.items():
         entry = found[name]
@@ -395,7 +395,7 @@ def test_each_lookup_answers_an_unknown_key_as_the_table_declared_it():
 
 def test_a_lookups_answer_is_the_empty_value_of_its_return_type():
     from typing import Optional, Union
-    import hermes_state_table as table
+    import hermes_state_methods as table
     assert [table.empty_answer(hint) for hint in (dict[str, Any] | None, Optional[int], Union[None, str], list,
                                                   list[str], int, bool, tuple[list[str], int], tuple[bool])] == [
         None, None, None, [], [], 0, False, ([], 0), (False,)]
@@ -406,7 +406,7 @@ def test_a_lookups_answer_is_the_empty_value_of_its_return_type():
 def test_a_lookup_is_refused_for_a_write_or_a_return_type_with_no_empty_value(db):
     import hermes_state_routing as routing
     import hermes_state_titles as titles
-    import hermes_state_table as table
+    import hermes_state_methods as table
     with pytest.raises(TypeError, match="empty value"):
         table.Lookup("read", titles.get_next_title_in_lineage)  # -> str: "" would be a title
     with pytest.raises(TypeError, match="empty value"):
@@ -448,7 +448,7 @@ def test_the_packed_parameter_is_the_one_the_module_function_annotates_keywords(
     import inspect
     import hermes_state_common as common
     from hermes_state_common import Keywords
-    from hermes_state_table import Entry, keywords_parameter
+    from hermes_state_methods import Entry, keywords_parameter
     packed = {name: entry.pack for name, entry in _table().items() if entry.pack}
     assert packed == {"update_session": "columns", "rotate_session": "child_columns", "list_prune_candidates": "filters",
                       "archive_sessions": "filters", "prune_sessions": "filters",
@@ -488,7 +488,7 @@ def test_a_write_taking_txn_leaves_its_files_until_the_outermost_commit(db, tmp_
         assert (sessions_dir / "b.json").exists()
     assert db.get_session("b") is None and not (sessions_dir / "b.json").exists()
     import hermes_state_maintenance as maintenance
-    import hermes_state_table as table
+    import hermes_state_methods as table
     with pytest.raises(TypeError, match="txn"):  # only a write may take the Transaction
         table.Entry("read", maintenance.delete_sessions_and_transcripts)
 
@@ -501,9 +501,9 @@ def test_a_write_taking_txn_leaves_its_files_until_the_outermost_commit(db, tmp_
 # in the conformance ratchet (tests/upstream_passing.txt); here their public twins are tested.
 
 def test_each_timing_knob_has_hermes_agents_name_on_the_class_and_on_one_handle(db, monkeypatch):
-    import hermes_state_table as table
+    import hermes_state_handle as handle
     aliases = SessionDB.HERMES_AGENT_ALIASES
-    assert len(aliases) == 13 and sorted(aliases.values()) == sorted(table.KNOBS)
+    assert len(aliases) == 13 and sorted(aliases.values()) == sorted(handle.KNOBS)
     with pytest.raises(TypeError):  # a read-only declaration, not a registry to change at run time
         aliases["_X"] = "x"  # type: ignore[index]
     assert SessionDB.fts_rebuild_in_background is True and SessionDB.write_patience_s == 20.0
@@ -511,7 +511,7 @@ def test_each_timing_knob_has_hermes_agents_name_on_the_class_and_on_one_handle(
     try:
         for agents, public in aliases.items():
             default = getattr(SessionDB, public)
-            assert agents.startswith("_") and agents in vars(table.Handle) and public in vars(table.Handle), agents
+            assert agents.startswith("_") and agents in vars(handle.Handle) and public in vars(handle.Handle), agents
             assert getattr(SessionDB, agents) == default, agents
             first, second = (False, True) if isinstance(default, bool) else (7, 3)
             with monkeypatch.context() as patch:
@@ -557,7 +557,7 @@ def _fresh(code: str, home: Any) -> Any:
 def test_importing_the_library_loads_none_of_the_modules_a_method_needs_only_when_called(tmp_path):
     code = ("import json, sys, inspect, hermes_state as h\n"
             "at_import = sorted(sys.modules)\n"
-            "listed = 'search_messages' in dir(h.SessionDB) and 'recover' in dir(h) and 'asyncio' in dir(h)\n"
+            "listed = 'search_messages' in dir(h.SessionDB) and 'recover' in dir(h) and 'ImportReport' in dir(h)\n"
             "still = sorted(sys.modules)\n"
             "sig = str(inspect.signature(h.SessionDB.search_messages))\n"
             "after_read = sorted(sys.modules)\n"
