@@ -202,10 +202,112 @@ if TYPE_CHECKING:
 
 
 class SessionDB(Handle):
-    """One profile's session store: a WAL connection shared by every sibling module."""
+    """One profile's session store: sessions, their messages and search in one SQLite file (WAL).
+
+    Open it with `SessionDB()` (<HERMES_HOME>/state.db), `SessionDB(path)`, `SessionDB(path,
+    read_only=True)` or `SessionDB.shared(path)`; use it as a context manager or call close().
+    Every write method is one BEGIN IMMEDIATE transaction; `transaction()` opens one of your own.
+    The methods, by task (each has its own help; docs/api.md has the details):
+
+    Sessions: create_session ensure_session get_session update_session end_session reopen_session
+      update_token_counts queue_token_counts flush_token_counts update_system_prompt
+      update_session_model update_session_billing_route update_session_cwd update_session_meta
+      archive_session unarchive_session set_session_archived archive_stale_sessions auto_archive
+      pin_session set_session_pinned set_session_hidden set_session_read session_unread
+      touch_session_activity get_session_activity clear_session_activity_labels
+      patch_session_model_config get_session_model_config_value set_session_yolo session_yolo_enabled
+      update_session_runtime_lock session_gateway_runtime publish_session_git_metadata
+      record_auxiliary_usage promote_to_session_reset get_dominant_session_model_route
+      distinct_session_cwds backfill_repo_roots.
+      Titles: set_session_title get_session_title get_session_by_title resolve_session_by_title
+      get_next_title_in_lineage sanitize_title set_auto_title set_auto_title_if_empty
+      get_session_title_source set_session_title_source (MAX_TITLE_LENGTH, TITLE_SOURCE_*).
+      Lineage: get_lineage get_descendants get_conversation_root resolve_resume_session_id.
+    Messages and the conversation: append_message append_messages_batch merge_messages get_messages
+      message_count replace_messages clear_messages set_latest_user_api_content
+      get_messages_as_conversation get_resume_conversations get_ancestor_display_prefix
+      get_messages_around get_anchored_view list_recent_user_messages get_first_assistant_text
+      get_message_role latest_message_row_id latest_user_message_row_id has_platform_message_id
+      find_pr_url_messages set_latest_matching_message_display_kind set_message_reaction
+      get_message_reactions take_unseen_reactions (REACTIONS_METADATA_KEY)
+      persist_failed_turn_input get_resume_message_count assert_resume_safe assert_export_safe;
+      to_provider_messages formats a conversation for a provider.
+    Search: search_messages search_sessions search_sessions_by_id session_ids_with_prefix
+      resolve_session_id; the indexes: fts_rebuild_status rebuild_fts wait_for_fts_rebuild optimize_fts.
+    Listings and usage: list_sessions list_sessions_rich get_session_rich_row count_sessions
+      session_count session_count_by_source session_count_ge session_lifecycle_statuses usage
+      usage_by_model usage_totals top_sessions_by_tokens largest_sessions stored_names
+      list_cron_job_runs list_skill_scaffolded_sessions.
+    Compression: compress_in_place rotate_session archive_and_compact has_archived_messages
+      rewind_to_message restore_rewound publish_compression_child find_live_compression_child
+      reopen_orphaned_compression_session get_active_message_watermark get_compression_tip
+      get_compression_successor get_compression_ancestors get_compression_lineage;
+      its lock: acquire_compression_lock try_acquire_compression_lock refresh_compression_lock
+      release_compression_lock get_compression_lock_holder; the turn lease:
+      acquire_session_turn_lease try_acquire_session_turn_lease refresh_session_turn_lease
+      release_session_turn_lease; its bookkeeping: record_compression_failure_cooldown
+      get_compression_failure_cooldown get_compression_failure_cooldown_row
+      restore_compression_failure_cooldown_row clear_compression_failure_cooldown
+      get_compression_fallback_streak set_compression_fallback_streak
+      get_compression_ineffective_count set_compression_ineffective_count.
+    Portability and whole-file safety: export_session export_session_lineage export_all iter_export
+      import_sessions backup restore vacuum check_integrity logical_size_bytes (module functions:
+      recover, repair_state_db_schema).
+    Maintenance: delete_session delete_sessions delete_session_if_empty delete_empty_sessions
+      count_empty_sessions get_session_delete_targets prune_sessions list_prune_candidates
+      count_open_prune_matches archive_sessions maybe_auto_prune_and_vacuum maybe_auto_archive
+      purge_stale_tool_call_markers prune_empty_ghost_sessions finalize_orphaned_compression_sessions
+      list_never_active_keyed_sessions prune_never_active_keyed_sessions retag_kanban_worker_sessions
+      get_meta set_meta list_meta_prefix.
+    Gateway ledgers (docs/gateway.md): claim_runtime get_runtime; admissions: admit_input
+      next_admission start_admission finish_admission resolve_unknown get_admission list_admissions;
+      executions: start_execution finish_execution get_execution list_executions; receipts:
+      record_receipt list_receipts; deliveries: owe_delivery begin_delivery mark_delivered mark_failed
+      recover_deliveries list_owed get_delivery; routes: set_route get_route list_routes delete_route;
+      delegations: record_delegation update_delegation get_delegation list_delegations;
+      gateway sessions: record_gateway_session_peer find_latest_gateway_session_for_peer
+      list_gateway_sessions find_session_by_origin set_expiry_finalized find_orphaned_gateway_sessions
+      adopt_orphaned_gateway_session increment_hygiene_failure_streak reset_hygiene_failure_streak;
+      hand-offs: request_handoff claim_handoff complete_handoff fail_handoff get_handoff_state
+      list_pending_handoffs; routing entries: save_gateway_routing_entry load_gateway_routing_entries
+      replace_gateway_routing_entries delete_gateway_routing_entries; Telegram topics:
+      apply_telegram_topic_migration bind_telegram_topic get_telegram_topic_binding
+      get_telegram_topic_binding_by_session is_telegram_session_linked_to_topic
+      list_telegram_topic_bindings_for_chat delete_telegram_topic_binding enable_telegram_topic_mode
+      disable_telegram_topic_mode is_telegram_topic_mode_enabled list_unlinked_telegram_sessions_for_user.
+    The handle: close shared release transaction in_transaction closed write_count tracer upgrading;
+      the timing knobs (write_patience_s, ...; set on the class or one handle).
+    hermes-agent's names: every knob also answers to hermes-agent's name for it
+      (HERMES_AGENT_ALIASES maps each to its public name); hermes-agent's other names are listed in
+      docs/api.md, "hermes-agent's names".
+    """
 
     def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False,
                  backup_before_upgrade: bool = True, force: bool = False):
+        """Open (creating it if missing, unless `read_only`) the store at `db_path`.
+
+        Arguments:
+          db_path: the SQLite file; None means DEFAULT_DB_PATH (<HERMES_HOME>/state.db, or the path
+            a caller assigned to hermes_state.DEFAULT_DB_PATH). ":memory:" is a private in-memory store.
+          read_only: open without writing anything (no file created, no upgrade, no repair); every
+            write method then raises ReadOnlyError before any SQL.
+          backup_before_upgrade: copy an older file aside (its path in `upgrade_backup`) before
+            upgrading it.
+          force: add the store's tables even to a non-empty database that holds none of them.
+
+        What an open does: a writable open creates the file 0600 (tightening looser modes, listed
+        in `mode_changes`), turns on WAL, upgrades an older layout in one transaction per step
+        (a large file in the background: `upgrading`, `wait_for_fts_rebuild()`), repairs a
+        malformed schema catalogue once if it meets one, and starts any full-text index rebuild on
+        a background thread. A read-only open only checks the file is a store it can read.
+
+        Errors: ForeignDatabaseError (another program's database, without `force`),
+        StateDbUninitializedError (read-only, and the file is missing or holds no store), StateDbIncompatibleError
+        (a layout this release cannot read), StateDbCorruptError (a damaged file), StateDbBusyError
+        (another process held the write lock past the patience), StoreUnavailableError (the file
+        cannot be opened or created); all are HermesStateError. A test process opening the real
+        Hermes home raises RuntimeError. The reason is also kept for get_last_init_error().
+        """
         # The repair hooks are read from this module at each open: callers replace them here.
         # No path: DEFAULT_DB_PATH, which is <HERMES_HOME>/state.db now unless a caller pinned it.
         super().__init__(home.DEFAULT_PATH.pinned if db_path is None else db_path, read_only=read_only,

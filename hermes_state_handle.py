@@ -331,6 +331,15 @@ class Handle(metaclass=Knobs):
         self._closed = True
         self._writer.close(checkpoint=not self.read_only)
 
+    def __repr__(self) -> str:
+        # Safe on a handle whose open failed halfway: a traceback or a debugger may show one.
+        writer = vars(self).get("_writer")
+        if writer is None or vars(self).get("_closed", True) or writer.closed:
+            mode = "closed"
+        else:
+            mode = "read-only" if self.read_only else "writable"
+        return f"<{type(self).__name__} {str(vars(self).get('db_path', '?'))!r} {mode}>"
+
     def __enter__(self) -> Self:
         return self
 

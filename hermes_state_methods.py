@@ -385,6 +385,9 @@ class AsyncFacade:
             raise AttributeError(f"{type(self).__name__} has no coroutine {name!r}")
         return value
 
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {self.db!r}>"
+
     async def close(self) -> None:
         """Close the wrapped handle (on a worker thread)."""
         await _to_thread(self.db.close)

@@ -586,6 +586,128 @@ def test_opening_a_store_and_listing_its_sessions_loads_no_ledger_export_search_
     assert not unneeded & set(loaded), sorted(unneeded & set(loaded))
 
 
+def test_a_read_only_open_and_a_rich_listing_load_no_recovery_repair_ledger_export_search_or_upkeep(tmp_path):
+    with SessionDB(tmp_path / "state.db") as db:
+        db.create_session("s", "cli")
+    code = ("import json, sys, hermes_state as h\n"
+            "with h.SessionDB(read_only=True) as db: rows = db.list_sessions_rich()\n"
+            "print(json.dumps([[r['id'] for r in rows], sorted(sys.modules)]))")
+    ids, loaded = _fresh(code, tmp_path)
+    assert ids == ["s"]
+    # The repair runs only on a writable open; recovery only where an upgrade copies, migrates or
+    # gives space back; the rest only when their methods are called.
+    unneeded = {"hermes_state_recovery", "hermes_state_repair", "hermes_state_gateway", "hermes_state_routing",
+                "hermes_state_telegram", "hermes_state_portability", "hermes_state_search",
+                "hermes_state_maintenance", "hermes_state_compression", "hermes_state_messages",
+                "hermes_state_conversation", "hermes_state_lockowners", "asyncio"}
+    assert not unneeded & set(loaded), sorted(unneeded & set(loaded))
+
+
+def _table_lines() -> dict[str, tuple[str, str]]:
+    """Return {method: (alias, function name)} for each `name = Entry/Lookup(kind, alias.function)` line of the facade."""
+    import ast
+    import hermes_state
+    tree = ast.parse(open(hermes_state.__file__, encoding="utf-8").read())
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SessionDB").body
+    lines = {}
+    for node in body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                and ast.unparse(node.value.func) in ("Entry", "Lookup"):
+            named = node.value.args[1]
+            assert isinstance(named, ast.Attribute) and isinstance(named.value, ast.Name), ast.unparse(node)
+            lines[node.targets[0].id] = (named.value.id, named.attr)  # type: ignore[attr-defined]
+    return lines
+
+
+def _module_imports() -> dict[str, list[str]]:
+    """Return {alias: [module, ...]} for every `import hermes_state_x as alias` statement of the facade."""
+    import ast
+    import hermes_state
+    found: dict[str, list[str]] = {}
+    for node in ast.walk(ast.parse(open(hermes_state.__file__, encoding="utf-8").read())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.setdefault(alias.asname or alias.name, []).append(alias.name)
+    return found
+
+
+def test_each_table_line_names_the_module_function_the_method_runs():
+    # What a reader and a checker follow: the line's text `alias.function`, the alias bound by one
+    # plain import statement in the facade. The method built from it runs exactly that function.
+    import importlib
+    import inspect
+    lines, imports = _table_lines(), _module_imports()
+    assert len(lines) > 150
+    for method, (alias, function) in lines.items():
+        assert len(imports[alias]) == 1, (alias, imports[alias])  # the module is declared once
+        module = importlib.import_module(imports[alias][0])
+        target = getattr(module, function)
+        built = getattr(SessionDB, method)
+        assert built.entry.function is target and inspect.unwrap(built) is target, method
+        assert inspect.getsourcefile(inspect.unwrap(built)) == inspect.getsourcefile(module), method
+
+
+def test_the_facade_declares_each_lazily_loaded_module_once():
+    # One list serves the checker and the loader: one import statement per module, and no module
+    # named again as text (a second list for the loader, or a name-to-module table).
+    import ast
+    import hermes_state
+    tree = ast.parse(open(hermes_state.__file__, encoding="utf-8").read())
+    imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+                if alias.name.startswith("hermes_state_")]
+    assert len(imported) == len(set(imported)) and "hermes_state_recovery" in imported, imported
+    as_text = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+               and isinstance(node.value, str) and re.fullmatch(r"hermes_state_[a-z]+", node.value)]
+    assert not as_text, as_text
+
+
+def test_repr_names_the_file_and_the_mode(tmp_path):
+    path = tmp_path / "state.db"
+    db = SessionDB(path)
+    assert repr(db) == f"<SessionDB {str(path)!r} writable>"
+    with SessionDB(path, read_only=True) as reader:
+        assert repr(reader) == f"<SessionDB {str(path)!r} read-only>"
+        from hermes_state import AsyncSessionDB
+        assert repr(AsyncSessionDB(reader)) == f"<AsyncSessionDB of <SessionDB {str(path)!r} read-only>>"
+    db.close()
+    assert repr(db) == f"<SessionDB {str(path)!r} closed>"
+
+
+def test_help_maps_the_api_by_task_and_names_every_public_method():
+    import inspect
+    doc = inspect.getdoc(SessionDB) or ""
+    tasks = ["Sessions:", "Messages and the conversation:", "Search:", "Listings and usage:", "Compression:",
+             "Portability and whole-file safety:", "Maintenance:", "Gateway ledgers", "hermes-agent's names:"]
+    assert [doc.index(task) for task in tasks] == sorted(doc.index(task) for task in tasks)  # in this order
+    named = set(re.findall(r"[A-Za-z_]+", doc))
+    public = {name for name in dir(SessionDB) if not name.startswith("_")}
+    knobs = set(SessionDB.HERMES_AGENT_ALIASES.values()) | {"checkpoint_in_background", "upgrade_in_background_bytes"}
+    missing = sorted(public - named - knobs - {"TITLE_SOURCE_DERIVED", "TITLE_SOURCE_LLM", "TITLE_SOURCE_USER"})
+    assert not missing, missing  # a new method gets its place in the map
+    init = inspect.getdoc(SessionDB.__init__) or ""
+    for part in ("db_path:", "read_only:", "backup_before_upgrade:", "force:", "What an open does", "Errors:",
+                 "ReadOnlyError", "ForeignDatabaseError"):
+        assert part in init, part
+
+
+def test_dir_of_the_module_lists_the_api_not_the_imports():
+    import hermes_state
+    listed = dir(hermes_state)
+    assert set(hermes_state.__all__) <= set(listed)
+    assert {"recover", "ImportReport", "MAX_FTS5_QUERY_CHARS", "workspace_key", "__version__"} <= set(listed)
+    imports = {"os", "sys", "re", "json", "time", "random", "logging", "logger", "threading", "Any", "Dict",
+               "Optional", "deque", "Path", "sqlite3", "asyncio", "sessions", "common", "Entry", "Handle"}
+    assert not imports & set(listed), sorted(imports & set(listed))
+    assert not [name for name in listed if name.startswith("_") and name != "__version__"]
+    # The imports stay attributes: hermes-agent's callers patch hermes_state.time.time and the like.
+    import json
+    import random
+    import time as time_module
+    assert hermes_state.time is time_module and hermes_state.json is json and hermes_state.random is random
+    assert hermes_state.logger.name == "hermes_state" and hermes_state.sys.platform
+    assert "DEFAULT_DB_PATH" in listed and hermes_state.DEFAULT_DB_PATH.name == "state.db"
+
+
 def test_lazily_exported_names_are_the_modules_own_objects():
     import hermes_state
     import hermes_state_portability as portability
