@@ -1,11 +1,12 @@
 """hermes-state: the `SessionDB` facade over one SQLite file per profile.
 
 Owns: the public methods. Most are one line each in the method table (`name = Entry(kind,
-module function)`), taking their signature and docstring from the module function; explicit
-methods remain where arguments are reshaped or one call composes several steps. Re-exports the
-public names. It holds no SQL and no plumbing: opening and closing, the shared handles, the
-timing knobs and what each kind of call means as a transaction are `hermes_state_table.Handle`,
-the base class.
+module function)`, the module function named directly), taking their signature and docstring
+from the module function; explicit methods remain where arguments are reshaped or one call
+composes several steps. Re-exports the public names; the modules behind them are declared once,
+as plain imports loaded at their first use. It holds no SQL and no plumbing: opening and closing,
+the shared handles, the timing knobs and what each kind of call means as a transaction are
+`hermes_state_handle.Handle`, the base class; the table's machinery is `hermes_state_methods`.
 
 Transaction contract: every write method is exactly one BEGIN IMMEDIATE transaction (the
 `transaction()` context, which also serves callers); reads run under the handle's read lock,
