@@ -93,6 +93,20 @@ class Later:
         return f"<module {self.module_name!r}, imported at first use>"
 
 
+# The threads inside a `deferred_imports` block, each with its namespace; the import hook is
+# installed while any is, so the blocks of two threads cannot undo each other's.
+_DEFERRING: dict[int, dict[str, Any]] = {}
+_HOOK = threading.Lock()
+_ORIGINAL_IMPORT: list[Callable[..., Any]] = []  # what builtins.__import__ was when the hook went in
+
+
+def _importing(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+    namespace = _DEFERRING.get(threading.get_ident())
+    if namespace is not None and level == 0 and name.startswith("hermes_state_") and name not in sys.modules:
+        return Later(namespace, "", name)
+    return _ORIGINAL_IMPORT[0](name, globals, locals, fromlist, level)
+
+
 @contextmanager
 def deferred_imports(namespace: dict[str, Any]) -> Iterator[dict[str, tuple[str, str]]]:
     """Run a block of imports of library modules whose modules load at their first use; yield the lazy names.
@@ -106,19 +120,23 @@ def deferred_imports(namespace: dict[str, Any]) -> Iterator[dict[str, tuple[str,
     imported already is bound as it is. Other threads' imports are not affected.
     """
     lazy: dict[str, tuple[str, str]] = {}
-    thread, original = threading.get_ident(), builtins.__import__
-
-    def importing(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
-        if level == 0 and name.startswith("hermes_state_") and name not in sys.modules \
-                and threading.get_ident() == thread:
-            return Later(namespace, "", name)
-        return original(name, globals, locals, fromlist, level)
-    # builtins.__import__ is the documented hook of the import statement; it is ours only for the block.
-    setattr(builtins, "__import__", importing)
+    thread = threading.get_ident()
+    # builtins.__import__ is the documented hook of the import statement; it is ours only while a block runs.
+    with _HOOK:
+        if not _DEFERRING:
+            _ORIGINAL_IMPORT[:] = [builtins.__import__]
+            setattr(builtins, "__import__", _importing)
+        outer, _DEFERRING[thread] = _DEFERRING.get(thread), namespace
     try:
         yield lazy
     finally:
-        setattr(builtins, "__import__", original)
+        with _HOOK:
+            if outer is None:
+                del _DEFERRING[thread]
+            else:
+                _DEFERRING[thread] = outer
+            if not _DEFERRING:
+                setattr(builtins, "__import__", _ORIGINAL_IMPORT[0])
     for alias, value in list(namespace.items()):
         if isinstance(value, Later) and not value.alias:
             value.alias = alias  # its first use binds this name to the module itself

@@ -661,6 +661,30 @@ def test_the_facade_declares_each_lazily_loaded_module_once():
     assert not as_text, as_text
 
 
+def test_deferred_imports_defer_only_the_blocks_own_imports_and_leave_no_hook():
+    import builtins
+    import threading
+    from hermes_state_methods import Later, deferred_imports
+    before, namespace, elsewhere = builtins.__import__, {}, []
+
+    def other_thread() -> None:  # a real import: this thread is not in the block
+        try:
+            exec("import hermes_state_no_such_module", {})
+        except ModuleNotFoundError as exc:
+            elsewhere.append(exc.name)
+    with deferred_imports(namespace) as lazy:
+        exec("import hermes_state_no_such_module as later_one\n"
+             "from hermes_state_no_such_module import some_name", namespace)
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join()
+    assert builtins.__import__ is before and elsewhere == ["hermes_state_no_such_module"]
+    assert isinstance(namespace["later_one"], Later) and namespace["later_one"].alias == "later_one"
+    assert "some_name" not in namespace and lazy == {"some_name": ("hermes_state_no_such_module", "some_name")}
+    with pytest.raises(ModuleNotFoundError):  # the first use imports it, for real
+        namespace["later_one"].load()
+
+
 def test_repr_names_the_file_and_the_mode(tmp_path):
     path = tmp_path / "state.db"
     db = SessionDB(path)
