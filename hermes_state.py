@@ -1,11 +1,12 @@
 """hermes-state: the `SessionDB` facade over one SQLite file per profile.
 
 Owns: the public methods. Most are one line each in the method table (`name = Entry(kind,
-module function)`), taking their signature and docstring from the module function; explicit
-methods remain where arguments are reshaped or one call composes several steps. Re-exports the
-public names. It holds no SQL and no plumbing: opening and closing, the shared handles, the
-timing knobs and what each kind of call means as a transaction are `hermes_state_table.Handle`,
-the base class.
+module function)`, the module function named directly), taking their signature and docstring
+from the module function; explicit methods remain where arguments are reshaped or one call
+composes several steps. Re-exports the public names; the modules behind them are declared once,
+as plain imports loaded at their first use. It holds no SQL and no plumbing: opening and closing,
+the shared handles, the timing knobs and what each kind of call means as a transaction are
+`hermes_state_handle.Handle`, the base class; the table's machinery is `hermes_state_methods`.
 
 Transaction contract: every write method is exactly one BEGIN IMMEDIATE transaction (the
 `transaction()` context, which also serves callers); reads run under the handle's read lock,
@@ -17,6 +18,7 @@ __version__ = "0.1.0"  # the one place the version is written (pyproject.toml re
 
 import abc
 import importlib
+import types
 import os
 import sqlite3
 import sys  # hermes-agent's tests also patch hermes_state.sys.platform
@@ -27,14 +29,19 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import hermes_state_common as common
 import hermes_state_home as home
-import hermes_state_table as table
 import hermes_state_titles as titles
 import hermes_state_writer as writer
 from hermes_state_provider import ReasoningFieldMemory, sanitize_context, strip_echoed_user_input, to_provider_messages
 from hermes_state_common import DEFERRED_INDEX_SQL, SCHEMA_SQL, SCHEMA_VERSION
-from hermes_state_table import Entry, Lookup
+from hermes_state_handle import Handle
+from hermes_state_methods import AsyncFacade, Entry, Lookup, add_async_twins, deferred_imports, same_arguments, static
 from hermes_state_writer import RetryPolicy, SharedHandles, Transaction, Writer
-if TYPE_CHECKING:  # what checkers see; at run time each module is imported at its first use (below)
+# The modules behind the method table and the explicit methods, and the public names of modules most
+# programs never need: checkers and editors see these imports as written; at run time each module is
+# imported at its first use, and each name at its first read (hermes_state_methods.deferred_imports).
+# A program that opens a store and lists its sessions does not pay for the gateway ledgers or recovery.
+with deferred_imports(globals()) as _LAZY_NAMES:
+    import hermes_state_cjk as cjk
     import hermes_state_compression as compression
     import hermes_state_conversation as conversation
     import hermes_state_fts as fts
@@ -44,6 +51,7 @@ if TYPE_CHECKING:  # what checkers see; at run time each module is imported at i
     import hermes_state_maintenance as maintenance
     import hermes_state_messages as message_rows
     import hermes_state_portability as portability
+    import hermes_state_query as query
     import hermes_state_recovery as recovery
     import hermes_state_schema as schema
     import hermes_state_routing as routing
@@ -62,26 +70,22 @@ if TYPE_CHECKING:  # what checkers see; at run time each module is imported at i
                                      is_malformed_db_error, open_repairing, repair_state_db_schema as _repair_file)
     from hermes_state_fts import FTS_SQL, FTS_TRIGRAM_SQL
     from hermes_state_lockowners import configure_error_log, log_write_lock_holders
-    from hermes_state_schema import apply_wal_with_fallback
+    from hermes_state_schema import apply_wal_with_fallback, wal_fallback_warned as _wal_fallback_warned_paths
+    # hermes-agent 0.20.1's lifecycle states and size guards.
     from hermes_state_listings import (SESSION_STATUS_COMPLETE, SESSION_STATUS_EMPTY, SESSION_STATUS_ERROR,
                                        SESSION_STATUS_INTERRUPTED, classify_session_status)
     from hermes_state_messages import (MAX_SAFE_EXPORT_MESSAGES, MAX_SAFE_RESUME_MESSAGES, resolved_max_export_messages,
                                        resolved_max_resume_messages)
+    # hermes-agent 0.20.1's /skill scaffolding names.
+    from hermes_state_listings import SKILL_EXCERPT_JOINT, SKILL_SCAFFOLD_SQL_LIKE, describe_skill_invocation
+    from hermes_state_sessions import ActivityProvenance  # hermes-agent's agent.session_activity
     # hermes-agent 0.20.1: the file's health, journal and writability checks.
     from hermes_state_schema import apply_database_pragmas, preflight_db_writability, resolve_journal_mode
-    from hermes_state_recovery import is_zeroed_state_db, quarantine_zeroed_state_db
+    from hermes_state_recovery import collect_state_db_stats, is_zeroed_state_db, quarantine_zeroed_state_db
     from hermes_state_lockowners import count_db_holders
-    from hermes_state_recovery import collect_state_db_stats
-# The modules behind the method table and the explicit methods, imported at their first use: a
-# program that opens a store and lists its sessions does not pay for the gateway ledgers or recovery.
-table.later(globals(), compression="hermes_state_compression", conversation="hermes_state_conversation",
-            fts="hermes_state_fts", gateway="hermes_state_gateway",
-            lineage="hermes_state_lineage", listings="hermes_state_listings",
-            maintenance="hermes_state_maintenance", message_rows="hermes_state_messages",
-            portability="hermes_state_portability",
-            recovery="hermes_state_recovery", schema="hermes_state_schema",
-            routing="hermes_state_routing", search="hermes_state_search", sessions="hermes_state_sessions",
-            telegram="hermes_state_telegram", upgrade="hermes_state_upgrade")
+    # hermes-agent's names for the background-review filter the conversation applies.
+    from hermes_state_conversation import (is_background_review_harness_message as _is_background_review_harness_message,
+                                           strip_background_review_harness as _strip_background_review_harness)
 from hermes_state_errors import (AdoptionRefusedError, ForeignDatabaseError, HermesStateError, ImportConflictError,  # noqa: F401
                                  ImportValidationError, SessionFilterError,
                                  CompressionSessionBusyError, CompressionSessionClosedError, SessionTurnLeaseLostError,
@@ -144,57 +148,19 @@ __all__ = [
     "SessionPortabilityMixin", "SessionSchemaMixin", "SessionSearchMixin",
 ]
 
-# Names whose module is imported at their first read, as {name: (module, its name there or None
-# for the module itself)}; dir() lists them all the same. hermes-agent's module has asyncio among
-# its names (importing it costs a fifth of this module's start-up); the rest are this module's public
-# names (and hermes-agent's private ones) from modules most programs never need. A name read once
-# is kept here, so it is imported once and a caller's replacement of it is what later reads get.
-_LAZY_MODULES: dict[str, tuple[str, str | None]] = {
-    "asyncio": ("asyncio", None),
-    "receipt_digest": ("hermes_state_gateway", "receipt_digest"), "has_cjk": ("hermes_state_cjk", "has_cjk"),
-    "MAX_FTS5_QUERY_CHARS": ("hermes_state_query", "MAX_QUERY_CHARS"),
-    **{name: ("hermes_state_portability", name) for name in ("EXPORT_FORMAT", "EXPORT_VERSION", "ImportReport")},
-    "input_marker": ("hermes_state_routing", "input_marker"), "workspace_key": ("hermes_state_listings", "workspace_key"),
-    **{name: ("hermes_state_recovery", name) for name in ("RecoveryReport", "TableRecovery", "recover")},
-    **{name: ("hermes_state_repair", name) for name in ("is_malformed_db_error", "open_repairing")},
-    "_repair_attempted_paths": ("hermes_state_repair", "ATTEMPTED_PATHS"),
-    "_db_opens_cleanly": ("hermes_state_repair", "db_opens_cleanly"),
-    "_repair_file": ("hermes_state_repair", "repair_state_db_schema"),
-    **{name: ("hermes_state_fts", name) for name in ("FTS_SQL", "FTS_TRIGRAM_SQL")},
-    **{name: ("hermes_state_lockowners", name) for name in ("configure_error_log", "log_write_lock_holders")},
-    "apply_wal_with_fallback": ("hermes_state_schema", "apply_wal_with_fallback"),
-    # hermes-agent 0.20.1's lifecycle states and size guards.
-    **{name: ("hermes_state_listings", name) for name in (
-        "SESSION_STATUS_COMPLETE", "SESSION_STATUS_EMPTY", "SESSION_STATUS_ERROR", "SESSION_STATUS_INTERRUPTED",
-        "classify_session_status")},
-    **{name: ("hermes_state_messages", name) for name in (
-        "MAX_SAFE_EXPORT_MESSAGES", "MAX_SAFE_RESUME_MESSAGES", "resolved_max_export_messages",
-        "resolved_max_resume_messages")},
-    # hermes-agent 0.20.1's /skill scaffolding names.
-    **{name: ("hermes_state_listings", name) for name in ("SKILL_EXCERPT_JOINT", "SKILL_SCAFFOLD_SQL_LIKE",
-                                                          "describe_skill_invocation")},
-    "ActivityProvenance": ("hermes_state_sessions", "ActivityProvenance"),  # hermes-agent's agent.session_activity
-    "_wal_fallback_warned_paths": ("hermes_state_schema", "wal_fallback_warned"),
-    # hermes-agent 0.20.1: the file's health, journal and writability checks.
-    **{name: ("hermes_state_schema", name) for name in ("preflight_db_writability", "apply_database_pragmas",
-                                                        "resolve_journal_mode")},
-    **{name: ("hermes_state_recovery", name) for name in ("is_zeroed_state_db", "quarantine_zeroed_state_db")},
-    "count_db_holders": ("hermes_state_lockowners", "count_db_holders"),
-    "collect_state_db_stats": ("hermes_state_recovery", "collect_state_db_stats"),
-    # hermes-agent's names for the background-review filter the conversation applies.
-    "_is_background_review_harness_message": ("hermes_state_conversation", "is_background_review_harness_message"),
-    "_strip_background_review_harness": ("hermes_state_conversation", "strip_background_review_harness"),
-}
+# hermes-agent's module has asyncio among its names; importing it costs a fifth of this module's
+# start-up, so it is imported at its first read too.
+_LAZY_NAMES["asyncio"] = ("asyncio", "")
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _LAZY_MODULES:
+    # The names the deferred imports above left out of the namespace: the first read imports the
+    # module and keeps the value here, so a caller's replacement of it is what later reads get.
+    if name not in _LAZY_NAMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module_name, attribute = _LAZY_MODULES[name]
+    module_name, attribute = _LAZY_NAMES[name]
     module = importlib.import_module(module_name)
-    if attribute is None:
-        return module
-    value = globals()[name] = getattr(module, attribute)
+    value = globals()[name] = getattr(module, attribute) if attribute else module
     return value
 
 
@@ -205,22 +171,149 @@ def repair_state_db_schema(db_path: str | os.PathLike, *, backup: bool = True) -
     return this._repair_file(db_path, backup=backup, check=lambda path: this._db_opens_cleanly(path))
 
 
-# DEFAULT_DB_PATH: <HERMES_HOME>/state.db when read, unless a caller pinned it (hermes_state_home).
-sys.modules[__name__].__class__ = home.DefaultPathModule
+class _Module(types.ModuleType):
+    """The class of this module: DEFAULT_DB_PATH is a property, and dir() lists the public API, not the imports."""
+
+    # hermes-agent's DEFAULT_DB_PATH is a module attribute its callers read and patch. Here it is
+    # computed when read, so it follows HERMES_HOME as every default path must; assigning it pins
+    # SessionDB()'s default, deleting it unpins (hermes_state_home.DEFAULT_PATH). Only a module's
+    # class can give an attribute a setter, hence the class.
+    @property
+    def DEFAULT_DB_PATH(self) -> Path:  # noqa: N802 - hermes-agent's name
+        return home.DEFAULT_PATH.current()
+
+    @DEFAULT_DB_PATH.setter
+    def DEFAULT_DB_PATH(self, value: str | os.PathLike[str]) -> None:  # noqa: N802
+        home.DEFAULT_PATH.pin(value)
+
+    @DEFAULT_DB_PATH.deleter
+    def DEFAULT_DB_PATH(self) -> None:  # noqa: N802
+        home.DEFAULT_PATH.pin(None)
+
+    def __dir__(self) -> list[str]:
+        # The imports stay attributes (hermes-agent's callers patch hermes_state.time.time and the
+        # like) but are not the API: dir() and Tab completion offer the exports and the lazy names.
+        lazy = (name for name, (_, attribute) in _LAZY_NAMES.items() if attribute and not name.startswith("_"))
+        return sorted({*__all__, *lazy, "__version__"})
+
+
+sys.modules[__name__].__class__ = _Module
 if TYPE_CHECKING:
     DEFAULT_DB_PATH: Path
 
 
-class SessionDB(table.Handle):
-    """One profile's session store: a WAL connection shared by every sibling module."""
+class SessionDB(Handle):
+    """One profile's session store: sessions, their messages and search in one SQLite file (WAL).
+
+    Open it with `SessionDB()` (<HERMES_HOME>/state.db), `SessionDB(path)`, `SessionDB(path,
+    read_only=True)` or `SessionDB.shared(path)`; use it as a context manager or call close().
+    Every write method is one BEGIN IMMEDIATE transaction; `transaction()` opens one of your own.
+    The methods, by task (each has its own help; docs/api.md has the details):
+
+    Sessions: create_session ensure_session get_session update_session end_session reopen_session
+      update_token_counts queue_token_counts flush_token_counts update_system_prompt
+      update_session_model update_session_billing_route update_session_cwd update_session_meta
+      archive_session unarchive_session set_session_archived archive_stale_sessions auto_archive
+      pin_session set_session_pinned set_session_hidden set_session_read session_unread
+      touch_session_activity get_session_activity clear_session_activity_labels
+      patch_session_model_config get_session_model_config_value set_session_yolo session_yolo_enabled
+      update_session_runtime_lock session_gateway_runtime publish_session_git_metadata
+      record_auxiliary_usage promote_to_session_reset get_dominant_session_model_route
+      distinct_session_cwds backfill_repo_roots.
+      Titles: set_session_title get_session_title get_session_by_title resolve_session_by_title
+      get_next_title_in_lineage sanitize_title set_auto_title set_auto_title_if_empty
+      get_session_title_source set_session_title_source (MAX_TITLE_LENGTH, TITLE_SOURCE_*).
+      Lineage: get_lineage get_descendants get_conversation_root resolve_resume_session_id.
+    Messages and the conversation: append_message append_messages_batch merge_messages get_messages
+      message_count replace_messages clear_messages set_latest_user_api_content
+      get_messages_as_conversation get_resume_conversations get_ancestor_display_prefix
+      get_messages_around get_anchored_view list_recent_user_messages get_first_assistant_text
+      get_message_role latest_message_row_id latest_user_message_row_id has_platform_message_id
+      find_pr_url_messages set_latest_matching_message_display_kind set_message_reaction
+      get_message_reactions take_unseen_reactions (REACTIONS_METADATA_KEY)
+      persist_failed_turn_input get_resume_message_count assert_resume_safe assert_export_safe;
+      to_provider_messages formats a conversation for a provider.
+    Search: search_messages search_sessions search_sessions_by_id session_ids_with_prefix
+      resolve_session_id; the indexes: fts_rebuild_status rebuild_fts wait_for_fts_rebuild optimize_fts.
+    Listings and usage: list_sessions list_sessions_rich get_session_rich_row count_sessions
+      session_count session_count_by_source session_count_ge session_lifecycle_statuses usage
+      usage_by_model usage_totals top_sessions_by_tokens largest_sessions stored_names
+      list_cron_job_runs list_skill_scaffolded_sessions.
+    Compression: compress_in_place rotate_session archive_and_compact has_archived_messages
+      rewind_to_message restore_rewound publish_compression_child find_live_compression_child
+      reopen_orphaned_compression_session get_active_message_watermark get_compression_tip
+      get_compression_successor get_compression_ancestors get_compression_lineage;
+      its lock: acquire_compression_lock try_acquire_compression_lock refresh_compression_lock
+      release_compression_lock get_compression_lock_holder; the turn lease:
+      acquire_session_turn_lease try_acquire_session_turn_lease refresh_session_turn_lease
+      release_session_turn_lease; its bookkeeping: record_compression_failure_cooldown
+      get_compression_failure_cooldown get_compression_failure_cooldown_row
+      restore_compression_failure_cooldown_row clear_compression_failure_cooldown
+      get_compression_fallback_streak set_compression_fallback_streak
+      get_compression_ineffective_count set_compression_ineffective_count.
+    Portability and whole-file safety: export_session export_session_lineage export_all iter_export
+      import_sessions backup restore vacuum check_integrity logical_size_bytes (module functions:
+      recover, repair_state_db_schema).
+    Maintenance: delete_session delete_sessions delete_session_if_empty delete_empty_sessions
+      count_empty_sessions get_session_delete_targets get_session_delete_plan prune_sessions list_prune_candidates
+      count_open_prune_matches archive_sessions maybe_auto_prune_and_vacuum maybe_auto_archive
+      purge_stale_tool_call_markers prune_empty_ghost_sessions finalize_orphaned_compression_sessions
+      list_never_active_keyed_sessions prune_never_active_keyed_sessions retag_kanban_worker_sessions
+      get_meta set_meta list_meta_prefix.
+    Gateway ledgers (docs/gateway.md): claim_runtime get_runtime; admissions: admit_input
+      next_admission start_admission finish_admission resolve_unknown get_admission list_admissions;
+      executions: start_execution finish_execution get_execution list_executions; receipts:
+      record_receipt list_receipts; deliveries: owe_delivery begin_delivery mark_delivered mark_failed
+      recover_deliveries list_owed get_delivery; routes: set_route get_route list_routes delete_route;
+      delegations: record_delegation update_delegation get_delegation list_delegations;
+      gateway sessions: record_gateway_session_peer find_latest_gateway_session_for_peer
+      list_gateway_sessions find_session_by_origin set_expiry_finalized find_orphaned_gateway_sessions
+      adopt_orphaned_gateway_session increment_hygiene_failure_streak reset_hygiene_failure_streak;
+      hand-offs: request_handoff claim_handoff complete_handoff fail_handoff get_handoff_state
+      list_pending_handoffs; routing entries: save_gateway_routing_entry load_gateway_routing_entries
+      replace_gateway_routing_entries delete_gateway_routing_entries; Telegram topics:
+      apply_telegram_topic_migration bind_telegram_topic get_telegram_topic_binding
+      get_telegram_topic_binding_by_session is_telegram_session_linked_to_topic
+      list_telegram_topic_bindings_for_chat delete_telegram_topic_binding enable_telegram_topic_mode
+      disable_telegram_topic_mode is_telegram_topic_mode_enabled list_unlinked_telegram_sessions_for_user.
+    The handle: close shared release transaction in_transaction closed write_count tracer upgrading;
+      the timing knobs (write_patience_s, ...; set on the class or one handle).
+    hermes-agent's names: every knob also answers to hermes-agent's name for it
+      (HERMES_AGENT_ALIASES maps each to its public name); hermes-agent's other names are listed in
+      docs/api.md, "hermes-agent's names".
+    """
 
     def __init__(self, db_path: str | os.PathLike | None = None, *, read_only: bool = False,
                  backup_before_upgrade: bool = True, force: bool = False):
+        """Open (creating it if missing, unless `read_only`) the store at `db_path`.
+
+        Arguments:
+          db_path: the SQLite file; None means DEFAULT_DB_PATH (<HERMES_HOME>/state.db, or the path
+            a caller assigned to hermes_state.DEFAULT_DB_PATH). ":memory:" is a private in-memory store.
+          read_only: open without writing anything (no file created, no upgrade, no repair); every
+            write method then raises ReadOnlyError before any SQL.
+          backup_before_upgrade: copy an older file aside (its path in `upgrade_backup`) before
+            upgrading it.
+          force: add the store's tables even to a non-empty database that holds none of them.
+
+        What an open does: a writable open creates the file 0600 (tightening looser modes, listed
+        in `mode_changes`), turns on WAL, upgrades an older layout in one transaction per step
+        (a large file in the background: `upgrading`, `wait_for_fts_rebuild()`), repairs a
+        malformed schema catalogue once if it meets one, and starts any full-text index rebuild on
+        a background thread. A read-only open only checks the file is a store it can read.
+
+        Errors: ForeignDatabaseError (another program's database, without `force`),
+        StateDbUninitializedError (read-only, and the file is missing or holds no store), StateDbIncompatibleError
+        (a layout this release cannot read), StateDbCorruptError (a damaged file), StateDbBusyError
+        (another process held the write lock past the patience), StoreUnavailableError (the file
+        cannot be opened or created); all are HermesStateError. A test process opening the real
+        Hermes home raises RuntimeError. The reason is also kept for get_last_init_error().
+        """
         # The repair hooks are read from this module at each open: callers replace them here.
         # No path: DEFAULT_DB_PATH, which is <HERMES_HOME>/state.db now unless a caller pinned it.
         super().__init__(home.DEFAULT_PATH.pinned if db_path is None else db_path, read_only=read_only,
                          backup_before_upgrade=backup_before_upgrade, force=force,
-                         repair=(sys.modules[__name__]._repair_attempted_paths, repair_state_db_schema))
+                         repair=lambda: (sys.modules[__name__]._repair_attempted_paths, repair_state_db_schema))
 
     # --- the method table: one line per public method that only delegates ------------------------------
     # name = Entry(transaction kind, module function). name = Lookup(...) for a read by key: for a key
@@ -252,7 +345,7 @@ class SessionDB(table.Handle):
     get_session_by_title = Lookup("read", titles.get_session_by_title)
     resolve_session_by_title = Lookup("read", titles.resolve_session_by_title)
     get_next_title_in_lineage = Entry("read", titles.get_next_title_in_lineage)
-    sanitize_title = table.static(titles.sanitize_title)
+    sanitize_title = static(titles.sanitize_title)
     append_message = Entry("transcript", message_rows.append_message)
     merge_messages = Entry("transcript", message_rows.merge_messages)
     get_messages = Lookup("read", message_rows.get_messages)
@@ -281,8 +374,8 @@ class SessionDB(table.Handle):
     search_sessions_by_id = Entry("snapshot", listings.search_sessions_by_id)
     list_cron_job_runs = Lookup("read", listings.list_cron_job_runs)
     search_messages = Entry("snapshot", search.search_messages)
-    _sanitize_fts5_query = table.static(table.deferred("hermes_state_query", "_sanitize_fts5_query"))  # the sanitizer, by the name callers know
-    _contains_cjk = table.static(table.deferred("hermes_state_cjk", "has_cjk"))  # hermes-agent's name for "does this text hold CJK letters"
+    _sanitize_fts5_query = static(query._sanitize_fts5_query)  # the sanitizer, by the name callers know
+    _contains_cjk = static(cjk.has_cjk)  # hermes-agent's name for "does this text hold CJK letters"
     optimize_fts = Entry("write", fts.optimize)
     compress_in_place = Entry("compression", compression.compress_in_place)
     rotate_session = Entry("compression", compression.rotate_session)
@@ -436,7 +529,7 @@ class SessionDB(table.Handle):
     set_session_hidden = Entry("write", sessions.set_session_hidden)
     set_session_read = Entry("write", sessions.set_session_read)
     archive_stale_sessions = Entry("write", sessions.archive_stale_sessions)
-    session_unread = table.static(sessions.session_unread)
+    session_unread = static(sessions.session_unread)
     touch_session_activity = Entry("activity", sessions.touch_session_activity)
     get_session_activity = Lookup("read", sessions.get_session_activity)
     clear_session_activity_labels = Entry("activity", sessions.clear_session_activity_labels)
@@ -450,8 +543,8 @@ class SessionDB(table.Handle):
     get_session_model_config_value = Entry("read", sessions.get_session_model_config_value, unknown=None)
     set_session_yolo = Entry("write", sessions.set_session_yolo)
     update_session_runtime_lock = Entry("write", sessions.update_session_runtime_lock)
-    session_yolo_enabled = table.static(sessions.session_yolo_enabled)
-    session_gateway_runtime = table.static(sessions.session_gateway_runtime)
+    session_yolo_enabled = static(sessions.session_yolo_enabled)
+    session_gateway_runtime = static(sessions.session_gateway_runtime)
     publish_session_git_metadata = Entry("write", sessions.publish_session_git_metadata)
     get_session_rich_row = Lookup("snapshot", listings.get_session_rich_row)
 
@@ -471,7 +564,7 @@ class SessionDB(table.Handle):
         with self._write() as conn:
             return sessions.create_session(conn, session_id, source, columns)
 
-    @table.same_arguments(create_session)
+    @same_arguments(create_session)
     def ensure_session(self, session_id: str, source: str, model: str | None = None, **columns: Any) -> str:
         """Create the session unless it exists (an existing row is left as it is); return the id."""
         # create_session's named columns arrive in `columns`; one left out means no value, as None does.
@@ -743,7 +836,7 @@ def list_sessions_across_profiles(root: str | os.PathLike | None = None, **filte
     return listings.list_across_profiles(lambda path: SessionDB(path, read_only=True), root, **filters)
 
 
-class AsyncSessionDB(table.AsyncFacade):
+class AsyncSessionDB(AsyncFacade):
     """The SessionDB API as coroutines; each call runs on a worker thread. `AsyncSessionDB(db)` wraps a handle.
 
     Every public method of SessionDB that touches the database has a twin here with the same
@@ -755,5 +848,5 @@ class AsyncSessionDB(table.AsyncFacade):
 
 
 # Public I/O methods only: lifecycle, pure helpers and the thread-bound transaction are not database calls.
-table.add_async_twins(SessionDB, AsyncSessionDB, skip={"close", "release", "shared", "to_provider_messages", "tracer",
+add_async_twins(SessionDB, AsyncSessionDB, skip={"close", "release", "shared", "to_provider_messages", "tracer",
                                                        "transaction"})

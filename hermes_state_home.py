@@ -19,7 +19,6 @@ import os
 import re
 import sys
 import threading
-import types
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, MutableSequence
@@ -414,25 +413,3 @@ class DefaultPath:
 
 
 DEFAULT_PATH = DefaultPath()
-
-
-class DefaultPathModule(types.ModuleType):
-    """The class of the `hermes_state` module: its DEFAULT_DB_PATH is read through DEFAULT_PATH."""
-
-    # hermes-agent's DEFAULT_DB_PATH is a module attribute its callers read and patch. Here it is
-    # computed when read, so it follows HERMES_HOME as every default path must; assigning it pins
-    # SessionDB()'s default, deleting it unpins.
-    @property
-    def DEFAULT_DB_PATH(self) -> Path:  # noqa: N802 - hermes-agent's name
-        return DEFAULT_PATH.current()
-
-    @DEFAULT_DB_PATH.setter
-    def DEFAULT_DB_PATH(self, value: str | os.PathLike[str]) -> None:  # noqa: N802
-        DEFAULT_PATH.pin(value)
-
-    @DEFAULT_DB_PATH.deleter
-    def DEFAULT_DB_PATH(self) -> None:  # noqa: N802
-        DEFAULT_PATH.pin(None)
-
-    def __dir__(self) -> list[str]:
-        return sorted({*self.__dict__, "DEFAULT_DB_PATH", *self.__dict__.get("_LAZY_MODULES", ())})

@@ -29,7 +29,6 @@ from typing import Callable, Iterator
 import hermes_state_catalogue as catalogue
 import hermes_state_fork as fork
 import hermes_state_fts as fts
-import hermes_state_recovery as recovery
 import hermes_state_schema as schema
 from hermes_state_common import SCHEMA_VERSION, TABLE_SQL, logger, object_exists
 from hermes_state_errors import StateDbUninitializedError, StoreUnavailableError, typed_errors
@@ -161,6 +160,7 @@ def start_upgrade(conn: sqlite3.Connection, db_path: Path, *, backup: bool = Tru
                     db_path, SCHEMA_VERSION)
         return None
     final = upgrade_backup_path(db_path)
+    import hermes_state_recovery as recovery  # here: a read-only open never copies, and never loads it
     try:
         pending = recovery.backup_to(conn, catalogue.pending_path(final), stop=stop, give_way=give_way)
         catalogue.sync_copy(pending)
@@ -189,6 +189,7 @@ def prepare_upgrade(conn: sqlite3.Connection) -> None:
     otherwise re-index every back-filled row one by one. An FTS5 table's pages are moved aside
     (`retire_fts5_table`) rather than freed here; the indexes are rebuilt in the background.
     """
+    import hermes_state_recovery as recovery  # here: a read-only open never upgrades, and never loads it
     kept: list[str] = []
     fts.drop_fts_objects(conn, retire=lambda c, name, sql: keep_old_substrings(c, name, sql, kept)
                          or retire_fts5_table(c, name, sql))
@@ -578,6 +579,7 @@ def reclaim_after_upgrade(conn: sqlite3.Connection, path: Path, patience_s: floa
 
 
 def _reclaim(conn: sqlite3.Connection, path: Path, patience_s: float, policy: RetryPolicy) -> bool:
+    import hermes_state_recovery as recovery  # here: a read-only open never reclaims, and never loads it
     if fts.inspect(conn).rebuild is not None or retired_tables(conn) or not conn.execute(
             "SELECT 1 FROM state_meta WHERE key = ?", (recovery.RECLAIM_KEY,)).fetchone():
         return False  # nothing to give back, or the new indexes are still filling the free pages

@@ -292,7 +292,9 @@ def test_every_public_name_of_hermes_agent_is_here():
     names = json.loads(proc.stdout)
     import hermes_state
     assert len(names["class"]) > 100 and "request_handoff" in names["class"]
-    assert set(names["module"]) - set(dir(hermes_state)) == set()
+    # Each is an attribute here; dir(hermes_state) itself lists only the API, not the imports
+    # hermes-agent's module exposes (os, Any, Path...), which are attributes all the same.
+    assert [name for name in names["module"] if not hasattr(hermes_state, name)] == []
     assert set(names["class"]) - set(dir(SessionDB)) == set()
 
 

@@ -115,7 +115,8 @@ def test_every_public_name_of_the_release_is_here(release):
     names = names_of(release)
     for part, owner in (("module", hermes_state), ("SessionDB", SessionDB)):
         assert len(names[part]) > 20
-        missing = set(names[part]) - set(dir(owner))
+        # An attribute each: dir(hermes_state) lists the API, not the imports the release's module exposes.
+        missing = {name for name in names[part] if not hasattr(owner, name)}
         assert missing - PENDING[part] == set(), f"{release.spec}: {part} names missing here: {sorted(missing - PENDING[part])}"
 
 
@@ -124,7 +125,7 @@ def test_pending_names_are_only_names_still_missing():
     names = names_of(AGENT_020)
     for part, owner in (("module", hermes_state), ("SessionDB", SessionDB)):
         assert PENDING[part] <= set(names[part]), sorted(PENDING[part] - set(names[part]))
-        landed = PENDING[part] & set(dir(owner))
+        landed = {name for name in PENDING[part] if hasattr(owner, name)}
         assert landed == set(), f"{part}: these have landed, take them out of PENDING: {sorted(landed)}"
 
 

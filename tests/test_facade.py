@@ -233,7 +233,7 @@ def test_every_public_method_of_this_feature_exists_with_its_spec_signature():
 # --- the method table --------------------------------------------------------------------------------
 
 def _table() -> dict:
-    import hermes_state_table as table
+    import hermes_state_methods as table
     return table.entries(SessionDB)
 
 
@@ -253,7 +253,7 @@ def test_every_table_method_shows_the_module_functions_signature_and_docstring()
     import pydoc
     import rlcompleter
     from hermes_state import AsyncSessionDB
-    from hermes_state_table import MODULE_ONLY
+    from hermes_state_methods import MODULE_ONLY
     completer = rlcompleter.Completer({"SessionDB": SessionDB})
     for name, entry in _table().items():
         method = getattr(SessionDB, name)
@@ -288,7 +288,7 @@ def test_the_module_only_clock_is_not_part_of_the_public_method(db):
 
 def test_every_read_by_key_answers_as_for_an_unknown_key_when_the_key_cannot_be_stored(db):
     import inspect
-    import hermes_state_table as table
+    import hermes_state_methods as table
     db.create_session("s", "cli")
     checked = 0
     for name, entry in _table().items():
@@ -315,7 +315,7 @@ def test_every_read_by_key_answers_as_for_an_unknown_key_when_the_key_cannot_be_
 
 def test_a_read_by_id_must_declare_its_unknown_answer():
     import hermes_state_routing as routing
-    import hermes_state_table as table
+    import hermes_state_methods as table
     with pytest.raises(TypeError, match="unknown id"):
         table.Entry("read", routing.get_delegation)
     with pytest.raises(TypeError, match="conn"):
@@ -379,7 +379,7 @@ ANSWERS_ITSELF |= {"find_orphaned_gateway_sessions", "list_never_active_keyed_se
 
 
 def test_each_lookup_answers_an_unknown_key_as_the_table_declared_it():
-    import hermes_state_table as table
+    import hermes_state_methods as table
     found = _table()
     for name, answer in DECLARED_UNKNOWN.items():
         entry = found[name]
@@ -397,7 +397,7 @@ def test_each_lookup_answers_an_unknown_key_as_the_table_declared_it():
 
 def test_a_lookups_answer_is_the_empty_value_of_its_return_type():
     from typing import Optional, Union
-    import hermes_state_table as table
+    import hermes_state_methods as table
     assert [table.empty_answer(hint) for hint in (dict[str, Any] | None, Optional[int], Union[None, str], list,
                                                   list[str], int, bool, tuple[list[str], int], tuple[bool])] == [
         None, None, None, [], [], 0, False, ([], 0), (False,)]
@@ -408,7 +408,7 @@ def test_a_lookups_answer_is_the_empty_value_of_its_return_type():
 def test_a_lookup_is_refused_for_a_write_or_a_return_type_with_no_empty_value(db):
     import hermes_state_routing as routing
     import hermes_state_titles as titles
-    import hermes_state_table as table
+    import hermes_state_methods as table
     with pytest.raises(TypeError, match="empty value"):
         table.Lookup("read", titles.get_next_title_in_lineage)  # -> str: "" would be a title
     with pytest.raises(TypeError, match="empty value"):
@@ -450,7 +450,7 @@ def test_the_packed_parameter_is_the_one_the_module_function_annotates_keywords(
     import inspect
     import hermes_state_common as common
     from hermes_state_common import Keywords
-    from hermes_state_table import Entry, keywords_parameter
+    from hermes_state_methods import Entry, keywords_parameter
     packed = {name: entry.pack for name, entry in _table().items() if entry.pack}
     assert packed == {"update_session": "columns", "rotate_session": "child_columns", "list_prune_candidates": "filters",
                       "archive_sessions": "filters", "prune_sessions": "filters",
@@ -490,7 +490,7 @@ def test_a_write_taking_txn_leaves_its_files_until_the_outermost_commit(db, tmp_
         assert (sessions_dir / "b.json").exists()
     assert db.get_session("b") is None and not (sessions_dir / "b.json").exists()
     import hermes_state_maintenance as maintenance
-    import hermes_state_table as table
+    import hermes_state_methods as table
     with pytest.raises(TypeError, match="txn"):  # only a write may take the Transaction
         table.Entry("read", maintenance.delete_sessions_and_transcripts)
 
@@ -503,9 +503,9 @@ def test_a_write_taking_txn_leaves_its_files_until_the_outermost_commit(db, tmp_
 # in the conformance ratchet (tests/upstream_passing.txt); here their public twins are tested.
 
 def test_each_timing_knob_has_hermes_agents_name_on_the_class_and_on_one_handle(db, monkeypatch):
-    import hermes_state_table as table
+    import hermes_state_handle as handle
     aliases = SessionDB.HERMES_AGENT_ALIASES
-    assert len(aliases) == 13 and sorted(aliases.values()) == sorted(table.KNOBS)
+    assert len(aliases) == 13 and sorted(aliases.values()) == sorted(handle.KNOBS)
     with pytest.raises(TypeError):  # a read-only declaration, not a registry to change at run time
         aliases["_X"] = "x"  # type: ignore[index]
     assert SessionDB.fts_rebuild_in_background is True and SessionDB.write_patience_s == 20.0
@@ -513,7 +513,7 @@ def test_each_timing_knob_has_hermes_agents_name_on_the_class_and_on_one_handle(
     try:
         for agents, public in aliases.items():
             default = getattr(SessionDB, public)
-            assert agents.startswith("_") and agents in vars(table.Handle) and public in vars(table.Handle), agents
+            assert agents.startswith("_") and agents in vars(handle.Handle) and public in vars(handle.Handle), agents
             assert getattr(SessionDB, agents) == default, agents
             first, second = (False, True) if isinstance(default, bool) else (7, 3)
             with monkeypatch.context() as patch:
@@ -559,7 +559,7 @@ def _fresh(code: str, home: Any) -> Any:
 def test_importing_the_library_loads_none_of_the_modules_a_method_needs_only_when_called(tmp_path):
     code = ("import json, sys, inspect, hermes_state as h\n"
             "at_import = sorted(sys.modules)\n"
-            "listed = 'search_messages' in dir(h.SessionDB) and 'recover' in dir(h) and 'asyncio' in dir(h)\n"
+            "listed = 'search_messages' in dir(h.SessionDB) and 'recover' in dir(h) and 'ImportReport' in dir(h)\n"
             "still = sorted(sys.modules)\n"
             "sig = str(inspect.signature(h.SessionDB.search_messages))\n"
             "after_read = sorted(sys.modules)\n"
@@ -586,6 +586,152 @@ def test_opening_a_store_and_listing_its_sessions_loads_no_ledger_export_search_
     unneeded = {"hermes_state_gateway", "hermes_state_routing", "hermes_state_portability", "hermes_state_search",
                 "hermes_state_maintenance", "hermes_state_compression", "hermes_state_messages", "asyncio"}
     assert not unneeded & set(loaded), sorted(unneeded & set(loaded))
+
+
+def test_a_read_only_open_and_a_rich_listing_load_no_recovery_repair_ledger_export_search_or_upkeep(tmp_path):
+    with SessionDB(tmp_path / "state.db") as db:
+        db.create_session("s", "cli")
+    code = ("import json, sys, hermes_state as h\n"
+            "with h.SessionDB(read_only=True) as db: rows = db.list_sessions_rich()\n"
+            "print(json.dumps([[r['id'] for r in rows], sorted(sys.modules)]))")
+    ids, loaded = _fresh(code, tmp_path)
+    assert ids == ["s"]
+    # The repair runs only on a writable open; recovery only where an upgrade copies, migrates or
+    # gives space back; the rest only when their methods are called.
+    unneeded = {"hermes_state_recovery", "hermes_state_repair", "hermes_state_gateway", "hermes_state_routing",
+                "hermes_state_telegram", "hermes_state_portability", "hermes_state_search",
+                "hermes_state_maintenance", "hermes_state_compression", "hermes_state_messages",
+                "hermes_state_conversation", "hermes_state_lockowners", "asyncio"}
+    assert not unneeded & set(loaded), sorted(unneeded & set(loaded))
+
+
+def _table_lines() -> dict[str, tuple[str, str]]:
+    """Return {method: (alias, function name)} for each `name = Entry/Lookup(kind, alias.function)` line of the facade."""
+    import ast
+    import hermes_state
+    tree = ast.parse(open(hermes_state.__file__, encoding="utf-8").read())
+    body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SessionDB").body
+    lines = {}
+    for node in body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                and ast.unparse(node.value.func) in ("Entry", "Lookup"):
+            named = node.value.args[1]
+            assert isinstance(named, ast.Attribute) and isinstance(named.value, ast.Name), ast.unparse(node)
+            lines[node.targets[0].id] = (named.value.id, named.attr)  # type: ignore[attr-defined]
+    return lines
+
+
+def _module_imports() -> dict[str, list[str]]:
+    """Return {alias: [module, ...]} for every `import hermes_state_x as alias` statement of the facade."""
+    import ast
+    import hermes_state
+    found: dict[str, list[str]] = {}
+    for node in ast.walk(ast.parse(open(hermes_state.__file__, encoding="utf-8").read())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.setdefault(alias.asname or alias.name, []).append(alias.name)
+    return found
+
+
+def test_each_table_line_names_the_module_function_the_method_runs():
+    # What a reader and a checker follow: the line's text `alias.function`, the alias bound by one
+    # plain import statement in the facade. The method built from it runs exactly that function.
+    import importlib
+    import inspect
+    lines, imports = _table_lines(), _module_imports()
+    assert len(lines) > 150
+    for method, (alias, function) in lines.items():
+        assert len(imports[alias]) == 1, (alias, imports[alias])  # the module is declared once
+        module = importlib.import_module(imports[alias][0])
+        target = getattr(module, function)
+        built = getattr(SessionDB, method)
+        assert built.entry.function is target and inspect.unwrap(built) is target, method
+        assert inspect.getsourcefile(inspect.unwrap(built)) == inspect.getsourcefile(module), method
+
+
+def test_the_facade_declares_each_lazily_loaded_module_once():
+    # One list serves the checker and the loader: one import statement per module, and no module
+    # named again as text (a second list for the loader, or a name-to-module table).
+    import ast
+    import hermes_state
+    tree = ast.parse(open(hermes_state.__file__, encoding="utf-8").read())
+    imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+                if alias.name.startswith("hermes_state_")]
+    assert len(imported) == len(set(imported)) and "hermes_state_recovery" in imported, imported
+    as_text = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+               and isinstance(node.value, str) and re.fullmatch(r"hermes_state_[a-z]+", node.value)]
+    assert not as_text, as_text
+
+
+def test_deferred_imports_defer_only_the_blocks_own_imports_and_leave_no_hook():
+    import builtins
+    import threading
+    from hermes_state_methods import Later, deferred_imports
+    before, namespace, elsewhere = builtins.__import__, {}, []
+
+    def other_thread() -> None:  # a real import: this thread is not in the block
+        try:
+            exec("import hermes_state_no_such_module", {})
+        except ModuleNotFoundError as exc:
+            elsewhere.append(exc.name)
+    with deferred_imports(namespace) as lazy:
+        exec("import hermes_state_no_such_module as later_one\n"
+             "from hermes_state_no_such_module import some_name", namespace)
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join()
+    assert builtins.__import__ is before and elsewhere == ["hermes_state_no_such_module"]
+    assert isinstance(namespace["later_one"], Later) and namespace["later_one"].alias == "later_one"
+    assert "some_name" not in namespace and lazy == {"some_name": ("hermes_state_no_such_module", "some_name")}
+    with pytest.raises(ModuleNotFoundError):  # the first use imports it, for real
+        namespace["later_one"].load()
+
+
+def test_repr_names_the_file_and_the_mode(tmp_path):
+    path = tmp_path / "state.db"
+    db = SessionDB(path)
+    assert repr(db) == f"<SessionDB {str(path)!r} writable>"
+    with SessionDB(path, read_only=True) as reader:
+        assert repr(reader) == f"<SessionDB {str(path)!r} read-only>"
+        from hermes_state import AsyncSessionDB
+        assert repr(AsyncSessionDB(reader)) == f"<AsyncSessionDB of <SessionDB {str(path)!r} read-only>>"
+    db.close()
+    assert repr(db) == f"<SessionDB {str(path)!r} closed>"
+
+
+def test_help_maps_the_api_by_task_and_names_every_public_method():
+    import inspect
+    doc = inspect.getdoc(SessionDB) or ""
+    tasks = ["Sessions:", "Messages and the conversation:", "Search:", "Listings and usage:", "Compression:",
+             "Portability and whole-file safety:", "Maintenance:", "Gateway ledgers", "hermes-agent's names:"]
+    assert [doc.index(task) for task in tasks] == sorted(doc.index(task) for task in tasks)  # in this order
+    named = set(re.findall(r"[A-Za-z_]+", doc))
+    public = {name for name in dir(SessionDB) if not name.startswith("_")}
+    knobs = set(SessionDB.HERMES_AGENT_ALIASES.values()) | {"checkpoint_in_background", "upgrade_in_background_bytes"}
+    missing = sorted(public - named - knobs - {"TITLE_SOURCE_DERIVED", "TITLE_SOURCE_LLM", "TITLE_SOURCE_USER"})
+    assert not missing, missing  # a new method gets its place in the map
+    init = inspect.getdoc(SessionDB.__init__) or ""
+    for part in ("db_path:", "read_only:", "backup_before_upgrade:", "force:", "What an open does", "Errors:",
+                 "ReadOnlyError", "ForeignDatabaseError"):
+        assert part in init, part
+
+
+def test_dir_of_the_module_lists_the_api_not_the_imports():
+    import hermes_state
+    listed = dir(hermes_state)
+    assert set(hermes_state.__all__) <= set(listed)
+    assert {"recover", "ImportReport", "MAX_FTS5_QUERY_CHARS", "workspace_key", "__version__"} <= set(listed)
+    imports = {"os", "sys", "re", "json", "time", "random", "logging", "logger", "threading", "Any", "Dict",
+               "Optional", "deque", "Path", "sqlite3", "asyncio", "sessions", "common", "Entry", "Handle"}
+    assert not imports & set(listed), sorted(imports & set(listed))
+    assert not [name for name in listed if name.startswith("_") and name != "__version__"]
+    # The imports stay attributes: hermes-agent's callers patch hermes_state.time.time and the like.
+    import json
+    import random
+    import time as time_module
+    assert hermes_state.time is time_module and hermes_state.json is json and hermes_state.random is random
+    assert hermes_state.logger.name == "hermes_state" and hermes_state.sys.platform
+    assert "DEFAULT_DB_PATH" in listed and hermes_state.DEFAULT_DB_PATH.name == "state.db"
 
 
 def test_lazily_exported_names_are_the_modules_own_objects():
