@@ -610,10 +610,15 @@ class SessionDB(Handle):
                                 self.fts_rebuild_chunk_rows)
         return self.fts_rebuild_status()
 
-    def import_sessions(self, data: Any, on_conflict: str = "skip", *, strict: bool = False,
-                        max_ids: int | None = None) -> ImportReport:
-        """Import export documents (any iterable, read once) in one transaction; see ImportReport, `strict`, `max_ids`."""
-        return portability.import_stream(self._write, data, on_conflict, strict, max_ids)
+    def import_sessions(self, sessions: Any = None, on_conflict: str = "skip", *, strict: bool = False,
+                        max_ids: int | None = None, data: Any = None) -> ImportReport:
+        """Import export documents (any iterable, read once) in one transaction; see ImportReport, `strict`, `max_ids`.
+
+        `sessions` is hermes-agent's name of the input; `data`, this library's earlier one, is still taken by keyword.
+        """
+        if data is not None and sessions is not None:
+            raise TypeError("give the documents once: sessions or data")
+        return portability.import_stream(self._write, sessions if data is None else data, on_conflict, strict, max_ids)
 
     def get_messages_as_conversation(self, session_id: str, include_ancestors: bool = False,
                                      with_row_ids: bool = False, include_inactive: bool = False,

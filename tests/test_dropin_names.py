@@ -29,7 +29,6 @@ pytestmark = pytest.mark.hermes_agent
 # this library made them keyword-only, or names them differently.
 PENDING_PARAMETERS: set[str] = {
     # found by this check, not yet owned
-    'SessionDB.import_sessions: sessions',
     'SessionDB.search_messages: sort (positional there)',
     'SessionDB.update_token_counts: absolute (positional there)',
     'SessionDB.update_token_counts: actual_cost_usd (positional there)',

@@ -115,3 +115,15 @@ def test_an_error_kept_only_as_text_is_classified_by_what_it_says():
     assert workspace_key(row={"cwd": "/repo"}) == workspace_key(session={"cwd": "/repo"}) == "/repo"
     with pytest.raises(TypeError):
         workspace_key({"cwd": "/a"}, session={"cwd": "/b"})
+
+
+def test_an_import_takes_the_agents_argument_name_and_the_earlier_one(tmp_path):
+    with SessionDB(tmp_path / "a.db") as source:
+        source.create_session("s1", "cli")
+        source.append_message("s1", "user", "hello")
+        docs = list(source.iter_export())
+    with SessionDB(tmp_path / "b.db") as db:
+        assert db.import_sessions(sessions=docs).imported == ("s1",)
+        assert db.import_sessions(data=docs).skipped == ("s1",)
+        with pytest.raises(TypeError, match="once"):
+            db.import_sessions(docs, data=docs)
