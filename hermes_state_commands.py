@@ -40,19 +40,49 @@ def db_path(args: argparse.Namespace) -> Path:
     return home / "state.db"
 
 
+def command_line(args: argparse.Namespace) -> str:
+    """Return the command that selects the store the user chose: `hermes-state --db PATH`, `hermes-state -p NAME` or `hermes-state`.
+
+    Advice printed with it runs on the same store when pasted back.
+    """
+    import shlex
+    if getattr(args, "db", None):
+        return f"hermes-state --db {shlex.quote(str(args.db))}"
+    if getattr(args, "profile", None):
+        return f"hermes-state -p {shlex.quote(str(args.profile))}"
+    return "hermes-state"
+
+
 def existing_db(args: argparse.Namespace) -> Path:
     """Return the database path, or raise HermesStateError when there is no database file there."""
     path = db_path(args)
     if path.is_dir():
         raise HermesStateError(f"{path} is a directory, not a database file")
     if not path.exists():
-        raise HermesStateError(f"{path} does not exist yet (`hermes-state init` creates it)")
+        raise HermesStateError(f"{path} does not exist yet (`{command_line(args)} init` creates it)")
     if path.stat().st_size == 0:
-        raise HermesStateError(f"{path} is empty (0 bytes), not a database yet (`hermes-state init` creates one)")
+        raise HermesStateError(f"{path} is empty (0 bytes), not a database yet (`{command_line(args)} init` creates one)")
     if _looks_like_export(path):
         raise HermesStateError(f"{path} is an export (JSON), not a database: load it into a store with "
                                f"`hermes-state sessions import {path}`")
     return path
+
+
+def file_kind(path: Path) -> str | None:
+    """Say what a file's first bytes show: "sqlite" (SQLite's header), "export" (JSON text), or None (neither, or unreadable).
+
+    A file this process has open is a database in use and is not read with a plain descriptor.
+    """
+    if _looks_like_export(path):
+        return "export"
+    if open_in_this_process(path):
+        return "sqlite"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return None
+    return "sqlite" if head == b"SQLite format 3\0" else None
 
 
 def _looks_like_export(path: Path) -> bool:
@@ -723,14 +753,52 @@ def _doctor_lines(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _damaged_checks(path: Path, exc: BaseException) -> list[dict[str, Any]]:
+    # What can be learnt of a file the library cannot open, without writing to it: its size, its
+    # header, what `recover` could read, the copies beside it and whether a replica exists.
+    from hermes_state_recovery import copies_beside, unreadable_reason
+    size = path.stat().st_size
+    kind = file_kind(path)
+    checks = [_check("file", True, f"{size:,} bytes"),
+              _check("header", kind == "sqlite", "SQLite's header" if kind == "sqlite" else
+                     "a JSON export, not a database" if kind == "export" else "no SQLite header"),
+              _check("open", False, f"the library cannot read it ({exc.__cause__ or exc})")]
+    why = unreadable_reason(path)
+    checks.append(_check("salvage", why is None, "`recover` can read its tables" if why is None
+                         else f"nothing `recover` can read: {why}"))
+    copies = copies_beside(path)
+    checks.append(_check("copies", True, ", ".join(c.name for c in copies) if copies else "none beside it"))
+    return checks + [_replication_check(path), _sqlite_check()]
+
+
+def _doctor_damaged(args: argparse.Namespace, path: Path, exc: BaseException) -> int:
+    """Report what doctor can check of a file it cannot open, and the steps that can work; exit 1."""
+    from hermes_state_recovery import damaged_store_advice
+    checks = _damaged_checks(path, exc)
+    advice = damaged_store_advice(path, command_line(args))
+
+    def human(report: dict[str, Any]) -> str:
+        width = term_width()  # on a terminal each step wraps at word boundaries, under its own start
+        steps = ["\n".join(textwrap.wrap(render.safe(line), width - 2, initial_indent="  ", subsequent_indent="    ",
+                                         break_long_words=False, break_on_hyphens=False))
+                 if width is not None else f"  {render.safe(line)}" for line in advice]
+        return "\n".join([_doctor_lines(report), "what can be done:"] + steps)
+    emit(args, {"ok": False, "path": str(path), "checks": checks, "advice": advice}, human, rows=checks)
+    return 1
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Check the database: schema, integrity, FTS indexes, WAL size, file modes, lock holders, replication."""
     from hermes_state import SCHEMA_VERSION
     from hermes_state_lockowners import write_lock_holders
+    from hermes_state import StateDbCorruptError
     path = existing_db(args)
     before = _loose_modes(path)  # before any open: a writable open makes the files private itself
-    schema_check, version = _schema_check(path)
-    checks = [schema_check] + (_integrity_checks(path, args.full) if version == SCHEMA_VERSION else [])
+    try:
+        schema_check, version = _schema_check(path)
+        checks = [schema_check] + (_integrity_checks(path, args.full) if version == SCHEMA_VERSION else [])
+    except StateDbCorruptError as exc:
+        return _doctor_damaged(args, path, exc)
     wal = Path(f"{path}-wal")
     size = wal.stat().st_size if wal.exists() else 0
     checks.append(_check("wal", size < 256 * 2**20, f"{size / 2**20:.1f} MB" + (
