@@ -163,3 +163,20 @@ def test_a_file_that_was_never_a_database_is_not_sent_to_recover(tmp_path, conte
     out = run(tmp_path, "sessions", "list")
     assert out.returncode == 1 and "nothing in it can be salvaged" in out.stderr
     assert not any(" recover " in line for line in out.stderr.splitlines())
+
+
+def test_an_empty_file_given_with_db_is_advised_with_that_db(tmp_path):
+    (tmp_path / "empty.db").write_bytes(b"")
+    out = run(tmp_path / "home", "--db", str(tmp_path / "empty.db"), "sessions", "list")
+    assert out.returncode == 1 and f"`hermes-state --db {tmp_path / 'empty.db'} init` creates one" in out.stderr
+    absent = run(tmp_path / "home", "-p", "default", "sessions", "list")
+    assert "(`hermes-state -p default init` creates it)" in absent.stderr
+
+
+def test_init_says_its_mode_change_once(tmp_path):
+    empty = tmp_path / "empty.db"
+    empty.write_bytes(b"")
+    empty.chmod(0o644)
+    out = run(tmp_path / "home", "--db", str(empty), "init")
+    assert out.returncode == 0 and out.stderr == ""
+    assert (out.stdout + out.stderr).count("mode 0644 -> 0600") == 1, out
