@@ -445,14 +445,27 @@ def cmd_search(args: argparse.Namespace) -> int:
     """Search every message's text (words, CJK, substrings)."""
     with open_db(args) as db:
         names = name_filters(db, args.source, args.model)
-        hits = db.search_messages(query_text(args.query), source_filter=names.get("sources"), role_filter=args.role,
-                                  limit=limit_of(args), offset=args.offset, include_reasoning=args.reasoning,
-                                  since=args.since, until=args.until, model_filter=names.get("models"))
+        filters: dict[str, Any] = dict(source_filter=names.get("sources"), role_filter=args.role,
+                                       model_filter=names.get("models"))
+        query = query_text(args.query)
+        hits = db.search_messages(query, limit=limit_of(args), offset=args.offset, include_reasoning=args.reasoning,
+                                  since=args.since, until=args.until, **filters)
+        if args.reasoning:
+            for h in hits:
+                h["in_reasoning"] = not _matches_text(db, query, h, filters)
+        # Nothing in the text: say so when the reasoning would match, which is searched only when asked.
+        in_reasoning = not hits and not args.reasoning and not args.offset and bool(db.search_messages(
+            query, limit=1, include_reasoning=True, since=args.since, until=args.until,
+            fields=["id"], **filters))
     color = use_color()
+    nothing = ("no match in the messages' text; the models' reasoning matches: add --reasoning to search it too"
+               if in_reasoning else "no match")
+    if in_reasoning and (args.json or args.nl or args.csv):
+        print(f"hermes-state: {nothing}", file=sys.stderr)  # the machine output stays an empty list
 
     def human(_: Any) -> str:
         if not hits:
-            return "no match"
+            return nothing
         width = term_width()
         lines = []
         for h in hits:
@@ -460,7 +473,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             sid = render.safe(h["session_id"])
             role = render.safe(h["role"])
             rest = f"  {render.safe(render.session_label(h.get('title')))}  {role}  " \
-                   f"{render.relative_time(h['timestamp'])}"
+                   f"{render.relative_time(h['timestamp'])}" + ("  (in reasoning)" if h.get("in_reasoning") else "")
             rest = render.truncate(rest, None if width is None else max(width - render.width(sid), 10))
             if color:  # the role is painted only where it was not cut
                 rest = rest.replace(f"  {role}  ", f"  {render.paint(role, h['role'], True)}  ", 1)
@@ -470,6 +483,17 @@ def cmd_search(args: argparse.Namespace) -> int:
     rows = [{k: v for k, v in h.items() if k != "context"} for h in machine] if args.csv else machine
     emit(args, machine, human, rows=rows)
     return 0
+
+
+def _matches_text(db: Any, query: str, hit: dict[str, Any], filters: dict[str, Any]) -> bool:
+    """Say whether a hit of a search with the reasoning also matches without it (in the text, tool calls or tool name)."""
+    when = hit.get("timestamp")
+    if not isinstance(when, (int, float)):
+        return True  # no time to narrow the look to: not said to be in the reasoning
+    # The same search, narrowed to the hit's session and moment: a handful of messages at most.
+    again = db.search_messages(query, session_id=hit["session_id"], since=when, until=when + 0.001, limit=100,
+                               fields=["id"], **filters)
+    return any(h["id"] == hit["id"] for h in again)
 
 
 def _plain_hit(hit: dict[str, Any]) -> dict[str, Any]:
