@@ -1048,6 +1048,13 @@ def _run(args: argparse.Namespace, debug: bool) -> int:
         return 1
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)  # a symlink and its target alike
+    except OSError:
+        return a.absolute() == b.absolute()
+
+
 def _damaged_store_advice(args: argparse.Namespace, exc: StateDbCorruptError) -> list[str]:
     """Return the steps that can work on the damaged file `exc` names, when it is the store the command chose."""
     damaged = getattr(exc, "path", None)
@@ -1055,7 +1062,7 @@ def _damaged_store_advice(args: argparse.Namespace, exc: StateDbCorruptError) ->
         chosen = commands.db_path(args)
     except HermesStateError:
         return []
-    if damaged is None or Path(damaged).absolute() != chosen.expanduser().absolute():
+    if damaged is None or not _same_file(Path(damaged), chosen.expanduser()):
         return []
     import hermes_state_recovery as recovery
     return recovery.damaged_store_advice(damaged, commands.command_line(args))

@@ -71,8 +71,12 @@ def existing_db(args: argparse.Namespace) -> Path:
 def file_kind(path: Path) -> str | None:
     """Say what a file's first bytes show: "sqlite" (SQLite's header), "export" (JSON text), or None (neither, or unreadable).
 
-    A file this process has open is a database in use and is not read with a plain descriptor.
+    A file this process has open is a database in use and is not read with a plain descriptor;
+    anything but a regular file (a pipe from `<(gunzip -c ...)`) is not read at all: what was read
+    would be gone for the command that reads it next.
     """
+    if not path.is_file():
+        return None
     if _looks_like_export(path):
         return "export"
     if open_in_this_process(path):
