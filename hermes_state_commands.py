@@ -748,14 +748,15 @@ def _schema_check(path: Path) -> tuple[dict[str, Any], int | None]:
         "" if version == SCHEMA_VERSION else f", this library writes {SCHEMA_VERSION}")), version
 
 
-def _integrity_checks(path: Path, full: bool) -> list[dict[str, Any]]:
+def _integrity_checks(path: Path, full: bool, command: str = "hermes-state") -> list[dict[str, Any]]:
     # SQLite's own check, each full-text index's check and whether a rebuild is still pending.
     from hermes_state import SessionDB
     with SessionDB(path) as db:
         report = db.check_integrity(full=full)
         status = db.fts_rebuild_status()
     checks = [_check("integrity", not report["problems"], "ok" if not report["problems"] else
-                     "; ".join(report["problems"][:3]) + f" (`hermes-state recover {path} <new path>` salvages it)")]
+                     "; ".join(report["problems"][:3]) + f" (`{command} recover {path} {path}.recovered` salvages it; "
+                     f"`{command} restore {path}.recovered` then puts it in place)")]
     for table, result in sorted(report["fts"].items()):  # the same order on every run
         checks.append(_check(f"fts {table}", result == "ok", result if result == "ok" else
                              f"{result} (`hermes-state fts rebuild` rebuilds it)"))
@@ -824,7 +825,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     before = _loose_modes(path)  # before any open: a writable open makes the files private itself
     try:
         schema_check, version = _schema_check(path)
-        checks = [schema_check] + (_integrity_checks(path, args.full) if version == SCHEMA_VERSION else [])
+        checks = [schema_check] + (_integrity_checks(path, args.full, command_line(args)) if version == SCHEMA_VERSION else [])
     except StateDbCorruptError as exc:
         return _doctor_damaged(args, path, exc)
     wal = Path(f"{path}-wal")

@@ -55,7 +55,7 @@ class StoreUnavailableError(HermesStateError):
     """The store cannot serve requests now; maps to HTTP 503 with a guidance sentence."""
 
     http_status = 503
-    guidance = "Start the profile's owner (gateway) or run `hermes-state recover`."
+    guidance = "Start the profile's owner (gateway); `hermes-state doctor` says what else is wrong."
 
 
 class StateDbJournalError(StoreUnavailableError, sqlite3.OperationalError):
