@@ -3,7 +3,7 @@
 Owns: the declaration of every command (`COMMANDS`: one `Command` each, with its words, handler,
 options, help, examples and the global flags it takes; the parser, `--help` and the completion
 scripts are made from it), global flags accepted anywhere (`--db`, `--profile/-p`, `--json`,
-`--nl`, `--csv`, `--debug`, `--version`), refusing flags a command would ignore, the handlers of
+`--nl`, `--csv`, `--tsv`, `--debug`, `--version`), refusing flags a command would ignore, the handlers of
 the commands that move data
 (`sessions export|import|delete|prune`, `recover`, `backup`, `restore`), `demo`, and the exit
 codes: 0 ok, 1 the operation failed, 2 the command line is wrong. Errors are one line on
@@ -38,10 +38,10 @@ from hermes_state_home import _apply_profile_override, display_hermes_home, herm
 from hermes_state_writer import note_wal_reset_bug
 
 # Global flags, accepted before or after the command (as sqlite-utils and `llm logs` users type them).
-_FLAGS = {"--json": "json", "--nl": "nl", "--csv": "csv", "--epoch": "epoch", "--debug": "debug",
+_FLAGS = {"--json": "json", "--nl": "nl", "--csv": "csv", "--tsv": "tsv", "--epoch": "epoch", "--debug": "debug",
           "--version": "version"}
 _VALUED = {"--db": "db", "--profile": "profile", "-p": "profile", "--color": "color"}
-_FORMATS = ("json", "nl", "csv")
+_FORMATS = ("json", "nl", "csv", "tsv")
 
 
 class UsageError(Exception):
@@ -74,7 +74,7 @@ def split_globals(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
     if found.get("db") is not None and found.get("profile") is not None:
         raise UsageError("give --profile or --db, not both")
     if sum(bool(found.get(f)) for f in _FORMATS) > 1:
-        raise UsageError("give one of --json, --nl, --csv")
+        raise UsageError("give one of --json, --nl, --csv, --tsv")
     return found, rest
 
 
@@ -135,7 +135,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         for count, item in enumerate(stream, 1):
             out.write(json.dumps(item, ensure_ascii=False, default=str) + "\n")
             progress.update(count)
-    progress.done(f"{count:,} sessions")
+    progress.done(render.plural(count, "session"))
     return 0
 
 
@@ -266,7 +266,8 @@ def _ids(ids: Iterable[str], count: int) -> str:
 def _import_lines(report: Any, source: str) -> str:
     """The import report for people: the counts first, then the sessions of each outcome."""
     counts = (f"{report.imported_count:,} imported, {report.replaced_count:,} replaced, "
-              f"{report.skipped_count:,} skipped (already there); {report.messages:,} messages written")
+              f"{report.skipped_count:,} skipped (already there); {render.plural(report.messages, 'message')} "
+              "written")
     lines = [f"imported from {render.safe(source)}: {counts}"]
     for name in ("imported", "replaced", "skipped"):
         lines.append(f"  {name}: {_ids(getattr(report, name), getattr(report, name + '_count'))}")
@@ -306,7 +307,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         except ImportConflictError as exc:  # the library names its argument; the user typed a flag
             raise ImportConflictError(re.sub(r"on_conflict='(\w+)'", r"--on-conflict \1",
                                              str(exc).replace("' or '", "' or on_conflict='"))) from None
-        progress.done(f"{report.imported_count + report.replaced_count:,} sessions")
+        progress.done(render.plural(report.imported_count + report.replaced_count, "session"))
     emit(args, _plain(report), lambda _: _import_lines(report, args.file))
     return 0
 
@@ -365,6 +366,34 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _recover_lines(report: Any, source: Path, target: str, restore: str = "") -> str:
+    """The recover report for people: the tables copied whole on one line, then only what went wrong.
+
+    `restore`: the command that puts the copy in place, said on the first line.
+    """
+    whole = [f"{render.safe(name)} {t.copied:,}" for name, t in report.tables.items()
+             if not (t.lost or t.lost is None or t.rejected or t.error)]
+    lines = [f"recovered {render.safe(source)} into {render.safe(target)}"
+             + (f" (`{render.safe(restore)}` puts it in place)" if restore else ""),
+             f"  copied whole: {', '.join(whole) if whole else 'no table'}"]
+    for name, t in report.tables.items():
+        if t.lost or t.lost is None or t.rejected or t.error:
+            counted = "an unknown number" if t.source_rows is None else f"{t.source_rows:,}"
+            lines.append(f"  {render.safe(name)}: {t.copied:,} of {counted} rows copied")
+    if report.placeholder_sessions:
+        lines.append("  sessions made again for their surviving messages: "
+                     + ", ".join(map(render.safe, report.placeholder_sessions)))
+    if report.detached_parents:
+        lines.append("  parent link cut (the parent was lost): " + ", ".join(map(render.safe, report.detached_parents)))
+    for name, columns in report.dropped_columns.items():
+        lines.append(f"  {render.safe(name)}: columns this schema lacks, not copied: {', '.join(columns)}")
+    lines.append(f"  integrity: {render.safe(report.integrity)}")
+    lines += ["  losses:", *(f"    - {render.safe(loss)}" for loss in report.losses)] if report.losses \
+        else ["  losses: none"]
+    lines.append(f"  complete: {'yes' if report.complete else 'no'}")
+    return "\n".join(lines)
+
+
 def cmd_recover(args: argparse.Namespace) -> int:
     """Copy what is readable of a (damaged) database into a new file; the source is never written."""
     import hermes_state_recovery as recovery
@@ -375,12 +404,10 @@ def cmd_recover(args: argparse.Namespace) -> int:
     target = Path(args.target).expanduser().absolute()
     report = commands.with_progress("recovering", lambda: recovery.recover(source, target),
                                     commands.growing_file(target, source.stat().st_size), unit="bytes")
-    _report(args, report, f"recovered {source} into {args.target}")
-    if not (args.json or args.nl or args.csv):
-        print(f"to put it in place: `{commands.command_line(args)} restore {target}` "
-              "(keeps the damaged file beside it when it cannot be opened)")
+    restore = f"{commands.command_line(args)} restore {target}"
+    emit(args, _plain(report), lambda _: _recover_lines(report, source, args.target, restore))
     if not report.complete:  # `recover a b && mv b a` must not go on after a loss
-        print(f"hermes-state: the recovered copy is not complete: {len(report.losses)} loss(es), listed above",
+        print(f"hermes-state: the recovered copy is not complete: {len(report.losses)} {'loss' if len(report.losses) == 1 else 'losses'}, listed above",
               file=sys.stderr)
         return 1
     return 0
@@ -396,7 +423,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
         whole = target.expanduser().absolute()
         result = commands.with_progress("backing up", lambda: db.backup(target),
                                         commands.growing_file(whole, db.db_path.stat().st_size), unit="bytes")
-    _report(args, {"target": str(result)}, f"backed up to {result}")
+    emit(args, {"target": str(result)}, lambda d: f"backed up to {render.safe(d['target'])}")
     return 0
 
 
@@ -437,8 +464,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
         commands.with_progress("restoring", lambda: db.restore(source),
                                commands.files_growing(total, Path(f"{db.db_path}-wal")), unit="bytes")
     data = {"restored": str(path), "source": args.source, **({} if moved is None else {"damaged_moved_to": str(moved)})}
-    _report(args, data, f"restored {path} from {args.source}"
-            + ("" if moved is None else f"; the damaged file it replaced is now {moved}"))
+    emit(args, data, lambda d: f"restored {render.safe(d['restored'])} from {render.safe(d['source'])}" + (
+        f"; the damaged file it replaced is now {render.safe(d['damaged_moved_to'])}" if moved is not None else ""))
     return 0
 
 
@@ -467,16 +494,33 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_vacuum(args: argparse.Namespace) -> int:
     """Give free pages back to the file system (writers wait while it runs)."""
+    from hermes_state_recovery import collect_state_db_stats
     with open_db(args, write=True) as db:
         before = db.db_path.stat().st_size
+        free = collect_state_db_stats(db.db_path).get("freelist_count")
         # SQLite rewrites into a hidden temporary file, then copies the result back through the WAL:
         # the line moves during the copy back.
         result = commands.with_progress("vacuuming", db.vacuum,
                                         commands.files_growing(before, Path(f"{db.db_path}-wal")), unit="bytes")
         after = db.db_path.stat().st_size
-    data = {"bytes_before": before, "bytes_after": after, **(result or {})}
-    emit(args, data, lambda d: f"{render.number(d['bytes_before'])} -> {render.number(d['bytes_after'])} bytes")
+    data = {"bytes_before": before, "bytes_after": after, **(result or {}), "free_pages_before": free}
+    emit(args, data, vacuum_summary)
     return 0
+
+
+def vacuum_summary(d: dict[str, Any]) -> str:
+    """What vacuum did, for people: the bytes given back, or why there were none (and why a file grew)."""
+    sizes = f"{render.number(d['bytes_before'])} -> {render.number(d['bytes_after'])} bytes"
+    change = d["bytes_before"] - d["bytes_after"]
+    if change > 0:
+        return f"{sizes}: {render.number(change)} bytes given back"
+    pages = d.get("free_pages_before")
+    none = "no free pages to give back" if pages == 0 else "nothing to give back"
+    if change == 0:
+        return f"{sizes}: {none}"
+    return (f"{sizes}: grew by {render.number(-change)} bytes, with {none}: the first vacuum of a file adds "
+            "the page map that lets later deletes give space back without one, and builds any index the "
+            "file still lacked")
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
@@ -567,8 +611,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 _GLOBALS_HELP = """global options (before or after the command):
   --db PATH            database file (default: <HERMES_HOME>/state.db)
   --profile, -p NAME   a named profile of the current root (HERMES_HOME's, else ~/.hermes)
-  --json | --nl | --csv  machine output: JSON, JSON Lines, CSV (where a command has rows);
-                       times in ISO 8601 with their offset
+  --json | --nl | --csv | --tsv
+                       machine output: JSON, JSON Lines, CSV, tab-separated (where a command
+                       has rows); times in ISO 8601 with their offset
   --epoch              machine output keeps times as stored: epoch seconds
   --color WHEN         auto (a terminal; NO_COLOR turns it off, FORCE_COLOR on), always or never
   --debug              show the traceback of a failure
@@ -696,8 +741,16 @@ COMMANDS: tuple[Command, ...] = (
         *_OFFSET,
         arg("--source", help="only sessions from this source (cli, telegram, cron, ...; any case; default: every source)"),
         _MODEL, *_since_until("active"),
-        arg("--archived", action="store_true", help="include archived sessions")),
-        ("sessions list -n 50", "sessions list --source telegram --since 7d", "sessions list --model gpt-5 --json"),
+        arg("--archived", action="store_true", help="include archived sessions"),
+        arg("-c", "--column", action="append", type=commands.list_column, choices=commands.list_column_names(),
+            metavar="COLUMN",
+            help="show this column (repeatable, in this order; any stored column, e.g. started_at, "
+            "input_tokens; 'all' for every one; default: id, title, source, model, messages, active; "
+            "applies to --csv, --tsv, --json and --nl too)"),
+        arg("--no-headers", action="store_true", help="leave out the header line (table, --csv, --tsv); piped, "
+            "the 'N of M sessions' line goes to stderr in any case")),
+        ("sessions list --source telegram --since 7d", "sessions list --model gpt-5 --tsv -c id -c input_tokens",
+         "sessions list -n 0 --no-headers -c id | xargs -n1 hermes-state sessions show"),
         formats=_FORMATS),
     Command("sessions show", commands.cmd_show, "one session and its transcript", (
         _ID,
@@ -897,6 +950,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def _check_flags(args: argparse.Namespace, found: dict[str, Any]) -> None:
     problem = args.command_spec.refused(found)
+    if getattr(args, "no_headers", False) and (found.get("json") or found.get("nl")):
+        problem = "--no-headers applies to the table, --csv and --tsv; JSON has no header line"
     if problem:
         raise UsageError(problem)
 
@@ -1012,7 +1067,7 @@ def _parse(argv: list[str]) -> argparse.Namespace | None:
         apply_profile(found["profile"], create=args.name == "init")
     elif found.get("db") is None:
         _apply_profile_override(["hermes-state"])  # the active profile, unless HERMES_HOME chose one
-    for key in ("db", "profile", "json", "nl", "csv", "epoch", "debug"):
+    for key in ("db", "profile", "json", "nl", "csv", "tsv", "epoch", "debug"):
         setattr(args, key, found.get(key))
     args.hermes_home = hermes_home
     _check_flags(args, found)

@@ -2,7 +2,7 @@
 
 Owns: opening the database the way a command needs (read-only to browse; never creating a
 file: only `init` and `demo` create one), printing a result as a human table or as `--json`,
-`--nl` (JSON Lines) or `--csv`, progress for long work, and the commands `sessions
+`--nl` (JSON Lines), `--csv` or `--tsv`, progress for long work, and the commands `sessions
 list|show|search|rename|stats`, `fts`, `init` and `doctor`.
 Does not own: argument parsing and exit codes (hermes_state_cli), rendering (hermes_state_render).
 Every command goes through `SessionDB`; no SQL here.
@@ -174,11 +174,12 @@ def page(text: str) -> None:
 
 def emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str], *,
          rows: list[dict[str, Any]] | None = None, columns: list[str] | None = None, paged: bool = False) -> None:
-    """Print `data` as JSON / JSON Lines / CSV when asked, else its human form.
+    """Print `data` as JSON / JSON Lines / CSV / TSV when asked, else its human form.
 
     Machine forms give epoch times as ISO 8601 with their offset, unless `--epoch` keeps the stored numbers.
     """
-    if (args.json or args.nl or args.csv) and not getattr(args, "epoch", False):
+    tsv = getattr(args, "tsv", False)
+    if (args.json or args.nl or args.csv or tsv) and not getattr(args, "epoch", False):
         data = render.iso_times(data)
         rows = None if rows is None else render.iso_times(rows)
     if args.json:
@@ -186,8 +187,11 @@ def emit(args: argparse.Namespace, data: Any, human: Callable[[Any], str], *,
     elif args.nl:
         for line in render.as_json_lines(rows if rows is not None else [data]):
             print(line)
-    elif args.csv:
-        print(render.as_csv(rows if rows is not None else [data], columns))
+    elif args.csv or tsv:
+        text = render.as_csv(rows if rows is not None else [data], columns, delimiter="\t" if tsv else ",",
+                             headers=not getattr(args, "no_headers", False))
+        if text:
+            print(text)
     else:
         text = human(data)
         if text and paged:
@@ -266,7 +270,25 @@ def age(text: str) -> float:
 # --- sessions: list, show, search, rename, stats ------------------------------------------------
 
 _LIST_COLUMNS = ["id", "title", "source", "model", "messages", "active"]
+# What `sessions list -c` takes besides a stored column: the table's own names and every column at once.
+_LIST_ALIASES = {"messages": "message_count", "active": "last_active"}
+# The columns a narrow terminal leaves out first, the least wanted first; id and title stay.
+_LIST_OPTIONAL = ["active", "model", "source", "messages"]
 
+
+def list_column_names() -> list[str]:
+    """Return the names `sessions list -c` takes: the table's, every stored column, and `all`."""
+    from hermes_state_common import SESSIONS
+    stored = [c for c in SESSIONS.column_names if c not in _LIST_COLUMNS]
+    return [*_LIST_COLUMNS, *stored, "preview", "last_active", "all"]
+
+
+def list_column(text: str) -> str:
+    """Parse one `sessions list -c` name; an unknown one is a usage error naming the choices."""
+    names = list_column_names()
+    if text not in names:
+        raise argparse.ArgumentTypeError(f"no column {text!r}; choose from: {', '.join(names)}")
+    return text
 
 SHOWN_CANDIDATES = 10  # ids an ambiguous prefix's error names
 
@@ -302,6 +324,15 @@ def name_filters(db: Any, sources: list[str] | None, model: str | None) -> dict[
     return found
 
 
+def _range(offset: int, shown: int, total: int) -> str:
+    # "4 sessions", "session 21 of 21", "1-20 of 44 sessions (--offset 20 for more)".
+    if offset == 0 and shown == total:
+        return render.plural(total, "session")
+    where = f"session {offset + 1:,}" if shown == 1 else f"{offset + 1:,}-{offset + shown:,}"
+    more = f" (--offset {offset + shown} for more)" if offset + shown < total else ""
+    return f"{where} of {total:,}" + ("" if shown == 1 else " sessions") + more
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     """List sessions, most recently active first."""
     with open_db(args) as db:
@@ -310,17 +341,39 @@ def cmd_list(args: argparse.Namespace) -> int:
                                        model=names.get("models"), since=args.since, until=args.until)
         rows = db.list_sessions(limit=limit_of(args), offset=args.offset, order="activity", **filters)
         total = db.count_sessions(**filters)
-    shown = [dict(r, title=render.session_label(r["title"], r["preview"]), messages=r["message_count"],
-                  active=render.relative_time(r["last_active"])) for r in rows]
+    chosen = list(dict.fromkeys(getattr(args, "column", None) or []))
+    every = "all" in chosen
+    columns = (list(rows[0]) if rows else []) if every else chosen or _LIST_COLUMNS
+    tty = sys.stdout.isatty()
+    said: list[str] = []  # the count, when it goes to stderr (after the rows, as a terminal shows it)
 
     def human(_: Any) -> str:
+        # The count and "no sessions" are for people: piped, stdout carries the rows alone.
         if not rows:
-            return "no sessions"
-        more = f" (--offset {args.offset + len(rows)} for more)" if args.offset + len(rows) < total else ""
-        return (render.table(shown, _LIST_COLUMNS, numeric={"messages"}, max_width=term_width(), keep={"id"},
-                             color=use_color())
-                + f"\n{args.offset + 1}-{args.offset + len(rows)} of {total} sessions{more}")
-    emit(args, rows, human, rows=rows)
+            if tty:
+                return "no sessions"
+            said.append("no sessions")
+            return ""
+        shown = [dict({c: render.clock_time(v) if c.endswith("_at") and isinstance(v, (int, float)) else v
+                       for c, v in r.items()}, title=render.session_label(r["title"], r["preview"]),
+                      messages=r["message_count"], active=render.relative_time(r["last_active"])) for r in rows]
+        table = render.table(shown, columns, numeric={"messages", "message_count", "tool_call_count"},
+                             max_width=term_width(), keep={"id"}, color=use_color(),
+                             optional=[] if chosen else _LIST_OPTIONAL, show_headers=not args.no_headers)
+        footer = _range(args.offset, len(rows), total)
+        if tty and not args.no_headers:
+            return f"{table}\n{footer}"
+        said.append(footer)
+        return table
+    machine = rows
+    if (chosen and not every) or args.csv or getattr(args, "tsv", False):
+        # The table's columns by default; the stored values, times as the machine forms give them.
+        machine = [{c: r.get(_LIST_ALIASES.get(c, c)) for c in columns}
+                   for r in (rows if args.epoch else render.iso_times(rows))]
+    emit(args, machine, human, rows=machine, columns=columns)
+    if said:
+        sys.stdout.flush()
+        print(said[0], file=sys.stderr)
     return 0
 
 
@@ -484,7 +537,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             lines += [render.paint(sid, "id", color) + rest, "  " + render.highlight(h["snippet"], color=color)]
         return "\n".join(lines)
     machine = [_plain_hit(h) for h in hits]
-    rows = [{k: v for k, v in h.items() if k != "context"} for h in machine] if args.csv else machine
+    rows = [{k: v for k, v in h.items() if k != "context"} for h in machine] if args.csv or getattr(args, "tsv", False) else machine
     emit(args, machine, human, rows=rows)
     return 0
 
@@ -536,6 +589,9 @@ def _total(rows: list[dict[str, Any]], by: str) -> dict[str, Any]:
                                                                         "output_tokens", "cost_usd")}}
 
 
+BAR_WIDTH, MIN_BAR_WIDTH = 30, 5  # the longest bar; below the shortest room left, no bars at all
+
+
 def _bars(rows: list[dict[str, Any]], width: int) -> list[str]:
     # A bar per row, as long as its cost (its tokens when nothing is priced) against the largest.
     key = "cost_usd" if any(r["cost_usd"] for r in rows) else "tokens"
@@ -563,10 +619,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
         shown = [_usage_row(r, by) for r in rows]
         if args.by is None:
             shown.append(_usage_row(_total(rows, by), by))
-        elif width is not None and rows:  # a bar per row, on a terminal only
-            for r, bar in zip(shown, _bars(rows, 30)):
-                r["bar"] = bar
-            columns.append("bar")
+        elif width is not None and rows:  # a bar per row, on a terminal only, in the room the table leaves
+            bare = render.table(shown, columns, numeric=_USAGE_NUMBERS, headers=_USAGE_HEADERS, max_width=width,
+                                keep={by, "period"})
+            room = min(BAR_WIDTH, width - max(map(render.width, bare.splitlines())) - 2)
+            if room >= MIN_BAR_WIDTH:
+                for r, bar in zip(shown, _bars(rows, room)):
+                    r["bar"] = bar
+                columns.append("bar")
         table = render.table(shown, columns, numeric=_USAGE_NUMBERS, headers={**_USAGE_HEADERS, "bar": ""},
                              max_width=width, keep={by, "period"}, color=use_color()) if rows else "no sessions"
         if args.by is not None:

@@ -231,6 +231,15 @@ def set_compression_fallback_streak(conn: sqlite3.Connection, session_id: str, s
 
 # --- transcript write checks ----------------------------------------------------------------------
 
+def _require_continuable(conn: sqlite3.Connection, session_id: str) -> dict[str, Any]:
+    # A session a compression child may continue: it exists, is not closed by compression, and has not ended.
+    parent = _require_open(conn, session_id)
+    if parent["ended_at"] is not None:
+        raise ValueError(f"session {session_id!r} already ended (end_reason={parent['end_reason']!r}); "
+                         "reopen it before continuing it by compression")
+    return parent
+
+
 def _require_open(conn: sqlite3.Connection, session_id: str) -> dict[str, Any]:
     row = sessions.get_session(conn, session_id)
     if row is None:
@@ -338,10 +347,7 @@ def rotate_session(conn: sqlite3.Connection, parent_id: str, child_id: str, kept
         # The compression edge is child.started_at == parent.ended_at (hermes_state_lineage.COMPRESSION_CHILD_SQL).
         raise ValueError("started_at of a rotation child is the moment its parent ends; do not pass it")
     now = time.time() if now is None else now
-    parent = _require_open(conn, parent_id)
-    if parent["ended_at"] is not None:
-        raise ValueError(f"session {parent_id!r} already ended (end_reason={parent['end_reason']!r}); "
-                         "reopen it before continuing it by compression")
+    parent = _require_continuable(conn, parent_id)
     _check_holder(conn, parent_id, holder, now)
     values = {name: parent[name] for name in INHERITED_COLUMNS}
     values.update(columns)
@@ -560,10 +566,7 @@ def publish_compression_child(conn: sqlite3.Connection, *, parent_session_id: st
     if not kept:
         raise ValueError("a compression child's handoff must hold at least one message")
     now = time.time() if now is None else now
-    parent = _require_open(conn, parent_session_id)
-    if parent["ended_at"] is not None:
-        raise ValueError(f"session {parent_session_id!r} already ended (end_reason={parent['end_reason']!r}); "
-                         "reopen it before continuing it by compression")
+    parent = _require_continuable(conn, parent_session_id)
     if require_compression_lease:
         row = _lock_row(conn, parent_session_id)
         if compression_lock_holder is None or row is None or row[0] != compression_lock_holder or row[1] <= now:

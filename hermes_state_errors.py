@@ -263,8 +263,32 @@ PERSISTENCE_ERROR_CAUSES = ("locked", "compression", "compression_closed", "turn
                             "corrupt", "fts_index", "session_row_missing")
 
 
-def classify_persistence_error(exc: BaseException) -> str:
-    """Name the class of a persistence failure: locked, compression, corrupt, fts_index, disk, session_row_missing or unknown."""
+_DISK_FULL_TEXTS = ("no space left on device", "enospc", "disk full", "database or disk is full",
+                               "not enough space on the disk")
+
+
+# What an error's text says, for a caller that kept only the text (hermes-agent's callers pass it).
+_TEXT_CAUSES = (("locked", ("database is locked", "database table is locked", "database is busy")),
+                ("corrupt", ("malformed", "not a database", "file is encrypted")),
+                ("fts_index", ("fts5", "messages_fts")),
+                ("disk", ("disk i/o error", *_DISK_FULL_TEXTS)))
+
+
+def classify_persistence_error(exc_or_str: BaseException | str | None = None, *,
+                               exc: BaseException | None = None) -> str:
+    """Name the class of a persistence failure (an exception or its text): locked, compression, corrupt, fts_index, disk, session_row_missing or unknown.
+
+    `exc` is this library's earlier name of the argument, still taken by keyword.
+    """
+    if exc is None:
+        exc = exc_or_str  # type: ignore[assignment]
+    elif exc_or_str is not None:
+        raise TypeError("give the error once: exc_or_str or exc")
+    if isinstance(exc, str):
+        text = exc.lower()
+        return next((cause for cause, markers in _TEXT_CAUSES if any(m in text for m in markers)), "unknown")
+    if not isinstance(exc, BaseException):
+        return "unknown"
     if isinstance(exc, SessionPersistenceError):
         return exc.code.rsplit(":", 1)[-1] if ":" in exc.code else "unknown"
     if isinstance(exc, SessionCompressionInProgressError):
@@ -289,8 +313,6 @@ def classify_persistence_error(exc: BaseException) -> str:
 
 
 # What a full disk says when it surfaces as text (an RPC boundary, a log line): POSIX, SQLite, Windows.
-_DISK_FULL_TEXTS = ("no space left on device", "enospc", "disk full", "database or disk is full",
-                    "not enough space on the disk")
 
 
 def is_disk_full_error(exc: BaseException | str | None) -> bool:

@@ -150,13 +150,19 @@ def list_across_profiles(open_read_only: Callable[[Path], AbstractContextManager
     return {"sessions": found[offset:offset + limit], "errors": errors}
 
 
-def workspace_key(session: dict[str, Any]) -> str | None:
+def workspace_key(row: dict[str, Any] | None = None, *, session: dict[str, Any] | None = None) -> str | None:
     """Return the workspace a session row belongs to: its git repo root, else its cwd, else None.
 
     The branch is deliberately not part of it: two branches of one repository are one workspace.
+    `session` is this library's earlier name of the argument, still taken by keyword.
     """
+    if session is not None and row is not None:
+        raise TypeError("give the row once: row or session")
+    found = row if session is None else session
+    if found is None:
+        raise TypeError("workspace_key() needs a session row")
     for column in ("git_repo_root", "cwd"):
-        value = session.get(column)
+        value = found.get(column)
         if isinstance(value, str) and value.strip():
             return value.strip()
     return None

@@ -730,14 +730,20 @@ def claim_auto_prune(conn: sqlite3.Connection, min_interval_hours: Any, *, now: 
     no earlier run. Call it in the transaction that prunes, so a failed prune leaves no marker.
     """
     interval_s = check_number("min_interval_hours", min_interval_hours) * 3600.0
-    now = time.time() if now is None else now
+    return _claim_marker(conn, AUTO_PRUNE_KEY, interval_s, time.time() if now is None else now)
+
+
+def _claim_marker(conn: sqlite3.Connection, key: str, interval_s: float, now: float) -> bool:
+    # The state_meta marker of a periodic job: set it to `now` and say the job runs, unless it
+    # ran within `interval_s`. A marker that is not a number, or lies in the future (the clock
+    # stepped back), counts as no earlier run.
     try:
-        last = float(get_meta(conn, AUTO_PRUNE_KEY) or "nan")
+        last = float(get_meta(conn, key) or "nan")
     except ValueError:
         last = math.nan
     if math.isfinite(last) and last <= now and now - last < interval_s:
         return False
-    set_meta(conn, AUTO_PRUNE_KEY, repr(now))
+    set_meta(conn, key, repr(now))
     return True
 
 
@@ -846,13 +852,8 @@ def auto_archive_stale(write: Callable[[], ContextManager[sqlite3.Connection]], 
     try:
         with write() as conn:
             now = time.time()
-            try:
-                last = float(get_meta(conn, AUTO_ARCHIVE_KEY) or "nan")
-            except ValueError:
-                last = math.nan
-            if math.isfinite(last) and last <= now and now - last < interval_s:
+            if not _claim_marker(conn, AUTO_ARCHIVE_KEY, interval_s, now):
                 return result
-            set_meta(conn, AUTO_ARCHIVE_KEY, repr(now))
             result.update(skipped=False, archived=archive_stale_sessions(conn, idle_days, exclude_pinned=exclude_pinned,
                                                                          now=now))
     except HermesStateError as exc:

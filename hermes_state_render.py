@@ -3,7 +3,7 @@
 Owns: making untrusted stored text safe to print (control characters escaped, so a message
 can neither break a table nor drive the terminal), display width (wide CJK characters count
 two columns, combining marks none), tables that fit the terminal (truncated with `…`, numbers
-right-aligned), relative times, match highlighting, machine formats (JSON, JSON Lines, CSV)
+right-aligned), relative times, match highlighting, machine formats (JSON, JSON Lines, CSV, TSV)
 and progress lines on stderr.
 Does not own: what a command shows (hermes_state_cli) or any database access.
 Imports nothing of ours; runs no SQL.
@@ -102,22 +102,44 @@ def _pad(text: str, columns: int, right: bool) -> str:
 
 def table(rows: list[dict[str, Any]], columns: list[str], *, numeric: Iterable[str] = (),
           max_width: int | None = 80, headers: dict[str, str] | None = None, keep: Iterable[str] = (),
-          color: bool = False) -> str:
+          color: bool = False, optional: Iterable[str] = (), show_headers: bool = True) -> str:
     """Return an aligned table of `rows` that fits `max_width` columns; the widest columns are cut first.
 
-    Columns in `keep` (ids, keys: text someone copies into the next command) are never cut;
-    `max_width=None` cuts nothing at all. A table whose kept columns alone are wider than
-    `max_width` runs past it rather than cutting them.
+    Columns in `keep` (ids, keys: text someone copies into the next command) and numbers are never
+    cut; `max_width=None` cuts nothing at all. Columns in `optional`, the least wanted first, are
+    left out one by one while the others would be cut below READABLE columns. A table whose kept
+    columns alone are wider than `max_width` runs past it rather than cutting them.
     """
-    numeric, kept = set(numeric), set(keep)
+    numeric, kept = set(numeric), set(keep) | set(numeric)
     titles = [(headers or {}).get(c, c) for c in columns]
     cells = [[safe(r.get(c)) for c in columns] for r in rows]
-    widths = [max([width(t)] + [width(row[i]) for row in cells]) for i, t in enumerate(titles)]
+    widths = [max([width(t) if show_headers else 0] + [width(row[i]) for row in cells]) for i, t in enumerate(titles)]
+    shown = list(range(len(columns)))
     if max_width is not None:
-        _fit(widths, [i for i, c in enumerate(columns) if c not in kept], max_width - 2 * (len(columns) - 1))
-    lines = ["  ".join(_pad(truncate(v, w), w, c in numeric) for v, w, c in zip(line, widths, columns)).rstrip()
-             for line in [titles, *cells]]
+        for name in [c for c in optional if c in columns]:
+            fitted = _fitted(widths, shown, columns, kept, max_width)
+            if all(fitted[i] >= min(widths[i], READABLE) for i in shown if columns[i] not in optional):
+                break
+            shown.remove(columns.index(name))
+        widths = _fitted(widths, shown, columns, kept, max_width)
+    lines = ["  ".join(_pad(truncate(line[i], widths[i]), widths[i], columns[i] in numeric) for i in shown).rstrip()
+             for line in ([titles] if show_headers else []) + cells]
+    if not show_headers:
+        return "\n".join(lines)
     return "\n".join([paint(lines[0], "header", color), *lines[1:]])
+
+
+READABLE = 20  # the display columns a cut title keeps before a table leaves out its optional columns
+
+
+def _fitted(widths: list[int], shown: list[int], columns: list[str], kept: set[str], max_width: int) -> list[int]:
+    # The widths once the shown columns are fitted into `max_width` (a left-out column's is left as it is).
+    part = [widths[i] for i in shown]
+    _fit(part, [k for k, i in enumerate(shown) if columns[i] not in kept], max_width - 2 * (len(shown) - 1))
+    fitted = list(widths)
+    for k, i in enumerate(shown):
+        fitted[i] = part[k]
+    return fitted
 
 
 def _fit(widths: list[int], cuttable: list[int], budget: int) -> None:
@@ -276,6 +298,11 @@ def money(value: Any) -> str:
     return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
 
 
+def plural(count: int, noun: str) -> str:
+    """Return a count with its noun as said: "1 message", "2 messages", "1,000 messages"."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 def number(value: Any) -> str:
     """Return an integer with thousands separators, or "" when unknown."""
     return "" if value is None else f"{value:,}"
@@ -294,12 +321,14 @@ def as_json_lines(rows: Iterable[Any]) -> Iterable[str]:
         yield json.dumps(row, ensure_ascii=False, default=str)
 
 
-def as_csv(rows: list[dict[str, Any]], columns: list[str] | None = None) -> str:
-    """Return `rows` as CSV with a header line; nested values are written as JSON."""
+def as_csv(rows: list[dict[str, Any]], columns: list[str] | None = None, *, delimiter: str = ",",
+           headers: bool = True) -> str:
+    """Return `rows` as CSV (TSV with `delimiter="\\t"`), with a header line unless not `headers`; nested values as JSON."""
     columns = columns or (list(rows[0]) if rows else [])
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(columns)
+    writer = csv.writer(out, delimiter=delimiter, lineterminator="\n")
+    if headers:
+        writer.writerow(columns)
     for row in rows:
         writer.writerow([json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else v
                          for v in (row.get(c) for c in columns)])

@@ -124,6 +124,21 @@ class Connection(sqlite3.Connection):
         self.fts_queued = 0
 
 
+_SQLITE_CONNECT = sqlite3.connect
+
+
+def library_connection(database: str, **options: Any) -> sqlite3.Connection:
+    """Open a connection of the library's own class, through `sqlite3.connect` as a caller may have replaced it.
+
+    A program or test harness that replaced `sqlite3.connect` (to hand in a connection class of
+    its own, as hermes-agent's tests do) gets its call with the arguments it expects, no `factory`
+    added; the library then keeps no state for that connection, as for any it did not open.
+    """
+    if sqlite3.connect is _SQLITE_CONNECT:
+        return sqlite3.connect(database, factory=Connection, **options)
+    return sqlite3.connect(database, **options)
+
+
 def connect(path: Path, *, read_only: bool = False, read_busy_s: float = READ_BUSY_TIMEOUT_S) -> sqlite3.Connection:
     """Open the connection with explicit transactions, foreign keys and a short busy timeout.
 
@@ -134,8 +149,8 @@ def connect(path: Path, *, read_only: bool = False, read_busy_s: float = READ_BU
         target, uri = Path(os.path.abspath(path)).as_uri() + "?mode=ro", True
     else:
         target, uri = str(path), False
-    conn = sqlite3.connect(target, uri=uri, isolation_level=None, check_same_thread=False,
-                           timeout=read_busy_s if read_only else SQLITE_BUSY_TIMEOUT_S, factory=Connection)
+    conn = library_connection(target, uri=uri, isolation_level=None, check_same_thread=False,
+                              timeout=read_busy_s if read_only else SQLITE_BUSY_TIMEOUT_S)
     conn.execute("PRAGMA foreign_keys = ON")
     conn.text_factory = LENIENT_TEXT
     return conn
@@ -227,8 +242,8 @@ def _set_cache(conn: sqlite3.Connection, size: int) -> bool:
 
 def connect_reader(path: Path) -> sqlite3.Connection:
     """Open a handle's second connection, for reads only (it refuses writes), on a writable database."""
-    conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=SQLITE_BUSY_TIMEOUT_S,
-                           factory=Connection)
+    conn = library_connection(str(path), isolation_level=None, check_same_thread=False,
+                              timeout=SQLITE_BUSY_TIMEOUT_S)
     conn.text_factory = LENIENT_TEXT
     conn.execute("PRAGMA query_only = ON")
     size_cache(conn)

@@ -185,8 +185,11 @@ def resolve_session_by_title(conn: sqlite3.Connection, title: str | None) -> str
     return lineage.compression_successor_id(conn, latest) or latest
 
 
-def get_next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
-    """Return the title a continuation of `title` should take: "T" -> "T #2" -> "T #3" ...
+def get_next_title_in_lineage(conn: sqlite3.Connection, base_title: str | None = None, *,
+                              title: str | None = None) -> str:
+    """Return the title a continuation of `base_title` should take: "T" -> "T #2" -> "T #3" ...
+
+    `title` is this library's earlier name of the argument, still taken by keyword.
 
     A numbered input counts as its base ("T #2" -> base "T"). The result is the highest
     existing number plus one (gaps are not refilled); when no session carries the base or
@@ -194,7 +197,9 @@ def get_next_title_in_lineage(conn: sqlite3.Connection, title: str) -> str:
     100-character limit: a base too long for its suffix is cut (and stripped), and the number
     then also passes every title of the cut base's lineage, so the suggestion is free.
     """
-    normalized = normalize_title(title)
+    if title is not None and base_title is not None:
+        raise TypeError("give the title once: base_title or title")
+    normalized = normalize_title(base_title if title is None else title)
     if normalized is None:
         raise ValueError("title must be a non-blank string")
     base = _split_lineage(normalized)

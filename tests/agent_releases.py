@@ -82,7 +82,7 @@ def find(spec: str, variable: str, venv_name: str) -> Release:
     configured = os.environ.get(variable)
     python = Path(configured) if configured else venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     if not python.exists():
-        return Release(spec, variable, venv, None, f"{spec} not installed (README, Tests: {variable})")
+        return Release(spec, variable, venv, None, f"{spec} not installed (README.md, Tests: {variable})")
     probe = subprocess.run([str(python), "-c", f"import importlib.metadata as m; print(m.version({distribution!r}))"],
                            capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=""), cwd="/")
     if probe.returncode != 0 or probe.stdout.strip() != version:

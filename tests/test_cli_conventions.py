@@ -33,10 +33,12 @@ def long_ids(hermes_home):
 # --- ids and keys are never cut ---------------------------------------------------------------
 
 def test_piped_output_cuts_nothing_so_ids_can_be_copied(long_ids):
-    out = run(long_ids, "sessions", "list").stdout
+    done = run(long_ids, "sessions", "list")
+    out = done.stdout
     assert LONG_ID in out and "A title long enough that a table has to cut it somewhere on the way" in out
     assert "…" not in out
-    first_column = [line.split()[0] for line in out.splitlines()[1:-1]]
+    assert done.stderr == "2 sessions\n"  # piped, the count is for the person watching, not for the next command
+    first_column = [line.split()[0] for line in out.splitlines()[1:]]
     assert sorted(first_column) == sorted([LONG_ID, "tg:1001/thread-7-with-another-long-key"])
     for sid in first_column:  # what `| awk '{print $1}'` yields is accepted by the next command
         assert run(long_ids, "sessions", "show", sid).returncode == 0
@@ -155,7 +157,7 @@ def test_import_and_recover_print_plain_lines(hermes_home, tmp_path, capsys):
     assert main(["recover", str(other), str(tmp_path / "new.db")]) == 0
     out = capsys.readouterr().out
     assert "('" not in out and "{" not in out and "True" not in out
-    assert "  complete: yes" in out and "    messages:" in out
+    assert "  complete: yes" in out and "  copied whole: sessions 2, messages 1" in out
 
 
 def test_importing_a_binary_file_names_it(hermes_home, tmp_path, capsys):
@@ -215,7 +217,8 @@ def test_init_with_a_new_profile_creates_it(hermes_home):
     assert created.returncode == 0, created.stderr
     assert Path(json.loads(created.stdout)["path"]) == hermes_home / "profiles" / "work" / "state.db"
     assert (hermes_home / "profiles" / "work" / "state.db").is_file()
-    assert run(hermes_home, "-p", "work", "sessions", "list").stdout.strip() == "no sessions"
+    listed = run(hermes_home, "-p", "work", "sessions", "list")
+    assert listed.stdout == "" and listed.stderr.strip() == "no sessions"
     assert run(hermes_home, "-p", "other", "sessions", "list").returncode == 2  # only init creates one
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-import os
+import random
 import sqlite3
 from pathlib import Path
 
@@ -122,7 +122,7 @@ def test_a_bad_page_is_recovered_then_restored_in_place_and_the_damaged_file_kep
     damaged = path.read_bytes()
     recovered = Path(f"{path}.recovered")
     out = run(tmp_path, "recover", str(path), str(recovered))
-    assert f"to put it in place: `hermes-state restore {recovered}`" in out.stdout
+    assert out.stdout.startswith(f"recovered {path} into {recovered} (`hermes-state restore {recovered}` puts it in place)")
     back = run(tmp_path, "restore", str(recovered))
     assert back.returncode == 0, back.stderr
     aside = [p for p in path.parent.iterdir() if ".damaged-" in p.name and not p.name.endswith(("-wal", "-shm"))]
@@ -157,7 +157,8 @@ def test_a_healthy_store_is_restored_over_with_nothing_moved(tmp_path):
     assert _sessions(tmp_path / "state.db") == ["s0"]
 
 
-@pytest.mark.parametrize("content", [os.urandom(3000), b"hello there\n" * 200])
+# Random bytes from a fixed seed, after a first byte no export starts with: a "{" first would be an export.
+@pytest.mark.parametrize("content", [b"\x8f" + random.Random(7).randbytes(3000), b"hello there\n" * 200])
 def test_a_file_that_was_never_a_database_is_not_sent_to_recover(tmp_path, content):
     (tmp_path / "state.db").write_bytes(content)
     out = run(tmp_path, "sessions", "list")

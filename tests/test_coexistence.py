@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from agent_releases import AGENT_019
 from hermes_state import SessionDB
 from hermes_state_cli import main as cli_main
 
@@ -27,35 +28,17 @@ pytestmark = pytest.mark.hermes_agent
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER = Path(__file__).resolve().parent / "hermes_agent_driver.py"
-AGENT_SPEC = "hermes-agent==0.19.0"
 AGENT_FIXTURE = Path(__file__).parent / "fixtures" / "hermes_agent_0.19.0.db.gz"
 UID = re.compile(r"[0-9a-f]{32}")
 TOOL_CALL = [{"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": "{\"city\": \"Osaka\"}"}}]
 
 
-def _find_agent() -> tuple[Path | None, str]:
-    configured = os.environ.get("HERMES_AGENT_PYTHON")
-    venv = ROOT / "bench" / ".venvs" / "hermes-agent"
-    python = Path(configured) if configured else venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-    if not python.exists():
-        return None, (f"{AGENT_SPEC} is not installed: set HERMES_AGENT_PYTHON to the interpreter of a venv that "
-                      f"has it, or create {venv} (`python3 -m venv {venv} && {venv}/bin/pip install {AGENT_SPEC}`)")
-    probe = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('hermes-agent'))"],
-                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=""), cwd="/")
-    if probe.returncode != 0 or probe.stdout.strip() != AGENT_SPEC.split("==")[1]:
-        return None, f"{python} does not have {AGENT_SPEC} ({(probe.stdout or probe.stderr).strip()[-200:]})"
-    return python, ""
-
-
-AGENT_PYTHON, WHY_NOT = _find_agent()
+AGENT_PYTHON = AGENT_019.python
 
 
 @pytest.fixture(autouse=True)
 def need_agent():
-    if AGENT_PYTHON is None:
-        if os.environ.get("HERMES_STATE_REQUIRE_AGENT"):
-            pytest.fail(f"HERMES_STATE_REQUIRE_AGENT is set but {WHY_NOT}")
-        pytest.skip(WHY_NOT)
+    AGENT_019.require()
 
 
 def _agent_env(path: Path) -> dict[str, str]:

@@ -29,7 +29,6 @@ pytestmark = pytest.mark.hermes_agent
 # this library made them keyword-only, or names them differently.
 PENDING_PARAMETERS: set[str] = {
     # found by this check, not yet owned
-    'SessionDB.get_next_title_in_lineage: base_title',
     'SessionDB.import_sessions: sessions',
     'SessionDB.search_messages: sort (positional there)',
     'SessionDB.update_token_counts: absolute (positional there)',
@@ -43,8 +42,6 @@ PENDING_PARAMETERS: set[str] = {
     'SessionDB.update_token_counts: estimated_cost_usd (positional there)',
     'SessionDB.update_token_counts: model (positional there)',
     'SessionDB.update_token_counts: pricing_version (positional there)',
-    'module.classify_persistence_error: exc_or_str',
-    'module.workspace_key: row',
 }
 
 # Run in the agent's interpreter: its public names, and each function's and method's parameters.

@@ -87,3 +87,31 @@ def test_empty_filter_lists_mean_what_they_mean_in_the_agent(tmp_path, release):
            call("search_messages", "docker", exclude_sources=[], spec="ids")]
     theirs, mine = release.both(tmp_path, ops)
     assert [len(a) for a in mine[2:]] == [len(a) for a in theirs[2:]] == [0, 1, 1]
+
+
+@RELEASES
+def test_the_agents_argument_names_are_taken_and_ours_still_are(tmp_path, release):
+    ops = [["create", "s1"], call("set_session_title", "s1", "Fix the build"),
+           call("get_next_title_in_lineage", base_title="Fix the build")]
+    theirs, mine = release.both(tmp_path, ops)
+    assert mine[-1] == theirs[-1] == "Fix the build #2"
+    with SessionDB(tmp_path / "again.db") as db:
+        db.create_session("s1", "cli")
+        db.set_session_title("s1", "Fix the build")
+        assert db.get_next_title_in_lineage(title="Fix the build") == "Fix the build #2"
+        with pytest.raises(TypeError, match="once"):
+            db.get_next_title_in_lineage("a", title="b")
+
+
+def test_an_error_kept_only_as_text_is_classified_by_what_it_says():
+    import sqlite3
+
+    from hermes_state import classify_persistence_error, workspace_key
+    assert [classify_persistence_error(t) for t in ("database is locked", "disk I/O error", "fts5: syntax error",
+                                                    "database disk image is malformed", "no such table: x", "")] == \
+        ["locked", "disk", "fts_index", "corrupt", "unknown", "unknown"]
+    assert classify_persistence_error(exc=sqlite3.OperationalError("database is locked")) == "locked"
+    assert classify_persistence_error(sqlite3.OperationalError("database is locked")) == "locked"
+    assert workspace_key(row={"cwd": "/repo"}) == workspace_key(session={"cwd": "/repo"}) == "/repo"
+    with pytest.raises(TypeError):
+        workspace_key({"cwd": "/a"}, session={"cwd": "/b"})

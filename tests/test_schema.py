@@ -383,7 +383,7 @@ def test_every_ladder_step_runs_on_rows_a_build_copies_in(tmp_path, monkeypatch)
 # here, so a connection class answers `journal_mode=WAL` the way SQLite does on one.
 
 def _refusing(code: int | None, message: str, *, also_delete: bool = False) -> type[sqlite3.Connection]:
-    class Refusing(sqlite3.Connection):
+    class Refusing(schema.Connection):  # the library's own connection class, which its code expects
         wal_attempts = 0
 
         def execute(self, sql, *args):  # type: ignore[override]
@@ -403,7 +403,7 @@ def file_system(monkeypatch):
     def install(code: int | None = 15, message: str = "locking protocol", **kw) -> type[sqlite3.Connection]:
         factory = _refusing(code, message, **kw)
         real = sqlite3.connect
-        monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: real(*a, factory=factory, **k))
+        monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: real(*a, **{**k, "factory": factory}))
         return factory
     monkeypatch.setattr(schema, "wal_fallback_warned", set())
     return install
@@ -564,3 +564,21 @@ def test_a_streamed_read_shrinks_a_large_cache_past_the_threshold_and_restores_i
             assert cache() == own
         assert cache() == own
     conn.close()
+
+
+def test_a_replaced_sqlite3_connect_is_called_as_its_caller_expects(tmp_path, monkeypatch):
+    # hermes-agent's tests replace sqlite3.connect with a function that passes a connection class
+    # of their own: the library adds no `factory` then, and works on the plain connections it gets.
+    factories: list = []
+    real = sqlite3.connect
+
+    def connect(*args, **kwargs):
+        factories.append(kwargs.get("factory"))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    with SessionDB(tmp_path / "state.db") as db:
+        db.create_session("s", "cli")
+        for n in range(3):
+            db.append_message("s", "user", f"docker build {n} 東京")
+        assert len(db.search_messages("docker")) == 3 and len(db.search_messages("東京")) == 3
+    assert factories and factories == [None] * len(factories)
