@@ -32,7 +32,8 @@ import hermes_state_commands as commands
 import hermes_state_render as render
 from hermes_state_commands import age, emit, existing_db, non_negative, open_db, parse_when, written_atomically
 from hermes_state_common import ROLES
-from hermes_state_errors import AmbiguousSessionIdError, HermesStateError, ProfileNotFoundError, SessionNotFoundError
+from hermes_state_errors import (AmbiguousSessionIdError, HermesStateError, ProfileNotFoundError, SessionNotFoundError,
+                                 StateDbCorruptError)
 from hermes_state_home import _apply_profile_override, display_hermes_home, hermes_home_override, profile_home
 from hermes_state_writer import note_wal_reset_bug
 
@@ -280,6 +281,15 @@ def _import_lines(report: Any, source: str) -> str:
 def cmd_import(args: argparse.Namespace) -> int:
     """Import sessions from an export (JSON Lines, or one JSON document or list), streamed; a bad input writes nothing."""
     from hermes_state_errors import ImportConflictError
+    if args.file != "-":
+        given = Path(args.file)
+        if given.is_dir():
+            raise HermesStateError(f"{args.file} is a directory; give an export file (or '-' for stdin)")
+        if not given.exists():
+            raise HermesStateError(f"{args.file} does not exist")
+        if commands.file_kind(given) == "sqlite":
+            raise HermesStateError(f"{args.file} is a SQLite database, not an export: "
+                                   f"`hermes-state --db {args.file} sessions export` writes one")
     with (contextlib.nullcontext(sys.stdin.buffer) if args.file == "-" else open(args.file, "rb")) as source, \
             _import_target(args) as db:
         # strict: a problem anywhere is this command's error (exit 1), and nothing is imported. The
@@ -356,11 +366,15 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _recover_lines(report: Any, source: Path, target: str) -> str:
-    """The recover report for people: the tables copied whole on one line, then only what went wrong."""
+def _recover_lines(report: Any, source: Path, target: str, restore: str = "") -> str:
+    """The recover report for people: the tables copied whole on one line, then only what went wrong.
+
+    `restore`: the command that puts the copy in place, said on the first line.
+    """
     whole = [f"{render.safe(name)} {t.copied:,}" for name, t in report.tables.items()
              if not (t.lost or t.lost is None or t.rejected or t.error)]
-    lines = [f"recovered {render.safe(source)} into {render.safe(target)}",
+    lines = [f"recovered {render.safe(source)} into {render.safe(target)}"
+             + (f" (`{render.safe(restore)}` puts it in place)" if restore else ""),
              f"  copied whole: {', '.join(whole) if whole else 'no table'}"]
     for name, t in report.tables.items():
         if t.lost or t.lost is None or t.rejected or t.error:
@@ -390,7 +404,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
     target = Path(args.target).expanduser().absolute()
     report = commands.with_progress("recovering", lambda: recovery.recover(source, target),
                                     commands.growing_file(target, source.stat().st_size), unit="bytes")
-    emit(args, _plain(report), lambda _: _recover_lines(report, source, args.target))
+    restore = f"{commands.command_line(args)} restore {target}"
+    emit(args, _plain(report), lambda _: _recover_lines(report, source, args.target, restore))
     if not report.complete:  # `recover a b && mv b a` must not go on after a loss
         print(f"hermes-state: the recovered copy is not complete: {len(report.losses)} {'loss' if len(report.losses) == 1 else 'losses'}, listed above",
               file=sys.stderr)
@@ -412,20 +427,45 @@ def cmd_backup(args: argparse.Namespace) -> int:
     return 0
 
 
+def _moved_aside(path: Path, source: Path) -> Path:
+    """Rename a damaged store beside itself, once `source` has proved it can take its place; return the new name."""
+    import hermes_state_recovery as recovery
+    recovery.check_restorable(source)
+    return recovery.move_aside(path)
+
+
+def _damaged(path: Path) -> bool:
+    """Say whether the store cannot be opened, or fails SQLite's quick check (a read of every page)."""
+    from hermes_state import SessionDB
+    try:
+        with SessionDB(path, read_only=True) as db:
+            return bool(db.check_integrity()["problems"])
+    except StateDbCorruptError:
+        return True
+
+
 def cmd_restore(args: argparse.Namespace) -> int:
     """Replace the database with a validated backup (atomically)."""
     from hermes_state import SessionDB
     path = commands.db_path(args)
-    if not Path(args.source).is_file():
+    source = Path(args.source)
+    if not source.is_file():
         raise HermesStateError(f"{args.source} does not exist or is not a file")
-    if path.exists() and Path(args.source).resolve() == path.resolve():
+    if path.exists() and source.resolve() == path.resolve():
         raise HermesStateError(f"{args.source} is the database itself; restore from a backup copy of it")
+    if commands.file_kind(source) == "export":
+        raise HermesStateError(f"{args.source} is an export (JSON), not a database: "
+                               f"`{commands.command_line(args)} sessions import {args.source}` loads its sessions")
+    # A damaged store (one that does not open, or fails SQLite's quick check) is kept: renamed
+    # beside itself, never written over, and only once the source has proved it can take its place.
+    moved = _moved_aside(path, source) if path.is_file() and path.stat().st_size and _damaged(path) else None
     with SessionDB(path) as db:
-        total = Path(args.source).stat().st_size  # the pages it copies go through the live file's WAL
-        commands.with_progress("restoring", lambda: db.restore(args.source),
+        total = source.stat().st_size  # the pages it copies go through the live file's WAL
+        commands.with_progress("restoring", lambda: db.restore(source),
                                commands.files_growing(total, Path(f"{db.db_path}-wal")), unit="bytes")
-    emit(args, {"restored": str(path), "source": args.source},
-         lambda d: f"restored {render.safe(d['restored'])} from {render.safe(d['source'])}")
+    data = {"restored": str(path), "source": args.source, **({} if moved is None else {"damaged_moved_to": str(moved)})}
+    emit(args, data, lambda d: f"restored {render.safe(d['restored'])} from {render.safe(d['source'])}" + (
+        f"; the damaged file it replaced is now {render.safe(d['damaged_moved_to'])}" if moved is not None else ""))
     return 0
 
 
@@ -838,6 +878,40 @@ class _Help(argparse.RawDescriptionHelpFormatter):
         return text
 
 
+def _did_you_mean(typed: str, known: Iterable[str]) -> str:
+    """Return " (did you mean X?)" for the known word closest to a mistyped one, or "" when none is close."""
+    import difflib
+    close = difflib.get_close_matches(typed, list(known), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+class _Parser(argparse.ArgumentParser):
+    """A parser whose usage errors are one line: what is wrong, the nearest right word, and where --help is."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        """Raise UsageError instead of printing the usage lines and exiting."""
+        choice = re.match(r"argument (\S+): invalid choice: '?(.*?)'? \(choose from (.*)\)$", message)
+        if choice:
+            name, typed = choice.group(1), choice.group(2)
+            known = [c.strip().strip("'") for c in choice.group(3).split(",")]
+            what = ("command" if name in ("COMMAND", "ACTION") else
+                    f"value of {name}" if name.startswith("-") else name)
+            message = f"unknown {what} {typed!r}{_did_you_mean(typed, known)}"
+        raise UsageError(f"{message}; `{self.prog} --help` says more")
+
+
+def _unrecognized(args: argparse.Namespace, extras: list[str]) -> UsageError:
+    """The usage error for words a command does not take, with the nearest option it does take."""
+    command: Command | None = getattr(args, "command_spec", None)
+    if command is None:
+        return UsageError(f"unrecognized arguments: {' '.join(extras)}; `hermes-state --help` says more")
+    options = command.add_to(_Parser().add_subparsers())._option_string_actions  # argparse's own table
+    typed = extras[0].split("=", 1)[0]
+    hint = _did_you_mean(typed, [o for o in options if o.startswith("--")]) if typed.startswith("-") else ""
+    return UsageError(f"{command.name} does not take {extras[0]}{hint}; `hermes-state {command.name} --help` "
+                      "says what it takes")
+
+
 def _epilog(command: Command) -> str:
     examples = "\n".join(f"  hermes-state {line}" if not line.startswith(("gunzip", "eval", "hermes-state"))
                          else f"  {line}"
@@ -851,7 +925,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     With `only` naming a command (its first word), the others are listed but not built.
     """
-    parser = argparse.ArgumentParser(prog="hermes-state", description="Browse, search and maintain a hermes-state "
+    parser = _Parser(prog="hermes-state", description="Browse, search and maintain a hermes-state "
                                      "database.", epilog=_GLOBALS_HELP, formatter_class=_Help)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     groups: dict[str, Any] = {}
@@ -967,9 +1041,12 @@ def parse_command(words: list[str]) -> argparse.Namespace:
     for command in COMMANDS:
         size = len(command.words)
         if command.words_last and words[:size] == command.words:
-            options = command.add_to(argparse.ArgumentParser().add_subparsers())
+            options = command.add_to(_Parser().add_subparsers())
             words = words[:size] + words_last(options, words[size:])
-    return parser.parse_args(words)
+    args, extras = parser.parse_known_args(words)
+    if extras:
+        raise _unrecognized(args, extras)
+    return args
 
 
 def _parse(argv: list[str]) -> argparse.Namespace | None:
@@ -990,7 +1067,7 @@ def _parse(argv: list[str]) -> argparse.Namespace | None:
         apply_profile(found["profile"], create=args.name == "init")
     elif found.get("db") is None:
         _apply_profile_override(["hermes-state"])  # the active profile, unless HERMES_HOME chose one
-    for key in ("db", "json", "nl", "csv", "tsv", "epoch", "debug"):
+    for key in ("db", "profile", "json", "nl", "csv", "tsv", "epoch", "debug"):
         setattr(args, key, found.get(key))
     args.hermes_home = hermes_home
     _check_flags(args, found)
@@ -1009,12 +1086,41 @@ def _run(args: argparse.Namespace, debug: bool) -> int:
     except AmbiguousSessionIdError as exc:  # the command line named no one session: a usage error
         print(f"hermes-state: {render.safe(exc)}", file=sys.stderr)
         return 2
+    except StateDbCorruptError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"hermes-state: {render.safe(exc)}", file=sys.stderr)
+        for line in _damaged_store_advice(args, exc):
+            if args.name == "recover" and line.startswith("nothing in it can be salvaged"):
+                continue  # the error has just said so
+            print(f"  {render.safe(line)}", file=sys.stderr)
+        return 1
     except (HermesStateError, ValueError, KeyError, OSError, sqlite3.Error, RecursionError) as exc:
         if debug:
             traceback.print_exc()
         message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc  # KeyError quotes its text
         print(f"hermes-state: {render.safe(message)}", file=sys.stderr)
         return 1
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)  # a symlink and its target alike
+    except OSError:
+        return a.absolute() == b.absolute()
+
+
+def _damaged_store_advice(args: argparse.Namespace, exc: StateDbCorruptError) -> list[str]:
+    """Return the steps that can work on the damaged file `exc` names, when it is the store the command chose."""
+    damaged = getattr(exc, "path", None)
+    try:
+        chosen = commands.db_path(args)
+    except HermesStateError:
+        return []
+    if damaged is None or not _same_file(Path(damaged), chosen.expanduser()):
+        return []
+    import hermes_state_recovery as recovery
+    return recovery.damaged_store_advice(damaged, commands.command_line(args))
 
 
 def main(argv: list[str] | None = None) -> int:

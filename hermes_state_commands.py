@@ -40,19 +40,53 @@ def db_path(args: argparse.Namespace) -> Path:
     return home / "state.db"
 
 
+def command_line(args: argparse.Namespace) -> str:
+    """Return the command that selects the store the user chose: `hermes-state --db PATH`, `hermes-state -p NAME` or `hermes-state`.
+
+    Advice printed with it runs on the same store when pasted back.
+    """
+    import shlex
+    if getattr(args, "db", None):
+        return f"hermes-state --db {shlex.quote(str(args.db))}"
+    if getattr(args, "profile", None):
+        return f"hermes-state -p {shlex.quote(str(args.profile))}"
+    return "hermes-state"
+
+
 def existing_db(args: argparse.Namespace) -> Path:
     """Return the database path, or raise HermesStateError when there is no database file there."""
     path = db_path(args)
     if path.is_dir():
         raise HermesStateError(f"{path} is a directory, not a database file")
     if not path.exists():
-        raise HermesStateError(f"{path} does not exist yet (`hermes-state init` creates it)")
+        raise HermesStateError(f"{path} does not exist yet (`{command_line(args)} init` creates it)")
     if path.stat().st_size == 0:
-        raise HermesStateError(f"{path} is empty (0 bytes), not a database yet (`hermes-state init` creates one)")
+        raise HermesStateError(f"{path} is empty (0 bytes), not a database yet (`{command_line(args)} init` creates one)")
     if _looks_like_export(path):
         raise HermesStateError(f"{path} is an export (JSON), not a database: load it into a store with "
                                f"`hermes-state sessions import {path}`")
     return path
+
+
+def file_kind(path: Path) -> str | None:
+    """Say what a file's first bytes show: "sqlite" (SQLite's header), "export" (JSON text), or None (neither, or unreadable).
+
+    A file this process has open is a database in use and is not read with a plain descriptor;
+    anything but a regular file (a pipe from `<(gunzip -c ...)`) is not read at all: what was read
+    would be gone for the command that reads it next.
+    """
+    if not path.is_file():
+        return None
+    if _looks_like_export(path):
+        return "export"
+    if open_in_this_process(path):
+        return "sqlite"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return None
+    return "sqlite" if head == b"SQLite format 3\0" else None
 
 
 def _looks_like_export(path: Path) -> bool:
@@ -468,14 +502,27 @@ def cmd_search(args: argparse.Namespace) -> int:
     """Search every message's text (words, CJK, substrings)."""
     with open_db(args) as db:
         names = name_filters(db, args.source, args.model)
-        hits = db.search_messages(query_text(args.query), source_filter=names.get("sources"), role_filter=args.role,
-                                  limit=limit_of(args), offset=args.offset, include_reasoning=args.reasoning,
-                                  since=args.since, until=args.until, model_filter=names.get("models"))
+        filters: dict[str, Any] = dict(source_filter=names.get("sources"), role_filter=args.role,
+                                       model_filter=names.get("models"))
+        query = query_text(args.query)
+        hits = db.search_messages(query, limit=limit_of(args), offset=args.offset, include_reasoning=args.reasoning,
+                                  since=args.since, until=args.until, **filters)
+        if args.reasoning:
+            for h in hits:
+                h["in_reasoning"] = not _matches_text(db, query, h, filters)
+        # Nothing in the text: say so when the reasoning would match, which is searched only when asked.
+        in_reasoning = not hits and not args.reasoning and not args.offset and bool(db.search_messages(
+            query, limit=1, include_reasoning=True, since=args.since, until=args.until,
+            fields=["id"], **filters))
     color = use_color()
+    nothing = ("no match in the messages' text; the models' reasoning matches: add --reasoning to search it too"
+               if in_reasoning else "no match")
+    if in_reasoning and (args.json or args.nl or args.csv):
+        print(f"hermes-state: {nothing}", file=sys.stderr)  # the machine output stays an empty list
 
     def human(_: Any) -> str:
         if not hits:
-            return "no match"
+            return nothing
         width = term_width()
         lines = []
         for h in hits:
@@ -483,7 +530,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             sid = render.safe(h["session_id"])
             role = render.safe(h["role"])
             rest = f"  {render.safe(render.session_label(h.get('title')))}  {role}  " \
-                   f"{render.relative_time(h['timestamp'])}"
+                   f"{render.relative_time(h['timestamp'])}" + ("  (in reasoning)" if h.get("in_reasoning") else "")
             rest = render.truncate(rest, None if width is None else max(width - render.width(sid), 10))
             if color:  # the role is painted only where it was not cut
                 rest = rest.replace(f"  {role}  ", f"  {render.paint(role, h['role'], True)}  ", 1)
@@ -493,6 +540,17 @@ def cmd_search(args: argparse.Namespace) -> int:
     rows = [{k: v for k, v in h.items() if k != "context"} for h in machine] if args.csv or getattr(args, "tsv", False) else machine
     emit(args, machine, human, rows=rows)
     return 0
+
+
+def _matches_text(db: Any, query: str, hit: dict[str, Any], filters: dict[str, Any]) -> bool:
+    """Say whether a hit of a search with the reasoning also matches without it (in the text, tool calls or tool name)."""
+    when = hit.get("timestamp")
+    if not isinstance(when, (int, float)):
+        return True  # no time to narrow the look to: not said to be in the reasoning
+    # The same search, narrowed to the hit's session and moment: a handful of messages at most.
+    again = db.search_messages(query, session_id=hit["session_id"], since=when, until=when + 0.001, limit=100,
+                               fields=["id"], **filters)
+    return any(h["id"] == hit["id"] for h in again)
 
 
 def _plain_hit(hit: dict[str, Any]) -> dict[str, Any]:
@@ -750,14 +808,15 @@ def _schema_check(path: Path) -> tuple[dict[str, Any], int | None]:
         "" if version == SCHEMA_VERSION else f", this library writes {SCHEMA_VERSION}")), version
 
 
-def _integrity_checks(path: Path, full: bool) -> list[dict[str, Any]]:
+def _integrity_checks(path: Path, full: bool, command: str = "hermes-state") -> list[dict[str, Any]]:
     # SQLite's own check, each full-text index's check and whether a rebuild is still pending.
     from hermes_state import SessionDB
     with SessionDB(path) as db:
         report = db.check_integrity(full=full)
         status = db.fts_rebuild_status()
     checks = [_check("integrity", not report["problems"], "ok" if not report["problems"] else
-                     "; ".join(report["problems"][:3]) + f" (`hermes-state recover {path} <new path>` salvages it)")]
+                     "; ".join(report["problems"][:3]) + f" (`{command} recover {path} {path}.recovered` salvages it; "
+                     f"`{command} restore {path}.recovered` then puts it in place)")]
     for table, result in sorted(report["fts"].items()):  # the same order on every run
         checks.append(_check(f"fts {table}", result == "ok", result if result == "ok" else
                              f"{result} (`hermes-state fts rebuild` rebuilds it)"))
@@ -783,14 +842,52 @@ def _doctor_lines(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _damaged_checks(path: Path, exc: BaseException) -> list[dict[str, Any]]:
+    # What can be learnt of a file the library cannot open, without writing to it: its size, its
+    # header, what `recover` could read, the copies beside it and whether a replica exists.
+    from hermes_state_recovery import copies_beside, unreadable_reason
+    size = path.stat().st_size
+    kind = file_kind(path)
+    checks = [_check("file", True, f"{size:,} bytes"),
+              _check("header", kind == "sqlite", "SQLite's header" if kind == "sqlite" else
+                     "a JSON export, not a database" if kind == "export" else "no SQLite header"),
+              _check("open", False, f"the library cannot read it ({exc.__cause__ or exc})")]
+    why = unreadable_reason(path)
+    checks.append(_check("salvage", why is None, "`recover` can read its tables" if why is None
+                         else f"nothing `recover` can read: {why}"))
+    copies = copies_beside(path)
+    checks.append(_check("copies", True, ", ".join(c.name for c in copies) if copies else "none beside it"))
+    return checks + [_replication_check(path), _sqlite_check()]
+
+
+def _doctor_damaged(args: argparse.Namespace, path: Path, exc: BaseException) -> int:
+    """Report what doctor can check of a file it cannot open, and the steps that can work; exit 1."""
+    from hermes_state_recovery import damaged_store_advice
+    checks = _damaged_checks(path, exc)
+    advice = damaged_store_advice(path, command_line(args))
+
+    def human(report: dict[str, Any]) -> str:
+        width = term_width()  # on a terminal each step wraps at word boundaries, under its own start
+        steps = ["\n".join(textwrap.wrap(render.safe(line), width - 2, initial_indent="  ", subsequent_indent="    ",
+                                         break_long_words=False, break_on_hyphens=False))
+                 if width is not None else f"  {render.safe(line)}" for line in advice]
+        return "\n".join([_doctor_lines(report), "what can be done:"] + steps)
+    emit(args, {"ok": False, "path": str(path), "checks": checks, "advice": advice}, human, rows=checks)
+    return 1
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Check the database: schema, integrity, FTS indexes, WAL size, file modes, lock holders, replication."""
     from hermes_state import SCHEMA_VERSION
     from hermes_state_lockowners import write_lock_holders
+    from hermes_state import StateDbCorruptError
     path = existing_db(args)
     before = _loose_modes(path)  # before any open: a writable open makes the files private itself
-    schema_check, version = _schema_check(path)
-    checks = [schema_check] + (_integrity_checks(path, args.full) if version == SCHEMA_VERSION else [])
+    try:
+        schema_check, version = _schema_check(path)
+        checks = [schema_check] + (_integrity_checks(path, args.full, command_line(args)) if version == SCHEMA_VERSION else [])
+    except StateDbCorruptError as exc:
+        return _doctor_damaged(args, path, exc)
     wal = Path(f"{path}-wal")
     size = wal.stat().st_size if wal.exists() else 0
     checks.append(_check("wal", size < 256 * 2**20, f"{size / 2**20:.1f} MB" + (

@@ -46,14 +46,16 @@ class SessionPersistenceError(HermesStateError):
 
 
 class StateDbCorruptError(HermesStateError):
-    """The database file is not a database, or its schema or pages are malformed."""
+    """The database file is not a database, or its schema or pages are malformed; `.path` names it when known."""
+
+    path: Path | None = None
 
 
 class StoreUnavailableError(HermesStateError):
     """The store cannot serve requests now; maps to HTTP 503 with a guidance sentence."""
 
     http_status = 503
-    guidance = "Start the profile's owner (gateway) or run `hermes-state recover`."
+    guidance = "Start the profile's owner (gateway); `hermes-state doctor` says what else is wrong."
 
 
 class StateDbJournalError(StoreUnavailableError, sqlite3.OperationalError):
@@ -338,9 +340,12 @@ def is_corruption(exc: BaseException) -> bool:
 
 def corrupt_error(path: Path, exc: BaseException) -> StateDbCorruptError:
     """Build the typed error for an unreadable database file."""
-    return StateDbCorruptError(
-        f"{path} is not a usable SQLite database ({exc}). The file was left untouched; "
-        f"run `hermes-state recover {path} <new path>` to salvage what is readable.")
+    # What can be saved depends on how much of the file is readable, which this layer cannot
+    # tell: the command line and the web page add the steps that can work.
+    error = StateDbCorruptError(f"{path} is not a usable SQLite database ({exc}); the file was left untouched, "
+                                f"and `hermes-state --db {path} doctor` says what can be saved")
+    error.path = path
+    return error
 
 
 # The failures `typed_errors` may translate. A hot path catches exactly these and calls

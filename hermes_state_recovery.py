@@ -698,9 +698,13 @@ def recover(source_path: str | os.PathLike, target_path: str | os.PathLike) -> R
             try:  # (a damaged schema name that is not UTF-8 makes SQLite's error message undecodable)
                 tables = _source_tables(src)
             except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
-                raise StateDbCorruptError(
-                    f"{source}: its schema cannot be read ({exc}); nothing can be salvaged") from exc
+                unreadable = StateDbCorruptError(f"{source}: its schema cannot be read ({exc}); nothing can be salvaged")
+                unreadable.path = source  # the command line adds what else can be done
+                raise unreadable from exc
             dst = sqlite3.connect(building.partial, isolation_level=None)
+            # The store's own page size: `restore` copies into a live WAL store page by page, which
+            # takes only a file of the same page size.
+            dst.execute(f"PRAGMA page_size = {schema.PAGE_SIZE}")
             try:
                 _build(src, dst, tables, report)
             finally:

@@ -44,7 +44,7 @@ from hermes_state_chart import usage_chart
 from hermes_state import HermesStateError, SessionDB, StateDbBusyError, StateDbCorruptError, StoreUnavailableError
 from hermes_state_common import ROLES
 from hermes_state_errors import is_sqlite_lock_error
-from hermes_state_home import profile_homes
+from hermes_state_home import DEFAULT_PROFILE, profile_homes
 from hermes_state_listings import PREVIEW_CHARS
 
 PREFIX = "/-/hermes"
@@ -215,8 +215,9 @@ def handle_exception(datasette, request, exception):
         return None
 
     async def inner() -> Response:
-        response = await _render(datasette, request, ERROR_HTML,
-                                 {"title": title, "error": message, "status": status, "back": _way_back(datasette, path)})
+        sentence, *steps = str(message).split("\n")  # a damaged store's steps follow its sentence, one a line
+        response = await _render(datasette, request, ERROR_HTML, {"title": title, "error": sentence, "advice": steps,
+                                                                  "status": status, "back": _way_back(datasette, path)})
         response.status = status
         return response
     return inner
@@ -294,7 +295,7 @@ def _checking(fleet: Fleet, name: str, path: Path) -> "asyncio.Future[Problem | 
     """Return the running check of `name`'s store, starting one when none runs on this loop."""
     check = fleet.checks.get(name)
     if check is None or check.done() or check.get_loop() is not asyncio.get_running_loop():
-        check = asyncio.ensure_future(asyncio.to_thread(_check_store, path))
+        check = asyncio.ensure_future(asyncio.to_thread(_check_store, path, name))
         fleet.checks[name] = check
 
         def forget(done: "asyncio.Future[Problem | None]") -> None:
@@ -327,16 +328,36 @@ def _busy_sentence(exc: BaseException) -> str:
     return f"busy: another program holds its store locked ({exc}). Retry shortly."
 
 
-def _failure(exc: BaseException) -> Problem:
-    """Say why a profile's read failed, and whether only because its store is locked."""
-    return (_busy_sentence(exc), True) if _is_busy(exc) else (problem_sentence(exc), False)
+def _failure(exc: BaseException, profile: str | None = None) -> Problem:
+    """Say why a profile's read failed, and whether only because its store is locked.
+
+    A damaged store's sentence is followed, one a line, by the steps that can work on it.
+    """
+    if _is_busy(exc):
+        return _busy_sentence(exc), True
+    return "\n".join([problem_sentence(exc), *damaged_steps(exc, profile)]), False
 
 
-def _check_store(path: Path) -> Problem | None:
+def damaged_steps(exc: BaseException, profile: str | None = None) -> list[str]:
+    """Return what can be done about the damaged store `exc` names (none for any other failure).
+
+    The commands select the store as a user would: `-p NAME` for a named profile, plain for
+    the default one, `--db PATH` for a file served on its own.
+    """
+    path = getattr(exc, "path", None)
+    if not isinstance(exc, StateDbCorruptError) or path is None:
+        return []
+    from hermes_state_recovery import damaged_store_advice
+    command = ("hermes-state" if profile == DEFAULT_PROFILE else f"hermes-state -p {profile}" if profile
+               else f"hermes-state --db {path}")
+    return damaged_store_advice(path, command)
+
+
+def _check_store(path: Path, profile: str | None = None) -> Problem | None:
     try:
         ProfileGlance(path, read_only=True).close()
     except (HermesStateError, sqlite3.Error, OSError) as exc:
-        return _failure(exc)
+        return _failure(exc, profile)
     return None
 
 
@@ -405,7 +426,7 @@ async def _each_profile(datasette, names: list[str], read: Callable[..., Any], *
         if done in late:
             errors.append(_error_entry(name, (_late_sentence(), True)))
         elif isinstance(outcome, (HermesStateError, sqlite3.Error, OSError)):
-            errors.append(_error_entry(name, _failure(outcome)))
+            errors.append(_error_entry(name, _failure(outcome, name)))
         elif outcome is not None:
             raise outcome
         else:
@@ -414,7 +435,8 @@ async def _each_profile(datasette, names: list[str], read: Callable[..., Any], *
 
 
 def _error_entry(name: str, problem: Problem) -> dict[str, Any]:
-    return {"profile": name, "error": problem[0], "busy": problem[1]}
+    sentence, *steps = problem[0].split("\n")
+    return {"profile": name, "error": sentence, "advice": steps, "busy": problem[1]}
 
 
 def _fleet_errors(fleet: Fleet, more: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -900,7 +922,7 @@ async def _off_loop(read, *args):
     try:
         return await asyncio.to_thread(read, *args)
     except (StoreUnavailableError, StateDbCorruptError) as exc:
-        raise DatasetteError(problem_sentence(exc), title="Store unavailable",
+        raise DatasetteError("\n".join([problem_sentence(exc), *damaged_steps(exc)]), title="Store unavailable",
                              status=StoreUnavailableError.http_status) from exc
 
 
@@ -912,7 +934,7 @@ async def _store(datasette, request):
         # A profile made, or a store set right, since the last look (no other profile is checked).
         fleet = await refresh_profiles(datasette, only=name)
         if fleet is not None and name in fleet.problems:
-            raise DatasetteError(fleet.problems[name], title="Store unavailable",
+            raise DatasetteError(fleet.problems[name], title=f"Profile {name}: store unavailable",
                                  status=StoreUnavailableError.http_status)
     if name not in _STORES.get(datasette, {}):
         raise NotFound(f"No hermes-state database named {name}")
@@ -1099,7 +1121,7 @@ mark { background: #fde68a; }
 
 # The profiles an aggregate page could not read, each with what to do about it.
 ERRORS = """{% if errors %}<div class="hs-errors"><p>Not shown, each for its own reason:</p><ul>
-{% for e in errors %}<li{% if e.busy %} class="hs-busy"{% endif %}><a class="hs-profile" href="{{ urls.path('""" + PREFIX + """/' ~ (e.profile|urlencode)) }}">{{ e.profile }}</a>: {{ e.error }}</li>
+{% for e in errors %}<li{% if e.busy %} class="hs-busy"{% endif %}><a class="hs-profile" href="{{ urls.path('""" + PREFIX + """/' ~ (e.profile|urlencode)) }}">{{ e.profile }}</a>: {{ e.error }}{% if e.advice %}<ul class="hs-advice">{% for step in e.advice %}<li>{{ step }}</li>{% endfor %}</ul>{% endif %}</li>
 {% endfor %}</ul></div>{% endif %}"""
 
 PROFILES_HTML = """{% extends "base.html" %}
@@ -1207,7 +1229,7 @@ ERROR_HTML = """{% extends "base.html" %}
 {% block title %}{{ title }}{% endblock %}
 {% block extra_head %}""" + STYLE + """{% endblock %}
 {% block content %}<h1>{{ title }}</h1>
-<div class="hs-errors hs-error">{{ error }}</div>
+<div class="hs-errors hs-error">{{ error }}{% if advice %}<p>What can be done:</p><ul class="hs-advice">{% for step in advice %}<li>{{ step }}</li>{% endfor %}</ul>{% endif %}</div>
 <ul class="hs-way-back">{% for url, label in back %}<li><a href="{{ urls.path(url) }}">{{ label }}</a></li>{% endfor %}</ul>
 {% endblock %}"""
 

@@ -68,7 +68,30 @@ def test_search_shows_titles_and_reaches_reasoning_when_asked(capsys, hermes_hom
         db.set_session_title("s1", "Night shift")
         db.append_message("s1", "assistant", "ok", reasoning_content="consider the pelican route")
     assert main(["sessions", "search", "pelican"]) == 0
-    assert capsys.readouterr().out.strip() == "no match"
+    assert capsys.readouterr().out.strip() == ("no match in the messages' text; the models' reasoning matches: "
+                                               "add --reasoning to search it too")
     assert main(["sessions", "search", "pelican", "--reasoning"]) == 0
     out = capsys.readouterr().out
     assert "s1  Night shift  assistant" in out and "pelican" in out
+
+
+def test_a_hit_found_only_in_the_reasoning_says_so(capsys, hermes_home):
+    with SessionDB() as db:
+        db.create_session("s1", "cli")
+        db.append_message("s1", "assistant", "take the pelican ferry", reasoning_content="pelican or heron?")
+        db.append_message("s1", "assistant", "ok", reasoning_content="consider the pelican route")
+        db.append_message("s1", "user", "no birds here", reasoning_content=None)
+    assert main(["--json", "sessions", "search", "pelican", "--reasoning"]) == 0
+    hits = json.loads(capsys.readouterr().out)
+    # The first reply matches in its text (and its reasoning); the second only in its reasoning.
+    assert [h["in_reasoning"] for h in sorted(hits, key=lambda h: h["id"])] == [False, True]
+    assert main(["sessions", "search", "pelican", "--reasoning"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("s1")]
+    assert sorted(line.endswith("(in reasoning)") for line in lines) == [False, True]
+    assert main(["--json", "sessions", "search", "pelican"]) == 0  # without --reasoning: no such field
+    assert all("in_reasoning" not in h for h in json.loads(capsys.readouterr().out))
+    assert main(["--json", "sessions", "search", "heron"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == [] and "add --reasoning" in captured.err
+    assert main(["sessions", "search", "birdless"]) == 0
+    assert capsys.readouterr().out.strip() == "no match"

@@ -84,7 +84,7 @@ def test_limit_zero_means_all_and_a_huge_limit_is_a_usage_error(hermes_home, cap
                  ["sessions", "show", "s01", "--tail", "-2"]):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
-        assert "error:" in err and "Traceback" not in err
+        assert err.startswith("hermes-state: ") and err.count("\n") == 1 and "--help" in err, err
 
 
 def test_show_tail_prints_only_the_last_messages(hermes_home, capsys):

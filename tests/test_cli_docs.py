@@ -97,6 +97,8 @@ TRANSCRIPT = [
     "sessions search 東京",
     "sessions search ocker --role user -n 5",
     "sessions search docker -dockerfile",
+    "sessions search compiler",
+    "sessions search compiler --reasoning",
     "sessions stats",
     "sessions prune --older-than 0 --dry-run",
     "sessions delete demo_docker --dry-run",
@@ -104,6 +106,8 @@ TRANSCRIPT = [
     "doctor",
     "sessions show nope",
     "sessions list --limit -1",
+    "sessions lst",
+    "sessions list --limt 5",
 ]
 _BEGIN, _END = "<!-- transcript: begin -->\n", "<!-- transcript: end -->"
 

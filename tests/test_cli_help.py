@@ -81,9 +81,24 @@ def test_each_command_has_two_or_three_examples_that_parse(words, capsys):
 
 def test_a_wrong_command_line_is_a_usage_error_not_a_traceback(capsys):
     for words in (["sessions", "list", "--limit", "many"], ["sessions", "stats", "--by", "year"], ["nope"]):
-        with pytest.raises(SystemExit) as done:
+        with pytest.raises(cli.UsageError, match="--help` says"):
             cli.parse_command(words)
-        assert done.value.code == 2 and "error:" in capsys.readouterr().err
+        assert capsys.readouterr().err == ""  # nothing printed on the way: main prints the one line
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["sessions", "lst"], "unknown command 'lst' (did you mean list?); `hermes-state sessions --help`"),
+    (["doctr"], "unknown command 'doctr' (did you mean doctor?); `hermes-state --help`"),
+    (["sessions", "list", "--limt", "3"], "sessions list does not take --limt (did you mean --limit?); "
+                                          "`hermes-state sessions list --help`"),
+    (["sessions", "search", "x", "--role", "usr"], "unknown value of --role 'usr' (did you mean user?)"),
+    (["fts", "stat"], "unknown action 'stat' (did you mean status?); `hermes-state fts --help`"),
+    (["sessions", "prune"], "the following arguments are required: --older-than; `hermes-state sessions prune --help`"),
+])
+def test_a_usage_error_is_one_line_with_the_nearest_right_word(hermes_home, argv, says):
+    out = run(hermes_home, *argv)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and says in out.stderr and "usage:" not in out.stderr, out.stderr
 
 
 def test_search_help_shows_the_query_syntax(hermes_home):

@@ -226,3 +226,47 @@ def test_a_failed_import_into_a_new_db_file_leaves_no_file(hermes_home, tmp_path
     assert main(["--db", str(target), "sessions", "import", str(path)]) == 1
     assert "nothing was imported" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir() if p != hermes_home) == ["bad.jsonl"]
+
+
+def test_an_import_of_a_file_that_is_no_export_says_what_it_is(hermes_home, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with SessionDB():
+        pass
+    (tmp_path / "adir").mkdir()
+    with SessionDB(tmp_path / "other.db") as db:
+        db.create_session("o", "cli")
+    for argv, says in ((["sessions", "import", "adir"], "hermes-state: adir is a directory; give an export file"),
+                       (["sessions", "import", "nope.jsonl"], "hermes-state: nope.jsonl does not exist"),
+                       (["sessions", "import", "other.db"], "hermes-state: other.db is a SQLite database, not an "
+                        "export: `hermes-state --db other.db sessions export` writes one")):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(says) and err.count("\n") == 1 and "Errno" not in err, err
+    with SessionDB(read_only=True) as db:
+        assert db.list_sessions() == []
+
+
+def test_an_import_from_a_pipe_loses_none_of_its_bytes(hermes_home, tmp_path):
+    # `sessions import <(gunzip -c all.jsonl.gz)` names a pipe: nothing may read it before the import.
+    import os
+    import subprocess
+    import sys
+    with SessionDB() as db:
+        db.create_session("piped", "cli")
+        db.append_message("piped", "user", "through a pipe")
+        document = db.export_session("piped")
+        db.delete_session("piped")
+    fifo = tmp_path / "export.fifo"
+    os.mkfifo(fifo)
+    importing = subprocess.Popen([sys.executable, "-m", "hermes_state_cli", "sessions", "import", str(fifo)],
+                                 env={**os.environ, "HERMES_HOME": str(hermes_home)}, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+    try:
+        with open(fifo, "w") as pipe:
+            pipe.write(json.dumps(document) + "\n")
+        out, err = importing.communicate(timeout=60)
+    finally:
+        importing.kill()  # (a no-op once it has ended)
+    assert importing.returncode == 0, err
+    with SessionDB(read_only=True) as db:
+        assert [m["content"] for m in db.get_messages("piped")] == ["through a pipe"]

@@ -200,7 +200,7 @@ def test_a_damaged_fts_structure_is_a_typed_error_for_every_call(db):
     with SessionDB(db.db_path) as again:
         for call in (lambda: again.search_messages("word7"), lambda: again.append_message("s", "user", "more"),
                      again.rebuild_fts):
-            with pytest.raises(StateDbCorruptError, match="recover"):
+            with pytest.raises(StateDbCorruptError, match="doctor` says what can be saved"):
                 call()
         assert [m["content"] for m in again.get_messages("s")][:1] == ["word0 " * 40]  # rows still readable
 
@@ -434,7 +434,7 @@ def test_damaged_file_copy_never_gives_a_raw_sqlite_error(db, tmp_path):
     with SessionDB(copy) as damaged:
         assert damaged.get_session("s")["id"] == "s"  # the undamaged tables still answer
         for read in (lambda: damaged.get_messages("s"), lambda: damaged.search_messages("message")):
-            with pytest.raises(StateDbCorruptError, match="hermes-state recover"):
+            with pytest.raises(StateDbCorruptError, match="left untouched.*doctor` says what can be saved"):
                 read()
     assert copy.read_bytes() == bytes(data)  # left untouched, as the error says
 

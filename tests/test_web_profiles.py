@@ -77,10 +77,12 @@ def test_index_lists_each_profile_with_its_counts_and_the_damaged_one_under_erro
     assert default["last_activity"] == newest and default["url"] == "/-/hermes/default"
     (error,) = body["errors"]
     assert error["profile"] == "broken" and "not a usable SQLite database" in error["error"]
-    assert "hermes-state recover" in error["error"]
+    # Nothing of it is readable: the steps offered are those that can work, for this profile.
+    assert error["advice"][0].startswith("nothing in it can be salvaged") and "recover" not in " ".join(error["advice"])
+    assert error["advice"][-1].endswith("then `hermes-state -p broken init`")
     html = content(page)
     assert 'href="/-/hermes/coder">coder</a>' in html and 'href="/-/hermes/all"' in html
-    assert "broken" in html and "hermes-state recover" in html
+    assert "broken" in html and "then `hermes-state -p broken init`</li>" in html
 
 
 def test_each_profile_keeps_its_pages_under_its_own_name(root):
@@ -99,11 +101,11 @@ def test_all_lists_sessions_of_every_profile_newest_activity_first(root):
     assert [(s["profile"], s["id"]) for s in body["sessions"]] == [("default", "d_old"), ("coder", "c_mid"),
                                                                    ("default", "d_new")]
     assert body["profiles"] == ["default", "coder"]
-    assert [e["profile"] for e in body["errors"]] == ["broken"] and "hermes-state recover" in body["errors"][0]["error"]
+    assert [e["profile"] for e in body["errors"]] == ["broken"] and "-p broken init" in body["errors"][0]["advice"][-1]
     assert {"link", "label"}.isdisjoint(body["sessions"][0]) and "preview" in body["sessions"][0]
     html = content(page)
     assert re.findall(r'<td class="hs-profile">(\w+)</td>', html) == ["default", "coder", "default"]
-    assert 'href="/-/hermes/coder/session/c_mid"' in html and "hermes-state recover" in html
+    assert 'href="/-/hermes/coder/session/c_mid"' in html and "hermes-state -p broken init" in html
 
 
 def test_all_takes_the_filters_of_one_profile_and_pages(root, monkeypatch):
@@ -155,7 +157,7 @@ def test_the_usage_chart_stacks_profiles(root):
 
 
 @pytest.mark.parametrize("damage, says", [
-    ("garbage", "hermes-state recover"),
+    ("garbage", "says what can be saved"),
     ("missing", "Start the profile's owner once"),
     ("empty", "Start the profile's owner once"),
     ("newer", "Upgrade hermes-state"),
@@ -211,7 +213,7 @@ def test_a_busy_profile_fails_on_its_own_and_serves_once_free(root, monkeypatch)
         errors = {e["profile"]: e for e in response.json()["errors"]}
         assert set(errors) == {"busy", "broken"} and "Retry shortly" in errors["busy"]["error"]
         assert errors["busy"]["error"].startswith("busy: ") and errors["busy"]["busy"] is True
-        assert errors["broken"]["busy"] is False and "hermes-state recover" in errors["broken"]["error"]
+        assert errors["broken"]["busy"] is False and "says what can be saved" in errors["broken"]["error"]
     assert {h["profile"] for h in search.json()["hits"]} == {"default", "coder"}
     assert after.status_code == 200 and [s["id"] for s in after.json()["sessions"]] == ["b1"]
     assert "busy" in [p["profile"] for p in index_after.json()["profiles"]]
@@ -281,7 +283,7 @@ def test_a_profile_that_does_not_answer_holds_up_no_other_page_and_no_request(ro
         assert {s["profile"] for s in every.json()["sessions"]} == {"default", "coder"}
         assert {h["profile"] for h in search.json()["hits"]} == {"default", "coder"}
     broken = unserved[3]
-    assert broken.status_code == 503 and "hermes-state recover" in broken.json()["error"]
+    assert broken.status_code == 503 and "hermes-state -p broken init" in broken.json()["error"]
     assert "stuck" in [p["profile"] for p in served.json()["profiles"]]
     assert held[3].status_code == 200 and {s["id"] for s in held[3].json()["sessions"]} == {"d_old", "d_new"}
 
@@ -363,9 +365,9 @@ def test_every_profile_renders_in_headless_chromium(root, tmp_path):
             assert [lines for title, lines in m["titles"] if LONG_ID not in title] == [1, 1, 1], (width, m)
         dom = browse(browser, profile, f"{base}/all", "--dump-dom")
         assert re.findall(r'<td class="hs-profile">(\w+)</td>', dom) == ["coder", "default", "coder", "default"]
-        assert 'data-profile="coder"' in dom and "hermes-state recover" in dom and ">broken</a>" in dom
+        assert 'data-profile="coder"' in dom and "hermes-state -p broken init" in dom and ">broken</a>" in dom
         dom = browse(browser, profile, f"{base}/broken", "--dump-dom")
-        assert "not a usable SQLite database" in dom and "hermes-state recover" in dom
+        assert "not a usable SQLite database" in dom and "hermes-state -p broken init" in dom
         dom = browse(browser, profile, base, "--dump-dom")
         assert 'href="/-/hermes/coder">coder</a>' in dom and 'href="/-/hermes/default">default</a>' in dom
         shot = tmp_path / "profiles.png"
@@ -390,6 +392,8 @@ def test_search_across_profiles_shows_markdown_as_words_and_names_untitled_sessi
 
 def test_a_damaged_profiles_page_leads_back(root):
     page, bad = get(root, "/-/hermes/broken", "/-/hermes/all?since=soon")
-    assert page.status_code == 503 and "hermes-state recover" in page.text
+    assert page.status_code == 503 and "<h1>Profile broken: store unavailable</h1>" in page.text
+    assert "nothing in it can be salvaged" in page.text and "hermes-state -p broken init" in page.text
+    assert "recover" not in page.text.replace("says what can be saved", "")
     assert '<a href="/-/hermes">Every profile</a>' in page.text
     assert bad.status_code == 400 and '<a href="/-/hermes/all">Sessions of every profile</a>' in bad.text
