@@ -776,6 +776,29 @@ def _sqlite_check() -> dict[str, Any]:
                   f"{sqlite3.sqlite_version}", warn=WAL_RESET_BUG)
 
 
+def _space_check(path: Path) -> dict[str, Any]:
+    # How much of the file is free pages (a move-in and deletes leave them), and what gives it back.
+    from hermes_state_recovery import collect_state_db_stats
+    stats = collect_state_db_stats(path)
+    if stats["page_size"] is None or stats["page_count"] is None or stats["freelist_count"] is None:
+        return _check("space", True, "cannot be read")
+    size, free = stats["page_count"] * stats["page_size"], stats["freelist_count"] * stats["page_size"]
+    much = free >= 2**20 and free * 4 >= size
+    return _check("space", True, f"{size / 2**20:.1f} MB, {free / 2**20:.1f} MB of it free" + (
+        " (`hermes-state vacuum` gives it back; writers wait while it runs)" if much else ""), warn=much)
+
+
+def _copies_check(path: Path) -> dict[str, Any]:
+    # The copies an upgrade wrote beside the store, which the library keeps until the user removes them.
+    from hermes_state_recovery import copies_beside
+    copies = copies_beside(path)
+    if not copies:
+        return _check("upgrade copies", True, "none")
+    total = sum(c.stat().st_size for c in copies)
+    return _check("upgrade copies", True, f"{len(copies)} ({total / 2**20:.1f} MB), newest {copies[0].name}; "
+                  "kept until you remove them (the library never deletes one)")
+
+
 def _replication_check(path: Path) -> dict[str, Any]:
     # Whether Litestream replicates this file, from what it leaves beside the file and in /proc.
     from hermes_state_replicas import litestream_status
@@ -900,6 +923,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         f"{file.name} is readable by others (mode {mode:o}): run `chmod 600 {file}`" for file, mode in still)
         or (f"fixed: {', '.join(fixed)}" if fixed else "0600")))
     checks.append(_check("lock holders", True, "; ".join(write_lock_holders(path)) or "none"))
+    checks.append(_space_check(path))
+    checks.append(_copies_check(path))
     checks.append(_replication_check(path))
     checks.append(_sqlite_check())
     healthy = all(c["ok"] for c in checks)

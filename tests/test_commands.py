@@ -259,3 +259,25 @@ def test_export_import_backup_restore_recover_migrate_vacuum(filled, tmp_path):
     assert json.loads(run(filled, "migrate", "--json").stdout)["backup"] is None
     vacuumed = run(filled, "vacuum", "--json")
     assert vacuumed.returncode == 0 and json.loads(vacuumed.stdout)["bytes_after"] > 0
+
+
+def test_doctor_says_how_much_is_free_what_gives_it_back_and_which_upgrade_copies_are_kept(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    with SessionDB(home / "state.db") as db:
+        for n in range(40):
+            db.create_session(f"s{n}", "cli")
+            db.append_message(f"s{n}", "user", "x" * 100_000)
+    checks = {c["check"]: c for c in json.loads(run(home, "doctor", "--json").stdout)["checks"]}
+    assert checks["space"]["detail"].endswith("0.0 MB of it free") and not checks["space"].get("warn")
+    assert checks["upgrade copies"]["detail"] == "none"
+    with SessionDB(home / "state.db") as db:
+        db.delete_sessions([f"s{n}" for n in range(30)])
+    copy = home / "state.db.pre-v31-20261201T000000Z.bak"
+    copy.write_bytes((home / "state.db").read_bytes())
+    checks = {c["check"]: c for c in json.loads(run(home, "doctor", "--json").stdout)["checks"]}
+    assert checks["space"]["warn"] is True and "`hermes-state vacuum` gives it back" in checks["space"]["detail"]
+    assert checks["upgrade copies"]["detail"].startswith(f"1 ({copy.stat().st_size / 2**20:.1f} MB), newest {copy.name}")
+    assert run(home, "vacuum").returncode == 0
+    checks = {c["check"]: c for c in json.loads(run(home, "doctor", "--json").stdout)["checks"]}
+    assert not checks["space"].get("warn") and copy.exists()  # vacuum gave the pages back; the copy stays
