@@ -107,10 +107,6 @@ def _plain(value: Any) -> Any:
     return {k: v for k, v in vars(value).items() if not k.startswith("_")}
 
 
-def _report(args: argparse.Namespace, value: Any, title: str) -> None:
-    emit(args, _plain(value), lambda d: "\n".join([title] + (render.plain(d) if isinstance(d, dict) else [])))
-
-
 # --- moving data: export, import, delete, prune, recover, backup, restore ------------------------
 
 def _exported(db: Any, session_id: str) -> dict[str, Any]:

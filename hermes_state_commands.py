@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import stat
 import sys
 import textwrap
 import threading
-import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO

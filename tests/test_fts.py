@@ -746,6 +746,17 @@ def _queue_one(conn, sid: str) -> int:
     return row
 
 
+def _connections_come_and_go(path, count: int) -> list:
+    """Open `count` library connections one after another, each queueing a row and closing; return them."""
+    others = []
+    for _ in range(count):
+        other = schema.connect(path)
+        _queue_one(other, "s")
+        other.close()
+        others.append(other)
+    return others
+
+
 def test_each_library_connection_keeps_its_own_state_for_as_long_as_it_lives(db, rival):
     db.create_session("s", "cli")
     first, second = schema.connect(db.db_path), schema.connect(db.db_path)
@@ -754,12 +765,7 @@ def test_each_library_connection_keeps_its_own_state_for_as_long_as_it_lives(db,
         assert (first.fts_queued, second.fts_queued) == (1, 0)
         assert first.fts_catalogue is not None and second.fts_catalogue is None
         # Hundreds of other connections come and go (each queueing a row): none touches first's state.
-        others = []
-        for _ in range(300):
-            other = schema.connect(db.db_path)
-            _queue_one(other, "s")
-            other.close()
-            others.append(other)  # kept, so no id() is given again
+        others = _connections_come_and_go(db.db_path, 300)  # noqa: F841 - kept, so no id() is given again
         assert first.fts_queued == 1 and first.fts_catalogue is not None
     finally:
         first.close()
@@ -771,12 +777,7 @@ def test_a_closing_handle_indexes_its_queue_however_many_connections_came_before
     # meanwhile, its count of its own queue is never thrown away.
     db.create_session("s", "cli")
     db.append_message("s", "user", "the handle's own row")
-    others = []
-    for _ in range(300):
-        other = schema.connect(db.db_path)
-        _queue_one(other, "s")
-        other.close()
-        others.append(other)  # kept, so no id() is given again
+    others = _connections_come_and_go(db.db_path, 300)  # noqa: F841 - kept, so no id() is given again
     assert rival.execute(f"SELECT COUNT(*) FROM {fts.PENDING}").fetchone()[0] == 301
     db.close()
     assert rival.execute(f"SELECT COUNT(*) FROM {fts.PENDING}").fetchone()[0] == 0
