@@ -949,14 +949,16 @@ def release_turn(writer: Writer, holder: str, policy: RetryPolicy, patience_s: f
 
 def run_pending(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_rows: int = REBUILD_CHUNK_ROWS,
                 stop: threading.Event | None = None, pause_s: float = 0.0,
-                step: Callable[[sqlite3.Connection], bool] | None = None, holder: str | None = None) -> bool:
+                step: Callable[[sqlite3.Connection], bool] | None = None, holder: str | None = None,
+                free: Callable[[sqlite3.Connection], bool] | None = None) -> bool:
     """Run rebuild chunks and CJK catch-up (or `step`), one write transaction each, until done or `stop` is set.
 
     Returns True when nothing is pending any more. Between chunks it pauses `pause_s` without
     holding any lock, so other writers get their turn. `step(conn)` does one bounded unit of
     other work and returns whether more remains. With `holder` (a background thread's), each
     chunk first takes or renews the one worker lease; while another thread holds it live, this
-    one looks again every LEASE_RETRY_S and takes over once it is given back or expires.
+    one looks again every LEASE_RETRY_S and takes over once it is given back or expires. With
+    `free`, a transaction first asks `free(conn)` to make room: when it did, that was the chunk.
     """
     rows = chunk_rows
     while stop is None or not stop.is_set():
@@ -966,6 +968,8 @@ def run_pending(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_ro
             waiting = holder is not None and not _take_turn(conn, holder)
             if waiting:  # another thread is doing this work: two would only take turns with the lock
                 more = True
+            elif free is not None and free(conn):
+                more = True  # room made for the chunks to come, in a transaction of its own
             else:
                 started = time.monotonic()
                 more = advance(conn, rows) if step is None else step(conn)
@@ -981,10 +985,11 @@ def run_pending(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_ro
 
 
 def background_worker(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_rows: int,
-                      stop: threading.Event, pause_s: float = BACKGROUND_PAUSE_S, holder: str | None = None) -> None:
+                      stop: threading.Event, pause_s: float = BACKGROUND_PAUSE_S, holder: str | None = None,
+                      free: Callable[[sqlite3.Connection], bool] | None = None) -> None:
     """Thread body: finish pending FTS work in the background; log (never raise) on failure."""
     try:
-        if run_pending(writer, patience_s, policy, chunk_rows, stop, pause_s, holder=holder):
+        if run_pending(writer, patience_s, policy, chunk_rows, stop, pause_s, holder=holder, free=free):
             logger.info("full-text index is up to date")
     except Exception as exc:  # noqa: BLE001 - a background thread has nobody to raise to
         if not stop.is_set():
@@ -992,7 +997,8 @@ def background_worker(writer: Writer, patience_s: float, policy: RetryPolicy, ch
                            "or with rebuild_fts()", exc)
 
 
-def rebuild(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_rows: int = REBUILD_CHUNK_ROWS) -> None:
+def rebuild(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_rows: int = REBUILD_CHUNK_ROWS,
+            free: Callable[[sqlite3.Connection], bool] | None = None) -> None:
     """Rebuild every FTS index to the end: resume the rebuild under way, else start a full one.
 
     Opens its own write transactions (one to start, one per chunk); safe to interrupt at any
@@ -1002,7 +1008,7 @@ def rebuild(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_rows: 
         if not inspect(conn).declared:
             create_fts(conn)
         start_rebuild(conn)
-    run_pending(writer, patience_s, policy, chunk_rows)
+    run_pending(writer, patience_s, policy, chunk_rows, free=free)
 
 
 def rebuild_status(conn: sqlite3.Connection) -> dict[str, object]:

@@ -39,11 +39,13 @@ from hermes_state_writer import Cancelled, RetryPolicy, Writer
 RETIRED_PREFIX = "hermes_retired_fts_"
 CLEAR_CHUNK_S = 0.1              # one clearing transaction holds the write lock about this long
 CLEAR_BATCH_ROWS = 32            # rows deleted between two looks at the clock (one may own MBs of overflow)
+STAND_IN_ROOM_ROWS = 32          # rows of a moved-aside text freed before its empty stand-ins are made
 _ROW_SHADOWS = ("data", "content", "docsize")  # an FTS5 table's rowid tables: nearly all of its pages
 FTS5_HEADER_ROWS = (1, 10)      # the averages and structure records its constructor reads, even to drop it
 RECLAIM_MIN_FREE = 0.10          # reclaim when more than this share of the file is free pages
 AUTO_RECLAIM_MAX_BYTES = 1 << 30  # above this, a VACUUM blocks writers too long to run unasked
 STOP_WAIT_S = 5.0                # how long close() waits for the chunk under way
+UPGRADE_FREE_S = 1.0             # the most the upgrade's first transaction spends freeing pages ahead
 
 
 # --- before the migration: the copy, and the old FTS objects -------------------------------------
@@ -195,6 +197,10 @@ def prepare_upgrade(conn: sqlite3.Connection) -> None:
                          or retire_fts5_table(c, name, sql))
     conn.execute(next(sql for sql in TABLE_SQL if " state_meta (" in sql))  # an old layout may lack it yet
     conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (recovery.RECLAIM_KEY,))
+    # The back-fill and the new indexes that follow take their pages from these.
+    rows = conn.execute("SELECT COALESCE(MAX(id), 0) FROM messages").fetchone()[0] \
+        if object_exists(conn, "table", "messages") else 0
+    free_ahead(conn, reserve_bytes=FREE_RESERVE_BYTES + rows * UPGRADE_BYTES_PER_MESSAGE, budget_s=UPGRADE_FREE_S)
     if kept:  # what it holds: every message written before the upgrade began
         conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, (SELECT COALESCE(MAX(id), 0) "
                      "FROM messages))", (fts.OLD_SUBSTRINGS_UPTO,))
@@ -254,12 +260,19 @@ def retire_fts5_table(conn: sqlite3.Connection, name: str, sql: str) -> bool:
         number += 1
     conn.execute("SAVEPOINT hermes_retire")
     try:
+        stand_ins = []
         for shadow in _ROW_SHADOWS:
             found = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?",
                                  (f"{name}_{shadow}",)).fetchone()
             if found is not None:
                 conn.execute(f'ALTER TABLE "{name}_{shadow}" RENAME TO "{RETIRED_PREFIX}{number}_{shadow}"')
-                conn.execute(found[0])  # the empty stand-in the table's constructor opens
+                stand_ins.append(found[0])
+        if stand_ins and object_exists(conn, "table", f"{RETIRED_PREFIX}{number}_content"):
+            # A few pages of its text freed first: the stand-ins take those, not new ones at the file's end.
+            conn.execute(f'DELETE FROM "{RETIRED_PREFIX}{number}_content" WHERE rowid IN '
+                         f'(SELECT rowid FROM "{RETIRED_PREFIX}{number}_content" LIMIT {STAND_IN_ROOM_ROWS})')
+        for sql in stand_ins:
+            conn.execute(sql)  # the empty stand-ins the table's constructor opens
         conn.execute(f'INSERT INTO "{name}_data" SELECT * FROM "{RETIRED_PREFIX}{number}_data" '
                      f"WHERE id IN ({', '.join(map(str, FTS5_HEADER_ROWS))})")
         conn.execute(f'DROP TABLE "{name}"')
@@ -285,15 +298,44 @@ def clear_retired_step(conn: sqlite3.Connection, budget_s: float | None = None) 
     aside first once no rebuild needs it, then rows are deleted a few at a time until the budget
     is spent, and a table is dropped once empty.
     """
-    deadline = time.monotonic() + (CLEAR_CHUNK_S if budget_s is None else budget_s)
     retire_old_substrings(conn)
+    return _clear_retired(conn, time.monotonic() + (CLEAR_CHUNK_S if budget_s is None else budget_s))
+
+
+def _clear_retired(conn: sqlite3.Connection, deadline: float, enough: Callable[[], bool] = lambda: False) -> bool:
+    # Deletes moved-aside rows until the deadline passes or `enough()`; True while rows remain.
     for name in retired_tables(conn):
         while conn.execute(f'DELETE FROM "{name}" WHERE rowid IN '
                            f'(SELECT rowid FROM "{name}" LIMIT {CLEAR_BATCH_ROWS})').rowcount:
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or enough():
                 return True
         conn.execute(f'DROP TABLE "{name}"')
     return False
+
+
+# SQLite takes free pages before it makes the file longer. Freeing the old index's pages just ahead
+# of the writes that need new ones (the upgrade's back-fill and new indexes, then each chunk of the
+# rebuild) lets the new layout fill them, so the file grows only if it needs more than the old
+# index held. The background work keeps this much free while moved-aside pages remain.
+FREE_RESERVE_BYTES = 32 << 20
+UPGRADE_BYTES_PER_MESSAGE = 256  # what the upgrade adds per message: its uid, and the new indexes' entries
+
+
+def _free_bytes(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA freelist_count").fetchone()[0]) * int(conn.execute("PRAGMA page_size").fetchone()[0])
+
+
+def free_ahead(conn: sqlite3.Connection, reserve_bytes: int | None = None, budget_s: float | None = None) -> bool:
+    """Free moved-aside pages when fewer than `reserve_bytes` are free (about `budget_s` of work); return whether it freed any.
+
+    Inside the caller's write transaction. Leaves the older substring index a rebuild reads alone.
+    """
+    reserve = FREE_RESERVE_BYTES if reserve_bytes is None else reserve_bytes
+    if _free_bytes(conn) >= reserve or not retired_tables(conn):
+        return False
+    _clear_retired(conn, time.monotonic() + (CLEAR_CHUNK_S if budget_s is None else budget_s),
+                   lambda: _free_bytes(conn) >= 2 * reserve)
+    return True
 
 
 @dataclass
@@ -507,10 +549,10 @@ class FtsRebuild:
 
     def _work(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, chunk_rows: int,
               rebuilding: bool, clearing: bool) -> None:
-        fts.background_worker(writer, patience_s, policy, chunk_rows, self.stop_event, holder=self.holder)
+        fts.background_worker(writer, patience_s, policy, chunk_rows, self.stop_event, holder=self.holder,
+                              free=free_ahead if clearing else None)
         if clearing and not self.stop_event.is_set():
-            # After the indexes, so that searches are complete sooner: the new indexes then grow the
-            # file by their size instead of filling the pages freed here, which later writes reuse.
+            # What the new indexes did not need: pages later writes reuse (or vacuum() gives back).
             try:
                 fts.run_pending(writer, patience_s, policy, stop=self.stop_event, pause_s=fts.BACKGROUND_PAUSE_S,
                                 step=clear_retired_step, holder=self.holder)
@@ -555,7 +597,7 @@ def open_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryPoli
 def rebuild_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy,
                 chunk_rows: int = fts.REBUILD_CHUNK_ROWS) -> None:
     """Rebuild the FTS indexes to the end (one transaction per chunk), free what an upgrade moved aside, then reclaim."""
-    fts.rebuild(writer, patience_s, policy, chunk_rows)
+    fts.rebuild(writer, patience_s, policy, chunk_rows, free=free_ahead)
     fts.run_pending(writer, patience_s, policy, step=clear_retired_step)
     with writer.exclusive() as conn:
         reclaim_after_upgrade(conn, db_path, patience_s, policy)

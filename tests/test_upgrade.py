@@ -155,8 +155,16 @@ def _old_index_rows(path: Path) -> dict[str, int]:
             for table in ("messages_fts", "messages_fts_trigram") for shadow in ("data", "content", "docsize")}
 
 
+def _nothing_freed_ahead(monkeypatch) -> None:
+    # Every moved-aside row is then left for the clearing, which these tests watch.
+    monkeypatch.setattr(upgrade, "FREE_RESERVE_BYTES", 0)
+    monkeypatch.setattr(upgrade, "UPGRADE_BYTES_PER_MESSAGE", 0)
+    monkeypatch.setattr(upgrade, "STAND_IN_ROOM_ROWS", 0)
+
+
 def test_the_upgrade_moves_the_old_index_aside_and_frees_it_later_in_short_transactions(old_file, monkeypatch):
     _grow_old_index(old_file)
+    _nothing_freed_ahead(monkeypatch)
     before = _old_index_rows(old_file)
     conn, version, _ = open_writable(old_file)
     writer = Writer(conn)
@@ -233,6 +241,7 @@ def test_a_stopped_clearing_resumes_at_the_next_open_and_searches_find_old_rows(
     term = max(cast(str, word).split(), key=len).strip(".,!?:;\"'()")
     monkeypatch.setattr(upgrade, "CLEAR_CHUNK_S", 0.0)  # one batch per transaction: the first open cannot finish
     monkeypatch.setattr(upgrade, "CLEAR_BATCH_ROWS", 1)
+    _nothing_freed_ahead(monkeypatch)
     SessionDB(old_file).close()  # closing stops the background work after the batch under way
     conn = sqlite3.connect(old_file)
     try:
@@ -250,6 +259,52 @@ def test_a_stopped_clearing_resumes_at_the_next_open_and_searches_find_old_rows(
     try:
         assert upgrade.retired_tables(conn) == []
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        conn.close()
+
+
+def test_the_new_layout_takes_the_old_index_pages_so_the_file_does_not_grow(old_file, monkeypatch):
+    raw = sqlite3.connect(old_file, isolation_level=None)
+    raw.execute("BEGIN")  # long messages: the old word index keeps a copy of each, the new one does not
+    raw.execute("INSERT INTO sessions (id, source, started_at) VALUES ('long', 'cli', 1.0)")
+    for n in range(400):
+        raw.execute("INSERT INTO messages (session_id, role, content, timestamp) VALUES ('long', 'user', ?, ?)",
+                    (" ".join(f"word{n}x{k}" for k in range(300)), 2.0 + n))
+    raw.execute("COMMIT")
+    raw.close()
+    monkeypatch.setattr(upgrade, "AUTO_RECLAIM_MAX_BYTES", 0)  # no VACUUM after: the pages' reuse is what is checked
+    before = old_file.stat().st_size
+    db = SessionDB(old_file)
+    try:
+        assert db.wait_for_fts_rebuild(60)
+        assert db.search_messages("word7x123") != []  # the old index's rows, indexed again
+    finally:
+        db.close()
+    conn = sqlite3.connect(old_file)
+    try:
+        assert upgrade.retired_tables(conn) == [] and conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    finally:
+        conn.close()
+    assert old_file.stat().st_size <= before and free > 0  # what the new layout did not need stays free
+
+
+def test_freeing_ahead_leaves_a_reserve_and_stops_when_nothing_is_left(old_file, monkeypatch):
+    _grow_old_index(old_file)
+    _nothing_freed_ahead(monkeypatch)
+    conn, _, _ = open_writable(old_file)
+    try:
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+        conn.execute("BEGIN IMMEDIATE")
+        free = conn.execute("PRAGMA freelist_count").fetchone()[0] * page
+        assert upgrade.free_ahead(conn, reserve_bytes=free) is False  # already that much free: nothing deleted
+        assert upgrade.free_ahead(conn, reserve_bytes=free + 8 * page, budget_s=5.0) is True
+        assert conn.execute("PRAGMA freelist_count").fetchone()[0] * page >= free + 8 * page
+        assert upgrade.retired_tables(conn) != []  # it stopped once twice the reserve was free
+        assert upgrade.free_ahead(conn, reserve_bytes=1 << 40, budget_s=5.0) is True
+        assert upgrade.retired_tables(conn) == []
+        assert upgrade.free_ahead(conn, reserve_bytes=1 << 40) is False  # nothing left to free
+        conn.execute("COMMIT")
     finally:
         conn.close()
 
@@ -327,6 +382,7 @@ def test_the_lease_of_a_killed_process_is_taken_over_at_once(old_file, monkeypat
     dead = subprocess.run([sys.executable, "-c", "import hermes_state_compression as c; print(c.new_holder())"],
                           capture_output=True, text=True, check=True).stdout.strip()
     monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", False)  # upgraded, the index work left pending
+    _nothing_freed_ahead(monkeypatch)
     SessionDB(old_file, backup_before_upgrade=False).close()
     monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", True)
     conn = sqlite3.connect(old_file)
