@@ -1,16 +1,22 @@
-"""Moving in while another process writes: how long the open blocks, and what the writer waits meanwhile.
+"""Moving in while other processes write: what their appends and short commands wait, side by side.
 
     python bench/heavy.py --scale 1 --dir DIR            # builds DIR/scale1-seed31/agent/state.db once
-    python bench/move_in.py --agent-file DIR/scale1-seed31/agent/state.db [--seconds 30]
+    python bench/move_in.py --agent-file DIR/scale1-seed31/agent/state.db [--writers 6] [--steady-s 60]
 
 Copies hermes-agent's file into a scratch directory beside it and opens the copy with `SessionDB`,
-as a user moving in does. As soon as the constructor returns, a second process opens the same file
-and appends one message every 50 ms for `--seconds`, timing each append. Meanwhile this process
-times each write transaction of its background thread (emptying the old index's tables, then
-rebuilding the indexes) by wrapping the two functions that do one unit of that work. Prints one
-JSON line: the constructor's time, when the old tables were gone and the indexes complete (both
-from the open's start), the transactions' holds and the appends' waits (p50, p99, max, in ms), and
-the slow appends with when they happened.
+as a user moving in does (the open that starts the move-in is the clock's zero). Then, on the same
+file, each in a process of its own:
+- `--writers` writers append one message every `--interval-s` to a session of their own, timing
+  each append; they start as soon as writes go through (the copy and the upgrade done);
+- a short command opens and closes a writable handle every `--probe-s`, timing both;
+- a lock holder takes the write lock for `--hold-s` seconds, `--holds` times, spread over the run,
+  as a long transaction of another program would.
+The run lasts until all background work of the move-in has ended, then as long again as
+`--steady-s` with nothing left to do (our steady state). The same load then runs for `--steady-s`
+on a copy of hermes-agent's file through hermes-agent's own `SessionDB`, in its own venv
+(`--agent-python`): its steady state. Prints one JSON document: when each part of the move-in
+ended, and per phase the appends' waits (p50, p99, max), their throughput, and the short
+commands' open and close (p50, p99).
 """
 from __future__ import annotations
 
@@ -25,97 +31,187 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+DEFAULT_AGENT = Path(os.environ.get("HERMES_AGENT_PYTHON") or ROOT / "bench" / ".venvs" / "hermes-agent" / "bin" / "python")
 
-APPENDER = r"""
-import json, sys, time
+# Each load process imports `hermes_state` from its interpreter: this checkout (PYTHONPATH) or
+# hermes-agent's package in its venv. It runs until the stop file appears and prints its timings.
+WRITER = r"""
+import json, os, sys, time
+path, name, interval, stop = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
 from hermes_state import SessionDB
-db = SessionDB(sys.argv[1])
-db.create_session("bench-appender", source="cli")
-waits, end = [], time.time() + float(sys.argv[2])
-while time.time() < end:
-    started = time.perf_counter()
-    db.append_message("bench-appender", role="user", content="tick")
-    waits.append((time.time(), time.perf_counter() - started))
-    time.sleep(0.05)
+db = SessionDB(db_path=__import__("pathlib").Path(path))
+db.create_session(name, source="cli")
+out = []
+while not os.path.exists(stop):
+    started = time.time(); t = time.perf_counter()
+    try:
+        db.append_message(name, role="user", content=f"tick {len(out)} of {name}")
+        out.append((started, time.perf_counter() - t, None))
+    except Exception as exc:
+        out.append((started, time.perf_counter() - t, type(exc).__name__))
+    time.sleep(interval)
 db.close()
-print(json.dumps(waits))
+print(json.dumps(out))
+"""
+
+PROBE = r"""
+import json, os, sys, time
+from pathlib import Path
+path, every, stop = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+from hermes_state import SessionDB
+out = []
+while not os.path.exists(stop):
+    started = time.time(); t = time.perf_counter()
+    db = SessionDB(db_path=path)
+    opened = time.perf_counter() - t
+    db.close()
+    out.append((started, opened, time.perf_counter() - t - opened))
+    time.sleep(every)
+print(json.dumps(out))
+"""
+
+HOLDER = r"""
+import json, sqlite3, sys, time
+path, hold, at = sys.argv[1], float(sys.argv[2]), json.loads(sys.argv[3])
+zero = time.time()
+conn = sqlite3.connect(path, timeout=60, isolation_level=None)
+out = []
+for when in at:
+    time.sleep(max(0.0, zero + when - time.time()))
+    t = time.time()
+    conn.execute("BEGIN IMMEDIATE")
+    got = time.time()
+    time.sleep(hold)
+    conn.execute("COMMIT")
+    out.append((t, got - t))
+conn.close()
+print(json.dumps(out))
 """
 
 
 def quantile(values: list[float], q: float) -> float:
     """The q-quantile of `values` (nearest rank), 0 when empty."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1)))] if ordered else 0.0
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
 
 
 def summary(values: list[float]) -> dict[str, float]:
-    """p50, p99 and max of durations in seconds, in ms."""
-    return {k: round(v * 1e3, 1) for k, v in
-            (("p50_ms", quantile(values, 0.5)), ("p99_ms", quantile(values, 0.99)), ("max_ms", max(values, default=0)))}
+    """Count, p50, p99 and max of durations in seconds, the last three in ms."""
+    return {"n": len(values), **{k: round(v * 1e3, 1) for k, v in (
+        ("p50_ms", quantile(values, 0.5)), ("p99_ms", quantile(values, 0.99)), ("max_ms", max(values, default=0)))}}
 
 
-def retired_left(path: Path) -> int:
-    """How many of the old index's moved-aside tables are still in the file."""
-    conn = sqlite3.connect(path)
-    try:
-        return conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name GLOB 'hermes_retired_fts_*'").fetchone()[0]
-    finally:
-        conn.close()
+class Load:
+    """The writers, the short-command probe and the lock holder, on one file, until stopped."""
+
+    def __init__(self, python: Path, path: Path, args: argparse.Namespace, hold_at: list[float], pythonpath: str):
+        self.stop = path.parent / "load.stop"
+        self.stop.unlink(missing_ok=True)
+        env = dict(os.environ, PYTHONPATH=pythonpath, HERMES_HOME=str(path.parent))
+        self.started = time.time()
+
+        def spawn(code: str, *argv: object) -> subprocess.Popen:
+            return subprocess.Popen([str(python), "-c", code, *map(str, argv)], stdout=subprocess.PIPE, text=True,
+                                    env=env, cwd=path.parent)
+        self.writers = [spawn(WRITER, path, f"bench-writer-{n}", args.interval_s, self.stop) for n in range(args.writers)]
+        self.probe = spawn(PROBE, path, args.probe_s, self.stop)
+        self.holder = spawn(HOLDER, path, args.hold_s, json.dumps(hold_at)) if hold_at else None
+
+    def finish(self) -> dict:
+        """Stop every process and return their timings."""
+        self.stop.touch()
+        appends = [a for w in self.writers for a in json.loads(w.communicate()[0] or "[]")]
+        probes = json.loads(self.probe.communicate()[0] or "[]")
+        holds = json.loads(self.holder.communicate()[0] or "[]") if self.holder else []
+        self.stop.unlink(missing_ok=True)
+        return {"appends": appends, "probes": probes, "holds": holds, "started": self.started, "ended": time.time()}
+
+
+def phase(load: dict, start: float, end: float) -> dict:
+    """The appends and short commands that began between `start` and `end` (wall clock)."""
+    appends = [a for a in load["appends"] if start <= a[0] < end]
+    probes = [p for p in load["probes"] if start <= p[0] < end]
+    return {"seconds": round(end - start, 1), "append_wait": summary([a[1] for a in appends]),
+            "appends_per_s": round(len(appends) / max(end - start, 1e-9), 1),
+            "failed_appends": sum(1 for a in appends if a[2]),
+            "open": summary([p[1] for p in probes]), "close": summary([p[2] for p in probes]),
+            "open_close": summary([p[1] + p[2] for p in probes])}
+
+
+def holds_over(seconds: float, holds: int) -> list[float]:
+    """When each lock hold begins, seconds after the load starts: spread evenly over the run."""
+    return [seconds * (k + 1) / (holds + 1) for k in range(holds)]
+
+
+def ours(agent_file: Path, args: argparse.Namespace) -> dict:
+    scratch = agent_file.parent.parent / "move-in"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    path = scratch / "state.db"
+    shutil.copyfile(agent_file, path)
+    os.environ["HERMES_HOME"] = str(scratch)
+    sys.path.insert(0, str(ROOT))
+    from hermes_state import SessionDB  # noqa: PLC0415 - this checkout, after HERMES_HOME is set
+
+    zero = time.time()
+    db = SessionDB(path)
+    opened = time.time() - zero
+    while db.upgrading:
+        time.sleep(0.05)
+    upgraded = time.time()
+    # The holds land in the background work's window; its length is the last run's, roughly.
+    load = Load(Path(sys.executable), path, args, holds_over(args.expect_s, args.holds), str(ROOT))
+    status = db.fts_rebuild_status()
+    while db.fts_rebuild_status()["in_progress"]:
+        time.sleep(0.25)
+    indexed = time.time()
+    db.wait_for_fts_rebuild()
+    settled = time.time()
+    db.close()
+    # Our steady state: the same load, with holds of its own, as the agent's run has.
+    steady_holds = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), str(args.hold_s),
+                                     json.dumps(holds_over(args.steady_s, args.holds))], stdout=subprocess.PIPE, text=True)
+    time.sleep(args.steady_s)
+    steady_holds.communicate()
+    done = load.finish()
+    size = sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
+    shutil.rmtree(scratch, ignore_errors=True)
+    return {"constructor_s": round(opened, 2), "upgraded_s": round(upgraded - zero, 1),
+            "indexed_s": round(indexed - zero, 1), "settled_s": round(settled - zero, 1),
+            "status_after_upgrade": status, "bytes_after": size,
+            "window": phase(done, upgraded, settled), "steady": phase(done, settled, settled + args.steady_s)}
+
+
+def agent(agent_file: Path, args: argparse.Namespace) -> dict:
+    scratch = agent_file.parent.parent / "agent-steady"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    path = scratch / "state.db"
+    shutil.copyfile(agent_file, path)
+    load = Load(args.agent_python, path, args, holds_over(args.steady_s, args.holds), "")
+    time.sleep(args.steady_s)
+    done = load.finish()
+    shutil.rmtree(scratch, ignore_errors=True)
+    return {"steady": phase(done, done["started"], done["ended"])}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agent-file", type=Path, required=True, help="hermes-agent's state.db (left unchanged)")
-    ap.add_argument("--seconds", type=float, default=30.0, help="how long the second process appends")
+    ap.add_argument("--agent-python", type=Path, default=DEFAULT_AGENT)
+    ap.add_argument("--writers", type=int, default=6)
+    ap.add_argument("--interval-s", type=float, default=0.1, help="each writer's pause between two appends")
+    ap.add_argument("--probe-s", type=float, default=1.0, help="pause between two short commands")
+    ap.add_argument("--holds", type=int, default=2)
+    ap.add_argument("--hold-s", type=float, default=3.0)
+    ap.add_argument("--steady-s", type=float, default=60.0, help="length of each steady-state run")
+    ap.add_argument("--expect-s", type=float, default=200.0, help="about how long the background work lasts")
+    ap.add_argument("--skip-agent", action="store_true")
     args = ap.parse_args()
-    scratch = args.agent_file.parent.parent / "move-in"
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir()
-    path = scratch / "state.db"
-    shutil.copyfile(args.agent_file, path)
-    os.environ["HERMES_HOME"] = str(scratch)
-
-    import hermes_state_fts as fts
-    import hermes_state_upgrade as upgrade
-    from hermes_state import SessionDB
-
-    holds: dict[str, list[float]] = {"clearing": [], "rebuild": []}
-
-    def timed(kind: str, work):  # noqa: ANN001, ANN202 - wraps one unit of background work
-        def run(*a, **k):  # noqa: ANN002, ANN003, ANN202
-            started = time.perf_counter()
-            try:
-                return work(*a, **k)
-            finally:
-                holds[kind].append(time.perf_counter() - started)
-        return run
-    upgrade.clear_retired_step = timed("clearing", upgrade.clear_retired_step)
-    fts.advance = timed("rebuild", fts.advance)
-
-    t0 = time.perf_counter()
-    db = SessionDB(path)
-    opened = time.perf_counter() - t0
-    wall0 = time.time() - opened
-    appender = subprocess.Popen([sys.executable, "-c", APPENDER, str(path), str(args.seconds)], stdout=subprocess.PIPE,
-                                text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    cleared = None
-    while cleared is None and appender.poll() is None:
-        if not retired_left(path):
-            cleared = time.perf_counter() - t0
-        time.sleep(0.5)
-    waits = json.loads(appender.communicate()[0])
-    db.wait_for_fts_rebuild()
-    indexed = time.perf_counter() - t0
-    db.close()
-    print(json.dumps({
-        "constructor_s": round(opened, 2), "old_tables_gone_s": cleared and round(cleared, 1),
-        "indexes_complete_s": round(indexed, 1),
-        "clearing_transactions": len(holds["clearing"]), "clearing_hold": summary(holds["clearing"]),
-        "rebuild_transactions": len(holds["rebuild"]), "rebuild_hold": summary(holds["rebuild"]),
-        "appends": len(waits), "append_wait": summary([w for _, w in waits]),
-        "slow_appends": [(round(at - wall0, 1), round(w * 1e3)) for at, w in waits if w > 0.2]}))
-    shutil.rmtree(scratch, ignore_errors=True)
+    result = {"ours": ours(args.agent_file, args)}
+    if not args.skip_agent:
+        result["hermes-agent"] = agent(args.agent_file, args)
+    print(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
