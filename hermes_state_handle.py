@@ -228,7 +228,7 @@ class Handle(metaclass=Knobs):
             if separate_reads:
                 note_wal_reset_bug(self.db_path)
             if migrated is None:
-                self._open_fts()
+                self._open_fts(delay_s=upgrade.BACKGROUND_START_S)
             else:
                 self._move_in = upgrade.MoveIn(self._writer, self.db_path, self.write_patience_s, self._policy(),
                                                backup=backup_before_upgrade, migrated=migrated,
@@ -240,13 +240,13 @@ class Handle(metaclass=Knobs):
 
     # --- lifecycle -----------------------------------------------------------------------------------
 
-    def _open_fts(self) -> None:
+    def _open_fts(self, delay_s: float = 0.0) -> None:
         writable = not self.read_only and (self.schema_version or 0) <= SCHEMA_VERSION
         try:
             with typed_errors(self.db_path, reading=True):  # a damaged index page -> StateDbCorruptError
                 self._fts = upgrade.open_fts(self._writer, self.db_path, self.write_patience_s, self._policy(),
                                              writable=writable, chunk_rows=self.fts_rebuild_chunk_rows,
-                                             background=self.fts_rebuild_in_background)
+                                             background=self.fts_rebuild_in_background, delay_s=delay_s)
         except BaseException:
             self._writer.close(checkpoint=False)
             raise
@@ -305,10 +305,12 @@ class Handle(metaclass=Knobs):
             self._move_in.thread.join(timeout_s)
             if self._move_in.thread.is_alive():
                 return False
-        thread = self._fts_worker
-        if thread is not None:
-            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return thread is None or not thread.is_alive()
+        work = self._fts
+        if work is None:
+            return True
+        work.hurry()  # someone waits for it: no reason to let the open settle first
+        work.thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not work.thread.is_alive()
 
     def close(self) -> None:
         """Checkpoint (PASSIVE) and close; twice is harmless. A `shared()` handle gives back one use, like `release()`."""

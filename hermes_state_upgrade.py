@@ -528,24 +528,42 @@ class MoveIn:
 
 # --- after the migration: the FTS indexes, and the space the old layout held ------------------------
 
+# A handle that lives less than this never takes a turn at the background work: a short command
+# (a listing, one append) then costs no more to open and close than on a file with nothing pending.
+# The work is left to a handle that stays open, or to the one `wait_for_fts_rebuild` is called on.
+BACKGROUND_START_S = 2.0
+
+
 class FtsRebuild:
     """The background thread that finishes pending index work (a rebuild, queued rows), then gives back freed space."""
 
     def __init__(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, chunk_rows: int, *,
-                 rebuilding: bool = True, clearing: bool = False):
+                 rebuilding: bool = True, clearing: bool = False, delay_s: float = 0.0):
         self.stop_event = threading.Event()
+        self.wake = threading.Event()  # ends the delay early: the handle closes, or someone waits for the work
+        self.started = False           # the delay is over: the thread has taken (or tried) a turn
         from hermes_state_compression import new_holder  # here: only an open that starts a thread needs it
         self.holder = new_holder()  # its lease: one thread of any process does this work at a time
         self.thread = threading.Thread(target=self._run, name="hermes-state-fts", daemon=True,
-                                       args=(writer, db_path, patience_s, policy, chunk_rows, rebuilding, clearing))
+                                       args=(writer, db_path, patience_s, policy, chunk_rows, rebuilding, clearing,
+                                             delay_s))
 
     def _run(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, chunk_rows: int,
-             rebuilding: bool, clearing: bool) -> None:
+             rebuilding: bool, clearing: bool, delay_s: float) -> None:
+        if delay_s > 0:
+            self.wake.wait(delay_s)
+        if self.stop_event.is_set():
+            return  # closed before its first turn: it took no lease and wrote nothing
+        self.started = True
         try:
             self._work(writer, db_path, patience_s, policy, chunk_rows, rebuilding, clearing)
         finally:
             if self.stop_event.is_set():  # stopped by close(): the next open's thread takes over at once
                 fts.release_turn(writer, self.holder, policy)
+
+    def hurry(self) -> None:
+        """Start the work now instead of after the delay."""
+        self.wake.set()
 
     def _work(self, writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, chunk_rows: int,
               rebuilding: bool, clearing: bool) -> None:
@@ -568,17 +586,20 @@ class FtsRebuild:
     def stop(self, timeout_s: float = STOP_WAIT_S) -> None:
         """Ask the thread to stop after the chunk under way and wait for it (bounded)."""
         self.stop_event.set()
+        self.wake.set()
         self.thread.join(timeout_s)  # a chunk is short; a worker stuck on a lock just fails later
 
 
 def open_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy, *, writable: bool,
-             chunk_rows: int = fts.REBUILD_CHUNK_ROWS, background: bool = True) -> FtsRebuild | None:
+             chunk_rows: int = fts.REBUILD_CHUNK_ROWS, background: bool = True,
+             delay_s: float = 0.0) -> FtsRebuild | None:
     """Build missing FTS objects, and start the background thread when index work is pending.
 
     Returns the running thread's handle, or None. Pending work is a rebuild, or rows left queued
     (by another program's non-ASCII writes, or a handle that died): the open itself never takes
-    the write lock for them. On a writable handle this also installs the connection's TEMP
-    trigger that feeds the CJK index as rows are written.
+    the write lock for them, and the thread waits `delay_s` before its first turn. On a writable
+    handle this also installs the connection's TEMP trigger that feeds the CJK index as rows are
+    written.
     """
     state = fts.ensure_fts(writer, patience_s, policy, writable=writable)
     if writable:
@@ -589,7 +610,7 @@ def open_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryPoli
     if state is None or not ((state.work_pending or clearing) and background):
         return None
     work = FtsRebuild(writer, db_path, patience_s, policy, chunk_rows, rebuilding=state.rebuild is not None or clearing,
-                      clearing=clearing)
+                      clearing=clearing, delay_s=delay_s)
     work.thread.start()
     return work
 

@@ -16,6 +16,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -27,6 +28,7 @@ import hermes_state_cjk as cjk
 import hermes_state_fts as fts
 import hermes_state_messages as message_rows
 import hermes_state_schema as schema
+import hermes_state_upgrade as upgrade
 from hermes_state import SessionDB, StateDbIncompatibleError, StoreUnavailableError
 from hermes_state_writer import RetryPolicy, Writer
 
@@ -560,7 +562,11 @@ def test_close_stops_the_background_thread_and_another_open_finishes_its_rebuild
     # row, then waits on its stop event, which close() sets.
     worker = fts.background_worker
     monkeypatch.setattr(fts, "background_worker", lambda *args, **kwargs: worker(*args, **kwargs, pause_s=60.0))
+    monkeypatch.setattr(upgrade, "BACKGROUND_START_S", 0.0)  # its first turn at once, before close()
     db = SessionDB(path)
+    deadline = time.monotonic() + 60
+    while db.fts_rebuild_status()["pending"] == 60 and time.monotonic() < deadline:
+        time.sleep(0.01)  # the first chunk
     db.close()
     assert db.wait_for_fts_rebuild(timeout_s=0)  # close() stopped it
     with SessionDB(path, read_only=True) as ro:  # what it did not finish is still marked pending
@@ -573,6 +579,27 @@ def test_close_stops_the_background_thread_and_another_open_finishes_its_rebuild
     assert indexed_counts(conn) == expected_counts(conn) == (60, 60, 15, 0)
     integrity(conn)
     conn.close()
+
+
+def test_a_handle_closed_before_its_first_turn_leaves_the_work_untouched(tmp_path, monkeypatch):
+    path = tmp_path / "state.db"
+    _fill(path, 30)
+    _drop_fts(path)
+    monkeypatch.setattr(upgrade, "BACKGROUND_START_S", 3600.0)
+    for _ in range(3):  # short commands: each closes long before its thread would take a turn
+        with SessionDB(path) as db:
+            assert db.message_count() == 30
+    conn = plain(path)
+    try:
+        # No chunk was indexed and no lease taken: the open and close of a short command wrote nothing.
+        assert conn.execute("SELECT COUNT(*) FROM state_meta WHERE key = ?", (fts.WORKER_KEY,)).fetchone()[0] == 0
+        assert fts.rebuild_status(conn)["pending"] == 30
+    finally:
+        conn.close()
+    with SessionDB(path) as db:
+        assert db.wait_for_fts_rebuild(60)  # waiting for the work starts it at once, whatever the delay
+        assert db.fts_rebuild_status()["pending"] == 0
+        assert db.search_messages("common") != []
 
 
 def test_an_older_layouts_trigger_is_replaced_not_doubled(tmp_path, manual):
