@@ -118,7 +118,7 @@ KNOB_RULES: dict[str, Callable[[str, Any], Any]] = {
     **{name: _seconds for name in KNOBS if name.endswith("_s")},
     "checkpoint_every_n_writes": _cadence, "optimize_every_n_writes": _cadence,
     "fts_rebuild_chunk_rows": _rows, "fts_rebuild_in_background": _flag, "checkpoint_in_background": _flag,
-    "upgrade_in_background_bytes": _bytes}
+    "upgrade_in_background_bytes": _bytes, "finish_after_close": _flag}
 
 
 def check_knob(name: str, value: Any) -> Any:
@@ -170,6 +170,10 @@ class Handle(metaclass=Knobs):
     # copy taken first and the upgrade run on a thread, reads meanwhile read the file as it is,
     # and writes wait until it is upgraded. None: every upgrade runs inside the open.
     upgrade_in_background_bytes: int | None = common.UPGRADE_IN_BACKGROUND_BYTES
+    # A handle of such a file that closes before its background work took a turn (a short command)
+    # starts a process of its own that finishes the work (a rebuild, freeing the old index's pages)
+    # and exits; the next handle that stays open would do it otherwise. False: leave it to that one.
+    finish_after_close = True
     # {hermes-agent's name: the public name it is an alias of}; setting either sets both.
     HERMES_AGENT_ALIASES = HERMES_AGENT_ALIASES
     _shared_key: str | None = None  # set on handles handed out by shared()
@@ -325,13 +329,23 @@ class Handle(metaclass=Knobs):
             move_in.stop.set()  # a copy under way ends at its next step, and no upgrade follows it
             if move_in.migrating.is_set():
                 move_in.thread.join()  # the upgrade itself is not stopped halfway: close once it is done
-        if self._fts is not None:
-            self._fts.stop()
+        work = self._fts
+        if work is not None:
+            work.stop()
+            if not work.started and work.moving_in and self.finish_after_close and self._large_file():
+                upgrade.hand_over(self.db_path, self._writer.conn)  # else nobody would: see finish_after_close
         # The rows this handle queued, for other programs (a file not upgraded has no queue).
         if not self.read_only and not self._writer.closed and (move_in is None or move_in.migrated.is_set()):
             fts.flush_queue(self._writer, self._policy())
         self._closed = True
         self._writer.close(checkpoint=not self.read_only)
+
+    def _large_file(self) -> bool:
+        limit = self.upgrade_in_background_bytes
+        try:
+            return limit is not None and self.db_path.stat().st_size >= limit
+        except OSError:
+            return False
 
     def __repr__(self) -> str:
         # Safe on a handle whose open failed halfway: a traceback or a debugger may show one.

@@ -19,6 +19,8 @@ turns; `FtsRebuild.stop()` makes it finish the chunk under way and stop.
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -30,7 +32,8 @@ import hermes_state_catalogue as catalogue
 import hermes_state_fork as fork
 import hermes_state_fts as fts
 import hermes_state_schema as schema
-from hermes_state_common import SCHEMA_VERSION, TABLE_SQL, logger, object_exists
+from hermes_state_common import (READ_BUSY_TIMEOUT_S, SCHEMA_VERSION, TABLE_SQL, WRITE_PATIENCE_S, logger,
+                                 object_exists)
 from hermes_state_errors import StateDbUninitializedError, StoreUnavailableError, typed_errors
 from hermes_state_writer import Cancelled, RetryPolicy, Writer
 
@@ -542,6 +545,7 @@ class FtsRebuild:
         self.stop_event = threading.Event()
         self.wake = threading.Event()  # ends the delay early: the handle closes, or someone waits for the work
         self.started = False           # the delay is over: the thread has taken (or tried) a turn
+        self.moving_in = rebuilding or clearing  # long work: worth a process of its own when the handle leaves
         from hermes_state_compression import new_holder  # here: only an open that starts a thread needs it
         self.holder = new_holder()  # its lease: one thread of any process does this work at a time
         self.thread = threading.Thread(target=self._run, name="hermes-state-fts", daemon=True,
@@ -615,6 +619,64 @@ def open_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryPoli
     return work
 
 
+# --- a move-in's work finished by a process of its own -----------------------------------------------
+# A user who only runs short commands on a store just moved in would never see its work end: each
+# closes before its thread's first turn. The handle that closes so hands the work to a process of
+# its own, which opens the file, does the work to the end with the same lease and pauses, and exits.
+
+_FINISH = "import sys, pathlib, hermes_state_upgrade as u; u.finish_pending(pathlib.Path(sys.argv[1]))"
+
+
+def hand_over(db_path: Path, conn: sqlite3.Connection) -> subprocess.Popen[bytes] | None:
+    """Start a detached process that finishes `db_path`'s pending background work, unless one holds it already.
+
+    Returns the process (nobody needs to wait for it), or None when another live holder has the
+    work or no interpreter can be started. Never raises.
+    """
+    try:
+        if _worked_by_another(conn) or not sys.executable:
+            return None
+        return subprocess.Popen([sys.executable, "-c", _FINISH, str(db_path)], cwd=db_path.parent,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                close_fds=True, start_new_session=True)
+    except (OSError, sqlite3.Error, ValueError) as exc:  # the next open that stays long enough does the work
+        logger.info("the background work on %s is left to the next open (%s)", db_path, exc)
+        return None
+
+
+def _worked_by_another(conn: sqlite3.Connection) -> bool:
+    from hermes_state_lockowners import lock_is_live
+    row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (fts.WORKER_KEY,)).fetchone()
+    if row is None:
+        return False
+    holder, _, expires = str(row[0]).rpartition(" until=")
+    try:
+        return lock_is_live(holder, float(expires), time.time())
+    except ValueError:
+        return False
+
+
+def finish_pending(db_path: Path, patience_s: float = WRITE_PATIENCE_S, policy: RetryPolicy | None = None) -> bool:
+    """Open `db_path` and do its pending background work to the end; return whether there was any.
+
+    What the process `hand_over` starts runs. It leaves at once when another process holds the work.
+    """
+    policy = policy or RetryPolicy()
+    opened = open_connection(db_path, read_only=False, read_busy_s=READ_BUSY_TIMEOUT_S, patience_s=patience_s,
+                             policy=policy)
+    writer = Writer(opened.conn)
+    try:
+        if _worked_by_another(writer.conn):
+            return False
+        work = open_fts(writer, db_path, patience_s, policy, writable=True)
+        if work is None:
+            return False
+        work.thread.join()
+        return True
+    finally:
+        writer.close(checkpoint=True)
+
+
 def rebuild_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy,
                 chunk_rows: int = fts.REBUILD_CHUNK_ROWS) -> None:
     """Rebuild the FTS indexes to the end (one transaction per chunk), free what an upgrade moved aside, then reclaim."""
@@ -660,3 +722,4 @@ def _reclaim(conn: sqlite3.Connection, path: Path, patience_s: float, policy: Re
     logger.info("%s: gave back %.0f MB freed by the upgrade", path,
                 (result["bytes_before"] - result["bytes_after"]) / 1e6)
     return True
+

@@ -23,6 +23,7 @@ import hermes_state_fts as fts
 import hermes_state_recovery as recovery
 import hermes_state_schema as schema
 import hermes_state_upgrade as upgrade
+from hermes_state_compression import new_holder
 from hermes_state import SCHEMA_VERSION, SessionDB, StoreUnavailableError
 from hermes_state_writer import RetryPolicy, Writer
 
@@ -396,6 +397,51 @@ def test_the_lease_of_a_killed_process_is_taken_over_at_once(old_file, monkeypat
         assert db.fts_rebuild_status()["pending"] == 0
     assert _lease(old_file) is None and scalar(old_file, "SELECT COUNT(*) FROM sqlite_master WHERE name GLOB "
                                                "'hermes_retired_fts_*'") == 0
+
+
+def _upgraded_with_work_left(old_file: Path, monkeypatch) -> None:
+    _grow_old_index(old_file, documents=40)
+    monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", False)  # upgraded, the index work left pending
+    _nothing_freed_ahead(monkeypatch)
+    SessionDB(old_file, backup_before_upgrade=False).close()
+    monkeypatch.undo()
+    monkeypatch.setattr(upgrade, "BACKGROUND_START_S", 3600.0)  # every handle below closes before its first turn
+    monkeypatch.setattr(SessionDB, "upgrade_in_background_bytes", 1)  # and counts as a large file's
+
+
+def test_a_short_command_hands_a_large_files_work_to_a_process_that_finishes_it(old_file, monkeypatch):
+    _upgraded_with_work_left(old_file, monkeypatch)
+    started: list[subprocess.Popen] = []
+    hand_over = upgrade.hand_over
+    monkeypatch.setattr(upgrade, "hand_over", lambda *a: started.append(hand_over(*a)) or started[-1])
+    with SessionDB(old_file) as db:
+        assert db.message_count() >= 0  # a short command: it closes long before its thread's first turn
+    assert len(started) == 1 and started[0] is not None
+    assert started[0].wait(120) == 0
+    with SessionDB(old_file, read_only=True) as ro:
+        assert ro.fts_rebuild_status()["pending"] == 0
+    assert _lease(old_file) is None and scalar(old_file, "SELECT COUNT(*) FROM sqlite_master WHERE name GLOB "
+                                               "'hermes_retired_fts_*'") == 0
+
+
+def test_no_process_is_started_when_asked_not_to_or_when_another_holds_the_work(old_file, monkeypatch):
+    _upgraded_with_work_left(old_file, monkeypatch)
+    calls: list[object] = []
+    hand_over = upgrade.hand_over
+    monkeypatch.setattr(upgrade, "hand_over", lambda *a: calls.append(hand_over(*a)))
+    monkeypatch.setattr(SessionDB, "finish_after_close", False)
+    SessionDB(old_file).close()
+    assert calls == []
+    monkeypatch.setattr(SessionDB, "finish_after_close", True)
+    conn = sqlite3.connect(old_file)
+    with conn:  # a live process (this one) holds the work
+        conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, ?)",
+                     (fts.WORKER_KEY, f"{new_holder()} until={time.time() + 3600}"))
+    conn.close()
+    SessionDB(old_file).close()
+    assert calls == [None]  # asked, and it started nothing
+    with pytest.raises(TypeError):
+        SessionDB.finish_after_close = "yes"  # type: ignore[assignment]
 
 
 def test_an_old_index_that_cannot_be_moved_aside_is_dropped_in_one_piece(old_file, monkeypatch, caplog):
