@@ -19,16 +19,18 @@ writer is still running, nor a complete copy an upgrade began with.
 """
 from __future__ import annotations
 
+import calendar
 import os
 import re
 import sqlite3
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from hermes_state_common import (DICTIONARY, INDEX_SQL, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES, SCHEMA_VERSION, TABLES,
-                                 logger, object_exists, split_sql)
+from hermes_state_common import (DAY_S, DICTIONARY, INDEX_SQL, READ_BUSY_TIMEOUT_S, RETIRED_INDEXES, SCHEMA_VERSION,
+                                 TABLES, UPGRADE_COPY_KEEP_DAYS, logger, object_exists, split_sql)
 from hermes_state_errors import (ForeignDatabaseError, StateDbBusyError, StateDbIncompatibleError,
                                  StateDbUninitializedError, is_sqlite_lock_error)
 from hermes_state_schema import (UID_TRIGGER, UID_TRIGGER_SQL, default_sql, effective_version, missing_columns,
@@ -369,6 +371,54 @@ def upgrade_copies(db_path: Path) -> list[UpgradeCopy]:
             found.append(UpgradeCopy(db_path.parent / name, int(match.group(1)),
                                      None if match.group(2) is None else int(match.group(2))))
     return found
+
+
+# The copies kept: the newest UPGRADE_COPIES_KEPT finished ones, each for `keep_days` after the
+# upgrade that took it (SessionDB.upgrade_copy_keep_days). A writable open removes the others.
+UPGRADE_COPIES_KEPT = 2
+_STAMP = re.compile(r"\.pre-v\d+-(\d{8}T\d{6}Z)")
+
+
+def copy_taken_at(copy: Path) -> float | None:
+    """Return when an upgrade took `copy` (the UTC time in its name), or None for a name without one."""
+    match = _STAMP.search(copy.name)
+    if match is None:
+        return None
+    try:
+        return calendar.timegm(time.strptime(match.group(1), "%Y%m%dT%H%M%SZ"))
+    except ValueError:
+        return None
+
+
+def copies_to_remove(db_path: Path, keep_days: float | None, *, now: float | None = None) -> list[Path]:
+    """Return the finished pre-upgrade copies past the policy: beyond the newest UPGRADE_COPIES_KEPT, or older than `keep_days`.
+
+    None keeps every copy. Pending copies are never among them (their upgrade settles them).
+    """
+    if keep_days is None:
+        return []
+    now = time.time() if now is None else now
+    dated = sorted(((taken, c.path) for c in upgrade_copies(db_path) if c.pending_pid is None
+                    and (taken := copy_taken_at(c.path)) is not None), reverse=True)
+    return [path for n, (taken, path) in enumerate(dated)
+            if n >= UPGRADE_COPIES_KEPT or now - taken > keep_days * DAY_S]
+
+
+def remove_old_copies(db_path: Path, keep_days: float | None, *, now: float | None = None) -> list[Path]:
+    """Remove the pre-upgrade copies past the policy (`copies_to_remove`); return those removed."""
+    removed = []
+    for path in copies_to_remove(db_path, keep_days, now=now):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue  # another opener removed it
+        except OSError as exc:  # left for a later open
+            logger.warning("could not remove %s (%s)", path, exc)
+            continue
+        removed.append(path)
+        logger.info("removed %s: pre-upgrade copies are kept %g days, the newest %d at most "
+                    "(SessionDB.upgrade_copy_keep_days)", path.name, keep_days, UPGRADE_COPIES_KEPT)
+    return removed
 
 
 def pending_path(final: Path) -> Path:

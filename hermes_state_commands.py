@@ -16,6 +16,7 @@ import stat
 import sys
 import textwrap
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO
@@ -787,14 +788,30 @@ def _space_check(path: Path) -> dict[str, Any]:
 
 
 def _copies_check(path: Path) -> dict[str, Any]:
-    # The copies an upgrade wrote beside the store, which the library keeps until the user removes them.
+    # The copies an upgrade wrote beside the store, and when the policy lets a writable open remove each.
+    from hermes_state import SessionDB
+    from hermes_state_catalogue import UPGRADE_COPIES_KEPT, copies_to_remove, copy_taken_at
+    from hermes_state_common import DAY_S
     from hermes_state_recovery import copies_beside
-    copies = copies_beside(path)
+    copies = sorted(copies_beside(path), key=lambda c: copy_taken_at(c) or c.stat().st_mtime, reverse=True)
+    keep = SessionDB.upgrade_copy_keep_days
+    policy = ("kept until you remove them" if keep is None else
+              f"the newest {UPGRADE_COPIES_KEPT} are kept {keep:g} days after their upgrade, then a writable open "
+              "removes them (SessionDB's upgrade_copy_keep_days; None keeps them)")
     if not copies:
-        return _check("upgrade copies", True, "none")
+        return _check("upgrade copies", True, f"none; {policy}")
     total = sum(c.stat().st_size for c in copies)
-    return _check("upgrade copies", True, f"{len(copies)} ({total / 2**20:.1f} MB), newest {copies[0].name}; "
-                  "kept until you remove them (the library never deletes one)")
+    due = set(copies_to_remove(path, keep))
+
+    def fate(copy: Path) -> str:
+        taken = copy_taken_at(copy)
+        if copy in due:
+            return "removed at the next writable open"
+        if keep is None or taken is None:
+            return "kept"
+        return "kept until " + time.strftime("%Y-%m-%d", time.gmtime(taken + keep * DAY_S))
+    listed = "; ".join(f"{c.name} ({c.stat().st_size / 2**20:.1f} MB, {fate(c)})" for c in copies)
+    return _check("upgrade copies", True, f"{len(copies)} ({total / 2**20:.1f} MB): {listed}; {policy}")
 
 
 def _replication_check(path: Path) -> dict[str, Any]:
@@ -832,7 +849,10 @@ def _schema_check(path: Path) -> tuple[dict[str, Any], int | None]:
 def _integrity_checks(path: Path, full: bool, command: str = "hermes-state") -> list[dict[str, Any]]:
     # SQLite's own check, each full-text index's check and whether a rebuild is still pending.
     from hermes_state import SessionDB
-    with SessionDB(path) as db:
+
+    class Checking(SessionDB):
+        upgrade_copy_keep_days = None  # doctor reports the copies past the policy; it never removes one
+    with Checking(path) as db:
         report = db.check_integrity(full=full)
         status = db.fts_rebuild_status()
     checks = [_check("integrity", not report["problems"], "ok" if not report["problems"] else

@@ -64,6 +64,7 @@ FTS_OPTIMIZE_EVERY_N_WRITES = 1_000_000
 # An older file at least this large (log included) is copied and upgraded after a writable open
 # returns, not inside it: its copy and upgrade take about a second per 100 MB on the bench machine.
 UPGRADE_IN_BACKGROUND_BYTES = 128 << 20
+UPGRADE_COPY_KEEP_DAYS = 30.0      # a pre-upgrade copy is kept this long after its upgrade (the newest two at most)
 FTS_REBUILD_CHUNK_ROWS = 2000  # the most messages per rebuild transaction (long rows make chunks smaller)
 # Page size of a new file. Message rows are often 1-4 KB; on 4 KB pages a fifth of each table
 # page is left empty around them, on 8 KB pages about a tenth. An existing file keeps its size.

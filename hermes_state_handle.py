@@ -106,6 +106,15 @@ def _bytes(name: str, value: Any) -> Any:
     return value
 
 
+def _days(name: str, value: Any) -> Any:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise TypeError(f"{name} must be a number of days (None: keep for ever), not {type(value).__name__} "
+                        f"{common.shown(value)}")
+    if value is not None and not 0 <= value < float("inf"):
+        raise ValueError(f"{name} must be a finite number of days, 0 or more (None: keep for ever), not {value!r}")
+    return value
+
+
 def _flag(name: str, value: Any) -> Any:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, not {type(value).__name__} {common.shown(value)}")
@@ -118,7 +127,7 @@ KNOB_RULES: dict[str, Callable[[str, Any], Any]] = {
     **{name: _seconds for name in KNOBS if name.endswith("_s")},
     "checkpoint_every_n_writes": _cadence, "optimize_every_n_writes": _cadence,
     "fts_rebuild_chunk_rows": _rows, "fts_rebuild_in_background": _flag, "checkpoint_in_background": _flag,
-    "upgrade_in_background_bytes": _bytes, "finish_after_close": _flag}
+    "upgrade_in_background_bytes": _bytes, "finish_after_close": _flag, "upgrade_copy_keep_days": _days}
 
 
 def check_knob(name: str, value: Any) -> Any:
@@ -174,6 +183,9 @@ class Handle(metaclass=Knobs):
     # starts a process of its own that finishes the work (a rebuild, freeing the old index's pages)
     # and exits; the next handle that stays open would do it otherwise. False: leave it to that one.
     finish_after_close = True
+    # The copies upgrades take first: the newest two are kept, each this many days after its upgrade,
+    # and a writable open removes the others. None: every copy is kept until the user removes it.
+    upgrade_copy_keep_days: float | None = common.UPGRADE_COPY_KEEP_DAYS
     # {hermes-agent's name: the public name it is an alias of}; setting either sets both.
     HERMES_AGENT_ALIASES = HERMES_AGENT_ALIASES
     _shared_key: str | None = None  # set on handles handed out by shared()
@@ -218,7 +230,8 @@ class Handle(metaclass=Knobs):
                 return upgrade.open_connection(
                     self.db_path, read_only=read_only, read_busy_s=self.read_busy_timeout_s,
                     patience_s=self.write_patience_s, policy=self._policy(), backup=backup_before_upgrade,
-                    force=force, on_give_up=self._log_lock_holders, later_bytes=later_bytes)
+                    force=force, on_give_up=self._log_lock_holders, later_bytes=later_bytes,
+                    keep_copies_days=self.upgrade_copy_keep_days)
             # A read-only open never repairs the file, so it does not load the repair's code.
             opened = connect() if read_only or repair is None else repairs.open_repairing(connect, self.db_path, *repair())
             conn, self.schema_version = opened.conn, opened.schema_version

@@ -32,8 +32,8 @@ import hermes_state_catalogue as catalogue
 import hermes_state_fork as fork
 import hermes_state_fts as fts
 import hermes_state_schema as schema
-from hermes_state_common import (READ_BUSY_TIMEOUT_S, SCHEMA_VERSION, TABLE_SQL, WRITE_PATIENCE_S, logger,
-                                 object_exists)
+from hermes_state_common import (READ_BUSY_TIMEOUT_S, SCHEMA_VERSION, TABLE_SQL, UPGRADE_COPY_KEEP_DAYS, WRITE_PATIENCE_S,
+                                 logger, object_exists)
 from hermes_state_errors import StateDbUninitializedError, StoreUnavailableError, typed_errors
 from hermes_state_writer import Cancelled, RetryPolicy, Writer
 
@@ -68,13 +68,17 @@ def upgrade_backup_path(db_path: Path, *, now: float | None = None) -> Path:
     return path
 
 
-def tidy_upgrade_copies(conn: sqlite3.Connection, db_path: Path) -> None:
-    """At a writable open of an upgraded file: settle the pending copies killed openers left beside it."""
-    if str(db_path) == ":memory:" or not any(c.pending_pid is not None for c in catalogue.upgrade_copies(db_path)):
+def tidy_upgrade_copies(conn: sqlite3.Connection, db_path: Path,
+                        keep_days: float | None = UPGRADE_COPY_KEEP_DAYS) -> None:
+    """At a writable open of an upgraded file: settle the pending copies killed openers left, remove those past the policy."""
+    if str(db_path) == ":memory:":
         return
-    if schema.is_older_file(conn):
+    copies = catalogue.upgrade_copies(db_path)
+    if not copies or schema.is_older_file(conn):
         return  # the upgrade to come settles them, once its own copy is complete
-    catalogue.settle_pending_copies(db_path, catalogue.recorded_copy(conn))
+    if any(c.pending_pid is not None for c in copies):
+        catalogue.settle_pending_copies(db_path, catalogue.recorded_copy(conn))
+    catalogue.remove_old_copies(db_path, keep_days)
 
 
 class PreUpgradeCopy:
@@ -354,7 +358,8 @@ class Opened:
 
 def open_connection(path: Path, *, read_only: bool, read_busy_s: float, patience_s: float, policy: RetryPolicy,
                     backup: bool = True, force: bool = False,
-                    on_give_up: Callable[[float], None] | None = None, later_bytes: int | None = None) -> Opened:
+                    on_give_up: Callable[[float], None] | None = None, later_bytes: int | None = None,
+                    keep_copies_days: float | None = UPGRADE_COPY_KEEP_DAYS) -> Opened:
     """Open a handle's main connection and make its file ready for it.
 
     A writable open creates the file 0600 when missing, refuses another program's database
@@ -382,7 +387,7 @@ def open_connection(path: Path, *, read_only: bool, read_busy_s: float, patience
                 catalogue.check_ours(conn, path, force=force)  # before any write or chmod: it may be another's file
                 changes = schema.tighten_files(path)
                 catalogue.clean_partial_copies(path)  # a killed upgrade's half-written copy
-                tidy_upgrade_copies(conn, path)  # and its complete one, when its upgrade never began
+                tidy_upgrade_copies(conn, path, keep_copies_days)  # its complete one, and those past the policy
                 if later_bytes is not None and _large_older_file(conn, path, later_bytes):
                     more = prepare_journal(conn, path, patience_s, policy)
                     opened = Opened(conn, schema.read_version(conn) or 0, None, changes + more, upgrade_later=True)

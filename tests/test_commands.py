@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import os
 import sqlite3
 import subprocess
@@ -270,14 +271,22 @@ def test_doctor_says_how_much_is_free_what_gives_it_back_and_which_upgrade_copie
             db.append_message(f"s{n}", "user", "x" * 100_000)
     checks = {c["check"]: c for c in json.loads(run(home, "doctor", "--json").stdout)["checks"]}
     assert checks["space"]["detail"].endswith("0.0 MB of it free") and not checks["space"].get("warn")
-    assert checks["upgrade copies"]["detail"] == "none"
+    assert checks["upgrade copies"]["detail"].startswith("none; the newest 2 are kept 30 days after their upgrade")
     with SessionDB(home / "state.db") as db:
         db.delete_sessions([f"s{n}" for n in range(30)])
-    copy = home / "state.db.pre-v31-20261201T000000Z.bak"
-    copy.write_bytes((home / "state.db").read_bytes())
+    taken = time.time() - 86400  # an upgrade yesterday, and one 31 days ago
+    copy = home / time.strftime("state.db.pre-v31-%Y%m%dT%H%M%SZ.bak", time.gmtime(taken))
+    old = home / time.strftime("state.db.pre-v30-%Y%m%dT%H%M%SZ.bak", time.gmtime(taken - 30 * 86400))
+    for c in (copy, old):
+        c.write_bytes((home / "state.db").read_bytes())
     checks = {c["check"]: c for c in json.loads(run(home, "doctor", "--json").stdout)["checks"]}
     assert checks["space"]["warn"] is True and "`hermes-state vacuum` gives it back" in checks["space"]["detail"]
-    assert checks["upgrade copies"]["detail"].startswith(f"1 ({copy.stat().st_size / 2**20:.1f} MB), newest {copy.name}")
-    assert run(home, "vacuum").returncode == 0
+    size = copy.stat().st_size / 2**20
+    until = time.strftime("%Y-%m-%d", time.gmtime(taken + 30 * 86400))
+    assert checks["upgrade copies"]["detail"].startswith(
+        f"2 ({2 * size:.1f} MB): {copy.name} ({size:.1f} MB, kept until {until}); "
+        f"{old.name} ({size:.1f} MB, removed at the next writable open); the newest 2 are kept 30 days")
+    assert old.exists()  # doctor only said so
+    assert run(home, "vacuum").returncode == 0  # a writable open: it removes the copy past the policy
     checks = {c["check"]: c for c in json.loads(run(home, "doctor", "--json").stdout)["checks"]}
-    assert not checks["space"].get("warn") and copy.exists()  # vacuum gave the pages back; the copy stays
+    assert not checks["space"].get("warn") and copy.exists() and not old.exists()

@@ -707,7 +707,8 @@ def test_help_maps_the_api_by_task_and_names_every_public_method():
     assert [doc.index(task) for task in tasks] == sorted(doc.index(task) for task in tasks)  # in this order
     named = set(re.findall(r"[A-Za-z_]+", doc))
     public = {name for name in dir(SessionDB) if not name.startswith("_")}
-    knobs = set(SessionDB.HERMES_AGENT_ALIASES.values()) | {"checkpoint_in_background", "upgrade_in_background_bytes"}
+    knobs = set(SessionDB.HERMES_AGENT_ALIASES.values()) | {"checkpoint_in_background", "upgrade_in_background_bytes",
+                                                          "finish_after_close", "upgrade_copy_keep_days"}
     missing = sorted(public - named - knobs - {"TITLE_SOURCE_DERIVED", "TITLE_SOURCE_LLM", "TITLE_SOURCE_USER"})
     assert not missing, missing  # a new method gets its place in the map
     init = inspect.getdoc(SessionDB.__init__) or ""

@@ -19,6 +19,7 @@ from typing import cast
 
 import pytest
 
+import hermes_state_catalogue as catalogue
 import hermes_state_fts as fts
 import hermes_state_recovery as recovery
 import hermes_state_schema as schema
@@ -442,6 +443,45 @@ def test_no_process_is_started_when_asked_not_to_or_when_another_holds_the_work(
     assert calls == [None]  # asked, and it started nothing
     with pytest.raises(TypeError):
         SessionDB.finish_after_close = "yes"  # type: ignore[assignment]
+
+
+def _copy_named(db: Path, taken: float, version: int = SCHEMA_VERSION, suffix: str = "") -> Path:
+    path = db.with_name(time.strftime(f"{db.name}.pre-v{version}-%Y%m%dT%H%M%SZ.bak", time.gmtime(taken)) + suffix)
+    path.write_bytes(b"a copy")
+    return path
+
+
+def test_the_copies_policy_keeps_the_newest_two_for_the_days_asked(tmp_path):
+    db = tmp_path / "state.db"
+    now = 1_800_000_000.0
+    day = 86_400.0
+    fresh, recent, third = (_copy_named(db, now - d * day) for d in (1, 5, 10))
+    stale = _copy_named(db, now - 40 * day, version=SCHEMA_VERSION - 1)
+    pending = _copy_named(db, now - 50 * day, suffix=f".pending-{os.getpid()}-0123abcd")
+    assert catalogue.copy_taken_at(fresh) == now - day and catalogue.copy_taken_at(db) is None
+    assert sorted(catalogue.copies_to_remove(db, 30, now=now)) == sorted([third, stale])  # a third one; too old
+    assert catalogue.copies_to_remove(db, 3, now=now) == [recent, third, stale]
+    assert catalogue.copies_to_remove(db, None, now=now) == []  # None keeps every copy
+    assert catalogue.remove_old_copies(db, 3, now=now) == [recent, third, stale]
+    assert fresh.exists() and pending.exists() and not recent.exists()  # a pending copy is its upgrade's to settle
+
+
+def test_a_writable_open_removes_the_copies_past_the_policy_and_a_read_only_one_does_not(tmp_path, monkeypatch):
+    db = tmp_path / "state.db"
+    SessionDB(db).close()
+    old = _copy_named(db, time.time() - 31 * 86_400)
+    kept = _copy_named(db, time.time() - 86_400)
+    SessionDB(db, read_only=True).close()
+    assert old.exists()
+    monkeypatch.setattr(SessionDB, "upgrade_copy_keep_days", None)
+    SessionDB(db).close()
+    assert old.exists()  # None: kept until the user removes it
+    monkeypatch.setattr(SessionDB, "upgrade_copy_keep_days", 30)
+    SessionDB(db).close()
+    assert not old.exists() and kept.exists()
+    for bad, error in (("30", TypeError), (-1, ValueError), (float("inf"), ValueError), (True, TypeError)):
+        with pytest.raises(error, match="upgrade_copy_keep_days"):
+            SessionDB.upgrade_copy_keep_days = bad  # type: ignore[assignment]
 
 
 def test_an_old_index_that_cannot_be_moved_aside_is_dropped_in_one_piece(old_file, monkeypatch, caplog):
