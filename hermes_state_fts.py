@@ -266,6 +266,9 @@ CJK_BATCH_ROWS = 2000        # queued CJK rows (another program's) one batch ind
 # A library thread's pause between two of its write transactions: longer than the longest sleep of
 # SQLite's busy handler (100 ms), so a writer waiting on the lock always tries once in the gap.
 BACKGROUND_PAUSE_S = 0.12
+# And after a transaction that held the lock longer than that, a pause as long as it held it: other
+# writers then have the lock at least half of the time, however long one of its steps takes.
+BACKGROUND_DUTY = 1.0
 
 
 def _normalized(sql: str | None) -> str:
@@ -564,7 +567,7 @@ def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS)
 
 # The pages one merge step writes: on the heavy store of docs/performance.md, 500 pages took
 # 0.1-0.3 s on a slow machine.
-MERGE_STEP_PAGES = 256
+MERGE_STEP_PAGES = 128
 
 # FTS5 keeps each index as segments on numbered levels, described by one structure record (rowid
 # 10 of `<index>_data`). Its reader refuses a record naming more than 2,000 levels, and then the
@@ -901,7 +904,7 @@ def _rebuild_overgrown(writer: Writer, patience_s: float, policy: RetryPolicy) -
 # A chunk's cost follows the bytes of its rows, not their number: 2,000 rows of base64 payloads and
 # long tool output held the lock for over a second. The rows of the next chunk are scaled so that
 # one takes about this long, never more than the chunk size asked for, never under the floor.
-CHUNK_TARGET_S = 0.2
+CHUNK_TARGET_S = 0.1
 CHUNK_FLOOR_ROWS = 20
 
 
@@ -965,6 +968,7 @@ def run_pending(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_ro
         # A background run (`stop` given) stops waiting for the lock as soon as its handle closes,
         # holds the fork gate for each chunk, and fails quietly: it resumes at the next open.
         with writer.transaction(patience_s, policy, stop=stop, quiet=stop is not None) as conn:
+            began = time.monotonic()
             waiting = holder is not None and not _take_turn(conn, holder)
             if waiting:  # another thread is doing this work: two would only take turns with the lock
                 more = True
@@ -977,10 +981,11 @@ def run_pending(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_ro
             if not more and holder is not None:
                 conn.execute("DELETE FROM state_meta WHERE key = ? AND substr(value, 1, ?) = ?",
                              (WORKER_KEY, len(holder), holder))  # as release_turn, inside this chunk
+        held = time.monotonic() - began  # the commit included
         if not more:
             return True
         if stop is not None and (pause_s or waiting):
-            stop.wait(LEASE_RETRY_S if waiting else pause_s)
+            stop.wait(LEASE_RETRY_S if waiting else max(pause_s, held * BACKGROUND_DUTY))
     return False
 
 

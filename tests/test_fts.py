@@ -19,6 +19,7 @@ import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -1087,6 +1088,32 @@ def test_another_programs_fts5_rebuild_while_rows_are_queued_leaves_every_index_
     assert ids(rival, "messages_fts_reasoning", "mike1") == [queued[1]]
     assert substring_ids(rival, "ilo2") == [queued[2]]
     assert indexed_counts(rival) == expected_counts(rival)
+
+
+def test_the_background_pause_is_at_least_as_long_as_the_lock_was_held(tmp_path, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(fts, "time", SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
+    holds = iter([3.0, 0.01, 0.5])
+
+    def step(conn: sqlite3.Connection) -> bool:
+        clock[0] += next(holds)  # this transaction holds the lock that long
+        return True
+
+    class Stop:  # the thread's stop event, recording each pause instead of sleeping
+        waits: list[float] = []
+
+        def is_set(self) -> bool:
+            return len(self.waits) == 3
+
+        def wait(self, timeout: float) -> bool:
+            self.waits.append(timeout)
+            return False
+    conn = sqlite3.connect(tmp_path / "x.db", isolation_level=None, check_same_thread=False)
+    try:
+        assert fts.run_pending(Writer(conn), 5.0, RetryPolicy(), stop=Stop(), pause_s=0.12, step=step) is False
+    finally:
+        conn.close()
+    assert Stop.waits == [3.0, 0.12, 0.5]  # others get the lock at least half of the time
 
 
 def test_a_chunk_that_took_long_makes_the_next_one_smaller_within_bounds():
