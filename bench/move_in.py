@@ -132,6 +132,7 @@ def phase(load: dict, start: float, end: float) -> dict:
     appends = [a for a in load["appends"] if start <= a[0] < end]
     probes = [p for p in load["probes"] if start <= p[0] < end]
     return {"seconds": round(end - start, 1), "append_wait": summary([a[1] for a in appends]),
+            "slow_appends": [(round(a[0] - start, 1), round(a[1] * 1e3)) for a in appends if a[1] > 0.5],
             "appends_per_s": round(len(appends) / max(end - start, 1e-9), 1),
             "failed_appends": sum(1 for a in appends if a[2]),
             "open": summary([p[1] for p in probes]), "close": summary([p[2] for p in probes]),
