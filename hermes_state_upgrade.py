@@ -632,14 +632,15 @@ def open_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryPoli
 _FINISH = "import sys, pathlib, hermes_state_upgrade as u; u.finish_pending(pathlib.Path(sys.argv[1]))"
 
 
-def hand_over(db_path: Path, conn: sqlite3.Connection) -> subprocess.Popen[bytes] | None:
-    """Start a detached process that finishes `db_path`'s pending background work, unless one holds it already.
+def hand_over(db_path: Path, conn: sqlite3.Connection | None = None) -> subprocess.Popen[bytes] | None:
+    """Start a detached process that finishes `db_path`'s move-in (the copy and upgrade, the index work), unless one holds it.
 
-    Returns the process (nobody needs to wait for it), or None when another live holder has the
-    work or no interpreter can be started. Never raises.
+    With `conn` (the closing handle's, idle) a live holder of the index work is looked for first;
+    the process looks again itself. Returns the process (nobody needs to wait for it), or None
+    when another live holder has the work or no interpreter can be started. Never raises.
     """
     try:
-        if _worked_by_another(conn) or not sys.executable:
+        if (conn is not None and _worked_by_another(conn)) or not sys.executable:
             return None
         return subprocess.Popen([sys.executable, "-c", _FINISH, str(db_path)], cwd=db_path.parent,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -651,6 +652,8 @@ def hand_over(db_path: Path, conn: sqlite3.Connection) -> subprocess.Popen[bytes
 
 def _worked_by_another(conn: sqlite3.Connection) -> bool:
     from hermes_state_lockowners import lock_is_live
+    if not object_exists(conn, "table", "state_meta"):
+        return False
     row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (fts.WORKER_KEY,)).fetchone()
     if row is None:
         return False
@@ -664,7 +667,8 @@ def _worked_by_another(conn: sqlite3.Connection) -> bool:
 def finish_pending(db_path: Path, patience_s: float = WRITE_PATIENCE_S, policy: RetryPolicy | None = None) -> bool:
     """Open `db_path` and do its pending background work to the end; return whether there was any.
 
-    What the process `hand_over` starts runs. It leaves at once when another process holds the work.
+    What the process `hand_over` starts runs. An older file is copied and upgraded first, inside
+    the open. It leaves at once when another process holds the index work.
     """
     policy = policy or RetryPolicy()
     opened = open_connection(db_path, read_only=False, read_busy_s=READ_BUSY_TIMEOUT_S, patience_s=patience_s,

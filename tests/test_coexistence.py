@@ -218,6 +218,8 @@ def test_the_agent_works_on_while_the_old_index_is_being_freed(tmp_path, monkeyp
     raw.close()
     monkeypatch.setattr(upgrade, "CLEAR_CHUNK_S", 0.0)  # one row per transaction: still at it below
     monkeypatch.setattr(upgrade, "CLEAR_BATCH_ROWS", 1)
+    monkeypatch.setattr(upgrade, "FREE_RESERVE_BYTES", 0)  # and nothing freed ahead of the new indexes
+    monkeypatch.setattr(upgrade, "UPGRADE_BYTES_PER_MESSAGE", 0)
     db = SessionDB(path, backup_before_upgrade=False)
     try:
         conn = sqlite3.connect(path)

@@ -180,6 +180,7 @@ def test_a_small_older_file_is_still_upgraded_inside_the_open(old_file):
 
 def test_close_during_the_copy_stops_it_and_leaves_the_file_and_no_copy(old_file, in_background, monkeypatch):
     held = HeldCopy(monkeypatch)
+    monkeypatch.setattr(SessionDB, "finish_after_close", False)  # no process finishes the move-in for it
     db = SessionDB(old_file)
     assert held.started.wait(10)
     started = time.monotonic()

@@ -425,6 +425,26 @@ def test_a_short_command_hands_a_large_files_work_to_a_process_that_finishes_it(
                                                "'hermes_retired_fts_*'") == 0
 
 
+def test_a_short_command_on_a_large_older_file_hands_over_its_copy_and_upgrade(old_file, monkeypatch):
+    monkeypatch.setattr(SessionDB, "upgrade_in_background_bytes", 1)  # copied and upgraded after the open
+    started: list[subprocess.Popen] = []
+    hand_over = upgrade.hand_over
+    monkeypatch.setattr(upgrade, "hand_over", lambda *a: started.append(hand_over(*a)) or started[-1])
+    copy = upgrade.MoveIn._copy
+
+    def held_back(self: upgrade.MoveIn, *args: object) -> object:
+        self.stop.wait(60)  # the copy has not got far when the command closes
+        return copy(self, *args)
+    monkeypatch.setattr(upgrade.MoveIn, "_copy", held_back)
+    db = SessionDB(old_file)
+    assert db.upgrading
+    db.close()  # a short command: its copy stops at the next step
+    assert len(started) == 1 and started[0] is not None and started[0].wait(120) == 0
+    with SessionDB(old_file, read_only=True) as ro:
+        assert ro.schema_version == SCHEMA_VERSION and ro.fts_rebuild_status()["pending"] == 0
+    assert len(catalogue.upgrade_copies(old_file)) == 1  # one copy, taken by the process that upgraded
+
+
 def test_no_process_is_started_when_asked_not_to_or_when_another_holds_the_work(old_file, monkeypatch):
     _upgraded_with_work_left(old_file, monkeypatch)
     calls: list[object] = []
