@@ -142,7 +142,14 @@ class _Filters:
 
     def plus(self, sql: str, params: list[Any]) -> _Filters:
         """Return these filters and one more condition on `m` (a LIKE check of terms no index serves)."""
-        return replace(self, sql=f"{self.sql} AND {sql}", params=(*self.params, *params))
+        return replace(self, sql=f"{self.sql} AND {self.text_check(sql)}", params=(*self.params, *params))
+
+    def text_check(self, sql: str) -> str:
+        """Return `sql`, a check that reads the message's text, written so it runs after the session's conditions."""
+        # SQLite checks a condition at the innermost table it names: a LIKE on `m` alone runs before
+        # the session row is read, so a source filter passing one row in ten still read the text of
+        # all ten (the long tool output of every candidate). Naming `s` moves the check after it.
+        return f"CASE WHEN s.id IS NULL THEN 0 ELSE {sql} END" if self.join else sql
 
 
 def _is_query_error(exc: sqlite3.OperationalError) -> bool:
@@ -289,9 +296,9 @@ def _like(conn: sqlite3.Connection, groups: tuple[Group, ...], f: _Filters, low:
             "SELECT 1 FROM messages WHERE id BETWEEN ? AND ? LIMIT 1", (low, newest - LIKE_SCAN_ROWS)).fetchone()
         low = max(low, newest - LIKE_SCAN_ROWS + 1)
         scope, scope_params = "", ()
-    sql = (f"SELECT m.id FROM messages m{f.join} WHERE m.id BETWEEN ? AND ?{scope} AND {condition}{f.sql} "
+    sql = (f"SELECT m.id FROM messages m{f.join} WHERE m.id BETWEEN ? AND ?{scope}{f.sql} AND {f.text_check(condition)} "
            "ORDER BY m.id DESC LIMIT ?")
-    ids = [r[0] for r in conn.execute(sql, (low, high, *scope_params, *params, *f.params, need))]
+    ids = [r[0] for r in conn.execute(sql, (low, high, *scope_params, *f.params, *params, need))]
     if stopped and len(ids) < need and cut is not None:
         cut.append(True)
     return ids
@@ -359,9 +366,9 @@ class _Ask:
         try:
             rows = self.conn.execute(
                 f"SELECT m.id FROM {fts.OLD_SUBSTRINGS} o JOIN messages m ON m.id = o.rowid{f.join} "
-                f"WHERE {fts.OLD_SUBSTRINGS} MATCH ? AND o.rowid BETWEEN ? AND ? AND {contains}{f.sql} "
+                f"WHERE {fts.OLD_SUBSTRINGS} MATCH ? AND o.rowid BETWEEN ? AND ?{f.sql} AND {f.text_check(contains)} "
                 "ORDER BY o.rowid DESC LIMIT ?",
-                (" ".join(quoted_token(t.text) for t in terms), low, high, *params, *f.params, self.need)).fetchall()
+                (" ".join(quoted_token(t.text) for t in terms), low, high, *f.params, *params, self.need)).fetchall()
         except sqlite3.OperationalError as exc:
             if not _is_query_error(exc):
                 raise
@@ -401,7 +408,7 @@ class _Ask:
             key, grams = "t.rowid", (f"({trigram_expression(self._rare_trigrams(texts))}){_NOT_PAYLOAD}",)
             source = f"{fts.TRIGRAM} t JOIN messages m ON m.id = t.rowid{f.join} WHERE {fts.TRIGRAM} MATCH ? AND"
         skip = f" AND {key} NOT IN (SELECT value FROM json_each(?))" if known else ""
-        sql = (f"SELECT {key} FROM {source} {key} BETWEEN ? AND ?{f.sql}{skip} AND {contains} "
+        sql = (f"SELECT {key} FROM {source} {key} BETWEEN ? AND ?{f.sql}{skip} AND {f.text_check(contains)} "
                f"ORDER BY {key} DESC LIMIT ?")
         try:
             rows = self.conn.execute(sql, (*grams, self.low, self.high, *f.params,
