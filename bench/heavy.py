@@ -50,7 +50,8 @@ def build_agent_file(path: Path, profile: hc.Profile, agent_python: Path) -> dic
     for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
         p.unlink(missing_ok=True)
     driver(agent_python, "hermes-agent", path, {}).close()
-    truth: dict[str, list[int]] = {k: [] for k in hc.queries(profile) if k != "common word"}
+    unplanted = {"common word", *hc.common_phrases(profile)}  # in most rows, or not planted: no recall
+    truth: dict[str, list[int]] = {k: [] for k in hc.queries(profile) if k not in unplanted}
     terms = {k: (q.strip('"').lower()) for k, q in hc.queries(profile).items() if k in truth}
     sources: dict[int, str] = {}
     text_bytes = prompt_bytes = n_messages = n_sessions = 0
@@ -242,7 +243,7 @@ def run(args: argparse.Namespace) -> dict:
     load_after = load()
     rec: dict = {s.system: {} for s in systems}
     for kind in queries:
-        if kind == "common word":
+        if kind not in meta["truth"]:  # the common word and the phrases of common words: nothing planted
             continue
         for filtered in (False, True):
             truth = meta["truth_filtered" if filtered else "truth"][kind]
