@@ -86,7 +86,6 @@ def in_word_phrase(text: str) -> str | None:
         return None
     return '"' + " ".join(tokens) + '"' + star
 _MAX_ROWID = 2 ** 63 - 1
-_FETCH_ROWS = 256        # rows fetched at a time while a scan's end depends on what it reads
 warned: set[str] = set()  # the keys of warnings this process has logged (each is logged once)
 
 
@@ -246,11 +245,13 @@ def _filtered_pool(conn: sqlite3.Connection, table: str, expr: str, joined: str,
         start = _window_start(conn, table, expr, low, high)
         if start is None:
             return scored + cursor.fetchall()  # fewer matches than the window: rank them all
-        while scored[-1][0] >= start:  # the pool lies inside the window: its other rows too
-            more = cursor.fetchmany(_FETCH_ROWS)
-            scored += [r for r in more if r[0] >= start]
-            if len(more) < _FETCH_ROWS or more[-1][0] < start:
-                break
+        if scored[-1][0] >= start:  # the pool lies inside the window: its other rows too
+            # Row by row: the statement stops at the first passing row past the window's start.
+            # A batch would go on past it, joining and scoring rows that are thrown away.
+            for row in cursor:
+                if row[0] < start:
+                    break
+                scored.append(row)
     finally:
         cursor.close()
     return scored
