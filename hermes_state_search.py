@@ -86,7 +86,6 @@ def in_word_phrase(text: str) -> str | None:
         return None
     return '"' + " ".join(tokens) + '"' + star
 _MAX_ROWID = 2 ** 63 - 1
-_FETCH_ROWS = 256        # rows fetched at a time while a scan's end depends on what it reads
 warned: set[str] = set()  # the keys of warnings this process has logged (each is logged once)
 
 
@@ -142,7 +141,14 @@ class _Filters:
 
     def plus(self, sql: str, params: list[Any]) -> _Filters:
         """Return these filters and one more condition on `m` (a LIKE check of terms no index serves)."""
-        return replace(self, sql=f"{self.sql} AND {sql}", params=(*self.params, *params))
+        return replace(self, sql=f"{self.sql} AND {self.text_check(sql)}", params=(*self.params, *params))
+
+    def text_check(self, sql: str) -> str:
+        """Return `sql`, a check that reads the message's text, written so it runs after the session's conditions."""
+        # SQLite checks a condition at the innermost table it names: a LIKE on `m` alone runs before
+        # the session row is read, so a source filter passing one row in ten still read the text of
+        # all ten (the long tool output of every candidate). Naming `s` moves the check after it.
+        return f"CASE WHEN s.id IS NULL THEN 0 ELSE {sql} END" if self.join else sql
 
 
 def _is_query_error(exc: sqlite3.OperationalError) -> bool:
@@ -165,16 +171,23 @@ def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: i
     queued = f" AND m.id NOT IN (SELECT id FROM {fts.CJK_PENDING})" if skip_queued else ""
     joined = (f"FROM {table} JOIN messages m ON m.id = {table}.rowid{f.join} "
               f"WHERE {table} MATCH ? AND {table}.rowid BETWEEN ? AND ?{f.sql}{queued}")
-    live_only = f.live_only and not skip_queued
+    pool = max(need, FILTERED_POOL)
     try:
-        floor, pool = _window(conn, table, expr, joined, f, low, high, max(need, FILTERED_POOL), live_only)
-        if pool is not None:
-            return sorted(pool, key=lambda r: (r[1], -r[0]))[:need]
-        if live_only and (best := _live_ranked(conn, table, expr, floor, high, need)) is not None:
+        if not (f.live_only and not skip_queued):
+            return sorted(_filtered_pool(conn, table, expr, joined, f, low, high, pool),
+                          key=lambda r: (r[1], -r[0]))[:need]
+        floor: int | None = None
+        if _PHRASE.search(expr):
+            best = _live_ranked(conn, table, expr, joined, f, low, high, need, pool)
+        else:
+            floor = _floor(conn, table, expr, joined, f, low, high, pool)
+            best = _live_best(conn, table, expr, floor, high, need)
+        if best is not None:
             return best
+        if floor is None:
+            floor = _floor(conn, table, expr, joined, f, low, high, pool)
         return conn.execute(f"SELECT {table}.rowid, bm25({table}) AS score {joined} "
-                            f"ORDER BY score, {table}.rowid DESC LIMIT ?",
-                            (expr, floor, high, *f.params, need)).fetchall()
+                            f"ORDER BY score, {table}.rowid DESC LIMIT ?", (expr, floor, high, *f.params, need)).fetchall()
     except sqlite3.OperationalError as exc:
         if not _is_query_error(exc):
             raise
@@ -182,45 +195,71 @@ def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: i
         return []
 
 
-def _window(conn: sqlite3.Connection, table: str, expr: str, joined: str, f: _Filters, low: int, high: int,
-            pool: int, live_only: bool) -> tuple[int, list[tuple[int, float]] | None]:
-    """Return where the ranking window starts and, when they are all of its passing rows, those rows scored."""
+# A quoted string holding more than one token: FTS5 matches it by comparing positions, row by row,
+# so walking its matches costs several times a word's. The window is then read in one statement
+# with the scores (one walk), where a word seeks its start first (a cheap walk, no rows to Python).
+_PHRASE = re.compile(r'"[^"]*[^\w"][^"]*"')
+
+
+def _window_start(conn: sqlite3.Connection, table: str, expr: str, low: int, high: int) -> int | None:
+    """Return the rowid of the `RANK_WINDOW`-th newest match, or None when there are fewer matches."""
     row = conn.execute(f"SELECT rowid FROM {table} WHERE {table} MATCH ? AND rowid BETWEEN ? AND ? "
                        "ORDER BY rowid DESC LIMIT 1 OFFSET ?", (expr, low, high, RANK_WINDOW - 1)).fetchone()
-    if row is None:
-        return low, None  # fewer matches than the window: rank them all
-    # Newest first, the filters checked on each row until the pool is full: a filter that passes
-    # few rows makes the window reach further back, never the ranking of all matches.
-    if live_only:
-        pooled = conn.execute(f"SELECT {table}.rowid {joined} ORDER BY {table}.rowid DESC LIMIT 1 OFFSET ?",
-                              (expr, low, high, *f.params, pool - 1)).fetchone()
-        return (low if pooled is None else min(row[0], pooled[0])), None
-    # A caller's filter may pass few rows: one scan, newest first, scores every passing row of the
-    # window and goes on past its start until it holds the pool. Its rows are then the ranked ones:
-    # a second statement would pay bm25's pass over each term's whole doclist again.
-    return row[0], _scored_back_to(conn, f"SELECT {table}.rowid, bm25({table}) {joined} ORDER BY {table}.rowid DESC",
-                                   (expr, low, high, *f.params), row[0], pool)
+    return None if row is None else row[0]
 
 
-def _scored_back_to(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...], start: int,
-                    pool: int) -> list[tuple[int, float]]:
-    """Return the (rowid, score) rows of `sql` (newest first) down to `start`, and on until `pool` of them."""
-    cursor = conn.execute(sql, params)
+def _pooled(conn: sqlite3.Connection, table: str, joined: str, expr: str, f: _Filters, low: int, high: int,
+            pool: int) -> int | None:
+    """Return the rowid of the `pool`-th newest match passing the filters, or None when fewer pass."""
+    row = conn.execute(f"SELECT {table}.rowid {joined} ORDER BY {table}.rowid DESC LIMIT 1 OFFSET ?",
+                       (expr, low, high, *f.params, pool - 1)).fetchone()
+    return None if row is None else row[0]
+
+
+def _floor(conn: sqlite3.Connection, table: str, expr: str, joined: str, f: _Filters, low: int, high: int,
+           pool: int) -> int:
+    """Return where the ranking window starts: the window's oldest match, or further back to hold the pool."""
+    start = _window_start(conn, table, expr, low, high)
+    if start is None:
+        return low  # fewer matches than the window: rank them all
+    pooled = _pooled(conn, table, joined, expr, f, low, high, pool)
+    return low if pooled is None else min(start, pooled)
+
+
+def _filtered_pool(conn: sqlite3.Connection, table: str, expr: str, joined: str, f: _Filters, low: int, high: int,
+                   pool: int) -> list[tuple[int, float]]:
+    """Return the window's rows passing the filters, scored, and older ones until `pool` of them (newest first).
+
+    One scan, newest first, scores every passing row: a second statement would pay bm25's pass
+    over each term's whole doclist again. A filter that passes few rows makes it reach further
+    back than the window, never the ranking of all matches. The window's start is only sought
+    once `pool` rows have passed: with fewer, every passing row is ranked whatever the window,
+    and a rare phrase's matches are walked once instead of twice.
+    """
+    cursor = conn.execute(f"SELECT {table}.rowid, bm25({table}) {joined} ORDER BY {table}.rowid DESC",
+                          (expr, low, high, *f.params))
     try:
         scored: list[tuple[int, float]] = cursor.fetchmany(pool)  # the statement is stepped only as far as fetched
-        while len(scored) >= pool and scored[-1][0] >= start:  # the pool lies inside the window: its other rows too
-            more = cursor.fetchmany(_FETCH_ROWS)
-            scored += [r for r in more if r[0] >= start]
-            if len(more) < _FETCH_ROWS or more[-1][0] < start:
-                break
+        if len(scored) < pool:
+            return scored
+        start = _window_start(conn, table, expr, low, high)
+        if start is None:
+            return scored + cursor.fetchall()  # fewer matches than the window: rank them all
+        if scored[-1][0] >= start:  # the pool lies inside the window: its other rows too
+            # Row by row: the statement stops at the first passing row past the window's start.
+            # A batch would go on past it, joining and scoring rows that are thrown away.
+            for row in cursor:
+                if row[0] < start:
+                    break
+                scored.append(row)
     finally:
         cursor.close()
     return scored
 
 
-def _live_ranked(conn: sqlite3.Connection, table: str, expr: str, floor: int, high: int,
-                 need: int) -> list[tuple[int, float]] | None:
-    """Rank the index's rows alone and keep the live ones; None when too many of the best are archived.
+def _live_best(conn: sqlite3.Connection, table: str, expr: str, floor: int, high: int,
+               need: int) -> list[tuple[int, float]] | None:
+    """Rank the index's rows from `floor` alone and keep the live ones; None when too many of the best are archived.
 
     Nearly every row is live: looking up only the best rows replaces a `messages` lookup for
     every row of the window. The rows kept are a prefix of the joined ranking's order, or all of it.
@@ -228,10 +267,36 @@ def _live_ranked(conn: sqlite3.Connection, table: str, expr: str, floor: int, hi
     best = conn.execute(f"SELECT rowid, bm25({table}) AS score FROM {table} WHERE {table} MATCH ? "
                         "AND rowid BETWEEN ? AND ? ORDER BY score, rowid DESC LIMIT ?",
                         (expr, floor, high, need + SPARE_RANKED)).fetchall()
+    return _kept_live(conn, best, need)
+
+
+def _kept_live(conn: sqlite3.Connection, best: list[tuple[int, float]], need: int) -> list[tuple[int, float]] | None:
+    """Return the live rows of `best` (the window's best rows, best first), or None when fewer than `need` are live and others may be."""
     live = {r[0] for r in conn.execute("SELECT id FROM messages WHERE id IN (SELECT value FROM json_each(?)) "
                                        "AND active = 1", (json.dumps([r[0] for r in best]),))}
     kept = [r for r in best if r[0] in live]
     return kept[:need] if len(kept) >= need or len(best) < need + SPARE_RANKED else None
+
+
+def _live_ranked(conn: sqlite3.Connection, table: str, expr: str, joined: str, f: _Filters, low: int, high: int,
+                 need: int, pool: int) -> list[tuple[int, float]] | None:
+    """Rank the window from the index alone and keep the live rows; None when the general path must answer.
+
+    Nearly every row is live: looking up only the best rows replaces a `messages` lookup for
+    every row of the window. One statement reads the newest `RANK_WINDOW` matches with their
+    scores, so the window's start needs no seek of its own (a rare phrase's matches are walked
+    once, not twice). None when the window holds fewer than `pool` live rows (it reaches further
+    back) or too many of the best are archived. The rows kept are a prefix of the joined
+    ranking's order, or all of it.
+    """
+    window = conn.execute(f"SELECT rowid, bm25({table}) FROM {table} WHERE {table} MATCH ? "
+                          "AND rowid BETWEEN ? AND ? ORDER BY rowid DESC LIMIT ?",
+                          (expr, low, high, RANK_WINDOW)).fetchall()
+    if len(window) == RANK_WINDOW:
+        pooled = _pooled(conn, table, joined, expr, f, low, high, pool)
+        if pooled is None or pooled < window[-1][0]:
+            return None
+    return _kept_live(conn, sorted(window, key=lambda r: (r[1], -r[0]))[:need + SPARE_RANKED], need)
 
 
 _CONTAINS = ("(COALESCE(m.content LIKE ? ESCAPE '\\', 0) OR COALESCE(m.tool_calls LIKE ? ESCAPE '\\', 0)"
@@ -289,9 +354,9 @@ def _like(conn: sqlite3.Connection, groups: tuple[Group, ...], f: _Filters, low:
             "SELECT 1 FROM messages WHERE id BETWEEN ? AND ? LIMIT 1", (low, newest - LIKE_SCAN_ROWS)).fetchone()
         low = max(low, newest - LIKE_SCAN_ROWS + 1)
         scope, scope_params = "", ()
-    sql = (f"SELECT m.id FROM messages m{f.join} WHERE m.id BETWEEN ? AND ?{scope} AND {condition}{f.sql} "
+    sql = (f"SELECT m.id FROM messages m{f.join} WHERE m.id BETWEEN ? AND ?{scope}{f.sql} AND {f.text_check(condition)} "
            "ORDER BY m.id DESC LIMIT ?")
-    ids = [r[0] for r in conn.execute(sql, (low, high, *scope_params, *params, *f.params, need))]
+    ids = [r[0] for r in conn.execute(sql, (low, high, *scope_params, *f.params, *params, need))]
     if stopped and len(ids) < need and cut is not None:
         cut.append(True)
     return ids
@@ -359,9 +424,9 @@ class _Ask:
         try:
             rows = self.conn.execute(
                 f"SELECT m.id FROM {fts.OLD_SUBSTRINGS} o JOIN messages m ON m.id = o.rowid{f.join} "
-                f"WHERE {fts.OLD_SUBSTRINGS} MATCH ? AND o.rowid BETWEEN ? AND ? AND {contains}{f.sql} "
+                f"WHERE {fts.OLD_SUBSTRINGS} MATCH ? AND o.rowid BETWEEN ? AND ?{f.sql} AND {f.text_check(contains)} "
                 "ORDER BY o.rowid DESC LIMIT ?",
-                (" ".join(quoted_token(t.text) for t in terms), low, high, *params, *f.params, self.need)).fetchall()
+                (" ".join(quoted_token(t.text) for t in terms), low, high, *f.params, *params, self.need)).fetchall()
         except sqlite3.OperationalError as exc:
             if not _is_query_error(exc):
                 raise
@@ -401,7 +466,7 @@ class _Ask:
             key, grams = "t.rowid", (f"({trigram_expression(self._rare_trigrams(texts))}){_NOT_PAYLOAD}",)
             source = f"{fts.TRIGRAM} t JOIN messages m ON m.id = t.rowid{f.join} WHERE {fts.TRIGRAM} MATCH ? AND"
         skip = f" AND {key} NOT IN (SELECT value FROM json_each(?))" if known else ""
-        sql = (f"SELECT {key} FROM {source} {key} BETWEEN ? AND ?{f.sql}{skip} AND {contains} "
+        sql = (f"SELECT {key} FROM {source} {key} BETWEEN ? AND ?{f.sql}{skip} AND {f.text_check(contains)} "
                f"ORDER BY {key} DESC LIMIT ?")
         try:
             rows = self.conn.execute(sql, (*grams, self.low, self.high, *f.params,

@@ -47,10 +47,11 @@ def load() -> str:
 def build_agent_file(path: Path, profile: hc.Profile, agent_python: Path) -> dict:
     """Write hermes-agent's file: its schema from its own SessionDB, the rows by plain SQL (its triggers index them)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
-        p.unlink(missing_ok=True)
+    for f in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        f.unlink(missing_ok=True)
     driver(agent_python, "hermes-agent", path, {}).close()
-    truth: dict[str, list[int]] = {k: [] for k in hc.queries(profile) if k != "common word"}
+    unplanted = {"common word", *hc.common_phrases(profile)}  # in most rows, or not planted: no recall
+    truth: dict[str, list[int]] = {k: [] for k in hc.queries(profile) if k not in unplanted}
     terms = {k: (q.strip('"').lower()) for k, q in hc.queries(profile).items() if k in truth}
     sources: dict[int, str] = {}
     text_bytes = prompt_bytes = n_messages = n_sessions = 0
@@ -72,10 +73,11 @@ def build_agent_file(path: Path, profile: hc.Profile, agent_python: Path) -> dic
                                (s.id, m["role"], m.get("content"), m.get("tool_call_id"), tool_calls,
                                 m.get("tool_name"), m["timestamp"]))
             text = "\n".join(x for x in (m.get("content"), tool_calls, m.get("tool_name")) if x).lower()
+            rowid = int(cur.lastrowid or 0)
             for kind, term in terms.items():
                 if term in text:
-                    truth[kind].append(cur.lastrowid)
-                    sources[cur.lastrowid] = s.source
+                    truth[kind].append(rowid)
+                    sources[rowid] = s.source
             n_messages += 1
             pending += 1
             if pending >= 2000:
@@ -242,7 +244,7 @@ def run(args: argparse.Namespace) -> dict:
     load_after = load()
     rec: dict = {s.system: {} for s in systems}
     for kind in queries:
-        if kind == "common word":
+        if kind not in meta["truth"]:  # the common word and the phrases of common words: nothing planted
             continue
         for filtered in (False, True):
             truth = meta["truth_filtered" if filtered else "truth"][kind]

@@ -211,11 +211,22 @@ def common_word(profile: Profile) -> str:
     return corpus.vocabulary(profile.seed)[0]
 
 
+def common_phrases(profile: Profile) -> dict[str, str]:
+    """Return quoted phrases of the corpus's own words, by kind name (their hits are not planted)."""
+    w = corpus.vocabulary(profile.seed)
+    # The words are drawn independently, so a pair of the two most frequent ones is in many rows,
+    # four of them in a few; a pair of rarer words is rare as a phrase but found inside longer
+    # words (the corpus's words share their parts), which the substring pass must check row by row.
+    return {"phrase of the two commonest words": f'"{w[0]} {w[1]}"',
+            "phrase of four common words": f'"{w[3]} {w[1]} {w[0]} {w[2]}"',
+            "rare phrase of two mid-frequency words": f'"{w[200]} {w[300]}"'}
+
+
 def queries(profile: Profile) -> dict[str, str]:
     """Return each search kind's query, by kind name."""
     return {"absent word": ABSENT, "rare word": RARE, "common word": common_word(profile),
             "phrase": f'"{PHRASE}"', "hyphenated term": HYPHENATED, "2-char CJK": CJK2,
-            "longer CJK": CJK_LONG, "substring in tool output": PIECE}
+            "longer CJK": CJK_LONG, "substring in tool output": PIECE, **common_phrases(profile)}
 
 
 def raw_text_bytes(s: Session) -> tuple[int, int]:
