@@ -2,6 +2,7 @@
 
     python bench/heavy.py --scale 0.125 --agent-python /path/to/hermes-agent/venv/bin/python
     python bench/heavy.py --scale 1      # the full profile (bench/heavy_corpus.py): about 155,000 messages
+    python bench/heavy.py --scale 1 --small-prompts --only prune   # the same store, cron prompts of a few KB
 
 Builds (once per scale and seed, kept in --dir) hermes-agent's file from bench/heavy_corpus.py:
 hermes-agent creates its schema through its own SessionDB, then every session and message goes
@@ -214,8 +215,8 @@ def memory_test(agent_file: Path, ours: Path, base: Path, handles: int, queries:
 
 
 def run(args: argparse.Namespace) -> dict:
-    profile = hc.Profile(scale=args.scale, seed=args.seed)
-    base = Path(args.dir) / f"scale{args.scale:g}-seed{args.seed}"
+    profile = hc.Profile(scale=args.scale, seed=args.seed, small_prompts=args.small_prompts)
+    base = Path(args.dir) / f"scale{args.scale:g}-seed{args.seed}{'-small-prompts' if args.small_prompts else ''}"
     agent_file, ours = base / "agent" / "state.db", base / "ours" / "state.db"
     meta_path = base / "build.json"
     if args.rebuild or not meta_path.exists():
@@ -323,6 +324,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=11)
     ap.add_argument("--dir", default="/tmp/heavy-bench", help="where the files are built and kept")
     ap.add_argument("--agent-python", type=Path, default=DEFAULT_AGENT)
+    ap.add_argument("--small-prompts", action="store_true",
+                    help="cron prompts of 2-5.3 KB instead of 177-275 KB (a store of its own, beside the other)")
     ap.add_argument("--rebuild", action="store_true", help="build both files again")
     ap.add_argument("--move-in", action="store_true", help="copy and open hermes-agent's file again")
     ap.add_argument("--only", action="append", help="time only operations whose name holds this (repeatable)")
