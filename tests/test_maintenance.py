@@ -144,6 +144,38 @@ def test_open_delegations_block_delete_and_prune(db, rival):
     assert rival.execute("SELECT COUNT(*) FROM async_delegations").fetchone()[0] == 0
 
 
+@pytest.mark.parametrize("read", ["live rows in one pass", "looked up by session"])
+def test_owed_work_of_many_sessions_is_found_however_the_ledgers_are_read(db, rival, monkeypatch, read):
+    # A prune asks about thousands of sessions at once: a small ledger is read whole for its live
+    # rows, a large one looked up by session. Either way the answer is the same.
+    if read == "looked up by session":
+        monkeypatch.setattr(maintenance, "_SCAN_PER_LOOKUP", 0)
+    asked = [f"s{n:03d}" for n in range(100)]
+    for sid in asked + ["outside"]:
+        db.create_session(sid, "telegram")
+    epoch = db.claim_runtime()
+    db.owe_delivery("s007", "owed")
+    db.owe_delivery("s007", "owed again")
+    sent = db.owe_delivery("s050", "sent")
+    db.mark_delivered(db.begin_delivery(sent) and sent)
+    db.owe_delivery("outside", "owed, but not asked about")
+    db.record_delegation("d1", "s099")
+    db.record_delegation("d2", "s042")
+    db.update_delegation("d2", state="completed")
+    db.admit_input("s007", "queued")
+    finished = db.admit_input("s013", "done")
+    db.start_admission(finished, epoch)
+    db.finish_admission(finished, "completed", epoch)
+    db.start_execution("s020", "worker", epoch)
+    db.finish_execution(db.start_execution("s021", "cron", epoch), "failed", epoch)
+    assert maintenance.owed_work(rival, asked) == {
+        "s007": "1 admission(s) queued, started or unknown, 2 repl(ies) not yet delivered",
+        "s020": "1 execution(s) running or unknown",
+        "s099": "1 delegation(s) still open",
+    }
+    assert maintenance.owed_work(rival, asked[:3]) == {}  # a few sessions: looked up either way
+
+
 def test_bulk_delete_is_all_or_nothing(db, rival):
     for sid in ("a", "b", "c"):
         db.create_session(sid, "cli")
