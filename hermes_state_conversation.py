@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from itertools import chain
 from operator import itemgetter
 from typing import Any, Iterable, Iterator
 
@@ -29,9 +30,7 @@ _COLUMNS = ("id", "role", "content", "api_content", "tool_calls", "tool_call_id"
             "timestamp", "finish_reason", "observed", "platform_message_id", "effect_disposition")
 _CONVERSATION_SQL = f"SELECT {', '.join(_COLUMNS)} FROM messages WHERE session_id = ?"
 _LIVE_ONLY, _BY_ID = " AND active = 1", " ORDER BY id"
-# Reasoning fields an assistant turn carries: plain text (reasoning_content "" too: some routes
-# need the empty field; an empty `reasoning` is no reasoning), then JSON ones.
-_REASONING_TEXT = ("reasoning", "reasoning_content")
+# The JSON reasoning fields an assistant turn carries (after its plain-text ones).
 _REASONING_JSON = ("reasoning_details", "codex_reasoning_items", "codex_message_items")
 
 
@@ -67,15 +66,17 @@ class _Projector:
 
     def message(self, row: tuple[Any, ...]) -> dict[str, Any]:
         """Return the conversation dict of one row (a tuple of _COLUMNS)."""
-        # One unpacking, no dict per row: a 33,000-message session is read in one pass.
+        # One unpacking, no dict per row: a 33,000-message session is read in one pass. This is
+        # the loop of that read, so the common fields are set here, without a call, and the rare
+        # ones by a call only when present; keys go in in the order the dict is documented in.
         (row_id, role, content, api_content, tool_calls, tool_call_id, tool_name, reasoning, reasoning_content,
          reasoning_details, codex_reasoning_items, codex_message_items, message_uid, absorbed, tool_call_uids,
          tool_call_uid, content_parts, timestamp, finish_reason, observed, platform_message_id,
          effect_disposition) = row
-        # The fields most rows have are set here, the rarer ones by a call only when present: a
-        # 33,000-message session makes this the loop of its read.
-        msg: dict[str, Any] = {"role": role, "content": content if api_content is None else api_content}
-        if api_content is not None or content_parts is not None:
+        if api_content is None and content_parts is None:
+            msg: dict[str, Any] = {"role": role, "content": content}
+        else:
+            msg = {"role": role, "content": content if api_content is None else api_content}
             _sent_content(msg, content, api_content, content_parts)
         if tool_calls is not None:
             msg["tool_calls"] = decode_json(tool_calls)
@@ -87,50 +88,53 @@ class _Projector:
         if observed or platform_message_id is not None or effect_disposition is not None:
             _add_delivery_fields(msg, observed, platform_message_id, effect_disposition)
         if role == "assistant":
-            self._assistant(msg, api_content, finish_reason, (reasoning, reasoning_content),
-                            (reasoning_details, codex_reasoning_items, codex_message_items), tool_call_uids)
-        # The message's own uid (derived when the row has none), then the runtime-only keys.
+            if finish_reason is not None:
+                msg["finish_reason"] = finish_reason
+            if api_content is None and isinstance(msg["content"], str) and _MEMORY_OPEN in msg["content"]:
+                # Recalled memory the model echoed into its answer is not part of the answer.
+                # Bytes recorded as sent (api_content) are replayed as they are.
+                msg["content"] = strip_memory_context(msg["content"])
+            # Plain text (reasoning_content "" too: some routes need the empty field; an empty
+            # `reasoning` is no reasoning), then the JSON documents.
+            if reasoning is not None and reasoning != "":
+                msg["reasoning"] = reasoning
+            if reasoning_content is not None:
+                msg["reasoning_content"] = reasoning_content
+            if reasoning_details is not None or codex_reasoning_items is not None or codex_message_items is not None:
+                _add_reasoning_documents(msg, reasoning_details, codex_reasoning_items, codex_message_items)
+            # A new turn: the results after it answer its calls, counted afresh.
+            uids = decode_json(tool_call_uids) if tool_call_uids is not None else {}
+            self.turn_uids = uids if isinstance(uids, dict) else {}
+            self.answered = {}
+        # The message's own uid (derived when the row has none), then the runtime-only keys
+        # (never sent): the row id when asked, the tool-call uids, the absorbed uids.
         msg["message_uid"] = message_uid or derived_uid(self.session_id, row_id)
-        self._add_runtime_keys(msg, row_id, role, tool_call_id, tool_call_uids, tool_call_uid, absorbed)
-        return msg
-
-    def _add_runtime_keys(self, msg: dict[str, Any], row_id: int, role: str, tool_call_id: Any,
-                          tool_call_uids: Any, tool_call_uid: Any, absorbed: Any) -> None:
-        # The runtime-only keys (never sent): the row id when asked, the tool-call uids, the absorbed uids.
         if self.with_row_ids:
             msg["_row_id"] = row_id
-        if role == "assistant" and tool_call_uids is not None:
-            msg["_tool_call_uids"] = self.turn_uids
-        if role == "tool" and tool_call_id is not None:
+        if role == "assistant":
+            if tool_call_uids is not None:
+                msg["_tool_call_uids"] = self.turn_uids
+        elif role == "tool" and tool_call_id is not None and (tool_call_uid is not None or self.turn_uids):
+            # With no uids on the turn and none stored, a result has none: nothing to count.
             derived = self._answer_uid(tool_call_id, tool_call_uid)
             if derived is not None:
                 msg["_tool_call_uid"] = derived
         if absorbed is not None:
             msg["_absorbed_message_uids"] = decode_json(absorbed)
-
-    def _assistant(self, msg: dict[str, Any], api_content: Any, finish_reason: Any, texts: tuple[Any, ...],
-                   documents: tuple[Any, ...], tool_call_uids: Any) -> None:
-        if finish_reason is not None:
-            msg["finish_reason"] = finish_reason
-        if api_content is None and isinstance(msg["content"], str) and _MEMORY_OPEN in msg["content"]:
-            # Recalled memory the model echoed into its answer is not part of the answer.
-            # Bytes recorded as sent (api_content) are replayed as they are.
-            msg["content"] = strip_memory_context(msg["content"])
-        for key, value in zip(_REASONING_TEXT, texts):
-            if value is not None and (value != "" or key == "reasoning_content"):
-                msg[key] = value
-        for key, value in zip(_REASONING_JSON, documents):
-            if value is not None:
-                msg[key] = decode_json(value)
-        uids = decode_json(tool_call_uids) if tool_call_uids is not None else {}
-        self.turn_uids = uids if isinstance(uids, dict) else {}
-        self.answered = {}
+        return msg
 
     def _answer_uid(self, tool_call_id: str, stored: str | None) -> str | None:
         # The Nth result of one call id answers the Nth uid of a merged turn's list.
         nth = self.answered.get(tool_call_id, 0)
         self.answered[tool_call_id] = nth + 1
         return stored if stored is not None else pick_tool_call_uid(self.turn_uids.get(tool_call_id), nth)
+
+
+def _add_reasoning_documents(msg: dict[str, Any], *documents: Any) -> None:
+    # The JSON reasoning fields of an assistant turn, in _REASONING_JSON's order, those stored.
+    for key, value in zip(_REASONING_JSON, documents):
+        if value is not None:
+            msg[key] = decode_json(value)
 
 
 _MEMORY_OPEN, _MEMORY_CLOSE = "<memory-context>", "</memory-context>"
@@ -244,14 +248,16 @@ def _stitch(conn: sqlite3.Connection, session_id: str, include_ancestors: bool, 
         for sid in chain:
             parts.append((sid, len(out)))
             projector.session_id = sid
-            rows = _batches(conn.execute(sql, (sid,)), stream)
+            batches = _batches(conn.execute(sql, (sid,)), stream)
             if not include_ancestors:
                 # No seams to collapse, no replays to skip: every row is a message.
-                out.extend(map(projector.message, rows))
+                message = projector.message
+                for batch in batches:
+                    out.extend(map(message, batch))
                 continue
             # Repeated prompts collapse in the ancestors and across each seam (a prompt re-sent on
             # resume); inside the session itself a repeat is the user's own and stays.
-            _read_part(rows, projector, out, seen, sid != session_id)
+            _read_part(batches, projector, out, seen, sid != session_id)
             if sid != chain[-1]:  # uids only matter to the sessions after this one
                 seen.update(m["message_uid"] for m in out[parts[-1][1]:])
     if any(m["role"] in _HARNESS_ROLES and is_background_review_harness_message(m) for m in out):
@@ -263,20 +269,22 @@ _BATCH_ROWS = 500
 _CONTENT = _COLUMNS.index("content")
 
 
-def _batches(cursor: sqlite3.Cursor, stream: StreamedRead) -> Iterator[tuple[Any, ...]]:
-    """Yield the cursor's rows, telling `stream` how much text each batch held."""
-    # Row by row from batches, never fetched whole: only the conversation is held, never a
-    # second copy of the session as raw rows beside it (a 33,000-message session is tens of MB).
+def _batches(cursor: sqlite3.Cursor, stream: StreamedRead) -> Iterator[list[tuple[Any, ...]]]:
+    """Yield the cursor's rows in batches, telling `stream` how much text each batch held."""
+    # In batches, never fetched whole: only the conversation is held, never a second copy of the
+    # session as raw rows beside it (a 33,000-message session is tens of MB). The caller maps
+    # each batch, and the text is counted without a Python step per row (content is text,
+    # bytes or NULL).
     while batch := cursor.fetchmany(_BATCH_ROWS):
-        stream.passed(sum(len(text) for text in map(itemgetter(_CONTENT), batch) if type(text) is str))
-        yield from batch
+        stream.passed(sum(map(len, filter(None, map(itemgetter(_CONTENT), batch)))))
+        yield batch
 
 
-def _read_part(rows: Iterable[tuple[Any, ...]], projector: _Projector, out: list[dict[str, Any]], seen: set[str],
-               collapse_rest: bool) -> None:
+def _read_part(batches: Iterable[list[tuple[Any, ...]]], projector: _Projector, out: list[dict[str, Any]],
+               seen: set[str], collapse_rest: bool) -> None:
     """Append one session's messages to `out`, skipping replays of `seen` and a prompt repeating the one before."""
     collapse = True  # the part's first message may repeat the last one of the part before
-    for row in rows:
+    for row in chain.from_iterable(batches):
         msg = projector.message(row)
         if seen and msg["message_uid"] in seen:
             continue  # a rotation copy of a message an ancestor already replayed
