@@ -285,6 +285,8 @@ def _whole_conversations(links: dict[str, str], selected: set[str], spawned: dic
     # Most sessions (every cron run) have no compression link and no delegate: each is a whole
     # conversation of its own, with no walk to make.
     linked = links.keys() | back.keys() | spawned.keys() | spawned_ids
+    if not linked:
+        return [[sid] for sid in sorted(selected)]
     order = sorted(selected, key=lambda s: (s in spawned_ids, s)) if spawned_ids else sorted(selected)
     for sid in order:
         if sid not in linked:
@@ -341,14 +343,13 @@ def _candidate_rows(conn: sqlite3.Connection, root_of: dict[str, str]) -> list[d
 
 def _as_candidates(rows: Iterable[tuple[Any, ...]], root_of: dict[str, str]) -> list[dict[str, Any]]:
     # Rows of _CANDIDATE_SQL, those of the plan only, each with the conversation it belongs to.
-    # One dict display per row, half the time of dict(zip(...)): a prune can list thousands.
-    out = []
-    for sid, source, model, title, started_at, ended_at, end_reason, message_count, archived, parent in rows:
-        if sid in root_of:
-            out.append({"id": sid, "source": source, "model": model, "title": title, "started_at": started_at,
-                        "ended_at": ended_at, "end_reason": end_reason, "message_count": message_count,
-                        "archived": archived, "parent_session_id": parent, "conversation_id": root_of[sid]})
-    return out
+    # One dict display per row, half the time of dict(zip(...)), in a comprehension: a prune can
+    # list thousands.
+    return [{"id": sid, "source": source, "model": model, "title": title, "started_at": started_at,
+             "ended_at": ended_at, "end_reason": end_reason, "message_count": message_count, "archived": archived,
+             "parent_session_id": parent, "conversation_id": root_of[sid]}
+            for sid, source, model, title, started_at, ended_at, end_reason, message_count, archived, parent in rows
+            if sid in root_of]
 
 
 # --- the calls -----------------------------------------------------------------------------------
