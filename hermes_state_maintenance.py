@@ -333,12 +333,29 @@ _CANDIDATE_SQL = ("SELECT s.id, s.source, s.model, s.title, s.started_at, s.ende
                   "COALESCE(s.archived, 0), s.parent_session_id FROM sessions s")
 
 
+# The same without the two columns almost no candidate sets (archived, a parent), for a selection
+# where none does: each column read costs the sqlite3 module a call into SQLite per row (on
+# Python 3.11 releasing and taking back the GIL too), and a prune lists thousands.
+_UNMARKED_CANDIDATE_SQL = ("SELECT s.id, s.source, s.model, s.title, s.started_at, s.ended_at, s.end_reason, "
+                           "s.message_count FROM sessions s")
+_MARKED = "(COALESCE(s.archived, 0) != 0 OR s.parent_session_id IS NOT NULL)"
+
+
 def _candidate_rows(conn: sqlite3.Connection, root_of: dict[str, str]) -> list[dict[str, Any]]:
     # Every session of a plan has ended. For many, `+id` keeps SQLite off the id index: one pass
     # over idx_sessions_ended reads no row, where a lookup per id reads each row past its prompt.
     by = "s.ended_at IS NOT NULL AND +s.id" if len(root_of) > _LOOKUPS_MAX else "s.id"
     return _as_candidates(conn.execute(f"{_CANDIDATE_SQL} WHERE {by} IN (SELECT value FROM json_each(?)) "
                                        "ORDER BY s.started_at, s.id", (_ids_json(root_of),)), root_of)
+
+
+def _as_unmarked_candidates(rows: Iterable[tuple[Any, ...]], root_of: dict[str, str]) -> list[dict[str, Any]]:
+    # Rows of _UNMARKED_CANDIDATE_SQL: as _as_candidates makes them, archived 0 and no parent.
+    return [{"id": sid, "source": source, "model": model, "title": title, "started_at": started_at,
+             "ended_at": ended_at, "end_reason": end_reason, "message_count": message_count, "archived": 0,
+             "parent_session_id": None, "conversation_id": root_of[sid]}
+            for sid, source, model, title, started_at, ended_at, end_reason, message_count in rows
+            if sid in root_of]
 
 
 def _as_candidates(rows: Iterable[tuple[Any, ...]], root_of: dict[str, str]) -> list[dict[str, Any]]:
@@ -359,15 +376,18 @@ def list_prune_candidates(conn: sqlite3.Connection, older_than_days: Any = None,
     """Return the sessions prune_sessions with the same arguments would delete, oldest first."""
     selection = select_sessions(older_than_days, source, filters, now=now)
     # The selection's own rows, in the order shown: most candidates are among them, so they are
-    # read once, not found again by id.
-    rows = conn.execute(f"{_CANDIDATE_SQL} WHERE {selection.where} ORDER BY s.started_at, s.id",
-                        selection.params).fetchall()
+    # read once, not found again by id; without the archived and parent columns when no row sets
+    # them (one pass over the index, stopped at the first that does).
+    unmarked = conn.execute(f"SELECT 1 FROM sessions s WHERE {selection.where} AND {_MARKED} LIMIT 1",
+                            selection.params).fetchone() is None
+    rows = conn.execute(f"{_UNMARKED_CANDIDATE_SQL if unmarked else _CANDIDATE_SQL} WHERE {selection.where} "
+                        "ORDER BY s.started_at, s.id", selection.params).fetchall()
     selected = {row[0] for row in rows}
     plan = plan_sweep(conn, selection, selected=selected)
     root_of = {sid: group[0] for group in plan.groups for sid in group}
     if not root_of.keys() <= selected:
         return _candidate_rows(conn, root_of)  # a delegate that came along unselected: read them all by id
-    return _as_candidates(rows, root_of)
+    return _as_unmarked_candidates(rows, root_of) if unmarked else _as_candidates(rows, root_of)
 
 
 def prune_sessions(conn: sqlite3.Connection, older_than_days: Any = 90, source: Any = None,

@@ -408,6 +408,23 @@ def test_a_title_another_program_stored_as_bad_bytes_is_listed_with_a_replacemen
     assert {c["id"]: c["title"] for c in candidates} == {"broken": "ok\ufffd!", "fine": "plain"}
 
 
+def test_candidates_show_archived_and_parent_whether_or_not_any_of_them_has_one(db, rival):
+    # A selection where no session is archived or anyone's child is read without those columns.
+    for sid in ("a", "b"):
+        db.create_session(sid, "cli")
+        db.end_session(sid, "done")
+        age(rival, 40, sid)
+
+    def shown() -> list[tuple]:
+        return [(c["id"], c["archived"], type(c["archived"]), c["parent_session_id"])
+                for c in db.list_prune_candidates(older_than_days=30)]
+    assert shown() == [("a", 0, int, None), ("b", 0, int, None)]
+    rival.execute("UPDATE sessions SET archived = 1 WHERE id = 'b'")
+    assert shown() == [("a", 0, int, None), ("b", 1, int, None)]
+    rival.execute("UPDATE sessions SET archived = 0 WHERE id = 'b'")
+    assert shown() == [("a", 0, int, None), ("b", 0, int, None)]
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_the_candidates_are_exactly_what_prune_deletes_with_every_column(tmp_path, seed):
     import random
