@@ -73,19 +73,20 @@ def build_agent_file(path: Path, profile: hc.Profile, agent_python: Path) -> dic
                                (s.id, m["role"], m.get("content"), m.get("tool_call_id"), tool_calls,
                                 m.get("tool_name"), m["timestamp"]))
             text = "\n".join(x for x in (m.get("content"), tool_calls, m.get("tool_name")) if x).lower()
+            row_id = int(cur.lastrowid or 0)  # an INSERT's rowid: never None here
             for kind, term in terms.items():
                 if term in text:
-                    truth[kind].append(cur.lastrowid)
-                    sources[cur.lastrowid] = s.source
+                    truth[kind].append(row_id)
+                    sources[row_id] = s.source
             n_messages += 1
             pending += 1
             if pending >= 2000:
                 conn.execute("COMMIT")
                 conn.execute("BEGIN")
                 pending = 0
-        t, p = hc.raw_text_bytes(s)
-        text_bytes += t
-        prompt_bytes += p
+        text_b, prompt_b = hc.raw_text_bytes(s)
+        text_bytes += text_b
+        prompt_bytes += prompt_b
     conn.execute("COMMIT")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
