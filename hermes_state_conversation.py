@@ -12,8 +12,10 @@ session are read at the same moment.
 """
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
+from itertools import chain
 from operator import itemgetter
 from typing import Any, Iterable, Iterator
 
@@ -29,9 +31,17 @@ _COLUMNS = ("id", "role", "content", "api_content", "tool_calls", "tool_call_id"
             "timestamp", "finish_reason", "observed", "platform_message_id", "effect_disposition")
 _CONVERSATION_SQL = f"SELECT {', '.join(_COLUMNS)} FROM messages WHERE session_id = ?"
 _LIVE_ONLY, _BY_ID = " AND active = 1", " ORDER BY id"
-# Reasoning fields an assistant turn carries: plain text (reasoning_content "" too: some routes
-# need the empty field; an empty `reasoning` is no reasoning), then JSON ones.
-_REASONING_TEXT = ("reasoning", "reasoning_content")
+# The columns every row of a conversation uses. The others are NULL on most rows (on every row
+# hermes-agent wrote without reasoning or delivery fields), and each column read costs the
+# sqlite3 module a call into SQLite per row (on Python 3.11 releasing and taking back the GIL
+# too): the lean read takes these and one flag saying a row holds any other, and the flagged
+# rows are read again by id with every column (Projector.plain makes the rest).
+_COMMON = ("id", "role", "content", "tool_calls", "tool_call_id", "tool_name", "timestamp", "message_uid")
+_HOLDS_MORE = " OR ".join(f"{c} IS NOT NULL" for c in _COLUMNS if c not in _COMMON and c != "observed")
+_LEAN_SQL = (f"SELECT {', '.join(_COMMON)}, ({_HOLDS_MORE} OR COALESCE(observed, 0) != 0) FROM messages "
+             "WHERE session_id = ?")
+_BY_IDS_SQL = f"SELECT {', '.join(_COLUMNS)} FROM messages WHERE id IN (SELECT value FROM json_each(?)) ORDER BY id"
+# The JSON reasoning fields an assistant turn carries (after its plain-text ones).
 _REASONING_JSON = ("reasoning_details", "codex_reasoning_items", "codex_message_items")
 
 
@@ -67,15 +77,17 @@ class _Projector:
 
     def message(self, row: tuple[Any, ...]) -> dict[str, Any]:
         """Return the conversation dict of one row (a tuple of _COLUMNS)."""
-        # One unpacking, no dict per row: a 33,000-message session is read in one pass.
+        # One unpacking, no dict per row: a 33,000-message session is read in one pass. This is
+        # the loop of that read, so the common fields are set here, without a call, and the rare
+        # ones by a call only when present; keys go in in the order the dict is documented in.
         (row_id, role, content, api_content, tool_calls, tool_call_id, tool_name, reasoning, reasoning_content,
          reasoning_details, codex_reasoning_items, codex_message_items, message_uid, absorbed, tool_call_uids,
          tool_call_uid, content_parts, timestamp, finish_reason, observed, platform_message_id,
          effect_disposition) = row
-        # The fields most rows have are set here, the rarer ones by a call only when present: a
-        # 33,000-message session makes this the loop of its read.
-        msg: dict[str, Any] = {"role": role, "content": content if api_content is None else api_content}
-        if api_content is not None or content_parts is not None:
+        if api_content is None and content_parts is None:
+            msg: dict[str, Any] = {"role": role, "content": content}
+        else:
+            msg = {"role": role, "content": content if api_content is None else api_content}
             _sent_content(msg, content, api_content, content_parts)
         if tool_calls is not None:
             msg["tool_calls"] = decode_json(tool_calls)
@@ -87,50 +99,82 @@ class _Projector:
         if observed or platform_message_id is not None or effect_disposition is not None:
             _add_delivery_fields(msg, observed, platform_message_id, effect_disposition)
         if role == "assistant":
-            self._assistant(msg, api_content, finish_reason, (reasoning, reasoning_content),
-                            (reasoning_details, codex_reasoning_items, codex_message_items), tool_call_uids)
-        # The message's own uid (derived when the row has none), then the runtime-only keys.
+            if finish_reason is not None:
+                msg["finish_reason"] = finish_reason
+            if api_content is None and isinstance(msg["content"], str) and _MEMORY_OPEN in msg["content"]:
+                # Recalled memory the model echoed into its answer is not part of the answer.
+                # Bytes recorded as sent (api_content) are replayed as they are.
+                msg["content"] = strip_memory_context(msg["content"])
+            # Plain text (reasoning_content "" too: some routes need the empty field; an empty
+            # `reasoning` is no reasoning), then the JSON documents.
+            if reasoning is not None and reasoning != "":
+                msg["reasoning"] = reasoning
+            if reasoning_content is not None:
+                msg["reasoning_content"] = reasoning_content
+            if reasoning_details is not None or codex_reasoning_items is not None or codex_message_items is not None:
+                _add_reasoning_documents(msg, reasoning_details, codex_reasoning_items, codex_message_items)
+            # A new turn: the results after it answer its calls, counted afresh.
+            uids = decode_json(tool_call_uids) if tool_call_uids is not None else {}
+            self.turn_uids = uids if isinstance(uids, dict) else {}
+            self.answered = {}
+        # The message's own uid (derived when the row has none), then the runtime-only keys
+        # (never sent): the row id when asked, the tool-call uids, the absorbed uids.
         msg["message_uid"] = message_uid or derived_uid(self.session_id, row_id)
-        self._add_runtime_keys(msg, row_id, role, tool_call_id, tool_call_uids, tool_call_uid, absorbed)
-        return msg
-
-    def _add_runtime_keys(self, msg: dict[str, Any], row_id: int, role: str, tool_call_id: Any,
-                          tool_call_uids: Any, tool_call_uid: Any, absorbed: Any) -> None:
-        # The runtime-only keys (never sent): the row id when asked, the tool-call uids, the absorbed uids.
         if self.with_row_ids:
             msg["_row_id"] = row_id
-        if role == "assistant" and tool_call_uids is not None:
-            msg["_tool_call_uids"] = self.turn_uids
-        if role == "tool" and tool_call_id is not None:
+        if role == "assistant":
+            if tool_call_uids is not None:
+                msg["_tool_call_uids"] = self.turn_uids
+        elif role == "tool" and tool_call_id is not None and (tool_call_uid is not None or self.turn_uids):
+            # With no uids on the turn and none stored, a result has none: nothing to count.
             derived = self._answer_uid(tool_call_id, tool_call_uid)
             if derived is not None:
                 msg["_tool_call_uid"] = derived
         if absorbed is not None:
             msg["_absorbed_message_uids"] = decode_json(absorbed)
+        return msg
 
-    def _assistant(self, msg: dict[str, Any], api_content: Any, finish_reason: Any, texts: tuple[Any, ...],
-                   documents: tuple[Any, ...], tool_call_uids: Any) -> None:
-        if finish_reason is not None:
-            msg["finish_reason"] = finish_reason
-        if api_content is None and isinstance(msg["content"], str) and _MEMORY_OPEN in msg["content"]:
-            # Recalled memory the model echoed into its answer is not part of the answer.
-            # Bytes recorded as sent (api_content) are replayed as they are.
-            msg["content"] = strip_memory_context(msg["content"])
-        for key, value in zip(_REASONING_TEXT, texts):
-            if value is not None and (value != "" or key == "reasoning_content"):
-                msg[key] = value
-        for key, value in zip(_REASONING_JSON, documents):
-            if value is not None:
-                msg[key] = decode_json(value)
-        uids = decode_json(tool_call_uids) if tool_call_uids is not None else {}
-        self.turn_uids = uids if isinstance(uids, dict) else {}
-        self.answered = {}
+    def plain(self, row: tuple[Any, ...]) -> dict[str, Any]:
+        """Return the conversation dict of a row of the lean read (_COMMON and its flag) that holds nothing more.
+
+        The same dict `message` makes of the row with its other columns NULL (observed 0), with
+        none of their checks: most rows of a large session take this path.
+        """
+        row_id, role, content, tool_calls, tool_call_id, tool_name, timestamp, message_uid, _ = row
+        msg: dict[str, Any] = {"role": role, "content": content}
+        if tool_calls is not None:
+            msg["tool_calls"] = decode_json(tool_calls)
+        if tool_call_id is not None:
+            msg["tool_call_id"] = tool_call_id
+        if tool_name is not None:
+            msg["name"] = tool_name
+        msg["timestamp"] = timestamp
+        if role == "assistant":
+            if isinstance(content, str) and _MEMORY_OPEN in content:
+                msg["content"] = strip_memory_context(content)
+            self.turn_uids = {}  # a turn without uids: its results have none to pair
+            self.answered = {}
+        msg["message_uid"] = message_uid or derived_uid(self.session_id, row_id)
+        if self.with_row_ids:
+            msg["_row_id"] = row_id
+        if role == "tool" and tool_call_id is not None and self.turn_uids:
+            derived = self._answer_uid(tool_call_id, None)
+            if derived is not None:
+                msg["_tool_call_uid"] = derived
+        return msg
 
     def _answer_uid(self, tool_call_id: str, stored: str | None) -> str | None:
         # The Nth result of one call id answers the Nth uid of a merged turn's list.
         nth = self.answered.get(tool_call_id, 0)
         self.answered[tool_call_id] = nth + 1
         return stored if stored is not None else pick_tool_call_uid(self.turn_uids.get(tool_call_id), nth)
+
+
+def _add_reasoning_documents(msg: dict[str, Any], *documents: Any) -> None:
+    # The JSON reasoning fields of an assistant turn, in _REASONING_JSON's order, those stored.
+    for key, value in zip(_REASONING_JSON, documents):
+        if value is not None:
+            msg[key] = decode_json(value)
 
 
 _MEMORY_OPEN, _MEMORY_CLOSE = "<memory-context>", "</memory-context>"
@@ -235,7 +279,7 @@ def _stitch(conn: sqlite3.Connection, session_id: str, include_ancestors: bool, 
             include_inactive: bool) -> tuple[list[dict[str, Any]], _Parts]:
     chain = [row["id"] for row in lineage.get_lineage(conn, session_id)] if include_ancestors else []
     chain = chain or [session_id]
-    sql = _CONVERSATION_SQL + ("" if include_inactive else _LIVE_ONLY) + _BY_ID
+    live = "" if include_inactive else _LIVE_ONLY
     out: list[dict[str, Any]] = []
     parts: _Parts = []
     seen: set[str] = set()
@@ -244,14 +288,15 @@ def _stitch(conn: sqlite3.Connection, session_id: str, include_ancestors: bool, 
         for sid in chain:
             parts.append((sid, len(out)))
             projector.session_id = sid
-            rows = _batches(conn.execute(sql, (sid,)), stream)
+            batches = _projected(conn, sid, live, projector, stream)
             if not include_ancestors:
                 # No seams to collapse, no replays to skip: every row is a message.
-                out.extend(map(projector.message, rows))
+                for batch in batches:
+                    out.extend(batch)
                 continue
             # Repeated prompts collapse in the ancestors and across each seam (a prompt re-sent on
             # resume); inside the session itself a repeat is the user's own and stays.
-            _read_part(rows, projector, out, seen, sid != session_id)
+            _read_part(batches, out, seen, sid != session_id)
             if sid != chain[-1]:  # uids only matter to the sessions after this one
                 seen.update(m["message_uid"] for m in out[parts[-1][1]:])
     if any(m["role"] in _HARNESS_ROLES and is_background_review_harness_message(m) for m in out):
@@ -260,24 +305,76 @@ def _stitch(conn: sqlite3.Connection, session_id: str, include_ancestors: bool, 
 
 
 _BATCH_ROWS = 500
-_CONTENT = _COLUMNS.index("content")
+_LEAN_CONTENT, _CONTENT = _COMMON.index("content"), _COLUMNS.index("content")
+_OTHER_AT = tuple(i for i, column in enumerate(_COLUMNS) if column not in _COMMON)
+_MOST_HOLD_MORE = 4  # more than 1 row in 4 holding more: the rest is read with every column
+_SAMPLE = 64  # the rows of the first batch looked at to choose
 
 
-def _batches(cursor: sqlite3.Cursor, stream: StreamedRead) -> Iterator[tuple[Any, ...]]:
-    """Yield the cursor's rows, telling `stream` how much text each batch held."""
-    # Row by row from batches, never fetched whole: only the conversation is held, never a
-    # second copy of the session as raw rows beside it (a 33,000-message session is tens of MB).
+def _projected(conn: sqlite3.Connection, session_id: str, live: str, projector: _Projector,
+               stream: StreamedRead) -> Iterator[list[dict[str, Any]]]:
+    """Yield the session's messages (rows matching `live`, in order) in batches, telling `stream` how much text each held."""
+    # In batches, never fetched whole: only the conversation is held, never a second copy of the
+    # session as raw rows beside it (a 33,000-message session is tens of MB). The first batch is
+    # read with every column: a session that fits in it is read in one statement, and its last
+    # rows tell whether the lean read pays for the rest.
+    cursor = conn.execute(_CONVERSATION_SQL + live + _BY_ID, (session_id,))
+    batch = cursor.fetchmany(_BATCH_ROWS)
+    stream.passed(_text_chars(batch, _CONTENT))
+    yield list(map(projector.message, batch))
+    sample = batch[-_SAMPLE:]
+    if len(batch) == _BATCH_ROWS and sum(map(_holds_more, sample)) * _MOST_HOLD_MORE <= len(sample):
+        cursor.close()
+        yield from _lean_batches(conn, session_id, live, batch[-1][0], projector, stream)
+    else:
+        yield from _full_batches(cursor, projector, stream)
+
+
+def _holds_more(row: tuple[Any, ...]) -> bool:
+    # Whether a row of _COLUMNS holds a value outside _COMMON (a guess: "" and 0 count as none).
+    return any(map(row.__getitem__, _OTHER_AT))
+
+
+def _text_chars(batch: list[tuple[Any, ...]], at: int) -> int:
+    # The batch's content, counted without a Python step per row (content is text, bytes or NULL).
+    return sum(map(len, filter(None, map(itemgetter(at), batch))))
+
+
+def _full_batches(cursor: sqlite3.Cursor, projector: _Projector, stream: StreamedRead) -> Iterator[list[dict[str, Any]]]:
+    # The rest of a read of every column.
     while batch := cursor.fetchmany(_BATCH_ROWS):
-        stream.passed(sum(len(text) for text in map(itemgetter(_CONTENT), batch) if type(text) is str))
-        yield from batch
+        stream.passed(_text_chars(batch, _CONTENT))
+        yield list(map(projector.message, batch))
 
 
-def _read_part(rows: Iterable[tuple[Any, ...]], projector: _Projector, out: list[dict[str, Any]], seen: set[str],
+def _lean_batches(conn: sqlite3.Connection, session_id: str, live: str, after: int, projector: _Projector,
+                  stream: StreamedRead) -> Iterator[list[dict[str, Any]]]:
+    # The rows past `after` by the lean read: the flagged ones read again by id, or, once most
+    # rows of a batch hold more, the rest (that batch included) with every column.
+    plain, message = projector.plain, projector.message
+    cursor = conn.execute(_LEAN_SQL + live + " AND id > ?" + _BY_ID, (session_id, after))
+    while batch := cursor.fetchmany(_BATCH_ROWS):
+        stream.passed(_text_chars(batch, _LEAN_CONTENT))
+        flagged = [row[0] for row in batch if row[-1]]
+        if not flagged:
+            yield list(map(plain, batch))
+        elif len(flagged) * _MOST_HOLD_MORE <= len(batch):
+            full = {row[0]: row for row in conn.execute(_BY_IDS_SQL, (json.dumps(flagged),))}
+            # A row gone since the lean read (only outside one read snapshot) is left out.
+            yield [plain(row) if not row[-1] else message(full[row[0]]) for row in batch
+                   if not row[-1] or row[0] in full]
+        else:
+            cursor.close()
+            yield from _full_batches(conn.execute(_CONVERSATION_SQL + live + " AND id >= ?" + _BY_ID,
+                                                  (session_id, batch[0][0])), projector, stream)
+            return
+
+
+def _read_part(batches: Iterable[list[dict[str, Any]]], out: list[dict[str, Any]], seen: set[str],
                collapse_rest: bool) -> None:
     """Append one session's messages to `out`, skipping replays of `seen` and a prompt repeating the one before."""
     collapse = True  # the part's first message may repeat the last one of the part before
-    for row in rows:
-        msg = projector.message(row)
+    for msg in chain.from_iterable(batches):
         if seen and msg["message_uid"] in seen:
             continue  # a rotation copy of a message an ancestor already replayed
         repeated = collapse and _repeats_prompt(msg, out[-1] if out else None)

@@ -64,6 +64,10 @@ OWED_WORK: tuple[tuple[str, str, str, str], ...] = (
 )
 
 _DELEGATE_MARK = "$._delegate_from"
+_LOOKUPS_MAX = 64  # sessions read by id; more are read in one pass over an index
+# A ledger's rows read in a pass cost about a quarter of a lookup by session (a probe of its
+# index, the id list parsed and sorted once per ledger).
+_SCAN_PER_LOOKUP = 4
 
 
 # --- filters -------------------------------------------------------------------------------------
@@ -184,11 +188,27 @@ def with_delegates(ids: list[str], spawned: dict[str, set[str]]) -> list[str]:
 
 def owed_work(conn: sqlite3.Connection, ids: Iterable[str]) -> dict[str, str]:
     """Return {session: what is still owed for it} for those of `ids` that may not be deleted yet."""
-    ids_json = _ids_json(ids)
+    ids = list(ids)
+    ids_json: str | None = None
     owed: dict[str, list[str]] = {}
     for table, column, live, what in OWED_WORK:
         if not table_exists(conn, table):
             continue
+        if len(ids) > _LOOKUPS_MAX:
+            # A ledger no bigger than a few rows per session asked about is read whole for its
+            # live rows: that costs less than looking each session up (a prune lists thousands).
+            # Rowids are handed out from 1 up: the largest is at least the row count, read from one leaf.
+            (top,) = conn.execute(f"SELECT max(rowid) FROM {table}").fetchone()
+            if top is None:
+                continue  # an empty ledger owes nothing
+            if top <= len(ids) * _SCAN_PER_LOOKUP:
+                rows = conn.execute(f"SELECT {column}, COUNT(*) FROM {table} WHERE {live} GROUP BY {column}").fetchall()
+                wanted = set(ids) if rows else set()
+                for sid, n in rows:
+                    if sid in wanted:
+                        owed.setdefault(sid, []).append(f"{n} {what}")
+                continue
+        ids_json = _ids_json(ids) if ids_json is None else ids_json
         for sid, n in conn.execute(f"SELECT {column}, COUNT(*) FROM {table} WHERE {live} AND {column} IN "
                                    f"(SELECT value FROM json_each(?)) GROUP BY {column}", (ids_json,)):
             owed.setdefault(sid, []).append(f"{n} {what}")
@@ -265,6 +285,8 @@ def _whole_conversations(links: dict[str, str], selected: set[str], spawned: dic
     # Most sessions (every cron run) have no compression link and no delegate: each is a whole
     # conversation of its own, with no walk to make.
     linked = links.keys() | back.keys() | spawned.keys() | spawned_ids
+    if not linked:
+        return [[sid] for sid in sorted(selected)]
     order = sorted(selected, key=lambda s: (s in spawned_ids, s)) if spawned_ids else sorted(selected)
     for sid in order:
         if sid not in linked:
@@ -303,13 +325,20 @@ def _without_owed_work(conn: sqlite3.Connection, groups: list[list[str]]) -> Pla
     return Plan(kept, owed)
 
 
-_LOOKUPS_MAX = 64  # sessions read by id; more are read in one pass over an index
 
 
 # What a prune candidate shows, every column in idx_sessions_ended: read without a row. The
 # columns are in the order _as_candidates unpacks them.
 _CANDIDATE_SQL = ("SELECT s.id, s.source, s.model, s.title, s.started_at, s.ended_at, s.end_reason, s.message_count, "
                   "COALESCE(s.archived, 0), s.parent_session_id FROM sessions s")
+
+
+# The same without the two columns almost no candidate sets (archived, a parent), for a selection
+# where none does: each column read costs the sqlite3 module a call into SQLite per row (on
+# Python 3.11 releasing and taking back the GIL too), and a prune lists thousands.
+_UNMARKED_CANDIDATE_SQL = ("SELECT s.id, s.source, s.model, s.title, s.started_at, s.ended_at, s.end_reason, "
+                           "s.message_count FROM sessions s")
+_MARKED = "(COALESCE(s.archived, 0) != 0 OR s.parent_session_id IS NOT NULL)"
 
 
 def _candidate_rows(conn: sqlite3.Connection, root_of: dict[str, str]) -> list[dict[str, Any]]:
@@ -320,16 +349,24 @@ def _candidate_rows(conn: sqlite3.Connection, root_of: dict[str, str]) -> list[d
                                        "ORDER BY s.started_at, s.id", (_ids_json(root_of),)), root_of)
 
 
+def _as_unmarked_candidates(rows: Iterable[tuple[Any, ...]], root_of: dict[str, str]) -> list[dict[str, Any]]:
+    # Rows of _UNMARKED_CANDIDATE_SQL: as _as_candidates makes them, archived 0 and no parent.
+    return [{"id": sid, "source": source, "model": model, "title": title, "started_at": started_at,
+             "ended_at": ended_at, "end_reason": end_reason, "message_count": message_count, "archived": 0,
+             "parent_session_id": None, "conversation_id": root_of[sid]}
+            for sid, source, model, title, started_at, ended_at, end_reason, message_count in rows
+            if sid in root_of]
+
+
 def _as_candidates(rows: Iterable[tuple[Any, ...]], root_of: dict[str, str]) -> list[dict[str, Any]]:
     # Rows of _CANDIDATE_SQL, those of the plan only, each with the conversation it belongs to.
-    # One dict display per row, half the time of dict(zip(...)): a prune can list thousands.
-    out = []
-    for sid, source, model, title, started_at, ended_at, end_reason, message_count, archived, parent in rows:
-        if sid in root_of:
-            out.append({"id": sid, "source": source, "model": model, "title": title, "started_at": started_at,
-                        "ended_at": ended_at, "end_reason": end_reason, "message_count": message_count,
-                        "archived": archived, "parent_session_id": parent, "conversation_id": root_of[sid]})
-    return out
+    # One dict display per row, half the time of dict(zip(...)), in a comprehension: a prune can
+    # list thousands.
+    return [{"id": sid, "source": source, "model": model, "title": title, "started_at": started_at,
+             "ended_at": ended_at, "end_reason": end_reason, "message_count": message_count, "archived": archived,
+             "parent_session_id": parent, "conversation_id": root_of[sid]}
+            for sid, source, model, title, started_at, ended_at, end_reason, message_count, archived, parent in rows
+            if sid in root_of]
 
 
 # --- the calls -----------------------------------------------------------------------------------
@@ -339,15 +376,18 @@ def list_prune_candidates(conn: sqlite3.Connection, older_than_days: Any = None,
     """Return the sessions prune_sessions with the same arguments would delete, oldest first."""
     selection = select_sessions(older_than_days, source, filters, now=now)
     # The selection's own rows, in the order shown: most candidates are among them, so they are
-    # read once, not found again by id.
-    rows = conn.execute(f"{_CANDIDATE_SQL} WHERE {selection.where} ORDER BY s.started_at, s.id",
-                        selection.params).fetchall()
+    # read once, not found again by id; without the archived and parent columns when no row sets
+    # them (one pass over the index, stopped at the first that does).
+    unmarked = conn.execute(f"SELECT 1 FROM sessions s WHERE {selection.where} AND {_MARKED} LIMIT 1",
+                            selection.params).fetchone() is None
+    rows = conn.execute(f"{_UNMARKED_CANDIDATE_SQL if unmarked else _CANDIDATE_SQL} WHERE {selection.where} "
+                        "ORDER BY s.started_at, s.id", selection.params).fetchall()
     selected = {row[0] for row in rows}
     plan = plan_sweep(conn, selection, selected=selected)
     root_of = {sid: group[0] for group in plan.groups for sid in group}
     if not root_of.keys() <= selected:
         return _candidate_rows(conn, root_of)  # a delegate that came along unselected: read them all by id
-    return _as_candidates(rows, root_of)
+    return _as_unmarked_candidates(rows, root_of) if unmarked else _as_candidates(rows, root_of)
 
 
 def prune_sessions(conn: sqlite3.Connection, older_than_days: Any = 90, source: Any = None,

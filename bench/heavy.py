@@ -2,6 +2,7 @@
 
     python bench/heavy.py --scale 0.125 --agent-python /path/to/hermes-agent/venv/bin/python
     python bench/heavy.py --scale 1      # the full profile (bench/heavy_corpus.py): about 155,000 messages
+    python bench/heavy.py --scale 1 --small-prompts --only prune   # the same store, cron prompts of a few KB
 
 Builds (once per scale and seed, kept in --dir) hermes-agent's file from bench/heavy_corpus.py:
 hermes-agent creates its schema through its own SessionDB, then every session and message goes
@@ -84,9 +85,9 @@ def build_agent_file(path: Path, profile: hc.Profile, agent_python: Path) -> dic
                 conn.execute("COMMIT")
                 conn.execute("BEGIN")
                 pending = 0
-        t, p = hc.raw_text_bytes(s)
-        text_bytes += t
-        prompt_bytes += p
+        text_b, prompt_b = hc.raw_text_bytes(s)
+        text_bytes += text_b
+        prompt_bytes += prompt_b
     conn.execute("COMMIT")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
@@ -216,8 +217,8 @@ def memory_test(agent_file: Path, ours: Path, base: Path, handles: int, queries:
 
 
 def run(args: argparse.Namespace) -> dict:
-    profile = hc.Profile(scale=args.scale, seed=args.seed)
-    base = Path(args.dir) / f"scale{args.scale:g}-seed{args.seed}"
+    profile = hc.Profile(scale=args.scale, seed=args.seed, small_prompts=args.small_prompts)
+    base = Path(args.dir) / f"scale{args.scale:g}-seed{args.seed}{'-small-prompts' if args.small_prompts else ''}"
     agent_file, ours = base / "agent" / "state.db", base / "ours" / "state.db"
     meta_path = base / "build.json"
     if args.rebuild or not meta_path.exists():
@@ -325,6 +326,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=11)
     ap.add_argument("--dir", default="/tmp/heavy-bench", help="where the files are built and kept")
     ap.add_argument("--agent-python", type=Path, default=DEFAULT_AGENT)
+    ap.add_argument("--small-prompts", action="store_true",
+                    help="cron prompts of 2-5.3 KB instead of 177-275 KB (a store of its own, beside the other)")
     ap.add_argument("--rebuild", action="store_true", help="build both files again")
     ap.add_argument("--move-in", action="store_true", help="copy and open hermes-agent's file again")
     ap.add_argument("--only", action="append", help="time only operations whose name holds this (repeatable)")

@@ -6,7 +6,8 @@
 
 At scale 1 it has the shape of the stores in hermes-agent's public bug reports (the numbers
 are the ones measured in the field): 12,000 sessions of which 9,000 are cron runs (each
-re-stores its job's prompt of 177-275 KB as the session's system prompt), about 155,000
+re-stores its job's prompt of 177-275 KB as the session's system prompt; 2-5.3 KB with
+`small_prompts`), about 155,000
 messages of which about 57% are tool output (most under a kilobyte, a long tail to 40 KB),
 base64 image payloads of 0.5-1.7 MB drawn from a handful of distinct ones (so most are exact
 duplicates), and one session of about 33,000 messages. The scale multiplies the counts; the
@@ -45,6 +46,9 @@ class Profile:
     giant: int = 33_002
     blobs: int = 38
     distinct_blobs: int = 6
+    # Cron prompts cut to 2-5.3 KB: the same store otherwise, with session rows as small as an
+    # interactive user's, so reading a session's row costs nothing extra in either program.
+    small_prompts: bool = False
 
     def count(self, n: int, least: int = 1) -> int:
         """Return `n` at this scale, at least `least`."""
@@ -90,6 +94,8 @@ class _Maker:
         brng = random.Random(profile.seed + 1)
         self.blobs = [_blob(brng, brng.randint(500_000, 1_700_000)) for _ in range(profile.distinct_blobs)]
         self.cron_jobs = [self.w.prose(self.rng.randint(177_000, 275_000)) for _ in range(12)]
+        if profile.small_prompts:  # cut after drawing them, so every other text is the one of the full store
+            self.cron_jobs = [job[:2_000 + 300 * k] for k, job in enumerate(self.cron_jobs)]
 
     def text(self) -> str:
         """A user or assistant turn: about 0.5 KB on average, some CJK."""

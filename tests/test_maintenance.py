@@ -144,6 +144,40 @@ def test_open_delegations_block_delete_and_prune(db, rival):
     assert rival.execute("SELECT COUNT(*) FROM async_delegations").fetchone()[0] == 0
 
 
+@pytest.mark.parametrize("ledgers", ["small", "large"])
+def test_owed_work_of_many_sessions_is_found_however_the_ledgers_are_read(db, rival, ledgers):
+    # A prune asks about thousands of sessions at once: a small ledger is read whole for its live
+    # rows, a large one (its rowids run past a few per session asked about) looked up by session.
+    # Either way the answer is the same.
+    asked = [f"s{n:03d}" for n in range(100)]
+    for sid in asked + ["outside"]:
+        db.create_session(sid, "telegram")
+    epoch = db.claim_runtime()
+    db.owe_delivery("s007", "owed")
+    db.owe_delivery("s007", "owed again")
+    sent = db.owe_delivery("s050", "sent")
+    db.mark_delivered(db.begin_delivery(sent) and sent)
+    db.owe_delivery("outside", "owed, but not asked about")
+    db.record_delegation("d1", "s099")
+    db.record_delegation("d2", "s042")
+    db.update_delegation("d2", state="completed")
+    db.admit_input("s007", "queued")
+    finished = db.admit_input("s013", "done")
+    db.start_admission(finished, epoch)
+    db.finish_admission(finished, "completed", epoch)
+    db.start_execution("s020", "worker", epoch)
+    db.finish_execution(db.start_execution("s021", "cron", epoch), "failed", epoch)
+    if ledgers == "large":  # as if each ledger had held thousands of rows before these
+        for table in ("session_admissions", "worker_executions", "delivery_obligations", "async_delegations"):
+            rival.execute(f"UPDATE {table} SET rowid = rowid + 100000")
+    assert maintenance.owed_work(rival, asked) == {
+        "s007": "1 admission(s) queued, started or unknown, 2 repl(ies) not yet delivered",
+        "s020": "1 execution(s) running or unknown",
+        "s099": "1 delegation(s) still open",
+    }
+    assert maintenance.owed_work(rival, asked[:3]) == {}  # a few sessions: looked up either way
+
+
 def test_bulk_delete_is_all_or_nothing(db, rival):
     for sid in ("a", "b", "c"):
         db.create_session(sid, "cli")
@@ -372,6 +406,23 @@ def test_a_title_another_program_stored_as_bad_bytes_is_listed_with_a_replacemen
     rival.execute("UPDATE sessions SET title = CAST(x'6f6bff21' AS TEXT) WHERE id = 'broken'")  # "ok", 0xFF, "!"
     candidates = db.list_prune_candidates(older_than_days=30)
     assert {c["id"]: c["title"] for c in candidates} == {"broken": "ok\ufffd!", "fine": "plain"}
+
+
+def test_candidates_show_archived_and_parent_whether_or_not_any_of_them_has_one(db, rival):
+    # A selection where no session is archived or anyone's child is read without those columns.
+    for sid in ("a", "b"):
+        db.create_session(sid, "cli")
+        db.end_session(sid, "done")
+        age(rival, 40, sid)
+
+    def shown() -> list[tuple]:
+        return [(c["id"], c["archived"], type(c["archived"]), c["parent_session_id"])
+                for c in db.list_prune_candidates(older_than_days=30)]
+    assert shown() == [("a", 0, int, None), ("b", 0, int, None)]
+    rival.execute("UPDATE sessions SET archived = 1 WHERE id = 'b'")
+    assert shown() == [("a", 0, int, None), ("b", 1, int, None)]
+    rival.execute("UPDATE sessions SET archived = 0 WHERE id = 'b'")
+    assert shown() == [("a", 0, int, None), ("b", 0, int, None)]
 
 
 @pytest.mark.parametrize("seed", range(6))
