@@ -153,6 +153,22 @@ def ours(agent_file: Path, args: argparse.Namespace) -> dict:
     os.environ["HERMES_HOME"] = str(scratch)
     sys.path.insert(0, str(ROOT))
     from hermes_state import SessionDB  # noqa: PLC0415 - this checkout, after HERMES_HOME is set
+    import hermes_state_fts as fts  # noqa: PLC0415
+    import hermes_state_upgrade as upgrade  # noqa: PLC0415
+
+    holds: list[tuple[float, str, float]] = []  # (when, kind, seconds) of each unit of background work
+
+    def timed(kind: str, work):  # noqa: ANN001, ANN202 - wraps one unit of background work
+        def run(*a, **k):  # noqa: ANN002, ANN003, ANN202
+            started = time.perf_counter()
+            try:
+                return work(*a, **k)
+            finally:
+                holds.append((time.time(), kind, time.perf_counter() - started))
+        return run
+    fts.advance = timed("index", fts.advance)
+    upgrade.clear_retired_step = timed("clearing", upgrade.clear_retired_step)
+    upgrade.free_ahead = timed("freeing ahead", upgrade.free_ahead)
 
     zero = time.time()
     db = SessionDB(path)
@@ -180,7 +196,9 @@ def ours(agent_file: Path, args: argparse.Namespace) -> dict:
     return {"constructor_s": round(opened, 2), "upgraded_s": round(upgraded - zero, 1),
             "indexed_s": round(indexed - zero, 1), "settled_s": round(settled - zero, 1),
             "status_after_upgrade": status, "bytes_after": size,
-            "window": phase(done, upgraded, settled), "steady": phase(done, settled, settled + args.steady_s)}
+            "window": phase(done, upgraded, settled), "steady": phase(done, settled, settled + args.steady_s),
+            "background": {kind: summary([h for _, k, h in holds if k == kind]) for kind in {k for _, k, _ in holds}},
+            "long_background": [(round(at - zero, 1), kind, round(h * 1e3)) for at, kind, h in holds if h > 0.3]}
 
 
 def agent(agent_file: Path, args: argparse.Namespace) -> dict:
