@@ -430,12 +430,13 @@ def test_a_short_command_on_a_large_older_file_hands_over_its_copy_and_upgrade(o
     started: list[subprocess.Popen] = []
     hand_over = upgrade.hand_over
     monkeypatch.setattr(upgrade, "hand_over", lambda *a: started.append(hand_over(*a)) or started[-1])
-    copy = upgrade.MoveIn._copy
+    backup_to = recovery.backup_to
 
-    def held_back(self: upgrade.MoveIn, *args: object) -> object:
-        self.stop.wait(60)  # the copy has not got far when the command closes
-        return copy(self, *args)
-    monkeypatch.setattr(upgrade.MoveIn, "_copy", held_back)
+    def held_back(conn: sqlite3.Connection, target: Path, stop: threading.Event | None = None, **kw: object) -> object:
+        assert stop is not None
+        stop.wait(60)  # the copy has not got far when the command closes
+        return backup_to(conn, target, stop=stop, **kw)  # type: ignore[arg-type]
+    monkeypatch.setattr(recovery, "backup_to", held_back)
     db = SessionDB(old_file)
     assert db.upgrading
     db.close()  # a short command: its copy stops at the next step
