@@ -545,20 +545,35 @@ def _convert_in_place(conn: sqlite3.Connection) -> None:
             conn.execute(sql)
 
 
+# A chunk is indexed in pieces of an eighth of its rows, the clock read after each: the next chunk's
+# size is a guess from the last one's time, and rows of one chunk can weigh far more than the last's
+# (a run of long tool output, pages read cold from the disk). Past CHUNK_BUDGET_S it stops early.
+CHUNK_PIECES = 8
+
+
 def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS) -> bool:
     """Index the next chunk of (P, H] and advance P in the same transaction; return whether more remains.
 
     Must run inside the caller's write transaction; the markers are re-read there, so two
-    processes resuming the same rebuild never index a row twice.
+    processes resuming the same rebuild never index a row twice. The chunk ends early, at a piece's
+    end, once it has taken CHUNK_BUDGET_S.
     """
     markers = _markers(conn)
     if markers is None:
         return False
     progress, high_water = markers
-    row = conn.execute("SELECT id FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT 1 OFFSET ?",
-                       (progress, high_water, max(chunk_rows, 1) - 1)).fetchone()
-    upper = high_water if row is None else row[0]
-    _index_range(conn, progress, upper)
+    deadline = time.monotonic() + CHUNK_BUDGET_S
+    rows, upper = max(chunk_rows, 1), progress
+    piece = max(1, -(-rows // CHUNK_PIECES))
+    while rows > 0 and upper < high_water:
+        take = min(piece, rows)
+        row = conn.execute("SELECT id FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT 1 OFFSET ?",
+                           (upper, high_water, take - 1)).fetchone()
+        end = high_water if row is None else row[0]
+        _index_range(conn, upper, end)
+        rows, upper = rows - take, end
+        if time.monotonic() >= deadline:
+            break
     _set_markers(conn, high_water, upper)
     if upper >= high_water:  # the last chunk: the segments it left are merged next
         conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (MERGE_PENDING,))
@@ -567,7 +582,7 @@ def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS)
 
 # The pages one merge step writes: on the heavy store of docs/performance.md, 500 pages took
 # 0.1-0.3 s on a slow machine.
-MERGE_STEP_PAGES = 128
+MERGE_STEP_PAGES = 64
 
 # FTS5 keeps each index as segments on numbered levels, described by one structure record (rowid
 # 10 of `<index>_data`). Its reader refuses a record naming more than 2,000 levels, and then the
@@ -905,6 +920,7 @@ def _rebuild_overgrown(writer: Writer, patience_s: float, policy: RetryPolicy) -
 # long tool output held the lock for over a second. The rows of the next chunk are scaled so that
 # one takes about this long, never more than the chunk size asked for, never under the floor.
 CHUNK_TARGET_S = 0.1
+CHUNK_BUDGET_S = 2 * CHUNK_TARGET_S  # the most a chunk goes on for, however many rows it was given
 CHUNK_FLOOR_ROWS = 20
 
 

@@ -41,7 +41,7 @@ from hermes_state_writer import Cancelled, RetryPolicy, Writer
 # aside under these names (a catalogue change); freeing their pages is left to short transactions.
 RETIRED_PREFIX = "hermes_retired_fts_"
 CLEAR_CHUNK_S = 0.05             # one clearing transaction holds the write lock about this long
-CLEAR_BATCH_ROWS = 32            # rows deleted between two looks at the clock (one may own MBs of overflow)
+CLEAR_BATCH_ROWS = 4             # rows deleted between two looks at the clock (one may own MBs of overflow)
 STAND_IN_ROOM_ROWS = 32          # rows of a moved-aside text freed before its empty stand-ins are made
 _ROW_SHADOWS = ("data", "content", "docsize")  # an FTS5 table's rowid tables: nearly all of its pages
 FTS5_HEADER_ROWS = (1, 10)      # the averages and structure records its constructor reads, even to drop it

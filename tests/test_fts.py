@@ -1116,6 +1116,27 @@ def test_the_background_pause_is_at_least_as_long_as_the_lock_was_held(tmp_path,
     assert Stop.waits == [3.0, 0.12, 0.5]  # others get the lock at least half of the time
 
 
+def test_a_chunk_ends_at_a_piece_once_its_time_is_spent(tmp_path, monkeypatch, manual):
+    path = tmp_path / "state.db"
+    _fill(path, 64)
+    _drop_fts(path)
+    with SessionDB(path) as db:  # the objects made again, every row left to the rebuild
+        pass
+    conn = plain(path)
+    try:
+        cjk.register_functions(conn)  # the SQL functions the CJK index is filled with
+        monkeypatch.setattr(fts, "CHUNK_BUDGET_S", 0.0)  # spent after the first piece
+        conn.execute("BEGIN IMMEDIATE")
+        assert fts.rebuild_step(conn, 64) is True
+        assert fts.rebuild_status(conn)["pending"] == 64 - 64 // fts.CHUNK_PIECES  # one eighth of the chunk
+        monkeypatch.setattr(fts, "CHUNK_BUDGET_S", 3600.0)
+        assert fts.rebuild_step(conn, 64) is False  # the whole chunk asked for: the rest
+        conn.execute("COMMIT")
+        assert indexed_counts(conn) == expected_counts(conn)
+    finally:
+        conn.close()
+
+
 def test_a_chunk_that_took_long_makes_the_next_one_smaller_within_bounds():
     most = 2000
     assert fts.next_chunk_rows(2000, fts.CHUNK_TARGET_S * 4, most) == 500  # four times too long: a quarter
