@@ -48,7 +48,7 @@ FTS5_HEADER_ROWS = (1, 10)      # the averages and structure records its constru
 RECLAIM_MIN_FREE = 0.10          # reclaim when more than this share of the file is free pages
 AUTO_RECLAIM_MAX_BYTES = 1 << 30  # above this, a VACUUM blocks writers too long to run unasked
 STOP_WAIT_S = 5.0                # how long close() waits for the chunk under way
-UPGRADE_FREE_S = 1.0             # the most the upgrade's first transaction spends freeing pages ahead
+UPGRADE_FREE_S = 5.0             # the most the upgrade's first transaction spends freeing pages ahead
 
 
 # --- before the migration: the copy, and the old FTS objects -------------------------------------
