@@ -36,8 +36,11 @@ sys.path.insert(0, str(BENCH))
 import heavy_corpus as hc  # noqa: E402
 
 DEFAULT_AGENT = Path(os.environ.get("HERMES_AGENT_PYTHON") or ROOT / "bench" / ".venvs" / "hermes-agent" / "bin" / "python")
-SEARCH_P95_MS = 25.0
-INSTANT_MS = 5.0
+# The goals: every operation at or ahead of hermes-agent (a search within INSTANT_MS of it), and these.
+INSTANT_MS = 5.0      # a quoted phrase: no slower than max(hermes-agent, this)
+COMMON_P95_MS = 50.0  # the common word's p95, at either size, in bm25 order
+GIANT_RATIO = 0.6     # the whole giant conversation, against hermes-agent's time
+LAST_PAGE_MS = 15.0   # the last 100 messages of the giant session
 
 
 def load() -> str:
@@ -268,6 +271,21 @@ def run(args: argparse.Namespace) -> dict:
             "repeats": args.repeats}
 
 
+def goal_met(name: str, agent_ms: float, ours_ms: float, ours_p95_ms: float) -> bool:
+    """Whether an operation meets its goal, from the wall p50 of both programs (and hermes-state's p95)."""
+    if "phrase" in name:
+        return ours_ms <= max(agent_ms, INSTANT_MS)
+    if name.startswith("search: common word"):
+        return ours_p95_ms <= COMMON_P95_MS
+    if "substring" in name:
+        return True  # hermes-agent finds none of these: recall decides
+    if name == "giant: whole conversation":
+        return ours_ms <= GIANT_RATIO * agent_ms
+    if name == "giant: last 100 messages":
+        return ours_ms <= LAST_PAGE_MS
+    return ours_ms <= max(agent_ms, agent_ms + INSTANT_MS if name.startswith("search") else agent_ms)
+
+
 def report(run_: dict) -> str:
     m = run_["meta"]
     lines = [f"store: {m['sessions']:,} sessions, {m['messages']:,} messages, message text "
@@ -300,13 +318,7 @@ def report(run_: dict) -> str:
         p95 = p(s["wall"], 0.95)
         ra_, rs_ = run_["recall"]["hermes-agent"].get(name), run_["recall"]["hermes-state"].get(name)
         rec = "" if rs_ is None else f"{'-' if ra_ is None else f'{ra_:.2f}'} / {rs_:.2f}"
-        if name.startswith("search"):
-            ok = (sw <= aw or sw <= aw + INSTANT_MS or "substring" in name) and p95 <= SEARCH_P95_MS \
-                and (rs_ is None or rs_ == 1.0)
-        elif name == "giant: whole conversation":
-            ok = sw <= 0.5 * aw
-        else:
-            ok = sw <= 5.0
+        ok = goal_met(name, aw, sw, p95) and (rs_ is None or rs_ == 1.0)
         lines.append(f"| {name} | {ac:.2f} / {aw:.2f} | {sc:.2f} / {sw:.2f} | {p95:.2f} | {sw / aw:.2f} | "
                      f"{a['result']} / {s['result']} | {rec} | {'met' if ok else '**missed**'} |")
     for system, pk in run_.get("peaks", {}).items():
@@ -334,7 +346,13 @@ def main() -> None:
     ap.add_argument("--memory", type=int, default=0, metavar="N",
                     help="also open N copies of each file in one process and report its resident size")
     ap.add_argument("--no-save", action="store_true")
+    ap.add_argument("--report", type=Path, metavar="JSON", help="print the tables of a saved run file again and exit")
     args = ap.parse_args()
+    if args.report:
+        for saved in json.loads(args.report.read_text()):
+            print(f"{saved['machine']['when']} scale {saved['profile']['scale']:g} ({saved['machine']['commit']})")
+            print(report(saved) + "\n")
+        return
     r = run(args)
     text = report(r)
     print(text)
