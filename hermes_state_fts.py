@@ -545,10 +545,11 @@ def _convert_in_place(conn: sqlite3.Connection) -> None:
             conn.execute(sql)
 
 
-# A chunk is indexed in pieces of an eighth of its rows, the clock read after each: the next chunk's
+# A chunk is indexed in pieces of an eighth of its rows (32 at most), the clock read after each: the next chunk's
 # size is a guess from the last one's time, and rows of one chunk can weigh far more than the last's
 # (a run of long tool output, pages read cold from the disk). Past CHUNK_BUDGET_S it stops early.
 CHUNK_PIECES = 8
+CHUNK_PIECE_ROWS = 32  # and no piece of more rows than this (a piece of long tool output can take a second)
 
 
 def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS) -> bool:
@@ -564,7 +565,7 @@ def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS)
     progress, high_water = markers
     deadline = time.monotonic() + CHUNK_BUDGET_S
     rows, upper = max(chunk_rows, 1), progress
-    piece = max(1, -(-rows // CHUNK_PIECES))
+    piece = max(1, min(CHUNK_PIECE_ROWS, -(-rows // CHUNK_PIECES)))
     while rows > 0 and upper < high_water:
         take = min(piece, rows)
         row = conn.execute("SELECT id FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT 1 OFFSET ?",
