@@ -8,8 +8,10 @@ at teardown), `plant_lock` (writes a compression lock row as another process wou
 
 Plain helpers several test modules share (imported with `from conftest import ...`; no test module
 imports from another): `run` / `run_in_terminal` (the CLI as a user runs it), `refused` (a ledger
-call that raises and changes nothing), `locks_held` (this process's POSIX locks on a file), and the
-web pages' `private_store`, `get`, `content`, `digest`, `chromium`, `browse` and `serving`.
+call that raises and changes nothing), `locks_held` (this process's POSIX locks on a file),
+`assert_documented_window` (a search's ranked page against the ranking window docs/search.md
+describes), and the web pages' `private_store`, `get`, `content`, `digest`, `chromium`, `browse`
+and `serving`.
 """
 from __future__ import annotations
 
@@ -409,3 +411,29 @@ def measured(browser: str, profile: Path, port: int, path: str, width: int) -> d
 
 # A gateway's session id: long, and never wrapped.
 LONG_ID = "telegram:-1001234567890:thread:98765:user:4242424242:20261206T163722"
+
+
+def assert_documented_window(db: SessionDB, query: str, match: str, filters: dict[str, Any], window: int,
+                             pool: int) -> None:
+    """Check `query`'s pages against the documented window of the word index's matches of `match`.
+
+    The window: the newest `window` matches, reaching back to hold the newest max(need, pool)
+    rows passing the filters; its passing rows in bm25 order, newest first among equals.
+    """
+    import hermes_state_fts as fts
+    sql = (f"SELECT f.rowid, bm25({fts.WORD}) FROM {fts.WORD} f JOIN messages m ON m.id = f.rowid "
+           f"JOIN sessions s ON s.id = m.session_id WHERE {fts.WORD} MATCH ? AND m.active = 1 "
+           "AND s.source IN (SELECT value FROM json_each(?)) AND m.role IN (SELECT value FROM json_each(?)) "
+           "ORDER BY f.rowid DESC")
+    with sqlite3.connect(db.db_path) as c:
+        matches = [r[0] for r in c.execute(f"SELECT rowid FROM {fts.WORD} WHERE {fts.WORD} MATCH ? "
+                                           "ORDER BY rowid DESC", (match,))]
+        passing = c.execute(sql, (match, json.dumps(filters.get("source_filter", ["discord", "cli"])),
+                                  json.dumps(filters.get("role_filter", ["user", "assistant"])))).fetchall()
+    for limit, offset in ((2, 0), (5, 0), (5, 5), (20, 0)):
+        need = limit + offset
+        floor = matches[window - 1] if len(matches) >= window else 0
+        pooled = passing[max(need, pool) - 1][0] if len(passing) >= max(need, pool) else 0
+        ranked = sorted((r for r in passing if r[0] >= min(floor, pooled)), key=lambda r: (r[1], -r[0]))
+        got = [h["id"] for h in db.search_messages(query, limit=limit, offset=offset, **filters)]
+        assert got == [r[0] for r in ranked[offset:need]], (limit, offset)

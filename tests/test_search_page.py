@@ -6,6 +6,7 @@ import sqlite3
 import threading
 
 import pytest
+from conftest import assert_documented_window
 
 import hermes_state_fts as fts
 import hermes_state_highlight as highlight
@@ -190,19 +191,4 @@ def test_the_ranked_rows_are_the_best_of_the_documented_window(db, monkeypatch, 
         db.append_message("d" if i % 7 == 0 else "c", "assistant" if i % 5 == 0 else "user",
                           "common term " + "pad " * ((i * 7) % 11))
     index_queue(db)
-    sql = (f"SELECT f.rowid, bm25({fts.WORD}) FROM {fts.WORD} f JOIN messages m ON m.id = f.rowid "
-           f"JOIN sessions s ON s.id = m.session_id WHERE {fts.WORD} MATCH 'common' AND m.active = 1 "
-           "AND s.source IN (SELECT value FROM json_each(?)) AND m.role IN (SELECT value FROM json_each(?)) "
-           "ORDER BY f.rowid DESC")
-    with sqlite3.connect(db.db_path) as c:
-        matches = [r[0] for r in c.execute(f"SELECT rowid FROM {fts.WORD} WHERE {fts.WORD} MATCH 'common' "
-                                           "ORDER BY rowid DESC")]
-        passing = c.execute(sql, (json.dumps(filters.get("source_filter", ["discord", "cli"])),
-                                  json.dumps(filters.get("role_filter", ["user", "assistant"])))).fetchall()
-    for limit, offset in ((2, 0), (5, 0), (5, 5), (20, 0)):
-        need = limit + offset
-        floor = matches[window - 1] if len(matches) >= window else 0
-        pooled = passing[max(need, pool) - 1][0] if len(passing) >= max(need, pool) else 0
-        ranked = sorted((r for r in passing if r[0] >= min(floor, pooled)), key=lambda r: (r[1], -r[0]))
-        got = [h["id"] for h in db.search_messages("common", limit=limit, offset=offset, **filters)]
-        assert got == [r[0] for r in ranked[offset:need]], (limit, offset)
+    assert_documented_window(db, "common", "common", filters, window, pool)

@@ -5,6 +5,7 @@ import json
 import sqlite3
 
 import pytest
+from conftest import assert_documented_window
 
 import hermes_state_fts as fts
 
@@ -55,22 +56,8 @@ def test_a_phrase_ranks_the_best_live_rows_of_the_documented_window(db, monkeypa
         text = "common term " + "pad " * ((i * 7) % 11) if i % 3 else "term common, not the phrase"
         ids.append(db.append_message("d" if i % 7 == 0 else "c", "assistant" if i % 5 == 0 else "user", text))
     index_queue(db)
-    sql = (f"SELECT f.rowid, bm25({fts.WORD}) FROM {fts.WORD} f JOIN messages m ON m.id = f.rowid "
-           f"JOIN sessions s ON s.id = m.session_id WHERE {fts.WORD} MATCH '\"common term\"' AND m.active = 1 "
-           "AND s.source IN (SELECT value FROM json_each(?)) AND m.role IN (SELECT value FROM json_each(?)) "
-           "ORDER BY f.rowid DESC")
-    with sqlite3.connect(db.db_path) as c:
-        if archived:  # most of the shortest and some of the newest rows
+    if archived:  # most of the shortest and some of the newest rows
+        with sqlite3.connect(db.db_path) as c:
             c.execute("UPDATE messages SET active = 0 WHERE id IN (SELECT value FROM json_each(?))",
                       (json.dumps([i for n, i in enumerate(ids) if (n * 7) % 11 < 3 or n > 50]),))
-        matches = [r[0] for r in c.execute(f"SELECT rowid FROM {fts.WORD} WHERE {fts.WORD} MATCH '\"common term\"' "
-                                           "ORDER BY rowid DESC")]
-        passing = c.execute(sql, (json.dumps(filters.get("source_filter", ["discord", "cli"])),
-                                  json.dumps(filters.get("role_filter", ["user", "assistant"])))).fetchall()
-    for limit, offset in ((2, 0), (5, 0), (5, 5), (20, 0)):
-        need = limit + offset
-        floor = matches[window - 1] if len(matches) >= window else 0
-        pooled = passing[max(need, pool) - 1][0] if len(passing) >= max(need, pool) else 0
-        ranked = sorted((r for r in passing if r[0] >= min(floor, pooled)), key=lambda r: (r[1], -r[0]))
-        got = [h["id"] for h in db.search_messages('"common term"', limit=limit, offset=offset, **filters)]
-        assert got == [r[0] for r in ranked[offset:need]], (limit, offset)
+    assert_documented_window(db, '"common term"', '"common term"', filters, window, pool)
