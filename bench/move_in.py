@@ -201,6 +201,50 @@ def ours(agent_file: Path, args: argparse.Namespace) -> dict:
             "long_background": [(round(at - zero, 1), kind, round(h * 1e3)) for at, kind, h in holds if h > 0.3]}
 
 
+def work_left(path: Path) -> list[str]:
+    """What background work the file still has: its upgrade, index markers, moved-aside tables, a worker's lease."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        if "state_meta" not in names or not any(n.startswith("messages_fts_cjk") for n in names):
+            return ["upgrade"]
+        keys = {r[0] for r in conn.execute("SELECT key FROM state_meta WHERE key IN ('fts_rebuild_high_water', "
+                                           "'fts_merge_after_rebuild', 'background_worker')")}
+        return sorted(keys) + sorted(n for n in names if n.startswith(("hermes_retired_fts_", "hermes_old_")))
+    finally:
+        conn.close()
+
+
+def short_commands_only(agent_file: Path, args: argparse.Namespace) -> dict:
+    """Move in with nothing but short commands: one writable open and close a second, from the first."""
+    scratch = agent_file.parent.parent / "move-in-short"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    path = scratch / "state.db"
+    shutil.copyfile(agent_file, path)
+    zero = time.time()
+    load = Load(Path(sys.executable), path, argparse.Namespace(**{**vars(args), "writers": 0}), [], str(ROOT))
+    seen: dict[str, float] = {}
+    left = ["upgrade"]
+    while left:
+        time.sleep(1.0)
+        try:
+            left = work_left(path)
+        except sqlite3.Error:
+            continue  # the upgrade is changing the catalogue: look again
+        for item in ("upgrade", "fts_rebuild_high_water", "fts_merge_after_rebuild"):
+            if item not in left and item not in seen and (item == "upgrade" or "upgrade" in seen):
+                seen[item] = round(time.time() - zero, 1)
+    ended = time.time()
+    done = load.finish()
+    size = path.stat().st_size
+    wal = Path(f"{path}-wal").stat().st_size if Path(f"{path}-wal").exists() else 0
+    shutil.rmtree(scratch, ignore_errors=True)
+    return {"wal_bytes_after": wal, "upgraded_s": seen.get("upgrade"), "indexed_s": seen.get("fts_rebuild_high_water"),
+            "merged_s": seen.get("fts_merge_after_rebuild"), "settled_s": round(ended - zero, 1), "bytes_after": size,
+            "short_commands": phase(done, zero, ended)}
+
+
 def agent(agent_file: Path, args: argparse.Namespace) -> dict:
     scratch = agent_file.parent.parent / "agent-steady"
     shutil.rmtree(scratch, ignore_errors=True)
@@ -226,7 +270,12 @@ def main() -> None:
     ap.add_argument("--steady-s", type=float, default=60.0, help="length of each steady-state run")
     ap.add_argument("--expect-s", type=float, default=200.0, help="about how long the background work lasts")
     ap.add_argument("--skip-agent", action="store_true")
+    ap.add_argument("--short-commands-only", action="store_true",
+                    help="no long-lived handle and no writers: time how long the work takes under short commands alone")
     args = ap.parse_args()
+    if args.short_commands_only:
+        print(json.dumps({"short commands only": short_commands_only(args.agent_file, args)}, indent=1))
+        return
     result = {"ours": ours(args.agent_file, args)}
     if not args.skip_agent:
         result["hermes-agent"] = agent(args.agent_file, args)
