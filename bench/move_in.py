@@ -233,7 +233,8 @@ def short_commands_only(agent_file: Path, args: argparse.Namespace) -> dict:
         except sqlite3.Error:
             continue  # the upgrade is changing the catalogue: look again
         for item in ("upgrade", "fts_rebuild_high_water", "fts_merge_after_rebuild"):
-            if item not in left and item not in seen and (item == "upgrade" or "upgrade" in seen):
+            before = {"upgrade": None, "fts_rebuild_high_water": "upgrade", "fts_merge_after_rebuild": "fts_rebuild_high_water"}
+            if item not in left and item not in seen and (before[item] is None or before[item] in seen):
                 seen[item] = round(time.time() - zero, 1)
     ended = time.time()
     done = load.finish()
