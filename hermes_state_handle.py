@@ -342,7 +342,8 @@ class Handle(metaclass=Knobs):
             move_in.stop.set()  # a copy under way ends at its next step, and no upgrade follows it
             if move_in.migrating.is_set():
                 move_in.thread.join()  # the upgrade itself is not stopped halfway: close once it is done
-            elif not move_in.migrated.is_set() and self.finish_after_close and not self.read_only:
+            elif (not move_in.migrated.is_set() and self.finish_after_close and not self.read_only
+                  and move_in.error is None):
                 upgrade.hand_over(self.db_path)  # a short command: the copy and upgrade go on elsewhere
         work = self._fts
         if work is not None:

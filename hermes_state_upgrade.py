@@ -18,6 +18,7 @@ turns; `FtsRebuild.stop()` makes it finish the chunk under way and stop.
 """
 from __future__ import annotations
 
+import os
 import sqlite3
 import subprocess
 import sys
@@ -482,6 +483,7 @@ class MoveIn:
         # SQLite's mutexes would leave the child unable to open any database.
         taken: PreUpgradeCopy | None = None
         try:
+            self._wait_for_hand_over(db_path)
             taken = self._copy(db_path, backup)
             with writer.lock, writer.read_lock:
                 if self.stop.is_set() or writer.closed:
@@ -522,6 +524,23 @@ class MoveIn:
     def give_way(self) -> bool:
         """Tell whether the copy may wait for this process's reads now: not while a write waits for it."""
         return self._waiting == 0
+
+    def _wait_for_hand_over(self, db_path: Path) -> None:
+        # A process a short command handed the move-in to is copying and upgrading it: a second
+        # copy would only race it. Once the file is upgraded this one has nothing left to copy.
+        if handed_over_to(db_path) in (None, os.getpid()):
+            return
+        with fork.GATE.work():
+            conn = schema.connect_reader(db_path)
+        try:
+            while handed_over_to(db_path) not in (None, os.getpid()):
+                with fork.GATE.work():
+                    older = schema.is_older_file(conn)
+                if not older or self.stop.wait(1.0):
+                    return
+        finally:
+            with fork.GATE.work():
+                conn.close()
 
     def _copy(self, db_path: Path, backup: bool) -> PreUpgradeCopy | None:
         with fork.GATE.work():
@@ -640,14 +659,64 @@ def hand_over(db_path: Path, conn: sqlite3.Connection | None = None) -> subproce
     when another live holder has the work or no interpreter can be started. Never raises.
     """
     try:
-        if (conn is not None and _worked_by_another(conn)) or not sys.executable:
+        if (conn is not None and _worked_by_another(conn)) or not sys.executable or not _claim_hand_over(db_path):
             return None
-        return subprocess.Popen([sys.executable, "-c", _FINISH, str(db_path)], cwd=db_path.parent,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                close_fds=True, start_new_session=True)
+        marker = handed_over_marker(db_path)
+        try:
+            process = subprocess.Popen([sys.executable, "-c", _FINISH, str(db_path)], cwd=db_path.parent,
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                       close_fds=True, start_new_session=True)
+        except BaseException:
+            marker.unlink(missing_ok=True)
+            raise
+        _write_pid(marker, process.pid)
+        return process
     except (OSError, sqlite3.Error, ValueError) as exc:  # the next open that stays long enough does the work
         logger.info("the background work on %s is left to the next open (%s)", db_path, exc)
         return None
+
+
+# One finishing process per file at a time, whatever the number of short commands that close:
+# `<db>.finishing` holds its pid (first the pid of the process starting it, so it is never empty
+# while live). A marker whose process is gone is stale and taken over.
+
+def handed_over_marker(db_path: Path) -> Path:
+    """Return the file naming the process a move-in was handed to."""
+    return db_path.with_name(f"{db_path.name}.finishing")
+
+
+def handed_over_to(db_path: Path) -> int | None:
+    """Return the pid of the live process finishing `db_path`'s move-in, or None."""
+    try:
+        pid = int(handed_over_marker(db_path).read_text(encoding="ascii").strip() or "0")
+    except (OSError, ValueError):
+        return None
+    return pid if pid > 0 and catalogue.process_running(pid) else None
+
+
+def _write_pid(marker: Path, pid: int) -> None:
+    staged = marker.with_name(f"{marker.name}.{os.getpid()}")
+    staged.write_text(str(pid), encoding="ascii")
+    os.replace(staged, marker)
+
+
+def _claim_hand_over(db_path: Path) -> bool:
+    # Created exclusively: of two commands closing at once, one starts the process.
+    marker = handed_over_marker(db_path)
+    for _ in range(2):
+        try:
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            if handed_over_to(db_path) is not None:
+                return False
+            marker.unlink(missing_ok=True)  # its process is gone: taken over
+            continue
+        try:
+            os.write(fd, str(os.getpid()).encode("ascii"))
+        finally:
+            os.close(fd)
+        return True
+    return False
 
 
 def _worked_by_another(conn: sqlite3.Connection) -> bool:
@@ -671,19 +740,23 @@ def finish_pending(db_path: Path, patience_s: float = WRITE_PATIENCE_S, policy: 
     the open. It leaves at once when another process holds the index work.
     """
     policy = policy or RetryPolicy()
-    opened = open_connection(db_path, read_only=False, read_busy_s=READ_BUSY_TIMEOUT_S, patience_s=patience_s,
-                             policy=policy)
-    writer = Writer(opened.conn)
     try:
-        if _worked_by_another(writer.conn):
-            return False
-        work = open_fts(writer, db_path, patience_s, policy, writable=True)
-        if work is None:
-            return False
-        work.thread.join()
-        return True
+        opened = open_connection(db_path, read_only=False, read_busy_s=READ_BUSY_TIMEOUT_S, patience_s=patience_s,
+                                 policy=policy)
+        writer = Writer(opened.conn)
+        try:
+            if _worked_by_another(writer.conn):
+                return False
+            work = open_fts(writer, db_path, patience_s, policy, writable=True)
+            if work is None:
+                return False
+            work.thread.join()
+            return True
+        finally:
+            writer.close(checkpoint=True)
     finally:
-        writer.close(checkpoint=True)
+        if handed_over_to(db_path) == os.getpid():
+            handed_over_marker(db_path).unlink(missing_ok=True)
 
 
 def rebuild_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryPolicy,

@@ -446,6 +446,32 @@ def test_a_short_command_on_a_large_older_file_hands_over_its_copy_and_upgrade(o
     assert len(catalogue.upgrade_copies(old_file)) == 1  # one copy, taken by the process that upgraded
 
 
+def test_one_process_at_a_time_finishes_a_move_in_and_openers_meanwhile_take_no_copy(old_file, monkeypatch):
+    monkeypatch.setattr(SessionDB, "upgrade_in_background_bytes", 1)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        marker = upgrade.handed_over_marker(old_file)
+        marker.write_text(str(sleeper.pid))  # a live process was handed the move-in
+        assert upgrade.handed_over_to(old_file) == sleeper.pid
+        assert upgrade.hand_over(old_file) is None  # a second one is never started
+        db = SessionDB(old_file)
+        try:
+            assert not db.wait_for_fts_rebuild(1.5) and db.upgrading  # it waits for that process
+            assert not [p for p in old_file.parent.iterdir() if ".partial-" in p.name or ".pending-" in p.name]
+            sleeper.kill()
+            sleeper.wait()
+            assert upgrade.handed_over_to(old_file) is None  # gone: stale, taken over
+            assert db.wait_for_fts_rebuild(60) and db.schema_version == SCHEMA_VERSION
+        finally:
+            db.close()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    process = upgrade.hand_over(old_file)  # the stale marker is replaced; the process exits with nothing to do
+    assert process is not None and process.wait(60) == 0
+    assert not upgrade.handed_over_marker(old_file).exists()  # removed by the process it named
+
+
 def test_no_process_is_started_when_asked_not_to_or_when_another_holds_the_work(old_file, monkeypatch):
     _upgraded_with_work_left(old_file, monkeypatch)
     calls: list[object] = []
