@@ -696,7 +696,11 @@ def handed_over_to(db_path: Path) -> int | None:
 
 def _write_pid(marker: Path, pid: int) -> None:
     staged = marker.with_name(f"{marker.name}.{os.getpid()}")
-    staged.write_text(str(pid), encoding="ascii")
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # private, as every file beside the store
+    try:
+        os.write(fd, str(pid).encode("ascii"))
+    finally:
+        os.close(fd)
     os.replace(staged, marker)
 
 
