@@ -940,18 +940,25 @@ WORKER_LEASE_S = 10.0  # renewed by every chunk; a holder that is killed is prov
 LEASE_RETRY_S = 1.0    # how often a thread waiting for the lease looks again (one empty write transaction)
 
 
+def live_worker(conn: sqlite3.Connection, now: float | None = None) -> str | None:
+    """Return the holder of the background worker's lease while it is live, else None (none, expired, gone, unreadable)."""
+    from hermes_state_lockowners import lock_is_live
+    row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (WORKER_KEY,)).fetchone()
+    if row is None:
+        return None
+    holder, _, expires = str(row[0]).rpartition(" until=")
+    try:
+        return holder if lock_is_live(holder, float(expires), time.time() if now is None else now) else None
+    except ValueError:
+        return None  # a value this library did not write: taken over
+
+
 def _take_turn(conn: sqlite3.Connection, holder: str) -> bool:
     """Inside the write transaction: take or renew the lease for `holder`; False when another holds it live."""
-    from hermes_state_lockowners import lock_is_live
     now = time.time()
-    row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (WORKER_KEY,)).fetchone()
-    if row is not None and not row[0].startswith(holder):
-        other, _, expires = str(row[0]).rpartition(" until=")
-        try:
-            if lock_is_live(other, float(expires), now):
-                return False
-        except ValueError:
-            pass  # a value this library did not write: taken over
+    other = live_worker(conn, now)
+    if other is not None and not other.startswith(holder):
+        return False
     conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, ?)",
                  (WORKER_KEY, f"{holder} until={now + WORKER_LEASE_S:.3f}"))
     return True

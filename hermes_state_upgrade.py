@@ -724,17 +724,7 @@ def _claim_hand_over(db_path: Path) -> bool:
 
 
 def _worked_by_another(conn: sqlite3.Connection) -> bool:
-    from hermes_state_lockowners import lock_is_live
-    if not object_exists(conn, "table", "state_meta"):
-        return False
-    row = conn.execute("SELECT value FROM state_meta WHERE key = ?", (fts.WORKER_KEY,)).fetchone()
-    if row is None:
-        return False
-    holder, _, expires = str(row[0]).rpartition(" until=")
-    try:
-        return lock_is_live(holder, float(expires), time.time())
-    except ValueError:
-        return False
+    return object_exists(conn, "table", "state_meta") and fts.live_worker(conn) is not None
 
 
 def finish_pending(db_path: Path, patience_s: float = WRITE_PATIENCE_S, policy: RetryPolicy | None = None) -> bool:

@@ -139,17 +139,23 @@ def phase(load: dict, start: float, end: float) -> dict:
             "open_close": summary([p[1] + p[2] for p in probes])}
 
 
+def fresh_copy(agent_file: Path, name: str) -> tuple[Path, Path]:
+    """Copy hermes-agent's file into an emptied scratch folder `name` beside its own; return (folder, copy)."""
+    scratch = agent_file.parent.parent / name
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    path = scratch / "state.db"
+    shutil.copyfile(agent_file, path)
+    return scratch, path
+
+
 def holds_over(seconds: float, holds: int) -> list[float]:
     """When each lock hold begins, seconds after the load starts: spread evenly over the run."""
     return [seconds * (k + 1) / (holds + 1) for k in range(holds)]
 
 
 def ours(agent_file: Path, args: argparse.Namespace) -> dict:
-    scratch = agent_file.parent.parent / "move-in"
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir()
-    path = scratch / "state.db"
-    shutil.copyfile(agent_file, path)
+    scratch, path = fresh_copy(agent_file, "move-in")
     os.environ["HERMES_HOME"] = str(scratch)
     sys.path.insert(0, str(ROOT))
     from hermes_state import SessionDB  # noqa: PLC0415 - this checkout, after HERMES_HOME is set
@@ -217,11 +223,7 @@ def work_left(path: Path) -> list[str]:
 
 def short_commands_only(agent_file: Path, args: argparse.Namespace) -> dict:
     """Move in with nothing but short commands: one writable open and close a second, from the first."""
-    scratch = agent_file.parent.parent / "move-in-short"
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir()
-    path = scratch / "state.db"
-    shutil.copyfile(agent_file, path)
+    scratch, path = fresh_copy(agent_file, "move-in-short")
     zero = time.time()
     load = Load(Path(sys.executable), path, argparse.Namespace(**{**vars(args), "writers": 0}), [], str(ROOT))
     seen: dict[str, float] = {}
@@ -247,11 +249,7 @@ def short_commands_only(agent_file: Path, args: argparse.Namespace) -> dict:
 
 
 def agent(agent_file: Path, args: argparse.Namespace) -> dict:
-    scratch = agent_file.parent.parent / "agent-steady"
-    shutil.rmtree(scratch, ignore_errors=True)
-    scratch.mkdir()
-    path = scratch / "state.db"
-    shutil.copyfile(agent_file, path)
+    scratch, path = fresh_copy(agent_file, "agent-steady")
     load = Load(args.agent_python, path, args, holds_over(args.steady_s, args.holds), "")
     time.sleep(args.steady_s)
     done = load.finish()
