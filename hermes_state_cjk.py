@@ -4,15 +4,18 @@ Owns: which characters are CJK letters (`CJK_CHARS`, `CJK_RUN`), the index text 
 (every maximal CJK run re-emitted as overlapping bigrams, `cjk_index_text`), the same transform
 for a query term (`cjk_query_text`), and `hermes_cjk_terms(content, tool_calls)`, the SQL function
 the CJK index is fed through (`register_functions`); `fold_text`, unicode61's case and accent
-folding, as the SQL function `hermes_fold` that scans of rows not indexed yet match through.
+folding, as the SQL function `hermes_fold` that scans of rows not indexed yet match through, and
+`holds_words`, whether text holds a quoted term as whole words (the SQL function `hermes_words`).
 Does not own: the FTS tables, triggers and queue that use it (hermes_state_fts).
 
 Transaction contract: none; pure text functions. The SQL functions never raise, since they run
 inside triggers and searches where an exception would fail the caller's write or read; SQL calls
-them through `terms_sql` and `fold_sql`, which hand them text as bytes (see `register_functions`).
+them through `terms_sql`, `fold_sql` and `words_sql`, which hand them text as bytes (see
+`register_functions`).
 """
 from __future__ import annotations
 
+import functools
 import re
 import sqlite3
 import unicodedata
@@ -119,6 +122,44 @@ def fold_text(value: object) -> str | None:
     return text.lower() if text.isascii() else text.translate(_UNACCENTED).lower()
 
 
+# The word index's tokens: runs of letters and digits (unicode61 splits at anything else, `_` too).
+_TOKEN = re.compile(r"[^\W_]+")
+
+
+@functools.lru_cache(maxsize=64)
+def _words_pattern(term: str) -> re.Pattern[str] | None:
+    # `term` is the quoted text, with a trailing "*" when its last word is a prefix. Its words,
+    # folded, in order, with anything but letters and digits between them, and no letter or
+    # digit right before the first or right after the last (unless it is a prefix).
+    prefix = term.endswith("*")
+    words = _TOKEN.findall(fold_text(term.rstrip("*")) or "")
+    if not words:
+        return None
+    body = r"[\W_]+".join(map(re.escape, words))
+    return re.compile(r"(?<![^\W_])" + body + ("" if prefix else r"(?![^\W_])"))
+
+
+def holds_words(term: object, *values: object) -> int:
+    """Return 1 when a value holds `term`'s words next to each other as the word index reads them, else 0.
+
+    `term` is a quoted term's text, ending in `*` when its last word is a prefix. Never raises
+    (a search runs it): a value it cannot read does not hold the words.
+    """
+    try:
+        pattern = _words_pattern(_as_text(term)) if term is not None else None
+        if pattern is None:
+            return 0
+        return int(any(v is not None and pattern.search(fold_text(v) or "") is not None for v in values))
+    except Exception:  # noqa: BLE001 - see docstring
+        logger.exception("hermes_words failed; the row is taken not to hold the words")
+        return 0
+
+
+def words_sql(columns: tuple[str, ...]) -> str:
+    """Return SQL calling `hermes_words` with a term (a `?`) and columns, their text passed as bytes."""
+    return "hermes_words(?, " + ", ".join(f"CAST({c} AS BLOB)" for c in columns) + ")"
+
+
 def terms_sql(content: str, tool_calls: str) -> str:
     """Return SQL calling `hermes_cjk_terms` on two columns, their text passed as bytes."""
     return f"hermes_cjk_terms(CAST({content} AS BLOB), CAST({tool_calls} AS BLOB))"
@@ -130,12 +171,13 @@ def fold_sql(column: str) -> str:
 
 
 def register_functions(conn: sqlite3.Connection) -> None:
-    """Register `hermes_cjk_terms(content, tool_calls)` and `hermes_fold(text)` on this connection (read-only handles too).
+    """Register `hermes_cjk_terms`, `hermes_fold` and `hermes_words` on this connection (read-only handles too).
 
-    Call them through `terms_sql` and `fold_sql`. Python's sqlite3 converts a TEXT argument to
+    Call them through `terms_sql`, `fold_sql` and `words_sql`. Python's sqlite3 converts a TEXT argument to
     str before the function runs, and text another program stored that is not UTF-8 (a lone
     surrogate's bytes, a stray byte in CJK) fails that conversion: the statement, a search or
     an index rebuild, fails with it. As bytes the value always arrives, and is decoded leniently.
     """
     conn.create_function("hermes_cjk_terms", 2, cjk_terms, deterministic=True)
     conn.create_function("hermes_fold", 1, fold_text, deterministic=True)
+    conn.create_function("hermes_words", -1, holds_words, deterministic=True)

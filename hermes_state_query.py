@@ -27,7 +27,11 @@ _CJK_LETTERS = re.compile(f"[{CJK_CHARS}\\s]+")
 
 @dataclass(frozen=True)
 class Term:
-    """One search term: its text, whether it is a quoted phrase, whether it is a prefix (`word*`).
+    """One search term: its text, whether the user put it in quotes, whether it is a prefix (`word*`).
+
+    A term the user quoted (`"docker image"`) is matched as whole words, the way FTS5 matches a
+    phrase; any other term is also found inside longer words. A word with inner punctuation
+    (`chat-send`) is written as an FTS5 string too, but it was not quoted: it stays a piece of text.
 
     `cjk` (the text holds a CJK letter) and `cjk_letters` (it is CJK letters and spaces only)
     are worked out once, from the text, so routing reads them without recomputing.
@@ -204,7 +208,7 @@ def _negates_phrase(before: str, phrase: str) -> bool:
 def _literal_operators(items: list[Item]) -> list[Item]:
     # "AND", "OR NOT": operators with nothing to combine are the words being looked for.
     if items and all(isinstance(item, str) for item in items):
-        return [Term(item, quoted=True) for item in items if isinstance(item, str)]  # all are, as just checked
+        return [Term(item) for item in items if isinstance(item, str)]  # all are, as just checked
     return items
 
 
@@ -220,7 +224,7 @@ def _add_words(items: list[Item], part: str) -> bool:
             chunk = chunk[1:]
         core = _strip_edges(chunk)
         if core:
-            items.append(Term(core, quoted=not _bare(core), prefix=chunk.endswith("*")))
+            items.append(Term(core, prefix=chunk.endswith("*")))
         else:
             symbols = True
     return symbols

@@ -24,11 +24,11 @@ from typing import Any, Callable, Collection, Iterable
 
 import hermes_state_fts as fts
 import hermes_state_highlight as highlight
-from hermes_state_cjk import fold_sql, fold_text
+from hermes_state_cjk import fold_sql, fold_text, words_sql
 from hermes_state_common import check_count, escape_like, logger
 from hermes_state_sessions import filter_name, filter_names, filter_number, session_filters
 from hermes_state_query import (Group, QueryPlan, Term, cjk_expression, plan_query, quoted_token, trigram_expression,
-                                trigrams, word_expression)
+                                trigrams, word_expression, word_term)
 
 # --- full-text search --------------------------------------------------------------
 # Routing (docs/search.md): each OR branch of a query is routed on its own. A branch holding CJK
@@ -66,6 +66,12 @@ RARE_TRIGRAM_ROWS = 256  # a trigram in fewer rows than this narrows the substri
 PAYLOAD_TRIGRAMS = ("q+z", "j/x", "x+q", "z/j", "k+q", "q/w", "v+j", "j/v", "x/z", "z+x", "w+k", "k/w")
 _NOT_PAYLOAD = " NOT (" + " AND ".join(f'"{g}"' for g in PAYLOAD_TRIGRAMS) + ")"
 _ASCII_TOKEN = re.compile(r"[A-Za-z0-9]+")  # what the word index (unicode61) makes a token of, in ASCII text
+
+
+def whole_words(term: Term) -> bool:
+    """Return True when `term` is found as whole words only: the user quoted it and it holds no CJK."""
+    # CJK has no word boundaries to respect: its bigram index finds every substring either way.
+    return term.quoted and not term.cjk
 
 
 def in_word_phrase(text: str) -> str | None:
@@ -309,6 +315,10 @@ _FOLDED = {contains: "(" + " OR ".join(f"COALESCE(instr({fold_sql(f'm.{column}')
            for contains, columns in ((_CONTAINS, ("content", "tool_calls", "tool_name")),
                                      (_IN_REASONING, ("reasoning", "reasoning_content")))}
 
+# Whether a row holds a quoted term as whole words, in the same columns.
+_WORDS = {_CONTAINS: words_sql(("m.content", "m.tool_calls", "m.tool_name")),
+          _IN_REASONING: words_sql(("m.reasoning", "m.reasoning_content"))}
+
 # A hit while routing: (message id, bm25 score or 0.0 for a LIKE hit, (table, expression) that
 # FTS5 snippet() can highlight it with, or None for a text-window snippet).
 _Hit = tuple[int, float, tuple[str, str] | None]
@@ -316,15 +326,26 @@ _Hit = tuple[int, float, tuple[str, str] | None]
 
 def _like_terms(terms: tuple[Term, ...], excluded: tuple[Term, ...] = (),
                 contains: str = _CONTAINS, folded: bool = False) -> tuple[str, list[str]]:
-    """Return SQL true when message `m` contains every term and no excluded one (substrings; `folded`: as the index folds)."""
+    """Return SQL true when message `m` contains every term and no excluded one (substrings; `folded`: as the index folds).
+
+    A quoted term (`whole_words`) must be there as whole words, as the word index would find it.
+    """
     parts, params = [], []
+    words = _WORDS[contains]
     if folded:
         contains = _FOLDED[contains]
     for term, negated in [(t, False) for t in terms] + [(t, True) for t in excluded]:
+        if not negated and whole_words(term):
+            # A cheap test that every word is there, in order (LIKE, C speed), then the words
+            # themselves; a row not yet indexed (folded) is read by the word test alone.
+            loose = "%" + "%".join(escape_like(w) for w in term.text.split()) + "%"
+            parts.append(words if folded else f"({contains} AND {words})")
+            params += ([] if folded else [loose] * contains.count("?")) + [term.text + ("*" if term.prefix else "")]
+            continue
         parts.append(("NOT " if negated else "") + contains)
         pattern = fold_text(term.text) or "" if folded else f"%{escape_like(term.text)}%"
         params += [pattern] * contains.count("?")
-    return "(" + " AND ".join(parts) + ")", params
+    return "(" + (" AND ".join(parts) or "1") + ")", params  # nothing to check: every row passes
 
 
 def _like(conn: sqlite3.Connection, groups: tuple[Group, ...], f: _Filters, low: int, high: int, need: int,
@@ -447,19 +468,24 @@ class _Ask:
         """
         f = self.filters
         known = sorted(known)
-        texts = tuple(t.text for t in self.group.terms)
+        words = fts.WORD in self.state.tables
+        # A quoted term is whole words: with the word index it is a condition on the candidates,
+        # not a piece of text to look for (without it, it is looked for as text like any term).
+        exact = tuple(t for t in self.group.terms if whole_words(t)) if words else ()
+        pieces = tuple(t for t in self.group.terms if t not in exact)
+        texts = tuple(t.text for t in pieces)
         # LIKE per column, not instr() in the lowered concatenation the index holds: the same rows
         # (a term holds no line break, so none spans two columns; both fold ASCII letters only),
         # without building and lowering a copy of each candidate's text.
-        contains, params = _like_terms(self.group.terms, _indexed_excluded(self.group))
+        contains, params = _like_terms(pieces, _indexed_excluded(self.group))
         grams: tuple[str, ...] = ()
-        phrases = [p for p in map(in_word_phrase, texts) if p is not None]
-        if self.high - self.low < DIRECT_SCAN_ROWS:
+        phrases = [word_term(t) for t in exact] + [p for p in map(in_word_phrase, texts) if p is not None]
+        if self.high - self.low < DIRECT_SCAN_ROWS and not exact:
             key, source = "m.id", f"messages m{f.join} WHERE"
-        elif phrases and fts.WORD in self.state.tables:
+        elif phrases and words:
             # A piece with a whole word inside ("kube-proxy-7f3", a phrase): the word index's
             # positions find its candidates, where the trigrams of its common words would each
-            # name most of the store.
+            # name most of the store. A quoted term is matched there whole.
             key, grams = "w.rowid", (" AND ".join(phrases),)
             source = f"{fts.WORD} w JOIN messages m ON m.id = w.rowid{f.join} WHERE {fts.WORD} MATCH ? AND"
         else:
@@ -643,9 +669,11 @@ def _find_group(ask: _Ask) -> list[_Hit]:
         _warn_once("cjk", "full-text search: the CJK index is missing, so CJK queries use the trigram index "
                           "(3+ characters) or a bounded LIKE scan; open the database writable to build it")
     route, found = _answer(ROUTES, ask, bare)
-    if route.whole_words and SUBSTRING_ROUTE.applies(ask) and not CJK_ROUTE.exact(g):
+    if (route.whole_words and SUBSTRING_ROUTE.applies(ask) and not CJK_ROUTE.exact(g)
+            and not all(whole_words(t) for t in g.terms)):
         # Whole words rank first; every other row holding a term inside a longer word follows,
         # newest first, so a piece seen anywhere is found even when some row has it as a word.
+        # A quoted term is whole words only, so a branch of quoted terms alone adds nothing.
         # Those rows (score 0.0) sort after every ranked hit, so once k ranked rows are found the
         # page has room for need - k of them at most: the pass asks for that many rows outside
         # the k, and is skipped when the ranked rows fill the page.

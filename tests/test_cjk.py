@@ -79,7 +79,7 @@ def test_every_sql_function_of_the_library_takes_stored_text_that_is_not_utf8(tm
     import hermes_state_fts as fts
     import hermes_state_schema as schema
     from hermes_state import SessionDB
-    from hermes_state_cjk import fold_sql, terms_sql
+    from hermes_state_cjk import fold_sql, terms_sql, words_sql
     SessionDB(tmp_path / "state.db").close()
     conn = schema.connect(tmp_path / "state.db")
     register_functions(conn)
@@ -89,7 +89,8 @@ def test_every_sql_function_of_the_library_takes_stored_text_that_is_not_utf8(tm
     for raw in NOT_UTF8:
         conn.execute(f"INSERT INTO t VALUES (CAST(x'{raw}' AS TEXT), CAST(x'{raw}' AS TEXT))")
     calls = {"hermes_cjk_terms": terms_sql("a", "b"), "hermes_fold": fold_sql("a"),
-             "hermes_derived_uid": "hermes_derived_uid(CAST(a AS BLOB), 7)"}
+             "hermes_derived_uid": "hermes_derived_uid(CAST(a AS BLOB), 7)",
+             "hermes_words": words_sql(("a", "b")).replace("?", "'ok'", 1)}
     assert _library_functions(conn) == set(calls)  # a new function must be added here
     for name, call in calls.items():
         answers = [r[0] for r in conn.execute(f"SELECT {call} FROM t ORDER BY rowid")]
@@ -99,4 +100,24 @@ def test_every_sql_function_of_the_library_takes_stored_text_that_is_not_utf8(tm
     assert terms[1] == "東京 京 \ufffd\n東京 京 \ufffd"  # the CJK is still indexed, the stray byte as U+FFFD
     assert [r[0] for r in conn.execute(f"SELECT {fold_sql('a')} FROM t ORDER BY rowid")] == [
         "\ufffd" * 3, "東京 \ufffd", "ok\ufffd", "\ufffd"]
+    assert [r[0] for r in conn.execute(f"SELECT {calls['hermes_words']} FROM t ORDER BY rowid")] == [0, 0, 1, 0]
     conn.close()
+
+
+def test_holds_words_reads_words_as_the_word_index_does():
+    from hermes_state_cjk import holds_words
+    assert holds_words("docker image", "pull the Docker-Image now") == 1      # any separator, any case
+    assert holds_words("docker image", "dockerimage", "xdocker image") == 0   # whole words only
+    assert holds_words("docker im*", None, "docker images") == 1             # the last word a prefix
+    assert holds_words("deja vu", "Déjà vu".encode()) == 1                  # stored text arrives as bytes
+    assert holds_words("a b", b"a \xff b") == 1 and holds_words("snake case", "snake_case") == 1
+    assert holds_words("", "anything") == 0 and holds_words(None, "x") == 0  # nothing to look for
+
+
+def test_holds_words_never_raises(caplog):
+    from hermes_state_cjk import holds_words
+    class Odd:
+        def __str__(self):
+            raise RuntimeError("unreadable")
+    assert holds_words("x", Odd()) == 0
+    assert "hermes_words failed" in caplog.text

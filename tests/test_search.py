@@ -570,9 +570,12 @@ def test_a_piece_holding_whole_words_finds_every_row_holding_it(db, index_queue,
     index_queue(db)
     def words(text: str) -> str:
         return " " + " ".join(re.findall("[a-z0-9]+", text.lower())) + " "
-    # the rows holding it as a substring, and those holding its words in a row (the word index's phrase)
-    truth = {i for i, text in ids.items() if piece.lower() in text.lower() or words(piece) in words(text)}
-    query = f'"{piece}"' if " " in piece or piece.startswith("-") else piece  # a bare leading - excludes
+    quoted = " " in piece or piece.startswith("-")  # a bare leading - excludes
+    # Typed bare: the rows holding it as a substring, and those holding its words in a row (the
+    # word index's phrase). Quoted: its words in a row only, as whole words.
+    truth = {i for i, text in ids.items()
+             if words(piece) in words(text) or (not quoted and piece.lower() in text.lower())}
+    query = f'"{piece}"' if quoted else piece
     with db.tracer() as trace:
         assert {h["id"] for h in db.search_messages(query, limit=50)} == truth
     if search.in_word_phrase(piece) is not None:  # candidates from the word index, not the trigrams

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from conftest import assert_documented_window
 
 import hermes_state_fts as fts
@@ -61,3 +64,92 @@ def test_a_phrase_ranks_the_best_live_rows_of_the_documented_window(db, monkeypa
             c.execute("UPDATE messages SET active = 0 WHERE id IN (SELECT value FROM json_each(?))",
                       (json.dumps([i for n, i in enumerate(ids) if (n * 7) % 11 < 3 or n > 50]),))
     assert_documented_window(db, '"common term"', '"common term"', filters, window, pool)
+
+
+# --- a quoted term is whole words, as FTS5 matches a phrase; anything typed bare is also a piece of text ---
+
+WORDS_TEXTS = ["docker image build", "the docker imagery", "dockerfile image", "docker, image", "Docker\nImage pulled",
+               "xdocker image", "Déjà vu again", "deja-vu notes", "a docker_image name", "docker images listed"]
+
+
+def _hits(db, query, **kw):
+    return {h["id"] for h in db.search_messages(query, limit=100, **kw)}
+
+
+@pytest.mark.parametrize("query, expected", [
+    ('"docker image"', {0, 3, 4, 8}),             # words next to each other, any separator, any case
+    ('"docker image"*', {0, 1, 3, 4, 8, 9}),      # ... the last word a prefix
+    ('"docker"', {0, 1, 3, 4, 8, 9}),            # one word, whole: not dockerfile, not xdocker
+    ('"deja vu"', {6, 7}),                        # accents folded as the word index folds them
+    ('"docker image" -build', {3, 4, 8}),         # an exclusion is still a piece of text
+])
+def test_a_quoted_term_matches_whole_words_queued_or_indexed(db, index_queue, query, expected):
+    db.create_session("s", "cli")
+    ids = [db.append_message("s", "user", text) for text in WORDS_TEXTS]
+    want = {ids[i] for i in expected}
+    assert _hits(db, query) == want  # the rows are still queued: scanned, and read as the index would
+    index_queue(db)
+    assert _hits(db, query) == want
+    assert _hits(db, query, session_id="s") == want  # one session's narrow range, read row by row otherwise
+
+
+def test_bare_pieces_are_still_found_inside_longer_words(db, index_queue):
+    db.create_session("s", "cli")
+    ids = [db.append_message("s", "user", text) for text in WORDS_TEXTS]
+    index_queue(db)
+    assert _hits(db, "docker") == {ids[i] for i in (0, 1, 2, 3, 4, 5, 8, 9)}
+    # A word with inner punctuation, typed bare: its words in a row, and the piece inside longer words.
+    assert _hits(db, "docker_image") == {ids[i] for i in (0, 3, 4, 8)}
+    assert _hits(db, "ker_ima") == {ids[8]}
+    assert _hits(db, "ocker imag") == {ids[i] for i in (0, 1, 2, 3, 4, 5, 8, 9)}
+
+
+def test_a_quoted_term_beside_a_bare_piece_keeps_its_words_whole(db, index_queue):
+    # The bare piece is found inside longer words ("imagery"); the quoted one only as words.
+    db.create_session("s", "cli")
+    ids = [db.append_message("s", "user", text) for text in
+           ["run docker now, imagery", "run xdocker now, imagery", "docker ran an image", "nothing here"]]
+    for queued in (True, False):
+        if not queued:
+            index_queue(db)
+        assert _hits(db, '"docker" imag') == {ids[0], ids[2]}, queued
+        assert _hits(db, '"run docker" imag') == {ids[0]}, queued
+
+
+def test_a_quoted_cjk_term_is_still_any_substring(db, index_queue):
+    # CJK has no spaces between words: its bigram index finds any run of letters.
+    db.create_session("s", "cli")
+    row = db.append_message("s", "user", "東京都庁に行った")
+    index_queue(db)
+    assert _hits(db, '"京都"') == {row}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(st.lists(st.sampled_from(["ab", "abc", "bc", "cab", "a_b", "Ab", "b"]), min_size=1, max_size=6)
+                      .map(lambda ws: st_join(ws)), min_size=1, max_size=6),
+       phrase=st.lists(st.sampled_from(["ab", "abc", "bc", "cab", "b"]), min_size=1, max_size=3))
+def test_a_quoted_term_finds_the_rows_holding_its_words_in_a_row(tmp_path_factory, texts, phrase):
+    # The truth is computed from words: a row matches when the phrase's words appear next to each
+    # other among its words (letters and digits; anything else separates). Queued and indexed alike.
+    import hermes_state
+    import hermes_state_fts as fts
+    home = tmp_path_factory.mktemp("words")
+    db = hermes_state.SessionDB(home / "state.db")
+    try:
+        db.create_session("s", "cli")
+        ids = {db.append_message("s", "user", text): text for text in texts}
+        def words(text):
+            return " " + " ".join(re.findall(r"[a-z0-9]+", text.lower())) + " "
+        want = {i for i, text in ids.items() if words(" ".join(phrase)) in words(text)}
+        query = '"' + " ".join(phrase) + '"'
+        assert _hits(db, query) == want
+        with db.transaction() as txn:
+            fts.index_batch(txn.conn)
+        assert _hits(db, query) == want
+    finally:
+        db.close()
+
+
+def st_join(words):
+    seps = [" ", ", ", "-", "\n", "."]
+    return "".join(w + seps[i % len(seps)] for i, w in enumerate(words)).strip()

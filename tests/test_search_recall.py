@@ -57,7 +57,10 @@ def test_wildcard_characters_in_a_piece_match_literally(db):
     db.append_message("s", "tool", "disk at 95X-full elsewhere", tool_call_id="c")
     # No word matches "5%_fu" (words 5 and fu), so the substring index answers, literally.
     assert [h["id"] for h in db.search_messages("5%_fu")] == [exact]
-    assert [h["id"] for h in db.search_messages('"t 95%_"')] == [exact]
+    assert [h["id"] for h in db.search_messages("95%_f")] == [exact]
+    # Quoted, the words must be whole: "95" and "full" are, "t" (of "at") is not.
+    assert [h["id"] for h in db.search_messages('"95%_full"')] == [exact]
+    assert db.search_messages('"t 95%_"') == []
 
 
 def test_patterns_that_crash_sqlites_trigram_like_are_never_sent_to_it(tmp_path):
