@@ -550,6 +550,22 @@ def _convert_in_place(conn: sqlite3.Connection) -> None:
 # (a run of long tool output, pages read cold from the disk). Past CHUNK_BUDGET_S it stops early.
 CHUNK_PIECES = 8
 CHUNK_PIECE_ROWS = 32  # and no piece of more rows than this (a piece of long tool output can take a second)
+# ... nor of more text than this, unless it is one row: the trigram index makes a token of every
+# character, so the time a piece takes follows its text, and 32 rows of tool output can be MBs.
+CHUNK_PIECE_CHARS = 64 * 1024
+
+
+def _piece_end(conn: sqlite3.Connection, after: int, high_water: int, most: int) -> tuple[int, int]:
+    """Return (the last id, the rows) of the next piece of (after, high_water]: at most `most` rows and CHUNK_PIECE_CHARS."""
+    sizes = conn.execute("SELECT id, COALESCE(length(content), 0) + COALESCE(length(tool_calls), 0) FROM messages "
+                         "WHERE id > ? AND id <= ? ORDER BY id LIMIT ?", (after, high_water, most)).fetchall()
+    end, taken, chars = after, 0, 0
+    for row_id, size in sizes:
+        if taken and chars + size > CHUNK_PIECE_CHARS:
+            return end, taken
+        end, taken, chars = row_id, taken + 1, chars + size
+    # Every row up to the high-water mark fits: the piece ends there (ids past the last row may be gone).
+    return (high_water if len(sizes) < most else end), max(taken, 1)
 
 
 def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS) -> bool:
@@ -567,12 +583,9 @@ def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS)
     rows, upper = max(chunk_rows, 1), progress
     piece = max(1, min(CHUNK_PIECE_ROWS, -(-rows // CHUNK_PIECES)))
     while rows > 0 and upper < high_water:
-        take = min(piece, rows)
-        row = conn.execute("SELECT id FROM messages WHERE id > ? AND id <= ? ORDER BY id LIMIT 1 OFFSET ?",
-                           (upper, high_water, take - 1)).fetchone()
-        end = high_water if row is None else row[0]
+        end, taken = _piece_end(conn, upper, high_water, min(piece, rows))
         _index_range(conn, upper, end)
-        rows, upper = rows - take, end
+        rows, upper = rows - taken, end
         if time.monotonic() >= deadline:
             break
     _set_markers(conn, high_water, upper)

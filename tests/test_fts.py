@@ -1137,6 +1137,35 @@ def test_a_chunk_ends_at_a_piece_once_its_time_is_spent(tmp_path, monkeypatch, m
         conn.close()
 
 
+def test_a_piece_ends_at_its_text_limit_and_a_long_row_is_a_piece_of_its_own(tmp_path, monkeypatch, manual):
+    # The time a piece takes follows its text (the trigram index tokenizes every character), so a
+    # piece holds at most CHUNK_PIECE_CHARS of it, or one row however long.
+    path = tmp_path / "state.db"
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+        for size in (10_000, 10_000, 10_000, 100_000, 5_000, 5_000):
+            db.append_message("s", "tool", "x" * (size - 9) + " tail end", tool_call_id="c")
+    _drop_fts(path)
+    with SessionDB(path) as db:
+        pass
+    conn = plain(path)
+    try:
+        cjk.register_functions(conn)
+        monkeypatch.setattr(fts, "CHUNK_BUDGET_S", 0.0)  # one piece per chunk
+        monkeypatch.setattr(fts, "CHUNK_PIECE_CHARS", 25_000)
+        conn.execute("BEGIN IMMEDIATE")
+        pending = []
+        while fts.rebuild_step(conn, 64):
+            pending.append(fts.rebuild_status(conn)["pending"])
+        conn.execute("COMMIT")
+        assert pending == [4, 3, 2]  # 10k + 10k, then 10k (the next is long), the long row alone, then the rest
+        assert indexed_counts(conn) == expected_counts(conn)
+        assert [r[0] for r in conn.execute("SELECT rowid FROM messages_fts WHERE messages_fts "
+                                           "MATCH '\"tail end\"' ORDER BY rowid")] == [1, 2, 3, 4, 5, 6]
+    finally:
+        conn.close()
+
+
 def test_a_chunk_that_took_long_makes_the_next_one_smaller_within_bounds():
     most = 2000
     assert fts.next_chunk_rows(2000, fts.CHUNK_TARGET_S * 4, most) == 500  # four times too long: a quarter
