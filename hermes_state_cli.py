@@ -617,7 +617,7 @@ _GLOBALS_HELP = """global options (before or after the command):
 
 QUERY_SYNTAX = """query syntax:
   docker image          both words, anywhere in a message (pieces of words too: ocker)
-  "docker image"        the phrase
+  "docker image"        the phrase, as whole words ("docker" alone: not dockerfile)
   docker OR podman      either
   docker -rust          docker, and not rust (NOT rust is the same); -"a phrase" leaves out a phrase
   -rust                 the newest messages without rust
