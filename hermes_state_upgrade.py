@@ -49,7 +49,10 @@ FTS5_HEADER_ROWS = (1, 10)      # the averages and structure records its constru
 RECLAIM_MIN_FREE = 0.10          # reclaim when more than this share of the file is free pages
 AUTO_RECLAIM_MAX_BYTES = 1 << 30  # above this, a VACUUM blocks writers too long to run unasked
 STOP_WAIT_S = 5.0                # how long close() waits for the chunk under way
-UPGRADE_FREE_S = 5.0             # the most the upgrade's first transaction spends freeing pages ahead
+# The most the upgrade's first transaction spends freeing pages ahead of its back-fill. Writes wait
+# for the whole upgrade anyway (minutes on a large file), and a budget of a few seconds freed too
+# little on a loaded machine, so the file grew; this cap only guards against a runaway.
+UPGRADE_FREE_S = 60.0
 
 
 # --- before the migration: the copy, and the old FTS objects -------------------------------------
