@@ -126,6 +126,11 @@ def fold_text(value: object) -> str | None:
 _TOKEN = re.compile(r"[^\W_]+")
 
 
+def word_tokens(text: str) -> list[str]:
+    """Return the words of `text` as the word index splits them (runs of letters and digits), unfolded."""
+    return _TOKEN.findall(text)
+
+
 @functools.lru_cache(maxsize=64)
 def _words_pattern(term: str) -> re.Pattern[str] | None:
     # `term` is the quoted text, with a trailing "*" when its last word is a prefix. Its words,

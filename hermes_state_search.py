@@ -24,7 +24,7 @@ from typing import Any, Callable, Collection, Iterable
 
 import hermes_state_fts as fts
 import hermes_state_highlight as highlight
-from hermes_state_cjk import fold_sql, fold_text, words_sql
+from hermes_state_cjk import fold_sql, fold_text, word_tokens, words_sql
 from hermes_state_common import check_count, escape_like, logger
 from hermes_state_sessions import filter_name, filter_names, filter_number, session_filters
 from hermes_state_query import (Group, QueryPlan, Term, cjk_expression, plan_query, quoted_token, trigram_expression,
@@ -338,7 +338,7 @@ def _like_terms(terms: tuple[Term, ...], excluded: tuple[Term, ...] = (),
         if not negated and whole_words(term):
             # A cheap test that every word is there, in order (LIKE, C speed), then the words
             # themselves; a row not yet indexed (folded) is read by the word test alone.
-            loose = "%" + "%".join(escape_like(w) for w in term.text.split()) + "%"
+            loose = "%" + "%".join(escape_like(w) for w in word_tokens(term.text)) + "%"
             parts.append(words if folded else f"({contains} AND {words})")
             params += ([] if folded else [loose] * contains.count("?")) + [term.text + ("*" if term.prefix else "")]
             continue

@@ -69,7 +69,8 @@ def test_a_phrase_ranks_the_best_live_rows_of_the_documented_window(db, monkeypa
 # --- a quoted term is whole words, as FTS5 matches a phrase; anything typed bare is also a piece of text ---
 
 WORDS_TEXTS = ["docker image build", "the docker imagery", "dockerfile image", "docker, image", "Docker\nImage pulled",
-               "xdocker image", "Déjà vu again", "deja-vu notes", "a docker_image name", "docker images listed"]
+               "xdocker image", "Déjà vu again", "deja-vu notes", "a docker_image name", "docker images listed",
+               "chat send", "run chat-send now", "xchat-send"]
 
 
 def _hits(db, query, **kw):
@@ -82,6 +83,7 @@ def _hits(db, query, **kw):
     ('"docker"', {0, 1, 3, 4, 8, 9}),            # one word, whole: not dockerfile, not xdocker
     ('"deja vu"', {6, 7}),                        # accents folded as the word index folds them
     ('"docker image" -build', {3, 4, 8}),         # an exclusion is still a piece of text
+    ('"chat-send"', {10, 11}),                    # quoted punctuation is a separator like any other
 ])
 def test_a_quoted_term_matches_whole_words_queued_or_indexed(db, index_queue, query, expected):
     db.create_session("s", "cli")
@@ -153,3 +155,13 @@ def test_a_quoted_term_finds_the_rows_holding_its_words_in_a_row(tmp_path_factor
 def st_join(words):
     seps = [" ", ", ", "-", "\n", "."]
     return "".join(w + seps[i % len(seps)] for i, w in enumerate(words)).strip()
+
+
+def test_a_quoted_term_checked_on_the_text_reads_words_as_the_index_does(db, index_queue):
+    # Beside a CJK term, the quoted term is checked on the rows the CJK index found (as text):
+    # its words whole, with any separator, as the word index would have matched them.
+    db.create_session("s", "cli")
+    ids = [db.append_message("s", "user", text) for text in
+           ["東京で chat send した", "東京で run chat-send now", "東京で xchat-sendy", "大阪で chat send"]]
+    index_queue(db)
+    assert _hits(db, '東京 "chat-send"') == {ids[0], ids[1]}
