@@ -651,7 +651,12 @@ def open_fts(writer: Writer, db_path: Path, patience_s: float, policy: RetryPoli
 # closes before its thread's first turn. The handle that closes so hands the work to a process of
 # its own, which opens the file, does the work to the end with the same lease and pauses, and exits.
 
-_FINISH = "import sys, pathlib, hermes_state_upgrade as u; u.finish_pending(pathlib.Path(sys.argv[1]))"
+# The finishing process imports this library from where this process found it, never from the
+# store's directory: `-P` keeps the working directory off its path (a `hermes_state_upgrade.py`
+# lying next to a store is not run), and the library's own directory goes first.
+_FINISH = ("import sys; sys.path.insert(0, sys.argv[1]); import pathlib, hermes_state_upgrade as u; "
+           "u.finish_pending(pathlib.Path(sys.argv[2]))")
+_LIBRARY_DIR = str(Path(__file__).resolve().parent)
 
 
 def hand_over(db_path: Path, conn: sqlite3.Connection | None = None) -> subprocess.Popen[bytes] | None:
@@ -666,7 +671,8 @@ def hand_over(db_path: Path, conn: sqlite3.Connection | None = None) -> subproce
             return None
         marker = handed_over_marker(db_path)
         try:
-            process = subprocess.Popen([sys.executable, "-c", _FINISH, str(db_path)], cwd=db_path.parent,
+            process = subprocess.Popen([sys.executable, "-P", "-c", _FINISH, _LIBRARY_DIR, str(db_path)],
+                                       cwd=db_path.parent,
                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                        close_fds=True, start_new_session=True)
         except BaseException:

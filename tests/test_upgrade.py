@@ -425,6 +425,25 @@ def test_a_short_command_hands_a_large_files_work_to_a_process_that_finishes_it(
                                                "'hermes_retired_fts_*'") == 0
 
 
+def test_the_finishing_process_runs_the_library_it_was_started_from_not_a_file_beside_the_store(old_file, monkeypatch,
+                                                                                               tmp_path):
+    # A module named like the library's, next to the store (the finishing process works there):
+    # it must not be what runs; the library found by the process that started it is.
+    _upgraded_with_work_left(old_file, monkeypatch)
+    hijacked = tmp_path / "hijacked"
+    (old_file.parent / "hermes_state_upgrade.py").write_text(
+        f"import pathlib\npathlib.Path({str(hijacked)!r}).write_text('ran')\nraise SystemExit(3)\n")
+    started: list[subprocess.Popen] = []
+    hand_over = upgrade.hand_over
+    monkeypatch.setattr(upgrade, "hand_over", lambda *a: started.append(hand_over(*a)) or started[-1])
+    with SessionDB(old_file) as db:
+        assert db.message_count() >= 0
+    assert len(started) == 1 and started[0] is not None
+    assert started[0].wait(120) == 0 and not hijacked.exists()
+    with SessionDB(old_file, read_only=True) as ro:
+        assert ro.fts_rebuild_status()["pending"] == 0
+
+
 def test_a_short_command_on_a_large_older_file_hands_over_its_copy_and_upgrade(old_file, monkeypatch):
     monkeypatch.setattr(SessionDB, "upgrade_in_background_bytes", 1)  # copied and upgraded after the open
     started: list[subprocess.Popen] = []
