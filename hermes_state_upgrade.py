@@ -211,7 +211,8 @@ def prepare_upgrade(conn: sqlite3.Connection) -> None:
     # The back-fill and the new indexes that follow take their pages from these.
     rows = conn.execute("SELECT COALESCE(MAX(id), 0) FROM messages").fetchone()[0] \
         if object_exists(conn, "table", "messages") else 0
-    free_ahead(conn, reserve_bytes=FREE_RESERVE_BYTES + rows * UPGRADE_BYTES_PER_MESSAGE, budget_s=UPGRADE_FREE_S)
+    free_ahead(conn, reserve_bytes=FREE_RESERVE_BYTES + rows * UPGRADE_BYTES_PER_MESSAGE, budget_s=UPGRADE_FREE_S,
+               once=True)
     if kept:  # what it holds: every message written before the upgrade began
         conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, (SELECT COALESCE(MAX(id), 0) "
                      "FROM messages))", (fts.OLD_SUBSTRINGS_UPTO,))
@@ -336,16 +337,20 @@ def _free_bytes(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA freelist_count").fetchone()[0]) * int(conn.execute("PRAGMA page_size").fetchone()[0])
 
 
-def free_ahead(conn: sqlite3.Connection, reserve_bytes: int | None = None, budget_s: float | None = None) -> bool:
+def free_ahead(conn: sqlite3.Connection, reserve_bytes: int | None = None, budget_s: float | None = None,
+               once: bool = False) -> bool:
     """Free moved-aside pages when fewer than `reserve_bytes` are free (about `budget_s` of work); return whether it freed any.
 
     Inside the caller's write transaction. Leaves the older substring index a rebuild reads alone.
+    It frees up to twice the reserve, so that a caller asking before each transaction frees in
+    batches; `once` (a single ask, the upgrade's) frees up to the reserve only.
     """
     reserve = FREE_RESERVE_BYTES if reserve_bytes is None else reserve_bytes
     if _free_bytes(conn) >= reserve or not retired_tables(conn):
         return False
+    enough = reserve if once else 2 * reserve
     _clear_retired(conn, time.monotonic() + (CLEAR_CHUNK_S if budget_s is None else budget_s),
-                   lambda: _free_bytes(conn) >= 2 * reserve)
+                   lambda: _free_bytes(conn) >= enough)
     return True
 
 

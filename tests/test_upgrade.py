@@ -311,6 +311,23 @@ def test_freeing_ahead_leaves_a_reserve_and_stops_when_nothing_is_left(old_file,
         conn.close()
 
 
+def test_a_single_ask_frees_up_to_the_reserve_and_a_repeated_one_up_to_twice_it(monkeypatch):
+    # The rebuild asks before each transaction and frees in batches of twice the reserve; the
+    # upgrade asks once, and writes wait meanwhile, so it stops at the reserve.
+    free = [100]
+    stops: list = []
+    monkeypatch.setattr(upgrade, "retired_tables", lambda conn: ["hermes_retired_fts_1_data"])
+    monkeypatch.setattr(upgrade, "_free_bytes", lambda conn: free[0])
+    monkeypatch.setattr(upgrade, "_clear_retired", lambda conn, deadline, enough: stops.append(enough))
+    assert upgrade.free_ahead(None, reserve_bytes=150, once=True) is True
+    assert upgrade.free_ahead(None, reserve_bytes=150) is True
+    free[0] = 150
+    assert [enough() for enough in stops] == [True, False]
+    free[0] = 300
+    assert [enough() for enough in stops] == [True, True]
+    assert upgrade.free_ahead(None, reserve_bytes=150) is False  # that much is free already: no ask
+
+
 @pytest.mark.slow
 def test_writers_take_turns_with_the_clearing(old_file, monkeypatch):
     _grow_old_index(old_file, documents=100)
