@@ -557,6 +557,7 @@ CHUNK_PIECE_CHARS = 64 * 1024
 
 def _piece_end(conn: sqlite3.Connection, after: int, high_water: int, most: int) -> tuple[int, int]:
     """Return (the last id, the rows) of the next piece of (after, high_water]: at most `most` rows and CHUNK_PIECE_CHARS."""
+    # length() reads each row's text (SQLite counts characters), which the piece then reads again from the cache.
     sizes = conn.execute("SELECT id, COALESCE(length(content), 0) + COALESCE(length(tool_calls), 0) FROM messages "
                          "WHERE id > ? AND id <= ? ORDER BY id LIMIT ?", (after, high_water, most)).fetchall()
     end, taken, chars = after, 0, 0
