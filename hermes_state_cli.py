@@ -624,7 +624,7 @@ QUERY_SYNTAX = """query syntax:
   deploy*               words starting with deploy
   chat-send  src/a.py   a term with - . / @ inside is one term
   東京                  CJK of any length
-A query starting with - needs no --."""
+A query starting with - needs no --. The shell removes quotes: give a phrase as '"docker image"'."""
 
 
 @dataclasses.dataclass(frozen=True)

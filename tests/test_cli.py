@@ -75,6 +75,18 @@ def test_search_shows_titles_and_reaches_reasoning_when_asked(capsys, hermes_hom
     assert "s1  Night shift  assistant" in out and "pelican" in out
 
 
+def test_a_phrase_whose_quotes_reach_the_command_is_whole_words(capsys, hermes_home):
+    with SessionDB() as db:
+        db.create_session("s1", "cli")
+        ids = [db.append_message("s1", "user", text) for text in ("the docker image", "xdocker imagery", "image docker")]
+    def found(*words):
+        assert main(["--json", "sessions", "search", *words]) == 0
+        return sorted(h["id"] for h in json.loads(capsys.readouterr().out))
+    assert found('"docker image"') == [ids[0]]           # the quotes kept from the shell: whole words
+    assert found("docker image") == sorted(ids)          # two words, each anywhere (pieces too)
+    assert found("docker", "image") == sorted(ids)
+
+
 def test_a_hit_found_only_in_the_reasoning_says_so(capsys, hermes_home):
     with SessionDB() as db:
         db.create_session("s1", "cli")
