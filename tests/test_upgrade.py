@@ -311,21 +311,28 @@ def test_freeing_ahead_leaves_a_reserve_and_stops_when_nothing_is_left(old_file,
         conn.close()
 
 
-def test_a_single_ask_frees_up_to_the_reserve_and_a_repeated_one_up_to_twice_it(monkeypatch):
+def test_a_single_ask_frees_up_to_the_reserve_and_a_repeated_one_up_to_twice_it(old_file, monkeypatch):
     # The rebuild asks before each transaction and frees in batches of twice the reserve; the
     # upgrade asks once, and writes wait meanwhile, so it stops at the reserve.
-    free = [100]
-    stops: list = []
-    monkeypatch.setattr(upgrade, "retired_tables", lambda conn: ["hermes_retired_fts_1_data"])
-    monkeypatch.setattr(upgrade, "_free_bytes", lambda conn: free[0])
-    monkeypatch.setattr(upgrade, "_clear_retired", lambda conn, deadline, enough: stops.append(enough))
-    assert upgrade.free_ahead(None, reserve_bytes=150, once=True) is True
-    assert upgrade.free_ahead(None, reserve_bytes=150) is True
-    free[0] = 150
-    assert [enough() for enough in stops] == [True, False]
-    free[0] = 300
-    assert [enough() for enough in stops] == [True, True]
-    assert upgrade.free_ahead(None, reserve_bytes=150) is False  # that much is free already: no ask
+    _grow_old_index(old_file)
+    _nothing_freed_ahead(monkeypatch)
+    monkeypatch.setattr(upgrade, "CLEAR_BATCH_ROWS", 1)  # the clock and the free pages looked at every row
+    conn, _, _ = open_writable(old_file)
+    try:
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+        def free() -> int:
+            return conn.execute("PRAGMA freelist_count").fetchone()[0] * page
+        freed = {}
+        for once in (True, False):
+            conn.execute("BEGIN IMMEDIATE")
+            reserve = free() + 16 * page
+            assert upgrade.free_ahead(conn, reserve_bytes=reserve, budget_s=30.0, once=once) is True
+            freed[once] = free()
+            assert upgrade.retired_tables(conn) != []  # it stopped before the moved-aside rows ran out
+            conn.execute("ROLLBACK")
+        assert reserve <= freed[True] < 2 * reserve <= freed[False]
+    finally:
+        conn.close()
 
 
 @pytest.mark.slow
