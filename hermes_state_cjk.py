@@ -137,7 +137,7 @@ def _words_pattern(term: str) -> re.Pattern[str] | None:
     # folded, in order, with anything but letters and digits between them, and no letter or
     # digit right before the first or right after the last (unless it is a prefix).
     prefix = term.endswith("*")
-    words = _TOKEN.findall(fold_text(term.rstrip("*")) or "")
+    words = word_tokens(fold_text(term.rstrip("*")) or "")
     if not words:
         return None
     body = r"[\W_]+".join(map(re.escape, words))

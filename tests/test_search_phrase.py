@@ -130,11 +130,10 @@ def test_a_quoted_cjk_term_is_still_any_substring(db, index_queue):
 @given(texts=st.lists(st.lists(st.sampled_from(["ab", "abc", "bc", "cab", "a_b", "Ab", "b"]), min_size=1, max_size=6)
                       .map(lambda ws: st_join(ws)), min_size=1, max_size=6),
        phrase=st.lists(st.sampled_from(["ab", "abc", "bc", "cab", "b"]), min_size=1, max_size=3))
-def test_a_quoted_term_finds_the_rows_holding_its_words_in_a_row(tmp_path_factory, texts, phrase):
+def test_a_quoted_term_finds_the_rows_holding_its_words_in_a_row(tmp_path_factory, index_queue, texts, phrase):
     # The truth is computed from words: a row matches when the phrase's words appear next to each
     # other among its words (letters and digits; anything else separates). Queued and indexed alike.
     import hermes_state
-    import hermes_state_fts as fts
     home = tmp_path_factory.mktemp("words")
     db = hermes_state.SessionDB(home / "state.db")
     try:
@@ -145,8 +144,7 @@ def test_a_quoted_term_finds_the_rows_holding_its_words_in_a_row(tmp_path_factor
         want = {i for i, text in ids.items() if words(" ".join(phrase)) in words(text)}
         query = '"' + " ".join(phrase) + '"'
         assert _hits(db, query) == want
-        with db.transaction() as txn:
-            fts.index_batch(txn.conn)
+        index_queue(db)
         assert _hits(db, query) == want
     finally:
         db.close()
