@@ -570,7 +570,7 @@ def test_dead_holder_on_this_host_is_reclaimed(db, rival, plant_lock):
     assert rival.execute("SELECT holder FROM compression_locks").fetchone()[0] == holder
 
 
-@pytest.mark.parametrize("pid", [os.getpid(), 1])
+@pytest.mark.parametrize("pid", [os.getpid(), 1], ids=["this-process", "pid-1"])
 def test_a_live_holder_is_not_robbed(db, rival, pid, plant_lock):
     # pid 1 always exists; as a normal user signalling it raises PermissionError: still alive.
     db.create_session("s", "cli")
@@ -956,7 +956,8 @@ def test_failure_cooldown_is_over_once_its_time_passed(conn, db):
 
 
 @pytest.mark.parametrize("until, error", [("soon", None), (float("nan"), None), (-1.0, None), (None, None),
-                                          (time.time() + 60, 5)])
+                                          (time.time() + 60, 5)],
+                         ids=["text", "nan", "negative", "none", "a-minute-ahead"])
 def test_failure_cooldown_refuses_bad_input_and_keeps_the_running_one(db, until, error):
     db.create_session("s", "cli")
     running = time.time() + 600.0
