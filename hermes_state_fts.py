@@ -58,6 +58,12 @@ PENDING = "messages_fts_pending"
 # show): open writes them into a file that lacks them, and every program writing the file follows
 # them, since FTS5 reads them from the file.
 FTS_OPTIONS: tuple[tuple[str, int], ...] = (("automerge", 8),)
+# The same options while a rebuild runs. FTS5's automerge does its work inside whichever write
+# comes next, 64 pages per level of the index at a time: half a second to a second and a half of
+# one rebuild chunk (or of another program's append) during a rebuild, which adds segments
+# quickly. So FTS5 merges nothing by itself then, and the rebuild merges in bounded steps of its
+# own between its chunks (`rebuild_merge_step`); its last chunk gives FTS_OPTIONS back.
+REBUILD_OPTIONS: tuple[tuple[str, int], ...] = (("automerge", 0),)
 
 
 # --- the declared FTS objects ----------------------------------------------------------------------
@@ -431,26 +437,38 @@ def create_fts(conn: sqlite3.Connection) -> None:
     drop_fts_objects(conn)
     for _, _, sql in OBJECTS:
         conn.execute(sql)
-    set_options(conn)
-    _set_markers(conn, conn.execute("SELECT MAX(id) FROM messages").fetchone()[0])
+    _begin_rebuild(conn)
 
 
-def options_set(conn: sqlite3.Connection, tables: frozenset[str]) -> bool:
-    """Tell whether each of `tables` holds FTS_OPTIONS in its config (one read of their config tables)."""
-    wanted = {(table, name, value) for table in tables for name, value in FTS_OPTIONS}
+def wanted_options(rebuilding: bool) -> tuple[tuple[str, int], ...]:
+    """Return the options every index keeps: REBUILD_OPTIONS while a rebuild runs, else FTS_OPTIONS."""
+    return REBUILD_OPTIONS if rebuilding else FTS_OPTIONS
+
+
+def options_set(conn: sqlite3.Connection, tables: frozenset[str], *, rebuilding: bool = False) -> bool:
+    """Tell whether each of `tables` holds the options it should (one read of their config tables)."""
+    options = wanted_options(rebuilding)
+    wanted = {(table, name, value) for table in tables for name, value in options}
     if not wanted:
         return True
-    names = ", ".join(f"'{name}'" for name, _ in FTS_OPTIONS)
+    names = ", ".join(f"'{name}'" for name, _ in options)
     found = conn.execute(" UNION ALL ".join(f"SELECT '{table}', k, v FROM {table}_config WHERE k IN ({names})"
                                             for table in sorted(tables))).fetchall()
     return wanted <= set(found)
 
 
-def set_options(conn: sqlite3.Connection, tables: tuple[str, ...] = FTS_TABLES) -> None:
-    """Write FTS_OPTIONS into the config of each of `tables` (inside the caller's write transaction)."""
+def set_options(conn: sqlite3.Connection, tables: tuple[str, ...] = FTS_TABLES, *, rebuilding: bool = False) -> None:
+    """Write the options `wanted_options` names into the config of each of `tables` (inside the caller's write transaction)."""
     for table in tables:
-        for name, value in FTS_OPTIONS:
+        for name, value in wanted_options(rebuilding):
             conn.execute(f"INSERT INTO {table}({table}, rank) VALUES (?, ?)", (name, value))
+
+
+def _begin_rebuild(conn: sqlite3.Connection) -> None:
+    # Every existing row is left to the rebuild, which runs with its own options; none: the steady ones.
+    high_water = conn.execute("SELECT MAX(id) FROM messages").fetchone()[0]
+    _set_markers(conn, high_water)
+    set_options(conn, rebuilding=high_water is not None)
 
 
 def _set_markers(conn: sqlite3.Connection, high_water: int | None, progress: int = 0) -> None:
@@ -477,10 +495,9 @@ def start_rebuild(conn: sqlite3.Connection) -> None:
     # The CJK table keeps its own text (it is small); dropping it is cheaper than deleting rows.
     conn.execute(f"DROP TABLE {CJK}")
     conn.execute(CJK_TABLE_SQL)
-    set_options(conn, (CJK,))
     conn.execute(f"DELETE FROM {CJK_PENDING}")
     conn.execute(f"DELETE FROM {PENDING}")
-    _set_markers(conn, conn.execute("SELECT MAX(id) FROM messages").fetchone()[0])
+    _begin_rebuild(conn)
 
 
 def _index_range(conn: sqlite3.Connection, low: int, high: int) -> None:
@@ -590,7 +607,8 @@ def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS)
         if time.monotonic() >= deadline:
             break
     _set_markers(conn, high_water, upper)
-    if upper >= high_water:  # the last chunk: the segments it left are merged next
+    if upper >= high_water:  # the last chunk: FTS5 merges by itself again, and the segments it left are merged next
+        set_options(conn, tuple(t for t in FTS_TABLES if t in _read_catalogue(conn).tables))
         conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (MERGE_PENDING,))
     return upper < high_water
 
@@ -598,6 +616,33 @@ def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS)
 # The pages one merge step writes: on the heavy store of docs/performance.md, 500 pages took
 # 0.1-0.3 s on a slow machine.
 MERGE_STEP_PAGES = 64
+
+
+# While a rebuild runs FTS5 merges nothing by itself (REBUILD_OPTIONS): a level of an index holding
+# this many segments (the steady automerge) gets a merge step, in a transaction of its own.
+REBUILD_MERGE_SEGMENTS = 8
+
+
+def rebuild_merge_step(conn: sqlite3.Connection, pages: int = MERGE_STEP_PAGES) -> bool:
+    """While a rebuild runs, merge about `pages` pages of the first index with a full level; return whether it merged.
+
+    Must run inside the caller's write transaction. A merge FTS5 left half done is continued
+    first. An index whose merge makes no progress (its `usermerge` set past the level's
+    segments) is passed over, so the rebuild itself always moves on.
+    """
+    if _markers(conn) is None:
+        return False
+    present = _read_catalogue(conn).tables
+    for table in FTS_TABLES:
+        found = read_structure(conn, table) if table in present else None
+        if found is None or not (found.merging or any(count >= REBUILD_MERGE_SEGMENTS for _, count in found.levels)):
+            continue
+        before = conn.total_changes
+        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (pages,))
+        if conn.total_changes - before >= 2:  # FTS5's sign that the command merged something
+            return True
+    return False
+
 
 # FTS5 keeps each index as segments on numbered levels, described by one structure record (rowid
 # 10 of `<index>_data`). Its reader refuses a record naming more than 2,000 levels, and then the
@@ -856,7 +901,7 @@ def advance(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS) -> b
 
     `chunk_rows` is the most rows a rebuild chunk or CJK batch takes.
     """
-    if rebuild_step(conn, chunk_rows):
+    if rebuild_merge_step(conn) or rebuild_step(conn, chunk_rows):
         return True
     index_queued(conn)
     drain_cjk(conn, chunk_rows)
@@ -908,9 +953,11 @@ def ensure_fts(writer: Writer, patience_s: float, policy: RetryPolicy, *, writab
             elif not catalogue.declared:
                 create_fts(conn)
         state = inspect(conn)
-    if state.declared and not options_set(conn, state.tables):
+    rebuilding = state.rebuild is not None
+    if state.declared and not options_set(conn, state.tables, rebuilding=rebuilding):
         with writer.transaction(patience_s, policy):
-            set_options(conn)  # a file an older release created, or one whose options were changed
+            # A file an older release created, or one whose options were changed.
+            set_options(conn, rebuilding=inspect(conn).rebuild is not None)
     cached_state(conn)  # the append path decides from this cache (re-read only after a schema change)
     return state
 
