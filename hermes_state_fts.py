@@ -565,6 +565,10 @@ def _convert_in_place(conn: sqlite3.Connection) -> None:
 # A chunk is indexed in pieces of an eighth of its rows (32 at most), the clock read after each: the next chunk's
 # size is a guess from the last one's time, and rows of one chunk can weigh far more than the last's
 # (a run of long tool output, pages read cold from the disk). Past CHUNK_BUDGET_S it stops early.
+# Each piece is one statement, so one new segment in each index (FTS5 writes out what it holds at
+# every statement of a transaction): a chunk stops after CHUNK_PIECES of them even when a piece
+# was cut short by its text, so that with the rebuild's own merging (below) no level reaches
+# FTS5's crisis merge of 16 segments inside a chunk.
 CHUNK_PIECES = 8
 CHUNK_PIECE_ROWS = 32  # and no piece of more rows than this (a piece of long tool output can take a second)
 # ... nor of more text than this, unless it is one row: the trigram index makes a token of every
@@ -600,7 +604,9 @@ def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS)
     deadline = time.monotonic() + CHUNK_BUDGET_S
     rows, upper = max(chunk_rows, 1), progress
     piece = max(1, min(CHUNK_PIECE_ROWS, -(-rows // CHUNK_PIECES)))
-    while rows > 0 and upper < high_water:
+    for _ in range(CHUNK_PIECES):
+        if rows <= 0 or upper >= high_water:
+            break
         end, taken = _piece_end(conn, upper, high_water, min(piece, rows))
         _index_range(conn, upper, end)
         rows, upper = rows - taken, end

@@ -1196,3 +1196,78 @@ def test_the_rebuild_takes_smaller_chunks_when_one_takes_long(tmp_path, monkeypa
         assert db.fts_rebuild_status()["pending"] == 0
         assert len(db.search_messages("common", limit=100)) == 60
     assert taken[0] == 30 and set(taken[1:]) == {7} and len(taken) >= 5
+
+
+# --- merging while a rebuild runs ------------------------------------------------------------------
+
+def _levels(conn) -> dict[str, list[int]]:
+    """{index: segments per level, lowest first} for the word and substring indexes."""
+    found = {}
+    for table in (fts.WORD, fts.TRIGRAM):
+        structure = fts.read_structure(conn, table)
+        found[table] = [count for _, count in structure.levels] if structure else []
+    return found
+
+
+def _words_fill(path, n: int) -> None:
+    with SessionDB(path) as db:
+        db.create_session("s", "cli")
+        for i in range(n):  # about 2 KB of words each, so FTS5's own merging would have work to do
+            db.append_message("s", "user", " ".join(f"w{(i * 31 + k) % 997}x{k % 13}" for k in range(300)))
+
+
+def test_a_rebuild_merges_in_steps_of_its_own_never_inside_a_chunk(tmp_path, manual):
+    path = tmp_path / "state.db"
+    _words_fill(path, 240)
+    with SessionDB(path) as db:
+        with db.transaction() as txn:
+            fts.start_rebuild(txn.conn)
+        chunks = merges = 0
+        while True:
+            with db.transaction() as txn:
+                before, progress = _levels(txn.conn), fts.rebuild_status(txn.conn)["pending"]
+                more = fts.advance(txn.conn, 5)
+                after, now = _levels(txn.conn), fts.rebuild_status(txn.conn)["pending"]
+                rebuilding = fts.rebuild_status(txn.conn)["in_progress"]
+            if not rebuilding:
+                break  # the last chunk: the merging after the rebuild is another test's
+            if now < progress:  # a chunk: one new segment in each index, nothing merged
+                chunks += 1
+                for table in after:
+                    low, *higher = before[table] or [0]
+                    assert after[table][1:] == higher and low < after[table][0] <= low + fts.CHUNK_PIECES
+            else:  # a merge step: no row indexed, fewer segments
+                merges += 1
+                assert sum(map(sum, after.values())) < sum(map(sum, before.values()))
+            for table in after:  # no level reaches FTS5's crisis merge (16 segments, merged inside a write)
+                assert max(after[table]) < 16
+            assert more
+        assert chunks >= 40 and merges >= chunks // fts.REBUILD_MERGE_SEGMENTS
+        db.rebuild_fts()
+        assert len(db.search_messages("w5x5", limit=500)) > 0
+    integrity(plain(path))
+
+
+def test_an_index_another_program_set_to_merge_later_does_not_stop_the_rebuild(tmp_path, manual):
+    # usermerge (the least segments FTS5's merge command merges) past the rebuild's merge size:
+    # the merge steps would do nothing, and the rebuild must not ask for them forever.
+    path = tmp_path / "state.db"
+    _words_fill(path, 120)
+    shell = plain(path)
+    for table in ALL:
+        shell.execute(f"INSERT INTO {table}({table}, rank) VALUES ('usermerge', 16)")
+    shell.close()
+    with SessionDB(path) as db:
+        with db.transaction() as txn:
+            fts.start_rebuild(txn.conn)
+        steps = 0
+        while steps < 1000:
+            steps += 1
+            with db.transaction() as txn:
+                if not fts.advance(txn.conn, 5):
+                    break
+        assert steps < 1000 and db.fts_rebuild_status()["pending"] == 0
+        with db.transaction() as txn:
+            assert fts.rebuild_merge_step(txn.conn) is False  # no rebuild: nothing to merge here
+        assert len(db.search_messages("w5x5", limit=500)) > 0
+    integrity(plain(path))
