@@ -269,12 +269,34 @@ OPTIMIZE_EVERY_N_WRITES = FTS_OPTIMIZE_EVERY_N_WRITES
 MERGE_PAGES = 200            # bounded work per merge: a few milliseconds, never a full optimize
 REBUILD_CHUNK_ROWS = FTS_REBUILD_CHUNK_ROWS
 CJK_BATCH_ROWS = 2000        # queued CJK rows (another program's) one batch indexes at most
-# A library thread's pause between two of its write transactions: longer than the longest sleep of
-# SQLite's busy handler (100 ms), so a writer waiting on the lock always tries once in the gap.
-BACKGROUND_PAUSE_S = 0.12
-# And after a transaction that held the lock longer than that, a pause as long as it held it: other
-# writers then have the lock at least half of the time, however long one of its steps takes.
+# A library thread's pause between two of its write transactions. SQLite's busy handler (how
+# every program that sets a busy timeout waits, this library's writers included) sleeps 1, 2, 5,
+# 10, 15, 20, 25, 25, 25, 50 and 50 ms, then 100 ms at a time. A writer that began waiting when the
+# thread took the lock has waited as long as the thread held it, and the sleep it is in then ends
+# within the next step of that schedule: a pause that long (BUSY_SLEEPS_MS, `busy_sleep_s`) lets it
+# try once in the gap. A fixed pause of the longest sleep cost 0.12 s after each of thousands of
+# transactions of a few milliseconds on a large store.
+BUSY_SLEEPS_MS = (1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100)
+BUSY_WAKE_MARGIN_S = 0.002       # the waiter's own way back from its sleep to the lock
+BACKGROUND_PAUSE_S = 0.004       # the least pause, however short the transaction
+# And a pause at least as long as the transaction held the lock: other writers then have the lock
+# at least half of the time, however long one of its steps takes.
 BACKGROUND_DUTY = 1.0
+
+
+def busy_sleep_s(waited_s: float) -> float:
+    """Return the sleep SQLite's busy handler is in once a writer has waited `waited_s` for the lock."""
+    slept = 0
+    for delay in BUSY_SLEEPS_MS:
+        if waited_s * 1000 < slept + delay:
+            return delay / 1000
+        slept += delay
+    return BUSY_SLEEPS_MS[-1] / 1000
+
+
+def background_pause_s(held_s: float, least_s: float = BACKGROUND_PAUSE_S) -> float:
+    """Return how long a background thread pauses after a transaction that held the lock `held_s`."""
+    return max(least_s, busy_sleep_s(held_s) + BUSY_WAKE_MARGIN_S, held_s * BACKGROUND_DUTY)
 
 
 def _normalized(sql: str | None) -> str:
@@ -624,30 +646,40 @@ def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS)
 MERGE_STEP_PAGES = 64
 
 
-# While a rebuild runs FTS5 merges nothing by itself (REBUILD_OPTIONS): a level of an index holding
-# this many segments (the steady automerge) gets a merge step, in a transaction of its own.
+# While a rebuild runs FTS5 merges nothing by itself (REBUILD_OPTIONS): once a level of an index
+# holds this many segments (the steady automerge), the next transaction merges instead of indexing,
+# for about REBUILD_MERGE_S (a merge command writes MERGE_STEP_PAGES pages, a few milliseconds).
 REBUILD_MERGE_SEGMENTS = 8
+REBUILD_MERGE_S = 0.05
+
+
+def _merge_due(conn: sqlite3.Connection, table: str) -> bool:
+    found = read_structure(conn, table)
+    return found is not None and (found.merging or any(count >= REBUILD_MERGE_SEGMENTS for _, count in found.levels))
 
 
 def rebuild_merge_step(conn: sqlite3.Connection, pages: int = MERGE_STEP_PAGES) -> bool:
-    """While a rebuild runs, merge about `pages` pages of the first index with a full level; return whether it merged.
+    """While a rebuild runs, merge the indexes with a full level, `pages` pages a command; return whether it merged.
 
-    Must run inside the caller's write transaction. A merge FTS5 left half done is continued
-    first. An index whose merge makes no progress (its `usermerge` set past the level's
-    segments) is passed over, so the rebuild itself always moves on.
+    Must run inside the caller's write transaction. It stops once it has taken REBUILD_MERGE_S or
+    nothing is due. A merge FTS5 left half done is continued
+    first. An index whose merge makes no progress (its `usermerge` set past the level's segments)
+    is passed over, so the rebuild itself always moves on.
     """
     if _markers(conn) is None:
         return False
+    deadline, merged = time.monotonic() + REBUILD_MERGE_S, False
     present = _read_catalogue(conn).tables
     for table in FTS_TABLES:
-        found = read_structure(conn, table) if table in present else None
-        if found is None or not (found.merging or any(count >= REBUILD_MERGE_SEGMENTS for _, count in found.levels)):
-            continue
-        before = conn.total_changes
-        conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (pages,))
-        if conn.total_changes - before >= 2:  # FTS5's sign that the command merged something
-            return True
-    return False
+        while table in present and _merge_due(conn, table):
+            before = conn.total_changes
+            conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (pages,))
+            if conn.total_changes - before < 2:  # FTS5's sign that the command merged nothing
+                break
+            merged = True
+            if time.monotonic() >= deadline:
+                return True
+    return merged
 
 
 # FTS5 keeps each index as segments on numbered levels, described by one structure record (rowid
@@ -1047,8 +1079,8 @@ def run_pending(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_ro
                 free: Callable[[sqlite3.Connection], bool] | None = None) -> bool:
     """Run rebuild chunks and CJK catch-up (or `step`), one write transaction each, until done or `stop` is set.
 
-    Returns True when nothing is pending any more. Between chunks it pauses `pause_s` without
-    holding any lock, so other writers get their turn. `step(conn)` does one bounded unit of
+    Returns True when nothing is pending any more. Between chunks it pauses without holding any
+    lock (`background_pause_s`, at least `pause_s`), so other writers get their turn. `step(conn)` does one bounded unit of
     other work and returns whether more remains. With `holder` (a background thread's), each
     chunk first takes or renews the one worker lease; while another thread holds it live, this
     one looks again every LEASE_RETRY_S and takes over once it is given back or expires. With
@@ -1076,7 +1108,7 @@ def run_pending(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_ro
         if not more:
             return True
         if stop is not None and (pause_s or waiting):
-            stop.wait(LEASE_RETRY_S if waiting else max(pause_s, held * BACKGROUND_DUTY))
+            stop.wait(LEASE_RETRY_S if waiting else background_pause_s(held, pause_s))
     return False
 
 

@@ -1116,6 +1116,44 @@ def test_the_background_pause_is_at_least_as_long_as_the_lock_was_held(tmp_path,
     assert Stop.waits == [3.0, 0.12, 0.5]  # others get the lock at least half of the time
 
 
+def test_the_busy_handler_sleep_after_a_wait_follows_sqlites_schedule():
+    # 1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50 ms, then 100 ms at a time
+    assert [fts.busy_sleep_s(ms / 1000) for ms in (0, 0.9, 1, 2.9, 3, 7, 8, 17, 18, 52, 53, 77, 103, 127, 128,
+                                                 177, 178, 227, 228, 5000)] == pytest.approx(
+        [0.001, 0.001, 0.002, 0.002, 0.005, 0.005, 0.01, 0.01, 0.015, 0.02, 0.025, 0.025, 0.025, 0.025, 0.05,
+         0.05, 0.05, 0.05, 0.1, 0.1])
+
+
+def test_after_a_short_transaction_the_pause_is_the_sleep_a_waiting_writer_is_in(tmp_path, monkeypatch):
+    # A writer that began waiting when the thread took the lock wakes within busy_sleep_s(held):
+    # pausing that long (not a fixed 100 ms) lets it in, and a long hold still buys an equal pause.
+    clock = [1000.0]
+    monkeypatch.setattr(fts, "time", SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
+    holds = iter([0.006, 0.03, 0.5])
+
+    def step(conn: sqlite3.Connection) -> bool:
+        clock[0] += next(holds)
+        return True
+
+    class Stop:
+        waits: list[float] = []
+
+        def is_set(self) -> bool:
+            return len(self.waits) == 3
+
+        def wait(self, timeout: float) -> bool:
+            self.waits.append(timeout)
+            return False
+    conn = sqlite3.connect(tmp_path / "x.db", isolation_level=None, check_same_thread=False)
+    try:
+        assert fts.run_pending(Writer(conn), 5.0, RetryPolicy(), stop=Stop(), pause_s=fts.BACKGROUND_PAUSE_S,
+                               step=step) is False
+    finally:
+        conn.close()
+    margin = fts.BUSY_WAKE_MARGIN_S
+    assert Stop.waits == pytest.approx([0.005 + margin, 0.03, 0.5], abs=1e-6)
+
+
 def test_a_chunk_ends_at_a_piece_once_its_time_is_spent(tmp_path, monkeypatch, manual):
     path = tmp_path / "state.db"
     _fill(path, 64)
