@@ -58,12 +58,6 @@ PENDING = "messages_fts_pending"
 # show): open writes them into a file that lacks them, and every program writing the file follows
 # them, since FTS5 reads them from the file.
 FTS_OPTIONS: tuple[tuple[str, int], ...] = (("automerge", 8),)
-# The same options while a rebuild runs. FTS5's automerge does its work inside whichever write
-# comes next, 64 pages per level of the index at a time: half a second to a second and a half of
-# one rebuild chunk (or of another program's append) during a rebuild, which adds segments
-# quickly. So FTS5 merges nothing by itself then, and the rebuild merges in bounded steps of its
-# own between its chunks (`rebuild_merge_step`); its last chunk gives FTS_OPTIONS back.
-REBUILD_OPTIONS: tuple[tuple[str, int], ...] = (("automerge", 0),)
 
 
 # --- the declared FTS objects ----------------------------------------------------------------------
@@ -269,34 +263,12 @@ OPTIMIZE_EVERY_N_WRITES = FTS_OPTIMIZE_EVERY_N_WRITES
 MERGE_PAGES = 200            # bounded work per merge: a few milliseconds, never a full optimize
 REBUILD_CHUNK_ROWS = FTS_REBUILD_CHUNK_ROWS
 CJK_BATCH_ROWS = 2000        # queued CJK rows (another program's) one batch indexes at most
-# A library thread's pause between two of its write transactions. SQLite's busy handler (how
-# every program that sets a busy timeout waits, this library's writers included) sleeps 1, 2, 5,
-# 10, 15, 20, 25, 25, 25, 50 and 50 ms, then 100 ms at a time. A writer that began waiting when the
-# thread took the lock has waited as long as the thread held it, and the sleep it is in then ends
-# within the next step of that schedule: a pause that long (BUSY_SLEEPS_MS, `busy_sleep_s`) lets it
-# try once in the gap. A fixed pause of the longest sleep cost 0.12 s after each of thousands of
-# transactions of a few milliseconds on a large store.
-BUSY_SLEEPS_MS = (1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100)
-BUSY_WAKE_MARGIN_S = 0.002       # the waiter's own way back from its sleep to the lock
-BACKGROUND_PAUSE_S = 0.004       # the least pause, however short the transaction
-# And a pause at least as long as the transaction held the lock: other writers then have the lock
-# at least half of the time, however long one of its steps takes.
+# A library thread's pause between two of its write transactions: longer than the longest sleep of
+# SQLite's busy handler (100 ms), so a writer waiting on the lock always tries once in the gap.
+BACKGROUND_PAUSE_S = 0.12
+# And after a transaction that held the lock longer than that, a pause as long as it held it: other
+# writers then have the lock at least half of the time, however long one of its steps takes.
 BACKGROUND_DUTY = 1.0
-
-
-def busy_sleep_s(waited_s: float) -> float:
-    """Return the sleep SQLite's busy handler is in once a writer has waited `waited_s` for the lock."""
-    slept = 0
-    for delay in BUSY_SLEEPS_MS:
-        if waited_s * 1000 < slept + delay:
-            return delay / 1000
-        slept += delay
-    return BUSY_SLEEPS_MS[-1] / 1000
-
-
-def background_pause_s(held_s: float, least_s: float = BACKGROUND_PAUSE_S) -> float:
-    """Return how long a background thread pauses after a transaction that held the lock `held_s`."""
-    return max(least_s, busy_sleep_s(held_s) + BUSY_WAKE_MARGIN_S, held_s * BACKGROUND_DUTY)
 
 
 def _normalized(sql: str | None) -> str:
@@ -459,38 +431,26 @@ def create_fts(conn: sqlite3.Connection) -> None:
     drop_fts_objects(conn)
     for _, _, sql in OBJECTS:
         conn.execute(sql)
-    _begin_rebuild(conn)
+    set_options(conn)
+    _set_markers(conn, conn.execute("SELECT MAX(id) FROM messages").fetchone()[0])
 
 
-def wanted_options(rebuilding: bool) -> tuple[tuple[str, int], ...]:
-    """Return the options every index keeps: REBUILD_OPTIONS while a rebuild runs, else FTS_OPTIONS."""
-    return REBUILD_OPTIONS if rebuilding else FTS_OPTIONS
-
-
-def options_set(conn: sqlite3.Connection, tables: frozenset[str], *, rebuilding: bool = False) -> bool:
-    """Tell whether each of `tables` holds the options it should (one read of their config tables)."""
-    options = wanted_options(rebuilding)
-    wanted = {(table, name, value) for table in tables for name, value in options}
+def options_set(conn: sqlite3.Connection, tables: frozenset[str]) -> bool:
+    """Tell whether each of `tables` holds FTS_OPTIONS in its config (one read of their config tables)."""
+    wanted = {(table, name, value) for table in tables for name, value in FTS_OPTIONS}
     if not wanted:
         return True
-    names = ", ".join(f"'{name}'" for name, _ in options)
+    names = ", ".join(f"'{name}'" for name, _ in FTS_OPTIONS)
     found = conn.execute(" UNION ALL ".join(f"SELECT '{table}', k, v FROM {table}_config WHERE k IN ({names})"
                                             for table in sorted(tables))).fetchall()
     return wanted <= set(found)
 
 
-def set_options(conn: sqlite3.Connection, tables: tuple[str, ...] = FTS_TABLES, *, rebuilding: bool = False) -> None:
-    """Write the options `wanted_options` names into the config of each of `tables` (inside the caller's write transaction)."""
+def set_options(conn: sqlite3.Connection, tables: tuple[str, ...] = FTS_TABLES) -> None:
+    """Write FTS_OPTIONS into the config of each of `tables` (inside the caller's write transaction)."""
     for table in tables:
-        for name, value in wanted_options(rebuilding):
+        for name, value in FTS_OPTIONS:
             conn.execute(f"INSERT INTO {table}({table}, rank) VALUES (?, ?)", (name, value))
-
-
-def _begin_rebuild(conn: sqlite3.Connection) -> None:
-    # Every existing row is left to the rebuild, which runs with its own options; none: the steady ones.
-    high_water = conn.execute("SELECT MAX(id) FROM messages").fetchone()[0]
-    _set_markers(conn, high_water)
-    set_options(conn, rebuilding=high_water is not None)
 
 
 def _set_markers(conn: sqlite3.Connection, high_water: int | None, progress: int = 0) -> None:
@@ -517,9 +477,10 @@ def start_rebuild(conn: sqlite3.Connection) -> None:
     # The CJK table keeps its own text (it is small); dropping it is cheaper than deleting rows.
     conn.execute(f"DROP TABLE {CJK}")
     conn.execute(CJK_TABLE_SQL)
+    set_options(conn, (CJK,))
     conn.execute(f"DELETE FROM {CJK_PENDING}")
     conn.execute(f"DELETE FROM {PENDING}")
-    _begin_rebuild(conn)
+    _set_markers(conn, conn.execute("SELECT MAX(id) FROM messages").fetchone()[0])
 
 
 def _index_range(conn: sqlite3.Connection, low: int, high: int) -> None:
@@ -587,10 +548,6 @@ def _convert_in_place(conn: sqlite3.Connection) -> None:
 # A chunk is indexed in pieces of an eighth of its rows (32 at most), the clock read after each: the next chunk's
 # size is a guess from the last one's time, and rows of one chunk can weigh far more than the last's
 # (a run of long tool output, pages read cold from the disk). Past CHUNK_BUDGET_S it stops early.
-# Each piece is one statement, so one new segment in each index (FTS5 writes out what it holds at
-# every statement of a transaction): a chunk stops after CHUNK_PIECES of them even when a piece
-# was cut short by its text, so that with the rebuild's own merging (below) no level reaches
-# FTS5's crisis merge of 16 segments inside a chunk.
 CHUNK_PIECES = 8
 CHUNK_PIECE_ROWS = 32  # and no piece of more rows than this (a piece of long tool output can take a second)
 # ... nor of more text than this, unless it is one row: the trigram index makes a token of every
@@ -626,17 +583,14 @@ def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS)
     deadline = time.monotonic() + CHUNK_BUDGET_S
     rows, upper = max(chunk_rows, 1), progress
     piece = max(1, min(CHUNK_PIECE_ROWS, -(-rows // CHUNK_PIECES)))
-    for _ in range(CHUNK_PIECES):
-        if rows <= 0 or upper >= high_water:
-            break
+    while rows > 0 and upper < high_water:
         end, taken = _piece_end(conn, upper, high_water, min(piece, rows))
         _index_range(conn, upper, end)
         rows, upper = rows - taken, end
         if time.monotonic() >= deadline:
             break
     _set_markers(conn, high_water, upper)
-    if upper >= high_water:  # the last chunk: FTS5 merges by itself again, and the segments it left are merged next
-        set_options(conn, tuple(t for t in FTS_TABLES if t in _read_catalogue(conn).tables))
+    if upper >= high_water:  # the last chunk: the segments it left are merged next
         conn.execute("INSERT OR REPLACE INTO state_meta (key, value) VALUES (?, '1')", (MERGE_PENDING,))
     return upper < high_water
 
@@ -644,43 +598,6 @@ def rebuild_step(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS)
 # The pages one merge step writes: on the heavy store of docs/performance.md, 500 pages took
 # 0.1-0.3 s on a slow machine.
 MERGE_STEP_PAGES = 64
-
-
-# While a rebuild runs FTS5 merges nothing by itself (REBUILD_OPTIONS): once a level of an index
-# holds this many segments (the steady automerge), the next transaction merges instead of indexing,
-# for about REBUILD_MERGE_S (a merge command writes MERGE_STEP_PAGES pages, a few milliseconds).
-REBUILD_MERGE_SEGMENTS = 8
-REBUILD_MERGE_S = 0.05
-
-
-def _merge_due(conn: sqlite3.Connection, table: str) -> bool:
-    found = read_structure(conn, table)
-    return found is not None and (found.merging or any(count >= REBUILD_MERGE_SEGMENTS for _, count in found.levels))
-
-
-def rebuild_merge_step(conn: sqlite3.Connection, pages: int = MERGE_STEP_PAGES) -> bool:
-    """While a rebuild runs, merge the indexes with a full level, `pages` pages a command; return whether it merged.
-
-    Must run inside the caller's write transaction. It stops once it has taken REBUILD_MERGE_S or
-    nothing is due. A merge FTS5 left half done is continued
-    first. An index whose merge makes no progress (its `usermerge` set past the level's segments)
-    is passed over, so the rebuild itself always moves on.
-    """
-    if _markers(conn) is None:
-        return False
-    deadline, merged = time.monotonic() + REBUILD_MERGE_S, False
-    present = _read_catalogue(conn).tables
-    for table in FTS_TABLES:
-        while table in present and _merge_due(conn, table):
-            before = conn.total_changes
-            conn.execute(f"INSERT INTO {table}({table}, rank) VALUES ('merge', ?)", (pages,))
-            if conn.total_changes - before < 2:  # FTS5's sign that the command merged nothing
-                break
-            merged = True
-            if time.monotonic() >= deadline:
-                return True
-    return merged
-
 
 # FTS5 keeps each index as segments on numbered levels, described by one structure record (rowid
 # 10 of `<index>_data`). Its reader refuses a record naming more than 2,000 levels, and then the
@@ -939,7 +856,7 @@ def advance(conn: sqlite3.Connection, chunk_rows: int = REBUILD_CHUNK_ROWS) -> b
 
     `chunk_rows` is the most rows a rebuild chunk or CJK batch takes.
     """
-    if rebuild_merge_step(conn) or rebuild_step(conn, chunk_rows):
+    if rebuild_step(conn, chunk_rows):
         return True
     index_queued(conn)
     drain_cjk(conn, chunk_rows)
@@ -991,11 +908,9 @@ def ensure_fts(writer: Writer, patience_s: float, policy: RetryPolicy, *, writab
             elif not catalogue.declared:
                 create_fts(conn)
         state = inspect(conn)
-    rebuilding = state.rebuild is not None
-    if state.declared and not options_set(conn, state.tables, rebuilding=rebuilding):
+    if state.declared and not options_set(conn, state.tables):
         with writer.transaction(patience_s, policy):
-            # A file an older release created, or one whose options were changed.
-            set_options(conn, rebuilding=inspect(conn).rebuild is not None)
+            set_options(conn)  # a file an older release created, or one whose options were changed
     cached_state(conn)  # the append path decides from this cache (re-read only after a schema change)
     return state
 
@@ -1079,8 +994,8 @@ def run_pending(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_ro
                 free: Callable[[sqlite3.Connection], bool] | None = None) -> bool:
     """Run rebuild chunks and CJK catch-up (or `step`), one write transaction each, until done or `stop` is set.
 
-    Returns True when nothing is pending any more. Between chunks it pauses without holding any
-    lock (`background_pause_s`, at least `pause_s`), so other writers get their turn. `step(conn)` does one bounded unit of
+    Returns True when nothing is pending any more. Between chunks it pauses `pause_s` without
+    holding any lock, so other writers get their turn. `step(conn)` does one bounded unit of
     other work and returns whether more remains. With `holder` (a background thread's), each
     chunk first takes or renews the one worker lease; while another thread holds it live, this
     one looks again every LEASE_RETRY_S and takes over once it is given back or expires. With
@@ -1108,7 +1023,7 @@ def run_pending(writer: Writer, patience_s: float, policy: RetryPolicy, chunk_ro
         if not more:
             return True
         if stop is not None and (pause_s or waiting):
-            stop.wait(LEASE_RETRY_S if waiting else background_pause_s(held, pause_s))
+            stop.wait(LEASE_RETRY_S if waiting else max(pause_s, held * BACKGROUND_DUTY))
     return False
 
 

@@ -80,34 +80,3 @@ def test_a_rebuild_keeps_the_options(tmp_path):
         db.rebuild_fts()
         assert [h["session_id"] for h in db.search_messages("東京")] == ["s"]
     assert options(path) == wanted()
-
-
-def test_a_rebuild_runs_with_its_own_options_and_gives_the_steady_ones_back(tmp_path, monkeypatch):
-    # While a rebuild runs FTS5 must merge nothing inside anyone's write (the rebuild merges in
-    # steps of its own); an open meanwhile must not put automerge back; the last chunk does.
-    monkeypatch.setattr(SessionDB, "fts_rebuild_in_background", False)
-    path = tmp_path / "state.db"
-    during = {table: dict(fts.REBUILD_OPTIONS) for table in fts.FTS_TABLES}
-    assert during != wanted(), "the rebuild's options are the steady ones: the test below would check nothing"
-    db = SessionDB(path)
-    db.create_session("s", "cli")
-    for i in range(60):
-        db.append_message("s", "user", f"row {i} 東京")
-    with db.transaction() as txn:
-        fts.start_rebuild(txn.conn)
-    assert options(path) == during
-    shell = sqlite3.connect(path, isolation_level=None)
-    for table in fts.FTS_TABLES:  # as an older release of this library left a rebuild it had started
-        shell.execute(f"INSERT INTO {table}({table}, rank) VALUES ('automerge', 8)")
-    shell.close()
-    SessionDB(path).close()  # a writable open meanwhile
-    assert options(path) == during
-    with db.transaction() as txn:
-        assert fts.rebuild_step(txn.conn, 10) is True
-    assert options(path) == during
-    assert db.rebuild_fts()["percent"] == 100.0
-    assert options(path) == wanted()
-    SessionDB(path).close()
-    assert options(path) == wanted()
-    assert len(db.search_messages("東京", limit=100)) == 60
-    db.close()
