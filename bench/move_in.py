@@ -28,6 +28,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -198,10 +199,17 @@ def ours(agent_file: Path, args: argparse.Namespace) -> dict:
     steady_holds.communicate()
     done = load.finish()
     size = sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
+    # A message is indexed whole, in one statement: one of a megabyte holds the lock about a second,
+    # so the count of such messages bounds how many index units of the window are that long.
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+        large = dict(zip(("over_100kb", "over_500kb", "over_1mb"), conn.execute(
+            "SELECT COUNT(*) FILTER (WHERE n > 100000), COUNT(*) FILTER (WHERE n > 500000), "
+            "COUNT(*) FILTER (WHERE n > 1000000) FROM (SELECT COALESCE(length(content), 0) "
+            "+ COALESCE(length(tool_calls), 0) AS n FROM messages)").fetchone()))
     shutil.rmtree(scratch, ignore_errors=True)
     return {"constructor_s": round(opened, 2), "upgraded_s": round(upgraded - zero, 1),
             "indexed_s": round(indexed - zero, 1), "settled_s": round(settled - zero, 1),
-            "status_after_upgrade": status, "bytes_after": size,
+            "status_after_upgrade": status, "bytes_after": size, "large_messages": large,
             "window": phase(done, upgraded, settled), "steady": phase(done, settled, settled + args.steady_s),
             "background": {kind: summary([h for _, k, h in holds if k == kind]) for kind in {k for _, k, _ in holds}},
             "long_background": [(round(at - zero, 1), kind, round(h * 1e3)) for at, kind, h in holds if h > 0.3]}
