@@ -44,6 +44,8 @@ WORD, TRIGRAM, CJK = "messages_fts", "messages_fts_trigram", "messages_fts_cjk"
 REASONING = "messages_fts_reasoning"
 CJK_PENDING = "messages_fts_cjk_pending"
 FTS_TABLES = (WORD, TRIGRAM, CJK, REASONING)
+# The indexed columns of the word and reasoning indexes, in their declared order.
+COLUMNS = {WORD: ("content", "tool_name", "tool_calls"), REASONING: ("reasoning",)}
 HIGH_WATER, PROGRESS = "fts_rebuild_high_water", "fts_rebuild_progress"
 # Set by the rebuild's last chunk: a rebuild leaves each index in dozens of segments, which every
 # search seeks one by one, so they are merged afterwards a bounded step at a time.
@@ -125,7 +127,7 @@ def _tables(gated: bool) -> tuple[tuple[str, str, str], ...]:
                     f"{where}"),) if gated else ()
     return (
     *word_source,
-    ("table", WORD, f"CREATE VIRTUAL TABLE {WORD} USING fts5(content, tool_name, tool_calls, "
+    ("table", WORD, f"CREATE VIRTUAL TABLE {WORD} USING fts5({', '.join(COLUMNS[WORD])}, "
                     f"content='{'messages_fts_source' if gated else 'messages'}', content_rowid='id')"),
     # Substrings of every message's text: trigrams with detail=none store which rows hold each
     # trigram but no positions, about half the size of a position-full index over less text.

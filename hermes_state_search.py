@@ -20,7 +20,8 @@ import re
 import sqlite3
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Collection, Iterable
+from itertools import islice
+from typing import Any, Callable, Collection, Iterable, Iterator
 
 import hermes_state_fts as fts
 import hermes_state_highlight as highlight
@@ -163,8 +164,108 @@ def _is_query_error(exc: sqlite3.OperationalError) -> bool:
     return text.startswith("fts5:") or "unterminated string" in text or "no such column" in text
 
 
+# --- bm25's order for a lone phrase, without its count -----------------------------
+# bm25 weighs each phrase by how rare it is in the whole index, and FTS5 works that out by
+# walking every row that holds the phrase, all of the index, before it scores the first row: for
+# a phrase of common words that walk costs as much as finding the matches themselves. When the
+# branch's hits meet no other scores (one branch, one table, one phrase), that weight multiplies
+# every score alike and cannot change the order, so the rows are ordered by the rest of bm25's
+# formula, worked out here from what FTS5 keeps for each row: how often the phrase occurs in it
+# (counted by highlight(), which reads the row's own text) and how many tokens the row holds.
+
+_BM25_K1, _BM25_B = 1.2, 0.75  # FTS5's constants
+# Past the pool, the most tokens whose rows are read to count a phrase in (about 15 ms here):
+# beyond that, bm25's own count is likely the cheaper walk, and the rows are scored by bm25.
+PHRASE_COUNT_TOKENS = 500_000
+
+
+class _UseBm25(Exception):
+    """bm25 must score these rows: they hold too much text to count the phrase in, or a row's text is missing."""
+
+
+_LONE_PHRASE = re.compile(r'"([ -!#-~]*)"')  # one quoted string of printable ASCII, nothing around it
+
+
+def _varints(blob: bytes) -> list[int]:
+    """Return the SQLite varints of `blob` (how FTS5 stores a row's and the table's token counts)."""
+    values, i = [], 0
+    while i < len(blob):
+        value = 0
+        for k in range(9):
+            byte = blob[i]
+            i += 1
+            if k == 8:
+                value = (value << 8) | byte
+                break
+            value = (value << 7) | (byte & 0x7F)
+            if byte < 0x80:
+                break
+        values.append(value)
+    return values
+
+
+@dataclass(frozen=True)
+class _PhraseOrder:
+    """How to score a lone phrase's rows in bm25's order without the phrase's count (see above)."""
+
+    table: str
+    columns: tuple[str, ...]
+    average: float  # tokens per row over the whole table, as bm25 reads it
+
+    def select(self) -> str:
+        """Return the statement's columns after the rowid: the phrase's count in each column, then the row's sizes."""
+        t = self.table
+        # Each occurrence adds one byte to the highlighted text, whatever the text holds.
+        counts = (f"COALESCE(length(CAST(highlight({t}, {i}, ' ', '') AS BLOB)) - length(CAST({t}.{c} AS BLOB)), 0)"
+                  for i, c in enumerate(self.columns))
+        return ", ".join((*counts, f"(SELECT sz FROM {t}_docsize WHERE id = {t}.rowid)"))
+
+    def counted(self, rows: Iterable[tuple[Any, ...]], free: int) -> Iterator[tuple[Any, ...]]:
+        """Yield `rows` (read with `select()`); past the first `free`, raise _UseBm25 once they hold too many tokens."""
+        tokens = 0
+        for n, row in enumerate(rows, 1):
+            tokens += sum(_varints(row[-1] or b""))
+            if n > free and tokens > PHRASE_COUNT_TOKENS:
+                raise _UseBm25
+            yield row
+
+    def scored(self, rows: Iterable[tuple[Any, ...]]) -> list[tuple[int, float]]:
+        """Return (rowid, score) of rows read with `select()`; lower is better, as bm25's (_UseBm25 when it cannot)."""
+        k1, b, n = _BM25_K1, _BM25_B, len(self.columns)
+        out = []
+        for row in rows:
+            freq = float(sum(row[1:1 + n]))
+            if not freq:  # the index holds the phrase, but the row's text does not say so
+                raise _UseBm25
+            size = float(sum(_varints(row[1 + n] or b"")))
+            # The same operations, in the same order, as FTS5's bm25 (less the phrase's weight).
+            out.append((row[0], -((freq * (k1 + 1.0)) / (freq + k1 * (1 - b + b * size / self.average)))))
+        return out
+
+
+def lone_phrase_order(conn: sqlite3.Connection, table: str, expr: str) -> _PhraseOrder | None:
+    """Return how to order `table`'s rows for `expr` without its count, or None when only bm25 itself can.
+
+    Only for one quoted phrase of distinct ASCII words: two occurrences of such a phrase never
+    overlap, so highlight() marks each one apart and counts them as bm25 does.
+    """
+    if table != fts.WORD or not (match := _LONE_PHRASE.fullmatch(expr)):
+        return None
+    words = [w.lower() for w in _ASCII_TOKEN.findall(match[1])]
+    if len(words) < 2 or len(set(words)) < len(words):
+        return None
+    try:
+        row = conn.execute(f"SELECT block FROM {table}_data WHERE id = 1").fetchone()  # FTS5's totals
+    except sqlite3.OperationalError:
+        return None
+    totals = _varints(row[0]) if row and isinstance(row[0], bytes) else []
+    if len(totals) != len(fts.COLUMNS[fts.WORD]) + 1 or totals[0] <= 0:
+        return None
+    return _PhraseOrder(table, fts.COLUMNS[fts.WORD], float(sum(totals[1:])) / float(totals[0]))
+
+
 def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: int, high: int,
-            need: int, skip_queued: bool = False) -> list[tuple[int, float]]:
+            need: int, skip_queued: bool = False, alone: bool = False) -> list[tuple[int, float]]:
     """Return up to `need` (id, bm25) of `table`'s matches passing the filters, best first.
 
     bm25 needs every candidate's document length, so ranking all matches of a common word costs
@@ -173,6 +274,7 @@ def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: i
     `FILTERED_POOL` (at least `need`) of those passing the filters. Each bound is one seek from
     the end of the doclists.
     `skip_queued` leaves out rows waiting in the CJK queue: their index entry may be stale.
+    `alone`: these scores meet no others, so a lone phrase may be ordered without its count.
     """
     queued = f" AND m.id NOT IN (SELECT id FROM {fts.CJK_PENDING})" if skip_queued else ""
     joined = (f"FROM {table} JOIN messages m ON m.id = {table}.rowid{f.join} "
@@ -180,7 +282,8 @@ def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: i
     pool = max(need, FILTERED_POOL)
     try:
         if not (f.live_only and not skip_queued):
-            return sorted(_filtered_pool(conn, table, expr, joined, f, low, high, pool),
+            order = lone_phrase_order(conn, table, expr) if alone else None
+            return sorted(_filtered_pool(conn, table, expr, joined, f, low, high, pool, order),
                           key=lambda r: (r[1], -r[0]))[:need]
         floor: int | None = None
         if _PHRASE.search(expr):
@@ -233,8 +336,23 @@ def _floor(conn: sqlite3.Connection, table: str, expr: str, joined: str, f: _Fil
 
 
 def _filtered_pool(conn: sqlite3.Connection, table: str, expr: str, joined: str, f: _Filters, low: int, high: int,
-                   pool: int) -> list[tuple[int, float]]:
+                   pool: int, order: _PhraseOrder | None = None) -> list[tuple[int, float]]:
     """Return the window's rows passing the filters, scored, and older ones until `pool` of them (newest first).
+
+    With `order` (a lone phrase), rows are scored by it while they hold little enough text
+    (counting the phrase in more would cost more than bm25's own count); bm25 scores them otherwise.
+    """
+    if order is not None:
+        try:
+            return order.scored(_pool_rows(conn, table, expr, joined, f, low, high, pool, order))
+        except _UseBm25:
+            pass
+    return _pool_rows(conn, table, expr, joined, f, low, high, pool)
+
+
+def _pool_rows(conn: sqlite3.Connection, table: str, expr: str, joined: str, f: _Filters, low: int, high: int,
+               pool: int, order: _PhraseOrder | None = None) -> list[Any]:
+    """Return `_filtered_pool`'s rows: (rowid, bm25), or as `order` reads them.
 
     One scan, newest first, scores every passing row: a second statement would pay bm25's pass
     over each term's whole doclist again. A filter that passes few rows makes it reach further
@@ -242,25 +360,26 @@ def _filtered_pool(conn: sqlite3.Connection, table: str, expr: str, joined: str,
     once `pool` rows have passed: with fewer, every passing row is ranked whatever the window,
     and a rare phrase's matches are walked once instead of twice.
     """
-    cursor = conn.execute(f"SELECT {table}.rowid, bm25({table}) {joined} ORDER BY {table}.rowid DESC",
-                          (expr, low, high, *f.params))
+    cursor = conn.execute(f"SELECT {table}.rowid, {order.select() if order else f'bm25({table})'} {joined} "
+                          f"ORDER BY {table}.rowid DESC", (expr, low, high, *f.params))
+    read = order.counted(cursor, pool) if order else cursor  # each row is stepped only as it is read
     try:
-        scored: list[tuple[int, float]] = cursor.fetchmany(pool)  # the statement is stepped only as far as fetched
-        if len(scored) < pool:
-            return scored
+        rows: list[Any] = list(islice(read, pool))
+        if len(rows) < pool:
+            return rows
         start = _window_start(conn, table, expr, low, high)
         if start is None:
-            return scored + cursor.fetchall()  # fewer matches than the window: rank them all
-        if scored[-1][0] >= start:  # the pool lies inside the window: its other rows too
+            rows += read  # fewer matches than the window: rank them all
+        elif rows[-1][0] >= start:  # the pool lies inside the window: its other rows too
             # Row by row: the statement stops at the first passing row past the window's start.
             # A batch would go on past it, joining and scoring rows that are thrown away.
-            for row in cursor:
+            for row in read:
                 if row[0] < start:
                     break
-                scored.append(row)
+                rows.append(row)
     finally:
         cursor.close()
-    return scored
+    return rows
 
 
 def _live_best(conn: sqlite3.Connection, table: str, expr: str, floor: int, high: int,
@@ -397,14 +516,18 @@ class _Ask:
     cut: list[bool] = field(default_factory=list)  # a scan stopped early (see SearchResults.complete)
     bare: _Filters = _Filters()  # the caller's filters alone, without the branch's exclusions
     refused: list[bool] = field(default_factory=list)  # the substring index refused the query
+    alone: bool = False  # the query's only branch, and no reasoning hits: no other branch's scores meet its own
 
     def ranked(self, table: str, expr: str, *, snippet: bool = False,
-               filters: _Filters | None = None) -> list[_Hit]:
-        """Return the index's ranked hits; with `snippet`, FTS5 can highlight them from `expr`."""
+               filters: _Filters | None = None, alone: bool = False) -> list[_Hit]:
+        """Return the index's ranked hits; with `snippet`, FTS5 can highlight them from `expr`.
+
+        `alone`: no other ranked hit meets these (see `lone_phrase_order`), if the query has one branch.
+        """
         skip = table == fts.CJK and self.state.cjk_pending  # a queued row's entry may be stale
         return [(i, score, (table, expr) if snippet else None)
                 for i, score in _ranked(self.conn, table, expr, filters or self.filters, self.low, self.high,
-                                        self.need, skip)]
+                                        self.need, skip, alone and self.alone)]
 
     def uncovered(self, *, cjk: bool) -> list[_Hit]:
         """LIKE-scan the rows the index does not cover yet: (P, H] of a rebuild, queued CJK rows, the writer's queue."""
@@ -564,10 +687,8 @@ def _word_route(a: _Ask) -> list[_Hit]:
     # Latin glued to CJK ("iPhone16を") is one unicode61 token in the word index; the CJK index,
     # which splits it, holds every message that has CJK, so it is asked too.
     expr = word_expression(a.group.terms, _indexed_excluded(a.group))
-    found = a.ranked(fts.WORD, expr, snippet=True)
-    if a.has(fts.CJK):
-        found += a.ranked(fts.CJK, expr)
-    return found + a.uncovered(cjk=True)
+    cjk = a.ranked(fts.CJK, expr) if a.has(fts.CJK) else []
+    return a.ranked(fts.WORD, expr, snippet=True, alone=not cjk) + cjk + a.uncovered(cjk=True)
 
 
 def _substring_route(a: _Ask) -> list[_Hit]:
@@ -732,8 +853,9 @@ def _find(conn: sqlite3.Connection, plan: QueryPlan, f: _Filters, low: int, high
                                                     cut=cut)]
     else:
         state = fts.cached_state(conn)  # the catalogue is re-read only after a schema change
-        asks = [_Ask(conn, group, _excluding(f, group, include_reasoning), state, low, high, need, cut, f)
-                for group in plan.groups]
+        alone = len(plan.groups) == 1 and not include_reasoning
+        asks = [_Ask(conn, group, _excluding(f, group, include_reasoning), state, low, high, need, cut, f,
+                     alone=alone) for group in plan.groups]
         found = [hit for ask in asks for hit in _find_group(ask)]
         if include_reasoning:
             found += [hit for ask in asks for hit in _reasoning_hits(ask)]
@@ -851,10 +973,6 @@ _SNIPPET_ARGS = "'>>>', '<<<', '...', 16"
 # finding the hits did.
 _FTS_SNIPPET_MAX_CHARS = 4_000
 
-# The columns of the indexes whose hits FTS5 snippet() highlights, in their declared order.
-_SNIPPET_COLUMNS = {fts.WORD: ("content", "tool_name", "tool_calls"), fts.REASONING: ("reasoning",)}
-
-
 def _snippets(conn: sqlite3.Connection, needles: list[str],
               hits: list[tuple[int, tuple[str, str] | None]]) -> dict[int, str]:
     """Return {id: snippet}: FTS5 snippet() for word/reasoning hits, a text window for the others."""
@@ -867,7 +985,7 @@ def _snippets(conn: sqlite3.Connection, needles: list[str],
     for (table, expr), ids in by_source.items():  # one statement per index and OR branch, not per hit
         # FTS5's snippet() re-tokenizes the whole row for every phrase match, so its cost grows
         # with the square of a long row's size; long rows take the text-window path below.
-        columns = _SNIPPET_COLUMNS.get(table)
+        columns = fts.COLUMNS.get(table)
         if declared and columns:
             # The index is the declared one (default tokenizer): a copy of the rows gives the same
             # snippets without a seek through every segment of the index per hit (highlight.fts_snippets).

@@ -163,3 +163,121 @@ def test_a_quoted_term_checked_on_the_text_reads_words_as_the_index_does(db, ind
            ["東京で chat send した", "東京で run chat-send now", "東京で xchat-sendy", "大阪で chat send"]]
     index_queue(db)
     assert _hits(db, '東京 "chat-send"') == {ids[0], ids[1]}
+
+
+# --- a lone phrase is ordered as bm25 orders it, without bm25's count of the phrase -----------
+
+LONE_WORDS = ["alpha", "beta", "gamma", "delta", "pad", "Alpha", "beta."]
+
+
+def _bm25_order(path, phrase: str, sources: list[str]) -> list[int]:
+    """Return every live match of `phrase` from `sources`, in bm25's order, newest first among equals."""
+    with sqlite3.connect(path) as c:
+        rows = c.execute(f"SELECT f.rowid, bm25({fts.WORD}) FROM {fts.WORD} f JOIN messages m ON m.id = f.rowid "
+                         f"JOIN sessions s ON s.id = m.session_id WHERE {fts.WORD} MATCH ? AND m.active = 1 "
+                         "AND s.source IN (SELECT value FROM json_each(?))", (phrase, json.dumps(sources))).fetchall()
+    return [r[0] for r in sorted(rows, key=lambda r: (r[1], -r[0]))]
+
+
+@pytest.fixture
+def lone_phrase_spy(monkeypatch):
+    """Return the list of expressions ordered without bm25's count so far (so a test sees the shortcut taken)."""
+    import hermes_state_search as search
+    taken: list[str] = []
+    real = search.lone_phrase_order
+
+    def spy(conn, table, expr):
+        order = real(conn, table, expr)
+        if order is not None:
+            taken.append(expr)
+        return order
+    monkeypatch.setattr(search, "lone_phrase_order", spy)
+    return taken
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(st.lists(st.sampled_from(LONE_WORDS), max_size=12), st.integers(0, 3),
+                               st.integers(0, 2), st.sampled_from(["cli", "telegram"])), min_size=1, max_size=25),
+       budget=st.sampled_from([0, 10 ** 6]), pool=st.sampled_from([2, 50]))
+def test_a_lone_phrase_with_filters_is_ranked_in_bm25_order(tmp_path_factory, index_queue, monkeypatch, rows, budget,
+                                                           pool):
+    # The phrase occurs 0-3 times in the text and 0-2 times in a tool call's arguments, among
+    # words of varying number: its count and the row's length both decide the order. With a
+    # budget of 0 tokens the rows past the pool are scored by bm25 itself; either way the order
+    # is bm25's (rank all matches: the corpus is smaller than any window).
+    import hermes_state
+    import hermes_state_search as search
+    monkeypatch.setattr(search, "PHRASE_COUNT_TOKENS", budget)
+    monkeypatch.setattr(search, "FILTERED_POOL", pool)
+    db = hermes_state.SessionDB(tmp_path_factory.mktemp("lone") / "state.db")
+    try:
+        db.create_session("cli", "cli")
+        db.create_session("telegram", "telegram")
+        for words, in_text, in_call, source in rows:
+            text = " ".join(words + ["alpha, Beta gamma"] * in_text)
+            calls = [{"id": f"c{k}", "function": {"name": "shell", "arguments": "echo alpha beta gamma"}}
+                     for k in range(in_call)]
+            db.append_message(source, "assistant", text, tool_calls=calls or None)
+        index_queue(db)
+        for sources in (["telegram"], ["cli", "telegram"]):
+            want = _bm25_order(db.db_path, '"alpha beta gamma"', sources)
+            got = [h["id"] for h in db.search_messages('"alpha beta gamma"', source_filter=sources, limit=100)]
+            assert got == want, sources
+    finally:
+        db.close()
+
+
+def test_a_lone_phrase_with_a_filter_is_scored_without_bm25(db, index_queue, lone_phrase_spy):
+    db.create_session("c", "cli")
+    for i in range(8):
+        db.append_message("c", "user", "alpha beta " * (i % 3 + 1) + "pad " * i)
+    index_queue(db)
+    got = [h["id"] for h in db.search_messages('"alpha beta"', source_filter=["cli"], limit=100)]
+    assert got == _bm25_order(db.db_path, '"alpha beta"', ["cli"])
+    assert lone_phrase_spy == ['"alpha beta"']
+
+
+@pytest.mark.parametrize("query, kw", [
+    ('"alpha beta alpha"', {}),                 # a repeated word: two occurrences may overlap
+    ('"alpha beta"*', {}),                      # a prefix may match the phrase's own first word
+    ('"alpha beta" OR gamma', {}),              # two branches: their scores are merged
+    ('"alpha beta" gamma', {}),                 # two phrases: each weighs by its own rarity
+    ('"alpha beta"', {"include_reasoning": True}),  # the reasoning index's scores are merged in
+    ('"gamma café"', {}),                       # not ASCII: folded in ways only the index knows
+])
+def test_a_phrase_whose_order_its_count_may_change_is_ranked_by_bm25(db, index_queue, lone_phrase_spy, query, kw):
+    db.create_session("c", "cli")
+    for i in range(6):
+        db.append_message("c", "user", "alpha beta alpha beta gamma café " + "pad " * i)
+    index_queue(db)
+    assert db.search_messages(query, source_filter=["cli"], **kw)
+    assert lone_phrase_spy == []
+
+
+def test_a_lone_phrase_beside_cjk_hits_is_ranked_by_bm25(db, index_queue, lone_phrase_spy):
+    # The CJK index also holds "alpha beta" when it is glued to CJK text, and its scores are merged.
+    db.create_session("c", "cli")
+    db.append_message("c", "user", "alpha beta pad")
+    db.append_message("c", "user", "東京alpha beta")
+    index_queue(db)
+    assert len(db.search_messages('"alpha beta"', source_filter=["cli"])) == 2
+    assert lone_phrase_spy == []
+
+
+def test_a_row_whose_text_no_longer_holds_the_phrase_is_ranked_by_bm25(db, index_queue, raw_conn):
+    # A program that changed the text without updating the index (its triggers dropped) leaves
+    # the index holding the phrase for a row whose text lacks it: bm25 still ranks that row.
+    db.create_session("c", "cli")
+    ids = [db.append_message("c", "user", "alpha beta " + "pad " * i) for i in range(4)]
+    index_queue(db)
+    rival = raw_conn()
+    triggers = rival.execute("SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'messages'"
+                             ).fetchall()
+    for name, _ in triggers:
+        rival.execute(f'DROP TRIGGER "{name}"')
+    rival.execute("UPDATE messages SET content = 'gone' WHERE id = ?", (ids[1],))
+    for _, sql in triggers:
+        rival.execute(sql)
+    got = [h["id"] for h in db.search_messages('"alpha beta"', source_filter=["cli"], limit=10)]
+    assert got == _bm25_order(db.db_path, '"alpha beta"', ["cli"])
+    assert ids[1] in got
