@@ -702,6 +702,33 @@ def read_structure(conn: sqlite3.Connection, table: str) -> Structure | None:
         return None
 
 
+def varints(blob: bytes) -> list[int]:
+    """Return every varint of `blob`, as FTS5 writes a row's token counts (`<index>_docsize`) and its totals."""
+    values, at = [], 0
+    while at < len(blob):
+        value, at = _varint(blob, at)
+        values.append(value)
+    return values
+
+
+AVERAGES_ROWID = 1  # FTS5's totals record in `<index>_data`: its rows, then the tokens of each column
+
+
+def token_totals(conn: sqlite3.Connection, table: str) -> tuple[int, int] | None:
+    """Return (rows, tokens in all columns) of `table` as its bm25 reads them, or None when it keeps none."""
+    try:
+        row = conn.execute(f"SELECT block FROM {table}_data WHERE id = ?", (AVERAGES_ROWID,)).fetchone()
+    except sqlite3.OperationalError:
+        return None
+    if row is None or not isinstance(row[0], bytes):
+        return None
+    try:
+        totals = varints(row[0])
+    except IndexError:  # cut short
+        return None
+    return (totals[0], sum(totals[1:])) if totals else None
+
+
 def overgrown(conn: sqlite3.Connection, tables: Iterable[str]) -> dict[str, int]:
     """Return {index: levels} for each of `tables` deeper than OVERGROWN_LEVELS (one statement, no index opened).
 

@@ -186,24 +186,6 @@ class _UseBm25(Exception):
 _LONE_PHRASE = re.compile(r'"([ -!#-~]*)"')  # one quoted string of printable ASCII, nothing around it
 
 
-def _varints(blob: bytes) -> list[int]:
-    """Return the SQLite varints of `blob` (how FTS5 stores a row's and the table's token counts)."""
-    values, i = [], 0
-    while i < len(blob):
-        value = 0
-        for k in range(9):
-            byte = blob[i]
-            i += 1
-            if k == 8:
-                value = (value << 8) | byte
-                break
-            value = (value << 7) | (byte & 0x7F)
-            if byte < 0x80:
-                break
-        values.append(value)
-    return values
-
-
 @dataclass(frozen=True)
 class _PhraseOrder:
     """How to score a lone phrase's rows in bm25's order without the phrase's count (see above)."""
@@ -224,7 +206,7 @@ class _PhraseOrder:
         """Yield `rows` (read with `select()`); past the first `free`, raise _UseBm25 once they hold too many tokens."""
         tokens = 0
         for n, row in enumerate(rows, 1):
-            tokens += sum(_varints(row[-1] or b""))
+            tokens += sum(fts.varints(row[-1] or b""))
             if n > free and tokens > PHRASE_COUNT_TOKENS:
                 raise _UseBm25
             yield row
@@ -237,7 +219,7 @@ class _PhraseOrder:
             freq = float(sum(row[1:1 + n]))
             if not freq:  # the index holds the phrase, but the row's text does not say so
                 raise _UseBm25
-            size = float(sum(_varints(row[1 + n] or b"")))
+            size = float(sum(fts.varints(row[1 + n] or b"")))
             # The same operations, in the same order, as FTS5's bm25 (less the phrase's weight).
             out.append((row[0], -((freq * (k1 + 1.0)) / (freq + k1 * (1 - b + b * size / self.average)))))
         return out
@@ -254,14 +236,10 @@ def lone_phrase_order(conn: sqlite3.Connection, table: str, expr: str) -> _Phras
     words = [w.lower() for w in _ASCII_TOKEN.findall(match[1])]
     if len(words) < 2 or len(set(words)) < len(words):
         return None
-    try:
-        row = conn.execute(f"SELECT block FROM {table}_data WHERE id = 1").fetchone()  # FTS5's totals
-    except sqlite3.OperationalError:
+    totals = fts.token_totals(conn, table)
+    if totals is None or totals[0] <= 0:
         return None
-    totals = _varints(row[0]) if row and isinstance(row[0], bytes) else []
-    if len(totals) != len(fts.COLUMNS[fts.WORD]) + 1 or totals[0] <= 0:
-        return None
-    return _PhraseOrder(table, fts.COLUMNS[fts.WORD], float(sum(totals[1:])) / float(totals[0]))
+    return _PhraseOrder(table, fts.COLUMNS[table], float(totals[1]) / float(totals[0]))
 
 
 def _ranked(conn: sqlite3.Connection, table: str, expr: str, f: _Filters, low: int, high: int,
