@@ -186,6 +186,14 @@ class _UseBm25(Exception):
 _LONE_PHRASE = re.compile(r'"([ -!#-~]*)"')  # one quoted string of printable ASCII, nothing around it
 
 
+def _row_tokens(sizes: Any) -> int:
+    """Return the tokens of a row from its `<index>_docsize` record; _UseBm25 when it has none that reads."""
+    try:
+        return sum(fts.varints(sizes))
+    except (IndexError, TypeError):  # missing or cut short: bm25 reports it as FTS5 does
+        raise _UseBm25 from None
+
+
 @dataclass(frozen=True)
 class _PhraseOrder:
     """How to score a lone phrase's rows in bm25's order without the phrase's count (see above)."""
@@ -206,7 +214,7 @@ class _PhraseOrder:
         """Yield `rows` (read with `select()`); past the first `free`, raise _UseBm25 once they hold too many tokens."""
         tokens = 0
         for n, row in enumerate(rows, 1):
-            tokens += sum(fts.varints(row[-1] or b""))
+            tokens += _row_tokens(row[-1])
             if n > free and tokens > PHRASE_COUNT_TOKENS:
                 raise _UseBm25
             yield row
@@ -219,7 +227,7 @@ class _PhraseOrder:
             freq = float(sum(row[1:1 + n]))
             if not freq:  # the index holds the phrase, but the row's text does not say so
                 raise _UseBm25
-            size = float(sum(fts.varints(row[1 + n] or b"")))
+            size = float(_row_tokens(row[1 + n]))
             # The same operations, in the same order, as FTS5's bm25 (less the phrase's weight).
             out.append((row[0], -((freq * (k1 + 1.0)) / (freq + k1 * (1 - b + b * size / self.average)))))
         return out

@@ -281,3 +281,15 @@ def test_a_row_whose_text_no_longer_holds_the_phrase_is_ranked_by_bm25(db, index
     got = [h["id"] for h in db.search_messages('"alpha beta"', source_filter=["cli"], limit=10)]
     assert got == _bm25_order(db.db_path, '"alpha beta"', ["cli"])
     assert ids[1] in got
+
+
+def test_a_row_whose_token_count_is_gone_is_reported_as_bm25_reports_it(db, index_queue, raw_conn):
+    # FTS5 keeps each row's token count beside the index; without it bm25 finds the index corrupt,
+    # and the lone-phrase order must not rank the row as if it held no tokens instead.
+    from hermes_state_errors import StateDbCorruptError
+    db.create_session("c", "cli")
+    ids = [db.append_message("c", "user", "alpha beta " + "pad " * i) for i in range(4)]
+    index_queue(db)
+    raw_conn().execute(f"DELETE FROM {fts.WORD}_docsize WHERE id = ?", (ids[1],))
+    with pytest.raises(StateDbCorruptError):
+        db.search_messages('"alpha beta"', source_filter=["cli"])
