@@ -223,6 +223,11 @@ def test_a_lone_phrase_with_filters_is_ranked_in_bm25_order(tmp_path_factory, in
             want = _bm25_order(db.db_path, '"alpha beta gamma"', sources)
             got = [h["id"] for h in db.search_messages('"alpha beta gamma"', source_filter=sources, limit=100)]
             assert got == want, sources
+            page = db.search_messages('"alpha beta gamma"', source_filter=sources, limit=3, offset=3)
+            assert [h["id"] for h in page] == want[3:6], sources
+        # One session's rows: the same order (the session's own id range is walked).
+        want = _bm25_order(db.db_path, '"alpha beta gamma"', ["cli"])
+        assert [h["id"] for h in db.search_messages('"alpha beta gamma"', session_id="cli", limit=100)] == want
     finally:
         db.close()
 
