@@ -461,6 +461,7 @@ def test_off_loopback_the_pages_need_a_login(users, tmp_path):
         assert _get(port, "/-/hermes/state", ("alice", PASSWORD), host="attacker.example")[0] == 403
 
 
+@pytest.mark.slow
 def test_failed_logins_get_429_per_address_and_per_name(users, tmp_path):
     with _running(users, tmp_path / "serve.log", "--host", "0.0.0.0") as (port, _):
         for _ in range(auth.MAX_FAILURES):
@@ -473,6 +474,7 @@ def test_failed_logins_get_429_per_address_and_per_name(users, tmp_path):
         assert _get(port, "/-/hermes/state", ("bob", PASSWORD), source="127.0.0.2")[0] == 200
 
 
+@pytest.mark.slow
 def test_allow_host_replaces_the_names_the_guard_accepts(users, tmp_path):
     with _running(users, tmp_path / "serve.log", "--host", "0.0.0.0", "--allow-host", "Box.LAN:8001",
                   "--allow-host", "hermes.example") as (port, announced):
@@ -482,6 +484,7 @@ def test_allow_host_replaces_the_names_the_guard_accepts(users, tmp_path):
         assert _get(port, "/-/hermes/state", ("alice", PASSWORD), host=f"hermes.example:{port}")[0] == 200
 
 
+@pytest.mark.slow
 def test_a_password_file_on_loopback_asks_for_a_login_too(users, tmp_path):
     with _running(users, tmp_path / "serve.log", "--password-file", str(users / "web-passwords")) as (port, _):
         assert _get(port, "/-/hermes/state")[0] == 401
@@ -495,6 +498,7 @@ def test_off_loopback_without_users_it_refuses_to_start(private_store):
     assert "needs a password" in line and "hermes-state passwd NAME" in line and "--no-auth" in line
 
 
+@pytest.mark.slow
 def test_no_auth_starts_with_a_warning_on_every_start(private_store, tmp_path):
     for run in range(2):
         with _running(private_store, tmp_path / f"serve{run}.log", "--host", "0.0.0.0", "--no-auth") as (port, printed):
@@ -503,6 +507,7 @@ def test_no_auth_starts_with_a_warning_on_every_start(private_store, tmp_path):
             assert _get(port, "/-/hermes/state/session/s1")[0] == 200
 
 
+@pytest.mark.slow
 def test_every_profile_off_loopback_opens_with_the_same_login(users, tmp_path):
     # A second profile beside the default one: its pages take the login of the root's password file.
     with SessionDB(users / "profiles" / "coder" / "state.db") as db:

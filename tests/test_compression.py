@@ -791,6 +791,7 @@ def _check_consistent(path: str, sid: str, original: list[dict], keep: int, gene
     check.close()
 
 
+@pytest.mark.slow
 def test_two_processes_racing_with_the_lock_exactly_one_wins(db):
     original = fill(db, "s", 12)
     ctx = multiprocessing.get_context("spawn")

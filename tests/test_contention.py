@@ -4,6 +4,8 @@ from __future__ import annotations
 import multiprocessing
 import sqlite3
 
+import pytest
+
 from hermes_state import SessionDB
 
 WRITERS, WRITES = 4, 200
@@ -16,6 +18,7 @@ def _writer(path: str, k: int, start) -> None:
             db.create_session(f"w{k}_{i:04d}", "cli", "m")
 
 
+@pytest.mark.slow
 def test_four_processes_two_hundred_writes_each(tmp_path):
     path = str(tmp_path / "state.db")
     SessionDB(path).close()

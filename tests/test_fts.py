@@ -396,6 +396,7 @@ def _finish_rebuild(path: str) -> None:
         assert db.rebuild_fts()["percent"] == 100.0
 
 
+@pytest.mark.slow
 def test_a_rebuild_interrupted_halfway_resumes_in_another_process(tmp_path):
     path = tmp_path / "state.db"
     rows = _fill(path, 120)

@@ -183,6 +183,7 @@ def _start(home: Path, log: Path, *argv: str) -> tuple[subprocess.Popen, int]:
     pytest.fail(f"serve did not start: {log.read_text()}")
 
 
+@pytest.mark.slow
 def test_each_request_is_one_line_and_a_stop_mid_request_ends_the_server(private_store, tmp_path):
     log = tmp_path / "serve.log"
     process, port = _start(private_store, log)

@@ -489,6 +489,7 @@ def test_a_short_command_on_a_large_older_file_hands_over_its_copy_and_upgrade(o
     assert len(catalogue.upgrade_copies(old_file)) == 1  # one copy, taken by the process that upgraded
 
 
+@pytest.mark.slow
 def test_one_process_at_a_time_finishes_a_move_in_and_openers_meanwhile_take_no_copy(old_file, monkeypatch):
     monkeypatch.setattr(SessionDB, "upgrade_in_background_bytes", 1)
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])

@@ -117,6 +117,7 @@ def assert_one_complete_copy(old_file: Path, original: dict[str, list[tuple]]) -
     return copy
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["inside-the-open", "background"])
 def test_two_processes_opening_an_older_file_at_once_leave_one_complete_copy(old_file, tmp_path, mode):
     original = rows(old_file)
@@ -134,6 +135,7 @@ def test_two_processes_opening_an_older_file_at_once_leave_one_complete_copy(old
         assert db.message_count() == len(original["messages"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["inside-the-open", "background"])
 @pytest.mark.parametrize("point", ["migrate", "first-transaction"])
 def test_openers_killed_as_the_migration_starts_then_one_more_open_leave_one_complete_copy(old_file, mode, point):

@@ -246,6 +246,7 @@ class Gate:
         self.release.set()
 
 
+@pytest.mark.slow
 def test_a_profile_that_does_not_answer_holds_up_no_other_page_and_no_request(root, monkeypatch):
     # "stuck" stands for any store whose reads do not end (a lock another program keeps): its
     # opens wait on a gate. The pages across profiles wait for it at most PROFILE_DEADLINE_S,
