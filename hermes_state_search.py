@@ -508,12 +508,12 @@ class _Ask:
                filters: _Filters | None = None, alone: bool = False) -> list[_Hit]:
         """Return the index's ranked hits; with `snippet`, FTS5 can highlight them from `expr`.
 
-        `alone`: no other ranked hit meets these (see `lone_phrase_order`), if the query has one branch.
+        `alone`: no other ranked hit meets these (see `lone_phrase_order`).
         """
         skip = table == fts.CJK and self.state.cjk_pending  # a queued row's entry may be stale
         return [(i, score, (table, expr) if snippet else None)
                 for i, score in _ranked(self.conn, table, expr, filters or self.filters, self.low, self.high,
-                                        self.need, skip, alone and self.alone)]
+                                        self.need, skip, alone)]
 
     def uncovered(self, *, cjk: bool) -> list[_Hit]:
         """LIKE-scan the rows the index does not cover yet: (P, H] of a rebuild, queued CJK rows, the writer's queue."""
@@ -674,7 +674,7 @@ def _word_route(a: _Ask) -> list[_Hit]:
     # which splits it, holds every message that has CJK, so it is asked too.
     expr = word_expression(a.group.terms, _indexed_excluded(a.group))
     cjk = a.ranked(fts.CJK, expr) if a.has(fts.CJK) else []
-    return a.ranked(fts.WORD, expr, snippet=True, alone=not cjk) + cjk + a.uncovered(cjk=True)
+    return a.ranked(fts.WORD, expr, snippet=True, alone=a.alone and not cjk) + cjk + a.uncovered(cjk=True)
 
 
 def _substring_route(a: _Ask) -> list[_Hit]:
